@@ -1,0 +1,109 @@
+# kiln - build, test, run, bench.
+#   make                  build build/kiln (and build/libkiln_cuda.so when nvcc exists; CUDA=0 skips)
+#   make run              serve model_repository/ on :8000
+#   make test             unit tests, conformance, end-to-end tests
+#   make SANITIZE=address,undefined test   (or SANITIZE=thread)
+#   make conformance | bench | fuzz | gpu-check | clean
+# Variables: WARN, OPT, DEBUG, SANITIZE, CUDA, BUILD.
+
+BUILD ?= build
+CC ?= cc
+CXX ?= g++
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= /usr/local/cuda
+
+WARN ?= -Wall -Wextra -Werror -Wno-unused-parameter
+OPT ?= -O2 -march=x86-64-v2 -mtune=native
+DEBUG ?= -g
+SANITIZE ?=
+ifneq ($(SANITIZE),)
+SANFLAGS = -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+ifneq ($(findstring thread,$(SANITIZE)),)
+OPT = -O1
+endif
+endif
+
+CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
+CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
+LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lz -ldl -lm
+
+# Every .c under these folders is part of libkiln, except server/main.c.
+SRC_DIRS = common config models kernels kernels/cpu cache server tools/bench
+SRCS = $(filter-out server/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
+GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c
+OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
+LIB = $(BUILD)/libkiln.a
+BIN = $(BUILD)/kiln
+
+TEST_SRCS = $(wildcard tests/*/test_*.c)
+TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
+
+ONNX_PROTO ?= /usr/include/onnx/onnx.proto
+
+.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda
+all: bootstrap $(BIN) cuda
+
+bootstrap:
+	@tools/bootstrap.sh
+
+# protobuf-c code is generated from the schema Debian's libonnx-dev ships.
+$(BUILD)/gen/onnx/onnx.pb-c.c $(BUILD)/gen/onnx/onnx.pb-c.h: $(ONNX_PROTO)
+	@mkdir -p $(BUILD)/gen
+	protoc-c --proto_path=$(patsubst %/onnx/,%,$(dir $(ONNX_PROTO))) --c_out=$(BUILD)/gen $(ONNX_PROTO)
+
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -w -c $< -o $@
+
+# Everything that includes generated headers waits for them.
+$(OBJS): | $(BUILD)/gen/onnx/onnx.pb-c.h
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(LIB): $(OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(BUILD)/obj/server/main.o $(LIB)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< $(LIB) $(LDFLAGS) $(LDLIBS) -lcmocka
+
+# ---- CUDA plugin --------------------------------------------------------
+-include kernels/cuda/cuda.mk
+
+# ---- tests --------------------------------------------------------------
+unit: $(TEST_BINS)
+	@tools/run_unit_tests.sh $(TEST_BINS)
+
+conformance: bootstrap $(BIN)
+	@tools/conformance.sh
+
+e2e: bootstrap $(BIN)
+	@tools/e2e.sh
+
+test: bootstrap all
+	@$(MAKE) --no-print-directory unit
+	@$(MAKE) --no-print-directory conformance
+	@$(MAKE) --no-print-directory e2e
+
+run: bootstrap all
+	$(BIN) serve --model-repository model_repository --http-port 8000
+
+bench: bootstrap all
+	@tools/bench.sh
+
+fuzz: bootstrap
+	@tools/fuzz.sh
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)

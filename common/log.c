@@ -1,0 +1,65 @@
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static int g_level = LOG_INFO;
+static int g_json;
+
+void log_set_level(enum log_level level) { g_level = level; }
+void log_set_json(int json) { g_json = json; }
+int log_enabled(enum log_level level) { return (int)level <= g_level; }
+
+int log_level_parse(const char *s) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    if (s[0] >= '0' && s[0] <= '3' && s[1] == 0) return s[0] - '0';
+    if (strcmp(s, "warning") == 0) return LOG_WARN;
+    return -1;
+}
+
+/* Escapes s into a JSON string body; truncates to fit. */
+static size_t json_escape(char *dst, size_t cap, const char *s) {
+    size_t n = 0;
+    for (; *s && n + 7 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') { dst[n++] = '\\'; dst[n++] = (char)c; }
+        else if (c == '\n') { dst[n++] = '\\'; dst[n++] = 'n'; }
+        else if (c < 0x20) n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", c);
+        else dst[n++] = (char)c;
+    }
+    dst[n] = 0;
+    return n;
+}
+
+void log_write(enum log_level level, const char *func, const char *fmt, ...) {
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    if (!log_enabled(level)) return;
+    char msg[2048], line[4608], ts[40];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    struct tm tm;
+    gmtime_r(&now.tv_sec, &tm);
+    size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(ts + tl, sizeof ts - tl, ".%03ldZ", now.tv_nsec / 1000000);
+    int n;
+    if (g_json) {
+        char esc[4200];
+        json_escape(esc, sizeof esc, msg);
+        n = snprintf(line, sizeof line, "{\"ts\":\"%s\",\"level\":\"%s\",\"func\":\"%s\",\"msg\":\"%s\"}\n",
+                     ts, names[level], func, esc);
+    } else {
+        n = snprintf(line, sizeof line, "%s %-5s %s\n", ts, names[level], msg);
+    }
+    if (n > (int)sizeof line) n = (int)sizeof line;
+    ssize_t w = write(2, line, (size_t)n);
+    (void)w;
+}

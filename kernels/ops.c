@@ -1,0 +1,109 @@
+#include "kernels/ops.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct op_def *const g_tables[] = {
+    op_defs_elementwise, op_defs_reduce, op_defs_shape, op_defs_nn, op_defs_ml,
+};
+
+static int domain_eq(const char *a, const char *b) {
+    if (!a || strcmp(a, "ai.onnx") == 0) a = "";
+    if (!b || strcmp(b, "ai.onnx") == 0) b = "";
+    return strcmp(a, b) == 0;
+}
+
+const struct op_def *op_find(const char *domain, const char *op_type) {
+    for (size_t t = 0; t < sizeof g_tables / sizeof g_tables[0]; t++)
+        for (const struct op_def *d = g_tables[t]; d->op_type; d++)
+            if (strcmp(d->op_type, op_type) == 0 && domain_eq(d->domain, domain)) return d;
+    return NULL;
+}
+
+void op_foreach(void (*fn)(const struct op_def *op, void *arg), void *arg) {
+    for (size_t t = 0; t < sizeof g_tables / sizeof g_tables[0]; t++)
+        for (const struct op_def *d = g_tables[t]; d->op_type; d++) fn(d, arg);
+}
+
+int op_error(struct op_call *c, const char *fmt, ...) {
+    if (c->err && c->err_len) {
+        int n = snprintf(c->err, c->err_len, "node '%s' (%s): ", c->node ? c->node->name : "?",
+                         c->node ? c->node->op_type : "?");
+        if (n < 0) n = 0;
+        if ((size_t)n < c->err_len) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(c->err + n, c->err_len - (size_t)n, fmt, ap);
+            va_end(ap);
+        }
+    }
+    return STATUS_INVALID;
+}
+
+void op_apply_act(const struct graph_node *node, float *x, int64_t n) {
+    enum act_kind act = node->act;
+    float a = node->act_alpha, b = node->act_beta;
+    switch (act) {
+    case ACT_NONE: return;
+    case ACT_RELU:
+#pragma omp parallel for simd if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
+        return;
+    default:
+#pragma omp parallel for if (n > 16384)
+        for (int64_t i = 0; i < n; i++) x[i] = act_apply(act, x[i], a, b);
+        return;
+    }
+}
+
+int op_broadcast_shape(struct op_call *c, const struct tensor *a, const struct tensor *b, struct tensor *out) {
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    for (int i = 0; i < nd; i++) {
+        int ia = a->ndim - nd + i, ib = b->ndim - nd + i;
+        int64_t da = ia >= 0 ? a->dims[ia] : 1, db = ib >= 0 ? b->dims[ib] : 1;
+        if (da == db || db == 1) out->dims[i] = da;
+        else if (da == 1) out->dims[i] = db;
+        else {
+            char sa[128], sb[128];
+            return op_error(c, "shapes %s and %s cannot be broadcast", tensor_shape_str(a, sa, sizeof sa),
+                            tensor_shape_str(b, sb, sizeof sb));
+        }
+    }
+    out->ndim = nd;
+    return 0;
+}
+
+int op_axis(struct op_call *c, int64_t axis, int rank) {
+    if (axis < -rank || axis >= (rank ? rank : 1)) {
+        op_error(c, "axis %lld is out of range for rank %d", (long long)axis, rank);
+        return -1;
+    }
+    return (int)(axis < 0 ? axis + rank : axis);
+}
+
+int64_t op_int_at(const struct tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case DT_INT64: return ((const int64_t *)t->data)[i];
+    case DT_INT32: return ((const int32_t *)t->data)[i];
+    case DT_INT16: return ((const int16_t *)t->data)[i];
+    case DT_INT8: return ((const int8_t *)t->data)[i];
+    case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
+    case DT_UINT16: return ((const uint16_t *)t->data)[i];
+    case DT_UINT32: return ((const uint32_t *)t->data)[i];
+    case DT_UINT64: return (int64_t)((const uint64_t *)t->data)[i];
+    case DT_FP32: return (int64_t)((const float *)t->data)[i];
+    case DT_FP64: return (int64_t)((const double *)t->data)[i];
+    default: return 0;
+    }
+}
+
+double op_double_at(const struct tensor *t, int64_t i) {
+    switch (t->dtype) {
+    case DT_FP32: return ((const float *)t->data)[i];
+    case DT_FP64: return ((const double *)t->data)[i];
+    case DT_FP16: return fp16_to_fp32(((const uint16_t *)t->data)[i]);
+    case DT_BF16: return bf16_to_fp32(((const uint16_t *)t->data)[i]);
+    default: return (double)op_int_at(t, i);
+    }
+}

@@ -1,0 +1,62 @@
+/* model.h - a loaded ONNX model, ready to run: the public face of the engine.
+ *
+ * model_load parses the file, checks it, runs the load-time passes (constant
+ * folding, Conv+BatchNorm folding, activation/bias fusion) and keeps the graph.
+ * A plan (kernels, memory offsets, workspaces) is built on first use of each
+ * input shape signature and kept in an LRU of max_plans entries.
+ *
+ * Threads: a struct model is shared and immutable after load except for its
+ * plan cache, which has its own lock. A struct model_exec (arena, backend
+ * context) belongs to one thread at a time: make one per instance thread. */
+#ifndef KILN_MODEL_H
+#define KILN_MODEL_H
+
+#include <stddef.h>
+
+#include "common/tensor.h"
+
+struct model;
+struct model_exec;
+struct backend;
+
+struct model_io {
+    const char *name;
+    enum dtype dtype;
+    int ndim;                         /* -1 if the rank is unknown */
+    int64_t dims[TENSOR_MAX_DIMS];    /* -1 for a symbolic or unknown dim */
+};
+
+struct model_params {
+    const char *path;     /* model.onnx; external data files are read beside it */
+    int max_plans;        /* LRU bound on cached plans; 0 = 16 */
+    int max_dim;          /* largest accepted value of any input dim; 0 = 1<<24 */
+};
+
+struct model *model_load(const struct model_params *p, char *err, size_t err_len);
+void model_free(struct model *m); /* NULL is a no-op; no model_exec may be live */
+
+int model_ninputs(const struct model *m);
+int model_noutputs(const struct model *m);
+const struct model_io *model_input(const struct model *m, int i);
+const struct model_io *model_output(const struct model *m, int i);
+/* Index of the input/output with this name, or -1. */
+int model_find_input(const struct model *m, const char *name);
+int model_find_output(const struct model *m, const char *name);
+/* Graph facts for logs and metadata: node count, opset, producer. */
+int model_node_count(const struct model *m);
+const char *model_producer(const struct model *m);
+
+/* An execution context on a backend (NULL = a CPU backend made for it, using
+ * nthreads threads, 0 = all cores). The backend, if given, is borrowed. */
+struct model_exec *model_exec_create(struct model *m, struct backend *be, int nthreads);
+void model_exec_free(struct model_exec *x);
+
+/* Runs the model. inputs[i] matches model_input(m, i) (dtype and every known
+ * dim are checked; a mismatch is STATUS_INVALID with a message naming the
+ * input). outputs has model_noutputs() entries; each gets dtype, shape and a
+ * malloc'd data buffer that the caller frees with free(). Returns 0 or a
+ * negative status with err set; on error no output is left allocated. */
+int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs,
+              struct tensor *outputs, int noutputs, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,11 @@
+/* Placeholder until this command lands. */
+#include <stdio.h>
+
+#include "server/commands.h"
+
+int cmd_bench(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "kiln bench: not available in this build\n");
+    return 2;
+}

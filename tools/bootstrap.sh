@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what kiln needs to build and test, once: Debian packages (as root;
+# otherwise prints the apt-get line) and .venv with pinned test tools.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
+libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev zlib1g-dev libcmocka-dev \
+redis-server wrk clang libclang-rt-14-dev python3-venv"
+
+missing=""
+for p in $DEBS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "bootstrap: installing Debian packages:$missing"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    else
+        echo "bootstrap: missing Debian packages. Run:"
+        echo "  sudo apt-get install -y$missing"
+        exit 1
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
+    echo "bootstrap: creating .venv from requirements-dev.txt"
+    [ -x .venv/bin/python ] || "$PY" -m venv .venv
+    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    touch .venv/.stamp
+fi
