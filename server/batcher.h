@@ -1,0 +1,110 @@
+/* batcher.h - per-model dynamic batcher and its instance threads.
+ *
+ * The HTTP front end decodes a request into a batcher_request and submits it.
+ * The batcher queues it (priority levels, queue limit, timeouts), forms batches
+ * of requests whose non-batch shapes agree, gathers their inputs into one
+ * contiguous buffer per input, runs the batch on a free instance (a thread
+ * with its own struct model_exec), scatters the outputs back and calls each
+ * request's done() exactly once: on an instance thread, or on the batcher's
+ * timer thread for a queue timeout or cancellation. done() must be quick
+ * (hand the result to the I/O thread and return). After done() the batcher
+ * does not touch the request again.
+ *
+ * Threads: all functions are thread-safe. Times are in nanoseconds on
+ * CLOCK_MONOTONIC unless a name says otherwise. */
+#ifndef KILN_BATCHER_H
+#define KILN_BATCHER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "common/tensor.h"
+
+struct model;
+struct backend;
+typedef struct batcher batcher_t;
+
+#define BATCHER_MAX_PREFERRED 16
+#define BATCHER_MAX_PRIORITIES 16
+
+enum batcher_timeout_action { BATCHER_TIMEOUT_REJECT = 0, BATCHER_TIMEOUT_DELAY = 1 };
+
+struct batcher_queue_policy {
+    enum batcher_timeout_action timeout_action;
+    uint64_t default_timeout_us;   /* 0 = none */
+    int allow_timeout_override;
+    int max_queue_size;            /* 0 = unbounded */
+};
+
+struct batcher_params {
+    struct model *model;           /* borrowed; outlives the batcher */
+    const char *model_name;        /* for logs */
+    int max_batch_size;            /* 0: no batching, inputs have no batch dim */
+    int dynamic_batching;          /* 0: every request is its own batch */
+    int preferred_batch_size[BATCHER_MAX_PREFERRED];
+    int npreferred;
+    uint64_t max_queue_delay_us;
+    uint64_t latency_budget_us;    /* kiln's own: 0 = off (use max_queue_delay_us) */
+    int preserve_ordering;
+    int priority_levels;           /* 0 or 1 = one level */
+    int default_priority_level;    /* 1 = highest */
+    struct batcher_queue_policy default_queue_policy;
+    int instance_count;            /* >= 1 */
+    const char *backend;           /* "cpu", "cuda" */
+    int threads_per_instance;      /* 0 = cores / instance_count */
+    /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
+    uint64_t (*now_ns)(void *arg);
+    void *now_arg;
+};
+
+struct batcher_request {
+    /* Set by the submitter. inputs[i] is model input i; with max_batch_size > 0
+     * dims[0] is this request's row count (rows). The batcher reads the input
+     * buffers until done() and never frees them. */
+    const struct tensor *inputs;
+    int ninputs;
+    int64_t rows;
+    int priority;                  /* 0 = default level, 1 = highest */
+    uint64_t timeout_us;           /* 0 = the queue policy's default */
+    atomic_int cancelled;          /* set by batcher_cancel() */
+    void (*done)(struct batcher_request *r);
+    void *user;
+
+    /* Set by the batcher before done(). On success outputs[] (noutputs =
+     * model_noutputs) hold this request's rows, malloc'd: the submitter frees
+     * each data with free() and the array with free(). */
+    int status;                    /* 0 or a negative status */
+    char err[256];
+    struct tensor *outputs;
+    int noutputs;
+    uint64_t enqueue_ns, start_ns, end_ns; /* queue time = start - enqueue */
+    uint64_t compute_input_ns, compute_infer_ns, compute_output_ns;
+    int batch_size;                /* rows in the batch this request ran in */
+};
+
+struct batcher_stats {
+    uint64_t queued;               /* currently waiting */
+    uint64_t executions;           /* batches run */
+    uint64_t inferences;           /* rows run */
+    uint64_t rejected_queue_full, rejected_timeout, cancelled, failed;
+    uint64_t queue_ns_total;
+    uint64_t batch_hist[65];       /* [n] = batches of n rows (64+ in [64]) */
+};
+
+batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len);
+/* Finishes queued work (drain) and joins the threads; NULL is a no-op. */
+void batcher_free(batcher_t *b);
+/* Returns 0 (done() will be called) or a negative status with r->err set and
+ * done() never called: STATUS_UNAVAILABLE "Exceeds maximum queue size",
+ * STATUS_INVALID for a shape the model cannot batch. */
+int batcher_submit(batcher_t *b, struct batcher_request *r);
+/* Marks r cancelled (its client went away); a queued request is dropped
+ * before execution and done() is called with STATUS_CANCELLED. */
+void batcher_cancel(batcher_t *b, struct batcher_request *r);
+/* Stops admitting (submit returns STATUS_UNAVAILABLE), runs what is queued. */
+void batcher_stop_admission(batcher_t *b);
+/* Requests queued or running. */
+int batcher_pending(batcher_t *b);
+void batcher_get_stats(batcher_t *b, struct batcher_stats *out);
+
+#endif
