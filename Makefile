@@ -13,7 +13,7 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 CUDA ?= $(if $(NVCC),1,0)
 CUDA_HOME ?= /usr/local/cuda
 
-WARN ?= -Wall -Wextra -Werror -Wno-unused-parameter
+WARN ?= -Wall -Wextra -Werror -Wno-unused-parameter -Wno-format-truncation
 OPT ?= -O2 -march=x86-64-v2 -mtune=native
 DEBUG ?= -g
 SANITIZE ?=
