@@ -107,3 +107,11 @@ clean:
 	rm -rf $(BUILD)
 
 -include $(shell find $(BUILD)/obj $(BUILD)/tests -name '*.d' 2>/dev/null)
+
+# ---- install (used by the container images) ----------------------------
+PREFIX ?= /usr/local
+.PHONY: install
+install: $(BIN)
+	install -d $(PREFIX)/bin
+	install -m 755 $(BIN) $(PREFIX)/bin/kiln
+	if [ -f $(BUILD)/libkiln_cuda.so ]; then install -m 755 $(BUILD)/libkiln_cuda.so $(PREFIX)/bin/; fi

@@ -4,9 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
-libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev zlib1g-dev libcmocka-dev \
-redis-server wrk clang libclang-rt-14-dev python3-venv"
+# What building kiln needs; then what its tests and benchmarks need.
+# KILN_BUILD_ONLY=1 (used by the container images) installs the first list only
+# and makes no .venv.
+BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
+libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev zlib1g-dev"
+TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev python3-venv curl"
+DEBS="$BUILD_DEBS"
+[ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"
 
 missing=""
 for p in $DEBS; do
@@ -24,6 +29,8 @@ if [ -n "$missing" ]; then
         exit 1
     fi
 fi
+
+[ "${KILN_BUILD_ONLY:-0}" = 1 ] && exit 0
 
 PY=${PYTHON:-python3}
 if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
