@@ -43,7 +43,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 ONNX_PROTO ?= /usr/include/onnx/onnx.proto
 
-.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda
+.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda deploy-check
 all: bootstrap $(BIN) cuda
 
 bootstrap:
@@ -89,9 +89,13 @@ conformance: bootstrap $(BIN)
 e2e: bootstrap $(BIN)
 	@tools/e2e.sh
 
+deploy-check:
+	@tools/deploy_check.sh
+
 test: bootstrap all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory conformance
+	@$(MAKE) --no-print-directory deploy-check
 	@$(MAKE) --no-print-directory e2e
 
 run: bootstrap all

@@ -17,6 +17,7 @@ step() { echo "deploy-check: $1"; shift; if "$@"; then :; else echo "deploy-chec
 step "hadolint" $V/bin/hadolint --failure-threshold warning docker/Dockerfile docker/Dockerfile.cpu
 step "yamllint" $V/bin/yamllint -s docker deploy .yamllint
 step "kubernetes-validate" $V/bin/kubernetes-validate --strict deploy/k8s/kiln.yaml deploy/k8s/redis.yaml
+step "compose schema" $V/bin/check-jsonschema --builtin-schema vendor.compose-spec docker/compose.yml
 step "grafana dashboard JSON" python3 -m json.tool docker/grafana/kiln-dashboard.json /dev/null
 export ANSIBLE_LOCAL_TEMP=${TMPDIR:-/tmp}/kiln-ansible ANSIBLE_HOME=${TMPDIR:-/tmp}/kiln-ansible-home
 step "ansible syntax" $V/bin/ansible-playbook --syntax-check -i localhost, deploy/ansible/site.yml
