@@ -404,6 +404,474 @@ static int cos_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * Transpose (and the permutations behind DepthToSpace / SpaceToDepth)
+ * ------------------------------------------------------------------------ */
+
+#define TRANSPOSE_TILE 32
+
+/* dst[b][j][i] = src[b][i][j] for a batch of rows x cols matrices, in
+ * cache-sized tiles. */
+#define TRANSPOSE_2D(T)                                                                                   \
+    do {                                                                                                  \
+        const T *s_ = src;                                                                                \
+        T *d_ = dst;                                                                                      \
+        int64_t nti_ = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;                                      \
+        _Pragma("omp parallel for collapse(2) if (batch * rows * cols > 32768)")                          \
+        for (int64_t b = 0; b < batch; b++)                                                               \
+            for (int64_t ti = 0; ti < nti_; ti++) {                                                       \
+                const T *sb = s_ + b * rows * cols;                                                       \
+                T *db = d_ + b * rows * cols;                                                             \
+                int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows; \
+                for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {                                   \
+                    int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;                 \
+                    for (int64_t i = i0; i < i1; i++)                                                     \
+                        for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];            \
+                }                                                                                         \
+            }                                                                                             \
+    } while (0)
+
+static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es) {
+    switch (es) {
+    case 1: TRANSPOSE_2D(uint8_t); break;
+    case 2: TRANSPOSE_2D(uint16_t); break;
+    case 4: TRANSPOSE_2D(uint32_t); break;
+    case 8: TRANSPOSE_2D(uint64_t); break;
+    default: {
+        int64_t dims[3] = {batch, cols, rows}, strides[3] = {rows * cols, 1, cols};
+        shape_strided_copy(dst, src, 0, 3, dims, strides, es);
+    }
+    }
+}
+
+/* Writes the permutation of src (dims, nd axes) into dst: output axis j is
+ * input axis perm[j]. Size-1 axes are dropped and input axes that stay
+ * adjacent are merged first, so that the common transformer and layout
+ * permutations become either row copies ([0,2,1,3]) or a batched 2-D
+ * transpose ([0,2,3,1], [0,1,3,2]); the rest is one strided copy. */
+static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *dims, const int64_t *perm, size_t es) {
+    int64_t d[SHAPE_MAX_VIEW_DIMS];
+    int map[SHAPE_MAX_VIEW_DIMS], p[SHAPE_MAX_VIEW_DIMS], m = 0, q = 0;
+    int64_t total = 1;
+    for (int k = 0; k < nd; k++) {
+        total *= dims[k];
+        map[k] = dims[k] != 1 ? m : -1;
+        if (dims[k] != 1) d[m++] = dims[k];
+    }
+    if (total == 0) return;
+    for (int j = 0; j < nd; j++)
+        if (map[perm[j]] >= 0) p[q++] = map[perm[j]];
+    int gs[SHAPE_MAX_VIEW_DIMS], gl[SHAPE_MAX_VIEW_DIMS], ng = 0;
+    for (int j = 0; j < q; j++) {
+        if (ng && p[j] == gs[ng - 1] + gl[ng - 1]) {
+            gl[ng - 1]++;
+        } else {
+            gs[ng] = p[j];
+            gl[ng++] = 1;
+        }
+    }
+    if (ng <= 1) {
+        memcpy(dst, src, (size_t)total * es);
+        return;
+    }
+    int rp[SHAPE_MAX_VIEW_DIMS];
+    int64_t rd[SHAPE_MAX_VIEW_DIMS], rs[SHAPE_MAX_VIEW_DIMS];
+    for (int g = 0; g < ng; g++) {
+        int r = 0;
+        for (int h = 0; h < ng; h++) r += gs[h] < gs[g];
+        rp[g] = r;
+        rd[r] = prod(d, gs[g], gs[g] + gl[g]);
+    }
+    shape_strides(ng, rd, rs);
+    if (ng == 2) {
+        transpose_batched_2d(src, dst, 1, rd[0], rd[1], es);
+        return;
+    }
+    if (ng == 3 && rp[0] == 0 && rp[1] == 2) {
+        transpose_batched_2d(src, dst, rd[0], rd[1], rd[2], es);
+        return;
+    }
+    int64_t od[SHAPE_MAX_VIEW_DIMS], os[SHAPE_MAX_VIEW_DIMS];
+    for (int g = 0; g < ng; g++) {
+        od[g] = rd[rp[g]];
+        os[g] = rs[rp[g]];
+    }
+    shape_strided_copy(dst, src, 0, ng, od, os, es);
+}
+
+static int transpose_perm(struct op_call *c, int64_t *perm) {
+    int r = c->in[0]->ndim;
+    int n = read_int_attr(c, "perm", perm, TENSOR_MAX_DIMS);
+    if (n < -1) return n;
+    if (n < 0) {
+        for (int k = 0; k < r; k++) perm[k] = r - 1 - k;
+        return 0;
+    }
+    if (n != r) return op_error(c, "perm has %d entries for an input of rank %d", n, r);
+    int seen[TENSOR_MAX_DIMS] = {0};
+    for (int k = 0; k < r; k++) {
+        if (perm[k] < 0) perm[k] += r;
+        if (perm[k] < 0 || perm[k] >= r || seen[perm[k]]++) return op_error(c, "perm is not a permutation of 0..%d", r - 1);
+    }
+    return 0;
+}
+
+static int transpose_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t perm[TENSOR_MAX_DIMS], d[TENSOR_MAX_DIMS];
+    int rc = transpose_perm(c, perm);
+    if (rc) return rc;
+    if ((rc = need_bytes_dtype(c, x, "input"))) return rc;
+    for (int k = 0; k < x->ndim; k++) d[k] = x->dims[perm[k]];
+    return set_shape(c, c->out[0], x->dtype, x->ndim, d);
+}
+
+static int transpose_run(struct op_call *c) {
+    int64_t perm[TENSOR_MAX_DIMS];
+    int rc = transpose_perm(c, perm);
+    if (rc) return rc;
+    const struct tensor *x = c->in[0];
+    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, perm, dtype_size(x->dtype));
+    return 0;
+}
+
+static int d2s_params(struct op_call *c, int64_t *b, int *crd) {
+    const struct tensor *x = c->in[0];
+    *b = node_attr_int(c->node, "blocksize", 0);
+    if (*b <= 0) return op_error(c, "attribute 'blocksize' must be positive");
+    if (x->ndim != 4) return op_error(c, "input must be 4-D (N,C,H,W), got rank %d", x->ndim);
+    const char *mode = node_attr_str(c->node, "mode", "DCR");
+    if (strcmp(mode, "DCR") && strcmp(mode, "CRD")) return op_error(c, "unknown mode '%s'", mode);
+    *crd = strcmp(mode, "CRD") == 0;
+    return need_bytes_dtype(c, x, "input");
+}
+
+static int d2s_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t b;
+    int crd;
+    int rc = d2s_params(c, &b, &crd);
+    if (rc) return rc;
+    if (x->dims[1] % (b * b)) return op_error(c, "channels %lld are not divisible by blocksize^2 = %lld", (long long)x->dims[1], (long long)(b * b));
+    int64_t d[4] = {x->dims[0], x->dims[1] / (b * b), x->dims[2] * b, x->dims[3] * b};
+    return set_shape(c, c->out[0], x->dtype, 4, d);
+}
+
+static int d2s_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t b;
+    int crd;
+    int rc = d2s_params(c, &b, &crd);
+    if (rc) return rc;
+    int64_t n = x->dims[0], cc = x->dims[1] / (b * b), h = x->dims[2], w = x->dims[3];
+    if (crd) {
+        int64_t v[6] = {n, cc, b, b, h, w}, perm[6] = {0, 1, 4, 2, 5, 3};
+        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+    } else {
+        int64_t v[6] = {n, b, b, cc, h, w}, perm[6] = {0, 3, 4, 1, 5, 2};
+        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+    }
+    return 0;
+}
+
+static int s2d_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t b = node_attr_int(c->node, "blocksize", 0);
+    if (b <= 0) return op_error(c, "attribute 'blocksize' must be positive");
+    if (x->ndim != 4) return op_error(c, "input must be 4-D (N,C,H,W), got rank %d", x->ndim);
+    if (x->dims[2] % b || x->dims[3] % b) return op_error(c, "height and width must be divisible by blocksize %lld", (long long)b);
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    int64_t d[4] = {x->dims[0], x->dims[1] * b * b, x->dims[2] / b, x->dims[3] / b};
+    return set_shape(c, c->out[0], x->dtype, 4, d);
+}
+
+static int s2d_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t b = node_attr_int(c->node, "blocksize", 1);
+    int64_t v[6] = {x->dims[0], x->dims[1], x->dims[2] / b, b, x->dims[3] / b, b}, perm[6] = {0, 3, 5, 1, 2, 4};
+    transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Concat, Split
+ * ------------------------------------------------------------------------ */
+
+static int concat_infer(struct op_call *c) {
+    const struct tensor *x0 = c->in[0];
+    if (!x0) return op_error(c, "input 0 is required");
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x0->ndim);
+    if (a < 0) return STATUS_INVALID;
+    int rc = need_bytes_dtype(c, x0, "input 0");
+    if (rc) return rc;
+    int64_t d[TENSOR_MAX_DIMS];
+    memcpy(d, x0->dims, sizeof d);
+    d[a] = 0;
+    for (int i = 0; i < c->nin; i++) {
+        const struct tensor *x = c->in[i];
+        if (!x) return op_error(c, "input %d is missing", i);
+        if (x->dtype != x0->dtype) return op_error(c, "input %d is %s but input 0 is %s", i, dtype_name(x->dtype), dtype_name(x0->dtype));
+        if (x->ndim != x0->ndim) return op_error(c, "input %d has rank %d but input 0 has rank %d", i, x->ndim, x0->ndim);
+        for (int k = 0; k < x->ndim; k++)
+            if (k != a && x->dims[k] != x0->dims[k]) {
+                char s0[128], s1[128];
+                return op_error(c, "input %d %s does not match input 0 %s outside axis %d", i, tensor_shape_str(x, s1, sizeof s1),
+                                tensor_shape_str(x0, s0, sizeof s0), a);
+            }
+        d[a] += x->dims[a];
+    }
+    return set_shape(c, c->out[0], x0->dtype, x0->ndim, d);
+}
+
+static int concat_run(struct op_call *c) {
+    const struct tensor *o = c->out[0];
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), o->ndim);
+    size_t es = dtype_size(o->dtype);
+    int64_t outer = prod(o->dims, 0, a), orow = prod(o->dims, a, o->ndim) * (int64_t)es;
+    int64_t off[OP_MAX_IO + 1];
+    off[0] = 0;
+    for (int i = 0; i < c->nin; i++) off[i + 1] = off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    char *dst = o->data;
+#pragma omp parallel for if (outer * orow > 65536 && outer > 1)
+    for (int64_t r = 0; r < outer; r++)
+        for (int i = 0; i < c->nin; i++) {
+            int64_t n = off[i + 1] - off[i];
+            if (n) memcpy(dst + r * orow + off[i], (const char *)c->in[i]->data + r * n, (size_t)n);
+        }
+    return 0;
+}
+
+/* The split sizes along axis *axis; returns the count or a negative status. */
+static int split_sizes(struct op_call *c, int *axis, int64_t *sz) {
+    const struct tensor *x = c->in[0];
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    if (a < 0) return STATUS_INVALID;
+    *axis = a;
+    int64_t dim = x->dims[a];
+    int n;
+    if (c->node->opset < 13) n = read_int_attr(c, "split", sz, OP_MAX_IO);
+    else if (in_opt(c, 1)) n = read_int_input(c, 1, "split", sz, OP_MAX_IO);
+    else n = -1;
+    if (n < -1) return n;
+    if (n >= 0) {
+        int64_t sum = 0;
+        for (int k = 0; k < n; k++) {
+            if (sz[k] < 0) return op_error(c, "split[%d] is negative", k);
+            sum += sz[k];
+        }
+        if (n != c->nout) return op_error(c, "split has %d entries for %d outputs", n, c->nout);
+        if (sum != dim) return op_error(c, "split sizes add up to %lld but axis %d has %lld", (long long)sum, a, (long long)dim);
+        return n;
+    }
+    n = c->nout;
+    const struct graph_attr *no = c->node->opset >= 18 ? node_attr(c->node, "num_outputs") : NULL;
+    if (no) {
+        if (no->i != n) return op_error(c, "num_outputs is %lld but the node has %d outputs", (long long)no->i, n);
+        int64_t chunk = (dim + n - 1) / n;
+        for (int k = 0; k < n; k++) {
+            int64_t left = dim - chunk * k;
+            sz[k] = left < 0 ? 0 : (left < chunk ? left : chunk);
+        }
+        return n;
+    }
+    if (dim % n) return op_error(c, "axis %d of size %lld cannot be split into %d equal parts", a, (long long)dim, n);
+    for (int k = 0; k < n; k++) sz[k] = dim / n;
+    return n;
+}
+
+static int split_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    int a;
+    int64_t sz[OP_MAX_IO];
+    int n = split_sizes(c, &a, sz);
+    if (n < 0) return n;
+    for (int k = 0; k < n; k++) {
+        if (!c->out[k]) continue;
+        int64_t d[TENSOR_MAX_DIMS];
+        memcpy(d, x->dims, sizeof d);
+        d[a] = sz[k];
+        if ((rc = set_shape(c, c->out[k], x->dtype, x->ndim, d))) return rc;
+    }
+    return 0;
+}
+
+static int split_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int a;
+    int64_t sz[OP_MAX_IO];
+    int n = split_sizes(c, &a, sz);
+    if (n < 0) return n;
+    size_t es = dtype_size(x->dtype);
+    int64_t outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim) * (int64_t)es;
+    int64_t irow = x->dims[a] * inner;
+    int64_t off = 0;
+    for (int k = 0; k < n; k++) {
+        int64_t len = sz[k] * inner;
+        if (c->out[k] && len) {
+            char *dst = c->out[k]->data;
+            const char *src = (const char *)x->data + off;
+#pragma omp parallel for if (outer * len > 65536 && outer > 1)
+            for (int64_t r = 0; r < outer; r++) memcpy(dst + r * len, src + r * irow, (size_t)len);
+        }
+        off += len;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Slice
+ * ------------------------------------------------------------------------ */
+
+/* Per-axis start, step and output length following numpy's clamping. */
+static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_t *len) {
+    const struct tensor *x = c->in[0];
+    int r = x->ndim;
+    int64_t st[TENSOR_MAX_DIMS], en[TENSOR_MAX_DIMS], ax[TENSOR_MAX_DIMS], sp[TENSOR_MAX_DIMS];
+    int ns, ne, na, np;
+    if (c->node->opset < 10) {
+        ns = read_int_attr(c, "starts", st, TENSOR_MAX_DIMS);
+        ne = read_int_attr(c, "ends", en, TENSOR_MAX_DIMS);
+        na = read_int_attr(c, "axes", ax, TENSOR_MAX_DIMS);
+        np = -1;
+        if (ns == -1 || ne == -1) return op_error(c, "attributes 'starts' and 'ends' are required");
+    } else {
+        ns = read_int_input(c, 1, "starts", st, TENSOR_MAX_DIMS);
+        if (ns < 0) return ns;
+        ne = read_int_input(c, 2, "ends", en, TENSOR_MAX_DIMS);
+        if (ne < 0) return ne;
+        na = in_opt(c, 3) ? read_int_input(c, 3, "axes", ax, TENSOR_MAX_DIMS) : -1;
+        np = in_opt(c, 4) ? read_int_input(c, 4, "steps", sp, TENSOR_MAX_DIMS) : -1;
+    }
+    if (ns < 0) return ns;
+    if (ne < 0) return ne;
+    if (na < -1) return na;
+    if (np < -1) return np;
+    if (ns != ne) return op_error(c, "starts has %d values but ends has %d", ns, ne);
+    if (na >= 0 && na != ns) return op_error(c, "axes has %d values but starts has %d", na, ns);
+    if (np >= 0 && np != ns) return op_error(c, "steps has %d values but starts has %d", np, ns);
+    int used[TENSOR_MAX_DIMS] = {0};
+    for (int k = 0; k < r; k++) {
+        start[k] = 0;
+        step[k] = 1;
+        len[k] = x->dims[k];
+    }
+    for (int k = 0; k < ns; k++) {
+        int a = na >= 0 ? op_axis(c, ax[k], r) : k;
+        if (a < 0) return STATUS_INVALID;
+        if (a >= r) return op_error(c, "starts has more values than the input's rank %d", r);
+        if (used[a]++) return op_error(c, "axis %d is repeated", a);
+        int64_t d = x->dims[a], s = st[k], e = en[k], p = np >= 0 ? sp[k] : 1;
+        if (p == 0) return op_error(c, "steps[%d] is 0", k);
+        if (s < 0) s += d;
+        if (e < 0) e += d;
+        int64_t n;
+        if (p > 0) {
+            s = s < 0 ? 0 : (s > d ? d : s);
+            e = e < 0 ? 0 : (e > d ? d : e);
+            n = e > s ? (e - s + p - 1) / p : 0;
+        } else {
+            s = s < 0 ? 0 : (s > d - 1 ? d - 1 : s);
+            e = e < -1 ? -1 : (e > d - 1 ? d - 1 : e);
+            n = s > e ? (s - e + (-p) - 1) / (-p) : 0;
+        }
+        start[a] = s;
+        step[a] = p;
+        len[a] = n;
+    }
+    return 0;
+}
+
+static int slice_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc || (rc = slice_params(c, start, step, len))) return rc;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, len);
+}
+
+static int slice_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS], xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
+    int rc = slice_params(c, start, step, len);
+    if (rc) return rc;
+    shape_strides(x->ndim, x->dims, xs);
+    int64_t base = 0;
+    for (int k = 0; k < x->ndim; k++) {
+        if (len[k] == 0) return 0;
+        base += start[k] * xs[k];
+        ss[k] = step[k] * xs[k];
+    }
+    shape_strided_copy(c->out[0]->data, x->data, base, x->ndim, len, ss, dtype_size(x->dtype));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Expand, Tile
+ * ------------------------------------------------------------------------ */
+
+static int expand_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor s = {0};
+    int n = read_int_input(c, 1, "shape", s.dims, TENSOR_MAX_DIMS);
+    if (n < 0) return n;
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    s.ndim = n;
+    s.dtype = x->dtype;
+    for (int k = 0; k < n; k++)
+        if (s.dims[k] < 0) return op_error(c, "shape[%d] is %lld", k, (long long)s.dims[k]);
+    c->out[0]->dtype = x->dtype;
+    return op_broadcast_shape(c, x, &s, c->out[0]);
+}
+
+static int expand_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *o = c->out[0];
+    int64_t xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
+    shape_strides(x->ndim, x->dims, xs);
+    int off = o->ndim - x->ndim;
+    for (int k = 0; k < o->ndim; k++) {
+        int j = k - off;
+        ss[k] = (j < 0 || x->dims[j] == 1) ? 0 : xs[j];
+    }
+    shape_strided_copy(o->data, x->data, 0, o->ndim, o->dims, ss, dtype_size(x->dtype));
+    return 0;
+}
+
+static int tile_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t rep[TENSOR_MAX_DIMS], d[TENSOR_MAX_DIMS];
+    int n = read_int_input(c, 1, "repeats", rep, TENSOR_MAX_DIMS);
+    if (n < 0) return n;
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    if (n != x->ndim) return op_error(c, "repeats has %d values for an input of rank %d", n, x->ndim);
+    for (int k = 0; k < n; k++) {
+        if (rep[k] < 0) return op_error(c, "repeats[%d] is negative", k);
+        d[k] = x->dims[k] * rep[k];
+    }
+    return set_shape(c, c->out[0], x->dtype, n, d);
+}
+
+/* The output viewed as [r0, d0, r1, d1, ...] reads the input with stride 0
+ * over each repeat axis. */
+static int tile_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *o = c->out[0];
+    int64_t xs[TENSOR_MAX_DIMS], vd[SHAPE_MAX_VIEW_DIMS], vs[SHAPE_MAX_VIEW_DIMS];
+    shape_strides(x->ndim, x->dims, xs);
+    for (int k = 0; k < x->ndim; k++) {
+        if (x->dims[k] == 0) return 0;
+        vd[2 * k] = o->dims[k] / x->dims[k];
+        vs[2 * k] = 0;
+        vd[2 * k + 1] = x->dims[k];
+        vs[2 * k + 1] = xs[k];
+    }
+    shape_strided_copy(o->data, x->data, 0, 2 * x->ndim, vd, vs, dtype_size(x->dtype));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -418,5 +886,13 @@ const struct op_def op_defs_shape[] = {
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},
     {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
     {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
+    {"Transpose", "", transpose_infer, NULL, transpose_run, NULL, 0},
+    {"DepthToSpace", "", d2s_infer, NULL, d2s_run, NULL, 0},
+    {"SpaceToDepth", "", s2d_infer, NULL, s2d_run, NULL, 0},
+    {"Concat", "", concat_infer, NULL, concat_run, NULL, 0},
+    {"Split", "", split_infer, NULL, split_run, NULL, 0},
+    {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
+    {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
+    {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
     {0},
 };
