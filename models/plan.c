@@ -1,0 +1,1022 @@
+/* plan.c - plans (shape inference, plan-time folding, memory planning,
+ * kernel preparation), the executor that runs them, and the plan cache. */
+#include "models/plan.h"
+
+#include <limits.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+
+#define PLAN_ALIGN 64
+/* One tensor larger than this is refused at plan time: no real model needs
+ * it, and a hostile shape must fail with a message, not an allocation. */
+#define PLAN_MAX_TENSOR_BYTES ((size_t)1 << 38)
+
+static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
+
+struct pval {
+    struct tensor t; /* concrete shape; data = host bytes for constants */
+    enum plan_value_kind kind;
+    int root;        /* value that owns the bytes (itself unless a view) */
+    int input;       /* graph input index, for PLAN_VALUE_INPUT */
+    size_t off;      /* arena offset (roots), or offset in the device constant block */
+    size_t size;     /* bytes, rounded to PLAN_ALIGN for arena roots */
+    int first, last; /* live range of an arena root, in step indices */
+    unsigned char owned; /* t.data was malloc'd by the plan (folded) */
+    unsigned char is_step_out;
+};
+
+struct pstep {
+    int node;
+    void *state;
+    unsigned char prepared; /* release needed */
+    unsigned char on_host;  /* device plan: this node falls back to the CPU */
+    size_t scratch_off, scratch_size;
+};
+
+struct plan {
+    atomic_int refs;
+    const struct graph *g;
+    int nvals;
+    struct pval *vals;
+    int nsteps;
+    struct pstep *steps;
+    int nfolded;
+    int nfallback;
+    size_t arena_size;
+    int ninputs;
+    struct tensor *sig; /* shapes of the inputs it was built for */
+    uint64_t hash;
+    int host;
+    struct backend *be; /* the backend that prepared the steps */
+    void *dev_consts;   /* device plans: every constant a step reads */
+    size_t consts_size;
+    int *in_vals; /* host plans: values read in place from graph inputs */
+    int nin_vals;
+    atomic_ullong last_used;
+};
+
+/* ---- helpers --------------------------------------------------------------- */
+
+static int check_shape(const struct graph_node *n, const struct tensor *t, const char *vname, char *err,
+                       size_t err_len) {
+    if (t->dtype <= DT_UNDEFINED || t->dtype >= DT_MAX_ || dtype_size(t->dtype) == 0)
+        return status_set(err, err_len, STATUS_INTERNAL, "node '%s' (%s): output '%s' has no datatype after shape inference",
+                          n->name, n->op_type, vname);
+    if (t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS)
+        return status_set(err, err_len, STATUS_INTERNAL, "node '%s' (%s): output '%s' has rank %d after shape inference",
+                          n->name, n->op_type, vname, t->ndim);
+    int64_t numel = 1;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->dims[d] < 0)
+            return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output '%s' has unknown dim %d",
+                              n->name, n->op_type, vname, d);
+        if (t->dims[d] && numel > INT64_MAX / t->dims[d]) numel = INT64_MAX;
+        else numel *= t->dims[d];
+    }
+    if (numel != INT64_MAX && (uint64_t)numel <= PLAN_MAX_TENSOR_BYTES / dtype_size(t->dtype)) return 0;
+    char s[160];
+    return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output '%s' of shape %s is too large",
+                      n->name, n->op_type, vname, tensor_shape_str(t, s, sizeof s));
+}
+
+static void free_string_data(struct tensor *t) {
+    if (t->dtype == DT_STRING && t->data) {
+        int64_t n = tensor_numel(t);
+        char **s = t->data;
+        for (int64_t i = 0; i < n; i++) free(s[i]);
+    }
+}
+
+int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
+                   int nout, char *err, size_t err_len) {
+    const struct op_def *op = n->op;
+    if (!op || !op->infer || !op->run)
+        return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): no kernel", n->name, n->op_type);
+    if (nin > OP_MAX_IO || nout > OP_MAX_IO)
+        return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): more than %d inputs or outputs",
+                          n->name, n->op_type, OP_MAX_IO);
+    struct op_call c;
+    memset(&c, 0, sizeof c);
+    c.node = n;
+    c.nin = nin;
+    c.nout = nout;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    for (int i = 0; i < nout; i++) {
+        out[i].data = NULL;
+        c.out[i] = &out[i];
+    }
+    c.nthreads = omp_get_max_threads();
+    c.err = err;
+    c.err_len = err_len;
+    if (err && err_len) err[0] = 0;
+    int rc = op->infer(&c);
+    if (rc) return rc;
+    for (int i = 0; i < nout; i++) {
+        if ((rc = check_shape(n, &out[i], "", err, err_len))) return rc;
+        size_t nb = tensor_nbytes(&out[i]);
+        out[i].data = calloc(1, nb ? nb : 1);
+        if (!out[i].data) {
+            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
+            goto fail;
+        }
+    }
+    void *state = NULL;
+    size_t scratch = 0;
+    if (op->prepare && (rc = op->prepare(&c, &state, &scratch))) goto fail;
+    void *sbuf = NULL;
+    if (scratch) {
+        sbuf = aligned_alloc(PLAN_ALIGN, align_up(scratch));
+        if (!sbuf) {
+            if (op->release) op->release(state);
+            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory for scratch", n->name,
+                            n->op_type);
+            goto fail;
+        }
+    }
+    c.state = state;
+    c.scratch = sbuf;
+    c.scratch_size = scratch;
+    rc = op->run(&c);
+    if (op->release && op->prepare) op->release(state);
+    free(sbuf);
+    if (rc) {
+        if (err && err_len && !err[0])
+            status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
+        goto fail;
+    }
+    return 0;
+fail:
+    for (int i = 0; i < nout; i++) {
+        if (out[i].dtype == DT_STRING) {
+            /* Strings a failed kernel may have half written are not freed:
+             * the buffer was zeroed, so only set pointers are real. */
+            free_string_data(&out[i]);
+        }
+        free(out[i].data);
+        out[i].data = NULL;
+    }
+    return rc;
+}
+
+/* ---- building ---------------------------------------------------------------- */
+
+static void plan_free(struct plan *p) {
+    if (!p) return;
+    for (int i = 0; i < p->nsteps; i++) {
+        struct pstep *s = &p->steps[i];
+        if (!s->prepared) continue;
+        const struct graph_node *n = &p->g->nodes[s->node];
+        if (p->host || s->on_host) {
+            if (n->op->release) n->op->release(s->state);
+        } else if (p->be->iface->release_node) {
+            p->be->iface->release_node(p->be, n, s->state);
+        }
+    }
+    if (p->dev_consts && p->be) p->be->iface->buffer_free(p->be, p->dev_consts);
+    for (int v = 0; v < p->nvals; v++)
+        if (p->vals[v].owned) {
+            free_string_data(&p->vals[v].t);
+            free(p->vals[v].t.data);
+        }
+    free(p->vals);
+    free(p->steps);
+    free(p->sig);
+    free(p->in_vals);
+    free(p);
+}
+
+void plan_retain(struct plan *p) { atomic_fetch_add(&p->refs, 1); }
+
+void plan_release(struct plan *p) {
+    if (p && atomic_fetch_sub(&p->refs, 1) == 1) plan_free(p);
+}
+
+/* Placement item for the arena: a root value or a step's scratch. */
+struct item {
+    size_t size;
+    int first, last;
+    int value; /* -1 for scratch */
+    int step;
+    size_t off;
+};
+
+static int item_cmp_size(const void *a, const void *b) {
+    const struct item *x = a, *y = b;
+    if (x->size != y->size) return x->size > y->size ? -1 : 1;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    return 0;
+}
+
+struct span {
+    size_t lo, hi;
+};
+
+static int span_cmp(const void *a, const void *b) {
+    const struct span *x = a, *y = b;
+    return x->lo < y->lo ? -1 : (x->lo > y->lo ? 1 : 0);
+}
+
+/* Greedy best-fit by size: the largest buffers are placed first; each one
+ * takes the smallest gap between already placed buffers whose live ranges
+ * overlap its own, or goes past the last of them. Returns the arena size. */
+static int place_items(struct item *it, int n, size_t *arena_size) {
+    qsort(it, (size_t)n, sizeof *it, item_cmp_size);
+    struct span *sp = malloc((size_t)(n ? n : 1) * sizeof *sp);
+    if (!sp) return -1;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        int ns = 0;
+        for (int j = 0; j < i; j++)
+            if (it[j].first <= it[i].last && it[i].first <= it[j].last)
+                sp[ns++] = (struct span){it[j].off, it[j].off + it[j].size};
+        qsort(sp, (size_t)ns, sizeof *sp, span_cmp);
+        size_t best = SIZE_MAX, best_gap = SIZE_MAX, cur = 0;
+        for (int k = 0; k < ns; k++) {
+            if (sp[k].lo > cur) {
+                size_t gap = sp[k].lo - cur;
+                if (gap >= it[i].size && gap < best_gap) {
+                    best_gap = gap;
+                    best = cur;
+                }
+            }
+            if (sp[k].hi > cur) cur = sp[k].hi;
+        }
+        it[i].off = best != SIZE_MAX ? best : cur;
+        if (it[i].off + it[i].size > total) total = it[i].off + it[i].size;
+    }
+    free(sp);
+    *arena_size = total;
+    return 0;
+}
+
+static int is_string_node(const struct op_call *c) {
+    for (int i = 0; i < c->nin; i++)
+        if (c->in[i] && c->in[i]->dtype == DT_STRING) return 1;
+    for (int i = 0; i < c->nout; i++)
+        if (c->out[i]->dtype == DT_STRING) return 1;
+    return 0;
+}
+
+int plan_build(const struct graph *g, const struct tensor *inputs, struct backend *be, struct plan **out,
+               char *err, size_t err_len) {
+    *out = NULL;
+    int rc = STATUS_NOMEM;
+    struct plan *p = calloc(1, sizeof *p);
+    int *need = NULL, *nuse = NULL;
+    struct item *items = NULL;
+    if (!p) goto nomem;
+    atomic_init(&p->refs, 1);
+    atomic_init(&p->last_used, 0);
+    p->g = g;
+    p->host = !be || be->host_memory;
+    p->be = be;
+    p->nvals = g->nvalues;
+    p->ninputs = g->ninputs;
+    p->vals = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *p->vals);
+    p->steps = calloc((size_t)(g->nnodes ? g->nnodes : 1), sizeof *p->steps);
+    p->sig = calloc((size_t)(g->ninputs ? g->ninputs : 1), sizeof *p->sig);
+    need = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *need);
+    nuse = calloc((size_t)(g->nvalues ? g->nvalues : 1), sizeof *nuse);
+    if (!p->vals || !p->steps || !p->sig || !need || !nuse) goto nomem;
+
+    for (int v = 0; v < g->nvalues; v++) {
+        struct pval *pv = &p->vals[v];
+        pv->root = v;
+        pv->input = -1;
+        if (g->values[v].t.data) {
+            pv->t = g->values[v].t;
+            pv->kind = PLAN_VALUE_CONST;
+        }
+    }
+    for (int i = 0; i < g->ninputs; i++) {
+        int v = g->inputs[i];
+        struct pval *pv = &p->vals[v];
+        p->sig[i] = inputs[i];
+        p->sig[i].data = NULL;
+        pv->t = inputs[i];
+        pv->t.data = NULL;
+        pv->t.dtype = g->values[v].t.dtype != DT_UNDEFINED ? g->values[v].t.dtype : inputs[i].dtype;
+        pv->kind = p->host ? PLAN_VALUE_INPUT : PLAN_VALUE_ARENA;
+        pv->input = i;
+        pv->is_step_out = 0;
+    }
+    p->hash = plan_signature_hash(inputs, g->ninputs);
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] >= 0) nuse[g->nodes[i].in[k]]++;
+    for (int o = 0; o < g->noutputs; o++) nuse[g->outputs[o]]++;
+
+    /* Shape inference, plan-time folding, views and steps, in node order. */
+    struct tensor dummy[OP_MAX_IO];
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        const struct op_def *op = n->op;
+        if (n->nin > OP_MAX_IO || n->nout > OP_MAX_IO) {
+            rc = status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): more than %d inputs or outputs",
+                            n->name, n->op_type, OP_MAX_IO);
+            goto fail;
+        }
+        struct op_call c;
+        memset(&c, 0, sizeof c);
+        c.node = n;
+        c.nin = n->nin;
+        c.nout = n->nout;
+        c.err = err;
+        c.err_len = err_len;
+        c.nthreads = 1;
+        int known = 1;
+        for (int k = 0; k < n->nin; k++) {
+            int v = n->in[k];
+            if (v < 0) continue;
+            if (p->vals[v].kind == PLAN_VALUE_UNUSED) {
+                rc = status_set(err, err_len, STATUS_INTERNAL, "node '%s' (%s): input '%s' is not computed before it",
+                                n->name, n->op_type, g->values[v].name);
+                goto fail;
+            }
+            c.in[k] = &p->vals[v].t;
+            if (p->vals[v].kind != PLAN_VALUE_CONST) known = 0;
+        }
+        for (int k = 0; k < n->nout; k++) {
+            int v = n->out[k];
+            struct tensor *t = v >= 0 ? &p->vals[v].t : &dummy[k];
+            memset(t, 0, sizeof *t);
+            c.out[k] = t;
+        }
+        if (!op || !op->infer) {
+            rc = status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): no kernel", n->name, n->op_type);
+            goto fail;
+        }
+        if (err && err_len) err[0] = 0;
+        if ((rc = op->infer(&c))) {
+            if (err && err_len && !err[0])
+                status_set(err, err_len, rc, "node '%s' (%s): shape inference failed", n->name, n->op_type);
+            goto fail;
+        }
+        for (int k = 0; k < n->nout; k++)
+            if ((rc = check_shape(n, c.out[k], n->out[k] >= 0 ? g->values[n->out[k]].name : "", err, err_len)))
+                goto fail;
+
+        if ((known || (op->flags & OP_SHAPE_ONLY)) && op->run && !is_string_node(&c)) {
+            struct tensor res[OP_MAX_IO];
+            if ((rc = plan_eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, err, err_len)))
+                goto fail;
+            for (int k = 0; k < n->nout; k++) {
+                int v = n->out[k];
+                if (v < 0) {
+                    free(res[k].data);
+                    continue;
+                }
+                p->vals[v].t = res[k];
+                p->vals[v].kind = PLAN_VALUE_CONST;
+                p->vals[v].owned = 1;
+            }
+            p->nfolded++;
+            continue;
+        }
+
+        /* A view: output 0 is input 0's bytes under another shape. */
+        int v0 = n->nout > 0 ? n->out[0] : -1, i0 = n->nin > 0 ? n->in[0] : -1;
+        if ((op->flags & OP_ALIAS_INPUT0) && v0 >= 0 && i0 >= 0 && p->vals[i0].kind != PLAN_VALUE_CONST &&
+            tensor_nbytes(&p->vals[v0].t) == tensor_nbytes(&p->vals[i0].t)) {
+            int extra_used = 0;
+            for (int k = 1; k < n->nout; k++)
+                if (n->out[k] >= 0 && nuse[n->out[k]] > 0) extra_used = 1;
+            if (!extra_used) {
+                struct pval *src = &p->vals[p->vals[i0].root], *dst = &p->vals[v0];
+                dst->root = p->vals[i0].root;
+                dst->kind = src->kind;
+                dst->input = src->input;
+                for (int k = 1; k < n->nout; k++)
+                    if (n->out[k] >= 0) p->vals[n->out[k]].kind = PLAN_VALUE_UNUSED;
+                continue;
+            }
+        }
+
+        struct pstep *s = &p->steps[p->nsteps];
+        s->node = i;
+        for (int k = 0; k < n->nout; k++) {
+            int v = n->out[k];
+            if (v < 0) continue;
+            p->vals[v].kind = PLAN_VALUE_ARENA;
+            p->vals[v].is_step_out = 1;
+            p->vals[v].first = p->vals[v].last = p->nsteps;
+        }
+        p->nsteps++;
+    }
+
+    /* Drop steps whose results nobody reads (e.g. a value whose only reader
+     * was a Shape node folded above). */
+    for (int o = 0; o < g->noutputs; o++) need[p->vals[g->outputs[o]].root] = 1;
+    int kept = 0;
+    for (int si = p->nsteps - 1; si >= 0; si--) {
+        const struct graph_node *n = &g->nodes[p->steps[si].node];
+        int live = 0;
+        for (int k = 0; k < n->nout; k++)
+            if (n->out[k] >= 0 && need[n->out[k]]) live = 1;
+        if (!live) {
+            p->steps[si].node = -1;
+            for (int k = 0; k < n->nout; k++)
+                if (n->out[k] >= 0) p->vals[n->out[k]].kind = PLAN_VALUE_UNUSED;
+            continue;
+        }
+        kept++;
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] >= 0) need[p->vals[n->in[k]].root] = 1;
+    }
+    /* Views of dropped values are gone too. */
+    for (int v = 0; v < g->nvalues; v++)
+        if (p->vals[v].root != v && p->vals[p->vals[v].root].kind == PLAN_VALUE_UNUSED)
+            p->vals[v].kind = PLAN_VALUE_UNUSED;
+    int w = 0;
+    for (int si = 0; si < p->nsteps; si++)
+        if (p->steps[si].node >= 0) p->steps[w++] = p->steps[si];
+    p->nsteps = w;
+    (void)kept;
+
+    /* Live ranges of arena roots. */
+    for (int v = 0; v < g->nvalues; v++) {
+        struct pval *pv = &p->vals[v];
+        if (pv->kind == PLAN_VALUE_ARENA && pv->root == v) pv->first = pv->last = -1;
+    }
+    for (int si = 0; si < p->nsteps; si++) {
+        const struct graph_node *n = &g->nodes[p->steps[si].node];
+        for (int k = 0; k < n->nout; k++)
+            if (n->out[k] >= 0) p->vals[n->out[k]].first = p->vals[n->out[k]].last = si;
+        for (int k = 0; k < n->nin; k++) {
+            if (n->in[k] < 0) continue;
+            struct pval *r = &p->vals[p->vals[n->in[k]].root];
+            if (r->kind == PLAN_VALUE_ARENA && r->last < si) r->last = si;
+        }
+    }
+    for (int i = 0; i < g->ninputs; i++) { /* device plans: inputs are copied in before step 0 */
+        struct pval *pv = &p->vals[g->inputs[i]];
+        if (pv->kind == PLAN_VALUE_ARENA) {
+            pv->first = 0;
+            if (pv->last < 0) pv->last = 0;
+        }
+    }
+    for (int o = 0; o < g->noutputs; o++) {
+        struct pval *r = &p->vals[p->vals[g->outputs[o]].root];
+        if (r->kind == PLAN_VALUE_ARENA) r->last = p->nsteps;
+    }
+
+    /* Prepare each step once: choose the backend (device plans fall back to
+     * the CPU for nodes the device cannot run) and learn scratch sizes. */
+    for (int si = 0; si < p->nsteps; si++) {
+        struct pstep *s = &p->steps[si];
+        const struct graph_node *n = &g->nodes[s->node];
+        struct op_call c;
+        memset(&c, 0, sizeof c);
+        c.node = n;
+        c.nin = n->nin;
+        c.nout = n->nout;
+        c.err = err;
+        c.err_len = err_len;
+        c.nthreads = 1;
+        for (int k = 0; k < n->nin; k++) c.in[k] = n->in[k] >= 0 ? &p->vals[n->in[k]].t : NULL;
+        for (int k = 0; k < n->nout; k++) c.out[k] = n->out[k] >= 0 ? &p->vals[n->out[k]].t : &dummy[k];
+        if (!p->host && be->iface->supports_op && !be->iface->supports_op(be, &c)) {
+            s->on_host = 1;
+            p->nfallback++;
+        }
+        if (err && err_len) err[0] = 0;
+        void *state = NULL;
+        size_t scratch = 0;
+        rc = 0;
+        if (p->host && be && be->iface->prepare_node) {
+            rc = be->iface->prepare_node(be, &c, &state, &scratch);
+            s->prepared = !rc;
+        } else if (p->host || s->on_host) {
+            if (n->op->prepare) {
+                rc = n->op->prepare(&c, &state, &scratch);
+                s->prepared = !rc;
+            }
+        } else if (be->iface->prepare_node) {
+            rc = be->iface->prepare_node(be, &c, &state, &scratch);
+            s->prepared = !rc;
+        }
+        if (rc) {
+            if (err && err_len && !err[0])
+                status_set(err, err_len, rc, "node '%s' (%s): preparing the kernel failed", n->name, n->op_type);
+            goto fail;
+        }
+        s->state = state;
+        s->scratch_size = scratch;
+    }
+
+    /* Memory: one arena, best-fit over live ranges. */
+    int nitems = 0;
+    items = malloc((size_t)(g->nvalues + p->nsteps + 1) * sizeof *items);
+    if (!items) goto nomem;
+    for (int v = 0; v < g->nvalues; v++) {
+        struct pval *pv = &p->vals[v];
+        if (pv->kind != PLAN_VALUE_ARENA || pv->root != v) continue;
+        pv->size = align_up(tensor_nbytes(&pv->t));
+        if (!pv->size) pv->size = PLAN_ALIGN; /* distinct, valid pointers even when empty */
+        items[nitems++] = (struct item){pv->size, pv->first, pv->last, v, -1, 0};
+    }
+    for (int si = 0; si < p->nsteps; si++)
+        if (p->steps[si].scratch_size)
+            items[nitems++] = (struct item){align_up(p->steps[si].scratch_size), si, si, -1, si, 0};
+    if (place_items(items, nitems, &p->arena_size)) goto nomem;
+    for (int i = 0; i < nitems; i++) {
+        if (items[i].value >= 0) p->vals[items[i].value].off = items[i].off;
+        else p->steps[items[i].step].scratch_off = items[i].off;
+    }
+    for (int v = 0; v < g->nvalues; v++) {
+        struct pval *pv = &p->vals[v];
+        if (pv->root != v && pv->kind == PLAN_VALUE_ARENA) {
+            pv->off = p->vals[pv->root].off;
+            pv->size = p->vals[pv->root].size;
+            pv->first = p->vals[pv->root].first;
+            pv->last = p->vals[pv->root].last;
+        }
+    }
+
+    /* Host plans read graph inputs (and their views) in place. */
+    p->in_vals = malloc((size_t)(g->nvalues > 0 ? (unsigned)g->nvalues : 1u) * sizeof(int));
+    if (!p->in_vals) goto nomem;
+    for (int v = 0; v < g->nvalues; v++)
+        if (p->vals[v].kind == PLAN_VALUE_INPUT) p->in_vals[p->nin_vals++] = v;
+
+    /* Device plans: the constants that device steps read go up once. */
+    if (!p->host) {
+        size_t total = 0;
+        for (int si = 0; si < p->nsteps; si++) {
+            if (p->steps[si].on_host) continue;
+            const struct graph_node *n = &g->nodes[p->steps[si].node];
+            for (int k = 0; k < n->nin; k++) {
+                int v = n->in[k];
+                if (v < 0 || p->vals[v].kind != PLAN_VALUE_CONST || p->vals[v].size) continue;
+                p->vals[v].off = total;
+                p->vals[v].size = align_up(tensor_nbytes(&p->vals[v].t));
+                if (!p->vals[v].size) p->vals[v].size = PLAN_ALIGN;
+                total += p->vals[v].size;
+            }
+        }
+        p->consts_size = total;
+        if (total) {
+            p->dev_consts = be->iface->buffer_alloc(be, total);
+            if (!p->dev_consts) {
+                rc = status_set(err, err_len, STATUS_NOMEM, "out of device memory for %zu bytes of constants", total);
+                goto fail;
+            }
+            for (int v = 0; v < g->nvalues; v++) {
+                struct pval *pv = &p->vals[v];
+                if (pv->kind != PLAN_VALUE_CONST || !pv->size) continue;
+                size_t nb = tensor_nbytes(&pv->t);
+                if (nb && (rc = be->iface->copy_to_device(be, (char *)p->dev_consts + pv->off, pv->t.data, nb))) {
+                    status_set(err, err_len, rc, "copying constant '%s' to the device failed", g->values[v].name);
+                    goto fail;
+                }
+            }
+            if (be->iface->synchronize && (rc = be->iface->synchronize(be))) {
+                status_set(err, err_len, rc, "copying constants to the device failed");
+                goto fail;
+            }
+        }
+    }
+
+    if (log_enabled(LOG_DEBUG)) {
+        char s[160] = "";
+        if (g->ninputs) tensor_shape_str(&inputs[0], s, sizeof s);
+        log_debug("plan for %s%s: %d steps, %d nodes folded, %d views, arena %zu bytes%s", s,
+                  g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, g->nnodes - p->nsteps - p->nfolded,
+                  p->arena_size, p->nfallback ? " (some nodes on the CPU)" : "");
+    }
+    free(need);
+    free(nuse);
+    free(items);
+    *out = p;
+    return 0;
+nomem:
+    rc = status_set(err, err_len, STATUS_NOMEM, "out of memory building the plan");
+fail:
+    free(need);
+    free(nuse);
+    free(items);
+    plan_free(p);
+    return rc;
+}
+
+size_t plan_arena_size(const struct plan *p) { return p->arena_size; }
+int plan_nsteps(const struct plan *p) { return p->nsteps; }
+int plan_nconst_folded(const struct plan *p) { return p->nfolded; }
+int plan_step_node(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].node : -1; }
+
+enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor *shape, size_t *offset,
+                                     size_t *size, int *first_step, int *last_step) {
+    if (v < 0 || v >= p->nvals) return PLAN_VALUE_UNUSED;
+    const struct pval *pv = &p->vals[v];
+    if (shape) *shape = pv->t;
+    if (offset) *offset = pv->off;
+    if (size) *size = pv->kind == PLAN_VALUE_ARENA ? pv->size : tensor_nbytes(&pv->t);
+    if (first_step) *first_step = pv->first;
+    if (last_step) *last_step = pv->last;
+    return pv->kind;
+}
+
+uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs) {
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < ninputs; i++) {
+        h = (h ^ (uint64_t)(inputs[i].ndim + 1)) * 1099511628211ull;
+        for (int d = 0; d < inputs[i].ndim && d < TENSOR_MAX_DIMS; d++)
+            h = (h ^ (uint64_t)inputs[i].dims[d]) * 1099511628211ull;
+    }
+    return h;
+}
+
+int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs) {
+    if (ninputs != p->ninputs) return 0;
+    for (int i = 0; i < ninputs; i++) {
+        if (inputs[i].ndim != p->sig[i].ndim) return 0;
+        for (int d = 0; d < inputs[i].ndim; d++)
+            if (inputs[i].dims[d] != p->sig[i].dims[d]) return 0;
+    }
+    return 1;
+}
+
+/* ---- executors ------------------------------------------------------------------ */
+
+struct plan_exec {
+    struct backend *be;
+    int host;
+    int nthreads;
+    void *arena;
+    size_t arena_cap;
+    void *mirror; /* device executors: host copy of the arena for CPU fallback steps */
+    size_t mirror_cap;
+    struct plan *bound; /* the plan calls[] and tv[] describe (one reference held) */
+    struct tensor *tv;  /* per value: shape and the pointer kernels use */
+    struct tensor *tvh; /* device executors: the same with host pointers */
+    int tv_cap;
+    struct op_call *calls;
+    int calls_cap;
+};
+
+struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
+    if (!be) return NULL;
+    struct plan_exec *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    x->be = be;
+    x->host = be->host_memory;
+    x->nthreads = nthreads > 0 ? nthreads : 1;
+    return x;
+}
+
+static void arena_free(struct plan_exec *x) {
+    if (!x->arena) return;
+    if (x->host) free(x->arena);
+    else x->be->iface->buffer_free(x->be, x->arena);
+    x->arena = NULL;
+    x->arena_cap = 0;
+}
+
+void plan_exec_free(struct plan_exec *x) {
+    if (!x) return;
+    plan_release(x->bound);
+    arena_free(x);
+    free(x->mirror);
+    free(x->tv);
+    free(x->tvh);
+    free(x->calls);
+    free(x);
+}
+
+struct backend *plan_exec_backend(const struct plan_exec *x) { return x->be; }
+struct plan *plan_exec_bound(const struct plan_exec *x) { return x->bound; }
+
+static void fill_call(struct op_call *c, const struct plan *p, const struct pstep *s, struct tensor *tv,
+                      char *base, int nthreads) {
+    const struct graph_node *n = &p->g->nodes[s->node];
+    memset(c, 0, sizeof *c);
+    c->node = n;
+    c->nin = n->nin;
+    c->nout = n->nout;
+    for (int k = 0; k < n->nin; k++) c->in[k] = n->in[k] >= 0 ? &tv[n->in[k]] : NULL;
+    for (int k = 0; k < n->nout; k++) c->out[k] = &tv[n->out[k]];
+    c->state = s->state;
+    c->scratch = s->scratch_size ? base + s->scratch_off : NULL;
+    c->scratch_size = s->scratch_size;
+    c->nthreads = nthreads;
+}
+
+/* Points the executor's tensors and call records at p and the arena. Done
+ * when the plan or the arena changes, never per run. */
+static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+    /* Unbound until this succeeds, so a half-done bind is never trusted. */
+    plan_release(x->bound);
+    x->bound = NULL;
+    if (p->arena_size > x->arena_cap || !x->arena) {
+        arena_free(x);
+        size_t cap = align_up(p->arena_size ? p->arena_size : PLAN_ALIGN);
+        x->arena = x->host ? aligned_alloc(PLAN_ALIGN, cap) : x->be->iface->buffer_alloc(x->be, cap);
+        if (!x->arena)
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory for a %zu-byte arena", cap);
+        x->arena_cap = cap;
+    }
+    if (p->nfallback && p->arena_size > x->mirror_cap) {
+        free(x->mirror);
+        x->mirror = aligned_alloc(PLAN_ALIGN, align_up(p->arena_size));
+        x->mirror_cap = x->mirror ? align_up(p->arena_size) : 0;
+        if (!x->mirror) return status_set(err, err_len, STATUS_NOMEM, "out of memory for a host arena");
+    }
+    int nv = p->nvals > 0 ? p->nvals : 1;
+    /* For each absent output a node has, a dummy tensor sits past the values. */
+    int nextra = OP_MAX_IO;
+    if (nv + nextra > x->tv_cap) {
+        free(x->tv);
+        free(x->tvh);
+        x->tv_cap = 0;
+        x->tv = malloc((size_t)(nv + nextra) * sizeof *x->tv);
+        x->tvh = malloc((size_t)(nv + nextra) * sizeof *x->tvh);
+        if (!x->tv || !x->tvh) return status_set(err, err_len, STATUS_NOMEM, "out of memory binding a plan");
+        x->tv_cap = nv + nextra;
+    }
+    if (p->nsteps > x->calls_cap) {
+        free(x->calls);
+        x->calls_cap = 0;
+        x->calls = malloc((size_t)p->nsteps * sizeof *x->calls);
+        if (!x->calls) return status_set(err, err_len, STATUS_NOMEM, "out of memory binding a plan");
+        x->calls_cap = p->nsteps;
+    }
+    char *base = x->arena, *hbase = x->mirror;
+    for (int v = 0; v < p->nvals; v++) {
+        const struct pval *pv = &p->vals[v];
+        x->tv[v] = pv->t;
+        x->tvh[v] = pv->t;
+        switch (pv->kind) {
+        case PLAN_VALUE_CONST:
+            x->tv[v].data = x->host ? pv->t.data : (pv->size ? (char *)p->dev_consts + pv->off : NULL);
+            break;
+        case PLAN_VALUE_ARENA:
+            x->tv[v].data = base + pv->off;
+            x->tvh[v].data = hbase ? hbase + pv->off : NULL;
+            break;
+        default:
+            x->tv[v].data = NULL;
+            x->tvh[v].data = NULL;
+        }
+    }
+    for (int si = 0; si < p->nsteps; si++) {
+        const struct pstep *s = &p->steps[si];
+        fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base, x->nthreads);
+        const struct graph_node *n = &p->g->nodes[s->node];
+        for (int k = 0; k < n->nout; k++) /* absent optional outputs still get somewhere to be described */
+            if (n->out[k] < 0) {
+                struct tensor *d = &(s->on_host ? x->tvh : x->tv)[p->nvals + k];
+                memset(d, 0, sizeof *d);
+                x->calls[si].out[k] = d;
+            }
+    }
+    plan_retain(p);
+    x->bound = p;
+    return 0;
+}
+
+static int copy_output(struct plan_exec *x, struct plan *p, int o, struct tensor *dst, const struct tensor *inputs,
+                       char *err, size_t err_len) {
+    const struct graph *g = p->g;
+    int v = g->outputs[o];
+    const struct pval *pv = &p->vals[v];
+    const struct tensor *src = &x->tv[v];
+    *dst = pv->t;
+    dst->data = NULL;
+    size_t nb = tensor_nbytes(&pv->t);
+    const void *from = NULL;
+    if (pv->kind == PLAN_VALUE_CONST) from = pv->t.data;
+    else if (pv->kind == PLAN_VALUE_INPUT) from = inputs[pv->input].data;
+    else if (pv->kind == PLAN_VALUE_ARENA && x->host) from = src->data;
+    if (pv->t.dtype == DT_STRING) {
+        /* One block: the pointer array, then the strings, so free() frees all. */
+        if (!from) return status_set(err, err_len, STATUS_UNSUPPORTED, "output '%s': strings on a device backend", g->values[v].name);
+        int64_t n = tensor_numel(&pv->t);
+        char *const *s = from;
+        size_t total = nb;
+        for (int64_t i = 0; i < n; i++) total += (s[i] ? strlen(s[i]) : 0) + 1;
+        char **blk = malloc(total ? total : 1);
+        if (!blk) return status_set(err, err_len, STATUS_NOMEM, "out of memory for output '%s'", g->values[v].name);
+        char *w = (char *)blk + nb;
+        for (int64_t i = 0; i < n; i++) {
+            size_t len = s[i] ? strlen(s[i]) : 0;
+            memcpy(w, s[i] ? s[i] : "", len + 1);
+            blk[i] = w;
+            w += len + 1;
+        }
+        dst->data = blk;
+        return 0;
+    }
+    dst->data = malloc(nb ? nb : 1);
+    if (!dst->data) return status_set(err, err_len, STATUS_NOMEM, "out of memory for output '%s' (%zu bytes)", g->values[v].name, nb);
+    if (!nb) return 0;
+    if (from) {
+        memcpy(dst->data, from, nb);
+        return 0;
+    }
+    int rc = x->be->iface->copy_to_host(x->be, dst->data, src->data, nb);
+    if (rc) status_set(err, err_len, rc, "copying output '%s' from the device failed", g->values[v].name);
+    return rc;
+}
+
+static int run_device_fallback(struct plan_exec *x, struct plan *p, int si, char *err, size_t err_len) {
+    const struct backend_i *be = x->be->iface;
+    const struct graph_node *n = &p->g->nodes[p->steps[si].node];
+    int rc;
+    for (int k = 0; k < n->nin; k++) {
+        int v = n->in[k];
+        if (v < 0 || p->vals[v].kind != PLAN_VALUE_ARENA) continue;
+        size_t nb = tensor_nbytes(&p->vals[v].t);
+        if (nb && (rc = be->copy_to_host(x->be, x->tvh[v].data, x->tv[v].data, nb))) goto fail;
+    }
+    if (be->synchronize && (rc = be->synchronize(x->be))) goto fail;
+    struct op_call *c = &x->calls[si];
+    c->err = err;
+    c->err_len = err_len;
+    if ((rc = n->op->run(c))) return rc;
+    for (int k = 0; k < n->nout; k++) {
+        int v = n->out[k];
+        if (v < 0 || p->vals[v].kind != PLAN_VALUE_ARENA) continue;
+        size_t nb = tensor_nbytes(&p->vals[v].t);
+        if (nb && (rc = be->copy_to_device(x->be, x->tv[v].data, x->tvh[v].data, nb))) goto fail;
+    }
+    return 0;
+fail:
+    return status_set(err, err_len, rc, "node '%s' (%s): copying between host and device failed", n->name, n->op_type);
+}
+
+int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
+                  char *err, size_t err_len) {
+    const struct graph *g = p->g;
+    int rc;
+    for (int o = 0; o < g->noutputs; o++) outputs[o].data = NULL;
+    if (x->bound != p || !x->arena || p->arena_size > x->arena_cap) {
+        if ((rc = bind(x, p, err, err_len))) return rc;
+    }
+    const struct backend_i *be = x->be->iface;
+    if (x->host) {
+        for (int i = 0; i < p->nin_vals; i++) {
+            int v = p->in_vals[i];
+            x->tv[v].data = inputs[p->vals[v].input].data;
+        }
+    } else {
+        for (int i = 0; i < g->ninputs; i++) {
+            const struct pval *pv = &p->vals[g->inputs[i]];
+            size_t nb = tensor_nbytes(&pv->t);
+            if (pv->kind == PLAN_VALUE_ARENA && nb &&
+                (rc = be->copy_to_device(x->be, (char *)x->arena + pv->off, inputs[i].data, nb)))
+                return status_set(err, err_len, rc, "copying input '%s' to the device failed", g->values[g->inputs[i]].name);
+        }
+    }
+    if (err && err_len) err[0] = 0;
+    for (int si = 0; si < p->nsteps; si++) {
+        struct op_call *c = &x->calls[si];
+        if (!x->host && p->steps[si].on_host) rc = run_device_fallback(x, p, si, err, err_len);
+        else {
+            c->err = err;
+            c->err_len = err_len;
+            rc = be->run_node(x->be, c);
+        }
+        if (rc) {
+            if (err && err_len && !err[0])
+                status_set(err, err_len, rc, "node '%s' (%s) failed (%s)", c->node->name, c->node->op_type,
+                           status_str(rc));
+            return rc < 0 ? rc : STATUS_INTERNAL;
+        }
+    }
+    if (!x->host && be->synchronize && (rc = be->synchronize(x->be)))
+        return status_set(err, err_len, rc, "the device failed while running the model");
+    for (int o = 0; o < g->noutputs; o++)
+        if ((rc = copy_output(x, p, o, &outputs[o], inputs, err, err_len))) goto fail;
+    if (!x->host && be->synchronize && (rc = be->synchronize(x->be))) {
+        status_set(err, err_len, rc, "copying outputs from the device failed");
+        goto fail;
+    }
+    return 0;
+fail:
+    for (int o = 0; o < g->noutputs; o++) {
+        free(outputs[o].data);
+        outputs[o].data = NULL;
+    }
+    return rc;
+}
+
+/* ---- the plan cache ---------------------------------------------------------------- */
+
+struct plan_cache {
+    pthread_mutex_t mu;
+    int max;
+    int n;
+    struct plan **plans;
+    atomic_ullong tick;
+    uint64_t builds, evictions;
+};
+
+struct plan_cache *plan_cache_create(int max_plans) {
+    struct plan_cache *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    c->max = max_plans > 0 ? max_plans : 16;
+    c->plans = calloc((size_t)c->max, sizeof *c->plans);
+    if (!c->plans || pthread_mutex_init(&c->mu, NULL) != 0) {
+        free(c->plans);
+        free(c);
+        return NULL;
+    }
+    atomic_init(&c->tick, 0);
+    return c;
+}
+
+void plan_cache_free(struct plan_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) plan_release(c->plans[i]);
+    pthread_mutex_destroy(&c->mu);
+    free(c->plans);
+    free(c);
+}
+
+static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct tensor *inputs, int ninputs) {
+    for (int i = 0; i < c->n; i++) {
+        struct plan *p = c->plans[i];
+        if (p->hash == h && plan_matches(p, inputs, ninputs)) {
+            plan_retain(p);
+            atomic_store(&p->last_used, atomic_fetch_add(&c->tick, 1) + 1);
+            return p;
+        }
+    }
+    return NULL;
+}
+
+int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, struct backend *be,
+                   struct plan **out, int *built, char *err, size_t err_len) {
+    uint64_t h = plan_signature_hash(inputs, g->ninputs);
+    if (built) *built = 0;
+    pthread_mutex_lock(&c->mu);
+    struct plan *p = cache_find(c, h, inputs, g->ninputs);
+    pthread_mutex_unlock(&c->mu);
+    if (p) {
+        *out = p;
+        return 0;
+    }
+    struct plan *np;
+    int rc = plan_build(g, inputs, be, &np, err, err_len);
+    if (rc) return rc;
+    pthread_mutex_lock(&c->mu);
+    c->builds++;
+    p = cache_find(c, h, inputs, g->ninputs); /* another thread may have built it meanwhile */
+    if (p) {
+        pthread_mutex_unlock(&c->mu);
+        plan_release(np);
+        *out = p;
+        return 0;
+    }
+    struct plan *evicted = NULL;
+    if (c->n == c->max) {
+        int lru = 0;
+        for (int i = 1; i < c->n; i++)
+            if (atomic_load(&c->plans[i]->last_used) < atomic_load(&c->plans[lru]->last_used)) lru = i;
+        evicted = c->plans[lru];
+        c->plans[lru] = c->plans[--c->n];
+        c->evictions++;
+    }
+    atomic_store(&np->last_used, atomic_fetch_add(&c->tick, 1) + 1);
+    plan_retain(np); /* the cache's reference */
+    c->plans[c->n++] = np;
+    pthread_mutex_unlock(&c->mu);
+    plan_release(evicted); /* a run still holding it keeps it alive */
+    if (built) *built = 1;
+    *out = np;
+    return 0;
+}
+
+void plan_cache_touch(struct plan_cache *c, struct plan *p) {
+    atomic_store(&p->last_used, atomic_fetch_add(&c->tick, 1) + 1);
+}
+
+int plan_cache_size(struct plan_cache *c) {
+    pthread_mutex_lock(&c->mu);
+    int n = c->n;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+uint64_t plan_cache_builds(struct plan_cache *c) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->builds;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}
+
+uint64_t plan_cache_evictions(struct plan_cache *c) {
+    pthread_mutex_lock(&c->mu);
+    uint64_t n = c->evictions;
+    pthread_mutex_unlock(&c->mu);
+    return n;
+}

@@ -1,0 +1,120 @@
+/* plan.h - an execution plan for one input shape signature of a graph, the
+ * executor that runs plans on a backend, and the LRU cache of plans.
+ *
+ * plan_build walks the graph's nodes in topological order with concrete input
+ * shapes: every node is shape-inferred; a node whose inputs are all known at
+ * plan time (constants, or shape-only ops such as Shape on a value whose shape
+ * is now concrete) is executed at once on the CPU and its outputs become plan
+ * constants, so Shape -> Gather -> Concat -> Reshape chains vanish; the other
+ * nodes become steps. Ops that only reinterpret their input (OP_ALIAS_INPUT0:
+ * Reshape, Flatten, Squeeze, Identity...) become views of their input's bytes
+ * and no step. Every intermediate value and each step's scratch gets an offset
+ * in one arena (greedy best-fit by size over live ranges, 64-byte aligned),
+ * and each step's kernel is prepared once (op prepare, e.g. a oneDNN
+ * primitive) and released when the plan is freed.
+ *
+ * Plans are reference-counted and immutable once built: several threads may
+ * run one plan at the same time, each with its own plan_exec (arena, scratch).
+ * Op states made by prepare must therefore be read-only during run.
+ *
+ * A plan built for a host-memory backend (CPU) reads graph inputs in place and
+ * may be shared by every thread; a plan for a device backend copies its
+ * constants to the device once, keeps a device pointer, and so belongs to that
+ * backend instance (cache it per plan_exec). */
+#ifndef KILN_PLAN_H
+#define KILN_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tensor.h"
+#include "models/graph.h"
+
+struct plan;
+struct plan_exec;
+struct plan_cache;
+struct backend;
+
+/* ---- plans --------------------------------------------------------------- */
+
+/* Builds a plan for g with graph input i shaped like inputs[i] (dtype, ndim,
+ * dims; data ignored; g->ninputs entries). be prepares the steps (NULL = the
+ * CPU kernels directly). Returns 0 and *out with one reference, or a negative
+ * status with a message (a node that cannot take these shapes is named). */
+int plan_build(const struct graph *g, const struct tensor *inputs, struct backend *be, struct plan **out,
+               char *err, size_t err_len);
+void plan_retain(struct plan *p);
+/* Drops one reference; the last one frees the plan. NULL is a no-op. */
+void plan_release(struct plan *p);
+
+/* Facts for tests and logs. */
+size_t plan_arena_size(const struct plan *p);
+int plan_nsteps(const struct plan *p);
+int plan_nconst_folded(const struct plan *p);
+/* Node index (into g->nodes) of step i. */
+int plan_step_node(const struct plan *p, int i);
+
+enum plan_value_kind {
+    PLAN_VALUE_UNUSED = 0,
+    PLAN_VALUE_CONST = 1, /* graph constant or folded at plan time */
+    PLAN_VALUE_INPUT = 2, /* a graph input (or a view of one) read in place */
+    PLAN_VALUE_ARENA = 3, /* bytes [offset, offset + size) of the arena */
+};
+/* Describes value v of the graph in this plan: its kind, concrete shape, and
+ * for arena values the byte range and the live range [first_step, last_step]
+ * (of the bytes: a view shares its root's range). */
+enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor *shape, size_t *offset,
+                                     size_t *size, int *first_step, int *last_step);
+
+/* Evaluates one node on the CPU with host tensors: infers the output shapes,
+ * allocates each out[i]->data with malloc (the caller frees), prepares, runs
+ * and releases the kernel. in[i]->data may be NULL for the inputs of an
+ * OP_SHAPE_ONLY op. Used by constant folding at load and plan time. */
+int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
+                   int nout, char *err, size_t err_len);
+
+/* ---- executors ------------------------------------------------------------ */
+
+/* An executor owns the arena (grown as plans need, reused across runs) and
+ * the per-step call records of the plan it ran last. One thread at a time.
+ * be is borrowed and must outlive the executor; nthreads >= 1. */
+struct plan_exec *plan_exec_create(struct backend *be, int nthreads);
+void plan_exec_free(struct plan_exec *x); /* NULL is a no-op */
+struct backend *plan_exec_backend(const struct plan_exec *x);
+/* The plan this executor ran last (it holds a reference), or NULL. Lets a
+ * caller skip the cache lookup when the shapes did not change. */
+struct plan *plan_exec_bound(const struct plan_exec *x);
+
+/* Runs p with host input tensors (shapes as the plan's signature). Each of
+ * the graph's outputs is written to outputs[i] with a malloc'd buffer the
+ * caller frees (DT_STRING: one block holding the pointers and the strings).
+ * On error nothing is left allocated in outputs. */
+int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
+                  char *err, size_t err_len);
+
+/* ---- the plan cache ---------------------------------------------------------- */
+
+/* An LRU of at most max_plans plans keyed by the input shape signature.
+ * Thread-safe (one mutex, never held while a plan is built or run). */
+struct plan_cache *plan_cache_create(int max_plans);
+void plan_cache_free(struct plan_cache *c); /* drops the cache's references */
+
+/* Hash of an input shape signature (ndim and dims of each input). */
+uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs);
+/* 1 if p was built for exactly these input shapes. */
+int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs);
+
+/* Returns the cached plan for these input shapes with a new reference, or
+ * builds one (outside the lock), inserts it (evicting the least recently used
+ * plan beyond max_plans) and returns it with a reference. *built (if
+ * non-NULL) tells whether a build happened. */
+int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, struct backend *be,
+                   struct plan **out, int *built, char *err, size_t err_len);
+/* Marks p as just used (for a caller that reused it without plan_cache_get). */
+void plan_cache_touch(struct plan_cache *c, struct plan *p);
+/* Number of plans in the cache; number of builds and evictions so far. */
+int plan_cache_size(struct plan_cache *c);
+uint64_t plan_cache_builds(struct plan_cache *c);
+uint64_t plan_cache_evictions(struct plan_cache *c);
+
+#endif
