@@ -1,0 +1,74 @@
+/* cache_impl.h - private structures shared by cache/cache.c and cache/redis.c. */
+#ifndef KILN_CACHE_IMPL_H
+#define KILN_CACHE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "cache/cache.h"
+
+#define CACHE_FLIGHT_SHARDS 16
+
+struct cache_entry {
+    struct cache_key key;
+    struct cache_value *value;
+    struct cache_entry *hnext;       /* hash chain */
+    struct cache_entry *prev, *next; /* recency list, head = most recent */
+};
+
+struct cache_shard {
+    pthread_mutex_t lock;
+    struct cache_entry **buckets;
+    size_t nbuckets; /* power of two */
+    struct cache_entry *head, *tail;
+    size_t used, budget, count;
+};
+
+struct cache_waiter {
+    void (*cb)(void *arg, struct cache_value *v);
+    void *arg;
+    struct cache_waiter *next;
+};
+
+struct cache_flight {
+    struct cache_key key;
+    struct cache_waiter *waiters;
+    struct cache_flight *next;
+};
+
+struct cache_flight_shard {
+    pthread_mutex_t lock;
+    struct cache_flight *head;
+};
+
+struct cache_redis_url {
+    char *host;
+    int port;
+    char *user, *pass;
+    int db;
+};
+
+struct cache_counters {
+    atomic_uint_fast64_t lru_hits, lru_misses, lru_inserts, lru_evictions;
+    atomic_uint_fast64_t redis_hits, redis_misses, redis_errors, redis_timeouts, redis_sets, redis_skipped;
+    atomic_uint_fast64_t redis_corrupt, redis_too_large, flight_joined;
+    atomic_uint_fast64_t lookup_ns_total, lookup_count, insert_ns_total, insert_count;
+    atomic_uint_fast64_t redis_connected, circuit_open;
+};
+
+struct cache {
+    uint8_t secret[32];
+    struct cache_shard *shards;
+    int nshards;
+    size_t lru_bytes, max_value_bytes;
+    struct cache_flight_shard *flights;
+    int has_redis;
+    struct cache_redis_url redis;
+    uint32_t ttl_secs, redis_timeout_ms, breaker_failures, breaker_open_ms;
+    struct cache_counters stats;
+};
+
+int cache_redis_parse_url(const char *url, struct cache_redis_url *out, char *err, size_t err_len);
+void cache_redis_url_free(struct cache_redis_url *u);
+
+#endif

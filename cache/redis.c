@@ -1,0 +1,423 @@
+/* redis.c - tier 2 of the result cache: one hiredis async connection per I/O
+ * thread, attached to that thread's event_base through hiredis's libevent
+ * adapter. Nothing here blocks: connects, DNS (evdns) and commands are all
+ * asynchronous; every command has a libevent timer because hiredis 0.14 has
+ * no async command timeout. Failures open a circuit breaker; a broken or
+ * absent Redis is a miss, never an error. */
+#include <arpa/inet.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cache/cache.h"
+#include "cache/cache_impl.h"
+#include "common/log.h"
+#include "common/status.h"
+
+#define REDIS_MAX_INFLIGHT 4096
+#define REDIS_BACKOFF_MIN_MS 100
+#define REDIS_BACKOFF_MAX_MS 5000
+
+struct cache_redis {
+    cache_t *c;
+    struct event_base *base;
+    redisAsyncContext *ac;
+    int connected;
+    int freeing;
+    struct event *reconnect_ev;
+    uint32_t backoff_ms;
+    struct evdns_base *dns;
+    struct evdns_getaddrinfo_request *dns_req;
+    char ip[64];
+    uint32_t failures;
+    uint64_t open_until_ns;
+    int open;
+    int inflight;
+    int warned;
+};
+
+struct pending_get {
+    struct cache_redis *r;
+    void (*cb)(void *arg, struct cache_value *v);
+    void *arg;
+    struct event *timer;
+    int done;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define STAT_ADD(r, f, n) atomic_fetch_add_explicit(&(r)->c->stats.f, (n), memory_order_relaxed)
+#define STAT_SUB(r, f, n) atomic_fetch_sub_explicit(&(r)->c->stats.f, (n), memory_order_relaxed)
+
+/* ---- URL ---------------------------------------------------------------- */
+
+int cache_redis_parse_url(const char *url, struct cache_redis_url *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    out->port = 6379;
+    const char *p = url;
+    if (strncmp(p, "redis://", 8) == 0) p += 8;
+    else if (strstr(p, "://"))
+        return status_set(err, err_len, STATUS_INVALID, "--redis-url '%s': only redis:// URLs are supported", url);
+    const char *at = strrchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        if (colon) {
+            out->user = colon > p ? strndup(p, (size_t)(colon - p)) : NULL;
+            out->pass = strndup(colon + 1, (size_t)(at - colon - 1));
+        } else {
+            out->pass = strndup(p, (size_t)(at - p));
+        }
+        p = at + 1;
+    }
+    const char *slash = strchr(p, '/');
+    size_t hostport_len = slash ? (size_t)(slash - p) : strlen(p);
+    const char *colon = memchr(p, ':', hostport_len);
+    size_t host_len = colon ? (size_t)(colon - p) : hostport_len;
+    if (host_len == 0) {
+        cache_redis_url_free(out);
+        return status_set(err, err_len, STATUS_INVALID, "--redis-url '%s': no host", url);
+    }
+    out->host = strndup(p, host_len);
+    if (colon) {
+        char *end;
+        long port = strtol(colon + 1, &end, 10);
+        if (end != p + hostport_len || port <= 0 || port > 65535) {
+            cache_redis_url_free(out);
+            return status_set(err, err_len, STATUS_INVALID, "--redis-url '%s': bad port", url);
+        }
+        out->port = (int)port;
+    }
+    if (slash && slash[1]) {
+        char *end;
+        long db = strtol(slash + 1, &end, 10);
+        if (*end || db < 0 || db > 100000) {
+            cache_redis_url_free(out);
+            return status_set(err, err_len, STATUS_INVALID, "--redis-url '%s': bad database number", url);
+        }
+        out->db = (int)db;
+    }
+    return 0;
+}
+
+void cache_redis_url_free(struct cache_redis_url *u) {
+    free(u->host);
+    free(u->user);
+    free(u->pass);
+    memset(u, 0, sizeof *u);
+}
+
+/* ---- circuit breaker ------------------------------------------------------ */
+
+static int breaker_allows(struct cache_redis *r) {
+    if (!r->open) return 1;
+    if (now_ns() < r->open_until_ns) return 0;
+    /* Half-open: let traffic through; one success closes, one failure reopens. */
+    r->open = 0;
+    STAT_SUB(r, circuit_open, 1);
+    return 1;
+}
+
+static void breaker_success(struct cache_redis *r) { r->failures = 0; }
+
+static void breaker_failure(struct cache_redis *r) {
+    if (++r->failures >= r->c->breaker_failures && !r->open) {
+        r->open = 1;
+        r->open_until_ns = now_ns() + (uint64_t)r->c->breaker_open_ms * 1000000u;
+        STAT_ADD(r, circuit_open, 1);
+        log_warn("redis cache: %u failures in a row, not asking Redis for %u ms", r->failures, r->c->breaker_open_ms);
+    }
+}
+
+/* ---- connection ------------------------------------------------------------- */
+
+static void start_connect(struct cache_redis *r);
+
+static void schedule_reconnect(struct cache_redis *r) {
+    if (r->freeing) return;
+    struct timeval tv = {r->backoff_ms / 1000, (r->backoff_ms % 1000) * 1000};
+    evtimer_add(r->reconnect_ev, &tv);
+    r->backoff_ms = r->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : r->backoff_ms * 2;
+}
+
+static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    start_connect(arg);
+}
+
+static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
+    redisReply *rep = reply;
+    (void)ac;
+    if (rep && rep->type == REDIS_REPLY_ERROR)
+        log_warn("redis cache: %s failed: %s", (const char *)privdata, rep->str);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status) {
+    struct cache_redis *r = ac->data;
+    if (status != REDIS_OK) {
+        /* hiredis frees the context after this callback. */
+        if (!r->warned) {
+            log_warn("redis cache: cannot connect to %s:%d (%s); serving without it and retrying",
+                     r->c->redis.host, r->c->redis.port, ac->errstr);
+            r->warned = 1;
+        }
+        r->ac = NULL;
+        schedule_reconnect(r);
+        return;
+    }
+    r->connected = 1;
+    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    STAT_ADD(r, redis_connected, 1);
+    if (r->warned) log_info("redis cache: connected to %s:%d", r->c->redis.host, r->c->redis.port);
+    r->warned = 0;
+    redisAsyncContext *mac = (redisAsyncContext *)ac;
+    const struct cache_redis_url *u = &r->c->redis;
+    if (u->pass) {
+        if (u->user) redisAsyncCommand(mac, on_setup_reply, "AUTH", "AUTH %s %s", u->user, u->pass);
+        else redisAsyncCommand(mac, on_setup_reply, "AUTH", "AUTH %s", u->pass);
+    }
+    if (u->db) redisAsyncCommand(mac, on_setup_reply, "SELECT", "SELECT %d", u->db);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status) {
+    struct cache_redis *r = ac->data;
+    (void)status;
+    if (r->connected) {
+        r->connected = 0;
+        STAT_SUB(r, redis_connected, 1);
+        if (!r->freeing) log_warn("redis cache: lost connection to %s:%d; retrying", r->c->redis.host, r->c->redis.port);
+    }
+    r->ac = NULL;
+    schedule_reconnect(r);
+}
+
+static void connect_ip(struct cache_redis *r) {
+    redisAsyncContext *ac = redisAsyncConnect(r->ip, r->c->redis.port);
+    if (!ac || ac->err) {
+        if (!r->warned) {
+            log_warn("redis cache: cannot connect to %s:%d (%s); serving without it and retrying", r->c->redis.host,
+                     r->c->redis.port, ac ? ac->errstr : "out of memory");
+            r->warned = 1;
+        }
+        if (ac) redisAsyncFree(ac);
+        schedule_reconnect(r);
+        return;
+    }
+    ac->data = r;
+    r->ac = ac;
+    redisLibeventAttach(ac, r->base);
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+}
+
+static void on_resolved(int result, struct evutil_addrinfo *res, void *arg) {
+    struct cache_redis *r = arg;
+    r->dns_req = NULL;
+    if (result != 0 || !res) {
+        if (result != EVUTIL_EAI_CANCEL) {
+            if (!r->warned) {
+                log_warn("redis cache: cannot resolve '%s' (%s); serving without it and retrying", r->c->redis.host,
+                         evutil_gai_strerror(result));
+                r->warned = 1;
+            }
+            schedule_reconnect(r);
+        }
+        if (res) evutil_freeaddrinfo(res);
+        return;
+    }
+    const struct sockaddr_in *sin = (const struct sockaddr_in *)res->ai_addr;
+    inet_ntop(AF_INET, &sin->sin_addr, r->ip, sizeof r->ip);
+    evutil_freeaddrinfo(res);
+    connect_ip(r);
+}
+
+static void start_connect(struct cache_redis *r) {
+    if (r->freeing || r->ac) return;
+    const char *host = r->c->redis.host;
+    struct in_addr a4;
+    if (strcmp(host, "localhost") == 0) host = "127.0.0.1";
+    if (inet_pton(AF_INET, host, &a4) == 1) {
+        snprintf(r->ip, sizeof r->ip, "%s", host);
+        connect_ip(r);
+        return;
+    }
+    if (!r->dns) r->dns = evdns_base_new(r->base, EVDNS_BASE_INITIALIZE_NAMESERVERS);
+    if (!r->dns) {
+        log_warn("redis cache: no DNS resolver for '%s'", host);
+        schedule_reconnect(r);
+        return;
+    }
+    struct evutil_addrinfo hints = {0};
+    hints.ai_family = AF_INET;
+    hints.ai_socktype = SOCK_STREAM;
+    r->dns_req = evdns_getaddrinfo(r->dns, host, NULL, &hints, on_resolved, r);
+}
+
+cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
+    if (!c || !c->has_redis) return NULL;
+    struct cache_redis *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->c = c;
+    r->base = base;
+    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
+    if (!r->reconnect_ev) {
+        free(r);
+        return NULL;
+    }
+    start_connect(r);
+    return r;
+}
+
+void cache_redis_free(cache_redis_t *r) {
+    if (!r) return;
+    r->freeing = 1;
+    if (r->dns_req) evdns_getaddrinfo_cancel(r->dns_req);
+    if (r->ac) {
+        /* Calls every pending reply callback with NULL, then on_disconnect. */
+        redisAsyncFree(r->ac);
+        r->ac = NULL;
+    }
+    if (r->connected) STAT_SUB(r, redis_connected, 1);
+    if (r->open) STAT_SUB(r, circuit_open, 1);
+    event_free(r->reconnect_ev);
+    if (r->dns) evdns_base_free(r->dns, 1);
+    free(r);
+}
+
+int cache_redis_connected(const cache_redis_t *r) { return r && r->connected; }
+
+/* ---- commands --------------------------------------------------------------- */
+
+static void redis_key(const struct cache_key *k, char out[5 + 2 * CACHE_KEY_BYTES + 1]) {
+    memcpy(out, "kiln:", 5);
+    cache_key_hex(k, out + 5);
+}
+
+static void on_get_timeout(evutil_socket_t fd, short what, void *arg) {
+    struct pending_get *p = arg;
+    (void)fd;
+    (void)what;
+    /* The reply may still come; on_get_reply frees p then. */
+    p->done = 1;
+    STAT_ADD(p->r, redis_timeouts, 1);
+    breaker_failure(p->r);
+    event_free(p->timer);
+    p->timer = NULL;
+    p->cb(p->arg, NULL);
+}
+
+static void on_get_reply(redisAsyncContext *ac, void *reply, void *privdata) {
+    struct pending_get *p = privdata;
+    struct cache_redis *r = p->r;
+    redisReply *rep = reply;
+    (void)ac;
+    r->inflight--;
+    if (p->done) {
+        free(p);
+        return;
+    }
+    event_free(p->timer);
+    struct cache_value *v = NULL;
+    if (!rep) {
+        STAT_ADD(r, redis_errors, 1);
+        breaker_failure(r);
+    } else if (rep->type == REDIS_REPLY_ERROR) {
+        STAT_ADD(r, redis_errors, 1);
+        breaker_failure(r);
+        log_debug("redis cache: GET failed: %s", rep->str);
+    } else if (rep->type == REDIS_REPLY_STRING) {
+        breaker_success(r);
+        v = cache_value_new(rep->str, (size_t)rep->len);
+        struct tensor outs[64];
+        const char *names[64];
+        if (v && cache_value_decode(v, outs, names, 64) < 0) {
+            /* Garbage is a miss; the caller's later SET overwrites it. */
+            STAT_ADD(r, redis_corrupt, 1);
+            cache_value_unref(v);
+            v = NULL;
+        }
+        STAT_ADD(r, redis_hits, v ? 1 : 0);
+        STAT_ADD(r, redis_misses, v ? 0 : 1);
+    } else {
+        breaker_success(r);
+        STAT_ADD(r, redis_misses, 1);
+    }
+    p->cb(p->arg, v);
+    free(p);
+}
+
+void cache_redis_get(cache_redis_t *r, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v),
+                     void *arg) {
+    if (!r->connected || !r->ac || !breaker_allows(r) || r->inflight >= REDIS_MAX_INFLIGHT) {
+        STAT_ADD(r, redis_skipped, 1);
+        cb(arg, NULL);
+        return;
+    }
+    struct pending_get *p = calloc(1, sizeof *p);
+    if (!p) {
+        cb(arg, NULL);
+        return;
+    }
+    p->r = r;
+    p->cb = cb;
+    p->arg = arg;
+    p->timer = evtimer_new(r->base, on_get_timeout, p);
+    char key[5 + 2 * CACHE_KEY_BYTES + 1];
+    redis_key(k, key);
+    if (!p->timer || redisAsyncCommand(r->ac, on_get_reply, p, "GET %s", key) != REDIS_OK) {
+        if (p->timer) event_free(p->timer);
+        free(p);
+        STAT_ADD(r, redis_errors, 1);
+        breaker_failure(r);
+        cb(arg, NULL);
+        return;
+    }
+    r->inflight++;
+    uint32_t ms = r->c->redis_timeout_ms;
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(p->timer, &tv);
+}
+
+static void on_set_reply(redisAsyncContext *ac, void *reply, void *privdata) {
+    struct cache_redis *r = privdata;
+    redisReply *rep = reply;
+    (void)ac;
+    r->inflight--;
+    if (!rep || rep->type == REDIS_REPLY_ERROR) {
+        STAT_ADD(r, redis_errors, 1);
+        if (!r->freeing) breaker_failure(r);
+    } else {
+        STAT_ADD(r, redis_sets, 1);
+    }
+}
+
+void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct cache_value *v) {
+    if (v->len > r->c->max_value_bytes) {
+        STAT_ADD(r, redis_too_large, 1);
+        return;
+    }
+    if (!r->connected || !r->ac || !breaker_allows(r) || r->inflight >= REDIS_MAX_INFLIGHT) {
+        STAT_ADD(r, redis_skipped, 1);
+        return;
+    }
+    char key[5 + 2 * CACHE_KEY_BYTES + 1];
+    redis_key(k, key);
+    int rc;
+    if (r->c->ttl_secs)
+        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b EX %u", key, (const char *)v->data, v->len,
+                               (unsigned)r->c->ttl_secs);
+    else
+        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b", key, (const char *)v->data, v->len);
+    if (rc == REDIS_OK) r->inflight++;
+}
