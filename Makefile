@@ -119,3 +119,6 @@ install: $(BIN)
 	install -d $(PREFIX)/bin
 	install -m 755 $(BIN) $(PREFIX)/bin/kiln
 	if [ -f $(BUILD)/libkiln_cuda.so ]; then install -m 755 $(BUILD)/libkiln_cuda.so $(PREFIX)/bin/; fi
+
+# ---- conformance runner (tests/conformance/runner.c, built by the tests rule) ----
+conformance: $(BUILD)/tests/conformance/runner
