@@ -1,0 +1,298 @@
+/* Tier-2 tests against a real redis-server started on a free loopback port:
+ * miss then hit, corrupted values, TTL, Redis killed and restarted, Redis
+ * paused (SIGSTOP), and the circuit breaker. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <event2/event.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cache/cache.h"
+
+static int g_port;
+static pid_t g_redis;
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    socklen_t l = sizeof a;
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static redisContext *sync_client(void) {
+    for (int i = 0; i < 200; i++) {
+        redisContext *rc = redisConnect("127.0.0.1", g_port);
+        if (rc && !rc->err) return rc;
+        if (rc) redisFree(rc);
+        usleep(20000);
+    }
+    return NULL;
+}
+
+static void start_redis(void) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", g_port);
+    g_redis = fork();
+    if (g_redis == 0) {
+        freopen("/dev/null", "w", stdout);
+        freopen("/dev/null", "w", stderr);
+        execlp("redis-server", "redis-server", "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly",
+               "no", "--loglevel", "warning", (char *)NULL);
+        _exit(127);
+    }
+    redisContext *rc = sync_client();
+    assert_non_null(rc);
+    redisFree(rc);
+}
+
+static void stop_redis(void) {
+    if (g_redis > 0) {
+        kill(g_redis, SIGKILL);
+        waitpid(g_redis, NULL, 0);
+        g_redis = 0;
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    g_port = free_port();
+    start_redis();
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    if (g_redis > 0) kill(g_redis, SIGCONT);
+    stop_redis();
+    return 0;
+}
+
+struct env {
+    cache_t *c;
+    struct event_base *base;
+    cache_redis_t *r;
+};
+
+static void env_open(struct env *e, uint32_t ttl, uint32_t timeout_ms) {
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d/0", g_port);
+    struct cache_params p = {.lru_bytes = 0, .redis_url = url, .ttl_secs = ttl, .redis_timeout_ms = timeout_ms,
+                             .breaker_failures = 3, .breaker_open_ms = 200};
+    e->c = cache_create(&p, NULL, 0);
+    assert_non_null(e->c);
+    e->base = event_base_new();
+    e->r = cache_redis_create(e->c, e->base);
+    assert_non_null(e->r);
+}
+
+static void env_close(struct env *e) {
+    cache_redis_free(e->r);
+    event_base_free(e->base);
+    cache_free(e->c);
+}
+
+/* Runs the loop until cond() or the deadline. */
+static int run_until(struct env *e, int (*cond)(struct env *), uint64_t ms) {
+    uint64_t end = now_ms() + ms;
+    while (!cond(e) && now_ms() < end) {
+        struct timeval tv = {0, 5000};
+        event_base_loopexit(e->base, &tv);
+        event_base_dispatch(e->base);
+    }
+    return cond(e);
+}
+
+static int connected(struct env *e) { return cache_redis_connected(e->r); }
+
+struct got {
+    int done;
+    struct cache_value *v;
+};
+
+static void on_get(void *arg, struct cache_value *v) {
+    struct got *g = arg;
+    g->done = 1;
+    g->v = v;
+}
+
+static struct got *g_cur;
+static int got_done(struct env *e) {
+    (void)e;
+    return g_cur->done;
+}
+
+static struct cache_value *get(struct env *e, const struct cache_key *k) {
+    struct got g = {0};
+    g_cur = &g;
+    cache_redis_get(e->r, k, on_get, &g);
+    assert_true(run_until(e, got_done, 3000));
+    return g.v;
+}
+
+static struct cache_value *sample(float x) {
+    float f[4] = {x, x + 1, x + 2, x + 3};
+    struct tensor t = {.dtype = DT_FP32, .ndim = 2, .dims = {1, 4}, .data = f};
+    const char *n = "y";
+    return cache_value_encode(&t, &n, 1);
+}
+
+static void wait_ms(struct env *e, uint64_t ms) {
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((ms % 1000) * 1000)};
+    event_base_loopexit(e->base, &tv);
+    event_base_dispatch(e->base);
+}
+
+static void test_miss_then_hit_and_corruption(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 200);
+    assert_true(run_until(&e, connected, 3000));
+    struct cache_key k = {{42, 1}};
+    assert_null(get(&e, &k));
+    struct cache_value *v = sample(1);
+    cache_redis_set(e.r, &k, v);
+    wait_ms(&e, 50);
+    struct cache_value *h = get(&e, &k);
+    assert_non_null(h);
+    assert_int_equal(h->len, v->len);
+    assert_memory_equal(h->data, v->data, v->len);
+    cache_value_unref(h);
+    /* Corrupt it behind kiln's back: a miss, counted, then overwritten. */
+    char key[80] = "kiln:";
+    cache_key_hex(&k, key + 5);
+    redisContext *rc = sync_client();
+    redisReply *rep = redisCommand(rc, "SET %s %b", key, "KLNC-garbage", (size_t)12);
+    freeReplyObject(rep);
+    assert_null(get(&e, &k));
+    struct cache_stats st;
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.redis_corrupt, 1);
+    cache_redis_set(e.r, &k, v);
+    wait_ms(&e, 50);
+    h = get(&e, &k);
+    assert_non_null(h);
+    cache_value_unref(h);
+    redisFree(rc);
+    cache_value_unref(v);
+    env_close(&e);
+}
+
+static void test_ttl_expiry(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 1, 200);
+    assert_true(run_until(&e, connected, 3000));
+    struct cache_key k = {{7, 7, 7}};
+    struct cache_value *v = sample(2);
+    cache_redis_set(e.r, &k, v);
+    wait_ms(&e, 50);
+    struct cache_value *h = get(&e, &k);
+    assert_non_null(h);
+    cache_value_unref(h);
+    wait_ms(&e, 1300);
+    assert_null(get(&e, &k));
+    cache_value_unref(v);
+    env_close(&e);
+}
+
+static int disconnected(struct env *e) { return !cache_redis_connected(e->r); }
+
+static void test_killed_and_restarted(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 50);
+    assert_true(run_until(&e, connected, 3000));
+    struct cache_key k = {{9}};
+    struct cache_value *v = sample(3);
+    stop_redis();
+    assert_true(run_until(&e, disconnected, 3000));
+    /* Down: every lookup is an immediate miss, never an error. */
+    for (int i = 0; i < 20; i++) assert_null(get(&e, &k));
+    cache_redis_set(e.r, &k, v);
+    start_redis();
+    assert_true(run_until(&e, connected, 10000));
+    cache_redis_set(e.r, &k, v);
+    wait_ms(&e, 50);
+    struct cache_value *h = get(&e, &k);
+    assert_non_null(h);
+    cache_value_unref(h);
+    cache_value_unref(v);
+    env_close(&e);
+}
+
+static void test_paused_times_out_and_breaker_opens(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 20);
+    assert_true(run_until(&e, connected, 3000));
+    struct cache_key k = {{11}};
+    kill(g_redis, SIGSTOP);
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 10; i++) assert_null(get(&e, &k));
+    uint64_t took = now_ms() - t0;
+    struct cache_stats st;
+    cache_get_stats(e.c, &st);
+    /* Three timeouts open the breaker; the rest are skipped at once. */
+    assert_int_equal(st.redis_timeouts, 3);
+    assert_true(st.redis_skipped >= 7);
+    assert_int_equal(st.circuit_open, 1);
+    assert_true(took < 2000);
+    kill(g_redis, SIGCONT);
+    wait_ms(&e, 300);
+    struct cache_value *v = sample(4);
+    assert_null(get(&e, &k)); /* half-open: asks Redis again, gets a real miss */
+    cache_redis_set(e.r, &k, v);
+    wait_ms(&e, 50);
+    struct cache_value *h = get(&e, &k);
+    assert_non_null(h);
+    cache_value_unref(h);
+    cache_value_unref(v);
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.circuit_open, 0);
+    env_close(&e);
+}
+
+static void test_absent_at_start(void **state) {
+    (void)state;
+    struct cache_params p = {.redis_url = "redis://127.0.0.1:1/0", .redis_timeout_ms = 20};
+    cache_t *c = cache_create(&p, NULL, 0);
+    assert_non_null(c);
+    struct env e = {.c = c, .base = event_base_new()};
+    e.r = cache_redis_create(c, e.base);
+    assert_non_null(e.r);
+    struct cache_key k = {{1}};
+    assert_null(get(&e, &k));
+    env_close(&e);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_miss_then_hit_and_corruption),
+        cmocka_unit_test(test_ttl_expiry),
+        cmocka_unit_test(test_killed_and_restarted),
+        cmocka_unit_test(test_paused_times_out_and_breaker_opens),
+        cmocka_unit_test(test_absent_at_start),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
