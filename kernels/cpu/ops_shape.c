@@ -47,7 +47,7 @@ static int need_bytes_dtype(struct op_call *c, const struct tensor *t, const cha
     return 0;
 }
 
-__attribute__((unused)) static int need_int_dtype(struct op_call *c, const struct tensor *t, const char *what) {
+static int need_int_dtype(struct op_call *c, const struct tensor *t, const char *what) {
     if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
         return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
     return 0;
@@ -872,6 +872,499 @@ static int tile_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * Gather, GatherElements, GatherND
+ * ------------------------------------------------------------------------ */
+
+/* Normalizes index v against dim; fails with a message naming it. */
+static int index_check(struct op_call *c, int64_t v, int64_t dim, int axis, int64_t *out) {
+    int64_t w = v < 0 ? v + dim : v;
+    *out = 0;
+    if (w < 0 || w >= dim)
+        return op_error(c, "index %lld is out of range [-%lld, %lld) on axis %d", (long long)v, (long long)dim, (long long)dim, axis);
+    *out = w;
+    return 0;
+}
+
+static int gather_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int rc;
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+        return rc;
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    if (a < 0) return STATUS_INVALID;
+    int r = x->ndim - 1 + idx->ndim;
+    if (r > TENSOR_MAX_DIMS) return op_error(c, "output rank %d exceeds kiln's limit of %d", r, TENSOR_MAX_DIMS);
+    int64_t d[TENSOR_MAX_DIMS];
+    int m = 0;
+    for (int k = 0; k < a; k++) d[m++] = x->dims[k];
+    for (int k = 0; k < idx->ndim; k++) d[m++] = idx->dims[k];
+    for (int k = a + 1; k < x->ndim; k++) d[m++] = x->dims[k];
+    return set_shape(c, c->out[0], x->dtype, m, d);
+}
+
+static int gather_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    size_t es = dtype_size(x->dtype);
+    int64_t outer = prod(x->dims, 0, a), dim = x->dims[a], inner = prod(x->dims, a + 1, x->ndim);
+    int64_t ni = tensor_numel(idx);
+    /* Bounds are checked for every index before any byte moves. */
+    for (int64_t i = 0; i < ni; i++) {
+        int64_t w;
+        if (index_check(c, op_int_at(idx, i), dim, a, &w)) return STATUS_INVALID;
+    }
+    const char *src = x->data;
+    char *dst = c->out[0]->data;
+    size_t row = (size_t)inner * es;
+    int64_t total = outer * ni;
+#pragma omp parallel for if (total * inner > 32768 && total > 1)
+    for (int64_t t = 0; t < total; t++) {
+        int64_t o = t / ni, i = t % ni, v = op_int_at(idx, i);
+        if (v < 0) v += dim;
+        const char *s = src + ((o * dim + v) * inner) * (int64_t)es;
+        char *d = dst + t * (int64_t)row;
+        if (row == 4) memcpy(d, s, 4);
+        else if (row == 8) memcpy(d, s, 8);
+        else memcpy(d, s, row);
+    }
+    return 0;
+}
+
+static int gather_elements_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int rc;
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+        return rc;
+    if (idx->ndim != x->ndim) return op_error(c, "indices have rank %d but data has rank %d", idx->ndim, x->ndim);
+    if (op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim) < 0) return STATUS_INVALID;
+    return set_shape(c, c->out[0], x->dtype, idx->ndim, idx->dims);
+}
+
+static int gather_elements_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    size_t es = dtype_size(x->dtype);
+    int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
+    shape_strides(r, x->dims, xs);
+    char *dst = c->out[0]->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, off = 0, v;
+        for (int k = r - 1; k >= 0; k--) {
+            int64_t ik = rem % idx->dims[k];
+            rem /= idx->dims[k];
+            if (k != a) {
+                if (ik >= x->dims[k]) return op_error(c, "indices shape exceeds data on axis %d", k);
+                off += ik * xs[k];
+            }
+        }
+        if (index_check(c, op_int_at(idx, i), x->dims[a], a, &v)) return STATUS_INVALID;
+        off += v * xs[a];
+        shape_copy_elem(dst + i * (int64_t)es, (const char *)x->data + off * (int64_t)es, es);
+    }
+    return 0;
+}
+
+static int gather_nd_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int rc;
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+        return rc;
+    int b = (int)node_attr_int(c->node, "batch_dims", 0);
+    if (idx->ndim < 1) return op_error(c, "indices must have rank >= 1");
+    int64_t k = idx->dims[idx->ndim - 1];
+    if (b < 0 || b >= idx->ndim || b >= x->ndim) return op_error(c, "batch_dims %d is out of range", b);
+    if (k < 1 || k > x->ndim - b) return op_error(c, "indices' last dimension %lld must be in [1, %d]", (long long)k, x->ndim - b);
+    for (int j = 0; j < b; j++)
+        if (idx->dims[j] != x->dims[j]) return op_error(c, "batch dimension %d differs between data and indices", j);
+    int64_t d[TENSOR_MAX_DIMS + TENSOR_MAX_DIMS];
+    int m = 0;
+    for (int j = 0; j < idx->ndim - 1; j++) d[m++] = idx->dims[j];
+    for (int j = b + (int)k; j < x->ndim; j++) d[m++] = x->dims[j];
+    return set_shape(c, c->out[0], x->dtype, m, d);
+}
+
+/* Shared by GatherND and ScatterND: the element offset in data of index
+ * tuple t (of k values) within batch bi. */
+static int nd_offset(struct op_call *c, const struct tensor *x, const struct tensor *idx, int b, int64_t k, int64_t bi,
+                     int64_t tuple, const int64_t *xs, int64_t *off) {
+    int64_t o = bi * (b ? xs[b - 1] : 0);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t v;
+        if (index_check(c, op_int_at(idx, tuple * k + j), x->dims[b + j], b + (int)j, &v)) return STATUS_INVALID;
+        o += v * xs[b + j];
+    }
+    *off = o;
+    return 0;
+}
+
+static int gather_nd_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    int b = (int)node_attr_int(c->node, "batch_dims", 0);
+    int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
+    shape_strides(x->ndim, x->dims, xs);
+    size_t es = dtype_size(x->dtype);
+    int64_t nb = prod(x->dims, 0, b), per = prod(idx->dims, b, idx->ndim - 1), slice = prod(x->dims, b + (int)k, x->ndim);
+    char *dst = c->out[0]->data;
+    for (int64_t bi = 0; bi < nb; bi++)
+        for (int64_t t = 0; t < per; t++) {
+            int64_t off, tuple = bi * per + t;
+            if (nd_offset(c, x, idx, b, k, bi, tuple, xs, &off)) return STATUS_INVALID;
+            memcpy(dst + tuple * slice * (int64_t)es, (const char *)x->data + off * (int64_t)es, (size_t)slice * es);
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * ScatterElements (and the older Scatter), ScatterND
+ * ------------------------------------------------------------------------ */
+
+enum scatter_red { RED_NONE, RED_ADD, RED_MUL, RED_MAX, RED_MIN };
+
+static int scatter_reduction(struct op_call *c, enum scatter_red *r) {
+    const char *s = node_attr_str(c->node, "reduction", "none");
+    if (!strcmp(s, "none")) *r = RED_NONE;
+    else if (!strcmp(s, "add")) *r = RED_ADD;
+    else if (!strcmp(s, "mul")) *r = RED_MUL;
+    else if (!strcmp(s, "max")) *r = RED_MAX;
+    else if (!strcmp(s, "min")) *r = RED_MIN;
+    else return op_error(c, "unknown reduction '%s'", s);
+    return 0;
+}
+
+/* dst[i] = dst[i] (op) src[j]; reductions go through double, exact for
+ * every float type and for integers below 2^53. */
+static void scatter_apply(enum dtype dt, void *dst, int64_t i, const void *src, int64_t j, enum scatter_red r) {
+    size_t es = dtype_size(dt);
+    if (r == RED_NONE) {
+        shape_copy_elem((char *)dst + i * (int64_t)es, (const char *)src + j * (int64_t)es, es);
+        return;
+    }
+    struct tensor td = {.dtype = dt, .data = dst}, ts = {.dtype = dt, .data = (void *)src};
+    double a = op_double_at(&td, i), b = op_double_at(&ts, j), v;
+    switch (r) {
+    case RED_ADD: v = a + b; break;
+    case RED_MUL: v = a * b; break;
+    case RED_MAX: v = a > b ? a : b; break;
+    default: v = a < b ? a : b; break;
+    }
+    shape_store_double(dt, dst, i, v);
+}
+
+static int scatter_elements_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
+    int rc;
+    enum scatter_red red;
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_bytes_dtype(c, x, "data")) ||
+        (rc = need_int_dtype(c, idx, "indices")) || (rc = scatter_reduction(c, &red)))
+        return rc;
+    if (!tensor_same_shape(idx, upd) && !(idx->ndim == upd->ndim && !memcmp(idx->dims, upd->dims, sizeof(int64_t) * (size_t)idx->ndim)))
+        return op_error(c, "indices and updates must have the same shape");
+    if (upd->dtype != x->dtype) return op_error(c, "updates are %s but data is %s", dtype_name(upd->dtype), dtype_name(x->dtype));
+    if (idx->ndim != x->ndim) return op_error(c, "indices have rank %d but data has rank %d", idx->ndim, x->ndim);
+    if (op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim) < 0) return STATUS_INVALID;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
+}
+
+static int scatter_elements_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
+    enum scatter_red red;
+    scatter_reduction(c, &red);
+    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
+    shape_strides(r, x->dims, xs);
+    for (int64_t i = 0; i < n; i++) { /* validate before writing anything */
+        int64_t v;
+        if (index_check(c, op_int_at(idx, i), x->dims[a], a, &v)) return STATUS_INVALID;
+    }
+    run_copy0(c);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, off = 0, v;
+        for (int k = r - 1; k >= 0; k--) {
+            int64_t ik = rem % idx->dims[k];
+            rem /= idx->dims[k];
+            if (k != a) {
+                if (ik >= x->dims[k]) return op_error(c, "indices shape exceeds data on axis %d", k);
+                off += ik * xs[k];
+            }
+        }
+        index_check(c, op_int_at(idx, i), x->dims[a], a, &v);
+        off += v * xs[a];
+        scatter_apply(x->dtype, c->out[0]->data, off, upd->data, i, red);
+    }
+    return 0;
+}
+
+static int scatter_nd_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
+    int rc;
+    enum scatter_red red;
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_bytes_dtype(c, x, "data")) ||
+        (rc = need_int_dtype(c, idx, "indices")) || (rc = scatter_reduction(c, &red)))
+        return rc;
+    if (idx->ndim < 1) return op_error(c, "indices must have rank >= 1");
+    int64_t k = idx->dims[idx->ndim - 1];
+    if (k < 1 || k > x->ndim) return op_error(c, "indices' last dimension %lld must be in [1, %d]", (long long)k, x->ndim);
+    int ur = idx->ndim - 1 + x->ndim - (int)k;
+    int ok = upd->ndim == ur && upd->dtype == x->dtype;
+    for (int j = 0; ok && j < idx->ndim - 1; j++) ok = upd->dims[j] == idx->dims[j];
+    for (int j = 0; ok && j < x->ndim - k; j++) ok = upd->dims[idx->ndim - 1 + j] == x->dims[k + j];
+    if (!ok) return op_error(c, "updates must be %s of shape indices.shape[:-1] + data.shape[%lld:]", dtype_name(x->dtype), (long long)k);
+    return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
+}
+
+static int scatter_nd_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
+    enum scatter_red red;
+    scatter_reduction(c, &red);
+    int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
+    shape_strides(x->ndim, x->dims, xs);
+    int64_t nt = prod(idx->dims, 0, idx->ndim - 1), slice = prod(x->dims, (int)k, x->ndim);
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t off;
+        if (nd_offset(c, x, idx, 0, k, 0, t, xs, &off)) return STATUS_INVALID;
+    }
+    run_copy0(c);
+    size_t es = dtype_size(x->dtype);
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t off;
+        nd_offset(c, x, idx, 0, k, 0, t, xs, &off);
+        if (red == RED_NONE) {
+            memcpy((char *)c->out[0]->data + off * (int64_t)es, (const char *)upd->data + t * slice * (int64_t)es, (size_t)slice * es);
+        } else {
+            for (int64_t j = 0; j < slice; j++) scatter_apply(x->dtype, c->out[0]->data, off + j, upd->data, t * slice + j, red);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Range, OneHot, NonZero, EyeLike, Trilu, CumSum
+ * ------------------------------------------------------------------------ */
+
+static int is_float_dtype(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16; }
+
+static int range_infer(struct op_call *c) {
+    int rc;
+    if ((rc = need_const(c, 0, "start")) || (rc = need_const(c, 1, "limit")) || (rc = need_const(c, 2, "delta"))) return rc;
+    const struct tensor *s = c->in[0];
+    if (need_bytes_dtype(c, s, "start")) return STATUS_INVALID;
+    for (int i = 0; i < 3; i++)
+        if (tensor_numel(c->in[i]) != 1) return op_error(c, "input %d must be a scalar", i);
+    int64_t n;
+    if (is_float_dtype(s->dtype)) {
+        double a = op_double_at(c->in[0], 0), l = op_double_at(c->in[1], 0), d = op_double_at(c->in[2], 0);
+        if (d == 0) return op_error(c, "delta is 0");
+        double f = ceil((l - a) / d);
+        if (!(f < 1e12)) return op_error(c, "the range has too many elements");
+        n = f > 0 ? (int64_t)f : 0;
+    } else {
+        int64_t a = op_int_at(c->in[0], 0), l = op_int_at(c->in[1], 0), d = op_int_at(c->in[2], 0);
+        if (d == 0) return op_error(c, "delta is 0");
+        n = d > 0 ? (l > a ? (l - a + d - 1) / d : 0) : (a > l ? (a - l + (-d) - 1) / (-d) : 0);
+    }
+    return set_shape(c, c->out[0], s->dtype, 1, &n);
+}
+
+static int range_run(struct op_call *c) {
+    struct tensor *o = c->out[0];
+    int64_t n = o->dims[0];
+    if (is_float_dtype(o->dtype)) {
+        double a = op_double_at(c->in[0], 0), d = op_double_at(c->in[2], 0);
+        for (int64_t i = 0; i < n; i++) shape_store_double(o->dtype, o->data, i, a + (double)i * d);
+    } else {
+        int64_t a = op_int_at(c->in[0], 0), d = op_int_at(c->in[2], 0);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = a + i * d;
+            switch (o->dtype) {
+            case DT_INT64: ((int64_t *)o->data)[i] = v; break;
+            case DT_UINT64: ((uint64_t *)o->data)[i] = (uint64_t)v; break;
+            default: shape_store_double(o->dtype, o->data, i, (double)v);
+            }
+        }
+    }
+    return 0;
+}
+
+static int onehot_infer(struct op_call *c) {
+    const struct tensor *idx = c->in[0];
+    int rc;
+    if ((rc = need_const(c, 1, "depth")) || (rc = need_input(c, 2, "values"))) return rc;
+    const struct tensor *depth = c->in[1], *vals = c->in[2];
+    if (tensor_numel(depth) != 1) return op_error(c, "depth must hold one value");
+    if (tensor_numel(vals) != 2) return op_error(c, "values must hold two values [off, on]");
+    if ((rc = need_bytes_dtype(c, vals, "values"))) return rc;
+    int64_t dep = (int64_t)op_double_at(depth, 0);
+    if (dep < 1) return op_error(c, "depth %lld must be positive", (long long)dep);
+    int r = idx->ndim + 1;
+    int a = op_axis(c, node_attr_int(c->node, "axis", -1), r);
+    if (a < 0) return STATUS_INVALID;
+    int64_t d[TENSOR_MAX_DIMS + 1];
+    for (int k = 0, j = 0; k < r; k++) d[k] = k == a ? dep : idx->dims[j++];
+    return set_shape(c, c->out[0], vals->dtype, r, d);
+}
+
+static int onehot_run(struct op_call *c) {
+    const struct tensor *idx = c->in[0], *vals = c->in[2];
+    struct tensor *o = c->out[0];
+    int a = op_axis(c, node_attr_int(c->node, "axis", -1), o->ndim);
+    int64_t dep = o->dims[a], outer = prod(o->dims, 0, a), inner = prod(o->dims, a + 1, o->ndim);
+    size_t es = dtype_size(o->dtype);
+    const char *off = vals->data, *on = off + es;
+    char *dst = o->data;
+    int64_t n = tensor_numel(o);
+    for (int64_t i = 0; i < n; i++) memcpy(dst + i * (int64_t)es, off, es);
+    for (int64_t p = 0; p < outer; p++)
+        for (int64_t q = 0; q < inner; q++) {
+            int64_t v = (int64_t)op_double_at(idx, p * inner + q);
+            if (v < 0) v += dep;
+            if (v < 0 || v >= dep) continue; /* out-of-range classes stay all "off", as ONNX says */
+            memcpy(dst + ((p * dep + v) * inner + q) * (int64_t)es, on, es);
+        }
+    return 0;
+}
+
+static int is_nonzero(const struct tensor *t, int64_t i) {
+    if (t->dtype == DT_FP32 || t->dtype == DT_FP64 || t->dtype == DT_FP16 || t->dtype == DT_BF16) return op_double_at(t, i) != 0;
+    size_t es = dtype_size(t->dtype);
+    const unsigned char *p = (const unsigned char *)t->data + i * (int64_t)es;
+    for (size_t b = 0; b < es; b++)
+        if (p[b]) return 1;
+    return 0;
+}
+
+static int nonzero_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    if (!x->data) {
+        op_error(c, "NonZero's output shape depends on its input's values, which are only known at run time; "
+                    "kiln supports NonZero on constant inputs only");
+        return STATUS_UNSUPPORTED;
+    }
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    int64_t n = tensor_numel(x), nz = 0;
+    for (int64_t i = 0; i < n; i++) nz += is_nonzero(x, i);
+    int64_t d[2] = {x->ndim, nz};
+    return set_shape(c, c->out[0], DT_INT64, 2, d);
+}
+
+static int nonzero_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t n = tensor_numel(x), nz = c->out[0]->dims[1], j = 0;
+    int64_t *o = c->out[0]->data;
+    for (int64_t i = 0; i < n; i++) {
+        if (!is_nonzero(x, i)) continue;
+        if (j >= nz) return op_error(c, "the input changed since the plan was built");
+        int64_t rem = i;
+        for (int k = x->ndim - 1; k >= 0; k--) {
+            o[k * nz + j] = rem % x->dims[k];
+            rem /= x->dims[k];
+        }
+        j++;
+    }
+    return 0;
+}
+
+static int eyelike_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    if (x->ndim != 2) return op_error(c, "input must be 2-D, got rank %d", x->ndim);
+    enum dtype dt = (enum dtype)node_attr_int(c->node, "dtype", x->dtype);
+    if (dt <= DT_UNDEFINED || dt >= DT_MAX_ || dt == DT_STRING || !dtype_size(dt)) return op_error(c, "unsupported dtype %d", (int)dt);
+    return set_shape(c, c->out[0], dt, 2, x->dims);
+}
+
+static int eyelike_run(struct op_call *c) {
+    struct tensor *o = c->out[0];
+    int64_t k = node_attr_int(c->node, "k", 0), r = o->dims[0], cols = o->dims[1];
+    memset(o->data, 0, tensor_nbytes(o));
+    for (int64_t i = 0; i < r; i++) {
+        int64_t j = i + k;
+        if (j >= 0 && j < cols) shape_store_double(o->dtype, o->data, i * cols + j, 1.0);
+    }
+    return 0;
+}
+
+static int trilu_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    if (x->ndim < 2) return op_error(c, "input must have rank >= 2, got %d", x->ndim);
+    int rc = need_bytes_dtype(c, x, "input");
+    return rc ? rc : set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
+}
+
+static int trilu_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t k = in_opt(c, 1) ? op_int_at(c->in[1], 0) : 0;
+    int upper = (int)node_attr_int(c->node, "upper", 1);
+    int64_t rows = x->dims[x->ndim - 2], cols = x->dims[x->ndim - 1], nb = prod(x->dims, 0, x->ndim - 2);
+    size_t es = dtype_size(x->dtype);
+    run_copy0(c);
+    char *o = c->out[0]->data;
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t i = 0; i < rows; i++) {
+            char *row = o + (b * rows + i) * cols * (int64_t)es;
+            /* upper keeps j >= i + k, lower keeps j <= i + k */
+            int64_t lo = upper ? 0 : i + k + 1, hi = upper ? i + k : cols;
+            lo = lo < 0 ? 0 : (lo > cols ? cols : lo);
+            hi = hi < 0 ? 0 : (hi > cols ? cols : hi);
+            if (hi > lo) memset(row + lo * (int64_t)es, 0, (size_t)(hi - lo) * es);
+        }
+    return 0;
+}
+
+static int cumsum_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = need_input(c, 1, "axis");
+    if (rc) return rc;
+    switch (x->dtype) {
+    case DT_FP32: case DT_FP64: case DT_INT32: case DT_INT64: case DT_UINT32: case DT_UINT64: case DT_FP16: case DT_BF16: break;
+    default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
+    }
+    if (c->in[1]->data && op_axis(c, op_int_at(c->in[1], 0), x->ndim) < 0) return STATUS_INVALID;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
+}
+
+#define CUMSUM_LOOP(T, ACC, LOAD, STORE)                                                       \
+    do {                                                                                       \
+        const T *s_ = x->data;                                                                 \
+        T *d_ = c->out[0]->data;                                                               \
+        for (int64_t p = 0; p < outer; p++)                                                    \
+            for (int64_t q = 0; q < inner; q++) {                                              \
+                ACC acc = 0;                                                                   \
+                for (int64_t t = 0; t < n; t++) {                                              \
+                    int64_t j = rev ? n - 1 - t : t, at = (p * n + j) * inner + q;             \
+                    ACC v = LOAD(s_[at]);                                                      \
+                    if (excl) {                                                                \
+                        d_[at] = STORE(acc);                                                   \
+                        acc += v;                                                              \
+                    } else {                                                                   \
+                        acc += v;                                                              \
+                        d_[at] = STORE(acc);                                                   \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+    } while (0)
+#define ID(v) (v)
+
+static int cumsum_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int a = op_axis(c, op_int_at(c->in[1], 0), x->ndim);
+    if (a < 0) return STATUS_INVALID;
+    int excl = (int)node_attr_int(c->node, "exclusive", 0), rev = (int)node_attr_int(c->node, "reverse", 0);
+    int64_t outer = prod(x->dims, 0, a), n = x->ndim ? x->dims[a] : 1, inner = prod(x->dims, a + 1, x->ndim);
+    switch (x->dtype) {
+    case DT_FP32: CUMSUM_LOOP(float, double, ID, (float)); break;
+    case DT_FP64: CUMSUM_LOOP(double, double, ID, ID); break;
+    case DT_INT32: CUMSUM_LOOP(int32_t, int64_t, ID, (int32_t)); break;
+    case DT_INT64: CUMSUM_LOOP(int64_t, int64_t, ID, ID); break;
+    case DT_UINT32: CUMSUM_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
+    case DT_UINT64: CUMSUM_LOOP(uint64_t, uint64_t, ID, ID); break;
+    case DT_FP16: CUMSUM_LOOP(uint16_t, float, fp16_to_fp32, fp32_to_fp16); break;
+    case DT_BF16: CUMSUM_LOOP(uint16_t, float, bf16_to_fp32, fp32_to_bf16); break;
+    default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -894,5 +1387,17 @@ const struct op_def op_defs_shape[] = {
     {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
     {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
+    {"Gather", "", gather_infer, NULL, gather_run, NULL, 0},
+    {"GatherElements", "", gather_elements_infer, NULL, gather_elements_run, NULL, 0},
+    {"GatherND", "", gather_nd_infer, NULL, gather_nd_run, NULL, 0},
+    {"ScatterElements", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
+    {"Scatter", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
+    {"ScatterND", "", scatter_nd_infer, NULL, scatter_nd_run, NULL, 0},
+    {"Range", "", range_infer, NULL, range_run, NULL, 0},
+    {"OneHot", "", onehot_infer, NULL, onehot_run, NULL, 0},
+    {"NonZero", "", nonzero_infer, NULL, nonzero_run, NULL, 0},
+    {"EyeLike", "", eyelike_infer, NULL, eyelike_run, NULL, 0},
+    {"Trilu", "", trilu_infer, NULL, trilu_run, NULL, 0},
+    {"CumSum", "", cumsum_infer, NULL, cumsum_run, NULL, 0},
     {0},
 };
