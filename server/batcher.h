@@ -55,6 +55,15 @@ struct batcher_params {
     /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
     uint64_t (*now_ns)(void *arg);
     void *now_arg;
+    /* Test hook: runs one batch instead of model_run on the instance's
+     * model_exec (NULL = the model). With it, model may be NULL: then no
+     * backend or model_exec is made, execute_noutputs gives the output count
+     * and inputs are not checked against the model's metadata. The hook has
+     * model_run's contract (outputs malloc'd, none left on error). */
+    int (*execute)(void *arg, int instance, const struct tensor *inputs, int ninputs,
+                   struct tensor *outputs, int noutputs, char *err, size_t err_len);
+    void *execute_arg;
+    int execute_noutputs;
 };
 
 struct batcher_request {
@@ -80,6 +89,15 @@ struct batcher_request {
     uint64_t enqueue_ns, start_ns, end_ns; /* queue time = start - enqueue */
     uint64_t compute_input_ns, compute_infer_ns, compute_output_ns;
     int batch_size;                /* rows in the batch this request ran in */
+
+    /* Private to the batcher: queue links and state, set by batcher_submit. */
+    struct {
+        struct batcher_request *prev, *next;
+        uint64_t deadline_ns;      /* queue timeout, 0 = none */
+        int heap_idx;              /* index in the timeout heap, -1 = not there */
+        int level;                 /* queue index */
+        int state;
+    } q_;
 };
 
 struct batcher_stats {
@@ -89,6 +107,12 @@ struct batcher_stats {
     uint64_t rejected_queue_full, rejected_timeout, cancelled, failed;
     uint64_t queue_ns_total;
     uint64_t batch_hist[65];       /* [n] = batches of n rows (64+ in [64]) */
+    uint64_t requests;             /* requests run (ok or failed by the model) */
+    uint64_t exec_ns_total;        /* time in model_run, summed over batches */
+    uint64_t delayed;              /* timeouts with action DELAY (not rejected) */
+    uint64_t rejected_invalid;     /* shapes the model cannot batch */
+    uint64_t profile_ns[65];       /* running mean (EWMA) of a batch's execution
+                                      time by rows (64+ in [64]); 0 = not seen */
 };
 
 batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len);
@@ -99,7 +123,10 @@ void batcher_free(batcher_t *b);
  * STATUS_INVALID for a shape the model cannot batch. */
 int batcher_submit(batcher_t *b, struct batcher_request *r);
 /* Marks r cancelled (its client went away); a queued request is dropped
- * before execution and done() is called with STATUS_CANCELLED. */
+ * before execution and done() is called with STATUS_CANCELLED (on the timer
+ * thread, never inside this call). A request already running completes
+ * normally. r must not have been freed: calling this after done() ran but
+ * before the submitter released r is harmless. */
 void batcher_cancel(batcher_t *b, struct batcher_request *r);
 /* Stops admitting (submit returns STATUS_UNAVAILABLE), runs what is queued. */
 void batcher_stop_admission(batcher_t *b);

@@ -1,0 +1,1003 @@
+/* batcher.c - per-model dynamic batcher: queue policy, batch formation,
+ * instance threads, gather/scatter, timeouts, cancellation, latency budget.
+ *
+ * One mutex guards everything shared (queues, timeout heap, stats, profile).
+ * Nothing slow happens under it: model_run, gather/scatter copies and done()
+ * calls all run with the lock released.
+ *
+ * Threads:
+ *   - instance threads (instance_count): each waits for work, forms a batch
+ *     under the lock (the policy: batch_decide), runs it and calls done() for
+ *     its requests. Only a free instance forms a batch, so batches grow while
+ *     every instance is busy ("natural" batching) and, with a delay or a
+ *     latency budget, while a free instance chooses to wait.
+ *   - the timer thread: sleeps until the earliest queue deadline and fails
+ *     expired requests at that moment; it also delivers the done() of
+ *     cancelled requests, so batcher_cancel never calls back into its caller.
+ *
+ * Request states: QUEUED (in a level's FIFO, maybe in the heap) -> RUNNING
+ * (taken by an instance) -> DONE (set under the lock just before done()). */
+#include "server/batcher.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "models/model.h"
+
+enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
+
+/* How many queued requests one batch formation may look at: bounds the
+ * cost of skipping requests whose shapes differ from the head's. */
+#define BATCHER_SCAN_LIMIT 4096
+/* With an injected clock the threads cannot sleep until a deadline in that
+ * clock's time; they re-check it this often instead (ns of real time). */
+#define BATCHER_POLL_NS 1000000ull
+/* Weight of a new sample in the execution-time profile. */
+#define BATCHER_EWMA_NEW 0.25
+/* Inputs a batch may have when there is no model to say (test executor). */
+#define BATCHER_UNKNOWN_MAX_INPUTS 16
+
+struct fifo {
+    struct batcher_request *head, *tail;
+    int n;
+};
+
+struct instance {
+    batcher_t *b;
+    int index;
+    pthread_t thread;
+    int started;
+    struct backend *be;
+    struct model_exec *x;
+    /* The batch being formed/run: requests, and gather buffers reused across
+     * batches (grown, never shrunk) so a steady load allocates nothing. */
+    struct batcher_request **sel;
+    int nsel;
+    int64_t rows;
+    void **in_buf;
+    size_t *in_cap;
+    int nbuf;            /* entries of in_buf/in_cap/in */
+    struct tensor *in;   /* ninputs descriptors of the batch */
+    struct tensor *out;  /* noutputs results of the batch */
+};
+
+struct batcher {
+    struct batcher_params p;
+    char name[128];
+    char backend_name[32];
+    int ninputs, noutputs;
+    int nlevels;          /* priority levels; queue index nlevels = delayed */
+    int default_level;    /* 1-based */
+    int64_t cap_rows;     /* rows per batch: max_batch_size, or 1 */
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;   /* instances: new work or a state change */
+    pthread_cond_t timer_cv;  /* timer thread: earlier deadline, cancel, exit */
+    pthread_cond_t order_cv;  /* preserve_ordering: next batch to deliver */
+
+    struct fifo *q;           /* nlevels + 1 FIFOs */
+    int queued;               /* requests in all FIFOs */
+    int running;              /* requests taken by instances, done() pending */
+    int idle;                 /* instances waiting for work */
+    struct batcher_request **heap; /* min-heap on q_.deadline_ns */
+    int heap_n, heap_cap;
+    struct fifo finished;     /* cancelled, done() to be called by the timer */
+
+    int admitting;
+    int draining;             /* batcher_free: send at once, then exit */
+    int timer_exit;
+    uint64_t next_seq, deliver_seq;
+
+    uint64_t *profile;        /* EWMA exec ns by rows, [0..cap_rows] */
+    struct batcher_stats st;
+
+    struct instance *inst;
+    int ninst;
+    pthread_t timer;
+    int timer_started;
+};
+
+/* ---- clock ------------------------------------------------------------- */
+
+static uint64_t real_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t now_ns(const batcher_t *b) {
+    return b->p.now_ns ? b->p.now_ns(b->p.now_arg) : real_now_ns();
+}
+
+/* Waits on cv until the batcher's clock reaches deadline (0 = no deadline).
+ * With an injected clock the wait is a short real-time poll. */
+static void cond_wait_until(batcher_t *b, pthread_cond_t *cv, uint64_t deadline) {
+    if (!deadline && !b->p.now_ns) {
+        pthread_cond_wait(cv, &b->mu);
+        return;
+    }
+    uint64_t wake;
+    if (b->p.now_ns)
+        wake = real_now_ns() + BATCHER_POLL_NS;
+    else
+        wake = deadline;
+    struct timespec ts = { .tv_sec = (time_t)(wake / 1000000000ull),
+                           .tv_nsec = (long)(wake % 1000000000ull) };
+    pthread_cond_timedwait(cv, &b->mu, &ts);
+}
+
+/* ---- queues ------------------------------------------------------------ */
+
+static void fifo_push(struct fifo *f, struct batcher_request *r) {
+    r->q_.next = NULL;
+    r->q_.prev = f->tail;
+    if (f->tail)
+        f->tail->q_.next = r;
+    else
+        f->head = r;
+    f->tail = r;
+    f->n++;
+}
+
+static void fifo_remove(struct fifo *f, struct batcher_request *r) {
+    if (r->q_.prev)
+        r->q_.prev->q_.next = r->q_.next;
+    else
+        f->head = r->q_.next;
+    if (r->q_.next)
+        r->q_.next->q_.prev = r->q_.prev;
+    else
+        f->tail = r->q_.prev;
+    r->q_.prev = r->q_.next = NULL;
+    f->n--;
+}
+
+static void heap_swap(batcher_t *b, int i, int j) {
+    struct batcher_request *t = b->heap[i];
+    b->heap[i] = b->heap[j];
+    b->heap[j] = t;
+    b->heap[i]->q_.heap_idx = i;
+    b->heap[j]->q_.heap_idx = j;
+}
+
+static void heap_up(batcher_t *b, int i) {
+    while (i > 0) {
+        int parent = (i - 1) / 2;
+        if (b->heap[parent]->q_.deadline_ns <= b->heap[i]->q_.deadline_ns)
+            break;
+        heap_swap(b, i, parent);
+        i = parent;
+    }
+}
+
+static void heap_down(batcher_t *b, int i) {
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < b->heap_n && b->heap[l]->q_.deadline_ns < b->heap[m]->q_.deadline_ns)
+            m = l;
+        if (r < b->heap_n && b->heap[r]->q_.deadline_ns < b->heap[m]->q_.deadline_ns)
+            m = r;
+        if (m == i)
+            return;
+        heap_swap(b, i, m);
+        i = m;
+    }
+}
+
+static int heap_push(batcher_t *b, struct batcher_request *r) {
+    if (b->heap_n == b->heap_cap) {
+        int cap = b->heap_cap ? b->heap_cap * 2 : 64;
+        struct batcher_request **h = realloc(b->heap, (size_t)cap * sizeof(*h));
+        if (!h)
+            return STATUS_NOMEM;
+        b->heap = h;
+        b->heap_cap = cap;
+    }
+    b->heap[b->heap_n] = r;
+    r->q_.heap_idx = b->heap_n++;
+    heap_up(b, r->q_.heap_idx);
+    return 0;
+}
+
+static void heap_remove(batcher_t *b, struct batcher_request *r) {
+    int i = r->q_.heap_idx;
+    if (i < 0)
+        return;
+    r->q_.heap_idx = -1;
+    b->heap_n--;
+    if (i == b->heap_n)
+        return;
+    struct batcher_request *moved = b->heap[b->heap_n];
+    b->heap[i] = moved;
+    moved->q_.heap_idx = i;
+    heap_down(b, i);
+    heap_up(b, moved->q_.heap_idx);
+}
+
+/* Takes r out of its FIFO and the heap (lock held). */
+static void unqueue(batcher_t *b, struct batcher_request *r) {
+    fifo_remove(&b->q[r->q_.level], r);
+    heap_remove(b, r);
+    b->queued--;
+}
+
+/* Moves a queued request to the finished list, to be failed by the timer
+ * thread with status/msg (lock held). */
+static void fail_queued(batcher_t *b, struct batcher_request *r, int status, const char *msg) {
+    unqueue(b, r);
+    r->status = status;
+    snprintf(r->err, sizeof r->err, "%s", msg);
+    r->outputs = NULL;
+    r->noutputs = 0;
+    r->q_.state = REQ_DONE;
+    fifo_push(&b->finished, r);
+    pthread_cond_signal(&b->timer_cv);
+}
+
+/* ---- policy -------------------------------------------------------------- */
+
+/* 1 if a and b may share a batch: same inputs, dtypes, ranks and non-batch
+ * dims (the batch dim is dims[0] when batching). */
+static int compatible(const batcher_t *b, const struct batcher_request *a,
+                      const struct batcher_request *c) {
+    if (a->ninputs != c->ninputs)
+        return 0;
+    int first = b->p.max_batch_size > 0 ? 1 : 0;
+    for (int i = 0; i < a->ninputs; i++) {
+        const struct tensor *x = &a->inputs[i], *y = &c->inputs[i];
+        if (x->dtype != y->dtype || x->ndim != y->ndim)
+            return 0;
+        for (int d = first; d < x->ndim; d++)
+            if (x->dims[d] != y->dims[d])
+                return 0;
+    }
+    return 1;
+}
+
+/* Predicted execution time of a batch of n rows from the profile: the
+ * running mean for n if seen; else the nearest larger size seen (an upper
+ * bound, time grows with rows); else the largest smaller size seen scaled
+ * linearly (pessimistic); else 0 (nothing learnt yet). */
+static uint64_t predict_ns(const batcher_t *b, int64_t n) {
+    if (n > b->cap_rows)
+        n = b->cap_rows;
+    if (n < 1)
+        n = 1;
+    if (b->profile[n])
+        return b->profile[n];
+    for (int64_t k = n + 1; k <= b->cap_rows; k++)
+        if (b->profile[k])
+            return b->profile[k];
+    for (int64_t k = n - 1; k >= 1; k--)
+        if (b->profile[k])
+            return (uint64_t)((double)b->profile[k] * (double)n / (double)k);
+    return 0;
+}
+
+static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
+    if (rows < 1 || rows > b->cap_rows)
+        return;
+    uint64_t old = b->profile[rows];
+    b->profile[rows] = old ? (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns)
+                           : (ns ? ns : 1);
+}
+
+static struct batcher_request *queue_head(batcher_t *b) {
+    for (int l = 0; l <= b->nlevels; l++)
+        if (b->q[l].head)
+            return b->q[l].head;
+    return NULL;
+}
+
+enum { DECIDE_IDLE = 0, DECIDE_WAIT = 1, DECIDE_SEND = 2 };
+
+/* The batching policy (lock held). Selects into inst->sel the requests of
+ * the next batch: the oldest request of the highest non-empty priority
+ * level, then compatible requests in priority then arrival order while the
+ * rows fit. Returns DECIDE_SEND to run them now, DECIDE_WAIT with *wake set
+ * to the clock time at which to decide again (earlier if a request
+ * arrives), or DECIDE_IDLE when nothing is queued. Requests already marked
+ * cancelled are dropped here, before they can run. */
+static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
+    struct batcher_request *h;
+    inst->nsel = 0;
+    inst->rows = 0;
+    *wake = 0;
+    for (;;) {
+        h = queue_head(b);
+        if (!h)
+            return DECIDE_IDLE;
+        if (!atomic_load(&h->cancelled))
+            break;
+        b->st.cancelled++;
+        fail_queued(b, h, STATUS_CANCELLED, "request cancelled: the client went away");
+    }
+    inst->sel[inst->nsel++] = h;
+    inst->rows = h->rows;
+    if (b->p.max_batch_size <= 0 || !b->p.dynamic_batching)
+        return DECIDE_SEND;
+
+    /* Fill in order; stop at the first compatible request that does not fit
+     * so that a large request is not starved by smaller later ones. */
+    int best_pref_n = 0;
+    for (int k = 0; k < b->p.npreferred; k++)
+        if (b->p.preferred_batch_size[k] == inst->rows)
+            best_pref_n = 1;
+    int scanned = 0, full = 0;
+    for (int l = h->q_.level; l <= b->nlevels && !full; l++) {
+        struct batcher_request *r = l == h->q_.level ? h->q_.next : b->q[l].head;
+        while (r && !full && scanned++ < BATCHER_SCAN_LIMIT) {
+            struct batcher_request *next = r->q_.next;
+            if (atomic_load(&r->cancelled)) {
+                b->st.cancelled++;
+                fail_queued(b, r, STATUS_CANCELLED, "request cancelled: the client went away");
+            } else if (compatible(b, h, r)) {
+                if (inst->rows + r->rows > b->cap_rows) {
+                    full = 1;
+                    break;
+                }
+                inst->sel[inst->nsel++] = r;
+                inst->rows += r->rows;
+                for (int k = 0; k < b->p.npreferred; k++)
+                    if (b->p.preferred_batch_size[k] == inst->rows)
+                        best_pref_n = inst->nsel;
+                if (inst->rows == b->cap_rows)
+                    full = 1;
+            }
+            r = next;
+        }
+    }
+    if (full || b->draining)
+        return DECIDE_SEND;
+
+    if (b->p.latency_budget_us) {
+        /* Latest start for the head to finish within its budget with the
+         * batch we have; wait for more rows only while a larger batch could
+         * still make it. */
+        uint64_t due = h->enqueue_ns + b->p.latency_budget_us * 1000ull;
+        /* Largest prefix that meets the budget if started now (at least the head). */
+        while (inst->nsel > 1 && now + predict_ns(b, inst->rows) > due) {
+            inst->nsel--;
+            inst->rows -= inst->sel[inst->nsel]->rows;
+            full = 1;
+        }
+        if (full)
+            return DECIDE_SEND;
+        uint64_t exec_now = predict_ns(b, inst->rows);
+        uint64_t exec_more = predict_ns(b, inst->rows + 1);
+        if (now + exec_more > due || now + exec_now >= due)
+            return DECIDE_SEND;
+        *wake = due - exec_more;
+        return DECIDE_WAIT;
+    }
+
+    int64_t target = b->cap_rows;
+    if (b->p.npreferred > 0) {
+        int64_t maxp = 0;
+        for (int k = 0; k < b->p.npreferred; k++)
+            if (b->p.preferred_batch_size[k] > maxp)
+                maxp = b->p.preferred_batch_size[k];
+        if (maxp < target)
+            target = maxp;
+        if (best_pref_n > 0 && inst->rows >= target) {
+            while (inst->nsel > best_pref_n) {
+                inst->nsel--;
+                inst->rows -= inst->sel[inst->nsel]->rows;
+            }
+            return DECIDE_SEND;
+        }
+    }
+    if (inst->rows >= target || b->p.max_queue_delay_us == 0)
+        return DECIDE_SEND;
+    uint64_t due = h->enqueue_ns + b->p.max_queue_delay_us * 1000ull;
+    if (now >= due) {
+        /* The delay ran out: the largest preferred size we can form, if
+         * any, else everything we have. */
+        if (best_pref_n > 0)
+            while (inst->nsel > best_pref_n) {
+                inst->nsel--;
+                inst->rows -= inst->sel[inst->nsel]->rows;
+            }
+        return DECIDE_SEND;
+    }
+    *wake = due;
+    return DECIDE_WAIT;
+}
+
+/* ---- execution ----------------------------------------------------------- */
+
+static int ensure_buf(void **buf, size_t *cap, size_t need) {
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 4096;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(*buf, n);
+    if (!p)
+        return STATUS_NOMEM;
+    *buf = p;
+    *cap = n;
+    return 0;
+}
+
+static void free_tensor_data(struct tensor *t) {
+    if (!t->data)
+        return;
+    if (t->dtype == DT_STRING) {
+        int64_t n = tensor_numel(t);
+        char **s = t->data;
+        for (int64_t i = 0; n > 0 && i < n; i++)
+            free(s[i]);
+    }
+    free(t->data);
+    t->data = NULL;
+}
+
+static void free_outputs(struct tensor *out, int n) {
+    if (!out)
+        return;
+    for (int i = 0; i < n; i++)
+        free_tensor_data(&out[i]);
+    free(out);
+}
+
+/* Gathers the selected requests' inputs into one contiguous buffer per
+ * input. A batch of one request uses its buffers directly. */
+static int gather(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
+    struct batcher_request *r0 = inst->sel[0];
+    for (int i = 0; i < r0->ninputs; i++) {
+        inst->in[i] = r0->inputs[i];
+        if (inst->nsel == 1)
+            continue;
+        size_t need = 0;
+        for (int k = 0; k < inst->nsel; k++)
+            need += tensor_nbytes(&inst->sel[k]->inputs[i]);
+        if (ensure_buf(&inst->in_buf[i], &inst->in_cap[i], need))
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory gathering a batch of %lld rows",
+                              (long long)inst->rows);
+        char *dst = inst->in_buf[i];
+        for (int k = 0; k < inst->nsel; k++) {
+            size_t n = tensor_nbytes(&inst->sel[k]->inputs[i]);
+            if (n)
+                memcpy(dst, inst->sel[k]->inputs[i].data, n);
+            dst += n;
+        }
+        inst->in[i].dims[0] = inst->rows;
+        inst->in[i].data = inst->in_buf[i];
+    }
+    (void)b;
+    return 0;
+}
+
+/* Splits the batch outputs by rows into malloc'd per-request outputs. On
+ * failure nothing is left allocated in any request. */
+static int scatter(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
+    int no = b->noutputs;
+    for (int o = 0; o < no; o++) {
+        const struct tensor *t = &inst->out[o];
+        if (t->ndim < 1 || t->dims[0] != inst->rows)
+            return status_set(err, err_len, STATUS_INTERNAL,
+                              "output %d of model '%s' has no batch dimension of %lld rows", o, b->name,
+                              (long long)inst->rows);
+    }
+    int k;
+    for (k = 0; k < inst->nsel; k++) {
+        struct batcher_request *r = inst->sel[k];
+        r->outputs = calloc((size_t)(no > 0 ? no : 1), sizeof(struct tensor));
+        r->noutputs = no;
+        if (!r->outputs)
+            goto fail;
+    }
+    for (int o = 0; o < no; o++) {
+        const struct tensor *t = &inst->out[o];
+        size_t row_elems = (size_t)(tensor_numel(t) / (inst->rows > 0 ? inst->rows : 1));
+        size_t esz = dtype_size(t->dtype);
+        const char *src = t->data;
+        for (k = 0; k < inst->nsel; k++) {
+            struct batcher_request *r = inst->sel[k];
+            struct tensor *d = &r->outputs[o];
+            *d = *t;
+            d->dims[0] = r->rows;
+            size_t nel = row_elems * (size_t)r->rows;
+            d->data = malloc(nel * esz > 0 ? nel * esz : 1);
+            if (!d->data)
+                goto fail;
+            if (t->dtype == DT_STRING) {
+                char **ds = d->data;
+                char *const *ss = (char *const *)(const void *)src;
+                memset(ds, 0, nel * esz);
+                for (size_t e = 0; e < nel; e++)
+                    if (ss[e] && !(ds[e] = strdup(ss[e])))
+                        goto fail;
+            } else if (nel) {
+                memcpy(d->data, src, nel * esz);
+            }
+            src += nel * esz;
+        }
+    }
+    return 0;
+fail:
+    for (k = 0; k < inst->nsel; k++) {
+        free_outputs(inst->sel[k]->outputs, inst->sel[k]->noutputs);
+        inst->sel[k]->outputs = NULL;
+        inst->sel[k]->noutputs = 0;
+    }
+    return status_set(err, err_len, STATUS_NOMEM, "out of memory splitting a batch of %lld rows",
+                      (long long)inst->rows);
+}
+
+/* Runs the selected batch (lock NOT held) and fills each request's result. */
+static void run_batch(batcher_t *b, struct instance *inst, uint64_t *exec_ns) {
+    char err[256] = "";
+    uint64_t t0 = now_ns(b);
+    int rc = gather(b, inst, err, sizeof err);
+    uint64_t t1 = now_ns(b), t2 = t1;
+    if (rc == 0) {
+        memset(inst->out, 0, sizeof(struct tensor) * (size_t)(b->noutputs > 0 ? b->noutputs : 1));
+        if (b->p.execute)
+            rc = b->p.execute(b->p.execute_arg, inst->index, inst->in, inst->sel[0]->ninputs, inst->out,
+                              b->noutputs, err, sizeof err);
+        else
+            rc = model_run(inst->x, inst->in, inst->sel[0]->ninputs, inst->out, b->noutputs, err, sizeof err);
+        t2 = now_ns(b);
+        if (rc == 0) {
+            if (inst->nsel == 1) {
+                /* One request: hand the batch outputs over as they are. */
+                struct batcher_request *r = inst->sel[0];
+                r->outputs = malloc(sizeof(struct tensor) * (size_t)(b->noutputs > 0 ? b->noutputs : 1));
+                if (!r->outputs) {
+                    for (int o = 0; o < b->noutputs; o++)
+                        free_tensor_data(&inst->out[o]);
+                    rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
+                } else {
+                    memcpy(r->outputs, inst->out, sizeof(struct tensor) * (size_t)b->noutputs);
+                    r->noutputs = b->noutputs;
+                }
+            } else {
+                rc = scatter(b, inst, err, sizeof err);
+                for (int o = 0; o < b->noutputs; o++)
+                    free_tensor_data(&inst->out[o]);
+            }
+        }
+    }
+    uint64_t t3 = now_ns(b);
+    *exec_ns = t2 - t1;
+    for (int k = 0; k < inst->nsel; k++) {
+        struct batcher_request *r = inst->sel[k];
+        r->status = rc;
+        if (rc) {
+            snprintf(r->err, sizeof r->err, "%s", err);
+            r->outputs = NULL;
+            r->noutputs = 0;
+        } else {
+            r->err[0] = 0;
+        }
+        r->end_ns = t3;
+        r->compute_input_ns = t1 - t0;
+        r->compute_infer_ns = t2 - t1;
+        r->compute_output_ns = t3 - t2;
+        r->batch_size = (int)inst->rows;
+    }
+}
+
+static void *instance_main(void *arg) {
+    struct instance *inst = arg;
+    batcher_t *b = inst->b;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        uint64_t now = now_ns(b), wake = 0;
+        int d = batch_decide(b, inst, now, &wake);
+        if (d == DECIDE_IDLE && b->draining)
+            break;
+        if (d != DECIDE_SEND) {
+            b->idle++;
+            cond_wait_until(b, &b->work_cv, wake);
+            b->idle--;
+            continue;
+        }
+        for (int k = 0; k < inst->nsel; k++) {
+            struct batcher_request *r = inst->sel[k];
+            unqueue(b, r);
+            r->q_.state = REQ_RUNNING;
+            r->start_ns = now;
+            b->st.queue_ns_total += now - r->enqueue_ns;
+        }
+        b->running += inst->nsel;
+        uint64_t seq = b->next_seq++;
+        /* Others may form a batch from what is left. */
+        if (b->queued && b->idle)
+            pthread_cond_signal(&b->work_cv);
+        pthread_mutex_unlock(&b->mu);
+
+        uint64_t exec_ns = 0;
+        run_batch(b, inst, &exec_ns);
+
+        pthread_mutex_lock(&b->mu);
+        b->st.executions++;
+        b->st.inferences += (uint64_t)inst->rows;
+        b->st.requests += (uint64_t)inst->nsel;
+        b->st.exec_ns_total += exec_ns;
+        b->st.batch_hist[inst->rows < 64 ? inst->rows : 64]++;
+        if (inst->sel[0]->status)
+            b->st.failed += (uint64_t)inst->nsel;
+        else
+            profile_add(b, inst->rows, exec_ns);
+        if (b->p.preserve_ordering)
+            while (b->deliver_seq != seq)
+                pthread_cond_wait(&b->order_cv, &b->mu);
+        for (int k = 0; k < inst->nsel; k++)
+            inst->sel[k]->q_.state = REQ_DONE;
+        pthread_mutex_unlock(&b->mu);
+
+        for (int k = 0; k < inst->nsel; k++)
+            inst->sel[k]->done(inst->sel[k]);
+
+        pthread_mutex_lock(&b->mu);
+        b->running -= inst->nsel;
+        inst->nsel = 0;
+        if (b->p.preserve_ordering) {
+            b->deliver_seq++;
+            pthread_cond_broadcast(&b->order_cv);
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ---- timer thread ---------------------------------------------------------- */
+
+static void *timer_main(void *arg) {
+    batcher_t *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        uint64_t now = now_ns(b);
+        while (b->heap_n > 0 && b->heap[0]->q_.deadline_ns <= now) {
+            struct batcher_request *r = b->heap[0];
+            if (b->p.default_queue_policy.timeout_action == BATCHER_TIMEOUT_DELAY) {
+                /* Not rejected: served after every request still in time. */
+                heap_remove(b, r);
+                fifo_remove(&b->q[r->q_.level], r);
+                r->q_.level = b->nlevels;
+                fifo_push(&b->q[r->q_.level], r);
+                b->st.delayed++;
+            } else {
+                b->st.rejected_timeout++;
+                fail_queued(b, r, STATUS_UNAVAILABLE, "Request timeout expired");
+            }
+        }
+        if (b->finished.head) {
+            struct batcher_request *list = b->finished.head;
+            b->finished.head = b->finished.tail = NULL;
+            b->finished.n = 0;
+            /* Queued requests left: instances may have been waiting on them. */
+            pthread_cond_broadcast(&b->work_cv);
+            pthread_mutex_unlock(&b->mu);
+            while (list) {
+                struct batcher_request *next = list->q_.next;
+                list->q_.next = list->q_.prev = NULL;
+                list->done(list);
+                list = next;
+            }
+            pthread_mutex_lock(&b->mu);
+            continue;
+        }
+        if (b->timer_exit)
+            break;
+        cond_wait_until(b, &b->timer_cv, b->heap_n ? b->heap[0]->q_.deadline_ns : 0);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* ---- public API -------------------------------------------------------------- */
+
+static void instance_release(struct instance *inst) {
+    model_exec_free(inst->x);
+    backend_free(inst->be);
+    if (inst->in_buf)
+        for (int i = 0; i < inst->nbuf; i++)
+            free(inst->in_buf[i]);
+    free(inst->in_buf);
+    free(inst->in_cap);
+    free(inst->in);
+    free(inst->out);
+    free(inst->sel);
+}
+
+void batcher_free(batcher_t *b) {
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->admitting = 0;
+    b->draining = 1;
+    pthread_cond_broadcast(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+    for (int i = 0; i < b->ninst; i++)
+        if (b->inst[i].started)
+            pthread_join(b->inst[i].thread, NULL);
+    pthread_mutex_lock(&b->mu);
+    /* Instances only leave with the queue empty, unless none ever started:
+     * then fail what is queued so that every done() still runs once. */
+    struct batcher_request *r;
+    while ((r = queue_head(b)))
+        fail_queued(b, r, STATUS_UNAVAILABLE, "model is unloading");
+    b->timer_exit = 1;
+    pthread_cond_signal(&b->timer_cv);
+    pthread_mutex_unlock(&b->mu);
+    if (b->timer_started)
+        pthread_join(b->timer, NULL);
+    for (int i = 0; i < b->ninst; i++)
+        instance_release(&b->inst[i]);
+    free(b->inst);
+    free(b->q);
+    free(b->heap);
+    free(b->profile);
+    pthread_cond_destroy(&b->work_cv);
+    pthread_cond_destroy(&b->timer_cv);
+    pthread_cond_destroy(&b->order_cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+static int instance_setup(batcher_t *b, struct instance *inst, int nthreads, char *err, size_t err_len) {
+    int nsel = (int)b->cap_rows;
+    /* Without a model the input count is known per request only. */
+    int nin = b->ninputs > 0 ? b->ninputs : BATCHER_UNKNOWN_MAX_INPUTS, nout = b->noutputs > 0 ? b->noutputs : 1;
+    inst->nbuf = nin;
+    inst->sel = calloc((size_t)nsel, sizeof(*inst->sel));
+    inst->in_buf = calloc((size_t)nin, sizeof(void *));
+    inst->in_cap = calloc((size_t)nin, sizeof(size_t));
+    inst->in = calloc((size_t)nin, sizeof(struct tensor));
+    inst->out = calloc((size_t)nout, sizeof(struct tensor));
+    if (!inst->sel || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    if (!b->p.model)
+        return 0;
+    struct backend_params bp = { .device = 0, .nthreads = nthreads };
+    char why[256] = "";
+    inst->be = backend_create(b->backend_name, &bp, why, sizeof why);
+    if (!inst->be)
+        return status_set(err, err_len, STATUS_UNAVAILABLE, "model '%s' instance %d: backend '%s' not available: %s",
+                          b->name, inst->index, b->backend_name, why);
+    inst->x = model_exec_create(b->p.model, inst->be, nthreads);
+    if (!inst->x)
+        return status_set(err, err_len, STATUS_INTERNAL, "model '%s' instance %d: cannot create an execution context",
+                          b->name, inst->index);
+    return 0;
+}
+
+batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len) {
+    if (!p || (!p->model && !p->execute)) {
+        status_set(err, err_len, STATUS_INVALID, "batcher: no model given");
+        return NULL;
+    }
+    const char *name = p->model_name ? p->model_name : "?";
+    if (p->max_batch_size < 0 || p->instance_count < 0 || p->priority_levels < 0 ||
+        p->priority_levels > BATCHER_MAX_PRIORITIES || p->npreferred < 0 || p->npreferred > BATCHER_MAX_PREFERRED ||
+        p->default_queue_policy.max_queue_size < 0 || p->threads_per_instance < 0) {
+        status_set(err, err_len, STATUS_INVALID, "model '%s': batcher parameters out of range", name);
+        return NULL;
+    }
+    for (int k = 0; k < p->npreferred; k++)
+        if (p->preferred_batch_size[k] < 1 || (p->max_batch_size > 0 && p->preferred_batch_size[k] > p->max_batch_size)) {
+            status_set(err, err_len, STATUS_INVALID,
+                       "model '%s': dynamic_batching.preferred_batch_size %d is outside 1..max_batch_size (%d)", name,
+                       p->preferred_batch_size[k], p->max_batch_size);
+            return NULL;
+        }
+    int nlevels = p->priority_levels > 1 ? p->priority_levels : 1;
+    int deflevel = p->default_priority_level > 0 ? p->default_priority_level : (nlevels + 1) / 2;
+    if (deflevel > nlevels) {
+        status_set(err, err_len, STATUS_INVALID,
+                   "model '%s': dynamic_batching.default_priority_level %d is above priority_levels %d", name,
+                   p->default_priority_level, nlevels);
+        return NULL;
+    }
+
+    batcher_t *b = calloc(1, sizeof *b);
+    if (!b) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        return NULL;
+    }
+    b->p = *p;
+    snprintf(b->name, sizeof b->name, "%s", name);
+    snprintf(b->backend_name, sizeof b->backend_name, "%s", p->backend && p->backend[0] ? p->backend : "cpu");
+    b->p.model_name = b->name;
+    b->p.backend = b->backend_name;
+    b->nlevels = nlevels;
+    b->default_level = deflevel;
+    b->cap_rows = p->max_batch_size > 0 ? p->max_batch_size : 1;
+    b->ninputs = p->model ? model_ninputs(p->model) : -1;
+    b->noutputs = p->model ? model_noutputs(p->model) : p->execute_noutputs;
+    b->admitting = 1;
+    b->ninst = p->instance_count > 0 ? p->instance_count : 1;
+
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->work_cv, &ca);
+    pthread_cond_init(&b->timer_cv, &ca);
+    pthread_cond_init(&b->order_cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
+    b->profile = calloc((size_t)b->cap_rows + 1, sizeof *b->profile);
+    b->inst = calloc((size_t)b->ninst, sizeof *b->inst);
+    if (!b->q || !b->profile || !b->inst) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        goto fail;
+    }
+    int nthreads = p->threads_per_instance;
+    if (nthreads == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        nthreads = cores > 0 ? (int)(cores / b->ninst) : 1;
+        if (nthreads < 1)
+            nthreads = 1;
+    }
+    for (int i = 0; i < b->ninst; i++) {
+        b->inst[i].b = b;
+        b->inst[i].index = i;
+        if (instance_setup(b, &b->inst[i], nthreads, err, err_len))
+            goto fail;
+    }
+    if (pthread_create(&b->timer, NULL, timer_main, b)) {
+        status_set(err, err_len, STATUS_INTERNAL, "model '%s': cannot start the timer thread", name);
+        goto fail;
+    }
+    b->timer_started = 1;
+    for (int i = 0; i < b->ninst; i++) {
+        if (pthread_create(&b->inst[i].thread, NULL, instance_main, &b->inst[i])) {
+            status_set(err, err_len, STATUS_INTERNAL, "model '%s': cannot start instance thread %d", name, i);
+            goto fail;
+        }
+        b->inst[i].started = 1;
+    }
+    log_info("model '%s': %d instance(s) on %s, %d thread(s) each, max_batch_size %d, dynamic batching %s", name,
+             b->ninst, b->backend_name, nthreads, p->max_batch_size, p->dynamic_batching ? "on" : "off");
+    return b;
+fail:
+    log_error("%s", err ? err : "batcher_create failed");
+    batcher_free(b);
+    return NULL;
+}
+
+int batcher_submit(batcher_t *b, struct batcher_request *r) {
+    r->status = 0;
+    r->err[0] = 0;
+    r->outputs = NULL;
+    r->noutputs = 0;
+    r->batch_size = 0;
+    r->start_ns = r->end_ns = 0;
+    r->compute_input_ns = r->compute_infer_ns = r->compute_output_ns = 0;
+    r->q_.prev = r->q_.next = NULL;
+    r->q_.heap_idx = -1;
+    r->q_.deadline_ns = 0;
+    r->q_.state = REQ_NEW;
+
+    if (!r->done)
+        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without done()");
+    int want = b->ninputs >= 0 ? b->ninputs : BATCHER_UNKNOWN_MAX_INPUTS;
+    if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want)) {
+        pthread_mutex_lock(&b->mu);
+        b->st.rejected_invalid++;
+        pthread_mutex_unlock(&b->mu);
+        return status_set(r->err, sizeof r->err, STATUS_INVALID, "model '%s' expects %s%d inputs, got %d", b->name,
+                          b->ninputs >= 0 ? "" : "at most ", want, r->ninputs);
+    }
+    int64_t rows = 1;
+    if (b->p.max_batch_size > 0) {
+        const char *bad = NULL;
+        rows = r->inputs[0].ndim >= 1 ? r->inputs[0].dims[0] : -1;
+        for (int i = 0; i < r->ninputs && !bad; i++) {
+            const struct tensor *t = &r->inputs[i];
+            const struct model_io *io = b->p.model ? model_input(b->p.model, i) : NULL;
+            if (t->ndim < 1 || t->dims[0] != rows)
+                bad = io && io->name ? io->name : "?";
+        }
+        if (bad || rows < 1 || rows > b->p.max_batch_size || (r->rows && r->rows != rows)) {
+            pthread_mutex_lock(&b->mu);
+            b->st.rejected_invalid++;
+            pthread_mutex_unlock(&b->mu);
+            if (bad)
+                return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                                  "input '%s' of model '%s': every input needs the same batch size as its first dim",
+                                  bad, b->name);
+            if (rows < 1 || rows > b->p.max_batch_size)
+                return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                                  "batch size %lld of model '%s' is outside 1..max_batch_size (%d)", (long long)rows,
+                                  b->name, b->p.max_batch_size);
+            return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                              "request says %lld rows but its inputs have %lld", (long long)r->rows,
+                              (long long)rows);
+        }
+    }
+    r->rows = rows;
+    int level = r->priority;
+    if (level < 1 || level > b->nlevels)
+        level = b->default_level;
+
+    pthread_mutex_lock(&b->mu);
+    if (!b->admitting) {
+        pthread_mutex_unlock(&b->mu);
+        return status_set(r->err, sizeof r->err, STATUS_UNAVAILABLE, "model '%s' is not accepting requests", b->name);
+    }
+    const struct batcher_queue_policy *qp = &b->p.default_queue_policy;
+    if (qp->max_queue_size > 0 && b->q[level - 1].n >= qp->max_queue_size) {
+        b->st.rejected_queue_full++;
+        pthread_mutex_unlock(&b->mu);
+        return status_set(r->err, sizeof r->err, STATUS_UNAVAILABLE, "Exceeds maximum queue size");
+    }
+    uint64_t now = now_ns(b);
+    r->enqueue_ns = now;
+    uint64_t tmo = qp->default_timeout_us;
+    if (qp->allow_timeout_override && r->timeout_us)
+        tmo = r->timeout_us;
+    r->q_.level = level - 1;
+    r->q_.state = REQ_QUEUED;
+    if (tmo) {
+        r->q_.deadline_ns = now + tmo * 1000ull;
+        if (heap_push(b, r)) {
+            pthread_mutex_unlock(&b->mu);
+            return status_set(r->err, sizeof r->err, STATUS_NOMEM, "out of memory queueing a request");
+        }
+        if (r->q_.heap_idx == 0)
+            pthread_cond_signal(&b->timer_cv);
+    }
+    fifo_push(&b->q[r->q_.level], r);
+    b->queued++;
+    if (b->idle)
+        pthread_cond_signal(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+    return 0;
+}
+
+void batcher_cancel(batcher_t *b, struct batcher_request *r) {
+    if (!b || !r)
+        return;
+    atomic_store(&r->cancelled, 1);
+    pthread_mutex_lock(&b->mu);
+    if (r->q_.state == REQ_QUEUED) {
+        b->st.cancelled++;
+        fail_queued(b, r, STATUS_CANCELLED, "request cancelled: the client went away");
+    }
+    pthread_mutex_unlock(&b->mu);
+}
+
+void batcher_stop_admission(batcher_t *b) {
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->admitting = 0;
+    pthread_mutex_unlock(&b->mu);
+}
+
+int batcher_pending(batcher_t *b) {
+    if (!b)
+        return 0;
+    pthread_mutex_lock(&b->mu);
+    int n = b->queued + b->running + b->finished.n;
+    pthread_mutex_unlock(&b->mu);
+    return n;
+}
+
+void batcher_get_stats(batcher_t *b, struct batcher_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!b)
+        return;
+    pthread_mutex_lock(&b->mu);
+    *out = b->st;
+    out->queued = (uint64_t)b->queued;
+    for (int64_t n = 1; n <= b->cap_rows; n++)
+        if (b->profile[n])
+            out->profile_ns[n < 64 ? n : 64] = b->profile[n];
+    pthread_mutex_unlock(&b->mu);
+}
