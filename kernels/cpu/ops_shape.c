@@ -1365,6 +1365,245 @@ static int cumsum_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * Pad
+ * ------------------------------------------------------------------------ */
+
+enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
+
+struct pad_params {
+    enum pad_mode mode;
+    int64_t begin[TENSOR_MAX_DIMS], end[TENSOR_MAX_DIMS];
+};
+
+static int pad_params(struct op_call *c, struct pad_params *pp) {
+    const struct tensor *x = c->in[0];
+    int r = x->ndim;
+    const char *mode = node_attr_str(c->node, "mode", "constant");
+    if (!strcmp(mode, "constant")) pp->mode = PAD_CONSTANT;
+    else if (!strcmp(mode, "reflect")) pp->mode = PAD_REFLECT;
+    else if (!strcmp(mode, "edge")) pp->mode = PAD_EDGE;
+    else if (!strcmp(mode, "wrap")) pp->mode = PAD_WRAP;
+    else return op_error(c, "unknown mode '%s'", mode);
+    int64_t pads[2 * TENSOR_MAX_DIMS], axes[TENSOR_MAX_DIMS];
+    int n, na = -1;
+    if (c->node->opset < 11) {
+        n = read_int_attr(c, "pads", pads, 2 * TENSOR_MAX_DIMS);
+        if (n == -1) n = read_int_attr(c, "paddings", pads, 2 * TENSOR_MAX_DIMS);
+        if (n == -1) return op_error(c, "attribute 'pads' is required");
+    } else {
+        n = read_int_input(c, 1, "pads", pads, 2 * TENSOR_MAX_DIMS);
+        if (in_opt(c, 3)) na = read_int_input(c, 3, "axes", axes, TENSOR_MAX_DIMS);
+    }
+    if (n < 0) return n;
+    if (na < -1) return na;
+    if (na < 0) {
+        na = r;
+        for (int k = 0; k < r; k++) axes[k] = k;
+    }
+    if (n != 2 * na) return op_error(c, "pads has %d values; expected %d (2 per axis)", n, 2 * na);
+    memset(pp->begin, 0, sizeof pp->begin);
+    memset(pp->end, 0, sizeof pp->end);
+    for (int k = 0; k < na; k++) {
+        int a = op_axis(c, axes[k], r);
+        if (a < 0) return STATUS_INVALID;
+        pp->begin[a] = pads[k];
+        pp->end[a] = pads[na + k];
+        int64_t od = x->dims[a] + pads[k] + pads[na + k];
+        if (od < 0) return op_error(c, "pads shrink axis %d below zero", a);
+        if (pp->mode != PAD_CONSTANT && x->dims[a] == 0 && od > 0)
+            return op_error(c, "axis %d is empty; only constant mode can pad it", a);
+    }
+    return 0;
+}
+
+static int pad_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct pad_params pp;
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc || (rc = pad_params(c, &pp))) return rc;
+    const struct tensor *cv = in_opt(c, 2);
+    if (c->node->opset >= 11 && cv && cv->dtype != x->dtype)
+        return op_error(c, "constant_value is %s but data is %s", dtype_name(cv->dtype), dtype_name(x->dtype));
+    int64_t d[TENSOR_MAX_DIMS];
+    for (int k = 0; k < x->ndim; k++) d[k] = x->dims[k] + pp.begin[k] + pp.end[k];
+    return set_shape(c, c->out[0], x->dtype, x->ndim, d);
+}
+
+/* The input coordinate that output coordinate o reads on an axis of size d
+ * padded by b in front; -1 means "the constant". */
+static inline int64_t pad_src(int64_t o, int64_t b, int64_t d, enum pad_mode m) {
+    int64_t x = o - b;
+    if (x >= 0 && x < d) return x;
+    switch (m) {
+    case PAD_CONSTANT: return -1;
+    case PAD_EDGE: return x < 0 ? 0 : d - 1;
+    case PAD_WRAP: return ((x % d) + d) % d;
+    case PAD_REFLECT: {
+        if (d == 1) return 0;
+        int64_t p = 2 * (d - 1);
+        x = ((x % p) + p) % p;
+        return x >= d ? p - x : x;
+    }
+    }
+    return -1;
+}
+
+static int pad_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    struct pad_params pp;
+    int rc = pad_params(c, &pp);
+    if (rc) return rc;
+    size_t es = dtype_size(x->dtype);
+    unsigned char fill[16] = {0};
+    if (c->node->opset < 11) {
+        shape_store_double(x->dtype, fill, 0, node_attr_float(c->node, "value", 0));
+    } else {
+        const struct tensor *cv = in_opt(c, 2);
+        if (cv && cv->data && tensor_numel(cv) >= 1) memcpy(fill, cv->data, es);
+    }
+    int r = x->ndim;
+    if (r == 0) {
+        memcpy(o->data, x->data, es);
+        return 0;
+    }
+    int64_t xs[TENSOR_MAX_DIMS];
+    shape_strides(r, x->dims, xs);
+    int64_t cols = o->dims[r - 1], rows = prod(o->dims, 0, r - 1), dl = x->dims[r - 1], bl = pp.begin[r - 1];
+    if (rows == 0 || cols == 0) return 0;
+    char *dst = o->data;
+    const char *src = x->data;
+#pragma omp parallel for if (rows * cols > 65536)
+    for (int64_t row = 0; row < rows; row++) {
+        int64_t rem = row, base = 0;
+        int constant = 0;
+        for (int k = r - 2; k >= 0; k--) {
+            int64_t ok = rem % o->dims[k];
+            rem /= o->dims[k];
+            int64_t s = pad_src(ok, pp.begin[k], x->dims[k], pp.mode);
+            if (s < 0) constant = 1;
+            else base += s * xs[k];
+        }
+        char *drow = dst + row * cols * (int64_t)es;
+        if (constant || dl == 0) {
+            for (int64_t j = 0; j < cols; j++) memcpy(drow + j * (int64_t)es, fill, es);
+            continue;
+        }
+        /* The interior is one contiguous run; only the borders need mapping. */
+        int64_t j0 = bl < 0 ? 0 : bl, j1 = bl + dl < cols ? bl + dl : cols;
+        for (int64_t j = 0; j < j0 && j < cols; j++) {
+            int64_t s = pad_src(j, bl, dl, pp.mode);
+            memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
+        }
+        if (j1 > j0) memcpy(drow + j0 * (int64_t)es, src + (base + j0 - bl) * (int64_t)es, (size_t)(j1 - j0) * es);
+        for (int64_t j = j1 > j0 ? j1 : j0; j < cols; j++) {
+            int64_t s = pad_src(j, bl, dl, pp.mode);
+            memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * TopK
+ * ------------------------------------------------------------------------ */
+
+struct topk_item {
+    union {
+        double f;
+        int64_t i;
+        uint64_t u;
+    } v;
+    int64_t idx;
+};
+
+/* Ties keep the lower index first, as ONNX specifies. */
+#define TOPK_CMP(NAME, FIELD, GT)                                                   \
+    static int NAME(const void *pa, const void *pb) {                               \
+        const struct topk_item *a = pa, *b = pb;                                    \
+        if (a->v.FIELD != b->v.FIELD) return (a->v.FIELD GT b->v.FIELD) ? -1 : 1;   \
+        return a->idx < b->idx ? -1 : (a->idx > b->idx);                            \
+    }
+TOPK_CMP(topk_f_large, f, >)
+TOPK_CMP(topk_f_small, f, <)
+TOPK_CMP(topk_i_large, i, >)
+TOPK_CMP(topk_i_small, i, <)
+TOPK_CMP(topk_u_large, u, >)
+TOPK_CMP(topk_u_small, u, <)
+
+static int topk_k(struct op_call *c, int64_t *k) {
+    if (c->node->opset < 10) {
+        *k = node_attr_int(c->node, "k", -1);
+        return 0;
+    }
+    int64_t v[1];
+    int n = read_int_input(c, 1, "K", v, 1);
+    if (n < 0) return n;
+    if (n != 1) return op_error(c, "K must hold one value");
+    *k = v[0];
+    return 0;
+}
+
+static int topk_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t k = 0;
+    int rc = topk_k(c, &k);
+    if (rc) return rc;
+    if ((rc = need_bytes_dtype(c, x, "input"))) return rc;
+    if (x->dtype == DT_BOOL) return op_error(c, "unsupported dtype bool");
+    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    if (a < 0) return STATUS_INVALID;
+    if (k < 0 || k > x->dims[a]) return op_error(c, "k = %lld is out of range for axis %d of size %lld", (long long)k, a, (long long)x->dims[a]);
+    int64_t d[TENSOR_MAX_DIMS];
+    memcpy(d, x->dims, sizeof d);
+    d[a] = k;
+    if ((rc = set_shape(c, c->out[0], x->dtype, x->ndim, d))) return rc;
+    if (out_opt(c, 1)) rc = set_shape(c, c->out[1], DT_INT64, x->ndim, d);
+    return rc;
+}
+
+static int topk_prepare(struct op_call *c, void **state, size_t *scratch) {
+    const struct tensor *x = c->in[0];
+    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    if (a < 0) return STATUS_INVALID;
+    *scratch = (size_t)(x->dims[a] + 1) * sizeof(struct topk_item);
+    return 0;
+}
+
+static int topk_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    int64_t k = c->out[0]->dims[a], n = x->dims[a], outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim);
+    int largest = (int)node_attr_int(c->node, "largest", 1);
+    struct topk_item *it = c->scratch;
+    if (!it || c->scratch_size < (size_t)n * sizeof *it) return op_error(c, "scratch buffer too small");
+    size_t es = dtype_size(x->dtype);
+    int kind = is_float_dtype(x->dtype) ? 0 : (x->dtype == DT_UINT64 ? 2 : 1);
+    int (*cmp)(const void *, const void *) = kind == 0 ? (largest ? topk_f_large : topk_f_small)
+                                             : kind == 1 ? (largest ? topk_i_large : topk_i_small)
+                                                         : (largest ? topk_u_large : topk_u_small);
+    char *vals = c->out[0]->data;
+    int64_t *idxs = out_opt(c, 1) ? c->out[1]->data : NULL;
+    for (int64_t p = 0; p < outer; p++)
+        for (int64_t q = 0; q < inner; q++) {
+            for (int64_t j = 0; j < n; j++) {
+                int64_t at = (p * n + j) * inner + q;
+                if (kind == 0) it[j].v.f = op_double_at(x, at);
+                else if (kind == 1) it[j].v.i = op_int_at(x, at);
+                else it[j].v.u = ((const uint64_t *)x->data)[at];
+                it[j].idx = j;
+            }
+            qsort(it, (size_t)n, sizeof *it, cmp);
+            for (int64_t j = 0; j < k; j++) {
+                int64_t at = (p * k + j) * inner + q;
+                memcpy(vals + at * (int64_t)es, (const char *)x->data + ((p * n + it[j].idx) * inner + q) * (int64_t)es, es);
+                if (idxs) idxs[at] = it[j].idx;
+            }
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -1399,5 +1638,7 @@ const struct op_def op_defs_shape[] = {
     {"EyeLike", "", eyelike_infer, NULL, eyelike_run, NULL, 0},
     {"Trilu", "", trilu_infer, NULL, trilu_run, NULL, 0},
     {"CumSum", "", cumsum_infer, NULL, cumsum_run, NULL, 0},
+    {"Pad", "", pad_infer, NULL, pad_run, NULL, 0},
+    {"TopK", "", topk_infer, topk_prepare, topk_run, NULL, 0},
     {0},
 };
