@@ -1,0 +1,211 @@
+/* model.c - a loaded model (graph after the load-time passes, input and
+ * output metadata, the plan cache) and its execution contexts. */
+#include "models/model.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "models/graph.h"
+#include "models/onnx_load.h"
+#include "models/passes.h"
+#include "models/plan.h"
+
+struct model {
+    struct graph *g;
+    struct model_io *ins, *outs;
+    struct plan_cache *plans; /* host plans, shared by every CPU execution context */
+    int max_plans;
+    int64_t max_dim;
+};
+
+struct model_exec {
+    struct model *m;
+    struct backend *be;
+    int own_be;
+    struct plan_exec *pe;
+    /* Device plans hold device constants of this backend: cached per context. */
+    struct plan_cache *dev_plans;
+};
+
+static void io_from_value(struct model_io *io, const struct graph_value *v) {
+    io->name = v->name;
+    io->dtype = v->t.dtype;
+    io->ndim = v->t.ndim;
+    for (int d = 0; d < TENSOR_MAX_DIMS; d++) io->dims[d] = d < v->t.ndim ? v->t.dims[d] : -1;
+}
+
+struct model *model_load(const struct model_params *p, char *err, size_t err_len) {
+    if (!p || !p->path) {
+        status_set(err, err_len, STATUS_INVALID, "no model path given");
+        return NULL;
+    }
+    struct model *m = calloc(1, sizeof *m);
+    if (!m) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+        return NULL;
+    }
+    m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
+    m->max_dim = p->max_dim > 0 ? p->max_dim : (1 << 24);
+    m->g = onnx_load_file(p->path, err, err_len);
+    if (!m->g) goto fail;
+    if (passes_run(m->g, err, err_len)) goto fail;
+    struct graph *g = m->g;
+    m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
+    m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);
+    m->plans = plan_cache_create(m->max_plans);
+    if (!m->ins || !m->outs || !m->plans) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+        goto fail;
+    }
+    for (int i = 0; i < g->ninputs; i++) io_from_value(&m->ins[i], &g->values[g->inputs[i]]);
+    for (int i = 0; i < g->noutputs; i++) io_from_value(&m->outs[i], &g->values[g->outputs[i]]);
+    log_debug("loaded %s: %d nodes after passes, %d inputs, %d outputs", p->path, g->nnodes, g->ninputs,
+              g->noutputs);
+    return m;
+fail:
+    model_free(m);
+    return NULL;
+}
+
+void model_free(struct model *m) {
+    if (!m) return;
+    plan_cache_free(m->plans);
+    graph_free(m->g);
+    free(m->ins);
+    free(m->outs);
+    free(m);
+}
+
+int model_ninputs(const struct model *m) { return m->g->ninputs; }
+int model_noutputs(const struct model *m) { return m->g->noutputs; }
+
+const struct model_io *model_input(const struct model *m, int i) {
+    return i >= 0 && i < m->g->ninputs ? &m->ins[i] : NULL;
+}
+
+const struct model_io *model_output(const struct model *m, int i) {
+    return i >= 0 && i < m->g->noutputs ? &m->outs[i] : NULL;
+}
+
+int model_find_input(const struct model *m, const char *name) {
+    for (int i = 0; name && i < m->g->ninputs; i++)
+        if (strcmp(m->ins[i].name, name) == 0) return i;
+    return -1;
+}
+
+int model_find_output(const struct model *m, const char *name) {
+    for (int i = 0; name && i < m->g->noutputs; i++)
+        if (strcmp(m->outs[i].name, name) == 0) return i;
+    return -1;
+}
+
+int model_node_count(const struct model *m) { return m->g->nnodes; }
+const char *model_producer(const struct model *m) { return m->g->producer_name ? m->g->producer_name : ""; }
+
+struct model_exec *model_exec_create(struct model *m, struct backend *be, int nthreads) {
+    if (!m) return NULL;
+    struct model_exec *x = calloc(1, sizeof *x);
+    if (!x) goto nomem;
+    x->m = m;
+    int nt = nthreads > 0 ? nthreads : omp_get_num_procs();
+    if (nt < 1) nt = 1;
+    if (be) {
+        x->be = be;
+    } else {
+        struct backend_params bp = {.device = -1, .nthreads = nt};
+        x->be = backend_cpu_create(&bp);
+        if (!x->be) goto nomem;
+        x->own_be = 1;
+    }
+    x->pe = plan_exec_create(x->be, nt);
+    if (!x->pe) goto nomem;
+    if (!x->be->host_memory) {
+        x->dev_plans = plan_cache_create(m->max_plans);
+        if (!x->dev_plans) goto nomem;
+    }
+    return x;
+nomem:
+    log_error("out of memory");
+    model_exec_free(x);
+    return NULL;
+}
+
+void model_exec_free(struct model_exec *x) {
+    if (!x) return;
+    /* Plans first: device plans release their states through the backend. */
+    plan_exec_free(x->pe);
+    plan_cache_free(x->dev_plans);
+    if (x->own_be) backend_free(x->be);
+    free(x);
+}
+
+static int check_inputs(const struct model *m, const struct tensor *inputs, int ninputs, char *err, size_t err_len) {
+    const struct graph *g = m->g;
+    if (ninputs != g->ninputs)
+        return status_set(err, err_len, STATUS_INVALID, "the model takes %d input%s, got %d", g->ninputs,
+                          g->ninputs == 1 ? "" : "s", ninputs);
+    if (ninputs && !inputs) return status_set(err, err_len, STATUS_INVALID, "no inputs given");
+    for (int i = 0; i < ninputs; i++) {
+        const struct model_io *io = &m->ins[i];
+        const struct tensor *t = &inputs[i];
+        char got[160], want[160];
+        if (io->dtype != DT_UNDEFINED && t->dtype != io->dtype)
+            return status_set(err, err_len, STATUS_INVALID, "input '%s': expected datatype %s, got %s", io->name,
+                              dtype_name(io->dtype), dtype_name(t->dtype));
+        if (t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS)
+            return status_set(err, err_len, STATUS_INVALID, "input '%s': rank %d is not supported", io->name, t->ndim);
+        if (io->ndim >= 0 && t->ndim != io->ndim) {
+            struct tensor w = {.dtype = io->dtype, .ndim = io->ndim};
+            memcpy(w.dims, io->dims, sizeof w.dims);
+            return status_set(err, err_len, STATUS_INVALID, "input '%s': expected shape %s (rank %d), got %s",
+                              io->name, tensor_shape_str(&w, want, sizeof want), io->ndim,
+                              tensor_shape_str(t, got, sizeof got));
+        }
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->dims[d] < 0 || t->dims[d] > m->max_dim)
+                return status_set(err, err_len, STATUS_INVALID, "input '%s': dim %d is %lld, outside [0, %lld]",
+                                  io->name, d, (long long)t->dims[d], (long long)m->max_dim);
+            if (io->ndim >= 0 && io->dims[d] >= 0 && io->dims[d] != t->dims[d]) {
+                struct tensor w = {.dtype = io->dtype, .ndim = io->ndim};
+                memcpy(w.dims, io->dims, sizeof w.dims);
+                return status_set(err, err_len, STATUS_INVALID,
+                                  "input '%s': expected shape %s, got %s (dim %d must be %lld)", io->name,
+                                  tensor_shape_str(&w, want, sizeof want), tensor_shape_str(t, got, sizeof got), d,
+                                  (long long)io->dims[d]);
+            }
+        }
+        if (!t->data && tensor_numel(t) > 0)
+            return status_set(err, err_len, STATUS_INVALID, "input '%s': no data", io->name);
+    }
+    return 0;
+}
+
+int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+              int noutputs, char *err, size_t err_len) {
+    if (!x) return status_set(err, err_len, STATUS_INVALID, "no execution context");
+    struct model *m = x->m;
+    const struct graph *g = m->g;
+    if (noutputs != g->noutputs || (noutputs && !outputs))
+        return status_set(err, err_len, STATUS_INVALID, "the model has %d output%s, %d requested", g->noutputs,
+                          g->noutputs == 1 ? "" : "s", noutputs);
+    for (int o = 0; o < noutputs; o++) outputs[o].data = NULL;
+    int rc = check_inputs(m, inputs, ninputs, err, err_len);
+    if (rc) return rc;
+
+    struct plan_cache *cache = x->dev_plans ? x->dev_plans : m->plans;
+    /* The same shapes as last time: no lookup, no lock. */
+    struct plan *p = plan_exec_bound(x->pe);
+    if (p && plan_matches(p, inputs, ninputs)) {
+        plan_cache_touch(cache, p);
+        return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
+    }
+    if ((rc = plan_cache_get(cache, g, inputs, x->be, &p, NULL, err, err_len))) return rc;
+    rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
+    plan_release(p);
+    return rc;
+}

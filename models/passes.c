@@ -1,0 +1,523 @@
+/* passes.c - load-time graph rewrites: constant folding, dead-node
+ * elimination, Conv+BatchNormalization folding, bias and activation fusion. */
+#include "models/passes.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/ops.h"
+#include "models/plan.h"
+
+/* ---- helpers ----------------------------------------------------------------- */
+
+static void free_tensor_data(struct tensor *t) {
+    if (t->dtype == DT_STRING && t->data) {
+        int64_t n = tensor_numel(t);
+        char **s = t->data;
+        for (int64_t i = 0; i < n; i++) free(s[i]);
+    }
+    free(t->data);
+    t->data = NULL;
+}
+
+static void node_free(struct graph_node *n) {
+    free(n->name);
+    free(n->op_type);
+    free(n->domain);
+    free(n->in);
+    free(n->out);
+    for (int a = 0; a < n->nattr; a++) {
+        struct graph_attr *at = &n->attrs[a];
+        free(at->name);
+        free(at->s);
+        free(at->ints);
+        free(at->floats);
+        if (at->strings)
+            for (int i = 0; i < at->n; i++) free(at->strings[i]);
+        free(at->strings);
+        if (at->t) {
+            free_tensor_data(at->t);
+            free(at->t);
+        }
+    }
+    free(n->attrs);
+}
+
+/* Removes the nodes marked in dead[] (order of the others is kept, so the
+ * graph stays topologically sorted) and recomputes every producer. */
+static void drop_nodes(struct graph *g, const unsigned char *dead) {
+    int w = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (dead[i]) node_free(&g->nodes[i]);
+        else g->nodes[w++] = g->nodes[i];
+    }
+    g->nnodes = w;
+    for (int v = 0; v < g->nvalues; v++) g->values[v].producer = -1;
+    for (int i = 0; i < g->nnodes; i++)
+        for (int k = 0; k < g->nodes[i].nout; k++)
+            if (g->nodes[i].out[k] >= 0) g->values[g->nodes[i].out[k]].producer = i;
+}
+
+/* Readers of each value among live nodes; graph outputs count as readers
+ * too (is_out[] tells them apart). */
+static int *count_uses(const struct graph *g, const unsigned char *dead, unsigned char **is_out) {
+    int *nuse = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), sizeof *nuse);
+    *is_out = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
+    if (!nuse || !*is_out) {
+        free(nuse);
+        free(*is_out);
+        *is_out = NULL;
+        return NULL;
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        if (dead && dead[i]) continue;
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] >= 0) nuse[g->nodes[i].in[k]]++;
+    }
+    for (int o = 0; o < g->noutputs; o++) {
+        nuse[g->outputs[o]]++;
+        (*is_out)[g->outputs[o]] = 1;
+    }
+    return nuse;
+}
+
+/* The single live reader of value v, or -1. */
+static int sole_reader(const struct graph *g, const unsigned char *dead, int v, int after) {
+    int r = -1;
+    for (int i = after + 1; i < g->nnodes; i++) {
+        if (dead[i]) continue;
+        for (int k = 0; k < g->nodes[i].nin; k++)
+            if (g->nodes[i].in[k] == v) {
+                if (r >= 0 && r != i) return -1;
+                r = i;
+            }
+    }
+    return r;
+}
+
+static int is_op(const struct graph_node *n, const char *op_type) {
+    return (!n->domain[0] || strcmp(n->domain, "ai.onnx") == 0) && strcmp(n->op_type, op_type) == 0;
+}
+
+static const struct tensor *const_of(const struct graph *g, int v) {
+    return v >= 0 && g->values[v].t.data ? &g->values[v].t : NULL;
+}
+
+/* 1 if node n has no output other than out[0] that anything reads. */
+static int only_first_output_used(const struct graph *g, const struct graph_node *n, const int *nuse) {
+    for (int k = 1; k < n->nout; k++)
+        if (n->out[k] >= 0 && nuse[n->out[k]] > 0) return 0;
+    return n->nout >= 1 && n->out[0] >= 0;
+}
+
+/* Makes a new constant value named after base with a unique suffix; takes
+ * ownership of t->data. Returns its index or -1 (t->data freed). */
+static int new_const(struct graph *g, const char *base, const char *suffix, struct tensor *t) {
+    char name[512];
+    snprintf(name, sizeof name, "%s%s", base, suffix);
+    for (int k = 1; graph_find_value(g, name) >= 0 && k < 1000; k++)
+        snprintf(name, sizeof name, "%s%s_%d", base, suffix, k);
+    int v = graph_find_value(g, name) >= 0 ? -1 : graph_intern_value(g, name);
+    if (v < 0) {
+        free_tensor_data(t);
+        return -1;
+    }
+    g->values[v].t = *t;
+    g->values[v].producer = -1;
+    return v;
+}
+
+static int set_nin(struct graph_node *n, int nin) {
+    if (nin <= n->nin) return 0;
+    int *in = realloc(n->in, (size_t)nin * sizeof *in);
+    if (!in) return -1;
+    for (int k = n->nin; k < nin; k++) in[k] = -1;
+    n->in = in;
+    n->nin = nin;
+    return 0;
+}
+
+/* ---- constant folding ------------------------------------------------------------ */
+
+static int is_random(const char *op_type) {
+    return strncmp(op_type, "Random", 6) == 0 || strcmp(op_type, "Bernoulli") == 0 ||
+           strcmp(op_type, "Multinomial") == 0;
+}
+
+int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    int folded = 0;
+    if (nfolded) *nfolded = 0;
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!dead) return status_set(err, err_len, STATUS_NOMEM, "out of memory folding constants");
+    for (int i = 0; i < g->nnodes; i++) {
+        struct graph_node *n = &g->nodes[i];
+        if (!n->op || !n->op->run || is_random(n->op_type) || n->nin > OP_MAX_IO || n->nout > OP_MAX_IO) continue;
+        int ok = 1;
+        const struct tensor *in[OP_MAX_IO];
+        for (int k = 0; k < n->nin && ok; k++) {
+            int v = n->in[k];
+            in[k] = v >= 0 ? &g->values[v].t : NULL;
+            if (v >= 0 && (!g->values[v].t.data || g->values[v].t.dtype == DT_STRING)) ok = 0;
+        }
+        if (!ok) continue;
+        /* Outputs that are also graph inputs cannot be replaced. */
+        for (int k = 0; k < n->nout; k++)
+            if (n->out[k] >= 0 && (g->values[n->out[k]].flags & VALUE_INPUT)) ok = 0;
+        if (!ok) continue;
+        struct tensor res[OP_MAX_IO];
+        char why[512] = "";
+        int rc = plan_eval_node(n, in, n->nin, res, n->nout, why, sizeof why);
+        if (rc) {
+            log_debug("not folding node '%s' (%s): %s", n->name, n->op_type, why);
+            continue;
+        }
+        int strings = 0;
+        for (int k = 0; k < n->nout; k++)
+            if (res[k].dtype == DT_STRING) strings = 1;
+        if (strings) {
+            for (int k = 0; k < n->nout; k++) free_tensor_data(&res[k]);
+            continue;
+        }
+        for (int k = 0; k < n->nout; k++) {
+            int v = n->out[k];
+            if (v < 0) {
+                free(res[k].data);
+                continue;
+            }
+            free_tensor_data(&g->values[v].t);
+            g->values[v].t = res[k];
+            g->values[v].producer = -1;
+        }
+        dead[i] = 1;
+        folded++;
+        log_debug("folded node '%s' (%s) into constants", n->name, n->op_type);
+    }
+    if (folded) drop_nodes(g, dead);
+    free(dead);
+    if (folded) log_debug("constant folding: %d nodes folded", folded);
+    if (nfolded) *nfolded = folded;
+    return 0;
+}
+
+/* ---- dead nodes ------------------------------------------------------------------- */
+
+int passes_eliminate_dead(struct graph *g, int *nremoved) {
+    int removed = 0;
+    if (nremoved) *nremoved = 0;
+    unsigned char *live = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!live || !dead) {
+        free(live);
+        free(dead);
+        return STATUS_NOMEM;
+    }
+    for (int o = 0; o < g->noutputs; o++) live[g->outputs[o]] = 1;
+    for (int i = g->nnodes - 1; i >= 0; i--) {
+        const struct graph_node *n = &g->nodes[i];
+        int used = 0;
+        for (int k = 0; k < n->nout; k++)
+            if (n->out[k] >= 0 && live[n->out[k]]) used = 1;
+        if (!used) {
+            dead[i] = 1;
+            removed++;
+            log_debug("removing node '%s' (%s): its outputs are never used", n->name, n->op_type);
+            continue;
+        }
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] >= 0) live[n->in[k]] = 1;
+    }
+    if (removed) drop_nodes(g, dead);
+    /* Constants nothing reads any more (weights replaced by folding) go. */
+    size_t freed = 0;
+    for (int v = 0; v < g->nvalues; v++) {
+        struct graph_value *val = &g->values[v];
+        if (!live[v] && val->t.data && !(val->flags & (VALUE_INPUT | VALUE_OUTPUT))) {
+            freed += tensor_nbytes(&val->t);
+            free_tensor_data(&val->t);
+        }
+    }
+    if (removed || freed) log_debug("dead code: %d nodes removed, %zu bytes of unused constants freed", removed, freed);
+    free(live);
+    free(dead);
+    if (nremoved) *nremoved = removed;
+    return 0;
+}
+
+/* ---- Conv + BatchNormalization ------------------------------------------------------ */
+
+static int fp32_vec(const struct tensor *t, int64_t n) {
+    return t && t->dtype == DT_FP32 && tensor_numel(t) == n;
+}
+
+int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    int done = 0;
+    if (nfolded) *nfolded = 0;
+    unsigned char *is_out = NULL;
+    int *nuse = count_uses(g, NULL, &is_out);
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!nuse || !dead) {
+        free(nuse);
+        free(is_out);
+        free(dead);
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
+    }
+    for (int bi = 0; bi < g->nnodes; bi++) {
+        struct graph_node *b = &g->nodes[bi];
+        if (!is_op(b, "BatchNormalization") || b->nin < 5 || b->in[0] < 0) continue;
+        if (node_attr_int(b, "training_mode", 0) != 0 || !only_first_output_used(g, b, nuse)) continue;
+        int x = b->in[0];
+        int ci = g->values[x].producer;
+        if (ci < 0 || dead[ci] || nuse[x] != 1 || is_out[x]) continue;
+        struct graph_node *c = &g->nodes[ci];
+        if (!is_op(c, "Conv") || c->nout != 1 || c->act != ACT_NONE || c->nin < 2) continue;
+        const struct tensor *w = const_of(g, c->in[1]);
+        if (!w || w->dtype != DT_FP32 || w->ndim < 3) continue;
+        int64_t m = w->dims[0];
+        const struct tensor *bias = c->nin >= 3 ? const_of(g, c->in[2]) : NULL;
+        if (c->nin >= 3 && c->in[2] >= 0 && !fp32_vec(bias, m)) continue;
+        const struct tensor *scale = const_of(g, b->in[1]), *beta = const_of(g, b->in[2]),
+                            *mean = const_of(g, b->in[3]), *var = const_of(g, b->in[4]);
+        if (!fp32_vec(scale, m) || !fp32_vec(beta, m) || !fp32_vec(mean, m) || !fp32_vec(var, m)) continue;
+        float eps = node_attr_float(b, "epsilon", 1e-5f);
+
+        int64_t wn = tensor_numel(w), per = wn / m;
+        struct tensor nw = *w, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}};
+        nw.data = malloc((size_t)wn * sizeof(float));
+        nb.data = malloc((size_t)m * sizeof(float));
+        if (!nw.data || !nb.data) {
+            free(nw.data);
+            free(nb.data);
+            free(nuse);
+            free(is_out);
+            free(dead);
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
+        }
+        const float *wd = w->data, *sd = scale->data, *bd = beta->data, *md = mean->data, *vd = var->data;
+        const float *cb = bias ? bias->data : NULL;
+        float *nwd = nw.data, *nbd = nb.data;
+        for (int64_t o = 0; o < m; o++) {
+            /* Double precision so the fold adds no error of its own. */
+            double s = (double)sd[o] / sqrt((double)vd[o] + (double)eps);
+            for (int64_t j = 0; j < per; j++) nwd[o * per + j] = (float)(wd[o * per + j] * s);
+            nbd[o] = (float)(((cb ? cb[o] : 0.0) - md[o]) * s + bd[o]);
+        }
+        char cname[256];
+        snprintf(cname, sizeof cname, "%s", c->name);
+        int wv = new_const(g, cname, ".bn_weight", &nw);
+        int bv = wv >= 0 ? new_const(g, cname, ".bn_bias", &nb) : (free(nb.data), -1);
+        /* graph_intern_value may have moved values; nodes did not move. */
+        c = &g->nodes[ci];
+        b = &g->nodes[bi];
+        if (wv < 0 || bv < 0 || set_nin(c, 3)) {
+            free(nuse);
+            free(is_out);
+            free(dead);
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
+        }
+        c->in[1] = wv;
+        c->in[2] = bv;
+        c->out[0] = b->out[0];
+        g->values[b->out[0]].producer = ci;
+        dead[bi] = 1;
+        done++;
+        log_debug("folded BatchNormalization '%s' into Conv '%s'", b->name, c->name);
+    }
+    if (done) drop_nodes(g, dead);
+    free(nuse);
+    free(is_out);
+    free(dead);
+    if (nfolded) *nfolded = done;
+    return 0;
+}
+
+/* ---- bias fusion ---------------------------------------------------------------------- */
+
+int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
+    int done = 0;
+    if (nfused) *nfused = 0;
+    unsigned char *is_out = NULL;
+    int *nuse = count_uses(g, NULL, &is_out);
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!nuse || !dead) {
+        free(nuse);
+        free(is_out);
+        free(dead);
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing bias");
+    }
+    for (int pi = 0; pi < g->nnodes; pi++) {
+        struct graph_node *p = &g->nodes[pi];
+        int matmul = is_op(p, "MatMul") && p->op && (p->op->flags & OP_BIAS_INPUT) && p->nin == 2;
+        int gemm = is_op(p, "Gemm") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0)) &&
+                   node_attr_float(p, "beta", 1.0f) == 1.0f;
+        if ((!matmul && !gemm) || p->nout != 1 || p->act != ACT_NONE || dead[pi]) continue;
+        int x = p->out[0];
+        if (x < 0 || nuse[x] != 1 || is_out[x]) continue;
+        int ai = sole_reader(g, dead, x, pi);
+        if (ai < 0) continue;
+        struct graph_node *a = &g->nodes[ai];
+        if (!is_op(a, "Add") || a->nin != 2 || a->nout != 1) continue;
+        int bv = a->in[0] == x ? a->in[1] : a->in[0];
+        const struct tensor *bias = const_of(g, bv), *wt = const_of(g, p->in[1]);
+        if (!bias || bias->dtype != DT_FP32 || !wt || wt->dtype != DT_FP32 || wt->ndim < 2 || bias->ndim < 1) continue;
+        int64_t n;
+        if (matmul) n = wt->dims[wt->ndim - 1];
+        else {
+            if (wt->ndim != 2) continue;
+            n = node_attr_int(p, "transB", 0) ? wt->dims[0] : wt->dims[1];
+        }
+        /* The Add must not change the MatMul's shape: bias is [N] or [1,..,1,N]
+         * of a rank that cannot exceed the product's. */
+        if (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n) continue;
+        if (matmul && bias->ndim > 1 && bias->ndim > wt->ndim - 1) continue;
+        if (gemm && bias->ndim > 2) continue;
+        int use = bv;
+        if (matmul && bias->ndim != 1) {
+            struct tensor t = {.dtype = DT_FP32, .ndim = 1, .dims = {n}};
+            t.data = malloc((size_t)n * sizeof(float));
+            if (!t.data) goto nomem;
+            memcpy(t.data, bias->data, (size_t)n * sizeof(float));
+            char pname[256];
+            snprintf(pname, sizeof pname, "%s", p->name);
+            use = new_const(g, pname, ".bias", &t);
+            if (use < 0) goto nomem;
+            p = &g->nodes[pi];
+            a = &g->nodes[ai];
+        }
+        if (set_nin(p, 3)) goto nomem;
+        p->in[2] = use;
+        p->out[0] = a->out[0];
+        g->values[a->out[0]].producer = pi;
+        dead[ai] = 1;
+        done++;
+        log_debug("fused Add '%s' into %s '%s' as its bias", a->name, p->op_type, p->name);
+    }
+    if (done) drop_nodes(g, dead);
+    free(nuse);
+    free(is_out);
+    free(dead);
+    if (nfused) *nfused = done;
+    return 0;
+nomem:
+    free(nuse);
+    free(is_out);
+    free(dead);
+    return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing bias");
+}
+
+/* ---- activation fusion ------------------------------------------------------------------ */
+
+/* Reads a scalar bound of Clip (opset 11+ inputs); 0 if not a constant. */
+static int clip_bound(const struct graph *g, const struct graph_node *a, int k, float *out) {
+    if (a->nin <= k || a->in[k] < 0) return 1; /* absent: keep the default */
+    const struct tensor *t = const_of(g, a->in[k]);
+    if (!t || tensor_numel(t) != 1 || (t->dtype != DT_FP32 && t->dtype != DT_FP64)) return 0;
+    *out = (float)op_double_at(t, 0);
+    return 1;
+}
+
+/* Maps an activation node to a fused activation; 0 if it is not one kiln
+ * can fuse exactly. */
+static int act_of(const struct graph *g, const struct graph_node *a, enum act_kind *kind, float *alpha,
+                  float *beta) {
+    *alpha = 0;
+    *beta = 0;
+    if (a->nout != 1) return 0;
+    if (is_op(a, "Relu")) *kind = ACT_RELU;
+    else if (is_op(a, "LeakyRelu")) {
+        *kind = ACT_LEAKY_RELU;
+        *alpha = node_attr_float(a, "alpha", 0.01f);
+    } else if (is_op(a, "Sigmoid")) *kind = ACT_SIGMOID;
+    else if (is_op(a, "Tanh")) *kind = ACT_TANH;
+    else if (is_op(a, "HardSigmoid")) {
+        *kind = ACT_HARD_SIGMOID;
+        *alpha = node_attr_float(a, "alpha", 0.2f);
+        *beta = node_attr_float(a, "beta", 0.5f);
+    } else if (is_op(a, "HardSwish")) *kind = ACT_HARD_SWISH;
+    else if (is_op(a, "Gelu")) {
+        if (strcmp(node_attr_str(a, "approximate", "none"), "none") != 0) return 0;
+        *kind = ACT_GELU;
+    } else if (is_op(a, "Clip")) {
+        *kind = ACT_CLIP;
+        *alpha = -FLT_MAX;
+        *beta = FLT_MAX;
+        if (a->opset < 11) {
+            *alpha = node_attr_float(a, "min", -FLT_MAX);
+            *beta = node_attr_float(a, "max", FLT_MAX);
+        } else if (!clip_bound(g, a, 1, alpha) || !clip_bound(g, a, 2, beta)) {
+            return 0;
+        }
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* 1 if some input of p is known to be FP32 (the activation math is float). */
+static int produces_fp32(const struct graph *g, const struct graph_node *p) {
+    for (int k = 0; k < p->nin; k++) {
+        int v = p->in[k];
+        if (v >= 0 && g->values[v].t.dtype == DT_FP32 && (g->values[v].t.data || (g->values[v].flags & VALUE_INPUT)))
+            return 1;
+    }
+    return 0;
+}
+
+int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len) {
+    int done = 0;
+    if (nfused) *nfused = 0;
+    unsigned char *is_out = NULL;
+    int *nuse = count_uses(g, NULL, &is_out);
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!nuse || !dead) {
+        free(nuse);
+        free(is_out);
+        free(dead);
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing activations");
+    }
+    for (int pi = 0; pi < g->nnodes; pi++) {
+        struct graph_node *p = &g->nodes[pi];
+        if (dead[pi] || !p->op || !(p->op->flags & OP_FUSE_ACT) || p->act != ACT_NONE || p->nout != 1) continue;
+        int x = p->out[0];
+        if (x < 0 || nuse[x] != 1 || is_out[x] || !produces_fp32(g, p)) continue;
+        int ai = sole_reader(g, dead, x, pi);
+        if (ai < 0) continue;
+        struct graph_node *a = &g->nodes[ai];
+        enum act_kind kind;
+        float alpha, beta;
+        if (a->in[0] != x || !act_of(g, a, &kind, &alpha, &beta)) continue;
+        p->act = kind;
+        p->act_alpha = alpha;
+        p->act_beta = beta;
+        p->out[0] = a->out[0];
+        g->values[a->out[0]].producer = pi;
+        dead[ai] = 1;
+        done++;
+        log_debug("fused %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
+    }
+    if (done) drop_nodes(g, dead);
+    free(nuse);
+    free(is_out);
+    free(dead);
+    if (nfused) *nfused = done;
+    return 0;
+}
+
+/* ---- all of them ------------------------------------------------------------------------------ */
+
+int passes_run(struct graph *g, char *err, size_t err_len) {
+    int before = g->nnodes, folded = 0, removed = 0, bn = 0, bias = 0, act = 0, removed2 = 0, rc;
+    if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
+    if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
+    if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
+    if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
+    if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
+    if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
+    log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm folded, %d bias and %d activations fused)",
+              before, g->nnodes, folded, removed + removed2, bn, bias, act);
+    return 0;
+}

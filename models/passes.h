@@ -1,0 +1,44 @@
+/* passes.h - load-time rewrites of a graph, run once by model_load.
+ *
+ * Each pass keeps the graph valid and topologically ordered, logs at debug
+ * level what it changed, and returns 0 or a negative status with a message.
+ * Values a pass makes unreachable are left in the value table (unused) and
+ * their constant data is freed by passes_eliminate_dead. */
+#ifndef KILN_PASSES_H
+#define KILN_PASSES_H
+
+#include <stddef.h>
+
+#include "models/graph.h"
+
+/* Runs every pass below in order: fold constants, eliminate dead nodes,
+ * fold BatchNormalization into Conv, fuse MatMul/Gemm + Add(bias), fuse
+ * activations, eliminate dead nodes again. */
+int passes_run(struct graph *g, char *err, size_t err_len);
+
+/* Evaluates, on the CPU, every node whose inputs are all constants (Constant
+ * nodes included) and turns its outputs into constant values. A node whose
+ * kernel refuses is left in place (it will fail, with its message, if run).
+ * Returns the number of nodes folded through *nfolded if non-NULL. */
+int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len);
+
+/* Removes nodes none of whose outputs reach a graph output, and frees the
+ * data of constants that no remaining node reads. */
+int passes_eliminate_dead(struct graph *g, int *nremoved);
+
+/* Conv -> BatchNormalization (constant scale, bias, mean, var; the Conv's
+ * output read by the BN only) becomes one Conv with new weights and bias. */
+int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len);
+
+/* MatMul (OP_BIAS_INPUT) -> Add(constant bias over the last dim) becomes
+ * MatMul with a kiln-internal third input; Gemm without C -> Add(constant
+ * [N] or [1,N]) takes the bias as C. */
+int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
+
+/* Conv/Gemm/MatMul (OP_FUSE_ACT) -> Relu, LeakyRelu, Clip (constant bounds),
+ * Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu (exact) becomes node->act on
+ * the producer when the intermediate value has one reader and is not a
+ * graph output. */
+int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+
+#endif
