@@ -1,5 +1,1394 @@
+/* ops_elementwise.c - elementwise arithmetic, activations, comparisons and
+ * logic, Cast, the softmax family and the normalizations over trailing axes.
+ *
+ * Every elementwise kernel runs through one broadcast driver (ew_exec, over
+ * the walk of elementwise_util.h) and is a typed inner loop over a run of
+ * elements in which each input advances by 1 or 0. Kernels come in tables
+ * indexed by dtype; FP16 and BF16 tensors reuse the float kernels through a
+ * converter that widens a chunk at a time on the stack, so every float
+ * operator serves the half types without a third copy of each loop.
+ *
+ * Integer arithmetic wraps (two's complement, as numpy and onnxruntime do)
+ * instead of invoking C's undefined behaviour on overflow, and integer
+ * division or modulo by zero yields 0 rather than trapping: a bad input must
+ * never bring the server down. */
+#include <float.h>
+#include <limits.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/ops.h"
 
+/* ------------------------------------------------------------------------
+ * The driver
+ * ------------------------------------------------------------------------ */
+
+struct ew_args;
+typedef void (*ew_fn)(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a);
+
+struct ew_args {
+    float alpha, beta, gamma;
+    int nin;
+    unsigned char lo[8], hi[8]; /* Clip bounds, in the input's dtype */
+    enum dtype in_dt[EW_MAX_IN], out_dt;
+    ew_fn inner;                /* the float kernel behind the half converter */
+};
+
+static const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
+static struct tensor *out_opt(const struct op_call *c, int i) { return i < c->nout ? c->out[i] : NULL; }
+
+#define HALF_CHUNK 256
+
+static void half_load(const void *p, enum dtype dt, float *dst, int64_t n) {
+    const uint16_t *h = p;
+    if (dt == DT_FP16)
+        for (int64_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(h[i]);
+    else
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_fp32(h[i]);
+}
+
+static void half_store(const float *src, enum dtype dt, void *p, int64_t n) {
+    uint16_t *h = p;
+    if (dt == DT_FP16)
+        for (int64_t i = 0; i < n; i++) h[i] = fp32_to_fp16(src[i]);
+    else
+        for (int64_t i = 0; i < n; i++) h[i] = fp32_to_bf16(src[i]);
+}
+
+/* Runs the float kernel a->inner over half-precision operands, widening a
+ * chunk of each half input (and narrowing the output) at a time. */
+static void ew_half_adapter(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {
+    float buf[EW_MAX_IN][HALF_CHUNK], obuf[HALF_CHUNK];
+    for (int64_t i0 = 0; i0 < n; i0 += HALF_CHUNK) {
+        int64_t m = n - i0 < HALF_CHUNK ? n - i0 : HALF_CHUNK;
+        const void *p[EW_MAX_IN];
+        for (int k = 0; k < a->nin; k++) {
+            size_t es = dtype_size(a->in_dt[k]);
+            const char *src = (const char *)in[k] + (s[k] ? (size_t)i0 * es : 0);
+            if (ew_is_half(a->in_dt[k])) {
+                half_load(src, a->in_dt[k], buf[k], s[k] ? m : 1);
+                p[k] = buf[k];
+            } else {
+                p[k] = src;
+            }
+        }
+        if (ew_is_half(a->out_dt)) {
+            a->inner(p, s, obuf, m, a);
+            half_store(obuf, a->out_dt, (uint16_t *)out + i0, m);
+        } else {
+            a->inner(p, s, (char *)out + (size_t)i0 * dtype_size(a->out_dt), m, a);
+        }
+    }
+}
+
+/* Picks the kernel for dtype dt from tbl, falling back on the float kernel
+ * behind the half converter; NULL if the dtype is not served. */
+static ew_fn ew_pick(const ew_fn *tbl, enum dtype dt, struct ew_args *a) {
+    if (dt <= DT_UNDEFINED || dt >= DT_MAX_) return NULL;
+    if (tbl[dt]) return tbl[dt];
+    if (ew_is_half(dt) && tbl[DT_FP32]) {
+        if (a) a->inner = tbl[DT_FP32];
+        return ew_half_adapter;
+    }
+    return NULL;
+}
+
+static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a, const void *const *base,
+                    const size_t *esz, char *out, size_t oesz, int64_t row, int64_t i0, int64_t n) {
+    int64_t off[EW_MAX_IN];
+    const void *p[EW_MAX_IN];
+    ew_bcast_row(b, row, off);
+    for (int k = 0; k < b->nin; k++) p[k] = (const char *)base[k] + (size_t)(off[k] + i0 * b->istr[k]) * esz[k];
+    fn(p, b->istr, out + (size_t)(row * b->inner + i0) * oesz, n, a);
+}
+
+/* Computes out from the nin inputs with kernel fn over the broadcast walk,
+ * threaded when the output is large. */
+static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const struct tensor *const *in, int nin,
+                     struct tensor *out) {
+    struct ew_bcast b;
+    const void *base[EW_MAX_IN];
+    size_t esz[EW_MAX_IN];
+    a->nin = nin;
+    for (int k = 0; k < nin; k++) {
+        base[k] = in[k]->data;
+        esz[k] = dtype_size(in[k]->dtype);
+        a->in_dt[k] = in[k]->dtype;
+    }
+    a->out_dt = out->dtype;
+    size_t oesz = dtype_size(out->dtype);
+    int64_t total = tensor_numel(out);
+    if (total <= 0) return;
+    ew_bcast_init(&b, out, in, nin);
+    int nt = c->nthreads;
+    if (total < EW_PAR_MIN || nt <= 1) {
+        for (int64_t r = 0; r < b.outer; r++) ew_item(&b, fn, a, base, esz, out->data, oesz, r, 0, b.inner);
+        return;
+    }
+    int64_t pieces = 1, chunk = b.inner;
+    if (b.inner > EW_PIECE) {
+        pieces = (b.inner + EW_PIECE - 1) / EW_PIECE;
+        chunk = (b.inner + pieces - 1) / pieces;
+    }
+    int64_t items = b.outer * pieces;
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t row = it / pieces, i0 = (it % pieces) * chunk;
+        int64_t n = b.inner - i0 < chunk ? b.inner - i0 : chunk;
+        ew_item(&b, fn, a, base, esz, out->data, oesz, row, i0, n);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Kernel generators
+ * ------------------------------------------------------------------------ */
+
+#define DTOF_f32 DT_FP32
+#define DTOF_f64 DT_FP64
+#define DTOF_i8 DT_INT8
+#define DTOF_i16 DT_INT16
+#define DTOF_i32 DT_INT32
+#define DTOF_i64 DT_INT64
+#define DTOF_u8 DT_UINT8
+#define DTOF_u16 DT_UINT16
+#define DTOF_u32 DT_UINT32
+#define DTOF_u64 DT_UINT64
+#define DTOF_b DT_BOOL
+#define DTOF_f16 DT_FP16
+#define DTOF_bf16 DT_BF16
+
+#define LIST_FLT(X, OP) X(OP, f32, float) X(OP, f64, double)
+#define LIST_SINT(X, OP) X(OP, i8, int8_t) X(OP, i16, int16_t) X(OP, i32, int32_t) X(OP, i64, int64_t)
+#define LIST_UINT(X, OP) X(OP, u8, uint8_t) X(OP, u16, uint16_t) X(OP, u32, uint32_t) X(OP, u64, uint64_t)
+#define LIST_INT(X, OP) LIST_SINT(X, OP) LIST_UINT(X, OP)
+
+#define ENT(OP, suf, T) [DTOF_##suf] = k_##OP##_##suf,
+
+/* A binary kernel: the four stride cases are separate loops so that each
+ * compiles to a straight vectorizable loop. EXPR reads x and y. */
+#define BIN_KERNEL(NAME, TA, TB, TO, EXPR)                                                                 \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
+        const TA *restrict pa = in[0];                                                                   \
+        const TB *restrict pb = in[1];                                                                   \
+        TO *restrict o = out;                                                                            \
+        (void)a;                                                                                         \
+        if (s[0] && s[1]) {                                                                              \
+            for (int64_t i = 0; i < n; i++) {                                                            \
+                TA x = pa[i];                                                                            \
+                TB y = pb[i];                                                                            \
+                o[i] = (TO)(EXPR);                                                                       \
+            }                                                                                            \
+        } else if (s[0]) {                                                                               \
+            TB y = pb[0];                                                                                \
+            for (int64_t i = 0; i < n; i++) {                                                            \
+                TA x = pa[i];                                                                            \
+                o[i] = (TO)(EXPR);                                                                       \
+            }                                                                                            \
+        } else if (s[1]) {                                                                               \
+            TA x = pa[0];                                                                                \
+            for (int64_t i = 0; i < n; i++) {                                                            \
+                TB y = pb[i];                                                                            \
+                o[i] = (TO)(EXPR);                                                                       \
+            }                                                                                            \
+        } else {                                                                                         \
+            TA x = pa[0];                                                                                \
+            TB y = pb[0];                                                                                \
+            TO v = (TO)(EXPR);                                                                           \
+            for (int64_t i = 0; i < n; i++) o[i] = v;                                                    \
+        }                                                                                                \
+    }
+
+#define DEF_BIN(OP, suf, T) BIN_KERNEL(k_##OP##_##suf, T, T, T, OP(T, x, y))
+#define DEF_CMP(OP, suf, T) BIN_KERNEL(k_##OP##_##suf, T, T, uint8_t, OP(T, x, y))
+
+/* A unary kernel; EXPR reads x and the attributes A, B, G in the kernel's type. */
+#define UN_KERNEL(NAME, T, TO, EXPR)                                                                       \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
+        const T *restrict p = in[0];                                                                     \
+        TO *restrict o = out;                                                                            \
+        const T A = (T)a->alpha, B = (T)a->beta, G = (T)a->gamma;                                        \
+        (void)s;                                                                                         \
+        (void)A;                                                                                         \
+        (void)B;                                                                                         \
+        (void)G;                                                                                         \
+        for (int64_t i = 0; i < n; i++) {                                                                \
+            T x = p[i];                                                                                  \
+            o[i] = (TO)(EXPR);                                                                           \
+        }                                                                                                \
+    }
+#define DEF_UN(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, T, OP(T, x))
+#define DEF_UNB(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, uint8_t, OP(T, x))
+
+/* ------------------------------------------------------------------------
+ * Binary arithmetic
+ * ------------------------------------------------------------------------ */
+
+#define ADD_F(T, x, y) ((x) + (y))
+#define SUB_F(T, x, y) ((x) - (y))
+#define MUL_F(T, x, y) ((x) * (y))
+#define DIV_F(T, x, y) ((x) / (y))
+/* Wrapping integer arithmetic through uint64 (exact modulo 2^bits for every width). */
+#define ADD_I(T, x, y) ((T)((uint64_t)(x) + (uint64_t)(y)))
+#define SUB_I(T, x, y) ((T)((uint64_t)(x) - (uint64_t)(y)))
+#define MUL_I(T, x, y) ((T)((uint64_t)(x) * (uint64_t)(y)))
+#define DIV_S(T, x, y) ((y) == 0 ? (T)0 : (y) == -1 ? (T)(0 - (uint64_t)(x)) : (T)((x) / (y)))
+#define DIV_U(T, x, y) ((y) == 0 ? (T)0 : (T)((x) / (y)))
+/* Min and Max propagate NaN like numpy's minimum/maximum. */
+#define MIN_F(T, x, y) (((x) != (x) || (x) < (y)) ? (x) : (y))
+#define MAX_F(T, x, y) (((x) != (x) || (x) > (y)) ? (x) : (y))
+#define MIN_I(T, x, y) ((x) < (y) ? (x) : (y))
+#define MAX_I(T, x, y) ((x) > (y) ? (x) : (y))
+/* Mod: fmod=0 takes the divisor's sign (Python's %), fmod=1 the dividend's (C's). */
+static inline double mod_py_d(double x, double y) {
+    double r = fmod(x, y);
+    return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+}
+#define MODPY_F(T, x, y) ((T)mod_py_d((double)(x), (double)(y)))
+#define FMOD_F(T, x, y) (fmod((x), (y)))
+#define MODPY_S(T, x, y) (mod_py_s64((int64_t)(x), (int64_t)(y)))
+#define FMOD_S(T, x, y) ((y) == 0 || (y) == -1 ? (T)0 : (T)((x) % (y)))
+#define MOD_U(T, x, y) ((y) == 0 ? (T)0 : (T)((x) % (y)))
+static inline int64_t mod_py_s64(int64_t x, int64_t y) {
+    if (y == 0 || y == -1) return 0;
+    int64_t r = x % y;
+    return (r != 0 && ((r < 0) != (y < 0))) ? r + y : r;
+}
+#define PRELU_F(T, x, y) ((x) < 0 ? (y) * (x) : (x))
+#define PRELU_I(T, x, y) ((x) < 0 ? MUL_I(T, y, x) : (x))
+#define POW_F(T, x, y) (pow((x), (y)))
+#define BAND(T, x, y) ((x) & (y))
+#define BOR(T, x, y) ((x) | (y))
+#define BXOR(T, x, y) ((x) ^ (y))
+#define SHL(T, x, y) ((uint64_t)(y) >= sizeof(T) * 8 ? (T)0 : (T)((x) << (y)))
+#define SHR(T, x, y) ((uint64_t)(y) >= sizeof(T) * 8 ? (T)0 : (T)((x) >> (y)))
+#define LAND(T, x, y) ((x) && (y))
+#define LOR(T, x, y) ((x) || (y))
+#define LXOR(T, x, y) ((!(x)) != (!(y)))
+
+LIST_FLT(DEF_BIN, ADD_F) LIST_INT(DEF_BIN, ADD_I)
+LIST_FLT(DEF_BIN, SUB_F) LIST_INT(DEF_BIN, SUB_I)
+LIST_FLT(DEF_BIN, MUL_F) LIST_INT(DEF_BIN, MUL_I)
+LIST_FLT(DEF_BIN, DIV_F) LIST_SINT(DEF_BIN, DIV_S) LIST_UINT(DEF_BIN, DIV_U)
+LIST_FLT(DEF_BIN, MIN_F) LIST_INT(DEF_BIN, MIN_I)
+LIST_FLT(DEF_BIN, MAX_F) LIST_INT(DEF_BIN, MAX_I)
+LIST_FLT(DEF_BIN, MODPY_F) LIST_SINT(DEF_BIN, MODPY_S) LIST_UINT(DEF_BIN, MOD_U)
+LIST_FLT(DEF_BIN, FMOD_F) LIST_SINT(DEF_BIN, FMOD_S)
+LIST_FLT(DEF_BIN, PRELU_F) LIST_SINT(DEF_BIN, PRELU_I)
+LIST_FLT(DEF_BIN, POW_F)
+LIST_INT(DEF_BIN, BAND) LIST_INT(DEF_BIN, BOR) LIST_INT(DEF_BIN, BXOR)
+LIST_UINT(DEF_BIN, SHL) LIST_UINT(DEF_BIN, SHR)
+DEF_BIN(LAND, b, uint8_t) DEF_BIN(LOR, b, uint8_t) DEF_BIN(LXOR, b, uint8_t)
+
+static const ew_fn tbl_add[DT_MAX_] = {LIST_FLT(ENT, ADD_F) LIST_INT(ENT, ADD_I)};
+static const ew_fn tbl_sub[DT_MAX_] = {LIST_FLT(ENT, SUB_F) LIST_INT(ENT, SUB_I)};
+static const ew_fn tbl_mul[DT_MAX_] = {LIST_FLT(ENT, MUL_F) LIST_INT(ENT, MUL_I)};
+static const ew_fn tbl_div[DT_MAX_] = {LIST_FLT(ENT, DIV_F) LIST_SINT(ENT, DIV_S) LIST_UINT(ENT, DIV_U)};
+static const ew_fn tbl_min[DT_MAX_] = {LIST_FLT(ENT, MIN_F) LIST_INT(ENT, MIN_I)};
+static const ew_fn tbl_max[DT_MAX_] = {LIST_FLT(ENT, MAX_F) LIST_INT(ENT, MAX_I)};
+static const ew_fn tbl_modpy[DT_MAX_] = {LIST_FLT(ENT, MODPY_F) LIST_SINT(ENT, MODPY_S) LIST_UINT(ENT, MOD_U)};
+static const ew_fn tbl_fmod[DT_MAX_] = {LIST_FLT(ENT, FMOD_F) LIST_SINT(ENT, FMOD_S) LIST_UINT(ENT, MOD_U)};
+static const ew_fn tbl_prelu[DT_MAX_] = {LIST_FLT(ENT, PRELU_F) LIST_SINT(ENT, PRELU_I)};
+static const ew_fn tbl_pow[DT_MAX_] = {LIST_FLT(ENT, POW_F)};
+static const ew_fn tbl_band[DT_MAX_] = {LIST_INT(ENT, BAND)};
+static const ew_fn tbl_bor[DT_MAX_] = {LIST_INT(ENT, BOR)};
+static const ew_fn tbl_bxor[DT_MAX_] = {LIST_INT(ENT, BXOR)};
+static const ew_fn tbl_shl[DT_MAX_] = {LIST_UINT(ENT, SHL)};
+static const ew_fn tbl_shr[DT_MAX_] = {LIST_UINT(ENT, SHR)};
+static const ew_fn tbl_and[DT_MAX_] = {[DT_BOOL] = k_LAND_b};
+static const ew_fn tbl_or[DT_MAX_] = {[DT_BOOL] = k_LOR_b};
+static const ew_fn tbl_xor[DT_MAX_] = {[DT_BOOL] = k_LXOR_b};
+
+/* ------------------------------------------------------------------------
+ * Comparisons (output bool)
+ * ------------------------------------------------------------------------ */
+
+#define CMP_EQ(T, x, y) ((x) == (y))
+#define CMP_LT(T, x, y) ((x) < (y))
+#define CMP_GT(T, x, y) ((x) > (y))
+#define CMP_LE(T, x, y) ((x) <= (y))
+#define CMP_GE(T, x, y) ((x) >= (y))
+#define CMP_STR(T, x, y) (strcmp((x) ? (x) : "", (y) ? (y) : "") == 0)
+
+#define DEF_CMPS(X, OP) LIST_FLT(X, OP) LIST_INT(X, OP)
+DEF_CMPS(DEF_CMP, CMP_EQ) DEF_CMPS(DEF_CMP, CMP_LT) DEF_CMPS(DEF_CMP, CMP_GT) DEF_CMPS(DEF_CMP, CMP_LE)
+DEF_CMPS(DEF_CMP, CMP_GE)
+typedef const char *ew_cstr;
+BIN_KERNEL(k_CMP_STR, ew_cstr, ew_cstr, uint8_t, CMP_STR(T, x, y))
+
+static const ew_fn tbl_eq[DT_MAX_] = {DEF_CMPS(ENT, CMP_EQ)[DT_BOOL] = k_CMP_EQ_u8, [DT_STRING] = k_CMP_STR};
+static const ew_fn tbl_lt[DT_MAX_] = {DEF_CMPS(ENT, CMP_LT)};
+static const ew_fn tbl_gt[DT_MAX_] = {DEF_CMPS(ENT, CMP_GT)};
+static const ew_fn tbl_le[DT_MAX_] = {DEF_CMPS(ENT, CMP_LE)};
+static const ew_fn tbl_ge[DT_MAX_] = {DEF_CMPS(ENT, CMP_GE)};
+
+/* ------------------------------------------------------------------------
+ * Unary operators
+ * ------------------------------------------------------------------------ */
+
+static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+static inline float sigmoid_f(float x) { return x >= 0 ? 1 / (1 + expf(-x)) : expf(x) / (1 + expf(x)); }
+#define SIGMOID(x) _Generic((x), float: sigmoid_f, default: sigmoid_d)(x)
+/* log(1 + e^x) without overflow for large x */
+#define SOFTPLUS(x) ((x) > 0 ? (x) + log1p(exp(-(x))) : log1p(exp(x)))
+
+#define U_NEG_F(T, x) (-(x))
+#define U_NEG_I(T, x) ((T)(0 - (uint64_t)(x)))
+#define U_ABS_F(T, x) (fabs(x))
+#define U_ABS_S(T, x) ((x) < 0 ? (T)(0 - (uint64_t)(x)) : (x))
+#define U_ABS_U(T, x) (x)
+#define U_RELU(T, x) ((x) > 0 ? (x) : (T)0)
+#define U_SIGN(T, x) ((T)(((x) > 0) - ((x) < 0)))
+#define U_SIGN_U(T, x) ((T)((x) > 0))
+#define U_SQRT(T, x) (sqrt(x))
+#define U_EXP(T, x) (exp(x))
+#define U_LOG(T, x) (log(x))
+#define U_ERF(T, x) (erf(x))
+#define U_SIGMOID(T, x) (SIGMOID(x))
+#define U_TANH(T, x) (tanh(x))
+#define U_LEAKY(T, x) ((x) >= 0 ? (x) : A * (x))
+#define U_HSIG(T, x) (fmax((T)0, fmin((T)1, A * (x) + B)))
+#define U_HSWISH(T, x) ((x) * fmax((T)0, fmin((T)1, (x) / (T)6 + (T)0.5)))
+#define U_GELU(T, x) ((T)0.5 * (x) * ((T)1 + erf((x) * (T)0.70710678118654752440)))
+#define U_GELU_TANH(T, x) \
+    ((T)0.5 * (x) * ((T)1 + tanh((T)0.79788456080286535588 * ((x) + (T)0.044715 * (x) * (x) * (x)))))
+#define U_SOFTPLUS(T, x) (SOFTPLUS(x))
+#define U_SOFTSIGN(T, x) ((x) / ((T)1 + fabs(x)))
+#define U_ELU(T, x) ((x) >= 0 ? (x) : A * (exp(x) - (T)1))
+#define U_SELU(T, x) ((x) > 0 ? G * (x) : G * (A * exp(x) - A))
+#define U_CELU(T, x) (fmax((T)0, (x)) + fmin((T)0, A * (exp((x) / A) - (T)1)))
+#define U_MISH(T, x) ((x) * tanh(SOFTPLUS(x)))
+#define U_THRELU(T, x) ((x) > A ? (x) : (T)0)
+#define U_FLOOR(T, x) (floor(x))
+#define U_CEIL(T, x) (ceil(x))
+#define U_ROUND(T, x) (nearbyint(x)) /* half to even in the default rounding mode */
+#define U_RECIP(T, x) ((T)1 / (x))
+#define U_SIN(T, x) (sin(x))
+#define U_COS(T, x) (cos(x))
+#define U_TAN(T, x) (tan(x))
+#define U_ASIN(T, x) (asin(x))
+#define U_ACOS(T, x) (acos(x))
+#define U_ATAN(T, x) (atan(x))
+#define U_SINH(T, x) (sinh(x))
+#define U_COSH(T, x) (cosh(x))
+#define U_ASINH(T, x) (asinh(x))
+#define U_ACOSH(T, x) (acosh(x))
+#define U_ATANH(T, x) (atanh(x))
+#define U_SHRINK(T, x) ((x) < -A ? (x) + B : ((x) > A ? (x) - B : (T)0))
+#define U_SWISH(T, x) ((x) * SIGMOID(A * (x)))
+#define U_BNOT(T, x) ((T) ~(x))
+#define U_NOT(T, x) (!(x))
+#define U_ISNAN(T, x) (isnan(x))
+/* IsInf: alpha and beta carry detect_positive and detect_negative. */
+#define U_ISINF(T, x) (isinf(x) && (((x) > 0 && A != 0) || ((x) < 0 && B != 0)))
+
+#define FLT_UN(NAME, OP) LIST_FLT(DEF_UN, OP) static const ew_fn tbl_##NAME[DT_MAX_] = {LIST_FLT(ENT, OP)};
+FLT_UN(sqrt, U_SQRT)
+FLT_UN(exp, U_EXP)
+FLT_UN(log, U_LOG)
+FLT_UN(erf, U_ERF)
+FLT_UN(sigmoid, U_SIGMOID)
+FLT_UN(tanh, U_TANH)
+FLT_UN(leaky, U_LEAKY)
+FLT_UN(hsig, U_HSIG)
+FLT_UN(hswish, U_HSWISH)
+FLT_UN(gelu, U_GELU)
+FLT_UN(gelu_tanh, U_GELU_TANH)
+FLT_UN(softplus, U_SOFTPLUS)
+FLT_UN(softsign, U_SOFTSIGN)
+FLT_UN(elu, U_ELU)
+FLT_UN(selu, U_SELU)
+FLT_UN(celu, U_CELU)
+FLT_UN(mish, U_MISH)
+FLT_UN(threlu, U_THRELU)
+FLT_UN(floor, U_FLOOR)
+FLT_UN(ceil, U_CEIL)
+FLT_UN(round, U_ROUND)
+FLT_UN(recip, U_RECIP)
+FLT_UN(sin, U_SIN)
+FLT_UN(cos, U_COS)
+FLT_UN(tan, U_TAN)
+FLT_UN(asin, U_ASIN)
+FLT_UN(acos, U_ACOS)
+FLT_UN(atan, U_ATAN)
+FLT_UN(sinh, U_SINH)
+FLT_UN(cosh, U_COSH)
+FLT_UN(asinh, U_ASINH)
+FLT_UN(acosh, U_ACOSH)
+FLT_UN(atanh, U_ATANH)
+FLT_UN(swish, U_SWISH)
+
+LIST_FLT(DEF_UN, U_NEG_F) LIST_SINT(DEF_UN, U_NEG_I)
+LIST_FLT(DEF_UN, U_ABS_F) LIST_SINT(DEF_UN, U_ABS_S) LIST_UINT(DEF_UN, U_ABS_U)
+LIST_FLT(DEF_UN, U_RELU) LIST_SINT(DEF_UN, U_RELU)
+LIST_FLT(DEF_UN, U_SIGN) LIST_SINT(DEF_UN, U_SIGN) LIST_UINT(DEF_UN, U_SIGN_U)
+LIST_FLT(DEF_UN, U_SHRINK) LIST_SINT(DEF_UN, U_SHRINK)
+LIST_INT(DEF_UN, U_BNOT)
+DEF_UN(U_NOT, b, uint8_t)
+LIST_FLT(DEF_UNB, U_ISNAN) LIST_FLT(DEF_UNB, U_ISINF)
+
+static const ew_fn tbl_neg[DT_MAX_] = {LIST_FLT(ENT, U_NEG_F) LIST_SINT(ENT, U_NEG_I)};
+static const ew_fn tbl_abs[DT_MAX_] = {LIST_FLT(ENT, U_ABS_F) LIST_SINT(ENT, U_ABS_S) LIST_UINT(ENT, U_ABS_U)};
+static const ew_fn tbl_relu[DT_MAX_] = {LIST_FLT(ENT, U_RELU) LIST_SINT(ENT, U_RELU)};
+static const ew_fn tbl_sign[DT_MAX_] = {LIST_FLT(ENT, U_SIGN) LIST_SINT(ENT, U_SIGN) LIST_UINT(ENT, U_SIGN_U)};
+static const ew_fn tbl_shrink[DT_MAX_] = {LIST_FLT(ENT, U_SHRINK) LIST_SINT(ENT, U_SHRINK)};
+static const ew_fn tbl_bnot[DT_MAX_] = {LIST_INT(ENT, U_BNOT)};
+static const ew_fn tbl_not[DT_MAX_] = {[DT_BOOL] = k_U_NOT_b};
+static const ew_fn tbl_isnan[DT_MAX_] = {LIST_FLT(ENT, U_ISNAN)};
+static const ew_fn tbl_isinf[DT_MAX_] = {LIST_FLT(ENT, U_ISINF)};
+
+/* Copies by element size (the first step of the variadic operators, Where). */
+UN_KERNEL(k_copy_1, uint8_t, uint8_t, x)
+UN_KERNEL(k_copy_2, uint16_t, uint16_t, x)
+UN_KERNEL(k_copy_4, uint32_t, uint32_t, x)
+UN_KERNEL(k_copy_8, uint64_t, uint64_t, x)
+
+static ew_fn copy_kernel(size_t esz) {
+    switch (esz) {
+    case 1: return k_copy_1;
+    case 2: return k_copy_2;
+    case 4: return k_copy_4;
+    case 8: return k_copy_8;
+    default: return NULL;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Shared infer/run helpers
+ * ------------------------------------------------------------------------ */
+
+static int need_in(struct op_call *c, int i, const char *what) {
+    if (!in_opt(c, i)) return op_error(c, "input %d (%s) is required", i, what);
+    if (c->in[i]->dtype == DT_UNDEFINED || c->in[i]->ndim < 0)
+        return op_error(c, "input %d (%s) has no known dtype or rank", i, what);
+    return 0;
+}
+
+static int need_out(struct op_call *c) {
+    if (!out_opt(c, 0)) return op_error(c, "output 0 is required");
+    return 0;
+}
+
+static int unsupported_dtype(struct op_call *c, enum dtype dt) {
+    op_error(c, "dtype %s is not supported by this operator", dtype_name(dt));
+    return STATUS_UNSUPPORTED;
+}
+
+static void copy_shape(struct tensor *o, const struct tensor *t, enum dtype dt) {
+    o->dtype = dt;
+    o->ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++) o->dims[i] = t->dims[i];
+}
+
+/* Applies node->act to a float output (ops declaring OP_FUSE_ACT). */
+static int apply_act(struct op_call *c, struct tensor *o) {
+    if (c->node->act == ACT_NONE) return 0;
+    if (o->dtype != DT_FP32) return op_error(c, "a fused activation needs a float output, not %s", dtype_name(o->dtype));
+    op_apply_act(c->node, o->data, tensor_numel(o));
+    return 0;
+}
+
+/* Same dtype for every present input; broadcast shape of all into out. */
+static int infer_nary(struct op_call *c, const ew_fn *tbl, enum dtype out_dt_or_0) {
+    int rc = need_in(c, 0, "A");
+    if (rc || (rc = need_out(c))) return rc;
+    if (c->nin > OP_MAX_IO) return op_error(c, "too many inputs");
+    enum dtype dt = c->in[0]->dtype;
+    struct tensor acc = *c->in[0];
+    for (int i = 1; i < c->nin; i++) {
+        if ((rc = need_in(c, i, "operand"))) return rc;
+        if (c->in[i]->dtype != dt)
+            return op_error(c, "input %d has dtype %s but input 0 has %s; they must match", i,
+                            dtype_name(c->in[i]->dtype), dtype_name(dt));
+        struct tensor next = {0};
+        if ((rc = op_broadcast_shape(c, &acc, c->in[i], &next))) return rc;
+        acc.ndim = next.ndim;
+        memcpy(acc.dims, next.dims, sizeof acc.dims);
+    }
+    if (!ew_pick(tbl, dt, NULL)) return unsupported_dtype(c, dt);
+    copy_shape(c->out[0], &acc, out_dt_or_0 ? out_dt_or_0 : dt);
+    return 0;
+}
+
+static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
+    struct ew_args a = {0};
+    ew_fn fn = ew_pick(tbl, c->in[0]->dtype, &a);
+    if (!fn) return unsupported_dtype(c, c->in[0]->dtype);
+    const struct tensor *in[2] = {c->in[0], c->in[1]};
+    ew_drive(c, fn, &a, in, 2, c->out[0]);
+    return 0;
+}
+
+#define BINARY_OP(NAME, TBL)                                                              \
+    static int infer_##NAME(struct op_call *c) {                                          \
+        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);          \
+        return infer_nary(c, TBL, 0);                                                     \
+    }                                                                                     \
+    static int run_##NAME(struct op_call *c) {                                            \
+        int rc = run_binary_tbl(c, TBL);                                                  \
+        return rc ? rc : apply_act(c, c->out[0]);                                         \
+    }
+BINARY_OP(add, tbl_add)
+BINARY_OP(sub, tbl_sub)
+BINARY_OP(mul, tbl_mul)
+BINARY_OP(div, tbl_div)
+BINARY_OP(prelu, tbl_prelu)
+BINARY_OP(band, tbl_band)
+BINARY_OP(bor, tbl_bor)
+BINARY_OP(bxor, tbl_bxor)
+BINARY_OP(and, tbl_and)
+BINARY_OP(or, tbl_or)
+BINARY_OP(xor, tbl_xor)
+
+#define COMPARE_OP(NAME, TBL)                                                             \
+    static int infer_##NAME(struct op_call *c) {                                          \
+        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);          \
+        return infer_nary(c, TBL, DT_BOOL);                                               \
+    }                                                                                     \
+    static int run_##NAME(struct op_call *c) { return run_binary_tbl(c, TBL); }
+COMPARE_OP(eq, tbl_eq)
+COMPARE_OP(lt, tbl_lt)
+COMPARE_OP(gt, tbl_gt)
+COMPARE_OP(le, tbl_le)
+COMPARE_OP(ge, tbl_ge)
+
+/* Mod: the fmod attribute picks C's or Python's sign convention. */
+static const ew_fn *mod_tbl(const struct op_call *c) {
+    return node_attr_int(c->node, "fmod", 0) ? tbl_fmod : tbl_modpy;
+}
+static int infer_mod(struct op_call *c) {
+    if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);
+    return infer_nary(c, mod_tbl(c), 0);
+}
+static int run_mod(struct op_call *c) { return run_binary_tbl(c, mod_tbl(c)); }
+
+/* BitShift: direction "LEFT" or "RIGHT", unsigned integers only. */
+static const ew_fn *shift_tbl(struct op_call *c) {
+    const char *d = node_attr_str(c->node, "direction", "");
+    if (strcmp(d, "LEFT") == 0) return tbl_shl;
+    if (strcmp(d, "RIGHT") == 0) return tbl_shr;
+    op_error(c, "attribute 'direction' must be \"LEFT\" or \"RIGHT\", got \"%s\"", d);
+    return NULL;
+}
+static int infer_shift(struct op_call *c) {
+    const ew_fn *t = shift_tbl(c);
+    if (!t) return STATUS_INVALID;
+    if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);
+    return infer_nary(c, t, 0);
+}
+static int run_shift(struct op_call *c) {
+    const ew_fn *t = shift_tbl(c);
+    return t ? run_binary_tbl(c, t) : STATUS_INVALID;
+}
+
+/* ------------------------------------------------------------------------
+ * Pow: base and exponent may have different dtypes (opset 12+); the output
+ * has the base's. Same float types take the typed kernel; the other
+ * combinations compute in double, element by element.
+ * ------------------------------------------------------------------------ */
+
+static double load_d(const void *p, enum dtype dt) {
+    switch (dt) {
+    case DT_FP32: return *(const float *)p;
+    case DT_FP64: return *(const double *)p;
+    case DT_FP16: return fp16_to_fp32(*(const uint16_t *)p);
+    case DT_BF16: return bf16_to_fp32(*(const uint16_t *)p);
+    case DT_INT8: return *(const int8_t *)p;
+    case DT_INT16: return *(const int16_t *)p;
+    case DT_INT32: return *(const int32_t *)p;
+    case DT_INT64: return (double)*(const int64_t *)p;
+    case DT_UINT8: case DT_BOOL: return *(const uint8_t *)p;
+    case DT_UINT16: return *(const uint16_t *)p;
+    case DT_UINT32: return *(const uint32_t *)p;
+    case DT_UINT64: return (double)*(const uint64_t *)p;
+    default: return 0;
+    }
+}
+
+static int64_t sat_i64(double v, int64_t lo, int64_t hi) {
+    if (v != v) return 0;
+    if (v <= (double)lo) return lo;
+    if (v >= (double)hi) return hi;
+    return (int64_t)v;
+}
+
+static void store_d(void *p, enum dtype dt, double v) {
+    switch (dt) {
+    case DT_FP32: *(float *)p = (float)v; break;
+    case DT_FP64: *(double *)p = v; break;
+    case DT_FP16: *(uint16_t *)p = fp32_to_fp16((float)v); break;
+    case DT_BF16: *(uint16_t *)p = fp32_to_bf16((float)v); break;
+    case DT_INT8: *(int8_t *)p = (int8_t)sat_i64(v, INT8_MIN, INT8_MAX); break;
+    case DT_INT16: *(int16_t *)p = (int16_t)sat_i64(v, INT16_MIN, INT16_MAX); break;
+    case DT_INT32: *(int32_t *)p = (int32_t)sat_i64(v, INT32_MIN, INT32_MAX); break;
+    case DT_INT64: *(int64_t *)p = sat_i64(v, INT64_MIN, INT64_MAX); break;
+    case DT_UINT8: *(uint8_t *)p = (uint8_t)sat_i64(v, 0, UINT8_MAX); break;
+    case DT_UINT16: *(uint16_t *)p = (uint16_t)sat_i64(v, 0, UINT16_MAX); break;
+    case DT_UINT32: *(uint32_t *)p = (uint32_t)sat_i64(v, 0, UINT32_MAX); break;
+    case DT_UINT64: *(uint64_t *)p = v <= 0 || v != v ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v; break;
+    case DT_BOOL: *(uint8_t *)p = v != 0; break;
+    default: break;
+    }
+}
+
+static void k_pow_mixed(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {
+    size_t ea = dtype_size(a->in_dt[0]), eb = dtype_size(a->in_dt[1]), eo = dtype_size(a->out_dt);
+    for (int64_t i = 0; i < n; i++) {
+        double x = load_d((const char *)in[0] + (size_t)(i * s[0]) * ea, a->in_dt[0]);
+        double y = load_d((const char *)in[1] + (size_t)(i * s[1]) * eb, a->in_dt[1]);
+        store_d((char *)out + (size_t)i * eo, a->out_dt, pow(x, y));
+    }
+}
+
+static int infer_pow(struct op_call *c) {
+    int rc;
+    if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);
+    if ((rc = need_in(c, 0, "X")) || (rc = need_in(c, 1, "Y")) || (rc = need_out(c))) return rc;
+    if (!ew_is_number(c->in[0]->dtype)) return unsupported_dtype(c, c->in[0]->dtype);
+    if (!ew_is_number(c->in[1]->dtype)) return unsupported_dtype(c, c->in[1]->dtype);
+    if ((rc = op_broadcast_shape(c, c->in[0], c->in[1], c->out[0]))) return rc;
+    c->out[0]->dtype = c->in[0]->dtype;
+    return 0;
+}
+
+static int run_pow(struct op_call *c) {
+    struct ew_args a = {0};
+    const struct tensor *in[2] = {c->in[0], c->in[1]};
+    ew_fn fn = NULL;
+    if (in[0]->dtype == in[1]->dtype) fn = ew_pick(tbl_pow, in[0]->dtype, &a);
+    if (!fn) fn = k_pow_mixed;
+    ew_drive(c, fn, &a, in, 2, c->out[0]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Variadic: Sum Mean Min Max (numpy broadcasting across all inputs)
+ * ------------------------------------------------------------------------ */
+
+UN_KERNEL(k_scale_f32, float, float, x * A)
+UN_KERNEL(k_scale_f64, double, double, x * A)
+static const ew_fn tbl_scale[DT_MAX_] = {[DT_FP32] = k_scale_f32, [DT_FP64] = k_scale_f64};
+
+static int run_variadic(struct op_call *c, const ew_fn *tbl, int mean) {
+    struct tensor *o = c->out[0];
+    struct ew_args a = {0};
+    ew_fn fn = ew_pick(tbl, o->dtype, &a);
+    if (!fn) return unsupported_dtype(c, o->dtype);
+    if (c->nin == 1 || !tensor_same_shape(c->in[0], o)) {
+        ew_fn cp = copy_kernel(dtype_size(o->dtype));
+        struct ew_args ca = {0};
+        const struct tensor *in[1] = {c->in[0]};
+        ew_drive(c, cp, &ca, in, 1, o);
+        for (int i = 1; i < c->nin; i++) {
+            const struct tensor *bin[2] = {o, c->in[i]};
+            ew_drive(c, fn, &a, bin, 2, o);
+        }
+    } else {
+        const struct tensor *bin[2] = {c->in[0], c->in[1]};
+        ew_drive(c, fn, &a, bin, 2, o);
+        for (int i = 2; i < c->nin; i++) {
+            const struct tensor *bin2[2] = {o, c->in[i]};
+            ew_drive(c, fn, &a, bin2, 2, o);
+        }
+    }
+    if (mean && c->nin > 1) {
+        struct ew_args sa = {.alpha = 1.0f / (float)c->nin};
+        ew_fn sf = ew_pick(tbl_scale, o->dtype, &sa);
+        if (!sf) return unsupported_dtype(c, o->dtype);
+        const struct tensor *in[1] = {o};
+        if (o->dtype == DT_FP64) {
+            /* full double precision for the divisor */
+            double *d = o->data, inv = 1.0 / c->nin;
+            int64_t n = tensor_numel(o);
+            for (int64_t i = 0; i < n; i++) d[i] *= inv;
+        } else {
+            ew_drive(c, sf, &sa, in, 1, o);
+        }
+    }
+    return 0;
+}
+
+#define VARIADIC_OP(NAME, TBL, MEAN)                                                         \
+    static int infer_##NAME(struct op_call *c) {                                             \
+        if (c->nin < 1) return op_error(c, "expects at least one input");                    \
+        if (MEAN && !ew_is_float(c->in[0] ? c->in[0]->dtype : DT_UNDEFINED))                 \
+            return unsupported_dtype(c, c->in[0] ? c->in[0]->dtype : DT_UNDEFINED);          \
+        return infer_nary(c, TBL, 0);                                                        \
+    }                                                                                        \
+    static int run_##NAME(struct op_call *c) { return run_variadic(c, TBL, MEAN); }
+VARIADIC_OP(sum, tbl_add, 0)
+VARIADIC_OP(mean, tbl_add, 1)
+VARIADIC_OP(min, tbl_min, 0)
+VARIADIC_OP(max, tbl_max, 0)
+
+/* ------------------------------------------------------------------------
+ * Unary operators with their attributes
+ * ------------------------------------------------------------------------ */
+
+static int infer_unary_tbl(struct op_call *c, const ew_fn *tbl, enum dtype out_dt) {
+    int rc = need_in(c, 0, "X");
+    if (rc || (rc = need_out(c))) return rc;
+    if (!ew_pick(tbl, c->in[0]->dtype, NULL)) return unsupported_dtype(c, c->in[0]->dtype);
+    copy_shape(c->out[0], c->in[0], out_dt ? out_dt : c->in[0]->dtype);
+    return 0;
+}
+
+static int run_unary_tbl(struct op_call *c, const ew_fn *tbl, struct ew_args *a) {
+    ew_fn fn = ew_pick(tbl, c->in[0]->dtype, a);
+    if (!fn) return unsupported_dtype(c, c->in[0]->dtype);
+    const struct tensor *in[1] = {c->in[0]};
+    ew_drive(c, fn, a, in, 1, c->out[0]);
+    return 0;
+}
+
+/* SETUP fills struct ew_args a from the node's attributes. */
+#define UNARY_OP(NAME, TBL, OUT_DT, SETUP)                                                     \
+    static int infer_##NAME(struct op_call *c) { return infer_unary_tbl(c, TBL, OUT_DT); }    \
+    static int run_##NAME(struct op_call *c) {                                               \
+        struct ew_args a = {0};                                                              \
+        SETUP;                                                                               \
+        return run_unary_tbl(c, TBL, &a);                                                    \
+    }
+#define NOSETUP (void)0
+#define ATTR_F(field, name, def) a.field = node_attr_float(c->node, name, def)
+
+UNARY_OP(neg, tbl_neg, 0, NOSETUP)
+UNARY_OP(abs, tbl_abs, 0, NOSETUP)
+UNARY_OP(relu, tbl_relu, 0, NOSETUP)
+UNARY_OP(sign, tbl_sign, 0, NOSETUP)
+UNARY_OP(sqrt, tbl_sqrt, 0, NOSETUP)
+UNARY_OP(exp, tbl_exp, 0, NOSETUP)
+UNARY_OP(log, tbl_log, 0, NOSETUP)
+UNARY_OP(erf, tbl_erf, 0, NOSETUP)
+UNARY_OP(sigmoid, tbl_sigmoid, 0, NOSETUP)
+UNARY_OP(tanh, tbl_tanh, 0, NOSETUP)
+UNARY_OP(leaky, tbl_leaky, 0, ATTR_F(alpha, "alpha", 0.01f))
+UNARY_OP(hsig, tbl_hsig, 0, ATTR_F(alpha, "alpha", 0.2f); ATTR_F(beta, "beta", 0.5f))
+UNARY_OP(hswish, tbl_hswish, 0, NOSETUP)
+UNARY_OP(softplus, tbl_softplus, 0, NOSETUP)
+UNARY_OP(softsign, tbl_softsign, 0, NOSETUP)
+UNARY_OP(elu, tbl_elu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(selu, tbl_selu, 0,
+         ATTR_F(alpha, "alpha", 1.67326319217681884765625f);
+         ATTR_F(gamma, "gamma", 1.05070102214813232421875f))
+UNARY_OP(celu, tbl_celu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(mish, tbl_mish, 0, NOSETUP)
+UNARY_OP(threlu, tbl_threlu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(floor, tbl_floor, 0, NOSETUP)
+UNARY_OP(ceil, tbl_ceil, 0, NOSETUP)
+UNARY_OP(round, tbl_round, 0, NOSETUP)
+UNARY_OP(recip, tbl_recip, 0, NOSETUP)
+UNARY_OP(sin, tbl_sin, 0, NOSETUP)
+UNARY_OP(cos, tbl_cos, 0, NOSETUP)
+UNARY_OP(tan, tbl_tan, 0, NOSETUP)
+UNARY_OP(asin, tbl_asin, 0, NOSETUP)
+UNARY_OP(acos, tbl_acos, 0, NOSETUP)
+UNARY_OP(atan, tbl_atan, 0, NOSETUP)
+UNARY_OP(sinh, tbl_sinh, 0, NOSETUP)
+UNARY_OP(cosh, tbl_cosh, 0, NOSETUP)
+UNARY_OP(asinh, tbl_asinh, 0, NOSETUP)
+UNARY_OP(acosh, tbl_acosh, 0, NOSETUP)
+UNARY_OP(atanh, tbl_atanh, 0, NOSETUP)
+UNARY_OP(shrink, tbl_shrink, 0, ATTR_F(alpha, "lambd", 0.5f); ATTR_F(beta, "bias", 0.0f))
+UNARY_OP(swish, tbl_swish, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(bnot, tbl_bnot, 0, NOSETUP)
+UNARY_OP(not, tbl_not, 0, NOSETUP)
+UNARY_OP(isnan, tbl_isnan, DT_BOOL, NOSETUP)
+UNARY_OP(isinf, tbl_isinf, DT_BOOL,
+         a.alpha = (float)node_attr_int(c->node, "detect_positive", 1);
+         a.beta = (float)node_attr_int(c->node, "detect_negative", 1))
+
+/* Gelu (opset 20): approximate = "none" (erf) or "tanh". */
+static const ew_fn *gelu_tbl(struct op_call *c) {
+    const char *ap = node_attr_str(c->node, "approximate", "none");
+    if (strcmp(ap, "none") == 0) return tbl_gelu;
+    if (strcmp(ap, "tanh") == 0) return tbl_gelu_tanh;
+    op_error(c, "attribute 'approximate' must be \"none\" or \"tanh\", got \"%s\"", ap);
+    return NULL;
+}
+static int infer_gelu(struct op_call *c) {
+    const ew_fn *t = gelu_tbl(c);
+    return t ? infer_unary_tbl(c, t, 0) : STATUS_INVALID;
+}
+static int run_gelu(struct op_call *c) {
+    struct ew_args a = {0};
+    const ew_fn *t = gelu_tbl(c);
+    return t ? run_unary_tbl(c, t, &a) : STATUS_INVALID;
+}
+
+/* ------------------------------------------------------------------------
+ * Clip: bounds are attributes before opset 11 and optional scalar inputs
+ * since; an absent bound is the dtype's range.
+ * ------------------------------------------------------------------------ */
+
+#define DEF_CLIP(OP, suf, T)                                                                              \
+    static void k_clip_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,              \
+                             const struct ew_args *a) {                                                  \
+        const T *restrict p = in[0];                                                                     \
+        T *restrict o = out, lo, hi;                                                                     \
+        (void)s;                                                                                         \
+        memcpy(&lo, a->lo, sizeof(T));                                                                   \
+        memcpy(&hi, a->hi, sizeof(T));                                                                   \
+        for (int64_t i = 0; i < n; i++) {                                                                \
+            T v = p[i] < lo ? lo : p[i];                                                                 \
+            o[i] = v > hi ? hi : v;                                                                      \
+        }                                                                                                \
+    }
+LIST_FLT(DEF_CLIP, _) LIST_INT(DEF_CLIP, _)
+#define ENT_CLIP(OP, suf, T) [DTOF_##suf] = k_clip_##suf,
+static const ew_fn tbl_clip[DT_MAX_] = {LIST_FLT(ENT_CLIP, _) LIST_INT(ENT_CLIP, _)};
+
+static int infer_clip(struct op_call *c) {
+    int rc;
+    if ((rc = infer_unary_tbl(c, tbl_clip, 0))) return rc;
+    for (int i = 1; i < 3; i++) {
+        const struct tensor *t = in_opt(c, i);
+        if (!t) continue;
+        if (t->dtype != c->in[0]->dtype)
+            return op_error(c, "input %d (%s) has dtype %s but input has %s", i, i == 1 ? "min" : "max",
+                            dtype_name(t->dtype), dtype_name(c->in[0]->dtype));
+        if (tensor_numel(t) != 1)
+            return op_error(c, "input %d (%s) must be a scalar", i, i == 1 ? "min" : "max");
+    }
+    return 0;
+}
+
+/* Stores the bound (input i, or the attribute/default value def) into dst
+ * as the run dtype (float for the half types, which run as float). */
+static void clip_bound(const struct op_call *c, int i, double def, enum dtype dt, unsigned char *dst) {
+    const struct tensor *t = in_opt(c, i);
+    double v = def;
+    enum dtype run_dt = ew_is_half(dt) ? DT_FP32 : dt;
+    if (t && t->data && tensor_numel(t) == 1) {
+        if (t->dtype == run_dt) {
+            memcpy(dst, t->data, dtype_size(run_dt));
+            return;
+        }
+        v = load_d(t->data, t->dtype);
+    } else if (ew_is_int(dt)) {
+        /* absent bound: the whole range of the integer type */
+        switch (dt) {
+        case DT_INT8: v = def < 0 ? INT8_MIN : INT8_MAX; break;
+        case DT_INT16: v = def < 0 ? INT16_MIN : INT16_MAX; break;
+        case DT_INT32: v = def < 0 ? INT32_MIN : INT32_MAX; break;
+        case DT_UINT8: v = def < 0 ? 0 : UINT8_MAX; break;
+        case DT_UINT16: v = def < 0 ? 0 : UINT16_MAX; break;
+        case DT_UINT32: v = def < 0 ? 0 : UINT32_MAX; break;
+        case DT_INT64: {
+            int64_t x = def < 0 ? INT64_MIN : INT64_MAX;
+            memcpy(dst, &x, 8);
+            return;
+        }
+        case DT_UINT64: {
+            uint64_t x = def < 0 ? 0 : UINT64_MAX;
+            memcpy(dst, &x, 8);
+            return;
+        }
+        default: break;
+        }
+    }
+    store_d(dst, run_dt, v);
+}
+
+static int run_clip(struct op_call *c) {
+    struct ew_args a = {0};
+    enum dtype dt = c->in[0]->dtype;
+    if (c->node->opset < 11) {
+        clip_bound(c, 99, node_attr_float(c->node, "min", -FLT_MAX), dt, a.lo);
+        clip_bound(c, 99, node_attr_float(c->node, "max", FLT_MAX), dt, a.hi);
+    } else {
+        clip_bound(c, 1, -INFINITY, dt, a.lo);
+        clip_bound(c, 2, INFINITY, dt, a.hi);
+    }
+    return run_unary_tbl(c, tbl_clip, &a);
+}
+
+/* ------------------------------------------------------------------------
+ * Where (bool condition, broadcast over three inputs)
+ * ------------------------------------------------------------------------ */
+
+#define DEF_WHERE(suf, T)                                                                                 \
+    static void k_where_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,             \
+                              const struct ew_args *a) {                                                 \
+        const uint8_t *cond = in[0];                                                                     \
+        const T *x = in[1], *y = in[2];                                                                  \
+        T *o = out;                                                                                      \
+        (void)a;                                                                                         \
+        for (int64_t i = 0; i < n; i++) o[i] = cond[i * s[0]] ? x[i * s[1]] : y[i * s[2]];              \
+    }
+DEF_WHERE(1, uint8_t)
+DEF_WHERE(2, uint16_t)
+DEF_WHERE(4, uint32_t)
+DEF_WHERE(8, uint64_t)
+
+static int infer_where(struct op_call *c) {
+    int rc;
+    if (c->nin != 3) return op_error(c, "expects 3 inputs, got %d", c->nin);
+    if ((rc = need_in(c, 0, "condition")) || (rc = need_in(c, 1, "X")) || (rc = need_in(c, 2, "Y")) ||
+        (rc = need_out(c)))
+        return rc;
+    if (c->in[0]->dtype != DT_BOOL) return op_error(c, "condition must be bool, got %s", dtype_name(c->in[0]->dtype));
+    enum dtype dt = c->in[1]->dtype;
+    if (c->in[2]->dtype != dt)
+        return op_error(c, "X has dtype %s but Y has %s; they must match", dtype_name(dt),
+                        dtype_name(c->in[2]->dtype));
+    size_t es = dtype_size(dt);
+    if (dt == DT_STRING || (es != 1 && es != 2 && es != 4 && es != 8)) return unsupported_dtype(c, dt);
+    struct tensor t = {0};
+    if ((rc = op_broadcast_shape(c, c->in[0], c->in[1], &t))) return rc;
+    if ((rc = op_broadcast_shape(c, &t, c->in[2], c->out[0]))) return rc;
+    c->out[0]->dtype = dt;
+    return 0;
+}
+
+static int run_where(struct op_call *c) {
+    ew_fn fn;
+    switch (dtype_size(c->in[1]->dtype)) {
+    case 1: fn = k_where_1; break;
+    case 2: fn = k_where_2; break;
+    case 4: fn = k_where_4; break;
+    case 8: fn = k_where_8; break;
+    default: return unsupported_dtype(c, c->in[1]->dtype);
+    }
+    struct ew_args a = {0};
+    const struct tensor *in[3] = {c->in[0], c->in[1], c->in[2]};
+    ew_drive(c, fn, &a, in, 3, c->out[0]);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Cast and CastLike: every pair of numeric dtypes, bool and the half types.
+ * Float to integer conversions saturate (NaN gives 0) instead of invoking
+ * C's undefined behaviour on out-of-range values.
+ * ------------------------------------------------------------------------ */
+
+typedef void (*cast_fn)(const void *src, void *dst, int64_t n);
+
+#define DEF_TOINT(D, T, LO, HI)                                                                          \
+    static inline T fto_##D(double v) {                                                                  \
+        return v != v ? (T)0 : v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v;          \
+    }                                                                                                    \
+    static inline T ito_##D(int64_t v) { return (T)v; }                                                  \
+    static inline T uto_##D(uint64_t v) { return (T)v; }
+DEF_TOINT(i8, int8_t, INT8_MIN, INT8_MAX)
+DEF_TOINT(i16, int16_t, INT16_MIN, INT16_MAX)
+DEF_TOINT(i32, int32_t, INT32_MIN, INT32_MAX)
+DEF_TOINT(i64, int64_t, INT64_MIN, INT64_MAX)
+DEF_TOINT(u8, uint8_t, 0, UINT8_MAX)
+DEF_TOINT(u16, uint16_t, 0, UINT16_MAX)
+DEF_TOINT(u32, uint32_t, 0, UINT32_MAX)
+DEF_TOINT(u64, uint64_t, 0, UINT64_MAX)
+
+#define TO_INT(D, v) _Generic((v), float: fto_##D, double: fto_##D, uint64_t: uto_##D, default: ito_##D)(v)
+#define TO_f32(v) ((float)(v))
+#define TO_f64(v) ((double)(v))
+#define TO_f16(v) fp32_to_fp16((float)(v))
+#define TO_bf16(v) fp32_to_bf16((float)(v))
+#define TO_b(v) ((uint8_t)((v) != 0))
+#define TO_i8(v) TO_INT(i8, v)
+#define TO_i16(v) TO_INT(i16, v)
+#define TO_i32(v) TO_INT(i32, v)
+#define TO_i64(v) TO_INT(i64, v)
+#define TO_u8(v) TO_INT(u8, v)
+#define TO_u16(v) TO_INT(u16, v)
+#define TO_u32(v) TO_INT(u32, v)
+#define TO_u64(v) TO_INT(u64, v)
+#define LD_f32(v) (v)
+#define LD_f64(v) (v)
+#define LD_f16(v) fp16_to_fp32(v)
+#define LD_bf16(v) bf16_to_fp32(v)
+#define LD_b(v) ((v) != 0)
+#define LD_i8(v) (v)
+#define LD_i16(v) (v)
+#define LD_i32(v) (v)
+#define LD_i64(v) (v)
+#define LD_u8(v) (v)
+#define LD_u16(v) (v)
+#define LD_u32(v) (v)
+#define LD_u64(v) (v)
+
+#define CAST_SRC_LIST(X)                                                                                 \
+    X(f32, float) X(f64, double) X(f16, uint16_t) X(bf16, uint16_t) X(i8, int8_t) X(i16, int16_t)        \
+    X(i32, int32_t) X(i64, int64_t) X(u8, uint8_t) X(u16, uint16_t) X(u32, uint32_t) X(u64, uint64_t)    \
+    X(b, uint8_t)
+#define CAST_DST_LIST(X, S, ST)                                                                          \
+    X(S, ST, f32, float) X(S, ST, f64, double) X(S, ST, f16, uint16_t) X(S, ST, bf16, uint16_t)          \
+    X(S, ST, i8, int8_t) X(S, ST, i16, int16_t) X(S, ST, i32, int32_t) X(S, ST, i64, int64_t)            \
+    X(S, ST, u8, uint8_t) X(S, ST, u16, uint16_t) X(S, ST, u32, uint32_t) X(S, ST, u64, uint64_t)        \
+    X(S, ST, b, uint8_t)
+
+#define CAST_ONE(S, ST, D, DT)                                                                           \
+    static void cast_##S##_##D(const void *src, void *dst, int64_t n) {                                  \
+        const ST *restrict s = src;                                                                      \
+        DT *restrict d = dst;                                                                            \
+        for (int64_t i = 0; i < n; i++) d[i] = TO_##D(LD_##S(s[i]));                                     \
+    }
+#define CAST_FROM(S, ST) CAST_DST_LIST(CAST_ONE, S, ST)
+CAST_SRC_LIST(CAST_FROM)
+
+#define CASE_DST(S, ST, D, DT) case DTOF_##D: return cast_##S##_##D;
+#define CASE_SRC(S, ST)                                                                                  \
+    case DTOF_##S:                                                                                       \
+        switch (d) {                                                                                     \
+            CAST_DST_LIST(CASE_DST, S, ST)                                                               \
+        default: return NULL;                                                                            \
+        }
+
+static cast_fn cast_pick(enum dtype s, enum dtype d) {
+    switch (s) {
+        CAST_SRC_LIST(CASE_SRC)
+    default: return NULL;
+    }
+}
+
+static int cast_check(struct op_call *c, enum dtype from, enum dtype to) {
+    if (from == DT_STRING || to == DT_STRING) {
+        op_error(c, "Cast between string and %s is not supported", dtype_name(from == DT_STRING ? to : from));
+        return STATUS_UNSUPPORTED;
+    }
+    if (from == to) return 0;
+    if (!cast_pick(from, to)) {
+        op_error(c, "Cast from %s to %s is not supported", dtype_name(from), dtype_name(to));
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
+static int cast_infer_to(struct op_call *c, enum dtype to) {
+    int rc = need_in(c, 0, "input");
+    if (rc || (rc = need_out(c))) return rc;
+    if ((rc = cast_check(c, c->in[0]->dtype, to))) return rc;
+    copy_shape(c->out[0], c->in[0], to);
+    return 0;
+}
+
+static int cast_run_to(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    int64_t n = tensor_numel(x);
+    if (n <= 0) return 0;
+    if (x->dtype == o->dtype) {
+        if (o->data != x->data) memcpy(o->data, x->data, (size_t)n * dtype_size(x->dtype));
+        return 0;
+    }
+    cast_fn fn = cast_pick(x->dtype, o->dtype);
+    if (!fn) return cast_check(c, x->dtype, o->dtype);
+    size_t es = dtype_size(x->dtype), eo = dtype_size(o->dtype);
+    if (n < EW_PAR_MIN || c->nthreads <= 1) {
+        fn(x->data, o->data, n);
+        return 0;
+    }
+    int64_t pieces = (n + EW_PIECE - 1) / EW_PIECE;
+#pragma omp parallel for num_threads(c->nthreads) schedule(static)
+    for (int64_t p = 0; p < pieces; p++) {
+        int64_t i0 = p * EW_PIECE, m = n - i0 < EW_PIECE ? n - i0 : EW_PIECE;
+        fn((const char *)x->data + (size_t)i0 * es, (char *)o->data + (size_t)i0 * eo, m);
+    }
+    return 0;
+}
+
+static int infer_cast(struct op_call *c) {
+    const struct graph_attr *to = node_attr(c->node, "to");
+    if (!to || to->type != ATTR_INT) return op_error(c, "attribute 'to' (an int dtype) is required");
+    if (to->i <= DT_UNDEFINED || to->i >= DT_MAX_ || dtype_size((enum dtype)to->i) == 0) {
+        op_error(c, "attribute 'to' = %lld is not a dtype kiln supports", (long long)to->i);
+        return STATUS_UNSUPPORTED;
+    }
+    return cast_infer_to(c, (enum dtype)to->i);
+}
+
+static int infer_castlike(struct op_call *c) {
+    int rc = need_in(c, 1, "target_type");
+    if (rc) return rc;
+    return cast_infer_to(c, c->in[1]->dtype);
+}
+
+/* ------------------------------------------------------------------------
+ * Softmax, LogSoftmax, Hardmax.
+ * Before opset 13 the input is coerced to 2-D at axis (default 1) and the
+ * operation runs over the flattened second dimension; since 13 it runs over
+ * the single axis (default -1).
+ * ------------------------------------------------------------------------ */
+
+enum smax_mode { SMAX_SOFT, SMAX_LOG, SMAX_HARD };
+
+#define DEF_SOFTMAX(suf, T)                                                                              \
+    static void smax_row_##suf(const T *x, T *y, int64_t len, int64_t st, enum smax_mode mode) {         \
+        T m = x[0];                                                                                      \
+        int64_t am = 0;                                                                                  \
+        for (int64_t j = 1; j < len; j++)                                                                \
+            if (x[j * st] > m) {                                                                         \
+                m = x[j * st];                                                                           \
+                am = j;                                                                                  \
+            }                                                                                            \
+        if (mode == SMAX_HARD) {                                                                         \
+            for (int64_t j = 0; j < len; j++) y[j * st] = (T)(j == am);                                  \
+            return;                                                                                      \
+        }                                                                                                \
+        double sum = 0;                                                                                  \
+        if (mode == SMAX_SOFT) {                                                                         \
+            for (int64_t j = 0; j < len; j++) {                                                          \
+                T e = exp(x[j * st] - m);                                                                \
+                y[j * st] = e;                                                                           \
+                sum += e;                                                                                \
+            }                                                                                            \
+            T inv = (T)(1.0 / sum);                                                                      \
+            for (int64_t j = 0; j < len; j++) y[j * st] *= inv;                                          \
+        } else {                                                                                         \
+            for (int64_t j = 0; j < len; j++) sum += exp(x[j * st] - m);                                 \
+            T l = (T)log(sum) + m;                                                                       \
+            for (int64_t j = 0; j < len; j++) y[j * st] = x[j * st] - l;                                 \
+        }                                                                                                \
+    }                                                                                                    \
+    static void smax_##suf(const T *x, T *y, int64_t outer, int64_t len, int64_t inner,                 \
+                           enum smax_mode mode, int nt) {                                                \
+        int64_t rows = outer * inner;                                                                    \
+        if (rows * len < EW_PAR_MIN || nt <= 1 || rows < 2) {                                            \
+            for (int64_t r = 0; r < rows; r++) {                                                         \
+                int64_t o = r / inner, i = r % inner;                                                    \
+                smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);      \
+            }                                                                                            \
+            return;                                                                                      \
+        }                                                                                                \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
+        for (int64_t r = 0; r < rows; r++) {                                                             \
+            int64_t o = r / inner, i = r % inner;                                                        \
+            smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);          \
+        }                                                                                                \
+    }
+DEF_SOFTMAX(f32, float)
+DEF_SOFTMAX(f64, double)
+
+static int smax_geometry(struct op_call *c, const struct tensor *x, int64_t *outer, int64_t *len, int64_t *inner) {
+    int legacy = c->node->opset < 13;
+    int axis = op_axis(c, node_attr_int(c->node, "axis", legacy ? 1 : -1), x->ndim);
+    if (axis < 0) return STATUS_INVALID;
+    *outer = 1;
+    *len = 1;
+    *inner = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < axis) *outer *= x->dims[i];
+        else if (i == axis || legacy) *len *= x->dims[i];
+        else *inner *= x->dims[i];
+    }
+    return 0;
+}
+
+static int infer_smax(struct op_call *c) {
+    int rc = need_in(c, 0, "input");
+    if (rc || (rc = need_out(c))) return rc;
+    enum dtype dt = c->in[0]->dtype;
+    if (dt != DT_FP32 && dt != DT_FP64) return unsupported_dtype(c, dt);
+    int64_t o, l, i;
+    if ((rc = smax_geometry(c, c->in[0], &o, &l, &i))) return rc;
+    copy_shape(c->out[0], c->in[0], dt);
+    return 0;
+}
+
+static int run_smax(struct op_call *c, enum smax_mode mode) {
+    int64_t outer, len, inner;
+    int rc = smax_geometry(c, c->in[0], &outer, &len, &inner);
+    if (rc) return rc;
+    if (outer * len * inner <= 0) return 0;
+    if (c->in[0]->dtype == DT_FP32)
+        smax_f32(c->in[0]->data, c->out[0]->data, outer, len, inner, mode, c->nthreads);
+    else if (c->in[0]->dtype == DT_FP64)
+        smax_f64(c->in[0]->data, c->out[0]->data, outer, len, inner, mode, c->nthreads);
+    else
+        return unsupported_dtype(c, c->in[0]->dtype);
+    return 0;
+}
+static int run_softmax(struct op_call *c) { return run_smax(c, SMAX_SOFT); }
+static int run_logsoftmax(struct op_call *c) { return run_smax(c, SMAX_LOG); }
+static int run_hardmax(struct op_call *c) { return run_smax(c, SMAX_HARD); }
+
+/* ------------------------------------------------------------------------
+ * LayerNormalization (opset 17) and RMSNormalization (opset 23): normalize
+ * over the trailing axes from `axis`; Scale and B are either full over
+ * those axes or a single value.
+ * ------------------------------------------------------------------------ */
+
+static int norm_infer(struct op_call *c, int rms) {
+    int rc;
+    if ((rc = need_in(c, 0, "X")) || (rc = need_in(c, 1, "Scale")) || (rc = need_out(c))) return rc;
+    const struct tensor *x = c->in[0];
+    enum dtype dt = x->dtype;
+    if (dt != DT_FP32 && dt != DT_FP64) return unsupported_dtype(c, dt);
+    int axis = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    if (axis < 0) return STATUS_INVALID;
+    int64_t n = 1;
+    for (int i = axis; i < x->ndim; i++) n *= x->dims[i];
+    for (int i = 1; i < (rms ? 2 : 3); i++) {
+        const struct tensor *t = in_opt(c, i);
+        if (!t) continue;
+        if (t->dtype != dt)
+            return op_error(c, "input %d has dtype %s but X has %s", i, dtype_name(t->dtype), dtype_name(dt));
+        int64_t m = tensor_numel(t);
+        if (m != n && m != 1)
+            return op_error(c, "input %d has %lld elements; it must have 1 or %lld (the normalized axes)", i,
+                            (long long)m, (long long)n);
+    }
+    copy_shape(c->out[0], x, dt);
+    for (int k = 1; k < 3 && !rms; k++) {
+        struct tensor *o = out_opt(c, k);
+        if (!o) continue;
+        copy_shape(o, x, dt == DT_FP64 ? DT_FP64 : DT_FP32);
+        for (int i = axis; i < x->ndim; i++) o->dims[i] = 1;
+    }
+    return 0;
+}
+
+#define DEF_NORM(suf, T)                                                                                 \
+    static void norm_row_##suf(const T *xr, const T *sc, int64_t nsc, const T *b, int64_t nb, T *yr,     \
+                               T *mean, T *inv, int64_t n, double eps, int rms) {                        \
+        double mu = 0, var = 0;                                                                          \
+        if (!rms) {                                                                                      \
+            for (int64_t j = 0; j < n; j++) mu += xr[j];                                                 \
+            mu /= (double)n;                                                                             \
+        }                                                                                                \
+        for (int64_t j = 0; j < n; j++) {                                                                \
+            double d = xr[j] - mu;                                                                       \
+            var += d * d;                                                                                \
+        }                                                                                                \
+        var /= (double)n;                                                                                \
+        double is = 1.0 / sqrt(var + eps);                                                               \
+        T m = (T)mu, s = (T)is;                                                                          \
+        for (int64_t j = 0; j < n; j++) {                                                                \
+            T v = (xr[j] - m) * s * sc[nsc == 1 ? 0 : j];                                                \
+            yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;                                                      \
+        }                                                                                                \
+        if (mean) *mean = m;                                                                             \
+        if (inv) *inv = s;                                                                               \
+    }                                                                                                    \
+    static void norm_##suf(const T *x, const T *sc, int64_t nsc, const T *b, int64_t nb, T *y, T *mean,  \
+                           T *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {              \
+        if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {                                           \
+            for (int64_t r = 0; r < outer; r++)                                                          \
+                norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,            \
+                               inv ? inv + r : NULL, n, eps, rms);                                       \
+            return;                                                                                      \
+        }                                                                                                \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
+        for (int64_t r = 0; r < outer; r++)                                                              \
+            norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                \
+                           inv ? inv + r : NULL, n, eps, rms);                                           \
+    }
+DEF_NORM(f32, float)
+DEF_NORM(f64, double)
+
+static int norm_run(struct op_call *c, int rms) {
+    const struct tensor *x = c->in[0], *sc = c->in[1], *b = rms ? NULL : in_opt(c, 2);
+    int axis = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    if (axis < 0) return STATUS_INVALID;
+    int64_t outer = 1, n = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < axis) outer *= x->dims[i];
+        else n *= x->dims[i];
+    }
+    if (outer * n <= 0) return 0;
+    double eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    struct tensor *om = rms ? NULL : out_opt(c, 1), *oi = rms ? NULL : out_opt(c, 2);
+    int64_t nsc = tensor_numel(sc), nb = b ? tensor_numel(b) : 0;
+    if (x->dtype == DT_FP32) {
+        if ((om && om->dtype != DT_FP32) || (oi && oi->dtype != DT_FP32))
+            return op_error(c, "Mean and InvStdDev outputs must be float for float X");
+        norm_f32(x->data, sc->data, nsc, b ? b->data : NULL, nb, c->out[0]->data, om ? om->data : NULL,
+                 oi ? oi->data : NULL, outer, n, eps, rms, c->nthreads);
+    } else if (x->dtype == DT_FP64) {
+        if ((om && om->dtype != DT_FP64) || (oi && oi->dtype != DT_FP64))
+            return op_error(c, "Mean and InvStdDev outputs must be double for double X");
+        norm_f64(x->data, sc->data, nsc, b ? b->data : NULL, nb, c->out[0]->data, om ? om->data : NULL,
+                 oi ? oi->data : NULL, outer, n, eps, rms, c->nthreads);
+    } else {
+        return unsupported_dtype(c, x->dtype);
+    }
+    return 0;
+}
+static int infer_layernorm(struct op_call *c) { return norm_infer(c, 0); }
+static int run_layernorm(struct op_call *c) { return norm_run(c, 0); }
+static int infer_rmsnorm(struct op_call *c) { return norm_infer(c, 1); }
+static int run_rmsnorm(struct op_call *c) { return norm_run(c, 1); }
+
+/* ------------------------------------------------------------------------
+ * The table
+ * ------------------------------------------------------------------------ */
+
+#define OPDEF(NAME, FN, FLAGS) {NAME, "", infer_##FN, NULL, run_##FN, NULL, FLAGS}
+
 const struct op_def op_defs_elementwise[] = {
+    OPDEF("Add", add, OP_FUSE_ACT),
+    OPDEF("Sub", sub, OP_FUSE_ACT),
+    OPDEF("Mul", mul, OP_FUSE_ACT),
+    OPDEF("Div", div, OP_FUSE_ACT),
+    OPDEF("Pow", pow, 0),
+    OPDEF("Mod", mod, 0),
+    OPDEF("PRelu", prelu, 0),
+    OPDEF("BitwiseAnd", band, 0),
+    OPDEF("BitwiseOr", bor, 0),
+    OPDEF("BitwiseXor", bxor, 0),
+    OPDEF("BitwiseNot", bnot, 0),
+    OPDEF("BitShift", shift, 0),
+    OPDEF("And", and, 0),
+    OPDEF("Or", or, 0),
+    OPDEF("Xor", xor, 0),
+    OPDEF("Not", not, 0),
+    OPDEF("Equal", eq, 0),
+    OPDEF("Less", lt, 0),
+    OPDEF("Greater", gt, 0),
+    OPDEF("LessOrEqual", le, 0),
+    OPDEF("GreaterOrEqual", ge, 0),
+    OPDEF("Sum", sum, 0),
+    OPDEF("Mean", mean, 0),
+    OPDEF("Min", min, 0),
+    OPDEF("Max", max, 0),
+    OPDEF("Neg", neg, 0),
+    OPDEF("Abs", abs, 0),
+    OPDEF("Relu", relu, 0),
+    OPDEF("Sign", sign, 0),
+    OPDEF("Sqrt", sqrt, 0),
+    OPDEF("Exp", exp, 0),
+    OPDEF("Log", log, 0),
+    OPDEF("Erf", erf, 0),
+    OPDEF("Sigmoid", sigmoid, 0),
+    OPDEF("Tanh", tanh, 0),
+    OPDEF("LeakyRelu", leaky, 0),
+    OPDEF("HardSigmoid", hsig, 0),
+    OPDEF("HardSwish", hswish, 0),
+    OPDEF("Gelu", gelu, 0),
+    OPDEF("Softplus", softplus, 0),
+    OPDEF("Softsign", softsign, 0),
+    OPDEF("Elu", elu, 0),
+    OPDEF("Selu", selu, 0),
+    OPDEF("Celu", celu, 0),
+    OPDEF("Mish", mish, 0),
+    OPDEF("ThresholdedRelu", threlu, 0),
+    OPDEF("Shrink", shrink, 0),
+    OPDEF("Swish", swish, 0),
+    OPDEF("Floor", floor, 0),
+    OPDEF("Ceil", ceil, 0),
+    OPDEF("Round", round, 0),
+    OPDEF("Reciprocal", recip, 0),
+    OPDEF("Sin", sin, 0),
+    OPDEF("Cos", cos, 0),
+    OPDEF("Tan", tan, 0),
+    OPDEF("Asin", asin, 0),
+    OPDEF("Acos", acos, 0),
+    OPDEF("Atan", atan, 0),
+    OPDEF("Sinh", sinh, 0),
+    OPDEF("Cosh", cosh, 0),
+    OPDEF("Asinh", asinh, 0),
+    OPDEF("Acosh", acosh, 0),
+    OPDEF("Atanh", atanh, 0),
+    OPDEF("IsNaN", isnan, 0),
+    OPDEF("IsInf", isinf, 0),
+    OPDEF("Clip", clip, 0),
+    OPDEF("Where", where, 0),
+    {"Cast", "", infer_cast, NULL, cast_run_to, NULL, 0},
+    {"CastLike", "", infer_castlike, NULL, cast_run_to, NULL, 0},
+    {"Softmax", "", infer_smax, NULL, run_softmax, NULL, 0},
+    {"LogSoftmax", "", infer_smax, NULL, run_logsoftmax, NULL, 0},
+    {"Hardmax", "", infer_smax, NULL, run_hardmax, NULL, 0},
+    OPDEF("LayerNormalization", layernorm, 0),
+    OPDEF("RMSNormalization", rmsnorm, 0),
     {0},
 };

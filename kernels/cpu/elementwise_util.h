@@ -1,0 +1,109 @@
+/* elementwise_util.h - private helpers of the elementwise and reduce
+ * families: dtype classes and the broadcast walk shared by their kernels.
+ *
+ * The broadcast walk coalesces an output shape and its (numpy-broadcast)
+ * inputs into an outer loop of rows and one inner run along which each input
+ * advances by 1 element or stays put (stride 0). Same-shape operands become
+ * a single run, a scalar operand a run of stride 0, a bias row [C] against
+ * [N,C] a run of C repeated N times: the typed inner loops never see index
+ * arithmetic and stay vectorizable. */
+#ifndef KILN_ELEMENTWISE_UTIL_H
+#define KILN_ELEMENTWISE_UTIL_H
+
+#include <stdint.h>
+
+#include "common/tensor.h"
+
+#define EW_MAX_IN 3
+
+/* Element counts below this stay on the calling thread: for tiny tensors
+ * waking a thread team costs more than the work (latency matters). */
+#define EW_PAR_MIN 32768
+/* Inner runs longer than this are cut into pieces so that one huge row
+ * still spreads over the threads. */
+#define EW_PIECE 16384
+
+static inline int ew_is_float(enum dtype dt) {
+    return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16;
+}
+static inline int ew_is_half(enum dtype dt) { return dt == DT_FP16 || dt == DT_BF16; }
+static inline int ew_is_sint(enum dtype dt) {
+    return dt == DT_INT8 || dt == DT_INT16 || dt == DT_INT32 || dt == DT_INT64;
+}
+static inline int ew_is_uint(enum dtype dt) {
+    return dt == DT_UINT8 || dt == DT_UINT16 || dt == DT_UINT32 || dt == DT_UINT64;
+}
+static inline int ew_is_int(enum dtype dt) { return ew_is_sint(dt) || ew_is_uint(dt); }
+static inline int ew_is_number(enum dtype dt) { return ew_is_float(dt) || ew_is_int(dt); }
+
+struct ew_bcast {
+    int nin;
+    int nd;                                   /* outer dims after coalescing */
+    int64_t dims[TENSOR_MAX_DIMS];
+    int64_t str[EW_MAX_IN][TENSOR_MAX_DIMS];  /* element strides of each input over the outer dims */
+    int64_t inner;                            /* length of the inner run */
+    int64_t istr[EW_MAX_IN];                  /* 0 or 1 */
+    int64_t outer;                            /* number of rows */
+};
+
+/* Plans the walk of out (whose shape is the broadcast of the inputs' shapes,
+ * already checked) over nin inputs. */
+static inline void ew_bcast_init(struct ew_bcast *b, const struct tensor *out, const struct tensor *const *in,
+                                 int nin) {
+    int64_t cd[TENSOR_MAX_DIMS];
+    int full[EW_MAX_IN][TENSOR_MAX_DIMS];
+    int m = 0, nd = out->ndim;
+    for (int i = 0; i < nd; i++) {
+        int64_t d = out->dims[i];
+        if (d == 1) continue;
+        int f[EW_MAX_IN], merge = m > 0;
+        for (int k = 0; k < nin; k++) {
+            int ik = in[k]->ndim - nd + i;
+            f[k] = ik >= 0 && in[k]->dims[ik] == d;
+            if (merge && full[k][m - 1] != f[k]) merge = 0;
+        }
+        if (merge) {
+            cd[m - 1] *= d;
+        } else {
+            cd[m] = d;
+            for (int k = 0; k < nin; k++) full[k][m] = f[k];
+            m++;
+        }
+    }
+    b->nin = nin;
+    if (m == 0) {
+        b->nd = 0;
+        b->inner = 1;
+        b->outer = 1;
+        for (int k = 0; k < nin; k++) b->istr[k] = 0;
+        return;
+    }
+    b->inner = cd[m - 1];
+    b->nd = m - 1;
+    b->outer = 1;
+    for (int j = 0; j < m - 1; j++) {
+        b->dims[j] = cd[j];
+        b->outer *= cd[j];
+    }
+    for (int k = 0; k < nin; k++) {
+        int64_t s = 1;
+        for (int j = m - 1; j >= 0; j--) {
+            int64_t st = full[k][j] ? s : 0;
+            if (j == m - 1) b->istr[k] = st;
+            else b->str[k][j] = st;
+            if (full[k][j]) s *= cd[j];
+        }
+    }
+}
+
+/* Element offset of input k at the start of row r. */
+static inline void ew_bcast_row(const struct ew_bcast *b, int64_t r, int64_t *off) {
+    for (int k = 0; k < b->nin; k++) off[k] = 0;
+    for (int j = b->nd - 1; j >= 0 && r; j--) {
+        int64_t idx = r % b->dims[j];
+        r /= b->dims[j];
+        for (int k = 0; k < b->nin; k++) off[k] += idx * b->str[k][j];
+    }
+}
+
+#endif
