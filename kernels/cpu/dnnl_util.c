@@ -1,0 +1,258 @@
+/* dnnl_util.c - oneDNN engine, primitive wrapper and execution contexts. */
+#include "kernels/cpu/dnnl_util.h"
+
+#include <omp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <oneapi/dnnl/dnnl_debug.h>
+
+#include "common/log.h"
+
+/* ---- engine ------------------------------------------------------------ */
+
+static dnnl_engine_t g_engine;
+static pthread_once_t g_engine_once = PTHREAD_ONCE_INIT;
+
+static void engine_init(void) {
+    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) {
+        g_engine = NULL;
+        log_error("%s: oneDNN could not create a CPU engine", __func__);
+        return;
+    }
+    const dnnl_version_t *v = dnnl_version();
+    log_debug("oneDNN %d.%d.%d, CPU runtime %s", v->major, v->minor, v->patch,
+             v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP"
+             : v->cpu_runtime == DNNL_RUNTIME_TBB ? "TBB"
+             : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other");
+}
+
+dnnl_engine_t dnnl_util_engine(void) {
+    pthread_once(&g_engine_once, engine_init);
+    return g_engine;
+}
+
+void dnnl_util_set_threads(int n) {
+    if (n < 1) n = 1;
+    if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+
+int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s) {
+    op_error(c, "oneDNN call failed (%s): %s", dnnl_status2str(s), call);
+    return s == dnnl_unimplemented ? STATUS_UNSUPPORTED : s == dnnl_out_of_memory ? STATUS_NOMEM : STATUS_INTERNAL;
+}
+
+int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b) {
+    dnnl_status_t s = dnnl_success;
+    switch (act) {
+    case ACT_NONE: return 1;
+    case ACT_RELU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f); break;
+    case ACT_LEAKY_RELU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, a, 0.0f); break;
+    case ACT_CLIP: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, a, b); break;
+    case ACT_SIGMOID: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_logistic, 0.0f, 0.0f); break;
+    case ACT_TANH: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_tanh, 0.0f, 0.0f); break;
+    case ACT_GELU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_gelu_erf, 0.0f, 0.0f); break;
+    case ACT_HARD_SIGMOID:
+        /* oneDNN 2.6 has no hardsigmoid: a*x+b, then clip to [0, 1]. */
+        s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, a, b);
+        if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip_v2, 0.0f, 1.0f);
+        break;
+    case ACT_HARD_SWISH: /* x * relu6(x + 3) / 6, the same as ONNX HardSwish */
+        s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
+        break;
+    default: return 0;
+    }
+    return s == dnnl_success ? 1 : -1;
+}
+
+int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
+    dnnl_dims_t d, st;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        d[i] = dims[i];
+        st[i] = stride;
+        stride *= dims[i] > 0 ? dims[i] : 1;
+    }
+    return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, st) == dnnl_success ? 0 : -1;
+}
+
+dnnl_primitive_attr_t dnnl_util_attr(void) {
+    dnnl_primitive_attr_t attr = NULL;
+    if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;
+    if (dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) != dnnl_success) {
+        dnnl_primitive_attr_destroy(attr);
+        return NULL;
+    }
+    return attr;
+}
+
+/* ---- primitives and execution contexts ---------------------------------- */
+
+/* Enough for the threads that realistically share one plan (instances of
+ * a model); a call that finds them all busy builds a temporary context. */
+#define CTX_POOL 8
+
+struct exec_ctx {
+    dnnl_stream_t stream;
+    dnnl_memory_t mem[DNNL_PRIM_MAX_ARGS + 1];
+};
+
+struct dnnl_prim {
+    dnnl_primitive_t prim;
+    int nargs;                                     /* user arguments */
+    int arg_ids[DNNL_PRIM_MAX_ARGS + 1];           /* + scratchpad */
+    dnnl_memory_desc_t mds[DNNL_PRIM_MAX_ARGS + 1];
+    int has_scratch;
+    void *fixed[DNNL_PRIM_MAX_ARGS];               /* dnnl_prim_bind() */
+    atomic_int busy[CTX_POOL];
+    struct exec_ctx ctx[CTX_POOL];
+};
+
+static void ctx_destroy(struct exec_ctx *x) {
+    for (int i = 0; i <= DNNL_PRIM_MAX_ARGS; i++)
+        if (x->mem[i]) dnnl_memory_destroy(x->mem[i]);
+    if (x->stream) dnnl_stream_destroy(x->stream);
+    memset(x, 0, sizeof *x);
+}
+
+/* Makes the stream and memory objects of a context (without buffers). */
+static dnnl_status_t ctx_init(struct dnnl_prim *p, struct exec_ctx *x) {
+    dnnl_status_t s = dnnl_stream_create(&x->stream, dnnl_util_engine(), dnnl_stream_default_flags);
+    if (s != dnnl_success) return s;
+    int n = p->nargs + p->has_scratch;
+    for (int i = 0; i < n; i++) {
+        void *h = i < p->nargs && p->fixed[i] ? p->fixed[i] : DNNL_MEMORY_NONE;
+        s = dnnl_memory_create(&x->mem[i], &p->mds[i], dnnl_util_engine(), h);
+        if (s != dnnl_success) return s;
+    }
+    return dnnl_success;
+}
+
+struct dnnl_prim *dnnl_prim_create(struct op_call *c, const_dnnl_primitive_desc_t pd, int nargs,
+                                   const int *arg_ids, size_t *scratch_bytes) {
+    if (nargs > DNNL_PRIM_MAX_ARGS) {
+        op_error(c, "internal: %d oneDNN arguments (at most %d)", nargs, DNNL_PRIM_MAX_ARGS);
+        return NULL;
+    }
+    struct dnnl_prim *p = calloc(1, sizeof *p);
+    if (!p) {
+        op_error(c, "out of memory");
+        return NULL;
+    }
+    p->nargs = nargs;
+    for (int i = 0; i < nargs; i++) {
+        const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, arg_ids[i]);
+        p->arg_ids[i] = arg_ids[i];
+        if (md) p->mds[i] = *md;
+    }
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t sb = smd ? dnnl_memory_desc_get_size(smd) : 0;
+    if (sb > 0) {
+        p->has_scratch = 1;
+        p->arg_ids[nargs] = DNNL_ARG_SCRATCHPAD;
+        p->mds[nargs] = *smd;
+    }
+    *scratch_bytes = sb;
+    dnnl_status_t s = dnnl_primitive_create(&p->prim, pd);
+    if (s != dnnl_success) {
+        dnnl_util_fail(c, "dnnl_primitive_create", s);
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+int dnnl_prim_exec(struct op_call *c, struct dnnl_prim *p, void *const *ptrs, void *scratch) {
+    struct exec_ctx tmp = {0}, *x = NULL;
+    int slot = -1;
+    for (int k = 0; k < CTX_POOL; k++) {
+        if (atomic_load_explicit(&p->busy[k], memory_order_relaxed) == 0 &&
+            atomic_exchange_explicit(&p->busy[k], 1, memory_order_acquire) == 0) {
+            slot = k;
+            x = &p->ctx[k];
+            break;
+        }
+    }
+    if (!x) x = &tmp;
+    dnnl_status_t s = dnnl_success;
+    if (!x->stream) s = ctx_init(p, x); /* first use of this slot: the slot is ours */
+    const char *what = "dnnl_stream_create/dnnl_memory_create";
+    dnnl_exec_arg_t args[DNNL_PRIM_MAX_ARGS + 1];
+    int n = 0;
+    if (s == dnnl_success) {
+        what = "dnnl_memory_set_data_handle";
+        for (int i = 0; i < p->nargs + p->has_scratch && s == dnnl_success; i++) {
+            void *ptr = i < p->nargs ? (p->fixed[i] ? p->fixed[i] : ptrs[i]) : scratch;
+            if (!ptr) continue;
+            if (i >= p->nargs || !p->fixed[i]) s = dnnl_memory_set_data_handle(x->mem[i], ptr);
+            args[n].arg = p->arg_ids[i];
+            args[n].memory = x->mem[i];
+            n++;
+        }
+    }
+    if (s == dnnl_success) {
+        what = "dnnl_primitive_execute";
+        dnnl_util_set_threads(c->nthreads);
+        s = dnnl_primitive_execute(p->prim, x->stream, n, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(x->stream);
+    }
+    if (slot >= 0) {
+        if (s != dnnl_success) ctx_destroy(x); /* rebuilt on next use */
+        atomic_store_explicit(&p->busy[slot], 0, memory_order_release);
+    } else {
+        ctx_destroy(&tmp);
+    }
+    return s == dnnl_success ? 0 : dnnl_util_fail(c, what, s);
+}
+
+void dnnl_prim_bind(struct dnnl_prim *p, int i, void *ptr) {
+    if (p && i >= 0 && i < p->nargs) p->fixed[i] = ptr;
+}
+
+void dnnl_prim_free(struct dnnl_prim *p) {
+    if (!p) return;
+    for (int k = 0; k < CTX_POOL; k++) ctx_destroy(&p->ctx[k]);
+    if (p->prim) dnnl_primitive_destroy(p->prim);
+    free(p);
+}
+
+void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                              const dnnl_memory_desc_t *dst_md) {
+    dnnl_engine_t eng = dnnl_util_engine();
+    size_t bytes = dnnl_memory_desc_get_size(dst_md);
+    void *buf = aligned_alloc(64, dnnl_util_align(bytes ? bytes : 1));
+    if (!buf) {
+        op_error(c, "out of memory (%zu bytes for reordered weights)", bytes);
+        return NULL;
+    }
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_t prim = NULL;
+    dnnl_memory_t ms = NULL, md = NULL;
+    dnnl_stream_t st = NULL;
+    const char *what = "dnnl_reorder_primitive_desc_create";
+    dnnl_status_t s = dnnl_reorder_primitive_desc_create(&pd, src_md, eng, dst_md, eng, NULL);
+    if (s == dnnl_success) { what = "dnnl_primitive_create(reorder)"; s = dnnl_primitive_create(&prim, pd); }
+    if (s == dnnl_success) { what = "dnnl_memory_create"; s = dnnl_memory_create(&ms, src_md, eng, (void *)src); }
+    if (s == dnnl_success) s = dnnl_memory_create(&md, dst_md, eng, buf);
+    if (s == dnnl_success) { what = "dnnl_stream_create"; s = dnnl_stream_create(&st, eng, dnnl_stream_default_flags); }
+    if (s == dnnl_success) {
+        dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
+        what = "dnnl_primitive_execute(reorder)";
+        dnnl_util_set_threads(c->nthreads);
+        s = dnnl_primitive_execute(prim, st, 2, args);
+        if (s == dnnl_success) s = dnnl_stream_wait(st);
+    }
+    if (st) dnnl_stream_destroy(st);
+    if (md) dnnl_memory_destroy(md);
+    if (ms) dnnl_memory_destroy(ms);
+    if (prim) dnnl_primitive_destroy(prim);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (s != dnnl_success) {
+        free(buf);
+        dnnl_util_fail(c, what, s);
+        return NULL;
+    }
+    return buf;
+}

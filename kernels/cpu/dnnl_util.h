@@ -1,0 +1,87 @@
+/* dnnl_util.h - glue between kiln's CPU kernels and oneDNN (C API, 2.x).
+ *
+ * One CPU engine serves the whole process. A kernel builds its oneDNN
+ * primitive in prepare() and wraps it in a struct dnnl_prim, which knows the
+ * memory descriptor of every execute argument; run() then only hands raw
+ * pointers to dnnl_prim_exec(). A primitive is immutable, so one dnnl_prim
+ * may be executed from several threads at once: the per-call objects (a
+ * stream and one memory object per argument) live in a small pool of
+ * execution contexts that a call claims for its duration, so a steady
+ * state allocates nothing. Scratchpads are in user mode: the kernel asks the
+ * plan for the bytes and passes its scratch to dnnl_prim_exec().
+ *
+ * oneDNN here is built on OpenMP: the calling thread's OpenMP thread count
+ * is what a primitive uses, and oneDNN sizes its work split when the
+ * primitive is created, so prepare and run both go through
+ * dnnl_util_set_threads() with the call's nthreads. */
+#ifndef KILN_DNNL_UTIL_H
+#define KILN_DNNL_UTIL_H
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/ops.h"
+
+#define DNNL_PRIM_MAX_ARGS 8
+
+/* Returns the process-wide CPU engine (created on first use, never freed),
+ * or NULL when oneDNN cannot make one. Thread-safe. */
+dnnl_engine_t dnnl_util_engine(void);
+
+/* Sets the calling thread's OpenMP thread count to n (>= 1) if it differs. */
+void dnnl_util_set_threads(int n);
+
+/* Reports a failed oneDNN call through op_error (naming the call and
+ * oneDNN's status) and returns a negative status. */
+int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);
+
+/* Evaluates a oneDNN call; on failure returns dnnl_util_fail() from the
+ * enclosing function (which must have `struct op_call *c` in scope). Use
+ * only where nothing needs cleaning up; otherwise test DNNL_OK(). */
+#define DNNL_CHECK(call)                                                   \
+    do {                                                                   \
+        dnnl_status_t dnnl_s_ = (call);                                    \
+        if (dnnl_s_ != dnnl_success) return dnnl_util_fail(c, #call, dnnl_s_); \
+    } while (0)
+
+/* Appends the fused activation (act, a, b) as eltwise post-ops. Returns 1
+ * when oneDNN can express it (always so for enum act_kind today), 0 when the
+ * caller must apply op_apply_act() itself, negative on a oneDNN failure. */
+int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b);
+
+/* Fills a plain (dense, row-major) f32 descriptor of the given dims. */
+int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
+
+/* Creates a primitive attribute in user scratchpad mode (NULL on failure). */
+dnnl_primitive_attr_t dnnl_util_attr(void);
+
+/* A primitive plus what it takes to execute it from any thread. */
+struct dnnl_prim;
+
+/* Creates the primitive of pd for the execute arguments arg_ids[0..nargs)
+ * (DNNL_ARG_SRC...; the scratchpad is added by itself when needed). Sets
+ * *scratch_bytes to the scratchpad size. pd stays owned by the caller.
+ * Returns NULL after op_error on failure. */
+struct dnnl_prim *dnnl_prim_create(struct op_call *c, const_dnnl_primitive_desc_t pd, int nargs,
+                                   const int *arg_ids, size_t *scratch_bytes);
+/* Binds argument i to a buffer that never changes (weights reordered in
+ * prepare): its memory objects are made once with it, because handing
+ * oneDNN a new handle may rewrite a blocked buffer's padding. Call before
+ * the first dnnl_prim_exec(); ptrs[i] is then ignored. */
+void dnnl_prim_bind(struct dnnl_prim *p, int i, void *ptr);
+/* Executes with ptrs[i] the buffer of arg_ids[i] (NULL allowed for an
+ * argument the primitive ignores) and scratch (at least scratch_bytes,
+ * may be NULL when that is 0). Safe to call from several threads at once. */
+int dnnl_prim_exec(struct op_call *c, struct dnnl_prim *p, void *const *ptrs, void *scratch);
+/* Frees p; NULL is a no-op. Must not race with dnnl_prim_exec(). */
+void dnnl_prim_free(struct dnnl_prim *p);
+
+/* Reorders src (layout *src_md) into a new 64-byte aligned buffer of
+ * layout *dst_md, once (weights at prepare time). Returns the buffer (free
+ * with free()) or NULL after op_error. */
+void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                              const dnnl_memory_desc_t *dst_md);
+
+/* Rounds n up to a multiple of 64 (scratch sub-allocation). */
+static inline size_t dnnl_util_align(size_t n) { return (n + 63) & ~(size_t)63; }
+
+#endif
