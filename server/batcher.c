@@ -761,7 +761,7 @@ static int instance_setup(batcher_t *b, struct instance *inst, int nthreads, cha
         return status_set(err, err_len, STATUS_NOMEM, "out of memory");
     if (!b->p.model)
         return 0;
-    struct backend_params bp = { .device = 0, .nthreads = nthreads };
+    struct backend_params bp = { .device = strcmp(b->backend_name, "cpu") == 0 ? -1 : 0, .nthreads = nthreads };
     char why[256] = "";
     inst->be = backend_create(b->backend_name, &bp, why, sizeof why);
     if (!inst->be)

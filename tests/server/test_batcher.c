@@ -1,0 +1,1047 @@
+/* test_batcher.c - the batcher's policy with an injected clock and an
+ * injected executor: batch formation, rows, shapes, queue limit, timeouts
+ * (REJECT and DELAY), priorities, cancellation, ordering, admission, drain,
+ * latency budget. The executor computes y = 2x + 1 row by row, so every
+ * request can check that it got exactly its own rows back. The test that
+ * runs a real ONNX model through the batcher is at the end. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "server/batcher.c"
+
+/* ---- fixtures ---------------------------------------------------------- */
+
+static atomic_uint_fast64_t fake_clock;
+
+static uint64_t fake_now(void *arg) {
+    (void)arg;
+    return atomic_load(&fake_clock);
+}
+
+static void advance_us(uint64_t us) {
+    atomic_fetch_add(&fake_clock, us * 1000ull);
+}
+
+#define MAX_LOG 4096
+/* What the executor saw: one entry per batch. */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int gate_closed;          /* executor blocks while set */
+    int blocked;              /* executors currently blocked at the gate */
+    int nbatch;
+    int64_t rows[MAX_LOG];
+    float first[MAX_LOG];     /* first input value of the batch */
+    int instance[MAX_LOG];
+    uint64_t cost_ns;         /* added to the fake clock per batch... */
+    uint64_t cost_per_row_ns; /* ... plus this per row */
+} ex = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static void ex_reset(void) {
+    pthread_mutex_lock(&ex.mu);
+    ex.gate_closed = 0;
+    ex.blocked = 0;
+    ex.nbatch = 0;
+    ex.cost_ns = ex.cost_per_row_ns = 0;
+    pthread_mutex_unlock(&ex.mu);
+    atomic_store(&fake_clock, 1000000000ull);
+}
+
+static void gate_close(void) {
+    pthread_mutex_lock(&ex.mu);
+    ex.gate_closed = 1;
+    pthread_mutex_unlock(&ex.mu);
+}
+
+static void gate_open(void) {
+    pthread_mutex_lock(&ex.mu);
+    ex.gate_closed = 0;
+    pthread_cond_broadcast(&ex.cv);
+    pthread_mutex_unlock(&ex.mu);
+}
+
+static int ex_nbatch(void) {
+    pthread_mutex_lock(&ex.mu);
+    int n = ex.nbatch;
+    pthread_mutex_unlock(&ex.mu);
+    return n;
+}
+
+static int ex_blocked(void) {
+    pthread_mutex_lock(&ex.mu);
+    int n = ex.blocked;
+    pthread_mutex_unlock(&ex.mu);
+    return n;
+}
+
+/* y = 2x + 1 over FP32 input 0, same shape. */
+static int test_execute(void *arg, int instance, const struct tensor *in, int nin, struct tensor *out, int nout,
+                        char *err, size_t err_len) {
+    (void)arg;
+    pthread_mutex_lock(&ex.mu);
+    int slot = ex.nbatch < MAX_LOG ? ex.nbatch : MAX_LOG - 1;
+    ex.rows[slot] = in[0].dims[0];
+    ex.first[slot] = ((const float *)in[0].data)[0];
+    ex.instance[slot] = instance;
+    ex.nbatch++;
+    ex.blocked++;
+    while (ex.gate_closed)
+        pthread_cond_wait(&ex.cv, &ex.mu);
+    ex.blocked--;
+    uint64_t cost = ex.cost_ns + ex.cost_per_row_ns * (uint64_t)in[0].dims[0];
+    pthread_mutex_unlock(&ex.mu);
+    if (cost)
+        atomic_fetch_add(&fake_clock, cost);
+    if (nin < 1 || in[0].dtype != DT_FP32)
+        return status_set(err, err_len, STATUS_INVALID, "test executor wants FP32");
+    int64_t n = tensor_numel(&in[0]);
+    out[0] = in[0];
+    out[0].data = malloc((size_t)n * sizeof(float) + 1);
+    if (!out[0].data)
+        return STATUS_NOMEM;
+    for (int64_t i = 0; i < n; i++)
+        ((float *)out[0].data)[i] = 2.0f * ((const float *)in[0].data)[i] + 1.0f;
+    for (int o = 1; o < nout; o++)
+        memset(&out[o], 0, sizeof out[o]);
+    return 0;
+}
+
+/* A request with rows x cols FP32 values base, base+1, ... */
+struct treq {
+    struct batcher_request r;
+    struct tensor in;
+    float data[64];
+    atomic_int ndone;
+    int done_order;
+};
+
+static atomic_int done_counter;
+
+static void treq_done(struct batcher_request *r) {
+    struct treq *t = r->user;
+    t->done_order = atomic_fetch_add(&done_counter, 1);
+    atomic_fetch_add(&t->ndone, 1);
+}
+
+static void treq_init(struct treq *t, int64_t rows, int64_t cols, float base) {
+    memset(t, 0, sizeof *t);
+    t->in.dtype = DT_FP32;
+    t->in.ndim = 2;
+    t->in.dims[0] = rows;
+    t->in.dims[1] = cols;
+    for (int64_t i = 0; i < rows * cols && i < 64; i++)
+        t->data[i] = base + (float)i;
+    t->in.data = t->data;
+    t->r.inputs = &t->in;
+    t->r.ninputs = 1;
+    t->r.rows = rows;
+    t->r.done = treq_done;
+    t->r.user = t;
+    atomic_init(&t->ndone, 0);
+    atomic_init(&t->r.cancelled, 0);
+}
+
+static void treq_release(struct treq *t) {
+    for (int i = 0; i < t->r.noutputs; i++)
+        free(t->r.outputs[i].data);
+    free(t->r.outputs);
+    t->r.outputs = NULL;
+    t->r.noutputs = 0;
+}
+
+/* Checks that t got exactly 2x+1 of its own inputs. */
+static void treq_check_ok(struct treq *t) {
+    assert_int_equal(atomic_load(&t->ndone), 1);
+    if (t->r.status != 0)
+        fail_msg("request failed: %s", t->r.err);
+    assert_int_equal(t->r.noutputs, 1);
+    assert_int_equal(t->r.outputs[0].dims[0], t->in.dims[0]);
+    assert_int_equal(t->r.outputs[0].dims[1], t->in.dims[1]);
+    const float *y = t->r.outputs[0].data;
+    for (int64_t i = 0; i < t->in.dims[0] * t->in.dims[1]; i++)
+        assert_true(y[i] == 2.0f * t->data[i] + 1.0f);
+}
+
+/* Polls (real time, up to 5 s) until cond() holds. */
+#define WAIT_FOR(cond)                                                  \
+    do {                                                                \
+        int waited_ = 0;                                                \
+        while (!(cond) && waited_ < 5000) {                             \
+            usleep(1000);                                               \
+            waited_++;                                                  \
+        }                                                               \
+        if (!(cond))                                                    \
+            fail_msg("timed out waiting for %s", #cond);                \
+    } while (0)
+
+static void settle(void) {
+    usleep(20000); /* long enough for a poll at 1 ms to have acted */
+}
+
+static struct batcher_params base_params(void) {
+    struct batcher_params p;
+    memset(&p, 0, sizeof p);
+    p.model_name = "test";
+    p.instance_count = 1;
+    p.now_ns = fake_now;
+    p.execute = test_execute;
+    p.execute_noutputs = 1;
+    return p;
+}
+
+static batcher_t *make(const struct batcher_params *p) {
+    char err[256] = "";
+    batcher_t *b = batcher_create(p, err, sizeof err);
+    if (!b)
+        fail_msg("batcher_create: %s", err);
+    return b;
+}
+
+/* ---- tests ---------------------------------------------------------------- */
+
+static void test_no_batching_runs_each_alone(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.instance_count = 2;
+    batcher_t *b = make(&p);
+    enum { N = 50 };
+    static struct treq t[N];
+    for (int i = 0; i < N; i++) {
+        treq_init(&t[i], 1, 4, (float)(i * 10));
+        t[i].r.rows = 0; /* without a batch dim rows are not needed */
+        t[i].in.ndim = 1;
+        t[i].in.dims[0] = 4;
+        t[i].in.dims[1] = 0;
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    }
+    batcher_free(b);
+    assert_int_equal(ex_nbatch(), N);
+    for (int i = 0; i < N; i++) {
+        assert_int_equal(atomic_load(&t[i].ndone), 1);
+        assert_int_equal(t[i].r.status, 0);
+        const float *y = t[i].r.outputs[0].data;
+        for (int k = 0; k < 4; k++)
+            assert_true(y[k] == 2.0f * t[i].data[k] + 1.0f);
+        treq_release(&t[i]);
+    }
+}
+
+static void test_delay_then_one_batch(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 1000;
+    batcher_t *b = make(&p);
+    static struct treq t[3];
+    for (int i = 0; i < 3; i++) {
+        treq_init(&t[i], 1, 2, (float)(100 * i));
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    }
+    settle();
+    /* The clock has not moved: the batcher is still waiting for more. */
+    assert_int_equal(ex_nbatch(), 0);
+    assert_int_equal(batcher_pending(b), 3);
+    advance_us(999);
+    settle();
+    assert_int_equal(ex_nbatch(), 0);
+    advance_us(1);
+    WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    assert_int_equal(ex_nbatch(), 1);
+    assert_int_equal(ex.rows[0], 3);
+    for (int i = 0; i < 3; i++) {
+        treq_check_ok(&t[i]);
+        assert_int_equal(t[i].r.batch_size, 3);
+        assert_int_equal(t[i].r.start_ns - t[i].r.enqueue_ns, 1000000);
+        treq_release(&t[i]);
+    }
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.executions, 1);
+    assert_int_equal(st.inferences, 3);
+    assert_int_equal(st.batch_hist[3], 1);
+    assert_int_equal(st.queue_ns_total, 3 * 1000000ull);
+    batcher_free(b);
+}
+
+static void test_full_batch_goes_at_once_rows_counted(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 4;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 1000000; /* never reached: the clock stands still */
+    batcher_t *b = make(&p);
+    static struct treq t[5];
+    /* rows 1 + 2 + 1 = 4: full; then 3 rows wait (3 + the next would not fit). */
+    treq_init(&t[0], 1, 3, 0);
+    treq_init(&t[1], 2, 3, 100);
+    treq_init(&t[2], 1, 3, 200);
+    treq_init(&t[3], 3, 3, 300);
+    treq_init(&t[4], 2, 3, 400);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    assert_int_equal(ex.rows[0], 4);
+    for (int i = 0; i < 3; i++) {
+        treq_check_ok(&t[i]);
+        assert_int_equal(t[i].r.batch_size, 4);
+        treq_release(&t[i]);
+    }
+    assert_int_equal(batcher_submit(b, &t[3].r), 0);
+    assert_int_equal(batcher_submit(b, &t[4].r), 0);
+    /* 3 + 2 > 4: the 3-row batch cannot grow without skipping ahead, so it
+     * goes at once; the 2-row request then waits for company until drain. */
+    WAIT_FOR(atomic_load(&t[3].ndone) == 1);
+    settle();
+    assert_int_equal(ex_nbatch(), 2);
+    assert_int_equal(atomic_load(&t[4].ndone), 0);
+    batcher_free(b);
+    assert_int_equal(ex_nbatch(), 3);
+    assert_int_equal(ex.rows[1], 3);
+    assert_int_equal(ex.rows[2], 2);
+    treq_check_ok(&t[3]);
+    treq_check_ok(&t[4]);
+    treq_release(&t[3]);
+    treq_release(&t[4]);
+}
+
+static void test_bad_rows_rejected(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 4;
+    p.dynamic_batching = 1;
+    batcher_t *b = make(&p);
+    struct treq t;
+    treq_init(&t, 5, 1, 0);
+    assert_int_equal(batcher_submit(b, &t.r), STATUS_INVALID);
+    assert_non_null(strstr(t.r.err, "max_batch_size"));
+    treq_init(&t, 0, 1, 0);
+    assert_int_equal(batcher_submit(b, &t.r), STATUS_INVALID);
+    treq_init(&t, 2, 1, 0);
+    t.r.rows = 3;
+    assert_int_equal(batcher_submit(b, &t.r), STATUS_INVALID);
+    assert_int_equal(atomic_load(&t.ndone), 0);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.rejected_invalid, 3);
+    batcher_free(b);
+    assert_int_equal(atomic_load(&t.ndone), 0);
+}
+
+static void test_shapes_not_mixed(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 500;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    treq_init(&t[0], 1, 2, 0);
+    treq_init(&t[1], 1, 3, 10);
+    treq_init(&t[2], 2, 2, 20);
+    treq_init(&t[3], 1, 3, 30);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    advance_us(500);
+    WAIT_FOR(atomic_load(&t[0].ndone) + atomic_load(&t[1].ndone) + atomic_load(&t[2].ndone) +
+                 atomic_load(&t[3].ndone) == 4);
+    assert_int_equal(ex_nbatch(), 2);
+    /* [1,2]+[2,2] -> 3 rows; [1,3]+[1,3] -> 2 rows. */
+    assert_int_equal(ex.rows[0], 3);
+    assert_int_equal(ex.rows[1], 2);
+    for (int i = 0; i < 4; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+    batcher_free(b);
+}
+
+static void test_preferred_batch_size(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 100000;
+    p.preferred_batch_size[0] = 2;
+    p.preferred_batch_size[1] = 4;
+    p.npreferred = 2;
+    batcher_t *b = make(&p);
+    static struct treq t[5];
+    for (int i = 0; i < 5; i++)
+        treq_init(&t[i], 1, 1, (float)i);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    settle();
+    assert_int_equal(ex_nbatch(), 0); /* 3 rows: below the largest preferred size */
+    assert_int_equal(batcher_submit(b, &t[3].r), 0);
+    WAIT_FOR(atomic_load(&t[3].ndone) == 1);
+    assert_int_equal(ex.rows[0], 4);
+    assert_int_equal(batcher_submit(b, &t[4].r), 0);
+    settle();
+    assert_int_equal(ex_nbatch(), 1);
+    advance_us(100000);
+    WAIT_FOR(atomic_load(&t[4].ndone) == 1);
+    assert_int_equal(ex.rows[1], 1);
+    for (int i = 0; i < 5; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+    batcher_free(b);
+}
+
+static void test_queue_full(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.default_queue_policy.max_queue_size = 2;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1); /* t0 is running, not queued */
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    assert_int_equal(batcher_submit(b, &t[2].r), 0);
+    assert_int_equal(batcher_submit(b, &t[3].r), STATUS_UNAVAILABLE);
+    assert_string_equal(t[3].r.err, "Exceeds maximum queue size");
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.rejected_queue_full, 1);
+    assert_int_equal(st.queued, 2);
+    assert_int_equal(batcher_pending(b), 3);
+    gate_open();
+    batcher_free(b);
+    for (int i = 0; i < 3; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+    assert_int_equal(atomic_load(&t[3].ndone), 0);
+}
+
+static void test_timeout_rejects_at_deadline(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.default_queue_policy.default_timeout_us = 500;
+    p.default_queue_policy.allow_timeout_override = 1;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    t[2].r.timeout_us = 2000; /* overrides the default */
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    assert_int_equal(batcher_submit(b, &t[2].r), 0);
+    advance_us(499);
+    settle();
+    assert_int_equal(atomic_load(&t[1].ndone), 0);
+    advance_us(1);
+    /* The instance is still busy with t0: t1 fails now, not when it frees up. */
+    WAIT_FOR(atomic_load(&t[1].ndone) == 1);
+    assert_int_equal(ex_blocked(), 1);
+    assert_int_equal(t[1].r.status, STATUS_UNAVAILABLE);
+    assert_string_equal(t[1].r.err, "Request timeout expired");
+    assert_null(t[1].r.outputs);
+    assert_int_equal(atomic_load(&t[2].ndone), 0);
+    advance_us(1500);
+    WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    assert_string_equal(t[2].r.err, "Request timeout expired");
+    /* A request that is running is not timed out. */
+    assert_int_equal(atomic_load(&t[0].ndone), 0);
+    assert_int_equal(batcher_submit(b, &t[3].r), 0);
+    gate_open();
+    WAIT_FOR(atomic_load(&t[3].ndone) == 1);
+    treq_check_ok(&t[0]);
+    treq_check_ok(&t[3]);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.rejected_timeout, 2);
+    assert_int_equal(st.executions, 2);
+    treq_release(&t[0]);
+    treq_release(&t[3]);
+    batcher_free(b);
+}
+
+static void test_timeout_override_not_allowed(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.default_queue_policy.default_timeout_us = 0;
+    p.default_queue_policy.allow_timeout_override = 0;
+    batcher_t *b = make(&p);
+    static struct treq t[2];
+    for (int i = 0; i < 2; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    t[1].r.timeout_us = 10;
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    advance_us(100);
+    settle();
+    assert_int_equal(atomic_load(&t[1].ndone), 0);
+    gate_open();
+    batcher_free(b);
+    treq_check_ok(&t[1]);
+    treq_release(&t[0]);
+    treq_release(&t[1]);
+}
+
+static void test_timeout_delay_action(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.default_queue_policy.timeout_action = BATCHER_TIMEOUT_DELAY;
+    p.default_queue_policy.default_timeout_us = 100;
+    p.default_queue_policy.allow_timeout_override = 1;
+    batcher_t *b = make(&p);
+    static struct treq t[3];
+    for (int i = 0; i < 3; i++) {
+        treq_init(&t[i], 1, 1, (float)(i * 10));
+        t[i].r.rows = 0;
+    }
+    t[2].r.timeout_us = 1000000;
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    advance_us(150);
+    settle();
+    assert_int_equal(batcher_submit(b, &t[2].r), 0);
+    /* t1 expired with DELAY: kept, but served after t2, which is in time. */
+    gate_open();
+    batcher_free(b);
+    for (int i = 0; i < 3; i++)
+        treq_check_ok(&t[i]);
+    assert_true(ex.first[1] == 20.0f);
+    assert_true(ex.first[2] == 10.0f);
+    for (int i = 0; i < 3; i++)
+        treq_release(&t[i]);
+}
+
+static void test_priorities_highest_first(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.priority_levels = 3;
+    p.default_priority_level = 2;
+    batcher_t *b = make(&p);
+    static struct treq t[6];
+    int prio[6] = { 0, 3, 0, 1, 3, 1 }; /* 0 = default (2) */
+    for (int i = 0; i < 6; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+        t[i].r.priority = prio[i];
+    }
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    for (int i = 1; i < 6; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    gate_open();
+    batcher_free(b);
+    /* t0 first (already running), then priority 1: t3, t5; 2: t2; 3: t1, t4. */
+    float want[6] = { 0, 3, 5, 2, 1, 4 };
+    assert_int_equal(ex_nbatch(), 6);
+    for (int i = 0; i < 6; i++)
+        assert_true(ex.first[i] == want[i]);
+    for (int i = 0; i < 6; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+}
+
+static void test_priority_batches_fill_in_priority_order(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.priority_levels = 2;
+    p.default_priority_level = 2;
+    p.max_batch_size = 2;
+    p.dynamic_batching = 1;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++)
+        treq_init(&t[i], 1, 1, (float)i);
+    t[3].r.priority = 1;
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    gate_open();
+    batcher_free(b);
+    assert_int_equal(ex_nbatch(), 3);
+    assert_true(ex.first[1] == 3.0f); /* t3 leads, t1 joins */
+    assert_int_equal(ex.rows[1], 2);
+    assert_true(ex.first[2] == 2.0f);
+    for (int i = 0; i < 4; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+}
+
+static void test_cancel_queued(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++) {
+        treq_init(&t[i], 1, 1, (float)(i * 10));
+        t[i].r.rows = 0;
+    }
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    batcher_cancel(b, &t[1].r);
+    WAIT_FOR(atomic_load(&t[1].ndone) == 1);
+    assert_int_equal(t[1].r.status, STATUS_CANCELLED);
+    /* A request whose flag is set without the call is dropped when reached. */
+    atomic_store(&t[2].r.cancelled, 1);
+    /* Cancelling a running request does nothing: it completes. */
+    batcher_cancel(b, &t[0].r);
+    gate_open();
+    batcher_free(b);
+    assert_int_equal(ex_nbatch(), 2);
+    assert_true(ex.first[1] == 30.0f);
+    treq_check_ok(&t[0]);
+    treq_check_ok(&t[3]);
+    assert_int_equal(atomic_load(&t[2].ndone), 1);
+    assert_int_equal(t[2].r.status, STATUS_CANCELLED);
+    treq_release(&t[0]);
+    treq_release(&t[3]);
+    /* Cancelling after done() is harmless. */
+    batcher_cancel(NULL, &t[3].r);
+}
+
+static void test_cancel_counted(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    batcher_t *b = make(&p);
+    static struct treq t[3];
+    for (int i = 0; i < 3; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    assert_int_equal(batcher_submit(b, &t[2].r), 0);
+    batcher_cancel(b, &t[1].r);
+    batcher_cancel(b, &t[1].r); /* twice: still one done() */
+    batcher_cancel(b, &t[2].r);
+    WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.cancelled, 2);
+    assert_int_equal(st.queued, 0);
+    gate_open();
+    batcher_free(b);
+    assert_int_equal(atomic_load(&t[1].ndone), 1);
+    treq_check_ok(&t[0]);
+    treq_release(&t[0]);
+}
+
+static void test_stop_admission_runs_queued(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    batcher_t *b = make(&p);
+    static struct treq t[3];
+    for (int i = 0; i < 3; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    batcher_stop_admission(b);
+    assert_int_equal(batcher_submit(b, &t[2].r), STATUS_UNAVAILABLE);
+    assert_non_null(strstr(t[2].r.err, "not accepting"));
+    gate_open();
+    WAIT_FOR(batcher_pending(b) == 0);
+    treq_check_ok(&t[0]);
+    treq_check_ok(&t[1]);
+    assert_int_equal(atomic_load(&t[2].ndone), 0);
+    batcher_free(b);
+    treq_release(&t[0]);
+    treq_release(&t[1]);
+}
+
+static void test_preserve_ordering(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.instance_count = 2;
+    p.preserve_ordering = 1;
+    batcher_t *b = make(&p);
+    static struct treq t[2];
+    for (int i = 0; i < 2; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        t[i].r.rows = 0;
+    }
+    atomic_store(&done_counter, 0);
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    /* t1 runs on the other instance and finishes first, but its done()
+     * waits for t0's. */
+    assert_int_equal(batcher_submit(b, &t[1].r), 0);
+    WAIT_FOR(ex_blocked() == 2);
+    pthread_mutex_lock(&ex.mu);
+    ex.gate_closed = 0;
+    pthread_cond_broadcast(&ex.cv);
+    pthread_mutex_unlock(&ex.mu);
+    batcher_free(b);
+    assert_int_equal(t[0].done_order, 0);
+    assert_int_equal(t[1].done_order, 1);
+    treq_check_ok(&t[0]);
+    treq_check_ok(&t[1]);
+    treq_release(&t[0]);
+    treq_release(&t[1]);
+}
+
+/* Many threads submit concurrently to several instances; every request
+ * gets exactly its own rows back once. */
+struct storm {
+    batcher_t *b;
+    struct treq *t;
+    int n;
+};
+
+static void *storm_main(void *arg) {
+    struct storm *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        while (batcher_submit(s->b, &s->t[i].r) != 0)
+            usleep(100);
+    }
+    return NULL;
+}
+
+static void test_concurrent_storm(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.now_ns = NULL; /* real clock */
+    p.instance_count = 3;
+    p.max_batch_size = 16;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 200;
+    p.default_queue_policy.max_queue_size = 64;
+    batcher_t *b = make(&p);
+    enum { THREADS = 4, PER = 200 };
+    static struct treq t[THREADS * PER];
+    for (int i = 0; i < THREADS * PER; i++)
+        treq_init(&t[i], 1 + i % 3, 2, (float)(i * 8));
+    pthread_t th[THREADS];
+    struct storm s[THREADS];
+    for (int k = 0; k < THREADS; k++) {
+        s[k] = (struct storm){ b, &t[k * PER], PER };
+        pthread_create(&th[k], NULL, storm_main, &s[k]);
+    }
+    for (int k = 0; k < THREADS; k++)
+        pthread_join(th[k], NULL);
+    batcher_free(b);
+    int64_t rows = 0;
+    for (int i = 0; i < THREADS * PER; i++) {
+        treq_check_ok(&t[i]);
+        rows += t[i].in.dims[0];
+        treq_release(&t[i]);
+    }
+    int64_t seen = 0;
+    int nb = ex_nbatch();
+    for (int i = 0; i < nb && i < MAX_LOG; i++) {
+        assert_true(ex.rows[i] >= 1 && ex.rows[i] <= 16);
+        seen += ex.rows[i];
+    }
+    assert_int_equal(seen, rows);
+}
+
+/* The policy itself, with the instance held busy so the test owns the
+ * queue: latency budget decisions against a known profile. */
+static void test_latency_budget_decisions(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.latency_budget_us = 1000;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++)
+        treq_init(&t[i], 1, 1, (float)i);
+    gate_close();
+    /* Alone in the queue and nothing learnt: the first request waits for
+     * its budget and then goes; the instance is then held at the gate. */
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    settle();
+    assert_int_equal(ex_nbatch(), 0);
+    advance_us(1000);
+    WAIT_FOR(ex_blocked() == 1);
+    uint64_t t0 = atomic_load(&fake_clock);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+
+    pthread_mutex_lock(&b->mu);
+    b->profile[1] = 100000;
+    b->profile[2] = 150000;
+    b->profile[4] = 250000;
+    b->profile[8] = 400000;
+    assert_int_equal(predict_ns(b, 3), 250000); /* the next size seen above */
+    assert_int_equal(predict_ns(b, 8), 400000);
+    struct instance scratch;
+    memset(&scratch, 0, sizeof scratch);
+    struct batcher_request *sel[8];
+    scratch.sel = sel;
+    uint64_t wake = 0;
+    /* 3 rows queued at t0; a 4th would need 250 us: wait until t0+750 us. */
+    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
+    assert_int_equal(scratch.rows, 3);
+    assert_int_equal(wake, t0 + 750000);
+    assert_int_equal(batch_decide(b, &scratch, t0 + 749000, &wake), DECIDE_WAIT);
+    assert_int_equal(batch_decide(b, &scratch, t0 + 750000, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 3);
+    /* Too late for 3 rows (250 us) or 2 (150 us): the head goes alone. */
+    assert_int_equal(batch_decide(b, &scratch, t0 + 880000, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 1);
+    /* 2 rows still fit at t0+820 us (820+150 <= 1000), 3 do not. */
+    assert_int_equal(batch_decide(b, &scratch, t0 + 820000, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 2);
+    pthread_mutex_unlock(&b->mu);
+
+    /* Let the instance go (its batch takes no fake time): whenever it looks
+     * at the queue, before or after the clock reaches t0+750 us, the three
+     * rows go together. */
+    gate_open();
+    advance_us(750);
+    batcher_free(b);
+    for (int i = 0; i < 4; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+    assert_int_equal(ex.rows[1], 3);
+}
+
+static void test_latency_budget_learns_and_meets_budget(void **state) {
+    (void)state;
+    ex_reset();
+    pthread_mutex_lock(&ex.mu);
+    ex.cost_ns = 200000;        /* 200 us a batch */
+    ex.cost_per_row_ns = 10000; /* + 10 us a row */
+    pthread_mutex_unlock(&ex.mu);
+    struct batcher_params p = base_params();
+    p.max_batch_size = 32;
+    p.dynamic_batching = 1;
+    p.latency_budget_us = 1000;
+    batcher_t *b = make(&p);
+    enum { N = 40 };
+    static struct treq t[N];
+    /* Warm-up: one request alone teaches the profile its cost. */
+    treq_init(&t[0], 1, 1, 0);
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    advance_us(1000);
+    WAIT_FOR(atomic_load(&t[0].ndone) == 1);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.profile_ns[1], 210000);
+    /* Then requests arrive every 50 us; each must finish within 1000 us. */
+    for (int i = 1; i < N; i++) {
+        treq_init(&t[i], 1, 1, (float)i);
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+        settle();
+        advance_us(50);
+    }
+    /* The clock keeps moving in the same steps until the queue is empty. */
+    for (int step = 0; step < 100 && batcher_pending(b) > 0; step++) {
+        advance_us(50);
+        settle();
+    }
+    assert_int_equal(batcher_pending(b), 0);
+    int maxb = 0;
+    for (int i = 1; i < N; i++) {
+        treq_check_ok(&t[i]);
+        uint64_t lat = t[i].r.end_ns - t[i].r.enqueue_ns;
+        if (lat > 1000000 + 50000) /* + one arrival step of clock granularity */
+            fail_msg("request %d took %llu ns, budget 1000000", i, (unsigned long long)lat);
+        if (t[i].r.batch_size > maxb)
+            maxb = t[i].r.batch_size;
+    }
+    /* With ~800 us of slack at 50 us per arrival, batches grow well past 1. */
+    assert_true(maxb >= 8);
+    for (int i = 0; i < N; i++)
+        treq_release(&t[i]);
+    batcher_free(b);
+}
+
+static void test_create_errors(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct batcher_params p = base_params();
+    p.execute = NULL;
+    assert_null(batcher_create(&p, err, sizeof err));
+    assert_non_null(strstr(err, "no model"));
+    p = base_params();
+    p.max_batch_size = 4;
+    p.preferred_batch_size[0] = 5;
+    p.npreferred = 1;
+    assert_null(batcher_create(&p, err, sizeof err));
+    assert_non_null(strstr(err, "preferred_batch_size"));
+    p = base_params();
+    p.priority_levels = 2;
+    p.default_priority_level = 3;
+    assert_null(batcher_create(&p, err, sizeof err));
+    assert_non_null(strstr(err, "default_priority_level"));
+    batcher_free(NULL);
+}
+
+/* The real engine behind the batcher: the digits model (input [N,64] FP32,
+ * outputs label [N] INT64 and probabilities [N,10] FP32) on the CPU backend.
+ * Requests of 1..3 rows with distinct inputs, submitted from several threads
+ * to two instances, each get exactly what the model gives for their rows run
+ * on their own. */
+#define DIGITS_MODEL "model_repository/digits/1/model.onnx"
+
+static void test_real_model_digits(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct model_params mp = { .path = DIGITS_MODEL };
+    struct model *m = model_load(&mp, err, sizeof err);
+    if (!m)
+        fail_msg("%s: %s (run from the repository root)", DIGITS_MODEL, err);
+    assert_int_equal(model_ninputs(m), 1);
+    assert_int_equal(model_noutputs(m), 2);
+
+    enum { N = 120, THREADS = 4 };
+    static struct treq t[N];
+    static float x[N][3 * 64];
+    static int64_t ref_label[N][3];
+    static float ref_prob[N][3 * 10];
+    struct model_exec *solo = model_exec_create(m, NULL, 1);
+    assert_non_null(solo);
+    uint32_t seed = 12345;
+    for (int i = 0; i < N; i++) {
+        int rows = 1 + i % 3;
+        for (int k = 0; k < rows * 64; k++) {
+            seed = seed * 1664525u + 1013904223u;
+            x[i][k] = (float)(seed >> 8) / (float)(1u << 24);
+        }
+        treq_init(&t[i], rows, 64, 0);
+        t[i].in.data = x[i];
+        struct tensor out[2];
+        if (model_run(solo, &t[i].in, 1, out, 2, err, sizeof err))
+            fail_msg("model_run: %s", err);
+        assert_int_equal(out[0].dtype, DT_INT64);
+        assert_int_equal(out[1].dtype, DT_FP32);
+        memcpy(ref_label[i], out[0].data, sizeof(int64_t) * (size_t)rows);
+        memcpy(ref_prob[i], out[1].data, sizeof(float) * 10 * (size_t)rows);
+        free(out[0].data);
+        free(out[1].data);
+    }
+    model_exec_free(solo);
+
+    struct batcher_params p;
+    memset(&p, 0, sizeof p);
+    p.model = m;
+    p.model_name = "digits";
+    p.max_batch_size = 16;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 2000;
+    p.instance_count = 2;
+    p.threads_per_instance = 1;
+    p.backend = "cpu";
+    batcher_t *b = make(&p);
+    pthread_t th[THREADS];
+    struct storm s[THREADS];
+    for (int k = 0; k < THREADS; k++) {
+        s[k] = (struct storm){ b, &t[k * (N / THREADS)], N / THREADS };
+        pthread_create(&th[k], NULL, storm_main, &s[k]);
+    }
+    for (int k = 0; k < THREADS; k++)
+        pthread_join(th[k], NULL);
+    WAIT_FOR(batcher_pending(b) == 0);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    batcher_free(b);
+    /* 240 rows submitted at once with a 2 ms delay: batches of several. */
+    assert_int_equal(st.inferences, 240);
+    assert_true(st.executions < N);
+    assert_int_equal(st.failed, 0);
+
+    for (int i = 0; i < N; i++) {
+        struct batcher_request *r = &t[i].r;
+        assert_int_equal(atomic_load(&t[i].ndone), 1);
+        if (r->status)
+            fail_msg("request %d: %s", i, r->err);
+        int rows = 1 + i % 3;
+        assert_int_equal(r->noutputs, 2);
+        assert_int_equal(r->outputs[0].dims[0], rows);
+        assert_int_equal(r->outputs[1].dims[0], rows);
+        assert_int_equal(r->outputs[1].dims[1], 10);
+        assert_memory_equal(r->outputs[0].data, ref_label[i], sizeof(int64_t) * (size_t)rows);
+        const float *pr = r->outputs[1].data;
+        for (int k = 0; k < rows * 10; k++)
+            if (fabsf(pr[k] - ref_prob[i][k]) > 1e-5f)
+                fail_msg("request %d prob %d: %g batched vs %g alone", i, k, pr[k], ref_prob[i][k]);
+        treq_release(&t[i]);
+    }
+    model_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_batching_runs_each_alone),
+        cmocka_unit_test(test_delay_then_one_batch),
+        cmocka_unit_test(test_full_batch_goes_at_once_rows_counted),
+        cmocka_unit_test(test_bad_rows_rejected),
+        cmocka_unit_test(test_shapes_not_mixed),
+        cmocka_unit_test(test_preferred_batch_size),
+        cmocka_unit_test(test_queue_full),
+        cmocka_unit_test(test_timeout_rejects_at_deadline),
+        cmocka_unit_test(test_timeout_override_not_allowed),
+        cmocka_unit_test(test_timeout_delay_action),
+        cmocka_unit_test(test_priorities_highest_first),
+        cmocka_unit_test(test_priority_batches_fill_in_priority_order),
+        cmocka_unit_test(test_cancel_queued),
+        cmocka_unit_test(test_cancel_counted),
+        cmocka_unit_test(test_stop_admission_runs_queued),
+        cmocka_unit_test(test_preserve_ordering),
+        cmocka_unit_test(test_concurrent_storm),
+        cmocka_unit_test(test_latency_budget_decisions),
+        cmocka_unit_test(test_latency_budget_learns_and_meets_budget),
+        cmocka_unit_test(test_create_errors),
+        cmocka_unit_test(test_real_model_digits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
