@@ -1,5 +1,1001 @@
+/* ops_ml.c - the ai.onnx.ml operators that scikit-learn exports use:
+ * linear models, tree ensembles, the scalers and encoders around them.
+ * Scores follow onnxruntime's conventions (post_transform, the binary
+ * "second class" column), since that is what exporters are tested against.
+ * ZipMap (a sequence of maps) is refused: kiln serves tensors only. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
+/* ------------------------------------------------------------------------
+ * Helpers
+ * ------------------------------------------------------------------------ */
+
+static const struct tensor *ml_in(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
+static struct tensor *ml_out(const struct op_call *c, int i) { return i < c->nout ? c->out[i] : NULL; }
+
+static int ml_set(struct op_call *c, struct tensor *o, enum dtype dt, int nd, const int64_t *dims) {
+    if (!o) return 0;
+    if (nd > TENSOR_MAX_DIMS) return op_error(c, "output rank %d exceeds kiln's limit of %d", nd, TENSOR_MAX_DIMS);
+    o->dtype = dt;
+    o->ndim = nd;
+    for (int k = 0; k < nd; k++) o->dims[k] = dims[k];
+    return 0;
+}
+
+static int ml_numeric(struct op_call *c, const struct tensor *x) {
+    switch (x->dtype) {
+    case DT_FP32: case DT_FP64: case DT_INT64: case DT_INT32: return 0;
+    default: return op_error(c, "input dtype %s is not supported (float, double, int64, int32)", dtype_name(x->dtype));
+    }
+}
+
+/* Rows and features of a [N, C] or [C] input. */
+static int ml_rows(struct op_call *c, const struct tensor *x, int64_t *n, int64_t *f) {
+    *n = *f = 0;
+    if (x->ndim == 1) {
+        *n = 1;
+        *f = x->dims[0];
+    } else if (x->ndim == 2) {
+        *n = x->dims[0];
+        *f = x->dims[1];
+    } else {
+        return op_error(c, "input must be [N, C] or [C], got rank %d", x->ndim);
+    }
+    return 0;
+}
+
+enum post_transform { PT_NONE, PT_SOFTMAX, PT_LOGISTIC, PT_SOFTMAX_ZERO, PT_PROBIT };
+
+static int ml_post_transform(struct op_call *c, enum post_transform *pt) {
+    const char *s = node_attr_str(c->node, "post_transform", "NONE");
+    if (!strcmp(s, "NONE")) *pt = PT_NONE;
+    else if (!strcmp(s, "SOFTMAX")) *pt = PT_SOFTMAX;
+    else if (!strcmp(s, "LOGISTIC")) *pt = PT_LOGISTIC;
+    else if (!strcmp(s, "SOFTMAX_ZERO")) *pt = PT_SOFTMAX_ZERO;
+    else if (!strcmp(s, "PROBIT")) *pt = PT_PROBIT;
+    else return op_error(c, "unknown post_transform '%s'", s);
+    return 0;
+}
+
+static float ml_logistic(float v) {
+    /* Written so that exp never overflows. */
+    return v >= 0 ? 1.0f / (1.0f + expf(-v)) : expf(v) / (1.0f + expf(v));
+}
+
+/* Winitzki's approximation of erf^-1, the one onnxruntime uses for PROBIT. */
+static float ml_erfinv(float x) {
+    float sgn = x < 0 ? -1.0f : 1.0f;
+    x = (1 - x) * (1 + x);
+    float lg = logf(x);
+    float v = 2 / (3.14159f * 0.147f) + 0.5f * lg;
+    float v2 = 1 / 0.147f * lg;
+    float v3 = -v + sqrtf(v * v - v2);
+    return sgn * sqrtf(v3);
+}
+
+static float ml_probit(float v) { return 1.41421356f * ml_erfinv(2 * v - 1); }
+
+/* Applies a post transform to one row of n >= 2 scores. */
+static void ml_transform_row(float *s, int64_t n, enum post_transform pt) {
+    switch (pt) {
+    case PT_NONE: return;
+    case PT_PROBIT:
+        for (int64_t j = 0; j < n; j++) s[j] = ml_probit(s[j]);
+        return;
+    case PT_LOGISTIC:
+        for (int64_t j = 0; j < n; j++) s[j] = ml_logistic(s[j]);
+        return;
+    case PT_SOFTMAX:
+    case PT_SOFTMAX_ZERO: {
+        float mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        for (int64_t j = 0; j < n; j++) {
+            /* SOFTMAX_ZERO leaves exact zeros (classes never scored) at zero. */
+            if (pt == PT_SOFTMAX_ZERO && s[j] > -1e-7f && s[j] < 1e-7f) s[j] = s[j] * expf(-mx);
+            else s[j] = expf(s[j] - mx);
+            sum += s[j];
+        }
+        for (int64_t j = 0; j < n; j++) s[j] /= sum;
+        return;
+    }
+    }
+}
+
+static int ml_floats_attr(struct op_call *c, const char *name, const float **v, int required) {
+    int n = node_attr_floats(c->node, name, v);
+    if (n < 0 && required) return op_error(c, "attribute '%s' is required", name);
+    return n;
+}
+
+/* ------------------------------------------------------------------------
+ * ArrayFeatureExtractor, Binarizer, Normalizer, Scaler, ZipMap
+ * ------------------------------------------------------------------------ */
+
+static int afe_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *y = ml_in(c, 1);
+    if (!y) return op_error(c, "input 1 (indices) is required");
+    if (y->dtype != DT_INT64 && y->dtype != DT_INT32) return op_error(c, "indices must be int64, got %s", dtype_name(y->dtype));
+    if (x->dtype == DT_STRING || !dtype_size(x->dtype)) return op_error(c, "input dtype %s is not supported", dtype_name(x->dtype));
+    if (x->ndim < 1) return op_error(c, "input must have rank >= 1");
+    int64_t d[TENSOR_MAX_DIMS];
+    int nd = x->ndim;
+    memcpy(d, x->dims, sizeof d);
+    if (nd == 1) { /* a vector is one row, as onnxruntime treats it */
+        nd = 2;
+        d[0] = 1;
+    }
+    d[nd - 1] = tensor_numel(y);
+    return ml_set(c, c->out[0], x->dtype, nd, d);
+}
+
+static int afe_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *y = c->in[1];
+    int64_t cols = x->dims[x->ndim - 1], rows = tensor_numel(x) / (cols ? cols : 1), k = tensor_numel(y);
+    size_t es = dtype_size(x->dtype);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t v = op_int_at(y, j);
+        if (v < 0 || v >= cols)
+            return op_error(c, "index %lld is out of range [0, %lld)", (long long)v, (long long)cols);
+    }
+    char *dst = c->out[0]->data;
+    const char *src = x->data;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < k; j++)
+            memcpy(dst + (r * k + j) * (int64_t)es, src + (r * cols + op_int_at(y, j)) * (int64_t)es, es);
+    return 0;
+}
+
+static int binarizer_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    return rc ? rc : ml_set(c, c->out[0], x->dtype, x->ndim, x->dims);
+}
+
+static int binarizer_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    double th = node_attr_float(c->node, "threshold", 0);
+    int64_t n = tensor_numel(x);
+    for (int64_t i = 0; i < n; i++) shape_store_double(x->dtype, c->out[0]->data, i, op_double_at(x, i) > th ? 1.0 : 0.0);
+    return 0;
+}
+
+static int normalizer_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t n, f;
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, &n, &f))) return rc;
+    const char *norm = node_attr_str(c->node, "norm", "MAX");
+    if (strcmp(norm, "MAX") && strcmp(norm, "L1") && strcmp(norm, "L2")) return op_error(c, "unknown norm '%s'", norm);
+    return ml_set(c, c->out[0], DT_FP32, x->ndim, x->dims);
+}
+
+static int normalizer_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t n, f;
+    ml_rows(c, x, &n, &f);
+    const char *norm = node_attr_str(c->node, "norm", "MAX");
+    int kind = !strcmp(norm, "L1") ? 1 : (!strcmp(norm, "L2") ? 2 : 0);
+    float *o = c->out[0]->data;
+    for (int64_t r = 0; r < n; r++) {
+        float *row = o + r * f;
+        for (int64_t j = 0; j < f; j++) row[j] = (float)op_double_at(x, r * f + j);
+        float d = kind == 0 ? -INFINITY : 0;
+        for (int64_t j = 0; j < f; j++) {
+            if (kind == 0) d = row[j] > d ? row[j] : d;
+            else if (kind == 1) d += fabsf(row[j]);
+            else d += row[j] * row[j];
+        }
+        if (kind == 2) d = sqrtf(d);
+        if (d != 0 && f > 0)
+            for (int64_t j = 0; j < f; j++) row[j] /= d;
+    }
+    return 0;
+}
+
+static int scaler_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc) return rc;
+    const float *v;
+    int64_t f = x->ndim ? x->dims[x->ndim - 1] : 1;
+    int no = node_attr_floats(c->node, "offset", &v), ns = node_attr_floats(c->node, "scale", &v);
+    if (no > 1 && no != f) return op_error(c, "offset has %d values for %lld features", no, (long long)f);
+    if (ns > 1 && ns != f) return op_error(c, "scale has %d values for %lld features", ns, (long long)f);
+    return ml_set(c, c->out[0], DT_FP32, x->ndim, x->dims);
+}
+
+static int scaler_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    const float *off, *sc;
+    int no = node_attr_floats(c->node, "offset", &off), ns = node_attr_floats(c->node, "scale", &sc);
+    int64_t f = x->ndim ? x->dims[x->ndim - 1] : 1, n = tensor_numel(x);
+    float *o = c->out[0]->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = f ? i % f : 0;
+        float a = no > 0 ? off[no == 1 ? 0 : j] : 0, s = ns > 0 ? sc[ns == 1 ? 0 : j] : 1;
+        o[i] = ((float)op_double_at(x, i) - a) * s;
+    }
+    return 0;
+}
+
+static int zipmap_infer(struct op_call *c) {
+    op_error(c, "ZipMap outputs a sequence of maps, which kiln does not serve; export with zipmap=False");
+    return STATUS_UNSUPPORTED;
+}
+
+static int zipmap_run(struct op_call *c) { return zipmap_infer(c); }
+
+/* ------------------------------------------------------------------------
+ * LinearClassifier, LinearRegressor
+ * ------------------------------------------------------------------------ */
+
+/* scores[r][e] = x[r] . coef[e] + intercept[e] */
+static void ml_linear(const struct tensor *x, int64_t n, int64_t f, const float *coef, int64_t ne, const float *icp, int nicp,
+                      float *scores, int64_t stride) {
+#pragma omp parallel for if (n * ne * f > 65536)
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t e = 0; e < ne; e++) {
+            float acc = nicp > e ? icp[e] : 0;
+            for (int64_t j = 0; j < f; j++) acc += (float)op_double_at(x, r * f + j) * coef[e * f + j];
+            scores[r * stride + e] = acc;
+        }
+}
+
+struct lc_shape {
+    int64_t n, f, ne, labels;
+    int add_second;
+};
+
+static int lc_shape(struct op_call *c, struct lc_shape *s) {
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, &s->n, &s->f))) return rc;
+    const float *coef, *icp;
+    const int64_t *li;
+    int nc = ml_floats_attr(c, "coefficients", &coef, 1);
+    if (nc < 0) return nc == -1 ? STATUS_INVALID : nc;
+    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    if (node_attr(c->node, "classlabels_strings")) {
+        op_error(c, "string class labels are not supported; export the classifier with integer labels");
+        return STATUS_UNSUPPORTED;
+    }
+    int nl = node_attr_ints(c->node, "classlabels_ints", &li);
+    if (s->f == 0 || nc % s->f) return op_error(c, "%d coefficients do not divide into %lld features", nc, (long long)s->f);
+    s->ne = nc / s->f;
+    if (ni > 0 && ni != s->ne) return op_error(c, "%d intercepts for %lld classes", ni, (long long)s->ne);
+    s->labels = nl < 0 ? 0 : nl;
+    s->add_second = s->ne == 1 && nl == 2;
+    if (s->ne > 1 && nl != s->ne) return op_error(c, "%lld classes but %d class labels", (long long)s->ne, nl < 0 ? 0 : nl);
+    return 0;
+}
+
+static int lc_infer(struct op_call *c) {
+    struct lc_shape s;
+    enum post_transform pt;
+    int rc = lc_shape(c, &s);
+    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
+    int64_t d[2] = {s.n, s.add_second ? 2 : s.ne};
+    if ((rc = ml_set(c, c->out[0], DT_INT64, 1, d))) return rc;
+    return ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
+}
+
+static int lc_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct lc_shape s;
+    int rc = lc_shape(c, &s);
+    if (rc) return rc;
+    *scratch = (size_t)(s.n * (s.ne > 1 ? s.ne : 2)) * sizeof(float);
+    return 0;
+}
+
+static int lc_run(struct op_call *c) {
+    struct lc_shape s;
+    enum post_transform pt;
+    int rc = lc_shape(c, &s);
+    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
+    const float *coef, *icp;
+    const int64_t *li;
+    node_attr_floats(c->node, "coefficients", &coef);
+    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    node_attr_ints(c->node, "classlabels_ints", &li);
+    struct tensor *z = ml_out(c, 1);
+    int64_t cols = s.add_second ? 2 : s.ne;
+    float *sc = z && z->data ? z->data : c->scratch;
+    if (!sc || (!(z && z->data) && c->scratch_size < (size_t)(s.n * cols) * sizeof(float)))
+        return op_error(c, "scratch buffer too small");
+    ml_linear(c->in[0], s.n, s.f, coef, s.ne, icp, ni, sc, cols);
+    int64_t *y = c->out[0]->data;
+    for (int64_t r = 0; r < s.n; r++) {
+        float *row = sc + r * cols;
+        if (s.ne == 1) {
+            int have = s.labels == 2;
+            y[r] = row[0] > 0 ? (have ? li[1] : 1) : (have ? li[0] : 0);
+            if (s.add_second) {
+                if (pt == PT_PROBIT) {
+                    row[0] = ml_probit(row[0]);
+                } else {
+                    row[1] = row[0];
+                    row[0] = 1 - row[0];
+                }
+            } else if (pt == PT_PROBIT) {
+                row[0] = ml_probit(row[0]);
+            }
+        } else {
+            int64_t best = 0;
+            for (int64_t e = 1; e < s.ne; e++)
+                if (row[e] > row[best]) best = e;
+            y[r] = li[best];
+            ml_transform_row(row, s.ne, pt);
+        }
+    }
+    return 0;
+}
+
+static int lr_shape(struct op_call *c, int64_t *n, int64_t *f, int64_t *t) {
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, n, f))) return rc;
+    const float *coef, *icp;
+    int nc = ml_floats_attr(c, "coefficients", &coef, 1);
+    if (nc < 0) return nc == -1 ? STATUS_INVALID : nc;
+    *t = node_attr_int(c->node, "targets", 1);
+    if (*t < 1 || nc != *t * *f)
+        return op_error(c, "%d coefficients do not match %lld targets x %lld features", nc, (long long)*t, (long long)*f);
+    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    if (ni > 0 && ni != *t) return op_error(c, "%d intercepts for %lld targets", ni, (long long)*t);
+    return 0;
+}
+
+static int lr_infer(struct op_call *c) {
+    int64_t n, f, t;
+    enum post_transform pt;
+    int rc = lr_shape(c, &n, &f, &t);
+    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
+    int64_t d[2] = {n, t};
+    return ml_set(c, c->out[0], DT_FP32, 2, d);
+}
+
+static int lr_run(struct op_call *c) {
+    int64_t n, f, t;
+    enum post_transform pt;
+    int rc = lr_shape(c, &n, &f, &t);
+    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
+    const float *coef, *icp;
+    node_attr_floats(c->node, "coefficients", &coef);
+    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    float *o = c->out[0]->data;
+    ml_linear(c->in[0], n, f, coef, t, icp, ni, o, t);
+    for (int64_t r = 0; r < n; r++) {
+        if (t == 1) {
+            if (pt == PT_PROBIT) o[r] = ml_probit(o[r]);
+        } else {
+            ml_transform_row(o + r * t, t, pt);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * TreeEnsembleClassifier, TreeEnsembleRegressor
+ * ------------------------------------------------------------------------ */
+
+enum tree_mode { TM_LEAF, TM_LEQ, TM_LT, TM_GTE, TM_GT, TM_EQ, TM_NEQ };
+
+struct tree_node {
+    int mode, missing_true;
+    int64_t feature;
+    double value;
+    int64_t child_true, child_false; /* node indices, -1 for none */
+    int64_t w_first, w_count;        /* leaf weights in tree_state.w */
+};
+
+struct tree_weight {
+    int64_t node, id;
+    double w;
+};
+
+struct tree_state {
+    int classifier;
+    int64_t nnodes, ntrees, nw, nout;
+    struct tree_node *nodes;
+    int64_t *roots;
+    struct tree_weight *w;
+    double *base;
+    int nbase;
+    enum { AGG_SUM, AGG_AVG, AGG_MIN, AGG_MAX } agg;
+    enum post_transform pt;
+    const int64_t *labels;
+    int binary, all_positive;
+};
+
+static void tree_release(void *p) {
+    struct tree_state *s = p;
+    if (!s) return;
+    free(s->nodes);
+    free(s->roots);
+    free(s->w);
+    free(s->base);
+    free(s);
+}
+
+struct tree_key {
+    int64_t tree, node, index;
+};
+
+static int tree_key_cmp(const void *pa, const void *pb) {
+    const struct tree_key *a = pa, *b = pb;
+    if (a->tree != b->tree) return a->tree < b->tree ? -1 : 1;
+    if (a->node != b->node) return a->node < b->node ? -1 : 1;
+    return 0;
+}
+
+static int tree_weight_cmp(const void *pa, const void *pb) {
+    const struct tree_weight *a = pa, *b = pb;
+    return a->node < b->node ? -1 : (a->node > b->node);
+}
+
+static int64_t tree_find(const struct tree_key *keys, int64_t n, int64_t tree, int64_t node) {
+    struct tree_key k = {tree, node, 0};
+    const struct tree_key *f = bsearch(&k, keys, (size_t)n, sizeof k, tree_key_cmp);
+    return f ? f->index : -1;
+}
+
+/* Reads the ensemble attributes into a state with resolved child links. */
+static int tree_build(struct op_call *c, int classifier, struct tree_state **out) {
+    const struct graph_node *nd = c->node;
+    const int64_t *tid, *nid, *fid, *tt, *ff, *miss, *wt, *wn, *wi;
+    const float *vals, *ww, *bv;
+    const struct graph_attr *modes = node_attr(nd, "nodes_modes");
+    const char *pre = classifier ? "class_" : "target_";
+    char a1[32], a2[32], a3[32], a4[32];
+    snprintf(a1, sizeof a1, "%streeids", pre);
+    snprintf(a2, sizeof a2, "%snodeids", pre);
+    snprintf(a3, sizeof a3, "%sids", pre);
+    snprintf(a4, sizeof a4, "%sweights", pre);
+    int64_t n = node_attr_ints(nd, "nodes_treeids", &tid);
+    if (n <= 0) return op_error(c, "attribute 'nodes_treeids' is required");
+    if (node_attr_ints(nd, "nodes_nodeids", &nid) != n || node_attr_ints(nd, "nodes_featureids", &fid) != n ||
+        node_attr_ints(nd, "nodes_truenodeids", &tt) != n || node_attr_ints(nd, "nodes_falsenodeids", &ff) != n ||
+        !modes || modes->type != ATTR_STRINGS || modes->n != n)
+        return op_error(c, "the nodes_* attributes must all have %lld entries", (long long)n);
+    const struct tensor *vt = node_attr_tensor(nd, "nodes_values_as_tensor");
+    int nv = node_attr_floats(nd, "nodes_values", &vals);
+    if (!(nv == n || (vt && tensor_numel(vt) == n))) return op_error(c, "nodes_values must have %lld entries", (long long)n);
+    int nmiss = node_attr_ints(nd, "nodes_missing_value_tracks_true", &miss);
+    int64_t m = node_attr_ints(nd, a1, &wt);
+    const struct tensor *wtens = NULL;
+    {
+        char a5[40];
+        snprintf(a5, sizeof a5, "%s_as_tensor", a4);
+        wtens = node_attr_tensor(nd, a5);
+    }
+    int nww = node_attr_floats(nd, a4, &ww);
+    if (m < 0 || node_attr_ints(nd, a2, &wn) != m || node_attr_ints(nd, a3, &wi) != m ||
+        !(nww == m || (wtens && tensor_numel(wtens) == m)))
+        return op_error(c, "the %s* attributes must all have the same length", pre);
+    struct tree_state *s = calloc(1, sizeof *s);
+    struct tree_key *keys = calloc((size_t)n, sizeof *keys);
+    if (!s || !keys) {
+        free(keys);
+        tree_release(s);
+        return STATUS_NOMEM;
+    }
+    s->classifier = classifier;
+    s->nnodes = n;
+    s->nw = m;
+    s->nodes = calloc((size_t)n, sizeof *s->nodes);
+    s->roots = calloc((size_t)n, sizeof *s->roots);
+    s->w = calloc((size_t)(m ? m : 1), sizeof *s->w);
+    int rc = 0;
+    if (!s->nodes || !s->roots || !s->w) {
+        rc = STATUS_NOMEM;
+        goto fail;
+    }
+    for (int64_t i = 0; i < n; i++) keys[i] = (struct tree_key){tid[i], nid[i], i};
+    qsort(keys, (size_t)n, sizeof *keys, tree_key_cmp);
+    for (int64_t i = 1; i < n; i++)
+        if (!tree_key_cmp(&keys[i - 1], &keys[i])) {
+            rc = op_error(c, "node %lld of tree %lld is defined twice", (long long)keys[i].node, (long long)keys[i].tree);
+            goto fail;
+        }
+    char *is_child = calloc((size_t)n, 1);
+    if (!is_child) {
+        rc = STATUS_NOMEM;
+        goto fail;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        struct tree_node *t = &s->nodes[i];
+        const char *md = modes->strings[i];
+        if (!strcmp(md, "LEAF")) t->mode = TM_LEAF;
+        else if (!strcmp(md, "BRANCH_LEQ")) t->mode = TM_LEQ;
+        else if (!strcmp(md, "BRANCH_LT")) t->mode = TM_LT;
+        else if (!strcmp(md, "BRANCH_GTE")) t->mode = TM_GTE;
+        else if (!strcmp(md, "BRANCH_GT")) t->mode = TM_GT;
+        else if (!strcmp(md, "BRANCH_EQ")) t->mode = TM_EQ;
+        else if (!strcmp(md, "BRANCH_NEQ")) t->mode = TM_NEQ;
+        else {
+            free(is_child);
+            rc = op_error(c, "unknown node mode '%s'", md);
+            goto fail;
+        }
+        t->feature = fid[i];
+        t->value = nv == n ? vals[i] : op_double_at(vt, i);
+        t->missing_true = nmiss == n ? (int)miss[i] : 0;
+        t->child_true = t->child_false = -1;
+        if (t->mode != TM_LEAF) {
+            t->child_true = tree_find(keys, n, tid[i], tt[i]);
+            t->child_false = tree_find(keys, n, tid[i], ff[i]);
+            if (t->child_true < 0 || t->child_false < 0) {
+                free(is_child);
+                rc = op_error(c, "node %lld of tree %lld points to a missing child", (long long)nid[i], (long long)tid[i]);
+                goto fail;
+            }
+            is_child[t->child_true] = is_child[t->child_false] = 1;
+        }
+    }
+    /* A tree's root is its node that no other node points to. */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = keys[i].index;
+        if (is_child[k]) continue;
+        if (s->ntrees && tid[s->roots[s->ntrees - 1]] == tid[k]) continue;
+        s->roots[s->ntrees++] = k;
+    }
+    free(is_child);
+    int all_pos = 1;
+    int64_t maxid = -1, first_id = m ? wi[0] : 0;
+    int single_id = 1;
+    for (int64_t j = 0; j < m; j++) {
+        int64_t k = tree_find(keys, n, wt[j], wn[j]);
+        if (k < 0) {
+            rc = op_error(c, "a weight refers to missing node %lld of tree %lld", (long long)wn[j], (long long)wt[j]);
+            goto fail;
+        }
+        if (wi[j] < 0) {
+            rc = op_error(c, "negative %sid %lld", pre, (long long)wi[j]);
+            goto fail;
+        }
+        s->w[j] = (struct tree_weight){k, wi[j], nww == m ? ww[j] : op_double_at(wtens, j)};
+        if (s->w[j].w < 0) all_pos = 0;
+        if (wi[j] > maxid) maxid = wi[j];
+        if (wi[j] != first_id) single_id = 0;
+    }
+    qsort(s->w, (size_t)m, sizeof *s->w, tree_weight_cmp);
+    for (int64_t j = 0; j < m; j++) {
+        struct tree_node *t = &s->nodes[s->w[j].node];
+        if (!t->w_count) t->w_first = j;
+        t->w_count++;
+    }
+    int nb = node_attr_floats(nd, "base_values", &bv);
+    if (nb > 0) {
+        s->base = malloc(sizeof(double) * (size_t)nb);
+        if (!s->base) {
+            rc = STATUS_NOMEM;
+            goto fail;
+        }
+        for (int k = 0; k < nb; k++) s->base[k] = bv[k];
+        s->nbase = nb;
+    }
+    if ((rc = ml_post_transform(c, &s->pt))) goto fail;
+    if (classifier) {
+        if (node_attr(nd, "classlabels_strings")) {
+            op_error(c, "string class labels are not supported; export the classifier with integer labels");
+            rc = STATUS_UNSUPPORTED;
+            goto fail;
+        }
+        int nl = node_attr_ints(nd, "classlabels_int64s", &s->labels);
+        if (nl < 1) {
+            rc = op_error(c, "attribute 'classlabels_int64s' is required");
+            goto fail;
+        }
+        if (maxid >= nl) {
+            rc = op_error(c, "class id %lld is out of range for %d labels", (long long)maxid, nl);
+            goto fail;
+        }
+        s->nout = nl;
+        s->binary = nl == 2 && single_id;
+        s->all_positive = all_pos;
+    } else {
+        s->nout = node_attr_int(nd, "n_targets", maxid + 1);
+        if (s->nout < 1 || maxid >= s->nout) {
+            rc = op_error(c, "target id %lld is out of range for n_targets %lld", (long long)maxid, (long long)s->nout);
+            goto fail;
+        }
+        const char *agg = node_attr_str(nd, "aggregate_function", "SUM");
+        if (!strcmp(agg, "SUM")) s->agg = AGG_SUM;
+        else if (!strcmp(agg, "AVERAGE")) s->agg = AGG_AVG;
+        else if (!strcmp(agg, "MIN")) s->agg = AGG_MIN;
+        else if (!strcmp(agg, "MAX")) s->agg = AGG_MAX;
+        else {
+            rc = op_error(c, "unknown aggregate_function '%s'", agg);
+            goto fail;
+        }
+    }
+    if (s->nbase && s->nbase != s->nout && !(classifier && s->nbase <= 2)) {
+        rc = op_error(c, "base_values has %d values for %lld outputs", s->nbase, (long long)s->nout);
+        goto fail;
+    }
+    free(keys);
+    *out = s;
+    return 0;
+fail:
+    free(keys);
+    tree_release(s);
+    return rc;
+}
+
+/* The leaf that row x reaches in the tree rooted at node r; -1 when the
+ * walk is longer than the node count (a cycle in a hostile file). */
+static int64_t tree_walk(const struct tree_state *s, int64_t r, const double *x, int64_t nf) {
+    int64_t k = r;
+    for (int64_t steps = 0; steps <= s->nnodes; steps++) {
+        const struct tree_node *t = &s->nodes[k];
+        if (t->mode == TM_LEAF) return k;
+        double v = t->feature < nf ? x[t->feature] : NAN;
+        int go;
+        if (isnan(v)) {
+            go = t->missing_true;
+        } else {
+            switch (t->mode) {
+            case TM_LEQ: go = v <= t->value; break;
+            case TM_LT: go = v < t->value; break;
+            case TM_GTE: go = v >= t->value; break;
+            case TM_GT: go = v > t->value; break;
+            case TM_EQ: go = v == t->value; break;
+            default: go = v != t->value; break;
+            }
+        }
+        k = go ? t->child_true : t->child_false;
+    }
+    return -1;
+}
+
+static int tree_infer_common(struct op_call *c, int classifier) {
+    const struct tensor *x = c->in[0];
+    int64_t n, f;
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, &n, &f))) return rc;
+    struct tree_state *s = NULL;
+    if ((rc = tree_build(c, classifier, &s))) return rc;
+    for (int64_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].mode != TM_LEAF && (s->nodes[i].feature < 0 || s->nodes[i].feature >= f)) {
+            rc = op_error(c, "a node tests feature %lld but the input has %lld", (long long)s->nodes[i].feature, (long long)f);
+            break;
+        }
+    int64_t d[2] = {n, s->nout};
+    if (!rc && classifier) {
+        rc = ml_set(c, c->out[0], DT_INT64, 1, d);
+        if (!rc) rc = ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
+    } else if (!rc) {
+        rc = ml_set(c, c->out[0], DT_FP32, 2, d);
+    }
+    tree_release(s);
+    return rc;
+}
+
+static int tree_classifier_infer(struct op_call *c) { return tree_infer_common(c, 1); }
+static int tree_regressor_infer(struct op_call *c) { return tree_infer_common(c, 0); }
+
+static int tree_prepare_common(struct op_call *c, void **state, size_t *scratch, int classifier) {
+    struct tree_state *s = NULL;
+    int rc = tree_build(c, classifier, &s);
+    if (rc) return rc;
+    int64_t n, f;
+    ml_rows(c, c->in[0], &n, &f);
+    *state = s;
+    /* per row: features as double, scores, and a has-score flag per output */
+    *scratch = (size_t)(f + 2 * s->nout + 2) * sizeof(double);
+    return 0;
+}
+
+static int tree_classifier_prepare(struct op_call *c, void **state, size_t *scratch) {
+    return tree_prepare_common(c, state, scratch, 1);
+}
+static int tree_regressor_prepare(struct op_call *c, void **state, size_t *scratch) {
+    return tree_prepare_common(c, state, scratch, 0);
+}
+
+static int tree_run(struct op_call *c) {
+    const struct tree_state *s = c->state;
+    const struct tensor *x = c->in[0];
+    int64_t n, f;
+    ml_rows(c, x, &n, &f);
+    if (!s || c->scratch_size < (size_t)(f + 2 * s->nout + 2) * sizeof(double)) return op_error(c, "the plan was not prepared");
+    double *xr = c->scratch, *sc = xr + f, *has = sc + s->nout;
+    float *z = s->classifier ? (ml_out(c, 1) ? ml_out(c, 1)->data : NULL) : c->out[0]->data;
+    int64_t *y = s->classifier ? c->out[0]->data : NULL;
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t j = 0; j < f; j++) xr[j] = x->dtype == DT_FP32 ? (double)((const float *)x->data)[r * f + j] : op_double_at(x, r * f + j);
+        for (int64_t k = 0; k < s->nout; k++) sc[k] = has[k] = 0;
+        for (int64_t t = 0; t < s->ntrees; t++) {
+            int64_t leaf = tree_walk(s, s->roots[t], xr, f);
+            if (leaf < 0) return op_error(c, "tree %lld has a cycle", (long long)t);
+            const struct tree_node *ln = &s->nodes[leaf];
+            for (int64_t j = ln->w_first; j < ln->w_first + ln->w_count; j++) {
+                int64_t id = s->w[j].id;
+                double w = s->w[j].w;
+                if (!has[id]) sc[id] = w;
+                else if (s->agg == AGG_MIN) sc[id] = w < sc[id] ? w : sc[id];
+                else if (s->agg == AGG_MAX) sc[id] = w > sc[id] ? w : sc[id];
+                else sc[id] += w;
+                has[id] = 1;
+            }
+        }
+        float out[2];
+        float *zr = z ? z + r * s->nout : NULL;
+        if (!s->classifier) {
+            for (int64_t k = 0; k < s->nout; k++) {
+                double v = sc[k];
+                if (s->agg == AGG_AVG) v /= (double)(s->ntrees ? s->ntrees : 1);
+                zr[k] = (float)(v + (s->nbase ? s->base[k] : 0));
+            }
+            if (s->nout == 1) {
+                if (s->pt == PT_PROBIT) zr[0] = ml_probit(zr[0]);
+            } else {
+                ml_transform_row(zr, s->nout, s->pt);
+            }
+            continue;
+        }
+        if (s->binary) {
+            /* One score for the positive class, as boosted binary models export. */
+            int64_t id = s->w[0].id;
+            double v = sc[id] + (s->nbase == 2 ? s->base[1] : (s->nbase == 1 ? s->base[0] : 0));
+            int pos = s->all_positive ? v > 0.5 : v > 0;
+            y[r] = s->labels[pos ? 1 : 0];
+            if (s->pt == PT_PROBIT) {
+                out[0] = ml_probit((float)v);
+                out[1] = 0;
+            } else if (s->all_positive) {
+                out[0] = (float)(1 - v);
+                out[1] = (float)v;
+            } else if (s->pt == PT_LOGISTIC) {
+                out[0] = ml_logistic((float)-v);
+                out[1] = ml_logistic((float)v);
+            } else {
+                out[0] = (float)-v;
+                out[1] = (float)v;
+            }
+            if (zr) memcpy(zr, out, sizeof out);
+            continue;
+        }
+        for (int64_t k = 0; k < s->nbase && k < s->nout; k++) {
+            sc[k] += s->base[k];
+            has[k] = 1;
+        }
+        int64_t best = -1;
+        for (int64_t k = 0; k < s->nout; k++)
+            if (has[k] && (best < 0 || sc[k] > sc[best])) best = k;
+        y[r] = s->labels[best < 0 ? 0 : best];
+        if (zr) {
+            for (int64_t k = 0; k < s->nout; k++) zr[k] = (float)sc[k];
+            ml_transform_row(zr, s->nout, s->pt);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * LabelEncoder
+ * ------------------------------------------------------------------------ */
+
+/* A key/value table sorted by key for binary search; keys are strings,
+ * int64 or double, values are raw bytes of the output dtype. */
+struct le_state {
+    enum dtype kdt, vdt;
+    int64_t n;
+    char **skeys;
+    int64_t *ikeys;
+    double *fkeys;
+    unsigned char *vals;
+    unsigned char dflt[16];
+};
+
+static void le_release(void *p) {
+    struct le_state *s = p;
+    if (!s) return;
+    free(s->skeys);
+    free(s->ikeys);
+    free(s->fkeys);
+    free(s->vals);
+    free(s);
+}
+
+/* Finds the keys and values of any opset's attribute spelling. */
+static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals, unsigned char *dflt) {
+    const struct graph_node *nd = c->node;
+    const struct graph_attr *a;
+    memset(keys, 0, sizeof *keys);
+    memset(vals, 0, sizeof *vals);
+    keys->ndim = vals->ndim = 1;
+    if (nd->opset < 2) {
+        if (!(a = node_attr(nd, "classes_strings")) || a->type != ATTR_STRINGS)
+            return op_error(c, "attribute 'classes_strings' is required");
+        keys->dtype = DT_STRING;
+        keys->dims[0] = a->n;
+        keys->data = a->strings;
+        vals->dtype = DT_INT64; /* values are the positions */
+        vals->dims[0] = a->n;
+        vals->data = NULL;
+        if (c->in[0]->dtype != DT_STRING) {
+            op_error(c, "int64 to string encoding is not supported");
+            return STATUS_UNSUPPORTED;
+        }
+        int64_t d = node_attr_int(nd, "default_int64", -1);
+        memcpy(dflt, &d, 8);
+        return 0;
+    }
+    const struct tensor *t;
+    if ((t = node_attr_tensor(nd, "keys_tensor"))) *keys = *t;
+    else if ((a = node_attr(nd, "keys_strings")) && a->type == ATTR_STRINGS) {
+        keys->dtype = DT_STRING;
+        keys->dims[0] = a->n;
+        keys->data = a->strings;
+    } else if ((a = node_attr(nd, "keys_int64s")) && a->type == ATTR_INTS) {
+        keys->dtype = DT_INT64;
+        keys->dims[0] = a->n;
+        keys->data = a->ints;
+    } else if ((a = node_attr(nd, "keys_floats")) && a->type == ATTR_FLOATS) {
+        keys->dtype = DT_FP32;
+        keys->dims[0] = a->n;
+        keys->data = a->floats;
+    } else {
+        return op_error(c, "no keys attribute (keys_strings, keys_int64s, keys_floats, keys_tensor)");
+    }
+    if ((t = node_attr_tensor(nd, "values_tensor"))) *vals = *t;
+    else if ((a = node_attr(nd, "values_strings")) && a->type == ATTR_STRINGS) vals->dtype = DT_STRING;
+    else if ((a = node_attr(nd, "values_int64s")) && a->type == ATTR_INTS) {
+        vals->dtype = DT_INT64;
+        vals->dims[0] = a->n;
+        vals->data = a->ints;
+    } else if ((a = node_attr(nd, "values_floats")) && a->type == ATTR_FLOATS) {
+        vals->dtype = DT_FP32;
+        vals->dims[0] = a->n;
+        vals->data = a->floats;
+    } else {
+        return op_error(c, "no values attribute (values_strings, values_int64s, values_floats, values_tensor)");
+    }
+    if (vals->dtype == DT_STRING) {
+        op_error(c, "string outputs are not supported");
+        return STATUS_UNSUPPORTED;
+    }
+    if (tensor_numel(keys) != tensor_numel(vals)) return op_error(c, "keys and values differ in length");
+    if (!dtype_size(vals->dtype) || dtype_size(vals->dtype) > 8) return op_error(c, "unsupported value dtype %s", dtype_name(vals->dtype));
+    memset(dflt, 0, 16);
+    if ((t = node_attr_tensor(nd, "default_tensor"))) {
+        if (t->dtype != vals->dtype || tensor_numel(t) < 1) return op_error(c, "default_tensor must hold one %s", dtype_name(vals->dtype));
+        memcpy(dflt, t->data, dtype_size(t->dtype));
+    } else if (vals->dtype == DT_INT64) {
+        int64_t d = node_attr_int(nd, "default_int64", -1);
+        memcpy(dflt, &d, 8);
+    } else if (vals->dtype == DT_FP32) {
+        float d = node_attr_float(nd, "default_float", -0.0f);
+        memcpy(dflt, &d, 4);
+    }
+    enum dtype in = c->in[0]->dtype;
+    int kstr = keys->dtype == DT_STRING, istr = in == DT_STRING;
+    int kflt = keys->dtype == DT_FP32 || keys->dtype == DT_FP64, iflt = in == DT_FP32 || in == DT_FP64;
+    if (kstr != istr || kflt != iflt) return op_error(c, "keys are %s but the input is %s", dtype_name(keys->dtype), dtype_name(in));
+    return 0;
+}
+
+static int le_infer(struct op_call *c) {
+    struct tensor k, v;
+    unsigned char d[16];
+    int rc = le_attrs(c, &k, &v, d);
+    return rc ? rc : ml_set(c, c->out[0], v.dtype, c->in[0]->ndim, c->in[0]->dims);
+}
+
+static int le_cmp_idx(const void *pa, const void *pb, void *arg) {
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    const struct le_state *s = arg;
+    if (s->skeys) return strcmp(s->skeys[a], s->skeys[b]);
+    if (s->ikeys) return s->ikeys[a] < s->ikeys[b] ? -1 : (s->ikeys[a] > s->ikeys[b]);
+    return s->fkeys[a] < s->fkeys[b] ? -1 : (s->fkeys[a] > s->fkeys[b]);
+}
+
+static int le_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct tensor k, v;
+    unsigned char d[16];
+    int rc = le_attrs(c, &k, &v, d);
+    if (rc) return rc;
+    int64_t n = tensor_numel(&k);
+    size_t es = dtype_size(v.dtype);
+    struct le_state *s = calloc(1, sizeof *s);
+    int64_t *ord = calloc((size_t)(n ? n : 1), sizeof *ord);
+    if (!s || !ord) goto nomem;
+    s->kdt = k.dtype;
+    s->vdt = v.dtype;
+    s->n = n;
+    memcpy(s->dflt, d, sizeof d);
+    if (k.dtype == DT_STRING) s->skeys = calloc((size_t)(n ? n : 1), sizeof(char *));
+    else if (k.dtype == DT_FP32 || k.dtype == DT_FP64) s->fkeys = calloc((size_t)(n ? n : 1), sizeof(double));
+    else s->ikeys = calloc((size_t)(n ? n : 1), sizeof(int64_t));
+    s->vals = calloc((size_t)(n ? n : 1), es);
+    if ((!s->skeys && !s->fkeys && !s->ikeys) || !s->vals) goto nomem;
+    for (int64_t i = 0; i < n; i++) {
+        ord[i] = i;
+        if (s->skeys) s->skeys[i] = ((char **)k.data)[i];
+        else if (s->fkeys) s->fkeys[i] = op_double_at(&k, i);
+        else s->ikeys[i] = op_int_at(&k, i);
+    }
+    qsort_r(ord, (size_t)n, sizeof *ord, le_cmp_idx, s);
+    /* Rewrite keys and values in sorted order. */
+    void *sorted_keys = calloc((size_t)(n ? n : 1), 8);
+    if (!sorted_keys) goto nomem;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t j = ord[i];
+        if (s->skeys) ((char **)sorted_keys)[i] = ((char **)k.data)[j];
+        else if (s->fkeys) ((double *)sorted_keys)[i] = op_double_at(&k, j);
+        else ((int64_t *)sorted_keys)[i] = op_int_at(&k, j);
+        if (v.data) memcpy(s->vals + i * (int64_t)es, (const char *)v.data + j * (int64_t)es, es);
+        else memcpy(s->vals + i * (int64_t)es, &j, es); /* opset 1: the class position */
+    }
+    if (s->skeys) {
+        free(s->skeys);
+        s->skeys = sorted_keys;
+    } else if (s->fkeys) {
+        free(s->fkeys);
+        s->fkeys = sorted_keys;
+    } else {
+        free(s->ikeys);
+        s->ikeys = sorted_keys;
+    }
+    free(ord);
+    *state = s;
+    *scratch = 0;
+    return 0;
+nomem:
+    free(ord);
+    le_release(s);
+    return STATUS_NOMEM;
+}
+
+static int le_run(struct op_call *c) {
+    const struct le_state *s = c->state;
+    if (!s) return op_error(c, "the plan was not prepared");
+    const struct tensor *x = c->in[0];
+    int64_t n = tensor_numel(x);
+    size_t es = dtype_size(s->vdt);
+    char *o = c->out[0]->data;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t lo = 0, hi = s->n - 1, hit = -1;
+        const char *ks = s->skeys ? ((char **)x->data)[i] : NULL;
+        double kf = s->fkeys ? op_double_at(x, i) : 0;
+        int64_t ki = s->ikeys ? op_int_at(x, i) : 0;
+        while (lo <= hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            int cmp = s->skeys ? strcmp(ks ? ks : "", s->skeys[mid])
+                      : s->fkeys ? (kf < s->fkeys[mid] ? -1 : (kf > s->fkeys[mid]))
+                                 : (ki < s->ikeys[mid] ? -1 : (ki > s->ikeys[mid]));
+            if (!cmp) {
+                hit = mid;
+                break;
+            }
+            if (cmp < 0) hi = mid - 1;
+            else lo = mid + 1;
+        }
+        memcpy(o + i * (int64_t)es, hit >= 0 ? s->vals + hit * (int64_t)es : s->dflt, es);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * The table
+ * ------------------------------------------------------------------------ */
+
 const struct op_def op_defs_ml[] = {
+    {"ArrayFeatureExtractor", "ai.onnx.ml", afe_infer, NULL, afe_run, NULL, 0},
+    {"Binarizer", "ai.onnx.ml", binarizer_infer, NULL, binarizer_run, NULL, 0},
+    {"Normalizer", "ai.onnx.ml", normalizer_infer, NULL, normalizer_run, NULL, 0},
+    {"Scaler", "ai.onnx.ml", scaler_infer, NULL, scaler_run, NULL, 0},
+    {"ZipMap", "ai.onnx.ml", zipmap_infer, NULL, zipmap_run, NULL, 0},
+    {"LinearClassifier", "ai.onnx.ml", lc_infer, lc_prepare, lc_run, NULL, 0},
+    {"LinearRegressor", "ai.onnx.ml", lr_infer, NULL, lr_run, NULL, 0},
+    {"TreeEnsembleClassifier", "ai.onnx.ml", tree_classifier_infer, tree_classifier_prepare, tree_run, tree_release, 0},
+    {"TreeEnsembleRegressor", "ai.onnx.ml", tree_regressor_infer, tree_regressor_prepare, tree_run, tree_release, 0},
+    {"LabelEncoder", "ai.onnx.ml", le_infer, le_prepare, le_run, le_release, 0},
     {0},
 };
