@@ -122,3 +122,8 @@ install: $(BIN)
 
 # ---- conformance runner (tests/conformance/runner.c, built by the tests rule) ----
 conformance: $(BUILD)/tests/conformance/runner
+
+# ---- benchmark peers ----------------------------------------------------
+$(BUILD)/ceiling: bench/ceiling.c
+	@mkdir -p $(BUILD)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< -levent -lpthread

@@ -1,0 +1,68 @@
+/* ceiling.c - the minimal libevent HTTP server: the throughput and latency
+ * ceiling of this machine for kiln's front end. Same structure as kiln's
+ * (N threads, each its own event_base and evhttp on one listening socket),
+ * but it reads the body and answers a fixed KServe-style JSON response,
+ * doing no parsing and no inference.
+ *   build/ceiling PORT [THREADS] */
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static const char BODY[] =
+    "{\"model_name\":\"digits\",\"model_version\":\"1\",\"outputs\":[{\"name\":\"label\",\"datatype\":\"INT64\","
+    "\"shape\":[1],\"data\":[8]},{\"name\":\"probabilities\",\"datatype\":\"FP32\",\"shape\":[1,10],\"data\":[0.0,"
+    "0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,0.0]}]}";
+
+static void on_request(struct evhttp_request *req, void *arg) {
+    (void)arg;
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    evbuffer_drain(in, evbuffer_get_length(in));
+    struct evbuffer *out = evbuffer_new();
+    evbuffer_add_reference(out, BODY, sizeof BODY - 1, NULL, NULL);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    evhttp_send_reply(req, 200, "OK", out);
+    evbuffer_free(out);
+}
+
+static void *serve(void *arg) {
+    evutil_socket_t fd = (evutil_socket_t)(intptr_t)arg;
+    struct event_base *base = event_base_new();
+    struct evhttp *http = evhttp_new(base);
+    evhttp_set_gencb(http, on_request, NULL);
+    evhttp_accept_socket(http, fd);
+    event_base_dispatch(base);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: ceiling PORT [THREADS]\n");
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    int port = atoi(argv[1]), threads = argc > 2 ? atoi(argv[2]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
+        perror("ceiling: bind/listen");
+        return 1;
+    }
+    evutil_make_socket_nonblocking(fd);
+    pthread_t t[64];
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, serve, (void *)(intptr_t)fd);
+    for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
+    return 0;
+}
