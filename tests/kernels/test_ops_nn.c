@@ -1,0 +1,684 @@
+/* test_ops_nn.c - the nn family against naive reference loops written here:
+ * Conv (groups, depthwise, dilations, strides, pads, auto_pad, 1-D/3-D, both
+ * layouts), MatMul (broadcast, 1-D operands, fused bias), Gemm (transposes,
+ * alpha/beta, C shapes), every fused activation, the pools (Indices, ceil,
+ * count_include_pad), BatchNormalization, InstanceNormalization, LRN;
+ * concurrent runs on one prepared state; clear refusals. */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/ops.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t g_rng = 88172645463325252ull;
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
+}
+
+static struct tensor mk(int ndim, const int64_t *dims, int fill) {
+    struct tensor t = {DT_FP32, ndim, {0}, NULL};
+    for (int i = 0; i < ndim; i++) t.dims[i] = dims[i];
+    int64_t n = tensor_numel(&t);
+    t.data = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (fill)
+        for (int64_t i = 0; i < n; i++) ((float *)t.data)[i] = frand();
+    return t;
+}
+
+/* A node with up to 8 attributes. */
+struct tnode {
+    struct graph_node n;
+    struct graph_attr a[8];
+    int64_t ints[8][10];
+};
+
+static void tn_init(struct tnode *t, const char *op) {
+    memset(t, 0, sizeof *t);
+    t->n.name = "n0";
+    t->n.op_type = (char *)op;
+    t->n.domain = "";
+    t->n.attrs = t->a;
+}
+static void tn_ints(struct tnode *t, const char *name, int n, const int64_t *v) {
+    struct graph_attr *a = &t->a[t->n.nattr];
+    a->name = (char *)name;
+    a->type = ATTR_INTS;
+    a->n = n;
+    memcpy(t->ints[t->n.nattr], v, sizeof(int64_t) * n);
+    a->ints = t->ints[t->n.nattr];
+    t->n.nattr++;
+}
+static void tn_int(struct tnode *t, const char *name, int64_t v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_INT;
+    a->i = v;
+}
+static void tn_float(struct tnode *t, const char *name, float v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_FLOAT;
+    a->f = v;
+}
+static void tn_str(struct tnode *t, const char *name, const char *v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_STRING;
+    a->s = (char *)v;
+    a->s_len = strlen(v);
+}
+
+static char g_err[512];
+
+static void assert_int_equal_msg_impl(int a, int b, const char *msg) {
+    if (a != b) fail_msg("status %d (expected %d): %s", a, b, msg);
+}
+
+/* Infers, allocates outputs, prepares, runs, releases. Returns the status;
+ * outputs stay allocated (caller frees). */
+static int run_node(const struct graph_node *n, struct tensor **in, int nin, struct tensor **out, int nout,
+                    int nthreads) {
+    const struct op_def *d = op_find("", n->op_type);
+    assert_non_null(d);
+    struct op_call c = {0};
+    c.node = n;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    c.nin = nin;
+    for (int i = 0; i < nout; i++) c.out[i] = out[i];
+    c.nout = nout;
+    c.nthreads = nthreads;
+    c.err = g_err;
+    c.err_len = sizeof g_err;
+    g_err[0] = 0;
+    int rc = d->infer(&c);
+    if (rc) return rc;
+    for (int i = 0; i < nout; i++)
+        if (out[i]) out[i]->data = malloc(tensor_nbytes(out[i]) + 1);
+    void *st = NULL;
+    size_t ss = 0;
+    if (d->prepare && (rc = d->prepare(&c, &st, &ss))) return rc;
+    c.state = st;
+    c.scratch = ss ? aligned_alloc(64, (ss + 63) & ~(size_t)63) : NULL;
+    c.scratch_size = ss;
+    rc = d->run(&c);
+    free(c.scratch);
+    if (d->release) d->release(st);
+    return rc;
+}
+
+static void expect_close(const float *got, const float *want, int64_t n, float tol, const char *what) {
+    for (int64_t i = 0; i < n; i++) {
+        float d = fabsf(got[i] - want[i]);
+        if (!(d <= tol * (1.0f + fabsf(want[i])))) {
+            fail_msg("%s: element %lld is %g, expected %g", what, (long long)i, got[i], want[i]);
+        }
+    }
+}
+
+/* ---- Conv ----------------------------------------------------------------- */
+
+struct conv_case {
+    int nsp;
+    int64_t n, c, m, group;
+    int64_t in[3], k[3], s[3], d[3], pl[3], pr[3];
+    const char *auto_pad;
+    int bias;
+    enum act_kind act;
+    float aa, ab;
+};
+
+static void conv_ref(const struct conv_case *cc, const float *x, const float *w, const float *b, float *y,
+                     const int64_t *out) {
+    int64_t in[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0}, o[3] = {1, 1, 1};
+    for (int i = 0; i < cc->nsp; i++) {
+        in[i] = cc->in[i]; k[i] = cc->k[i]; s[i] = cc->s[i]; d[i] = cc->d[i]; pl[i] = cc->pl[i]; o[i] = out[i];
+    }
+    int64_t cg = cc->c / cc->group, mg = cc->m / cc->group;
+    int64_t isz = in[0] * in[1] * in[2], osz = o[0] * o[1] * o[2], ksz = k[0] * k[1] * k[2];
+    for (int64_t nn = 0; nn < cc->n; nn++)
+        for (int64_t m = 0; m < cc->m; m++) {
+            int64_t g = m / mg;
+            for (int64_t o0 = 0; o0 < o[0]; o0++)
+                for (int64_t o1 = 0; o1 < o[1]; o1++)
+                    for (int64_t o2 = 0; o2 < o[2]; o2++) {
+                        double acc = b ? b[m] : 0;
+                        for (int64_t ci = 0; ci < cg; ci++)
+                            for (int64_t t0 = 0; t0 < k[0]; t0++)
+                                for (int64_t t1 = 0; t1 < k[1]; t1++)
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                                        int64_t i0 = o0 * s[0] - pl[0] + t0 * d[0];
+                                        int64_t i1 = o1 * s[1] - pl[1] + t1 * d[1];
+                                        int64_t i2 = o2 * s[2] - pl[2] + t2 * d[2];
+                                        if (i0 < 0 || i0 >= in[0] || i1 < 0 || i1 >= in[1] || i2 < 0 || i2 >= in[2])
+                                            continue;
+                                        acc += x[(nn * cc->c + g * cg + ci) * isz + (i0 * in[1] + i1) * in[2] + i2] *
+                                               w[(m * cg + ci) * ksz + (t0 * k[1] + t1) * k[2] + t2];
+                                    }
+                        y[(nn * cc->m + m) * osz + (o0 * o[1] + o1) * o[2] + o2] =
+                            act_apply(cc->act, (float)acc, cc->aa, cc->ab);
+                    }
+        }
+}
+
+static void run_conv_case(struct conv_case cc, const char *layout) {
+    int nd = cc.nsp + 2;
+    int64_t xd[5] = {cc.n, cc.c}, wd[5] = {cc.m, cc.c / cc.group}, out[3];
+    for (int i = 0; i < cc.nsp; i++) {
+        xd[2 + i] = cc.in[i];
+        wd[2 + i] = cc.k[i];
+    }
+    struct tensor x = mk(nd, xd, 1), w = mk(nd, wd, 1), b = mk(1, &cc.m, 1), y = {0};
+    struct tnode t;
+    tn_init(&t, "Conv");
+    int64_t pads[6];
+    for (int i = 0; i < cc.nsp; i++) {
+        pads[i] = cc.pl[i];
+        pads[cc.nsp + i] = cc.pr[i];
+    }
+    tn_ints(&t, "strides", cc.nsp, cc.s);
+    tn_ints(&t, "dilations", cc.nsp, cc.d);
+    if (cc.auto_pad) tn_str(&t, "auto_pad", cc.auto_pad);
+    else tn_ints(&t, "pads", 2 * cc.nsp, pads);
+    tn_int(&t, "group", cc.group);
+    t.n.act = cc.act;
+    t.n.act_alpha = cc.aa;
+    t.n.act_beta = cc.ab;
+    setenv("KILN_CONV_LAYOUT", layout, 1);
+    struct tensor *in[3] = {&x, &w, cc.bias ? &b : NULL}, *o[1] = {&y};
+    int rc = run_node(&t.n, in, 3, o, 1, 2);
+    unsetenv("KILN_CONV_LAYOUT");
+    assert_int_equal_msg_impl(rc, 0, g_err);
+    /* The reference needs explicit pads: recompute SAME's split here. */
+    for (int i = 0; i < cc.nsp; i++) {
+        out[i] = y.dims[2 + i];
+        if (cc.auto_pad && strncmp(cc.auto_pad, "SAME", 4) == 0) {
+            int64_t dk = (cc.k[i] - 1) * cc.d[i] + 1, total = (out[i] - 1) * cc.s[i] + dk - cc.in[i];
+            if (total < 0) total = 0;
+            cc.pl[i] = strcmp(cc.auto_pad, "SAME_UPPER") == 0 ? total / 2 : total - total / 2;
+        } else if (cc.auto_pad) {
+            cc.pl[i] = 0;
+        }
+    }
+    float *ref = malloc(tensor_nbytes(&y));
+    conv_ref(&cc, x.data, w.data, cc.bias ? b.data : NULL, ref, out);
+    expect_close(y.data, ref, tensor_numel(&y), 1e-4f, "Conv");
+    free(ref);
+    free(x.data);
+    free(w.data);
+    free(b.data);
+    free(y.data);
+}
+
+static void test_conv_cases(void **st) {
+    (void)st;
+    struct conv_case cases[] = {
+        /* nsp n c m group in k s d pl pr auto bias act */
+        {2, 1, 3, 8, 1, {9, 11}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, NULL, 1, ACT_NONE, 0, 0},
+        {2, 2, 8, 16, 1, {10, 10}, {3, 3}, {2, 2}, {1, 1}, {1, 0}, {0, 1}, NULL, 1, ACT_RELU, 0, 0},
+        {2, 1, 16, 16, 16, {12, 12}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}, NULL, 1, ACT_CLIP, 0, 6},   /* depthwise */
+        {2, 1, 8, 12, 4, {9, 9}, {3, 3}, {1, 2}, {2, 2}, {2, 2}, {2, 2}, NULL, 0, ACT_LEAKY_RELU, 0.1f, 0},
+        {2, 1, 4, 6, 1, {7, 8}, {2, 3}, {2, 2}, {1, 1}, {0}, {0}, "SAME_UPPER", 1, ACT_SIGMOID, 0, 0},
+        {2, 1, 4, 6, 1, {7, 8}, {2, 3}, {2, 1}, {1, 1}, {0}, {0}, "SAME_LOWER", 1, ACT_TANH, 0, 0},
+        {2, 1, 4, 6, 1, {7, 8}, {3, 3}, {2, 2}, {1, 1}, {0}, {0}, "VALID", 1, ACT_GELU, 0, 0},
+        {2, 1, 32, 64, 1, {7, 7}, {1, 1}, {1, 1}, {1, 1}, {0}, {0}, NULL, 1, ACT_HARD_SWISH, 0, 0},
+        {2, 1, 32, 24, 1, {14, 14}, {1, 1}, {2, 2}, {1, 1}, {0}, {0}, NULL, 1, ACT_HARD_SIGMOID, 0.2f, 0.5f},
+        {1, 2, 5, 7, 1, {20}, {4}, {3}, {2}, {1}, {2}, NULL, 1, ACT_RELU, 0, 0},
+        {3, 1, 3, 4, 1, {5, 6, 7}, {3, 2, 3}, {1, 2, 1}, {1, 1, 2}, {1, 0, 1}, {1, 1, 0}, NULL, 1, ACT_NONE, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_conv_case(cases[i], "plain");
+        run_conv_case(cases[i], "blocked");
+        run_conv_case(cases[i], "auto");
+    }
+}
+
+/* Conv weights arriving at run time (not constant at plan time) and a
+ * shape error that names the problem. */
+static void test_conv_errors(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 3, 5, 5}, wd[4] = {4, 2, 3, 3};
+    struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), y = {0};
+    struct tnode t;
+    tn_init(&t, "Conv");
+    struct tensor *in[2] = {&x, &w}, *o[1] = {&y};
+    int rc = run_node(&t.n, in, 2, o, 1, 1);
+    assert_int_not_equal(rc, 0);
+    assert_non_null(strstr(g_err, "channels"));
+    assert_non_null(strstr(g_err, "node 'n0' (Conv)"));
+    free(x.data);
+    free(w.data);
+}
+
+/* ---- MatMul and Gemm -------------------------------------------------------- */
+
+static void matmul_ref(const struct tensor *a, const struct tensor *b, const float *bias, float *y, enum act_kind act) {
+    /* numpy semantics via padded shapes */
+    int64_t ad[8], bd[8];
+    int ra = a->ndim, rb = b->ndim;
+    if (ra == 1) { ad[0] = 1; ad[1] = a->dims[0]; ra = 2; } else memcpy(ad, a->dims, 8 * ra);
+    if (rb == 1) { bd[0] = b->dims[0]; bd[1] = 1; rb = 2; } else memcpy(bd, b->dims, 8 * rb);
+    int r = ra > rb ? ra : rb;
+    int64_t A[8] = {0}, B[8] = {0}, Y[8] = {0};
+    for (int i = 0; i < r; i++) {
+        A[i] = i < r - ra ? 1 : ad[i - (r - ra)];
+        B[i] = i < r - rb ? 1 : bd[i - (r - rb)];
+        Y[i] = A[i] > B[i] ? A[i] : B[i];
+    }
+    int64_t M = A[r - 2], K = A[r - 1], N = B[r - 1], nb = 1;
+    for (int i = 0; i < r - 2; i++) nb *= Y[i];
+    for (int64_t bi = 0; bi < nb; bi++) {
+        int64_t rem = bi, ao = 0, bo = 0, as = 1, bs = 1;
+        for (int i = r - 3; i >= 0; i--) {
+            int64_t idx = rem % Y[i];
+            rem /= Y[i];
+            ao += (A[i] == 1 ? 0 : idx) * as;
+            bo += (B[i] == 1 ? 0 : idx) * bs;
+            as *= A[i];
+            bs *= B[i];
+        }
+        const float *ap = (const float *)a->data + ao * M * K, *bp = (const float *)b->data + bo * K * N;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double acc = bias ? bias[n] : 0;
+                for (int64_t k = 0; k < K; k++) acc += ap[m * K + k] * bp[k * N + n];
+                y[(bi * M + m) * N + n] = act_apply(act, (float)acc, 0, 0);
+            }
+    }
+}
+
+static void test_matmul_cases(void **st) {
+    (void)st;
+    struct { int ra; int64_t a[4]; int rb; int64_t b[4]; int bias; int bconst; enum act_kind act; } cases[] = {
+        {2, {3, 5}, 2, {5, 4}, 0, 1, ACT_NONE},
+        {2, {1, 64}, 2, {64, 32}, 1, 1, ACT_RELU},
+        {3, {2, 3, 5}, 2, {5, 4}, 1, 1, ACT_TANH},
+        {3, {2, 3, 5}, 3, {2, 5, 4}, 0, 0, ACT_NONE},
+        {4, {2, 1, 3, 5}, 3, {4, 5, 6}, 0, 0, ACT_SIGMOID},
+        {2, {3, 5}, 3, {4, 5, 2}, 0, 1, ACT_NONE},
+        {1, {5}, 2, {5, 4}, 0, 1, ACT_NONE},
+        {2, {3, 5}, 1, {5}, 0, 0, ACT_NONE},
+        {1, {7}, 1, {7}, 0, 0, ACT_NONE},
+        {3, {2, 4, 3}, 1, {3}, 0, 1, ACT_RELU},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct tensor a = mk(cases[i].ra, cases[i].a, 1), b = mk(cases[i].rb, cases[i].b, 1), y = {0};
+        int64_t nn = cases[i].b[cases[i].rb - 1];
+        struct tensor bias = mk(1, &nn, 1);
+        struct tnode t;
+        tn_init(&t, "MatMul");
+        t.n.act = cases[i].act;
+        /* a value computed at run time reaches prepare without data */
+        void *bdata = b.data;
+        struct tensor bview = b;
+        if (!cases[i].bconst) bview.data = NULL;
+        struct tensor *in[3] = {&a, &bview, cases[i].bias ? &bias : NULL}, *o[1] = {&y};
+        const struct op_def *d = op_find("", "MatMul");
+        struct op_call c = {.node = &t.n, .nin = cases[i].bias ? 3 : 2, .nout = 1, .nthreads = 2, .err = g_err,
+                            .err_len = sizeof g_err};
+        for (int k = 0; k < 3; k++) c.in[k] = in[k];
+        c.out[0] = o[0];
+        assert_int_equal(d->infer(&c), 0);
+        y.data = malloc(tensor_nbytes(&y));
+        void *state = NULL;
+        size_t ss = 0;
+        int rc = d->prepare(&c, &state, &ss);
+        assert_int_equal_msg_impl(rc, 0, g_err);
+        bview.data = bdata;
+        c.state = state;
+        c.scratch = ss ? aligned_alloc(64, (ss + 63) & ~(size_t)63) : NULL;
+        c.scratch_size = ss;
+        assert_int_equal_msg_impl(d->run(&c), 0, g_err);
+        float *ref = malloc(tensor_nbytes(&y));
+        matmul_ref(&a, &b, cases[i].bias ? bias.data : NULL, ref, cases[i].act);
+        expect_close(y.data, ref, tensor_numel(&y), 1e-4f, "MatMul");
+        d->release(state);
+        free(c.scratch);
+        free(ref);
+        free(a.data);
+        free(b.data);
+        free(bias.data);
+        free(y.data);
+    }
+}
+
+static void test_gemm_cases(void **st) {
+    (void)st;
+    struct { int ta, tb; float alpha, beta; int cr; int64_t c[2]; int cconst; enum act_kind act; } cases[] = {
+        {0, 0, 1.0f, 1.0f, 1, {6}, 1, ACT_NONE},
+        {0, 1, 1.0f, 1.0f, 2, {1, 6}, 0, ACT_RELU},
+        {1, 0, 0.5f, 2.0f, 2, {4, 6}, 1, ACT_NONE},
+        {1, 1, 1.0f, 0.5f, 1, {6}, 1, ACT_TANH},
+        {0, 0, 2.0f, 1.0f, 2, {4, 1}, 0, ACT_NONE},
+        {0, 0, 1.0f, 3.0f, 0, {0}, 1, ACT_NONE},
+        {0, 1, 1.5f, 0.0f, 2, {4, 6}, 1, ACT_NONE},
+        {0, 0, 1.0f, 1.0f, -1, {0}, 1, ACT_SIGMOID}, /* no C */
+    };
+    const int64_t M = 4, K = 5, N = 6;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int64_t ad[2] = {cases[i].ta ? K : M, cases[i].ta ? M : K}, bd[2] = {cases[i].tb ? N : K, cases[i].tb ? K : N};
+        struct tensor a = mk(2, ad, 1), b = mk(2, bd, 1), C = mk(cases[i].cr < 0 ? 0 : cases[i].cr, cases[i].c, 1), y = {0};
+        struct tnode t;
+        tn_init(&t, "Gemm");
+        tn_int(&t, "transA", cases[i].ta);
+        tn_int(&t, "transB", cases[i].tb);
+        tn_float(&t, "alpha", cases[i].alpha);
+        tn_float(&t, "beta", cases[i].beta);
+        t.n.act = cases[i].act;
+        struct tensor *in[3] = {&a, &b, cases[i].cr < 0 ? NULL : &C}, *o[1] = {&y};
+        int rc = run_node(&t.n, in, cases[i].cr < 0 ? 2 : 3, o, 1, 1);
+        assert_int_equal_msg_impl(rc, 0, g_err);
+        const float *A = a.data, *B = b.data, *Cv = C.data;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double acc = 0;
+                for (int64_t k = 0; k < K; k++)
+                    acc += A[cases[i].ta ? k * M + m : m * K + k] * B[cases[i].tb ? n * K + k : k * N + n];
+                double cval = 0;
+                if (cases[i].cr >= 0) {
+                    int64_t r0 = cases[i].cr == 2 ? cases[i].c[0] : 1, c1 = cases[i].cr >= 1 ? cases[i].c[cases[i].cr - 1] : 1;
+                    cval = Cv[(r0 == 1 ? 0 : m) * c1 + (c1 == 1 ? 0 : n)];
+                }
+                float want = act_apply(cases[i].act, (float)(cases[i].alpha * acc + cases[i].beta * cval), 0, 0);
+                float got = ((float *)y.data)[m * N + n];
+                if (fabsf(got - want) > 1e-4f * (1 + fabsf(want)))
+                    fail_msg("Gemm case %zu [%lld,%lld]: %g vs %g", i, (long long)m, (long long)n, got, want);
+            }
+        free(a.data);
+        free(b.data);
+        free(C.data);
+        free(y.data);
+    }
+}
+
+/* ---- pools ---------------------------------------------------------------- */
+
+static void test_maxpool_indices(void **st) {
+    (void)st;
+    /* 1x1x4x4 0..15, kernel 2, stride 2: maxima are the bottom-right of each block */
+    int64_t xd[4] = {1, 2, 4, 4};
+    struct tensor x = mk(4, xd, 0), y = {0}, idx = {0};
+    for (int i = 0; i < 32; i++) ((float *)x.data)[i] = (float)i;
+    struct tnode t;
+    tn_init(&t, "MaxPool");
+    int64_t k[2] = {2, 2};
+    tn_ints(&t, "kernel_shape", 2, k);
+    tn_ints(&t, "strides", 2, k);
+    struct tensor *in[1] = {&x}, *o[2] = {&y, &idx};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 2, 1), 0, g_err);
+    assert_int_equal(idx.dtype, DT_INT64);
+    const float want[8] = {5, 7, 13, 15, 21, 23, 29, 31};
+    const int64_t wi[8] = {5, 7, 13, 15, 21, 23, 29, 31};
+    expect_close(y.data, want, 8, 0, "MaxPool");
+    for (int i = 0; i < 8; i++) assert_int_equal(((int64_t *)idx.data)[i], wi[i]);
+    free(y.data);
+    free(idx.data);
+    /* storage_order 1: column-major numbering of the spatial elements */
+    tn_int(&t, "storage_order", 1);
+    y = (struct tensor){0};
+    idx = (struct tensor){0};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 2, 1), 0, g_err);
+    const int64_t wc[8] = {5, 13, 7, 15, 21, 29, 23, 31};
+    for (int i = 0; i < 8; i++) assert_int_equal(((int64_t *)idx.data)[i], wc[i]);
+    free(y.data);
+    free(idx.data);
+    free(x.data);
+}
+
+/* oneDNN's pooling and the C loop agree (Indices forces the C loop). */
+static void test_pool_paths_agree(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 3, 11, 10};
+    struct tensor x = mk(4, xd, 1);
+    for (int ceil = 0; ceil < 2; ceil++) {
+        struct tnode t;
+        tn_init(&t, "MaxPool");
+        int64_t k[2] = {3, 3}, s[2] = {2, 2}, p[4] = {1, 0, 0, 1};
+        tn_ints(&t, "kernel_shape", 2, k);
+        tn_ints(&t, "strides", 2, s);
+        tn_ints(&t, "pads", 4, p);
+        tn_int(&t, "ceil_mode", ceil);
+        struct tensor y1 = {0}, y2 = {0}, idx = {0};
+        struct tensor *in[1] = {&x}, *o1[1] = {&y1}, *o2[2] = {&y2, &idx};
+        assert_int_equal_msg_impl(run_node(&t.n, in, 1, o1, 1, 2), 0, g_err);
+        assert_int_equal_msg_impl(run_node(&t.n, in, 1, o2, 2, 2), 0, g_err);
+        assert_true(tensor_same_shape(&y1, &y2));
+        expect_close(y1.data, y2.data, tensor_numel(&y1), 0, "MaxPool paths");
+        for (int64_t i = 0; i < tensor_numel(&y1); i++)
+            assert_true(((float *)x.data)[((int64_t *)idx.data)[i]] == ((float *)y2.data)[i]);
+        free(y1.data);
+        free(y2.data);
+        free(idx.data);
+    }
+    free(x.data);
+}
+
+static void test_avgpool(void **st) {
+    (void)st;
+    /* 1x1x3x3 ones, kernel 2, pads 1, stride 2, ceil: include_pad divides
+     * by the window clipped to the padded input */
+    int64_t xd[4] = {1, 1, 3, 3};
+    struct tensor x = mk(4, xd, 0);
+    for (int i = 0; i < 9; i++) ((float *)x.data)[i] = 1.0f;
+    for (int inc = 0; inc < 2; inc++) {
+        struct tnode t;
+        tn_init(&t, "AveragePool");
+        int64_t k[2] = {2, 2}, s[2] = {2, 2}, p[4] = {1, 1, 1, 1};
+        tn_ints(&t, "kernel_shape", 2, k);
+        tn_ints(&t, "strides", 2, s);
+        tn_ints(&t, "pads", 4, p);
+        tn_int(&t, "count_include_pad", inc);
+        struct tensor y = {0};
+        struct tensor *in[1] = {&x}, *o[1] = {&y};
+        assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
+        assert_int_equal(y.dims[2], 2);
+        /* windows: corners hold 1 real of 4 padded taps */
+        float want_inc[4] = {0.25f, 0.5f, 0.5f, 1.0f}, want_exc[4] = {1, 1, 1, 1};
+        expect_close(y.data, inc ? want_inc : want_exc, 4, 1e-6f, "AveragePool");
+        free(y.data);
+    }
+    free(x.data);
+}
+
+static void test_global_pools(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 3, 5, 7};
+    struct tensor x = mk(4, xd, 1);
+    for (int mx = 0; mx < 2; mx++) {
+        struct tnode t;
+        tn_init(&t, mx ? "GlobalMaxPool" : "GlobalAveragePool");
+        struct tensor y = {0};
+        struct tensor *in[1] = {&x}, *o[1] = {&y};
+        assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
+        assert_int_equal(y.ndim, 4);
+        assert_int_equal(y.dims[3], 1);
+        for (int p = 0; p < 6; p++) {
+            const float *xp = (const float *)x.data + p * 35;
+            double acc = 0;
+            float m = xp[0];
+            for (int i = 0; i < 35; i++) {
+                acc += xp[i];
+                m = xp[i] > m ? xp[i] : m;
+            }
+            float want = mx ? m : (float)(acc / 35);
+            assert_true(fabsf(((float *)y.data)[p] - want) < 1e-5f);
+        }
+        free(y.data);
+    }
+    free(x.data);
+}
+
+/* ---- normalizations ---------------------------------------------------------- */
+
+static void test_batchnorm(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 3, 4, 5}, cd = 3;
+    struct tensor x = mk(4, xd, 1), sc = mk(1, &cd, 1), b = mk(1, &cd, 1), mu = mk(1, &cd, 1), var = mk(1, &cd, 1);
+    for (int i = 0; i < 3; i++) ((float *)var.data)[i] = fabsf(((float *)var.data)[i]) + 0.5f;
+    struct tnode t;
+    tn_init(&t, "BatchNormalization");
+    tn_float(&t, "epsilon", 1e-3f);
+    struct tensor y = {0};
+    struct tensor *in[5] = {&x, &sc, &b, &mu, &var}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 5, o, 1, 2), 0, g_err);
+    for (int64_t i = 0; i < 120; i++) {
+        int c = (int)((i / 20) % 3);
+        float want = ((float *)sc.data)[c] * (((float *)x.data)[i] - ((float *)mu.data)[c]) /
+                         sqrtf(((float *)var.data)[c] + 1e-3f) + ((float *)b.data)[c];
+        assert_true(fabsf(((float *)y.data)[i] - want) < 1e-5f);
+    }
+    free(y.data);
+    /* training mode is refused with a clear message */
+    tn_int(&t, "training_mode", 1);
+    y = (struct tensor){0};
+    assert_int_equal(run_node(&t.n, in, 5, o, 1, 1), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "training_mode"));
+    free(x.data), free(sc.data), free(b.data), free(mu.data), free(var.data);
+}
+
+static void test_instancenorm_lrn(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 5, 3, 4}, cd = 5;
+    struct tensor x = mk(4, xd, 1), sc = mk(1, &cd, 1), b = mk(1, &cd, 1), y = {0};
+    struct tnode t;
+    tn_init(&t, "InstanceNormalization");
+    struct tensor *in[3] = {&x, &sc, &b}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+    for (int p = 0; p < 10; p++) {
+        const float *xp = (const float *)x.data + p * 12;
+        double m = 0, v = 0;
+        for (int i = 0; i < 12; i++) m += xp[i];
+        m /= 12;
+        for (int i = 0; i < 12; i++) v += (xp[i] - m) * (xp[i] - m);
+        v /= 12;
+        for (int i = 0; i < 12; i++) {
+            float want = (float)(((float *)sc.data)[p % 5] * (xp[i] - m) / sqrt(v + 1e-5) + ((float *)b.data)[p % 5]);
+            assert_true(fabsf(((float *)y.data)[p * 12 + i] - want) < 1e-4f);
+        }
+    }
+    free(y.data);
+    /* LRN, odd and even sizes, beta 0.75 fast path and a general beta */
+    for (int size = 2; size <= 5; size++)
+        for (int bi = 0; bi < 2; bi++) {
+            float beta = bi ? 0.6f : 0.75f;
+            tn_init(&t, "LRN");
+            tn_int(&t, "size", size);
+            tn_float(&t, "alpha", 0.01f);
+            tn_float(&t, "beta", beta);
+            tn_float(&t, "bias", 1.5f);
+            y = (struct tensor){0};
+            struct tensor *in1[1] = {&x};
+            assert_int_equal_msg_impl(run_node(&t.n, in1, 1, o, 1, 1), 0, g_err);
+            for (int n = 0; n < 2; n++)
+                for (int c = 0; c < 5; c++)
+                    for (int i = 0; i < 12; i++) {
+                        double sq = 0;
+                        for (int cc = c - (size - 1) / 2; cc <= c + size / 2; cc++)
+                            if (cc >= 0 && cc < 5) {
+                                float v = ((float *)x.data)[(n * 5 + cc) * 12 + i];
+                                sq += v * v;
+                            }
+                        float xv = ((float *)x.data)[(n * 5 + c) * 12 + i];
+                        float want = (float)(xv / pow(1.5 + 0.01 / size * sq, beta));
+                        assert_true(fabsf(((float *)y.data)[(n * 5 + c) * 12 + i] - want) < 1e-5f);
+                    }
+            free(y.data);
+        }
+    free(x.data), free(sc.data), free(b.data);
+}
+
+/* ---- concurrency ------------------------------------------------------------------ */
+
+struct conc_arg {
+    const struct op_def *d;
+    struct op_call c;
+    const float *want;
+    int64_t n;
+    int ok;
+};
+
+static void *conc_main(void *p) {
+    struct conc_arg *a = p;
+    a->ok = 1;
+    for (int r = 0; r < 20 && a->ok; r++) {
+        memset(a->c.out[0]->data, 0, sizeof(float) * (size_t)a->n);
+        if (a->d->run(&a->c) != 0) a->ok = 0;
+        for (int64_t i = 0; i < a->n && a->ok; i++)
+            if (fabsf(((float *)a->c.out[0]->data)[i] - a->want[i]) > 1e-4f * (1 + fabsf(a->want[i]))) a->ok = 0;
+    }
+    return NULL;
+}
+
+/* Four threads run one prepared Conv state with their own buffers. */
+static void test_concurrent_runs(void **st) {
+    (void)st;
+    enum { T = 4 };
+    int64_t xd[4] = {1, 16, 14, 14}, wd[4] = {32, 16, 3, 3}, m = 32;
+    struct tensor w = mk(4, wd, 1), b = mk(1, &m, 1), x[T], y[T];
+    struct tnode t;
+    tn_init(&t, "Conv");
+    int64_t pads[4] = {1, 1, 1, 1};
+    tn_ints(&t, "pads", 4, pads);
+    t.n.act = ACT_RELU;
+    const struct op_def *d = op_find("", "Conv");
+    struct conc_arg args[T];
+    float *want[T];
+    void *state = NULL;
+    size_t ss = 0;
+    for (int i = 0; i < T; i++) {
+        x[i] = mk(4, xd, 1);
+        y[i] = (struct tensor){0};
+        struct op_call c = {.node = &t.n, .nin = 3, .nout = 1, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+        c.in[0] = &x[i];
+        c.in[1] = &w;
+        c.in[2] = &b;
+        c.out[0] = &y[i];
+        assert_int_equal(d->infer(&c), 0);
+        y[i].data = malloc(tensor_nbytes(&y[i]));
+        if (i == 0) assert_int_equal_msg_impl(d->prepare(&c, &state, &ss), 0, g_err);
+        c.state = state;
+        c.scratch = aligned_alloc(64, (ss + 64) & ~(size_t)63);
+        c.scratch_size = ss;
+        assert_int_equal(d->run(&c), 0);
+        want[i] = malloc(tensor_nbytes(&y[i]));
+        memcpy(want[i], y[i].data, tensor_nbytes(&y[i]));
+        args[i] = (struct conc_arg){d, c, want[i], tensor_numel(&y[i]), 0};
+    }
+    pthread_t th[T];
+    for (int i = 0; i < T; i++) pthread_create(&th[i], NULL, conc_main, &args[i]);
+    for (int i = 0; i < T; i++) {
+        pthread_join(th[i], NULL);
+        assert_true(args[i].ok);
+        free(args[i].c.scratch);
+        free(want[i]);
+        free(x[i].data);
+        free(y[i].data);
+    }
+    d->release(state);
+    free(w.data);
+    free(b.data);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_conv_cases),      cmocka_unit_test(test_conv_errors),
+        cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
+        cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
+        cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
+        cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
+        cmocka_unit_test(test_concurrent_runs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
