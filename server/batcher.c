@@ -97,6 +97,7 @@ struct batcher {
     uint64_t next_seq, deliver_seq;
 
     uint64_t *profile;        /* EWMA exec ns by rows, [0..cap_rows] */
+    uint32_t *profile_n;      /* samples taken, by rows */
     struct batcher_stats st;
 
     struct instance *inst;
@@ -282,12 +283,20 @@ static uint64_t predict_ns(const batcher_t *b, int64_t n) {
     return 0;
 }
 
+/* The first run of a batch size usually builds its plan (kernels, memory):
+ * the second sample replaces the first when lower, so that one slow start
+ * does not shrink batches for the next many runs. */
 static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
     if (rows < 1 || rows > b->cap_rows)
         return;
+    if (!ns)
+        ns = 1;
     uint64_t old = b->profile[rows];
-    b->profile[rows] = old ? (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns)
-                           : (ns ? ns : 1);
+    uint32_t n = b->profile_n[rows]++;
+    if (n == 0 || (n == 1 && ns < old))
+        b->profile[rows] = ns;
+    else
+        b->profile[rows] = (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns);
 }
 
 static struct batcher_request *queue_head(batcher_t *b) {
@@ -740,6 +749,7 @@ void batcher_free(batcher_t *b) {
     free(b->q);
     free(b->heap);
     free(b->profile);
+    free(b->profile_n);
     pthread_cond_destroy(&b->work_cv);
     pthread_cond_destroy(&b->timer_cv);
     pthread_cond_destroy(&b->order_cv);
@@ -831,8 +841,9 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
 
     b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
     b->profile = calloc((size_t)b->cap_rows + 1, sizeof *b->profile);
+    b->profile_n = calloc((size_t)b->cap_rows + 1, sizeof *b->profile_n);
     b->inst = calloc((size_t)b->ninst, sizeof *b->inst);
-    if (!b->q || !b->profile || !b->inst) {
+    if (!b->q || !b->profile || !b->profile_n || !b->inst) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         goto fail;
     }
