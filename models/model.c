@@ -3,6 +3,7 @@
 #include "models/model.h"
 
 #include <omp.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,11 @@ struct model {
     struct plan_cache *plans; /* host plans, shared by every CPU execution context */
     int max_plans;
     int64_t max_dim;
+    /* Inputs whose values decide shapes (a Reshape's shape or TopK's K fed
+     * by the caller): learned on the first plan that cannot be built
+     * without them; from then on their values are part of the signature. */
+    _Atomic uint64_t bind_values;
+    uint64_t bind_candidates; /* small integer (or scalar float) inputs */
 };
 
 struct model_exec {
@@ -64,6 +70,15 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     }
     for (int i = 0; i < g->ninputs; i++) io_from_value(&m->ins[i], &g->values[g->inputs[i]]);
     for (int i = 0; i < g->noutputs; i++) io_from_value(&m->outs[i], &g->values[g->outputs[i]]);
+    for (int i = 0; i < g->ninputs && i < 64; i++) {
+        enum dtype dt = m->ins[i].dtype;
+        int is_int = dt == DT_INT64 || dt == DT_INT32 || dt == DT_INT16 || dt == DT_INT8 || dt == DT_UINT8 ||
+                     dt == DT_UINT16 || dt == DT_UINT32 || dt == DT_UINT64 || dt == DT_BOOL;
+        int is_float = dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16;
+        int rank = m->ins[i].ndim;
+        if ((is_int && rank >= 0 && rank <= 1) || (is_float && rank == 0)) m->bind_candidates |= (uint64_t)1 << i;
+    }
+    atomic_init(&m->bind_values, 0);
     log_debug("loaded %s: %d nodes after passes, %d inputs, %d outputs", p->path, g->nnodes, g->ninputs,
               g->noutputs);
     return m;
@@ -204,7 +219,20 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
         plan_cache_touch(cache, p);
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
-    if ((rc = plan_cache_get(cache, g, inputs, x->be, &p, NULL, err, err_len))) return rc;
+    uint64_t bind = atomic_load(&m->bind_values);
+    rc = plan_cache_get(cache, g, inputs, bind, x->be, &p, NULL, err, err_len);
+    if (rc && rc != STATUS_NOMEM && (m->bind_candidates & ~bind)) {
+        /* Maybe an input decides a shape: retry with the values of the small
+         * integer inputs bound, and keep that only if it helps. */
+        char err2[512];
+        uint64_t more = bind | m->bind_candidates;
+        if (plan_cache_get(cache, g, inputs, more, x->be, &p, NULL, err2, sizeof err2) == 0) {
+            atomic_fetch_or(&m->bind_values, more);
+            log_info("model inputs decide output shapes; plans are built per value of those inputs");
+            rc = 0;
+        }
+    }
+    if (rc) return rc;
     rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     plan_release(p);
     return rc;

@@ -373,7 +373,13 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         /* The Add must not change the MatMul's shape: bias is [N] or [1,..,1,N]
          * of a rank that cannot exceed the product's. */
         if (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n) continue;
-        if (matmul && bias->ndim > 1 && bias->ndim > wt->ndim - 1) continue;
+        if (matmul && bias->ndim > 1) {
+            /* The product's rank: max of both when A is a matrix or more,
+             * one less than B's when A is a vector, B's at least if unknown. */
+            int ra = p->in[0] >= 0 ? g->values[p->in[0]].t.ndim : -1;
+            int rank = ra >= 2 ? (ra > wt->ndim ? ra : wt->ndim) : wt->ndim - 1;
+            if (bias->ndim > rank) continue;
+        }
         if (gemm && bias->ndim > 2) continue;
         int use = bv;
         if (matmul && bias->ndim != 1) {

@@ -59,6 +59,7 @@ struct plan {
     struct backend *be; /* the backend that prepared the steps */
     void *dev_consts;   /* device plans: every constant a step reads */
     size_t consts_size;
+    uint64_t bind; /* inputs whose values are part of the signature */
     int *in_vals; /* host plans: values read in place from graph inputs */
     int nin_vals;
     atomic_ullong last_used;
@@ -266,8 +267,8 @@ static int is_string_node(const struct op_call *c) {
     return 0;
 }
 
-int plan_build(const struct graph *g, const struct tensor *inputs, struct backend *be, struct plan **out,
-               char *err, size_t err_len) {
+int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
+               struct plan **out, char *err, size_t err_len) {
     *out = NULL;
     int rc = STATUS_NOMEM;
     struct plan *p = calloc(1, sizeof *p);
@@ -307,9 +308,18 @@ int plan_build(const struct graph *g, const struct tensor *inputs, struct backen
         pv->t.dtype = g->values[v].t.dtype != DT_UNDEFINED ? g->values[v].t.dtype : inputs[i].dtype;
         pv->kind = p->host ? PLAN_VALUE_INPUT : PLAN_VALUE_ARENA;
         pv->input = i;
-        pv->is_step_out = 0;
+        if (i < 64 && (bind_values >> i & 1) && pv->t.dtype != DT_STRING) {
+            size_t nb = tensor_nbytes(&pv->t);
+            pv->t.data = malloc(nb ? nb : 1);
+            if (!pv->t.data) goto nomem;
+            if (nb) memcpy(pv->t.data, inputs[i].data, nb);
+            pv->kind = PLAN_VALUE_CONST;
+            pv->owned = 1;
+            p->sig[i].data = pv->t.data;
+            p->bind |= (uint64_t)1 << i;
+        }
     }
-    p->hash = plan_signature_hash(inputs, g->ninputs);
+    p->hash = plan_signature_hash(inputs, g->ninputs, p->bind);
     for (int i = 0; i < g->nnodes; i++)
         for (int k = 0; k < g->nodes[i].nin; k++)
             if (g->nodes[i].in[k] >= 0) nuse[g->nodes[i].in[k]]++;
@@ -625,12 +635,17 @@ enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor 
     return pv->kind;
 }
 
-uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs) {
+uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs, uint64_t bind_values) {
     uint64_t h = 1469598103934665603ull;
     for (int i = 0; i < ninputs; i++) {
         h = (h ^ (uint64_t)(inputs[i].ndim + 1)) * 1099511628211ull;
         for (int d = 0; d < inputs[i].ndim && d < TENSOR_MAX_DIMS; d++)
             h = (h ^ (uint64_t)inputs[i].dims[d]) * 1099511628211ull;
+        if (i < 64 && (bind_values >> i & 1) && inputs[i].data && inputs[i].dtype != DT_STRING) {
+            const unsigned char *b = inputs[i].data;
+            size_t nb = tensor_nbytes(&inputs[i]);
+            for (size_t k = 0; k < nb; k++) h = (h ^ b[k]) * 1099511628211ull;
+        }
     }
     return h;
 }
@@ -641,6 +656,8 @@ int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs)
         if (inputs[i].ndim != p->sig[i].ndim) return 0;
         for (int d = 0; d < inputs[i].ndim; d++)
             if (inputs[i].dims[d] != p->sig[i].dims[d]) return 0;
+        if (p->sig[i].data && (!inputs[i].data || memcmp(inputs[i].data, p->sig[i].data, tensor_nbytes(&inputs[i]))))
+            return 0;
     }
     return 1;
 }
@@ -954,9 +971,9 @@ static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct te
     return NULL;
 }
 
-int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, struct backend *be,
-                   struct plan **out, int *built, char *err, size_t err_len) {
-    uint64_t h = plan_signature_hash(inputs, g->ninputs);
+int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+                   struct backend *be, struct plan **out, int *built, char *err, size_t err_len) {
+    uint64_t h = plan_signature_hash(inputs, g->ninputs, bind_values);
     if (built) *built = 0;
     pthread_mutex_lock(&c->mu);
     struct plan *p = cache_find(c, h, inputs, g->ninputs);
@@ -966,7 +983,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
         return 0;
     }
     struct plan *np;
-    int rc = plan_build(g, inputs, be, &np, err, err_len);
+    int rc = plan_build(g, inputs, bind_values, be, &np, err, err_len);
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->builds++;

@@ -38,11 +38,14 @@ struct backend;
 /* ---- plans --------------------------------------------------------------- */
 
 /* Builds a plan for g with graph input i shaped like inputs[i] (dtype, ndim,
- * dims; data ignored; g->ninputs entries). be prepares the steps (NULL = the
- * CPU kernels directly). Returns 0 and *out with one reference, or a negative
- * status with a message (a node that cannot take these shapes is named). */
-int plan_build(const struct graph *g, const struct tensor *inputs, struct backend *be, struct plan **out,
-               char *err, size_t err_len);
+ * dims; g->ninputs entries). Data is ignored except for the inputs whose bit
+ * is set in bind_values (i < 64): their values are copied into the plan as
+ * constants and become part of its signature, for models where an input
+ * decides shapes (Reshape's shape, TopK's K fed by the caller). be prepares
+ * the steps (NULL = the CPU kernels directly). Returns 0 and *out with one
+ * reference, or a negative status with a message naming the node. */
+int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
+               struct plan **out, char *err, size_t err_len);
 void plan_retain(struct plan *p);
 /* Drops one reference; the last one frees the plan. NULL is a no-op. */
 void plan_release(struct plan *p);
@@ -99,17 +102,18 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
 struct plan_cache *plan_cache_create(int max_plans);
 void plan_cache_free(struct plan_cache *c); /* drops the cache's references */
 
-/* Hash of an input shape signature (ndim and dims of each input). */
-uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs);
-/* 1 if p was built for exactly these input shapes. */
+/* Hash of an input signature: ndim and dims of each input, and the values
+ * of the inputs in bind_values. */
+uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs, uint64_t bind_values);
+/* 1 if p was built for exactly these input shapes (and bound values). */
 int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs);
 
 /* Returns the cached plan for these input shapes with a new reference, or
  * builds one (outside the lock), inserts it (evicting the least recently used
  * plan beyond max_plans) and returns it with a reference. *built (if
  * non-NULL) tells whether a build happened. */
-int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, struct backend *be,
-                   struct plan **out, int *built, char *err, size_t err_len);
+int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+                   struct backend *be, struct plan **out, int *built, char *err, size_t err_len);
 /* Marks p as just used (for a caller that reused it without plan_cache_get). */
 void plan_cache_touch(struct plan_cache *c, struct plan *p);
 /* Number of plans in the cache; number of builds and evictions so far. */

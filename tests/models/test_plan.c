@@ -1,0 +1,588 @@
+/* Plans and passes on graphs built in memory with the real op tables:
+ * results, plan-time folding, views, memory planning (no two live values
+ * share bytes), the LRU of plans, and the load-time fusions checked
+ * numerically against the unfused graph. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/ops.h"
+#include "models/graph.h"
+#include "models/onnx_load.h"
+#include "models/passes.h"
+#include "models/plan.h"
+
+#define DATA ".venv/lib/python3.11/site-packages/onnx/backend/test/data"
+
+/* ---- graph building helpers ---------------------------------------------------- */
+
+static int val(struct graph *g, const char *name) {
+    int v = graph_intern_value(g, name);
+    assert_true(v >= 0);
+    return v;
+}
+
+static int add_input(struct graph *g, const char *name, enum dtype dt, int ndim, const int64_t *dims) {
+    int v = val(g, name);
+    g->values[v].t.dtype = dt;
+    g->values[v].t.ndim = ndim;
+    for (int d = 0; d < ndim; d++) g->values[v].t.dims[d] = dims[d];
+    g->values[v].flags |= VALUE_INPUT;
+    g->inputs = realloc(g->inputs, (size_t)(g->ninputs + 1) * sizeof(int));
+    g->inputs[g->ninputs++] = v;
+    return v;
+}
+
+static void add_output(struct graph *g, const char *name) {
+    int v = val(g, name);
+    g->values[v].flags |= VALUE_OUTPUT;
+    g->outputs = realloc(g->outputs, (size_t)(g->noutputs + 1) * sizeof(int));
+    g->outputs[g->noutputs++] = v;
+}
+
+static int add_const(struct graph *g, const char *name, enum dtype dt, int ndim, const int64_t *dims,
+                     const void *data) {
+    int v = val(g, name);
+    struct tensor *t = &g->values[v].t;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->dims[d] = dims[d];
+    size_t nb = tensor_nbytes(t);
+    t->data = malloc(nb ? nb : 1);
+    memcpy(t->data, data, nb);
+    return v;
+}
+
+static int add_const_f(struct graph *g, const char *name, int ndim, const int64_t *dims, const float *data) {
+    return add_const(g, name, DT_FP32, ndim, dims, data);
+}
+
+/* Adds a node from value names ("" = absent input); returns its index. */
+static int node(struct graph *g, const char *op, const char *const *ins, int nin, const char *const *outs, int nout) {
+    int in[16], out[16];
+    for (int i = 0; i < nin; i++) in[i] = ins[i][0] ? val(g, ins[i]) : -1;
+    for (int i = 0; i < nout; i++) out[i] = val(g, outs[i]);
+    int n = graph_add_node(g, NULL, op, "", in, nin, out, nout);
+    assert_true(n >= 0);
+    g->nodes[n].op = op_find("", op);
+    g->nodes[n].opset = 17;
+    assert_non_null(g->nodes[n].op);
+    return n;
+}
+
+static struct graph_attr *new_attr(struct graph *g, int n, const char *name, enum attr_type type) {
+    struct graph_node *nd = &g->nodes[n];
+    nd->attrs = realloc(nd->attrs, (size_t)(nd->nattr + 1) * sizeof *nd->attrs);
+    struct graph_attr *a = &nd->attrs[nd->nattr++];
+    memset(a, 0, sizeof *a);
+    a->name = strdup(name);
+    a->type = type;
+    return a;
+}
+
+static void attr_int(struct graph *g, int n, const char *name, int64_t v) { new_attr(g, n, name, ATTR_INT)->i = v; }
+static void attr_float(struct graph *g, int n, const char *name, float v) { new_attr(g, n, name, ATTR_FLOAT)->f = v; }
+static void attr_ints(struct graph *g, int n, const char *name, int cnt, const int64_t *v) {
+    struct graph_attr *a = new_attr(g, n, name, ATTR_INTS);
+    a->n = cnt;
+    a->ints = malloc((size_t)cnt * sizeof(int64_t));
+    memcpy(a->ints, v, (size_t)cnt * sizeof(int64_t));
+}
+
+static void sort(struct graph *g) {
+    char err[256];
+    assert_int_equal(graph_toposort(g, err, sizeof err), 0);
+}
+
+static float frand(unsigned *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* Runs g once on the CPU with the given inputs; returns output 0 (malloc'd). */
+static float *run1(struct graph *g, const struct tensor *inputs, struct tensor *out0) {
+    struct backend *be = backend_cpu_create(&(struct backend_params){.nthreads = 2});
+    struct plan_exec *x = plan_exec_create(be, 2);
+    struct plan *p;
+    char err[512] = "";
+    int rc = plan_build(g, inputs, 0, be, &p, err, sizeof err);
+    if (rc) fail_msg("plan_build: %s", err);
+    struct tensor outs[8];
+    rc = plan_exec_run(x, p, inputs, outs, err, sizeof err);
+    if (rc) fail_msg("run: %s", err);
+    for (int o = 1; o < g->noutputs; o++) free(outs[o].data);
+    plan_release(p);
+    plan_exec_free(x);
+    backend_free(be);
+    *out0 = outs[0];
+    return outs[0].data;
+}
+
+/* No two arena values whose live ranges overlap share a byte; every arena
+ * value lies inside the arena. */
+static void check_no_overlap(const struct plan *p, const struct graph *g) {
+    size_t arena = plan_arena_size(p);
+    int n = 0;
+    for (int v = 0; v < g->nvalues; v++) {
+        size_t off, size;
+        int f, l;
+        if (plan_value_info(p, v, NULL, &off, &size, &f, &l) != PLAN_VALUE_ARENA) continue;
+        n++;
+        assert_true(off % 64 == 0);
+        assert_true(off + size <= arena);
+        for (int w = v + 1; w < g->nvalues; w++) {
+            size_t off2, size2;
+            int f2, l2;
+            if (plan_value_info(p, w, NULL, &off2, &size2, &f2, &l2) != PLAN_VALUE_ARENA) continue;
+            if (off == off2 && size == size2 && f == f2 && l == l2) continue; /* a view of the same bytes */
+            int live_together = f <= l2 && f2 <= l;
+            int share = off < off2 + size2 && off2 < off + size;
+            if (live_together && share)
+                fail_msg("values '%s' [%d,%d] @%zu+%zu and '%s' [%d,%d] @%zu+%zu overlap", g->values[v].name, f, l,
+                         off, size, g->values[w].name, f2, l2, off2, size2);
+        }
+    }
+    assert_true(n > 0);
+}
+
+/* ---- tests --------------------------------------------------------------------- */
+
+/* x -> Relu -> a; a -> Sigmoid -> b; a + b -> c; c * x -> y: a diamond whose
+ * values live across steps. */
+static struct graph *diamond(void) {
+    struct graph *g = graph_create();
+    int64_t d[2] = {-1, 5};
+    add_input(g, "x", DT_FP32, 2, d);
+    node(g, "Relu", (const char *[]){"x"}, 1, (const char *[]){"a"}, 1);
+    node(g, "Sigmoid", (const char *[]){"a"}, 1, (const char *[]){"b"}, 1);
+    node(g, "Add", (const char *[]){"a", "b"}, 2, (const char *[]){"c"}, 1);
+    node(g, "Mul", (const char *[]){"c", "x"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_diamond_results_and_memory(void **state) {
+    (void)state;
+    struct graph *g = diamond();
+    float xd[15];
+    unsigned s = 1;
+    for (int i = 0; i < 15; i++) xd[i] = frand(&s) * 3;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {3, 5}, .data = xd}, y;
+    float *yd = run1(g, &in, &y);
+    assert_int_equal(y.ndim, 2);
+    assert_int_equal(y.dims[0], 3);
+    for (int i = 0; i < 15; i++) {
+        float a = xd[i] > 0 ? xd[i] : 0, b = 1.0f / (1.0f + expf(-a));
+        assert_float_equal(yd[i], (a + b) * xd[i], 1e-5);
+    }
+    free(yd);
+
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), 4);
+    check_no_overlap(p, g);
+    /* The input is read in place; a (used by steps 1 and 2) outlives b's birth. */
+    assert_int_equal(plan_value_info(p, graph_find_value(g, "x"), NULL, NULL, NULL, NULL, NULL), PLAN_VALUE_INPUT);
+    int f, l;
+    plan_value_info(p, graph_find_value(g, "a"), NULL, NULL, NULL, &f, &l);
+    assert_int_equal(f, 0);
+    assert_int_equal(l, 2);
+    plan_value_info(p, graph_find_value(g, "y"), NULL, NULL, NULL, &f, &l);
+    assert_int_equal(l, plan_nsteps(p)); /* outputs live to the end */
+    plan_release(p);
+    graph_free(g);
+}
+
+/* A chain of 8 Relus: memory is reused, so the arena holds about two
+ * buffers plus the output, not eight. */
+static void test_chain_reuses_memory(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[1] = {1000};
+    add_input(g, "v0", DT_FP32, 1, d);
+    char a[8], b[8];
+    for (int i = 0; i < 8; i++) {
+        snprintf(a, sizeof a, "v%d", i);
+        snprintf(b, sizeof b, "v%d", i + 1);
+        node(g, i % 2 ? "Neg" : "Abs", (const char *[]){a}, 1, (const char *[]){b}, 1);
+    }
+    add_output(g, "v8");
+    sort(g);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {1000}};
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    check_no_overlap(p, g);
+    size_t one = 4032; /* 4000 bytes rounded to 64 */
+    assert_true(plan_arena_size(p) <= 3 * one);
+    assert_true(plan_arena_size(p) >= 2 * one);
+    plan_release(p);
+    graph_free(g);
+}
+
+/* Shape -> Gather -> Unsqueeze -> Concat -> Reshape folds away at plan time
+ * for a fixed shape; the Reshape is a view of the input: no steps at all. */
+static void test_shape_chain_folds(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[3] = {-1, 4, 6};
+    add_input(g, "x", DT_FP32, 3, d);
+    int64_t zero = 0, minus1 = -1, one1[1] = {1}, ax0 = 0;
+    add_const(g, "idx0", DT_INT64, 0, NULL, &zero);
+    add_const(g, "m1", DT_INT64, 1, one1, &minus1);
+    add_const(g, "axes", DT_INT64, 1, one1, &ax0);
+    node(g, "Shape", (const char *[]){"x"}, 1, (const char *[]){"shp"}, 1);
+    int gn = node(g, "Gather", (const char *[]){"shp", "idx0"}, 2, (const char *[]){"n"}, 1);
+    attr_int(g, gn, "axis", 0);
+    node(g, "Unsqueeze", (const char *[]){"n", "axes"}, 2, (const char *[]){"n1"}, 1);
+    int cn = node(g, "Concat", (const char *[]){"n1", "m1"}, 2, (const char *[]){"newshape"}, 1);
+    attr_int(g, cn, "axis", 0);
+    node(g, "Reshape", (const char *[]){"x", "newshape"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+
+    float xd[2 * 24];
+    for (int i = 0; i < 48; i++) xd[i] = (float)i;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 3, .dims = {2, 4, 6}, .data = xd};
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), 0);
+    assert_int_equal(plan_nconst_folded(p), 4);
+    struct tensor shape;
+    assert_int_equal(plan_value_info(p, graph_find_value(g, "y"), &shape, NULL, NULL, NULL, NULL), PLAN_VALUE_INPUT);
+    assert_int_equal(shape.ndim, 2);
+    assert_int_equal(shape.dims[0], 2);
+    assert_int_equal(shape.dims[1], 24);
+    plan_release(p);
+
+    struct tensor y;
+    float *yd = run1(g, &in, &y);
+    assert_int_equal(y.dims[1], 24);
+    assert_memory_equal(yd, xd, sizeof xd);
+    free(yd);
+    graph_free(g);
+}
+
+/* A view whose source is still read later keeps the source's bytes alive:
+ * x -> Relu -> a; Reshape(a) -> r; Neg(r) -> n; a + 1 ... (Add(a, n)) -> y. */
+static void test_view_extends_lifetime(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[2] = {4, 4}, sd[1] = {1}, sv = 16;
+    add_input(g, "x", DT_FP32, 2, d);
+    add_const(g, "s16", DT_INT64, 1, sd, &sv);
+    node(g, "Relu", (const char *[]){"x"}, 1, (const char *[]){"a"}, 1);
+    node(g, "Reshape", (const char *[]){"a", "s16"}, 2, (const char *[]){"r"}, 1);
+    node(g, "Neg", (const char *[]){"r"}, 1, (const char *[]){"n"}, 1);
+    node(g, "Exp", (const char *[]){"n"}, 1, (const char *[]){"e"}, 1);
+    node(g, "Reshape", (const char *[]){"e", "s16"}, 2, (const char *[]){"e2"}, 1);
+    node(g, "Add", (const char *[]){"r", "e2"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    float xd[16];
+    unsigned s = 7;
+    for (int i = 0; i < 16; i++) xd[i] = frand(&s);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 4}, .data = xd}, y;
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), 4); /* Relu, Neg, Exp, Add: the Reshapes are views */
+    check_no_overlap(p, g);
+    int fa, la, fr, lr;
+    plan_value_info(p, graph_find_value(g, "a"), NULL, NULL, NULL, &fa, &la);
+    plan_value_info(p, graph_find_value(g, "r"), NULL, NULL, NULL, &fr, &lr);
+    assert_int_equal(la, 3); /* read through the view by the last step */
+    assert_int_equal(lr, la);
+    plan_release(p);
+    float *yd = run1(g, &in, &y);
+    for (int i = 0; i < 16; i++) {
+        float a = xd[i] > 0 ? xd[i] : 0;
+        assert_float_equal(yd[i], a + expf(-a), 1e-5);
+    }
+    free(yd);
+    graph_free(g);
+}
+
+/* Conv -> BatchNormalization -> Relu: after the passes one Conv with a fused
+ * Relu remains, and it computes what the three nodes computed. */
+static struct graph *conv_bn_relu(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {1, 3, 6, 6}, wd[4] = {4, 3, 3, 3}, cd[1] = {4};
+    add_input(g, "x", DT_FP32, 4, xd);
+    float w[4 * 27], b[4], sc[4], be[4], mu[4], var[4];
+    unsigned s = 3;
+    for (int i = 0; i < 108; i++) w[i] = frand(&s);
+    for (int i = 0; i < 4; i++) {
+        b[i] = frand(&s);
+        sc[i] = 1 + frand(&s) * 0.5f;
+        be[i] = frand(&s);
+        mu[i] = frand(&s);
+        var[i] = 1.5f + frand(&s);
+    }
+    add_const_f(g, "w", 4, wd, w);
+    add_const_f(g, "b", 1, cd, b);
+    add_const_f(g, "scale", 1, cd, sc);
+    add_const_f(g, "beta", 1, cd, be);
+    add_const_f(g, "mean", 1, cd, mu);
+    add_const_f(g, "var", 1, cd, var);
+    int c = node(g, "Conv", (const char *[]){"x", "w", "b"}, 3, (const char *[]){"c"}, 1);
+    int64_t pads[4] = {1, 1, 1, 1};
+    attr_ints(g, c, "pads", 4, pads);
+    int bn = node(g, "BatchNormalization", (const char *[]){"c", "scale", "beta", "mean", "var"}, 5,
+                  (const char *[]){"bn"}, 1);
+    attr_float(g, bn, "epsilon", 1e-3f);
+    node(g, "Relu", (const char *[]){"bn"}, 1, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_conv_bn_relu_fusion(void **state) {
+    (void)state;
+    if (!op_find("", "BatchNormalization")) skip();
+    float xd[108];
+    unsigned s = 11;
+    for (int i = 0; i < 108; i++) xd[i] = frand(&s) * 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 3, 6, 6}, .data = xd}, y1, y2;
+    struct graph *ref = conv_bn_relu();
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = conv_bn_relu();
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "Conv");
+    assert_int_equal(g->nodes[0].act, ACT_RELU);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 4 * 36; i++) assert_float_equal(f[i], r[i], 1e-4);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
+/* MatMul -> Add(bias [1,N]) -> Clip(0, 6): one MatMul with a bias input and
+ * a fused Clip, same numbers. */
+static struct graph *mlp(void) {
+    struct graph *g = graph_create();
+    int64_t xd[2] = {-1, 8}, wd[2] = {8, 5}, bd[2] = {1, 5}, sd[0] = {};
+    add_input(g, "x", DT_FP32, 2, xd);
+    float w[40], b[5], lo = 0, hi = 0.5f;
+    unsigned s = 5;
+    for (int i = 0; i < 40; i++) w[i] = frand(&s);
+    for (int i = 0; i < 5; i++) b[i] = frand(&s);
+    add_const_f(g, "w", 2, wd, w);
+    add_const_f(g, "b", 2, bd, b);
+    add_const_f(g, "lo", 0, sd, &lo);
+    add_const_f(g, "hi", 0, sd, &hi);
+    node(g, "MatMul", (const char *[]){"x", "w"}, 2, (const char *[]){"m"}, 1);
+    node(g, "Add", (const char *[]){"b", "m"}, 2, (const char *[]){"a"}, 1);
+    node(g, "Clip", (const char *[]){"a", "lo", "hi"}, 3, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_matmul_bias_clip_fusion(void **state) {
+    (void)state;
+    const struct op_def *mm = op_find("", "MatMul");
+    if (!mm || !(mm->flags & OP_BIAS_INPUT) || !(mm->flags & OP_FUSE_ACT)) skip();
+    float xd[24];
+    unsigned s = 9;
+    for (int i = 0; i < 24; i++) xd[i] = frand(&s);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {3, 8}, .data = xd}, y1, y2;
+    struct graph *ref = mlp();
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = mlp();
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_int_equal(g->nodes[0].nin, 3);
+    assert_int_equal(g->nodes[0].act, ACT_CLIP);
+    assert_float_equal(g->nodes[0].act_beta, 0.5f, 0);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 15; i++) assert_float_equal(f[i], r[i], 1e-5);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
+/* Constant subgraphs fold at load; the dead constants they read are freed;
+ * a node whose output is a graph output is not fused away. */
+static void test_fold_constants_and_dead_nodes(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[1] = {3};
+    float c1[3] = {1, 2, 3}, c2[3] = {10, 20, 30};
+    add_input(g, "x", DT_FP32, 1, d);
+    add_const_f(g, "c1", 1, d, c1);
+    add_const_f(g, "c2", 1, d, c2);
+    node(g, "Add", (const char *[]){"c1", "c2"}, 2, (const char *[]){"k"}, 1);
+    node(g, "Neg", (const char *[]){"k"}, 1, (const char *[]){"nk"}, 1);
+    node(g, "Mul", (const char *[]){"x", "nk"}, 2, (const char *[]){"y"}, 1);
+    node(g, "Exp", (const char *[]){"x"}, 1, (const char *[]){"unused"}, 1);
+    add_output(g, "y");
+    sort(g);
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "Mul");
+    const struct tensor *nk = &g->values[graph_find_value(g, "nk")].t;
+    assert_non_null(nk->data);
+    assert_float_equal(((float *)nk->data)[2], -33, 0);
+    assert_null(g->values[graph_find_value(g, "c1")].t.data); /* freed: nothing reads it */
+    float xd[3] = {1, -1, 2};
+    struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {3}, .data = xd}, y;
+    float *yd = run1(g, &in, &y);
+    assert_float_equal(yd[0], -11, 0);
+    assert_float_equal(yd[1], 22, 0);
+    assert_float_equal(yd[2], -66, 0);
+    free(yd);
+    graph_free(g);
+}
+
+/* The LRU keeps max_plans plans; an evicted plan still held by a runner
+ * stays usable; a repeated shape is not rebuilt. */
+static void test_plan_cache_lru(void **state) {
+    (void)state;
+    struct graph *g = diamond();
+    struct plan_cache *c = plan_cache_create(2);
+    struct backend *be = backend_cpu_create(NULL);
+    struct plan_exec *x = plan_exec_create(be, 1);
+    char err[256];
+    float xd[5 * 4] = {0};
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {1, 5}, .data = xd};
+    struct plan *held, *p;
+    int built;
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &held, &built, err, sizeof err), 0);
+    assert_true(built);
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+    assert_false(built);
+    assert_ptr_equal(p, held);
+    plan_release(p);
+    for (int b = 2; b <= 4; b++) {
+        in.dims[0] = b;
+        assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+        assert_true(built);
+        plan_release(p);
+    }
+    assert_int_equal(plan_cache_size(c), 2);
+    assert_int_equal(plan_cache_builds(c), 4);
+    assert_int_equal(plan_cache_evictions(c), 2);
+    /* The first plan was evicted but our reference keeps it alive. */
+    in.dims[0] = 1;
+    struct tensor out;
+    assert_int_equal(plan_exec_run(x, held, &in, &out, err, sizeof err), 0);
+    assert_int_equal(out.dims[0], 1);
+    free(out.data);
+    plan_release(held);
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+    assert_true(built);
+    plan_release(p);
+    plan_exec_free(x);
+    backend_free(be);
+    plan_cache_free(c);
+    graph_free(g);
+}
+
+/* An input that decides a shape: bound by value, a new plan per value. */
+static void test_bound_input_values(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[2] = {2, 6}, sd[1] = {2};
+    add_input(g, "x", DT_FP32, 2, d);
+    add_input(g, "shape", DT_INT64, 1, sd);
+    node(g, "Reshape", (const char *[]){"x", "shape"}, 2, (const char *[]){"r"}, 1);
+    node(g, "Neg", (const char *[]){"r"}, 1, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    float xd[12] = {0};
+    int64_t s1[2] = {3, 4}, s2[2] = {4, 3};
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 6}, .data = xd},
+                           {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = s1}};
+    struct plan *p;
+    char err[256];
+    assert_true(plan_build(g, in, 0, NULL, &p, err, sizeof err) != 0);
+    assert_non_null(strstr(err, "Reshape"));
+    assert_int_equal(plan_build(g, in, 2, NULL, &p, err, sizeof err), 0);
+    assert_true(plan_matches(p, in, 2));
+    in[1].data = s2;
+    assert_false(plan_matches(p, in, 2));
+    plan_release(p);
+    graph_free(g);
+}
+
+/* Kernel errors come back with the node's name. */
+static void test_kernel_error_propagates(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t a[2] = {2, 3}, b[2] = {4, 5};
+    add_input(g, "a", DT_FP32, 2, a);
+    add_input(g, "b", DT_FP32, 2, b);
+    int n = node(g, "Add", (const char *[]){"a", "b"}, 2, (const char *[]){"y"}, 1);
+    (void)n;
+    add_output(g, "y");
+    sort(g);
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}}, {.dtype = DT_FP32, .ndim = 2, .dims = {4, 5}}};
+    struct plan *p = NULL;
+    char err[256] = "";
+    int rc = plan_build(g, in, 0, NULL, &p, err, sizeof err);
+    assert_true(rc < 0);
+    assert_null(p);
+    assert_non_null(strstr(err, g->nodes[0].name));
+    graph_free(g);
+}
+
+/* A real network: every value of SqueezeNet's plan is placed without
+ * overlap, and the arena is well under the sum of its values (6.9 MB for
+ * 17.8 MB; the first conv's output and the pool after it, live together,
+ * are 5.7 MB). */
+static void test_squeezenet_memory_plan(void **state) {
+    (void)state;
+    char err[512];
+    struct graph *g = onnx_load_file(DATA "/light/light_squeezenet.onnx", err, sizeof err);
+    if (!g) skip(); /* an op it uses is not built in */
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 3, 224, 224}};
+    struct plan *p;
+    if (plan_build(g, &in, 0, NULL, &p, err, sizeof err)) fail_msg("%s", err);
+    check_no_overlap(p, g);
+    size_t total = 0;
+    for (int v = 0; v < g->nvalues; v++) {
+        size_t size;
+        if (plan_value_info(p, v, NULL, NULL, &size, NULL, NULL) == PLAN_VALUE_ARENA) total += size;
+    }
+    if (plan_arena_size(p) * 2 >= total) fail_msg("arena %zu bytes for %zu bytes of values", plan_arena_size(p), total);
+    plan_release(p);
+    graph_free(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_diamond_results_and_memory),
+        cmocka_unit_test(test_chain_reuses_memory),
+        cmocka_unit_test(test_shape_chain_folds),
+        cmocka_unit_test(test_view_extends_lifetime),
+        cmocka_unit_test(test_conv_bn_relu_fusion),
+        cmocka_unit_test(test_matmul_bias_clip_fusion),
+        cmocka_unit_test(test_fold_constants_and_dead_nodes),
+        cmocka_unit_test(test_plan_cache_lru),
+        cmocka_unit_test(test_bound_input_values),
+        cmocka_unit_test(test_kernel_error_propagates),
+        cmocka_unit_test(test_squeezenet_memory_plan),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
