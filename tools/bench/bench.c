@@ -6,7 +6,7 @@
  * requests are scheduled at a fixed or Poisson rate and their latency counts
  * from the scheduled time (see schedule.h), so stalls reach the tail.
  * Requests are built from the server's model metadata and config. */
-#include <cJSON.h>
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
