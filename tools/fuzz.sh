@@ -54,10 +54,12 @@ for t in "${targets[@]}"; do
     fi
     echo "fuzz: running $t for $RUNS executions"
     log="$out/$t.log"
+    # -jobs makes libFuzzer write fuzz-N.log into the current folder: keep them in $out.
+    par=(); if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then par=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS"); fi
     if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        "$bin" -runs="$RUNS" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
-        -print_final_stats=1 -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" \
-        -artifact_prefix="$out/$t-" "$corpus" "$seeds" >"$log" 2>&1; then
+        (cd "$out" && "./$t" -runs="$RUNS" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+        -print_final_stats=1 "${par[@]}" \
+        -artifact_prefix="$t-" "$t.corpus" "$t.seeds") >"$log" 2>&1; then
         execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
         echo "fuzz: $t ok, $execs executions, no finding (log: $log)"
     else
