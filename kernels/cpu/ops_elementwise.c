@@ -438,10 +438,22 @@ static const ew_fn tbl_isnan[DT_MAX_] = {LIST_FLT(ENT, U_ISNAN)};
 static const ew_fn tbl_isinf[DT_MAX_] = {LIST_FLT(ENT, U_ISINF)};
 
 /* Copies by element size (the first step of the variadic operators, Where). */
-UN_KERNEL(k_copy_1, uint8_t, uint8_t, x)
-UN_KERNEL(k_copy_2, uint16_t, uint16_t, x)
-UN_KERNEL(k_copy_4, uint32_t, uint32_t, x)
-UN_KERNEL(k_copy_8, uint64_t, uint64_t, x)
+#define DEF_COPY(NAME, T)                                                                                \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
+        const T *restrict p = in[0];                                                                     \
+        T *restrict o = out;                                                                             \
+        (void)a;                                                                                         \
+        if (s[0]) {                                                                                      \
+            memmove(o, p, (size_t)n * sizeof(T));                                                         \
+        } else {                                                                                         \
+            T v = p[0];                                                                                  \
+            for (int64_t i = 0; i < n; i++) o[i] = v;                                                    \
+        }                                                                                                \
+    }
+DEF_COPY(k_copy_1, uint8_t)
+DEF_COPY(k_copy_2, uint16_t)
+DEF_COPY(k_copy_4, uint32_t)
+DEF_COPY(k_copy_8, uint64_t)
 
 static ew_fn copy_kernel(size_t esz) {
     switch (esz) {

@@ -1,5 +1,475 @@
+/* ops_reduce.c - reductions (ReduceSum, ReduceMean, ReduceMax... over any set
+ * of axes) and ArgMax/ArgMin.
+ *
+ * The axes are an attribute up to opset 12 (ReduceSum) or 17 (the others)
+ * and an optional input from then on; as an input they must be constant when
+ * the plan is built, since they decide the output's shape.
+ *
+ * A reduction coalesces the input's dims into kept and reduced groups (dims
+ * of size 1 vanish, neighbours of the same kind merge), so "mean over H and
+ * W" is one contiguous run per output and only genuinely interleaved axes
+ * pay for the general odometer walk. Float data accumulates in double;
+ * integer data in int64 (wrapping like the narrower types would, once
+ * stored back). */
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/ops.h"
 
+enum red_kind { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD, RED_L1, RED_L2, RED_LOGSUM, RED_LOGSUMEXP, RED_SUMSQ };
+
+static const struct red_name {
+    const char *op;
+    enum red_kind kind;
+} g_red_names[] = {
+    {"ReduceSum", RED_SUM},       {"ReduceMean", RED_MEAN},     {"ReduceMax", RED_MAX},
+    {"ReduceMin", RED_MIN},       {"ReduceProd", RED_PROD},     {"ReduceL1", RED_L1},
+    {"ReduceL2", RED_L2},         {"ReduceLogSum", RED_LOGSUM}, {"ReduceLogSumExp", RED_LOGSUMEXP},
+    {"ReduceSumSquare", RED_SUMSQ},
+};
+
+static int red_kind_of(const struct graph_node *n) {
+    for (size_t i = 0; i < sizeof g_red_names / sizeof g_red_names[0]; i++)
+        if (strcmp(n->op_type, g_red_names[i].op) == 0) return (int)g_red_names[i].kind;
+    return -1;
+}
+
+static const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
+
+/* The input's shape split into kept and reduced dims, with element strides. */
+struct red_geom {
+    int nk, nr;
+    int64_t kdims[TENSOR_MAX_DIMS], kstr[TENSOR_MAX_DIMS];
+    int64_t rdims[TENSOR_MAX_DIMS], rstr[TENSOR_MAX_DIMS];
+    int64_t nout, nred;
+    int noop; /* empty axes with noop_with_empty_axes: the output is the input */
+    int keepdims;
+    int red[TENSOR_MAX_DIMS];
+};
+
+/* Reads the axes (attribute or input by opset) into g->red. */
+static int red_axes(struct op_call *c, const struct tensor *x, struct red_geom *g) {
+    const struct graph_node *n = c->node;
+    int from_input = strcmp(n->op_type, "ReduceSum") == 0 ? n->opset >= 13 : n->opset >= 18;
+    int64_t axes[TENSOR_MAX_DIMS];
+    int na = 0;
+    if (from_input) {
+        const struct tensor *t = in_opt(c, 1);
+        if (t) {
+            if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
+                return op_error(c, "axes must be int64, got %s", dtype_name(t->dtype));
+            int64_t m = tensor_numel(t);
+            if (m > 0 && !t->data) {
+                op_error(c, "input 1 (axes) must be a constant known when the plan is built; kiln does not "
+                            "support output shapes that depend on values computed at run time");
+                return STATUS_UNSUPPORTED;
+            }
+            if (m < 0 || m > x->ndim)
+                return op_error(c, "axes has %lld values for an input of rank %d", (long long)m, x->ndim);
+            for (int64_t i = 0; i < m; i++) axes[na++] = op_int_at(t, i);
+        }
+    } else {
+        const int64_t *a;
+        int m = node_attr_ints(n, "axes", &a);
+        if (m > x->ndim) return op_error(c, "attribute 'axes' has %d values for an input of rank %d", m, x->ndim);
+        for (int i = 0; i < m; i++) axes[na++] = a[i];
+    }
+    g->keepdims = node_attr_int(n, "keepdims", 1) != 0;
+    g->noop = 0;
+    for (int i = 0; i < TENSOR_MAX_DIMS; i++) g->red[i] = 0;
+    if (na == 0) {
+        if (node_attr_int(n, "noop_with_empty_axes", 0)) g->noop = 1;
+        else
+            for (int i = 0; i < x->ndim; i++) g->red[i] = 1;
+        return 0;
+    }
+    for (int i = 0; i < na; i++) {
+        int ax = op_axis(c, axes[i], x->ndim);
+        if (ax < 0) return STATUS_INVALID;
+        if (g->red[ax]) return op_error(c, "axis %lld appears twice in axes", (long long)axes[i]);
+        g->red[ax] = 1;
+    }
+    return 0;
+}
+
+static void red_coalesce(const struct tensor *x, struct red_geom *g) {
+    int64_t st = 1;
+    int last = -1; /* kind of the group met last (walking from the innermost dim), -1 none */
+    int nk = 0, nr = 0;
+    int64_t kd[TENSOR_MAX_DIMS], ks[TENSOR_MAX_DIMS], rd[TENSOR_MAX_DIMS], rs[TENSOR_MAX_DIMS];
+    g->nout = 1;
+    g->nred = 1;
+    for (int i = x->ndim - 1; i >= 0; i--) {
+        int64_t d = x->dims[i];
+        int r = g->noop ? 0 : g->red[i];
+        if (r) g->nred *= d;
+        else g->nout *= d;
+        if (d != 1) {
+            if (r) {
+                if (last == 1) rd[nr - 1] *= d;
+                else {
+                    rd[nr] = d;
+                    rs[nr++] = st;
+                }
+            } else {
+                if (last == 0) kd[nk - 1] *= d;
+                else {
+                    kd[nk] = d;
+                    ks[nk++] = st;
+                }
+            }
+            last = r;
+        }
+        st *= d;
+    }
+    /* stored outermost first */
+    g->nk = nk;
+    g->nr = nr;
+    for (int i = 0; i < nk; i++) {
+        g->kdims[i] = kd[nk - 1 - i];
+        g->kstr[i] = ks[nk - 1 - i];
+    }
+    for (int i = 0; i < nr; i++) {
+        g->rdims[i] = rd[nr - 1 - i];
+        g->rstr[i] = rs[nr - 1 - i];
+    }
+}
+
+static int red_dtype_ok(enum dtype dt) {
+    return ew_is_number(dt) || dt == DT_BOOL;
+}
+
+static int red_infer(struct op_call *c) {
+    if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 (data) is required");
+    if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
+    const struct tensor *x = c->in[0];
+    int kind = red_kind_of(c->node);
+    if (kind < 0) return op_error(c, "not a reduction");
+    if (!red_dtype_ok(x->dtype) || (x->dtype == DT_BOOL && kind != RED_MAX && kind != RED_MIN)) {
+        op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    struct red_geom g;
+    int rc = red_axes(c, x, &g);
+    if (rc) return rc;
+    struct tensor *o = c->out[0];
+    o->dtype = x->dtype;
+    o->ndim = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        if (g.noop || !g.red[i]) o->dims[o->ndim++] = x->dims[i];
+        else if (g.keepdims) o->dims[o->ndim++] = 1;
+    }
+    return 0;
+}
+
+/* Walks the reduced elements of one output (base = its first input element);
+ * BODY sees the element offset `off`. */
+#define RED_WALK(g, base, BODY)                                                                          \
+    do {                                                                                                 \
+        if ((g)->nr == 1) {                                                                              \
+            const int64_t st_ = (g)->rstr[0], n_ = (g)->rdims[0];                                       \
+            for (int64_t r_ = 0; r_ < n_; r_++) {                                                        \
+                const int64_t off = (base) + r_ * st_;                                                   \
+                BODY;                                                                                    \
+            }                                                                                            \
+        } else {                                                                                         \
+            int64_t idx_[TENSOR_MAX_DIMS] = {0}, cur_ = (base);                                          \
+            for (int64_t k_ = 0; k_ < (g)->nred; k_++) {                                                 \
+                const int64_t off = cur_;                                                                \
+                BODY;                                                                                    \
+                for (int d_ = (g)->nr - 1; d_ >= 0; d_--) {                                              \
+                    cur_ += (g)->rstr[d_];                                                               \
+                    if (++idx_[d_] < (g)->rdims[d_]) break;                                              \
+                    cur_ -= (g)->rstr[d_] * (g)->rdims[d_];                                              \
+                    idx_[d_] = 0;                                                                        \
+                }                                                                                        \
+            }                                                                                            \
+        }                                                                                                \
+    } while (0)
+
+static int64_t red_base(const struct red_geom *g, int64_t o) {
+    int64_t off = 0;
+    for (int j = g->nk - 1; j >= 0 && o; j--) {
+        off += (o % g->kdims[j]) * g->kstr[j];
+        o /= g->kdims[j];
+    }
+    return off;
+}
+
+static inline double red_abs_d(double v) { return fabs(v); }
+static inline int64_t red_abs_i(int64_t v) { return v < 0 ? (int64_t)(0 - (uint64_t)v) : v; }
+static inline uint64_t red_abs_u(uint64_t v) { return v; }
+#define RED_ABS(v) _Generic((v), double: red_abs_d, uint64_t: red_abs_u, default: red_abs_i)(v)
+
+static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 : v < lo ? lo : v > hi ? hi : v; }
+
+/* One instantiation per input dtype. ACC is the accumulator of the exact
+ * reductions (sum, product, extrema); LD loads an element as ACC, STA stores
+ * an ACC, STD stores a double (L2, logs, means of floats). */
+#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT)                                 \
+    static void red_one_##suf(const T *x, const struct red_geom *g, int64_t o, enum red_kind k, T *y) {  \
+        const int64_t base = red_base(g, o);                                                             \
+        ACC acc;                                                                                         \
+        double dacc = 0;                                                                                 \
+        switch (k) {                                                                                     \
+        case RED_SUM:                                                                                    \
+        case RED_MEAN:                                                                                   \
+            acc = 0;                                                                                     \
+            RED_WALK(g, base, acc += LD(x[off]));                                                        \
+            if (k == RED_SUM) STA(y[o], acc);                                                            \
+            else if (ISFLOAT) STD(y[o], (double)acc / (double)g->nred);                                  \
+            else STA(y[o], g->nred ? (ACC)(acc / (ACC)g->nred) : (ACC)0);                                \
+            return;                                                                                      \
+        case RED_SUMSQ:                                                                                  \
+            acc = 0;                                                                                     \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc += v_ * v_; });                                 \
+            STA(y[o], acc);                                                                              \
+            return;                                                                                      \
+        case RED_L1:                                                                                     \
+            acc = 0;                                                                                     \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc += RED_ABS(v_); });                       \
+            STA(y[o], acc);                                                                              \
+            return;                                                                                      \
+        case RED_PROD:                                                                                   \
+            acc = 1;                                                                                     \
+            RED_WALK(g, base, acc *= LD(x[off]));                                                        \
+            STA(y[o], acc);                                                                              \
+            return;                                                                                      \
+        case RED_MAX:                                                                                    \
+            acc = LOWEST;                                                                                \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ > acc || v_ != v_) acc = v_; });             \
+            STA(y[o], acc);                                                                              \
+            return;                                                                                      \
+        case RED_MIN:                                                                                    \
+            acc = HIGHEST;                                                                               \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ < acc || v_ != v_) acc = v_; });             \
+            STA(y[o], acc);                                                                              \
+            return;                                                                                      \
+        case RED_L2:                                                                                     \
+            RED_WALK(g, base, { double v_ = (double)LD(x[off]); dacc += v_ * v_; });                     \
+            STD(y[o], sqrt(dacc));                                                                       \
+            return;                                                                                      \
+        case RED_LOGSUM:                                                                                 \
+            RED_WALK(g, base, dacc += (double)LD(x[off]));                                               \
+            STD(y[o], log(dacc));                                                                        \
+            return;                                                                                      \
+        case RED_LOGSUMEXP: {                                                                            \
+            double m = -INFINITY;                                                                        \
+            RED_WALK(g, base, { double v_ = (double)LD(x[off]); if (v_ > m) m = v_; });                  \
+            if (isinf(m)) {                                                                              \
+                STD(y[o], m);                                                                            \
+                return;                                                                                  \
+            }                                                                                            \
+            RED_WALK(g, base, dacc += exp((double)LD(x[off]) - m));                                      \
+            STD(y[o], m + log(dacc));                                                                    \
+            return;                                                                                      \
+        }                                                                                                \
+        }                                                                                                \
+    }                                                                                                    \
+    static void red_##suf(const T *x, T *y, const struct red_geom *g, enum red_kind k, int nt) {         \
+        if (g->nout * (g->nred ? g->nred : 1) < EW_PAR_MIN || nt <= 1 || g->nout < 2) {                  \
+            for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                          \
+            return;                                                                                      \
+        }                                                                                                \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
+        for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                              \
+    }
+
+#define LD_ID(v) (v)
+#define LD_H(v) ((double)fp16_to_fp32(v))
+#define LD_BH(v) ((double)bf16_to_fp32(v))
+#define ST_CAST(T) (T)
+#define ST_F32(dst, v) ((dst) = (float)(v))
+#define ST_F64(dst, v) ((dst) = (double)(v))
+#define ST_H(dst, v) ((dst) = fp32_to_fp16((float)(v)))
+#define ST_BH(dst, v) ((dst) = fp32_to_bf16((float)(v)))
+#define ST_I8(dst, v) ((dst) = (int8_t)(v))
+#define ST_I16(dst, v) ((dst) = (int16_t)(v))
+#define ST_I32(dst, v) ((dst) = (int32_t)(v))
+#define ST_I64(dst, v) ((dst) = (int64_t)(v))
+#define ST_U8(dst, v) ((dst) = (uint8_t)(v))
+#define ST_U16(dst, v) ((dst) = (uint16_t)(v))
+#define ST_U32(dst, v) ((dst) = (uint32_t)(v))
+#define ST_U64(dst, v) ((dst) = (uint64_t)(v))
+#define SD_I8(dst, v) ((dst) = (int8_t)sat_d(v, INT8_MIN, INT8_MAX))
+#define SD_I16(dst, v) ((dst) = (int16_t)sat_d(v, INT16_MIN, INT16_MAX))
+#define SD_I32(dst, v) ((dst) = (int32_t)sat_d(v, INT32_MIN, INT32_MAX))
+#define SD_I64(dst, v) ((dst) = (int64_t)sat_d(v, -9223372036854775808.0, 9223372036854774784.0))
+#define SD_U8(dst, v) ((dst) = (uint8_t)sat_d(v, 0, UINT8_MAX))
+#define SD_U16(dst, v) ((dst) = (uint16_t)sat_d(v, 0, UINT16_MAX))
+#define SD_U32(dst, v) ((dst) = (uint32_t)sat_d(v, 0, UINT32_MAX))
+#define SD_U64(dst, v) ((dst) = (uint64_t)sat_d(v, 0, 18446744073709549568.0))
+
+DEF_REDUCE(f32, float, double, LD_ID, ST_F32, ST_F32, -INFINITY, INFINITY, 1)
+DEF_REDUCE(f64, double, double, LD_ID, ST_F64, ST_F64, -INFINITY, INFINITY, 1)
+DEF_REDUCE(f16, uint16_t, double, LD_H, ST_H, ST_H, -INFINITY, INFINITY, 1)
+DEF_REDUCE(bf16, uint16_t, double, LD_BH, ST_BH, ST_BH, -INFINITY, INFINITY, 1)
+DEF_REDUCE(i8, int8_t, int64_t, LD_ID, ST_I8, SD_I8, INT8_MIN, INT8_MAX, 0)
+DEF_REDUCE(i16, int16_t, int64_t, LD_ID, ST_I16, SD_I16, INT16_MIN, INT16_MAX, 0)
+DEF_REDUCE(i32, int32_t, int64_t, LD_ID, ST_I32, SD_I32, INT32_MIN, INT32_MAX, 0)
+DEF_REDUCE(i64, int64_t, int64_t, LD_ID, ST_I64, SD_I64, INT64_MIN, INT64_MAX, 0)
+DEF_REDUCE(u8, uint8_t, uint64_t, LD_ID, ST_U8, SD_U8, 0, UINT8_MAX, 0)
+DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0)
+DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0)
+DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0)
+
+static int red_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    struct red_geom g;
+    int rc = red_axes(c, x, &g);
+    if (rc) return rc;
+    int kind = red_kind_of(c->node);
+    if (kind < 0) return op_error(c, "not a reduction");
+    red_coalesce(x, &g);
+    if (g.nout <= 0) return 0;
+    if (tensor_numel(o) != g.nout) return op_error(c, "output has %lld elements, expected %lld",
+                                                   (long long)tensor_numel(o), (long long)g.nout);
+    enum red_kind k = (enum red_kind)kind;
+    int nt = c->nthreads;
+    switch (x->dtype) {
+    case DT_FP32: red_f32(x->data, o->data, &g, k, nt); break;
+    case DT_FP64: red_f64(x->data, o->data, &g, k, nt); break;
+    case DT_FP16: red_f16(x->data, o->data, &g, k, nt); break;
+    case DT_BF16: red_bf16(x->data, o->data, &g, k, nt); break;
+    case DT_INT8: red_i8(x->data, o->data, &g, k, nt); break;
+    case DT_INT16: red_i16(x->data, o->data, &g, k, nt); break;
+    case DT_INT32: red_i32(x->data, o->data, &g, k, nt); break;
+    case DT_INT64: red_i64(x->data, o->data, &g, k, nt); break;
+    case DT_UINT8: case DT_BOOL: red_u8(x->data, o->data, &g, k, nt); break;
+    case DT_UINT16: red_u16(x->data, o->data, &g, k, nt); break;
+    case DT_UINT32: red_u32(x->data, o->data, &g, k, nt); break;
+    case DT_UINT64: red_u64(x->data, o->data, &g, k, nt); break;
+    default:
+        op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * ArgMax / ArgMin: int64 indices along one axis; ties go to the first
+ * occurrence unless select_last_index.
+ * ------------------------------------------------------------------------ */
+
+static int arg_geometry(struct op_call *c, const struct tensor *x, int *axis, int64_t *outer, int64_t *len,
+                        int64_t *inner) {
+    int ax = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    if (ax < 0) return STATUS_INVALID;
+    *axis = ax;
+    *outer = *len = *inner = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < ax) *outer *= x->dims[i];
+        else if (i == ax) *len = x->dims[i];
+        else *inner *= x->dims[i];
+    }
+    return 0;
+}
+
+static int arg_infer(struct op_call *c) {
+    if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 (data) is required");
+    if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
+    const struct tensor *x = c->in[0];
+    if (!ew_is_number(x->dtype)) {
+        op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    int axis;
+    int64_t outer, len, inner;
+    int rc = arg_geometry(c, x, &axis, &outer, &len, &inner);
+    if (rc) return rc;
+    if (x->ndim > 0 && x->dims[axis] == 0) return op_error(c, "cannot take the arg of an empty axis");
+    int keep = node_attr_int(c->node, "keepdims", 1) != 0;
+    struct tensor *o = c->out[0];
+    o->dtype = DT_INT64;
+    o->ndim = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i != axis) o->dims[o->ndim++] = x->dims[i];
+        else if (keep) o->dims[o->ndim++] = 1;
+    }
+    return 0;
+}
+
+#define DEF_ARG(suf, T, LD)                                                                              \
+    static void arg_##suf(const T *x, int64_t *y, int64_t outer, int64_t len, int64_t inner, int is_max, \
+                          int last) {                                                                    \
+        for (int64_t o = 0; o < outer; o++)                                                              \
+            for (int64_t i = 0; i < inner; i++) {                                                        \
+                const T *p = x + o * len * inner + i;                                                    \
+                int64_t best = 0;                                                                        \
+                __typeof__(+LD(p[0])) bv = LD(p[0]);                                                      \
+                for (int64_t j = 1; j < len; j++) {                                                      \
+                    __typeof__(+LD(p[0])) v = LD(p[j * inner]);                                           \
+                    int better = is_max ? (last ? v >= bv : v > bv) : (last ? v <= bv : v < bv);         \
+                    if (better) {                                                                        \
+                        bv = v;                                                                          \
+                        best = j;                                                                        \
+                    }                                                                                    \
+                }                                                                                        \
+                y[o * inner + i] = best;                                                                 \
+            }                                                                                            \
+    }
+#define LD_F16(v) fp16_to_fp32(v)
+#define LD_BF16(v) bf16_to_fp32(v)
+DEF_ARG(f32, float, LD_ID)
+DEF_ARG(f64, double, LD_ID)
+DEF_ARG(f16, uint16_t, LD_F16)
+DEF_ARG(bf16, uint16_t, LD_BF16)
+DEF_ARG(i8, int8_t, LD_ID)
+DEF_ARG(i16, int16_t, LD_ID)
+DEF_ARG(i32, int32_t, LD_ID)
+DEF_ARG(i64, int64_t, LD_ID)
+DEF_ARG(u8, uint8_t, LD_ID)
+DEF_ARG(u16, uint16_t, LD_ID)
+DEF_ARG(u32, uint32_t, LD_ID)
+DEF_ARG(u64, uint64_t, LD_ID)
+
+static int arg_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int axis;
+    int64_t outer, len, inner;
+    int rc = arg_geometry(c, x, &axis, &outer, &len, &inner);
+    if (rc) return rc;
+    if (outer * inner == 0) return 0;
+    if (len <= 0) return op_error(c, "cannot take the arg of an empty axis");
+    int is_max = strcmp(c->node->op_type, "ArgMax") == 0;
+    int last = node_attr_int(c->node, "select_last_index", 0) != 0;
+    int64_t *y = c->out[0]->data;
+    switch (x->dtype) {
+    case DT_FP32: arg_f32(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_FP64: arg_f64(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_FP16: arg_f16(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_BF16: arg_bf16(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_INT8: arg_i8(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_INT16: arg_i16(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_INT32: arg_i32(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_INT64: arg_i64(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_UINT8: arg_u8(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_UINT16: arg_u16(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_UINT32: arg_u32(x->data, y, outer, len, inner, is_max, last); break;
+    case DT_UINT64: arg_u64(x->data, y, outer, len, inner, is_max, last); break;
+    default:
+        op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
 const struct op_def op_defs_reduce[] = {
+    {"ReduceSum", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceMean", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceMax", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceMin", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceProd", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceL1", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceL2", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceLogSum", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceLogSumExp", "", red_infer, NULL, red_run, NULL, 0},
+    {"ReduceSumSquare", "", red_infer, NULL, red_run, NULL, 0},
+    {"ArgMax", "", arg_infer, NULL, arg_run, NULL, 0},
+    {"ArgMin", "", arg_infer, NULL, arg_run, NULL, 0},
     {0},
 };
