@@ -1,11 +1,142 @@
-/* Placeholder until this command lands. */
+/* serve.c - `kiln serve`: configuration, backend choice, model repository,
+ * HTTP front end, and the signal-driven graceful shutdown.
+ *
+ * Signals are blocked in every thread and taken synchronously by the main
+ * thread with sigtimedwait, so no handler runs inside libevent or a kernel.
+ * First SIGTERM/SIGINT: ready turns false, new work gets 503, the main thread
+ * waits for every accepted request to be answered, then exits 0. A second
+ * signal, or --exit-timeout-secs, forces the exit with status 1. */
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
+#include "common/log.h"
+#include "config/server_config.h"
+#include "kernels/backend.h"
+#include "models/repository.h"
 #include "server/commands.h"
+#include "server/http.h"
+
+static uint64_t mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Picks "cpu" or "cuda" from --backend; NULL (error logged) when cuda was required but is unusable. */
+static const char *choose_backend(const char *want) {
+    if (strcmp(want, "cpu") == 0) return "cpu";
+    char why[512] = "";
+    int n = backend_available("cuda", why, sizeof why);
+    if (n > 0) {
+        log_info("backend: cuda (%d device%s)", n, n == 1 ? "" : "s");
+        return "cuda";
+    }
+    if (strcmp(want, "cuda") == 0) {
+        log_error("--backend cuda: no usable GPU: %s", why[0] ? why : "no device found");
+        return NULL;
+    }
+    log_info("backend auto: using the CPU (%s)", why[0] ? why : "no usable GPU");
+    return "cpu";
+}
+
+static int load_initial(repository_t *repo, const struct server_config *cfg) {
+    if (cfg->model_control_mode != SERVER_CONTROL_EXPLICIT) return repository_load_all(repo);
+    int failed = 0;
+    char err[512];
+    for (int i = 0; i < cfg->nload_model; i++) {
+        if (strcmp(cfg->load_model[i], "*") == 0) failed += repository_load_all(repo);
+        else if (repository_load(repo, cfg->load_model[i], err, sizeof err)) {
+            log_error("--load-model %s: %s", cfg->load_model[i], err);
+            failed++;
+        }
+    }
+    return failed;
+}
 
 int cmd_serve(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "kiln serve: not available in this build\n");
-    return 2;
+    struct server_config cfg;
+    server_config_init(&cfg);
+    char err[512];
+    int rc = server_config_load(&cfg, argc, argv, err, sizeof err);
+    if (rc) {
+        if (rc < 0) fprintf(stderr, "kiln serve: %s\n", err);
+        server_config_clear(&cfg);
+        return rc == 1 ? 0 : 2;
+    }
+    log_set_level((enum log_level)log_level_parse(cfg.log_level));
+    log_set_json(strcmp(cfg.log_format, "json") == 0);
+
+    /* Every thread created from here on inherits the blocked set. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int exit_code = 1;
+    repository_t *repo = NULL;
+    http_server_t *srv = NULL;
+    const char *backend = choose_backend(cfg.backend);
+    if (!backend) goto out;
+    struct repository_params rp = {.root = cfg.model_repository, .backend = backend};
+    repo = repository_create(&rp, err, sizeof err);
+    if (!repo) {
+        log_error("%s", err);
+        goto out;
+    }
+    log_info("kiln %s: model repository %s, model control %s", KILN_VERSION, cfg.model_repository,
+             server_control_mode_name(cfg.model_control_mode));
+    int failed = load_initial(repo, &cfg);
+    if (failed) log_warn("%d model%s failed to load (see above); serving the others", failed, failed == 1 ? "" : "s");
+    struct http_server_params hp = {.config = &cfg, .repo = repo, .backend = backend};
+    srv = http_server_create(&hp, err, sizeof err);
+    if (!srv) {
+        log_error("%s", err);
+        goto out;
+    }
+
+    struct timespec tick = {.tv_sec = 0, .tv_nsec = 20 * 1000 * 1000};
+    for (;;) {
+        int sig = sigwaitinfo(&sigs, NULL);
+        if (sig == SIGTERM || sig == SIGINT) {
+            log_info("received %s: draining (%d request%s in flight); a second signal forces the exit",
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", http_server_inflight(srv),
+                     http_server_inflight(srv) == 1 ? "" : "s");
+            break;
+        }
+    }
+    http_server_begin_drain(srv);
+    uint64_t deadline = mono_ms() + (uint64_t)cfg.exit_timeout_secs * 1000, idle_since = 0;
+    for (;;) {
+        int inflight = http_server_inflight(srv), pending = repository_pending(repo);
+        if (inflight == 0 && pending == 0) {
+            /* Answered; wait for the bytes to be written (bounded: a reply to a
+             * client that vanished mid-write never reports completion). */
+            if (!idle_since) idle_since = mono_ms();
+            if (http_server_unflushed(srv) == 0 || mono_ms() - idle_since > 2000) break;
+        }
+        if (mono_ms() >= deadline) {
+            log_error("exit timeout (%d s) with %d request%s still in flight: forcing the exit", cfg.exit_timeout_secs,
+                      inflight, inflight == 1 ? "" : "s");
+            _exit(1);
+        }
+        int sig = sigtimedwait(&sigs, NULL, &tick);
+        if (sig == SIGTERM || sig == SIGINT) {
+            log_error("second signal with %d request%s in flight: forcing the exit", inflight, inflight == 1 ? "" : "s");
+            _exit(1);
+        }
+    }
+    log_info("drained: every accepted request was answered; exiting");
+    exit_code = 0;
+out:
+    http_server_free(srv);
+    repository_free(repo);
+    server_config_clear(&cfg);
+    return exit_code;
 }

@@ -1,0 +1,505 @@
+#include "config/model_config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+#include "models/model.h"
+
+void model_config_init(struct model_config *c, const char *name) {
+    memset(c, 0, sizeof *c);
+    c->name = strdup(name ? name : "");
+    c->platform = strdup("onnxruntime_onnx");
+    c->version_policy = MODEL_VERSIONS_LATEST;
+    c->num_versions = 1;
+    c->instance_count = 1;
+    c->instance_kind = strdup("KIND_AUTO");
+    c->default_priority_level = 0;
+}
+
+static void io_clear(struct model_config_io *io, int n) {
+    for (int i = 0; i < n; i++) {
+        free(io[i].name);
+        free(io[i].label_filename);
+        for (int j = 0; j < io[i].nlabels; j++) free(io[i].labels[j]);
+        free(io[i].labels);
+    }
+    free(io);
+}
+
+void model_config_clear(struct model_config *c) {
+    if (!c) return;
+    free(c->name);
+    free(c->platform);
+    free(c->instance_kind);
+    io_clear(c->inputs, c->ninputs);
+    io_clear(c->outputs, c->noutputs);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- parsing ------------------------------------------------------------ */
+
+#define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
+
+/* Reads an integer field that may be a JSON number or a string (protobuf's
+ * JSON form writes int64 as strings). Returns 1 if present, 0 if absent, -1
+ * if malformed. */
+static int get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return 0;
+    double d;
+    if (cJSON_IsNumber(v)) d = v->valuedouble;
+    else if (cJSON_IsString(v)) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(v->valuestring, &end, 10);
+        if (errno || end == v->valuestring || *end) return -1;
+        d = (double)x;
+    } else return -1;
+    if (d != (double)(int64_t)d || d < (double)lo || d > (double)hi) return -1;
+    *out = (int64_t)d;
+    return 1;
+}
+
+static int get_bool(const cJSON *obj, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!v) return 0;
+    if (!cJSON_IsBool(v)) return -1;
+    *out = cJSON_IsTrue(v);
+    return 1;
+}
+
+static int parse_io(const cJSON *arr, const char *what, struct model_config_io **out, int *nout,
+                    char *err, size_t err_len) {
+    if (!cJSON_IsArray(arr)) return INVALID("config field '%s' must be an array", what);
+    int n = cJSON_GetArraySize(arr);
+    struct model_config_io *io = calloc((size_t)(n ? n : 1), sizeof *io);
+    if (!io) return STATUS_NOMEM;
+    int i = 0, rc = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr) {
+        struct model_config_io *x = &io[i++];
+        x->ndim = -1;
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+        if (!cJSON_IsString(name) || !*name->valuestring) {
+            rc = INVALID("config field '%s[%d].name' must be a non-empty string", what, i - 1);
+            break;
+        }
+        x->name = strdup(name->valuestring);
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "data_type");
+        if (dt) {
+            if (!cJSON_IsString(dt) || (x->dtype = dtype_from_config(dt->valuestring)) == DT_UNDEFINED) {
+                rc = INVALID("config field '%s[%d].data_type' of '%s' must be a type such as TYPE_FP32",
+                             what, i - 1, x->name);
+                break;
+            }
+        }
+        const cJSON *dims = cJSON_GetObjectItemCaseSensitive(e, "dims");
+        if (dims) {
+            if (!cJSON_IsArray(dims) || cJSON_GetArraySize(dims) > TENSOR_MAX_DIMS) {
+                rc = INVALID("config field '%s[%d].dims' of '%s' must be an array of at most %d integers",
+                             what, i - 1, x->name, TENSOR_MAX_DIMS);
+                break;
+            }
+            x->ndim = 0;
+            const cJSON *d;
+            cJSON_ArrayForEach(d, dims) {
+                double v = cJSON_IsNumber(d) ? d->valuedouble
+                           : cJSON_IsString(d) ? strtod(d->valuestring, NULL) : -2;
+                if (v != (double)(int64_t)v || v < -1 || v > (double)(1LL << 40)) {
+                    rc = INVALID("config field '%s[%d].dims' of '%s' must hold integers >= -1", what, i - 1, x->name);
+                    break;
+                }
+                x->dims[x->ndim++] = (int64_t)v;
+            }
+            if (rc) break;
+        }
+        const cJSON *lf = cJSON_GetObjectItemCaseSensitive(e, "label_filename");
+        if (cJSON_IsString(lf) && *lf->valuestring) {
+            if (strchr(lf->valuestring, '/')) {
+                rc = INVALID("config field '%s[%d].label_filename' must be a file name in the model's folder", what, i - 1);
+                break;
+            }
+            x->label_filename = strdup(lf->valuestring);
+        }
+    }
+    for (int a = 0; !rc && a < i; a++)
+        for (int b = a + 1; b < i; b++)
+            if (strcmp(io[a].name, io[b].name) == 0) rc = INVALID("config field '%s' names '%s' twice", what, io[a].name);
+    if (rc) {
+        io_clear(io, i);
+        return rc;
+    }
+    *out = io;
+    *nout = n;
+    return 0;
+}
+
+int model_config_parse(struct model_config *c, const char *json, size_t len, char *err, size_t err_len) {
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return INVALID("config.json is not a JSON object");
+    }
+    int rc = 0;
+    int64_t x;
+    const cJSON *v;
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "name"))) {
+        if (!cJSON_IsString(v)) { rc = INVALID("config field 'name' must be a string"); goto out; }
+        if (*v->valuestring && strcmp(v->valuestring, c->name)) {
+            rc = INVALID("config field 'name' is '%s' but the model's folder is '%s'", v->valuestring, c->name);
+            goto out;
+        }
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "platform"))) {
+        if (!cJSON_IsString(v)) { rc = INVALID("config field 'platform' must be a string"); goto out; }
+        if (*v->valuestring && strcmp(v->valuestring, "onnxruntime_onnx") && strcmp(v->valuestring, "kiln_onnx")) {
+            rc = INVALID("config field 'platform' is '%s': kiln serves ONNX models (onnxruntime_onnx)", v->valuestring);
+            goto out;
+        }
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "backend")) && cJSON_IsString(v) && *v->valuestring &&
+        strcmp(v->valuestring, "onnxruntime") && strcmp(v->valuestring, "kiln")) {
+        rc = INVALID("config field 'backend' is '%s': kiln serves ONNX models (onnxruntime)", v->valuestring);
+        goto out;
+    }
+    int r = get_int(root, "max_batch_size", 0, 1 << 20, &x);
+    if (r < 0) { rc = INVALID("config field 'max_batch_size' must be an integer >= 0"); goto out; }
+    if (r) { c->max_batch_size = (int)x; c->max_batch_size_set = 1; }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "input")) && (rc = parse_io(v, "input", &c->inputs, &c->ninputs, err, err_len)))
+        goto out;
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "output")) && (rc = parse_io(v, "output", &c->outputs, &c->noutputs, err, err_len)))
+        goto out;
+
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "version_policy"))) {
+        const cJSON *p;
+        if (!cJSON_IsObject(v)) { rc = INVALID("config field 'version_policy' must be an object"); goto out; }
+        if ((p = cJSON_GetObjectItemCaseSensitive(v, "latest"))) {
+            c->version_policy = MODEL_VERSIONS_LATEST;
+            r = get_int(p, "num_versions", 1, 1 << 20, &x);
+            if (r < 0) { rc = INVALID("config field 'version_policy.latest.num_versions' must be an integer >= 1"); goto out; }
+            c->num_versions = r ? (int)x : 1;
+        } else if (cJSON_GetObjectItemCaseSensitive(v, "all")) {
+            c->version_policy = MODEL_VERSIONS_ALL;
+        } else if ((p = cJSON_GetObjectItemCaseSensitive(v, "specific"))) {
+            c->version_policy = MODEL_VERSIONS_SPECIFIC;
+            const cJSON *vs = cJSON_GetObjectItemCaseSensitive(p, "versions"), *e;
+            if (!cJSON_IsArray(vs) || cJSON_GetArraySize(vs) == 0 || cJSON_GetArraySize(vs) > MODEL_CONFIG_MAX_VERSIONS) {
+                rc = INVALID("config field 'version_policy.specific.versions' must be a non-empty array of versions");
+                goto out;
+            }
+            cJSON_ArrayForEach(e, vs) {
+                double d = cJSON_IsNumber(e) ? e->valuedouble : cJSON_IsString(e) ? strtod(e->valuestring, NULL) : -1;
+                if (d < 1 || d != (double)(int64_t)d) {
+                    rc = INVALID("config field 'version_policy.specific.versions' must hold integers >= 1");
+                    goto out;
+                }
+                c->versions[c->nversions++] = (int64_t)d;
+            }
+        } else {
+            rc = INVALID("config field 'version_policy' must hold one of 'latest', 'all', 'specific'");
+            goto out;
+        }
+    }
+
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "dynamic_batching"))) {
+        if (!cJSON_IsObject(v)) { rc = INVALID("config field 'dynamic_batching' must be an object"); goto out; }
+        c->dynamic_batching = 1;
+        const cJSON *pb = cJSON_GetObjectItemCaseSensitive(v, "preferred_batch_size"), *e;
+        if (pb) {
+            if (!cJSON_IsArray(pb) || cJSON_GetArraySize(pb) > 16) {
+                rc = INVALID("config field 'dynamic_batching.preferred_batch_size' must be an array of at most 16 sizes");
+                goto out;
+            }
+            cJSON_ArrayForEach(e, pb) {
+                if (!cJSON_IsNumber(e) || e->valuedouble < 1 || e->valuedouble > (1 << 20)) {
+                    rc = INVALID("config field 'dynamic_batching.preferred_batch_size' must hold integers >= 1");
+                    goto out;
+                }
+                c->preferred_batch_size[c->npreferred++] = (int)e->valuedouble;
+            }
+        }
+        if ((r = get_int(v, "max_queue_delay_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.max_queue_delay_microseconds' must be an integer >= 0");
+            goto out;
+        } else if (r) c->max_queue_delay_us = (uint64_t)x;
+        if (get_bool(v, "preserve_ordering", &c->preserve_ordering) < 0) {
+            rc = INVALID("config field 'dynamic_batching.preserve_ordering' must be true or false");
+            goto out;
+        }
+        if ((r = get_int(v, "priority_levels", 0, 16, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.priority_levels' must be an integer 0-16");
+            goto out;
+        } else if (r) c->priority_levels = (int)x;
+        if ((r = get_int(v, "default_priority_level", 0, 16, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.default_priority_level' must be an integer 0-16");
+            goto out;
+        } else if (r) c->default_priority_level = (int)x;
+        const cJSON *qp = cJSON_GetObjectItemCaseSensitive(v, "default_queue_policy");
+        if (qp) {
+            const cJSON *ta = cJSON_GetObjectItemCaseSensitive(qp, "timeout_action");
+            if (ta) {
+                if (!cJSON_IsString(ta) || (strcmp(ta->valuestring, "REJECT") && strcmp(ta->valuestring, "DELAY"))) {
+                    rc = INVALID("config field 'dynamic_batching.default_queue_policy.timeout_action' must be REJECT or DELAY");
+                    goto out;
+                }
+                c->timeout_action_delay = strcmp(ta->valuestring, "DELAY") == 0;
+            }
+            if ((r = get_int(qp, "default_timeout_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+                rc = INVALID("config field 'dynamic_batching.default_queue_policy.default_timeout_microseconds' must be an integer >= 0");
+                goto out;
+            } else if (r) c->default_timeout_us = (uint64_t)x;
+            if (get_bool(qp, "allow_timeout_override", &c->allow_timeout_override) < 0) {
+                rc = INVALID("config field 'dynamic_batching.default_queue_policy.allow_timeout_override' must be true or false");
+                goto out;
+            }
+            if ((r = get_int(qp, "max_queue_size", 0, 1 << 30, &x)) < 0) {
+                rc = INVALID("config field 'dynamic_batching.default_queue_policy.max_queue_size' must be an integer >= 0");
+                goto out;
+            } else if (r) c->max_queue_size = (int)x;
+        }
+    }
+
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "instance_group"))) {
+        const cJSON *g = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
+        if (!cJSON_IsArray(v) || (cJSON_GetArraySize(v) && !cJSON_IsObject(g))) {
+            rc = INVALID("config field 'instance_group' must be an array of objects");
+            goto out;
+        }
+        if (g) {
+            if ((r = get_int(g, "count", 1, 256, &x)) < 0) {
+                rc = INVALID("config field 'instance_group[0].count' must be an integer 1-256");
+                goto out;
+            } else if (r) c->instance_count = (int)x;
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
+            if (k) {
+                if (!cJSON_IsString(k) || (strcmp(k->valuestring, "KIND_AUTO") && strcmp(k->valuestring, "KIND_CPU") &&
+                                           strcmp(k->valuestring, "KIND_GPU"))) {
+                    rc = INVALID("config field 'instance_group[0].kind' must be KIND_AUTO, KIND_CPU or KIND_GPU");
+                    goto out;
+                }
+                free(c->instance_kind);
+                c->instance_kind = strdup(k->valuestring);
+            }
+        }
+    }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "response_cache"))) {
+        if (!cJSON_IsObject(v) || get_bool(v, "enable", &c->response_cache) < 0) {
+            rc = INVALID("config field 'response_cache.enable' must be true or false");
+            goto out;
+        }
+    }
+out:
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---- auto-complete ------------------------------------------------------ */
+
+static int complete_list(struct model_config *c, struct model_config_io **list, int *n, const char *what,
+                         const struct model_io *mio, int nm, char *err, size_t err_len) {
+    if (*n == 0) {
+        *list = calloc((size_t)(nm > 0 ? nm : 1), sizeof **list);
+        if (!*list) return STATUS_NOMEM;
+        for (int i = 0; i < nm; i++) {
+            (*list)[i].name = strdup(mio[i].name);
+            (*list)[i].ndim = -1;
+        }
+        *n = nm;
+    }
+    for (int i = 0; i < *n; i++) {
+        struct model_config_io *x = &(*list)[i];
+        const struct model_io *m = NULL;
+        for (int j = 0; j < nm; j++)
+            if (strcmp(mio[j].name, x->name) == 0) m = &mio[j];
+        if (!m) {
+            char names[512] = "";
+            for (int j = 0; j < nm; j++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s'%s'", j ? ", " : "", mio[j].name);
+            return INVALID("config field '%s' names '%s' but the model has no such %s (it has %s)", what, x->name, what, names);
+        }
+        if (x->dtype == DT_UNDEFINED) x->dtype = m->dtype;
+        else if (x->dtype != m->dtype)
+            return INVALID("config field '%s' of '%s': data_type is %s but the model says %s", what, x->name,
+                           dtype_config_name(x->dtype), dtype_config_name(m->dtype));
+        int skip = c->max_batch_size > 0 ? 1 : 0;
+        if (m->ndim >= 0) {
+            int mnd = m->ndim - skip;
+            if (x->ndim < 0) {
+                x->ndim = mnd < 0 ? 0 : mnd;
+                for (int d = 0; d < x->ndim; d++) x->dims[d] = m->dims[d + skip];
+            } else if (x->ndim != mnd) {
+                return INVALID("config field '%s' of '%s': dims has %d entries but the model's %s has rank %d%s", what,
+                               x->name, x->ndim, what, m->ndim, skip ? " (the batch dim is not listed in dims)" : "");
+            } else {
+                for (int d = 0; d < x->ndim; d++) {
+                    int64_t md = m->dims[d + skip];
+                    if (md >= 0 && x->dims[d] >= 0 && md != x->dims[d])
+                        return INVALID("config field '%s' of '%s': dims[%d] is %lld but the model says %lld", what,
+                                       x->name, d, (long long)x->dims[d], (long long)md);
+                    if (x->dims[d] < 0) x->dims[d] = md; /* the model may know more */
+                }
+            }
+        }
+        /* Unknown rank in both: x->ndim stays -1 and any shape is accepted; the engine checks. */
+    }
+    /* Put the list in the model's order (adding what the file left out), so
+     * that index i of the config is index i of the model everywhere else. */
+    struct model_config_io *sorted = calloc((size_t)(nm > 0 ? nm : 1), sizeof *sorted);
+    if (!sorted) return STATUS_NOMEM;
+    for (int j = 0; j < nm; j++) {
+        int found = 0;
+        for (int i = 0; i < *n; i++)
+            if ((*list)[i].name && strcmp((*list)[i].name, mio[j].name) == 0) {
+                sorted[j] = (*list)[i];
+                (*list)[i].name = NULL;
+                found = 1;
+            }
+        if (!found) {
+            sorted[j].name = strdup(mio[j].name);
+            sorted[j].dtype = mio[j].dtype;
+            sorted[j].ndim = mio[j].ndim < 0 ? -1 : mio[j].ndim - (c->max_batch_size > 0);
+            for (int d = 0; d < sorted[j].ndim; d++) sorted[j].dims[d] = mio[j].dims[d + (c->max_batch_size > 0)];
+        }
+    }
+    free(*list); /* every entry moved into sorted */
+    *list = sorted;
+    *n = nm;
+    return 0;
+}
+
+int model_config_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
+                          const struct model_io *outputs, int noutputs, char *err, size_t err_len) {
+    if (!c->max_batch_size_set) {
+        /* Batching is possible when every tensor's first dim is symbolic. */
+        int ok = ninputs > 0;
+        for (int i = 0; i < ninputs; i++)
+            if (inputs[i].ndim < 1 || inputs[i].dims[0] != -1) ok = 0;
+        for (int i = 0; i < noutputs; i++)
+            if (outputs[i].ndim < 1 || outputs[i].dims[0] != -1) ok = 0;
+        c->max_batch_size = ok ? MODEL_CONFIG_DEFAULT_MAX_BATCH : 0;
+        if (ok && !c->dynamic_batching) c->dynamic_batching = 1;
+    } else if (c->max_batch_size > 0) {
+        for (int i = 0; i < ninputs; i++)
+            if (inputs[i].ndim == 0 || (inputs[i].ndim > 0 && inputs[i].dims[0] != -1 && inputs[i].dims[0] < c->max_batch_size))
+                return INVALID("config field 'max_batch_size' is %d but input '%s' has no batch dim (its first dim is %lld)",
+                               c->max_batch_size, inputs[i].name, inputs[i].ndim ? (long long)inputs[i].dims[0] : 0LL);
+    }
+    int rc = complete_list(c, &c->inputs, &c->ninputs, "input", inputs, ninputs, err, err_len);
+    if (rc) return rc;
+    for (int i = 0; i < ninputs; i++)
+        if (model_config_find_input(c, inputs[i].name) < 0)
+            return INVALID("config field 'input' does not list the model's input '%s'", inputs[i].name);
+    return complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
+}
+
+int model_config_load_labels(struct model_config *c, const char *dir, char *err, size_t err_len) {
+    for (int i = 0; i < c->noutputs; i++) {
+        struct model_config_io *o = &c->outputs[i];
+        if (!o->label_filename) continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, o->label_filename);
+        FILE *f = fopen(path, "r");
+        if (!f) return INVALID("config field 'output' of '%s': label_filename %s: %s", o->name, path, strerror(errno));
+        char line[1024];
+        int cap = 0;
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\r\n")] = 0;
+            if (o->nlabels == cap) {
+                cap = cap ? cap * 2 : 64;
+                char **nl = realloc(o->labels, (size_t)cap * sizeof *nl);
+                if (!nl) { fclose(f); return STATUS_NOMEM; }
+                o->labels = nl;
+            }
+            o->labels[o->nlabels++] = strdup(line);
+        }
+        fclose(f);
+    }
+    return 0;
+}
+
+int model_config_version_wanted(const struct model_config *c, int64_t version, const int64_t *present, int npresent) {
+    switch (c->version_policy) {
+    case MODEL_VERSIONS_ALL: return 1;
+    case MODEL_VERSIONS_SPECIFIC:
+        for (int i = 0; i < c->nversions; i++)
+            if (c->versions[i] == version) return 1;
+        return 0;
+    default: {
+        int newer = 0;
+        for (int i = 0; i < npresent; i++)
+            if (present[i] > version) newer++;
+        return newer < c->num_versions;
+    }
+    }
+}
+
+int model_config_find_input(const struct model_config *c, const char *name) {
+    for (int i = 0; i < c->ninputs; i++)
+        if (strcmp(c->inputs[i].name, name) == 0) return i;
+    return -1;
+}
+
+int model_config_find_output(const struct model_config *c, const char *name) {
+    for (int i = 0; i < c->noutputs; i++)
+        if (strcmp(c->outputs[i].name, name) == 0) return i;
+    return -1;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+static cJSON *io_json(const struct model_config_io *io, int n) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", io[i].name);
+        cJSON_AddStringToObject(o, "data_type", dtype_config_name(io[i].dtype) ? dtype_config_name(io[i].dtype) : "TYPE_INVALID");
+        cJSON *dims = cJSON_AddArrayToObject(o, "dims");
+        for (int d = 0; d < io[i].ndim; d++) cJSON_AddItemToArray(dims, cJSON_CreateNumber((double)io[i].dims[d]));
+        if (io[i].label_filename) cJSON_AddStringToObject(o, "label_filename", io[i].label_filename);
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
+cJSON *model_config_to_json(const struct model_config *c) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", c->name);
+    cJSON_AddStringToObject(o, "platform", c->platform);
+    cJSON_AddStringToObject(o, "backend", "kiln");
+    cJSON *vp = cJSON_AddObjectToObject(o, "version_policy");
+    if (c->version_policy == MODEL_VERSIONS_ALL) cJSON_AddObjectToObject(vp, "all");
+    else if (c->version_policy == MODEL_VERSIONS_SPECIFIC) {
+        cJSON *vs = cJSON_AddArrayToObject(cJSON_AddObjectToObject(vp, "specific"), "versions");
+        for (int i = 0; i < c->nversions; i++) cJSON_AddItemToArray(vs, cJSON_CreateNumber((double)c->versions[i]));
+    } else cJSON_AddNumberToObject(cJSON_AddObjectToObject(vp, "latest"), "num_versions", c->num_versions);
+    cJSON_AddNumberToObject(o, "max_batch_size", c->max_batch_size);
+    cJSON_AddItemToObject(o, "input", io_json(c->inputs, c->ninputs));
+    cJSON_AddItemToObject(o, "output", io_json(c->outputs, c->noutputs));
+    if (c->dynamic_batching) {
+        cJSON *db = cJSON_AddObjectToObject(o, "dynamic_batching");
+        cJSON *pb = cJSON_AddArrayToObject(db, "preferred_batch_size");
+        for (int i = 0; i < c->npreferred; i++) cJSON_AddItemToArray(pb, cJSON_CreateNumber(c->preferred_batch_size[i]));
+        cJSON_AddNumberToObject(db, "max_queue_delay_microseconds", (double)c->max_queue_delay_us);
+        cJSON_AddBoolToObject(db, "preserve_ordering", c->preserve_ordering);
+        cJSON_AddNumberToObject(db, "priority_levels", c->priority_levels);
+        cJSON_AddNumberToObject(db, "default_priority_level", c->default_priority_level);
+        cJSON *qp = cJSON_AddObjectToObject(db, "default_queue_policy");
+        cJSON_AddStringToObject(qp, "timeout_action", c->timeout_action_delay ? "DELAY" : "REJECT");
+        cJSON_AddNumberToObject(qp, "default_timeout_microseconds", (double)c->default_timeout_us);
+        cJSON_AddBoolToObject(qp, "allow_timeout_override", c->allow_timeout_override);
+        cJSON_AddNumberToObject(qp, "max_queue_size", c->max_queue_size);
+    }
+    cJSON *ig = cJSON_AddArrayToObject(o, "instance_group");
+    cJSON *g = cJSON_CreateObject();
+    cJSON_AddStringToObject(g, "name", c->name);
+    cJSON_AddStringToObject(g, "kind", c->instance_kind);
+    cJSON_AddNumberToObject(g, "count", c->instance_count);
+    cJSON_AddItemToArray(ig, g);
+    cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "response_cache"), "enable", c->response_cache);
+    return o;
+}

@@ -1,0 +1,99 @@
+/* model_config.h - a model's configuration: Triton's ModelConfig as JSON.
+ *
+ * <repo>/<model>/config.json uses Triton's field names (name, platform,
+ * max_batch_size, input/output with data_type "TYPE_FP32" and dims without the
+ * batch dim, version_policy, dynamic_batching, instance_group, response_cache).
+ * The file is optional: model_config_complete() fills what is missing from the
+ * ONNX model's inputs and outputs the way Triton's auto-complete does, and
+ * checks what the file says against the model, naming the field that is wrong.
+ *
+ * A struct model_config is a plain value: it owns its strings and arrays and
+ * is freed with model_config_clear(). */
+#ifndef KILN_MODEL_CONFIG_H
+#define KILN_MODEL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tensor.h"
+
+struct model_io;
+typedef struct cJSON cJSON;
+
+#define MODEL_CONFIG_MAX_VERSIONS 64
+/* max_batch_size given to a model whose first dims are symbolic and whose
+ * config does not say (Triton's auto-complete uses the same idea). */
+#define MODEL_CONFIG_DEFAULT_MAX_BATCH 32
+
+struct model_config_io {
+    char *name;
+    enum dtype dtype;
+    int ndim;                       /* -1 = not known yet */
+    int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0; -1 = any */
+    char *label_filename;           /* outputs: labels for classification, one per line */
+    char **labels;                  /* loaded by model_config_load_labels */
+    int nlabels;
+};
+
+enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
+
+struct model_config {
+    char *name;
+    char *platform;                 /* "onnxruntime_onnx" */
+    int max_batch_size;             /* 0 = the model takes no batch dim */
+    int max_batch_size_set;         /* 1 if the file said */
+    struct model_config_io *inputs, *outputs;
+    int ninputs, noutputs;
+
+    enum model_version_policy version_policy;
+    int num_versions;               /* latest */
+    int64_t versions[MODEL_CONFIG_MAX_VERSIONS]; /* specific */
+    int nversions;
+
+    int dynamic_batching;           /* 1 if the section is present */
+    int preferred_batch_size[16];
+    int npreferred;
+    uint64_t max_queue_delay_us;
+    int preserve_ordering;
+    int priority_levels;
+    int default_priority_level;
+    int timeout_action_delay;       /* default_queue_policy.timeout_action == DELAY */
+    uint64_t default_timeout_us;
+    int allow_timeout_override;
+    int max_queue_size;
+
+    int instance_count;             /* instance_group[0].count; default 1 */
+    char *instance_kind;            /* "KIND_AUTO", "KIND_CPU", "KIND_GPU" */
+    int response_cache;             /* response_cache.enable */
+};
+
+void model_config_init(struct model_config *c, const char *name);
+void model_config_clear(struct model_config *c);
+
+/* Parses config.json text into c (which model_config_init prepared). Unknown
+ * top-level keys are ignored (Triton has many); known keys of the wrong type
+ * are errors naming the key. */
+int model_config_parse(struct model_config *c, const char *json, size_t len, char *err, size_t err_len);
+
+/* Completes c from the model's inputs and outputs and checks the two agree:
+ * fills missing input/output lists, data types and dims, picks
+ * max_batch_size when every input and output has a symbolic first dim. */
+int model_config_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
+                          const struct model_io *outputs, int noutputs, char *err, size_t err_len);
+
+/* Reads each output's label_filename from dir. */
+int model_config_load_labels(struct model_config *c, const char *dir, char *err, size_t err_len);
+
+/* 1 if this version should be loaded given every version present (sorted
+ * ascending), by the version policy. */
+int model_config_version_wanted(const struct model_config *c, int64_t version,
+                                const int64_t *present, int npresent);
+
+/* The configuration as Triton prints it (GET .../config). Caller deletes. */
+cJSON *model_config_to_json(const struct model_config *c);
+
+/* Index of the input/output with this name, or -1. */
+int model_config_find_input(const struct model_config *c, const char *name);
+int model_config_find_output(const struct model_config *c, const char *name);
+
+#endif

@@ -1,0 +1,373 @@
+#include "config/server_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+
+/* ---- the option table --------------------------------------------------- */
+
+enum opt_kind { OPT_STR, OPT_INT, OPT_SIZE, OPT_LIST, OPT_FLAGONLY };
+
+struct opt {
+    const char *name;     /* flag name without "--" */
+    enum opt_kind kind;
+    const char *arg;      /* placeholder in --help */
+    const char *def;      /* default as shown in --help */
+    const char *help;
+};
+
+static const struct opt g_opts[] = {
+    {"model-repository", OPT_STR, "PATH", "model_repository", "folder of models in Triton's layout: <model>/<version>/model.onnx, optional <model>/config.json"},
+    {"http-address", OPT_STR, "ADDR", "0.0.0.0", "address to listen on"},
+    {"http-port", OPT_INT, "PORT", "8000", "HTTP port (0 = any free port, printed at start)"},
+    {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
+    {"http-timeout-secs", OPT_INT, "S", "60", "read/write timeout of an HTTP connection"},
+    {"backend", OPT_STR, "auto|cpu|cuda", "auto", "where models run; auto uses CUDA when a GPU is usable, else the CPU"},
+    {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
+    {"log-format", OPT_STR, "text|json", "text", "log line format"},
+    {"max-request-size", OPT_SIZE, "BYTES", "64M", "largest request body (suffixes K, M, G); larger gets 413"},
+    {"exit-timeout-secs", OPT_INT, "S", "30", "on SIGTERM/SIGINT, longest wait for in-flight requests before a forced exit"},
+    {"model-control-mode", OPT_STR, "none|explicit|poll", "none", "none: load all at start; explicit: load/unload through the API; poll: reload on change"},
+    {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
+    {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
+    {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload"},
+    {"cache-size", OPT_SIZE, "BYTES", "0", "in-process result cache size (0 = off; suffixes K, M, G)"},
+    {"redis-url", OPT_STR, "URL", "", "redis://host:port[/db] for the shared result cache tier"},
+    {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
+    {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash (set it to share Redis entries between servers)"},
+    {"config", OPT_FLAGONLY, "FILE", "", "JSON file with any of these settings (keys like \"http_port\")"},
+};
+#define NOPTS (int)(sizeof g_opts / sizeof g_opts[0])
+
+enum source_rank { SRC_FILE = 1, SRC_ENV = 2, SRC_FLAG = 3 };
+static int g_load_rank; /* which source last set load-model; reset per load */
+
+void server_config_init(struct server_config *c) {
+    memset(c, 0, sizeof *c);
+    c->model_repository = strdup("model_repository");
+    c->http_address = strdup("0.0.0.0");
+    c->http_port = 8000;
+    c->http_threads = 0;
+    c->backend = strdup("auto");
+    c->log_level = strdup("info");
+    c->log_format = strdup("text");
+    c->max_request_size = 64LL << 20;
+    c->exit_timeout_secs = 30;
+    c->http_timeout_secs = 60;
+    c->model_control_mode = SERVER_CONTROL_NONE;
+    c->repository_poll_secs = 15;
+    c->cache_size = 0;
+    c->cache_ttl_secs = 300;
+}
+
+void server_config_clear(struct server_config *c) {
+    free(c->model_repository);
+    free(c->http_address);
+    free(c->backend);
+    free(c->log_level);
+    free(c->log_format);
+    for (int i = 0; i < c->nload_model; i++) free(c->load_model[i]);
+    free(c->control_token);
+    free(c->redis_url);
+    free(c->cache_secret);
+    free(c->config_file);
+    memset(c, 0, sizeof *c);
+}
+
+const char *server_control_mode_name(enum server_control_mode m) {
+    switch (m) {
+    case SERVER_CONTROL_EXPLICIT: return "explicit";
+    case SERVER_CONTROL_POLL: return "poll";
+    default: return "none";
+    }
+}
+
+/* "http_port" and "http-port" name the same option. */
+static const struct opt *opt_find(const char *name) {
+    char norm[64];
+    size_t n = strlen(name);
+    if (n >= sizeof norm) return NULL;
+    for (size_t i = 0; i <= n; i++) norm[i] = name[i] == '_' ? '-' : (char)tolower((unsigned char)name[i]);
+    for (int i = 0; i < NOPTS; i++)
+        if (strcmp(g_opts[i].name, norm) == 0) return &g_opts[i];
+    return NULL;
+}
+
+static int parse_int(const char *v, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) return -1;
+    *out = x;
+    return 0;
+}
+
+static int parse_size(const char *v, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || x < 0) return -1;
+    int64_t mul = 1;
+    if (*end) {
+        switch (toupper((unsigned char)*end)) {
+        case 'K': mul = 1LL << 10; break;
+        case 'M': mul = 1LL << 20; break;
+        case 'G': mul = 1LL << 30; break;
+        default: return -1;
+        }
+        end++;
+        if (toupper((unsigned char)*end) == 'B' || toupper((unsigned char)*end) == 'I') end++;
+        if (toupper((unsigned char)*end) == 'B') end++;
+        if (*end) return -1;
+    }
+    if (x > INT64_MAX / mul) return -1;
+    *out = x * mul;
+    return 0;
+}
+
+static void set_str(char **dst, const char *v) {
+    free(*dst);
+    *dst = v && *v ? strdup(v) : NULL;
+}
+
+static int set_opt(struct server_config *c, const struct opt *o, const char *v, int rank,
+                   const char *source, char *err, size_t err_len) {
+    const char *n = o->name;
+    long x;
+    int64_t sz;
+#define BAD(what) status_set(err, err_len, STATUS_INVALID, "%s: %s '%s' for %s: %s", source, "invalid value", v, n, what)
+    if (o->kind == OPT_INT) {
+        if (parse_int(v, strcmp(n, "http-port") == 0 ? 0 : 0, strcmp(n, "http-port") == 0 ? 65535 : INT_MAX, &x))
+            return BAD(strcmp(n, "http-port") == 0 ? "expected a port number 0-65535" : "expected a non-negative integer");
+        if (strcmp(n, "http-port") == 0) c->http_port = (int)x;
+        else if (strcmp(n, "http-threads") == 0) {
+            if (x > 1024) return BAD("at most 1024 threads");
+            c->http_threads = (int)x;
+        } else if (strcmp(n, "http-timeout-secs") == 0) c->http_timeout_secs = (int)x;
+        else if (strcmp(n, "exit-timeout-secs") == 0) c->exit_timeout_secs = (int)x;
+        else if (strcmp(n, "repository-poll-secs") == 0) {
+            if (x < 1) return BAD("expected at least 1");
+            c->repository_poll_secs = (int)x;
+        } else if (strcmp(n, "cache-ttl-secs") == 0) c->cache_ttl_secs = (int)x;
+        return 0;
+    }
+    if (o->kind == OPT_SIZE) {
+        if (parse_size(v, &sz)) return BAD("expected a byte count such as 1048576 or 64M");
+        if (strcmp(n, "max-request-size") == 0) {
+            if (sz < 1024) return BAD("expected at least 1024 bytes");
+            c->max_request_size = sz;
+        } else c->cache_size = sz;
+        return 0;
+    }
+    if (o->kind == OPT_LIST) { /* load-model: a higher source replaces a lower one's list */
+        if (rank != g_load_rank) {
+            for (int i = 0; i < c->nload_model; i++) free(c->load_model[i]);
+            c->nload_model = 0;
+            g_load_rank = rank;
+        }
+        /* Environment and file values may list several names: "a,b". */
+        const char *p = v;
+        while (*p) {
+            const char *e = strchr(p, ',');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            if (len) {
+                if (c->nload_model == SERVER_CONFIG_MAX_LOAD) return BAD("too many models");
+                c->load_model[c->nload_model++] = strndup(p, len);
+            }
+            p += len + (e ? 1 : 0);
+        }
+        return 0;
+    }
+    if (strcmp(n, "model-repository") == 0) {
+        if (!*v) return BAD("expected a folder");
+        set_str(&c->model_repository, v);
+    } else if (strcmp(n, "http-address") == 0) {
+        if (!*v) return BAD("expected an address");
+        set_str(&c->http_address, v);
+    } else if (strcmp(n, "backend") == 0) {
+        if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) return BAD("expected auto, cpu or cuda");
+        set_str(&c->backend, v);
+    } else if (strcmp(n, "log-level") == 0) {
+        if (strcmp(v, "error") && strcmp(v, "warn") && strcmp(v, "warning") && strcmp(v, "info") &&
+            strcmp(v, "debug"))
+            return BAD("expected error, warn, info or debug");
+        set_str(&c->log_level, v);
+    } else if (strcmp(n, "log-format") == 0) {
+        if (strcmp(v, "text") && strcmp(v, "json")) return BAD("expected text or json");
+        set_str(&c->log_format, v);
+    } else if (strcmp(n, "model-control-mode") == 0) {
+        if (strcmp(v, "none") == 0) c->model_control_mode = SERVER_CONTROL_NONE;
+        else if (strcmp(v, "explicit") == 0) c->model_control_mode = SERVER_CONTROL_EXPLICIT;
+        else if (strcmp(v, "poll") == 0) c->model_control_mode = SERVER_CONTROL_POLL;
+        else return BAD("expected none, explicit or poll");
+    } else if (strcmp(n, "control-token") == 0) set_str(&c->control_token, v);
+    else if (strcmp(n, "redis-url") == 0) {
+        if (*v && strncmp(v, "redis://", 8) && strncmp(v, "unix://", 7))
+            return BAD("expected redis://host:port[/db] or unix:///path");
+        set_str(&c->redis_url, v);
+    } else if (strcmp(n, "cache-secret") == 0) set_str(&c->cache_secret, v);
+    else if (strcmp(n, "config") == 0) set_str(&c->config_file, v);
+    return 0;
+#undef BAD
+}
+
+int server_config_set(struct server_config *c, const char *name, const char *value,
+                      const char *source, char *err, size_t err_len) {
+    const struct opt *o = opt_find(name);
+    if (!o) return status_set(err, err_len, STATUS_INVALID, "%s: unknown setting '%s' (see kiln serve --help)", source, name);
+    return set_opt(c, o, value, SRC_FLAG, source, err, err_len);
+}
+
+/* ---- sources ------------------------------------------------------------ */
+
+static int load_file(struct server_config *c, const char *path, char *err, size_t err_len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return status_set(err, err_len, STATUS_INVALID, "--config %s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (len < 0 || len > (1 << 20)) {
+        fclose(f);
+        return status_set(err, err_len, STATUS_INVALID, "--config %s: not a readable file under 1 MiB", path);
+    }
+    char *buf = malloc((size_t)len + 1);
+    size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
+    fclose(f);
+    if (!buf || got != (size_t)len) {
+        free(buf);
+        return status_set(err, err_len, STATUS_INVALID, "--config %s: read failed", path);
+    }
+    buf[len] = 0;
+    cJSON *root = cJSON_ParseWithLength(buf, (size_t)len);
+    free(buf);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return status_set(err, err_len, STATUS_INVALID, "--config %s: not a JSON object", path);
+    }
+    int rc = 0;
+    char src[512], val[64];
+    cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        snprintf(src, sizeof src, "%s: key \"%s\"", path, it->string);
+        const struct opt *o = opt_find(it->string);
+        if (!o || o->kind == OPT_FLAGONLY) {
+            rc = status_set(err, err_len, STATUS_INVALID, "%s is not a setting (see kiln serve --help)", src);
+            break;
+        }
+        if (cJSON_IsString(it)) rc = set_opt(c, o, it->valuestring, SRC_FILE, src, err, err_len);
+        else if (cJSON_IsNumber(it)) {
+            snprintf(val, sizeof val, "%.0f", it->valuedouble);
+            rc = set_opt(c, o, val, SRC_FILE, src, err, err_len);
+        } else if (cJSON_IsBool(it)) rc = set_opt(c, o, cJSON_IsTrue(it) ? "1" : "0", SRC_FILE, src, err, err_len);
+        else if (cJSON_IsArray(it) && o->kind == OPT_LIST) {
+            cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                if (!cJSON_IsString(e)) {
+                    rc = status_set(err, err_len, STATUS_INVALID, "%s: expected an array of strings", src);
+                    break;
+                }
+                if ((rc = set_opt(c, o, e->valuestring, SRC_FILE, src, err, err_len))) break;
+            }
+        } else rc = status_set(err, err_len, STATUS_INVALID, "%s: expected a string or a number", src);
+        if (rc) break;
+    }
+    cJSON_Delete(root);
+    return rc;
+}
+
+static int load_env(struct server_config *c, char *err, size_t err_len) {
+    for (int i = 0; i < NOPTS; i++) {
+        if (g_opts[i].kind == OPT_FLAGONLY) continue;
+        char env[64];
+        size_t n = 0;
+        n += (size_t)snprintf(env, sizeof env, "KILN_");
+        for (const char *p = g_opts[i].name; *p && n + 1 < sizeof env; p++)
+            env[n++] = *p == '-' ? '_' : (char)toupper((unsigned char)*p);
+        env[n] = 0;
+        const char *v = getenv(env);
+        if (!v) continue;
+        int rc = set_opt(c, &g_opts[i], v, SRC_ENV, env, err, err_len);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int server_config_load(struct server_config *c, int argc, char **argv, char *err, size_t err_len) {
+    g_load_rank = 0;
+    /* First pass: --help and --config, and that every flag exists and has a value. */
+    const char *file = getenv("KILN_CONFIG");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            server_config_usage(stdout);
+            return 1;
+        }
+        if (strncmp(a, "--", 2) != 0)
+            return status_set(err, err_len, STATUS_INVALID, "unexpected argument '%s' (see kiln serve --help)", a);
+        const char *eq = strchr(a, '=');
+        char name[64];
+        snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - a - 2 : (long)strlen(a) - 2), a + 2);
+        const struct opt *o = opt_find(name);
+        if (!o) return status_set(err, err_len, STATUS_INVALID, "unknown flag '--%s' (see kiln serve --help)", name);
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : NULL);
+        if (!v) return status_set(err, err_len, STATUS_INVALID, "flag --%s needs a value (%s)", name, o->arg);
+        if (!eq) i++;
+        if (o->kind == OPT_FLAGONLY) file = v;
+    }
+    if (file && *file) {
+        set_str(&c->config_file, file);
+        int rc = load_file(c, file, err, err_len);
+        if (rc) return rc;
+    }
+    int rc = load_env(c, err, err_len);
+    if (rc) return rc;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        char name[64], src[80];
+        snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - a - 2 : (long)strlen(a) - 2), a + 2);
+        const char *v = eq ? eq + 1 : argv[++i];
+        const struct opt *o = opt_find(name);
+        if (o->kind == OPT_FLAGONLY) continue;
+        snprintf(src, sizeof src, "flag --%s", o->name);
+        if ((rc = set_opt(c, o, v, SRC_FLAG, src, err, err_len))) return rc;
+    }
+    if (c->model_control_mode != SERVER_CONTROL_EXPLICIT && c->nload_model > 0)
+        return status_set(err, err_len, STATUS_INVALID,
+                          "--load-model needs --model-control-mode explicit (mode is %s: every model is loaded)",
+                          server_control_mode_name(c->model_control_mode));
+    return 0;
+}
+
+void server_config_usage(FILE *f) {
+    fprintf(f,
+            "usage: kiln serve [options]\n"
+            "\n"
+            "Serves the ONNX models of a model repository over HTTP with the KServe v2 /\n"
+            "Open Inference Protocol (compatible with tritonclient.http).\n"
+            "\n"
+            "Every option is also read from the environment (KILN_HTTP_PORT=8000) and\n"
+            "from a JSON file given with --config or KILN_CONFIG ({\"http_port\": 8000}).\n"
+            "Precedence: flag > environment > file > default.\n"
+            "\n"
+            "options:\n");
+    for (int i = 0; i < NOPTS; i++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s %s", g_opts[i].name, g_opts[i].arg);
+        fprintf(f, "  %-38s %s", left, g_opts[i].help);
+        if (g_opts[i].def[0]) fprintf(f, " [%s]", g_opts[i].def);
+        fprintf(f, "\n");
+    }
+    fprintf(f,
+            "  %-38s %s\n"
+            "\n"
+            "Signals: SIGTERM or SIGINT stops admitting work (ready turns false, new\n"
+            "requests get 503), lets accepted requests finish and exits 0; a second\n"
+            "signal, or --exit-timeout-secs, forces the exit.\n",
+            "-h, --help", "this text");
+}

@@ -1,0 +1,69 @@
+/* server_config.h - the configuration of `kiln serve`.
+ *
+ * Every setting has one name used three ways: a flag (--http-port 8000), an
+ * environment variable (KILN_HTTP_PORT=8000) and a key of the JSON file given
+ * with --config (either "http_port" or "http-port"). Precedence: flag >
+ * environment > file > default. server_config_usage() prints the table that
+ * `kiln serve --help` shows, generated from the same option list so the help
+ * cannot drift from the parser. */
+#ifndef KILN_SERVER_CONFIG_H
+#define KILN_SERVER_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define SERVER_CONFIG_MAX_LOAD 64
+
+enum server_control_mode {
+    SERVER_CONTROL_NONE = 0,     /* load everything at start; load/unload API refused */
+    SERVER_CONTROL_EXPLICIT = 1, /* load only --load-model at start; API loads/unloads */
+    SERVER_CONTROL_POLL = 2,     /* load everything, rescan every --repository-poll-secs */
+};
+
+struct server_config {
+    char *model_repository;
+    char *http_address;          /* "127.0.0.1", "0.0.0.0" */
+    int http_port;
+    int http_threads;            /* 0 = number of cores */
+    char *backend;               /* "auto", "cpu", "cuda" */
+    char *log_level;             /* "error", "warn", "info", "debug" */
+    char *log_format;            /* "text", "json" */
+    int64_t max_request_size;    /* bytes; larger bodies get 413 */
+    int exit_timeout_secs;       /* drain limit on SIGTERM */
+    int http_timeout_secs;       /* read/write timeout of a connection */
+    enum server_control_mode model_control_mode;
+    int repository_poll_secs;
+    char *load_model[SERVER_CONFIG_MAX_LOAD]; /* names; "*" = all */
+    int nload_model;
+    char *control_token;         /* NULL = load/unload open */
+    /* Result cache settings, read by cache/. */
+    int64_t cache_size;          /* bytes of the in-process cache; 0 = off */
+    char *redis_url;             /* NULL = no Redis tier */
+    int cache_ttl_secs;
+    char *cache_secret;          /* key for the keyed hash; NULL = random per start */
+    char *config_file;           /* the --config path, if any */
+};
+
+/* Fills the defaults. */
+void server_config_init(struct server_config *c);
+/* Frees owned strings; the struct can be reused after server_config_init. */
+void server_config_clear(struct server_config *c);
+
+/* Builds the configuration from argv (argv[0] = "serve"), the environment and
+ * the --config file. Returns 0, 1 when --help was asked (usage printed to
+ * stdout), or a negative status with err naming the flag, variable or key. */
+int server_config_load(struct server_config *c, int argc, char **argv,
+                       char *err, size_t err_len);
+
+/* Applies one setting by its flag name without dashes ("http-port" or
+ * "http_port"); source names the origin for messages ("flag", "KILN_HTTP_PORT",
+ * "kiln.json"). Exposed for tests. */
+int server_config_set(struct server_config *c, const char *name, const char *value,
+                      const char *source, char *err, size_t err_len);
+
+void server_config_usage(FILE *f);
+
+const char *server_control_mode_name(enum server_control_mode m);
+
+#endif

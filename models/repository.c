@@ -1,0 +1,689 @@
+#include "models/repository.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "models/model.h"
+#include "server/metrics.h"
+
+enum entry_state { ST_UNAVAILABLE = 0, ST_LOADING, ST_READY, ST_UNLOADING };
+static const char *g_state_names[] = {"UNAVAILABLE", "LOADING", "READY", "UNLOADING"};
+
+struct entry {
+    char *name;
+    enum entry_state state;
+    char reason[512];
+    struct repo_version **versions; /* ascending */
+    int nversions;
+    uint64_t signature;             /* poll: hash of file names, sizes and mtimes */
+};
+
+struct repository {
+    char *root;
+    char *backend;
+    int max_versions;
+
+    pthread_rwlock_t lock;          /* guards entries */
+    struct entry *entries;
+    int nentries, cap;
+
+    pthread_mutex_t control;        /* one load/unload/poll at a time */
+
+    /* Reaper: frees versions whose last reference went away. */
+    pthread_mutex_t reap_lock;
+    pthread_cond_t reap_cond, reap_idle;
+    struct repo_version **reap;
+    int nreap, reap_cap;
+    int live;                       /* versions created and not yet freed */
+    int stopping;
+    pthread_t reaper;
+};
+
+#define ERR(st, ...) status_set(err, err_len, st, __VA_ARGS__)
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- versions and the reaper -------------------------------------------- */
+
+static void version_destroy(struct repo_version *v) {
+    batcher_free(v->batcher); /* drains what is queued and joins the instances */
+    model_free(v->model);
+    model_config_clear(&v->config);
+    log_info("unloaded model '%s' version %s", v->name_, v->version_str);
+    free(v->name_);
+    free(v);
+}
+
+static void *reaper_main(void *arg) {
+    repository_t *r = arg;
+    pthread_mutex_lock(&r->reap_lock);
+    for (;;) {
+        while (r->nreap == 0 && !r->stopping) pthread_cond_wait(&r->reap_cond, &r->reap_lock);
+        if (r->nreap == 0 && r->stopping) break;
+        struct repo_version *v = r->reap[--r->nreap];
+        pthread_mutex_unlock(&r->reap_lock);
+        version_destroy(v);
+        pthread_mutex_lock(&r->reap_lock);
+        r->live--;
+        pthread_cond_broadcast(&r->reap_idle);
+    }
+    pthread_mutex_unlock(&r->reap_lock);
+    return NULL;
+}
+
+void repository_release(struct repo_version *v) {
+    if (!v) return;
+    if (atomic_fetch_sub(&v->refs, 1) != 1) return;
+    repository_t *r = v->repo_;
+    pthread_mutex_lock(&r->reap_lock);
+    if (r->nreap == r->reap_cap) {
+        int nc = r->reap_cap ? r->reap_cap * 2 : 16;
+        struct repo_version **n = realloc(r->reap, (size_t)nc * sizeof *n);
+        if (n) {
+            r->reap = n;
+            r->reap_cap = nc;
+        }
+    }
+    if (r->nreap < r->reap_cap) r->reap[r->nreap++] = v;
+    pthread_cond_signal(&r->reap_cond);
+    pthread_mutex_unlock(&r->reap_lock);
+}
+
+/* ---- folder scanning ---------------------------------------------------- */
+
+static int valid_name(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 200 || name[0] == '.') return 0;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] == '/' || name[i] == '\\' || (unsigned char)name[i] < 0x20) return 0;
+    return 1;
+}
+
+static int is_version_dir(const char *s, int64_t *v) {
+    if (!*s || strlen(s) > 18) return 0;
+    for (const char *p = s; *p; p++)
+        if (*p < '0' || *p > '9') return 0;
+    *v = strtoll(s, NULL, 10);
+    return *v > 0;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Versions present under dir (with a model.onnx), ascending. */
+static int scan_versions(const char *dir, int64_t *out, int max) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        int64_t v;
+        if (!is_version_dir(e->d_name, &v)) continue;
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s/model.onnx", dir, e->d_name);
+        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) out[n++] = v;
+    }
+    closedir(d);
+    qsort(out, (size_t)n, sizeof *out, cmp_i64);
+    return n;
+}
+
+/* A cheap change detector for poll mode: names, sizes and mtimes two levels deep. */
+static uint64_t dir_signature(const char *dir, int depth) {
+    uint64_t h = 1469598103934665603ull;
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char path[4096];
+        struct stat st;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (stat(path, &st)) continue;
+        uint64_t x = 1469598103934665603ull;
+        for (const char *p = e->d_name; *p; p++) x = (x ^ (uint8_t)*p) * 1099511628211ull;
+        x ^= (uint64_t)st.st_size * 31 + (uint64_t)st.st_mtim.tv_sec * 1000000007ull + (uint64_t)st.st_mtim.tv_nsec;
+        if (S_ISDIR(st.st_mode) && depth > 0) x ^= dir_signature(path, depth - 1) * 3;
+        h += x * 0x9e3779b97f4a7c15ull; /* order-independent */
+    }
+    closedir(d);
+    return h;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && n < (16 << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
+            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+                free(buf);
+                buf = NULL;
+            } else {
+                buf[n] = 0;
+                *len = (size_t)n;
+            }
+        }
+    }
+    fclose(f);
+    return buf;
+}
+
+/* ---- loading one version ------------------------------------------------ */
+
+static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
+                                         const char *cfg, size_t cfg_len, char *err, size_t err_len) {
+    uint64_t t0 = now_ns();
+    struct repo_version *v = calloc(1, sizeof *v);
+    if (!v) return NULL;
+    v->name_ = strdup(name);
+    v->name = v->name_;
+    v->version = ver;
+    snprintf(v->version_str, sizeof v->version_str, "%lld", (long long)ver);
+    v->repo_ = r;
+    atomic_init(&v->refs, 1);
+    model_config_init(&v->config, name);
+
+    char path[4096], e2[512];
+    snprintf(path, sizeof path, "%s/%lld/model.onnx", mdir, (long long)ver);
+    struct model_params mp = {.path = path};
+    v->model = model_load(&mp, e2, sizeof e2);
+    if (!v->model) {
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
+        goto fail;
+    }
+    int ni = model_ninputs(v->model), no = model_noutputs(v->model);
+    struct model_io *ins = calloc((size_t)ni + 1, sizeof *ins), *outs = calloc((size_t)no + 1, sizeof *outs);
+    if (!ins || !outs) {
+        free(ins);
+        free(outs);
+        ERR(STATUS_NOMEM, "model '%s': out of memory", name);
+        goto fail;
+    }
+    for (int i = 0; i < ni; i++) ins[i] = *model_input(v->model, i);
+    for (int i = 0; i < no; i++) outs[i] = *model_output(v->model, i);
+    int rc = cfg ? model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2) : 0;
+    if (!rc) rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
+    if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
+    free(ins);
+    free(outs);
+    if (rc) {
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s%s", name, (long long)ver, cfg ? "config.json: " : "", e2);
+        goto fail;
+    }
+    const char *be = r->backend;
+    if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
+    else if (strcmp(v->config.instance_kind, "KIND_GPU") == 0 && strcmp(be, "cuda") != 0) {
+        ERR(STATUS_UNAVAILABLE, "model '%s': instance_group kind KIND_GPU needs the CUDA backend (kiln runs on %s)",
+            name, be);
+        goto fail;
+    }
+    const struct model_config *c = &v->config;
+    struct batcher_params bp = {
+        .model = v->model,
+        .model_name = v->name,
+        .max_batch_size = c->max_batch_size,
+        .dynamic_batching = c->dynamic_batching,
+        .npreferred = c->npreferred,
+        .max_queue_delay_us = c->max_queue_delay_us,
+        .preserve_ordering = c->preserve_ordering,
+        .priority_levels = c->priority_levels,
+        .default_priority_level = c->default_priority_level,
+        .default_queue_policy = {.timeout_action = c->timeout_action_delay ? BATCHER_TIMEOUT_DELAY : BATCHER_TIMEOUT_REJECT,
+                                 .default_timeout_us = c->default_timeout_us,
+                                 .allow_timeout_override = c->allow_timeout_override,
+                                 .max_queue_size = c->max_queue_size},
+        .instance_count = c->instance_count,
+        .backend = be,
+    };
+    for (int i = 0; i < c->npreferred && i < BATCHER_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
+    v->batcher = batcher_create(&bp, e2, sizeof e2);
+    if (!v->batcher) {
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
+        goto fail;
+    }
+    v->load_ns = now_ns() - t0;
+    v->metrics = metrics_model_get(name, v->version_str);
+    metrics_record_load(v->metrics, v->load_ns);
+    pthread_mutex_lock(&r->reap_lock);
+    r->live++;
+    pthread_mutex_unlock(&r->reap_lock);
+    log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
+             (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
+             c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    return v;
+fail:
+    model_free(v->model);
+    model_config_clear(&v->config);
+    free(v->name_);
+    free(v);
+    return NULL;
+}
+
+/* ---- the table ---------------------------------------------------------- */
+
+static struct entry *entry_find(repository_t *r, const char *name) {
+    for (int i = 0; i < r->nentries; i++)
+        if (strcmp(r->entries[i].name, name) == 0) return &r->entries[i];
+    return NULL;
+}
+
+/* Under the write lock. */
+static struct entry *entry_get(repository_t *r, const char *name) {
+    struct entry *e = entry_find(r, name);
+    if (e) return e;
+    if (r->nentries == r->cap) {
+        int nc = r->cap ? r->cap * 2 : 16;
+        struct entry *n = realloc(r->entries, (size_t)nc * sizeof *n);
+        if (!n) return NULL;
+        r->entries = n;
+        r->cap = nc;
+    }
+    e = &r->entries[r->nentries++];
+    memset(e, 0, sizeof *e);
+    e->name = strdup(name);
+    snprintf(e->reason, sizeof e->reason, "unloaded");
+    return e;
+}
+
+/* Replaces an entry's versions; the old ones are released outside the lock. */
+static void entry_swap(repository_t *r, const char *name, struct repo_version **nv, int n, enum entry_state st,
+                       const char *reason, uint64_t sig) {
+    pthread_rwlock_wrlock(&r->lock);
+    struct entry *e = entry_get(r, name);
+    struct repo_version **old = NULL;
+    int nold = 0;
+    if (e) {
+        old = e->versions;
+        nold = e->nversions;
+        e->versions = nv;
+        e->nversions = n;
+        e->state = st;
+        e->signature = sig;
+        snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+    }
+    pthread_rwlock_unlock(&r->lock);
+    for (int i = 0; i < nold; i++) repository_release(old[i]);
+    free(old);
+}
+
+static void entry_set_state(repository_t *r, const char *name, enum entry_state st, const char *reason) {
+    pthread_rwlock_wrlock(&r->lock);
+    struct entry *e = entry_get(r, name);
+    if (e) {
+        e->state = st;
+        if (reason) snprintf(e->reason, sizeof e->reason, "%s", reason);
+    }
+    pthread_rwlock_unlock(&r->lock);
+}
+
+static int load_locked(repository_t *r, const char *name, char *err, size_t err_len) {
+    if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
+    char mdir[4096];
+    snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
+    struct stat st;
+    if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
+        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+    uint64_t sig = dir_signature(mdir, 2);
+    int64_t present[256];
+    int np = scan_versions(mdir, present, 256);
+    if (np <= 0) {
+        ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    size_t cfg_len = 0;
+    char cpath[4200];
+    snprintf(cpath, sizeof cpath, "%s/config.json", mdir);
+    char *cfg = read_file(cpath, &cfg_len);
+    if (!cfg && stat(cpath, &st) == 0) {
+        ERR(STATUS_INVALID, "model '%s': cannot read %s", name, cpath);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    /* The policy comes from the config; parse it once without the model. */
+    struct model_config pc;
+    model_config_init(&pc, name);
+    char e2[512];
+    if (cfg && model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2)) {
+        ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+        model_config_clear(&pc);
+        free(cfg);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    int64_t want[256];
+    int nw = 0;
+    for (int i = 0; i < np; i++)
+        if (model_config_version_wanted(&pc, present[i], present, np) && nw < r->max_versions) want[nw++] = present[i];
+    model_config_clear(&pc);
+    if (nw == 0) {
+        free(cfg);
+        ERR(STATUS_INVALID, "model '%s': the version_policy selects none of the versions present", name);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    pthread_rwlock_rdlock(&r->lock);
+    struct entry *e = entry_find(r, name);
+    int was_ready = e && e->state == ST_READY;
+    pthread_rwlock_unlock(&r->lock);
+    if (!was_ready) entry_set_state(r, name, ST_LOADING, "");
+
+    struct repo_version **nv = calloc((size_t)nw, sizeof *nv);
+    int rc = nv ? 0 : STATUS_NOMEM;
+    for (int i = 0; !rc && i < nw; i++) {
+        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, err, err_len);
+        if (!nv[i]) rc = STATUS_INVALID;
+    }
+    free(cfg);
+    if (rc) {
+        for (int i = 0; nv && i < nw; i++) repository_release(nv[i]);
+        free(nv);
+        log_error("%s", err);
+        /* A failed reload keeps the old versions serving. */
+        if (!was_ready) entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return rc;
+    }
+    entry_swap(r, name, nv, nw, ST_READY, "", sig);
+    return 0;
+}
+
+int repository_load(repository_t *r, const char *name, char *err, size_t err_len) {
+    pthread_mutex_lock(&r->control);
+    int rc = load_locked(r, name, err, err_len);
+    pthread_mutex_unlock(&r->control);
+    return rc;
+}
+
+static int unload_locked(repository_t *r, const char *name, char *err, size_t err_len) {
+    pthread_rwlock_rdlock(&r->lock);
+    struct entry *e = entry_find(r, name);
+    int known = e != NULL;
+    pthread_rwlock_unlock(&r->lock);
+    if (!known) {
+        char mdir[4096];
+        struct stat st;
+        snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
+        if (!valid_name(name) || stat(mdir, &st) || !S_ISDIR(st.st_mode))
+            return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+    }
+    entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
+    return 0;
+}
+
+int repository_unload(repository_t *r, const char *name, char *err, size_t err_len) {
+    pthread_mutex_lock(&r->control);
+    int rc = unload_locked(r, name, err, err_len);
+    pthread_mutex_unlock(&r->control);
+    return rc;
+}
+
+/* Model folder names in the root, sorted; caller frees each and the array. */
+static int list_folders(repository_t *r, char ***out) {
+    DIR *d = opendir(r->root);
+    if (!d) return -1;
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!valid_name(e->d_name)) continue;
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", r->root, e->d_name);
+        if (stat(p, &st) || !S_ISDIR(st.st_mode)) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, (size_t)cap * sizeof *nn);
+            if (!nn) break;
+            names = nn;
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort: repositories are small */
+        for (int j = i; j > 0 && strcmp(names[j - 1], names[j]) > 0; j--) {
+            char *t = names[j]; names[j] = names[j - 1]; names[j - 1] = t;
+        }
+    *out = names;
+    return n;
+}
+
+int repository_load_all(repository_t *r) {
+    char **names;
+    int n = list_folders(r, &names), failed = 0;
+    if (n < 0) {
+        log_error("model repository %s: %s", r->root, strerror(errno));
+        return 1;
+    }
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        if (repository_load(r, names[i], err, sizeof err)) failed++;
+        free(names[i]);
+    }
+    free(names);
+    return failed;
+}
+
+void repository_poll(repository_t *r) {
+    pthread_mutex_lock(&r->control);
+    char **names;
+    int n = list_folders(r, &names);
+    char err[512];
+    for (int i = 0; i < n; i++) {
+        char mdir[4096];
+        snprintf(mdir, sizeof mdir, "%s/%s", r->root, names[i]);
+        uint64_t sig = dir_signature(mdir, 2);
+        pthread_rwlock_rdlock(&r->lock);
+        struct entry *e = entry_find(r, names[i]);
+        int changed = !e || e->signature != sig;
+        pthread_rwlock_unlock(&r->lock);
+        if (changed) {
+            if (load_locked(r, names[i], err, sizeof err)) {
+                /* Remember the failed signature so a broken model is retried only when it changes. */
+                pthread_rwlock_wrlock(&r->lock);
+                if ((e = entry_find(r, names[i]))) e->signature = sig;
+                pthread_rwlock_unlock(&r->lock);
+            }
+        }
+    }
+    /* Folders that went away. */
+    pthread_rwlock_rdlock(&r->lock);
+    int ne = r->nentries;
+    char **gone = calloc((size_t)ne + 1, sizeof *gone);
+    int ng = 0;
+    for (int i = 0; gone && i < ne; i++) {
+        int found = 0;
+        for (int j = 0; j < n && !found; j++) found = strcmp(names[j], r->entries[i].name) == 0;
+        if (!found && r->entries[i].nversions) gone[ng++] = strdup(r->entries[i].name);
+    }
+    pthread_rwlock_unlock(&r->lock);
+    for (int i = 0; i < ng; i++) {
+        log_info("model '%s' left the repository: unloading", gone[i]);
+        entry_swap(r, gone[i], NULL, 0, ST_UNAVAILABLE, "removed from the repository", 0);
+        free(gone[i]);
+    }
+    free(gone);
+    for (int i = 0; i < n; i++) free(names[i]);
+    if (n > 0) free(names);
+    pthread_mutex_unlock(&r->control);
+}
+
+/* ---- lookups ------------------------------------------------------------ */
+
+struct repo_version *repository_acquire(repository_t *r, const char *name, int64_t version, int *status,
+                                        char *err, size_t err_len) {
+    struct repo_version *v = NULL;
+    pthread_rwlock_rdlock(&r->lock);
+    struct entry *e = entry_find(r, name);
+    if (!e) *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s'", name);
+    else if (e->nversions == 0)
+        *status = ERR(STATUS_UNAVAILABLE, "model '%s' is not ready (%s)", name,
+                      e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
+    else if (version <= 0) v = e->versions[e->nversions - 1];
+    else {
+        for (int i = 0; i < e->nversions; i++)
+            if (e->versions[i]->version == version) v = e->versions[i];
+        if (!v) *status = ERR(STATUS_NOT_FOUND, "unknown version %lld of model '%s'", (long long)version, name);
+    }
+    if (v) atomic_fetch_add(&v->refs, 1);
+    pthread_rwlock_unlock(&r->lock);
+    return v;
+}
+
+int repository_list(repository_t *r, struct repo_version ***out) {
+    pthread_rwlock_rdlock(&r->lock);
+    int n = 0;
+    for (int i = 0; i < r->nentries; i++) n += r->entries[i].nversions;
+    struct repo_version **a = calloc((size_t)n + 1, sizeof *a);
+    int k = 0;
+    for (int i = 0; a && i < r->nentries; i++)
+        for (int j = 0; j < r->entries[i].nversions; j++) {
+            a[k] = r->entries[i].versions[j];
+            atomic_fetch_add(&a[k]->refs, 1);
+            k++;
+        }
+    pthread_rwlock_unlock(&r->lock);
+    *out = a;
+    return a ? k : 0;
+}
+
+cJSON *repository_index(repository_t *r, int ready_only) {
+    cJSON *arr = cJSON_CreateArray();
+    char **names;
+    int n = list_folders(r, &names);
+    if (n < 0) n = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    /* Folders, plus entries whose folder is gone but which still serve. */
+    for (int pass = 0; pass < 2; pass++) {
+        int count = pass == 0 ? n : r->nentries;
+        for (int i = 0; i < count; i++) {
+            const char *name = pass == 0 ? names[i] : r->entries[i].name;
+            if (pass == 1) {
+                int listed = 0;
+                for (int j = 0; j < n && !listed; j++) listed = strcmp(names[j], name) == 0;
+                if (listed || r->entries[i].nversions == 0) continue;
+            }
+            struct entry *e = entry_find(r, name);
+            if (e && e->nversions) {
+                for (int j = 0; j < e->nversions; j++) {
+                    cJSON *o = cJSON_CreateObject();
+                    cJSON_AddStringToObject(o, "name", name);
+                    cJSON_AddStringToObject(o, "version", e->versions[j]->version_str);
+                    cJSON_AddStringToObject(o, "state", "READY");
+                    cJSON_AddStringToObject(o, "reason", "");
+                    cJSON_AddItemToArray(arr, o);
+                }
+            } else if (!ready_only) {
+                cJSON *o = cJSON_CreateObject();
+                cJSON_AddStringToObject(o, "name", name);
+                cJSON_AddStringToObject(o, "version", "");
+                cJSON_AddStringToObject(o, "state", g_state_names[e ? e->state : ST_UNAVAILABLE]);
+                cJSON_AddStringToObject(o, "reason", e ? e->reason : "unloaded");
+                cJSON_AddItemToArray(arr, o);
+            }
+        }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    for (int i = 0; i < n; i++) free(names[i]);
+    if (n > 0) free(names);
+    return arr;
+}
+
+void repository_stop_admission(repository_t *r) {
+    pthread_rwlock_rdlock(&r->lock);
+    for (int i = 0; i < r->nentries; i++)
+        for (int j = 0; j < r->entries[i].nversions; j++) batcher_stop_admission(r->entries[i].versions[j]->batcher);
+    pthread_rwlock_unlock(&r->lock);
+}
+
+int repository_pending(repository_t *r) {
+    int n = 0;
+    pthread_rwlock_rdlock(&r->lock);
+    for (int i = 0; i < r->nentries; i++)
+        for (int j = 0; j < r->entries[i].nversions; j++) n += batcher_pending(r->entries[i].versions[j]->batcher);
+    pthread_rwlock_unlock(&r->lock);
+    return n;
+}
+
+/* ---- life cycle --------------------------------------------------------- */
+
+repository_t *repository_create(const struct repository_params *p, char *err, size_t err_len) {
+    struct stat st;
+    if (!p->root || stat(p->root, &st) || !S_ISDIR(st.st_mode)) {
+        ERR(STATUS_INVALID, "model repository '%s' is not a folder", p->root ? p->root : "(none)");
+        return NULL;
+    }
+    repository_t *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->root = strdup(p->root);
+    r->backend = strdup(p->backend ? p->backend : "cpu");
+    r->max_versions = p->max_versions > 0 ? p->max_versions : 64;
+    pthread_rwlock_init(&r->lock, NULL);
+    pthread_mutex_init(&r->control, NULL);
+    pthread_mutex_init(&r->reap_lock, NULL);
+    pthread_cond_init(&r->reap_cond, NULL);
+    pthread_cond_init(&r->reap_idle, NULL);
+    if (pthread_create(&r->reaper, NULL, reaper_main, r)) {
+        ERR(STATUS_INTERNAL, "cannot start the repository's reaper thread");
+        free(r->root);
+        free(r->backend);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+void repository_free(repository_t *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->control);
+    pthread_rwlock_rdlock(&r->lock);
+    int n = r->nentries;
+    char **names = calloc((size_t)n + 1, sizeof *names);
+    for (int i = 0; names && i < n; i++) names[i] = strdup(r->entries[i].name);
+    pthread_rwlock_unlock(&r->lock);
+    for (int i = 0; names && i < n; i++) {
+        entry_swap(r, names[i], NULL, 0, ST_UNAVAILABLE, "server exiting", 0);
+        free(names[i]);
+    }
+    free(names);
+    pthread_mutex_unlock(&r->control);
+    /* Wait for the last references (requests still being answered) to go. */
+    pthread_mutex_lock(&r->reap_lock);
+    while (r->live > 0) pthread_cond_wait(&r->reap_idle, &r->reap_lock);
+    r->stopping = 1;
+    pthread_cond_signal(&r->reap_cond);
+    pthread_mutex_unlock(&r->reap_lock);
+    pthread_join(r->reaper, NULL);
+    for (int i = 0; i < r->nentries; i++) {
+        free(r->entries[i].name);
+        free(r->entries[i].versions);
+    }
+    free(r->entries);
+    free(r->reap);
+    pthread_rwlock_destroy(&r->lock);
+    pthread_mutex_destroy(&r->control);
+    pthread_mutex_destroy(&r->reap_lock);
+    pthread_cond_destroy(&r->reap_cond);
+    pthread_cond_destroy(&r->reap_idle);
+    free(r->root);
+    free(r->backend);
+    free(r);
+}

@@ -1,0 +1,83 @@
+/* repository.h - the model repository: Triton's folder layout, versions,
+ * load/unload with reference-counted swap.
+ *
+ *   <root>/<model>/config.json          optional (model_config.h)
+ *   <root>/<model>/<version>/model.onnx  version = a positive integer
+ *
+ * A loaded version is a struct repo_version: the engine's model, its
+ * completed configuration and its batcher. Requests take a reference with
+ * repository_acquire and drop it with repository_release; a reload swaps the
+ * table's entry atomically, so requests in flight finish on the old version
+ * while new ones see the new one, and the old version is freed (its batcher
+ * drained and joined) on the repository's own reaper thread once the last
+ * reference goes. Nothing that can block runs on the caller of release.
+ *
+ * Threads: every function is thread-safe. repository_load/unload/poll block
+ * for as long as a load takes: call them from a control thread, never from
+ * an I/O loop. */
+#ifndef KILN_REPOSITORY_H
+#define KILN_REPOSITORY_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config/model_config.h"
+#include "server/batcher.h"
+
+typedef struct repository repository_t;
+typedef struct cJSON cJSON;
+struct metrics_model;
+
+struct repo_version {
+    const char *name;            /* the model's name */
+    int64_t version;
+    char version_str[24];
+    struct model *model;
+    batcher_t *batcher;
+    struct model_config config;  /* completed; inputs/outputs in the model's order */
+    struct metrics_model *metrics;
+    uint64_t load_ns;
+    atomic_int refs;             /* private */
+    repository_t *repo_;         /* private */
+    char *name_;                 /* private: owns name */
+};
+
+struct repository_params {
+    const char *root;
+    const char *backend;         /* "cpu" or "cuda": where instances run */
+    int max_versions;            /* 0 = 64 */
+};
+
+repository_t *repository_create(const struct repository_params *p, char *err, size_t err_len);
+/* Unloads everything, waits until every reference is released, frees. NULL is a no-op. */
+void repository_free(repository_t *r);
+
+/* Loads (or reloads) a model by name. Returns 0 or a negative status with
+ * err naming what was wrong; on error a previously loaded version keeps
+ * serving. Logs one line per version with its load time. */
+int repository_load(repository_t *r, const char *name, char *err, size_t err_len);
+/* Unloads a model: new requests get NOT_FOUND/UNAVAILABLE, requests in flight finish. */
+int repository_unload(repository_t *r, const char *name, char *err, size_t err_len);
+/* Loads every model folder; returns the number that failed (each logged). */
+int repository_load_all(repository_t *r);
+/* Poll mode: loads new folders, reloads changed ones, unloads removed ones. */
+void repository_poll(repository_t *r);
+
+/* A reference to version `version` of `name` (0 = the highest loaded
+ * version), or NULL with *status STATUS_NOT_FOUND / STATUS_UNAVAILABLE and err set. */
+struct repo_version *repository_acquire(repository_t *r, const char *name, int64_t version, int *status,
+                                        char *err, size_t err_len);
+void repository_release(struct repo_version *v); /* NULL is a no-op */
+
+/* Every loaded version, referenced: the caller releases each and frees the array. */
+int repository_list(repository_t *r, struct repo_version ***out);
+
+/* [{"name","version","state","reason"}] for every model folder and loaded version. */
+cJSON *repository_index(repository_t *r, int ready_only);
+
+/* Drain: every batcher stops admitting; then pending counts what is left. */
+void repository_stop_admission(repository_t *r);
+int repository_pending(repository_t *r);
+
+#endif

@@ -1,0 +1,1019 @@
+#include "server/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <event2/thread.h>
+#include <sodium.h>
+#include <zlib.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "server/batcher.h"
+#include "server/commands.h"
+#include "server/kserve.h"
+#include "server/metrics.h"
+
+#if defined(__has_include)
+#if __has_include("server/gpu_metrics.h")
+#include "server/gpu_metrics.h"
+#define KILN_HAVE_GPU_METRICS 1
+#endif
+#endif
+
+/* ==== threads and completion queues ====================================== */
+
+struct job {
+    void (*fn)(void *arg);
+    void *arg;
+    struct job *next;
+};
+
+struct io_thread {
+    http_server_t *srv;
+    int index;
+    struct event_base *base;
+    struct evhttp *http;
+    struct event *wake;          /* activated by other threads to run the queue */
+    pthread_mutex_t qlock;
+    struct job *qhead, *qtail;
+    int fd;
+    pthread_t tid;
+};
+
+struct http_server {
+    const struct server_config *cfg;
+    repository_t *repo;
+    char backend[16];
+    int port;
+    int nthreads;
+    struct io_thread *io;
+    atomic_int draining;
+    atomic_int inflight;
+    atomic_int unflushed;        /* answered, bytes not yet all written */
+
+    /* Control thread: load/unload and polling, which block. */
+    pthread_t control_tid;
+    pthread_mutex_t clock;
+    pthread_cond_t ccond;
+    struct job *chead, *ctail;
+    int cstop;
+    int control_started;
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Runs fn(arg) on the I/O thread io, from any thread. */
+static void io_post(struct io_thread *io, void (*fn)(void *), void *arg) {
+    struct job *j = malloc(sizeof *j);
+    if (!j) {
+        log_error("out of memory posting to I/O thread %d", io->index);
+        abort(); /* a lost completion would hang a client and the drain forever */
+    }
+    j->fn = fn;
+    j->arg = arg;
+    j->next = NULL;
+    pthread_mutex_lock(&io->qlock);
+    if (io->qtail) io->qtail->next = j;
+    else io->qhead = j;
+    io->qtail = j;
+    pthread_mutex_unlock(&io->qlock);
+    /* Repeated activations before the loop runs merge into one callback. */
+    event_active(io->wake, EV_READ, 0);
+}
+
+static void io_wake_cb(evutil_socket_t fd, short what, void *arg) {
+    struct io_thread *io = arg;
+    pthread_mutex_lock(&io->qlock);
+    struct job *j = io->qhead;
+    io->qhead = io->qtail = NULL;
+    pthread_mutex_unlock(&io->qlock);
+    while (j) {
+        struct job *next = j->next;
+        j->fn(j->arg);
+        free(j);
+        j = next;
+    }
+}
+
+static void control_post(http_server_t *s, void (*fn)(void *), void *arg) {
+    struct job *j = malloc(sizeof *j);
+    if (!j) abort();
+    j->fn = fn;
+    j->arg = arg;
+    j->next = NULL;
+    pthread_mutex_lock(&s->clock);
+    if (s->ctail) s->ctail->next = j;
+    else s->chead = j;
+    s->ctail = j;
+    pthread_cond_signal(&s->ccond);
+    pthread_mutex_unlock(&s->clock);
+}
+
+static void *control_main(void *arg) {
+    http_server_t *s = arg;
+    uint64_t next_poll = now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
+    pthread_mutex_lock(&s->clock);
+    for (;;) {
+        while (!s->chead && !s->cstop) {
+            if (s->cfg->model_control_mode == SERVER_CONTROL_POLL) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                uint64_t now = now_ns();
+                if (now >= next_poll) break;
+                uint64_t wait = next_poll - now;
+                ts.tv_sec += (time_t)(wait / 1000000000ull);
+                ts.tv_nsec += (long)(wait % 1000000000ull);
+                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+                pthread_cond_timedwait(&s->ccond, &s->clock, &ts);
+            } else pthread_cond_wait(&s->ccond, &s->clock);
+        }
+        if (s->cstop) break;
+        struct job *j = s->chead;
+        if (j) {
+            s->chead = j->next;
+            if (!s->chead) s->ctail = NULL;
+        }
+        pthread_mutex_unlock(&s->clock);
+        if (j) {
+            j->fn(j->arg);
+            free(j);
+        } else if (s->cfg->model_control_mode == SERVER_CONTROL_POLL && !atomic_load(&s->draining)) {
+            repository_poll(s->repo);
+            next_poll = now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
+        }
+        pthread_mutex_lock(&s->clock);
+    }
+    pthread_mutex_unlock(&s->clock);
+    return NULL;
+}
+
+/* ==== replies ============================================================ */
+
+static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
+
+/* Sends body (taking ownership of a malloc'd buffer) with a status code. */
+static void reply_raw(http_server_t *s, struct evhttp_request *req, int code, const char *ctype, char *body,
+                      size_t len) {
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    if (ctype) evhttp_add_header(h, "Content-Type", ctype);
+    if (atomic_load_explicit(&s->draining, memory_order_relaxed)) evhttp_add_header(h, "Connection", "close");
+    struct evbuffer *out = evbuffer_new();
+    if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
+    else free(body);
+    const char *reason = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 401 ? "Unauthorized"
+                         : code == 404 ? "Not Found" : code == 405 ? "Method Not Allowed"
+                         : code == 413 ? "Payload Too Large" : code == 501 ? "Not Implemented"
+                         : code == 503 ? "Service Unavailable" : "Error";
+    evhttp_send_reply(req, code, reason, out);
+    evbuffer_free(out);
+}
+
+static void reply_json(http_server_t *s, struct evhttp_request *req, int code, cJSON *j) {
+    char *txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    reply_raw(s, req, code, "application/json", txt, txt ? strlen(txt) : 0);
+}
+
+static void reply_error(http_server_t *s, struct evhttp_request *req, int code, const char *msg) {
+    struct kserve_buf b = {0};
+    kserve_error_body(&b, msg);
+    reply_raw(s, req, code, "application/json", b.data, b.len);
+}
+
+static void reply_status(http_server_t *s, struct evhttp_request *req, int status, const char *msg) {
+    int code = status_http_code(status);
+    if (code == 499) code = 400;
+    reply_error(s, req, code, msg);
+}
+
+static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) {
+    reply_raw(s, req, code, NULL, NULL, 0);
+}
+
+/* ==== request bodies ===================================================== */
+
+/* The body as one contiguous buffer, inflated when Content-Encoding says
+ * gzip or deflate. *owned is set when the caller must free the result.
+ * Returns NULL with *code and err set on failure. */
+static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *code,
+                                char *err, size_t err_len) {
+    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    size_t n = evbuffer_get_length(in);
+    unsigned char *raw = n ? evbuffer_pullup(in, -1) : (unsigned char *)"";
+    *owned = 0;
+    const char *enc = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Encoding");
+    if (!enc || !*enc || strcasecmp(enc, "identity") == 0) {
+        *len = n;
+        return raw;
+    }
+    int window;
+    if (strcasecmp(enc, "gzip") == 0 || strcasecmp(enc, "x-gzip") == 0) window = 15 + 16;
+    else if (strcasecmp(enc, "deflate") == 0) window = 15 + 32; /* zlib-wrapped (RFC 9110), raw tried below */
+    else {
+        *code = 415;
+        snprintf(err, err_len, "Content-Encoding '%s' is not supported (use gzip or deflate)", enc);
+        return NULL;
+    }
+    size_t limit = (size_t)s->cfg->max_request_size;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        z_stream zs;
+        memset(&zs, 0, sizeof zs);
+        if (inflateInit2(&zs, attempt ? -15 : window) != Z_OK) break;
+        size_t cap = n * 4 + 4096 < limit ? n * 4 + 4096 : limit, used = 0;
+        unsigned char *out = malloc(cap + 1);
+        zs.next_in = raw;
+        zs.avail_in = (uInt)n;
+        int rc = Z_OK;
+        while (out) {
+            if (used == cap) {
+                if (cap >= limit) { rc = Z_MEM_ERROR; break; }
+                size_t nc = cap * 2 < limit ? cap * 2 : limit;
+                unsigned char *no = realloc(out, nc + 1);
+                if (!no) { rc = Z_MEM_ERROR; break; }
+                out = no;
+                cap = nc;
+            }
+            zs.next_out = out + used;
+            zs.avail_out = (uInt)(cap - used);
+            rc = inflate(&zs, Z_NO_FLUSH);
+            used = cap - zs.avail_out;
+            if (rc == Z_STREAM_END) break;
+            if (rc != Z_OK && rc != Z_BUF_ERROR) break;
+            if (rc == Z_BUF_ERROR && zs.avail_in == 0 && used < cap) break; /* truncated */
+        }
+        inflateEnd(&zs);
+        if (rc == Z_STREAM_END && out) {
+            *owned = 1;
+            *len = used;
+            return out;
+        }
+        free(out);
+        if (rc == Z_MEM_ERROR && used >= limit) {
+            *code = 413;
+            snprintf(err, err_len, "the decompressed request body exceeds --max-request-size (%lld bytes)",
+                     (long long)limit);
+            return NULL;
+        }
+        if (window != 15 + 32) break; /* only deflate has a raw fallback */
+    }
+    *code = 400;
+    snprintf(err, err_len, "the request body is not valid %s data (Content-Encoding)", enc);
+    return NULL;
+}
+
+/* ==== inference ========================================================== */
+
+struct infer_ctx {
+    http_server_t *srv;
+    struct io_thread *io;
+    struct evhttp_request *req;
+    struct evhttp_connection *conn;
+    struct repo_version *v;
+    struct kserve_request kr;
+    struct tensor *ordered;
+    struct batcher_request br;
+    uint64_t t0;
+    int gone; /* the client closed the connection */
+};
+
+static void infer_ctx_free(struct infer_ctx *c) {
+    repository_release(c->v);
+    kserve_request_clear(&c->kr);
+    free(c->ordered);
+    if (c->br.outputs) {
+        for (int i = 0; i < c->br.noutputs; i++) kserve_tensor_free_data(&c->br.outputs[i]);
+        free(c->br.outputs);
+    }
+    free(c);
+}
+
+static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
+    struct infer_ctx *c = arg;
+    c->gone = 1;
+    if (c->v) batcher_cancel(c->v->batcher, &c->br);
+}
+
+static enum metrics_fail_reason fail_reason(int status, const char *msg) {
+    switch (status) {
+    case STATUS_INVALID: case STATUS_NOT_FOUND: return METRICS_FAIL_INVALID;
+    case STATUS_CANCELLED: return METRICS_FAIL_CANCELLED;
+    case STATUS_UNAVAILABLE: return strstr(msg, "imeout") ? METRICS_FAIL_TIMEOUT : METRICS_FAIL_UNAVAILABLE;
+    default: return METRICS_FAIL_INTERNAL;
+    }
+}
+
+static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
+    http_server_t *s = arg;
+    atomic_fetch_sub(&s->unflushed, 1);
+}
+
+/* Answers an accepted request and frees it; on its I/O thread. */
+static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
+    http_server_t *s = c->srv;
+    struct metrics_model *m = c->v ? c->v->metrics : NULL;
+    if (!c->gone) {
+        evhttp_connection_set_closecb(c->conn, NULL, NULL);
+        /* The drain waits for the bytes to leave, not just for the answer. */
+        atomic_fetch_add(&s->unflushed, 1);
+        evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
+    }
+    if (status) {
+        metrics_record_failure(m, fail_reason(status, msg), now_ns() - c->t0);
+        /* A request whose client left is still "answered": libevent frees it. */
+        reply_status(s, c->req, status, msg);
+    } else {
+        struct kserve_buf body = {0};
+        size_t json_len = 0;
+        char err[256];
+        int rc = kserve_response_encode(&c->kr, &c->v->config, c->v->name, c->v->version_str, c->br.outputs, &body,
+                                        &json_len, err, sizeof err);
+        if (rc) {
+            kserve_buf_free(&body);
+            metrics_record_failure(m, fail_reason(rc, err), now_ns() - c->t0);
+            reply_status(s, c->req, rc, err);
+        } else {
+            struct evkeyvalq *h = evhttp_request_get_output_headers(c->req);
+            const char *ctype = "application/json";
+            if (json_len < body.len) {
+                char hl[32];
+                snprintf(hl, sizeof hl, "%zu", json_len);
+                evhttp_add_header(h, "Inference-Header-Content-Length", hl);
+                ctype = "application/octet-stream";
+            }
+            metrics_record_success(m, now_ns() - c->t0, c->br.start_ns - c->br.enqueue_ns, c->br.compute_input_ns,
+                                   c->br.compute_infer_ns, c->br.compute_output_ns, c->br.rows, c->br.batch_size);
+            reply_raw(s, c->req, 200, ctype, body.data, body.len);
+        }
+    }
+    if (m) atomic_fetch_sub_explicit(&m->pending, 1, memory_order_relaxed);
+    atomic_fetch_sub(&s->inflight, 1);
+    infer_ctx_free(c);
+}
+
+static void infer_complete_cb(void *arg) {
+    struct infer_ctx *c = arg;
+    infer_finish(c, c->br.status, c->br.err);
+}
+
+/* On an instance thread (or the batcher's timer thread): hand back to the
+ * request's I/O thread and return at once. */
+static void infer_done(struct batcher_request *r) {
+    struct infer_ctx *c = r->user;
+    io_post(c->io, infer_complete_cb, c);
+}
+
+/* The step between a decoded, validated request and the batcher. A result
+ * cache sits here: it answers from a stored result or submits and stores. */
+static void infer_dispatch(struct infer_ctx *c) {
+    c->br.inputs = c->ordered;
+    c->br.ninputs = c->v->config.ninputs;
+    c->br.priority = (int)c->kr.priority;
+    c->br.timeout_us = c->kr.timeout_us;
+    c->br.done = infer_done;
+    c->br.user = c;
+    atomic_init(&c->br.cancelled, 0);
+    int rc = batcher_submit(c->v->batcher, &c->br);
+    if (rc) infer_finish(c, rc, c->br.err);
+}
+
+static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *model,
+                         int64_t version) {
+    char err[512];
+    int status = 0;
+    if (atomic_load(&s->draining)) {
+        reply_error(s, req, 503, "the server is shutting down: no new requests are accepted");
+        return;
+    }
+    struct infer_ctx *c = calloc(1, sizeof *c);
+    if (!c) {
+        reply_error(s, req, 500, "out of memory");
+        return;
+    }
+    c->srv = s;
+    c->io = io;
+    c->req = req;
+    c->conn = evhttp_request_get_connection(req);
+    c->t0 = now_ns();
+    atomic_fetch_add(&s->inflight, 1);
+    c->v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
+    if (!c->v) {
+        /* Not counted per model: there is no such model. */
+        atomic_fetch_sub(&s->inflight, 1);
+        reply_status(s, req, status, err);
+        infer_ctx_free(c);
+        return;
+    }
+    atomic_fetch_add_explicit(&c->v->metrics->pending, 1, memory_order_relaxed);
+
+    const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
+    int64_t header_len = -1;
+    if (hl) {
+        char *end;
+        errno = 0;
+        long long x = strtoll(hl, &end, 10);
+        if (errno || end == hl || *end || x < 0) {
+            snprintf(err, sizeof err, "Inference-Header-Content-Length '%.40s' is not a non-negative integer", hl);
+            infer_finish(c, STATUS_INVALID, err);
+            return;
+        }
+        header_len = x;
+    }
+    size_t len;
+    int owned, code = 400;
+    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    if (!body) {
+        metrics_record_failure(c->v->metrics, METRICS_FAIL_INVALID, now_ns() - c->t0);
+        atomic_fetch_sub_explicit(&c->v->metrics->pending, 1, memory_order_relaxed);
+        atomic_fetch_sub(&s->inflight, 1);
+        reply_error(s, req, code, err);
+        infer_ctx_free(c);
+        return;
+    }
+    int rc = kserve_request_parse(&c->kr, body, len, header_len, err, sizeof err);
+    if (owned) free(body);
+    if (!rc) {
+        c->ordered = calloc((size_t)c->v->config.ninputs + 1, sizeof *c->ordered);
+        rc = c->ordered ? kserve_request_bind(&c->kr, &c->v->config, c->ordered, &c->br.rows, err, sizeof err)
+                        : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
+    }
+    if (rc) {
+        infer_finish(c, rc, err);
+        return;
+    }
+    evhttp_connection_set_closecb(c->conn, infer_conn_closed, c);
+    infer_dispatch(c);
+}
+
+/* ==== metadata, config, statistics ======================================= */
+
+static void handle_server_metadata(http_server_t *s, struct evhttp_request *req) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", "kiln");
+    cJSON_AddStringToObject(o, "version", KILN_VERSION);
+    cJSON *ext = cJSON_AddArrayToObject(o, "extensions");
+    static const char *exts[] = {"classification", "model_repository", "model_configuration", "schedule_policy",
+                                 "binary_tensor_data", "statistics"};
+    for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) cJSON_AddItemToArray(ext, cJSON_CreateString(exts[i]));
+    reply_json(s, req, 200, o);
+}
+
+static cJSON *io_meta(const struct model_config *c, const struct model_config_io *io, int n) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", io[i].name);
+        cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(io[i].dtype));
+        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
+        if (c->max_batch_size > 0) cJSON_AddItemToArray(sh, cJSON_CreateNumber(-1));
+        for (int d = 0; d < io[i].ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)io[i].dims[d]));
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
+static void handle_model_metadata(http_server_t *s, struct evhttp_request *req, struct repo_version *v) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", v->name);
+    cJSON *vs = cJSON_AddArrayToObject(o, "versions");
+    struct repo_version **all;
+    int n = repository_list(s->repo, &all);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(all[i]->name, v->name) == 0) cJSON_AddItemToArray(vs, cJSON_CreateString(all[i]->version_str));
+        repository_release(all[i]);
+    }
+    free(all);
+    cJSON_AddStringToObject(o, "platform", v->config.platform);
+    cJSON_AddItemToObject(o, "inputs", io_meta(&v->config, v->config.inputs, v->config.ninputs));
+    cJSON_AddItemToObject(o, "outputs", io_meta(&v->config, v->config.outputs, v->config.noutputs));
+    reply_json(s, req, 200, o);
+}
+
+static void add_duration(cJSON *parent, const char *key, struct metrics_duration *d) {
+    cJSON *o = cJSON_AddObjectToObject(parent, key);
+    cJSON_AddNumberToObject(o, "count", (double)atomic_load_explicit(&d->count, memory_order_relaxed));
+    cJSON_AddNumberToObject(o, "ns", (double)atomic_load_explicit(&d->ns, memory_order_relaxed));
+}
+
+static cJSON *model_stats(struct repo_version *v) {
+    struct metrics_model *m = v->metrics;
+    struct batcher_stats bs;
+    memset(&bs, 0, sizeof bs);
+    batcher_get_stats(v->batcher, &bs);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", v->name);
+    cJSON_AddStringToObject(o, "version", v->version_str);
+    cJSON_AddNumberToObject(o, "last_inference", (double)atomic_load(&m->last_inference_ms));
+    cJSON_AddNumberToObject(o, "inference_count", (double)atomic_load(&m->inference_count));
+    cJSON_AddNumberToObject(o, "execution_count", (double)bs.executions);
+    cJSON *is = cJSON_AddObjectToObject(o, "inference_stats");
+    add_duration(is, "success", &m->d_success);
+    add_duration(is, "fail", &m->d_fail);
+    add_duration(is, "queue", &m->d_queue);
+    add_duration(is, "compute_input", &m->d_input);
+    add_duration(is, "compute_infer", &m->d_infer);
+    add_duration(is, "compute_output", &m->d_output);
+    add_duration(is, "cache_hit", &m->d_cache_hit);
+    add_duration(is, "cache_miss", &m->d_cache_miss);
+    cJSON *bst = cJSON_AddArrayToObject(o, "batch_stats");
+    for (int b = 1; b <= METRICS_MAX_BATCH; b++) {
+        uint64_t execs = bs.batch_hist[b];
+        uint64_t reqs = atomic_load(&m->batch_requests[b]);
+        if (!execs && !reqs) continue;
+        /* Requests of one batch share its compute time: divide the per-request sums by b. */
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "batch_size", b);
+        struct { const char *k; atomic_uint_fast64_t *ns; } parts[] = {
+            {"compute_input", &m->batch_input_ns[b]}, {"compute_infer", &m->batch_infer_ns[b]},
+            {"compute_output", &m->batch_output_ns[b]}};
+        for (int p = 0; p < 3; p++) {
+            cJSON *d = cJSON_AddObjectToObject(e, parts[p].k);
+            cJSON_AddNumberToObject(d, "count", (double)execs);
+            cJSON_AddNumberToObject(d, "ns", (double)(atomic_load(parts[p].ns) / (uint64_t)b));
+        }
+        cJSON_AddItemToArray(bst, e);
+    }
+    return o;
+}
+
+static void handle_stats(http_server_t *s, struct evhttp_request *req, const char *model, int64_t version) {
+    struct repo_version **all;
+    int n = repository_list(s->repo, &all), found = 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "model_stats");
+    for (int i = 0; i < n; i++) {
+        if ((!model || strcmp(all[i]->name, model) == 0) && (version <= 0 || all[i]->version == version)) {
+            cJSON_AddItemToArray(arr, model_stats(all[i]));
+            found++;
+        }
+        repository_release(all[i]);
+    }
+    free(all);
+    if (model && !found) {
+        cJSON_Delete(o);
+        char err[300];
+        int status = 0;
+        struct repo_version *v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
+        repository_release(v);
+        reply_status(s, req, status ? status : STATUS_NOT_FOUND, status ? err : "no statistics");
+        return;
+    }
+    reply_json(s, req, 200, o);
+}
+
+static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
+    http_server_t *s = arg;
+    struct repo_version **all;
+    int n = repository_list(s->repo, &all);
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_inference_exec_count Batches executed\n"
+                                         "# TYPE kiln_inference_exec_count counter\n");
+    struct batcher_stats *st = calloc((size_t)n + 1, sizeof *st);
+    for (int i = 0; st && i < n; i++) {
+        batcher_get_stats(all[i]->batcher, &st[i]);
+        buf = metrics_appendf(buf, len, cap, "kiln_inference_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
+                              all[i]->name, all[i]->version_str, (unsigned long long)st[i].executions);
+    }
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_queue_size Requests waiting in the batcher's queue\n"
+                                         "# TYPE kiln_queue_size gauge\n");
+    for (int i = 0; st && i < n; i++)
+        buf = metrics_appendf(buf, len, cap, "kiln_queue_size{model=\"%s\",version=\"%s\"} %llu\n", all[i]->name,
+                              all[i]->version_str, (unsigned long long)st[i].queued);
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_batch_size Rows per executed batch\n"
+                                         "# TYPE kiln_batch_size histogram\n");
+    static const int bounds[] = {1, 2, 4, 8, 16, 32, 64};
+    for (int i = 0; st && i < n; i++) {
+        unsigned long long cum = 0, sum = 0, count = 0;
+        for (int b = 1; b <= 64; b++) {
+            count += st[i].batch_hist[b];
+            sum += st[i].batch_hist[b] * (unsigned long long)b;
+        }
+        int k = 0;
+        for (int b = 1; b <= 64; b++) {
+            cum += st[i].batch_hist[b];
+            if (k < 7 && b == bounds[k]) {
+                buf = metrics_appendf(buf, len, cap, "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"%d\"} %llu\n",
+                                      all[i]->name, all[i]->version_str, b, cum);
+                k++;
+            }
+        }
+        buf = metrics_appendf(buf, len, cap,
+                              "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n"
+                              "kiln_batch_size_sum{model=\"%s\",version=\"%s\"} %llu\n"
+                              "kiln_batch_size_count{model=\"%s\",version=\"%s\"} %llu\n",
+                              all[i]->name, all[i]->version_str, count, all[i]->name, all[i]->version_str, sum,
+                              all[i]->name, all[i]->version_str, count);
+    }
+    free(st);
+    for (int i = 0; i < n; i++) repository_release(all[i]);
+    free(all);
+#ifdef KILN_HAVE_GPU_METRICS
+    char *g = gpu_metrics_text();
+    if (g) {
+        buf = metrics_appendf(buf, len, cap, "%s", g);
+        free(g);
+    }
+#endif
+    return buf;
+}
+
+static void handle_metrics(http_server_t *s, struct evhttp_request *req) {
+    char *txt = metrics_render(metrics_extra, s);
+    reply_raw(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt));
+}
+
+/* ==== repository control ================================================= */
+
+struct control_req {
+    http_server_t *srv;
+    struct io_thread *io;
+    struct evhttp_request *req;
+    char name[256];
+    int load;
+    int status;
+    char err[512];
+};
+
+static void control_reply_cb(void *arg) {
+    struct control_req *c = arg;
+    if (c->status) reply_status(c->srv, c->req, c->status, c->err);
+    else reply_raw(c->srv, c->req, 200, "application/json", strdup("{}"), 2);
+    free(c);
+}
+
+static void control_run(void *arg) {
+    struct control_req *c = arg;
+    if (c->load) c->status = repository_load(c->srv->repo, c->name, c->err, sizeof c->err);
+    else {
+        c->status = repository_unload(c->srv->repo, c->name, c->err, sizeof c->err);
+        if (!c->status) log_info("unload of model '%s' requested", c->name);
+    }
+    io_post(c->io, control_reply_cb, c);
+}
+
+static int check_token(http_server_t *s, struct evhttp_request *req) {
+    const char *tok = s->cfg->control_token;
+    if (!tok) return 1;
+    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+    if (!auth || strncmp(auth, "Bearer ", 7) != 0) return 0;
+    auth += 7;
+    size_t a = strlen(auth), b = strlen(tok);
+    /* Constant time in the token's content. */
+    return a == b && sodium_memcmp(auth, tok, b) == 0;
+}
+
+static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *name,
+                           int load) {
+    if (s->cfg->model_control_mode != SERVER_CONTROL_EXPLICIT) {
+        reply_error(s, req, 400, load ? "explicit model load / unload is not allowed: start kiln with "
+                                        "--model-control-mode explicit"
+                                      : "explicit model load / unload is not allowed: start kiln with "
+                                        "--model-control-mode explicit");
+        return;
+    }
+    if (!check_token(s, req)) {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+        reply_error(s, req, 401, "load and unload need the header 'Authorization: Bearer <control token>'");
+        return;
+    }
+    if (atomic_load(&s->draining)) {
+        reply_error(s, req, 503, "the server is shutting down");
+        return;
+    }
+    struct control_req *c = calloc(1, sizeof *c);
+    if (!c) {
+        reply_error(s, req, 500, "out of memory");
+        return;
+    }
+    c->srv = s;
+    c->io = io;
+    c->req = req;
+    c->load = load;
+    snprintf(c->name, sizeof c->name, "%s", name);
+    control_post(s, control_run, c);
+}
+
+static void handle_index(http_server_t *s, struct evhttp_request *req) {
+    int ready_only = 0;
+    size_t len;
+    int owned, code;
+    char err[256];
+    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    if (body && len) {
+        cJSON *j = cJSON_ParseWithLength((const char *)body, len);
+        if (!cJSON_IsObject(j)) {
+            cJSON_Delete(j);
+            if (owned) free(body);
+            reply_error(s, req, 400, "the repository index request body must be a JSON object such as {\"ready\": true}");
+            return;
+        }
+        cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "ready");
+        ready_only = cJSON_IsTrue(r);
+        cJSON_Delete(j);
+    }
+    if (owned) free(body);
+    reply_json(s, req, 200, repository_index(s->repo, ready_only));
+}
+
+/* ==== routing ============================================================ */
+
+#define MAX_SEGS 12
+
+static int method_is(struct evhttp_request *req, int want) {
+    int m = evhttp_request_get_command(req);
+    if (want == EVHTTP_REQ_GET) return m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD;
+    return m == want;
+}
+
+static void method_not_allowed(http_server_t *s, struct evhttp_request *req, const char *path, const char *allowed) {
+    char msg[600];
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allowed);
+    snprintf(msg, sizeof msg, "method not allowed for %.500s: use %s", path, allowed);
+    reply_error(s, req, 405, msg);
+}
+
+static void route(struct evhttp_request *req, void *arg) {
+    struct io_thread *io = arg;
+    http_server_t *s = io->srv;
+    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
+    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
+    if (!path) path = "/";
+    char *segs[MAX_SEGS];
+    int n = 0;
+    char pathbuf[2048], msg[2300];
+    snprintf(pathbuf, sizeof pathbuf, "%s", path);
+    for (char *save = NULL, *t = strtok_r(pathbuf, "/", &save); t; t = strtok_r(NULL, "/", &save)) {
+        if (n == MAX_SEGS) { n = MAX_SEGS + 1; break; }
+        segs[n++] = t;
+    }
+    char *decoded[MAX_SEGS] = {0};
+    for (int i = 0; i < n && i < MAX_SEGS; i++) {
+        decoded[i] = evhttp_uridecode(segs[i], 0, NULL);
+        if (decoded[i]) segs[i] = decoded[i];
+    }
+#define IS(i, lit) (n > (i) && strcmp(segs[i], lit) == 0)
+    if (n == 1 && IS(0, "metrics")) {
+        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
+        else handle_metrics(s, req);
+        goto out;
+    }
+    if (!IS(0, "v2") || n > MAX_SEGS) goto not_found;
+    if (n == 1) {
+        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
+        else handle_server_metadata(s, req);
+        goto out;
+    }
+    if (n == 3 && IS(1, "health") && (IS(2, "live") || IS(2, "ready"))) {
+        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
+        else if (IS(2, "live")) reply_empty(s, req, 200);
+        else if (atomic_load(&s->draining)) reply_error(s, req, 400, "the server is shutting down");
+        else reply_empty(s, req, 200);
+        goto out;
+    }
+    if (IS(1, "repository")) {
+        if (n == 3 && IS(2, "index")) {
+            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
+            else handle_index(s, req);
+            goto out;
+        }
+        if (n == 5 && IS(2, "models") && (IS(4, "load") || IS(4, "unload"))) {
+            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
+            else handle_control(s, io, req, segs[3], IS(4, "load"));
+            goto out;
+        }
+        goto not_found;
+    }
+    if (!IS(1, "models")) goto not_found;
+    if (n == 3 && IS(2, "stats")) {
+        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
+        else handle_stats(s, req, NULL, 0);
+        goto out;
+    }
+    if (n < 3) goto not_found;
+    {
+        const char *model = segs[2];
+        int64_t version = 0;
+        int k = 3;
+        if (IS(3, "versions")) {
+            if (n < 5) goto not_found;
+            char *end;
+            errno = 0;
+            long long v = strtoll(segs[4], &end, 10);
+            if (errno || end == segs[4] || *end || v < 1) {
+                snprintf(msg, sizeof msg, "version '%.100s' of model '%.200s' is not a positive integer", segs[4], model);
+                reply_error(s, req, 400, msg);
+                goto out;
+            }
+            version = v;
+            k = 5;
+        }
+        const char *action = n > k ? segs[k] : "";
+        if (n > k + 1) goto not_found;
+        if (strcmp(action, "infer") == 0) {
+            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
+            else handle_infer(s, io, req, model, version);
+            goto out;
+        }
+        if (strcmp(action, "") && strcmp(action, "ready") && strcmp(action, "config") && strcmp(action, "stats"))
+            goto not_found;
+        if (!method_is(req, EVHTTP_REQ_GET)) {
+            method_not_allowed(s, req, path, "GET");
+            goto out;
+        }
+        if (strcmp(action, "stats") == 0) {
+            handle_stats(s, req, model, version);
+            goto out;
+        }
+        char err[512];
+        int status = 0;
+        struct repo_version *v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
+        if (strcmp(action, "ready") == 0) {
+            if (v && !atomic_load(&s->draining)) reply_empty(s, req, 200);
+            else reply_error(s, req, 400, v ? "the server is shutting down" : err);
+        } else if (!v) reply_status(s, req, status, err);
+        else if (strcmp(action, "config") == 0) reply_json(s, req, 200, model_config_to_json(&v->config));
+        else handle_model_metadata(s, req, v);
+        repository_release(v);
+        goto out;
+    }
+not_found:
+    snprintf(msg, sizeof msg, "not found: %.2000s", path);
+    reply_error(s, req, 404, msg);
+out:
+    for (int i = 0; i < n && i < MAX_SEGS; i++) free(decoded[i]);
+#undef IS
+}
+
+/* ==== threads and sockets ================================================ */
+
+static void *io_main(void *arg) {
+    struct io_thread *io = arg;
+    event_base_loop(io->base, EVLOOP_NO_EXIT_ON_EMPTY);
+    return NULL;
+}
+
+static void io_stop_cb(void *arg) {
+    struct io_thread *io = arg;
+    event_base_loopbreak(io->base);
+}
+
+static int listen_socket(const char *addr, int port, int *bound_port, char *err, size_t err_len) {
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    int rc = getaddrinfo(addr, ps, &hints, &res);
+    if (rc) {
+        status_set(err, err_len, STATUS_INVALID, "--http-address %s: %s", addr, gai_strerror(rc));
+        return -1;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+        /* Accepted sockets inherit it on Linux: no Nagle delay on the last segment of a reply. */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024)) {
+        status_set(err, err_len, STATUS_UNAVAILABLE, "cannot listen on %s port %d: %s", addr, port, strerror(errno));
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return -1;
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    return fd;
+}
+
+http_server_t *http_server_create(const struct http_server_params *p, char *err, size_t err_len) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, (void (*)(void))evthread_use_pthreads);
+    if (sodium_init() < 0) {
+        status_set(err, err_len, STATUS_INTERNAL, "libsodium failed to initialize");
+        return NULL;
+    }
+    http_server_t *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->cfg = p->config;
+    s->repo = p->repo;
+    snprintf(s->backend, sizeof s->backend, "%s", p->backend ? p->backend : "cpu");
+    s->nthreads = p->config->http_threads > 0 ? p->config->http_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (s->nthreads < 1) s->nthreads = 1;
+    pthread_mutex_init(&s->clock, NULL);
+    pthread_cond_init(&s->ccond, NULL);
+    s->io = calloc((size_t)s->nthreads, sizeof *s->io);
+    if (!s->io) goto fail;
+    int port = p->config->http_port;
+    for (int i = 0; i < s->nthreads; i++) {
+        struct io_thread *io = &s->io[i];
+        io->srv = s;
+        io->index = i;
+        io->fd = -1;
+        pthread_mutex_init(&io->qlock, NULL);
+        io->fd = listen_socket(p->config->http_address, port, &s->port, err, err_len);
+        if (io->fd < 0) goto fail;
+        port = s->port; /* the others join the port the first one got */
+        io->base = event_base_new();
+        io->http = io->base ? evhttp_new(io->base) : NULL;
+        io->wake = io->base ? event_new(io->base, -1, 0, io_wake_cb, io) : NULL;
+        if (!io->http || !io->wake) {
+            status_set(err, err_len, STATUS_INTERNAL, "libevent initialization failed");
+            goto fail;
+        }
+        evhttp_set_allowed_methods(io->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+                                                 EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
+                                                 EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
+        evhttp_set_max_body_size(io->http, (ev_ssize_t)p->config->max_request_size);
+        evhttp_set_max_headers_size(io->http, 64 * 1024);
+        evhttp_set_default_content_type(io->http, "application/json");
+        evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);
+        evhttp_set_gencb(io->http, route, io);
+        if (evhttp_accept_socket(io->http, io->fd)) {
+            status_set(err, err_len, STATUS_INTERNAL, "evhttp_accept_socket failed");
+            goto fail;
+        }
+    }
+    for (int i = 0; i < s->nthreads; i++)
+        if (pthread_create(&s->io[i].tid, NULL, io_main, &s->io[i])) {
+            status_set(err, err_len, STATUS_INTERNAL, "cannot start I/O thread %d", i);
+            s->nthreads = i; /* join only what started */
+            goto fail;
+        }
+    if (pthread_create(&s->control_tid, NULL, control_main, s) == 0) s->control_started = 1;
+    log_info("listening on http://%s:%d (%d I/O thread%s, backend %s)", p->config->http_address, s->port,
+             s->nthreads, s->nthreads == 1 ? "" : "s", s->backend);
+    return s;
+fail:
+    http_server_free(s);
+    return NULL;
+}
+
+int http_server_port(const http_server_t *s) { return s->port; }
+
+void http_server_begin_drain(http_server_t *s) { atomic_store(&s->draining, 1); }
+
+int http_server_inflight(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->inflight); }
+
+int http_server_unflushed(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->unflushed); }
+
+void http_server_free(http_server_t *s) {
+    if (!s) return;
+    if (s->control_started) {
+        pthread_mutex_lock(&s->clock);
+        s->cstop = 1;
+        pthread_cond_signal(&s->ccond);
+        pthread_mutex_unlock(&s->clock);
+        pthread_join(s->control_tid, NULL);
+    }
+    for (int i = 0; s->io && i < s->nthreads; i++)
+        if (s->io[i].tid) {
+            io_post(&s->io[i], io_stop_cb, &s->io[i]);
+            pthread_join(s->io[i].tid, NULL);
+        }
+    for (int i = 0; s->io && i < s->nthreads; i++) {
+        struct io_thread *io = &s->io[i];
+        /* Jobs left (replies of requests that never finished) are dropped with the loop. */
+        for (struct job *j = io->qhead, *n; j; j = n) {
+            n = j->next;
+            free(j);
+        }
+        if (io->http) evhttp_free(io->http); /* closes the listener and every connection */
+        else if (io->fd >= 0) close(io->fd);
+        if (io->wake) event_free(io->wake);
+        if (io->base) event_base_free(io->base);
+        pthread_mutex_destroy(&io->qlock);
+    }
+    for (struct job *j = s->chead, *n; j; j = n) {
+        n = j->next;
+        free(j->arg);
+        free(j);
+    }
+    free(s->io);
+    pthread_mutex_destroy(&s->clock);
+    pthread_cond_destroy(&s->ccond);
+    free(s);
+}

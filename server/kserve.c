@@ -1,0 +1,721 @@
+#include "server/kserve.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+#include "config/model_config.h"
+
+#define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
+#define KSERVE_MAX_TENSORS 1024
+#define KSERVE_MAX_JSON_DEPTH 64
+
+/* ---- buffers ------------------------------------------------------------ */
+
+static int buf_reserve(struct kserve_buf *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 1024;
+    while (cap < b->len + extra) cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) return -1;
+    b->data = d;
+    b->cap = cap;
+    return 0;
+}
+
+static void buf_add(struct kserve_buf *b, const void *p, size_t n) {
+    if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+static void buf_str(struct kserve_buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
+static void buf_printf(struct kserve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void buf_printf(struct kserve_buf *b, const char *fmt, ...) {
+    if (buf_reserve(b, 64)) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= b->cap - b->len) {
+        if (buf_reserve(b, (size_t)n + 1)) return;
+        va_start(ap, fmt);
+        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
+}
+
+void kserve_buf_free(struct kserve_buf *b) {
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n) {
+    static const char hex[] = "0123456789abcdef";
+    if (buf_reserve(b, n * 6 + 3)) return;
+    char *o = b->data + b->len;
+    *o++ = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; }
+        else if (c == '\n') { *o++ = '\\'; *o++ = 'n'; }
+        else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
+        else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
+        else if (c < 0x20) { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
+        else *o++ = (char)c;
+    }
+    *o++ = '"';
+    b->len = (size_t)(o - b->data);
+}
+
+void kserve_error_body(struct kserve_buf *b, const char *msg) {
+    buf_str(b, "{\"error\":");
+    kserve_buf_json_string(b, msg, strlen(msg));
+    buf_str(b, "}");
+}
+
+/* ---- tensors ------------------------------------------------------------ */
+
+void kserve_tensor_free_data(struct tensor *t) {
+    if (!t->data) return;
+    if (t->dtype == DT_STRING) {
+        int64_t n = tensor_numel(t);
+        char **s = t->data;
+        for (int64_t i = 0; i < n; i++) free(s[i]);
+    }
+    free(t->data);
+    t->data = NULL;
+}
+
+static void *alloc_data(size_t n) {
+    /* 64-byte alignment suits every kernel's vector loads. */
+    size_t sz = (n + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, sz ? sz : 64);
+    return p;
+}
+
+void kserve_request_clear(struct kserve_request *r) {
+    if (!r) return;
+    free(r->id);
+    for (int i = 0; i < r->ninputs; i++) {
+        free(r->inputs[i].name);
+        kserve_tensor_free_data(&r->inputs[i].t);
+    }
+    free(r->inputs);
+    for (int i = 0; i < r->noutputs; i++) free(r->outputs[i].name);
+    free(r->outputs);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- request parsing ---------------------------------------------------- */
+
+/* Counts the leaves of a (possibly nested) JSON array; -1 if too deep. */
+static int64_t count_leaves(const cJSON *a, int depth) {
+    if (depth > KSERVE_MAX_JSON_DEPTH) return -1;
+    if (!cJSON_IsArray(a)) return 1;
+    int64_t n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        int64_t k = count_leaves(e, depth + 1);
+        if (k < 0) return -1;
+        n += k;
+    }
+    return n;
+}
+
+struct fill {
+    struct kserve_input *in;
+    int64_t i;
+    char *err;
+    size_t err_len;
+};
+
+static int fill_leaf(struct fill *f, const cJSON *v) {
+    struct tensor *t = &f->in->t;
+    int64_t i = f->i++;
+    const char *dn = dtype_kserve_name(t->dtype);
+    if (t->dtype == DT_STRING) {
+        if (!cJSON_IsString(v))
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
+                              f->in->name, (long long)i);
+        ((char **)t->data)[i] = strdup(v->valuestring);
+        return ((char **)t->data)[i] ? 0 : STATUS_NOMEM;
+    }
+    if (t->dtype == DT_BOOL) {
+        if (!cJSON_IsBool(v))
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be true or false (datatype BOOL)",
+                              f->in->name, (long long)i);
+        ((uint8_t *)t->data)[i] = cJSON_IsTrue(v) ? 1 : 0;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v))
+        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a number (datatype %s)",
+                          f->in->name, (long long)i, dn);
+    double d = v->valuedouble;
+    int integral = d == floor(d) && isfinite(d);
+#define RANGE(lo, hi)                                                                                          \
+    do {                                                                                                        \
+        if (!integral || d < (double)(lo) || d > (double)(hi))                                                  \
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is not a valid %s", \
+                              f->in->name, (long long)i, d, dn);                                                \
+    } while (0)
+    switch (t->dtype) {
+    case DT_FP32: ((float *)t->data)[i] = (float)d; break;
+    case DT_FP64: ((double *)t->data)[i] = d; break;
+    case DT_INT8: RANGE(INT8_MIN, INT8_MAX); ((int8_t *)t->data)[i] = (int8_t)d; break;
+    case DT_UINT8: RANGE(0, UINT8_MAX); ((uint8_t *)t->data)[i] = (uint8_t)d; break;
+    case DT_INT16: RANGE(INT16_MIN, INT16_MAX); ((int16_t *)t->data)[i] = (int16_t)d; break;
+    case DT_UINT16: RANGE(0, UINT16_MAX); ((uint16_t *)t->data)[i] = (uint16_t)d; break;
+    case DT_INT32: RANGE(INT32_MIN, INT32_MAX); ((int32_t *)t->data)[i] = (int32_t)d; break;
+    case DT_UINT32: RANGE(0, UINT32_MAX); ((uint32_t *)t->data)[i] = (uint32_t)d; break;
+    /* 2^63 is the first double beyond int64; precision above 2^53 is the JSON's own limit. */
+    case DT_INT64: RANGE(-9223372036854775808.0, 9223372036854774784.0); ((int64_t *)t->data)[i] = (int64_t)d; break;
+    case DT_UINT64: RANGE(0, 18446744073709549568.0); ((uint64_t *)t->data)[i] = (uint64_t)d; break;
+    default:
+        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': datatype %s cannot be sent as JSON data", f->in->name, dn);
+    }
+#undef RANGE
+    return 0;
+}
+
+static int fill_rec(struct fill *f, const cJSON *a) {
+    if (!cJSON_IsArray(a)) return fill_leaf(f, a);
+    const cJSON *e;
+    cJSON_ArrayForEach(e, a) {
+        int rc = fill_rec(f, e);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int parse_input(struct kserve_input *in, const cJSON *j, int idx, char *err, size_t err_len) {
+    if (!cJSON_IsObject(j)) return INVALID("field 'inputs[%d]' must be an object", idx);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    if (!cJSON_IsString(name) || !*name->valuestring)
+        return INVALID("field 'inputs[%d].name' must be a non-empty string", idx);
+    in->name = strdup(name->valuestring);
+    if (!in->name) return STATUS_NOMEM;
+    const char *n = in->name;
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "datatype");
+    if (!cJSON_IsString(dt)) return INVALID("input '%s': field 'datatype' is missing or not a string", n);
+    in->t.dtype = dtype_from_kserve(dt->valuestring);
+    if (in->t.dtype == DT_UNDEFINED)
+        return INVALID("input '%s': datatype '%.32s' is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, "
+                       "INT32, INT64, FP16, BF16, FP32, FP64, BYTES", n, dt->valuestring);
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
+    if (!cJSON_IsArray(shape)) return INVALID("input '%s': field 'shape' is missing or not an array", n);
+    if (cJSON_GetArraySize(shape) > TENSOR_MAX_DIMS)
+        return INVALID("input '%s': field 'shape' has more than %d dims", n, TENSOR_MAX_DIMS);
+    const cJSON *d;
+    cJSON_ArrayForEach(d, shape) {
+        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) || d->valuedouble > 9e15)
+            return INVALID("input '%s': shape[%d] must be an integer >= 0", n, in->t.ndim);
+        in->t.dims[in->t.ndim++] = (int64_t)d->valuedouble;
+    }
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+    const cJSON *bds = NULL;
+    if (params) {
+        if (!cJSON_IsObject(params)) return INVALID("input '%s': field 'parameters' must be an object", n);
+        bds = cJSON_GetObjectItemCaseSensitive(params, "binary_data_size");
+        if (cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region"))
+            return INVALID("input '%s': parameters.shared_memory_region: shared memory is not supported by kiln", n);
+    }
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
+    if (data && bds) return INVALID("input '%s': has both 'data' and parameters.binary_data_size; send one", n);
+    if (!data && !bds) return INVALID("input '%s': has neither 'data' nor parameters.binary_data_size", n);
+    int64_t numel = tensor_numel(&in->t);
+    if (bds) {
+        if (!cJSON_IsNumber(bds) || bds->valuedouble < 0 || bds->valuedouble != floor(bds->valuedouble) ||
+            bds->valuedouble > 9e15)
+            return INVALID("input '%s': parameters.binary_data_size must be an integer >= 0", n);
+        in->binary = 1;
+        in->binary_size = (size_t)bds->valuedouble;
+        return 0;
+    }
+    if (in->t.dtype == DT_FP16 || in->t.dtype == DT_BF16)
+        return INVALID("input '%s': datatype %s cannot be sent as JSON data; use the binary tensor extension", n,
+                       dtype_kserve_name(in->t.dtype));
+    int64_t count = count_leaves(data, 0);
+    if (count < 0) return INVALID("input '%s': 'data' is nested deeper than %d", n, KSERVE_MAX_JSON_DEPTH);
+    if (count != numel) {
+        char sh[128];
+        return INVALID("input '%s': 'data' has %lld elements but shape %s needs %lld", n, (long long)count,
+                       tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
+    }
+    in->t.data = in->t.dtype == DT_STRING ? calloc((size_t)numel + 1, sizeof(char *))
+                                          : alloc_data((size_t)numel * dtype_size(in->t.dtype));
+    if (!in->t.data) return STATUS_NOMEM;
+    struct fill f = {in, 0, err, err_len};
+    return fill_rec(&f, data);
+}
+
+static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, char *err, size_t err_len) {
+    const char *n = in->name;
+    char sh[128];
+    if (in->binary_size > avail)
+        return INVALID("input '%s': parameters.binary_data_size is %zu but only %zu bytes of binary data are left in the body",
+                       n, in->binary_size, avail);
+    int64_t numel = tensor_numel(&in->t);
+    if (in->t.dtype != DT_STRING) {
+        size_t need = tensor_nbytes(&in->t);
+        if (numel == INT64_MAX || need != in->binary_size)
+            return INVALID("input '%s': parameters.binary_data_size is %zu but shape %s of %s needs %zu bytes", n,
+                           in->binary_size, tensor_shape_str(&in->t, sh, sizeof sh), dtype_kserve_name(in->t.dtype),
+                           numel == INT64_MAX ? SIZE_MAX : need);
+        in->t.data = alloc_data(need);
+        if (!in->t.data) return STATUS_NOMEM;
+        memcpy(in->t.data, p, need);
+        return 0;
+    }
+    /* BYTES: each element is a 4-byte little-endian length and its bytes. Count first. */
+    size_t off = 0;
+    int64_t count = 0;
+    while (off < in->binary_size) {
+        if (in->binary_size - off < 4)
+            return INVALID("input '%s': BYTES element %lld has a truncated 4-byte length", n, (long long)count);
+        uint32_t l = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 | (uint32_t)p[off + 3] << 24;
+        off += 4;
+        if (l > in->binary_size - off)
+            return INVALID("input '%s': BYTES element %lld says %u bytes but only %zu are left in its binary_data_size", n,
+                           (long long)count, l, in->binary_size - off);
+        off += l;
+        count++;
+    }
+    if (count != numel)
+        return INVALID("input '%s': binary data holds %lld BYTES elements but shape %s needs %lld", n, (long long)count,
+                       tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
+    char **s = calloc((size_t)count + 1, sizeof(char *));
+    if (!s) return STATUS_NOMEM;
+    in->t.data = s;
+    off = 0;
+    for (int64_t i = 0; i < count; i++) {
+        uint32_t l = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 | (uint32_t)p[off + 3] << 24;
+        off += 4;
+        s[i] = malloc((size_t)l + 1);
+        if (!s[i]) return STATUS_NOMEM;
+        memcpy(s[i], p + off, l);
+        s[i][l] = 0;
+        off += l;
+    }
+    return 0;
+}
+
+static int parse_output(struct kserve_output *o, const cJSON *j, int idx, char *err, size_t err_len) {
+    if (!cJSON_IsObject(j)) return INVALID("field 'outputs[%d]' must be an object", idx);
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
+    if (!cJSON_IsString(name) || !*name->valuestring)
+        return INVALID("field 'outputs[%d].name' must be a non-empty string", idx);
+    o->name = strdup(name->valuestring);
+    o->binary = -1;
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+    if (!params) return 0;
+    if (!cJSON_IsObject(params)) return INVALID("output '%s': field 'parameters' must be an object", o->name);
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "binary_data");
+    if (b) {
+        if (!cJSON_IsBool(b)) return INVALID("output '%s': parameters.binary_data must be true or false", o->name);
+        o->binary = cJSON_IsTrue(b);
+    }
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(params, "classification");
+    if (c) {
+        if (!cJSON_IsNumber(c) || c->valuedouble < 0 || c->valuedouble != floor(c->valuedouble) || c->valuedouble > 1e6)
+            return INVALID("output '%s': parameters.classification must be an integer >= 0", o->name);
+        o->classification = (int)c->valuedouble;
+    }
+    if (cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region"))
+        return INVALID("output '%s': parameters.shared_memory_region: shared memory is not supported by kiln", o->name);
+    return 0;
+}
+
+static int parse_uint_param(const cJSON *params, const char *key, uint64_t *out, char *err, size_t err_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > 1.8e19)
+        return INVALID("parameters.%s must be an integer >= 0", key);
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+static int parse_doc(struct kserve_request *r, const cJSON *root, char *err, size_t err_len) {
+    if (!cJSON_IsObject(root)) return INVALID("the request body must be a JSON object");
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
+    if (id) {
+        if (!cJSON_IsString(id)) return INVALID("field 'id' must be a string");
+        if (!(r->id = strdup(id->valuestring))) return STATUS_NOMEM;
+    }
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
+    if (params) {
+        if (!cJSON_IsObject(params)) return INVALID("field 'parameters' must be an object");
+        uint64_t prio = 0;
+        int rc = parse_uint_param(params, "priority", &prio, err, err_len);
+        if (!rc) rc = parse_uint_param(params, "timeout", &r->timeout_us, err, err_len);
+        if (rc) return rc;
+        r->priority = (int64_t)(prio > 1000000 ? 1000000 : prio);
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "binary_data_output");
+        if (b) {
+            if (!cJSON_IsBool(b)) return INVALID("parameters.binary_data_output must be true or false");
+            r->binary_data_output = cJSON_IsTrue(b);
+        }
+    }
+    const cJSON *inputs = cJSON_GetObjectItemCaseSensitive(root, "inputs");
+    if (!inputs) return INVALID("field 'inputs' is missing");
+    if (!cJSON_IsArray(inputs)) return INVALID("field 'inputs' must be an array");
+    int n = cJSON_GetArraySize(inputs);
+    if (n == 0) return INVALID("field 'inputs' is empty");
+    if (n > KSERVE_MAX_TENSORS) return INVALID("field 'inputs' has more than %d entries", KSERVE_MAX_TENSORS);
+    r->inputs = calloc((size_t)n, sizeof *r->inputs);
+    if (!r->inputs) return STATUS_NOMEM;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, inputs) {
+        int rc = parse_input(&r->inputs[r->ninputs], e, r->ninputs, err, err_len);
+        r->ninputs++;
+        if (rc) return rc;
+        for (int k = 0; k < r->ninputs - 1; k++)
+            if (strcmp(r->inputs[k].name, r->inputs[r->ninputs - 1].name) == 0)
+                return INVALID("input '%s' appears twice in 'inputs'", r->inputs[k].name);
+    }
+    const cJSON *outputs = cJSON_GetObjectItemCaseSensitive(root, "outputs");
+    if (outputs) {
+        if (!cJSON_IsArray(outputs)) return INVALID("field 'outputs' must be an array");
+        n = cJSON_GetArraySize(outputs);
+        if (n > KSERVE_MAX_TENSORS) return INVALID("field 'outputs' has more than %d entries", KSERVE_MAX_TENSORS);
+        r->outputs = calloc((size_t)(n ? n : 1), sizeof *r->outputs);
+        if (!r->outputs) return STATUS_NOMEM;
+        cJSON_ArrayForEach(e, outputs) {
+            int rc = parse_output(&r->outputs[r->noutputs], e, r->noutputs, err, err_len);
+            r->noutputs++;
+            if (rc) return rc;
+            for (int k = 0; k < r->noutputs - 1; k++)
+                if (strcmp(r->outputs[k].name, r->outputs[r->noutputs - 1].name) == 0)
+                    return INVALID("output '%s' appears twice in 'outputs'", r->outputs[k].name);
+        }
+    }
+    return 0;
+}
+
+int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
+                         char *err, size_t err_len) {
+    memset(r, 0, sizeof *r);
+    const uint8_t *p = body;
+    size_t json_len = len;
+    if (header_len >= 0) {
+        if ((uint64_t)header_len > len)
+            return INVALID("Inference-Header-Content-Length %lld is out of range: the body has %zu bytes",
+                           (long long)header_len, len);
+        json_len = (size_t)header_len;
+    }
+    if (json_len == 0) return INVALID("the request body is empty: expected a JSON inference request");
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts((const char *)p, json_len, &end, 0);
+    if (!root) {
+        size_t off = end && end >= (const char *)p ? (size_t)(end - (const char *)p) : 0;
+        /* cJSON reports the position where parsing stopped; name it. */
+        return INVALID("malformed JSON in the request body at byte %zu%s", off,
+                       header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
+    }
+    size_t off = (size_t)(end - (const char *)p);
+    while (off < json_len && (p[off] == ' ' || p[off] == '\n' || p[off] == '\r' || p[off] == '\t' || p[off] == 0)) off++;
+    if (off < json_len) {
+        cJSON_Delete(root);
+        return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
+                       header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
+    }
+    int rc = parse_doc(r, root, err, err_len);
+    cJSON_Delete(root);
+    if (rc) {
+        kserve_request_clear(r);
+        return rc;
+    }
+    size_t pos = json_len;
+    for (int i = 0; i < r->ninputs; i++) {
+        if (!r->inputs[i].binary) continue;
+        if ((rc = read_binary(&r->inputs[i], p + pos, len - pos, err, err_len))) {
+            kserve_request_clear(r);
+            return rc;
+        }
+        pos += r->inputs[i].binary_size;
+    }
+    if (pos != len) {
+        rc = INVALID("the body has %zu bytes of binary data after the JSON header but the inputs' "
+                     "parameters.binary_data_size add up to %zu", len - json_len, pos - json_len);
+        kserve_request_clear(r);
+        return rc;
+    }
+    return 0;
+}
+
+/* ---- binding to a model ------------------------------------------------- */
+
+static void names_list(char *buf, size_t cap, const struct model_config_io *io, int n) {
+    buf[0] = 0;
+    for (int i = 0; i < n; i++)
+        snprintf(buf + strlen(buf), cap - strlen(buf), "%s'%s'", i ? ", " : "", io[i].name);
+}
+
+static void cfg_shape_str(const struct model_config *mc, const struct model_config_io *io, char *buf, size_t cap) {
+    struct tensor t = {.ndim = 0};
+    if (mc->max_batch_size > 0) t.dims[t.ndim++] = -1;
+    for (int d = 0; d < io->ndim && t.ndim < TENSOR_MAX_DIMS; d++) t.dims[t.ndim++] = io->dims[d];
+    tensor_shape_str(&t, buf, cap);
+}
+
+int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
+                        struct tensor *ordered, int64_t *rows, char *err, size_t err_len) {
+    char names[512], sh[128], msh[128];
+    /* ndim -1 marks an input the request has not supplied yet. */
+    for (int i = 0; i < mc->ninputs; i++) {
+        memset(&ordered[i], 0, sizeof ordered[i]);
+        ordered[i].ndim = -1;
+    }
+    int64_t batch = -1;
+    for (int i = 0; i < r->ninputs; i++) {
+        const struct kserve_input *in = &r->inputs[i];
+        int k = model_config_find_input(mc, in->name);
+        if (k < 0) {
+            names_list(names, sizeof names, mc->inputs, mc->ninputs);
+            return INVALID("unexpected inference input '%s' for model '%s': it has inputs %s", in->name, mc->name, names);
+        }
+        const struct model_config_io *io = &mc->inputs[k];
+        if (in->t.dtype != io->dtype)
+            return INVALID("input '%s': datatype is %s but model '%s' expects %s", in->name,
+                           dtype_kserve_name(in->t.dtype), mc->name, dtype_kserve_name(io->dtype));
+        int skip = mc->max_batch_size > 0;
+        int bad = 0;
+        if (io->ndim >= 0) {
+            if (in->t.ndim != io->ndim + skip) bad = 1;
+            for (int d = 0; !bad && d < io->ndim; d++)
+                if (io->dims[d] >= 0 && in->t.dims[d + skip] != io->dims[d]) bad = 1;
+        } else if (skip && in->t.ndim < 1) bad = 1;
+        if (bad) {
+            cfg_shape_str(mc, io, msh, sizeof msh);
+            return INVALID("input '%s': shape %s does not match model '%s' shape %s", in->name,
+                           tensor_shape_str(&in->t, sh, sizeof sh), mc->name, msh);
+        }
+        if (skip) {
+            int64_t b = in->t.dims[0];
+            if (b < 1 || b > mc->max_batch_size)
+                return INVALID("input '%s': batch size %lld (shape[0]) must be 1 to max_batch_size %d of model '%s'",
+                               in->name, (long long)b, mc->max_batch_size, mc->name);
+            if (batch >= 0 && b != batch)
+                return INVALID("input '%s': batch size %lld differs from the other inputs' %lld", in->name,
+                               (long long)b, (long long)batch);
+            batch = b;
+        }
+        ordered[k] = in->t;
+    }
+    for (int i = 0; i < mc->ninputs; i++)
+        if (ordered[i].ndim < 0) {
+            names_list(names, sizeof names, mc->inputs, mc->ninputs);
+            return INVALID("input '%s' is missing: model '%s' expects %d input%s (%s) but got %d", mc->inputs[i].name,
+                           mc->name, mc->ninputs, mc->ninputs == 1 ? "" : "s", names, r->ninputs);
+        }
+    for (int i = 0; i < r->noutputs; i++) {
+        int k = model_config_find_output(mc, r->outputs[i].name);
+        if (k < 0) {
+            names_list(names, sizeof names, mc->outputs, mc->noutputs);
+            return INVALID("unexpected inference output '%s' for model '%s': it has outputs %s", r->outputs[i].name,
+                           mc->name, names);
+        }
+        enum dtype dt = mc->outputs[k].dtype;
+        if (r->outputs[i].classification > 0 && (dt == DT_STRING || dt == DT_BOOL))
+            return INVALID("output '%s': parameters.classification needs a numeric output, not %s", r->outputs[i].name,
+                           dtype_kserve_name(dt));
+    }
+    *rows = batch > 0 ? batch : 1;
+    return 0;
+}
+
+/* ---- response encoding -------------------------------------------------- */
+
+static double elem_as_double(const struct tensor *t, int64_t i) {
+    const void *d = t->data;
+    switch (t->dtype) {
+    case DT_FP32: return ((const float *)d)[i];
+    case DT_FP64: return ((const double *)d)[i];
+    case DT_FP16: return fp16_to_fp32(((const uint16_t *)d)[i]);
+    case DT_BF16: return bf16_to_fp32(((const uint16_t *)d)[i]);
+    case DT_INT8: return ((const int8_t *)d)[i];
+    case DT_UINT8: return ((const uint8_t *)d)[i];
+    case DT_INT16: return ((const int16_t *)d)[i];
+    case DT_UINT16: return ((const uint16_t *)d)[i];
+    case DT_INT32: return ((const int32_t *)d)[i];
+    case DT_UINT32: return ((const uint32_t *)d)[i];
+    case DT_INT64: return (double)((const int64_t *)d)[i];
+    case DT_UINT64: return (double)((const uint64_t *)d)[i];
+    case DT_BOOL: return ((const uint8_t *)d)[i];
+    default: return 0;
+    }
+}
+
+static void put_double(struct kserve_buf *b, double v, int fp32) {
+    if (isnan(v)) buf_str(b, "NaN");
+    else if (isinf(v)) buf_str(b, v > 0 ? "Infinity" : "-Infinity");
+    else buf_printf(b, fp32 ? "%.9g" : "%.17g", v);
+}
+
+static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
+    int64_t n = tensor_numel(t);
+    buf_str(b, "[");
+    for (int64_t i = 0; i < n; i++) {
+        if (i) buf_add(b, ",", 1);
+        switch (t->dtype) {
+        case DT_FP32: put_double(b, ((const float *)t->data)[i], 1); break;
+        case DT_FP64: put_double(b, ((const double *)t->data)[i], 0); break;
+        case DT_FP16: case DT_BF16: put_double(b, elem_as_double(t, i), 1); break;
+        case DT_BOOL: buf_str(b, ((const uint8_t *)t->data)[i] ? "true" : "false"); break;
+        case DT_INT64: buf_printf(b, "%lld", (long long)((const int64_t *)t->data)[i]); break;
+        case DT_UINT64: buf_printf(b, "%llu", (unsigned long long)((const uint64_t *)t->data)[i]); break;
+        case DT_STRING: {
+            const char *s = ((char *const *)t->data)[i];
+            if (!s) s = "";
+            kserve_buf_json_string(b, s, strlen(s));
+            break;
+        }
+        default: buf_printf(b, "%.0f", elem_as_double(t, i)); break;
+        }
+    }
+    buf_str(b, "]");
+}
+
+static size_t binary_size(const struct tensor *t) {
+    if (t->dtype != DT_STRING) return tensor_nbytes(t);
+    int64_t n = tensor_numel(t);
+    size_t s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const char *x = ((char *const *)t->data)[i];
+        s += 4 + (x ? strlen(x) : 0);
+    }
+    return s;
+}
+
+static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
+    if (t->dtype != DT_STRING) {
+        buf_add(b, t->data, tensor_nbytes(t));
+        return;
+    }
+    int64_t n = tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) {
+        const char *x = ((char *const *)t->data)[i];
+        uint32_t l = x ? (uint32_t)strlen(x) : 0;
+        uint8_t h[4] = {(uint8_t)l, (uint8_t)(l >> 8), (uint8_t)(l >> 16), (uint8_t)(l >> 24)};
+        buf_add(b, h, 4);
+        buf_add(b, x, l);
+    }
+}
+
+/* Top-k per row as BYTES "value:index[:label]", Triton's classification. */
+static int classify(const struct tensor *in, int k, int batched, const struct model_config_io *io, struct tensor *out) {
+    int64_t n = tensor_numel(in);
+    int64_t nrows = batched && in->ndim > 0 ? in->dims[0] : 1;
+    int64_t per = nrows > 0 ? n / nrows : 0;
+    if (k > per) k = (int)per;
+    memset(out, 0, sizeof *out);
+    out->dtype = DT_STRING;
+    out->ndim = 0;
+    if (batched) out->dims[out->ndim++] = nrows;
+    out->dims[out->ndim++] = k;
+    char **s = calloc((size_t)(nrows * k) + 1, sizeof *s);
+    int64_t *idx = malloc(sizeof *idx * (size_t)(per + 1));
+    if (!s || !idx) {
+        free(s);
+        free(idx);
+        return STATUS_NOMEM;
+    }
+    out->data = s;
+    int fp = in->dtype == DT_FP32 || in->dtype == DT_FP64 || in->dtype == DT_FP16 || in->dtype == DT_BF16;
+    for (int64_t r = 0; r < nrows; r++) {
+        for (int64_t i = 0; i < per; i++) idx[i] = i;
+        /* Partial selection sort: k is small. Ties keep the lower index first. */
+        for (int j = 0; j < k; j++) {
+            int64_t best = j;
+            for (int64_t i = j + 1; i < per; i++)
+                if (elem_as_double(in, r * per + idx[i]) > elem_as_double(in, r * per + idx[best])) best = i;
+            int64_t t = idx[j]; idx[j] = idx[best]; idx[best] = t;
+            double v = elem_as_double(in, r * per + idx[j]);
+            char buf[1200];
+            int len = fp ? snprintf(buf, sizeof buf, "%f:%lld", v, (long long)idx[j])
+                         : snprintf(buf, sizeof buf, "%lld:%lld", (long long)v, (long long)idx[j]);
+            if (io && idx[j] < io->nlabels)
+                snprintf(buf + len, sizeof buf - (size_t)len, ":%s", io->labels[idx[j]]);
+            s[r * k + j] = strdup(buf);
+        }
+    }
+    free(idx);
+    return 0;
+}
+
+int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
+                           const char *model_name, const char *model_version,
+                           const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                           char *err, size_t err_len) {
+    int nsel = r->noutputs ? r->noutputs : mc->noutputs;
+    struct tensor *send = calloc((size_t)nsel + 1, sizeof *send);
+    int *bin = calloc((size_t)nsel + 1, sizeof *bin);
+    uint8_t *owned = calloc((size_t)nsel + 1, 1);
+    const char **names = calloc((size_t)nsel + 1, sizeof *names);
+    int rc = 0, any_bin = 0;
+    if (!send || !bin || !owned || !names) {
+        rc = STATUS_NOMEM;
+        goto out;
+    }
+    for (int i = 0; i < nsel; i++) {
+        int k = r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
+        if (k < 0) {
+            rc = status_set(err, err_len, STATUS_INVALID, "unexpected inference output '%s' for model '%s'",
+                            r->outputs[i].name, mc->name);
+            goto out;
+        }
+        names[i] = mc->outputs[k].name;
+        bin[i] = r->noutputs && r->outputs[i].binary >= 0 ? r->outputs[i].binary : r->binary_data_output;
+        int cls = r->noutputs ? r->outputs[i].classification : 0;
+        if (cls > 0) {
+            if ((rc = classify(&outputs[k], cls, mc->max_batch_size > 0, &mc->outputs[k], &send[i]))) goto out;
+            owned[i] = 1;
+        } else send[i] = outputs[k];
+        any_bin |= bin[i];
+    }
+    buf_str(body, "{\"model_name\":");
+    kserve_buf_json_string(body, model_name, strlen(model_name));
+    buf_str(body, ",\"model_version\":");
+    kserve_buf_json_string(body, model_version, strlen(model_version));
+    if (r->id) {
+        buf_str(body, ",\"id\":");
+        kserve_buf_json_string(body, r->id, strlen(r->id));
+    }
+    buf_str(body, ",\"outputs\":[");
+    for (int i = 0; i < nsel; i++) {
+        const struct tensor *t = &send[i];
+        buf_str(body, i ? ",{\"name\":" : "{\"name\":");
+        kserve_buf_json_string(body, names[i], strlen(names[i]));
+        buf_printf(body, ",\"datatype\":\"%s\",\"shape\":[", dtype_kserve_name(t->dtype));
+        for (int d = 0; d < t->ndim; d++) buf_printf(body, d ? ",%lld" : "%lld", (long long)t->dims[d]);
+        buf_str(body, "]");
+        if (bin[i]) buf_printf(body, ",\"parameters\":{\"binary_data_size\":%zu}}", binary_size(t));
+        else {
+            buf_str(body, ",\"data\":");
+            put_data_json(body, t);
+            buf_str(body, "}");
+        }
+    }
+    buf_str(body, "]}");
+    *json_len = body->len;
+    if (any_bin)
+        for (int i = 0; i < nsel; i++)
+            if (bin[i]) put_data_binary(body, &send[i]);
+    if (!body->data) rc = STATUS_NOMEM;
+out:
+    for (int i = 0; send && i < nsel; i++)
+        if (owned && owned[i]) kserve_tensor_free_data(&send[i]);
+    free(send);
+    free(bin);
+    free(owned);
+    free(names);
+    return rc;
+}

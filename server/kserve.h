@@ -1,0 +1,87 @@
+/* kserve.h - the KServe v2 inference request/response codec.
+ *
+ * A request body is a JSON header, optionally followed by raw tensor bytes
+ * (the binary tensor data extension): header_len is the value of the
+ * Inference-Header-Content-Length header, or -1 when absent (the whole body is
+ * JSON). kserve_request_parse decodes everything the body says into tensors
+ * without knowing the model; kserve_request_bind then checks the request
+ * against a model's configuration (names, data types, shapes with -1
+ * wildcards, batch size) and orders the inputs as the model wants them.
+ *
+ * Every error is STATUS_INVALID (or STATUS_NOT_FOUND for an unknown output)
+ * with a message that names the field. Nothing here touches the network or
+ * libevent, so the parser can be unit-tested and fuzzed alone.
+ *
+ * Threads: no shared state; a request belongs to one thread at a time. */
+#ifndef KILN_KSERVE_H
+#define KILN_KSERVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/tensor.h"
+
+struct model_config;
+
+struct kserve_input {
+    char *name;
+    struct tensor t;        /* dtype, shape and data (owned; DT_STRING: char ** of owned strings) */
+    size_t binary_size;     /* parameters.binary_data_size, when binary */
+    int binary;
+};
+
+struct kserve_output {
+    char *name;
+    int binary;             /* parameters.binary_data; -1 = not said (request default) */
+    int classification;     /* parameters.classification: top-k; 0 = off */
+};
+
+struct kserve_request {
+    char *id;               /* NULL when the request had none */
+    int64_t priority;       /* parameters.priority; 0 = default */
+    uint64_t timeout_us;    /* parameters.timeout; 0 = none */
+    int binary_data_output; /* parameters.binary_data_output */
+    struct kserve_input *inputs;
+    int ninputs;
+    struct kserve_output *outputs; /* empty = every output */
+    int noutputs;
+};
+
+/* Parses a request body. On error, r is left cleared. max_elements bounds the
+ * element count of one tensor (0 = no bound beyond what the body holds). */
+int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
+                         char *err, size_t err_len);
+void kserve_request_clear(struct kserve_request *r);
+
+/* Checks r against the model configuration (whose inputs and outputs are in
+ * the model's order) and fills ordered[mc->ninputs] with borrowed views of
+ * r's tensors and *rows with the batch size (1 when the model does not
+ * batch). Also checks the requested outputs exist. */
+int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
+                        struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
+
+/* A growable byte buffer. */
+struct kserve_buf {
+    char *data;
+    size_t len, cap;
+};
+void kserve_buf_free(struct kserve_buf *b);
+
+/* Encodes the response for r given every model output (outputs[mc->noutputs],
+ * in the model's order). body receives the JSON header followed by the binary
+ * outputs; *json_len is the header's length, equal to body->len when there is
+ * no binary output (the response is then plain application/json). */
+int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
+                           const char *model_name, const char *model_version,
+                           const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                           char *err, size_t err_len);
+
+/* Appends s to b as a JSON string literal (quotes included). */
+void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);
+/* {"error": msg} */
+void kserve_error_body(struct kserve_buf *b, const char *msg);
+
+/* Frees the data of tensors (strings of DT_STRING included). */
+void kserve_tensor_free_data(struct tensor *t);
+
+#endif
