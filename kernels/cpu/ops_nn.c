@@ -356,6 +356,140 @@ static int conv_run(struct op_call *c) {
     return 0;
 }
 
+/* ==== ConvTranspose ===================================================== */
+
+/* The gradient of Conv: every input pixel scatters kernel * value into the
+ * output. Computed as a gather per output pixel (no write races): output o
+ * along a dim takes input i = (o + pl - t*d) / s for each tap t where that
+ * divides exactly. ConvTranspose is rare in the models kiln serves; this
+ * loop keeps every ONNX variant (output_shape, output_padding, negative
+ * implied pads, groups, 1-D to 3-D) exact. */
+struct ctr_geom {
+    int nsp;
+    int64_t in[WIN_MAX], k[WIN_MAX], s[WIN_MAX], d[WIN_MAX], pl[WIN_MAX], out[WIN_MAX];
+};
+
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
+static int ctr_setup(struct op_call *c, struct ctr_geom *g) {
+    const struct tensor *x = c->in[0], *w = c->in[1];
+    const struct graph_node *n = c->node;
+    memset(g, 0, sizeof *g);
+    g->nsp = x->ndim - 2;
+    if (g->nsp < 1 || g->nsp > WIN_MAX) return op_error(c, "input must have rank 3 to 5 (got %d)", x->ndim);
+    if (w->ndim != x->ndim) return op_error(c, "W has rank %d, X has rank %d", w->ndim, x->ndim);
+    const int64_t *st = NULL, *dl = NULL, *pd = NULL, *op = NULL, *os = NULL, *ks = NULL;
+    int ns = node_attr_ints(n, "strides", &st), nd = node_attr_ints(n, "dilations", &dl);
+    int np = node_attr_ints(n, "pads", &pd), nop = node_attr_ints(n, "output_padding", &op);
+    int nos = node_attr_ints(n, "output_shape", &os), nk = node_attr_ints(n, "kernel_shape", &ks);
+    if ((ns >= 0 && ns != g->nsp) || (nd >= 0 && nd != g->nsp) || (np >= 0 && np != 2 * g->nsp) ||
+        (nop >= 0 && nop != g->nsp) || (nos >= 0 && nos < g->nsp) || (nk >= 0 && nk != g->nsp))
+        return op_error(c, "strides/dilations/pads/output_padding/output_shape/kernel_shape do not match %d spatial dims",
+                        g->nsp);
+    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
+    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
+    int valid = strcmp(ap, "VALID") == 0;
+    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0] != '\0')
+        return op_error(c, "unknown auto_pad '%s'", ap);
+    for (int i = 0; i < g->nsp; i++) {
+        g->in[i] = x->dims[2 + i];
+        g->k[i] = w->dims[2 + i];
+        if (nk >= 0 && ks[i] != g->k[i]) return op_error(c, "kernel_shape disagrees with W");
+        g->s[i] = ns >= 0 ? st[i] : 1;
+        g->d[i] = nd >= 0 ? dl[i] : 1;
+        int64_t opad = nop >= 0 ? op[i] : 0;
+        int64_t pl = np >= 0 && !valid ? pd[i] : 0, pr = np >= 0 && !valid ? pd[g->nsp + i] : 0;
+        if (g->s[i] < 1 || g->d[i] < 1 || g->k[i] < 1 || pl < 0 || pr < 0 || opad < 0 || g->s[i] > (1 << 20) ||
+            g->d[i] > (1 << 20) || pl > (1 << 20) || pr > (1 << 20) || opad > (1 << 20))
+            return op_error(c, "bad window along spatial dim %d", i);
+        int64_t dk = (g->k[i] - 1) * g->d[i] + 1, full = g->s[i] * (g->in[i] - 1) + opad + dk;
+        if (nos >= 0 || same_upper || same_lower) {
+            int64_t out = nos >= 0 ? os[nos - g->nsp + i] : g->in[i] * g->s[i];
+            int64_t total = full - out;
+            g->pl[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
+            g->out[i] = out;
+        } else {
+            g->pl[i] = pl;
+            g->out[i] = full - pl - pr;
+        }
+        if (g->in[i] >= 0 && g->out[i] < 0) return op_error(c, "output size along dim %d is negative", i);
+        if (g->in[i] < 0) g->out[i] = -1;
+    }
+    return 0;
+}
+
+static int ctr_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
+    int rc;
+    if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, w, "W"))) return rc;
+    int64_t group = node_attr_int(c->node, "group", 1);
+    if (group < 1) return op_error(c, "group must be >= 1");
+    if (x->dims[1] >= 0 && x->dims[1] != w->dims[0])
+        return op_error(c, "X has %lld channels but W has %lld", (long long)x->dims[1], (long long)w->dims[0]);
+    if (w->dims[0] % group) return op_error(c, "W's %lld input channels are not a multiple of group %lld",
+                                            (long long)w->dims[0], (long long)group);
+    int64_t m = w->dims[1] * group;
+    if (b && (b->ndim != 1 || b->dims[0] != m)) return op_error(c, "B must be 1-D of %lld values", (long long)m);
+    struct ctr_geom g;
+    if ((rc = ctr_setup(c, &g))) return rc;
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = x->ndim;
+    y->dims[0] = x->dims[0];
+    y->dims[1] = m;
+    for (int i = 0; i < g.nsp; i++) y->dims[2 + i] = g.out[i];
+    return 0;
+}
+
+static int ctr_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
+    struct tensor *y = c->out[0];
+    struct ctr_geom g;
+    int rc = ctr_setup(c, &g);
+    if (rc) return rc;
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
+    for (int i = 0; i < g.nsp; i++) {
+        in[i] = g.in[i]; out[i] = g.out[i]; k[i] = g.k[i]; s[i] = g.s[i]; d[i] = g.d[i]; pl[i] = g.pl[i];
+    }
+    int64_t group = node_attr_int(c->node, "group", 1);
+    int64_t N = x->dims[0], C = x->dims[1], M = y->dims[1], cg = C / group, mg = M / group;
+    int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
+    const float *xd = x->data, *wd = w->data, *bd = b ? b->data : NULL;
+    float *yd = y->data;
+#pragma omp parallel for collapse(2) if (N * M * osz > 4096) num_threads(c->nthreads)
+    for (int64_t nn = 0; nn < N; nn++)
+        for (int64_t m = 0; m < M; m++) {
+            int64_t gi = m / mg, mm = m % mg;
+            float *yp = yd + (nn * M + m) * osz;
+            for (int64_t o0 = 0; o0 < out[0]; o0++)
+                for (int64_t o1 = 0; o1 < out[1]; o1++)
+                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
+                        float acc = bd ? bd[m] : 0.0f;
+                        for (int64_t t0 = 0; t0 < k[0]; t0++) {
+                            int64_t q0 = o0 + pl[0] - t0 * d[0];
+                            if (q0 < 0 || q0 % s[0] || q0 / s[0] >= in[0]) continue;
+                            for (int64_t t1 = 0; t1 < k[1]; t1++) {
+                                int64_t q1 = o1 + pl[1] - t1 * d[1];
+                                if (q1 < 0 || q1 % s[1] || q1 / s[1] >= in[1]) continue;
+                                for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                                    int64_t q2 = o2 + pl[2] - t2 * d[2];
+                                    if (q2 < 0 || q2 % s[2] || q2 / s[2] >= in[2]) continue;
+                                    int64_t ip = (q0 / s[0] * in[1] + q1 / s[1]) * in[2] + q2 / s[2];
+                                    int64_t tp = (t0 * k[1] + t1) * k[2] + t2;
+                                    for (int64_t ci = 0; ci < cg; ci++) {
+                                        int64_t cc = gi * cg + ci;
+                                        acc += xd[(nn * C + cc) * isz + ip] * wd[(cc * mg + mm) * ksz + tp];
+                                    }
+                                }
+                            }
+                        }
+                        yp[(o0 * out[1] + o1) * out[2] + o2] = acc;
+                    }
+        }
+    op_apply_act(c->node, yd, tensor_numel(y));
+    return 0;
+}
+
 /* ==== MatMul and Gemm =================================================== */
 
 /* Both run as a oneDNN matmul primitive: dst = alpha * (A x B) [+ bias]
@@ -649,8 +783,9 @@ struct pool_state {
 
 static int pool_read(struct op_call *c, enum pool_kind kind, struct win *w, int *include_pad, int *col_major) {
     const struct tensor *x = c->in[0];
-    int rc = need_f32(c, x, "X");
-    if (rc) return rc;
+    int rc = 0;
+    /* MaxPool also takes 8-bit integers (opset 12): exact through float. */
+    if (!(kind == POOL_MAX && (x->dtype == DT_UINT8 || x->dtype == DT_INT8)) && (rc = need_f32(c, x, "X"))) return rc;
     int64_t ceil_mode = node_attr_int(c->node, "ceil_mode", 0);
     *include_pad = kind == POOL_AVG && node_attr_int(c->node, "count_include_pad", 0) != 0;
     int64_t so = node_attr_int(c->node, "storage_order", 0);
@@ -667,7 +802,7 @@ static int pool_infer(struct op_call *c, enum pool_kind kind) {
     for (int o = 0; o < c->nout && o < 2; o++) {
         struct tensor *y = c->out[o];
         if (!y) continue;
-        y->dtype = o == 0 ? DT_FP32 : DT_INT64;
+        y->dtype = o == 0 ? x->dtype : DT_INT64;
         y->ndim = x->ndim;
         y->dims[0] = x->dims[0];
         y->dims[1] = x->dims[1];
@@ -701,7 +836,10 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
      * window to the padded input, which differs once a ceil-mode window
      * hangs past the end padding. Those, dilated averages and the Indices
      * output take the C loop. */
-    int use_dnnl = !has_out(c, 1);
+    int use_dnnl = !has_out(c, 1) && c->in[0]->dtype == DT_FP32;
+    if (c->in[0]->dtype != DT_FP32)
+        *scratch_size = dnnl_util_align(sizeof(float) * (size_t)tensor_numel(c->in[0])) +
+                        sizeof(float) * (size_t)tensor_numel(c->out[0]);
     for (int i = 0; i < w->nsp; i++) {
         if (win_dnnl_pr(w, i) < 0) use_dnnl = 0;
         if (kind == POOL_AVG && w->d[i] != 1) use_dnnl = 0;
@@ -813,7 +951,22 @@ static int pool_run(struct op_call *c) {
         void *args[2] = {c->in[0]->data, y->data};
         return dnnl_prim_exec(c, s->prim, args, c->scratch);
     }
-    pool_loop(s, c->in[0], y->data, has_out(c, 1) ? c->out[1]->data : NULL);
+    int64_t *idx = has_out(c, 1) ? c->out[1]->data : NULL;
+    if (c->in[0]->dtype == DT_FP32) {
+        pool_loop(s, c->in[0], y->data, idx);
+        return 0;
+    }
+    int64_t nx = tensor_numel(c->in[0]), ny = tensor_numel(y);
+    struct tensor xf = *c->in[0];
+    float *yf = (float *)((char *)c->scratch + dnnl_util_align(sizeof(float) * (size_t)nx));
+    xf.dtype = DT_FP32;
+    xf.data = c->scratch;
+    for (int64_t i = 0; i < nx; i++) ((float *)xf.data)[i] = (float)op_int_at(c->in[0], i);
+    pool_loop(s, &xf, yf, idx);
+    for (int64_t i = 0; i < ny; i++) {
+        if (y->dtype == DT_UINT8) ((uint8_t *)y->data)[i] = (uint8_t)yf[i];
+        else ((int8_t *)y->data)[i] = (int8_t)yf[i];
+    }
     return 0;
 }
 
@@ -864,13 +1017,19 @@ struct bn_state {
     float *ab; /* 2*C values when every parameter is constant, else NULL */
 };
 
+/* training_mode=1 (opset 14+) normalizes with the batch's own statistics
+ * and also returns the updated running mean and variance. */
+static int bn_training(const struct op_call *c) { return node_attr_int(c->node, "training_mode", 0) != 0; }
+
 static int bn_params_ok(struct op_call *c) {
     const struct tensor *x = c->in[0];
     if (c->nin < 5) return op_error(c, "needs 5 inputs (X, scale, B, mean, var), got %d", c->nin);
-    if (node_attr_int(c->node, "training_mode", 0) != 0)
-        return op_error(c, "training_mode=1 is not supported (inference only)"), STATUS_UNSUPPORTED;
-    for (int o = 1; o < c->nout; o++)
-        if (c->out[o]) return op_error(c, "running mean/var outputs (training) are not supported"), STATUS_UNSUPPORTED;
+    if (!bn_training(c))
+        for (int o = 1; o < c->nout; o++)
+            if (c->out[o])
+                return op_error(c, "outputs beyond Y (training statistics) need training_mode=1 (opset 14+)"),
+                       STATUS_UNSUPPORTED;
+    if (c->nout > 3 && bn_training(c)) return op_error(c, "at most 3 outputs in training mode");
     int rc = need_f32(c, x, "X");
     if (rc) return rc;
     if (x->ndim < 2) return op_error(c, "X must have rank >= 2 (got %d)", x->ndim);
@@ -891,13 +1050,40 @@ static int bn_infer(struct op_call *c) {
     struct tensor *y = c->out[0];
     *y = *c->in[0];
     y->data = NULL;
+    for (int o = 1; o < c->nout && o < 3; o++)
+        if (c->out[o]) {
+            c->out[o]->dtype = DT_FP32;
+            c->out[o]->ndim = 1;
+            c->out[o]->dims[0] = c->in[0]->dims[1];
+        }
     return 0;
 }
 
-static void bn_coeffs(struct op_call *c, float *ab) {
+/* Batch statistics per channel; writes mean and variance (population) into
+ * the running-statistics form the caller wants. */
+static void bn_batch_stats(struct op_call *c, float *mean, float *var) {
+    const struct tensor *x = c->in[0];
+    int64_t n = x->dims[0], C = x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
+    const float *xd = x->data;
+    for (int64_t ch = 0; ch < C; ch++) {
+        double s1 = 0, s2 = 0, cnt = (double)(n * sp);
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t i = 0; i < sp; i++) s1 += xd[(b * C + ch) * sp + i];
+        double mu = cnt > 0 ? s1 / cnt : 0;
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t i = 0; i < sp; i++) {
+                double dv = xd[(b * C + ch) * sp + i] - mu;
+                s2 += dv * dv;
+            }
+        mean[ch] = (float)mu;
+        var[ch] = (float)(cnt > 0 ? s2 / cnt : 0);
+    }
+}
+
+static void bn_coeffs(struct op_call *c, float *ab, const float *mu, const float *var) {
     int64_t C = c->in[0]->dims[1];
     float eps = node_attr_float(c->node, "epsilon", 1e-5f);
-    const float *sc = c->in[1]->data, *b = c->in[2]->data, *mu = c->in[3]->data, *var = c->in[4]->data;
+    const float *sc = c->in[1]->data, *b = c->in[2]->data;
     for (int64_t i = 0; i < C; i++) {
         float a = sc[i] / sqrtf(var[i] + eps);
         ab[i] = a;
@@ -918,17 +1104,17 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     struct bn_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int64_t C = c->in[0]->dims[1];
-    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data;
+    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !bn_training(c);
     if (all_const) {
         s->ab = malloc(sizeof(float) * 2 * (size_t)(C > 0 ? C : 1));
         if (!s->ab) {
             free(s);
             return op_error(c, "out of memory"), STATUS_NOMEM;
         }
-        bn_coeffs(c, s->ab);
+        bn_coeffs(c, s->ab, c->in[3]->data, c->in[4]->data);
         *scratch_size = 0;
     } else {
-        *scratch_size = sizeof(float) * 2 * (size_t)C;
+        *scratch_size = sizeof(float) * 4 * (size_t)C;
     }
     *state = s;
     return 0;
@@ -936,14 +1122,26 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
 
 static int bn_run(struct op_call *c) {
     struct bn_state *s = c->state;
+    if (tensor_numel(c->out[0]) == 0) return 0;
     const struct tensor *x = c->in[0];
     float *ab = s ? s->ab : NULL;
-    float local[2 * 64];
     int64_t C = x->dims[1];
     if (!ab) {
-        ab = c->scratch_size >= sizeof(float) * 2 * (size_t)C ? c->scratch : (C <= 64 ? local : NULL);
-        if (!ab) return op_error(c, "internal: no scratch for the coefficients");
-        bn_coeffs(c, ab);
+        if (c->scratch_size < sizeof(float) * 4 * (size_t)C) return op_error(c, "internal: no scratch for the coefficients");
+        ab = c->scratch;
+        const float *mu = c->in[3]->data, *var = c->in[4]->data;
+        if (bn_training(c)) {
+            float *bm = ab + 2 * C, *bv = ab + 3 * C;
+            bn_batch_stats(c, bm, bv);
+            float mom = node_attr_float(c->node, "momentum", 0.9f);
+            for (int64_t ch = 0; ch < C; ch++) {
+                if (has_out(c, 1)) ((float *)c->out[1]->data)[ch] = mu[ch] * mom + bm[ch] * (1 - mom);
+                if (has_out(c, 2)) ((float *)c->out[2]->data)[ch] = var[ch] * mom + bv[ch] * (1 - mom);
+            }
+            mu = bm;
+            var = bv;
+        }
+        bn_coeffs(c, ab, mu, var);
     }
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
@@ -1064,6 +1262,7 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
+    {"ConvTranspose", "", ctr_infer, NULL, ctr_run, NULL, OP_FUSE_ACT},
     {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
     {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, mm_release, OP_FUSE_ACT},
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},

@@ -540,11 +540,39 @@ static void test_batchnorm(void **st) {
         assert_true(fabsf(((float *)y.data)[i] - want) < 1e-5f);
     }
     free(y.data);
-    /* training mode is refused with a clear message */
-    tn_int(&t, "training_mode", 1);
+    /* running statistics without training_mode are refused clearly */
+    struct tensor rm = {0}, rv = {0};
+    struct tensor *o3[3] = {&y, &rm, &rv};
     y = (struct tensor){0};
-    assert_int_equal(run_node(&t.n, in, 5, o, 1, 1), STATUS_UNSUPPORTED);
+    assert_int_equal(run_node(&t.n, in, 5, o3, 3, 1), STATUS_UNSUPPORTED);
     assert_non_null(strstr(g_err, "training_mode"));
+    free(y.data), free(rm.data), free(rv.data);
+    /* training_mode=1: batch statistics, running mean/var with momentum */
+    tn_int(&t, "training_mode", 1);
+    tn_float(&t, "momentum", 0.8f);
+    y = rm = rv = (struct tensor){0};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 5, o3, 3, 1), 0, g_err);
+    for (int c = 0; c < 3; c++) {
+        double m = 0, v = 0;
+        for (int nn = 0; nn < 2; nn++)
+            for (int i = 0; i < 20; i++) m += ((float *)x.data)[(nn * 3 + c) * 20 + i];
+        m /= 40;
+        for (int nn = 0; nn < 2; nn++)
+            for (int i = 0; i < 20; i++) {
+                double dv = ((float *)x.data)[(nn * 3 + c) * 20 + i] - m;
+                v += dv * dv;
+            }
+        v /= 40;
+        assert_true(fabs(((float *)rm.data)[c] - (((float *)mu.data)[c] * 0.8 + m * 0.2)) < 1e-5);
+        assert_true(fabs(((float *)rv.data)[c] - (((float *)var.data)[c] * 0.8 + v * 0.2)) < 1e-5);
+        for (int nn = 0; nn < 2; nn++)
+            for (int i = 0; i < 20; i++) {
+                int64_t k = (nn * 3 + c) * 20 + i;
+                double want = ((float *)sc.data)[c] * (((float *)x.data)[k] - m) / sqrt(v + 1e-3) + ((float *)b.data)[c];
+                assert_true(fabs(((float *)y.data)[k] - want) < 1e-4);
+            }
+    }
+    free(y.data), free(rm.data), free(rv.data);
     free(x.data), free(sc.data), free(b.data), free(mu.data), free(var.data);
 }
 
