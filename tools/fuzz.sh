@@ -56,8 +56,8 @@ for t in "${targets[@]}"; do
     log="$out/$t.log"
     # -jobs makes libFuzzer write fuzz-N.log into the current folder: keep them in $out.
     par=(); if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then par=(-jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS"); fi
-    if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-        (cd "$out" && "./$t" -runs="$RUNS" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+    if (cd "$out" && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+        "./$t" -runs="$RUNS" -max_len=65536 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
         -print_final_stats=1 "${par[@]}" \
         -artifact_prefix="$t-" "$t.corpus" "$t.seeds") >"$log" 2>&1; then
         execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | awk '{s+=$2} END {print s+0}')
