@@ -227,6 +227,10 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             rc = INVALID("config field 'dynamic_batching.max_queue_delay_microseconds' must be an integer >= 0");
             goto out;
         } else if (r) c->max_queue_delay_us = (uint64_t)x;
+        if ((r = get_int(v, "latency_budget_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.latency_budget_microseconds' must be an integer >= 0");
+            goto out;
+        } else if (r) c->latency_budget_us = (uint64_t)x;
         if (get_bool(v, "preserve_ordering", &c->preserve_ordering) < 0) {
             rc = INVALID("config field 'dynamic_batching.preserve_ordering' must be true or false");
             goto out;
@@ -485,6 +489,8 @@ cJSON *model_config_to_json(const struct model_config *c) {
         cJSON *pb = cJSON_AddArrayToObject(db, "preferred_batch_size");
         for (int i = 0; i < c->npreferred; i++) cJSON_AddItemToArray(pb, cJSON_CreateNumber(c->preferred_batch_size[i]));
         cJSON_AddNumberToObject(db, "max_queue_delay_microseconds", (double)c->max_queue_delay_us);
+        if (c->latency_budget_us)
+            cJSON_AddNumberToObject(db, "latency_budget_microseconds", (double)c->latency_budget_us);
         cJSON_AddBoolToObject(db, "preserve_ordering", c->preserve_ordering);
         cJSON_AddNumberToObject(db, "priority_levels", c->priority_levels);
         cJSON_AddNumberToObject(db, "default_priority_level", c->default_priority_level);

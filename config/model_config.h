@@ -54,6 +54,7 @@ struct model_config {
     int preferred_batch_size[16];
     int npreferred;
     uint64_t max_queue_delay_us;
+    uint64_t latency_budget_us;     /* kiln's dynamic_batching.latency_budget_microseconds; 0 = off */
     int preserve_ordering;
     int priority_levels;
     int default_priority_level;

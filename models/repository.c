@@ -244,6 +244,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         .dynamic_batching = c->dynamic_batching,
         .npreferred = c->npreferred,
         .max_queue_delay_us = c->max_queue_delay_us,
+        .latency_budget_us = c->latency_budget_us,
         .preserve_ordering = c->preserve_ordering,
         .priority_levels = c->priority_levels,
         .default_priority_level = c->default_priority_level,
