@@ -344,7 +344,7 @@ int graph_toposort(struct graph *g, char *err, size_t err_len) {
     struct graph_node *sorted = malloc(nn_sz * sizeof *sorted);
     if (!sorted) goto out;
     for (int i = 0; i < nn; i++) sorted[i] = g->nodes[order[i]];
-    memcpy(g->nodes, sorted, (size_t)nn * sizeof *sorted);
+    if (nn) memcpy(g->nodes, sorted, (size_t)nn * sizeof *sorted);
     free(sorted);
     for (int v = 0; v < nv; v++) g->values[v].producer = -1;
     for (int i = 0; i < nn; i++)

@@ -88,6 +88,17 @@ static void test_toposort_double_producer(void **state) {
     graph_free(g);
 }
 
+/* A graph without nodes (an output that is an input) sorts fine. */
+static void test_toposort_empty(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int a = graph_intern_value(g, "a");
+    g->values[a].flags = VALUE_INPUT | VALUE_OUTPUT;
+    char err[256] = "";
+    assert_int_equal(graph_toposort(g, err, sizeof err), 0);
+    graph_free(g);
+}
+
 static void test_attrs(void **state) {
     (void)state;
     struct graph *g = graph_create();
@@ -122,7 +133,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_intern_and_find),        cmocka_unit_test(test_toposort_orders),
         cmocka_unit_test(test_toposort_cycle),         cmocka_unit_test(test_toposort_missing_producer),
-        cmocka_unit_test(test_toposort_double_producer), cmocka_unit_test(test_attrs),
+        cmocka_unit_test(test_toposort_double_producer), cmocka_unit_test(test_attrs), cmocka_unit_test(test_toposort_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
