@@ -2061,6 +2061,72 @@ static int ccp_run(struct op_call *c) {
 
 static int cumprod_infer(struct op_call *c) { return cumsum_infer(c); }
 
+static int bitcast_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    int64_t to = node_attr_int(c->node, "to", 0);
+    if (to <= DT_UNDEFINED || to >= DT_MAX_ || to == DT_STRING || !dtype_size((enum dtype)to))
+        return op_error(c, "unsupported target dtype %lld", (long long)to);
+    if (dtype_size((enum dtype)to) != dtype_size(x->dtype))
+        return op_error(c, "%s and %s differ in bit width", dtype_name(x->dtype), dtype_name((enum dtype)to));
+    return set_shape(c, c->out[0], (enum dtype)to, x->ndim, x->dims);
+}
+
+/* Compress keeps the slices whose condition is true; the condition decides
+ * the output shape, so it must be known when the plan is built. */
+static int compress_params(struct op_call *c, int *axis, int64_t *kept) {
+    const struct tensor *x = c->in[0];
+    int rc = need_const(c, 1, "condition");
+    if (rc) return rc;
+    const struct tensor *cond = c->in[1];
+    if (cond->ndim != 1) return op_error(c, "condition must be 1-D, got rank %d", cond->ndim);
+    const struct graph_attr *a = node_attr(c->node, "axis");
+    int ax = -1;
+    if (a) {
+        ax = op_axis(c, a->i, x->ndim);
+        if (ax < 0) return STATUS_INVALID;
+    }
+    int64_t len = ax >= 0 ? x->dims[ax] : tensor_numel(x), n = tensor_numel(cond), k = 0;
+    if (n > len) return op_error(c, "condition has %lld values but the axis has %lld", (long long)n, (long long)len);
+    for (int64_t i = 0; i < n; i++) k += op_int_at(cond, i) != 0;
+    *axis = ax;
+    *kept = k;
+    return 0;
+}
+
+static int compress_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int ax;
+    int64_t k;
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc || (rc = compress_params(c, &ax, &k))) return rc;
+    if (ax < 0) return set_shape(c, c->out[0], x->dtype, 1, &k);
+    int64_t d[TENSOR_MAX_DIMS];
+    memcpy(d, x->dims, sizeof d);
+    d[ax] = k;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, d);
+}
+
+static int compress_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *cond = c->in[1];
+    int ax;
+    int64_t k;
+    int rc = compress_params(c, &ax, &k);
+    if (rc) return rc;
+    size_t es = dtype_size(x->dtype);
+    int64_t outer = ax < 0 ? 1 : prod(x->dims, 0, ax), len = ax < 0 ? tensor_numel(x) : x->dims[ax];
+    int64_t inner = ax < 0 ? 1 : prod(x->dims, ax + 1, x->ndim), n = tensor_numel(cond);
+    char *dst = c->out[0]->data;
+    for (int64_t p = 0; p < outer; p++)
+        for (int64_t i = 0; i < n; i++) {
+            if (!op_int_at(cond, i)) continue;
+            memcpy(dst, (const char *)x->data + (p * len + i) * inner * (int64_t)es, (size_t)inner * es);
+            dst += inner * (int64_t)es;
+        }
+    return 0;
+}
+
 /* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
@@ -2102,5 +2168,7 @@ const struct op_def op_defs_shape[] = {
     {"Upsample", "", resize_infer, resize_prepare, resize_run, NULL, 0},
     {"CumProd", "", cumprod_infer, NULL, cumprod_run, NULL, 0},
     {"CenterCropPad", "", ccp_infer, NULL, ccp_run, NULL, 0},
+    {"BitCast", "", bitcast_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
+    {"Compress", "", compress_infer, NULL, compress_run, NULL, 0},
     {0},
 };
