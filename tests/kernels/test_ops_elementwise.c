@@ -1,0 +1,640 @@
+/* test_ops_elementwise.c - the elementwise family through its op table entries
+ * (infer then run, as a plan calls them), against reference loops written
+ * here: broadcasting in every stride pattern (and threaded), integer
+ * wrap-around and division by zero, Mod's two sign conventions, half types,
+ * the variadic ops, Clip by opset, Where, Cast (saturation, NaN, refusals),
+ * Softmax/LogSoftmax before and since opset 13, LayerNormalization with its
+ * statistics outputs, Gelu's two forms, and clear errors for bad input. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/ops.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
+}
+
+static struct tensor mk(enum dtype dt, int ndim, const int64_t *dims) {
+    struct tensor t = {dt, ndim, {0}, NULL};
+    for (int i = 0; i < ndim; i++) t.dims[i] = dims[i];
+    int64_t n = tensor_numel(&t);
+    t.data = calloc((size_t)(n > 0 ? n : 1), dtype_size(dt));
+    return t;
+}
+static struct tensor mkf(int ndim, const int64_t *dims) {
+    struct tensor t = mk(DT_FP32, ndim, dims);
+    for (int64_t i = 0; i < tensor_numel(&t); i++) ((float *)t.data)[i] = frand();
+    return t;
+}
+#define F(t) ((float *)(t).data)
+
+struct tnode {
+    struct graph_node n;
+    struct graph_attr a[8];
+};
+
+static void tn_init(struct tnode *t, const char *op, int opset) {
+    memset(t, 0, sizeof *t);
+    t->n.name = "n0";
+    t->n.op_type = (char *)op;
+    t->n.domain = "";
+    t->n.opset = opset;
+    t->n.attrs = t->a;
+}
+static void tn_int(struct tnode *t, const char *name, int64_t v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_INT;
+    a->i = v;
+}
+static void tn_float(struct tnode *t, const char *name, float v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_FLOAT;
+    a->f = v;
+}
+static void tn_str(struct tnode *t, const char *name, const char *v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_STRING;
+    a->s = (char *)v;
+    a->s_len = strlen(v);
+}
+
+static char g_err[512];
+
+/* Runs infer, allocates the outputs, runs; returns the first failing status.
+ * nout outputs (NULL entries are absent optional outputs). */
+static int call(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout, int threads) {
+    const struct op_def *d = op_find("", tn->n.op_type);
+    assert_non_null(d);
+    struct op_call c = {0};
+    c.node = &tn->n;
+    c.nin = nin;
+    c.nout = nout;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    for (int i = 0; i < nout; i++) c.out[i] = out[i];
+    c.nthreads = threads;
+    c.err = g_err;
+    c.err_len = sizeof g_err;
+    g_err[0] = 0;
+    int rc = d->infer(&c);
+    if (rc) return rc;
+    for (int i = 0; i < nout; i++) {
+        if (!out[i]) continue;
+        int64_t n = tensor_numel(out[i]);
+        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
+    }
+    return d->run(&c);
+}
+
+static int call1(const char *op, int opset, const struct tensor *a, const struct tensor *b, struct tensor *o) {
+    struct tnode tn;
+    tn_init(&tn, op, opset);
+    const struct tensor *in[2] = {a, b};
+    struct tensor *out[1] = {o};
+    return call(&tn, in, b ? 2 : 1, out, 1, 1);
+}
+
+/* Broadcast index of flat output index i into a tensor of shape t. */
+static int64_t bidx(const struct tensor *o, const struct tensor *t, int64_t i) {
+    int64_t off = 0, st = 1;
+    for (int d = o->ndim - 1; d >= 0; d--) {
+        int64_t idx = i % o->dims[d];
+        i /= o->dims[d];
+        int td = t->ndim - o->ndim + d;
+        if (td >= 0) {
+            if (t->dims[td] != 1) off += idx * st;
+            st *= t->dims[td];
+        }
+    }
+    return off;
+}
+
+/* ---- broadcasting ----------------------------------------------------- */
+
+static void check_add(int na, const int64_t *da, int nb, const int64_t *db, int threads) {
+    struct tensor a = mkf(na, da), b = mkf(nb, db), o = {0};
+    struct tnode tn;
+    tn_init(&tn, "Add", 14);
+    const struct tensor *in[2] = {&a, &b};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call(&tn, in, 2, out, 1, threads), 0);
+    for (int64_t i = 0; i < tensor_numel(&o); i++)
+        assert_float_equal(F(o)[i], F(a)[bidx(&o, &a, i)] + F(b)[bidx(&o, &b, i)], 1e-6);
+    free(a.data);
+    free(b.data);
+    free(o.data);
+}
+
+static void test_broadcast_patterns(void **state) {
+    (void)state;
+    int64_t s23[] = {2, 3}, s3[] = {3}, s21[] = {2, 1}, s13[] = {1, 3}, s1[] = {1};
+    check_add(2, s23, 2, s23, 1); /* same shape */
+    check_add(2, s23, 1, s3, 1);  /* row */
+    check_add(2, s21, 2, s13, 1); /* outer product */
+    check_add(2, s23, 0, s1, 1);  /* scalar right */
+    check_add(0, s1, 2, s23, 1);  /* scalar left */
+    int64_t n4[] = {2, 3, 4, 5}, c4[] = {3, 1, 1}, w4[] = {2, 1, 4, 1};
+    check_add(4, n4, 3, c4, 1); /* per-channel bias */
+    check_add(4, n4, 4, w4, 1); /* interleaved broadcast dims */
+    /* large enough for the threaded paths: many rows, and one long row */
+    int64_t big[] = {300, 1000}, row[] = {1000}, col[] = {300, 1}, flat[] = {200000};
+    check_add(2, big, 1, row, 4);
+    check_add(2, big, 2, col, 4);
+    check_add(1, flat, 1, flat, 4);
+}
+
+static void test_broadcast_error(void **state) {
+    (void)state;
+    int64_t s23[] = {2, 3}, s4[] = {4};
+    struct tensor a = mkf(2, s23), b = mkf(1, s4), o = {0};
+    assert_int_not_equal(call1("Mul", 14, &a, &b, &o), 0);
+    assert_non_null(strstr(g_err, "cannot be broadcast"));
+    assert_non_null(strstr(g_err, "(Mul)"));
+    struct tensor i = mk(DT_INT32, 1, s4);
+    assert_int_not_equal(call1("Add", 14, &b, &i, &o), 0);
+    assert_non_null(strstr(g_err, "must match"));
+    free(a.data);
+    free(b.data);
+    free(i.data);
+}
+
+/* ---- integers ---------------------------------------------------------- */
+
+static void test_int_arith(void **state) {
+    (void)state;
+    int64_t s4[] = {4};
+    struct tensor a = mk(DT_INT32, 1, s4), b = mk(DT_INT32, 1, s4), o = {0};
+    int32_t *pa = a.data, *pb = b.data;
+    pa[0] = INT32_MAX; pb[0] = 1;
+    pa[1] = INT32_MIN; pb[1] = -1;
+    pa[2] = 7;         pb[2] = 0;
+    pa[3] = -7;        pb[3] = 2;
+    assert_int_equal(call1("Add", 14, &a, &b, &o), 0);
+    assert_int_equal(((int32_t *)o.data)[0], INT32_MIN); /* wraps */
+    free(o.data);
+    assert_int_equal(call1("Div", 14, &a, &b, &o), 0);
+    int32_t *po = o.data;
+    assert_int_equal(po[1], INT32_MIN); /* INT_MIN / -1 wraps instead of trapping */
+    assert_int_equal(po[2], 0);         /* division by zero gives 0 */
+    assert_int_equal(po[3], -3);        /* truncation toward zero, as C and numpy's int division for ONNX */
+    free(o.data);
+    free(a.data);
+    free(b.data);
+}
+
+static void test_mod_signs(void **state) {
+    (void)state;
+    int64_t s4[] = {4};
+    struct tensor a = mk(DT_INT64, 1, s4), b = mk(DT_INT64, 1, s4), o = {0};
+    int64_t av[] = {-7, 7, -7, 5}, bv[] = {3, -3, -3, 0};
+    memcpy(a.data, av, sizeof av);
+    memcpy(b.data, bv, sizeof bv);
+    assert_int_equal(call1("Mod", 13, &a, &b, &o), 0);
+    int64_t py[] = {2, -2, -1, 0}; /* Python's %: sign of the divisor */
+    for (int i = 0; i < 4; i++) assert_int_equal(((int64_t *)o.data)[i], py[i]);
+    free(o.data);
+    struct tnode tn;
+    tn_init(&tn, "Mod", 13);
+    tn_int(&tn, "fmod", 1);
+    const struct tensor *in[2] = {&a, &b};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call(&tn, in, 2, out, 1, 1), 0);
+    int64_t cm[] = {-1, 1, -1, 0}; /* C's %: sign of the dividend */
+    for (int i = 0; i < 4; i++) assert_int_equal(((int64_t *)o.data)[i], cm[i]);
+    free(o.data);
+    free(a.data);
+    free(b.data);
+}
+
+/* ---- half types and variadic ops --------------------------------------- */
+
+static void test_fp16_add_and_max(void **state) {
+    (void)state;
+    int64_t s3[] = {3};
+    struct tensor a = mk(DT_FP16, 1, s3), b = mk(DT_FP16, 1, s3), o = {0};
+    float av[] = {1.5f, -2.0f, 0.25f}, bv[] = {2.0f, 8.0f, -0.5f};
+    for (int i = 0; i < 3; i++) {
+        ((uint16_t *)a.data)[i] = fp32_to_fp16(av[i]);
+        ((uint16_t *)b.data)[i] = fp32_to_fp16(bv[i]);
+    }
+    assert_int_equal(call1("Add", 14, &a, &b, &o), 0);
+    assert_int_equal(o.dtype, DT_FP16);
+    for (int i = 0; i < 3; i++) assert_float_equal(fp16_to_fp32(((uint16_t *)o.data)[i]), av[i] + bv[i], 1e-3);
+    free(o.data);
+    assert_int_equal(call1("Max", 13, &a, &b, &o), 0);
+    for (int i = 0; i < 3; i++)
+        assert_float_equal(fp16_to_fp32(((uint16_t *)o.data)[i]), fmaxf(av[i], bv[i]), 1e-3);
+    free(o.data);
+    free(a.data);
+    free(b.data);
+}
+
+static void test_variadic(void **state) {
+    (void)state;
+    int64_t s1[] = {1}, s23[] = {2, 3}, s3[] = {3};
+    struct tensor a = mkf(1, s1), b = mkf(2, s23), c = mkf(1, s3);
+    const char *ops[] = {"Sum", "Mean", "Max", "Min"};
+    for (int k = 0; k < 4; k++) {
+        struct tnode tn;
+        tn_init(&tn, ops[k], 13);
+        struct tensor o = {0};
+        const struct tensor *in[3] = {&a, &b, &c};
+        struct tensor *out[1] = {&o};
+        assert_int_equal(call(&tn, in, 3, out, 1, 1), 0);
+        assert_int_equal(o.ndim, 2);
+        for (int64_t i = 0; i < 6; i++) {
+            float x = F(a)[0], y = F(b)[i], z = F(c)[i % 3], e;
+            if (k == 0) e = x + y + z;
+            else if (k == 1) e = (x + y + z) / 3;
+            else if (k == 2) e = fmaxf(x, fmaxf(y, z));
+            else e = fminf(x, fminf(y, z));
+            assert_float_equal(F(o)[i], e, 1e-6);
+        }
+        free(o.data);
+    }
+    free(a.data);
+    free(b.data);
+    free(c.data);
+}
+
+/* ---- Clip and Where ---------------------------------------------------- */
+
+static void test_clip_by_opset(void **state) {
+    (void)state;
+    int64_t s5[] = {5};
+    struct tensor x = mk(DT_FP32, 1, s5), o = {0};
+    float xv[] = {-3, -1, 0, 1, 3};
+    memcpy(x.data, xv, sizeof xv);
+    /* opset 6: attributes */
+    struct tnode tn;
+    tn_init(&tn, "Clip", 6);
+    tn_float(&tn, "min", -1.5f);
+    tn_float(&tn, "max", 2.0f);
+    const struct tensor *in1[1] = {&x};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call(&tn, in1, 1, out, 1, 1), 0);
+    float e6[] = {-1.5f, -1, 0, 1, 2};
+    for (int i = 0; i < 5; i++) assert_float_equal(F(o)[i], e6[i], 0);
+    free(o.data);
+    /* opset 13: optional inputs, min absent */
+    struct tensor mx = mk(DT_FP32, 0, NULL);
+    F(mx)[0] = 0.5f;
+    tn_init(&tn, "Clip", 13);
+    const struct tensor *in3[3] = {&x, NULL, &mx};
+    assert_int_equal(call(&tn, in3, 3, out, 1, 1), 0);
+    float e13[] = {-3, -1, 0, 0.5f, 0.5f};
+    for (int i = 0; i < 5; i++) assert_float_equal(F(o)[i], e13[i], 0);
+    free(o.data);
+    /* int8 with both bounds */
+    struct tensor xi = mk(DT_INT8, 1, s5), lo = mk(DT_INT8, 0, NULL), hi = mk(DT_INT8, 0, NULL);
+    int8_t xiv[] = {-100, -5, 0, 5, 100};
+    memcpy(xi.data, xiv, sizeof xiv);
+    *(int8_t *)lo.data = -10;
+    *(int8_t *)hi.data = 10;
+    const struct tensor *ini[3] = {&xi, &lo, &hi};
+    assert_int_equal(call(&tn, ini, 3, out, 1, 1), 0);
+    int8_t ei[] = {-10, -5, 0, 5, 10};
+    for (int i = 0; i < 5; i++) assert_int_equal(((int8_t *)o.data)[i], ei[i]);
+    free(o.data);
+    free(x.data);
+    free(mx.data);
+    free(xi.data);
+    free(lo.data);
+    free(hi.data);
+}
+
+static void test_where(void **state) {
+    (void)state;
+    int64_t s21[] = {2, 1}, s3[] = {3}, s1[] = {1};
+    struct tensor c = mk(DT_BOOL, 2, s21), x = mk(DT_INT64, 1, s3), y = mk(DT_INT64, 1, s1), o = {0};
+    ((uint8_t *)c.data)[0] = 1;
+    ((uint8_t *)c.data)[1] = 0;
+    for (int i = 0; i < 3; i++) ((int64_t *)x.data)[i] = 10 + i;
+    ((int64_t *)y.data)[0] = -1;
+    struct tnode tn;
+    tn_init(&tn, "Where", 16);
+    const struct tensor *in[3] = {&c, &x, &y};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call(&tn, in, 3, out, 1, 1), 0);
+    int64_t e[] = {10, 11, 12, -1, -1, -1};
+    assert_int_equal(o.ndim, 2);
+    for (int i = 0; i < 6; i++) assert_int_equal(((int64_t *)o.data)[i], e[i]);
+    free(o.data);
+    /* a float condition is refused clearly */
+    struct tensor fc = mkf(2, s21);
+    const struct tensor *bad[3] = {&fc, &x, &y};
+    assert_int_not_equal(call(&tn, bad, 3, out, 1, 1), 0);
+    assert_non_null(strstr(g_err, "condition must be bool"));
+    free(fc.data);
+    free(c.data);
+    free(x.data);
+    free(y.data);
+}
+
+/* ---- Cast --------------------------------------------------------------- */
+
+static int cast_to(const struct tensor *x, enum dtype to, struct tensor *o) {
+    struct tnode tn;
+    tn_init(&tn, "Cast", 19);
+    tn_int(&tn, "to", to);
+    const struct tensor *in[1] = {x};
+    struct tensor *out[1] = {o};
+    return call(&tn, in, 1, out, 1, 1);
+}
+
+static void test_cast(void **state) {
+    (void)state;
+    int64_t s6[] = {6};
+    struct tensor x = mk(DT_FP32, 1, s6), o = {0};
+    float xv[] = {1.75f, -2.5f, NAN, 1e20f, -1e20f, 0.0f};
+    memcpy(x.data, xv, sizeof xv);
+    assert_int_equal(cast_to(&x, DT_INT32, &o), 0);
+    int32_t ei[] = {1, -2, 0, INT32_MAX, INT32_MIN, 0}; /* truncation, NaN 0, saturation */
+    for (int i = 0; i < 6; i++) assert_int_equal(((int32_t *)o.data)[i], ei[i]);
+    free(o.data);
+    assert_int_equal(cast_to(&x, DT_BOOL, &o), 0);
+    uint8_t eb[] = {1, 1, 1, 1, 1, 0};
+    for (int i = 0; i < 6; i++) assert_int_equal(((uint8_t *)o.data)[i], eb[i]);
+    free(o.data);
+    /* float -> half -> double keeps exactly representable values */
+    struct tensor h = {0}, d = {0};
+    assert_int_equal(cast_to(&x, DT_FP16, &h), 0);
+    assert_int_equal(cast_to(&h, DT_FP64, &d), 0);
+    assert_float_equal(((double *)d.data)[0], 1.75, 0);
+    assert_float_equal(((double *)d.data)[1], -2.5, 0);
+    assert_true(isnan(((double *)d.data)[2]));
+    assert_true(isinf(((double *)d.data)[3])); /* out of half's range */
+    free(h.data);
+    free(d.data);
+    /* int64 -> float and uint8 -> float */
+    struct tensor i64 = mk(DT_INT64, 1, s6);
+    for (int i = 0; i < 6; i++) ((int64_t *)i64.data)[i] = (int64_t)i * 1000 - 2500;
+    assert_int_equal(cast_to(&i64, DT_FP32, &o), 0);
+    for (int i = 0; i < 6; i++) assert_float_equal(F(o)[i], i * 1000.0f - 2500, 0);
+    free(o.data);
+    /* strings and unknown dtypes are refused with a message */
+    assert_int_equal(cast_to(&x, DT_STRING, &o), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "string"));
+    assert_int_equal(cast_to(&x, (enum dtype)17, &o), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "'to'"));
+    free(x.data);
+    free(i64.data);
+}
+
+/* ---- softmax family --------------------------------------------------- */
+
+static void ref_softmax(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int logs) {
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            double m = -INFINITY, s = 0;
+            for (int64_t j = 0; j < len; j++) m = fmax(m, x[(o * len + j) * inner + i]);
+            for (int64_t j = 0; j < len; j++) s += exp(x[(o * len + j) * inner + i] - m);
+            for (int64_t j = 0; j < len; j++) {
+                double v = x[(o * len + j) * inner + i] - m;
+                y[(o * len + j) * inner + i] = (float)(logs ? v - log(s) : exp(v) / s);
+            }
+        }
+}
+
+static void test_softmax_opsets(void **state) {
+    (void)state;
+    int64_t s[] = {2, 3, 4};
+    struct tensor x = mkf(3, s), o = {0};
+    float ref[24];
+    for (int logs = 0; logs < 2; logs++) {
+        const char *op = logs ? "LogSoftmax" : "Softmax";
+        /* opset 11, axis 1: coerced to [2, 12] */
+        struct tnode tn;
+        tn_init(&tn, op, 11);
+        tn_int(&tn, "axis", 1);
+        const struct tensor *in[1] = {&x};
+        struct tensor *out[1] = {&o};
+        assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+        ref_softmax(F(x), ref, 2, 12, 1, logs);
+        for (int i = 0; i < 24; i++) assert_float_equal(F(o)[i], ref[i], 1e-5);
+        free(o.data);
+        /* opset 13, axis 1: only that axis */
+        tn_init(&tn, op, 13);
+        tn_int(&tn, "axis", 1);
+        assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+        ref_softmax(F(x), ref, 2, 3, 4, logs);
+        for (int i = 0; i < 24; i++) assert_float_equal(F(o)[i], ref[i], 1e-5);
+        free(o.data);
+        /* opset 13 default axis -1 */
+        tn_init(&tn, op, 13);
+        assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+        ref_softmax(F(x), ref, 6, 4, 1, logs);
+        for (int i = 0; i < 24; i++) assert_float_equal(F(o)[i], ref[i], 1e-5);
+        free(o.data);
+    }
+    /* large inputs do not overflow */
+    for (int i = 0; i < 24; i++) F(x)[i] = 1000.0f + (float)i;
+    assert_int_equal(call1("Softmax", 13, &x, NULL, &o), 0);
+    ref_softmax(F(x), ref, 6, 4, 1, 0);
+    for (int i = 0; i < 24; i++) assert_float_equal(F(o)[i], ref[i], 1e-5);
+    free(o.data);
+    free(x.data);
+}
+
+/* ---- LayerNormalization ------------------------------------------------ */
+
+static void test_layernorm(void **state) {
+    (void)state;
+    int64_t s[] = {3, 2, 5}, ss[] = {2, 5};
+    struct tensor x = mkf(3, s), sc = mkf(2, ss), b = mkf(2, ss), y = {0}, mean = {0}, inv = {0};
+    struct tnode tn;
+    tn_init(&tn, "LayerNormalization", 17);
+    tn_int(&tn, "axis", 1);
+    tn_float(&tn, "epsilon", 1e-3f);
+    const struct tensor *in[3] = {&x, &sc, &b};
+    struct tensor *out[3] = {&y, &mean, &inv};
+    assert_int_equal(call(&tn, in, 3, out, 3, 1), 0);
+    assert_int_equal(mean.ndim, 3);
+    assert_int_equal(mean.dims[0], 3);
+    assert_int_equal(mean.dims[1], 1);
+    assert_int_equal(mean.dims[2], 1);
+    for (int r = 0; r < 3; r++) {
+        double mu = 0, var = 0;
+        for (int j = 0; j < 10; j++) mu += F(x)[r * 10 + j];
+        mu /= 10;
+        for (int j = 0; j < 10; j++) var += (F(x)[r * 10 + j] - mu) * (F(x)[r * 10 + j] - mu);
+        var /= 10;
+        double is = 1 / sqrt(var + 1e-3);
+        assert_float_equal(F(mean)[r], mu, 1e-5);
+        assert_float_equal(F(inv)[r], is, 1e-4);
+        for (int j = 0; j < 10; j++)
+            assert_float_equal(F(y)[r * 10 + j], (F(x)[r * 10 + j] - mu) * is * F(sc)[j] + F(b)[j], 1e-4);
+    }
+    free(y.data);
+    /* without bias and without the optional outputs */
+    const struct tensor *in2[2] = {&x, &sc};
+    struct tensor *out1[1] = {&y};
+    assert_int_equal(call(&tn, in2, 2, out1, 1, 1), 0);
+    free(y.data);
+    /* a scale of the wrong size is refused */
+    int64_t bad[] = {3};
+    struct tensor sb = mkf(1, bad);
+    const struct tensor *in3[2] = {&x, &sb};
+    assert_int_not_equal(call(&tn, in3, 2, out1, 1, 1), 0);
+    assert_non_null(strstr(g_err, "elements"));
+    free(sb.data);
+    free(x.data);
+    free(sc.data);
+    free(b.data);
+    free(mean.data);
+    free(inv.data);
+}
+
+/* ---- activations -------------------------------------------------------- */
+
+static void test_activations(void **state) {
+    (void)state;
+    int64_t s[] = {64};
+    struct tensor x = mkf(1, s), o = {0};
+    for (int i = 0; i < 64; i++) F(x)[i] *= 6; /* [-6, 6] */
+    struct tnode tn;
+    const struct tensor *in[1] = {&x};
+    struct tensor *out[1] = {&o};
+
+    tn_init(&tn, "Gelu", 20);
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 64; i++) {
+        double v = F(x)[i];
+        assert_float_equal(F(o)[i], 0.5 * v * (1 + erf(v / sqrt(2.0))), 1e-5);
+    }
+    free(o.data);
+    tn_str(&tn, "approximate", "tanh");
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 64; i++) {
+        double v = F(x)[i];
+        assert_float_equal(F(o)[i], 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-5);
+    }
+    free(o.data);
+    tn_init(&tn, "Gelu", 20);
+    tn_str(&tn, "approximate", "fast");
+    assert_int_not_equal(call(&tn, in, 1, out, 1, 1), 0);
+    assert_non_null(strstr(g_err, "approximate"));
+
+    tn_init(&tn, "LeakyRelu", 16);
+    tn_float(&tn, "alpha", 0.1f);
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 64; i++) assert_float_equal(F(o)[i], F(x)[i] >= 0 ? F(x)[i] : 0.1f * F(x)[i], 1e-6);
+    free(o.data);
+
+    tn_init(&tn, "Softplus", 1);
+    F(x)[0] = 100.0f; /* no overflow */
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    assert_float_equal(F(o)[0], 100.0f, 1e-4);
+    for (int i = 1; i < 64; i++) assert_float_equal(F(o)[i], log1p(exp(F(x)[i])), 1e-5);
+    free(o.data);
+
+    tn_init(&tn, "Sigmoid", 13);
+    F(x)[0] = -100.0f;
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 64; i++) assert_float_equal(F(o)[i], 1 / (1 + exp(-(double)F(x)[i])), 1e-6);
+    free(o.data);
+
+    tn_init(&tn, "HardSwish", 14);
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 64; i++) {
+        double v = F(x)[i];
+        assert_float_equal(F(o)[i], v * fmax(0, fmin(1, v / 6 + 0.5)), 1e-6);
+    }
+    free(o.data);
+
+    /* float-only operators refuse integers clearly */
+    struct tensor xi = mk(DT_INT32, 1, s);
+    const struct tensor *ini[1] = {&xi};
+    tn_init(&tn, "Exp", 13);
+    assert_int_equal(call(&tn, ini, 1, out, 1, 1), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "int32"));
+    free(xi.data);
+    free(x.data);
+}
+
+/* ---- comparisons and logic ---------------------------------------------- */
+
+static void test_compare_logic(void **state) {
+    (void)state;
+    int64_t s4[] = {4}, s1[] = {1};
+    struct tensor a = mk(DT_UINT64, 1, s4), b = mk(DT_UINT64, 1, s1), o = {0};
+    uint64_t av[] = {0, 5, UINT64_MAX, 6};
+    memcpy(a.data, av, sizeof av);
+    *(uint64_t *)b.data = 5;
+    const char *ops[] = {"Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"};
+    for (int k = 0; k < 5; k++) {
+        assert_int_equal(call1(ops[k], 16, &a, &b, &o), 0);
+        assert_int_equal(o.dtype, DT_BOOL);
+        for (int i = 0; i < 4; i++) {
+            uint64_t x = av[i];
+            int e = k == 0 ? x == 5 : k == 1 ? x < 5 : k == 2 ? x > 5 : k == 3 ? x <= 5 : x >= 5;
+            assert_int_equal(((uint8_t *)o.data)[i], e);
+        }
+        free(o.data);
+    }
+    struct tensor p = mk(DT_BOOL, 1, s4), q = mk(DT_BOOL, 1, s4);
+    uint8_t pv[] = {0, 0, 1, 1}, qv[] = {0, 1, 0, 1};
+    memcpy(p.data, pv, 4);
+    memcpy(q.data, qv, 4);
+    const char *lops[] = {"And", "Or", "Xor"};
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(call1(lops[k], 7, &p, &q, &o), 0);
+        for (int i = 0; i < 4; i++) {
+            int e = k == 0 ? pv[i] && qv[i] : k == 1 ? pv[i] || qv[i] : pv[i] != qv[i];
+            assert_int_equal(((uint8_t *)o.data)[i], e);
+        }
+        free(o.data);
+    }
+    assert_int_equal(call1("Not", 1, &p, NULL, &o), 0);
+    for (int i = 0; i < 4; i++) assert_int_equal(((uint8_t *)o.data)[i], !pv[i]);
+    free(o.data);
+    free(a.data);
+    free(b.data);
+    free(p.data);
+    free(q.data);
+}
+
+static void test_pow_mixed(void **state) {
+    (void)state;
+    int64_t s3[] = {3}, s1[] = {1};
+    struct tensor x = mk(DT_INT64, 1, s3), e = mk(DT_FP32, 1, s1), o = {0};
+    int64_t xv[] = {2, 3, -4};
+    memcpy(x.data, xv, sizeof xv);
+    F(e)[0] = 2.0f;
+    assert_int_equal(call1("Pow", 15, &x, &e, &o), 0);
+    assert_int_equal(o.dtype, DT_INT64);
+    int64_t ev[] = {4, 9, 16};
+    for (int i = 0; i < 3; i++) assert_int_equal(((int64_t *)o.data)[i], ev[i]);
+    free(o.data);
+    free(x.data);
+    free(e.data);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_broadcast_patterns), cmocka_unit_test(test_broadcast_error),
+        cmocka_unit_test(test_int_arith),          cmocka_unit_test(test_mod_signs),
+        cmocka_unit_test(test_fp16_add_and_max),   cmocka_unit_test(test_variadic),
+        cmocka_unit_test(test_clip_by_opset),      cmocka_unit_test(test_where),
+        cmocka_unit_test(test_cast),               cmocka_unit_test(test_softmax_opsets),
+        cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
