@@ -29,6 +29,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/ops.h"
@@ -594,6 +595,8 @@ int main(int argc, char **argv) {
         usage();
         return 2;
     }
+    /* Engine info lines would drown the report; -v keeps them. */
+    if (!o.verbose) log_set_level(LOG_WARN);
     int nskip;
     struct skip_entry *skips = load_skips(o.skip_file, &nskip);
     struct counts c = {0, 0, 0};
