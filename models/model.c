@@ -26,7 +26,7 @@ struct model {
      * by the caller): learned on the first plan that cannot be built
      * without them; from then on their values are part of the signature. */
     _Atomic uint64_t bind_values;
-    uint64_t bind_candidates; /* small integer (or scalar float) inputs */
+    uint64_t bind_candidates; /* inputs that may be bound (not strings) */
 };
 
 struct model_exec {
@@ -70,14 +70,9 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     }
     for (int i = 0; i < g->ninputs; i++) io_from_value(&m->ins[i], &g->values[g->inputs[i]]);
     for (int i = 0; i < g->noutputs; i++) io_from_value(&m->outs[i], &g->values[g->outputs[i]]);
-    for (int i = 0; i < g->ninputs && i < 64; i++) {
-        enum dtype dt = m->ins[i].dtype;
-        int is_int = dt == DT_INT64 || dt == DT_INT32 || dt == DT_INT16 || dt == DT_INT8 || dt == DT_UINT8 ||
-                     dt == DT_UINT16 || dt == DT_UINT32 || dt == DT_UINT64 || dt == DT_BOOL;
-        int is_float = dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16;
-        int rank = m->ins[i].ndim;
-        if ((is_int && rank >= 0 && rank <= 1) || (is_float && rank == 0)) m->bind_candidates |= (uint64_t)1 << i;
-    }
+    for (int i = 0; i < g->ninputs && i < 64; i++)
+        if (m->ins[i].dtype != DT_STRING)
+            m->bind_candidates |= (uint64_t)1 << i;
     atomic_init(&m->bind_values, 0);
     log_debug("loaded %s: %d nodes after passes, %d inputs, %d outputs", p->path, g->nnodes, g->ninputs,
               g->noutputs);
@@ -221,14 +216,17 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
     }
     uint64_t bind = atomic_load(&m->bind_values);
     rc = plan_cache_get(cache, g, inputs, bind, x->be, &p, NULL, err, err_len);
-    if (rc && rc != STATUS_NOMEM && (m->bind_candidates & ~bind)) {
+    uint64_t small = 0; /* inputs of at most 1024 elements in this call */
+    for (int i = 0; i < ninputs && i < 64; i++)
+        if ((m->bind_candidates >> i & 1) && tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
+    if (rc && rc != STATUS_NOMEM && (small & ~bind)) {
         /* Maybe an input decides a shape: retry with the values of the small
-         * integer inputs bound, and keep that only if it helps. */
+         * inputs bound, and keep that only if it helps. */
         char err2[512];
-        uint64_t more = bind | m->bind_candidates;
+        uint64_t more = bind | small;
         if (plan_cache_get(cache, g, inputs, more, x->be, &p, NULL, err2, sizeof err2) == 0) {
             atomic_fetch_or(&m->bind_values, more);
-            log_info("model inputs decide output shapes; plans are built per value of those inputs");
+            log_debug("model inputs decide output shapes; plans are built per value of those inputs");
             rc = 0;
         }
     }

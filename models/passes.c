@@ -335,6 +335,34 @@ int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len
     return 0;
 }
 
+/* Rank of value v when the file does not say it but it follows through
+ * rank-preserving ops from one that does; -1 if unknown. */
+static int known_rank(const struct graph *g, int v, int depth) {
+    if (v < 0) return -1;
+    if (g->values[v].t.ndim >= 0 && (g->values[v].t.data || (g->values[v].flags & VALUE_INPUT) || depth == 0))
+        return g->values[v].t.ndim;
+    int pi = g->values[v].producer;
+    if (pi < 0 || depth > 64) return -1;
+    const struct graph_node *n = &g->nodes[pi];
+    static const char *const same[] = {"Cast", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Identity", "Softmax",
+                                       "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf", "Gelu", "HardSigmoid",
+                                       "HardSwish", "Dropout", "BatchNormalization", "LayerNormalization", NULL};
+    for (int i = 0; same[i]; i++)
+        if (is_op(n, same[i])) return n->nin > 0 ? known_rank(g, n->in[0], depth + 1) : -1;
+    static const char *const bcast[] = {"Add", "Sub", "Mul", "Div", "Pow", NULL};
+    for (int i = 0; bcast[i]; i++)
+        if (is_op(n, bcast[i]) && n->nin == 2) {
+            int a = known_rank(g, n->in[0], depth + 1), b = known_rank(g, n->in[1], depth + 1);
+            return a < 0 || b < 0 ? -1 : (a > b ? a : b);
+        }
+    if (is_op(n, "MatMul") && n->nin >= 2) {
+        int a = known_rank(g, n->in[0], depth + 1), b = known_rank(g, n->in[1], depth + 1);
+        return a >= 2 && b >= 2 ? (a > b ? a : b) : -1;
+    }
+    if (is_op(n, "Gemm")) return 2;
+    return -1;
+}
+
 /* ---- bias fusion ---------------------------------------------------------------------- */
 
 int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
@@ -376,7 +404,7 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         if (matmul && bias->ndim > 1) {
             /* The product's rank: max of both when A is a matrix or more,
              * one less than B's when A is a vector, B's at least if unknown. */
-            int ra = p->in[0] >= 0 ? g->values[p->in[0]].t.ndim : -1;
+            int ra = p->in[0] >= 0 ? known_rank(g, p->in[0], 0) : -1;
             int rank = ra >= 2 ? (ra > wt->ndim ? ra : wt->ndim) : wt->ndim - 1;
             if (bias->ndim > rank) continue;
         }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -395,7 +396,11 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
 
         /* A view: output 0 is input 0's bytes under another shape. */
         int v0 = n->nout > 0 ? n->out[0] : -1, i0 = n->nin > 0 ? n->in[0] : -1;
-        if ((op->flags & OP_ALIAS_INPUT0) && v0 >= 0 && i0 >= 0 && p->vals[i0].kind != PLAN_VALUE_CONST &&
+        /* Cast to the datatype it already has is a view too. */
+        int same_cast = strcmp(n->op_type, "Cast") == 0 && !n->domain[0] && v0 >= 0 && i0 >= 0 &&
+                        p->vals[v0].t.dtype == p->vals[i0].t.dtype;
+        if (((op->flags & OP_ALIAS_INPUT0) || same_cast) && v0 >= 0 && i0 >= 0 &&
+            p->vals[i0].kind != PLAN_VALUE_CONST && p->vals[v0].t.dtype == p->vals[i0].t.dtype &&
             tensor_nbytes(&p->vals[v0].t) == tensor_nbytes(&p->vals[i0].t)) {
             int extra_used = 0;
             for (int k = 1; k < n->nout; k++)
@@ -678,7 +683,53 @@ struct plan_exec {
     int tv_cap;
     struct op_call *calls;
     int calls_cap;
+    /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */
+    int profile;
+    struct prof_entry *prof;
+    int nprof;
+    uint64_t nruns;
 };
+
+struct prof_entry {
+    const char *op_type;
+    double ms;
+    int64_t calls;
+};
+
+static double now_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+static void prof_add(struct plan_exec *x, const char *op_type, double ms) {
+    for (int i = 0; i < x->nprof; i++)
+        if (strcmp(x->prof[i].op_type, op_type) == 0) {
+            x->prof[i].ms += ms;
+            x->prof[i].calls++;
+            return;
+        }
+    struct prof_entry *np = realloc(x->prof, (size_t)(x->nprof + 1) * sizeof *np);
+    if (!np) return;
+    x->prof = np;
+    x->prof[x->nprof++] = (struct prof_entry){op_type, ms, 1};
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    double x = ((const struct prof_entry *)a)->ms, y = ((const struct prof_entry *)b)->ms;
+    return x > y ? -1 : (x < y ? 1 : 0);
+}
+
+static void prof_dump(struct plan_exec *x) {
+    if (!x->nprof || !x->nruns) return;
+    qsort(x->prof, (size_t)x->nprof, sizeof *x->prof, prof_cmp);
+    double total = 0;
+    for (int i = 0; i < x->nprof; i++) total += x->prof[i].ms;
+    log_info("profile over %llu runs: %.3f ms per run in kernels", (unsigned long long)x->nruns, total / (double)x->nruns);
+    for (int i = 0; i < x->nprof; i++)
+        log_info("  %-24s %9.3f ms/run %5.1f%% %6lld calls", x->prof[i].op_type, x->prof[i].ms / (double)x->nruns,
+                 100.0 * x->prof[i].ms / (total > 0 ? total : 1), (long long)x->prof[i].calls);
+}
 
 struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
     if (!be) return NULL;
@@ -687,6 +738,8 @@ struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
     x->be = be;
     x->host = be->host_memory;
     x->nthreads = nthreads > 0 ? nthreads : 1;
+    const char *pe = getenv("KILN_PROFILE");
+    x->profile = pe && *pe && strcmp(pe, "0") != 0;
     return x;
 }
 
@@ -700,6 +753,8 @@ static void arena_free(struct plan_exec *x) {
 
 void plan_exec_free(struct plan_exec *x) {
     if (!x) return;
+    prof_dump(x);
+    free(x->prof);
     plan_release(x->bound);
     arena_free(x);
     free(x->mirror);
@@ -894,13 +949,19 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
         }
     }
     if (err && err_len) err[0] = 0;
+    if (x->profile) x->nruns++;
     for (int si = 0; si < p->nsteps; si++) {
         struct op_call *c = &x->calls[si];
+        double t0 = x->profile ? now_ms() : 0;
         if (!x->host && p->steps[si].on_host) rc = run_device_fallback(x, p, si, err, err_len);
         else {
             c->err = err;
             c->err_len = err_len;
             rc = be->run_node(x->be, c);
+        }
+        if (x->profile) {
+            if (!x->host && be->synchronize) be->synchronize(x->be);
+            prof_add(x, c->node->op_type, now_ms() - t0);
         }
         if (rc) {
             if (err && err_len && !err[0])
