@@ -215,7 +215,7 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
     uint64_t bind = atomic_load(&m->bind_values);
-    rc = plan_cache_get(cache, g, inputs, bind, x->be, &p, NULL, err, err_len);
+    rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, NULL, err, err_len);
     uint64_t small = 0; /* inputs of at most 1024 elements in this call */
     for (int i = 0; i < ninputs && i < 64; i++)
         if ((m->bind_candidates >> i & 1) && tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
@@ -224,7 +224,7 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
          * inputs bound, and keep that only if it helps. */
         char err2[512];
         uint64_t more = bind | small;
-        if (plan_cache_get(cache, g, inputs, more, x->be, &p, NULL, err2, sizeof err2) == 0) {
+        if (plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, NULL, err2, sizeof err2) == 0) {
             atomic_fetch_or(&m->bind_values, more);
             log_debug("model inputs decide output shapes; plans are built per value of those inputs");
             rc = 0;

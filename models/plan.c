@@ -269,7 +269,7 @@ static int is_string_node(const struct op_call *c) {
 }
 
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
-               struct plan **out, char *err, size_t err_len) {
+               int nthreads, struct plan **out, char *err, size_t err_len) {
     *out = NULL;
     int rc = STATUS_NOMEM;
     struct plan *p = calloc(1, sizeof *p);
@@ -496,7 +496,7 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
         c.nout = n->nout;
         c.err = err;
         c.err_len = err_len;
-        c.nthreads = 1;
+        c.nthreads = nthreads > 0 ? nthreads : 1; /* oneDNN sizes its split when the primitive is made */
         for (int k = 0; k < n->nin; k++) c.in[k] = n->in[k] >= 0 ? &p->vals[n->in[k]].t : NULL;
         for (int k = 0; k < n->nout; k++) c.out[k] = n->out[k] >= 0 ? &p->vals[n->out[k]].t : &dummy[k];
         if (!p->host && be->iface->supports_op && !be->iface->supports_op(be, &c)) {
@@ -765,6 +765,7 @@ void plan_exec_free(struct plan_exec *x) {
 }
 
 struct backend *plan_exec_backend(const struct plan_exec *x) { return x->be; }
+int plan_exec_nthreads(const struct plan_exec *x) { return x->nthreads; }
 struct plan *plan_exec_bound(const struct plan_exec *x) { return x->bound; }
 
 static void fill_call(struct op_call *c, const struct plan *p, const struct pstep *s, struct tensor *tv,
@@ -1033,7 +1034,7 @@ static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct te
 }
 
 int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
-                   struct backend *be, struct plan **out, int *built, char *err, size_t err_len) {
+                   struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len) {
     uint64_t h = plan_signature_hash(inputs, g->ninputs, bind_values);
     if (built) *built = 0;
     pthread_mutex_lock(&c->mu);
@@ -1044,7 +1045,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
         return 0;
     }
     struct plan *np;
-    int rc = plan_build(g, inputs, bind_values, be, &np, err, err_len);
+    int rc = plan_build(g, inputs, bind_values, be, nthreads, &np, err, err_len);
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->builds++;

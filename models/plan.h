@@ -42,10 +42,11 @@ struct backend;
  * is set in bind_values (i < 64): their values are copied into the plan as
  * constants and become part of its signature, for models where an input
  * decides shapes (Reshape's shape, TopK's K fed by the caller). be prepares
- * the steps (NULL = the CPU kernels directly). Returns 0 and *out with one
- * reference, or a negative status with a message naming the node. */
+ * the steps (NULL = the CPU kernels directly) for nthreads threads (oneDNN
+ * fixes its work split then). Returns 0 and *out with one reference, or a
+ * negative status with a message naming the node. */
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
-               struct plan **out, char *err, size_t err_len);
+               int nthreads, struct plan **out, char *err, size_t err_len);
 void plan_retain(struct plan *p);
 /* Drops one reference; the last one frees the plan. NULL is a no-op. */
 void plan_release(struct plan *p);
@@ -84,6 +85,7 @@ int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, i
 struct plan_exec *plan_exec_create(struct backend *be, int nthreads);
 void plan_exec_free(struct plan_exec *x); /* NULL is a no-op */
 struct backend *plan_exec_backend(const struct plan_exec *x);
+int plan_exec_nthreads(const struct plan_exec *x);
 /* The plan this executor ran last (it holds a reference), or NULL. Lets a
  * caller skip the cache lookup when the shapes did not change. */
 struct plan *plan_exec_bound(const struct plan_exec *x);
@@ -113,7 +115,7 @@ int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs)
  * plan beyond max_plans) and returns it with a reference. *built (if
  * non-NULL) tells whether a build happened. */
 int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
-                   struct backend *be, struct plan **out, int *built, char *err, size_t err_len);
+                   struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len);
 /* Marks p as just used (for a caller that reused it without plan_cache_get). */
 void plan_cache_touch(struct plan_cache *c, struct plan *p);
 /* Number of plans in the cache; number of builds and evictions so far. */

@@ -113,7 +113,7 @@ static float *run1(struct graph *g, const struct tensor *inputs, struct tensor *
     struct plan_exec *x = plan_exec_create(be, 2);
     struct plan *p;
     char err[512] = "";
-    int rc = plan_build(g, inputs, 0, be, &p, err, sizeof err);
+    int rc = plan_build(g, inputs, 0, be, 2, &p, err, sizeof err);
     if (rc) fail_msg("plan_build: %s", err);
     struct tensor outs[8];
     rc = plan_exec_run(x, p, inputs, outs, err, sizeof err);
@@ -188,7 +188,7 @@ static void test_diamond_results_and_memory(void **state) {
 
     struct plan *p;
     char err[256];
-    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_build(g, &in, 0, NULL, 2, &p, err, sizeof err), 0);
     assert_int_equal(plan_nsteps(p), 4);
     check_no_overlap(p, g);
     /* The input is read in place; a (used by steps 1 and 2) outlives b's birth. */
@@ -221,7 +221,7 @@ static void test_chain_reuses_memory(void **state) {
     struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {1000}};
     struct plan *p;
     char err[256];
-    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_build(g, &in, 0, NULL, 2, &p, err, sizeof err), 0);
     check_no_overlap(p, g);
     size_t one = 4032; /* 4000 bytes rounded to 64 */
     assert_true(plan_arena_size(p) <= 3 * one);
@@ -256,7 +256,7 @@ static void test_shape_chain_folds(void **state) {
     struct tensor in = {.dtype = DT_FP32, .ndim = 3, .dims = {2, 4, 6}, .data = xd};
     struct plan *p;
     char err[256];
-    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_build(g, &in, 0, NULL, 2, &p, err, sizeof err), 0);
     assert_int_equal(plan_nsteps(p), 0);
     assert_int_equal(plan_nconst_folded(p), 4);
     struct tensor shape;
@@ -296,7 +296,7 @@ static void test_view_extends_lifetime(void **state) {
     struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 4}, .data = xd}, y;
     struct plan *p;
     char err[256];
-    assert_int_equal(plan_build(g, &in, 0, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_build(g, &in, 0, NULL, 2, &p, err, sizeof err), 0);
     assert_int_equal(plan_nsteps(p), 4); /* Relu, Neg, Exp, Add: the Reshapes are views */
     check_no_overlap(p, g);
     int fa, la, fr, lr;
@@ -467,15 +467,15 @@ static void test_plan_cache_lru(void **state) {
     struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {1, 5}, .data = xd};
     struct plan *held, *p;
     int built;
-    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &held, &built, err, sizeof err), 0);
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &held, &built, err, sizeof err), 0);
     assert_true(built);
-    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &p, &built, err, sizeof err), 0);
     assert_false(built);
     assert_ptr_equal(p, held);
     plan_release(p);
     for (int b = 2; b <= 4; b++) {
         in.dims[0] = b;
-        assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+        assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &p, &built, err, sizeof err), 0);
         assert_true(built);
         plan_release(p);
     }
@@ -489,7 +489,7 @@ static void test_plan_cache_lru(void **state) {
     assert_int_equal(out.dims[0], 1);
     free(out.data);
     plan_release(held);
-    assert_int_equal(plan_cache_get(c, g, &in, 0, be, &p, &built, err, sizeof err), 0);
+    assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &p, &built, err, sizeof err), 0);
     assert_true(built);
     plan_release(p);
     plan_exec_free(x);
@@ -515,9 +515,9 @@ static void test_bound_input_values(void **state) {
                            {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = s1}};
     struct plan *p;
     char err[256];
-    assert_true(plan_build(g, in, 0, NULL, &p, err, sizeof err) != 0);
+    assert_true(plan_build(g, in, 0, NULL, 2, &p, err, sizeof err) != 0);
     assert_non_null(strstr(err, "Reshape"));
-    assert_int_equal(plan_build(g, in, 2, NULL, &p, err, sizeof err), 0);
+    assert_int_equal(plan_build(g, in, 2, NULL, 2, &p, err, sizeof err), 0);
     assert_true(plan_matches(p, in, 2));
     in[1].data = s2;
     assert_false(plan_matches(p, in, 2));
@@ -539,7 +539,7 @@ static void test_kernel_error_propagates(void **state) {
     struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}}, {.dtype = DT_FP32, .ndim = 2, .dims = {4, 5}}};
     struct plan *p = NULL;
     char err[256] = "";
-    int rc = plan_build(g, in, 0, NULL, &p, err, sizeof err);
+    int rc = plan_build(g, in, 0, NULL, 2, &p, err, sizeof err);
     assert_true(rc < 0);
     assert_null(p);
     assert_non_null(strstr(err, g->nodes[0].name));
@@ -558,7 +558,7 @@ static void test_squeezenet_memory_plan(void **state) {
     assert_int_equal(passes_run(g, err, sizeof err), 0);
     struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 3, 224, 224}};
     struct plan *p;
-    if (plan_build(g, &in, 0, NULL, &p, err, sizeof err)) fail_msg("%s", err);
+    if (plan_build(g, &in, 0, NULL, 2, &p, err, sizeof err)) fail_msg("%s", err);
     check_no_overlap(p, g);
     size_t total = 0;
     for (int v = 0; v < g->nvalues; v++) {
