@@ -302,7 +302,9 @@ static void infer_ctx_free(struct infer_ctx *c) {
     kserve_request_clear(&c->kr);
     free(c->ordered);
     if (c->br.outputs) {
-        for (int i = 0; i < c->br.noutputs; i++) kserve_tensor_free_data(&c->br.outputs[i]);
+        /* model.h's contract: one free() per output, strings included (the
+         * engine packs a string tensor's pointers and bytes in one block). */
+        for (int i = 0; i < c->br.noutputs; i++) free(c->br.outputs[i].data);
         free(c->br.outputs);
     }
     free(c);

@@ -421,7 +421,7 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
                        header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
     }
     size_t off = (size_t)(end - (const char *)p);
-    while (off < json_len && (p[off] == ' ' || p[off] == '\n' || p[off] == '\r' || p[off] == '\t' || p[off] == 0)) off++;
+    while (off < json_len && (p[off] == ' ' || p[off] == '\n' || p[off] == '\r' || p[off] == '\t')) off++;
     if (off < json_len) {
         cJSON_Delete(root);
         return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
@@ -436,6 +436,12 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
     size_t pos = json_len;
     for (int i = 0; i < r->ninputs; i++) {
         if (!r->inputs[i].binary) continue;
+        if (header_len < 0) {
+            rc = INVALID("input '%s' has parameters.binary_data_size but the request has no "
+                         "Inference-Header-Content-Length header", r->inputs[i].name);
+            kserve_request_clear(r);
+            return rc;
+        }
         if ((rc = read_binary(&r->inputs[i], p + pos, len - pos, err, err_len))) {
             kserve_request_clear(r);
             return rc;

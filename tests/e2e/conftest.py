@@ -1,0 +1,193 @@
+"""End-to-end fixtures: a temporary model repository and the real build/kiln
+serving it on a free loopback port, reached with the official tritonclient.
+
+The repository holds small ONNX models made here with onnx.helper (so every
+result can be checked against onnxruntime) and, when present, the example
+digits model from model_repository/.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from onnx import TensorProto as TP
+
+ROOT = Path(__file__).resolve().parents[2]
+KILN = Path(os.environ.get("KILN_BIN", ROOT / "build" / "kiln"))
+DIGITS = ROOT / "model_repository" / "digits"
+
+
+def save_model(root, name, graph, version=1, config=None, opset=17):
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model.ir_version = 8
+    d = Path(root) / name / str(version)
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(d / "model.onnx"))
+    if config is not None:
+        (Path(root) / name / "config.json").write_text(config)
+    return d / "model.onnx"
+
+
+def tiny_graph(seed=0):
+    """x[N,4] -> logits = x W + B, probs = softmax(logits): batchable, two outputs."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    b = rng.standard_normal((3,)).astype(np.float32)
+    return oh.make_graph(
+        [oh.make_node("MatMul", ["x", "W"], ["mm"]), oh.make_node("Add", ["mm", "B"], ["logits"]),
+         oh.make_node("Softmax", ["logits"], ["probs"], axis=-1)],
+        "tiny",
+        [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 4])],
+        [oh.make_tensor_value_info("probs", TP.FLOAT, ["N", 3]),
+         oh.make_tensor_value_info("logits", TP.FLOAT, ["N", 3])],
+        [oh.make_tensor("W", TP.FLOAT, w.shape, w.flatten()), oh.make_tensor("B", TP.FLOAT, b.shape, b)])
+
+
+def typed_graph():
+    """Integer and boolean inputs, fixed shape (no batching): a = i64 + 1, b = not(flag)."""
+    one = oh.make_tensor("one", TP.INT64, [], [1])
+    return oh.make_graph(
+        [oh.make_node("Add", ["i", "one"], ["a"]), oh.make_node("Not", ["flag"], ["b"])],
+        "typed",
+        [oh.make_tensor_value_info("i", TP.INT64, [2, 3]), oh.make_tensor_value_info("flag", TP.BOOL, [2, 3])],
+        [oh.make_tensor_value_info("a", TP.INT64, [2, 3]), oh.make_tensor_value_info("b", TP.BOOL, [2, 3])],
+        [one])
+
+
+def strings_graph():
+    return oh.make_graph(
+        [oh.make_node("Identity", ["s"], ["out"])], "strings",
+        [oh.make_tensor_value_info("s", TP.STRING, ["N", 2])],
+        [oh.make_tensor_value_info("out", TP.STRING, ["N", 2])])
+
+
+def slow_graph(depth=60, width=512):
+    """A chain of MatMuls: each request takes milliseconds, so requests queue."""
+    w = (np.random.default_rng(1).standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+    nodes, prev = [], "x"
+    for i in range(depth):
+        nodes.append(oh.make_node("MatMul", [prev, "W"], [f"h{i}"]))
+        prev = f"h{i}"
+    nodes.append(oh.make_node("Identity", [prev], ["y"]))
+    return oh.make_graph(nodes, "slow", [oh.make_tensor_value_info("x", TP.FLOAT, [1, width])],
+                         [oh.make_tensor_value_info("y", TP.FLOAT, [1, width])],
+                         [oh.make_tensor("W", TP.FLOAT, w.shape, w.flatten())])
+
+
+def build_repository(root):
+    root = Path(root)
+    save_model(root, "tiny", tiny_graph())
+    save_model(root, "typed", typed_graph())
+    save_model(root, "strings", strings_graph())
+    save_model(root, "slow", slow_graph())
+    # Classification labels from the config's label_filename.
+    save_model(root, "labeled", tiny_graph(), config='{"output": [{"name": "probs", "label_filename": "labels.txt"}]}')
+    (root / "labeled" / "labels.txt").write_text("cat\ndog\nbird\n")
+    # Two versions, both served by policy.
+    save_model(root, "multi", tiny_graph(0), version=1, config='{"version_policy": {"all": {}}}')
+    save_model(root, "multi", tiny_graph(1), version=2)
+    if DIGITS.exists():
+        shutil.copytree(DIGITS, root / "digits")
+    return root
+
+
+class KilnServer:
+    """build/kiln serve on 127.0.0.1 with --http-port 0; the port is read from its log."""
+
+    def __init__(self, repo, *args, env=None, log_path=None, wait_ready=True):
+        assert KILN.exists(), f"{KILN} is missing: run make first"
+        self.repo = Path(repo)
+        self.log_path = Path(log_path or (self.repo.parent / f"kiln-{time.monotonic_ns()}.log"))
+        self.log = open(self.log_path, "w+")
+        cmd = [str(KILN), "serve", "--model-repository", str(repo), "--http-address", "127.0.0.1",
+               "--http-port", "0", "--http-threads", "2", *args]
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=full_env)
+        self.port = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on http://[^:]+:(\d+)", self.log_path.read_text())
+            if m:
+                self.port = int(m.group(1))
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kiln exited with {self.proc.returncode}:\n{self.log_path.read_text()}")
+            time.sleep(0.05)
+        if self.port is None:
+            self.stop()
+            raise RuntimeError(f"kiln did not start:\n{self.log_path.read_text()}")
+        self.url = f"127.0.0.1:{self.port}"
+
+    def text(self):
+        return self.log_path.read_text()
+
+    def signal(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def repo(tmp_path_factory):
+    return build_repository(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="session")
+def server(repo):
+    s = KilnServer(repo)
+    yield s
+    rc = s.stop()
+    assert rc == 0, f"kiln exited with {rc}:\n{s.text()}"
+
+
+@pytest.fixture()
+def client(server):
+    import tritonclient.http as httpclient
+    c = httpclient.InferenceServerClient(server.url)
+    yield c
+    c.close()
+
+
+@pytest.fixture()
+def make_server(tmp_path):
+    """Starts extra servers for one test and stops them after it."""
+    started = []
+
+    def make(repo, *args, **kw):
+        s = KilnServer(repo, *args, **kw)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+def raw_request(url, method, path, body=None, headers=None):
+    """One HTTP request without the client library: (status, headers, body bytes)."""
+    import http.client
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        conn.close()
