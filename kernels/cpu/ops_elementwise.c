@@ -260,7 +260,7 @@ static inline int64_t mod_py_s64(int64_t x, int64_t y) {
 #define BAND(T, x, y) ((x) & (y))
 #define BOR(T, x, y) ((x) | (y))
 #define BXOR(T, x, y) ((x) ^ (y))
-#define SHL(T, x, y) ((uint64_t)(y) >= sizeof(T) * 8 ? (T)0 : (T)((x) << (y)))
+#define SHL(T, x, y) ((uint64_t)(y) >= sizeof(T) * 8 ? (T)0 : (T)((uint64_t)(x) << (y)))
 #define SHR(T, x, y) ((uint64_t)(y) >= sizeof(T) * 8 ? (T)0 : (T)((x) >> (y)))
 #define LAND(T, x, y) ((x) && (y))
 #define LOR(T, x, y) ((x) || (y))

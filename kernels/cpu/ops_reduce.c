@@ -209,7 +209,7 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
 /* One instantiation per input dtype. ACC is the accumulator of the exact
  * reductions (sum, product, extrema); LD loads an element as ACC, STA stores
  * an ACC, STD stores a double (L2, logs, means of floats). */
-#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT)                                 \
+#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT, ADD, MUL)                                 \
     static void red_one_##suf(const T *x, const struct red_geom *g, int64_t o, enum red_kind k, T *y) {  \
         const int64_t base = red_base(g, o);                                                             \
         ACC acc;                                                                                         \
@@ -218,24 +218,24 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
         case RED_SUM:                                                                                    \
         case RED_MEAN:                                                                                   \
             acc = 0;                                                                                     \
-            RED_WALK(g, base, acc += LD(x[off]));                                                        \
+            RED_WALK(g, base, acc = ADD(acc, LD(x[off])));                                                        \
             if (k == RED_SUM) STA(y[o], acc);                                                            \
             else if (ISFLOAT) STD(y[o], (double)acc / (double)g->nred);                                  \
             else STA(y[o], g->nred ? (ACC)(acc / (ACC)g->nred) : (ACC)0);                                \
             return;                                                                                      \
         case RED_SUMSQ:                                                                                  \
             acc = 0;                                                                                     \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc += v_ * v_; });                                 \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, MUL(v_, v_)); });                                 \
             STA(y[o], acc);                                                                              \
             return;                                                                                      \
         case RED_L1:                                                                                     \
             acc = 0;                                                                                     \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc += RED_ABS(v_); });                       \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, RED_ABS(v_)); });                       \
             STA(y[o], acc);                                                                              \
             return;                                                                                      \
         case RED_PROD:                                                                                   \
             acc = 1;                                                                                     \
-            RED_WALK(g, base, acc *= LD(x[off]));                                                        \
+            RED_WALK(g, base, acc = MUL(acc, LD(x[off])));                                                        \
             STA(y[o], acc);                                                                              \
             return;                                                                                      \
         case RED_MAX:                                                                                    \
@@ -279,6 +279,14 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
     }
 
 #define LD_ID(v) (v)
+/* Float sums are plain; integer ones wrap (through uint64) instead of
+ * overflowing into undefined behaviour. */
+#define FADD(a, b) ((a) + (b))
+#define FMUL(a, b) ((a) * (b))
+#define IADD(a, b) ((int64_t)((uint64_t)(a) + (uint64_t)(b)))
+#define IMUL(a, b) ((int64_t)((uint64_t)(a) * (uint64_t)(b)))
+#define UADD(a, b) ((a) + (b))
+#define UMUL(a, b) ((a) * (b))
 #define LD_H(v) ((double)fp16_to_fp32(v))
 #define LD_BH(v) ((double)bf16_to_fp32(v))
 #define ST_CAST(T) (T)
@@ -303,18 +311,18 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
 #define SD_U32(dst, v) ((dst) = (uint32_t)sat_d(v, 0, UINT32_MAX))
 #define SD_U64(dst, v) ((dst) = (uint64_t)sat_d(v, 0, 18446744073709549568.0))
 
-DEF_REDUCE(f32, float, double, LD_ID, ST_F32, ST_F32, -INFINITY, INFINITY, 1)
-DEF_REDUCE(f64, double, double, LD_ID, ST_F64, ST_F64, -INFINITY, INFINITY, 1)
-DEF_REDUCE(f16, uint16_t, double, LD_H, ST_H, ST_H, -INFINITY, INFINITY, 1)
-DEF_REDUCE(bf16, uint16_t, double, LD_BH, ST_BH, ST_BH, -INFINITY, INFINITY, 1)
-DEF_REDUCE(i8, int8_t, int64_t, LD_ID, ST_I8, SD_I8, INT8_MIN, INT8_MAX, 0)
-DEF_REDUCE(i16, int16_t, int64_t, LD_ID, ST_I16, SD_I16, INT16_MIN, INT16_MAX, 0)
-DEF_REDUCE(i32, int32_t, int64_t, LD_ID, ST_I32, SD_I32, INT32_MIN, INT32_MAX, 0)
-DEF_REDUCE(i64, int64_t, int64_t, LD_ID, ST_I64, SD_I64, INT64_MIN, INT64_MAX, 0)
-DEF_REDUCE(u8, uint8_t, uint64_t, LD_ID, ST_U8, SD_U8, 0, UINT8_MAX, 0)
-DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0)
-DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0)
-DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0)
+DEF_REDUCE(f32, float, double, LD_ID, ST_F32, ST_F32, -INFINITY, INFINITY, 1, FADD, FMUL)
+DEF_REDUCE(f64, double, double, LD_ID, ST_F64, ST_F64, -INFINITY, INFINITY, 1, FADD, FMUL)
+DEF_REDUCE(f16, uint16_t, double, LD_H, ST_H, ST_H, -INFINITY, INFINITY, 1, FADD, FMUL)
+DEF_REDUCE(bf16, uint16_t, double, LD_BH, ST_BH, ST_BH, -INFINITY, INFINITY, 1, FADD, FMUL)
+DEF_REDUCE(i8, int8_t, int64_t, LD_ID, ST_I8, SD_I8, INT8_MIN, INT8_MAX, 0, IADD, IMUL)
+DEF_REDUCE(i16, int16_t, int64_t, LD_ID, ST_I16, SD_I16, INT16_MIN, INT16_MAX, 0, IADD, IMUL)
+DEF_REDUCE(i32, int32_t, int64_t, LD_ID, ST_I32, SD_I32, INT32_MIN, INT32_MAX, 0, IADD, IMUL)
+DEF_REDUCE(i64, int64_t, int64_t, LD_ID, ST_I64, SD_I64, INT64_MIN, INT64_MAX, 0, IADD, IMUL)
+DEF_REDUCE(u8, uint8_t, uint64_t, LD_ID, ST_U8, SD_U8, 0, UINT8_MAX, 0, UADD, UMUL)
+DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0, UADD, UMUL)
+DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0, UADD, UMUL)
+DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UADD, UMUL)
 
 static int red_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
