@@ -570,6 +570,117 @@ static void test_squeezenet_memory_plan(void **state) {
     graph_free(g);
 }
 
+
+/* ---- a pretend device backend ------------------------------------------------------
+ * Host memory behind a device-style interface (host_memory = 0), counting
+ * copies, running only Relu and Add itself: everything else must fall back
+ * to the CPU with explicit copies, and the answers must not change. */
+struct fake_dev {
+    int copies_in, copies_out, runs, syncs, live_buffers;
+};
+
+static void fd_free(struct backend *be) {
+    free(be->context);
+    free(be);
+}
+static void *fd_alloc(struct backend *be, size_t n) {
+    ((struct fake_dev *)be->context)->live_buffers++;
+    return aligned_alloc(64, (n + 63) & ~(size_t)63);
+}
+static void fd_buf_free(struct backend *be, void *p) {
+    ((struct fake_dev *)be->context)->live_buffers--;
+    free(p);
+}
+static int fd_to_dev(struct backend *be, void *d, const void *s, size_t n) {
+    ((struct fake_dev *)be->context)->copies_in++;
+    memcpy(d, s, n);
+    return 0;
+}
+static int fd_to_host(struct backend *be, void *d, const void *s, size_t n) {
+    ((struct fake_dev *)be->context)->copies_out++;
+    memcpy(d, s, n);
+    return 0;
+}
+static int fd_supports(struct backend *be, const struct op_call *c) {
+    return strcmp(c->node->op_type, "Relu") == 0 || strcmp(c->node->op_type, "Add") == 0;
+}
+static int fd_prepare(struct backend *be, struct op_call *c, void **st, size_t *ws) {
+    *st = NULL;
+    *ws = 0;
+    return 0;
+}
+static int fd_run(struct backend *be, struct op_call *c) {
+    ((struct fake_dev *)be->context)->runs++;
+    return c->node->op->run(c);
+}
+static void fd_release(struct backend *be, const struct graph_node *n, void *st) {}
+static int fd_sync(struct backend *be) {
+    ((struct fake_dev *)be->context)->syncs++;
+    return 0;
+}
+static const struct backend_i fd_iface = {
+    .name = "fake", .free = fd_free, .buffer_alloc = fd_alloc, .buffer_free = fd_buf_free,
+    .copy_to_device = fd_to_dev, .copy_to_host = fd_to_host, .supports_op = fd_supports,
+    .prepare_node = fd_prepare, .run_node = fd_run, .release_node = fd_release, .synchronize = fd_sync,
+};
+
+static void test_device_backend_with_fallback(void **state) {
+    (void)state;
+    /* x -> Relu -> a; Sigmoid(a) on the CPU -> b; a + b -> c (device); c * x (CPU) -> y;
+     * plus a constant added on the device. */
+    struct graph *g = diamond();
+    struct backend *be = calloc(1, sizeof *be);
+    struct fake_dev *fd = calloc(1, sizeof *fd);
+    be->iface = &fd_iface;
+    be->context = fd;
+    be->device = 0;
+    be->host_memory = 0;
+    float xd[15];
+    unsigned s = 21;
+    for (int i = 0; i < 15; i++) xd[i] = frand(&s) * 3;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {3, 5}, .data = xd}, ref, out;
+    float *r = run1(g, &in, &ref);
+    struct plan_exec *x = plan_exec_create(be, 1);
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, be, 1, &p, err, sizeof err), 0);
+    check_no_overlap(p, g);
+    for (int rep = 0; rep < 2; rep++) {
+        assert_int_equal(plan_exec_run(x, p, &in, &out, err, sizeof err), 0);
+        assert_memory_equal(out.data, r, sizeof xd);
+        free(out.data);
+    }
+    assert_int_equal(fd->runs, 4);      /* Relu and Add, twice */
+    assert_true(fd->copies_in >= 2 * 3); /* input, Sigmoid's and Mul's results back */
+    assert_true(fd->copies_out >= 2 * 3);
+    plan_release(p);
+
+    /* Constants a device step reads are uploaded once per plan: Add's bias. */
+    struct graph *g2 = mlp();
+    float xm[24];
+    for (int i = 0; i < 24; i++) xm[i] = frand(&s);
+    struct tensor in2 = {.dtype = DT_FP32, .ndim = 2, .dims = {3, 8}, .data = xm}, ref2, out2;
+    float *r2 = run1(g2, &in2, &ref2);
+    assert_int_equal(plan_build(g2, &in2, 0, be, 1, &p, err, sizeof err), 0);
+    int before = fd->copies_in;
+    assert_int_equal(plan_exec_run(x, p, &in2, &out2, err, sizeof err), 0);
+    for (int i = 0; i < 15; i++) assert_float_equal(((float *)out2.data)[i], r2[i], 1e-6);
+    free(out2.data);
+    int per_run = fd->copies_in - before;
+    assert_int_equal(plan_exec_run(x, p, &in2, &out2, err, sizeof err), 0);
+    assert_int_equal(fd->copies_in - before, 2 * per_run);
+    free(out2.data);
+    free(r2);
+    plan_release(p);
+    graph_free(g2);
+
+    plan_exec_free(x);
+    assert_int_equal(fd->live_buffers, 0); /* arena and constants handed back */
+    backend_free(be);
+    free(r);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -583,6 +694,7 @@ int main(void) {
         cmocka_unit_test(test_bound_input_values),
         cmocka_unit_test(test_kernel_error_propagates),
         cmocka_unit_test(test_squeezenet_memory_plan),
+        cmocka_unit_test(test_device_backend_with_fallback),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
