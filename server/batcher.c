@@ -315,7 +315,7 @@ enum { DECIDE_IDLE = 0, DECIDE_WAIT = 1, DECIDE_SEND = 2 };
  * to the clock time at which to decide again (earlier if a request
  * arrives), or DECIDE_IDLE when nothing is queued. Requests already marked
  * cancelled are dropped here, before they can run. */
-static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
+static int batch_select(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
     struct batcher_request *h;
     inst->nsel = 0;
     inst->rows = 0;
@@ -419,6 +419,44 @@ static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint6
     }
     *wake = due;
     return DECIDE_WAIT;
+}
+
+/* 1 if a batch of n rows is one of the sizes batches are rounded down to:
+ * the preferred sizes if any are configured, else the powers of two; and
+ * max_batch_size itself. */
+static int is_bucket(const batcher_t *b, int64_t n) {
+    if (n == b->cap_rows)
+        return 1;
+    if (b->p.npreferred > 0) {
+        for (int k = 0; k < b->p.npreferred; k++)
+            if (b->p.preferred_batch_size[k] == n)
+                return 1;
+        return 0;
+    }
+    return n > 0 && (n & (n - 1)) == 0;
+}
+
+/* The policy plus rounding. The engine builds (and caches, a bounded
+ * number of) plans per input shape: a batch of a new size costs a plan
+ * build, hundreds of times a small model's run. So a batch about to go is
+ * cut back to its longest prefix whose rows are a bucket size (at most
+ * log2(max_batch_size) + 1 sizes); the requests cut off lead the next
+ * batch, formed at once by this or another instance. any_batch_size turns
+ * this off. */
+static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
+    int d = batch_select(b, inst, now, wake);
+    if (d != DECIDE_SEND || inst->nsel < 2 || b->p.any_batch_size || is_bucket(b, inst->rows))
+        return d;
+    int64_t rows = inst->rows;
+    for (int k = inst->nsel - 1; k >= 1; k--) {
+        rows -= inst->sel[k]->rows;
+        if (is_bucket(b, rows)) {
+            inst->nsel = k;
+            inst->rows = rows;
+            break;
+        }
+    }
+    return d;
 }
 
 /* ---- execution ----------------------------------------------------------- */

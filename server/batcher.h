@@ -64,6 +64,11 @@ struct batcher_params {
                    struct tensor *outputs, int noutputs, char *err, size_t err_len);
     void *execute_arg;
     int execute_noutputs;
+    /* 0 (default): a batch is cut back to a preferred size, or else to a
+     * power of two (or max_batch_size), when its requests allow, so that
+     * the engine builds and keeps few plans; the rest leads the next batch.
+     * 1: run batches of whatever size they formed. */
+    int any_batch_size;
 };
 
 struct batcher_request {

@@ -246,6 +246,7 @@ static void test_delay_then_one_batch(void **state) {
     p.max_batch_size = 8;
     p.dynamic_batching = 1;
     p.max_queue_delay_us = 1000;
+    p.any_batch_size = 1;
     batcher_t *b = make(&p);
     static struct treq t[3];
     for (int i = 0; i < 3; i++) {
@@ -351,6 +352,7 @@ static void test_shapes_not_mixed(void **state) {
     p.max_batch_size = 8;
     p.dynamic_batching = 1;
     p.max_queue_delay_us = 500;
+    p.any_batch_size = 1;
     batcher_t *b = make(&p);
     static struct treq t[4];
     treq_init(&t[0], 1, 2, 0);
@@ -371,6 +373,43 @@ static void test_shapes_not_mixed(void **state) {
         treq_release(&t[i]);
     }
     batcher_free(b);
+}
+
+/* Batches are cut back to powers of two (the engine keeps a plan per batch
+ * size): 7 queued rows run as 4, 2 and 1, or as one batch of 7 with
+ * any_batch_size. */
+static void test_batch_sizes_rounded_to_buckets(void **state) {
+    (void)state;
+    for (int any = 0; any <= 1; any++) {
+        ex_reset();
+        struct batcher_params p = base_params();
+        p.max_batch_size = 16;
+        p.dynamic_batching = 1;
+        p.max_queue_delay_us = 100;
+        p.any_batch_size = any;
+        batcher_t *b = make(&p);
+        static struct treq t[7];
+        for (int i = 0; i < 7; i++) {
+            treq_init(&t[i], 1, 1, (float)i);
+            assert_int_equal(batcher_submit(b, &t[i].r), 0);
+        }
+        advance_us(100);
+        WAIT_FOR(batcher_pending(b) == 0);
+        if (any) {
+            assert_int_equal(ex_nbatch(), 1);
+            assert_int_equal(ex.rows[0], 7);
+        } else {
+            assert_int_equal(ex_nbatch(), 3);
+            assert_int_equal(ex.rows[0], 4);
+            assert_int_equal(ex.rows[1], 2);
+            assert_int_equal(ex.rows[2], 1);
+        }
+        for (int i = 0; i < 7; i++) {
+            treq_check_ok(&t[i]);
+            treq_release(&t[i]);
+        }
+        batcher_free(b);
+    }
 }
 
 static void test_preferred_batch_size(void **state) {
@@ -798,6 +837,7 @@ static void test_latency_budget_decisions(void **state) {
     p.max_batch_size = 8;
     p.dynamic_batching = 1;
     p.latency_budget_us = 1000;
+    p.any_batch_size = 1;
     batcher_t *b = make(&p);
     static struct treq t[4];
     for (int i = 0; i < 4; i++)
@@ -1026,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_full_batch_goes_at_once_rows_counted),
         cmocka_unit_test(test_bad_rows_rejected),
         cmocka_unit_test(test_shapes_not_mixed),
+        cmocka_unit_test(test_batch_sizes_rounded_to_buckets),
         cmocka_unit_test(test_preferred_batch_size),
         cmocka_unit_test(test_queue_full),
         cmocka_unit_test(test_timeout_rejects_at_deadline),
