@@ -383,7 +383,7 @@ static int lr_run(struct op_call *c) {
  * TreeEnsembleClassifier, TreeEnsembleRegressor
  * ------------------------------------------------------------------------ */
 
-enum tree_mode { TM_LEAF, TM_LEQ, TM_LT, TM_GTE, TM_GT, TM_EQ, TM_NEQ };
+enum tree_mode { TM_LEAF, TM_LEQ, TM_LT, TM_GTE, TM_GT, TM_EQ, TM_NEQ, TM_MEMBER };
 
 struct tree_node {
     int mode, missing_true;
@@ -391,6 +391,7 @@ struct tree_node {
     double value;
     int64_t child_true, child_false; /* node indices, -1 for none */
     int64_t w_first, w_count;        /* leaf weights in tree_state.w */
+    int64_t m_first, m_count;        /* BRANCH_MEMBER: the set in tree_state.mem */
 };
 
 struct tree_weight {
@@ -404,7 +405,7 @@ struct tree_state {
     struct tree_node *nodes;
     int64_t *roots;
     struct tree_weight *w;
-    double *base;
+    double *base, *mem;
     int nbase;
     enum { AGG_SUM, AGG_AVG, AGG_MIN, AGG_MAX } agg;
     enum post_transform pt;
@@ -419,6 +420,7 @@ static void tree_release(void *p) {
     free(s->roots);
     free(s->w);
     free(s->base);
+    free(s->mem);
     free(s);
 }
 
@@ -645,6 +647,10 @@ static int64_t tree_walk(const struct tree_state *s, int64_t r, const double *x,
             case TM_GTE: go = v >= t->value; break;
             case TM_GT: go = v > t->value; break;
             case TM_EQ: go = v == t->value; break;
+            case TM_MEMBER:
+                go = 0;
+                for (int64_t m = t->m_first; m < t->m_first + t->m_count; m++) go |= v == s->mem[m];
+                break;
             default: go = v != t->value; break;
             }
         }
@@ -773,6 +779,175 @@ static int tree_run(struct op_call *c) {
             for (int64_t k = 0; k < s->nout; k++) zr[k] = (float)sc[k];
             ml_transform_row(zr, s->nout, s->pt);
         }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * TreeEnsemble (ai.onnx.ml opset 5): interior nodes and leaves in separate
+ * arrays, read into the same state as the older ensembles (leaves are
+ * appended after the interior nodes).
+ * ------------------------------------------------------------------------ */
+
+static int te5_ints(struct op_call *c, const char *name, const int64_t **v, int64_t n, int required) {
+    int k = node_attr_ints(c->node, name, v);
+    if (k < 0 && !required) {
+        *v = NULL;
+        return 0;
+    }
+    if (k != n) return op_error(c, "attribute '%s' must have %lld entries", name, (long long)n);
+    return 0;
+}
+
+static int te5_build(struct op_call *c, struct tree_state **out) {
+    const struct graph_node *nd = c->node;
+    const int64_t *fid, *tt, *tl, *ff, *fl, *miss, *roots, *lt;
+    const struct tensor *splits = node_attr_tensor(nd, "nodes_splits"), *modes = node_attr_tensor(nd, "nodes_modes");
+    const struct tensor *lw = node_attr_tensor(nd, "leaf_weights"), *mv = node_attr_tensor(nd, "membership_values");
+    int64_t n = node_attr_ints(nd, "nodes_featureids", &fid);
+    if (n <= 0 || !splits || !modes || !lw) return op_error(c, "nodes_featureids, nodes_splits, nodes_modes and leaf_weights are required");
+    int rc;
+    if (tensor_numel(splits) != n || tensor_numel(modes) != n) return op_error(c, "nodes_splits and nodes_modes must have %lld entries", (long long)n);
+    if ((rc = te5_ints(c, "nodes_truenodeids", &tt, n, 1)) || (rc = te5_ints(c, "nodes_trueleafs", &tl, n, 1)) ||
+        (rc = te5_ints(c, "nodes_falsenodeids", &ff, n, 1)) || (rc = te5_ints(c, "nodes_falseleafs", &fl, n, 1)) ||
+        (rc = te5_ints(c, "nodes_missing_value_tracks_true", &miss, n, 0)))
+        return rc;
+    int64_t nl = tensor_numel(lw), nt = node_attr_ints(nd, "tree_roots", &roots);
+    if (nt < 1) return op_error(c, "attribute 'tree_roots' is required");
+    if ((rc = te5_ints(c, "leaf_targetids", &lt, nl, 1))) return rc;
+    struct tree_state *s = calloc(1, sizeof *s);
+    if (!s) return STATUS_NOMEM;
+    s->nnodes = n + nl;
+    s->ntrees = nt;
+    s->nw = nl;
+    s->nodes = calloc((size_t)s->nnodes, sizeof *s->nodes);
+    s->roots = calloc((size_t)nt, sizeof *s->roots);
+    s->w = calloc((size_t)(nl ? nl : 1), sizeof *s->w);
+    int64_t nm = mv ? tensor_numel(mv) : 0;
+    s->mem = calloc((size_t)(nm ? nm : 1), sizeof(double));
+    if (!s->nodes || !s->roots || !s->w || !s->mem) {
+        tree_release(s);
+        return STATUS_NOMEM;
+    }
+    s->nout = node_attr_int(nd, "n_targets", 1);
+    if (s->nout < 1) {
+        tree_release(s);
+        return op_error(c, "n_targets must be positive");
+    }
+    int64_t agg = node_attr_int(nd, "aggregate_function", 1), pt = node_attr_int(nd, "post_transform", 0);
+    if (agg < 0 || agg > 3 || pt < 0 || pt > 4) {
+        tree_release(s);
+        return op_error(c, "aggregate_function %lld or post_transform %lld is unknown", (long long)agg, (long long)pt);
+    }
+    s->agg = agg == 0 ? AGG_AVG : agg == 1 ? AGG_SUM : agg == 2 ? AGG_MIN : AGG_MAX;
+    s->pt = (enum post_transform)pt; /* the enum follows the same order */
+    int64_t mpos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        struct tree_node *t = &s->nodes[i];
+        int64_t m = op_int_at(modes, i);
+        if (m < 0 || m > 6) {
+            tree_release(s);
+            return op_error(c, "node %lld has unknown mode %lld", (long long)i, (long long)m);
+        }
+        t->mode = (int)m + 1; /* TM_LEQ.. TM_MEMBER */
+        t->feature = fid[i];
+        t->value = op_double_at(splits, i);
+        t->missing_true = miss ? (int)miss[i] : 0;
+        t->child_true = tl[i] ? n + tt[i] : tt[i];
+        t->child_false = fl[i] ? n + ff[i] : ff[i];
+        if ((tl[i] ? tt[i] >= nl : tt[i] >= n) || (fl[i] ? ff[i] >= nl : ff[i] >= n) || tt[i] < 0 || ff[i] < 0) {
+            tree_release(s);
+            return op_error(c, "node %lld points to a missing child", (long long)i);
+        }
+        if (t->mode == TM_MEMBER) {
+            t->m_first = mpos;
+            while (mpos < nm && !isnan(op_double_at(mv, mpos))) s->mem[mpos] = op_double_at(mv, mpos), mpos++;
+            t->m_count = mpos - t->m_first;
+            mpos++; /* the NaN delimiter */
+        }
+    }
+    for (int64_t j = 0; j < nl; j++) {
+        struct tree_node *t = &s->nodes[n + j];
+        t->mode = TM_LEAF;
+        t->w_first = j;
+        t->w_count = 1;
+        if (lt[j] < 0 || lt[j] >= s->nout) {
+            tree_release(s);
+            return op_error(c, "leaf %lld targets %lld, outside [0, %lld)", (long long)j, (long long)lt[j], (long long)s->nout);
+        }
+        s->w[j] = (struct tree_weight){n + j, lt[j], op_double_at(lw, j)};
+    }
+    for (int64_t k = 0; k < nt; k++) {
+        if (roots[k] < 0 || roots[k] >= n) {
+            tree_release(s);
+            return op_error(c, "tree root %lld is out of range", (long long)roots[k]);
+        }
+        s->roots[k] = roots[k];
+    }
+    *out = s;
+    return 0;
+}
+
+static int te5_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t n, f;
+    if (x->dtype != DT_FP32 && x->dtype != DT_FP64 && x->dtype != DT_FP16)
+        return op_error(c, "input dtype %s is not supported (float, double, float16)", dtype_name(x->dtype));
+    int rc = ml_rows(c, x, &n, &f);
+    struct tree_state *s = NULL;
+    if (rc || (rc = te5_build(c, &s))) return rc;
+    for (int64_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].mode != TM_LEAF && (s->nodes[i].feature < 0 || s->nodes[i].feature >= f)) {
+            rc = op_error(c, "a node tests feature %lld but the input has %lld", (long long)s->nodes[i].feature, (long long)f);
+            break;
+        }
+    int64_t d[2] = {n, s->nout};
+    tree_release(s);
+    return rc ? rc : ml_set(c, c->out[0], x->dtype, 2, d);
+}
+
+static int te5_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct tree_state *s = NULL;
+    int rc = te5_build(c, &s);
+    if (rc) return rc;
+    int64_t n, f;
+    ml_rows(c, c->in[0], &n, &f);
+    *state = s;
+    *scratch = (size_t)(f + 3 * s->nout + 2) * sizeof(double);
+    return 0;
+}
+
+static int te5_run(struct op_call *c) {
+    const struct tree_state *s = c->state;
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    int64_t n, f;
+    ml_rows(c, x, &n, &f);
+    if (!s || c->scratch_size < (size_t)(f + 3 * s->nout + 2) * sizeof(double)) return op_error(c, "the plan was not prepared");
+    double *xr = c->scratch, *sc = xr + f, *has = sc + s->nout;
+    float *row = (float *)(void *)(has + s->nout);
+    for (int64_t r = 0; r < n; r++) {
+        for (int64_t j = 0; j < f; j++) xr[j] = op_double_at(x, r * f + j);
+        for (int64_t k = 0; k < s->nout; k++) sc[k] = has[k] = 0;
+        for (int64_t t = 0; t < s->ntrees; t++) {
+            int64_t leaf = tree_walk(s, s->roots[t], xr, f);
+            if (leaf < 0) return op_error(c, "tree %lld has a cycle", (long long)t);
+            const struct tree_weight *w = &s->w[s->nodes[leaf].w_first];
+            if (!has[w->id]) sc[w->id] = w->w;
+            else if (s->agg == AGG_MIN) sc[w->id] = w->w < sc[w->id] ? w->w : sc[w->id];
+            else if (s->agg == AGG_MAX) sc[w->id] = w->w > sc[w->id] ? w->w : sc[w->id];
+            else sc[w->id] += w->w;
+            has[w->id] = 1;
+        }
+        if (s->agg == AGG_AVG)
+            for (int64_t k = 0; k < s->nout; k++) sc[k] /= (double)s->ntrees;
+        if (s->pt != PT_NONE) {
+            for (int64_t k = 0; k < s->nout; k++) row[k] = (float)sc[k];
+            if (s->nout == 1 && s->pt == PT_PROBIT) row[0] = ml_probit(row[0]);
+            else if (s->nout > 1) ml_transform_row(row, s->nout, s->pt);
+            for (int64_t k = 0; k < s->nout; k++) sc[k] = row[k];
+        }
+        for (int64_t k = 0; k < s->nout; k++) shape_store_double(o->dtype, o->data, r * s->nout + k, sc[k]);
     }
     return 0;
 }
@@ -996,6 +1171,7 @@ const struct op_def op_defs_ml[] = {
     {"LinearRegressor", "ai.onnx.ml", lr_infer, NULL, lr_run, NULL, 0},
     {"TreeEnsembleClassifier", "ai.onnx.ml", tree_classifier_infer, tree_classifier_prepare, tree_run, tree_release, 0},
     {"TreeEnsembleRegressor", "ai.onnx.ml", tree_regressor_infer, tree_regressor_prepare, tree_run, tree_release, 0},
+    {"TreeEnsemble", "ai.onnx.ml", te5_infer, te5_prepare, te5_run, tree_release, 0},
     {"LabelEncoder", "ai.onnx.ml", le_infer, le_prepare, le_run, le_release, 0},
     {0},
 };
