@@ -479,7 +479,7 @@ static int ctr_run(struct op_call *c) {
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
     const float *xd = x->data, *wd = w->data, *bd = b ? b->data : NULL;
     float *yd = y->data;
-#pragma omp parallel for collapse(2) if (N * M * osz > 4096) num_threads(c->nthreads)
+#pragma omp parallel for collapse(2) if (N * M * osz > 4096) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t nn = 0; nn < N; nn++)
         for (int64_t m = 0; m < M; m++) {
             int64_t gi = m / mg, mm = m % mg;
@@ -794,7 +794,7 @@ static int gemm_run(struct op_call *c) {
 
 /* ==== MaxPool and AveragePool ========================================== */
 
-enum pool_kind { POOL_MAX, POOL_AVG };
+enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP };
 
 struct pool_state {
     struct dnnl_prim *prim; /* NULL: the C loop below */
@@ -802,6 +802,7 @@ struct pool_state {
     enum pool_kind kind;
     int include_pad;
     int col_major;          /* MaxPool storage_order = 1 */
+    float p;                /* LpPool */
 };
 
 static int pool_read(struct op_call *c, enum pool_kind kind, struct win *w, int *include_pad, int *col_major) {
@@ -835,6 +836,7 @@ static int pool_infer(struct op_call *c, enum pool_kind kind) {
 }
 static int maxpool_infer(struct op_call *c) { return pool_infer(c, POOL_MAX); }
 static int avgpool_infer(struct op_call *c) { return pool_infer(c, POOL_AVG); }
+static int lppool_infer(struct op_call *c) { return pool_infer(c, POOL_LP); }
 
 static void pool_release(void *st) {
     struct pool_state *s = st;
@@ -852,8 +854,13 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
         return rc;
     }
     s->kind = kind;
+    s->p = (float)node_attr_int(c->node, "p", 2);
     *state = s;
     *scratch_size = 0;
+    if (kind == POOL_LP) {
+        if (s->p <= 0) return op_error(c, "p must be positive (got %g)", (double)s->p);
+        return 0; /* oneDNN has no Lp pooling: the C loop */
+    }
     const struct win *w = &s->win;
     /* oneDNN divides by the whole kernel when padding counts; ONNX clips the
      * window to the padded input, which differs once a ceil-mode window
@@ -902,6 +909,7 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
 }
 static int maxpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_MAX, st, ss); }
 static int avgpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_AVG, st, ss); }
+static int lppool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_LP, st, ss); }
 
 /* The reference loop: any rank, dilation, ceil overhang and Indices. Spatial
  * dims are padded to three with size-1 dims. */
@@ -949,7 +957,7 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
                                     /* storage_order 1 numbers spatial elements column-major */
                                     bi = s->col_major ? i0 + in[0] * (i1 + in[1] * i2) : (i0 * in[1] + i1) * in[2] + i2;
                                 }
-                                sum += v;
+                                sum += s->kind == POOL_LP ? (s->p == 2.0f ? v * v : powf(fabsf(v), s->p)) : v;
                                 cnt++;
                             }
                         }
@@ -958,6 +966,8 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
                     if (s->kind == POOL_MAX) {
                         y[oi] = best;
                         if (idx) idx[oi] = p * isz + (bi < 0 ? 0 : bi);
+                    } else if (s->kind == POOL_LP) {
+                        y[oi] = s->p == 2.0f ? sqrtf(sum) : powf(sum, 1.0f / s->p);
                     } else {
                         int64_t div = s->include_pad ? cnt_pad : cnt;
                         y[oi] = div > 0 ? sum / (float)div : 0.0f;
@@ -1014,7 +1024,7 @@ static int global_pool_run(struct op_call *c, int is_max) {
     float *y = c->out[0]->data;
     const float *xd = x->data;
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
-#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads)
+#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {
         const float *xp = xd + p * sp;
         if (is_max) {
@@ -1031,6 +1041,21 @@ static int global_pool_run(struct op_call *c, int is_max) {
     return 0;
 }
 static int gap_run(struct op_call *c) { return global_pool_run(c, 0); }
+
+static int glp_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    float *y = c->out[0]->data, p = (float)node_attr_int(c->node, "p", 2);
+    const float *xd = x->data;
+    if (p <= 0) return op_error(c, "p must be positive (got %g)", (double)p);
+    int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
+#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t i = 0; i < nc; i++) {
+        double acc = 0;
+        for (int64_t k = 0; k < sp; k++) acc += pow(fabs(xd[i * sp + k]), p);
+        y[i] = (float)pow(acc, 1.0 / p);
+    }
+    return 0;
+}
 static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
 
 /* ==== BatchNormalization (inference) ===================================== */
@@ -1169,7 +1194,7 @@ static int bn_run(struct op_call *c) {
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
     float *y = c->out[0]->data;
-#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads)
+#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < n * C; p++) {
         float a = ab[p % C], b = ab[C + p % C];
         const float *xp = xd + p * sp;
@@ -1202,7 +1227,7 @@ static int inorm_run(struct op_call *c) {
     float *y = c->out[0]->data;
     float eps = node_attr_float(c->node, "epsilon", 1e-5f);
     int64_t C = x->dims[1], nc = x->dims[0] * C, sp = prod(x->dims + 2, x->ndim - 2);
-#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads)
+#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {
         const float *xp = xd + p * sp;
         float *yp = y + p * sp;
@@ -1251,7 +1276,7 @@ static int lrn_run(struct op_call *c) {
     /* Blocks of pixels keep the window sum in a small stack buffer. */
     enum { BLK = 256 };
     int64_t nblk = (sp + BLK - 1) / BLK;
-#pragma omp parallel for collapse(2) if (n * C * sp > 32768) num_threads(c->nthreads)
+#pragma omp parallel for collapse(2) if (n * C * sp > 32768) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t b = 0; b < n; b++)
         for (int64_t blk = 0; blk < nblk; blk++) {
             int64_t p0 = blk * BLK, len = sp - p0 < BLK ? sp - p0 : BLK;
@@ -1290,7 +1315,9 @@ const struct op_def op_defs_nn[] = {
     {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, mm_release, OP_FUSE_ACT},
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},
     {"AveragePool", "", avgpool_infer, avgpool_prepare, pool_run, pool_release, 0},
+    {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},
     {"GlobalAveragePool", "", global_pool_infer, NULL, gap_run, NULL, 0},
+    {"GlobalLpPool", "", global_pool_infer, NULL, glp_run, NULL, 0},
     {"GlobalMaxPool", "", global_pool_infer, NULL, gmp_run, NULL, 0},
     {"BatchNormalization", "", bn_infer, bn_prepare, bn_run, bn_release, 0},
     {"InstanceNormalization", "", inorm_infer, NULL, inorm_run, NULL, 0},

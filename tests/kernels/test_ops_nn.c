@@ -521,6 +521,45 @@ static void test_global_pools(void **st) {
     free(x.data);
 }
 
+static void test_lp_pools(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 2, 4, 5};
+    struct tensor x = mk(4, xd, 1), y = {0};
+    struct tnode t;
+    tn_init(&t, "LpPool");
+    int64_t k[2] = {2, 3}, pads[4] = {0, 1, 0, 1};
+    tn_ints(&t, "kernel_shape", 2, k);
+    tn_ints(&t, "pads", 4, pads);
+    tn_int(&t, "p", 3);
+    struct tensor *in[1] = {&x}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
+    assert_int_equal(y.dims[2], 3);
+    assert_int_equal(y.dims[3], 5);
+    const float *xv = x.data;
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 5; j++) {
+                double acc = 0;
+                for (int a = 0; a < 2; a++)
+                    for (int b = 0; b < 3; b++) {
+                        int jj = j - 1 + b;
+                        if (jj >= 0 && jj < 5) acc += pow(fabs(xv[(c * 4 + i + a) * 5 + jj]), 3);
+                    }
+                assert_true(fabs(((float *)y.data)[(c * 3 + i) * 5 + j] - pow(acc, 1.0 / 3)) < 1e-5);
+            }
+    free(y.data);
+    tn_init(&t, "GlobalLpPool");
+    y = (struct tensor){0};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
+    for (int c = 0; c < 2; c++) {
+        double acc = 0;
+        for (int i = 0; i < 20; i++) acc += xv[c * 20 + i] * xv[c * 20 + i];
+        assert_true(fabs(((float *)y.data)[c] - sqrt(acc)) < 1e-5);
+    }
+    free(y.data);
+    free(x.data);
+}
+
 /* ---- normalizations ---------------------------------------------------------- */
 
 static void test_batchnorm(void **st) {
@@ -706,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
+        cmocka_unit_test(test_lp_pools),
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
         cmocka_unit_test(test_concurrent_runs),
     };
