@@ -531,7 +531,8 @@ int cmd_run(int argc, char **argv) {
         double mean = 0;
         for (int r = 1; r < runs; r++) mean += lat[r];
         mean /= iterations;
-        int p50 = 1 + (iterations - 1) / 2, p99 = 1 + (int)((iterations - 1) * 0.99);
+        /* nearest-rank percentiles over the timed runs lat[1..iterations] */
+        int p50 = (iterations + 1) / 2, p99 = (iterations * 99 + 99) / 100;
         printf("latency over %d runs: p50 %.3f ms  p99 %.3f ms  mean %.3f ms  (first run %.3f ms)\n", iterations,
                lat[p50] / 1e3, lat[p99] / 1e3, mean / 1e3, lat[0] / 1e3);
     }
