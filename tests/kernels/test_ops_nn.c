@@ -259,8 +259,41 @@ static void test_conv_errors(void **st) {
     assert_int_not_equal(rc, 0);
     assert_non_null(strstr(g_err, "channels"));
     assert_non_null(strstr(g_err, "node 'n0' (Conv)"));
+    /* a window larger than the padded input */
+    int64_t xd2[4] = {1, 2, 2, 2}, wd2[4] = {4, 2, 3, 3};
+    struct tensor x2 = mk(4, xd2, 1), w2 = mk(4, wd2, 1);
+    struct tensor *in2[2] = {&x2, &w2};
+    y = (struct tensor){0};
+    assert_int_not_equal(run_node(&t.n, in2, 2, o, 1, 1), 0);
+    assert_non_null(strstr(g_err, "larger than the padded input"));
+    /* MatMul inner dims, Gemm ranks, pools without kernel_shape, int inputs */
+    int64_t ad[2] = {3, 4}, bd[2] = {5, 6}, a3[3] = {2, 3, 4};
+    struct tensor a = mk(2, ad, 1), b = mk(2, bd, 1), a3t = mk(3, a3, 1);
+    struct tnode mm;
+    tn_init(&mm, "MatMul");
+    struct tensor *in3[2] = {&a, &b};
+    assert_int_not_equal(run_node(&mm.n, in3, 2, o, 1, 1), 0);
+    assert_non_null(strstr(g_err, "inner dims differ"));
+    tn_init(&mm, "Gemm");
+    struct tensor *in4[2] = {&a3t, &b};
+    assert_int_not_equal(run_node(&mm.n, in4, 2, o, 1, 1), 0);
+    assert_non_null(strstr(g_err, "must be 2-D"));
+    tn_init(&mm, "MaxPool");
+    struct tensor *in5[1] = {&x};
+    assert_int_not_equal(run_node(&mm.n, in5, 1, o, 1, 1), 0);
+    assert_non_null(strstr(g_err, "kernel_shape"));
+    struct tensor xi = x;
+    xi.dtype = DT_INT32;
+    struct tensor *in6[2] = {&xi, &w};
+    assert_int_equal(run_node(&t.n, in6, 2, o, 1, 1), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "float32"));
     free(x.data);
     free(w.data);
+    free(x2.data);
+    free(w2.data);
+    free(a.data);
+    free(b.data);
+    free(a3t.data);
 }
 
 /* ---- MatMul and Gemm -------------------------------------------------------- */
