@@ -91,6 +91,15 @@ static int64_t prod(const int64_t *d, int from, int to) {
     return p;
 }
 
+/* Computed dimensions beyond this are refused before any arithmetic on
+ * them can overflow; no real tensor comes near it. */
+#define SHAPE_MAX_DIM ((int64_t)1 << 40)
+
+static int dim_ok(struct op_call *c, double v, const char *what) {
+    if (!(v >= 0 && v <= (double)SHAPE_MAX_DIM)) return op_error(c, "%s = %g is out of range", what, v);
+    return 0;
+}
+
 /* Copies input 0 to output 0 unless the plan made them share bytes. */
 static int run_copy0(struct op_call *c) {
     if (c->out[0]->data != c->in[0]->data) {
@@ -131,7 +140,7 @@ static int reshape_infer(struct op_call *c) {
             if (neg >= 0) return op_error(c, "the target shape has more than one -1");
             neg = k;
             continue;
-        } else if (v < 0) {
+        } else if (v < 0 || v > SHAPE_MAX_DIM) {
             return op_error(c, "shape[%d] is %lld", k, (long long)v);
         }
         sh[k] = v;
@@ -382,7 +391,7 @@ static int cos_infer(struct op_call *c) {
     int n = read_int_input(c, 0, "shape", d, TENSOR_MAX_DIMS);
     if (n < 0) return n;
     for (int k = 0; k < n; k++)
-        if (d[k] < 0) return op_error(c, "shape[%d] is %lld", k, (long long)d[k]);
+        if (dim_ok(c, (double)d[k], "a shape value")) return STATUS_INVALID;
     struct tensor v;
     int rc = cos_value(c, &v);
     return rc ? rc : set_shape(c, c->out[0], v.dtype, n, d);
@@ -656,7 +665,7 @@ static int split_sizes(struct op_call *c, int *axis, int64_t *sz) {
     if (n >= 0) {
         int64_t sum = 0;
         for (int k = 0; k < n; k++) {
-            if (sz[k] < 0) return op_error(c, "split[%d] is negative", k);
+            if (sz[k] < 0 || sz[k] > SHAPE_MAX_DIM) return op_error(c, "split[%d] is %lld", k, (long long)sz[k]);
             sum += sz[k];
         }
         if (n != c->nout) return op_error(c, "split has %d entries for %d outputs", n, c->nout);
@@ -764,6 +773,8 @@ static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_
         if (used[a]++) return op_error(c, "axis %d is repeated", a);
         int64_t d = x->dims[a], s = st[k], e = en[k], p = np >= 0 ? sp[k] : 1;
         if (p == 0) return op_error(c, "steps[%d] is 0", k);
+        /* Steps beyond any dimension take one element; clamping keeps the arithmetic in range. */
+        p = p > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (p < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : p);
         if (s < 0) s += d;
         if (e < 0) e += d;
         int64_t n;
@@ -821,7 +832,7 @@ static int expand_infer(struct op_call *c) {
     s.ndim = n;
     s.dtype = x->dtype;
     for (int k = 0; k < n; k++)
-        if (s.dims[k] < 0) return op_error(c, "shape[%d] is %lld", k, (long long)s.dims[k]);
+        if (dim_ok(c, (double)s.dims[k], "a shape value")) return STATUS_INVALID;
     c->out[0]->dtype = x->dtype;
     return op_broadcast_shape(c, x, &s, c->out[0]);
 }
@@ -849,6 +860,7 @@ static int tile_infer(struct op_call *c) {
     if (n != x->ndim) return op_error(c, "repeats has %d values for an input of rank %d", n, x->ndim);
     for (int k = 0; k < n; k++) {
         if (rep[k] < 0) return op_error(c, "repeats[%d] is negative", k);
+        if (dim_ok(c, (double)x->dims[k] * (double)rep[k], "a tiled dimension")) return STATUS_INVALID;
         d[k] = x->dims[k] * rep[k];
     }
     return set_shape(c, c->out[0], x->dtype, n, d);
@@ -1156,10 +1168,13 @@ static int range_infer(struct op_call *c) {
         if (d == 0) return op_error(c, "delta is 0");
         double f = ceil((l - a) / d);
         if (!(f < 1e12)) return op_error(c, "the range has too many elements");
+        if (dim_ok(c, f < 0 ? 0 : f, "the range's length")) return STATUS_INVALID;
         n = f > 0 ? (int64_t)f : 0;
     } else {
         int64_t a = op_int_at(c->in[0], 0), l = op_int_at(c->in[1], 0), d = op_int_at(c->in[2], 0);
         if (d == 0) return op_error(c, "delta is 0");
+        double span = ((double)l - (double)a) / (double)d;
+        if (dim_ok(c, span < 0 ? 0 : span, "the range's length")) return STATUS_INVALID;
         n = d > 0 ? (l > a ? (l - a + d - 1) / d : 0) : (a > l ? (a - l + (-d) - 1) / (-d) : 0);
     }
     return set_shape(c, c->out[0], s->dtype, 1, &n);
@@ -1193,6 +1208,7 @@ static int onehot_infer(struct op_call *c) {
     if (tensor_numel(depth) != 1) return op_error(c, "depth must hold one value");
     if (tensor_numel(vals) != 2) return op_error(c, "values must hold two values [off, on]");
     if ((rc = need_bytes_dtype(c, vals, "values"))) return rc;
+    if (dim_ok(c, op_double_at(depth, 0), "depth")) return STATUS_INVALID;
     int64_t dep = (int64_t)op_double_at(depth, 0);
     if (dep < 1) return op_error(c, "depth %lld must be positive", (long long)dep);
     int r = idx->ndim + 1;
@@ -1275,6 +1291,7 @@ static int eyelike_infer(struct op_call *c) {
 static int eyelike_run(struct op_call *c) {
     struct tensor *o = c->out[0];
     int64_t k = node_attr_int(c->node, "k", 0), r = o->dims[0], cols = o->dims[1];
+    k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
     memset(o->data, 0, tensor_nbytes(o));
     for (int64_t i = 0; i < r; i++) {
         int64_t j = i + k;
@@ -1292,7 +1309,8 @@ static int trilu_infer(struct op_call *c) {
 
 static int trilu_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t k = in_opt(c, 1) ? op_int_at(c->in[1], 0) : 0;
+    int64_t k = in_opt(c, 1) && c->in[1]->data ? op_int_at(c->in[1], 0) : 0;
+    k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
     int upper = (int)node_attr_int(c->node, "upper", 1);
     int64_t rows = x->dims[x->ndim - 2], cols = x->dims[x->ndim - 1], nb = prod(x->dims, 0, x->ndim - 2);
     size_t es = dtype_size(x->dtype);
@@ -1408,6 +1426,9 @@ static int pad_params(struct op_call *c, struct pad_params *pp) {
         if (a < 0) return STATUS_INVALID;
         pp->begin[a] = pads[k];
         pp->end[a] = pads[na + k];
+        if (dim_ok(c, (double)x->dims[a] + (double)pads[k] + (double)pads[na + k], "a padded dimension") ||
+            dim_ok(c, fabs((double)pads[k]), "a pad") || dim_ok(c, fabs((double)pads[na + k]), "a pad"))
+            return STATUS_INVALID;
         int64_t od = x->dims[a] + pads[k] + pads[na + k];
         if (od < 0) return op_error(c, "pads shrink axis %d below zero", a);
         if (pp->mode != PAD_CONSTANT && x->dims[a] == 0 && od > 0)
@@ -1731,9 +1752,10 @@ static int resize_params(struct op_call *c, struct resize_params *p) {
         if (ns >= 0) {
             if (!(scales[k] > 0)) return op_error(c, "scales[%d] = %g must be positive", k, scales[k]);
             p->scale[a] = scales[k];
+            if (dim_ok(c, scales[k] * (double)x->dims[a], "a resized dimension")) return STATUS_INVALID;
             p->out[a] = (int64_t)(scales[k] * (double)x->dims[a]);
         } else {
-            if (sizes[k] < 0) return op_error(c, "sizes[%d] is negative", k);
+            if (dim_ok(c, (double)sizes[k], "sizes")) return STATUS_INVALID;
             p->out[a] = sizes[k];
             p->scale[a] = x->dims[a] ? (double)sizes[k] / (double)x->dims[a] : 1;
         }
@@ -1749,6 +1771,7 @@ static int resize_params(struct op_call *c, struct resize_params *p) {
             for (int a = 0; a < r; a++)
                 if (is_axis[a]) {
                     p->scale[a] = s;
+                    if (dim_ok(c, s * (double)x->dims[a] + 0.5, "a resized dimension")) return STATUS_INVALID;
                     p->out[a] = (int64_t)(s * (double)x->dims[a] + 0.5);
                 }
         }
@@ -2009,7 +2032,7 @@ static int ccp_params(struct op_call *c, int64_t *start, int64_t *pad, int64_t *
     for (int k = 0; k < na; k++) {
         int a = op_axis(c, axes[k], x->ndim);
         if (a < 0) return STATUS_INVALID;
-        if (shape[k] < 0) return op_error(c, "shape[%d] is negative", k);
+        if (dim_ok(c, (double)shape[k], "a shape value")) return STATUS_INVALID;
         int64_t d = x->dims[a], s = shape[k];
         out[a] = s;
         if (s < d) start[a] = (d - s) / 2;
