@@ -141,8 +141,14 @@ static int io_reason(const Onnx__ValueInfoProto *vi, char *why, size_t cap) {
     }
     int64_t dt = tp->tensor_type->has_elem_type ? tp->tensor_type->elem_type : 0;
     if (!dtype_known(dt)) {
-        snprintf(why, cap, "'%s' has element type %lld, which kiln does not support", vi->name ? vi->name : "?",
-                 (long long)dt);
+        static const char *const names[] = {
+            [14] = "complex64",  [15] = "complex128",     [17] = "float8e4m3fn", [18] = "float8e4m3fnuz",
+            [19] = "float8e5m2", [20] = "float8e5m2fnuz", [21] = "uint4",        [22] = "int4",
+            [23] = "float4e2m1", [24] = "float8e8m0",     [25] = "uint2",        [26] = "int2",
+        };
+        const char *dn = dt >= 0 && dt < (int64_t)(sizeof names / sizeof names[0]) && names[dt] ? names[dt] : "unknown";
+        snprintf(why, cap, "'%s' has element type %s (%lld), which kiln does not support", vi->name ? vi->name : "?",
+                 dn, (long long)dt);
         return 1;
     }
     return 0;
