@@ -430,16 +430,9 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
 
     const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
     int64_t header_len = -1;
-    if (hl) {
-        char *end;
-        errno = 0;
-        long long x = strtoll(hl, &end, 10);
-        if (errno || end == hl || *end || x < 0) {
-            snprintf(err, sizeof err, "Inference-Header-Content-Length '%.40s' is not a non-negative integer", hl);
-            infer_finish(c, STATUS_INVALID, err);
-            return;
-        }
-        header_len = x;
+    if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
+        infer_finish(c, STATUS_INVALID, err);
+        return;
     }
     size_t len;
     int owned, code = 400;

@@ -117,6 +117,22 @@ void kserve_request_clear(struct kserve_request *r) {
 
 /* ---- request parsing ---------------------------------------------------- */
 
+int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len) {
+    const char *p = value;
+    while (*p == ' ' || *p == '\t') p++;
+    int64_t v = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        if (v > (INT64_MAX - 9) / 10) { digits = 0; break; }
+        v = v * 10 + (*p - '0');
+    }
+    while (*p == ' ' || *p == '\t') p++;
+    if (!digits || *p)
+        return INVALID("Inference-Header-Content-Length '%.40s' is not a non-negative integer", value);
+    *out = v;
+    return 0;
+}
+
 /* Counts the leaves of a (possibly nested) JSON array; -1 if too deep. */
 static int64_t count_leaves(const cJSON *a, int depth) {
     if (depth > KSERVE_MAX_JSON_DEPTH) return -1;

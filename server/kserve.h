@@ -53,6 +53,10 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
                          char *err, size_t err_len);
 void kserve_request_clear(struct kserve_request *r);
 
+/* Parses the Inference-Header-Content-Length header value (a non-negative
+ * decimal integer); returns 0 or STATUS_INVALID with err naming the header. */
+int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len);
+
 /* Checks r against the model configuration (whose inputs and outputs are in
  * the model's order) and fills ordered[mc->ninputs] with borrowed views of
  * r's tensors and *rows with the batch size (1 when the model does not

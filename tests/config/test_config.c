@@ -1,0 +1,211 @@
+/* test_config.c - server configuration (flags, KILN_* environment, JSON file,
+ * precedence) and model configuration (Triton JSON, auto-complete, version
+ * policy, messages that name the field). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "common/status.h"
+#include "config/model_config.h"
+#include "config/server_config.h"
+#include "models/model.h"
+
+static char g_err[512];
+
+static int load(struct server_config *c, int argc, char **argv) {
+    server_config_init(c);
+    g_err[0] = 0;
+    return server_config_load(c, argc, argv, g_err, sizeof g_err);
+}
+
+static void test_defaults(void **state) {
+    struct server_config c;
+    char *argv[] = {"serve"};
+    assert_int_equal(load(&c, 1, argv), 0);
+    assert_int_equal(c.http_port, 8000);
+    assert_string_equal(c.backend, "auto");
+    assert_int_equal(c.max_request_size, 64 << 20);
+    assert_int_equal(c.model_control_mode, SERVER_CONTROL_NONE);
+    assert_null(c.control_token);
+    server_config_clear(&c);
+}
+
+static void test_precedence(void **state) {
+    char path[] = "/tmp/kiln_test_config_XXXXXX";
+    int fd = mkstemp(path);
+    const char *json = "{\"http_port\": 7000, \"http-threads\": 3, \"log_format\": \"json\", \"cache_size\": \"2M\","
+                       " \"model_control_mode\": \"explicit\", \"load_model\": [\"a\", \"b\"], \"redis_url\": \"redis://r:6379\"}";
+    assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
+    close(fd);
+    struct server_config c;
+    char *argv[] = {"serve", "--config", path, "--http-port", "9000", "--load-model=c"};
+    setenv("KILN_HTTP_PORT", "8500", 1);
+    setenv("KILN_HTTP_THREADS", "5", 1);
+    setenv("KILN_LOAD_MODEL", "x,y", 1);
+    assert_int_equal(load(&c, 6, argv), 0);
+    assert_int_equal(c.http_port, 9000);          /* flag > env > file */
+    assert_int_equal(c.http_threads, 5);          /* env > file */
+    assert_string_equal(c.log_format, "json");    /* file > default */
+    assert_int_equal(c.cache_size, 2 << 20);
+    assert_string_equal(c.redis_url, "redis://r:6379");
+    assert_int_equal(c.nload_model, 1);           /* the flag's list replaces the others */
+    assert_string_equal(c.load_model[0], "c");
+    server_config_clear(&c);
+    char *argv2[] = {"serve", "--config", path};
+    assert_int_equal(load(&c, 3, argv2), 0);
+    assert_int_equal(c.nload_model, 2);           /* env's list replaces the file's */
+    assert_string_equal(c.load_model[1], "y");
+    server_config_clear(&c);
+    unsetenv("KILN_HTTP_PORT");
+    unsetenv("KILN_HTTP_THREADS");
+    unsetenv("KILN_LOAD_MODEL");
+    unlink(path);
+}
+
+static void test_errors_name_the_source(void **state) {
+    struct server_config c;
+    char *a1[] = {"serve", "--http-port", "70000"};
+    assert_int_equal(load(&c, 3, a1), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "--http-port"));
+    server_config_clear(&c);
+    char *a2[] = {"serve", "--bogus", "1"};
+    assert_int_equal(load(&c, 3, a2), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "--bogus"));
+    server_config_clear(&c);
+    setenv("KILN_BACKEND", "tpu", 1);
+    char *a3[] = {"serve"};
+    assert_int_equal(load(&c, 1, a3), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "KILN_BACKEND"));
+    unsetenv("KILN_BACKEND");
+    server_config_clear(&c);
+    char *a4[] = {"serve", "--config", "/nonexistent/kiln.json"};
+    assert_int_equal(load(&c, 3, a4), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "/nonexistent/kiln.json"));
+    server_config_clear(&c);
+}
+
+static void test_model_config_parse_and_json(void **state) {
+    struct model_config c;
+    model_config_init(&c, "m");
+    const char *json = "{\"name\":\"m\",\"max_batch_size\":8,\"input\":[{\"name\":\"x\",\"data_type\":\"TYPE_FP32\","
+                       "\"dims\":[4]}],\"dynamic_batching\":{\"preferred_batch_size\":[4,8],"
+                       "\"max_queue_delay_microseconds\":100,\"default_queue_policy\":{\"max_queue_size\":5}},"
+                       "\"instance_group\":[{\"count\":2,\"kind\":\"KIND_CPU\"}],"
+                       "\"version_policy\":{\"specific\":{\"versions\":[1,3]}},\"response_cache\":{\"enable\":true}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.max_batch_size, 8);
+    assert_int_equal(c.npreferred, 2);
+    assert_int_equal(c.max_queue_delay_us, 100);
+    assert_int_equal(c.max_queue_size, 5);
+    assert_int_equal(c.instance_count, 2);
+    assert_true(c.response_cache);
+    int64_t present[] = {1, 2, 3};
+    assert_true(model_config_version_wanted(&c, 1, present, 3));
+    assert_false(model_config_version_wanted(&c, 2, present, 3));
+    struct model_io ins[1] = {{.name = "x", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 4}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}}};
+    assert_int_equal(model_config_complete(&c, ins, 1, outs, 1, g_err, sizeof g_err), 0);
+    assert_int_equal(c.noutputs, 1);
+    assert_int_equal(c.outputs[0].ndim, 1);
+    assert_int_equal(c.outputs[0].dims[0], 2);
+    cJSON *j = model_config_to_json(&c);
+    char *txt = cJSON_PrintUnformatted(j);
+    assert_non_null(strstr(txt, "\"max_batch_size\":8"));
+    assert_non_null(strstr(txt, "\"data_type\":\"TYPE_FP32\",\"dims\":[2]"));
+    assert_non_null(strstr(txt, "\"kind\":\"KIND_CPU\",\"count\":2"));
+    free(txt);
+    cJSON_Delete(j);
+    model_config_clear(&c);
+}
+
+static void test_model_config_autocomplete(void **state) {
+    struct model_io ins[2] = {{.name = "a", .dtype = DT_INT64, .ndim = 2, .dims = {-1, 3}},
+                              {.name = "b", .dtype = DT_FP32, .ndim = 1, .dims = {-1}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 7}}};
+    struct model_config c;
+    model_config_init(&c, "m");
+    assert_int_equal(model_config_complete(&c, ins, 2, outs, 1, g_err, sizeof g_err), 0);
+    assert_int_equal(c.max_batch_size, MODEL_CONFIG_DEFAULT_MAX_BATCH);
+    assert_true(c.dynamic_batching);
+    assert_int_equal(c.inputs[1].ndim, 0);
+    model_config_clear(&c);
+    /* A fixed first dim: no batching, dims are the full shape. */
+    ins[0].dims[0] = 2;
+    model_config_init(&c, "m");
+    assert_int_equal(model_config_complete(&c, ins, 2, outs, 1, g_err, sizeof g_err), 0);
+    assert_int_equal(c.max_batch_size, 0);
+    assert_int_equal(c.inputs[0].ndim, 2);
+    model_config_clear(&c);
+    /* The file's order is replaced by the model's. */
+    ins[0].dims[0] = -1;
+    model_config_init(&c, "m");
+    const char *json = "{\"input\":[{\"name\":\"b\"},{\"name\":\"a\"}]}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(model_config_complete(&c, ins, 2, outs, 1, g_err, sizeof g_err), 0);
+    assert_string_equal(c.inputs[0].name, "a");
+    model_config_clear(&c);
+}
+
+static void test_model_config_errors(void **state) {
+    struct model_io ins[1] = {{.name = "x", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 4}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}}};
+    static const struct { const char *json; const char *word; int at_complete; } cases[] = {
+        {"{\"max_batch_size\":-1}", "max_batch_size", 0},
+        {"{\"input\":[{\"name\":\"x\",\"data_type\":\"FLOAT\"}]}", "data_type", 0},
+        {"{\"name\":\"other\"}", "'name'", 0},
+        {"{\"platform\":\"tensorflow_savedmodel\"}", "platform", 0},
+        {"{\"version_policy\":{\"sometimes\":{}}}", "version_policy", 0},
+        {"{\"instance_group\":[{\"count\":0}]}", "instance_group[0].count", 0},
+        {"{\"dynamic_batching\":{\"preferred_batch_size\":[0]}}", "preferred_batch_size", 0},
+        {"{\"input\":[{\"name\":\"z\"}]}", "'z'", 1},
+        {"{\"input\":[{\"name\":\"x\",\"data_type\":\"TYPE_INT32\"}]}", "TYPE_INT32", 1},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[5]}]}", "dims[0]", 1},
+        {"{\"max_batch_size\":4,\"input\":[{\"name\":\"x\",\"dims\":[1,4]}]}", "dims has 2 entries", 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct model_config c;
+        model_config_init(&c, "m");
+        g_err[0] = 0;
+        int rc = model_config_parse(&c, cases[i].json, strlen(cases[i].json), g_err, sizeof g_err);
+        if (cases[i].at_complete) {
+            assert_int_equal(rc, 0);
+            rc = model_config_complete(&c, ins, 1, outs, 1, g_err, sizeof g_err);
+        }
+        assert_int_equal(rc, STATUS_INVALID);
+        if (!strstr(g_err, cases[i].word)) fail_msg("case %zu: '%s' does not mention %s", i, g_err, cases[i].word);
+        model_config_clear(&c);
+    }
+}
+
+static void test_version_policy_latest(void **state) {
+    struct model_config c;
+    model_config_init(&c, "m");
+    const char *json = "{\"version_policy\":{\"latest\":{\"num_versions\":2}}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    int64_t present[] = {1, 4, 9};
+    assert_false(model_config_version_wanted(&c, 1, present, 3));
+    assert_true(model_config_version_wanted(&c, 4, present, 3));
+    assert_true(model_config_version_wanted(&c, 9, present, 3));
+    model_config_clear(&c);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_precedence),
+        cmocka_unit_test(test_errors_name_the_source),
+        cmocka_unit_test(test_model_config_parse_and_json),
+        cmocka_unit_test(test_model_config_autocomplete),
+        cmocka_unit_test(test_model_config_errors),
+        cmocka_unit_test(test_version_policy_latest),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
