@@ -1003,6 +1003,76 @@ static int pool_run(struct op_call *c) {
     return 0;
 }
 
+/* ==== MaxUnpool ========================================================= */
+
+/* Scatters X into zeros at MaxPool's flat Indices. The output shape is the
+ * optional output_shape input (needed at plan time) or the inverse of the
+ * pooling geometry. */
+static int unpool_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1], *os = opt_in(c, 2);
+    int rc = need_f32(c, x, "X");
+    if (rc) return rc;
+    if (!idx || idx->dtype != DT_INT64) return op_error(c, "I must be int64 indices");
+    if (idx->ndim != x->ndim || tensor_numel(x) != tensor_numel(idx))
+        return op_error(c, "I must have the shape of X");
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = x->ndim;
+    if (os) {
+        if (!os->data) return op_error(c, "output_shape must be known when the plan is built");
+        if (tensor_numel(os) != x->ndim) return op_error(c, "output_shape must have %d values", x->ndim);
+        for (int i = 0; i < x->ndim; i++) {
+            y->dims[i] = op_int_at(os, i);
+            if (y->dims[i] < 0) return op_error(c, "output_shape has a negative dim");
+        }
+        return 0;
+    }
+    /* the pooled geometry run backwards */
+    struct win w;
+    if ((rc = win_setup(c, x, NULL, 0, &w))) return rc;
+    y->dims[0] = x->dims[0];
+    y->dims[1] = x->dims[1];
+    for (int i = 0; i < w.nsp; i++) y->dims[2 + i] = (x->dims[2 + i] - 1) * w.s[i] - w.pl[i] - w.pr[i] + w.k[i];
+    return 0;
+}
+
+/* Indices number the elements of the inferred (pooling-inverse) shape; a
+ * larger output_shape holds that block in its leading corner, as ONNX's
+ * reference does. */
+static int unpool_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    struct tensor *y = c->out[0];
+    struct win w;
+    int rc = win_setup(c, x, NULL, 0, &w);
+    if (rc) return rc;
+    int64_t inf[TENSOR_MAX_DIMS];
+    inf[0] = x->dims[0];
+    inf[1] = x->dims[1];
+    for (int i = 0; i < w.nsp; i++) {
+        inf[2 + i] = (x->dims[2 + i] - 1) * w.s[i] - w.pl[i] - w.pr[i] + w.k[i];
+        if (inf[2 + i] > y->dims[2 + i]) return op_error(c, "output_shape is smaller than the unpooled shape");
+    }
+    if (inf[0] != y->dims[0] || inf[1] != y->dims[1]) return op_error(c, "output_shape must keep N and C");
+    int64_t ninf = prod(inf, x->ndim), ny = tensor_numel(y), nx = tensor_numel(x);
+    float *yd = y->data;
+    const float *xd = x->data;
+    const int64_t *id = idx->data;
+    memset(yd, 0, sizeof(float) * (size_t)ny);
+    for (int64_t i = 0; i < nx; i++) {
+        if (id[i] < 0 || id[i] >= ninf)
+            return op_error(c, "index %lld at position %lld is outside the unpooled tensor (%lld elements)",
+                            (long long)id[i], (long long)i, (long long)ninf);
+        int64_t rem = id[i], off = 0, stride = 1;
+        for (int d = x->ndim - 1; d >= 0; d--) {
+            off += (rem % inf[d]) * stride;
+            rem /= inf[d];
+            stride *= y->dims[d];
+        }
+        yd[off] = xd[i];
+    }
+    return 0;
+}
+
 /* ==== GlobalAveragePool and GlobalMaxPool ================================ */
 
 static int global_pool_infer(struct op_call *c) {
@@ -1316,6 +1386,7 @@ const struct op_def op_defs_nn[] = {
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},
     {"AveragePool", "", avgpool_infer, avgpool_prepare, pool_run, pool_release, 0},
     {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},
+    {"MaxUnpool", "", unpool_infer, NULL, unpool_run, NULL, 0},
     {"GlobalAveragePool", "", global_pool_infer, NULL, gap_run, NULL, 0},
     {"GlobalLpPool", "", global_pool_infer, NULL, glp_run, NULL, 0},
     {"GlobalMaxPool", "", global_pool_infer, NULL, gmp_run, NULL, 0},

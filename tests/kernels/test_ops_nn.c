@@ -471,6 +471,43 @@ static void test_maxpool_indices(void **st) {
     free(x.data);
 }
 
+/* MaxPool's Indices feed MaxUnpool: maxima return to their places, the
+ * rest is zero; an index outside the output is refused. */
+static void test_maxunpool(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 2, 4, 6};
+    struct tensor x = mk(4, xd, 1), y = {0}, idx = {0}, u = {0};
+    struct tnode t;
+    tn_init(&t, "MaxPool");
+    int64_t k[2] = {2, 2};
+    tn_ints(&t, "kernel_shape", 2, k);
+    tn_ints(&t, "strides", 2, k);
+    struct tensor *in[1] = {&x}, *o[2] = {&y, &idx};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 2, 1), 0, g_err);
+    t.n.op_type = "MaxUnpool";
+    struct tensor *in2[2] = {&y, &idx}, *o2[1] = {&u};
+    assert_int_equal_msg_impl(run_node(&t.n, in2, 2, o2, 1, 1), 0, g_err);
+    assert_true(tensor_same_shape(&u, &x));
+    int64_t kept = 0;
+    for (int64_t i = 0; i < 48; i++) {
+        float v = ((float *)u.data)[i];
+        if (v != 0) {
+            assert_true(v == ((float *)x.data)[i]);
+            kept++;
+        }
+    }
+    assert_int_equal(kept, 12);
+    free(u.data);
+    ((int64_t *)idx.data)[3] = 1000;
+    u = (struct tensor){0};
+    assert_int_not_equal(run_node(&t.n, in2, 2, o2, 1, 1), 0);
+    assert_non_null(strstr(g_err, "outside"));
+    free(u.data);
+    free(x.data);
+    free(y.data);
+    free(idx.data);
+}
+
 /* oneDNN's pooling and the C loop agree (Indices forces the C loop). */
 static void test_pool_paths_agree(void **st) {
     (void)st;
@@ -778,7 +815,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
-        cmocka_unit_test(test_lp_pools),
+        cmocka_unit_test(test_lp_pools),        cmocka_unit_test(test_maxunpool),
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
         cmocka_unit_test(test_concurrent_runs),
     };
