@@ -620,6 +620,12 @@ static int load_nodes(struct graph *g, const Onnx__ModelProto *mp, const Onnx__G
                 rc = status_set(err, err_len, STATUS_NOMEM, "out of memory");
                 goto out;
             }
+            /* ONNX graphs are single-assignment: a node may not overwrite a constant. */
+            if (outs[i] >= 0 && g->values[outs[i]].t.data) {
+                rc = status_set(err, err_len, STATUS_INVALID, "node '%s' (%s) writes '%s', which is an initializer",
+                                nname ? nname : "?", np->op_type, s);
+                goto out;
+            }
         }
         const char *domain = np->domain ? np->domain : "";
         int idx = graph_add_node(g, nname, np->op_type, domain, ins, (int)np->n_input, outs, (int)np->n_output);

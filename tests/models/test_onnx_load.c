@@ -566,6 +566,17 @@ static void test_missing_producer(void **state) {
     tfree_all();
 }
 
+static void test_node_overwrites_initializer(void **state) {
+    (void)state;
+    struct mb b;
+    build_simple(&b);
+    b.g.node[0]->output[0] = tstr("w");
+    char err[512];
+    assert_null(mb_load(&b, err, sizeof err));
+    assert_non_null(strstr(err, "'w', which is an initializer"));
+    tfree_all();
+}
+
 static void test_unknown_op(void **state) {
     (void)state;
     struct mb b;
@@ -734,6 +745,7 @@ int main(void) {
         cmocka_unit_test(test_garbage),
         cmocka_unit_test(test_cycle),
         cmocka_unit_test(test_missing_producer),
+        cmocka_unit_test(test_node_overwrites_initializer),
         cmocka_unit_test(test_unknown_op),
         cmocka_unit_test(test_subgraph),
         cmocka_unit_test(test_absurd_tensors),
