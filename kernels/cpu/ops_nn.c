@@ -1,16 +1,20 @@
 /* ops_nn.c - the neural-network family: Conv, ConvTranspose, MatMul, Gemm,
- * pooling, BatchNormalization, LRN, InstanceNormalization.
+ * MaxPool, AveragePool, LpPool, MaxUnpool, the global pools,
+ * BatchNormalization, InstanceNormalization, LRN.
  *
- * The heavy ops (Conv, ConvTranspose, MatMul, Gemm, MaxPool, AveragePool)
- * run on oneDNN: prepare() builds the primitive once per plan with the
- * concrete shapes, reorders constant weights once into the layout the
- * primitive prefers, and asks for the scratchpad as plan scratch; run() only
- * wraps pointers (see dnnl_util.h). Activations between ops stay in the plain
- * ONNX layout (NCHW...). Memory-bound ops whose oneDNN versions gain nothing
- * (BatchNormalization in inference, global pools, LRN, InstanceNormalization)
- * and the pooling corners oneDNN does not express are plain C loops.
+ * The heavy ops (Conv, MatMul, Gemm, MaxPool, AveragePool) run on oneDNN:
+ * prepare() builds the primitive once per plan with the concrete shapes,
+ * reorders constant weights once into the layout the primitive prefers, and
+ * asks for the scratchpad (and any reorder buffers) as plan scratch; run()
+ * only hands pointers over (see dnnl_util.h). Activations between ops stay
+ * in the plain ONNX layout (NCHW...); a convolution that is faster on
+ * oneDNN's blocked layouts reorders in and out of scratch around itself.
+ * Memory-bound ops whose oneDNN versions gain nothing (BatchNormalization in
+ * inference, global pools, LRN, InstanceNormalization), ConvTranspose, and
+ * the pooling corners oneDNN does not express are plain C loops.
  *
- * Every op here is float32. */
+ * Every op here computes in float32 (MaxPool also passes 8-bit integers
+ * through exactly). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -720,7 +724,7 @@ static int gemm_infer(struct op_call *c) {
 }
 
 static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    const struct tensor *a = c->in[0], *b = c->in[1], *C = opt_in(c, 2);
+    const struct tensor *b = c->in[1], *C = opt_in(c, 2);
     int64_t m, k, n, cd[2] = {1, 1};
     int rc = gemm_dims(c, &m, &k, &n);
     if (rc || (C && (rc = gemm_c_dims(c, C, m, n, cd)))) return rc;
@@ -761,7 +765,6 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
         mm_release(s);
         return rc;
     }
-    (void)a;
     *state = s;
     return 0;
 }
