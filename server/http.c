@@ -16,6 +16,7 @@
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
@@ -294,10 +295,13 @@ struct infer_ctx {
     struct tensor *ordered;
     struct batcher_request br;
     uint64_t t0;
-    int gone; /* the client closed the connection */
+    int gone;              /* libevent freed the connection (close callback ran) */
+    int hung_up;           /* the peer closed its end while the request waited */
+    struct event *watch;   /* EOF detector on the connection's socket, see infer_watch */
 };
 
 static void infer_ctx_free(struct infer_ctx *c) {
+    if (c->watch) event_free(c->watch);
     repository_release(c->v);
     kserve_request_clear(&c->kr);
     free(c->ordered);
@@ -314,6 +318,31 @@ static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
     struct infer_ctx *c = arg;
     c->gone = 1;
     if (c->v) batcher_cancel(c->v->batcher, &c->br);
+}
+
+/* evhttp stops reading a connection while its request is being served, so
+ * it would notice a client that went away only when the answer fails to be
+ * written. This one-shot read event peeks at the socket instead: EOF or a
+ * reset means nobody waits for the answer, and a queued request is dropped
+ * before it runs. Pipelined bytes (a next request) just end the watch. */
+static void infer_watch_cb(evutil_socket_t fd, short what, void *arg) {
+    struct infer_ctx *c = arg;
+    char b;
+    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c->hung_up = 1;
+        batcher_cancel(c->v->batcher, &c->br);
+    } else if (n < 0) {
+        event_add(c->watch, NULL); /* spurious wakeup: keep watching */
+    }
+}
+
+static void infer_watch(struct infer_ctx *c) {
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
+    evutil_socket_t fd = bev ? bufferevent_getfd(bev) : -1;
+    if (fd < 0) return;
+    c->watch = event_new(c->io->base, fd, EV_READ, infer_watch_cb, c);
+    if (c->watch) event_add(c->watch, NULL);
 }
 
 static enum metrics_fail_reason fail_reason(int status, const char *msg) {
@@ -334,11 +363,18 @@ static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
 static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
     http_server_t *s = c->srv;
     struct metrics_model *m = c->v ? c->v->metrics : NULL;
+    if (c->watch) {
+        event_free(c->watch);
+        c->watch = NULL;
+    }
     if (!c->gone) {
         evhttp_connection_set_closecb(c->conn, NULL, NULL);
-        /* The drain waits for the bytes to leave, not just for the answer. */
-        atomic_fetch_add(&s->unflushed, 1);
-        evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
+        /* The drain waits for the bytes to leave, not just for the answer
+         * (not for a peer that hung up: its write fails without completing). */
+        if (!c->hung_up) {
+            atomic_fetch_add(&s->unflushed, 1);
+            evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
+        }
     }
     if (status) {
         metrics_record_failure(m, fail_reason(status, msg), now_ns() - c->t0);
@@ -457,6 +493,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         return;
     }
     evhttp_connection_set_closecb(c->conn, infer_conn_closed, c);
+    infer_watch(c);
     infer_dispatch(c);
 }
 

@@ -123,3 +123,36 @@ def test_idle_sigint_exits_zero(make_server, slow_repo):
     c.close()
     s.signal(signal.SIGINT)
     assert s.proc.wait(30) == 0
+
+
+def test_client_gone_cancels_queued_request(make_server, slow_repo):
+    """Clients that hang up while queued: their requests are dropped before
+    running (counted as cancelled); the others are answered."""
+    import json as _json
+    import socket
+    s = make_server(slow_repo)
+    body = _json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [1.0] * 512}]}).encode()
+    req = b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: k\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    host, port = s.url.split(":")
+    socks = [socket.create_connection((host, int(port))) for _ in range(24)]
+    for sk in socks:
+        sk.sendall(req)
+    time.sleep(0.05)
+    for sk in socks[4:]:
+        sk.close()
+    for sk in socks[:4]:
+        sk.settimeout(30)
+        assert sk.recv(15) == b"HTTP/1.1 200 OK"
+        sk.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        _, _, m = raw_request(s.url, "GET", "/metrics")
+        text = m.decode()
+        pending = int(re.search(r'pending_request_count\{model="slow",version="1"\} (\d+)', text).group(1))
+        if pending == 0:
+            break
+        time.sleep(0.1)
+    cancelled = int(re.search(r'failure\{model="slow",version="1",reason="cancelled"\} (\d+)', text).group(1))
+    success = int(re.search(r'request_success\{model="slow",version="1"\} (\d+)', text).group(1))
+    assert pending == 0
+    assert cancelled > 0 and success + cancelled == 24
