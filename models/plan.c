@@ -19,7 +19,7 @@
 #define PLAN_ALIGN 64
 /* One tensor larger than this is refused at plan time: no real model needs
  * it, and a hostile shape must fail with a message, not an allocation. */
-#define PLAN_MAX_TENSOR_BYTES ((size_t)1 << 38)
+#define PLAN_MAX_TENSOR_BYTES ((size_t)1 << 34)
 
 static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 
@@ -99,7 +99,7 @@ static void free_string_data(struct tensor *t) {
 }
 
 int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
-                   int nout, char *err, size_t err_len) {
+                   int nout, size_t max_bytes, char *err, size_t err_len) {
     const struct op_def *op = n->op;
     if (!op || !op->infer || !op->run)
         return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): no kernel", n->name, n->op_type);
@@ -122,8 +122,13 @@ int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, i
     if (err && err_len) err[0] = 0;
     int rc = op->infer(&c);
     if (rc) return rc;
+    size_t total = 0;
     for (int i = 0; i < nout; i++) {
         if ((rc = check_shape(n, &out[i], "", err, err_len))) return rc;
+        total += tensor_nbytes(&out[i]);
+    }
+    if (total > max_bytes) return PLAN_EVAL_TOO_LARGE;
+    for (int i = 0; i < nout; i++) {
         size_t nb = tensor_nbytes(&out[i]);
         out[i].data = calloc(1, nb ? nb : 1);
         if (!out[i].data) {
@@ -378,9 +383,10 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
 
         if ((known || (op->flags & OP_SHAPE_ONLY)) && op->run && !is_string_node(&c)) {
             struct tensor res[OP_MAX_IO];
-            if ((rc = plan_eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, err, err_len)))
-                goto fail;
-            for (int k = 0; k < n->nout; k++) {
+            rc = plan_eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, PLAN_FOLD_MAX_BYTES, err,
+                                err_len);
+            if (rc < 0) goto fail;
+            for (int k = 0; k < n->nout && rc == 0; k++) {
                 int v = n->out[k];
                 if (v < 0) {
                     free(res[k].data);
@@ -390,8 +396,17 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
                 p->vals[v].kind = PLAN_VALUE_CONST;
                 p->vals[v].owned = 1;
             }
-            p->nfolded++;
-            continue;
+            if (rc == 0) {
+                p->nfolded++;
+                continue;
+            }
+            /* Too large to keep as a constant: it runs as a step. Shape-only
+             * ops cannot, since their inputs have no data here. */
+            if (op->flags & OP_SHAPE_ONLY) {
+                rc = status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output too large", n->name, n->op_type);
+                goto fail;
+            }
+            if (!known) goto as_step;
         }
 
         /* A view: output 0 is input 0's bytes under another shape. */
@@ -416,6 +431,7 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
             }
         }
 
+    as_step:;
         struct pstep *s = &p->steps[p->nsteps];
         s->node = i;
         for (int k = 0; k < n->nout; k++) {

@@ -680,6 +680,36 @@ static void test_device_backend_with_fallback(void **state) {
     graph_free(g);
 }
 
+/* A constant subgraph whose result would be huge is not folded (at load or
+ * plan time): it runs as a step, so a small file cannot make kiln keep
+ * gigabytes of constants. */
+static void test_large_constants_are_not_folded(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t one[1] = {1}, sd[1] = {2}, shape[2] = {4200, 4200};
+    add_input(g, "x", DT_FP32, 1, one);
+    add_const(g, "shape", DT_INT64, 1, sd, shape);
+    node(g, "ConstantOfShape", (const char *[]){"shape"}, 1, (const char *[]){"big"}, 1);
+    node(g, "Add", (const char *[]){"big", "x"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 2);
+    float xd = 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {1}, .data = &xd}, y;
+    struct plan *p;
+    assert_int_equal(plan_build(g, &in, 0, NULL, 1, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), 2);
+    assert_int_equal(plan_nconst_folded(p), 0);
+    plan_release(p);
+    float *yd = run1(g, &in, &y);
+    assert_int_equal(y.dims[1], 4200);
+    assert_float_equal(yd[4200 * 4200 - 1], 2, 0);
+    free(yd);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -694,6 +724,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_error_propagates),
         cmocka_unit_test(test_squeezenet_memory_plan),
         cmocka_unit_test(test_device_backend_with_fallback),
+        cmocka_unit_test(test_large_constants_are_not_folded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
