@@ -699,6 +699,9 @@ struct plan_exec {
     int tv_cap;
     struct op_call *calls;
     int calls_cap;
+    void *graph;    /* device graph captured for the bound plan, or NULL */
+    int graph_runs; /* runs of the bound plan before capture */
+    int graph_off;  /* capture failed or is not possible for the bound plan */
     /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */
     int profile;
     struct prof_entry *prof;
@@ -759,6 +762,13 @@ struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
     return x;
 }
 
+static void drop_graph(struct plan_exec *x) {
+    if (x->graph && x->be->iface->graph_free) x->be->iface->graph_free(x->be, x->graph);
+    x->graph = NULL;
+    x->graph_runs = 0;
+    x->graph_off = 0;
+}
+
 static void arena_free(struct plan_exec *x) {
     if (!x->arena) return;
     if (x->host) free(x->arena);
@@ -771,6 +781,7 @@ void plan_exec_free(struct plan_exec *x) {
     if (!x) return;
     prof_dump(x);
     free(x->prof);
+    drop_graph(x);
     plan_release(x->bound);
     arena_free(x);
     free(x->mirror);
@@ -802,6 +813,7 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
 /* Points the executor's tensors and call records at p and the arena. Done
  * when the plan or the arena changes, never per run. */
 static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+    drop_graph(x); /* it holds the old arena's and plan's pointers */
     /* Unbound until this succeeds, so a half-done bind is never trusted. */
     plan_release(x->bound);
     x->bound = NULL;
@@ -942,6 +954,32 @@ fail:
     return status_set(err, err_len, rc, "node '%s' (%s): copying between host and device failed", n->name, n->op_type);
 }
 
+static int run_steps(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+    const struct backend_i *be = x->be->iface;
+    int rc;
+    for (int si = 0; si < p->nsteps; si++) {
+        struct op_call *c = &x->calls[si];
+        double t0 = x->profile ? now_ms() : 0;
+        if (!x->host && p->steps[si].on_host) rc = run_device_fallback(x, p, si, err, err_len);
+        else {
+            c->err = err;
+            c->err_len = err_len;
+            rc = be->run_node(x->be, c);
+        }
+        if (x->profile) {
+            if (!x->host && be->synchronize) be->synchronize(x->be);
+            prof_add(x, c->node->op_type, now_ms() - t0);
+        }
+        if (rc) {
+            if (err && err_len && !err[0])
+                status_set(err, err_len, rc, "node '%s' (%s) failed (%s)", c->node->name, c->node->op_type,
+                           status_str(rc));
+            return rc < 0 ? rc : STATUS_INTERNAL;
+        }
+    }
+    return 0;
+}
+
 int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
                   char *err, size_t err_len) {
     const struct graph *g = p->g;
@@ -967,25 +1005,39 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
     }
     if (err && err_len) err[0] = 0;
     if (x->profile) x->nruns++;
-    for (int si = 0; si < p->nsteps; si++) {
-        struct op_call *c = &x->calls[si];
-        double t0 = x->profile ? now_ms() : 0;
-        if (!x->host && p->steps[si].on_host) rc = run_device_fallback(x, p, si, err, err_len);
-        else {
-            c->err = err;
-            c->err_len = err_len;
-            rc = be->run_node(x->be, c);
+    /* Device plans without CPU fallback are captured on their second run
+     * (the first may have tuned algorithms) and replayed from then on: the
+     * arena, constants and scratch never move while the plan stays bound.
+     * Capture may or may not execute; replaying right after is right in
+     * both cases, since every step recomputes its outputs from its inputs. */
+    if (!x->host && be->graph_begin && be->graph_end && be->graph_replay && !p->nfallback && !x->profile &&
+        !x->graph_off) {
+        if (x->graph) {
+            if ((rc = be->graph_replay(x->be, x->graph)))
+                return status_set(err, err_len, rc, "replaying the captured device graph failed");
+        } else if (x->graph_runs++ == 0) {
+            if ((rc = run_steps(x, p, err, err_len))) return rc;
+        } else if (be->graph_begin(x->be) != 0) {
+            x->graph_off = 1;
+            if ((rc = run_steps(x, p, err, err_len))) return rc;
+        } else {
+            rc = run_steps(x, p, err, err_len);
+            void *gr = NULL;
+            int erc = be->graph_end(x->be, &gr);
+            if (rc || erc || !gr) {
+                if (gr && be->graph_free) be->graph_free(x->be, gr);
+                x->graph_off = 1;
+                if (rc) return rc;
+                log_debug("device graph capture failed; running node by node");
+                if ((rc = run_steps(x, p, err, err_len))) return rc;
+            } else {
+                x->graph = gr;
+                if ((rc = be->graph_replay(x->be, x->graph)))
+                    return status_set(err, err_len, rc, "replaying the captured device graph failed");
+            }
         }
-        if (x->profile) {
-            if (!x->host && be->synchronize) be->synchronize(x->be);
-            prof_add(x, c->node->op_type, now_ms() - t0);
-        }
-        if (rc) {
-            if (err && err_len && !err[0])
-                status_set(err, err_len, rc, "node '%s' (%s) failed (%s)", c->node->name, c->node->op_type,
-                           status_str(rc));
-            return rc < 0 ? rc : STATUS_INTERNAL;
-        }
+    } else if ((rc = run_steps(x, p, err, err_len))) {
+        return rc;
     }
     if (!x->host && be->synchronize && (rc = be->synchronize(x->be)))
         return status_set(err, err_len, rc, "the device failed while running the model");

@@ -20,7 +20,15 @@
  * A plan built for a host-memory backend (CPU) reads graph inputs in place and
  * may be shared by every thread; a plan for a device backend copies its
  * constants to the device once, keeps a device pointer, and so belongs to that
- * backend instance (cache it per plan_exec). */
+ * backend instance (cache it per plan_exec).
+ *
+ * Device plans, for backend writers: prepare_node sees concrete shapes, and
+ * host data for constant inputs (NULL for the others); run_node sees device
+ * pointers for everything (arena, constants, scratch). Graph inputs are copied
+ * into the arena before the first step and outputs copied back after the last
+ * one, with one synchronize at the end. A node whose supports_op says 0 runs
+ * on the CPU between explicit copies. A plan with no such node is captured
+ * (graph_begin/graph_end, on its second run) and replayed from then on. */
 #ifndef KILN_PLAN_H
 #define KILN_PLAN_H
 

@@ -710,6 +710,82 @@ static void test_large_constants_are_not_folded(void **state) {
     graph_free(g);
 }
 
+/* Graph capture: the pretend device records calls between graph_begin and
+ * graph_end without running them (as CUDA stream capture does) and replays
+ * the record. The executor captures on the second run and replays after. */
+static struct op_call *fd_rec[64];
+static int fd_nrec, fd_capturing, fd_replays;
+
+static int fdg_run(struct backend *be, struct op_call *c) {
+    if (fd_capturing) {
+        fd_rec[fd_nrec++] = c;
+        return 0;
+    }
+    return fd_run(be, c);
+}
+static int fdg_begin(struct backend *be) {
+    fd_capturing = 1;
+    fd_nrec = 0;
+    return 0;
+}
+static int fdg_end(struct backend *be, void **graph) {
+    fd_capturing = 0;
+    *graph = fd_rec;
+    return 0;
+}
+static int fdg_replay(struct backend *be, void *graph) {
+    fd_replays++;
+    for (int i = 0; i < fd_nrec; i++)
+        if (fd_run(be, fd_rec[i])) return -1;
+    return 0;
+}
+static void fdg_free(struct backend *be, void *graph) { fd_nrec = 0; }
+
+static const struct backend_i fdg_iface = {
+    .name = "fake-graph", .free = fd_free, .buffer_alloc = fd_alloc, .buffer_free = fd_buf_free,
+    .copy_to_device = fd_to_dev, .copy_to_host = fd_to_host, .supports_op = fd_supports,
+    .prepare_node = fd_prepare, .run_node = fdg_run, .release_node = fd_release, .synchronize = fd_sync,
+    .graph_begin = fdg_begin, .graph_end = fdg_end, .graph_replay = fdg_replay, .graph_free = fdg_free,
+};
+
+static void test_device_graph_capture(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[1] = {6};
+    add_input(g, "x", DT_FP32, 1, d);
+    node(g, "Relu", (const char *[]){"x"}, 1, (const char *[]){"a"}, 1);
+    node(g, "Add", (const char *[]){"a", "x"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    struct backend *be = calloc(1, sizeof *be);
+    struct fake_dev *fd = calloc(1, sizeof *fd);
+    be->iface = &fdg_iface;
+    be->context = fd;
+    be->host_memory = 0;
+    struct plan_exec *x = plan_exec_create(be, 1);
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &(struct tensor){.dtype = DT_FP32, .ndim = 1, .dims = {6}}, 0, be, 1, &p, err,
+                                sizeof err), 0);
+    for (int run = 0; run < 4; run++) {
+        float xd[6] = {-1, 2, -3, 4, -5, (float)run};
+        struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {6}, .data = xd}, out;
+        assert_int_equal(plan_exec_run(x, p, &in, &out, err, sizeof err), 0);
+        const float *y = out.data;
+        for (int i = 0; i < 6; i++) assert_float_equal(y[i], (xd[i] > 0 ? xd[i] : 0) + xd[i], 0);
+        free(out.data);
+    }
+    assert_int_equal(fd_nrec, 2);    /* Relu and Add recorded once */
+    assert_int_equal(fd_replays, 3); /* runs 2 (right after capture), 3 and 4 */
+    assert_int_equal(fd->runs, 2 + 3 * 2);
+    plan_release(p);
+    plan_exec_free(x);
+    assert_int_equal(fd_nrec, 0); /* the graph was freed with the executor */
+    assert_int_equal(fd->live_buffers, 0);
+    backend_free(be);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -725,6 +801,7 @@ int main(void) {
         cmocka_unit_test(test_squeezenet_memory_plan),
         cmocka_unit_test(test_device_backend_with_fallback),
         cmocka_unit_test(test_large_constants_are_not_folded),
+        cmocka_unit_test(test_device_graph_capture),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
