@@ -6,9 +6,11 @@ One kiln server serves a repository made for these tests:
   digits_hold   dynamic batching with a long delay and a queue of 4: queue-full
   digits_tmo    a long delay and a 100 ms default queue timeout: timeouts
   slow          ResNet-50 (light_resnet50 with a symbolic batch dim), one
-                instance, max_batch_size 4, two priority levels, a queue of 2
+                instance, max_batch_size 4, two priority levels, a queue of 4
                 a level: a busy instance to queue behind, for priorities,
-                per-request timeouts and cancellation.
+                per-request timeouts and cancellation. Requests that keep it
+                busy are sent at the highest priority, so that the requests
+                under test queue behind them whatever the machine's speed.
 """
 import json
 import os
@@ -86,7 +88,7 @@ def bserver(tmp_path_factory):
     _model(repo, "slow", rn, {
         "max_batch_size": 4, "instance_group": cpu1,
         "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2,
-                             "default_queue_policy": {"max_queue_size": 2, "allow_timeout_override": True}}})
+                             "default_queue_policy": {"max_queue_size": 4, "allow_timeout_override": True}}})
 
     port = _free_port()
     log = open(tmp / "server.log", "w+")
@@ -260,41 +262,65 @@ def test_queue_timeout_fails_at_the_deadline(bserver):
     assert 0.09 <= elapsed < 1.5, f"timed out after {elapsed:.3f} s, want about 0.1 s"
 
 
+def _metric(url, name, model):
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+        for ln in r.read().decode().splitlines():
+            if ln.startswith(name + "{") and f'model="{model}"' in ln:
+                return float(ln.split()[-1])
+    raise AssertionError(f"{name} missing from /metrics")
+
+
+def _infer_slow(bserver, rows, priority=0, timeout=None):
+    url = bserver["url"]
+    return lambda: tritonclient_http.InferenceServerClient(url, network_timeout=600).infer(
+        "slow", _resnet_input(bserver, rows), priority=priority, timeout=timeout)
+
+
+def _wait(cond, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
 def test_request_timeout_while_instance_busy(bserver):
     url = bserver["url"]
-    c = tritonclient_http.InferenceServerClient(url)
-    busy = Timed(lambda: tritonclient_http.InferenceServerClient(url).infer("slow", _resnet_input(bserver, 4)))
-    time.sleep(0.2)
+    pending0 = _metric(url, "kiln_inference_pending_request_count", "slow")
+    busy = [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= pending0 + 2, "both busy accepted")
     # Queued behind the busy instance with a 50 ms timeout (the request's own,
     # allowed by allow_timeout_override): it fails at its deadline, before the
-    # running batch ends.
-    late = Timed(lambda: c.infer("slow", _resnet_input(bserver, 1), timeout=50000)).join()
-    busy.join()
-    assert busy.error is None, busy.error
+    # running batches end.
+    late = Timed(_infer_slow(bserver, 1, timeout=50000)).join()
+    for b in busy:
+        b.join()
+        assert b.error is None, b.error
     assert isinstance(late.error, InferenceServerException), late.result
     assert "Request timeout expired" in str(late.error)
-    assert late.end < busy.end, "the timeout waited for the instance to free up"
+    assert late.end < max(b.end for b in busy), "the timeout waited for the instance to free up"
 
 
 def test_priorities_highest_first(bserver):
     url = bserver["url"]
-
-    def infer(rows, priority):
-        return lambda: tritonclient_http.InferenceServerClient(url).infer(
-            "slow", _resnet_input(bserver, rows), priority=priority)
-
-    busy = Timed(infer(4, 0))
-    time.sleep(0.2)
-    low1 = Timed(infer(2, 2))
-    time.sleep(0.05)
-    low2 = Timed(infer(2, 2))
-    time.sleep(0.05)
-    high = Timed(infer(2, 1))
-    for t in (busy, low1, low2, high):
+    q0 = _queue_size(url, "slow")
+    assert q0 == 0
+    busy = [Timed(_infer_slow(bserver, 4, priority=1))]
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 1, "the first busy request is in")
+    busy += [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
+    _wait(lambda: _queue_size(url, "slow") >= 1, "busy requests queue")
+    low1 = Timed(_infer_slow(bserver, 2, priority=2))
+    _wait(lambda: _queue_size(url, "slow") >= 2, "low1 queued")
+    low2 = Timed(_infer_slow(bserver, 2, priority=2))
+    _wait(lambda: _queue_size(url, "slow") >= 3, "low2 queued")
+    high = Timed(_infer_slow(bserver, 2, priority=1))
+    # All three wait together behind a busy request (none has run yet).
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 6, "all six accepted")
+    assert _queue_size(url, "slow") >= 3, "the instance caught up: the machine is too fast for this test"
+    for t in busy + [low1, low2, high]:
         t.join()
         assert t.error is None, t.error
-    # The next batch holds 4 rows: the high-priority request and the oldest
-    # low one; the other low one runs after them.
+    # A batch holds 4 rows: the high-priority request and the oldest low one
+    # run together; the other low one runs after them.
     assert high.end < low2.end
     assert abs(high.end - low1.end) < abs(low2.end - high.end)
 
@@ -302,8 +328,8 @@ def test_priorities_highest_first(bserver):
 def test_cancelled_request_is_not_run(bserver):
     url = bserver["url"]
     before = _stats(url, "slow")
-    busy = Timed(lambda: tritonclient_http.InferenceServerClient(url).infer("slow", _resnet_input(bserver, 4)))
-    time.sleep(0.2)
+    busy = [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 2, "both busy accepted")
     # A 3-row request sent on a raw connection that closes while it is queued.
     x = np.zeros((3, 3, 224, 224), dtype=np.float32).tobytes()
     header = json.dumps({"inputs": [{"name": bserver["rn_in"], "shape": [3, 3, 224, 224], "datatype": "FP32",
@@ -314,28 +340,22 @@ def test_cancelled_request_is_not_run(bserver):
     s.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: " + url.encode() +
               b"\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: " +
               str(len(header)).encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    # Close only once the server has it queued behind the busy instance.
-    deadline = time.monotonic() + 10
-    while _queue_size(url, "slow") < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert _queue_size(url, "slow") == 1, "the request never reached the queue"
-    assert busy.end is None, "the busy request ended too early for this test"
+    # It is queued once three are pending and the queue is not empty: it runs
+    # last (lowest priority), so a non-empty queue holds it.
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 3, "the request is accepted")
+    assert _queue_size(url, "slow") >= 1, "the instance caught up: the machine is too fast for this test"
     s.close()
-    deadline = time.monotonic() + 5
-    while _queue_size(url, "slow") > 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    # Dropped from the queue when its client went away, not when an instance frees up.
-    assert busy.end is None and _queue_size(url, "slow") == 0, "the cancelled request stayed queued"
-    busy.join()
-    assert busy.error is None, busy.error
-    # One more request to be sure the queue moved on past the cancelled one.
-    tritonclient_http.InferenceServerClient(url).infer("slow", _resnet_input(bserver, 1))
-    time.sleep(0.2)
+    # Dropped when its client went away, while the busy requests still run.
+    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") <= 2, "the request is dropped", 10)
+    assert any(b.end is None for b in busy), "dropped only when an instance freed up"
+    for b in busy:
+        b.join()
+        assert b.error is None, b.error
     after = _stats(url, "slow")
     rows = after["inference_count"] - before["inference_count"]
-    assert rows == 5, f"{rows} rows ran: the cancelled request's 3 rows should not have"
+    assert rows == 8, f"{rows} rows ran: the cancelled request's 3 rows should not have"
     with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
         metrics = r.read().decode()
-    cancelled = [ln for ln in metrics.splitlines() if "cancel" in ln and 'model="slow"' in ln and not ln.startswith("#")]
-    if cancelled:
-        assert any(float(ln.split()[-1]) >= 1 for ln in cancelled), cancelled
+    cancelled = [ln for ln in metrics.splitlines()
+                 if ln.startswith("kiln_inference_request_failure{") and 'model="slow"' in ln and "cancel" in ln]
+    assert cancelled and float(cancelled[0].split()[-1]) >= 1, cancelled
