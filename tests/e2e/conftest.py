@@ -129,6 +129,15 @@ class KilnServer:
     def text(self):
         return self.log_path.read_text()
 
+    def sanitizer_report(self):
+        """The first sanitizer finding in the log (ASan, UBSan, LSan builds), or None."""
+        text = self.text()
+        for marker in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:", "WARNING: ThreadSanitizer"):
+            i = text.find(marker)
+            if i >= 0:
+                return text[max(0, i - 200):i + 3000]
+        return None
+
     def signal(self, sig=signal.SIGTERM):
         self.proc.send_signal(sig)
 
@@ -154,6 +163,7 @@ def server(repo):
     s = KilnServer(repo)
     yield s
     rc = s.stop()
+    assert s.sanitizer_report() is None, s.sanitizer_report()
     assert rc == 0, f"kiln exited with {rc}:\n{s.text()}"
 
 
@@ -178,6 +188,8 @@ def make_server(tmp_path):
     yield make
     for s in started:
         s.stop()
+    for s in started:
+        assert s.sanitizer_report() is None, s.sanitizer_report()
 
 
 def raw_request(url, method, path, body=None, headers=None):
