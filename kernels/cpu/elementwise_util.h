@@ -106,4 +106,44 @@ static inline void ew_bcast_row(const struct ew_bcast *b, int64_t r, int64_t *of
     }
 }
 
+/* e^x for float, branch-free so that loops over it vectorize (libm's expf
+ * is an opaque call): 2^n * e^r with |r| <= ln2/2 and Cephes' degree-6
+ * polynomial; within 1 ulp of expf over the normal range, 0 below -104,
+ * inf above ln(FLT_MAX), NaN propagates. */
+static inline float ew_exp_f(float x) {
+    float xc = x > -104.0f ? x : -104.0f;
+    xc = xc < 88.72283935546875f ? xc : 88.72283935546875f;
+    float t = xc * 1.44269504088896341f + 12582912.0f;
+    float n = t - 12582912.0f;
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    /* 2^n as two factors so that neither leaves the normal range */
+    int32_t ni = (int32_t)n, n1 = ni >> 1;
+    union { int32_t i; float f; } s1, s2;
+    s1.i = (n1 + 127) << 23;
+    s2.i = (ni - n1 + 127) << 23;
+    float y = p * s1.f * s2.f;
+    y = x > -104.0f ? y : 0.0f;
+    y = x < 88.72283935546875f ? y : __builtin_inff();
+    return x == x ? y : x;
+}
+static inline float ew_sigmoid_f(float x) { return 1.0f / (1.0f + ew_exp_f(-x)); }
+/* tanh: Cephes' odd polynomial near 0 (no cancellation), 1 - 2/(e^2|x| + 1)
+ * elsewhere; within 2 ulp. */
+static inline float ew_tanh_f(float x) {
+    float ax = x < 0 ? -x : x;
+    float z = x * x;
+    float s = ((((-5.70498872745E-3f * z + 2.06390887954E-2f) * z - 5.37397155531E-2f) * z + 1.33314422036E-1f) * z - 3.33332819422E-1f) * z * x + x;
+    float l = 1.0f - 2.0f / (ew_exp_f(2.0f * ax) + 1.0f);
+    l = x < 0 ? -l : l;
+    return ax < 0.625f ? s : l;
+}
+
 #endif

@@ -12,6 +12,18 @@
  * instead of invoking C's undefined behaviour on overflow, and integer
  * division or modulo by zero yields 0 rather than trapping: a bad input must
  * never bring the server down. */
+/* Kernels here never read the floating-point exception flags; without this
+ * GCC refuses to if-convert the selects of the branch-free exp/tanh and the
+ * clamps, and those loops stay scalar. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
+#endif
+/* `omp simd` is a request: loops whose body calls libm stay scalar, which
+ * clang would otherwise report as an error under -Werror. */
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 #include <float.h>
 #include <limits.h>
 #include <string.h>
@@ -169,11 +181,12 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
  * compiles to a straight vectorizable loop. EXPR reads x and y. */
 #define BIN_KERNEL(NAME, TA, TB, TO, EXPR)                                                                 \
     static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        const TA *restrict pa = in[0];                                                                   \
-        const TB *restrict pb = in[1];                                                                   \
-        TO *restrict o = out;                                                                            \
+        const TA *pa = in[0];                                                                   \
+        const TB *pb = in[1];                                                                   \
+        TO *o = out;                                                                            \
         (void)a;                                                                                         \
         if (s[0] && s[1]) {                                                                              \
+            _Pragma("omp simd")\
             for (int64_t i = 0; i < n; i++) {                                                            \
                 TA x = pa[i];                                                                            \
                 TB y = pb[i];                                                                            \
@@ -181,12 +194,14 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
             }                                                                                            \
         } else if (s[0]) {                                                                               \
             TB y = pb[0];                                                                                \
+            _Pragma("omp simd")\
             for (int64_t i = 0; i < n; i++) {                                                            \
                 TA x = pa[i];                                                                            \
                 o[i] = (TO)(EXPR);                                                                       \
             }                                                                                            \
         } else if (s[1]) {                                                                               \
             TA x = pa[0];                                                                                \
+            _Pragma("omp simd")\
             for (int64_t i = 0; i < n; i++) {                                                            \
                 TB y = pb[i];                                                                            \
                 o[i] = (TO)(EXPR);                                                                       \
@@ -195,6 +210,7 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
             TA x = pa[0];                                                                                \
             TB y = pb[0];                                                                                \
             TO v = (TO)(EXPR);                                                                           \
+            _Pragma("omp simd")\
             for (int64_t i = 0; i < n; i++) o[i] = v;                                                    \
         }                                                                                                \
     }
@@ -205,13 +221,14 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
 /* A unary kernel; EXPR reads x and the attributes A, B, G in the kernel's type. */
 #define UN_KERNEL(NAME, T, TO, EXPR)                                                                       \
     static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        const T *restrict p = in[0];                                                                     \
-        TO *restrict o = out;                                                                            \
+        const T *p = in[0];                                                                     \
+        TO *o = out;                                                                            \
         const T A = (T)a->alpha, B = (T)a->beta, G = (T)a->gamma;                                        \
         (void)s;                                                                                         \
         (void)A;                                                                                         \
         (void)B;                                                                                         \
         (void)G;                                                                                         \
+        _Pragma("omp simd")\
         for (int64_t i = 0; i < n; i++) {                                                                \
             T x = p[i];                                                                                  \
             o[i] = (TO)(EXPR);                                                                           \
@@ -327,10 +344,13 @@ static const ew_fn tbl_ge[DT_MAX_] = {DEF_CMPS(ENT, CMP_GE)};
  * ------------------------------------------------------------------------ */
 
 static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
-static inline float sigmoid_f(float x) { return x >= 0 ? 1 / (1 + expf(-x)) : expf(x) / (1 + expf(x)); }
-#define SIGMOID(x) _Generic((x), float: sigmoid_f, default: sigmoid_d)(x)
+/* float kernels use the vectorizable exp/tanh/sigmoid of elementwise_util.h,
+ * double ones libm */
+#define EXPT(x) _Generic((x), float: ew_exp_f, default: exp)(x)
+#define TANHT(x) _Generic((x), float: ew_tanh_f, default: tanh)(x)
+#define SIGMOID(x) _Generic((x), float: ew_sigmoid_f, default: sigmoid_d)(x)
 /* log(1 + e^x) without overflow for large x */
-#define SOFTPLUS(x) ((x) > 0 ? (x) + log1p(exp(-(x))) : log1p(exp(x)))
+#define SOFTPLUS(x) ((x) > 0 ? (x) + log1p(EXPT(-(x))) : log1p(EXPT(x)))
 
 #define U_NEG_F(T, x) (-(x))
 #define U_NEG_I(T, x) ((T)(0 - (uint64_t)(x)))
@@ -341,23 +361,25 @@ static inline float sigmoid_f(float x) { return x >= 0 ? 1 / (1 + expf(-x)) : ex
 #define U_SIGN(T, x) ((T)(((x) > 0) - ((x) < 0)))
 #define U_SIGN_U(T, x) ((T)((x) > 0))
 #define U_SQRT(T, x) (sqrt(x))
-#define U_EXP(T, x) (exp(x))
+#define U_EXP(T, x) (EXPT(x))
 #define U_LOG(T, x) (log(x))
 #define U_ERF(T, x) (erf(x))
 #define U_SIGMOID(T, x) (SIGMOID(x))
-#define U_TANH(T, x) (tanh(x))
+#define U_TANH(T, x) (TANHT(x))
 #define U_LEAKY(T, x) ((x) >= 0 ? (x) : A * (x))
-#define U_HSIG(T, x) (fmax((T)0, fmin((T)1, A * (x) + B)))
-#define U_HSWISH(T, x) ((x) * fmax((T)0, fmin((T)1, (x) / (T)6 + (T)0.5)))
+/* clamps as selects (fmax/fmin keep them from vectorizing); NaN gives 0 as fmax would */
+#define CLAMP01(v) ((v) > 0 ? ((v) < 1 ? (v) : 1) : 0)
+#define U_HSIG(T, x) ((T)CLAMP01(A * (x) + B))
+#define U_HSWISH(T, x) ((x) * (T)CLAMP01((x) / (T)6 + (T)0.5))
 #define U_GELU(T, x) ((T)0.5 * (x) * ((T)1 + erf((x) * (T)0.70710678118654752440)))
 #define U_GELU_TANH(T, x) \
-    ((T)0.5 * (x) * ((T)1 + tanh((T)0.79788456080286535588 * ((x) + (T)0.044715 * (x) * (x) * (x)))))
+    ((T)0.5 * (x) * ((T)1 + TANHT((T)0.79788456080286535588 * ((x) + (T)0.044715 * (x) * (x) * (x)))))
 #define U_SOFTPLUS(T, x) (SOFTPLUS(x))
 #define U_SOFTSIGN(T, x) ((x) / ((T)1 + fabs(x)))
-#define U_ELU(T, x) ((x) >= 0 ? (x) : A * (exp(x) - (T)1))
-#define U_SELU(T, x) ((x) > 0 ? G * (x) : G * (A * exp(x) - A))
-#define U_CELU(T, x) (fmax((T)0, (x)) + fmin((T)0, A * (exp((x) / A) - (T)1)))
-#define U_MISH(T, x) ((x) * tanh(SOFTPLUS(x)))
+#define U_ELU(T, x) ((x) >= 0 ? (x) : A * (EXPT(x) - (T)1))
+#define U_SELU(T, x) ((x) > 0 ? G * (x) : G * (A * EXPT(x) - A))
+#define U_CELU(T, x) ((x) > 0 ? (x) : A * (EXPT((x) / A) - (T)1))
+#define U_MISH(T, x) ((x) * TANHT(SOFTPLUS(x)))
 #define U_THRELU(T, x) ((x) > A ? (x) : (T)0)
 #define U_FLOOR(T, x) (floor(x))
 #define U_CEIL(T, x) (ceil(x))
@@ -841,7 +863,7 @@ static int run_gelu(struct op_call *c) {
         (void)s;                                                                                         \
         memcpy(&lo, a->lo, sizeof(T));                                                                   \
         memcpy(&hi, a->hi, sizeof(T));                                                                   \
-        for (int64_t i = 0; i < n; i++) {                                                                \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                            \
             T v = p[i] < lo ? lo : p[i];                                                                 \
             o[i] = v > hi ? hi : v;                                                                      \
         }                                                                                                \
@@ -1033,7 +1055,7 @@ DEF_TOINT(u64, uint64_t, 0, UINT64_MAX)
     static void cast_##S##_##D(const void *src, void *dst, int64_t n) {                                  \
         const ST *restrict s = src;                                                                      \
         DT *restrict d = dst;                                                                            \
-        for (int64_t i = 0; i < n; i++) d[i] = TO_##D(LD_##S(s[i]));                                     \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) d[i] = TO_##D(LD_##S(s[i]));                 \
     }
 #define CAST_FROM(S, ST) CAST_DST_LIST(CAST_ONE, S, ST)
 CAST_SRC_LIST(CAST_FROM)
@@ -1138,16 +1160,33 @@ enum smax_mode { SMAX_SOFT, SMAX_LOG, SMAX_HARD };
             return;                                                                                      \
         }                                                                                                \
         double sum = 0;                                                                                  \
+        if (st == 1) { /* the common case: contiguous rows, vectorized */                                \
+            if (mode == SMAX_SOFT) {                                                                     \
+                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) {               \
+                    T e = EXPT(x[j] - m);                                                                \
+                    y[j] = e;                                                                            \
+                    sum += e;                                                                            \
+                }                                                                                        \
+                T inv = (T)(1.0 / sum);                                                                  \
+                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] *= inv;                       \
+            } else {                                                                                     \
+                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) sum +=          \
+                    EXPT(x[j] - m);                                                                      \
+                T l = (T)log(sum) + m;                                                                   \
+                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] = x[j] - l;                   \
+            }                                                                                            \
+            return;                                                                                      \
+        }                                                                                                \
         if (mode == SMAX_SOFT) {                                                                         \
             for (int64_t j = 0; j < len; j++) {                                                          \
-                T e = exp(x[j * st] - m);                                                                \
+                T e = EXPT(x[j * st] - m);                                                               \
                 y[j * st] = e;                                                                           \
                 sum += e;                                                                                \
             }                                                                                            \
             T inv = (T)(1.0 / sum);                                                                      \
             for (int64_t j = 0; j < len; j++) y[j * st] *= inv;                                          \
         } else {                                                                                         \
-            for (int64_t j = 0; j < len; j++) sum += exp(x[j * st] - m);                                 \
+            for (int64_t j = 0; j < len; j++) sum += EXPT(x[j * st] - m);                                \
             T l = (T)log(sum) + m;                                                                       \
             for (int64_t j = 0; j < len; j++) y[j * st] = x[j * st] - l;                                 \
         }                                                                                                \
