@@ -1294,19 +1294,23 @@ static int norm_infer(struct op_call *c, int rms) {
                                T *mean, T *inv, int64_t n, double eps, int rms) {                        \
         double mu = 0, var = 0;                                                                          \
         if (!rms) {                                                                                      \
-            for (int64_t j = 0; j < n; j++) mu += xr[j];                                                 \
+            _Pragma("omp simd reduction(+ : mu)") for (int64_t j = 0; j < n; j++) mu += xr[j];           \
             mu /= (double)n;                                                                             \
         }                                                                                                \
-        for (int64_t j = 0; j < n; j++) {                                                                \
+        _Pragma("omp simd reduction(+ : var)") for (int64_t j = 0; j < n; j++) {                         \
             double d = xr[j] - mu;                                                                       \
             var += d * d;                                                                                \
         }                                                                                                \
         var /= (double)n;                                                                                \
         double is = 1.0 / sqrt(var + eps);                                                               \
         T m = (T)mu, s = (T)is;                                                                          \
-        for (int64_t j = 0; j < n; j++) {                                                                \
-            T v = (xr[j] - m) * s * sc[nsc == 1 ? 0 : j];                                                \
-            yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;                                                      \
+        if (nsc == n && b && nb == n) { /* the usual full scale and bias, vectorized */                 \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) * s * sc[j] + b[j];  \
+        } else {                                                                                         \
+            for (int64_t j = 0; j < n; j++) {                                                            \
+                T v = (xr[j] - m) * s * sc[nsc == 1 ? 0 : j];                                            \
+                yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;                                                  \
+            }                                                                                            \
         }                                                                                                \
         if (mean) *mean = m;                                                                             \
         if (inv) *inv = s;                                                                               \

@@ -11,6 +11,15 @@
  * pay for the general odometer walk. Float data accumulates in double;
  * integer data in int64 (wrapping like the narrower types would, once
  * stored back). */
+/* See ops_elementwise.c: no code here reads the floating-point flags, and
+ * without this GCC leaves the selects of max/min loops scalar. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+#ifdef __clang__
+#pragma clang diagnostic ignored "-Wpass-failed"
+#endif
+
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -204,14 +213,68 @@ static inline int64_t red_abs_i(int64_t v) { return v < 0 ? (int64_t)(0 - (uint6
 static inline uint64_t red_abs_u(uint64_t v) { return v; }
 #define RED_ABS(v) _Generic((v), double: red_abs_d, uint64_t: red_abs_u, default: red_abs_i)(v)
 
+/* float data reduced over one contiguous run: the common case (a mean over
+ * H*W, over the last axis) gets vectorized loops. Sums go by blocks of
+ * 256 in float (SIMD lanes) added up in double, which keeps the error of
+ * a long sum near that of a double accumulation. Returns 0 if not handled. */
+#define RED_BLOCK 256
+static int red_fast_f32(const float *x, const struct red_geom *g, int64_t base, enum red_kind k, float *y) {
+    if (g->nr != 1 || g->rstr[0] != 1 || g->rdims[0] < 16) return 0;
+    const float *p = x + base;
+    const int64_t n = g->rdims[0];
+    switch (k) {
+    case RED_SUM: case RED_MEAN: case RED_SUMSQ: case RED_L1: case RED_L2: {
+        double acc = 0;
+        for (int64_t i0 = 0; i0 < n; i0 += RED_BLOCK) {
+            const int64_t m = n - i0 < RED_BLOCK ? n - i0 : RED_BLOCK;
+            const float *q = p + i0;
+            float s = 0;
+            if (k == RED_SUMSQ || k == RED_L2) {
+                _Pragma("omp simd reduction(+ : s)") for (int64_t i = 0; i < m; i++) s += q[i] * q[i];
+            } else if (k == RED_L1) {
+                _Pragma("omp simd reduction(+ : s)") for (int64_t i = 0; i < m; i++) s += fabsf(q[i]);
+            } else {
+                _Pragma("omp simd reduction(+ : s)") for (int64_t i = 0; i < m; i++) s += q[i];
+            }
+            acc += s;
+        }
+        if (k == RED_MEAN) acc /= (double)n;
+        else if (k == RED_L2) acc = sqrt(acc);
+        *y = (float)acc;
+        return 1;
+    }
+    case RED_MAX: case RED_MIN: {
+        float m = p[0];
+        int nan = 0;
+        if (k == RED_MAX) {
+            _Pragma("omp simd reduction(max : m) reduction(| : nan)") for (int64_t i = 0; i < n; i++) {
+                m = p[i] > m ? p[i] : m;
+                nan |= p[i] != p[i];
+            }
+        } else {
+            _Pragma("omp simd reduction(min : m) reduction(| : nan)") for (int64_t i = 0; i < n; i++) {
+                m = p[i] < m ? p[i] : m;
+                nan |= p[i] != p[i];
+            }
+        }
+        *y = nan ? NAN : m;
+        return 1;
+    }
+    default: return 0;
+    }
+}
+#define FAST_F32(x, g, base, k, y) red_fast_f32(x, g, base, k, y)
+#define FAST_NONE(x, g, base, k, y) 0
+
 static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 : v < lo ? lo : v > hi ? hi : v; }
 
 /* One instantiation per input dtype. ACC is the accumulator of the exact
  * reductions (sum, product, extrema); LD loads an element as ACC, STA stores
  * an ACC, STD stores a double (L2, logs, means of floats). */
-#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT, ADD, MUL)                                 \
+#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT, ADD, MUL, FAST)                           \
     static void red_one_##suf(const T *x, const struct red_geom *g, int64_t o, enum red_kind k, T *y) {  \
         const int64_t base = red_base(g, o);                                                             \
+        if (FAST(x, g, base, k, y + o)) return;                                                          \
         ACC acc;                                                                                         \
         double dacc = 0;                                                                                 \
         switch (k) {                                                                                     \
@@ -311,18 +374,18 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
 #define SD_U32(dst, v) ((dst) = (uint32_t)sat_d(v, 0, UINT32_MAX))
 #define SD_U64(dst, v) ((dst) = (uint64_t)sat_d(v, 0, 18446744073709549568.0))
 
-DEF_REDUCE(f32, float, double, LD_ID, ST_F32, ST_F32, -INFINITY, INFINITY, 1, FADD, FMUL)
-DEF_REDUCE(f64, double, double, LD_ID, ST_F64, ST_F64, -INFINITY, INFINITY, 1, FADD, FMUL)
-DEF_REDUCE(f16, uint16_t, double, LD_H, ST_H, ST_H, -INFINITY, INFINITY, 1, FADD, FMUL)
-DEF_REDUCE(bf16, uint16_t, double, LD_BH, ST_BH, ST_BH, -INFINITY, INFINITY, 1, FADD, FMUL)
-DEF_REDUCE(i8, int8_t, int64_t, LD_ID, ST_I8, SD_I8, INT8_MIN, INT8_MAX, 0, IADD, IMUL)
-DEF_REDUCE(i16, int16_t, int64_t, LD_ID, ST_I16, SD_I16, INT16_MIN, INT16_MAX, 0, IADD, IMUL)
-DEF_REDUCE(i32, int32_t, int64_t, LD_ID, ST_I32, SD_I32, INT32_MIN, INT32_MAX, 0, IADD, IMUL)
-DEF_REDUCE(i64, int64_t, int64_t, LD_ID, ST_I64, SD_I64, INT64_MIN, INT64_MAX, 0, IADD, IMUL)
-DEF_REDUCE(u8, uint8_t, uint64_t, LD_ID, ST_U8, SD_U8, 0, UINT8_MAX, 0, UADD, UMUL)
-DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0, UADD, UMUL)
-DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0, UADD, UMUL)
-DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UADD, UMUL)
+DEF_REDUCE(f32, float, double, LD_ID, ST_F32, ST_F32, -INFINITY, INFINITY, 1, FADD, FMUL, FAST_F32)
+DEF_REDUCE(f64, double, double, LD_ID, ST_F64, ST_F64, -INFINITY, INFINITY, 1, FADD, FMUL, FAST_NONE)
+DEF_REDUCE(f16, uint16_t, double, LD_H, ST_H, ST_H, -INFINITY, INFINITY, 1, FADD, FMUL, FAST_NONE)
+DEF_REDUCE(bf16, uint16_t, double, LD_BH, ST_BH, ST_BH, -INFINITY, INFINITY, 1, FADD, FMUL, FAST_NONE)
+DEF_REDUCE(i8, int8_t, int64_t, LD_ID, ST_I8, SD_I8, INT8_MIN, INT8_MAX, 0, IADD, IMUL, FAST_NONE)
+DEF_REDUCE(i16, int16_t, int64_t, LD_ID, ST_I16, SD_I16, INT16_MIN, INT16_MAX, 0, IADD, IMUL, FAST_NONE)
+DEF_REDUCE(i32, int32_t, int64_t, LD_ID, ST_I32, SD_I32, INT32_MIN, INT32_MAX, 0, IADD, IMUL, FAST_NONE)
+DEF_REDUCE(i64, int64_t, int64_t, LD_ID, ST_I64, SD_I64, INT64_MIN, INT64_MAX, 0, IADD, IMUL, FAST_NONE)
+DEF_REDUCE(u8, uint8_t, uint64_t, LD_ID, ST_U8, SD_U8, 0, UINT8_MAX, 0, UADD, UMUL, FAST_NONE)
+DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0, UADD, UMUL, FAST_NONE)
+DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0, UADD, UMUL, FAST_NONE)
+DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UADD, UMUL, FAST_NONE)
 
 static int red_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
