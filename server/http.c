@@ -184,7 +184,8 @@ static void reply_raw(http_server_t *s, struct evhttp_request *req, int code, co
     else free(body);
     const char *reason = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 401 ? "Unauthorized"
                          : code == 404 ? "Not Found" : code == 405 ? "Method Not Allowed"
-                         : code == 413 ? "Payload Too Large" : code == 501 ? "Not Implemented"
+                         : code == 413 ? "Payload Too Large" : code == 415 ? "Unsupported Media Type"
+                         : code == 501 ? "Not Implemented"
                          : code == 503 ? "Service Unavailable" : "Error";
     evhttp_send_reply(req, code, reason, out);
     evbuffer_free(out);

@@ -150,6 +150,17 @@ def test_body_too_large_is_413(make_server, repo):
     body = json.dumps({"inputs": [x_input(shape=[1000, 4], data=[0.0] * 4000)]})
     status, _, _ = raw_request(s.url, "POST", "/v2/models/tiny/infer", body)
     assert status == 413
+    # A small gzip body that inflates past the limit is refused too.
+    import gzip
+    bomb = gzip.compress(b" " * 200000 + body.encode())
+    assert len(bomb) < 4096
+    status, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", bomb, {"Content-Encoding": "gzip"})
+    assert status == 413 and b"max-request-size" in raw
+    status, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", b"\x1f\x8bgarbage", {"Content-Encoding": "gzip"})
+    assert status == 400 and b"gzip" in raw
+    status, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", json.dumps({"inputs": [x_input()]}),
+                                 {"Content-Encoding": "br"})
+    assert status == 415 and b"br" in raw
     # The server is fine afterwards.
     status, _, _ = raw_request(s.url, "GET", "/v2/health/live")
     assert status == 200
