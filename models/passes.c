@@ -457,8 +457,8 @@ static int clip_bound(const struct graph *g, const struct graph_node *a, int k, 
 
 /* Maps an activation node to a fused activation; 0 if it is not one kiln
  * can fuse exactly. */
-static int act_of(const struct graph *g, const struct graph_node *a, enum act_kind *kind, float *alpha,
-                  float *beta) {
+int passes_activation_of(const struct graph *g, const struct graph_node *a, enum act_kind *kind, float *alpha,
+                         float *beta) {
     *alpha = 0;
     *beta = 0;
     if (a->nout != 1) return 0;
@@ -492,14 +492,41 @@ static int act_of(const struct graph *g, const struct graph_node *a, enum act_ki
     return 1;
 }
 
-/* 1 if some input of p is known to be FP32 (the activation math is float). */
+/* Datatype of value v when the file does not say it but it follows from
+ * constants and inputs through ops whose output type is their first
+ * input's; DT_UNDEFINED if unknown. */
+static enum dtype known_dtype(const struct graph *g, int v, int depth) {
+    if (v < 0) return DT_UNDEFINED;
+    const struct graph_value *val = &g->values[v];
+    if (val->t.dtype != DT_UNDEFINED) return val->t.dtype;
+    if (val->producer < 0 || depth > 64) return DT_UNDEFINED;
+    const struct graph_node *n = &g->nodes[val->producer];
+    if (is_op(n, "Cast")) return (enum dtype)node_attr_int(n, "to", DT_UNDEFINED);
+    static const char *const same[] = {"Conv", "Gemm", "MatMul", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip",
+                                       "Identity", "Softmax", "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf",
+                                       "Gelu", "HardSigmoid", "HardSwish", "Dropout", "BatchNormalization",
+                                       "LayerNormalization", "Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean",
+                                       "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN",
+                                       "Concat", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Pad",
+                                       "Slice", "Gather", "Split", "Expand", "Tile", NULL};
+    for (int i = 0; same[i]; i++)
+        if (is_op(n, same[i])) {
+            for (int k = 0; k < n->nin; k++) { /* the first input whose type is known decides */
+                enum dtype dt = known_dtype(g, n->in[k], depth + 1);
+                if (dt != DT_UNDEFINED) return dt;
+                if (!is_op(n, "Add") && !is_op(n, "Sub") && !is_op(n, "Mul") && !is_op(n, "Div") && !is_op(n, "Sum") &&
+                    !is_op(n, "Max") && !is_op(n, "Min") && !is_op(n, "Mean") && !is_op(n, "Concat") &&
+                    !is_op(n, "Conv") && !is_op(n, "Gemm") && !is_op(n, "MatMul"))
+                    break;
+            }
+            return DT_UNDEFINED;
+        }
+    return DT_UNDEFINED;
+}
+
+/* 1 if p's output is known to be FP32 (the activation math is float). */
 static int produces_fp32(const struct graph *g, const struct graph_node *p) {
-    for (int k = 0; k < p->nin; k++) {
-        int v = p->in[k];
-        if (v >= 0 && g->values[v].t.dtype == DT_FP32 && (g->values[v].t.data || (g->values[v].flags & VALUE_INPUT)))
-            return 1;
-    }
-    return 0;
+    return p->nout >= 1 && known_dtype(g, p->out[0], 0) == DT_FP32;
 }
 
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len) {
@@ -524,7 +551,7 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
         struct graph_node *a = &g->nodes[ai];
         enum act_kind kind;
         float alpha, beta;
-        if (a->in[0] != x || !act_of(g, a, &kind, &alpha, &beta)) continue;
+        if (a->in[0] != x || !passes_activation_of(g, a, &kind, &alpha, &beta)) continue;
         p->act = kind;
         p->act_alpha = alpha;
         p->act_beta = beta;

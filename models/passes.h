@@ -41,4 +41,10 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
  * graph output. */
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
 
+/* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
+ * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact
+ * Gelu), with its kind and parameters; 0 otherwise. */
+int passes_activation_of(const struct graph *g, const struct graph_node *a, enum act_kind *kind, float *alpha,
+                         float *beta);
+
 #endif

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "models/passes.h"
 
 #define PLAN_ALIGN 64
 /* One tensor larger than this is refused at plan time: no real model needs
@@ -37,6 +38,10 @@ struct pval {
 
 struct pstep {
     int node;
+    /* An activation that followed this node, applied by the executor to
+     * output 0 right after the kernel (for kernels that do not fuse it). */
+    enum act_kind post_act;
+    float act_a, act_b;
     void *state;
     unsigned char prepared; /* release needed */
     unsigned char on_host;  /* device plan: this node falls back to the CPU */
@@ -52,6 +57,7 @@ struct plan {
     struct pstep *steps;
     int nfolded;
     int nfallback;
+    int npost_act;
     size_t arena_size;
     int ninputs;
     struct tensor *sig; /* shapes of the inputs it was built for */
@@ -409,6 +415,30 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
             if (!known) goto as_step;
         }
 
+        /* An activation right after a step whose only reader it is: the
+         * executor applies it in place after that step (host plans). */
+        if (p->host && n->nin >= 1 && n->nout == 1 && n->out[0] >= 0 && n->in[0] >= 0) {
+            int v = n->in[0], bo = n->out[0];
+            struct pval *pv = &p->vals[v];
+            enum act_kind ak;
+            float aa, ab;
+            if (pv->kind == PLAN_VALUE_ARENA && pv->root == v && pv->is_step_out && nuse[v] == 1 &&
+                pv->t.dtype == DT_FP32 && p->vals[bo].t.dtype == DT_FP32 && tensor_same_shape(&pv->t, &p->vals[bo].t)) {
+                struct pstep *a = &p->steps[pv->first];
+                const struct graph_node *an = &g->nodes[a->node];
+                if (an->nout == 1 && a->post_act == ACT_NONE && an->act == ACT_NONE &&
+                    passes_activation_of(g, n, &ak, &aa, &ab)) {
+                    a->post_act = ak;
+                    a->act_a = aa;
+                    a->act_b = ab;
+                    p->vals[bo].root = v;
+                    p->vals[bo].kind = PLAN_VALUE_ARENA;
+                    p->npost_act++;
+                    continue;
+                }
+            }
+        }
+
         /* A view: output 0 is input 0's bytes under another shape. */
         int v0 = n->nout > 0 ? n->out[0] : -1, i0 = n->nin > 0 ? n->in[0] : -1;
         /* Cast to the datatype it already has is a view too. */
@@ -620,9 +650,11 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
     if (log_enabled(LOG_DEBUG)) {
         char s[160] = "";
         if (g->ninputs) tensor_shape_str(&inputs[0], s, sizeof s);
-        log_debug("plan for %s%s: %d steps, %d nodes folded, %d views, arena %zu bytes%s", s,
-                  g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, g->nnodes - p->nsteps - p->nfolded,
-                  p->arena_size, p->nfallback ? " (some nodes on the CPU)" : "");
+        log_debug("plan for %s%s: %d steps, %d nodes folded, %d activations applied in place, %d views, arena %zu "
+                  "bytes%s",
+                  s, g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, p->npost_act,
+                  g->nnodes - p->nsteps - p->nfolded - p->npost_act, p->arena_size,
+                  p->nfallback ? " (some nodes on the CPU)" : "");
     }
     free(need);
     free(nuse);
@@ -975,6 +1007,14 @@ static int run_steps(struct plan_exec *x, struct plan *p, char *err, size_t err_
                 status_set(err, err_len, rc, "node '%s' (%s) failed (%s)", c->node->name, c->node->op_type,
                            status_str(rc));
             return rc < 0 ? rc : STATUS_INTERNAL;
+        }
+        const struct pstep *s = &p->steps[si];
+        if (s->post_act != ACT_NONE) {
+            struct graph_node an = *c->node;
+            an.act = s->post_act;
+            an.act_alpha = s->act_a;
+            an.act_beta = s->act_b;
+            op_apply_act(&an, c->out[0]->data, tensor_numel(c->out[0]));
         }
     }
     return 0;

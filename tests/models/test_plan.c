@@ -786,6 +786,41 @@ static void test_device_graph_capture(void **state) {
     graph_free(g);
 }
 
+/* An activation after a kernel that cannot fuse it (Add, BatchNormalization
+ * in DenseNet) is applied in place by the executor right after that kernel:
+ * one step, no extra buffer, same numbers. */
+static void test_activation_after_add(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[2] = {2, 3};
+    add_input(g, "a", DT_FP32, 2, d);
+    add_input(g, "b", DT_FP32, 2, d);
+    node(g, "Add", (const char *[]){"a", "b"}, 2, (const char *[]){"s"}, 1);
+    int lr = node(g, "LeakyRelu", (const char *[]){"s"}, 1, (const char *[]){"y"}, 1);
+    attr_float(g, lr, "alpha", 0.25f);
+    add_output(g, "y");
+    sort(g);
+    float ad[6] = {1, -2, 3, -4, 5, -6}, bd[6] = {0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = ad},
+                           {.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = bd}}, y;
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, in, 0, NULL, 1, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), 1);
+    size_t o1, o2;
+    plan_value_info(p, graph_find_value(g, "s"), NULL, &o1, NULL, NULL, NULL);
+    plan_value_info(p, graph_find_value(g, "y"), NULL, &o2, NULL, NULL, NULL);
+    assert_true(o1 == o2);
+    plan_release(p);
+    float *yd = run1(g, in, &y);
+    for (int i = 0; i < 6; i++) {
+        float s = ad[i] + bd[i];
+        assert_float_equal(yd[i], s >= 0 ? s : 0.25f * s, 1e-6);
+    }
+    free(yd);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -802,6 +837,7 @@ int main(void) {
         cmocka_unit_test(test_device_backend_with_fallback),
         cmocka_unit_test(test_large_constants_are_not_folded),
         cmocka_unit_test(test_device_graph_capture),
+        cmocka_unit_test(test_activation_after_add),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
