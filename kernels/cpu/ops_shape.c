@@ -2151,6 +2151,151 @@ static int compress_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * Unique: its output shapes depend on the values, so the input must be
+ * known when the plan is built (a constant, or an input the plan is built
+ * per value of). Items are elements, or slices along axis; a stable sort
+ * groups equal items, the first of each group is its first occurrence.
+ * ------------------------------------------------------------------------ */
+
+struct unique_ctx {
+    const struct tensor *x;
+    int64_t len, outer, inner;
+};
+
+static int unique_cmp(const void *pa, const void *pb, void *arg) {
+    const struct unique_ctx *u = arg;
+    int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
+    for (int64_t o = 0; o < u->outer; o++)
+        for (int64_t i = 0; i < u->inner; i++) {
+            double va = op_double_at(u->x, (o * u->len + a) * u->inner + i);
+            double vb = op_double_at(u->x, (o * u->len + b) * u->inner + i);
+            if (va != vb) return va < vb ? -1 : 1;
+        }
+    return a < b ? -1 : (a > b); /* stable: equal items keep their order */
+}
+
+static int unique_first_cmp(const void *pa, const void *pb, void *arg) {
+    const int64_t *first = arg;
+    int64_t a = first[*(const int64_t *)pa], b = first[*(const int64_t *)pb];
+    return a < b ? -1 : (a > b);
+}
+
+/* Fills ord (n item indices, sorted), grp (group of each sorted position)
+ * and first (first occurrence per group, in output order via perm);
+ * returns the number of unique items. */
+static int64_t unique_groups(const struct unique_ctx *u, int sorted, int64_t *ord, int64_t *grp, int64_t *first, int64_t *perm) {
+    int64_t n = u->len, ng = 0;
+    for (int64_t k = 0; k < n; k++) ord[k] = k;
+    qsort_r(ord, (size_t)n, sizeof *ord, unique_cmp, (void *)u);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t a = ord[k];
+        if (k == 0) {
+            first[ng++] = a;
+        } else {
+            int64_t b = ord[k - 1];
+            struct unique_ctx v = *u;
+            int same = 1;
+            for (int64_t o = 0; same && o < v.outer; o++)
+                for (int64_t i = 0; same && i < v.inner; i++)
+                    same = op_double_at(v.x, (o * v.len + a) * v.inner + i) == op_double_at(v.x, (o * v.len + b) * v.inner + i);
+            if (!same) first[ng++] = a;
+        }
+        grp[k] = ng - 1;
+    }
+    for (int64_t g = 0; g < ng; g++) perm[g] = g;
+    if (!sorted) qsort_r(perm, (size_t)ng, sizeof *perm, unique_first_cmp, first);
+    return ng;
+}
+
+static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
+    const struct tensor *x = c->in[0];
+    if (!x->data) {
+        op_error(c, "Unique's output shape depends on its input's values; the input must be known when the plan is built");
+        return STATUS_UNSUPPORTED;
+    }
+    int rc = need_bytes_dtype(c, x, "input");
+    if (rc) return rc;
+    const struct graph_attr *a = node_attr(c->node, "axis");
+    *axis = -1;
+    u->x = x;
+    if (a) {
+        *axis = op_axis(c, a->i, x->ndim);
+        if (*axis < 0) return STATUS_INVALID;
+        u->len = x->dims[*axis];
+        u->outer = prod(x->dims, 0, *axis);
+        u->inner = prod(x->dims, *axis + 1, x->ndim);
+    } else {
+        u->len = tensor_numel(x);
+        u->outer = u->inner = 1;
+    }
+    return 0;
+}
+
+static int unique_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct unique_ctx u;
+    int axis, rc = unique_ctx(c, &u, &axis);
+    if (rc) return rc;
+    int64_t n = u.len > 0 ? u.len : 1;
+    int64_t *buf = malloc(sizeof(int64_t) * (size_t)n * 4);
+    if (!buf) return STATUS_NOMEM;
+    int64_t ng = u.len ? unique_groups(&u, 1, buf, buf + n, buf + 2 * n, buf + 3 * n) : 0;
+    free(buf);
+    int64_t d[TENSOR_MAX_DIMS];
+    if (axis < 0) {
+        rc = set_shape(c, c->out[0], x->dtype, 1, &ng);
+    } else {
+        memcpy(d, x->dims, sizeof d);
+        d[axis] = ng;
+        rc = set_shape(c, c->out[0], x->dtype, x->ndim, d);
+    }
+    if (!rc && out_opt(c, 1)) rc = set_shape(c, c->out[1], DT_INT64, 1, &ng);
+    if (!rc && out_opt(c, 2)) rc = set_shape(c, c->out[2], DT_INT64, 1, &u.len);
+    if (!rc && out_opt(c, 3)) rc = set_shape(c, c->out[3], DT_INT64, 1, &ng);
+    return rc;
+}
+
+static int unique_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct unique_ctx u;
+    int axis, rc = unique_ctx(c, &u, &axis);
+    if (rc) return rc;
+    *scratch = sizeof(int64_t) * (size_t)(u.len + 1) * 5;
+    return 0;
+}
+
+static int unique_run(struct op_call *c) {
+    struct unique_ctx u;
+    int axis, rc = unique_ctx(c, &u, &axis);
+    if (rc) return rc;
+    int64_t n = u.len;
+    if (c->scratch_size < sizeof(int64_t) * (size_t)(n + 1) * 5) return op_error(c, "scratch buffer too small");
+    int64_t *ord = c->scratch, *grp = ord + n + 1, *first = grp + n + 1, *perm = first + n + 1, *rank = perm + n + 1;
+    int64_t ng = n ? unique_groups(&u, (int)node_attr_int(c->node, "sorted", 1), ord, grp, first, perm) : 0;
+    int64_t want = axis < 0 ? c->out[0]->dims[0] : c->out[0]->dims[axis];
+    if (ng != want) return op_error(c, "the input changed since the plan was built");
+    for (int64_t j = 0; j < ng; j++) rank[perm[j]] = j; /* output position of each group */
+    size_t es = dtype_size(u.x->dtype);
+    char *y = c->out[0]->data;
+    for (int64_t j = 0; j < ng; j++) {
+        int64_t item = first[perm[j]];
+        for (int64_t o = 0; o < u.outer; o++)
+            memcpy(y + ((o * ng + j) * u.inner) * (int64_t)es, (const char *)u.x->data + ((o * n + item) * u.inner) * (int64_t)es,
+                   (size_t)u.inner * es);
+    }
+    int64_t *idx = out_opt(c, 1) ? c->out[1]->data : NULL, *inv = out_opt(c, 2) ? c->out[2]->data : NULL;
+    int64_t *cnt = out_opt(c, 3) ? c->out[3]->data : NULL;
+    if (idx)
+        for (int64_t j = 0; j < ng; j++) idx[j] = first[perm[j]];
+    if (cnt) memset(cnt, 0, sizeof(int64_t) * (size_t)ng);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t j = rank[grp[k]];
+        if (inv) inv[ord[k]] = j;
+        if (cnt) cnt[j]++;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -2193,5 +2338,6 @@ const struct op_def op_defs_shape[] = {
     {"CenterCropPad", "", ccp_infer, NULL, ccp_run, NULL, 0},
     {"BitCast", "", bitcast_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Compress", "", compress_infer, NULL, compress_run, NULL, 0},
+    {"Unique", "", unique_infer, unique_prepare, unique_run, NULL, 0},
     {0},
 };
