@@ -203,6 +203,7 @@ static int stage_reserve(struct kc_instance *in, size_t n) {
 static int cuda_copy_to_device(struct backend *be, void *dst, const void *src, size_t size) {
     struct kc_instance *in = inst(be);
     if (!size) return 0;
+    cudaSetDevice(in->device); /* the current device is per thread; instances run on their own threads */
     if (stage_reserve(in, size)) {
         /* Staging unavailable (capture, or pinned memory refused): a plain
          * synchronous copy is still correct. */
@@ -219,6 +220,7 @@ static int cuda_copy_to_device(struct backend *be, void *dst, const void *src, s
 static int cuda_copy_to_host(struct backend *be, void *dst, const void *src, size_t size) {
     struct kc_instance *in = inst(be);
     if (!size) return 0;
+    cudaSetDevice(in->device);
     if (stage_reserve(in, size)) {
         if (in->capturing || !KC_CUDA_OK(cudaStreamSynchronize(in->stream)) ||
             !KC_CUDA_OK(cudaMemcpy(dst, src, size, cudaMemcpyDeviceToHost)))
@@ -283,6 +285,7 @@ static int cuda_prepare_node(struct backend *be, struct op_call *c, void **state
 static int cuda_run_node(struct backend *be, struct op_call *c) {
     struct kc_instance *in = inst(be);
     struct kc_node_state *ns = (struct kc_node_state *)c->state;
+    cudaSetDevice(in->device);
     if (!ns) { /* not prepared: only the custom kernels can go without */
         if (kc_lib_handles(c->node->op_type)) return op_error(c, "the CUDA backend runs this op only once prepared");
         return kd_run(c, NULL, in->stream);

@@ -78,7 +78,7 @@ $(CUDA_GPU_TEST): $(BUILD)/obj/cuda/test_cuda_gpu.o $(CUDA_KOBJS) $(CUDA_HOBJS) 
 	@mkdir -p $(dir $@)
 	$(CXX) -o $@ $^ $(LDFLAGS) $(LDLIBS) -lcmocka $(CUDA_LIBS)
 
-gpu-bundle: $(BIN) $(CUDA_PLUGIN) $(CUDA_GPU_TEST) $(EMU_TEST)
+gpu-bundle: $(BIN) $(CUDA_PLUGIN) $(CUDA_GPU_TEST) $(EMU_TEST) $(BUILD)/tests/conformance/runner
 	@tools/gpu_check.sh --bundle
 
 gpu-check: bootstrap gpu-bundle
