@@ -383,7 +383,8 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         int matmul = is_op(p, "MatMul") && p->op && (p->op->flags & OP_BIAS_INPUT) && p->nin == 2;
         int gemm = is_op(p, "Gemm") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0)) &&
                    node_attr_float(p, "beta", 1.0f) == 1.0f;
-        if ((!matmul && !gemm) || p->nout != 1 || p->act != ACT_NONE || dead[pi]) continue;
+        int conv = is_op(p, "Conv") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0));
+        if ((!matmul && !gemm && !conv) || p->nout != 1 || p->act != ACT_NONE || dead[pi]) continue;
         int x = p->out[0];
         if (x < 0 || nuse[x] != 1 || is_out[x]) continue;
         int ai = sole_reader(g, dead, x, pi);
@@ -394,14 +395,20 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         const struct tensor *bias = const_of(g, bv), *wt = const_of(g, p->in[1]);
         if (!bias || bias->dtype != DT_FP32 || !wt || wt->dtype != DT_FP32 || wt->ndim < 2 || bias->ndim < 1) continue;
         int64_t n;
-        if (matmul) n = wt->dims[wt->ndim - 1];
+        if (conv) {
+            /* Conv's output is [N, M, spatial...] with the rank of W: a bias
+             * is M values on axis 1, ones elsewhere, right-aligned. */
+            int r = bias->ndim, ch = r - (wt->ndim - 1);
+            n = wt->dims[0];
+            if (wt->ndim < 3 || r > wt->ndim || ch < 0 || bias->dims[ch] != n || tensor_numel(bias) != n) continue;
+        } else if (matmul) n = wt->dims[wt->ndim - 1];
         else {
             if (wt->ndim != 2) continue;
             n = node_attr_int(p, "transB", 0) ? wt->dims[0] : wt->dims[1];
         }
         /* The Add must not change the MatMul's shape: bias is [N] or [1,..,1,N]
          * of a rank that cannot exceed the product's. */
-        if (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n) continue;
+        if (!conv && (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n)) continue;
         if (matmul && bias->ndim > 1) {
             /* The product's rank: max of both when A is a matrix or more,
              * one less than B's when A is a vector, B's at least if unknown. */
@@ -411,7 +418,7 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         }
         if (gemm && bias->ndim > 2) continue;
         int use = bv;
-        if (matmul && bias->ndim != 1) {
+        if ((matmul || conv) && bias->ndim != 1) {
             struct tensor t = {.dtype = DT_FP32, .ndim = 1, .dims = {n}};
             t.data = malloc((size_t)n * sizeof(float));
             if (!t.data) goto nomem;

@@ -32,7 +32,8 @@ int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len
 
 /* MatMul (OP_BIAS_INPUT) -> Add(constant bias over the last dim) becomes
  * MatMul with a kiln-internal third input; Gemm without C -> Add(constant
- * [N] or [1,N]) takes the bias as C. */
+ * [N] or [1,N]) takes the bias as C; Conv without bias -> Add(constant
+ * [1,M,1,1] or [M,1,1]) takes it as its bias. */
 int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* Conv/Gemm/MatMul (OP_FUSE_ACT) -> Relu, LeakyRelu, Clip (constant bounds),

@@ -821,6 +821,49 @@ static void test_activation_after_add(void **state) {
     graph_free(g);
 }
 
+/* Conv without a bias -> Add(constant [1,M,1,1]) -> Relu: the constant
+ * becomes the Conv's bias, the Relu its fused activation. */
+static struct graph *conv_add_relu(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {1, 2, 5, 5}, wd[4] = {3, 2, 3, 3}, bd[4] = {1, 3, 1, 1};
+    add_input(g, "x", DT_FP32, 4, xd);
+    float w[54], b[3] = {0.5f, -1, 2};
+    unsigned s = 17;
+    for (int i = 0; i < 54; i++) w[i] = frand(&s);
+    add_const_f(g, "w", 4, wd, w);
+    add_const_f(g, "b", 4, bd, b);
+    node(g, "Conv", (const char *[]){"x", "w"}, 2, (const char *[]){"c"}, 1);
+    node(g, "Add", (const char *[]){"c", "b"}, 2, (const char *[]){"a"}, 1);
+    node(g, "Relu", (const char *[]){"a"}, 1, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_conv_add_bias_fusion(void **state) {
+    (void)state;
+    float xd[50];
+    unsigned s = 19;
+    for (int i = 0; i < 50; i++) xd[i] = frand(&s);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 2, 5, 5}, .data = xd}, y1, y2;
+    struct graph *ref = conv_add_relu();
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = conv_add_relu();
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_int_equal(g->nodes[0].nin, 3);
+    assert_int_equal(g->values[g->nodes[0].in[2]].t.ndim, 1);
+    assert_int_equal(g->nodes[0].act, ACT_RELU);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 27; i++) assert_float_equal(f[i], r[i], 1e-5);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -838,6 +881,7 @@ int main(void) {
         cmocka_unit_test(test_large_constants_are_not_folded),
         cmocka_unit_test(test_device_graph_capture),
         cmocka_unit_test(test_activation_after_add),
+        cmocka_unit_test(test_conv_add_bias_fusion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
