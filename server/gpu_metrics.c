@@ -153,7 +153,7 @@ char *gpu_metrics_text(void) {
         if (!any) continue;
         bprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", g_defs[k].name, g_defs[k].help, g_defs[k].name, g_defs[k].type);
         for (unsigned int i = 0; i < n; i++)
-            if (dev[i].have[k]) bprintf(&b, "%s{gpu=\"%u\",gpu_uuid=\"%s\"} %.17g\n", g_defs[k].name, i, dev[i].uuid, dev[i].v[k]);
+            if (dev[i].have[k]) bprintf(&b, "%s{gpu=\"%u\",gpu_uuid=\"%s\"} %.15g\n", g_defs[k].name, i, dev[i].uuid, dev[i].v[k]);
     }
     if (b.oom) {
         free(b.p);

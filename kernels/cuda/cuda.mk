@@ -90,3 +90,10 @@ cuda:
 gpu-bundle gpu-check:
 	@echo "gpu-check needs the CUDA toolkit (nvcc) to build the plugin; CUDA=0 here" >&2; exit 1
 endif
+
+# ---- GPU metrics test: a fake NVML beside the test binary ------------------
+$(BUILD)/tests/server/libfake_nvml.so: tests/server/fake_nvml.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $<
+
+$(BUILD)/tests/server/test_gpu_metrics: $(BUILD)/tests/server/libfake_nvml.so

@@ -686,6 +686,10 @@ int main(void) {
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (g_skipped) fprintf(stderr, "%d cases skipped (no CPU op)\n", g_skipped);
+#ifdef KILN_CUDA_EMU
+    fprintf(stderr, "cuda emulation: %llu kernel launches, %llu GPU threads run as fibers\n",
+            (unsigned long long)emu::launch_count(), (unsigned long long)emu::fiber_count());
+#endif
 #ifndef KILN_CUDA_EMU
     g_be->iface->free(g_be);
 #endif

@@ -117,20 +117,24 @@ void ensure_stacks(size_t n) {
     g_stacks_n = n;
 }
 
+/* Separate and not inlined: getcontext returns twice, which must not touch
+ * the caller's loop variables (-Wclobbered). */
+__attribute__((noinline)) void init_fiber(int i) {
+    fiber &f = g_fibers[(size_t)i];
+    f.tid.x = (unsigned)i % g_block.block.x;
+    f.tid.y = ((unsigned)i / g_block.block.x) % g_block.block.y;
+    f.tid.z = (unsigned)i / (g_block.block.x * g_block.block.y);
+    f.state = FIBER_RUN;
+    f.stack = g_stacks + (size_t)i * k_stack_size;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = k_stack_size;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+}
+
 void run_block(int nthreads) {
-    for (int i = 0; i < nthreads; i++) {
-        fiber &f = g_fibers[(size_t)i];
-        f.tid.x = (unsigned)i % g_block.block.x;
-        f.tid.y = ((unsigned)i / g_block.block.x) % g_block.block.y;
-        f.tid.z = (unsigned)i / (g_block.block.x * g_block.block.y);
-        f.state = FIBER_RUN;
-        f.stack = g_stacks + (size_t)i * k_stack_size;
-        getcontext(&f.ctx);
-        f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = k_stack_size;
-        f.ctx.uc_link = nullptr;
-        makecontext(&f.ctx, fiber_entry, 0);
-    }
+    for (int i = 0; i < nthreads; i++) init_fiber(i);
     g_fiber_runs += (uint64_t)nthreads;
     for (;;) {
         for (int i = 0; i < nthreads; i++)
