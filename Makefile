@@ -127,3 +127,9 @@ conformance: $(BUILD)/tests/conformance/runner
 $(BUILD)/ceiling: bench/ceiling.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< -levent -lpthread
+
+# Cache key candidates (bench/hash.c); OpenSSL's SHA-256 is measured too when libcrypto is there.
+HASH_OPENSSL := $(shell pkg-config --exists libcrypto 2>/dev/null && echo 1)
+$(BUILD)/hash_bench: bench/hash.c
+	@mkdir -p $(BUILD)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(if $(HASH_OPENSSL),-DHAVE_OPENSSL) -o $@ $< -lsodium $(if $(HASH_OPENSSL),-lcrypto)
