@@ -120,7 +120,8 @@ static int afe_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *y = ml_in(c, 1);
     if (!y) return op_error(c, "input 1 (indices) is required");
     if (y->dtype != DT_INT64 && y->dtype != DT_INT32) return op_error(c, "indices must be int64, got %s", dtype_name(y->dtype));
-    if (x->dtype == DT_STRING || !dtype_size(x->dtype)) return op_error(c, "input dtype %s is not supported", dtype_name(x->dtype));
+    /* strings move as the pointers the plan's tensors borrow during a run */
+    if (!dtype_size(x->dtype)) return op_error(c, "input dtype %s is not supported", dtype_name(x->dtype));
     if (x->ndim < 1) return op_error(c, "input must have rank >= 1");
     int64_t d[TENSOR_MAX_DIMS];
     int nd = x->ndim;

@@ -47,6 +47,13 @@ static int need_bytes_dtype(struct op_call *c, const struct tensor *t, const cha
     return 0;
 }
 
+/* For ops that only move elements: strings move too, as the pointers a
+ * plan's tensors borrow for the duration of one run. */
+static int need_movable_dtype(struct op_call *c, const struct tensor *t, const char *what) {
+    if (t->dtype == DT_STRING) return 0;
+    return need_bytes_dtype(c, t, what);
+}
+
 static int need_int_dtype(struct op_call *c, const struct tensor *t, const char *what) {
     if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
         return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
@@ -529,7 +536,7 @@ static int transpose_infer(struct op_call *c) {
     int64_t perm[TENSOR_MAX_DIMS], d[TENSOR_MAX_DIMS];
     int rc = transpose_perm(c, perm);
     if (rc) return rc;
-    if ((rc = need_bytes_dtype(c, x, "input"))) return rc;
+    if ((rc = need_movable_dtype(c, x, "input"))) return rc;
     for (int k = 0; k < x->ndim; k++) d[k] = x->dims[perm[k]];
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
@@ -551,7 +558,7 @@ static int d2s_params(struct op_call *c, int64_t *b, int *crd) {
     const char *mode = node_attr_str(c->node, "mode", "DCR");
     if (strcmp(mode, "DCR") && strcmp(mode, "CRD")) return op_error(c, "unknown mode '%s'", mode);
     *crd = strcmp(mode, "CRD") == 0;
-    return need_bytes_dtype(c, x, "input");
+    return need_movable_dtype(c, x, "input");
 }
 
 static int d2s_infer(struct op_call *c) {
@@ -588,7 +595,7 @@ static int s2d_infer(struct op_call *c) {
     if (b <= 0) return op_error(c, "attribute 'blocksize' must be positive");
     if (x->ndim != 4) return op_error(c, "input must be 4-D (N,C,H,W), got rank %d", x->ndim);
     if (x->dims[2] % b || x->dims[3] % b) return op_error(c, "height and width must be divisible by blocksize %lld", (long long)b);
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc) return rc;
     int64_t d[4] = {x->dims[0], x->dims[1] * b * b, x->dims[2] / b, x->dims[3] / b};
     return set_shape(c, c->out[0], x->dtype, 4, d);
@@ -611,7 +618,7 @@ static int concat_infer(struct op_call *c) {
     if (!x0) return op_error(c, "input 0 is required");
     int a = op_axis(c, node_attr_int(c->node, "axis", 0), x0->ndim);
     if (a < 0) return STATUS_INVALID;
-    int rc = need_bytes_dtype(c, x0, "input 0");
+    int rc = need_movable_dtype(c, x0, "input 0");
     if (rc) return rc;
     int64_t d[TENSOR_MAX_DIMS];
     memcpy(d, x0->dims, sizeof d);
@@ -690,7 +697,7 @@ static int split_sizes(struct op_call *c, int *axis, int64_t *sz) {
 
 static int split_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc) return rc;
     int a;
     int64_t sz[OP_MAX_IO];
@@ -797,7 +804,7 @@ static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_
 static int slice_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc || (rc = slice_params(c, start, step, len))) return rc;
     return set_shape(c, c->out[0], x->dtype, x->ndim, len);
 }
@@ -827,7 +834,7 @@ static int expand_infer(struct op_call *c) {
     struct tensor s = {0};
     int n = read_int_input(c, 1, "shape", s.dims, TENSOR_MAX_DIMS);
     if (n < 0) return n;
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc) return rc;
     s.ndim = n;
     s.dtype = x->dtype;
@@ -855,7 +862,7 @@ static int tile_infer(struct op_call *c) {
     int64_t rep[TENSOR_MAX_DIMS], d[TENSOR_MAX_DIMS];
     int n = read_int_input(c, 1, "repeats", rep, TENSOR_MAX_DIMS);
     if (n < 0) return n;
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc) return rc;
     if (n != x->ndim) return op_error(c, "repeats has %d values for an input of rank %d", n, x->ndim);
     for (int k = 0; k < n; k++) {
@@ -900,7 +907,7 @@ static int index_check(struct op_call *c, int64_t v, int64_t dim, int axis, int6
 static int gather_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
     int rc;
-    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_movable_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
         return rc;
     int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
     if (a < 0) return STATUS_INVALID;
@@ -945,7 +952,7 @@ static int gather_run(struct op_call *c) {
 static int gather_elements_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
     int rc;
-    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_movable_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
         return rc;
     if (idx->ndim != x->ndim) return op_error(c, "indices have rank %d but data has rank %d", idx->ndim, x->ndim);
     if (op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim) < 0) return STATUS_INVALID;
@@ -979,7 +986,7 @@ static int gather_elements_run(struct op_call *c) {
 static int gather_nd_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
     int rc;
-    if ((rc = need_input(c, 1, "indices")) || (rc = need_bytes_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_movable_dtype(c, x, "data")) || (rc = need_int_dtype(c, idx, "indices")))
         return rc;
     int b = (int)node_attr_int(c->node, "batch_dims", 0);
     if (idx->ndim < 1) return op_error(c, "indices must have rank >= 1");
@@ -1066,9 +1073,10 @@ static int scatter_elements_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
     int rc;
     enum scatter_red red;
-    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_bytes_dtype(c, x, "data")) ||
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_movable_dtype(c, x, "data")) ||
         (rc = need_int_dtype(c, idx, "indices")) || (rc = scatter_reduction(c, &red)))
         return rc;
+    if (x->dtype == DT_STRING && red != RED_NONE) return op_error(c, "reduction on strings is not supported");
     if (!tensor_same_shape(idx, upd) && !(idx->ndim == upd->ndim && !memcmp(idx->dims, upd->dims, sizeof(int64_t) * (size_t)idx->ndim)))
         return op_error(c, "indices and updates must have the same shape");
     if (upd->dtype != x->dtype) return op_error(c, "updates are %s but data is %s", dtype_name(upd->dtype), dtype_name(x->dtype));
@@ -1110,9 +1118,10 @@ static int scatter_nd_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
     int rc;
     enum scatter_red red;
-    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_bytes_dtype(c, x, "data")) ||
+    if ((rc = need_input(c, 1, "indices")) || (rc = need_input(c, 2, "updates")) || (rc = need_movable_dtype(c, x, "data")) ||
         (rc = need_int_dtype(c, idx, "indices")) || (rc = scatter_reduction(c, &red)))
         return rc;
+    if (x->dtype == DT_STRING && red != RED_NONE) return op_error(c, "reduction on strings is not supported");
     if (idx->ndim < 1) return op_error(c, "indices must have rank >= 1");
     int64_t k = idx->dims[idx->ndim - 1];
     if (k < 1 || k > x->ndim) return op_error(c, "indices' last dimension %lld must be in [1, %d]", (long long)k, x->ndim);
@@ -2122,7 +2131,7 @@ static int compress_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int ax;
     int64_t k;
-    int rc = need_bytes_dtype(c, x, "input");
+    int rc = need_movable_dtype(c, x, "input");
     if (rc || (rc = compress_params(c, &ax, &k))) return rc;
     if (ax < 0) return set_shape(c, c->out[0], x->dtype, 1, &k);
     int64_t d[TENSOR_MAX_DIMS];
@@ -2311,7 +2320,7 @@ static int revseq_axes(struct op_call *c, int *bax, int *tax) {
 static int revseq_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int bax, tax, rc = need_input(c, 1, "sequence_lens");
-    if (rc || (rc = revseq_axes(c, &bax, &tax)) || (rc = need_bytes_dtype(c, x, "input")) ||
+    if (rc || (rc = revseq_axes(c, &bax, &tax)) || (rc = need_movable_dtype(c, x, "input")) ||
         (rc = need_int_dtype(c, c->in[1], "sequence_lens")))
         return rc;
     if (tensor_numel(c->in[1]) != x->dims[bax]) return op_error(c, "sequence_lens must have one value per batch entry (%lld)", (long long)x->dims[bax]);
@@ -2363,7 +2372,7 @@ static int tscatter_params(struct op_call *c, int *axis, int *circular) {
 
 static int tscatter_infer(struct op_call *c) {
     const struct tensor *past = c->in[0];
-    int a, circ, rc = need_bytes_dtype(c, past, "past_cache");
+    int a, circ, rc = need_movable_dtype(c, past, "past_cache");
     if (rc || (rc = tscatter_params(c, &a, &circ))) return rc;
     if (in_opt(c, 2) && (rc = need_int_dtype(c, c->in[2], "write_indices"))) return rc;
     return set_shape(c, c->out[0], past->dtype, past->ndim, past->dims);

@@ -595,6 +595,42 @@ static void test_resize_known(void **st) {
     free(x.data);
 }
 
+/* Moving ops carry strings as pointers; value-making ops refuse them. */
+static void test_strings_move(void **st) {
+    (void)st;
+    char *words[6] = {"a", "bb", "ccc", "dddd", "eeeee", "ffffff"};
+    struct tensor x = {DT_STRING, 2, {2, 3}, words}, o = {0};
+    int64_t perm[2] = {1, 0};
+    struct tnode tn;
+    tn_init(&tn, "Transpose", 13);
+    tn_ints(&tn, "perm", perm, 2);
+    assert_int_equal(call1(&tn, &x, NULL, &o), 0);
+    char **s = o.data;
+    assert_string_equal(s[0], "a");
+    assert_string_equal(s[1], "dddd");
+    assert_string_equal(s[5], "ffffff");
+    free(o.data);
+    int64_t iv[2] = {1, -1};
+    struct tensor idx = mk_i64(2, iv);
+    tn_init(&tn, "Gather", 13);
+    tn_int(&tn, "axis", 1);
+    o = (struct tensor){0};
+    assert_int_equal(call1(&tn, &x, &idx, &o), 0);
+    s = o.data;
+    assert_string_equal(s[0], "bb");
+    assert_string_equal(s[1], "ccc");
+    assert_string_equal(s[3], "ffffff");
+    free(o.data);
+    int64_t pads[4] = {0, 1, 0, 0};
+    struct tensor p = mk_i64(4, pads);
+    tn_init(&tn, "Pad", 13);
+    o = (struct tensor){0};
+    assert_int_equal(call1(&tn, &x, &p, &o), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "string"));
+    free(p.data);
+    free(idx.data);
+}
+
 static void test_shape_and_size(void **st) {
     (void)st;
     struct tensor x = {DT_FP32, 4, {2, 3, 5, 7}, NULL}, o = {0};
@@ -625,6 +661,7 @@ int main(void) {
         cmocka_unit_test(test_concat_split_roundtrip), cmocka_unit_test(test_gather),
         cmocka_unit_test(test_pad_modes),            cmocka_unit_test(test_topk_ties),
         cmocka_unit_test(test_resize_known),         cmocka_unit_test(test_shape_and_size),
+        cmocka_unit_test(test_strings_move),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
