@@ -922,7 +922,11 @@ static void io_stop_cb(void *arg) {
     event_base_loopbreak(io->base);
 }
 
-static int listen_socket(const char *addr, int port, int *bound_port, char *err, size_t err_len) {
+/* Binds addr:port; listens unless probe. SO_REUSEPORT lets every I/O thread
+ * have its own socket on the port (the kernel spreads connections), but it
+ * would also let a second kiln share the port silently: so the first bind is
+ * a probe without it, which fails when anything already listens there. */
+static int listen_socket(const char *addr, int port, int probe, int *bound_port, char *err, size_t err_len) {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
     struct addrinfo *res = NULL;
     char ps[16];
@@ -936,12 +940,13 @@ static int listen_socket(const char *addr, int port, int *bound_port, char *err,
     int one = 1;
     if (fd >= 0) {
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+        if (!probe) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
         /* Accepted sockets inherit it on Linux: no Nagle delay on the last segment of a reply. */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     }
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || listen(fd, 1024)) {
-        status_set(err, err_len, STATUS_UNAVAILABLE, "cannot listen on %s port %d: %s", addr, port, strerror(errno));
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || (!probe && listen(fd, 1024))) {
+        status_set(err, err_len, STATUS_UNAVAILABLE, "cannot listen on %s port %d: %s%s", addr, port, strerror(errno),
+                   errno == EADDRINUSE ? " (another server uses it: pick another --http-port)" : "");
         if (fd >= 0) close(fd);
         freeaddrinfo(res);
         return -1;
@@ -974,13 +979,16 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     s->io = calloc((size_t)s->nthreads, sizeof *s->io);
     if (!s->io) goto fail;
     int port = p->config->http_port;
+    int probe = listen_socket(p->config->http_address, port, 1, &port, err, err_len);
+    if (probe < 0) goto fail;
+    close(probe);
     for (int i = 0; i < s->nthreads; i++) {
         struct io_thread *io = &s->io[i];
         io->srv = s;
         io->index = i;
         io->fd = -1;
         pthread_mutex_init(&io->qlock, NULL);
-        io->fd = listen_socket(p->config->http_address, port, &s->port, err, err_len);
+        io->fd = listen_socket(p->config->http_address, port, 0, &s->port, err, err_len);
         if (io->fd < 0) goto fail;
         port = s->port; /* the others join the port the first one got */
         io->base = event_base_new();

@@ -116,3 +116,10 @@ def _which(cmd):
 def test_missing_repository_exits_nonzero(tmp_path):
     p = run_kiln("--model-repository", str(tmp_path / "nope"), "--http-port", "0")
     assert p.returncode != 0 and "nope" in p.stderr
+
+
+def test_port_in_use_is_an_error(make_server, small_repo):
+    s = make_server(small_repo)
+    p = run_kiln("--model-repository", str(small_repo), "--http-address", "127.0.0.1", "--http-port", str(s.port))
+    assert p.returncode != 0
+    assert "already in use" in p.stderr and str(s.port) in p.stderr
