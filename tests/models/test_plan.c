@@ -680,33 +680,33 @@ static void test_device_backend_with_fallback(void **state) {
     graph_free(g);
 }
 
-/* A constant subgraph whose result would be huge is not folded (at load or
- * plan time): it runs as a step, so a small file cannot make kiln keep
- * gigabytes of constants. */
-static void test_large_constants_are_not_folded(void **state) {
+/* Folding refuses to create large constants from small ones (an Expand or
+ * ConstantOfShape of a scalar) but keeps a Transpose of a large weight. */
+static void test_fold_size_limit(void **state) {
     (void)state;
     struct graph *g = graph_create();
-    int64_t one[1] = {1}, sd[1] = {2}, shape[2] = {4200, 4200};
-    add_input(g, "x", DT_FP32, 1, one);
+    int64_t sd[1] = {2}, shape[2] = {600, 600}, wd[2] = {300, 400};
     add_const(g, "shape", DT_INT64, 1, sd, shape);
-    node(g, "ConstantOfShape", (const char *[]){"shape"}, 1, (const char *[]){"big"}, 1);
-    node(g, "Add", (const char *[]){"big", "x"}, 2, (const char *[]){"y"}, 1);
-    add_output(g, "y");
-    sort(g);
+    float *w = calloc(300 * 400, sizeof(float));
+    w[1] = 7;
+    add_const_f(g, "w", 2, wd, w);
+    free(w);
+    int a = node(g, "ConstantOfShape", (const char *[]){"shape"}, 1, (const char *[]){"big"}, 1);
+    int b = node(g, "Transpose", (const char *[]){"w"}, 1, (const char *[]){"wt"}, 1);
+    const struct tensor *in_a[1] = {&g->values[graph_find_value(g, "shape")].t};
+    const struct tensor *in_b[1] = {&g->values[graph_find_value(g, "w")].t};
+    struct tensor out;
     char err[256];
-    assert_int_equal(passes_run(g, err, sizeof err), 0);
-    assert_int_equal(g->nnodes, 2);
-    float xd = 2;
-    struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {1}, .data = &xd}, y;
-    struct plan *p;
-    assert_int_equal(plan_build(g, &in, 0, NULL, 1, &p, err, sizeof err), 0);
-    assert_int_equal(plan_nsteps(p), 2);
-    assert_int_equal(plan_nconst_folded(p), 0);
-    plan_release(p);
-    float *yd = run1(g, &in, &y);
-    assert_int_equal(y.dims[1], 4200);
-    assert_float_equal(yd[4200 * 4200 - 1], 2, 0);
-    free(yd);
+    /* 1.44 MB from 16 bytes, limit 1 MB: refused, nothing allocated. */
+    assert_int_equal(plan_eval_node(&g->nodes[a], in_a, 1, &out, 1, 1 << 20, err, sizeof err), PLAN_EVAL_TOO_LARGE);
+    assert_int_equal(plan_eval_node(&g->nodes[a], in_a, 1, &out, 1, 2 << 20, err, sizeof err), 0);
+    assert_int_equal(out.dims[0], 600);
+    free(out.data);
+    /* 480 KB from 480 KB, limit 1 KB: allowed, it adds nothing. */
+    assert_int_equal(plan_eval_node(&g->nodes[b], in_b, 1, &out, 1, 1024, err, sizeof err), 0);
+    assert_int_equal(out.dims[0], 400);
+    assert_float_equal(((float *)out.data)[300], 7, 0);
+    free(out.data);
     graph_free(g);
 }
 
@@ -878,7 +878,7 @@ int main(void) {
         cmocka_unit_test(test_kernel_error_propagates),
         cmocka_unit_test(test_squeezenet_memory_plan),
         cmocka_unit_test(test_device_backend_with_fallback),
-        cmocka_unit_test(test_large_constants_are_not_folded),
+        cmocka_unit_test(test_fold_size_limit),
         cmocka_unit_test(test_device_graph_capture),
         cmocka_unit_test(test_activation_after_add),
         cmocka_unit_test(test_conv_add_bias_fusion),
