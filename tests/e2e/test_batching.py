@@ -6,7 +6,7 @@ One kiln server serves a repository made for these tests:
   digits_hold   dynamic batching with a long delay and a queue of 4: queue-full
   digits_tmo    a long delay and a 100 ms default queue timeout: timeouts
   slow          ResNet-50 (light_resnet50 with a symbolic batch dim), one
-                instance, max_batch_size 4, two priority levels, a queue of 4
+                instance, max_batch_size 8, two priority levels, a queue of 8
                 a level: a busy instance to queue behind, for priorities,
                 per-request timeouts and cancellation. Requests that keep it
                 busy are sent at the highest priority, so that the requests
@@ -86,9 +86,9 @@ def bserver(tmp_path_factory):
     rn = tmp / "resnet50.onnx"
     rn_in, rn_out = _batchable_resnet(rn)
     _model(repo, "slow", rn, {
-        "max_batch_size": 4, "instance_group": cpu1,
+        "max_batch_size": 8, "instance_group": cpu1,
         "dynamic_batching": {"priority_levels": 2, "default_priority_level": 2,
-                             "default_queue_policy": {"max_queue_size": 4, "allow_timeout_override": True}}})
+                             "default_queue_policy": {"max_queue_size": 8, "allow_timeout_override": True}}})
 
     port = _free_port()
     log = open(tmp / "server.log", "w+")
@@ -270,6 +270,18 @@ def _metric(url, name, model):
     raise AssertionError(f"{name} missing from /metrics")
 
 
+def _accepted(url, model):
+    """Requests the model has taken in: pending + answered (success or failure)."""
+    n = 0.0
+    with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
+        for ln in r.read().decode().splitlines():
+            name = ln.split("{", 1)[0]
+            if name in ("kiln_inference_pending_request_count", "kiln_inference_request_success",
+                        "kiln_inference_request_failure") and f'model="{model}"' in ln:
+                n += float(ln.split()[-1])
+    return n
+
+
 def _infer_slow(bserver, rows, priority=0, timeout=None):
     url = bserver["url"]
     return lambda: tritonclient_http.InferenceServerClient(url, network_timeout=600).infer(
@@ -283,11 +295,17 @@ def _wait(cond, what, timeout=60):
         time.sleep(0.01)
 
 
+def _busy_queued(url, busy):
+    """How many of the busy requests are still queued, when one of them runs."""
+    ended = sum(b.end is not None for b in busy)
+    return len(busy) - ended - 1
+
+
 def test_request_timeout_while_instance_busy(bserver):
     url = bserver["url"]
-    pending0 = _metric(url, "kiln_inference_pending_request_count", "slow")
-    busy = [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= pending0 + 2, "both busy accepted")
+    n0 = _accepted(url, "slow")
+    busy = [Timed(_infer_slow(bserver, 8, priority=1)) for _ in range(2)]
+    _wait(lambda: _accepted(url, "slow") >= n0 + 2, "both busy accepted")
     # Queued behind the busy instance with a 50 ms timeout (the request's own,
     # allowed by allow_timeout_override): it fails at its deadline, before the
     # running batches end.
@@ -302,25 +320,26 @@ def test_request_timeout_while_instance_busy(bserver):
 
 def test_priorities_highest_first(bserver):
     url = bserver["url"]
-    q0 = _queue_size(url, "slow")
-    assert q0 == 0
-    busy = [Timed(_infer_slow(bserver, 4, priority=1))]
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 1, "the first busy request is in")
-    busy += [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
-    _wait(lambda: _queue_size(url, "slow") >= 1, "busy requests queue")
-    low1 = Timed(_infer_slow(bserver, 2, priority=2))
-    _wait(lambda: _queue_size(url, "slow") >= 2, "low1 queued")
-    low2 = Timed(_infer_slow(bserver, 2, priority=2))
-    _wait(lambda: _queue_size(url, "slow") >= 3, "low2 queued")
-    high = Timed(_infer_slow(bserver, 2, priority=1))
-    # All three wait together behind a busy request (none has run yet).
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 6, "all six accepted")
-    assert _queue_size(url, "slow") >= 3, "the instance caught up: the machine is too fast for this test"
+    assert _queue_size(url, "slow") == 0
+    n0 = _accepted(url, "slow")
+    busy = [Timed(_infer_slow(bserver, 8, priority=1))]
+    _wait(lambda: _accepted(url, "slow") >= n0 + 1, "the first busy request is in")
+    busy += [Timed(_infer_slow(bserver, 8, priority=1)) for _ in range(3)]
+    _wait(lambda: _accepted(url, "slow") >= n0 + 4, "busy requests accepted")
+    low1 = Timed(_infer_slow(bserver, 4, priority=2))
+    _wait(lambda: _queue_size(url, "slow") >= _busy_queued(url, busy) + 1, "low1 queued")
+    low2 = Timed(_infer_slow(bserver, 4, priority=2))
+    _wait(lambda: _queue_size(url, "slow") >= _busy_queued(url, busy) + 2, "low2 queued")
+    high = Timed(_infer_slow(bserver, 4, priority=1))
+    # low1, low2 and high all wait together behind a busy request.
+    _wait(lambda: _queue_size(url, "slow") == _busy_queued(url, busy) + 3 or busy[-1].end is not None,
+          "all three queued")
+    assert busy[-1].end is None, "the instance caught up: the machine is too fast for this test"
     for t in busy + [low1, low2, high]:
         t.join()
         assert t.error is None, t.error
-    # A batch holds 4 rows: the high-priority request and the oldest low one
-    # run together; the other low one runs after them.
+    # After the busy ones, a batch of 8 rows: the high-priority request and
+    # the oldest low one together; the other low one runs after them.
     assert high.end < low2.end
     assert abs(high.end - low1.end) < abs(low2.end - high.end)
 
@@ -328,8 +347,9 @@ def test_priorities_highest_first(bserver):
 def test_cancelled_request_is_not_run(bserver):
     url = bserver["url"]
     before = _stats(url, "slow")
-    busy = [Timed(_infer_slow(bserver, 4, priority=1)) for _ in range(2)]
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 2, "both busy accepted")
+    n0 = _accepted(url, "slow")
+    busy = [Timed(_infer_slow(bserver, 8, priority=1)) for _ in range(3)]
+    _wait(lambda: _accepted(url, "slow") >= n0 + 3, "busy requests accepted")
     # A 3-row request sent on a raw connection that closes while it is queued.
     x = np.zeros((3, 3, 224, 224), dtype=np.float32).tobytes()
     header = json.dumps({"inputs": [{"name": bserver["rn_in"], "shape": [3, 3, 224, 224], "datatype": "FP32",
@@ -340,20 +360,20 @@ def test_cancelled_request_is_not_run(bserver):
     s.sendall(b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: " + url.encode() +
               b"\r\nContent-Type: application/octet-stream\r\nInference-Header-Content-Length: " +
               str(len(header)).encode() + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    # It is queued once three are pending and the queue is not empty: it runs
-    # last (lowest priority), so a non-empty queue holds it.
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") >= 3, "the request is accepted")
-    assert _queue_size(url, "slow") >= 1, "the instance caught up: the machine is too fast for this test"
+    _wait(lambda: _queue_size(url, "slow") == _busy_queued(url, busy) + 1 or busy[-1].end is not None,
+          "the request is queued")
+    assert busy[-1].end is None, "the instance caught up: the machine is too fast for this test"
     s.close()
     # Dropped when its client went away, while the busy requests still run.
-    _wait(lambda: _metric(url, "kiln_inference_pending_request_count", "slow") <= 2, "the request is dropped", 10)
-    assert any(b.end is None for b in busy), "dropped only when an instance freed up"
+    _wait(lambda: _queue_size(url, "slow") == _busy_queued(url, busy) or busy[-1].end is not None,
+          "the request is dropped", 10)
+    assert busy[-1].end is None, "dropped only when the queue moved on"
     for b in busy:
         b.join()
         assert b.error is None, b.error
     after = _stats(url, "slow")
     rows = after["inference_count"] - before["inference_count"]
-    assert rows == 8, f"{rows} rows ran: the cancelled request's 3 rows should not have"
+    assert rows == 24, f"{rows} rows ran: the cancelled request's 3 rows should not have"
     with urllib.request.urlopen(f"http://{url}/metrics", timeout=10) as r:
         metrics = r.read().decode()
     cancelled = [ln for ln in metrics.splitlines()
