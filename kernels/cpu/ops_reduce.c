@@ -1,5 +1,7 @@
 /* ops_reduce.c - reductions (ReduceSum, ReduceMean, ReduceMax... over any set
- * of axes) and ArgMax/ArgMin.
+ * of axes), ArgMax/ArgMin, and the operators built on reductions: the
+ * NegativeLogLikelihood and SoftmaxCrossEntropy losses, LpNormalization and
+ * MeanVarianceNormalization.
  *
  * The axes are an attribute up to opset 12 (ReduceSum) or 17 (the others)
  * and an optional input from then on; as an input they must be constant when
@@ -529,6 +531,269 @@ static int arg_run(struct op_call *c) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------
+ * Float element access for the ops below (float, double, half types).
+ * ------------------------------------------------------------------------ */
+
+static int flt_dtype(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16; }
+
+static inline double fld(const void *p, enum dtype dt, int64_t i) {
+    switch (dt) {
+    case DT_FP32: return ((const float *)p)[i];
+    case DT_FP64: return ((const double *)p)[i];
+    case DT_FP16: return fp16_to_fp32(((const uint16_t *)p)[i]);
+    default: return bf16_to_fp32(((const uint16_t *)p)[i]);
+    }
+}
+
+static inline void fst(void *p, enum dtype dt, int64_t i, double v) {
+    switch (dt) {
+    case DT_FP32: ((float *)p)[i] = (float)v; break;
+    case DT_FP64: ((double *)p)[i] = v; break;
+    case DT_FP16: ((uint16_t *)p)[i] = fp32_to_fp16((float)v); break;
+    default: ((uint16_t *)p)[i] = fp32_to_bf16((float)v); break;
+    }
+}
+
+static int need_float(struct op_call *c, const struct tensor *t, const char *what) {
+    if (!flt_dtype(t->dtype)) {
+        op_error(c, "%s has dtype %s; this operator takes float, double, float16 or bfloat16", what,
+                 dtype_name(t->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss, as ONNX's
+ * reference computes them: input [N, C, d1...], target [N, d1...] of class
+ * indices, optional per-class weight [C]; ignore_index entries weigh 0;
+ * reduction "none", "sum" or "mean" (weighted mean when weights apply).
+ * ------------------------------------------------------------------------ */
+
+enum loss_red { LOSS_NONE, LOSS_SUM, LOSS_MEAN };
+
+static int loss_reduction(struct op_call *c, enum loss_red *r) {
+    const char *s = node_attr_str(c->node, "reduction", "mean");
+    if (strcmp(s, "none") == 0) *r = LOSS_NONE;
+    else if (strcmp(s, "sum") == 0) *r = LOSS_SUM;
+    else if (strcmp(s, "mean") == 0) *r = LOSS_MEAN;
+    else return op_error(c, "attribute 'reduction' must be \"none\", \"sum\" or \"mean\", got \"%s\"", s);
+    return 0;
+}
+
+static int loss_infer(struct op_call *c, int softmax) {
+    if (c->nin < 2 || !c->in[0] || !c->in[1]) return op_error(c, "inputs 0 (scores) and 1 (labels) are required");
+    if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
+    const struct tensor *x = c->in[0], *t = c->in[1], *w = in_opt(c, 2);
+    int rc = need_float(c, x, "input 0");
+    if (rc) return rc;
+    if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
+        return op_error(c, "labels must be int32 or int64, got %s", dtype_name(t->dtype));
+    if (x->ndim < 2) return op_error(c, "scores must have rank >= 2 ([N, C, ...]), got rank %d", x->ndim);
+    if (t->ndim != x->ndim - 1 || t->dims[0] != x->dims[0])
+        return op_error(c, "labels must have shape [N, d1...] matching scores [N, C, d1...]");
+    for (int i = 2; i < x->ndim; i++)
+        if (t->dims[i - 1] != x->dims[i])
+            return op_error(c, "labels dim %d is %lld but scores dim %d is %lld", i - 1, (long long)t->dims[i - 1],
+                            i, (long long)x->dims[i]);
+    if (w && (w->dtype != x->dtype || w->ndim != 1 || w->dims[0] != x->dims[1]))
+        return op_error(c, "weights must be a [C] tensor of the scores' dtype");
+    enum loss_red red;
+    if ((rc = loss_reduction(c, &red))) return rc;
+    struct tensor *o = c->out[0];
+    o->dtype = x->dtype;
+    if (red == LOSS_NONE) {
+        o->ndim = t->ndim;
+        for (int i = 0; i < t->ndim; i++) o->dims[i] = t->dims[i];
+    } else {
+        o->ndim = 0;
+    }
+    struct tensor *lp = c->nout > 1 ? c->out[1] : NULL;
+    if (lp) {
+        if (!softmax) return op_error(c, "has one output");
+        lp->dtype = x->dtype;
+        lp->ndim = x->ndim;
+        for (int i = 0; i < x->ndim; i++) lp->dims[i] = x->dims[i];
+    }
+    return 0;
+}
+
+static int loss_run(struct op_call *c, int softmax) {
+    const struct tensor *x = c->in[0], *t = c->in[1], *w = in_opt(c, 2);
+    struct tensor *o = c->out[0], *lp = c->nout > 1 ? c->out[1] : NULL;
+    enum loss_red red;
+    int rc = loss_reduction(c, &red);
+    if (rc) return rc;
+    const struct graph_attr *iia = node_attr(c->node, "ignore_index");
+    int has_ii = iia != NULL;
+    int64_t ii = has_ii ? iia->i : 0;
+    /* ONNX's reference weighs the mean by the gathered weights when there
+     * are weights, or (Softmax...) an ignore_index, or (NLL) an
+     * ignore_index other than -1. */
+    int weighted = w || (softmax ? has_ii : !(has_ii && ii == -1));
+    const int64_t n = x->dims[0], nc = x->dims[1];
+    int64_t d = 1;
+    for (int i = 2; i < x->ndim; i++) d *= x->dims[i];
+    enum dtype dt = x->dtype;
+    double sum = 0, wsum = 0;
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t k = 0; k < d; k++) {
+            const int64_t base = b * nc * d + k; /* element (b, 0, k) of the scores */
+            double m = 0, lse = 0;
+            if (softmax && nc > 0) {
+                m = fld(x->data, dt, base);
+                for (int64_t j = 1; j < nc; j++) m = fmax(m, fld(x->data, dt, base + j * d));
+                for (int64_t j = 0; j < nc; j++) lse += exp(fld(x->data, dt, base + j * d) - m);
+                lse = log(lse);
+                if (lp)
+                    for (int64_t j = 0; j < nc; j++)
+                        fst(lp->data, dt, base + j * d, fld(x->data, dt, base + j * d) - m - lse);
+            }
+            int64_t label = op_int_at(t, b * d + k);
+            double loss = 0, wt = 1;
+            if (has_ii && label == ii) {
+                wt = 0;
+            } else {
+                if (label < 0 || label >= nc)
+                    return op_error(c, "label %lld at position %lld is outside [0, %lld)", (long long)label,
+                                    (long long)(b * d + k), (long long)nc);
+                double v = fld(x->data, dt, base + label * d);
+                if (softmax) v = v - m - lse;
+                if (w) wt = fld(w->data, dt, label);
+                loss = -v * wt;
+            }
+            if (red == LOSS_NONE) fst(o->data, dt, b * d + k, loss);
+            sum += loss;
+            wsum += wt;
+        }
+    if (red == LOSS_SUM) fst(o->data, dt, 0, sum);
+    else if (red == LOSS_MEAN) fst(o->data, dt, 0, weighted ? sum / wsum : sum / (double)(n * d));
+    return 0;
+}
+
+static int nll_infer(struct op_call *c) { return loss_infer(c, 0); }
+static int nll_run(struct op_call *c) { return loss_run(c, 0); }
+static int sce_infer(struct op_call *c) { return loss_infer(c, 1); }
+static int sce_run(struct op_call *c) { return loss_run(c, 1); }
+
+/* ------------------------------------------------------------------------
+ * LpNormalization: x / ||x||_p along one axis (p 1 or 2); a zero norm
+ * gives 0, as ONNX's reference does.
+ * ------------------------------------------------------------------------ */
+
+static int lpn_params(struct op_call *c, const struct tensor *x, int64_t *outer, int64_t *len, int64_t *inner,
+                      int *p) {
+    int ax = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    if (ax < 0) return STATUS_INVALID;
+    int64_t pv = node_attr_int(c->node, "p", 2);
+    if (pv != 1 && pv != 2) return op_error(c, "attribute 'p' must be 1 or 2, got %lld", (long long)pv);
+    *p = (int)pv;
+    *outer = *len = *inner = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < ax) *outer *= x->dims[i];
+        else if (i == ax) *len = x->dims[i];
+        else *inner *= x->dims[i];
+    }
+    return 0;
+}
+
+static int lpn_infer(struct op_call *c) {
+    if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 is required");
+    if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
+    const struct tensor *x = c->in[0];
+    int rc = need_float(c, x, "input");
+    if (rc) return rc;
+    int64_t o, l, i;
+    int p;
+    if ((rc = lpn_params(c, x, &o, &l, &i, &p))) return rc;
+    *c->out[0] = (struct tensor){x->dtype, x->ndim, {0}, NULL};
+    for (int k = 0; k < x->ndim; k++) c->out[0]->dims[k] = x->dims[k];
+    return 0;
+}
+
+static int lpn_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int64_t outer, len, inner;
+    int p;
+    int rc = lpn_params(c, x, &outer, &len, &inner, &p);
+    if (rc) return rc;
+    enum dtype dt = x->dtype;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const int64_t base = o * len * inner + i;
+            double norm = 0;
+            for (int64_t j = 0; j < len; j++) {
+                double v = fld(x->data, dt, base + j * inner);
+                norm += p == 1 ? fabs(v) : v * v;
+            }
+            if (p == 2) norm = sqrt(norm);
+            for (int64_t j = 0; j < len; j++)
+                fst(c->out[0]->data, dt, base + j * inner, norm == 0 ? 0 : fld(x->data, dt, base + j * inner) / norm);
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * MeanVarianceNormalization: (x - E[x]) / (sqrt(E[x^2] - E[x]^2) + 1e-9)
+ * over `axes` (default [0, 2, 3]).
+ * ------------------------------------------------------------------------ */
+
+static int mvn_geom(struct op_call *c, const struct tensor *x, struct red_geom *g) {
+    const int64_t *a;
+    int na = node_attr_ints(c->node, "axes", &a);
+    static const int64_t def[] = {0, 2, 3};
+    if (na < 0) {
+        a = def;
+        na = 3;
+    }
+    memset(g, 0, sizeof *g);
+    for (int i = 0; i < na; i++) {
+        int ax = op_axis(c, a[i], x->ndim);
+        if (ax < 0) return STATUS_INVALID;
+        g->red[ax] = 1;
+    }
+    red_coalesce(x, g);
+    return 0;
+}
+
+static int mvn_infer(struct op_call *c) {
+    if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 is required");
+    if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
+    const struct tensor *x = c->in[0];
+    int rc = need_float(c, x, "input");
+    if (rc) return rc;
+    struct red_geom g;
+    if ((rc = mvn_geom(c, x, &g))) return rc;
+    *c->out[0] = (struct tensor){x->dtype, x->ndim, {0}, NULL};
+    for (int k = 0; k < x->ndim; k++) c->out[0]->dims[k] = x->dims[k];
+    return 0;
+}
+
+static int mvn_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct red_geom g;
+    int rc = mvn_geom(c, x, &g);
+    if (rc) return rc;
+    if (g.nred <= 0) return 0;
+    enum dtype dt = x->dtype;
+    const void *xd = x->data;
+    void *yd = c->out[0]->data;
+    for (int64_t o = 0; o < g.nout; o++) {
+        const int64_t base = red_base(&g, o);
+        double s = 0, s2 = 0;
+        RED_WALK(&g, base, {
+            double v = fld(xd, dt, off);
+            s += v;
+            s2 += v * v;
+        });
+        double mean = s / (double)g.nred, var = s2 / (double)g.nred - mean * mean;
+        double den = sqrt(var > 0 ? var : 0) + 1e-9;
+        RED_WALK(&g, base, fst(yd, dt, off, (fld(xd, dt, off) - mean) / den));
+    }
+    return 0;
+}
+
 const struct op_def op_defs_reduce[] = {
     {"ReduceSum", "", red_infer, NULL, red_run, NULL, 0},
     {"ReduceMean", "", red_infer, NULL, red_run, NULL, 0},
@@ -542,5 +807,9 @@ const struct op_def op_defs_reduce[] = {
     {"ReduceSumSquare", "", red_infer, NULL, red_run, NULL, 0},
     {"ArgMax", "", arg_infer, NULL, arg_run, NULL, 0},
     {"ArgMin", "", arg_infer, NULL, arg_run, NULL, 0},
+    {"NegativeLogLikelihoodLoss", "", nll_infer, NULL, nll_run, NULL, 0},
+    {"SoftmaxCrossEntropyLoss", "", sce_infer, NULL, sce_run, NULL, 0},
+    {"LpNormalization", "", lpn_infer, NULL, lpn_run, NULL, 0},
+    {"MeanVarianceNormalization", "", mvn_infer, NULL, mvn_run, NULL, 0},
     {0},
 };

@@ -3,7 +3,9 @@
  * reduction over every subset of axes of a 4-D tensor with and without
  * keepdims, axes as attribute (old opsets) or input (new ones), negative
  * axes, noop_with_empty_axes, empty reductions, integer and bool data, the
- * threaded path, ArgMax/ArgMin with select_last_index, and clear refusals. */
+ * threaded path, ArgMax/ArgMin with select_last_index, the losses (weights,
+ * ignore_index, log_prob, bad labels), LpNormalization, MeanVarianceNormalization
+ * and clear refusals. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -363,12 +365,165 @@ static void test_argmax(void **state) {
     free(x.data);
 }
 
+/* ---- losses and normalizations -------------------------------------------- */
+
+static int call_n(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout) {
+    const struct op_def *d = op_find("", tn->n.op_type);
+    assert_non_null(d);
+    struct op_call c = {0};
+    c.node = &tn->n;
+    c.nin = nin;
+    c.nout = nout;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    for (int i = 0; i < nout; i++) c.out[i] = out[i];
+    c.nthreads = 1;
+    c.err = g_err;
+    c.err_len = sizeof g_err;
+    g_err[0] = 0;
+    int rc = d->infer(&c);
+    if (rc) return rc;
+    for (int i = 0; i < nout; i++) {
+        int64_t n = tensor_numel(out[i]);
+        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
+    }
+    return d->run(&c);
+}
+
+static void tn_str(struct tnode *t, const char *name, const char *v) {
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ATTR_STRING;
+    a->s = (char *)v;
+    a->s_len = strlen(v);
+}
+
+static void test_losses(void **state) {
+    (void)state;
+    /* scores [N=3, C=4, d=2], labels [3, 2], weights [4] */
+    int64_t xd[] = {3, 4, 2}, td[] = {3, 2}, wd[] = {4};
+    struct tensor x = mk(DT_FP32, 3, xd), t = mk(DT_INT64, 2, td), w = mk(DT_FP32, 1, wd);
+    for (int i = 0; i < 24; i++) F(x)[i] = frand() * 3;
+    int64_t labels[] = {0, 3, 2, 2, 1, 0};
+    memcpy(t.data, labels, sizeof labels);
+    float wv[] = {0.5f, 1.0f, 2.0f, 0.25f};
+    memcpy(w.data, wv, sizeof wv);
+    /* reference log-softmax over C */
+    double logp[24];
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < 2; k++) {
+            double m = -INFINITY, s = 0;
+            for (int j = 0; j < 4; j++) m = fmax(m, F(x)[(b * 4 + j) * 2 + k]);
+            for (int j = 0; j < 4; j++) s += exp(F(x)[(b * 4 + j) * 2 + k] - m);
+            for (int j = 0; j < 4; j++) logp[(b * 4 + j) * 2 + k] = F(x)[(b * 4 + j) * 2 + k] - m - log(s);
+        }
+    /* SoftmaxCrossEntropyLoss, weighted mean with ignore_index 2, and log_prob */
+    struct tnode tn;
+    tn_init(&tn, "SoftmaxCrossEntropyLoss", 13);
+    tn_int(&tn, "ignore_index", 2);
+    struct tensor loss = {0}, lp = {0};
+    const struct tensor *in[3] = {&x, &t, &w};
+    struct tensor *out[2] = {&loss, &lp};
+    assert_int_equal(call_n(&tn, in, 3, out, 2), 0);
+    assert_int_equal(loss.ndim, 0);
+    double num = 0, den = 0;
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < 2; k++) {
+            int64_t l = labels[b * 2 + k];
+            if (l == 2) continue;
+            num += -logp[(b * 4 + l) * 2 + k] * wv[l];
+            den += wv[l];
+        }
+    assert_float_equal(F(loss)[0], num / den, 1e-5);
+    for (int i = 0; i < 24; i++) assert_float_equal(F(lp)[i], logp[i], 1e-5);
+    free(loss.data);
+    free(lp.data);
+    /* NegativeLogLikelihoodLoss over the log-probabilities, no reduction */
+    struct tensor xl = mk(DT_FP32, 3, xd);
+    for (int i = 0; i < 24; i++) F(xl)[i] = (float)logp[i];
+    tn_init(&tn, "NegativeLogLikelihoodLoss", 13);
+    tn_str(&tn, "reduction", "none");
+    const struct tensor *in2[2] = {&xl, &t};
+    struct tensor *out1[1] = {&loss};
+    assert_int_equal(call_n(&tn, in2, 2, out1, 1), 0);
+    assert_int_equal(loss.ndim, 2);
+    for (int b = 0; b < 3; b++)
+        for (int k = 0; k < 2; k++)
+            assert_float_equal(F(loss)[b * 2 + k], -logp[(b * 4 + labels[b * 2 + k]) * 2 + k], 1e-6);
+    free(loss.data);
+    /* a label out of range is an error, not a wild read */
+    ((int64_t *)t.data)[3] = 7;
+    assert_int_not_equal(call_n(&tn, in2, 2, out1, 1), 0);
+    assert_non_null(strstr(g_err, "label 7"));
+    free(loss.data);
+    tn_init(&tn, "NegativeLogLikelihoodLoss", 13);
+    tn_str(&tn, "reduction", "median");
+    assert_int_not_equal(call_n(&tn, in2, 2, out1, 1), 0);
+    assert_non_null(strstr(g_err, "reduction"));
+    free(x.data);
+    free(xl.data);
+    free(t.data);
+    free(w.data);
+}
+
+static void test_lp_and_mvn(void **state) {
+    (void)state;
+    int64_t d[] = {2, 3};
+    struct tensor x = mk(DT_FP32, 2, d), o = {0};
+    float xv[] = {3, 0, -1, -4, 0, 2};
+    memcpy(x.data, xv, sizeof xv);
+    struct tnode tn;
+    tn_init(&tn, "LpNormalization", 1);
+    tn_int(&tn, "axis", 0);
+    tn_int(&tn, "p", 1);
+    const struct tensor *in[1] = {&x};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call_n(&tn, in, 1, out, 1), 0);
+    float e1[] = {3.0f / 7, 0, -1.0f / 3, -4.0f / 7, 0, 2.0f / 3}; /* zero norm gives 0 */
+    for (int i = 0; i < 6; i++) assert_float_equal(F(o)[i], e1[i], 1e-6);
+    free(o.data);
+    tn_init(&tn, "LpNormalization", 1); /* p 2 over the last axis */
+    assert_int_equal(call_n(&tn, in, 1, out, 1), 0);
+    assert_float_equal(F(o)[0], 3 / sqrt(10.0), 1e-6);
+    assert_float_equal(F(o)[5], 2 / sqrt(20.0), 1e-6);
+    free(o.data);
+    tn_int(&tn, "p", 3);
+    assert_int_not_equal(call_n(&tn, in, 1, out, 1), 0);
+    assert_non_null(strstr(g_err, "'p'"));
+
+    /* MVN with its default axes [0, 2, 3]: per channel */
+    int64_t d4[] = {2, 3, 2, 2};
+    struct tensor x4 = mk(DT_FP32, 4, d4);
+    for (int i = 0; i < 24; i++) F(x4)[i] = frand() * 2;
+    tn_init(&tn, "MeanVarianceNormalization", 13);
+    const struct tensor *in4[1] = {&x4};
+    assert_int_equal(call_n(&tn, in4, 1, out, 1), 0);
+    for (int ch = 0; ch < 3; ch++) {
+        double s = 0, s2 = 0;
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 4; k++) {
+                double v = F(x4)[(b * 3 + ch) * 4 + k];
+                s += v;
+                s2 += v * v;
+            }
+        double mean = s / 8, sd = sqrt(s2 / 8 - mean * mean);
+        for (int b = 0; b < 2; b++)
+            for (int k = 0; k < 4; k++) {
+                int i = (b * 3 + ch) * 4 + k;
+                assert_float_equal(F(o)[i], (F(x4)[i] - mean) / (sd + 1e-9), 1e-5);
+            }
+    }
+    free(o.data);
+    free(x4.data);
+    free(x.data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_all_axes),     cmocka_unit_test(test_empty_axes),
         cmocka_unit_test(test_empty_set),    cmocka_unit_test(test_int_and_bool),
         cmocka_unit_test(test_threaded_matches_serial), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_argmax),
+        cmocka_unit_test(test_argmax),       cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_lp_and_mvn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
