@@ -991,7 +991,13 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         io->fd = listen_socket(p->config->http_address, port, 0, &s->port, err, err_len);
         if (io->fd < 0) goto fail;
         port = s->port; /* the others join the port the first one got */
-        io->base = event_base_new();
+        /* The changelist merges the read/write toggles evhttp makes around an
+         * asynchronous reply into at most one epoll_ctl per loop iteration. */
+        struct event_config *ec = event_config_new();
+        if (ec) event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+        io->base = ec ? event_base_new_with_config(ec) : NULL;
+        if (ec) event_config_free(ec);
+        if (!io->base) io->base = event_base_new();
         io->http = io->base ? evhttp_new(io->base) : NULL;
         io->wake = io->base ? event_new(io->base, -1, 0, io_wake_cb, io) : NULL;
         if (!io->http || !io->wake) {
