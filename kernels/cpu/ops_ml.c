@@ -247,9 +247,37 @@ static void ml_linear(const struct tensor *x, int64_t n, int64_t f, const float 
         }
 }
 
+/* Class labels: integers, or strings that label outputs point to (the
+ * node's attribute storage outlives every run, as borrowed strings must). */
+struct ml_labels {
+    int n;
+    const int64_t *ints;
+    char **strs;
+};
+
+static void ml_get_labels(const struct graph_node *nd, const char *ints_name, struct ml_labels *l) {
+    const struct graph_attr *a = node_attr(nd, "classlabels_strings");
+    memset(l, 0, sizeof *l);
+    if (a && a->type == ATTR_STRINGS) {
+        l->strs = a->strings;
+        l->n = a->n;
+    } else {
+        l->n = node_attr_ints(nd, ints_name, &l->ints);
+        if (l->n < 0) l->n = 0;
+    }
+}
+
+/* Writes label k, or for k < 0 the binary default ("0"/"1", 0/1) of -k-1. */
+static void ml_put_label(struct tensor *y, int64_t r, const struct ml_labels *l, int64_t k) {
+    static char s0[] = "0", s1[] = "1";
+    if (l->strs) ((char **)y->data)[r] = k >= 0 ? l->strs[k] : (k == -1 ? s0 : s1);
+    else ((int64_t *)y->data)[r] = k >= 0 ? l->ints[k] : -k - 1;
+}
+
 struct lc_shape {
     int64_t n, f, ne, labels;
     int add_second;
+    struct ml_labels lab;
 };
 
 static int lc_shape(struct op_call *c, struct lc_shape *s) {
@@ -257,21 +285,17 @@ static int lc_shape(struct op_call *c, struct lc_shape *s) {
     int rc = ml_numeric(c, x);
     if (rc || (rc = ml_rows(c, x, &s->n, &s->f))) return rc;
     const float *coef, *icp;
-    const int64_t *li;
     int nc = ml_floats_attr(c, "coefficients", &coef, 1);
     if (nc < 0) return nc == -1 ? STATUS_INVALID : nc;
     int ni = node_attr_floats(c->node, "intercepts", &icp);
-    if (node_attr(c->node, "classlabels_strings")) {
-        op_error(c, "string class labels are not supported; export the classifier with integer labels");
-        return STATUS_UNSUPPORTED;
-    }
-    int nl = node_attr_ints(c->node, "classlabels_ints", &li);
+    ml_get_labels(c->node, "classlabels_ints", &s->lab);
+    int nl = s->lab.n;
     if (s->f == 0 || nc % s->f) return op_error(c, "%d coefficients do not divide into %lld features", nc, (long long)s->f);
     s->ne = nc / s->f;
     if (ni > 0 && ni != s->ne) return op_error(c, "%d intercepts for %lld classes", ni, (long long)s->ne);
-    s->labels = nl < 0 ? 0 : nl;
+    s->labels = nl;
     s->add_second = s->ne == 1 && nl == 2;
-    if (s->ne > 1 && nl != s->ne) return op_error(c, "%lld classes but %d class labels", (long long)s->ne, nl < 0 ? 0 : nl);
+    if (s->ne > 1 && nl != s->ne) return op_error(c, "%lld classes but %d class labels", (long long)s->ne, nl);
     return 0;
 }
 
@@ -281,7 +305,7 @@ static int lc_infer(struct op_call *c) {
     int rc = lc_shape(c, &s);
     if (rc || (rc = ml_post_transform(c, &pt))) return rc;
     int64_t d[2] = {s.n, s.add_second ? 2 : s.ne};
-    if ((rc = ml_set(c, c->out[0], DT_INT64, 1, d))) return rc;
+    if ((rc = ml_set(c, c->out[0], s.lab.strs ? DT_STRING : DT_INT64, 1, d))) return rc;
     return ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
 }
 
@@ -299,22 +323,20 @@ static int lc_run(struct op_call *c) {
     int rc = lc_shape(c, &s);
     if (rc || (rc = ml_post_transform(c, &pt))) return rc;
     const float *coef, *icp;
-    const int64_t *li;
     node_attr_floats(c->node, "coefficients", &coef);
     int ni = node_attr_floats(c->node, "intercepts", &icp);
-    node_attr_ints(c->node, "classlabels_ints", &li);
     struct tensor *z = ml_out(c, 1);
     int64_t cols = s.add_second ? 2 : s.ne;
     float *sc = z && z->data ? z->data : c->scratch;
     if (!sc || (!(z && z->data) && c->scratch_size < (size_t)(s.n * cols) * sizeof(float)))
         return op_error(c, "scratch buffer too small");
     ml_linear(c->in[0], s.n, s.f, coef, s.ne, icp, ni, sc, cols);
-    int64_t *y = c->out[0]->data;
+    struct tensor *y = c->out[0];
     for (int64_t r = 0; r < s.n; r++) {
         float *row = sc + r * cols;
         if (s.ne == 1) {
             int have = s.labels == 2;
-            y[r] = row[0] > 0 ? (have ? li[1] : 1) : (have ? li[0] : 0);
+            ml_put_label(y, r, &s.lab, row[0] > 0 ? (have ? 1 : -2) : (have ? 0 : -1));
             if (s.add_second) {
                 if (pt == PT_PROBIT) {
                     row[0] = ml_probit(row[0]);
@@ -329,7 +351,7 @@ static int lc_run(struct op_call *c) {
             int64_t best = 0;
             for (int64_t e = 1; e < s.ne; e++)
                 if (row[e] > row[best]) best = e;
-            y[r] = li[best];
+            ml_put_label(y, r, &s.lab, best);
             ml_transform_row(row, s.ne, pt);
         }
     }
@@ -410,7 +432,7 @@ struct tree_state {
     int nbase;
     enum { AGG_SUM, AGG_AVG, AGG_MIN, AGG_MAX } agg;
     enum post_transform pt;
-    const int64_t *labels;
+    struct ml_labels lab;
     int binary, all_positive;
 };
 
@@ -584,14 +606,10 @@ static int tree_build(struct op_call *c, int classifier, struct tree_state **out
     }
     if ((rc = ml_post_transform(c, &s->pt))) goto fail;
     if (classifier) {
-        if (node_attr(nd, "classlabels_strings")) {
-            op_error(c, "string class labels are not supported; export the classifier with integer labels");
-            rc = STATUS_UNSUPPORTED;
-            goto fail;
-        }
-        int nl = node_attr_ints(nd, "classlabels_int64s", &s->labels);
+        ml_get_labels(nd, "classlabels_int64s", &s->lab);
+        int nl = s->lab.n;
         if (nl < 1) {
-            rc = op_error(c, "attribute 'classlabels_int64s' is required");
+            rc = op_error(c, "attribute 'classlabels_int64s' or 'classlabels_strings' is required");
             goto fail;
         }
         if (maxid >= nl) {
@@ -674,7 +692,7 @@ static int tree_infer_common(struct op_call *c, int classifier) {
         }
     int64_t d[2] = {n, s->nout};
     if (!rc && classifier) {
-        rc = ml_set(c, c->out[0], DT_INT64, 1, d);
+        rc = ml_set(c, c->out[0], s->lab.strs ? DT_STRING : DT_INT64, 1, d);
         if (!rc) rc = ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
     } else if (!rc) {
         rc = ml_set(c, c->out[0], DT_FP32, 2, d);
@@ -713,7 +731,7 @@ static int tree_run(struct op_call *c) {
     if (!s || c->scratch_size < (size_t)(f + 2 * s->nout + 2) * sizeof(double)) return op_error(c, "the plan was not prepared");
     double *xr = c->scratch, *sc = xr + f, *has = sc + s->nout;
     float *z = s->classifier ? (ml_out(c, 1) ? ml_out(c, 1)->data : NULL) : c->out[0]->data;
-    int64_t *y = s->classifier ? c->out[0]->data : NULL;
+    struct tensor *y = s->classifier ? c->out[0] : NULL;
     for (int64_t r = 0; r < n; r++) {
         for (int64_t j = 0; j < f; j++) xr[j] = x->dtype == DT_FP32 ? (double)((const float *)x->data)[r * f + j] : op_double_at(x, r * f + j);
         for (int64_t k = 0; k < s->nout; k++) sc[k] = has[k] = 0;
@@ -751,7 +769,7 @@ static int tree_run(struct op_call *c) {
             int64_t id = s->w[0].id;
             double v = sc[id] + (s->nbase == 2 ? s->base[1] : (s->nbase == 1 ? s->base[0] : 0));
             int pos = s->all_positive ? v > 0.5 : v > 0;
-            y[r] = s->labels[pos ? 1 : 0];
+            ml_put_label(y, r, &s->lab, pos ? 1 : 0);
             if (s->pt == PT_PROBIT) {
                 out[0] = ml_probit((float)v);
                 out[1] = 0;
@@ -775,7 +793,7 @@ static int tree_run(struct op_call *c) {
         int64_t best = -1;
         for (int64_t k = 0; k < s->nout; k++)
             if (has[k] && (best < 0 || sc[k] > sc[best])) best = k;
-        y[r] = s->labels[best < 0 ? 0 : best];
+        ml_put_label(y, r, &s->lab, best < 0 ? 0 : best);
         if (zr) {
             for (int64_t k = 0; k < s->nout; k++) zr[k] = (float)sc[k];
             ml_transform_row(zr, s->nout, s->pt);
@@ -989,18 +1007,23 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
     if (nd->opset < 2) {
         if (!(a = node_attr(nd, "classes_strings")) || a->type != ATTR_STRINGS)
             return op_error(c, "attribute 'classes_strings' is required");
-        keys->dtype = DT_STRING;
-        keys->dims[0] = a->n;
-        keys->data = a->strings;
-        vals->dtype = DT_INT64; /* values are the positions */
-        vals->dims[0] = a->n;
-        vals->data = NULL;
-        if (c->in[0]->dtype != DT_STRING) {
-            op_error(c, "int64 to string encoding is not supported");
-            return STATUS_UNSUPPORTED;
+        /* Opset 1 maps a class string to its position, or a position back
+         * to its string; a NULL data pointer stands for the positions. */
+        memset(dflt, 0, 16);
+        if (c->in[0]->dtype == DT_STRING) {
+            keys->dtype = DT_STRING;
+            keys->data = a->strings;
+            vals->dtype = DT_INT64;
+            int64_t d = node_attr_int(nd, "default_int64", -1);
+            memcpy(dflt, &d, 8);
+        } else {
+            keys->dtype = DT_INT64;
+            vals->dtype = DT_STRING;
+            vals->data = a->strings;
+            const char *d = node_attr_str(nd, "default_string", "_Unused");
+            memcpy(dflt, &d, sizeof d);
         }
-        int64_t d = node_attr_int(nd, "default_int64", -1);
-        memcpy(dflt, &d, 8);
+        keys->dims[0] = vals->dims[0] = a->n;
         return 0;
     }
     const struct tensor *t;
@@ -1021,7 +1044,11 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
         return op_error(c, "no keys attribute (keys_strings, keys_int64s, keys_floats, keys_tensor)");
     }
     if ((t = node_attr_tensor(nd, "values_tensor"))) *vals = *t;
-    else if ((a = node_attr(nd, "values_strings")) && a->type == ATTR_STRINGS) vals->dtype = DT_STRING;
+    else if ((a = node_attr(nd, "values_strings")) && a->type == ATTR_STRINGS) {
+        vals->dtype = DT_STRING;
+        vals->dims[0] = a->n;
+        vals->data = a->strings;
+    }
     else if ((a = node_attr(nd, "values_int64s")) && a->type == ATTR_INTS) {
         vals->dtype = DT_INT64;
         vals->dims[0] = a->n;
@@ -1032,10 +1059,6 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
         vals->data = a->floats;
     } else {
         return op_error(c, "no values attribute (values_strings, values_int64s, values_floats, values_tensor)");
-    }
-    if (vals->dtype == DT_STRING) {
-        op_error(c, "string outputs are not supported");
-        return STATUS_UNSUPPORTED;
     }
     if (tensor_numel(keys) != tensor_numel(vals)) return op_error(c, "keys and values differ in length");
     if (!dtype_size(vals->dtype) || dtype_size(vals->dtype) > 8) return op_error(c, "unsupported value dtype %s", dtype_name(vals->dtype));
@@ -1049,6 +1072,10 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
     } else if (vals->dtype == DT_FP32) {
         float d = node_attr_float(nd, "default_float", -0.0f);
         memcpy(dflt, &d, 4);
+    } else if (vals->dtype == DT_STRING) {
+        /* the attribute's own storage, or a literal: both outlive every run */
+        const char *d = node_attr_str(nd, "default_string", "_Unused");
+        memcpy(dflt, &d, sizeof d);
     }
     enum dtype in = c->in[0]->dtype;
     int kstr = keys->dtype == DT_STRING, istr = in == DT_STRING;
@@ -1095,7 +1122,7 @@ static int le_prepare(struct op_call *c, void **state, size_t *scratch) {
         ord[i] = i;
         if (s->skeys) s->skeys[i] = ((char **)k.data)[i];
         else if (s->fkeys) s->fkeys[i] = op_double_at(&k, i);
-        else s->ikeys[i] = op_int_at(&k, i);
+        else s->ikeys[i] = k.data ? op_int_at(&k, i) : i;
     }
     qsort_r(ord, (size_t)n, sizeof *ord, le_cmp_idx, s);
     /* Rewrite keys and values in sorted order. */
@@ -1105,7 +1132,7 @@ static int le_prepare(struct op_call *c, void **state, size_t *scratch) {
         int64_t j = ord[i];
         if (s->skeys) ((char **)sorted_keys)[i] = ((char **)k.data)[j];
         else if (s->fkeys) ((double *)sorted_keys)[i] = op_double_at(&k, j);
-        else ((int64_t *)sorted_keys)[i] = op_int_at(&k, j);
+        else ((int64_t *)sorted_keys)[i] = k.data ? op_int_at(&k, j) : j;
         if (v.data) memcpy(s->vals + i * (int64_t)es, (const char *)v.data + j * (int64_t)es, es);
         else memcpy(s->vals + i * (int64_t)es, &j, es); /* opset 1: the class position */
     }

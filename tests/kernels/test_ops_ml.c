@@ -308,6 +308,41 @@ static void test_array_feature_extractor(void **st) {
     free(Y.data);
 }
 
+/* String labels and values point into the node's attributes. */
+static void test_string_labels(void **st) {
+    (void)st;
+    float x[2] = {2, -3};
+    float coef[2] = {1, -1};
+    char *names[2] = {"cat", "dog"};
+    struct tensor X = {DT_FP32, 2, {2, 1}, x}, Y = {0}, Z = {0};
+    struct tnode tn;
+    tn_init(&tn, "LinearClassifier", 1);
+    tn_floats(&tn, "coefficients", coef, 2);
+    tn_strs(&tn, "classlabels_strings", names, 2);
+    const struct tensor *in[1] = {&X};
+    struct tensor *out[2] = {&Y, &Z};
+    assert_int_equal(call(&tn, in, 1, out, 2), 0);
+    assert_int_equal(Y.dtype, DT_STRING);
+    assert_string_equal(((char **)Y.data)[0], "cat");
+    assert_string_equal(((char **)Y.data)[1], "dog");
+    free(Y.data);
+    free(Z.data);
+
+    int64_t keys[2] = {4, 9}, xi[3] = {9, 1, 4};
+    tn_init(&tn, "LabelEncoder", 2);
+    tn_ints(&tn, "keys_int64s", keys, 2);
+    tn_strs(&tn, "values_strings", names, 2);
+    tn_str(&tn, "default_string", "none");
+    struct tensor XI = {DT_INT64, 1, {3}, xi}, L = {0};
+    const struct tensor *in2[1] = {&XI};
+    struct tensor *out2[1] = {&L};
+    assert_int_equal(call(&tn, in2, 1, out2, 1), 0);
+    assert_string_equal(((char **)L.data)[0], "dog");
+    assert_string_equal(((char **)L.data)[1], "none");
+    assert_string_equal(((char **)L.data)[2], "cat");
+    free(L.data);
+}
+
 static void test_zipmap_refused(void **st) {
     (void)st;
     float x[2] = {0.25f, 0.75f};
@@ -326,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_tree_classifier),           cmocka_unit_test(test_tree_regressor_average),
         cmocka_unit_test(test_normalizer_scaler),         cmocka_unit_test(test_label_encoder),
         cmocka_unit_test(test_array_feature_extractor),   cmocka_unit_test(test_zipmap_refused),
+        cmocka_unit_test(test_string_labels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
