@@ -140,6 +140,12 @@ static const struct kd_op *kd_find(const struct graph_node *n) {
     return NULL;
 }
 
+int kc_op_known(const char *op_type) {
+    for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++)
+        if (strcmp(g_ops[i].op_type, op_type) == 0) return 1;
+    return 0;
+}
+
 void kd_foreach_op(void (*fn)(const char *op_type, void *arg), void *arg) {
     for (size_t i = 0; i < sizeof g_ops / sizeof g_ops[0]; i++) fn(g_ops[i].op_type, arg);
 }

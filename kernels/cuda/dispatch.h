@@ -29,6 +29,8 @@ int kd_prepare(struct op_call *c, void **state);
 /* Queues the node on stream s; state from kd_prepare (NULL: built on the fly). */
 int kd_run(struct op_call *c, void *state, cudaStream_t s);
 void kd_release(void *state);
+/* 1 if op_type (default domain) is one the custom kernels handle at all. */
+int kc_op_known(const char *op_type);
 /* Calls fn for every op type the custom kernels handle (docs, tests). */
 void kd_foreach_op(void (*fn)(const char *op_type, void *arg), void *arg);
 

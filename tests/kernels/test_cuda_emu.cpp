@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,13 @@ extern "C" {
 
 #include "kernels/cuda/dispatch.h"
 
+#include <dirent.h>
+#include <sys/stat.h>
+
 extern "C" {
 #include "kernels/backend.h"
+#include "models/model.h"
+#include "models/onnx_load.h"
 }
 
 #ifndef KILN_CUDA_EMU
@@ -582,6 +588,167 @@ static void test_library(void **state) {
 }
 #endif
 
+
+/* ---- ONNX node tests through the CUDA path ----------------------------------------- */
+
+/* The backend the node tests run on: under emulation a "device" backend
+ * whose memory is host memory but which the engine treats as a device
+ * (host_memory 0: copies, plan-time constants, CPU fallback with explicit
+ * copies for nodes the custom kernels refuse, e.g. MatMul and Conv); on a
+ * GPU the real CUDA backend. */
+static int g_nodes_cuda, g_nodes_cpu;
+
+#ifdef KILN_CUDA_EMU
+static void emu_free(struct backend *be) { free(be); }
+static void *emu_alloc(struct backend *be, size_t n) { (void)be; void *p = NULL; cudaMalloc(&p, n ? n : 1); return p; }
+static void emu_buf_free(struct backend *be, void *p) { (void)be; cudaFree(p); }
+static int emu_copy(struct backend *be, void *d, const void *s, size_t n) { (void)be; if (n) memcpy(d, s, n); return 0; }
+static int emu_supports(struct backend *be, const struct op_call *c) {
+    (void)be;
+    int ok = kd_supports(c, NULL, 0);
+    (ok ? g_nodes_cuda : g_nodes_cpu)++;
+    return ok;
+}
+static int emu_prepare(struct backend *be, struct op_call *c, void **state, size_t *ws) {
+    (void)be;
+    *ws = 0;
+    return kd_prepare(c, state);
+}
+static int emu_run(struct backend *be, struct op_call *c) { (void)be; return kd_run(c, c->state, 0); }
+static void emu_release(struct backend *be, const struct graph_node *n, void *state) { (void)be; (void)n; kd_release(state); }
+static int emu_sync(struct backend *be) { (void)be; return 0; }
+static const struct backend_i g_emu_iface = {
+    "cuda-emulated", emu_free, emu_alloc, emu_buf_free, emu_copy, emu_copy, emu_supports, emu_prepare,
+    emu_run, emu_release, emu_sync, NULL, NULL, NULL, NULL,
+};
+static struct backend *node_test_backend(void) {
+    struct backend *be = (struct backend *)calloc(1, sizeof *be);
+    be->iface = &g_emu_iface;
+    be->device = 0;
+    be->host_memory = 0;
+    return be;
+}
+#else
+static struct backend *node_test_backend(void) { return g_be; }
+#endif
+
+static bool uses_custom_kernel(const char *model_path) {
+    char err[256];
+    struct graph *g = onnx_load_file(model_path, err, sizeof err);
+    if (!g) return false;
+    bool any = false;
+    for (int i = 0; i < g->nnodes && !any; i++) any = kc_op_known(g->nodes[i].op_type) != 0;
+    graph_free(g);
+    return any;
+}
+
+static bool close_enough(const struct tensor *want, const struct tensor *got, char *msg, size_t len) {
+    if (!tensor_same_shape(want, got)) {
+        char a[128], b[128];
+        snprintf(msg, len, "shape %s, expected %s", tensor_shape_str(got, b, sizeof b), tensor_shape_str(want, a, sizeof a));
+        return false;
+    }
+    if (want->dtype == DT_STRING) return true;
+    int64_t n = tensor_numel(want);
+    for (int64_t i = 0; i < n; i++) {
+        double w = op_double_at(want, i), g = op_double_at(got, i);
+        if ((isnan(w) && isnan(g)) || w == g) continue;
+        if (!(fabs(w - g) <= 1e-5 + 1e-3 * fabs(w))) {
+            snprintf(msg, len, "element %lld is %.9g, expected %.9g", (long long)i, g, w);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* 0 skipped (no data, or the CPU itself does not pass it), 1 passed, -1 failed. */
+static int node_test(const char *dir, struct backend *be, char *msg, size_t len) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    struct model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.path = path;
+    char err[512] = "";
+    struct model *m = model_load(&mp, err, sizeof err);
+    if (!m) return 0;
+    int nin = model_ninputs(m), nout = model_noutputs(m), rc = 0;
+    std::vector<struct tensor> in((size_t)nin), want((size_t)nout), cpu((size_t)nout), dev((size_t)nout);
+    bool ok = true;
+    for (int i = 0; i < nin && ok; i++) {
+        snprintf(path, sizeof path, "%s/test_data_set_0/input_%d.pb", dir, i);
+        ok = onnx_load_tensor_file(path, &in[(size_t)i], NULL, err, sizeof err) == 0;
+    }
+    for (int i = 0; i < nout && ok; i++) {
+        snprintf(path, sizeof path, "%s/test_data_set_0/output_%d.pb", dir, i);
+        ok = onnx_load_tensor_file(path, &want[(size_t)i], NULL, err, sizeof err) == 0;
+    }
+    struct model_exec *xc = ok ? model_exec_create(m, NULL, 1) : NULL;
+    if (ok && xc && model_run(xc, in.data(), nin, cpu.data(), nout, err, sizeof err) == 0) {
+        bool cpu_ok = true;
+        for (int i = 0; i < nout && cpu_ok; i++) cpu_ok = close_enough(&want[(size_t)i], &cpu[(size_t)i], msg, len);
+        if (cpu_ok) { /* the CPU passes: the CUDA path must too */
+            struct model_exec *xd = model_exec_create(m, be, 1);
+            if (!xd) {
+                snprintf(msg, len, "cannot create an executor on the CUDA backend");
+                rc = -1;
+            } else if (model_run(xd, in.data(), nin, dev.data(), nout, err, sizeof err)) {
+                snprintf(msg, len, "run failed: %s", err);
+                rc = -1;
+            } else {
+                rc = 1;
+                for (int i = 0; i < nout && rc == 1; i++)
+                    if (!close_enough(&want[(size_t)i], &dev[(size_t)i], msg, len)) rc = -1;
+            }
+            model_exec_free(xd);
+        }
+    }
+    model_exec_free(xc);
+    for (auto &t : in) onnx_tensor_clear(&t);
+    for (auto &t : want) onnx_tensor_clear(&t);
+    for (auto &t : cpu) free(t.data);
+    for (auto &t : dev) free(t.data);
+    model_free(m);
+    return rc;
+}
+
+static void test_onnx_node_tests(void **state) {
+    (void)state;
+    const char *data = getenv("KILN_ONNX_NODE_TESTS");
+    std::string dir = data ? data : ".venv/lib/python3.11/site-packages/onnx/backend/test/data/node";
+    DIR *d = opendir(dir.c_str());
+    if (!d) {
+        print_message("ONNX node tests not found at %s (set KILN_ONNX_NODE_TESTS): skipped\n", dir.c_str());
+        skip();
+    }
+    std::vector<std::string> names;
+    while (struct dirent *e = readdir(d))
+        if (!strncmp(e->d_name, "test_", 5)) names.push_back(e->d_name);
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    struct backend *be = node_test_backend();
+    int passed = 0, failed = 0, skipped = 0;
+    for (const std::string &n : names) {
+        std::string t = dir + "/" + n;
+        if (!uses_custom_kernel((t + "/model.onnx").c_str())) continue;
+        char msg[512] = "";
+        int rc = node_test(t.c_str(), be, msg, sizeof msg);
+        if (rc > 0) passed++;
+        else if (rc == 0) skipped++;
+        else {
+            failed++;
+            print_error("%s on the CUDA path: %s\n", n.c_str(), msg);
+        }
+    }
+    print_message("ONNX node tests through the CUDA path: %d passed, %d failed, %d not passed by the CPU either "
+                  "(%d nodes ran on CUDA kernels, %d fell back to the CPU)\n",
+                  passed, failed, skipped, g_nodes_cuda, g_nodes_cpu);
+#ifdef KILN_CUDA_EMU
+    be->iface->free(be);
+#endif
+    assert_int_equal(failed, 0);
+    assert_true(passed > 100);
+}
+
 static void test_harness(void **state) {
     (void)state;
 #ifdef KILN_CUDA_EMU
@@ -680,6 +847,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_supports_truthfully),
+        cmocka_unit_test(test_onnx_node_tests),
 #ifndef KILN_CUDA_EMU
         cmocka_unit_test(test_library),
 #endif

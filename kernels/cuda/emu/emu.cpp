@@ -15,6 +15,20 @@
 #define EMU_ASAN 1
 #endif
 #endif
+#if defined(__SANITIZE_THREAD__)
+#define EMU_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define EMU_TSAN 1
+#endif
+#endif
+#ifdef EMU_TSAN
+/* ThreadSanitizer must know each fiber is a context of its own; flag 0
+ * makes every switch a synchronization, which it is (one runs at a time). */
+extern "C" void *__tsan_get_current_fiber(void);
+extern "C" void *__tsan_create_fiber(unsigned flags);
+extern "C" void __tsan_switch_to_fiber(void *fiber, unsigned flags);
+#endif
 #ifdef EMU_ASAN
 extern "C" void __sanitizer_start_switch_fiber(void **fake_stack_save, const void *bottom, size_t size);
 extern "C" void __sanitizer_finish_switch_fiber(void *fake_stack_save, const void **bottom_old, size_t *size_old);
@@ -38,6 +52,7 @@ struct fiber {
     uint3 tid;
     fiber_state state;
     char *stack;
+    void *tsan; /* ThreadSanitizer's fiber, made once per slot */
 };
 
 /* Kernels are shallow; sanitizers make frames larger. */
@@ -56,6 +71,9 @@ size_t g_stacks_n;
 int g_cur;
 const std::function<void()> *g_body;
 uint64_t g_launches, g_fiber_runs;
+#ifdef EMU_TSAN
+void *g_main_tsan;
+#endif
 #ifdef EMU_ASAN
 const void *g_main_bottom;
 size_t g_main_size;
@@ -70,6 +88,9 @@ size_t g_main_size;
 /* Switches from the running fiber back to the scheduler. */
 void yield_to_main() {
     fiber &f = g_fibers[(size_t)g_cur];
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(g_main_tsan, 0);
+#endif
 #ifdef EMU_ASAN
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, g_main_bottom, g_main_size);
@@ -86,6 +107,9 @@ void fiber_entry() {
 #endif
     (*g_body)();
     g_fibers[(size_t)g_cur].state = FIBER_DONE;
+#ifdef EMU_TSAN
+    __tsan_switch_to_fiber(g_main_tsan, 0);
+#endif
 #ifdef EMU_ASAN
     /* NULL: this fiber's fake stack is not kept, it ends here. */
     __sanitizer_start_switch_fiber(nullptr, g_main_bottom, g_main_size);
@@ -98,6 +122,11 @@ void resume(int i) {
     g_cur = i;
     g_tid = &f.tid;
     g_linear_tid = i;
+#ifdef EMU_TSAN
+    if (!f.tsan) f.tsan = __tsan_create_fiber(0);
+    g_main_tsan = __tsan_get_current_fiber();
+    __tsan_switch_to_fiber(f.tsan, 0);
+#endif
 #ifdef EMU_ASAN
     void *fake = nullptr;
     __sanitizer_start_switch_fiber(&fake, f.stack, k_stack_size);
