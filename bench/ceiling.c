@@ -2,7 +2,9 @@
  * ceiling of this machine for kiln's front end. Same structure as kiln's
  * (N threads, each its own event_base and evhttp on one listening socket),
  * but it reads the body and answers a fixed KServe-style JSON response,
- * doing no parsing and no inference.
+ * doing no parsing and no inference. GETs (what `kiln bench` reads before
+ * it starts: model metadata and config) get the digits model's, so both load
+ * generators can drive it.
  *   build/ceiling PORT [THREADS] */
 #include <event2/buffer.h>
 #include <event2/event.h>
@@ -22,8 +24,25 @@ static const char BODY[] =
     "\"shape\":[1],\"data\":[8]},{\"name\":\"probabilities\",\"datatype\":\"FP32\",\"shape\":[1,10],\"data\":[0.0,"
     "0.0,0.0,0.0,0.0,0.0,0.0,0.0,1.0,0.0]}]}";
 
+static const char METADATA[] =
+    "{\"name\":\"digits\",\"versions\":[\"1\"],\"platform\":\"onnxruntime_onnx\",\"inputs\":[{\"name\":\"input\","
+    "\"datatype\":\"FP32\",\"shape\":[-1,64]}],\"outputs\":[{\"name\":\"label\",\"datatype\":\"INT64\",\"shape\":[-1]},"
+    "{\"name\":\"probabilities\",\"datatype\":\"FP32\",\"shape\":[-1,10]}]}";
+static const char CONFIG[] = "{\"name\":\"digits\",\"max_batch_size\":64}";
+
 static void on_request(struct evhttp_request *req, void *arg) {
     (void)arg;
+    if (evhttp_request_get_command(req) == EVHTTP_REQ_GET) {
+        const char *uri = evhttp_request_get_uri(req);
+        size_t n = strlen(uri);
+        int config = n >= 7 && strcmp(uri + n - 7, "/config") == 0;
+        struct evbuffer *out = evbuffer_new();
+        evbuffer_add(out, config ? CONFIG : METADATA, config ? sizeof CONFIG - 1 : sizeof METADATA - 1);
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+        evhttp_send_reply(req, 200, "OK", out);
+        evbuffer_free(out);
+        return;
+    }
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     evbuffer_drain(in, evbuffer_get_length(in));
     struct evbuffer *out = evbuffer_new();
