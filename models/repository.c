@@ -336,7 +336,7 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
     pthread_rwlock_unlock(&r->lock);
 }
 
-static int load_locked(repository_t *r, const char *name, char *err, size_t err_len) {
+static int load_locked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
     if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
@@ -354,8 +354,9 @@ static int load_locked(repository_t *r, const char *name, char *err, size_t err_
     size_t cfg_len = 0;
     char cpath[4200];
     snprintf(cpath, sizeof cpath, "%s/config.json", mdir);
-    char *cfg = read_file(cpath, &cfg_len);
-    if (!cfg && stat(cpath, &st) == 0) {
+    char *cfg = override ? strdup(override) : read_file(cpath, &cfg_len);
+    if (override) cfg_len = strlen(override);
+    if (!cfg && !override && stat(cpath, &st) == 0) {
         ERR(STATUS_INVALID, "model '%s': cannot read %s", name, cpath);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
         return STATUS_INVALID;
@@ -408,8 +409,13 @@ static int load_locked(repository_t *r, const char *name, char *err, size_t err_
 }
 
 int repository_load(repository_t *r, const char *name, char *err, size_t err_len) {
+    return repository_load_with_config(r, name, NULL, err, err_len);
+}
+
+int repository_load_with_config(repository_t *r, const char *name, const char *config_json, char *err,
+                                size_t err_len) {
     pthread_mutex_lock(&r->control);
-    int rc = load_locked(r, name, err, err_len);
+    int rc = load_locked(r, name, config_json, err, err_len);
     pthread_mutex_unlock(&r->control);
     return rc;
 }
@@ -497,7 +503,7 @@ void repository_poll(repository_t *r) {
         int changed = !e || e->signature != sig;
         pthread_rwlock_unlock(&r->lock);
         if (changed) {
-            if (load_locked(r, names[i], err, sizeof err)) {
+            if (load_locked(r, names[i], NULL, err, sizeof err)) {
                 /* Remember the failed signature so a broken model is retried only when it changes. */
                 pthread_rwlock_wrlock(&r->lock);
                 if ((e = entry_find(r, names[i]))) e->signature = sig;

@@ -57,6 +57,10 @@ void repository_free(repository_t *r);
  * err naming what was wrong; on error a previously loaded version keeps
  * serving. Logs one line per version with its load time. */
 int repository_load(repository_t *r, const char *name, char *err, size_t err_len);
+/* The same with a configuration given as JSON text instead of the model's
+ * config.json (Triton's load request parameter "config"). */
+int repository_load_with_config(repository_t *r, const char *name, const char *config_json, char *err,
+                                size_t err_len);
 /* Unloads a model: new requests get NOT_FOUND/UNAVAILABLE, requests in flight finish. */
 int repository_unload(repository_t *r, const char *name, char *err, size_t err_len);
 /* Loads every model folder; returns the number that failed (each logged). */

@@ -694,6 +694,7 @@ struct control_req {
     struct io_thread *io;
     struct evhttp_request *req;
     char name[256];
+    char *config;  /* load parameter "config": JSON text replacing config.json */
     int load;
     int status;
     char err[512];
@@ -703,12 +704,13 @@ static void control_reply_cb(void *arg) {
     struct control_req *c = arg;
     if (c->status) reply_status(c->srv, c->req, c->status, c->err);
     else reply_raw(c->srv, c->req, 200, "application/json", strdup("{}"), 2);
+    free(c->config);
     free(c);
 }
 
 static void control_run(void *arg) {
     struct control_req *c = arg;
-    if (c->load) c->status = repository_load(c->srv->repo, c->name, c->err, sizeof c->err);
+    if (c->load) c->status = repository_load_with_config(c->srv->repo, c->name, c->config, c->err, sizeof c->err);
     else {
         c->status = repository_unload(c->srv->repo, c->name, c->err, sizeof c->err);
         if (!c->status) log_info("unload of model '%s' requested", c->name);
@@ -755,6 +757,37 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
     c->req = req;
     c->load = load;
     snprintf(c->name, sizeof c->name, "%s", name);
+    /* Body: {"parameters": {"config": "<model config JSON>", "unload_dependents": bool}}. */
+    size_t len;
+    int owned, code = 400;
+    char err[300];
+    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    if (!body) {
+        free(c);
+        reply_error(s, req, code, err);
+        return;
+    }
+    if (len) {
+        cJSON *j = cJSON_ParseWithLength((const char *)body, len);
+        cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
+        cJSON *cfg = cJSON_GetObjectItemCaseSensitive(params, "config");
+        const char *bad = !cJSON_IsObject(j) ? "the request body must be a JSON object"
+                          : params && !cJSON_IsObject(params) ? "field 'parameters' must be an object"
+                          : cfg && !cJSON_IsString(cfg) ? "parameters.config must be a string holding the model configuration JSON"
+                          : cfg && !load ? "parameters.config is only accepted by load"
+                          : NULL;
+        for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !bad; p = p->next)
+            if (p->string && strncmp(p->string, "file:", 5) == 0)
+                bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
+        if (!bad && cfg) c->config = strdup(cfg->valuestring);
+        cJSON_Delete(j);
+        if (owned) free(body);
+        if (bad) {
+            free(c);
+            reply_error(s, req, 400, bad);
+            return;
+        }
+    } else if (owned) free(body);
     control_post(s, control_run, c);
 }
 

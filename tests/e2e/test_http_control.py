@@ -201,3 +201,21 @@ def test_poll_mode(make_server, tmp_path):
     assert not c.is_model_ready("later")
     assert c.is_model_ready("tiny")
     c.close()
+
+
+def test_load_with_config_override(make_server, small_repo):
+    """tritonclient's load_model(config=...) replaces config.json for that load."""
+    s = make_server(small_repo, "--model-control-mode", "explicit")
+    c = httpclient.InferenceServerClient(s.url)
+    c.load_model("tiny", config='{"max_batch_size": 4, "instance_group": [{"count": 2}]}')
+    cfg = c.get_model_config("tiny")
+    assert cfg["max_batch_size"] == 4 and cfg["instance_group"][0]["count"] == 2
+    with pytest.raises(InferenceServerException, match="max_batch_size"):
+        c.load_model("tiny", config='{"max_batch_size": -3}')
+    assert c.get_model_config("tiny")["max_batch_size"] == 4  # a failed reload keeps the old version
+    c.load_model("tiny")
+    assert c.get_model_config("tiny")["max_batch_size"] == 32
+    status, _, body = raw_request(s.url, "POST", "/v2/repository/models/tiny/load",
+                                  '{"parameters": {"file:1/model.onnx": "AAAA"}}')
+    assert status == 400 and b"file:" in body
+    c.close()
