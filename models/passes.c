@@ -361,7 +361,152 @@ static int known_rank(const struct graph *g, int v, int depth) {
         return a >= 2 && b >= 2 ? (a > b ? a : b) : -1;
     }
     if (is_op(n, "Gemm")) return 2;
+    if (is_op(n, "Conv") && n->nin >= 2) {
+        const struct tensor *w = const_of(g, n->in[1]);
+        return w ? w->ndim : -1;
+    }
+    static const char *const pool[] = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN",
+                                       "Concat", "Sum", "Max", "Min", "Mean", NULL};
+    for (int i = 0; pool[i]; i++)
+        if (is_op(n, pool[i]))
+            for (int k = 0; k < n->nin; k++) {
+                int r = known_rank(g, n->in[k], depth + 1);
+                if (r >= 0) return r;
+            }
     return -1;
+}
+
+/* ---- per-channel affine after Conv or BatchNormalization ------------------------ */
+
+/* Conv or BatchNormalization -> Mul/Add/Sub/Div by a constant that is a
+ * scalar or one value per channel (axis 1): folded into the Conv's weights
+ * and bias or the BN's scale and bias (caffe2 exports write BN, Mul, Add). */
+int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    int done = 0;
+    if (nfolded) *nfolded = 0;
+    unsigned char *is_out = NULL;
+    int *nuse = count_uses(g, NULL, &is_out);
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!nuse || !dead) goto nomem;
+    for (int ai = 0; ai < g->nnodes; ai++) {
+        struct graph_node *a = &g->nodes[ai];
+        int mul = is_op(a, "Mul"), add = is_op(a, "Add"), sub = is_op(a, "Sub"), div = is_op(a, "Div");
+        if ((!mul && !add && !sub && !div) || a->nin != 2 || a->nout != 1 || a->act != ACT_NONE) continue;
+        int k = -1; /* which input comes from a Conv/BN */
+        for (int j = 0; j < 2 && k < 0; j++) {
+            int v = a->in[j];
+            if (v < 0 || g->values[v].producer < 0 || (j == 1 && (sub || div))) continue;
+            const struct graph_node *pn = &g->nodes[g->values[v].producer];
+            if (is_op(pn, "Conv") || is_op(pn, "BatchNormalization")) k = j;
+        }
+        if (k < 0) continue;
+        int x = a->in[k], pi = g->values[x].producer;
+        const struct tensor *cst = const_of(g, a->in[1 - k]);
+        if (dead[pi] || nuse[x] != 1 || is_out[x] || !cst || cst->dtype != DT_FP32) continue;
+        struct graph_node *p = &g->nodes[pi];
+        if (p->act != ACT_NONE || !only_first_output_used(g, p, nuse)) continue;
+        int conv = is_op(p, "Conv");
+        int64_t m;
+        int rank;
+        const struct tensor *w = NULL, *bias = NULL, *scale = NULL, *beta = NULL;
+        if (conv) {
+            w = p->nin >= 2 ? const_of(g, p->in[1]) : NULL;
+            if (!w || w->dtype != DT_FP32 || w->ndim < 3 || p->nout != 1) continue;
+            m = w->dims[0];
+            rank = w->ndim;
+            bias = p->nin >= 3 ? const_of(g, p->in[2]) : NULL;
+            if (p->nin >= 3 && p->in[2] >= 0 && !fp32_vec(bias, m)) continue;
+        } else {
+            if (p->nin < 5 || node_attr_int(p, "training_mode", 0) != 0) continue;
+            scale = const_of(g, p->in[1]);
+            beta = const_of(g, p->in[2]);
+            if (!scale || scale->dtype != DT_FP32) continue;
+            m = tensor_numel(scale);
+            if (!fp32_vec(beta, m) || !fp32_vec(const_of(g, p->in[3]), m) || !fp32_vec(const_of(g, p->in[4]), m))
+                continue;
+            rank = known_rank(g, p->in[0], 0);
+        }
+        /* The constant: a scalar, or M values on the channel axis. */
+        int64_t cn = tensor_numel(cst);
+        if (cn == 1) {
+            if (cst->ndim > (rank >= 0 ? rank : 1)) continue;
+        } else {
+            int ch = rank >= 0 ? cst->ndim - (rank - 1) : -1;
+            if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != m || cn != m) continue;
+        }
+        const float *cv = cst->data;
+        /* New per-channel multiplier and addend for this step. */
+        int64_t per = conv ? tensor_numel(w) / m : 0;
+        struct tensor nw = {0}, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}}, ns = nb;
+        int scales = mul || div;
+        nb.data = malloc((size_t)m * sizeof(float));
+        if (scales) {
+            if (conv) {
+                nw = *w;
+                nw.data = malloc((size_t)tensor_numel(w) * sizeof(float));
+            } else {
+                ns.data = malloc((size_t)m * sizeof(float));
+            }
+        }
+        if (!nb.data || (scales && !nw.data && !ns.data)) {
+            free(nb.data);
+            free(nw.data);
+            free(ns.data);
+            goto nomem;
+        }
+        const float *bd = conv ? (bias ? bias->data : NULL) : beta->data;
+        for (int64_t o = 0; o < m; o++) {
+            float c = cv[cn == 1 ? 0 : o], b0 = bd ? bd[o] : 0.0f;
+            if (mul) ((float *)nb.data)[o] = b0 * c;
+            else if (div) ((float *)nb.data)[o] = b0 / c;
+            else if (add) ((float *)nb.data)[o] = b0 + c;
+            else ((float *)nb.data)[o] = b0 - c;
+            if (scales && conv)
+                for (int64_t j = 0; j < per; j++)
+                    ((float *)nw.data)[o * per + j] = mul ? ((const float *)w->data)[o * per + j] * c
+                                                          : ((const float *)w->data)[o * per + j] / c;
+            if (scales && !conv)
+                ((float *)ns.data)[o] = mul ? ((const float *)scale->data)[o] * c : ((const float *)scale->data)[o] / c;
+        }
+        char pname[256];
+        snprintf(pname, sizeof pname, "%s", p->name);
+        int wv = -1, sv = -1;
+        if (scales && conv && (wv = new_const(g, pname, ".affine_weight", &nw)) < 0) {
+            free(nb.data);
+            goto nomem;
+        }
+        if (scales && !conv && (sv = new_const(g, pname, ".affine_scale", &ns)) < 0) {
+            free(nb.data);
+            goto nomem;
+        }
+        int bv = new_const(g, pname, ".affine_bias", &nb);
+        p = &g->nodes[pi];
+        a = &g->nodes[ai];
+        if (bv < 0 || (conv && set_nin(p, 3))) goto nomem;
+        if (conv) {
+            if (wv >= 0) p->in[1] = wv;
+            p->in[2] = bv;
+        } else {
+            if (sv >= 0) p->in[1] = sv;
+            p->in[2] = bv;
+        }
+        p->out[0] = a->out[0];
+        g->values[a->out[0]].producer = pi;
+        dead[ai] = 1;
+        done++;
+        log_debug("folded %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
+    }
+    if (done) drop_nodes(g, dead);
+    free(nuse);
+    free(is_out);
+    free(dead);
+    if (nfolded) *nfolded = done;
+    return 0;
+nomem:
+    free(nuse);
+    free(is_out);
+    free(dead);
+    return status_set(err, err_len, STATUS_NOMEM, "out of memory folding per-channel constants");
 }
 
 /* ---- bias fusion ---------------------------------------------------------------------- */
@@ -579,14 +724,16 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
 /* ---- all of them ------------------------------------------------------------------------------ */
 
 int passes_run(struct graph *g, char *err, size_t err_len) {
-    int before = g->nnodes, folded = 0, removed = 0, bn = 0, bias = 0, act = 0, removed2 = 0, rc;
+    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, act = 0, removed2 = 0, rc;
     if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
+    if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
-    log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm folded, %d bias and %d activations fused)",
-              before, g->nnodes, folded, removed + removed2, bn, bias, act);
+    log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
+              "bias and %d activations fused)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, act);
     return 0;
 }

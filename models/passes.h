@@ -12,8 +12,9 @@
 #include "models/graph.h"
 
 /* Runs every pass below in order: fold constants, eliminate dead nodes,
- * fold BatchNormalization into Conv, fuse MatMul/Gemm + Add(bias), fuse
- * activations, eliminate dead nodes again. */
+ * fold BatchNormalization into Conv, fold per-channel Mul/Add into Conv or
+ * BatchNormalization, fuse MatMul/Gemm/Conv + Add(bias), fuse activations,
+ * eliminate dead nodes again. */
 int passes_run(struct graph *g, char *err, size_t err_len);
 
 /* Evaluates, on the CPU, every node whose inputs are all constants (Constant
@@ -29,6 +30,11 @@ int passes_eliminate_dead(struct graph *g, int *nremoved);
 /* Conv -> BatchNormalization (constant scale, bias, mean, var; the Conv's
  * output read by the BN only) becomes one Conv with new weights and bias. */
 int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len);
+
+/* Conv or BatchNormalization -> Mul/Add/Sub/Div by a constant scalar or
+ * per-channel vector (the Conv/BN output read by it alone): folded into the
+ * Conv's weights and bias or the BN's scale and bias. */
+int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len);
 
 /* MatMul (OP_BIAS_INPUT) -> Add(constant bias over the last dim) becomes
  * MatMul with a kiln-internal third input; Gemm without C -> Add(constant

@@ -864,6 +864,59 @@ static void test_conv_add_bias_fusion(void **state) {
     graph_free(g);
 }
 
+/* BatchNormalization -> Mul(per-channel) -> Add(per-channel) -> Relu and
+ * Conv -> Div(scalar) -> Sub(per-channel) fold into the BN and the Conv;
+ * numbers unchanged. */
+static struct graph *affine_graph(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {1, 3, 4, 4}, cd[1] = {3}, c3[3] = {3, 1, 1}, wd[4] = {2, 3, 1, 1}, c2[3] = {2, 1, 1}, sd[0] = {};
+    add_input(g, "x", DT_FP32, 4, xd);
+    float sc[3] = {1, 2, 0.5f}, be[3] = {0, 1, -1}, mu[3] = {0.1f, 0.2f, 0.3f}, var[3] = {1, 2, 3};
+    float m3[3] = {2, -1, 3}, a3[3] = {0.5f, 0.25f, -2}, w[6] = {1, -1, 2, 0.5f, 0.25f, -3}, dv = 4, s2[2] = {1, -1};
+    add_const_f(g, "sc", 1, cd, sc);
+    add_const_f(g, "be", 1, cd, be);
+    add_const_f(g, "mu", 1, cd, mu);
+    add_const_f(g, "var", 1, cd, var);
+    add_const_f(g, "m3", 3, c3, m3);
+    add_const_f(g, "a3", 3, c3, a3);
+    add_const_f(g, "w", 4, wd, w);
+    add_const_f(g, "dv", 0, sd, &dv);
+    add_const_f(g, "s2", 3, c2, s2);
+    node(g, "BatchNormalization", (const char *[]){"x", "sc", "be", "mu", "var"}, 5, (const char *[]){"bn"}, 1);
+    node(g, "Mul", (const char *[]){"m3", "bn"}, 2, (const char *[]){"m"}, 1);
+    node(g, "Add", (const char *[]){"m", "a3"}, 2, (const char *[]){"a"}, 1);
+    node(g, "Relu", (const char *[]){"a"}, 1, (const char *[]){"r"}, 1);
+    node(g, "Conv", (const char *[]){"r", "w"}, 2, (const char *[]){"c"}, 1);
+    node(g, "Div", (const char *[]){"c", "dv"}, 2, (const char *[]){"d"}, 1);
+    node(g, "Sub", (const char *[]){"d", "s2"}, 2, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_affine_folding(void **state) {
+    (void)state;
+    float xd[48];
+    unsigned s = 23;
+    for (int i = 0; i < 48; i++) xd[i] = frand(&s) * 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 3, 4, 4}, .data = xd}, y1, y2;
+    struct graph *ref = affine_graph();
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = affine_graph();
+    char err[256];
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 3); /* BN, Relu (BN fuses no activation), Conv */
+    assert_string_equal(g->nodes[0].op_type, "BatchNormalization");
+    assert_string_equal(g->nodes[2].op_type, "Conv");
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 32; i++) assert_float_equal(f[i], r[i], 1e-5);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -882,6 +935,7 @@ int main(void) {
         cmocka_unit_test(test_device_graph_capture),
         cmocka_unit_test(test_activation_after_add),
         cmocka_unit_test(test_conv_add_bias_fusion),
+        cmocka_unit_test(test_affine_folding),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
