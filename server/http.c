@@ -284,6 +284,46 @@ static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, si
     return NULL;
 }
 
+/* ==== response compression =============================================== */
+
+/* Compresses *body in place when the client asked for it with Accept-Encoding
+ * (tritonclient's response_compression_algorithm). The
+ * Inference-Header-Content-Length header keeps the uncompressed JSON length,
+ * as Triton does. On any failure the body goes out uncompressed. */
+static void compress_reply(struct evhttp_request *req, char **body, size_t *len) {
+    const char *ae = evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding");
+    if (!ae || *len == 0) return;
+    int window;
+    const char *name;
+    if (strstr(ae, "gzip")) { window = 15 + 16; name = "gzip"; }
+    else if (strstr(ae, "deflate")) { window = 15; name = "deflate"; }
+    else return;
+    z_stream zs;
+    memset(&zs, 0, sizeof zs);
+    if (deflateInit2(&zs, 1, Z_DEFLATED, window, 8, Z_DEFAULT_STRATEGY) != Z_OK) return;
+    size_t cap = deflateBound(&zs, (uLong)*len);
+    char *out = malloc(cap);
+    if (!out) {
+        deflateEnd(&zs);
+        return;
+    }
+    zs.next_in = (Bytef *)*body;
+    zs.avail_in = (uInt)*len;
+    zs.next_out = (Bytef *)out;
+    zs.avail_out = (uInt)cap;
+    int rc = deflate(&zs, Z_FINISH);
+    size_t n = cap - zs.avail_out;
+    deflateEnd(&zs);
+    if (rc != Z_STREAM_END) {
+        free(out);
+        return;
+    }
+    free(*body);
+    *body = out;
+    *len = n;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Encoding", name);
+}
+
 /* ==== inference ========================================================== */
 
 struct infer_ctx {
@@ -415,7 +455,10 @@ static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
             }
             metrics_record_success(m, now_ns() - c->t0, c->br.start_ns - c->br.enqueue_ns, c->br.compute_input_ns,
                                    c->br.compute_infer_ns, c->br.compute_output_ns, c->br.rows, c->br.batch_size);
-            reply_raw(s, c->req, 200, ctype, body.data, body.len);
+            char *data = body.data;
+            size_t len = body.len;
+            compress_reply(c->req, &data, &len);
+            reply_raw(s, c->req, 200, ctype, data, len);
         }
     }
     if (m) atomic_fetch_sub_explicit(&m->pending, 1, memory_order_relaxed);

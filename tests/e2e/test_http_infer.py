@@ -200,3 +200,20 @@ def test_digits_json_and_binary(client, repo):
                 np.testing.assert_allclose(got, ref[o["name"]], rtol=1e-4, atol=1e-5)
             else:
                 np.testing.assert_array_equal(got, ref[o["name"]])
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_compressed_response(client, repo, algorithm):
+    x = np.random.default_rng(9).standard_normal((6, 4)).astype(np.float32)
+    for binary in (True, False):
+        outs = [httpclient.InferRequestedOutput("logits", binary_data=binary)]
+        r = client.infer("tiny", [fp32_input("x", x)], outputs=outs, request_compression_algorithm=algorithm,
+                         response_compression_algorithm=algorithm)
+        np.testing.assert_allclose(r.as_numpy("logits"), ort_run(repo, "tiny", {"x": x})["logits"], rtol=1e-5)
+
+
+def test_raw_gzip_response_header(server):
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    status, headers, raw = raw_request(server.url, "POST", "/v2/models/tiny/infer", body, {"Accept-Encoding": "gzip"})
+    assert status == 200 and headers.get("Content-Encoding") == "gzip"
+    assert json.loads(gzip.decompress(raw))["model_name"] == "tiny"
