@@ -1,134 +1,203 @@
 #!/usr/bin/env bash
-# batching.sh - dynamic batching benchmark on the CPU.
+# batching.sh - dynamic batching benchmark on the CPU, with kiln's own load
+# generator (kiln bench: binary-extension requests, 64 distinct bodies).
 #
-# Serves the digits model and ResNet-50 in four modes each (batching off, on,
-# fixed delay, latency budget; see bench/make_batching_repo.py) from one kiln
-# server on loopback, drives each with wrk (binary-extension infer bodies,
-# keep-alive connections = concurrency) and writes one table:
-#   $OUT/batching.csv and $OUT/batching.md (OUT defaults to build/bench).
-# Columns: model, mode, concurrency, requests/s, p50 ms, p99 ms, errors, and
-# the mean batch size the server reports for that run.
+# For the digits model and ResNet-50 (bench/make_batching_repo.py makes the
+# repository: one model directory per batching mode, same ONNX file):
+#   1. closed loop at concurrency 1, 16, 64 with batching off and on
+#      (dynamic_batching with no delay: batches form while the instance is busy);
+#   2. the latency budget against a fixed delay "tuned for the same budget"
+#      (half of it): closed loop at the highest concurrency for throughput, and
+#      open loop (Poisson arrivals) at half of batching-on's throughput there,
+#      where the budget is checked against p99.
+# The budget is derived from the model's measured single-request latency
+# (BUDGET_FACTOR x the batching-off p50 at concurrency 1, at least BUDGET_MIN_US)
+# unless BUDGET_<MODEL>_US is set; the server is restarted with it for step 2.
+# Writes $OUT/batching.csv and $OUT/batching.md (OUT defaults to build/bench).
 #
-# Environment: DURATION (s per run, default 10), CONCURRENCY ("1 16 64"),
-# MODELS ("digits resnet50"), KILN (build/kiln), PORT (free port if unset),
-# THREADS (wrk threads, default 2), INSTANCES (instance_group count, 1).
+# Environment: DURATION_DIGITS / DURATION_RESNET50 (s per level, 5 / 20),
+# CONCURRENCY ("1 16 64"), MODELS ("digits resnet50"), KILN (build/kiln),
+# INSTANCES (instance_group count, 1), BUDGET_FACTOR (4), BUDGET_MIN_US (2000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KILN=${KILN:-build/kiln}
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-build/bench}
-DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}
 MODELS=${MODELS:-"digits resnet50"}
-THREADS=${THREADS:-2}
 INSTANCES=${INSTANCES:-1}
+BUDGET_FACTOR=${BUDGET_FACTOR:-4}
+BUDGET_MIN_US=${BUDGET_MIN_US:-2000}
 WORK=$OUT/batching
 mkdir -p "$WORK"
+rm -f "$WORK"/run_*.csv
 
-command -v wrk >/dev/null || { echo "batching.sh: wrk not found (apt-get install wrk)" >&2; exit 1; }
 [ -x "$KILN" ] || { echo "batching.sh: $KILN not built (make)" >&2; exit 1; }
+"$KILN" bench --help >/dev/null 2>&1 || { echo "batching.sh: $KILN has no bench command" >&2; exit 1; }
 
-extra=()
-case " $MODELS " in *" resnet50 "*) ;; *) extra+=(--no-resnet) ;; esac
-"$PY" bench/make_batching_repo.py --out "$WORK" --instances "$INSTANCES" "${extra[@]}" >/dev/null
+SERVER=
+PORT=
+stop_server() {
+    if [ -n "$SERVER" ]; then kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; fi
+    SERVER=
+}
+trap stop_server EXIT
 
-PORT=${PORT:-$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
-URL=http://127.0.0.1:$PORT
-"$KILN" serve --model-repository "$WORK/repo" --http-address 127.0.0.1 --http-port "$PORT" \
-    --log-level warn >"$WORK/server.log" 2>&1 &
-SERVER=$!
-cleanup() { kill "$SERVER" 2>/dev/null || true; wait "$SERVER" 2>/dev/null || true; }
-trap cleanup EXIT
-
-for _ in $(seq 1 600); do
-    curl -sf "$URL/v2/health/ready" >/dev/null 2>&1 && break
-    kill -0 "$SERVER" 2>/dev/null || { echo "batching.sh: server exited:" >&2; cat "$WORK/server.log" >&2; exit 1; }
-    sleep 0.1
-done
-curl -sf "$URL/v2/health/ready" >/dev/null || { echo "batching.sh: server not ready" >&2; exit 1; }
-
-cat >"$WORK/post.lua" <<'EOF'
--- Posts the same binary-extension infer body on every request.
-local f = assert(io.open(os.getenv("KILN_BODY"), "rb"))
-wrk.method = "POST"
-wrk.body = f:read("*a")
-f:close()
-wrk.headers["Content-Type"] = "application/octet-stream"
-wrk.headers["Inference-Header-Content-Length"] = os.getenv("KILN_HLEN")
-EOF
-
-# "1.23ms" / "850.00us" / "1.05s" -> milliseconds
-to_ms() {
-    awk -v v="$1" 'BEGIN { n = v + 0; if (v ~ /us$/) n /= 1000; else if (v ~ /ms$/) n = n; else if (v ~ /s$/) n *= 1000; printf "%.3f", n }'
+start_server() {
+    PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$KILN" serve --model-repository "$WORK/repo" --http-address 127.0.0.1 --http-port "$PORT" \
+        --log-level warn >>"$WORK/server.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 1 600); do
+        curl -sf "http://127.0.0.1:$PORT/v2/health/ready" >/dev/null 2>&1 && return 0
+        kill -0 "$SERVER" 2>/dev/null || { echo "batching.sh: server exited:" >&2; tail "$WORK/server.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    echo "batching.sh: server not ready" >&2
+    exit 1
 }
 
-# execution_count and inference_count of a model from its stats
+make_repo() { # extra args for make_batching_repo.py
+    local extra=()
+    case " $MODELS " in *" resnet50 "*) ;; *) extra+=(--no-resnet) ;; esac
+    rm -rf "$WORK/repo"
+    "$PY" bench/make_batching_repo.py --out "$WORK" --instances "$INSTANCES" "${extra[@]}" "$@" >/dev/null
+}
+
+# inference_count and execution_count of a model, from its stats
 stats() {
-    curl -sf "$URL/v2/models/$1/stats" | "$PY" -c '
+    curl -sf "http://127.0.0.1:$PORT/v2/models/$1/stats" | "$PY" -c '
 import json, sys
 s = json.load(sys.stdin)["model_stats"][0]
 print(s.get("inference_count", 0), s.get("execution_count", 0))'
 }
 
-CSV=$OUT/batching.csv
-echo "model,mode,concurrency,rps,p50_ms,p99_ms,errors,mean_batch" >"$CSV"
-
-run() { # model mode concurrency
-    local model=$1 mode=$2 c=$3 name=$1_$2 t
-    t=$(( c < THREADS ? c : THREADS ))
-    read -r inf0 exe0 < <(stats "$name")
-    KILN_BODY="$WORK/$model.body" KILN_HLEN=$(cat "$WORK/$model.hlen") \
-        wrk -t"$t" -c"$c" -d"${DURATION}s" --timeout 30s --latency -s "$WORK/post.lua" \
-        "$URL/v2/models/$name/infer" >"$WORK/wrk_${name}_$c.txt" 2>&1 || true
-    read -r inf1 exe1 < <(stats "$name")
-    local f=$WORK/wrk_${name}_$c.txt
-    local rps p50 p99 errs mean
-    rps=$(awk '/^Requests\/sec:/ { print $2 }' "$f")
-    p50=$(to_ms "$(awk '$1 == "50%" { print $2 }' "$f")")
-    p99=$(to_ms "$(awk '$1 == "99%" { print $2 }' "$f")")
-    errs=$(awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$f")
-    mean=$(awk -v i=$((inf1 - inf0)) -v e=$((exe1 - exe0)) 'BEGIN { printf "%.2f", e ? i / e : 0 }')
-    echo "$model,$mode,$c,${rps:-0},$p50,$p99,$errs,$mean" | tee -a "$CSV"
+# Waits until nothing of this model is queued or running (a closed-loop run
+# leaves its last requests behind when it stops).
+drain() {
+    for _ in $(seq 1 1200); do
+        local n
+        n=$(curl -sf "http://127.0.0.1:$PORT/metrics" | awk -v m="model=\"$1\"" \
+            '/^kiln_inference_pending_request_count\{/ && index($0, m) { print $NF }')
+        [ "${n%.*}" = "0" ] && return 0
+        sleep 0.1
+    done
 }
 
+duration() {
+    case $1 in digits) echo "${DURATION_DIGITS:-5}" ;; *) echo "${DURATION_RESNET50:-20}" ;; esac
+}
+
+# run MODEL MODE LABEL LOAD-ARGS...: one level of kiln bench, one CSV row
+run() {
+    local model=$1 mode=$2 label=$3
+    shift 3
+    local name=${model}_$mode csv=$WORK/run_${model}_${mode}_$label.csv
+    drain "$name"
+    read -r inf0 exe0 < <(stats "$name")
+    "$KILN" bench -u "127.0.0.1:$PORT" -m "$name" "$@" -d "$(duration "$model")" --warmup 1 \
+        --timeout-ms 120000 --no-progress --csv "$csv" >"$WORK/run_${model}_${mode}_$label.txt" 2>&1 || true
+    drain "$name"
+    read -r inf1 exe1 < <(stats "$name")
+    local mean
+    mean=$(awk -v i=$((inf1 - inf0)) -v e=$((exe1 - exe0)) 'BEGIN { printf "%.2f", e ? i / e : 0 }')
+    if [ ! -s "$csv" ]; then
+        echo "batching.sh: $name $label: kiln bench wrote nothing:" >&2
+        tail -3 "$WORK/run_${model}_${mode}_$label.txt" >&2
+        return 0
+    fi
+    tail -n 1 "$csv" | awk -F, -v model="$model" -v mode="$mode" -v label="$label" -v mean="$mean" -v b="${BUDGET[$model]:-}" \
+        'BEGIN { OFS = "," } { print model, mode, label, $9, $10 / 1000, $13 / 1000, $7, mean, $16, $17, b }' |
+        tee -a "$CSV"
+}
+
+CSV=$OUT/batching.csv
+echo "model,mode,load,throughput,p50_ms,p99_ms,errors,mean_batch,server_queue_us,server_compute_us,budget_us" >"$CSV"
+declare -A BUDGET
+
+make_repo
+start_server
 for model in $MODELS; do
-    # One short warm-up per mode: plans for the batch shapes, profile for the budget.
-    for mode in off on delay budget; do
-        KILN_BODY="$WORK/$model.body" KILN_HLEN=$(cat "$WORK/$model.hlen") \
-            wrk -t2 -c16 -d2s --timeout 30s -s "$WORK/post.lua" "$URL/v2/models/${model}_$mode/infer" >/dev/null 2>&1 || true
+    # Warm-up: plans for the batch sizes the runs will see.
+    for mode in off on; do
+        "$KILN" bench -u "127.0.0.1:$PORT" -m "${model}_$mode" -c 16 -d 2 --warmup 0 --no-progress >/dev/null 2>&1 || true
+        drain "${model}_$mode"
     done
     for c in $CONCURRENCY; do
-        run "$model" off "$c"
-        run "$model" on "$c"
+        run "$model" off "c=$c" -c "$c"
+        run "$model" on "c=$c" -c "$c"
     done
-    top=${CONCURRENCY##* }
-    run "$model" delay "$top"
-    run "$model" budget "$top"
 done
+stop_server
 
-"$PY" - "$CSV" "$WORK" >"$OUT/batching.md" <<'EOF'
-import csv, sys, os
+# The budget from the measured single-request latency, then the budget runs.
+budget_args=()
+for model in $MODELS; do
+    var=BUDGET_$(echo "$model" | tr a-z A-Z)_US
+    if [ -n "${!var:-}" ]; then
+        b=${!var}
+    else
+        p50=$(awk -F, -v m="$model" '$1 == m && $2 == "off" && $3 == "c=1" { print $5 }' "$CSV")
+        b=$(awk -v p="${p50:-1}" -v f="$BUDGET_FACTOR" -v lo="$BUDGET_MIN_US" \
+            'BEGIN { b = p * 1000 * f; if (b < lo) b = lo; printf "%d", b }')
+    fi
+    BUDGET[$model]=$b
+    budget_args+=("--budget-$model" "$b")
+done
+make_repo "${budget_args[@]}"
+start_server
+top=${CONCURRENCY##* }
+for model in $MODELS; do
+    for mode in delay budget; do
+        "$KILN" bench -u "127.0.0.1:$PORT" -m "${model}_$mode" -c 16 -d 2 --warmup 0 --no-progress >/dev/null 2>&1 || true
+        drain "${model}_$mode"
+    done
+    run "$model" delay "c=$top" -c "$top"
+    run "$model" budget "c=$top" -c "$top"
+    thr=$(awk -F, -v m="$model" -v c="c=$top" '$1 == m && $2 == "on" && $3 == c { print $4 }' "$CSV")
+    rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 2; if (r < 1) r = 1; printf "%d", r }')
+    run "$model" delay "rate=$rate" -r "$rate" --poisson
+    run "$model" budget "rate=$rate" -r "$rate" --poisson
+done
+stop_server
+
+"$PY" - "$CSV" >"$OUT/batching.md" <<'EOF'
+import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-work = sys.argv[2]
-print("| model | mode | concurrency | requests/s | p50 ms | p99 ms | errors | mean batch |")
-print("|---|---|---:|---:|---:|---:|---:|---:|")
+def mode(r):
+    b = int(r["budget_us"] or 0)
+    return {"off": "off", "on": "on (no delay)", "delay": f"fixed delay {b / 2000:g} ms",
+            "budget": f"latency budget {b / 1000:g} ms"}[r["mode"]]
+print("| model | batching | load | infer/s | p50 ms | p99 ms | errors | mean batch | server queue / compute us |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r['model']} | {r['mode']} | {r['concurrency']} | {float(r['rps']):.1f} | {r['p50_ms']} | "
-          f"{r['p99_ms']} | {r['errors']} | {r['mean_batch']} |")
+    print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f} | {float(r['p50_ms']):.2f} | "
+          f"{float(r['p99_ms']):.2f} | {r['errors']} | {r['mean_batch']} | "
+          f"{float(r['server_queue_us']):.0f} / {float(r['server_compute_us']):.0f} |")
 print()
-by = {(r["model"], r["mode"], r["concurrency"]): r for r in rows}
-for model in sorted({r["model"] for r in rows}):
-    cs = sorted({int(r["concurrency"]) for r in rows if r["model"] == model})
-    top = str(cs[-1])
-    off, on = by.get((model, "off", top)), by.get((model, "on", top))
-    if off and on and float(off["rps"]) > 0:
-        print(f"- {model} at concurrency {top}: batching on = {float(on['rps']) / float(off['rps']):.2f}x "
-              f"the throughput of batching off; p99 {on['p99_ms']} vs {off['p99_ms']} ms.")
-    d, b = by.get((model, "delay", top)), by.get((model, "budget", top))
-    budget = open(os.path.join(work, f"{model}.budget")).read().strip()
-    if d and b:
-        print(f"- {model}: latency budget {int(budget) / 1000:g} ms: p99 {b['p99_ms']} ms at {float(b['rps']):.1f} req/s; "
-              f"fixed delay {int(budget) / 2000:g} ms: p99 {d['p99_ms']} ms at {float(d['rps']):.1f} req/s.")
+by = {(r["model"], r["mode"], r["load"]): r for r in rows}
+for model in dict.fromkeys(r["model"] for r in rows):
+    loads = [r["load"] for r in rows if r["model"] == model and r["mode"] == "off"]
+    if loads:
+        top = loads[-1]
+        off, on = by.get((model, "off", top)), by.get((model, "on", top))
+        if off and on and float(off["throughput"]) > 0:
+            print(f"- {model}, {top}: batching on gives {float(on['throughput']) / float(off['throughput']):.2f}x "
+                  f"the throughput of batching off; p99 {float(on['p99_ms']):.1f} vs {float(off['p99_ms']):.1f} ms.")
+    for r in rows:
+        if r["model"] == model and r["mode"] == "budget" and r["load"].startswith("rate="):
+            d = by.get((model, "delay", r["load"]))
+            b = int(r["budget_us"]) / 1000
+            verdict = "meets" if float(r["p99_ms"]) <= b else "misses"
+            line = f"- {model}, {r['load']}/s open loop: the {b:g} ms budget {verdict} its budget at p99 ({float(r['p99_ms']):.2f} ms)"
+            if d:
+                line += f"; the fixed {b / 2:g} ms delay: p99 {float(d['p99_ms']):.2f} ms"
+            print(line + ".")
+        if r["model"] == model and r["mode"] == "budget" and r["load"].startswith("c="):
+            d = by.get((model, "delay", r["load"]))
+            if d:
+                print(f"- {model}, {r['load']}: latency budget {float(r['throughput']):.1f} infer/s vs fixed delay "
+                      f"{float(d['throughput']):.1f} infer/s.")
 EOF
 cat "$OUT/batching.md"

@@ -91,7 +91,7 @@ def main():
     ap.add_argument("--digits", default=os.path.join(ROOT, "model_repository", "digits", "1", "model.onnx"))
     ap.add_argument("--resnet", default=light_model_path("light_resnet50.onnx"))
     ap.add_argument("--budget-digits", type=int, default=2000, help="latency budget, us")
-    ap.add_argument("--budget-resnet", type=int, default=400000, help="latency budget, us")
+    ap.add_argument("--budget-resnet50", type=int, default=400000, help="latency budget, us")
     ap.add_argument("--instances", type=int, default=1)
     ap.add_argument("--no-resnet", action="store_true")
     args = ap.parse_args()
@@ -104,7 +104,7 @@ def main():
     if not args.no_resnet:
         rn = os.path.join(args.out, "resnet50_batchable.onnx")
         in_name, in_dims, out_name = batchable_resnet50(args.resnet, rn)
-        models.append(("resnet50", rn, 32, args.budget_resnet))
+        models.append(("resnet50", rn, 32, args.budget_resnet50))
 
     for base, path, max_batch, budget in models:
         # A fixed delay "tuned for the same budget": half of it, leaving the
