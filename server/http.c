@@ -358,6 +358,11 @@ static void infer_ctx_free(struct infer_ctx *c) {
 static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
     struct infer_ctx *c = arg;
     c->gone = 1;
+    /* The socket closes with the connection: stop watching its number. */
+    if (c->watch) {
+        event_free(c->watch);
+        c->watch = NULL;
+    }
     if (c->v) batcher_cancel(c->v->batcher, &c->br);
 }
 
