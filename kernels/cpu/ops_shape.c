@@ -13,6 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -446,11 +450,54 @@ static int cos_run(struct op_call *c) {
             }                                                                                             \
     } while (0)
 
+#if defined(__SSE2__)
+/* 32-bit elements: each tile moves as 4x4 register blocks (the shuffle
+ * network of _MM_TRANSPOSE4_PS, in integer form), the tile's ragged edge
+ * element by element. */
+static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int64_t rows, int64_t cols) {
+    int64_t nti = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
+#pragma omp parallel for collapse(2) if (batch * rows * cols > 32768)
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t ti = 0; ti < nti; ti++) {
+            const uint32_t *sb = s_ + b * rows * cols;
+            uint32_t *db = d_ + b * rows * cols;
+            int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;
+            for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
+                int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;
+                int64_t i = i0;
+                for (; i + 4 <= i1; i += 4) {
+                    int64_t j = j0;
+                    for (; j + 4 <= j1; j += 4) {
+                        __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(sb + i * cols + j));
+                        __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 1) * cols + j));
+                        __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 2) * cols + j));
+                        __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 3) * cols + j));
+                        __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+                        __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+                        _mm_storeu_si128((__m128i *)(void *)(db + j * rows + i), _mm_unpacklo_epi64(t0, t1));
+                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 1) * rows + i), _mm_unpackhi_epi64(t0, t1));
+                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 2) * rows + i), _mm_unpacklo_epi64(t2, t3));
+                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 3) * rows + i), _mm_unpackhi_epi64(t2, t3));
+                    }
+                    for (; j < j1; j++)
+                        for (int64_t k = i; k < i + 4; k++) db[j * rows + k] = sb[k * cols + j];
+                }
+                for (; i < i1; i++)
+                    for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];
+            }
+        }
+}
+#endif
+
 static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es) {
     switch (es) {
     case 1: TRANSPOSE_2D(uint8_t); break;
     case 2: TRANSPOSE_2D(uint16_t); break;
+#if defined(__SSE2__)
+    case 4: transpose_2d_32(src, dst, batch, rows, cols); break;
+#else
     case 4: TRANSPOSE_2D(uint32_t); break;
+#endif
     case 8: TRANSPOSE_2D(uint64_t); break;
     default: {
         int64_t dims[3] = {batch, cols, rows}, strides[3] = {rows * cols, 1, cols};
