@@ -481,7 +481,6 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
     /* Drop steps whose results nobody reads (e.g. a value whose only reader
      * was a Shape node folded above). */
     for (int o = 0; o < g->noutputs; o++) need[p->vals[g->outputs[o]].root] = 1;
-    int kept = 0;
     for (int si = p->nsteps - 1; si >= 0; si--) {
         const struct graph_node *n = &g->nodes[p->steps[si].node];
         int live = 0;
@@ -493,7 +492,6 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
                 if (n->out[k] >= 0) p->vals[n->out[k]].kind = PLAN_VALUE_UNUSED;
             continue;
         }
-        kept++;
         for (int k = 0; k < n->nin; k++)
             if (n->in[k] >= 0) need[p->vals[n->in[k]].root] = 1;
     }
@@ -505,7 +503,6 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
     for (int si = 0; si < p->nsteps; si++)
         if (p->steps[si].node >= 0) p->steps[w++] = p->steps[si];
     p->nsteps = w;
-    (void)kept;
 
     /* Live ranges of arena roots. */
     for (int v = 0; v < g->nvalues; v++) {
