@@ -143,8 +143,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
     int64_t sz;
 #define BAD(what) status_set(err, err_len, STATUS_INVALID, "%s: %s '%s' for %s: %s", source, "invalid value", v, n, what)
     if (o->kind == OPT_INT) {
-        if (parse_int(v, strcmp(n, "http-port") == 0 ? 0 : 0, strcmp(n, "http-port") == 0 ? 65535 : INT_MAX, &x))
-            return BAD(strcmp(n, "http-port") == 0 ? "expected a port number 0-65535" : "expected a non-negative integer");
+        int port = strcmp(n, "http-port") == 0;
+        if (parse_int(v, 0, port ? 65535 : INT_MAX, &x))
+            return BAD(port ? "expected a port number 0-65535" : "expected a non-negative integer");
         if (strcmp(n, "http-port") == 0) c->http_port = (int)x;
         else if (strcmp(n, "http-threads") == 0) {
             if (x > 1024) return BAD("at most 1024 threads");
