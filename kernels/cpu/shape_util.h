@@ -53,7 +53,19 @@ static inline void shape_strided_copy(void *dst, const void *src, int64_t base, 
         if (istride == 1) {
             memcpy(drow, s + off * (int64_t)es, (size_t)inner * es);
         } else if (istride == 0) {
-            for (int64_t i = 0; i < inner; i++) shape_copy_elem(drow + i * (int64_t)es, s + off * (int64_t)es, es);
+            if (es == 4) {
+                uint32_t v;
+                memcpy(&v, s + off * 4, 4);
+                uint32_t *dp = (uint32_t *)(void *)drow;
+                for (int64_t i = 0; i < inner; i++) dp[i] = v;
+            } else if (es == 8) {
+                uint64_t v;
+                memcpy(&v, s + off * 8, 8);
+                uint64_t *dp = (uint64_t *)(void *)drow;
+                for (int64_t i = 0; i < inner; i++) dp[i] = v;
+            } else {
+                for (int64_t i = 0; i < inner; i++) shape_copy_elem(drow + i * (int64_t)es, s + off * (int64_t)es, es);
+            }
         } else {
             switch (es) {
             case 4: {
