@@ -468,7 +468,117 @@ static int ctr_infer(struct op_call *c) {
     return 0;
 }
 
+/* oneDNN's deconvolution takes what its padding can express (implied pads
+ * >= 0 on both sides); prepare leaves no state otherwise and run() uses the
+ * loop below. Activations stay plain around blocked kernels as for Conv. */
+static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
+    const struct tensor *y = c->out[0];
+    struct ctr_geom g;
+    int rc = ctr_setup(c, &g);
+    if (rc) return rc;
+    *state = NULL;
+    *scratch_size = 0;
+    int64_t group = node_attr_int(c->node, "group", 1);
+    dnnl_dims_t strides, dil, pl, pr;
+    for (int i = 0; i < g.nsp; i++) {
+        int64_t dk = (g.k[i] - 1) * g.d[i] + 1;
+        strides[i] = g.s[i];
+        dil[i] = g.d[i] - 1;
+        pl[i] = g.pl[i];
+        pr[i] = (g.in[i] - 1) * g.s[i] + dk - g.pl[i] - g.out[i];
+        if (pl[i] < 0 || pr[i] < 0) return 0;
+    }
+    if (!w->data || tensor_numel(y) == 0 || !dnnl_util_engine()) return 0;
+    dnnl_util_set_threads(c->nthreads);
+    int nd = x->ndim;
+    /* ONNX W is [C, M/group, k...]; oneDNN's logical order is
+     * [group,] out-channels, in-channels, k..., so describe it by strides. */
+    int64_t cg = w->dims[0] / group, mg = w->dims[1], ksz = prod(w->dims + 2, nd - 2);
+    dnnl_dims_t wd, ws;
+    int wnd = 0;
+    if (group > 1) {
+        wd[wnd] = group;
+        ws[wnd++] = cg * mg * ksz;
+    }
+    wd[wnd] = mg;
+    ws[wnd++] = ksz;
+    wd[wnd] = cg;
+    ws[wnd++] = mg * ksz;
+    int64_t st = ksz;
+    for (int i = 0; i < g.nsp; i++) {
+        st /= g.k[i];
+        wd[wnd] = g.k[i];
+        ws[wnd++] = st;
+    }
+    dnnl_memory_desc_t w_user, w_any, src_plain, dst_plain, src_any, dst_any, b_md;
+    dnnl_dims_t dd;
+    if (dnnl_memory_desc_init_by_strides(&w_user, wnd, wd, dnnl_f32, ws) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&w_any, wnd, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_util_plain_md(&src_plain, nd, x->dims) || dnnl_util_plain_md(&dst_plain, nd, y->dims) ||
+        (b && dnnl_util_plain_md(&b_md, 1, b->dims)))
+        return 0;
+    for (int i = 0; i < nd; i++) dd[i] = x->dims[i];
+    dnnl_memory_desc_init_by_tag(&src_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
+    for (int i = 0; i < nd; i++) dd[i] = y->dims[i];
+    dnnl_memory_desc_init_by_tag(&dst_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
+    if (!attr) {
+        free(s);
+        return STATUS_INTERNAL;
+    }
+    dnnl_deconvolution_desc_t dsc;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t r = dnnl_dilated_deconvolution_forward_desc_init(&dsc, dnnl_forward_inference,
+                                                                   dnnl_deconvolution_direct, &src_any, &w_any,
+                                                                   b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
+    if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dsc, attr, dnnl_util_engine(), NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (r != dnnl_success) { /* a case oneDNN has no kernel for: the loop */
+        free(s);
+        return 0;
+    }
+    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    s->nargs = b ? 4 : 3;
+    s->const_weights = 1;
+    size_t scr = 0, r1 = 0, r2 = 0, src_bytes = 0, dst_bytes = 0;
+    s->conv = dnnl_prim_create(c, pd, s->nargs, ids, &scr);
+    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+    const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+    rc = s->conv ? 0 : STATUS_INTERNAL;
+    if (!rc && !dnnl_memory_desc_equal(wmd, &w_user) && !(s->wbuf = dnnl_util_reorder_alloc(c, &w_user, w->data, wmd)))
+        rc = STATUS_INTERNAL;
+    if (!rc) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
+    if (!rc && !dnnl_memory_desc_equal(smd, &src_plain)) {
+        s->src_reorder = reorder_prim(c, &src_plain, smd, &r1);
+        src_bytes = dnnl_memory_desc_get_size(smd);
+        if (!s->src_reorder) rc = STATUS_INTERNAL;
+    }
+    if (!rc && !dnnl_memory_desc_equal(dmd, &dst_plain)) {
+        s->dst_reorder = reorder_prim(c, dmd, &dst_plain, &r2);
+        dst_bytes = dnnl_memory_desc_get_size(dmd);
+        if (!s->dst_reorder) rc = STATUS_INTERNAL;
+    }
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) {
+        conv_release(s);
+        return rc;
+    }
+    size_t pad = scr > r1 ? scr : r1;
+    if (r2 > pad) pad = r2;
+    s->off_src = 0;
+    s->off_dst = dnnl_util_align(src_bytes);
+    s->off_pad = s->off_dst + dnnl_util_align(dst_bytes);
+    *scratch_size = s->off_pad + dnnl_util_align(pad);
+    *state = s;
+    return 0;
+}
+
 static int ctr_run(struct op_call *c) {
+    if (c->state) return conv_run(c);
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
     struct tensor *y = c->out[0];
     struct ctr_geom g;
@@ -1383,7 +1493,7 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
-    {"ConvTranspose", "", ctr_infer, NULL, ctr_run, NULL, OP_FUSE_ACT},
+    {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
     {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
     {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, mm_release, OP_FUSE_ACT},
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},

@@ -312,6 +312,68 @@ static void test_conv_errors(void **st) {
     free(a3t.data);
 }
 
+/* ConvTranspose against a scatter-add reference (the kernel gathers):
+ * oneDNN's deconvolution where it applies, the loop for output_padding
+ * beyond the pads and weights known only at run time. */
+static void test_conv_transpose(void **st) {
+    (void)st;
+    struct { int64_t n, c, m, g, in[2], k[2], s[2], d[2], pl[2], pr[2], op[2]; int runtime_w; enum act_kind act; } cases[] = {
+        {1, 3, 4, 1, {5, 4}, {3, 3}, {2, 2}, {1, 1}, {1, 0}, {1, 1}, {0, 0}, 0, ACT_NONE},
+        {2, 4, 6, 2, {4, 4}, {3, 2}, {2, 1}, {1, 2}, {0, 1}, {0, 0}, {1, 0}, 0, ACT_RELU},
+        {1, 16, 16, 1, {7, 7}, {4, 4}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 0, ACT_TANH},
+        {1, 2, 3, 1, {3, 3}, {3, 3}, {3, 2}, {1, 1}, {0, 0}, {0, 0}, {2, 1}, 0, ACT_NONE},
+        {1, 2, 3, 1, {3, 3}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, ACT_NONE},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        __typeof__(cases[0]) *k = &cases[ci];
+        int64_t xd[4] = {k->n, k->c, k->in[0], k->in[1]}, wd[4] = {k->c, k->m / k->g, k->k[0], k->k[1]};
+        struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), b = mk(1, &k->m, 1), y = {0};
+        struct tnode t;
+        tn_init(&t, "ConvTranspose");
+        int64_t pads[4] = {k->pl[0], k->pl[1], k->pr[0], k->pr[1]};
+        tn_ints(&t, "strides", 2, k->s);
+        tn_ints(&t, "dilations", 2, k->d);
+        tn_ints(&t, "pads", 4, pads);
+        tn_ints(&t, "output_padding", 2, k->op);
+        tn_int(&t, "group", k->g);
+        t.n.act = k->act;
+        struct tensor *in[3] = {&x, &w, &b}, *o[1] = {&y};
+        g_runtime_inputs = k->runtime_w ? 2 : 0;
+        int rc = run_node(&t.n, in, 3, o, 1, 2);
+        g_runtime_inputs = 0;
+        assert_int_equal_msg_impl(rc, 0, g_err);
+        int64_t oh = y.dims[2], ow = y.dims[3];
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(y.dims[2 + i], (k->in[i] - 1) * k->s[i] + (k->k[i] - 1) * k->d[i] + 1 + k->op[i] - k->pl[i] - k->pr[i]);
+        double *ref = calloc((size_t)tensor_numel(&y), sizeof(double));
+        int64_t cg = k->c / k->g, mg = k->m / k->g;
+        const float *X = x.data, *W = w.data, *B = b.data;
+        for (int64_t nn = 0; nn < k->n; nn++)
+            for (int64_t c = 0; c < k->c; c++)
+                for (int64_t ih = 0; ih < k->in[0]; ih++)
+                    for (int64_t iw = 0; iw < k->in[1]; iw++)
+                        for (int64_t mm = 0; mm < mg; mm++)
+                            for (int64_t th = 0; th < k->k[0]; th++)
+                                for (int64_t tw = 0; tw < k->k[1]; tw++) {
+                                    int64_t h = ih * k->s[0] - k->pl[0] + th * k->d[0];
+                                    int64_t ww = iw * k->s[1] - k->pl[1] + tw * k->d[1];
+                                    if (h < 0 || h >= oh || ww < 0 || ww >= ow) continue;
+                                    int64_t m = (c / cg) * mg + mm;
+                                    ref[((nn * k->m + m) * oh + h) * ow + ww] +=
+                                        X[((nn * k->c + c) * k->in[0] + ih) * k->in[1] + iw] *
+                                        W[((c * mg + mm) * k->k[0] + th) * k->k[1] + tw];
+                                }
+        for (int64_t i = 0; i < tensor_numel(&y); i++) {
+            float want = act_apply(k->act, (float)(ref[i] + B[(i / (oh * ow)) % k->m]), 0, 0);
+            float got = ((float *)y.data)[i];
+            if (fabsf(got - want) > 1e-4f * (1 + fabsf(want)))
+                fail_msg("ConvTranspose case %zu element %lld: %g vs %g", ci, (long long)i, got, want);
+        }
+        free(ref);
+        free(x.data), free(w.data), free(b.data), free(y.data);
+    }
+}
+
 /* ---- MatMul and Gemm -------------------------------------------------------- */
 
 static void matmul_ref(const struct tensor *a, const struct tensor *b, const float *bias, float *y, enum act_kind act) {
@@ -832,6 +894,7 @@ static void test_concurrent_runs(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_cases),      cmocka_unit_test(test_conv_errors),
+        cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
