@@ -631,6 +631,76 @@ static void test_strings_move(void **st) {
     free(idx.data);
 }
 
+/* KV-cache appends: each batch entry writes at its own index; linear mode
+ * refuses to run past the cache, circular mode wraps. */
+static void test_tensor_scatter(void **st) {
+    (void)st;
+    int64_t dc[3] = {2, 4, 2}, du[3] = {2, 2, 2};
+    struct tensor past = mk(DT_FP32, 3, dc), upd = mk(DT_FP32, 3, du), o = {0};
+    for (int i = 0; i < 8; i++) F(upd)[i] = (float)(i + 1);
+    int64_t wv[2] = {1, 3};
+    struct tensor wi = mk_i64(2, wv);
+    struct tnode tn;
+    tn_init(&tn, "TensorScatter", 24);
+    tn_str(&tn, "mode", "circular");
+    const struct tensor *in[3] = {&past, &upd, &wi};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(call(&tn, in, 3, out, 1), 0);
+    /* batch 0 rows 1,2 = 1 2 | 3 4; batch 1 rows 3,0 = 5 6 | 7 8 */
+    const float want[16] = {0, 0, 1, 2, 3, 4, 0, 0, 7, 8, 0, 0, 0, 0, 5, 6};
+    for (int i = 0; i < 16; i++) assert_float_equal(F(o)[i], want[i], 0);
+    free(o.data);
+    tn_init(&tn, "TensorScatter", 24);
+    o = (struct tensor){0};
+    assert_int_equal(call(&tn, in, 3, out, 1), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "exceeds the cache length 4"));
+    free(o.data);
+    free(past.data);
+    free(upd.data);
+    free(wi.data);
+}
+
+static void test_unique_and_nonzero(void **st) {
+    (void)st;
+    int64_t d[1] = {7};
+    float v[7] = {2, 1, 1, 3, 4, 3, 0};
+    struct tensor x = mk_f32(1, d, v), y = {0}, idx = {0}, inv = {0}, cnt = {0};
+    struct tnode tn;
+    tn_init(&tn, "Unique", 11);
+    tn_int(&tn, "sorted", 0);
+    const struct tensor *in[1] = {&x};
+    struct tensor *out[4] = {&y, &idx, &inv, &cnt};
+    assert_int_equal(call(&tn, in, 1, out, 4), 0);
+    const float wy[5] = {2, 1, 3, 4, 0};
+    const int64_t widx[5] = {0, 1, 3, 4, 6}, winv[7] = {0, 1, 1, 2, 3, 2, 4}, wcnt[5] = {1, 2, 2, 1, 1};
+    assert_int_equal(y.dims[0], 5);
+    for (int i = 0; i < 5; i++) {
+        assert_float_equal(F(y)[i], wy[i], 0);
+        assert_int_equal(I64(idx)[i], widx[i]);
+        assert_int_equal(I64(cnt)[i], wcnt[i]);
+    }
+    for (int i = 0; i < 7; i++) assert_int_equal(I64(inv)[i], winv[i]);
+    free(y.data);
+    free(idx.data);
+    free(inv.data);
+    free(cnt.data);
+    /* a run-time input cannot decide a plan's shapes */
+    void *keep = x.data;
+    x.data = NULL;
+    tn_init(&tn, "NonZero", 13);
+    struct tensor nz = {0};
+    struct tensor *out1[1] = {&nz};
+    assert_int_equal(call(&tn, in, 1, out1, 1), STATUS_UNSUPPORTED);
+    assert_non_null(strstr(g_err, "NonZero"));
+    x.data = keep;
+    assert_int_equal(call(&tn, in, 1, out1, 1), 0);
+    assert_int_equal(nz.dims[0], 1);
+    assert_int_equal(nz.dims[1], 6);
+    assert_int_equal(I64(nz)[5], 5);
+    free(nz.data);
+    free(x.data);
+}
+
 static void test_shape_and_size(void **st) {
     (void)st;
     struct tensor x = {DT_FP32, 4, {2, 3, 5, 7}, NULL}, o = {0};
@@ -661,7 +731,8 @@ int main(void) {
         cmocka_unit_test(test_concat_split_roundtrip), cmocka_unit_test(test_gather),
         cmocka_unit_test(test_pad_modes),            cmocka_unit_test(test_topk_ties),
         cmocka_unit_test(test_resize_known),         cmocka_unit_test(test_shape_and_size),
-        cmocka_unit_test(test_strings_move),
+        cmocka_unit_test(test_strings_move),         cmocka_unit_test(test_tensor_scatter),
+        cmocka_unit_test(test_unique_and_nonzero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
