@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# bench.sh - `make bench`: runs every benchmark in turn and writes the report,
+# docs/benchmarks.md, with PNG plots under docs/img/.
+#
+# Sections (each a script writing a markdown section and a CSV under $OUT):
+#   engine    bench/engine_vs_ort.py  kiln CPU engine vs onnxruntime (issue 2)
+#   http      bench/http.sh           HTTP front end vs the libevent ceiling, wrk (issue 3)
+#   batching  bench/batching.sh       dynamic batching off/on/delay/budget (issue 4)
+#   mlserver  bench/mlserver.sh       kiln vs MLServer, kiln bench with JSON (issue 7)
+#   cache     bench/cache.sh          result cache tiers vs ceiling (issue 5)
+#   hash      build/hash_bench        cache key hash candidates (issue 5)
+# A section that fails is reported as failed (with the end of its log) and
+# makes this script exit non-zero; none is skipped.
+#
+# Environment: DURATION (s per measured level, default 8), OUT (work folder,
+# default build/bench), SECTIONS (default all, e.g. "http cache"),
+# REPORT (default docs/benchmarks.md), IMG (default docs/img).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+export DURATION=${DURATION:-8}
+export OUT=${OUT:-build/bench}
+SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash"}
+REPORT=${REPORT:-docs/benchmarks.md}
+IMG=${IMG:-docs/img}
+mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
+OUT=$(cd "$OUT" && pwd)
+
+# ---- .venv-bench: MLServer, onnxruntime, matplotlib (apart from .venv) ----
+if [ ! -f .venv-bench/.stamp ] || [ requirements-bench.txt -nt .venv-bench/.stamp ]; then
+    echo "bench: creating .venv-bench from requirements-bench.txt"
+    [ -x .venv-bench/bin/python ] || "${PYTHON:-python3}" -m venv .venv-bench || exit 1
+    .venv-bench/bin/pip install -q --disable-pip-version-check -r requirements-bench.txt || exit 1
+    touch .venv-bench/.stamp
+fi
+[ -x .venv/bin/python ] || { echo "bench: .venv missing (make bootstrap)" >&2; exit 1; }
+
+# ---- binaries: built, then copied so a rebuild during the run cannot touch them ----
+make --no-print-directory -j2 build/kiln build/ceiling build/hash_bench >"$OUT/build.log" 2>&1 ||
+    { cat "$OUT/build.log" >&2; echo "bench: build failed" >&2; exit 1; }
+mkdir -p "$OUT/bin"
+for b in kiln ceiling hash_bench; do cp "build/$b" "$OUT/bin/$b.tmp" && mv "$OUT/bin/$b.tmp" "$OUT/bin/$b"; done
+# Plugins kiln loads from its own folder travel with it.
+for so in build/*.so; do [ -e "$so" ] && cp "$so" "$OUT/bin/"; done
+export KILN=$OUT/bin/kiln CEILING=$OUT/bin/ceiling
+export PY=$ROOT/.venv/bin/python BENCH_PY=$ROOT/.venv-bench/bin/python MLSERVER=$ROOT/.venv-bench/bin/mlserver
+
+date_utc=$(date -u '+%Y-%m-%d %H:%M UTC')
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- . 2>/dev/null || commit="$commit (with uncommitted changes)"
+t_start=$(date +%s)
+
+# ---- the sections ----
+declare -A TITLE RC SECS
+TITLE[engine]="Engine: kiln CPU vs onnxruntime CPU"
+TITLE[http]="HTTP front end: kiln vs the minimal libevent ceiling (wrk)"
+TITLE[batching]="Dynamic batching on the CPU"
+TITLE[mlserver]="kiln vs MLServer (digits, JSON, kiln bench)"
+TITLE[cache]="Result cache"
+TITLE[hash]="Cache key: hash throughput"
+
+run_engine() {
+    # Same intra-op thread count on both sides (1: the least disturbed by the
+    # other tenants of a shared machine); medians over alternating rounds.
+    "$PY" bench/engine_vs_ort.py --kiln "$KILN" --threads 1 --iterations 20 --rounds 3 >"$OUT/engine.txt" 2>"$OUT/engine.log" || return
+    # The script prints markdown; the table rows also become engine.csv for the plots.
+    "$PY" - "$OUT/engine.txt" "$OUT/engine.csv" >"$OUT/engine.md" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines()
+rows = [l for l in lines if l.startswith("| ") and not l.startswith("| model") and not l.startswith("|---")]
+with open(sys.argv[2], "w") as f:
+    f.write("model,batch,kiln_p50_ms,ort_p50_ms,ratio\n")
+    for r in rows:
+        f.write(",".join(c.strip() for c in r.strip("|").split("|")) + "\n")
+head = [l for l in lines if l.startswith("threads=")]
+if head:
+    print(f"Settings: {head[0]}. Latency of one inference call; median over rounds of each side's p50.")
+    print()
+for l in lines:
+    if l.startswith("|"):
+        print(l)
+print()
+worst = [l for l in lines if l.startswith("worst ratio")]
+if worst:
+    w = float(worst[0].split()[2])
+    print(f"- Worst kiln / onnxruntime median-latency ratio: **{w:.2f}**; target <= 1.25 on each: "
+          f"**{'met' if w <= 1.25 else 'NOT met'}**.")
+PY
+}
+run_http() { bench/http.sh >"$OUT/http.log" 2>&1; }
+run_batching() { KILN=$KILN bench/batching.sh >"$OUT/batching.log" 2>&1; }
+run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
+run_cache() { bench/cache.sh >"$OUT/cache.log" 2>&1; }
+run_hash() {
+    "$OUT/bin/hash_bench" --csv "$OUT/hash.csv" >"$OUT/hash.txt" 2>"$OUT/hash.log" || return
+    {
+        echo "Single thread, best of three rounds, 32-byte digests, 32-byte key. The cache keys with BLAKE2b-256."
+        echo
+        cat "$OUT/hash.txt"
+        echo
+        "$PY" - "$OUT/hash.csv" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+v = {(r["algorithm"], int(r["bytes"])): float(r["mb_per_s"]) for r in rows}
+b = "BLAKE2b-256 keyed (libsodium)"
+keyed = [a for a in {r["algorithm"] for r in rows} if a != b and "HMAC" in a]
+for n, label in ((256, "256 B"), (4096, "4 KiB"), (1 << 20, "1 MiB")):
+    best = max(keyed, key=lambda a: v[(a, n)])
+    print(f"- {label}: BLAKE2b-256 keyed {v[(b, n)]:.0f} MB/s; fastest keyed SHA-256 ({best}) "
+          f"{v[(best, n)]:.0f} MB/s = {v[(best, n)] / v[(b, n)]:.2f}x BLAKE2b.")
+PY
+    } >"$OUT/hash.md"
+}
+
+failed=""
+for s in $SECTIONS; do
+    [ -n "${TITLE[$s]:-}" ] || { echo "bench: unknown section '$s'" >&2; exit 2; }
+    echo "bench: $s: ${TITLE[$s]} ..."
+    rm -f "$OUT/$s.md"
+    t0=$(date +%s)
+    "run_$s"
+    RC[$s]=$?
+    SECS[$s]=$(( $(date +%s) - t0 ))
+    [ -s "$OUT/$s.md" ] || { [ "${RC[$s]}" != 0 ] || RC[$s]=1; }
+    if [ "${RC[$s]}" != 0 ]; then
+        failed="$failed $s"
+        echo "bench: $s FAILED (exit ${RC[$s]}) after ${SECS[$s]} s; log: $OUT/$s.log" >&2
+    else
+        echo "bench: $s done in ${SECS[$s]} s"
+    fi
+done
+t_total=$(( $(date +%s) - t_start ))
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+
+# ---- plots ----
+plots_rc=0
+"$BENCH_PY" bench/plots.py --data "$OUT" --out "$IMG" >"$OUT/plots.log" 2>&1 || plots_rc=$?
+[ "$plots_rc" = 0 ] || { failed="$failed plots"; cat "$OUT/plots.log" >&2; }
+
+# ---- the report ----
+cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
+cores=$(nproc)
+mem=$(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)
+os=$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")
+kernel=$(uname -r)
+flags=$(grep -m1 -o -w -E 'avx2|avx512f|sha_ni' /proc/cpuinfo | sort -u | tr '\n' ' ')
+img_rel=$(realpath --relative-to="$(dirname "$REPORT")" "$IMG")
+
+section_file() { # name -> markdown body (or the failure)
+    local s=$1
+    if [ "${RC[$s]:-}" = 0 ]; then
+        cat "$OUT/$s.md"
+    else
+        echo "**FAILED** (exit ${RC[$s]:-?}); the end of its log:"
+        echo
+        echo '```'
+        { tail -n 25 "$OUT/$s.txt"; tail -n 25 "$OUT/$s.log"; } 2>/dev/null || true
+        echo '```'
+    fi
+}
+plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; return 0; }
+
+{
+    echo "# kiln benchmarks"
+    echo
+    echo "Produced by \`make bench\` (tools/bench.sh) on $date_utc, tree at commit $commit."
+    echo "Every peer in a section was measured side by side in that same run; ratios compare"
+    echo "numbers from one run only. Nothing here is tuned or edited by hand: rerun \`make bench\`"
+    echo "to reproduce (DURATION=$DURATION s per measured level; total run ${t_total} s)."
+    echo
+    echo "## Machine"
+    echo
+    echo "- CPU: $cpu, $cores cores (flags of note: ${flags:-none})"
+    echo "- Memory: $mem"
+    echo "- OS: $os, kernel $kernel"
+    echo "- Load average (1/5/15 min) at start: $load_start; at end: $load_end."
+    echo "- **A shared, noisy machine**: other work runs on the same $cores cores during the"
+    echo "  benchmark, and the load generator shares them with the server. Absolute numbers are"
+    echo "  low and vary between runs; the side-by-side ratios are the meaningful part."
+    echo
+    echo "## Targets"
+    echo
+    for s in $SECTIONS; do
+        if [ "${RC[$s]}" = 0 ]; then
+            grep -i -E 'target' "$OUT/$s.md" | grep -E '^- ' | sed "s/^- /- **${s}**: /"
+        else
+            echo "- **${s}**: section FAILED, targets not measured."
+        fi
+    done
+    n=0
+    for s in $SECTIONS; do
+        n=$((n + 1))
+        echo
+        echo "## $n. ${TITLE[$s]}"
+        echo
+        case $s in
+        engine) echo "Command: \`.venv/bin/python bench/engine_vs_ort.py --threads 1 --iterations 20 --rounds 3\`" ;;
+        http) echo "Command: \`bench/http.sh\` (wrk, JSON body, keep-alive; concurrency = connections)" ;;
+        batching) echo "Command: \`bench/batching.sh\` (wrk, binary-extension bodies; mean batch from the server's statistics)" ;;
+        mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
+        cache) echo "Command: \`bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
+        hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
+        esac
+        echo
+        section_file "$s"
+        case $s in
+        engine) plot engine.png "kiln vs onnxruntime median latency" ;;
+        batching) plot batching.png "batching: throughput and p99 by mode and concurrency" ;;
+        mlserver) plot latency_mlserver.png "kiln vs MLServer: latency percentiles vs throughput" ;;
+        cache) plot latency_cache.png "cache configurations: latency percentiles vs throughput" ;;
+        http) plot http.png "kiln vs ceiling (wrk)" ;;
+        hash) plot hash.png "hash throughput" ;;
+        esac
+    done
+    echo
+    echo "## Section run times"
+    echo
+    for s in $SECTIONS; do echo "- $s: ${SECS[$s]} s (exit ${RC[$s]})"; done
+    [ "$plots_rc" = 0 ] || echo "- plots: FAILED (exit $plots_rc), see $OUT/plots.log"
+} >"$REPORT"
+
+echo "bench: wrote $REPORT and plots in $IMG/ (${t_total} s)"
+if [ -n "$failed" ]; then
+    echo "bench: FAILED sections:$failed" >&2
+    exit 1
+fi
