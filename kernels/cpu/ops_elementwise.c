@@ -1,5 +1,6 @@
 /* ops_elementwise.c - elementwise arithmetic, activations, comparisons and
- * logic, Cast, the softmax family and the normalizations over trailing axes.
+ * logic, Cast, the softmax family, the normalizations over trailing axes and
+ * the (de)quantization operators.
  *
  * Every elementwise kernel runs through one broadcast driver (ew_exec, over
  * the walk of elementwise_util.h) and is a typed inner loop over a run of
@@ -1365,6 +1366,198 @@ static int infer_rmsnorm(struct op_call *c) { return norm_infer(c, 1); }
 static int run_rmsnorm(struct op_call *c) { return norm_run(c, 1); }
 
 /* ------------------------------------------------------------------------
+ * QuantizeLinear, DequantizeLinear (per tensor, per axis, blocked) and
+ * DynamicQuantizeLinear, for 8- and 16-bit integers. Rounding is half to
+ * even and quantized values saturate, as ONNX specifies.
+ * ------------------------------------------------------------------------ */
+
+static int q_int_dtype(enum dtype dt) {
+    return dt == DT_UINT8 || dt == DT_INT8 || dt == DT_UINT16 || dt == DT_INT16;
+}
+
+static double q_lo(enum dtype dt) {
+    return dt == DT_INT8 ? INT8_MIN : dt == DT_INT16 ? INT16_MIN : 0;
+}
+static double q_hi(enum dtype dt) {
+    return dt == DT_INT8 ? INT8_MAX : dt == DT_INT16 ? INT16_MAX : dt == DT_UINT8 ? UINT8_MAX : UINT16_MAX;
+}
+
+/* Where scale/zero point element for data element (outer o, axis a, inner i) lives. */
+struct q_geom {
+    int64_t outer, len, inner; /* data split at axis */
+    int64_t block;             /* 0: per tensor or per axis */
+    int per_tensor;
+    int64_t nblocks;
+};
+
+static int q_geometry(struct op_call *c, const struct tensor *x, const struct tensor *scale, struct q_geom *g) {
+    memset(g, 0, sizeof *g);
+    int64_t ns = tensor_numel(scale);
+    int64_t bs = node_attr_int(c->node, "block_size", 0);
+    if (ns == 1 && bs == 0) {
+        g->per_tensor = 1;
+        g->outer = 1;
+        g->len = 1;
+        g->inner = tensor_numel(x);
+        return 0;
+    }
+    int ax = op_axis(c, node_attr_int(c->node, "axis", 1), x->ndim);
+    if (ax < 0) return STATUS_INVALID;
+    g->outer = g->len = g->inner = 1;
+    for (int i = 0; i < x->ndim; i++) {
+        if (i < ax) g->outer *= x->dims[i];
+        else if (i == ax) g->len = x->dims[i];
+        else g->inner *= x->dims[i];
+    }
+    if (bs <= 0) {
+        if (scale->ndim != 1 || scale->dims[0] != g->len)
+            return op_error(c, "scale must be a scalar or a 1-D tensor of %lld (the axis' size)", (long long)g->len);
+        return 0;
+    }
+    g->block = bs;
+    g->nblocks = (g->len + bs - 1) / bs;
+    if (scale->ndim != x->ndim) return op_error(c, "blocked scale must have the data's rank");
+    for (int i = 0; i < x->ndim; i++) {
+        int64_t want = i == ax ? g->nblocks : x->dims[i];
+        if (scale->dims[i] != want)
+            return op_error(c, "blocked scale dim %d is %lld, expected %lld", i, (long long)scale->dims[i],
+                            (long long)want);
+    }
+    return 0;
+}
+
+static inline int64_t q_sidx(const struct q_geom *g, int64_t o, int64_t a, int64_t i) {
+    if (g->per_tensor) return 0;
+    if (!g->block) return a;
+    return (o * g->nblocks + a / g->block) * g->inner + i;
+}
+
+static int q_check_zp(struct op_call *c, const struct tensor *scale, const struct tensor *zp) {
+    if (!zp) return 0;
+    if (tensor_numel(zp) != tensor_numel(scale) || (zp->ndim != scale->ndim && tensor_numel(zp) != 1))
+        return op_error(c, "zero point must have the scale's shape");
+    return 0;
+}
+
+static int infer_quant(struct op_call *c) {
+    int rc;
+    if ((rc = need_in(c, 0, "x")) || (rc = need_in(c, 1, "y_scale")) || (rc = need_out(c))) return rc;
+    const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
+    if (!ew_is_float(x->dtype)) return unsupported_dtype(c, x->dtype);
+    if (scale->dtype != x->dtype && !(scale->dtype == DT_FP32))
+        return op_error(c, "y_scale has dtype %s; it must be float or x's dtype", dtype_name(scale->dtype));
+    enum dtype out = zp ? zp->dtype : (enum dtype)node_attr_int(c->node, "output_dtype", 0);
+    if (out == DT_UNDEFINED) out = DT_UINT8;
+    if (!q_int_dtype(out)) {
+        op_error(c, "quantizing to %s is not supported (uint8, int8, uint16, int16 are)", dtype_name(out));
+        return STATUS_UNSUPPORTED;
+    }
+    struct q_geom g;
+    if ((rc = q_geometry(c, x, scale, &g)) || (rc = q_check_zp(c, scale, zp))) return rc;
+    copy_shape(c->out[0], x, out);
+    return 0;
+}
+
+static int run_quant(struct op_call *c) {
+    const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
+    struct tensor *y = c->out[0];
+    struct q_geom g;
+    int rc = q_geometry(c, x, scale, &g);
+    if (rc) return rc;
+    const double lo = q_lo(y->dtype), hi = q_hi(y->dtype);
+    unsigned char *yp = y->data;
+    const size_t ye = dtype_size(y->dtype);
+    for (int64_t o = 0; o < g.outer; o++)
+        for (int64_t a = 0; a < g.len; a++)
+            for (int64_t i = 0; i < g.inner; i++) {
+                const int64_t e = (o * g.len + a) * g.inner + i, si = q_sidx(&g, o, a, i);
+                double v = load_d((const char *)x->data + e * dtype_size(x->dtype), x->dtype) /
+                           load_d((const char *)scale->data + si * dtype_size(scale->dtype), scale->dtype);
+                /* the quotient in the scale's precision: halves must round as they do in float */
+                if (scale->dtype != DT_FP64) v = (float)v;
+                v = nearbyint(v);
+                if (zp) v += (double)op_int_at(zp, si);
+                v = v != v ? 0 : v < lo ? lo : v > hi ? hi : v;
+                store_d(yp + (size_t)e * ye, y->dtype, v);
+            }
+    return 0;
+}
+
+static int infer_dequant(struct op_call *c) {
+    int rc;
+    if ((rc = need_in(c, 0, "x")) || (rc = need_in(c, 1, "x_scale")) || (rc = need_out(c))) return rc;
+    const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
+    if (!q_int_dtype(x->dtype) && x->dtype != DT_INT32) {
+        op_error(c, "dequantizing %s is not supported (uint8, int8, uint16, int16, int32 are)", dtype_name(x->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    if (!ew_is_float(scale->dtype)) return unsupported_dtype(c, scale->dtype);
+    if (zp && zp->dtype != x->dtype)
+        return op_error(c, "zero point has dtype %s but x has %s", dtype_name(zp->dtype), dtype_name(x->dtype));
+    struct q_geom g;
+    if ((rc = q_geometry(c, x, scale, &g)) || (rc = q_check_zp(c, scale, zp))) return rc;
+    enum dtype out = (enum dtype)node_attr_int(c->node, "output_dtype", 0);
+    if (out != DT_UNDEFINED && out != scale->dtype)
+        return op_error(c, "output_dtype must be the scale's dtype (%s)", dtype_name(scale->dtype));
+    copy_shape(c->out[0], x, scale->dtype);
+    return 0;
+}
+
+static int run_dequant(struct op_call *c) {
+    const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
+    struct tensor *y = c->out[0];
+    struct q_geom g;
+    int rc = q_geometry(c, x, scale, &g);
+    if (rc) return rc;
+    unsigned char *yp = y->data;
+    const size_t ye = dtype_size(y->dtype);
+    for (int64_t o = 0; o < g.outer; o++)
+        for (int64_t a = 0; a < g.len; a++)
+            for (int64_t i = 0; i < g.inner; i++) {
+                const int64_t e = (o * g.len + a) * g.inner + i, si = q_sidx(&g, o, a, i);
+                double v = (double)op_int_at(x, e) - (zp ? (double)op_int_at(zp, si) : 0);
+                v *= load_d((const char *)scale->data + si * dtype_size(scale->dtype), scale->dtype);
+                store_d(yp + (size_t)e * ye, y->dtype, v);
+            }
+    return 0;
+}
+
+/* DynamicQuantizeLinear: uint8 with a scale and zero point that map
+ * [min(0, min x), max(0, max x)] onto [0, 255]. */
+static int infer_dynquant(struct op_call *c) {
+    int rc;
+    if ((rc = need_in(c, 0, "x")) || (rc = need_out(c))) return rc;
+    if (c->in[0]->dtype != DT_FP32) return unsupported_dtype(c, c->in[0]->dtype);
+    copy_shape(c->out[0], c->in[0], DT_UINT8);
+    struct tensor *s = out_opt(c, 1), *z = out_opt(c, 2);
+    if (s) *s = (struct tensor){DT_FP32, 0, {0}, NULL};
+    if (z) *z = (struct tensor){DT_UINT8, 0, {0}, NULL};
+    return 0;
+}
+
+static int run_dynquant(struct op_call *c) {
+    const float *x = c->in[0]->data;
+    uint8_t *y = c->out[0]->data;
+    int64_t n = tensor_numel(c->in[0]);
+    float mn = 0, mx = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    float scale = (mx - mn) / 255.0f;
+    double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
+    uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
+    for (int64_t i = 0; i < n; i++) {
+        double v = scale > 0 ? nearbyint((double)(x[i] / scale)) + zp : 0;
+        y[i] = (uint8_t)(v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+    struct tensor *s = out_opt(c, 1), *z = out_opt(c, 2);
+    if (s) *(float *)s->data = scale;
+    if (z) *(uint8_t *)z->data = zp;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -1445,5 +1638,8 @@ const struct op_def op_defs_elementwise[] = {
     {"Hardmax", "", infer_smax, NULL, run_hardmax, NULL, 0},
     OPDEF("LayerNormalization", layernorm, 0),
     OPDEF("RMSNormalization", rmsnorm, 0),
+    OPDEF("QuantizeLinear", quant, 0),
+    OPDEF("DequantizeLinear", dequant, 0),
+    OPDEF("DynamicQuantizeLinear", dynquant, 0),
     {0},
 };

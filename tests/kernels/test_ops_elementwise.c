@@ -4,7 +4,8 @@
  * wrap-around and division by zero, Mod's two sign conventions, half types,
  * the variadic ops, Clip by opset, Where, Cast (saturation, NaN, refusals),
  * Softmax/LogSoftmax before and since opset 13, LayerNormalization with its
- * statistics outputs, Gelu's two forms, and clear errors for bad input. */
+ * statistics outputs, Gelu's two forms, (de)quantization per tensor, per
+ * axis and blocked, and clear errors for bad input. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -626,6 +627,66 @@ static void test_pow_mixed(void **state) {
     free(e.data);
 }
 
+/* ---- quantization -------------------------------------------------------- */
+
+static void test_quantize(void **state) {
+    (void)state;
+    /* per axis (axis 1 of [2, 3]) with zero points; halves round to even; saturation */
+    int64_t d[] = {2, 3}, s3[] = {3};
+    struct tensor x = mk(DT_FP32, 2, d), sc = mk(DT_FP32, 1, s3), zp = mk(DT_INT8, 1, s3), q = {0}, back = {0};
+    float xv[] = {2.5f, 3.5f, -1000.0f, 1.0f, -0.5f, 1000.0f};
+    float sv[] = {1.0f, 1.0f, 0.5f};
+    int8_t zv[] = {0, 10, -5};
+    memcpy(x.data, xv, sizeof xv);
+    memcpy(sc.data, sv, sizeof sv);
+    memcpy(zp.data, zv, sizeof zv);
+    struct tnode tn;
+    tn_init(&tn, "QuantizeLinear", 21);
+    const struct tensor *in[3] = {&x, &sc, &zp};
+    struct tensor *out[1] = {&q};
+    assert_int_equal(call(&tn, in, 3, out, 1, 1), 0);
+    assert_int_equal(q.dtype, DT_INT8);
+    int8_t eq[] = {2, 14, -128, 1, 10, 127};
+    for (int i = 0; i < 6; i++) assert_int_equal(((int8_t *)q.data)[i], eq[i]);
+    tn_init(&tn, "DequantizeLinear", 21);
+    const struct tensor *din[3] = {&q, &sc, &zp};
+    struct tensor *dout[1] = {&back};
+    assert_int_equal(call(&tn, din, 3, dout, 1, 1), 0);
+    assert_int_equal(back.dtype, DT_FP32);
+    for (int i = 0; i < 6; i++) assert_float_equal(F(back)[i], (eq[i] - zv[i % 3]) * sv[i % 3], 1e-6);
+    free(q.data);
+    free(back.data);
+    /* blocked along axis 1 with block 2: scales [2, 2] */
+    int64_t d4[] = {2, 4}, s22[] = {2, 2};
+    struct tensor xb = mk(DT_FP32, 2, d4), sb = mk(DT_FP32, 2, s22);
+    for (int i = 0; i < 8; i++) F(xb)[i] = (float)(i * 4);
+    float sbv[] = {1, 2, 4, 8};
+    memcpy(sb.data, sbv, sizeof sbv);
+    tn_init(&tn, "QuantizeLinear", 21);
+    tn_int(&tn, "axis", 1);
+    tn_int(&tn, "block_size", 2);
+    tn_int(&tn, "output_dtype", DT_INT16);
+    const struct tensor *bin[2] = {&xb, &sb};
+    assert_int_equal(call(&tn, bin, 2, out, 1, 1), 0);
+    assert_int_equal(q.dtype, DT_INT16);
+    for (int r = 0; r < 2; r++)
+        for (int j = 0; j < 4; j++)
+            assert_int_equal(((int16_t *)q.data)[r * 4 + j], (int)nearbyint((r * 4 + j) * 4.0 / sbv[r * 2 + j / 2]));
+    free(q.data);
+    /* a scale that fits neither per-tensor nor per-axis is refused */
+    struct tensor bad = mk(DT_FP32, 1, (int64_t[]){5});
+    const struct tensor *badin[2] = {&x, &bad};
+    tn_init(&tn, "QuantizeLinear", 21);
+    assert_int_not_equal(call(&tn, badin, 2, out, 1, 1), 0);
+    assert_non_null(strstr(g_err, "scale"));
+    free(bad.data);
+    free(xb.data);
+    free(sb.data);
+    free(x.data);
+    free(sc.data);
+    free(zp.data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_broadcast_patterns), cmocka_unit_test(test_broadcast_error),
@@ -635,6 +696,7 @@ int main(void) {
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_softmax_opsets),
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
+        cmocka_unit_test(test_quantize),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
