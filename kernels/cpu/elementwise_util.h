@@ -146,4 +146,28 @@ static inline float ew_tanh_f(float x) {
     return ax < 0.625f ? s : l;
 }
 
+/* erf: a [13/8] odd rational approximation on [-4, 4] (the form Eigen
+ * uses), clamped beyond where erf is +-1 in float; absolute error under
+ * 5e-7 everywhere, against libm's erff about 10x slower and opaque to the
+ * vectorizer. */
+static inline float ew_erf_f(float x) {
+    float xc = x < 4.0f ? x : 4.0f;
+    xc = xc > -4.0f ? xc : -4.0f;
+    float x2 = xc * xc;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 + -2.10102402082508e-06f;
+    p = p * x2 + -5.69250639462346e-05f;
+    p = p * x2 + -7.34990630326855e-04f;
+    p = p * x2 + -2.95459980854025e-03f;
+    p = p * x2 + -1.60960333262415e-02f;
+    p = p * xc;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 + -2.13374055278905e-04f;
+    q = q * x2 + -1.68282697438203e-03f;
+    q = q * x2 + -7.37332916720468e-03f;
+    q = q * x2 + -1.42647390514189e-02f;
+    return x == x ? p / q : x;
+}
+
 #endif

@@ -349,6 +349,7 @@ static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : e
  * double ones libm */
 #define EXPT(x) _Generic((x), float: ew_exp_f, default: exp)(x)
 #define TANHT(x) _Generic((x), float: ew_tanh_f, default: tanh)(x)
+#define ERFT(x) _Generic((x), float: ew_erf_f, default: erf)(x)
 #define SIGMOID(x) _Generic((x), float: ew_sigmoid_f, default: sigmoid_d)(x)
 /* log(1 + e^x) without overflow for large x */
 #define SOFTPLUS(x) ((x) > 0 ? (x) + log1p(EXPT(-(x))) : log1p(EXPT(x)))
@@ -364,7 +365,7 @@ static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : e
 #define U_SQRT(T, x) (sqrt(x))
 #define U_EXP(T, x) (EXPT(x))
 #define U_LOG(T, x) (log(x))
-#define U_ERF(T, x) (erf(x))
+#define U_ERF(T, x) (ERFT(x))
 #define U_SIGMOID(T, x) (SIGMOID(x))
 #define U_TANH(T, x) (TANHT(x))
 #define U_LEAKY(T, x) ((x) >= 0 ? (x) : A * (x))
@@ -372,7 +373,7 @@ static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : e
 #define CLAMP01(v) ((v) > 0 ? ((v) < 1 ? (v) : 1) : 0)
 #define U_HSIG(T, x) ((T)CLAMP01(A * (x) + B))
 #define U_HSWISH(T, x) ((x) * (T)CLAMP01((x) / (T)6 + (T)0.5))
-#define U_GELU(T, x) ((T)0.5 * (x) * ((T)1 + erf((x) * (T)0.70710678118654752440)))
+#define U_GELU(T, x) ((T)0.5 * (x) * ((T)1 + ERFT((x) * (T)0.70710678118654752440)))
 #define U_GELU_TANH(T, x) \
     ((T)0.5 * (x) * ((T)1 + TANHT((T)0.79788456080286535588 * ((x) + (T)0.044715 * (x) * (x) * (x)))))
 #define U_SOFTPLUS(T, x) (SOFTPLUS(x))
