@@ -1,6 +1,6 @@
 /* ops_nn.c - the neural-network family: Conv, ConvTranspose, MatMul, Gemm,
- * MaxPool, AveragePool, LpPool, MaxUnpool, the global pools,
- * BatchNormalization, InstanceNormalization, LRN.
+ * MaxPool, AveragePool, LpPool, MaxUnpool, the global pools, Col2Im,
+ * BatchNormalization, InstanceNormalization, GroupNormalization, LRN.
  *
  * The heavy ops (Conv, MatMul, Gemm, MaxPool, AveragePool) run on oneDNN:
  * prepare() builds the primitive once per plan with the concrete shapes,
@@ -10,8 +10,8 @@
  * in the plain ONNX layout (NCHW...); a convolution that is faster on
  * oneDNN's blocked layouts reorders in and out of scratch around itself.
  * Memory-bound ops whose oneDNN versions gain nothing (BatchNormalization in
- * inference, global pools, LRN, InstanceNormalization), ConvTranspose, and
- * the pooling corners oneDNN does not express are plain C loops.
+ * inference, global pools, the normalizations, LRN), the rare ones, the
+ * ConvTranspose and pooling corners oneDNN does not express are C loops.
  *
  * Every op here computes in float32 (MaxPool also passes 8-bit integers
  * through exactly). */
@@ -1431,6 +1431,155 @@ static int inorm_run(struct op_call *c) {
     return 0;
 }
 
+/* ==== GroupNormalization ================================================ */
+
+/* Mean and variance over each group of C/num_groups channels (and all
+ * spatial positions), then per-channel scale and bias (opset 21; opset 18
+ * gave them per group, which is told apart by their length). */
+static int gnorm_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc;
+    if (c->nin < 3 || !c->in[1] || !c->in[2]) return op_error(c, "needs inputs X, scale and bias");
+    if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, c->in[1], "scale")) || (rc = need_f32(c, c->in[2], "bias")))
+        return rc;
+    if (x->ndim < 2) return op_error(c, "X must have rank >= 2 (got %d)", x->ndim);
+    int64_t g = node_attr_int(c->node, "num_groups", 0), C = x->dims[1];
+    if (g < 1 || (C >= 0 && C % g)) return op_error(c, "num_groups %lld must divide the %lld channels", (long long)g, (long long)C);
+    int64_t ns = tensor_numel(c->in[1]), nb = tensor_numel(c->in[2]);
+    if ((ns != C && ns != g) || nb != ns) return op_error(c, "scale and bias must hold %lld (or %lld) values", (long long)C, (long long)g);
+    *c->out[0] = *x;
+    c->out[0]->data = NULL;
+    return 0;
+}
+
+static int gnorm_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    const float *xd = x->data, *sc = c->in[1]->data, *bi = c->in[2]->data;
+    float *y = c->out[0]->data;
+    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    int64_t g = node_attr_int(c->node, "num_groups", 1), n = x->dims[0], C = x->dims[1];
+    int64_t sp = prod(x->dims + 2, x->ndim - 2), cg = C / g, len = cg * sp;
+    int per_channel = tensor_numel(c->in[1]) == C;
+#pragma omp parallel for collapse(2) if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t gi = 0; gi < g; gi++) {
+            const float *xp = xd + (b * C + gi * cg) * sp;
+            float *yp = y + (b * C + gi * cg) * sp;
+            double s1 = 0, s2 = 0;
+            for (int64_t i = 0; i < len; i++) s1 += xp[i];
+            double mean = len ? s1 / (double)len : 0;
+            for (int64_t i = 0; i < len; i++) s2 += (xp[i] - mean) * (xp[i] - mean);
+            double inv = 1.0 / sqrt((len ? s2 / (double)len : 0) + eps);
+            for (int64_t ch = 0; ch < cg; ch++) {
+                int64_t k = per_channel ? gi * cg + ch : gi;
+                float a = (float)(sc[k] * inv), sh = bi[k] - (float)mean * a;
+                for (int64_t i = 0; i < sp; i++) yp[ch * sp + i] = xp[ch * sp + i] * a + sh;
+            }
+        }
+    return 0;
+}
+
+/* ==== Col2Im ============================================================ */
+
+/* Folds columns of sliding blocks back into an image, summing overlaps:
+ * input [N, C*prod(block), L] with L blocks on the grid the image, pads,
+ * dilations and strides define. image_shape and block_shape are inputs
+ * that must be known when the plan is built. */
+struct col2im_geom {
+    int nsp;
+    int64_t img[WIN_MAX], blk[WIN_MAX], s[WIN_MAX], d[WIN_MAX], pl[WIN_MAX], grid[WIN_MAX];
+    int64_t ch, kvol, nblocks;
+};
+
+static int col2im_setup(struct op_call *c, struct col2im_geom *g) {
+    const struct tensor *x = c->in[0], *is = opt_in(c, 1), *bs = opt_in(c, 2);
+    int rc = need_f32(c, x, "input");
+    if (rc) return rc;
+    if (!is || !bs || !is->data || !bs->data) return op_error(c, "image_shape and block_shape must be known when the plan is built");
+    memset(g, 0, sizeof *g);
+    g->nsp = (int)tensor_numel(is);
+    if (g->nsp < 1 || g->nsp > WIN_MAX || tensor_numel(bs) != g->nsp)
+        return op_error(c, "image_shape and block_shape must have the same length, 1 to 3");
+    if (x->ndim != 3) return op_error(c, "input must be [N, C*prod(block_shape), L] (rank %d given)", x->ndim);
+    const int64_t *st = NULL, *dl = NULL, *pd = NULL;
+    int ns = node_attr_ints(c->node, "strides", &st), nd = node_attr_ints(c->node, "dilations", &dl);
+    int np = node_attr_ints(c->node, "pads", &pd);
+    if ((ns >= 0 && ns != g->nsp) || (nd >= 0 && nd != g->nsp) || (np >= 0 && np != 2 * g->nsp))
+        return op_error(c, "strides/dilations/pads do not match %d spatial dims", g->nsp);
+    g->kvol = 1;
+    g->nblocks = 1;
+    for (int i = 0; i < g->nsp; i++) {
+        g->img[i] = op_int_at(is, i);
+        g->blk[i] = op_int_at(bs, i);
+        g->s[i] = ns >= 0 ? st[i] : 1;
+        g->d[i] = nd >= 0 ? dl[i] : 1;
+        g->pl[i] = np >= 0 ? pd[i] : 0;
+        int64_t pr = np >= 0 ? pd[g->nsp + i] : 0;
+        if (g->img[i] < 1 || g->blk[i] < 1 || g->s[i] < 1 || g->d[i] < 1 || g->pl[i] < 0 || pr < 0 ||
+            g->img[i] > (1 << 24) || g->blk[i] > (1 << 20) || g->s[i] > (1 << 20) || g->d[i] > (1 << 20))
+            return op_error(c, "bad image/block geometry along dim %d", i);
+        int64_t span = g->img[i] + g->pl[i] + pr - (g->blk[i] - 1) * g->d[i] - 1;
+        if (span < 0) return op_error(c, "block larger than the padded image along dim %d", i);
+        g->grid[i] = span / g->s[i] + 1;
+        g->kvol *= g->blk[i];
+        g->nblocks *= g->grid[i];
+    }
+    if (x->dims[1] % g->kvol) return op_error(c, "input dim 1 (%lld) is not a multiple of prod(block_shape) %lld",
+                                              (long long)x->dims[1], (long long)g->kvol);
+    if (x->dims[2] != g->nblocks)
+        return op_error(c, "input has %lld blocks, the geometry gives %lld", (long long)x->dims[2], (long long)g->nblocks);
+    g->ch = x->dims[1] / g->kvol;
+    return 0;
+}
+
+static int col2im_infer(struct op_call *c) {
+    struct col2im_geom g;
+    int rc = col2im_setup(c, &g);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = 2 + g.nsp;
+    y->dims[0] = c->in[0]->dims[0];
+    y->dims[1] = g.ch;
+    for (int i = 0; i < g.nsp; i++) y->dims[2 + i] = g.img[i];
+    return 0;
+}
+
+static int col2im_run(struct op_call *c) {
+    struct col2im_geom g;
+    int rc = col2im_setup(c, &g);
+    if (rc) return rc;
+    const float *xd = c->in[0]->data;
+    float *y = c->out[0]->data;
+    int64_t n = c->in[0]->dims[0], isz = prod(g.img, g.nsp);
+    memset(y, 0, sizeof(float) * (size_t)(n * g.ch * isz));
+#pragma omp parallel for collapse(2) if (n * g.ch * isz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t b = 0; b < n; b++)
+        for (int64_t ch = 0; ch < g.ch; ch++) {
+            float *yp = y + (b * g.ch + ch) * isz;
+            for (int64_t k = 0; k < g.kvol; k++) {
+                int64_t kk[WIN_MAX], rem = k;
+                for (int i = g.nsp - 1; i >= 0; i--) {
+                    kk[i] = rem % g.blk[i];
+                    rem /= g.blk[i];
+                }
+                const float *xp = xd + ((b * g.ch + ch) * g.kvol + k) * g.nblocks;
+                for (int64_t l = 0; l < g.nblocks; l++) {
+                    int64_t rl = l, off = 0, stride = 1, inside = 1;
+                    for (int i = g.nsp - 1; i >= 0; i--) {
+                        int64_t pos = (rl % g.grid[i]) * g.s[i] - g.pl[i] + kk[i] * g.d[i];
+                        rl /= g.grid[i];
+                        if (pos < 0 || pos >= g.img[i]) inside = 0;
+                        off += pos * stride;
+                        stride *= g.img[i];
+                    }
+                    if (inside) yp[off] += xp[l];
+                }
+            }
+        }
+    return 0;
+}
+
 /* ==== LRN ================================================================ */
 
 /* y = x / (bias + alpha / size * sum of x^2 over the channel window)^beta,
@@ -1508,5 +1657,7 @@ const struct op_def op_defs_nn[] = {
     {"BatchNormalization", "", bn_infer, bn_prepare, bn_run, bn_release, 0},
     {"InstanceNormalization", "", inorm_infer, NULL, inorm_run, NULL, 0},
     {"LRN", "", lrn_infer, NULL, lrn_run, NULL, 0},
+    {"GroupNormalization", "", gnorm_infer, NULL, gnorm_run, NULL, 0},
+    {"Col2Im", "", col2im_infer, NULL, col2im_run, NULL, 0},
     {0},
 };

@@ -819,6 +819,83 @@ static void test_instancenorm_lrn(void **st) {
     free(x.data), free(sc.data), free(b.data);
 }
 
+static void test_groupnorm(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 6, 3, 2}, c6 = 6, c3 = 3;
+    struct tensor x = mk(4, xd, 1);
+    for (int per_group = 0; per_group < 2; per_group++) {
+        struct tensor sc = mk(1, per_group ? &c3 : &c6, 1), b = mk(1, per_group ? &c3 : &c6, 1), y = {0};
+        struct tnode t;
+        tn_init(&t, "GroupNormalization");
+        tn_int(&t, "num_groups", 3);
+        tn_float(&t, "epsilon", 1e-3f);
+        struct tensor *in[3] = {&x, &sc, &b}, *o[1] = {&y};
+        assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+        for (int n = 0; n < 2; n++)
+            for (int g = 0; g < 3; g++) {
+                const float *xp = (const float *)x.data + (n * 6 + g * 2) * 6;
+                double m = 0, v = 0;
+                for (int i = 0; i < 12; i++) m += xp[i];
+                m /= 12;
+                for (int i = 0; i < 12; i++) v += (xp[i] - m) * (xp[i] - m);
+                v /= 12;
+                for (int i = 0; i < 12; i++) {
+                    int k = per_group ? g : g * 2 + i / 6;
+                    double want = ((float *)sc.data)[k] * (xp[i] - m) / sqrt(v + 1e-3) + ((float *)b.data)[k];
+                    assert_true(fabs(((float *)y.data)[(n * 6 + g * 2) * 6 + i] - want) < 1e-4);
+                }
+            }
+        free(sc.data), free(b.data), free(y.data);
+    }
+    free(x.data);
+}
+
+/* Col2Im folds blocks back: with stride == block the blocks tile the image
+ * and the image comes back; with overlap each pixel sums its blocks. */
+static void test_col2im(void **st) {
+    (void)st;
+    const int H = 4, W = 6, C = 2;
+    struct tensor is = {DT_INT64, 1, {2}, NULL}, bs = {DT_INT64, 1, {2}, NULL};
+    int64_t isv[2] = {H, W}, bsv[2] = {2, 3};
+    is.data = isv;
+    bs.data = bsv;
+    for (int overlap = 0; overlap < 2; overlap++) {
+        int64_t s[2] = {overlap ? 1 : 2, overlap ? 1 : 3};
+        int64_t gh = (H - 2) / s[0] + 1, gw = (W - 3) / s[1] + 1;
+        int64_t xd[3] = {1, C * 6, gh * gw};
+        struct tensor x = mk(3, xd, 0), y = {0};
+        /* im2col of the image v(c,h,w) = 100c + 10h + w */
+        for (int c = 0; c < C; c++)
+            for (int kh = 0; kh < 2; kh++)
+                for (int kw = 0; kw < 3; kw++)
+                    for (int64_t l = 0; l < gh * gw; l++) {
+                        int64_t h = (l / gw) * s[0] + kh, w = (l % gw) * s[1] + kw;
+                        ((float *)x.data)[((c * 6) + kh * 3 + kw) * gh * gw + l] = (float)(100 * c + 10 * h + w);
+                    }
+        struct tnode t;
+        tn_init(&t, "Col2Im");
+        tn_ints(&t, "strides", 2, s);
+        struct tensor *in[3] = {&x, &is, &bs}, *o[1] = {&y};
+        assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+        assert_int_equal(y.ndim, 4);
+        assert_int_equal(y.dims[1], C);
+        for (int c = 0; c < C; c++)
+            for (int h = 0; h < H; h++)
+                for (int w = 0; w < W; w++) {
+                    int cover = 1;
+                    if (overlap) { /* blocks covering (h, w) */
+                        int ch = 0, cw = 0;
+                        for (int bh = 0; bh < gh; bh++) ch += h >= bh && h < bh + 2;
+                        for (int bw = 0; bw < gw; bw++) cw += w >= bw && w < bw + 3;
+                        cover = ch * cw;
+                    }
+                    float want = (float)(cover * (100 * c + 10 * h + w));
+                    assert_true(((float *)y.data)[(c * H + h) * W + w] == want);
+                }
+        free(x.data), free(y.data);
+    }
+}
+
 /* ---- concurrency ------------------------------------------------------------------ */
 
 struct conc_arg {
@@ -900,6 +977,7 @@ int main(void) {
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
         cmocka_unit_test(test_lp_pools),        cmocka_unit_test(test_maxunpool),
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
+        cmocka_unit_test(test_groupnorm),       cmocka_unit_test(test_col2im),
         cmocka_unit_test(test_concurrent_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
