@@ -389,6 +389,68 @@ DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0, UAD
 DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0, UADD, UMUL, FAST_NONE)
 DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UADD, UMUL, FAST_NONE)
 
+/* float data reduced across rows whose kept innermost run is contiguous
+ * ([..., R, K] reduced over R, e.g. a sum over the batch or channels of
+ * NHWC): accumulate whole rows of K at a time instead of walking each
+ * output's column with a stride of K. Returns 0 if the layout or the
+ * reduction does not fit. */
+static int red_rows_f32(const float *x, float *y, const struct red_geom *g, enum red_kind k, int nt) {
+    if (g->nr != 1 || g->nk < 1 || g->kstr[g->nk - 1] != 1) return 0;
+    if (k == RED_PROD || k == RED_LOGSUM || k == RED_LOGSUMEXP) return 0;
+    const int64_t kin = g->kdims[g->nk - 1], rows = g->rdims[0], rst = g->rstr[0];
+    if (kin < 4 || rows < 2) return 0;
+    const int64_t nouter = g->nout / kin, nchunk = (kin + RED_BLOCK - 1) / RED_BLOCK;
+    const int64_t items = nouter * nchunk;
+    const int par = nt > 1 && g->nout * rows >= EW_PAR_MIN && items > 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (par)
+    for (int64_t it = 0; it < items; it++) {
+        const int64_t oo = it / nchunk, j0 = (it % nchunk) * RED_BLOCK;
+        const int64_t m = kin - j0 < RED_BLOCK ? kin - j0 : RED_BLOCK;
+        /* the first output of this chunk locates its input base */
+        const int64_t base = red_base(g, oo * kin + j0);
+        double acc[RED_BLOCK];
+        int nan[RED_BLOCK];
+        for (int64_t j = 0; j < m; j++) {
+            acc[j] = k == RED_MAX ? -INFINITY : k == RED_MIN ? INFINITY : 0;
+            nan[j] = 0;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const float *p = x + base + r * rst;
+            switch (k) {
+            case RED_MAX:
+                for (int64_t j = 0; j < m; j++) {
+                    acc[j] = p[j] > acc[j] ? p[j] : acc[j];
+                    nan[j] |= p[j] != p[j];
+                }
+                break;
+            case RED_MIN:
+                for (int64_t j = 0; j < m; j++) {
+                    acc[j] = p[j] < acc[j] ? p[j] : acc[j];
+                    nan[j] |= p[j] != p[j];
+                }
+                break;
+            case RED_SUMSQ: case RED_L2:
+                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += (double)p[j] * p[j];
+                break;
+            case RED_L1:
+                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += fabs((double)p[j]);
+                break;
+            default:
+                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += p[j];
+                break;
+            }
+        }
+        float *q = y + oo * kin + j0;
+        for (int64_t j = 0; j < m; j++) {
+            double v = acc[j];
+            if (k == RED_MEAN) v /= (double)rows;
+            else if (k == RED_L2) v = sqrt(v);
+            q[j] = nan[j] ? NAN : (float)v;
+        }
+    }
+    return 1;
+}
+
 static int red_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     struct tensor *o = c->out[0];
@@ -404,7 +466,9 @@ static int red_run(struct op_call *c) {
     enum red_kind k = (enum red_kind)kind;
     int nt = c->nthreads;
     switch (x->dtype) {
-    case DT_FP32: red_f32(x->data, o->data, &g, k, nt); break;
+    case DT_FP32:
+        if (!red_rows_f32(x->data, o->data, &g, k, nt)) red_f32(x->data, o->data, &g, k, nt);
+        break;
     case DT_FP64: red_f64(x->data, o->data, &g, k, nt); break;
     case DT_FP16: red_f16(x->data, o->data, &g, k, nt); break;
     case DT_BF16: red_bf16(x->data, o->data, &g, k, nt); break;
