@@ -1,4 +1,6 @@
 /* ops_nn.c - the neural-network family: Conv, ConvTranspose, MatMul, Gemm,
+ * their integer and quantized forms (ConvInteger, QLinearConv,
+ * MatMulInteger, QLinearMatMul),
  * MaxPool, AveragePool, LpPool, MaxUnpool, the global pools, Col2Im,
  * BatchNormalization, InstanceNormalization, GroupNormalization, LRN.
  *
@@ -907,6 +909,269 @@ static int gemm_run(struct op_call *c) {
     return rc;
 }
 
+/* ==== integer and quantized MatMul and Conv ============================= */
+
+/* MatMulInteger, QLinearMatMul, ConvInteger and QLinearConv on 8-bit
+ * integers: products of zero-point-shifted values summed in int32, then
+ * (QLinear*) scaled by x_scale * w_scale / y_scale in float32 as ONNX's
+ * reference does, rounded half to even, shifted by y_zero_point and
+ * saturated. Plain loops: exact, parallel, not yet tuned. */
+
+static int is_q8(enum dtype t) { return t == DT_UINT8 || t == DT_INT8; }
+
+static int need_q8(struct op_call *c, const struct tensor *t, const char *what) {
+    if (!t || !is_q8(t->dtype)) {
+        op_error(c, "%s must be uint8 or int8 (got %s)", what, t ? dtype_name(t->dtype) : "nothing");
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
+/* A zero point or scale: absent (0 / 1), one value, or one per index. */
+static int qparam_ok(struct op_call *c, const struct tensor *t, int64_t per, const char *what) {
+    if (!t) return 0;
+    int64_t n = tensor_numel(t);
+    if (n != 1 && n != per) return op_error(c, "%s must hold 1 or %lld values (got %lld)", what, (long long)per, (long long)n);
+    return 0;
+}
+static double qparam_at(const struct tensor *t, int64_t i, double def) {
+    if (!t) return def;
+    return op_double_at(t, tensor_numel(t) == 1 ? 0 : i);
+}
+
+/* Requantizes an int32 sum the way ONNX's reference does. */
+static void q8_store(void *y, enum dtype dt, int64_t i, double v) {
+    double r = nearbyint(v);
+    if (dt == DT_UINT8) ((uint8_t *)y)[i] = (uint8_t)(r < 0 ? 0 : r > 255 ? 255 : r);
+    else ((int8_t *)y)[i] = (int8_t)(r < -128 ? -128 : r > 127 ? 127 : r);
+}
+
+/* int32 batched matmul with numpy broadcasting; za per row of A, zb per
+ * column of B (or scalars). */
+static void imm_run(const struct mm_shape *sh, const struct tensor *a, const struct tensor *b, const struct tensor *za,
+                    const struct tensor *zb, int32_t *acc, int nthreads) {
+    int r = sh->r;
+    int64_t M = sh->a[r - 2], K = sh->a[r - 1], N = sh->b[r - 1], nb = prod(sh->y, r - 2);
+#pragma omp parallel for if (nb * M * N * K > 65536) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t bi = 0; bi < nb; bi++) {
+        int64_t rem = bi, ao = 0, bo = 0, as = 1, bs = 1;
+        for (int i = r - 3; i >= 0; i--) {
+            int64_t ix = rem % sh->y[i];
+            rem /= sh->y[i];
+            ao += (sh->a[i] == 1 ? 0 : ix) * as;
+            bo += (sh->b[i] == 1 ? 0 : ix) * bs;
+            as *= sh->a[i];
+            bs *= sh->b[i];
+        }
+        int32_t *out = acc + bi * M * N;
+        for (int64_t m = 0; m < M; m++) {
+            int32_t *row = out + m * N, zam = (int32_t)qparam_at(za, m, 0);
+            for (int64_t n = 0; n < N; n++) row[n] = 0;
+            for (int64_t k = 0; k < K; k++) {
+                int32_t av = (int32_t)op_int_at(a, (ao * M + m) * K + k) - zam;
+                if (!av) continue;
+                int64_t bb = (bo * K + k) * N;
+                for (int64_t n = 0; n < N; n++)
+                    row[n] += av * ((int32_t)op_int_at(b, bb + n) - (int32_t)qparam_at(zb, n, 0));
+            }
+        }
+    }
+}
+
+static int mmi_infer(struct op_call *c) {
+    const struct tensor *a = c->in[0], *b = c->in[1];
+    int rc;
+    if ((rc = need_q8(c, a, "A")) || (rc = need_q8(c, b, "B"))) return rc;
+    struct mm_shape sh;
+    if ((rc = mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
+    if ((rc = qparam_ok(c, opt_in(c, 2), sh.a[sh.r - 2], "a_zero_point")) ||
+        (rc = qparam_ok(c, opt_in(c, 3), sh.b[sh.r - 1], "b_zero_point")))
+        return rc;
+    c->out[0]->dtype = DT_INT32;
+    return 0;
+}
+
+static int mmi_run(struct op_call *c) {
+    struct mm_shape sh;
+    int rc = mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
+    if (rc) return rc;
+    imm_run(&sh, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), c->out[0]->data, c->nthreads);
+    return 0;
+}
+
+/* QLinearMatMul: a, a_scale, a_zero_point, b, b_scale, b_zero_point,
+ * y_scale, y_zero_point. */
+static int qmm_infer(struct op_call *c) {
+    if (c->nin < 8) return op_error(c, "needs 8 inputs, got %d", c->nin);
+    const struct tensor *a = c->in[0], *b = c->in[3], *yz = c->in[7];
+    int rc;
+    if ((rc = need_q8(c, a, "a")) || (rc = need_q8(c, b, "b"))) return rc;
+    if (!c->in[1] || !c->in[4] || !c->in[6]) return op_error(c, "a_scale, b_scale and y_scale are required");
+    struct mm_shape sh;
+    if ((rc = mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
+    int64_t M = sh.a[sh.r - 2], N = sh.b[sh.r - 1];
+    if ((rc = qparam_ok(c, c->in[1], M, "a_scale")) || (rc = qparam_ok(c, c->in[2], M, "a_zero_point")) ||
+        (rc = qparam_ok(c, c->in[4], N, "b_scale")) || (rc = qparam_ok(c, c->in[5], N, "b_zero_point")) ||
+        (rc = qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = qparam_ok(c, yz, 1, "y_zero_point")))
+        return rc;
+    c->out[0]->dtype = yz ? yz->dtype : a->dtype;
+    if (!is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
+    return 0;
+}
+
+static int qmm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    *state = NULL;
+    *scratch_size = sizeof(int32_t) * (size_t)tensor_numel(c->out[0]);
+    return 0;
+}
+
+static int qmm_run(struct op_call *c) {
+    struct mm_shape sh;
+    int rc = mm_shapes(c, c->in[0], c->in[3], &sh, NULL);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    int64_t ny = tensor_numel(y), M = sh.a[sh.r - 2], N = sh.b[sh.r - 1];
+    if (c->scratch_size < sizeof(int32_t) * (size_t)ny) return op_error(c, "internal: scratch too small");
+    int32_t *acc = c->scratch;
+    imm_run(&sh, c->in[0], c->in[3], c->in[2], c->in[5], acc, c->nthreads);
+    float ys = (float)qparam_at(c->in[6], 0, 1.0);
+    double yz = qparam_at(c->in[7], 0, 0.0);
+    for (int64_t i = 0; i < ny; i++) {
+        int64_t m = (i / N) % M, n = i % N;
+        float mult = (float)qparam_at(c->in[1], m, 1.0) * (float)qparam_at(c->in[4], n, 1.0) / ys;
+        q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
+    }
+    return 0;
+}
+
+/* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias). */
+static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
+                      const struct tensor *wz, const struct tensor *bias, const struct win *win, int64_t group,
+                      int32_t *acc) {
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
+    for (int i = 0; i < win->nsp; i++) {
+        in[i] = win->in[i]; out[i] = win->out[i]; k[i] = win->k[i]; s[i] = win->s[i]; d[i] = win->d[i]; pl[i] = win->pl[i];
+    }
+    int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
+    int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
+    int32_t xzv = (int32_t)qparam_at(xz, 0, 0);
+#pragma omp parallel for collapse(2) if (N * M * osz * cg * ksz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t nn = 0; nn < N; nn++)
+        for (int64_t m = 0; m < M; m++) {
+            int64_t g = m / mg;
+            int32_t wzv = (int32_t)qparam_at(wz, m, 0), bv = bias ? (int32_t)op_int_at(bias, m) : 0;
+            for (int64_t o0 = 0; o0 < out[0]; o0++)
+                for (int64_t o1 = 0; o1 < out[1]; o1++)
+                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
+                        int32_t sum = bv;
+                        for (int64_t ci = 0; ci < cg; ci++)
+                            for (int64_t t0 = 0; t0 < k[0]; t0++) {
+                                int64_t i0 = o0 * s[0] - pl[0] + t0 * d[0];
+                                if (i0 < 0 || i0 >= in[0]) continue;
+                                for (int64_t t1 = 0; t1 < k[1]; t1++) {
+                                    int64_t i1 = o1 * s[1] - pl[1] + t1 * d[1];
+                                    if (i1 < 0 || i1 >= in[1]) continue;
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                                        int64_t i2 = o2 * s[2] - pl[2] + t2 * d[2];
+                                        if (i2 < 0 || i2 >= in[2]) continue;
+                                        int32_t xv = (int32_t)op_int_at(x, (nn * C + g * cg + ci) * isz + (i0 * in[1] + i1) * in[2] + i2);
+                                        int32_t wv = (int32_t)op_int_at(w, (m * cg + ci) * ksz + (t0 * k[1] + t1) * k[2] + t2);
+                                        sum += (xv - xzv) * (wv - wzv);
+                                    }
+                                }
+                            }
+                        acc[(nn * M + m) * osz + (o0 * out[1] + o1) * out[2] + o2] = sum;
+                    }
+        }
+}
+
+/* Shape rule shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
+ * 0, w at 3). */
+static int iconv_shape(struct op_call *c, int wi, struct win *win, int64_t *group) {
+    const struct tensor *x = c->in[0], *w = opt_in(c, wi);
+    int rc;
+    if ((rc = need_q8(c, x, "x")) || (rc = need_q8(c, w, "w"))) return rc;
+    if (w->ndim != x->ndim) return op_error(c, "w has rank %d, x has rank %d", w->ndim, x->ndim);
+    *group = node_attr_int(c->node, "group", 1);
+    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+        return op_error(c, "channels do not match: x has %lld, w expects %lld x group %lld", (long long)x->dims[1],
+                        (long long)w->dims[1], (long long)*group);
+    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+    struct tensor *y = c->out[0];
+    y->ndim = x->ndim;
+    y->dims[0] = x->dims[0];
+    y->dims[1] = w->dims[0];
+    for (int i = 0; i < win->nsp; i++) y->dims[2 + i] = win->out[i];
+    return 0;
+}
+
+static int convi_infer(struct op_call *c) {
+    struct win win;
+    int64_t g;
+    int rc = iconv_shape(c, 1, &win, &g);
+    if (rc) return rc;
+    if ((rc = qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
+        return rc;
+    c->out[0]->dtype = DT_INT32;
+    return 0;
+}
+
+static int convi_run(struct op_call *c) {
+    struct win win;
+    int64_t g;
+    int rc = iconv_shape(c, 1, &win, &g);
+    if (rc) return rc;
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &win, g, c->out[0]->data);
+    return 0;
+}
+
+/* QLinearConv: x, x_scale, x_zero_point, w, w_scale, w_zero_point,
+ * y_scale, y_zero_point, B (int32, optional). */
+static int qconv_infer(struct op_call *c) {
+    if (c->nin < 8) return op_error(c, "needs at least 8 inputs, got %d", c->nin);
+    struct win win;
+    int64_t g;
+    int rc = iconv_shape(c, 3, &win, &g);
+    if (rc) return rc;
+    int64_t M = c->in[3]->dims[0];
+    const struct tensor *b = opt_in(c, 8), *yz = c->in[7];
+    if (!c->in[1] || !c->in[4] || !c->in[6]) return op_error(c, "x_scale, w_scale and y_scale are required");
+    if ((rc = qparam_ok(c, c->in[1], 1, "x_scale")) || (rc = qparam_ok(c, c->in[2], 1, "x_zero_point")) ||
+        (rc = qparam_ok(c, c->in[4], M, "w_scale")) || (rc = qparam_ok(c, c->in[5], M, "w_zero_point")) ||
+        (rc = qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = qparam_ok(c, yz, 1, "y_zero_point")))
+        return rc;
+    if (b && (b->dtype != DT_INT32 || tensor_numel(b) != M)) return op_error(c, "B must be int32 with %lld values", (long long)M);
+    c->out[0]->dtype = yz ? yz->dtype : c->in[0]->dtype;
+    if (!is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
+    return 0;
+}
+
+static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    *state = NULL;
+    *scratch_size = sizeof(int32_t) * (size_t)tensor_numel(c->out[0]);
+    return 0;
+}
+
+static int qconv_run(struct op_call *c) {
+    struct win win;
+    int64_t g;
+    int rc = iconv_shape(c, 3, &win, &g);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
+    if (c->scratch_size < sizeof(int32_t) * (size_t)ny) return op_error(c, "internal: scratch too small");
+    int32_t *acc = c->scratch;
+    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &win, g, acc);
+    float xs = (float)qparam_at(c->in[1], 0, 1.0), ys = (float)qparam_at(c->in[6], 0, 1.0);
+    double yz = qparam_at(c->in[7], 0, 0.0);
+    for (int64_t i = 0; i < ny; i++) {
+        int64_t m = (i / osz) % M;
+        float mult = xs * (float)qparam_at(c->in[4], m, 1.0) / ys;
+        q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
+    }
+    return 0;
+}
+
 /* ==== MaxPool and AveragePool ========================================== */
 
 enum pool_kind { POOL_MAX, POOL_AVG, POOL_LP };
@@ -1644,6 +1909,10 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
+    {"ConvInteger", "", convi_infer, NULL, convi_run, NULL, 0},
+    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, NULL, 0},
+    {"MatMulInteger", "", mmi_infer, NULL, mmi_run, NULL, 0},
+    {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
     {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
     {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, mm_release, OP_FUSE_ACT},

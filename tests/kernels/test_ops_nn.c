@@ -519,6 +519,109 @@ static void test_gemm_cases(void **st) {
     }
 }
 
+/* ---- integer and quantized ops ------------------------------------------- */
+
+static struct tensor mk_q(enum dtype dt, int ndim, const int64_t *dims) {
+    struct tensor t = {dt, ndim, {0}, NULL};
+    for (int i = 0; i < ndim; i++) t.dims[i] = dims[i];
+    int64_t n = tensor_numel(&t);
+    t.data = malloc((size_t)(n > 0 ? n : 1) * dtype_size(dt));
+    for (int64_t i = 0; i < n; i++) {
+        g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+        if (dt == DT_UINT8) ((uint8_t *)t.data)[i] = (uint8_t)(g_rng >> 20);
+        else if (dt == DT_INT8) ((int8_t *)t.data)[i] = (int8_t)(g_rng >> 20);
+        else if (dt == DT_INT32) ((int32_t *)t.data)[i] = (int32_t)((g_rng >> 20) % 2001) - 1000;
+    }
+    return t;
+}
+static double q_at(const struct tensor *t, int64_t i) { return op_double_at(t, i); }
+static double q_round_clip(double v, enum dtype dt) {
+    double r = nearbyint(v), lo = dt == DT_UINT8 ? 0 : -128, hi = dt == DT_UINT8 ? 255 : 127;
+    return r < lo ? lo : r > hi ? hi : r;
+}
+
+static void test_quantized_matmul(void **st) {
+    (void)st;
+    int64_t ad[2] = {3, 5}, bd[2] = {5, 4}, one = 1, four = 4;
+    struct tensor a = mk_q(DT_UINT8, 2, ad), b = mk_q(DT_INT8, 2, bd), za = mk_q(DT_UINT8, 1, &one),
+                  zb = mk_q(DT_INT8, 1, &four), y = {0};
+    struct tnode t;
+    tn_init(&t, "MatMulInteger");
+    struct tensor *in[4] = {&a, &b, &za, &zb}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 4, o, 1, 1), 0, g_err);
+    assert_int_equal(y.dtype, DT_INT32);
+    for (int m = 0; m < 3; m++)
+        for (int n = 0; n < 4; n++) {
+            int32_t acc = 0;
+            for (int k = 0; k < 5; k++)
+                acc += ((int32_t)q_at(&a, m * 5 + k) - (int32_t)q_at(&za, 0)) * ((int32_t)q_at(&b, k * 4 + n) - (int32_t)q_at(&zb, n));
+            assert_int_equal(((int32_t *)y.data)[m * 4 + n], acc);
+        }
+    free(y.data);
+    /* QLinearMatMul with uint8 output */
+    struct tensor as = {DT_FP32, 1, {1}, (float[]){0.02f}}, bs = {DT_FP32, 1, {1}, (float[]){0.05f}};
+    struct tensor ys = {DT_FP32, 1, {1}, (float[]){0.1f}}, yz = {DT_UINT8, 1, {1}, (uint8_t[]){128}};
+    struct tensor zb1 = {DT_INT8, 1, {1}, (int8_t[]){0}};
+    tn_init(&t, "QLinearMatMul");
+    struct tensor *qin[8] = {&a, &as, &za, &b, &bs, &zb1, &ys, &yz};
+    y = (struct tensor){0};
+    assert_int_equal_msg_impl(run_node(&t.n, qin, 8, o, 1, 1), 0, g_err);
+    assert_int_equal(y.dtype, DT_UINT8);
+    for (int m = 0; m < 3; m++)
+        for (int n = 0; n < 4; n++) {
+            int32_t acc = 0;
+            for (int k = 0; k < 5; k++) acc += ((int32_t)q_at(&a, m * 5 + k) - (int32_t)q_at(&za, 0)) * (int32_t)q_at(&b, k * 4 + n);
+            double v = q_round_clip(acc * (double)(0.02f * 0.05f / 0.1f) + 128, DT_UINT8);
+            assert_int_equal(((uint8_t *)y.data)[m * 4 + n], (int)v);
+        }
+    free(y.data), free(a.data), free(b.data), free(za.data), free(zb.data);
+}
+
+static void test_quantized_conv(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 2, 5, 5}, wd[4] = {3, 2, 3, 3}, three = 3;
+    struct tensor x = mk_q(DT_UINT8, 4, xd), w = mk_q(DT_INT8, 4, wd), bias = mk_q(DT_INT32, 1, &three), y = {0};
+    struct tensor xz = {DT_UINT8, 0, {0}, (uint8_t[]){100}}, wz = {DT_INT8, 1, {3}, (int8_t[]){1, -2, 0}};
+    struct tensor xs = {DT_FP32, 0, {0}, (float[]){0.01f}}, ws = {DT_FP32, 1, {3}, (float[]){0.02f, 0.03f, 0.005f}};
+    struct tensor ys = {DT_FP32, 0, {0}, (float[]){0.5f}}, yz = {DT_INT8, 0, {0}, (int8_t[]){-3}};
+    int64_t pads[4] = {1, 1, 1, 1};
+    struct tnode t;
+    tn_init(&t, "ConvInteger");
+    tn_ints(&t, "pads", 4, pads);
+    struct tensor *in[4] = {&x, &w, &xz, &wz}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 4, o, 1, 1), 0, g_err);
+    assert_int_equal(y.dtype, DT_INT32);
+    int32_t acc[75];
+    for (int m = 0; m < 3; m++)
+        for (int h = 0; h < 5; h++)
+            for (int ww = 0; ww < 5; ww++) {
+                int32_t sum = 0;
+                for (int c = 0; c < 2; c++)
+                    for (int kh = 0; kh < 3; kh++)
+                        for (int kw = 0; kw < 3; kw++) {
+                            int ih = h - 1 + kh, iw = ww - 1 + kw;
+                            if (ih < 0 || ih >= 5 || iw < 0 || iw >= 5) continue;
+                            sum += ((int32_t)q_at(&x, (c * 5 + ih) * 5 + iw) - 100) *
+                                   ((int32_t)q_at(&w, ((m * 2 + c) * 3 + kh) * 3 + kw) - (int32_t)q_at(&wz, m));
+                        }
+                acc[(m * 5 + h) * 5 + ww] = sum;
+                assert_int_equal(((int32_t *)y.data)[(m * 5 + h) * 5 + ww], sum);
+            }
+    free(y.data);
+    tn_init(&t, "QLinearConv");
+    tn_ints(&t, "pads", 4, pads);
+    struct tensor *qin[9] = {&x, &xs, &xz, &w, &ws, &wz, &ys, &yz, &bias};
+    y = (struct tensor){0};
+    assert_int_equal_msg_impl(run_node(&t.n, qin, 9, o, 1, 2), 0, g_err);
+    assert_int_equal(y.dtype, DT_INT8);
+    for (int i = 0; i < 75; i++) {
+        int m = i / 25;
+        double v = q_round_clip((acc[i] + ((int32_t *)bias.data)[m]) * (double)(0.01f * ((float *)ws.data)[m] / 0.5f) - 3, DT_INT8);
+        assert_int_equal(((int8_t *)y.data)[i], (int)v);
+    }
+    free(y.data), free(x.data), free(w.data), free(bias.data);
+}
+
 /* ---- pools ---------------------------------------------------------------- */
 
 static void test_maxpool_indices(void **st) {
@@ -971,7 +1074,8 @@ static void test_concurrent_runs(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_cases),      cmocka_unit_test(test_conv_errors),
-        cmocka_unit_test(test_conv_transpose),
+        cmocka_unit_test(test_conv_transpose),  cmocka_unit_test(test_quantized_matmul),
+        cmocka_unit_test(test_quantized_conv),
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
