@@ -366,13 +366,24 @@ static int known_rank(const struct graph *g, int v, int depth) {
         return w ? w->ndim : -1;
     }
     static const char *const pool[] = {"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN",
-                                       "Concat", "Sum", "Max", "Min", "Mean", NULL};
+                                       "Concat", NULL};
     for (int i = 0; pool[i]; i++)
         if (is_op(n, pool[i]))
             for (int k = 0; k < n->nin; k++) {
                 int r = known_rank(g, n->in[k], depth + 1);
                 if (r >= 0) return r;
             }
+    static const char *const variadic[] = {"Sum", "Max", "Min", "Mean", NULL};
+    for (int i = 0; variadic[i]; i++)
+        if (is_op(n, variadic[i])) { /* they broadcast: the largest rank, all known */
+            int best = -1;
+            for (int k = 0; k < n->nin; k++) {
+                int r = known_rank(g, n->in[k], depth + 1);
+                if (r < 0) return -1;
+                if (r > best) best = r;
+            }
+            return best;
+        }
     return -1;
 }
 
