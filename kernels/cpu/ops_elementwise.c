@@ -46,6 +46,8 @@ struct ew_args {
     unsigned char lo[8], hi[8]; /* Clip bounds, in the input's dtype */
     enum dtype in_dt[EW_MAX_IN], out_dt;
     ew_fn inner;                /* the float kernel behind the half converter */
+    enum act_kind act;          /* fused activation on a float output, applied per run while in cache */
+    float act_a, act_b;
 };
 
 static const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
@@ -107,13 +109,23 @@ static ew_fn ew_pick(const ew_fn *tbl, enum dtype dt, struct ew_args *a) {
     return NULL;
 }
 
+static void ew_act(float *o, int64_t n, enum act_kind act, float aa, float ab) {
+    if (act == ACT_RELU) {
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = o[i] > 0 ? o[i] : 0;
+    } else {
+        for (int64_t i = 0; i < n; i++) o[i] = act_apply(act, o[i], aa, ab);
+    }
+}
+
 static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a, const void *const *base,
                     const size_t *esz, char *out, size_t oesz, int64_t row, int64_t i0, int64_t n) {
     int64_t off[EW_MAX_IN];
     const void *p[EW_MAX_IN];
     ew_bcast_row(b, row, off);
     for (int k = 0; k < b->nin; k++) p[k] = (const char *)base[k] + (size_t)(off[k] + i0 * b->istr[k]) * esz[k];
-    fn(p, b->istr, out + (size_t)(row * b->inner + i0) * oesz, n, a);
+    char *o = out + (size_t)(row * b->inner + i0) * oesz;
+    fn(p, b->istr, o, n, a);
+    if (a->act != ACT_NONE) ew_act((float *)o, n, a->act, a->act_a, a->act_b);
 }
 
 /* Computes out from the nin inputs with kernel fn over the broadcast walk,
@@ -516,11 +528,14 @@ static void copy_shape(struct tensor *o, const struct tensor *t, enum dtype dt) 
     for (int i = 0; i < t->ndim; i++) o->dims[i] = t->dims[i];
 }
 
-/* Applies node->act to a float output (ops declaring OP_FUSE_ACT). */
-static int apply_act(struct op_call *c, struct tensor *o) {
+/* Sets up node->act (ops declaring OP_FUSE_ACT) for the driver to apply. */
+static int fused_act(struct op_call *c, struct ew_args *a) {
     if (c->node->act == ACT_NONE) return 0;
-    if (o->dtype != DT_FP32) return op_error(c, "a fused activation needs a float output, not %s", dtype_name(o->dtype));
-    op_apply_act(c->node, o->data, tensor_numel(o));
+    if (c->out[0]->dtype != DT_FP32)
+        return op_error(c, "a fused activation needs a float output, not %s", dtype_name(c->out[0]->dtype));
+    a->act = c->node->act;
+    a->act_a = c->node->act_alpha;
+    a->act_b = c->node->act_beta;
     return 0;
 }
 
@@ -548,6 +563,8 @@ static int infer_nary(struct op_call *c, const ew_fn *tbl, enum dtype out_dt_or_
 
 static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
     struct ew_args a = {0};
+    int rc = fused_act(c, &a);
+    if (rc) return rc;
     ew_fn fn = ew_pick(tbl, c->in[0]->dtype, &a);
     if (!fn) return unsupported_dtype(c, c->in[0]->dtype);
     const struct tensor *in[2] = {c->in[0], c->in[1]};
@@ -560,10 +577,7 @@ static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
         if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);          \
         return infer_nary(c, TBL, 0);                                                     \
     }                                                                                     \
-    static int run_##NAME(struct op_call *c) {                                            \
-        int rc = run_binary_tbl(c, TBL);                                                  \
-        return rc ? rc : apply_act(c, c->out[0]);                                         \
-    }
+    static int run_##NAME(struct op_call *c) { return run_binary_tbl(c, TBL); }
 BINARY_OP(add, tbl_add)
 BINARY_OP(sub, tbl_sub)
 BINARY_OP(mul, tbl_mul)

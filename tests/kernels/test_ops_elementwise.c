@@ -687,6 +687,47 @@ static void test_quantize(void **state) {
     free(zp.data);
 }
 
+/* ---- fused activation (OP_FUSE_ACT) ---------------------------------------- */
+
+static void test_fused_activation(void **state) {
+    (void)state;
+    const struct op_def *d = op_find("", "Add");
+    assert_true(d->flags & OP_FUSE_ACT);
+    int64_t big[] = {64, 1024}, row[] = {1024};
+    struct tensor a = mkf(2, big), b = mkf(1, row);
+    enum act_kind acts[] = {ACT_RELU, ACT_LEAKY_RELU, ACT_CLIP, ACT_SIGMOID};
+    for (int k = 0; k < 4; k++)
+        for (int threads = 1; threads <= 4; threads += 3) {
+            struct tnode tn;
+            tn_init(&tn, "Add", 14);
+            tn.n.act = acts[k];
+            tn.n.act_alpha = acts[k] == ACT_CLIP ? -0.25f : 0.1f;
+            tn.n.act_beta = 0.5f;
+            struct tensor o = {0};
+            const struct tensor *in[2] = {&a, &b};
+            struct tensor *out[1] = {&o};
+            assert_int_equal(call(&tn, in, 2, out, 1, threads), 0);
+            for (int64_t i = 0; i < 64 * 1024; i++) {
+                float v = F(a)[i] + F(b)[i % 1024];
+                assert_float_equal(F(o)[i], act_apply(acts[k], v, tn.n.act_alpha, tn.n.act_beta), 1e-6);
+            }
+            free(o.data);
+        }
+    /* an activation fused onto an integer output is refused */
+    struct tensor ia = mk(DT_INT32, 1, row), o = {0};
+    struct tnode tn;
+    tn_init(&tn, "Add", 14);
+    tn.n.act = ACT_RELU;
+    const struct tensor *in[2] = {&ia, &ia};
+    struct tensor *out[1] = {&o};
+    assert_int_not_equal(call(&tn, in, 2, out, 1, 1), 0);
+    assert_non_null(strstr(g_err, "fused activation"));
+    free(o.data);
+    free(ia.data);
+    free(a.data);
+    free(b.data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_broadcast_patterns), cmocka_unit_test(test_broadcast_error),
@@ -696,7 +737,7 @@ int main(void) {
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_softmax_opsets),
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
-        cmocka_unit_test(test_quantize),
+        cmocka_unit_test(test_quantize),           cmocka_unit_test(test_fused_activation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
