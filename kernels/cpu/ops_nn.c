@@ -915,7 +915,9 @@ static int gemm_run(struct op_call *c) {
  * integers: products of zero-point-shifted values summed in int32, then
  * (QLinear*) scaled by x_scale * w_scale / y_scale in float32 as ONNX's
  * reference does, rounded half to even, shifted by y_zero_point and
- * saturated. Plain loops: exact, parallel, not yet tuned. */
+ * saturated. Operands are widened to int32 (zero points subtracted) in
+ * scratch, then summed by vectorizable loops: exact and parallel, without
+ * the int8 GEMM kernels a quantized-model workload would want. */
 
 static int is_q8(enum dtype t) { return t == DT_UINT8 || t == DT_INT8; }
 
@@ -946,36 +948,70 @@ static void q8_store(void *y, enum dtype dt, int64_t i, double v) {
     else ((int8_t *)y)[i] = (int8_t)(r < -128 ? -128 : r > 127 ? 127 : r);
 }
 
-/* int32 batched matmul with numpy broadcasting; za per row of A, zb per
- * column of B (or scalars). */
-static void imm_run(const struct mm_shape *sh, const struct tensor *a, const struct tensor *b, const struct tensor *za,
-                    const struct tensor *zb, int32_t *acc, int nthreads) {
+/* Widens an 8-bit tensor to int32 minus its zero point; zp is indexed by
+ * (i / zp_div) % zp_mod (rows of A: div K, mod M; columns of B: div 1,
+ * mod N; channels of W: div per-channel size). */
+static void q8_widen(const struct tensor *t, const struct tensor *zp, int64_t zp_div, int64_t zp_mod, int32_t *out) {
+    int64_t n = tensor_numel(t);
+    int scalar = !zp || tensor_numel(zp) == 1;
+    int32_t z0 = (int32_t)qparam_at(zp, 0, 0);
+    if (t->dtype == DT_UINT8) {
+        const uint8_t *p = t->data;
+        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)qparam_at(zp, (i / zp_div) % zp_mod, 0));
+    } else {
+        const int8_t *p = t->data;
+        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)qparam_at(zp, (i / zp_div) % zp_mod, 0));
+    }
+}
+
+/* int32 batched matmul with numpy broadcasting over operands already
+ * shifted by their zero points. */
+static void imm_run(const struct mm_shape *sh, const int32_t *a, const int32_t *b, int32_t *acc, int nthreads) {
     int r = sh->r;
     int64_t M = sh->a[r - 2], K = sh->a[r - 1], N = sh->b[r - 1], nb = prod(sh->y, r - 2);
-#pragma omp parallel for if (nb * M * N * K > 65536) num_threads(nthreads > 0 ? nthreads : 1)
-    for (int64_t bi = 0; bi < nb; bi++) {
-        int64_t rem = bi, ao = 0, bo = 0, as = 1, bs = 1;
-        for (int i = r - 3; i >= 0; i--) {
-            int64_t ix = rem % sh->y[i];
-            rem /= sh->y[i];
-            ao += (sh->a[i] == 1 ? 0 : ix) * as;
-            bo += (sh->b[i] == 1 ? 0 : ix) * bs;
-            as *= sh->a[i];
-            bs *= sh->b[i];
-        }
-        int32_t *out = acc + bi * M * N;
+#pragma omp parallel for collapse(2) if (nb * M * N * K > 65536) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t bi = 0; bi < nb; bi++)
         for (int64_t m = 0; m < M; m++) {
-            int32_t *row = out + m * N, zam = (int32_t)qparam_at(za, m, 0);
+            int64_t rem = bi, ao = 0, bo = 0, as = 1, bs = 1;
+            for (int i = r - 3; i >= 0; i--) {
+                int64_t ix = rem % sh->y[i];
+                rem /= sh->y[i];
+                ao += (sh->a[i] == 1 ? 0 : ix) * as;
+                bo += (sh->b[i] == 1 ? 0 : ix) * bs;
+                as *= sh->a[i];
+                bs *= sh->b[i];
+            }
+            int32_t *row = acc + (bi * M + m) * N;
+            const int32_t *ar = a + (ao * M + m) * K, *bm = b + bo * K * N;
             for (int64_t n = 0; n < N; n++) row[n] = 0;
             for (int64_t k = 0; k < K; k++) {
-                int32_t av = (int32_t)op_int_at(a, (ao * M + m) * K + k) - zam;
+                int32_t av = ar[k];
                 if (!av) continue;
-                int64_t bb = (bo * K + k) * N;
-                for (int64_t n = 0; n < N; n++)
-                    row[n] += av * ((int32_t)op_int_at(b, bb + n) - (int32_t)qparam_at(zb, n, 0));
+                const int32_t *br = bm + k * N;
+#pragma omp simd
+                for (int64_t n = 0; n < N; n++) row[n] += av * br[n];
             }
         }
-    }
+}
+
+/* Scratch of the integer matmuls: widened A and B, then (QLinear) the sums. */
+static size_t imm_scratch(const struct tensor *a, const struct tensor *b, const struct tensor *y, int with_acc) {
+    return dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(a)) + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(b)) +
+           (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
+}
+
+static int imm_widened(struct op_call *c, const struct mm_shape *sh, const struct tensor *a, const struct tensor *za,
+                       const struct tensor *b, const struct tensor *zb, int32_t **a32, int32_t **b32, int32_t **acc) {
+    size_t need = imm_scratch(a, b, c->out[0], acc != NULL);
+    if (c->scratch_size < need) return op_error(c, "internal: scratch too small");
+    char *p = c->scratch;
+    *a32 = (int32_t *)p;
+    *b32 = (int32_t *)(p + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(a)));
+    if (acc) *acc = (int32_t *)((char *)*b32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(b)));
+    int64_t M = sh->a[sh->r - 2], K = sh->a[sh->r - 1], N = sh->b[sh->r - 1];
+    q8_widen(a, za, K, M, *a32);
+    q8_widen(b, zb, 1, N, *b32);
+    return 0;
 }
 
 static int mmi_infer(struct op_call *c) {
@@ -991,11 +1027,18 @@ static int mmi_infer(struct op_call *c) {
     return 0;
 }
 
+static int mmi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    *state = NULL;
+    *scratch_size = imm_scratch(c->in[0], c->in[1], c->out[0], 0);
+    return 0;
+}
+
 static int mmi_run(struct op_call *c) {
     struct mm_shape sh;
+    int32_t *a32, *b32;
     int rc = mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
-    if (rc) return rc;
-    imm_run(&sh, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), c->out[0]->data, c->nthreads);
+    if (rc || (rc = imm_widened(c, &sh, c->in[0], opt_in(c, 2), c->in[1], opt_in(c, 3), &a32, &b32, NULL))) return rc;
+    imm_run(&sh, a32, b32, c->out[0]->data, c->nthreads);
     return 0;
 }
 
@@ -1021,7 +1064,7 @@ static int qmm_infer(struct op_call *c) {
 
 static int qmm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     *state = NULL;
-    *scratch_size = sizeof(int32_t) * (size_t)tensor_numel(c->out[0]);
+    *scratch_size = imm_scratch(c->in[0], c->in[3], c->out[0], 1);
     return 0;
 }
 
@@ -1031,9 +1074,9 @@ static int qmm_run(struct op_call *c) {
     if (rc) return rc;
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = sh.a[sh.r - 2], N = sh.b[sh.r - 1];
-    if (c->scratch_size < sizeof(int32_t) * (size_t)ny) return op_error(c, "internal: scratch too small");
-    int32_t *acc = c->scratch;
-    imm_run(&sh, c->in[0], c->in[3], c->in[2], c->in[5], acc, c->nthreads);
+    int32_t *a32, *b32, *acc;
+    if ((rc = imm_widened(c, &sh, c->in[0], c->in[2], c->in[3], c->in[5], &a32, &b32, &acc))) return rc;
+    imm_run(&sh, a32, b32, acc, c->nthreads);
     float ys = (float)qparam_at(c->in[6], 0, 1.0);
     double yz = qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
@@ -1044,45 +1087,56 @@ static int qmm_run(struct op_call *c) {
     return 0;
 }
 
-/* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias). */
+/* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias),
+ * over x and w widened into scratch first (x32, w32: numel int32 each). */
 static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
                       const struct tensor *wz, const struct tensor *bias, const struct win *win, int64_t group,
-                      int32_t *acc) {
+                      int32_t *x32, int32_t *w32, int32_t *acc) {
     int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
     for (int i = 0; i < win->nsp; i++) {
         in[i] = win->in[i]; out[i] = win->out[i]; k[i] = win->k[i]; s[i] = win->s[i]; d[i] = win->d[i]; pl[i] = win->pl[i];
     }
     int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
-    int32_t xzv = (int32_t)qparam_at(xz, 0, 0);
+    q8_widen(x, xz, 1, 1, x32);
+    q8_widen(w, wz, cg * ksz, M, w32);
 #pragma omp parallel for collapse(2) if (N * M * osz * cg * ksz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t nn = 0; nn < N; nn++)
         for (int64_t m = 0; m < M; m++) {
             int64_t g = m / mg;
-            int32_t wzv = (int32_t)qparam_at(wz, m, 0), bv = bias ? (int32_t)op_int_at(bias, m) : 0;
-            for (int64_t o0 = 0; o0 < out[0]; o0++)
-                for (int64_t o1 = 0; o1 < out[1]; o1++)
-                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
-                        int32_t sum = bv;
-                        for (int64_t ci = 0; ci < cg; ci++)
-                            for (int64_t t0 = 0; t0 < k[0]; t0++) {
+            int32_t bv = bias ? (int32_t)op_int_at(bias, m) : 0;
+            int32_t *yp = acc + (nn * M + m) * osz;
+            for (int64_t o = 0; o < osz; o++) yp[o] = bv;
+            for (int64_t ci = 0; ci < cg; ci++) {
+                const int32_t *xp = x32 + (nn * C + g * cg + ci) * isz, *wp = w32 + (m * cg + ci) * ksz;
+                for (int64_t t0 = 0; t0 < k[0]; t0++)
+                    for (int64_t t1 = 0; t1 < k[1]; t1++)
+                        for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                            int32_t wv = wp[(t0 * k[1] + t1) * k[2] + t2];
+                            if (!wv) continue;
+                            for (int64_t o0 = 0; o0 < out[0]; o0++) {
                                 int64_t i0 = o0 * s[0] - pl[0] + t0 * d[0];
                                 if (i0 < 0 || i0 >= in[0]) continue;
-                                for (int64_t t1 = 0; t1 < k[1]; t1++) {
+                                for (int64_t o1 = 0; o1 < out[1]; o1++) {
                                     int64_t i1 = o1 * s[1] - pl[1] + t1 * d[1];
                                     if (i1 < 0 || i1 >= in[1]) continue;
-                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                                    int32_t *yr = yp + (o0 * out[1] + o1) * out[2];
+                                    const int32_t *xr = xp + (i0 * in[1] + i1) * in[2];
+                                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
                                         int64_t i2 = o2 * s[2] - pl[2] + t2 * d[2];
-                                        if (i2 < 0 || i2 >= in[2]) continue;
-                                        int32_t xv = (int32_t)op_int_at(x, (nn * C + g * cg + ci) * isz + (i0 * in[1] + i1) * in[2] + i2);
-                                        int32_t wv = (int32_t)op_int_at(w, (m * cg + ci) * ksz + (t0 * k[1] + t1) * k[2] + t2);
-                                        sum += (xv - xzv) * (wv - wzv);
+                                        if (i2 >= 0 && i2 < in[2]) yr[o2] += wv * xr[i2];
                                     }
                                 }
                             }
-                        acc[(nn * M + m) * osz + (o0 * out[1] + o1) * out[2] + o2] = sum;
-                    }
+                        }
+            }
         }
+}
+
+/* Scratch of the integer convolutions: widened x and w, then the sums. */
+static size_t iconv_scratch(const struct tensor *x, const struct tensor *w, const struct tensor *y, int with_acc) {
+    return dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(x)) + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(w)) +
+           (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
 }
 
 /* Shape rule shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
@@ -1116,12 +1170,20 @@ static int convi_infer(struct op_call *c) {
     return 0;
 }
 
+static int convi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    *state = NULL;
+    *scratch_size = iconv_scratch(c->in[0], c->in[1], c->out[0], 0);
+    return 0;
+}
+
 static int convi_run(struct op_call *c) {
     struct win win;
     int64_t g;
     int rc = iconv_shape(c, 1, &win, &g);
     if (rc) return rc;
-    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &win, g, c->out[0]->data);
+    if (c->scratch_size < iconv_scratch(c->in[0], c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
+    int32_t *x32 = c->scratch, *w32 = (int32_t *)((char *)c->scratch + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &win, g, x32, w32, c->out[0]->data);
     return 0;
 }
 
@@ -1148,7 +1210,7 @@ static int qconv_infer(struct op_call *c) {
 
 static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     *state = NULL;
-    *scratch_size = sizeof(int32_t) * (size_t)tensor_numel(c->out[0]);
+    *scratch_size = iconv_scratch(c->in[0], c->in[3], c->out[0], 1);
     return 0;
 }
 
@@ -1159,9 +1221,11 @@ static int qconv_run(struct op_call *c) {
     if (rc) return rc;
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
-    if (c->scratch_size < sizeof(int32_t) * (size_t)ny) return op_error(c, "internal: scratch too small");
-    int32_t *acc = c->scratch;
-    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &win, g, acc);
+    if (c->scratch_size < iconv_scratch(c->in[0], c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
+    int32_t *x32 = c->scratch;
+    int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
+    int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
+    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &win, g, x32, w32, acc);
     float xs = (float)qparam_at(c->in[1], 0, 1.0), ys = (float)qparam_at(c->in[6], 0, 1.0);
     double yz = qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
@@ -1909,9 +1973,9 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
-    {"ConvInteger", "", convi_infer, NULL, convi_run, NULL, 0},
+    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, NULL, 0},
     {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, NULL, 0},
-    {"MatMulInteger", "", mmi_infer, NULL, mmi_run, NULL, 0},
+    {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
     {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
