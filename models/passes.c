@@ -446,6 +446,10 @@ int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len)
             if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != m || cn != m) continue;
         }
         const float *cv = cst->data;
+        int finite = 1; /* x * 0 or x / 0 do not fold exactly (NaN, inf) */
+        for (int64_t o = 0; o < cn; o++)
+            if (!isfinite(cv[o]) || ((mul || div) && cv[o] == 0.0f)) finite = 0;
+        if (!finite) continue;
         /* New per-channel multiplier and addend for this step. */
         int64_t per = conv ? tensor_numel(w) / m : 0;
         struct tensor nw = {0}, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}}, ns = nb;
