@@ -51,7 +51,7 @@ struct batcher_params {
     struct batcher_queue_policy default_queue_policy;
     int instance_count;            /* >= 1 */
     const char *backend;           /* "cpu", "cuda" */
-    int threads_per_instance;      /* 0 = cores / instance_count */
+    int threads_per_instance;      /* 0 = (cores - 1) / instance_count, at least 1 */
     /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
     uint64_t (*now_ns)(void *arg);
     void *now_arg;
