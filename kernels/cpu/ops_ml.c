@@ -237,8 +237,8 @@ static int zipmap_run(struct op_call *c) { return zipmap_infer(c); }
 
 /* scores[r][e] = x[r] . coef[e] + intercept[e] */
 static void ml_linear(const struct tensor *x, int64_t n, int64_t f, const float *coef, int64_t ne, const float *icp, int nicp,
-                      float *scores, int64_t stride) {
-#pragma omp parallel for if (n * ne * f > 65536)
+                      float *scores, int64_t stride, int nt) {
+#pragma omp parallel for if (n * ne * f > 65536) num_threads(nt > 0 ? nt : 1)
     for (int64_t r = 0; r < n; r++)
         for (int64_t e = 0; e < ne; e++) {
             float acc = nicp > e ? icp[e] : 0;
@@ -330,7 +330,7 @@ static int lc_run(struct op_call *c) {
     float *sc = z && z->data ? z->data : c->scratch;
     if (!sc || (!(z && z->data) && c->scratch_size < (size_t)(s.n * cols) * sizeof(float)))
         return op_error(c, "scratch buffer too small");
-    ml_linear(c->in[0], s.n, s.f, coef, s.ne, icp, ni, sc, cols);
+    ml_linear(c->in[0], s.n, s.f, coef, s.ne, icp, ni, sc, cols, c->nthreads);
     struct tensor *y = c->out[0];
     for (int64_t r = 0; r < s.n; r++) {
         float *row = sc + r * cols;
@@ -391,7 +391,7 @@ static int lr_run(struct op_call *c) {
     node_attr_floats(c->node, "coefficients", &coef);
     int ni = node_attr_floats(c->node, "intercepts", &icp);
     float *o = c->out[0]->data;
-    ml_linear(c->in[0], n, f, coef, t, icp, ni, o, t);
+    ml_linear(c->in[0], n, f, coef, t, icp, ni, o, t, c->nthreads);
     for (int64_t r = 0; r < n; r++) {
         if (t == 1) {
             if (pt == PT_PROBIT) o[r] = ml_probit(o[r]);

@@ -436,7 +436,7 @@ static int cos_run(struct op_call *c) {
         const T *s_ = src;                                                                                \
         T *d_ = dst;                                                                                      \
         int64_t nti_ = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;                                      \
-        _Pragma("omp parallel for collapse(2) if (batch * rows * cols > 32768)")                          \
+        _Pragma("omp parallel for collapse(2) if (batch * rows * cols > 32768) num_threads(nt)")          \
         for (int64_t b = 0; b < batch; b++)                                                               \
             for (int64_t ti = 0; ti < nti_; ti++) {                                                       \
                 const T *sb = s_ + b * rows * cols;                                                       \
@@ -454,9 +454,9 @@ static int cos_run(struct op_call *c) {
 /* 32-bit elements: each tile moves as 4x4 register blocks (the shuffle
  * network of _MM_TRANSPOSE4_PS, in integer form), the tile's ragged edge
  * element by element. */
-static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int64_t rows, int64_t cols) {
+static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int64_t rows, int64_t cols, int nt) {
     int64_t nti = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-#pragma omp parallel for collapse(2) if (batch * rows * cols > 32768)
+#pragma omp parallel for collapse(2) if (batch * rows * cols > 32768) num_threads(nt)
     for (int64_t b = 0; b < batch; b++)
         for (int64_t ti = 0; ti < nti; ti++) {
             const uint32_t *sb = s_ + b * rows * cols;
@@ -489,19 +489,19 @@ static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int
 }
 #endif
 
-static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es) {
+static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es, int nt) {
     switch (es) {
     case 1: TRANSPOSE_2D(uint8_t); break;
     case 2: TRANSPOSE_2D(uint16_t); break;
 #if defined(__SSE2__)
-    case 4: transpose_2d_32(src, dst, batch, rows, cols); break;
+    case 4: transpose_2d_32(src, dst, batch, rows, cols, nt); break;
 #else
     case 4: TRANSPOSE_2D(uint32_t); break;
 #endif
     case 8: TRANSPOSE_2D(uint64_t); break;
     default: {
         int64_t dims[3] = {batch, cols, rows}, strides[3] = {rows * cols, 1, cols};
-        shape_strided_copy(dst, src, 0, 3, dims, strides, es);
+        shape_strided_copy(dst, src, 0, 3, dims, strides, es, nt);
     }
     }
 }
@@ -511,7 +511,9 @@ static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int6
  * adjacent are merged first, so that the common transformer and layout
  * permutations become either row copies ([0,2,1,3]) or a batched 2-D
  * transpose ([0,2,3,1], [0,1,3,2]); the rest is one strided copy. */
-static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *dims, const int64_t *perm, size_t es) {
+static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *dims, const int64_t *perm, size_t es,
+                            int nt) {
+    nt = nt > 0 ? nt : 1;
     int64_t d[SHAPE_MAX_VIEW_DIMS];
     int map[SHAPE_MAX_VIEW_DIMS], p[SHAPE_MAX_VIEW_DIMS], m = 0, q = 0;
     int64_t total = 1;
@@ -546,11 +548,11 @@ static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *d
     }
     shape_strides(ng, rd, rs);
     if (ng == 2) {
-        transpose_batched_2d(src, dst, 1, rd[0], rd[1], es);
+        transpose_batched_2d(src, dst, 1, rd[0], rd[1], es, nt);
         return;
     }
     if (ng == 3 && rp[0] == 0 && rp[1] == 2) {
-        transpose_batched_2d(src, dst, rd[0], rd[1], rd[2], es);
+        transpose_batched_2d(src, dst, rd[0], rd[1], rd[2], es, nt);
         return;
     }
     int64_t od[SHAPE_MAX_VIEW_DIMS], os[SHAPE_MAX_VIEW_DIMS];
@@ -558,7 +560,7 @@ static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *d
         od[g] = rd[rp[g]];
         os[g] = rs[rp[g]];
     }
-    shape_strided_copy(dst, src, 0, ng, od, os, es);
+    shape_strided_copy(dst, src, 0, ng, od, os, es, nt);
 }
 
 static int transpose_perm(struct op_call *c, int64_t *perm) {
@@ -593,7 +595,7 @@ static int transpose_run(struct op_call *c) {
     int rc = transpose_perm(c, perm);
     if (rc) return rc;
     const struct tensor *x = c->in[0];
-    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, perm, dtype_size(x->dtype));
+    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, perm, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -628,10 +630,10 @@ static int d2s_run(struct op_call *c) {
     int64_t n = x->dims[0], cc = x->dims[1] / (b * b), h = x->dims[2], w = x->dims[3];
     if (crd) {
         int64_t v[6] = {n, cc, b, b, h, w}, perm[6] = {0, 1, 4, 2, 5, 3};
-        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype), c->nthreads);
     } else {
         int64_t v[6] = {n, b, b, cc, h, w}, perm[6] = {0, 3, 4, 1, 5, 2};
-        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+        transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype), c->nthreads);
     }
     return 0;
 }
@@ -652,7 +654,7 @@ static int s2d_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int64_t b = node_attr_int(c->node, "blocksize", 1);
     int64_t v[6] = {x->dims[0], x->dims[1], x->dims[2] / b, b, x->dims[3] / b, b}, perm[6] = {0, 3, 5, 1, 2, 4};
-    transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype));
+    transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -695,7 +697,7 @@ static int concat_run(struct op_call *c) {
     off[0] = 0;
     for (int i = 0; i < c->nin; i++) off[i + 1] = off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
     char *dst = o->data;
-#pragma omp parallel for if (outer * orow > 65536 && outer > 1)
+#pragma omp parallel for if (outer * orow > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t r = 0; r < outer; r++)
         for (int i = 0; i < c->nin; i++) {
             int64_t n = off[i + 1] - off[i];
@@ -775,7 +777,7 @@ static int split_run(struct op_call *c) {
         if (c->out[k] && len) {
             char *dst = c->out[k]->data;
             const char *src = (const char *)x->data + off;
-#pragma omp parallel for if (outer * len > 65536 && outer > 1)
+#pragma omp parallel for if (outer * len > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
             for (int64_t r = 0; r < outer; r++) memcpy(dst + r * len, src + r * irow, (size_t)len);
         }
         off += len;
@@ -868,7 +870,7 @@ static int slice_run(struct op_call *c) {
         base += start[k] * xs[k];
         ss[k] = step[k] * xs[k];
     }
-    shape_strided_copy(c->out[0]->data, x->data, base, x->ndim, len, ss, dtype_size(x->dtype));
+    shape_strided_copy(c->out[0]->data, x->data, base, x->ndim, len, ss, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -900,7 +902,7 @@ static int expand_run(struct op_call *c) {
         int j = k - off;
         ss[k] = (j < 0 || x->dims[j] == 1) ? 0 : xs[j];
     }
-    shape_strided_copy(o->data, x->data, 0, o->ndim, o->dims, ss, dtype_size(x->dtype));
+    shape_strided_copy(o->data, x->data, 0, o->ndim, o->dims, ss, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -933,7 +935,7 @@ static int tile_run(struct op_call *c) {
         vd[2 * k + 1] = x->dims[k];
         vs[2 * k + 1] = xs[k];
     }
-    shape_strided_copy(o->data, x->data, 0, 2 * x->ndim, vd, vs, dtype_size(x->dtype));
+    shape_strided_copy(o->data, x->data, 0, 2 * x->ndim, vd, vs, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -983,7 +985,7 @@ static int gather_run(struct op_call *c) {
     char *dst = c->out[0]->data;
     size_t row = (size_t)inner * es;
     int64_t total = outer * ni;
-#pragma omp parallel for if (total * inner > 32768 && total > 1)
+#pragma omp parallel for if (total * inner > 32768 && total > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t t = 0; t < total; t++) {
         int64_t o = t / ni, i = t % ni, v = op_int_at(idx, i);
         if (v < 0) v += dim;
@@ -1550,7 +1552,7 @@ static int pad_run(struct op_call *c) {
     if (rows == 0 || cols == 0) return 0;
     char *dst = o->data;
     const char *src = x->data;
-#pragma omp parallel for if (rows * cols > 65536)
+#pragma omp parallel for if (rows * cols > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t row = 0; row < rows; row++) {
         int64_t rem = row, base = 0;
         int constant = 0;
@@ -1986,7 +1988,7 @@ static int resize_run(struct op_call *c) {
         int64_t in = cur[a], out = p.out[a], nt = resize_ntaps(&p, a);
         int64_t outer = prod(cur, 0, a), inner = prod(cur, a + 1, p.r);
         resize_taps(&p, a, in, idx, w, ext);
-#pragma omp parallel for if (outer * out * inner > 16384)
+#pragma omp parallel for if (outer * out * inner > 16384) num_threads(c->nthreads > 0 ? c->nthreads : 1)
         for (int64_t q = 0; q < outer; q++)
             for (int64_t y = 0; y < out; y++) {
                 double *d = dst + (q * out + y) * inner;

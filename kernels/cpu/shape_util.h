@@ -28,9 +28,10 @@ static inline void shape_copy_elem(void *dst, const void *src, size_t es) {
  * (i0..in-1) is src[base + sum(i_k * strides[k])], strides in elements and
  * possibly zero (broadcast) or negative (reversed slices). The inner axis
  * becomes one memcpy when its stride is 1 and a fill when it is 0. Rows are
- * independent, so the outer loop runs on OpenMP threads for large copies. */
+ * independent, so the outer loop runs on up to nt OpenMP threads for large
+ * copies. */
 static inline void shape_strided_copy(void *dst, const void *src, int64_t base, int nd, const int64_t *dims,
-                                      const int64_t *strides, size_t es) {
+                                      const int64_t *strides, size_t es, int nt) {
     if (nd == 0) {
         memcpy(dst, (const char *)src + base * (int64_t)es, es);
         return;
@@ -41,7 +42,7 @@ static inline void shape_strided_copy(void *dst, const void *src, int64_t base, 
     if (rows == 0 || inner == 0) return;
     const char *s = src;
     char *d = dst;
-#pragma omp parallel for if (rows * inner > 32768 && rows > 1)
+#pragma omp parallel for if (rows * inner > 32768 && rows > 1) num_threads(nt > 0 ? nt : 1)
     for (int64_t r = 0; r < rows; r++) {
         int64_t off = base, rem = r;
         for (int k = nd - 2; k >= 0; k--) {
