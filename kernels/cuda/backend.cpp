@@ -200,11 +200,15 @@ static int stage_reserve(struct kc_instance *in, size_t n) {
     return 0;
 }
 
+/* Copies above this go directly (weights at plan time): staging exists to
+ * overlap per-batch copies, and would otherwise pin the model's size. */
+#define KC_STAGE_MAX ((size_t)64 << 20)
+
 static int cuda_copy_to_device(struct backend *be, void *dst, const void *src, size_t size) {
     struct kc_instance *in = inst(be);
     if (!size) return 0;
     cudaSetDevice(in->device); /* the current device is per thread; instances run on their own threads */
-    if (stage_reserve(in, size)) {
+    if (size > KC_STAGE_MAX || stage_reserve(in, size)) {
         /* Staging unavailable (capture, or pinned memory refused): a plain
          * synchronous copy is still correct. */
         if (in->capturing || !KC_CUDA_OK(cudaMemcpy(dst, src, size, cudaMemcpyHostToDevice))) return fail_status("copy to device");
@@ -221,7 +225,7 @@ static int cuda_copy_to_host(struct backend *be, void *dst, const void *src, siz
     struct kc_instance *in = inst(be);
     if (!size) return 0;
     cudaSetDevice(in->device);
-    if (stage_reserve(in, size)) {
+    if (size > KC_STAGE_MAX || stage_reserve(in, size)) {
         if (in->capturing || !KC_CUDA_OK(cudaStreamSynchronize(in->stream)) ||
             !KC_CUDA_OK(cudaMemcpy(dst, src, size, cudaMemcpyDeviceToHost)))
             return fail_status("copy to host");

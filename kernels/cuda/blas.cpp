@@ -401,6 +401,12 @@ static int conv_prepare(struct kc_instance *in, struct op_call *c, void **state,
     }
     s->algo = perf[pick].algo;
     s->workspace = perf[pick].memory;
+    /* cuDNN advises running an algorithm with the math type it was ranked
+     * with; FP32 keeps FMA math so that no TF32 rounding creeps in. */
+    if (s->dt == DT_FP16 && !KC_CUDNN_OK(cudnnSetConvolutionMathType(s->cd, perf[pick].mathType))) {
+        conv_free(s);
+        return op_error(c, "cuDNN: %s", kc_last_error());
+    }
     /* Bias + ReLU fused in one cuDNN call (FP32; cuDNN wants the identity
      * activation only with IMPLICIT_PRECOMP_GEMM, so bias alone is a kernel). */
     int act = c->node->act;

@@ -806,7 +806,11 @@ static void test_supports_truthfully(void **state) {
         tnode tn;
         build_node(&tn, tc);
         std::vector<struct tensor> in;
-        for (const tin &d : tc.in) in.push_back(make(d));
+        std::vector<void *> owned;
+        for (const tin &d : tc.in) {
+            in.push_back(make(d));
+            owned.push_back(in.back().data);
+        }
         struct tensor out;
         memset(&out, 0, sizeof out);
         out = in[0];
@@ -824,7 +828,7 @@ static void test_supports_truthfully(void **state) {
         char why[200] = "";
         assert_int_equal(kd_supports(&c, why, sizeof why), 0);
         assert_true(why[0] != 0);
-        for (auto &t : in) free(t.data);
+        for (void *p : owned) free(p);
     }
 }
 
