@@ -192,60 +192,60 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
 
 /* A binary kernel: the four stride cases are separate loops so that each
  * compiles to a straight vectorizable loop. EXPR reads x and y. */
-#define BIN_KERNEL(NAME, TA, TB, TO, EXPR)                                                                 \
-    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        const TA *pa = in[0];                                                                   \
-        const TB *pb = in[1];                                                                   \
-        TO *o = out;                                                                            \
-        (void)a;                                                                                         \
-        if (s[0] && s[1]) {                                                                              \
-            _Pragma("omp simd")\
-            for (int64_t i = 0; i < n; i++) {                                                            \
-                TA x = pa[i];                                                                            \
-                TB y = pb[i];                                                                            \
-                o[i] = (TO)(EXPR);                                                                       \
-            }                                                                                            \
-        } else if (s[0]) {                                                                               \
-            TB y = pb[0];                                                                                \
-            _Pragma("omp simd")\
-            for (int64_t i = 0; i < n; i++) {                                                            \
-                TA x = pa[i];                                                                            \
-                o[i] = (TO)(EXPR);                                                                       \
-            }                                                                                            \
-        } else if (s[1]) {                                                                               \
-            TA x = pa[0];                                                                                \
-            _Pragma("omp simd")\
-            for (int64_t i = 0; i < n; i++) {                                                            \
-                TB y = pb[i];                                                                            \
-                o[i] = (TO)(EXPR);                                                                       \
-            }                                                                                            \
-        } else {                                                                                         \
-            TA x = pa[0];                                                                                \
-            TB y = pb[0];                                                                                \
-            TO v = (TO)(EXPR);                                                                           \
-            _Pragma("omp simd")\
-            for (int64_t i = 0; i < n; i++) o[i] = v;                                                    \
-        }                                                                                                \
+#define BIN_KERNEL(NAME, TA, TB, TO, EXPR)                                                                          \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {      \
+        const TA *pa = in[0];                                                                                       \
+        const TB *pb = in[1];                                                                                       \
+        TO *o = out;                                                                                                \
+        (void)a;                                                                                                    \
+        if (s[0] && s[1]) {                                                                                         \
+            _Pragma("omp simd")                                                                                     \
+            for (int64_t i = 0; i < n; i++) {                                                                       \
+                TA x = pa[i];                                                                                       \
+                TB y = pb[i];                                                                                       \
+                o[i] = (TO)(EXPR);                                                                                  \
+            }                                                                                                       \
+        } else if (s[0]) {                                                                                          \
+            TB y = pb[0];                                                                                           \
+            _Pragma("omp simd")                                                                                     \
+            for (int64_t i = 0; i < n; i++) {                                                                       \
+                TA x = pa[i];                                                                                       \
+                o[i] = (TO)(EXPR);                                                                                  \
+            }                                                                                                       \
+        } else if (s[1]) {                                                                                          \
+            TA x = pa[0];                                                                                           \
+            _Pragma("omp simd")                                                                                     \
+            for (int64_t i = 0; i < n; i++) {                                                                       \
+                TB y = pb[i];                                                                                       \
+                o[i] = (TO)(EXPR);                                                                                  \
+            }                                                                                                       \
+        } else {                                                                                                    \
+            TA x = pa[0];                                                                                           \
+            TB y = pb[0];                                                                                           \
+            TO v = (TO)(EXPR);                                                                                      \
+            _Pragma("omp simd")                                                                                     \
+            for (int64_t i = 0; i < n; i++) o[i] = v;                                                               \
+        }                                                                                                           \
     }
 
 #define DEF_BIN(OP, suf, T) BIN_KERNEL(k_##OP##_##suf, T, T, T, OP(T, x, y))
 #define DEF_CMP(OP, suf, T) BIN_KERNEL(k_##OP##_##suf, T, T, uint8_t, OP(T, x, y))
 
 /* A unary kernel; EXPR reads x and the attributes A, B, G in the kernel's type. */
-#define UN_KERNEL(NAME, T, TO, EXPR)                                                                       \
-    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        const T *p = in[0];                                                                     \
-        TO *o = out;                                                                            \
-        const T A = (T)a->alpha, B = (T)a->beta, G = (T)a->gamma;                                        \
-        (void)s;                                                                                         \
-        (void)A;                                                                                         \
-        (void)B;                                                                                         \
-        (void)G;                                                                                         \
-        _Pragma("omp simd")\
-        for (int64_t i = 0; i < n; i++) {                                                                \
-            T x = p[i];                                                                                  \
-            o[i] = (TO)(EXPR);                                                                           \
-        }                                                                                                \
+#define UN_KERNEL(NAME, T, TO, EXPR)                                                                                \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {      \
+        const T *p = in[0];                                                                                         \
+        TO *o = out;                                                                                                \
+        const T A = (T)a->alpha, B = (T)a->beta, G = (T)a->gamma;                                                   \
+        (void)s;                                                                                                    \
+        (void)A;                                                                                                    \
+        (void)B;                                                                                                    \
+        (void)G;                                                                                                    \
+        _Pragma("omp simd")                                                                                         \
+        for (int64_t i = 0; i < n; i++) {                                                                           \
+            T x = p[i];                                                                                             \
+            o[i] = (TO)(EXPR);                                                                                      \
+        }                                                                                                           \
     }
 #define DEF_UN(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, T, OP(T, x))
 #define DEF_UNB(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, uint8_t, OP(T, x))
@@ -386,7 +386,7 @@ static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : e
 #define U_HSIG(T, x) ((T)CLAMP01(A * (x) + B))
 #define U_HSWISH(T, x) ((x) * (T)CLAMP01((x) / (T)6 + (T)0.5))
 #define U_GELU(T, x) ((T)0.5 * (x) * ((T)1 + ERFT((x) * (T)0.70710678118654752440)))
-#define U_GELU_TANH(T, x) \
+#define U_GELU_TANH(T, x)                                                                                           \
     ((T)0.5 * (x) * ((T)1 + TANHT((T)0.79788456080286535588 * ((x) + (T)0.044715 * (x) * (x) * (x)))))
 #define U_SOFTPLUS(T, x) (SOFTPLUS(x))
 #define U_SOFTSIGN(T, x) ((x) / ((T)1 + fabs(x)))
@@ -474,17 +474,17 @@ static const ew_fn tbl_isnan[DT_MAX_] = {LIST_FLT(ENT, U_ISNAN)};
 static const ew_fn tbl_isinf[DT_MAX_] = {LIST_FLT(ENT, U_ISINF)};
 
 /* Copies by element size (the first step of the variadic operators, Where). */
-#define DEF_COPY(NAME, T)                                                                                \
-    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        const T *restrict p = in[0];                                                                     \
-        T *restrict o = out;                                                                             \
-        (void)a;                                                                                         \
-        if (s[0]) {                                                                                      \
-            memmove(o, p, (size_t)n * sizeof(T));                                                         \
-        } else {                                                                                         \
-            T v = p[0];                                                                                  \
-            for (int64_t i = 0; i < n; i++) o[i] = v;                                                    \
-        }                                                                                                \
+#define DEF_COPY(NAME, T)                                                                                           \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {      \
+        const T *restrict p = in[0];                                                                                \
+        T *restrict o = out;                                                                                        \
+        (void)a;                                                                                                    \
+        if (s[0]) {                                                                                                 \
+            memmove(o, p, (size_t)n * sizeof(T));                                                                   \
+        } else {                                                                                                    \
+            T v = p[0];                                                                                             \
+            for (int64_t i = 0; i < n; i++) o[i] = v;                                                               \
+        }                                                                                                           \
     }
 DEF_COPY(k_copy_1, uint8_t)
 DEF_COPY(k_copy_2, uint16_t)
@@ -572,11 +572,11 @@ static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
     return 0;
 }
 
-#define BINARY_OP(NAME, TBL)                                                              \
-    static int infer_##NAME(struct op_call *c) {                                          \
-        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);          \
-        return infer_nary(c, TBL, 0);                                                     \
-    }                                                                                     \
+#define BINARY_OP(NAME, TBL)                                                                                        \
+    static int infer_##NAME(struct op_call *c) {                                                                    \
+        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);                                    \
+        return infer_nary(c, TBL, 0);                                                                               \
+    }                                                                                                               \
     static int run_##NAME(struct op_call *c) { return run_binary_tbl(c, TBL); }
 BINARY_OP(add, tbl_add)
 BINARY_OP(sub, tbl_sub)
@@ -590,11 +590,11 @@ BINARY_OP(and, tbl_and)
 BINARY_OP(or, tbl_or)
 BINARY_OP(xor, tbl_xor)
 
-#define COMPARE_OP(NAME, TBL)                                                             \
-    static int infer_##NAME(struct op_call *c) {                                          \
-        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);          \
-        return infer_nary(c, TBL, DT_BOOL);                                               \
-    }                                                                                     \
+#define COMPARE_OP(NAME, TBL)                                                                                       \
+    static int infer_##NAME(struct op_call *c) {                                                                    \
+        if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);                                    \
+        return infer_nary(c, TBL, DT_BOOL);                                                                         \
+    }                                                                                                               \
     static int run_##NAME(struct op_call *c) { return run_binary_tbl(c, TBL); }
 COMPARE_OP(eq, tbl_eq)
 COMPARE_OP(lt, tbl_lt)
@@ -675,7 +675,9 @@ static void store_d(void *p, enum dtype dt, double v) {
     case DT_UINT8: *(uint8_t *)p = (uint8_t)sat_i64(v, 0, UINT8_MAX); break;
     case DT_UINT16: *(uint16_t *)p = (uint16_t)sat_i64(v, 0, UINT16_MAX); break;
     case DT_UINT32: *(uint32_t *)p = (uint32_t)sat_i64(v, 0, UINT32_MAX); break;
-    case DT_UINT64: *(uint64_t *)p = v <= 0 || v != v ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v; break;
+    case DT_UINT64:
+        *(uint64_t *)p = v <= 0 || v != v ? 0 : v >= 18446744073709551615.0 ? UINT64_MAX : (uint64_t)v;
+        break;
     case DT_BOOL: *(uint8_t *)p = v != 0; break;
     default: break;
     }
@@ -758,13 +760,13 @@ static int run_variadic(struct op_call *c, const ew_fn *tbl, int mean) {
     return 0;
 }
 
-#define VARIADIC_OP(NAME, TBL, MEAN)                                                         \
-    static int infer_##NAME(struct op_call *c) {                                             \
-        if (c->nin < 1) return op_error(c, "expects at least one input");                    \
-        if (MEAN && !ew_is_float(c->in[0] ? c->in[0]->dtype : DT_UNDEFINED))                 \
-            return unsupported_dtype(c, c->in[0] ? c->in[0]->dtype : DT_UNDEFINED);          \
-        return infer_nary(c, TBL, 0);                                                        \
-    }                                                                                        \
+#define VARIADIC_OP(NAME, TBL, MEAN)                                                                                \
+    static int infer_##NAME(struct op_call *c) {                                                                    \
+        if (c->nin < 1) return op_error(c, "expects at least one input");                                           \
+        if (MEAN && !ew_is_float(c->in[0] ? c->in[0]->dtype : DT_UNDEFINED))                                        \
+            return unsupported_dtype(c, c->in[0] ? c->in[0]->dtype : DT_UNDEFINED);                                 \
+        return infer_nary(c, TBL, 0);                                                                               \
+    }                                                                                                               \
     static int run_##NAME(struct op_call *c) { return run_variadic(c, TBL, MEAN); }
 VARIADIC_OP(sum, tbl_add, 0)
 VARIADIC_OP(mean, tbl_add, 1)
@@ -792,12 +794,12 @@ static int run_unary_tbl(struct op_call *c, const ew_fn *tbl, struct ew_args *a)
 }
 
 /* SETUP fills struct ew_args a from the node's attributes. */
-#define UNARY_OP(NAME, TBL, OUT_DT, SETUP)                                                     \
-    static int infer_##NAME(struct op_call *c) { return infer_unary_tbl(c, TBL, OUT_DT); }    \
-    static int run_##NAME(struct op_call *c) {                                               \
-        struct ew_args a = {0};                                                              \
-        SETUP;                                                                               \
-        return run_unary_tbl(c, TBL, &a);                                                    \
+#define UNARY_OP(NAME, TBL, OUT_DT, SETUP)                                                                          \
+    static int infer_##NAME(struct op_call *c) { return infer_unary_tbl(c, TBL, OUT_DT); }                          \
+    static int run_##NAME(struct op_call *c) {                                                                      \
+        struct ew_args a = {0};                                                                                     \
+        SETUP;                                                                                                      \
+        return run_unary_tbl(c, TBL, &a);                                                                           \
     }
 #define NOSETUP (void)0
 #define ATTR_F(field, name, def) a.field = node_attr_float(c->node, name, def)
@@ -871,18 +873,18 @@ static int run_gelu(struct op_call *c) {
  * since; an absent bound is the dtype's range.
  * ------------------------------------------------------------------------ */
 
-#define DEF_CLIP(OP, suf, T)                                                                              \
-    static void k_clip_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,              \
-                             const struct ew_args *a) {                                                  \
-        const T *restrict p = in[0];                                                                     \
-        T *restrict o = out, lo, hi;                                                                     \
-        (void)s;                                                                                         \
-        memcpy(&lo, a->lo, sizeof(T));                                                                   \
-        memcpy(&hi, a->hi, sizeof(T));                                                                   \
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                            \
-            T v = p[i] < lo ? lo : p[i];                                                                 \
-            o[i] = v > hi ? hi : v;                                                                      \
-        }                                                                                                \
+#define DEF_CLIP(OP, suf, T)                                                                                        \
+    static void k_clip_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,                         \
+                             const struct ew_args *a) {                                                             \
+        const T *restrict p = in[0];                                                                                \
+        T *restrict o = out, lo, hi;                                                                                \
+        (void)s;                                                                                                    \
+        memcpy(&lo, a->lo, sizeof(T));                                                                              \
+        memcpy(&hi, a->hi, sizeof(T));                                                                              \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                                                       \
+            T v = p[i] < lo ? lo : p[i];                                                                            \
+            o[i] = v > hi ? hi : v;                                                                                 \
+        }                                                                                                           \
     }
 LIST_FLT(DEF_CLIP, _) LIST_INT(DEF_CLIP, _)
 #define ENT_CLIP(OP, suf, T) [DTOF_##suf] = k_clip_##suf,
@@ -957,14 +959,14 @@ static int run_clip(struct op_call *c) {
  * Where (bool condition, broadcast over three inputs)
  * ------------------------------------------------------------------------ */
 
-#define DEF_WHERE(suf, T)                                                                                 \
-    static void k_where_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,             \
-                              const struct ew_args *a) {                                                 \
-        const uint8_t *cond = in[0];                                                                     \
-        const T *x = in[1], *y = in[2];                                                                  \
-        T *o = out;                                                                                      \
-        (void)a;                                                                                         \
-        for (int64_t i = 0; i < n; i++) o[i] = cond[i * s[0]] ? x[i * s[1]] : y[i * s[2]];              \
+#define DEF_WHERE(suf, T)                                                                                           \
+    static void k_where_##suf(const void *const *in, const int64_t *s, void *out, int64_t n,                        \
+                              const struct ew_args *a) {                                                            \
+        const uint8_t *cond = in[0];                                                                                \
+        const T *x = in[1], *y = in[2];                                                                             \
+        T *o = out;                                                                                                 \
+        (void)a;                                                                                                    \
+        for (int64_t i = 0; i < n; i++) o[i] = cond[i * s[0]] ? x[i * s[1]] : y[i * s[2]];                          \
     }
 DEF_WHERE(1, uint8_t)
 DEF_WHERE(2, uint16_t)
@@ -1014,11 +1016,11 @@ static int run_where(struct op_call *c) {
 
 typedef void (*cast_fn)(const void *src, void *dst, int64_t n);
 
-#define DEF_TOINT(D, T, LO, HI)                                                                          \
-    static inline T fto_##D(double v) {                                                                  \
-        return v != v ? (T)0 : v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v;          \
-    }                                                                                                    \
-    static inline T ito_##D(int64_t v) { return (T)v; }                                                  \
+#define DEF_TOINT(D, T, LO, HI)                                                                                     \
+    static inline T fto_##D(double v) {                                                                             \
+        return v != v ? (T)0 : v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v;                    \
+    }                                                                                                               \
+    static inline T ito_##D(int64_t v) { return (T)v; }                                                             \
     static inline T uto_##D(uint64_t v) { return (T)v; }
 DEF_TOINT(i8, int8_t, INT8_MIN, INT8_MAX)
 DEF_TOINT(i16, int16_t, INT16_MIN, INT16_MAX)
@@ -1057,31 +1059,31 @@ DEF_TOINT(u64, uint64_t, 0, UINT64_MAX)
 #define LD_u32(v) (v)
 #define LD_u64(v) (v)
 
-#define CAST_SRC_LIST(X)                                                                                 \
-    X(f32, float) X(f64, double) X(f16, uint16_t) X(bf16, uint16_t) X(i8, int8_t) X(i16, int16_t)        \
-    X(i32, int32_t) X(i64, int64_t) X(u8, uint8_t) X(u16, uint16_t) X(u32, uint32_t) X(u64, uint64_t)    \
+#define CAST_SRC_LIST(X)                                                                                            \
+    X(f32, float) X(f64, double) X(f16, uint16_t) X(bf16, uint16_t) X(i8, int8_t) X(i16, int16_t)                   \
+    X(i32, int32_t) X(i64, int64_t) X(u8, uint8_t) X(u16, uint16_t) X(u32, uint32_t) X(u64, uint64_t)               \
     X(b, uint8_t)
-#define CAST_DST_LIST(X, S, ST)                                                                          \
-    X(S, ST, f32, float) X(S, ST, f64, double) X(S, ST, f16, uint16_t) X(S, ST, bf16, uint16_t)          \
-    X(S, ST, i8, int8_t) X(S, ST, i16, int16_t) X(S, ST, i32, int32_t) X(S, ST, i64, int64_t)            \
-    X(S, ST, u8, uint8_t) X(S, ST, u16, uint16_t) X(S, ST, u32, uint32_t) X(S, ST, u64, uint64_t)        \
+#define CAST_DST_LIST(X, S, ST)                                                                                     \
+    X(S, ST, f32, float) X(S, ST, f64, double) X(S, ST, f16, uint16_t) X(S, ST, bf16, uint16_t)                     \
+    X(S, ST, i8, int8_t) X(S, ST, i16, int16_t) X(S, ST, i32, int32_t) X(S, ST, i64, int64_t)                       \
+    X(S, ST, u8, uint8_t) X(S, ST, u16, uint16_t) X(S, ST, u32, uint32_t) X(S, ST, u64, uint64_t)                   \
     X(S, ST, b, uint8_t)
 
-#define CAST_ONE(S, ST, D, DT)                                                                           \
-    static void cast_##S##_##D(const void *src, void *dst, int64_t n) {                                  \
-        const ST *restrict s = src;                                                                      \
-        DT *restrict d = dst;                                                                            \
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) d[i] = TO_##D(LD_##S(s[i]));                 \
+#define CAST_ONE(S, ST, D, DT)                                                                                      \
+    static void cast_##S##_##D(const void *src, void *dst, int64_t n) {                                             \
+        const ST *restrict s = src;                                                                                 \
+        DT *restrict d = dst;                                                                                       \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) d[i] = TO_##D(LD_##S(s[i]));                            \
     }
 #define CAST_FROM(S, ST) CAST_DST_LIST(CAST_ONE, S, ST)
 CAST_SRC_LIST(CAST_FROM)
 
 #define CASE_DST(S, ST, D, DT) case DTOF_##D: return cast_##S##_##D;
-#define CASE_SRC(S, ST)                                                                                  \
-    case DTOF_##S:                                                                                       \
-        switch (d) {                                                                                     \
-            CAST_DST_LIST(CASE_DST, S, ST)                                                               \
-        default: return NULL;                                                                            \
+#define CASE_SRC(S, ST)                                                                                             \
+    case DTOF_##S:                                                                                                  \
+        switch (d) {                                                                                                \
+            CAST_DST_LIST(CASE_DST, S, ST)                                                                          \
+        default: return NULL;                                                                                       \
         }
 
 static cast_fn cast_pick(enum dtype s, enum dtype d) {
@@ -1162,66 +1164,66 @@ static int infer_castlike(struct op_call *c) {
 
 enum smax_mode { SMAX_SOFT, SMAX_LOG, SMAX_HARD };
 
-#define DEF_SOFTMAX(suf, T)                                                                              \
-    static void smax_row_##suf(const T *x, T *y, int64_t len, int64_t st, enum smax_mode mode) {         \
-        T m = x[0];                                                                                      \
-        int64_t am = 0;                                                                                  \
-        for (int64_t j = 1; j < len; j++)                                                                \
-            if (x[j * st] > m) {                                                                         \
-                m = x[j * st];                                                                           \
-                am = j;                                                                                  \
-            }                                                                                            \
-        if (mode == SMAX_HARD) {                                                                         \
-            for (int64_t j = 0; j < len; j++) y[j * st] = (T)(j == am);                                  \
-            return;                                                                                      \
-        }                                                                                                \
-        double sum = 0;                                                                                  \
-        if (st == 1) { /* the common case: contiguous rows, vectorized */                                \
-            if (mode == SMAX_SOFT) {                                                                     \
-                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) {               \
-                    T e = EXPT(x[j] - m);                                                                \
-                    y[j] = e;                                                                            \
-                    sum += e;                                                                            \
-                }                                                                                        \
-                T inv = (T)(1.0 / sum);                                                                  \
-                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] *= inv;                       \
-            } else {                                                                                     \
-                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) sum +=          \
-                    EXPT(x[j] - m);                                                                      \
-                T l = (T)log(sum) + m;                                                                   \
-                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] = x[j] - l;                   \
-            }                                                                                            \
-            return;                                                                                      \
-        }                                                                                                \
-        if (mode == SMAX_SOFT) {                                                                         \
-            for (int64_t j = 0; j < len; j++) {                                                          \
-                T e = EXPT(x[j * st] - m);                                                               \
-                y[j * st] = e;                                                                           \
-                sum += e;                                                                                \
-            }                                                                                            \
-            T inv = (T)(1.0 / sum);                                                                      \
-            for (int64_t j = 0; j < len; j++) y[j * st] *= inv;                                          \
-        } else {                                                                                         \
-            for (int64_t j = 0; j < len; j++) sum += EXPT(x[j * st] - m);                                \
-            T l = (T)log(sum) + m;                                                                       \
-            for (int64_t j = 0; j < len; j++) y[j * st] = x[j * st] - l;                                 \
-        }                                                                                                \
-    }                                                                                                    \
-    static void smax_##suf(const T *x, T *y, int64_t outer, int64_t len, int64_t inner,                 \
-                           enum smax_mode mode, int nt) {                                                \
-        int64_t rows = outer * inner;                                                                    \
-        if (rows * len < EW_PAR_MIN || nt <= 1 || rows < 2) {                                            \
-            for (int64_t r = 0; r < rows; r++) {                                                         \
-                int64_t o = r / inner, i = r % inner;                                                    \
-                smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);      \
-            }                                                                                            \
-            return;                                                                                      \
-        }                                                                                                \
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
-        for (int64_t r = 0; r < rows; r++) {                                                             \
-            int64_t o = r / inner, i = r % inner;                                                        \
-            smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);          \
-        }                                                                                                \
+#define DEF_SOFTMAX(suf, T)                                                                                         \
+    static void smax_row_##suf(const T *x, T *y, int64_t len, int64_t st, enum smax_mode mode) {                    \
+        T m = x[0];                                                                                                 \
+        int64_t am = 0;                                                                                             \
+        for (int64_t j = 1; j < len; j++)                                                                           \
+            if (x[j * st] > m) {                                                                                    \
+                m = x[j * st];                                                                                      \
+                am = j;                                                                                             \
+            }                                                                                                       \
+        if (mode == SMAX_HARD) {                                                                                    \
+            for (int64_t j = 0; j < len; j++) y[j * st] = (T)(j == am);                                             \
+            return;                                                                                                 \
+        }                                                                                                           \
+        double sum = 0;                                                                                             \
+        if (st == 1) { /* the common case: contiguous rows, vectorized */                                           \
+            if (mode == SMAX_SOFT) {                                                                                \
+                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) {                          \
+                    T e = EXPT(x[j] - m);                                                                           \
+                    y[j] = e;                                                                                       \
+                    sum += e;                                                                                       \
+                }                                                                                                   \
+                T inv = (T)(1.0 / sum);                                                                             \
+                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] *= inv;                                  \
+            } else {                                                                                                \
+                _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < len; j++) sum +=                     \
+                    EXPT(x[j] - m);                                                                                 \
+                T l = (T)log(sum) + m;                                                                              \
+                _Pragma("omp simd") for (int64_t j = 0; j < len; j++) y[j] = x[j] - l;                              \
+            }                                                                                                       \
+            return;                                                                                                 \
+        }                                                                                                           \
+        if (mode == SMAX_SOFT) {                                                                                    \
+            for (int64_t j = 0; j < len; j++) {                                                                     \
+                T e = EXPT(x[j * st] - m);                                                                          \
+                y[j * st] = e;                                                                                      \
+                sum += e;                                                                                           \
+            }                                                                                                       \
+            T inv = (T)(1.0 / sum);                                                                                 \
+            for (int64_t j = 0; j < len; j++) y[j * st] *= inv;                                                     \
+        } else {                                                                                                    \
+            for (int64_t j = 0; j < len; j++) sum += EXPT(x[j * st] - m);                                           \
+            T l = (T)log(sum) + m;                                                                                  \
+            for (int64_t j = 0; j < len; j++) y[j * st] = x[j * st] - l;                                            \
+        }                                                                                                           \
+    }                                                                                                               \
+    static void smax_##suf(const T *x, T *y, int64_t outer, int64_t len, int64_t inner,                             \
+                           enum smax_mode mode, int nt) {                                                           \
+        int64_t rows = outer * inner;                                                                               \
+        if (rows * len < EW_PAR_MIN || nt <= 1 || rows < 2) {                                                       \
+            for (int64_t r = 0; r < rows; r++) {                                                                    \
+                int64_t o = r / inner, i = r % inner;                                                               \
+                smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);                 \
+            }                                                                                                       \
+            return;                                                                                                 \
+        }                                                                                                           \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                                \
+        for (int64_t r = 0; r < rows; r++) {                                                                        \
+            int64_t o = r / inner, i = r % inner;                                                                   \
+            smax_row_##suf(x + o * len * inner + i, y + o * len * inner + i, len, inner, mode);                     \
+        }                                                                                                           \
     }
 DEF_SOFTMAX(f32, float)
 DEF_SOFTMAX(f64, double)
@@ -1305,44 +1307,44 @@ static int norm_infer(struct op_call *c, int rms) {
     return 0;
 }
 
-#define DEF_NORM(suf, T)                                                                                 \
-    static void norm_row_##suf(const T *xr, const T *sc, int64_t nsc, const T *b, int64_t nb, T *yr,     \
-                               T *mean, T *inv, int64_t n, double eps, int rms) {                        \
-        double mu = 0, var = 0;                                                                          \
-        if (!rms) {                                                                                      \
-            _Pragma("omp simd reduction(+ : mu)") for (int64_t j = 0; j < n; j++) mu += xr[j];           \
-            mu /= (double)n;                                                                             \
-        }                                                                                                \
-        _Pragma("omp simd reduction(+ : var)") for (int64_t j = 0; j < n; j++) {                         \
-            double d = xr[j] - mu;                                                                       \
-            var += d * d;                                                                                \
-        }                                                                                                \
-        var /= (double)n;                                                                                \
-        double is = 1.0 / sqrt(var + eps);                                                               \
-        T m = (T)mu, s = (T)is;                                                                          \
-        if (nsc == n && b && nb == n) { /* the usual full scale and bias, vectorized */                 \
-            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) * s * sc[j] + b[j];  \
-        } else {                                                                                         \
-            for (int64_t j = 0; j < n; j++) {                                                            \
-                T v = (xr[j] - m) * s * sc[nsc == 1 ? 0 : j];                                            \
-                yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;                                                  \
-            }                                                                                            \
-        }                                                                                                \
-        if (mean) *mean = m;                                                                             \
-        if (inv) *inv = s;                                                                               \
-    }                                                                                                    \
-    static void norm_##suf(const T *x, const T *sc, int64_t nsc, const T *b, int64_t nb, T *y, T *mean,  \
-                           T *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {              \
-        if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {                                           \
-            for (int64_t r = 0; r < outer; r++)                                                          \
-                norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,            \
-                               inv ? inv + r : NULL, n, eps, rms);                                       \
-            return;                                                                                      \
-        }                                                                                                \
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
-        for (int64_t r = 0; r < outer; r++)                                                              \
-            norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                \
-                           inv ? inv + r : NULL, n, eps, rms);                                           \
+#define DEF_NORM(suf, T)                                                                                            \
+    static void norm_row_##suf(const T *xr, const T *sc, int64_t nsc, const T *b, int64_t nb, T *yr,                \
+                               T *mean, T *inv, int64_t n, double eps, int rms) {                                   \
+        double mu = 0, var = 0;                                                                                     \
+        if (!rms) {                                                                                                 \
+            _Pragma("omp simd reduction(+ : mu)") for (int64_t j = 0; j < n; j++) mu += xr[j];                      \
+            mu /= (double)n;                                                                                        \
+        }                                                                                                           \
+        _Pragma("omp simd reduction(+ : var)") for (int64_t j = 0; j < n; j++) {                                    \
+            double d = xr[j] - mu;                                                                                  \
+            var += d * d;                                                                                           \
+        }                                                                                                           \
+        var /= (double)n;                                                                                           \
+        double is = 1.0 / sqrt(var + eps);                                                                          \
+        T m = (T)mu, s = (T)is;                                                                                     \
+        if (nsc == n && b && nb == n) { /* the usual full scale and bias, vectorized */                             \
+            _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - m) * s * sc[j] + b[j];             \
+        } else {                                                                                                    \
+            for (int64_t j = 0; j < n; j++) {                                                                       \
+                T v = (xr[j] - m) * s * sc[nsc == 1 ? 0 : j];                                                       \
+                yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;                                                             \
+            }                                                                                                       \
+        }                                                                                                           \
+        if (mean) *mean = m;                                                                                        \
+        if (inv) *inv = s;                                                                                          \
+    }                                                                                                               \
+    static void norm_##suf(const T *x, const T *sc, int64_t nsc, const T *b, int64_t nb, T *y, T *mean,             \
+                           T *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {                         \
+        if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {                                                       \
+            for (int64_t r = 0; r < outer; r++)                                                                     \
+                norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                        \
+                               inv ? inv + r : NULL, n, eps, rms);                                                  \
+            return;                                                                                                 \
+        }                                                                                                           \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                                \
+        for (int64_t r = 0; r < outer; r++)                                                                         \
+            norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                            \
+                           inv ? inv + r : NULL, n, eps, rms);                                                      \
     }
 DEF_NORM(f32, float)
 DEF_NORM(f64, double)

@@ -178,27 +178,27 @@ static int red_infer(struct op_call *c) {
 
 /* Walks the reduced elements of one output (base = its first input element);
  * BODY sees the element offset `off`. */
-#define RED_WALK(g, base, BODY)                                                                          \
-    do {                                                                                                 \
-        if ((g)->nr == 1) {                                                                              \
-            const int64_t st_ = (g)->rstr[0], n_ = (g)->rdims[0];                                       \
-            for (int64_t r_ = 0; r_ < n_; r_++) {                                                        \
-                const int64_t off = (base) + r_ * st_;                                                   \
-                BODY;                                                                                    \
-            }                                                                                            \
-        } else {                                                                                         \
-            int64_t idx_[TENSOR_MAX_DIMS] = {0}, cur_ = (base);                                          \
-            for (int64_t k_ = 0; k_ < (g)->nred; k_++) {                                                 \
-                const int64_t off = cur_;                                                                \
-                BODY;                                                                                    \
-                for (int d_ = (g)->nr - 1; d_ >= 0; d_--) {                                              \
-                    cur_ += (g)->rstr[d_];                                                               \
-                    if (++idx_[d_] < (g)->rdims[d_]) break;                                              \
-                    cur_ -= (g)->rstr[d_] * (g)->rdims[d_];                                              \
-                    idx_[d_] = 0;                                                                        \
-                }                                                                                        \
-            }                                                                                            \
-        }                                                                                                \
+#define RED_WALK(g, base, BODY)                                                                                     \
+    do {                                                                                                            \
+        if ((g)->nr == 1) {                                                                                         \
+            const int64_t st_ = (g)->rstr[0], n_ = (g)->rdims[0];                                                   \
+            for (int64_t r_ = 0; r_ < n_; r_++) {                                                                   \
+                const int64_t off = (base) + r_ * st_;                                                              \
+                BODY;                                                                                               \
+            }                                                                                                       \
+        } else {                                                                                                    \
+            int64_t idx_[TENSOR_MAX_DIMS] = {0}, cur_ = (base);                                                     \
+            for (int64_t k_ = 0; k_ < (g)->nred; k_++) {                                                            \
+                const int64_t off = cur_;                                                                           \
+                BODY;                                                                                               \
+                for (int d_ = (g)->nr - 1; d_ >= 0; d_--) {                                                         \
+                    cur_ += (g)->rstr[d_];                                                                          \
+                    if (++idx_[d_] < (g)->rdims[d_]) break;                                                         \
+                    cur_ -= (g)->rstr[d_] * (g)->rdims[d_];                                                         \
+                    idx_[d_] = 0;                                                                                   \
+                }                                                                                                   \
+            }                                                                                                       \
+        }                                                                                                           \
     } while (0)
 
 static int64_t red_base(const struct red_geom *g, int64_t o) {
@@ -273,74 +273,74 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
 /* One instantiation per input dtype. ACC is the accumulator of the exact
  * reductions (sum, product, extrema); LD loads an element as ACC, STA stores
  * an ACC, STD stores a double (L2, logs, means of floats). */
-#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT, ADD, MUL, FAST)                           \
-    static void red_one_##suf(const T *x, const struct red_geom *g, int64_t o, enum red_kind k, T *y) {  \
-        const int64_t base = red_base(g, o);                                                             \
-        if (FAST(x, g, base, k, y + o)) return;                                                          \
-        ACC acc;                                                                                         \
-        double dacc = 0;                                                                                 \
-        switch (k) {                                                                                     \
-        case RED_SUM:                                                                                    \
-        case RED_MEAN:                                                                                   \
-            acc = 0;                                                                                     \
-            RED_WALK(g, base, acc = ADD(acc, LD(x[off])));                                                        \
-            if (k == RED_SUM) STA(y[o], acc);                                                            \
-            else if (ISFLOAT) STD(y[o], (double)acc / (double)g->nred);                                  \
-            else STA(y[o], g->nred ? (ACC)(acc / (ACC)g->nred) : (ACC)0);                                \
-            return;                                                                                      \
-        case RED_SUMSQ:                                                                                  \
-            acc = 0;                                                                                     \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, MUL(v_, v_)); });                                 \
-            STA(y[o], acc);                                                                              \
-            return;                                                                                      \
-        case RED_L1:                                                                                     \
-            acc = 0;                                                                                     \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, RED_ABS(v_)); });                       \
-            STA(y[o], acc);                                                                              \
-            return;                                                                                      \
-        case RED_PROD:                                                                                   \
-            acc = 1;                                                                                     \
-            RED_WALK(g, base, acc = MUL(acc, LD(x[off])));                                                        \
-            STA(y[o], acc);                                                                              \
-            return;                                                                                      \
-        case RED_MAX:                                                                                    \
-            acc = LOWEST;                                                                                \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ > acc || v_ != v_) acc = v_; });             \
-            STA(y[o], acc);                                                                              \
-            return;                                                                                      \
-        case RED_MIN:                                                                                    \
-            acc = HIGHEST;                                                                               \
-            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ < acc || v_ != v_) acc = v_; });             \
-            STA(y[o], acc);                                                                              \
-            return;                                                                                      \
-        case RED_L2:                                                                                     \
-            RED_WALK(g, base, { double v_ = (double)LD(x[off]); dacc += v_ * v_; });                     \
-            STD(y[o], sqrt(dacc));                                                                       \
-            return;                                                                                      \
-        case RED_LOGSUM:                                                                                 \
-            RED_WALK(g, base, dacc += (double)LD(x[off]));                                               \
-            STD(y[o], log(dacc));                                                                        \
-            return;                                                                                      \
-        case RED_LOGSUMEXP: {                                                                            \
-            double m = -INFINITY;                                                                        \
-            RED_WALK(g, base, { double v_ = (double)LD(x[off]); if (v_ > m) m = v_; });                  \
-            if (isinf(m)) {                                                                              \
-                STD(y[o], m);                                                                            \
-                return;                                                                                  \
-            }                                                                                            \
-            RED_WALK(g, base, dacc += exp((double)LD(x[off]) - m));                                      \
-            STD(y[o], m + log(dacc));                                                                    \
-            return;                                                                                      \
-        }                                                                                                \
-        }                                                                                                \
-    }                                                                                                    \
-    static void red_##suf(const T *x, T *y, const struct red_geom *g, enum red_kind k, int nt) {         \
-        if (g->nout * (g->nred ? g->nred : 1) < EW_PAR_MIN || nt <= 1 || g->nout < 2) {                  \
-            for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                          \
-            return;                                                                                      \
-        }                                                                                                \
-        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                     \
-        for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                              \
+#define DEF_REDUCE(suf, T, ACC, LD, STA, STD, LOWEST, HIGHEST, ISFLOAT, ADD, MUL, FAST)                             \
+    static void red_one_##suf(const T *x, const struct red_geom *g, int64_t o, enum red_kind k, T *y) {             \
+        const int64_t base = red_base(g, o);                                                                        \
+        if (FAST(x, g, base, k, y + o)) return;                                                                     \
+        ACC acc;                                                                                                    \
+        double dacc = 0;                                                                                            \
+        switch (k) {                                                                                                \
+        case RED_SUM:                                                                                               \
+        case RED_MEAN:                                                                                              \
+            acc = 0;                                                                                                \
+            RED_WALK(g, base, acc = ADD(acc, LD(x[off])));                                                          \
+            if (k == RED_SUM) STA(y[o], acc);                                                                       \
+            else if (ISFLOAT) STD(y[o], (double)acc / (double)g->nred);                                             \
+            else STA(y[o], g->nred ? (ACC)(acc / (ACC)g->nred) : (ACC)0);                                           \
+            return;                                                                                                 \
+        case RED_SUMSQ:                                                                                             \
+            acc = 0;                                                                                                \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, MUL(v_, v_)); });                               \
+            STA(y[o], acc);                                                                                         \
+            return;                                                                                                 \
+        case RED_L1:                                                                                                \
+            acc = 0;                                                                                                \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); acc = ADD(acc, RED_ABS(v_)); });                               \
+            STA(y[o], acc);                                                                                         \
+            return;                                                                                                 \
+        case RED_PROD:                                                                                              \
+            acc = 1;                                                                                                \
+            RED_WALK(g, base, acc = MUL(acc, LD(x[off])));                                                          \
+            STA(y[o], acc);                                                                                         \
+            return;                                                                                                 \
+        case RED_MAX:                                                                                               \
+            acc = LOWEST;                                                                                           \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ > acc || v_ != v_) acc = v_; });                        \
+            STA(y[o], acc);                                                                                         \
+            return;                                                                                                 \
+        case RED_MIN:                                                                                               \
+            acc = HIGHEST;                                                                                          \
+            RED_WALK(g, base, { ACC v_ = LD(x[off]); if (v_ < acc || v_ != v_) acc = v_; });                        \
+            STA(y[o], acc);                                                                                         \
+            return;                                                                                                 \
+        case RED_L2:                                                                                                \
+            RED_WALK(g, base, { double v_ = (double)LD(x[off]); dacc += v_ * v_; });                                \
+            STD(y[o], sqrt(dacc));                                                                                  \
+            return;                                                                                                 \
+        case RED_LOGSUM:                                                                                            \
+            RED_WALK(g, base, dacc += (double)LD(x[off]));                                                          \
+            STD(y[o], log(dacc));                                                                                   \
+            return;                                                                                                 \
+        case RED_LOGSUMEXP: {                                                                                       \
+            double m = -INFINITY;                                                                                   \
+            RED_WALK(g, base, { double v_ = (double)LD(x[off]); if (v_ > m) m = v_; });                             \
+            if (isinf(m)) {                                                                                         \
+                STD(y[o], m);                                                                                       \
+                return;                                                                                             \
+            }                                                                                                       \
+            RED_WALK(g, base, dacc += exp((double)LD(x[off]) - m));                                                 \
+            STD(y[o], m + log(dacc));                                                                               \
+            return;                                                                                                 \
+        }                                                                                                           \
+        }                                                                                                           \
+    }                                                                                                               \
+    static void red_##suf(const T *x, T *y, const struct red_geom *g, enum red_kind k, int nt) {                    \
+        if (g->nout * (g->nred ? g->nred : 1) < EW_PAR_MIN || nt <= 1 || g->nout < 2) {                             \
+            for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                                     \
+            return;                                                                                                 \
+        }                                                                                                           \
+        _Pragma("omp parallel for num_threads(nt) schedule(static)")                                                \
+        for (int64_t o = 0; o < g->nout; o++) red_one_##suf(x, g, o, k, y);                                         \
     }
 
 #define LD_ID(v) (v)
@@ -530,24 +530,24 @@ static int arg_infer(struct op_call *c) {
     return 0;
 }
 
-#define DEF_ARG(suf, T, LD)                                                                              \
-    static void arg_##suf(const T *x, int64_t *y, int64_t outer, int64_t len, int64_t inner, int is_max, \
-                          int last) {                                                                    \
-        for (int64_t o = 0; o < outer; o++)                                                              \
-            for (int64_t i = 0; i < inner; i++) {                                                        \
-                const T *p = x + o * len * inner + i;                                                    \
-                int64_t best = 0;                                                                        \
-                __typeof__(+LD(p[0])) bv = LD(p[0]);                                                      \
-                for (int64_t j = 1; j < len; j++) {                                                      \
-                    __typeof__(+LD(p[0])) v = LD(p[j * inner]);                                           \
-                    int better = is_max ? (last ? v >= bv : v > bv) : (last ? v <= bv : v < bv);         \
-                    if (better) {                                                                        \
-                        bv = v;                                                                          \
-                        best = j;                                                                        \
-                    }                                                                                    \
-                }                                                                                        \
-                y[o * inner + i] = best;                                                                 \
-            }                                                                                            \
+#define DEF_ARG(suf, T, LD)                                                                                         \
+    static void arg_##suf(const T *x, int64_t *y, int64_t outer, int64_t len, int64_t inner, int is_max,            \
+                          int last) {                                                                               \
+        for (int64_t o = 0; o < outer; o++)                                                                         \
+            for (int64_t i = 0; i < inner; i++) {                                                                   \
+                const T *p = x + o * len * inner + i;                                                               \
+                int64_t best = 0;                                                                                   \
+                __typeof__(+LD(p[0])) bv = LD(p[0]);                                                                \
+                for (int64_t j = 1; j < len; j++) {                                                                 \
+                    __typeof__(+LD(p[0])) v = LD(p[j * inner]);                                                     \
+                    int better = is_max ? (last ? v >= bv : v > bv) : (last ? v <= bv : v < bv);                    \
+                    if (better) {                                                                                   \
+                        bv = v;                                                                                     \
+                        best = j;                                                                                   \
+                    }                                                                                               \
+                }                                                                                                   \
+                y[o * inner + i] = best;                                                                            \
+            }                                                                                                       \
     }
 #define LD_F16(v) fp16_to_fp32(v)
 #define LD_BF16(v) bf16_to_fp32(v)
