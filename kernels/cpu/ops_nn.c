@@ -1,8 +1,9 @@
 /* ops_nn.c - the neural-network family: Conv, ConvTranspose, MatMul, Gemm,
  * their integer and quantized forms (ConvInteger, QLinearConv,
  * MatMulInteger, QLinearMatMul),
- * MaxPool, AveragePool, LpPool, MaxUnpool, the global pools, Col2Im,
- * BatchNormalization, InstanceNormalization, GroupNormalization, LRN.
+ * DeformConv, MaxPool, AveragePool, LpPool, MaxUnpool, the global pools,
+ * RoiAlign, Col2Im, BatchNormalization, InstanceNormalization,
+ * GroupNormalization, LRN.
  *
  * The heavy ops (Conv, MatMul, Gemm, MaxPool, AveragePool) run on oneDNN:
  * prepare() builds the primitive once per plan with the concrete shapes,
@@ -1760,6 +1761,191 @@ static int inorm_run(struct op_call *c) {
     return 0;
 }
 
+/* ==== RoiAlign ========================================================== */
+
+/* Average (or max) of bilinear samples on a grid inside each bin of each
+ * region, following ONNX's reference (and onnxruntime): samples more than
+ * one pixel outside the image count as zero, the others clamp to it. */
+static int roialign_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0], *rois = opt_in(c, 1), *bi = opt_in(c, 2);
+    int rc = need_f32(c, x, "X");
+    if (rc) return rc;
+    if (x->ndim != 4) return op_error(c, "X must be 4-D (got rank %d)", x->ndim);
+    if (!rois || (rc = need_f32(c, rois, "rois"))) return rc ? rc : op_error(c, "rois is required");
+    if (rois->ndim != 2 || rois->dims[1] != 4) return op_error(c, "rois must be [num_rois, 4]");
+    if (!bi || bi->ndim != 1 || bi->dims[0] != rois->dims[0] || (bi->dtype != DT_INT64 && bi->dtype != DT_INT32))
+        return op_error(c, "batch_indices must be integers, one per roi");
+    const char *mode = node_attr_str(c->node, "mode", "avg");
+    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
+    const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", c->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
+    if (strcmp(ctm, "half_pixel") && strcmp(ctm, "output_half_pixel"))
+        return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
+    int64_t oh = node_attr_int(c->node, "output_height", 1), ow = node_attr_int(c->node, "output_width", 1);
+    if (oh < 1 || ow < 1 || oh > (1 << 16) || ow > (1 << 16)) return op_error(c, "bad output size %lldx%lld", (long long)oh, (long long)ow);
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = 4;
+    y->dims[0] = rois->dims[0];
+    y->dims[1] = x->dims[1];
+    y->dims[2] = oh;
+    y->dims[3] = ow;
+    return 0;
+}
+
+static int roialign_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *rois = c->in[1], *bi = c->in[2];
+    struct tensor *y = c->out[0];
+    int is_max = strcmp(node_attr_str(c->node, "mode", "avg"), "max") == 0;
+    int half = strcmp(node_attr_str(c->node, "coordinate_transformation_mode",
+                                    c->node->opset >= 16 ? "half_pixel" : "output_half_pixel"), "half_pixel") == 0;
+    int64_t sr = node_attr_int(c->node, "sampling_ratio", 0);
+    float scale = node_attr_float(c->node, "spatial_scale", 1.0f);
+    int64_t R = y->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], oh = y->dims[2], ow = y->dims[3];
+    const float *xd = x->data, *rd = rois->data;
+    float *yd = y->data;
+    for (int64_t r = 0; r < R; r++) {
+        int64_t b = op_int_at(bi, r);
+        if (b < 0 || b >= x->dims[0]) return op_error(c, "batch index %lld of roi %lld is out of range", (long long)b, (long long)r);
+    }
+#pragma omp parallel for collapse(2) if (R * C * oh * ow > 4096) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t ch = 0; ch < C; ch++) {
+            float off = half ? 0.5f : 0.0f;
+            float x0 = rd[r * 4] * scale - off, y0 = rd[r * 4 + 1] * scale - off;
+            float rw = rd[r * 4 + 2] * scale - off - x0, rh = rd[r * 4 + 3] * scale - off - y0;
+            if (!half) {
+                rw = rw > 1.0f ? rw : 1.0f;
+                rh = rh > 1.0f ? rh : 1.0f;
+            }
+            float bh = rh / (float)oh, bw = rw / (float)ow;
+            int64_t gh = sr > 0 ? sr : (int64_t)ceilf(rh / (float)oh), gw = sr > 0 ? sr : (int64_t)ceilf(rw / (float)ow);
+            int64_t count = gh * gw > 1 ? gh * gw : 1;
+            const float *xp = xd + (op_int_at(bi, r) * C + ch) * H * W;
+            for (int64_t ph = 0; ph < oh; ph++)
+                for (int64_t pw = 0; pw < ow; pw++) {
+                    float acc = 0;
+                    int first = 1;
+                    for (int64_t iy = 0; iy < gh; iy++) {
+                        float yy = y0 + (float)ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
+                        for (int64_t ix = 0; ix < gw; ix++) {
+                            float xx = x0 + (float)pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
+                            float v1 = 0, v2 = 0, v3 = 0, v4 = 0;
+                            if (!(yy < -1.0f || yy > (float)H || xx < -1.0f || xx > (float)W)) {
+                                float yv = yy > 0 ? yy : 0, xv = xx > 0 ? xx : 0;
+                                int64_t yl = (int64_t)yv, xl = (int64_t)xv, yh, xh;
+                                if (yl >= H - 1) { yh = yl = H - 1; yv = (float)yl; } else yh = yl + 1;
+                                if (xl >= W - 1) { xh = xl = W - 1; xv = (float)xl; } else xh = xl + 1;
+                                float ly = yv - (float)yl, lx = xv - (float)xl, hy = 1 - ly, hx = 1 - lx;
+                                v1 = hy * hx * xp[yl * W + xl];
+                                v2 = hy * lx * xp[yl * W + xh];
+                                v3 = ly * hx * xp[yh * W + xl];
+                                v4 = ly * lx * xp[yh * W + xh];
+                            }
+                            if (is_max) {
+                                float m = fmaxf(fmaxf(v1, v2), fmaxf(v3, v4));
+                                acc = first ? m : fmaxf(acc, m);
+                                first = 0;
+                            } else {
+                                acc += v1 + v2 + v3 + v4;
+                            }
+                        }
+                    }
+                    yd[((r * C + ch) * oh + ph) * ow + pw] = is_max ? acc : acc / (float)count;
+                }
+        }
+    return 0;
+}
+
+/* ==== DeformConv ========================================================= */
+
+/* 2-D convolution whose taps sample the input at learned offsets
+ * (bilinear, zero outside the image), optionally weighted by a mask:
+ * X [N,C,H,W], W [M,C/group,kh,kw], offset [N, offset_group*kh*kw*2, oh, ow],
+ * B [M], mask [N, offset_group*kh*kw, oh, ow]. */
+static int dconv_geom(struct op_call *c, struct win *win, int64_t *group, int64_t *og) {
+    const struct tensor *x = c->in[0], *w = opt_in(c, 1), *off = opt_in(c, 2), *b = opt_in(c, 3), *mask = opt_in(c, 4);
+    int rc;
+    if ((rc = need_f32(c, x, "X")) || !w || (rc = need_f32(c, w, "W")) || !off || (rc = need_f32(c, off, "offset")))
+        return rc ? rc : op_error(c, "X, W and offset are required");
+    if (x->ndim != 4 || w->ndim != 4 || off->ndim != 4) return op_error(c, "only 2-D DeformConv is supported (4-D X, W, offset)"), STATUS_UNSUPPORTED;
+    *group = node_attr_int(c->node, "group", 1);
+    *og = node_attr_int(c->node, "offset_group", 1);
+    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+        return op_error(c, "channels do not match: X has %lld, W expects %lld x group %lld", (long long)x->dims[1],
+                        (long long)w->dims[1], (long long)*group);
+    if (*og < 1 || x->dims[1] % *og) return op_error(c, "offset_group %lld must divide the channels", (long long)*og);
+    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+    int64_t kv = win->k[0] * win->k[1];
+    if (off->dims[0] != x->dims[0] || off->dims[1] != *og * kv * 2 || off->dims[2] != win->out[0] || off->dims[3] != win->out[1])
+        return op_error(c, "offset must be [%lld, %lld, %lld, %lld]", (long long)x->dims[0], (long long)(*og * kv * 2),
+                        (long long)win->out[0], (long long)win->out[1]);
+    if (b && (b->dtype != DT_FP32 || tensor_numel(b) != w->dims[0])) return op_error(c, "B must hold %lld floats", (long long)w->dims[0]);
+    if (mask && (mask->dtype != DT_FP32 || mask->ndim != 4 || mask->dims[1] != *og * kv || mask->dims[2] != win->out[0] ||
+                 mask->dims[3] != win->out[1] || mask->dims[0] != x->dims[0]))
+        return op_error(c, "mask must be [N, %lld, %lld, %lld]", (long long)(*og * kv), (long long)win->out[0], (long long)win->out[1]);
+    return 0;
+}
+
+static int dconv_infer(struct op_call *c) {
+    struct win win;
+    int64_t g, og;
+    int rc = dconv_geom(c, &win, &g, &og);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = 4;
+    y->dims[0] = c->in[0]->dims[0];
+    y->dims[1] = c->in[1]->dims[0];
+    y->dims[2] = win.out[0];
+    y->dims[3] = win.out[1];
+    return 0;
+}
+
+static int dconv_run(struct op_call *c) {
+    struct win win;
+    int64_t g, og;
+    int rc = dconv_geom(c, &win, &g, &og);
+    if (rc) return rc;
+    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 3), *mask = opt_in(c, 4);
+    int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], M = w->dims[0];
+    int64_t kh = win.k[0], kw = win.k[1], oh = win.out[0], ow = win.out[1], cg = C / g, mg = M / g, cog = C / og;
+    const float *xd = x->data, *wd = w->data, *od = c->in[2]->data, *md = mask ? mask->data : NULL, *bd = b ? b->data : NULL;
+    float *yd = c->out[0]->data;
+#pragma omp parallel for collapse(2) if (N * M * oh * ow > 1024) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            int64_t gi = m / mg;
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < ow; j++) {
+                    float acc = bd ? bd[m] : 0.0f;
+                    for (int64_t ci = 0; ci < cg; ci++) {
+                        int64_t cc = gi * cg + ci, o = cc / cog;
+                        const float *xp = xd + (n * C + cc) * H * W;
+                        for (int64_t a = 0; a < kh; a++)
+                            for (int64_t t = 0; t < kw; t++) {
+                                int64_t tap = a * kw + t;
+                                float dy = od[((n * og + o) * kh * kw * 2 + tap * 2) * oh * ow + i * ow + j];
+                                float dx = od[((n * og + o) * kh * kw * 2 + tap * 2 + 1) * oh * ow + i * ow + j];
+                                float py = (float)(i * win.s[0] - win.pl[0] + a * win.d[0]) + dy;
+                                float px = (float)(j * win.s[1] - win.pl[1] + t * win.d[1]) + dx;
+                                float y0f = floorf(py), x0f = floorf(px), ly = py - y0f, lx = px - x0f;
+                                int64_t y0 = (int64_t)y0f, x0 = (int64_t)x0f;
+                                float v = 0;
+                                for (int q = 0; q < 4; q++) {
+                                    int64_t yy = y0 + (q >> 1), xx = x0 + (q & 1);
+                                    if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+                                    v += ((q >> 1) ? ly : 1 - ly) * ((q & 1) ? lx : 1 - lx) * xp[yy * W + xx];
+                                }
+                                if (md) v *= md[((n * og + o) * kh * kw + tap) * oh * ow + i * ow + j];
+                                acc += v * wd[((m * cg + ci) * kh + a) * kw + t];
+                            }
+                    }
+                    yd[((n * M + m) * oh + i) * ow + j] = acc;
+                }
+        }
+    return 0;
+}
+
 /* ==== GroupNormalization ================================================ */
 
 /* Mean and variance over each group of C/num_groups channels (and all
@@ -1990,6 +2176,8 @@ const struct op_def op_defs_nn[] = {
     {"BatchNormalization", "", bn_infer, bn_prepare, bn_run, bn_release, 0},
     {"InstanceNormalization", "", inorm_infer, NULL, inorm_run, NULL, 0},
     {"LRN", "", lrn_infer, NULL, lrn_run, NULL, 0},
+    {"RoiAlign", "", roialign_infer, NULL, roialign_run, NULL, 0},
+    {"DeformConv", "", dconv_infer, NULL, dconv_run, NULL, 0},
     {"GroupNormalization", "", gnorm_infer, NULL, gnorm_run, NULL, 0},
     {"Col2Im", "", col2im_infer, NULL, col2im_run, NULL, 0},
     {0},

@@ -999,6 +999,71 @@ static void test_col2im(void **st) {
     }
 }
 
+/* DeformConv with zero offsets is Conv; a mask scales every tap. */
+static void test_deform_conv(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 4, 6, 7}, wd[4] = {6, 2, 3, 3}, m = 6, od[4] = {2, 2 * 9 * 2, 4, 5}, mdim[4] = {2, 2 * 9, 4, 5};
+    struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), b = mk(1, &m, 1), off = mk(4, od, 0), mask = mk(4, mdim, 0);
+    memset(off.data, 0, tensor_nbytes(&off));
+    for (int64_t i = 0; i < tensor_numel(&mask); i++) ((float *)mask.data)[i] = 0.5f;
+    int64_t dil[2] = {1, 1}, strides[2] = {1, 1};
+    struct tnode t;
+    tn_init(&t, "Conv");
+    tn_int(&t, "group", 2);
+    tn_ints(&t, "strides", 2, strides);
+    tn_ints(&t, "dilations", 2, dil);
+    struct tensor yc = {0}, yd = {0}, ym = {0}, nob = {0};
+    struct tensor *cin[3] = {&x, &w, &b}, *o[1] = {&yc};
+    assert_int_equal_msg_impl(run_node(&t.n, cin, 3, o, 1, 1), 0, g_err);
+    tn_init(&t, "DeformConv");
+    tn_int(&t, "group", 2);
+    tn_int(&t, "offset_group", 2);
+    struct tensor *din[5] = {&x, &w, &off, &b, NULL}, *o2[1] = {&yd};
+    assert_int_equal_msg_impl(run_node(&t.n, din, 4, o2, 1, 1), 0, g_err);
+    assert_true(tensor_same_shape(&yc, &yd));
+    expect_close(yd.data, yc.data, tensor_numel(&yc), 1e-5f, "DeformConv zero offsets");
+    struct tensor *din2[5] = {&x, &w, &off, NULL, &mask}, *din3[3] = {&x, &w, &off}, *o3[1] = {&ym}, *o4[1] = {&nob};
+    assert_int_equal_msg_impl(run_node(&t.n, din2, 5, o3, 1, 1), 0, g_err);
+    assert_int_equal_msg_impl(run_node(&t.n, din3, 3, o4, 1, 1), 0, g_err);
+    for (int64_t i = 0; i < tensor_numel(&ym); i++)
+        assert_true(fabsf(((float *)ym.data)[i] - 0.5f * ((float *)nob.data)[i]) < 1e-5f);
+    free(yc.data), free(yd.data), free(ym.data), free(nob.data);
+    free(x.data), free(w.data), free(b.data), free(off.data), free(mask.data);
+}
+
+/* RoiAlign over an image whose value is its column: each bin averages the
+ * columns of its samples. */
+static void test_roialign(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 2, 10, 10}, rd[2] = {1, 4};
+    struct tensor x = mk(4, xd, 0), rois = mk(2, rd, 0), bi = {DT_INT64, 1, {1}, (int64_t[]){0}}, y = {0};
+    for (int i = 0; i < 200; i++) ((float *)x.data)[i] = (float)(i % 10);
+    float r[4] = {2, 2, 6, 6};
+    memcpy(rois.data, r, sizeof r);
+    struct tnode t;
+    tn_init(&t, "RoiAlign");
+    t.n.opset = 16;
+    tn_int(&t, "output_height", 2);
+    tn_int(&t, "output_width", 2);
+    tn_int(&t, "sampling_ratio", 2);
+    struct tensor *in[3] = {&x, &rois, &bi}, *o[1] = {&y};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+    assert_int_equal(y.dims[0], 1);
+    assert_int_equal(y.dims[1], 2);
+    for (int c = 0; c < 2; c++)
+        for (int ph = 0; ph < 2; ph++) {
+            assert_true(fabsf(((float *)y.data)[(c * 2 + ph) * 2 + 0] - 2.5f) < 1e-5f);
+            assert_true(fabsf(((float *)y.data)[(c * 2 + ph) * 2 + 1] - 4.5f) < 1e-5f);
+        }
+    free(y.data);
+    /* a batch index outside X is refused */
+    ((int64_t *)bi.data)[0] = 3;
+    y = (struct tensor){0};
+    assert_int_not_equal(run_node(&t.n, in, 3, o, 1, 1), 0);
+    assert_non_null(strstr(g_err, "batch index"));
+    free(y.data), free(x.data), free(rois.data);
+}
+
 /* ---- concurrency ------------------------------------------------------------------ */
 
 struct conc_arg {
@@ -1082,6 +1147,7 @@ int main(void) {
         cmocka_unit_test(test_lp_pools),        cmocka_unit_test(test_maxunpool),
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
         cmocka_unit_test(test_groupnorm),       cmocka_unit_test(test_col2im),
+        cmocka_unit_test(test_deform_conv),     cmocka_unit_test(test_roialign),
         cmocka_unit_test(test_concurrent_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
