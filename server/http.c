@@ -842,10 +842,14 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
 static void handle_index(http_server_t *s, struct evhttp_request *req) {
     int ready_only = 0;
     size_t len;
-    int owned, code;
+    int owned, code = 400;
     char err[256];
     unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
-    if (body && len) {
+    if (!body) {
+        reply_error(s, req, code, err);
+        return;
+    }
+    if (len) {
         cJSON *j = cJSON_ParseWithLength((const char *)body, len);
         if (!cJSON_IsObject(j)) {
             cJSON_Delete(j);
