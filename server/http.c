@@ -1152,9 +1152,11 @@ void http_server_free(http_server_t *s) {
         if (io->base) event_base_free(io->base);
         pthread_mutex_destroy(&io->qlock);
     }
-    for (struct job *j = s->chead, *n; j; j = n) {
+    for (struct job *j = s->chead, *n; j; j = n) { /* control jobs never run: exiting */
         n = j->next;
-        free(j->arg);
+        struct control_req *c = j->arg;
+        free(c->config);
+        free(c);
         free(j);
     }
     free(s->io);
