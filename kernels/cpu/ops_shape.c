@@ -2749,6 +2749,63 @@ static int gs_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * AffineGrid: the sampling grid of theta applied to a regular grid of the
+ * requested size (the counterpart of GridSample).
+ * ------------------------------------------------------------------------ */
+
+static int ag_size(struct op_call *c, int64_t *sz) {
+    int n = read_int_input(c, 1, "size", sz, 5);
+    if (n < 0) return n;
+    if (n != 4 && n != 5) return op_error(c, "size must be [N, C, H, W] or [N, C, D, H, W]");
+    const struct tensor *th = c->in[0];
+    int sp = n - 2;
+    if (th->ndim != 3 || th->dims[0] != sz[0] || th->dims[1] != sp || th->dims[2] != sp + 1)
+        return op_error(c, "theta must be [N, %d, %d] for size with %d spatial axes", sp, sp + 1, sp);
+    if (!is_float_dtype(th->dtype)) return op_error(c, "theta must be floating point");
+    for (int k = 0; k < n; k++)
+        if (dim_ok(c, (double)sz[k], "a size value")) return STATUS_INVALID;
+    return n;
+}
+
+static int ag_infer(struct op_call *c) {
+    int64_t sz[5], d[5];
+    int n = ag_size(c, sz);
+    if (n < 0) return n;
+    d[0] = sz[0];
+    for (int k = 2; k < n; k++) d[k - 1] = sz[k];
+    d[n - 1] = n - 2;
+    return set_shape(c, c->out[0], c->in[0]->dtype, n, d);
+}
+
+static double ag_coord(int64_t i, int64_t len, int ac) {
+    if (ac) return len > 1 ? -1 + (double)i * 2.0 / (double)(len - 1) : -1;
+    return -1 + (2.0 * (double)i + 1) / (double)len;
+}
+
+static int ag_run(struct op_call *c) {
+    int64_t sz[5];
+    int n = ag_size(c, sz);
+    if (n < 0) return n;
+    const struct tensor *th = c->in[0];
+    struct tensor *o = c->out[0];
+    int sp = n - 2, ac = (int)node_attr_int(c->node, "align_corners", 0);
+    int64_t D = sp == 3 ? sz[2] : 1, H = sz[n - 2], W = sz[n - 1], at = 0;
+    for (int64_t b = 0; b < sz[0]; b++)
+        for (int64_t z = 0; z < D; z++)
+            for (int64_t y = 0; y < H; y++)
+                for (int64_t x = 0; x < W; x++) {
+                    /* homogeneous point: (x, y[, z], 1), innermost axis first */
+                    double hp[4] = {ag_coord(x, W, ac), ag_coord(y, H, ac), sp == 3 ? ag_coord(z, D, ac) : 1, 1};
+                    for (int r = 0; r < sp; r++) {
+                        double acc = 0;
+                        for (int k = 0; k <= sp; k++) acc += op_double_at(th, (b * sp + r) * (sp + 1) + k) * hp[k];
+                        shape_store_double(o->dtype, o->data, at++, acc);
+                    }
+                }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -2796,5 +2853,6 @@ const struct op_def op_defs_shape[] = {
     {"TensorScatter", "", tscatter_infer, NULL, tscatter_run, NULL, 0},
     {"NonMaxSuppression", "", nms_infer, nms_prepare, nms_run, NULL, 0},
     {"GridSample", "", gs_infer, NULL, gs_run, NULL, 0},
+    {"AffineGrid", "", ag_infer, NULL, ag_run, NULL, 0},
     {0},
 };
