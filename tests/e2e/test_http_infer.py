@@ -217,3 +217,24 @@ def test_raw_gzip_response_header(server):
     status, headers, raw = raw_request(server.url, "POST", "/v2/models/tiny/infer", body, {"Accept-Encoding": "gzip"})
     assert status == 200 and headers.get("Content-Encoding") == "gzip"
     assert json.loads(gzip.decompress(raw))["model_name"] == "tiny"
+
+
+def test_pipelined_requests_answered_in_order(server):
+    """Three requests written at once on one keep-alive connection."""
+    import socket
+    host, port = server.url.split(":")
+    reqs = b""
+    for i in range(3):
+        body = json.dumps({"id": f"p{i}", "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                                     "data": [i, 2, 3, 4]}]}).encode()
+        reqs += b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: k\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(reqs)
+        data = b""
+        while data.count(b'"model_name"') < 3:
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+    text = data.decode()
+    assert text.count("HTTP/1.1 200 OK") == 3
+    assert text.index('"id":"p0"') < text.index('"id":"p1"') < text.index('"id":"p2"')
