@@ -728,6 +728,59 @@ static void test_fused_activation(void **state) {
     free(b.data);
 }
 
+/* ---- every op, every dtype: runs or refuses with a message ------------------ */
+
+static void sweep_table(const struct op_def *table) {
+    static const enum dtype dts[] = {DT_FP32, DT_FP64, DT_FP16, DT_BF16, DT_INT8,  DT_INT16, DT_INT32,
+                                     DT_INT64, DT_UINT8, DT_UINT16, DT_UINT32, DT_UINT64, DT_BOOL, DT_STRING};
+    static char *strs[6] = {"a", "b", "", "abc", "b", "a"};
+    int64_t d23[] = {2, 3}, d3[] = {3};
+    int ran = 0, refused = 0;
+    for (const struct op_def *op = table; op->op_type; op++)
+        for (size_t k = 0; k < sizeof dts / sizeof dts[0]; k++)
+            for (int nin = 1; nin <= 3; nin++)
+                for (int opset = 11; opset <= 21; opset += 10) {
+                    struct tensor in[3];
+                    for (int i = 0; i < nin; i++) {
+                        in[i] = mk(dts[k], i == 1 ? 1 : 2, i == 1 ? d3 : d23);
+                        if (dts[k] == DT_STRING) {
+                            memcpy(in[i].data, strs, sizeof(char *) * (size_t)tensor_numel(&in[i]));
+                        } else {
+                            unsigned char *b = in[i].data;
+                            for (size_t j = 0; j < tensor_nbytes(&in[i]); j++) b[j] = (unsigned char)(frand() * 127);
+                            if (dts[k] == DT_BOOL)
+                                for (size_t j = 0; j < tensor_nbytes(&in[i]); j++) b[j] &= 1;
+                        }
+                    }
+                    struct tnode tn;
+                    tn_init(&tn, op->op_type, opset);
+                    struct tensor o[3] = {{0}, {0}, {0}};
+                    struct tensor *out[3] = {&o[0], &o[1], &o[2]};
+                    const struct tensor *pin[3] = {&in[0], &in[1], &in[2]};
+                    int nout = strcmp(op->op_type, "LayerNormalization") == 0 ? 3 : 1;
+                    int rc = call(&tn, pin, nin, out, nout, 1);
+                    if (rc == 0) {
+                        ran++;
+                    } else {
+                        refused++;
+                        /* every refusal names the node and says why */
+                        if (!strstr(g_err, "n0") || strlen(g_err) < 20)
+                            fail_msg("%s %s x%d: status %d without a message: '%s'", op->op_type,
+                                     dtype_name(dts[k]), nin, rc, g_err);
+                    }
+                    for (int i = 0; i < 3; i++) free(o[i].data);
+                    for (int i = 0; i < nin; i++) free(in[i].data);
+                }
+    assert_true(ran > 100);
+    assert_true(refused > 100);
+}
+
+static void test_sweep_all_ops(void **state) {
+    (void)state;
+    sweep_table(op_defs_elementwise);
+    sweep_table(op_defs_reduce);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_broadcast_patterns), cmocka_unit_test(test_broadcast_error),
@@ -738,6 +791,7 @@ int main(void) {
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
         cmocka_unit_test(test_quantize),           cmocka_unit_test(test_fused_activation),
+        cmocka_unit_test(test_sweep_all_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
