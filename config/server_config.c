@@ -37,7 +37,7 @@ static const struct opt g_opts[] = {
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
     {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload"},
-    {"cache-size", OPT_SIZE, "BYTES", "0", "in-process result cache size (0 = off; suffixes K, M, G)"},
+    {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
     {"redis-url", OPT_STR, "URL", "", "redis://host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
     {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash (set it to share Redis entries between servers)"},
@@ -62,7 +62,7 @@ void server_config_init(struct server_config *c) {
     c->http_timeout_secs = 60;
     c->model_control_mode = SERVER_CONTROL_NONE;
     c->repository_poll_secs = 15;
-    c->cache_size = 0;
+    c->cache_size = 256ll << 20;
     c->cache_ttl_secs = 300;
 }
 

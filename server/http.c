@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "server/batcher.h"
 #include "server/commands.h"
+#include "server/infer_cache.h"
 #include "server/kserve.h"
 #include "server/metrics.h"
 
@@ -56,6 +57,7 @@ struct io_thread {
     struct job *qhead, *qtail;
     int fd;
     pthread_t tid;
+    cache_redis_t *redis;        /* this loop's Redis connection (result cache tier 2) */
 };
 
 struct http_server {
@@ -68,6 +70,7 @@ struct http_server {
     atomic_int draining;
     atomic_int inflight;
     atomic_int unflushed;        /* answered, bytes not yet all written */
+    cache_t *cache;              /* result cache; NULL when off */
 
     /* Control thread: load/unload and polling, which block. */
     pthread_t control_tid;
@@ -339,6 +342,8 @@ struct infer_ctx {
     int gone;              /* libevent freed the connection (close callback ran) */
     int hung_up;           /* the peer closed its end while the request waited */
     struct event *watch;   /* EOF detector on the connection's socket, see infer_watch */
+    int cached;            /* the result cache is consulted for this request */
+    struct infer_cache_op cop;
 };
 
 static void infer_ctx_free(struct infer_ctx *c) {
@@ -435,6 +440,10 @@ static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
             evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
         }
     }
+    if (c->cached) {
+        if (status) infer_cache_abandon(&c->cop);
+        else if (c->cop.leader || !c->cop.outputs) infer_cache_store(&c->cop, c->br.outputs);
+    }
     if (status) {
         metrics_record_failure(m, fail_reason(status, msg), now_ns() - c->t0);
         /* A request whose client left is still "answered": libevent frees it. */
@@ -483,9 +492,39 @@ static void infer_done(struct batcher_request *r) {
     io_post(c->io, infer_complete_cb, c);
 }
 
-/* The step between a decoded, validated request and the batcher. A result
- * cache sits here: it answers from a stored result or submits and stores. */
+static void infer_submit(struct infer_ctx *c);
+
+static void io_post_any(void *io, void (*fn)(void *), void *arg) { io_post(io, fn, arg); }
+
+/* The cache's answer: a hit carries the outputs; a miss goes to the batcher. */
+static void infer_cache_done(void *arg, int hit) {
+    struct infer_ctx *c = arg;
+    metrics_record_cache(c->v->metrics, hit, c->cop.lookup_ns);
+    if (!hit) {
+        infer_submit(c);
+        return;
+    }
+    c->br.outputs = c->cop.outputs;
+    c->br.noutputs = c->v->config.noutputs;
+    c->br.enqueue_ns = c->br.start_ns = now_ns();
+    infer_finish(c, 0, NULL);
+}
+
+/* The step between a decoded, validated request and the batcher: the
+ * result cache answers from a stored result, or the batcher computes it. */
 static void infer_dispatch(struct infer_ctx *c) {
+    if (c->srv->cache && c->v->config.response_cache && !c->kr.no_cache) {
+        c->cached = 1;
+        c->cop = (struct infer_cache_op){.cache = c->srv->cache, .redis = c->io->redis, .mc = &c->v->config,
+                                         .done = infer_cache_done, .arg = c, .post = io_post_any, .io = c->io};
+        infer_cache_key(c->srv->cache, c->v->name, c->v->version, &c->v->config, c->ordered, &c->kr, &c->cop.key);
+        infer_cache_start(&c->cop);
+        return;
+    }
+    infer_submit(c);
+}
+
+static void infer_submit(struct infer_ctx *c) {
     c->br.inputs = c->ordered;
     c->br.ninputs = c->v->config.ninputs;
     c->br.priority = (int)c->kr.priority;
@@ -720,6 +759,7 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
     free(st);
     for (int i = 0; i < n; i++) repository_release(all[i]);
     free(all);
+    if (s->cache) buf = infer_cache_metrics(s->cache, buf, len, cap);
 #ifdef KILN_HAVE_GPU_METRICS
     char *g = gpu_metrics_text();
     if (g) {
@@ -1063,6 +1103,14 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     pthread_cond_init(&s->ccond, NULL);
     s->io = calloc((size_t)s->nthreads, sizeof *s->io);
     if (!s->io) goto fail;
+    if (p->config->cache_size > 0 || (p->config->redis_url && *p->config->redis_url)) {
+        struct cache_params cp = {.lru_bytes = (size_t)p->config->cache_size,
+                                  .secret = p->config->cache_secret,
+                                  .redis_url = p->config->redis_url,
+                                  .ttl_secs = p->config->cache_ttl_secs > 0 ? (uint32_t)p->config->cache_ttl_secs : 0};
+        s->cache = cache_create(&cp, err, err_len);
+        if (!s->cache) goto fail;
+    }
     int port = p->config->http_port;
     int probe = listen_socket(p->config->http_address, port, 1, &port, err, err_len);
     if (probe < 0) goto fail;
@@ -1097,6 +1145,7 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         evhttp_set_default_content_type(io->http, "application/json");
         evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);
         evhttp_set_gencb(io->http, route, io);
+        io->redis = cache_redis_create(s->cache, io->base); /* connects in the background */
         if (evhttp_accept_socket(io->http, io->fd)) {
             status_set(err, err_len, STATUS_INTERNAL, "evhttp_accept_socket failed");
             goto fail;
@@ -1146,6 +1195,7 @@ void http_server_free(http_server_t *s) {
             n = j->next;
             free(j);
         }
+        cache_redis_free(io->redis);
         if (io->http) evhttp_free(io->http); /* closes the listener and every connection */
         else if (io->fd >= 0) close(io->fd);
         if (io->wake) event_free(io->wake);
@@ -1160,6 +1210,7 @@ void http_server_free(http_server_t *s) {
         free(j);
     }
     free(s->io);
+    cache_free(s->cache);
     pthread_mutex_destroy(&s->clock);
     pthread_cond_destroy(&s->ccond);
     free(s);

@@ -379,6 +379,11 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, char *err, siz
             if (!cJSON_IsBool(b)) return INVALID("parameters.binary_data_output must be true or false");
             r->binary_data_output = cJSON_IsTrue(b);
         }
+        const cJSON *cache = cJSON_GetObjectItemCaseSensitive(params, "cache");
+        if (cache) {
+            if (!cJSON_IsBool(cache)) return INVALID("parameters.cache must be true or false");
+            r->no_cache = cJSON_IsFalse(cache);
+        }
     }
     const cJSON *inputs = cJSON_GetObjectItemCaseSensitive(root, "inputs");
     if (!inputs) return INVALID("field 'inputs' is missing");

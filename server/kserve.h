@@ -41,6 +41,7 @@ struct kserve_request {
     int64_t priority;       /* parameters.priority; 0 = default */
     uint64_t timeout_us;    /* parameters.timeout; 0 = none */
     int binary_data_output; /* parameters.binary_data_output */
+    int no_cache;           /* parameters.cache == false: bypass the result cache */
     struct kserve_input *inputs;
     int ninputs;
     struct kserve_output *outputs; /* empty = every output */

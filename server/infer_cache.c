@@ -1,0 +1,264 @@
+#include "server/infer_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "server/metrics.h"
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- key ---------------------------------------------------------------- */
+
+/* qsort has no context argument: per thread, read only inside qsort. */
+static __thread const struct kserve_request *g_sort_kr;
+static __thread const struct model_config *g_sort_mc;
+
+static int by_input_name(const void *a, const void *b) {
+    return strcmp(g_sort_mc->inputs[*(const int *)a].name, g_sort_mc->inputs[*(const int *)b].name);
+}
+
+static int by_output_name(const void *a, const void *b) {
+    return strcmp(g_sort_kr->outputs[*(const int *)a].name, g_sort_kr->outputs[*(const int *)b].name);
+}
+
+void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
+                     const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
+    static __thread int order[256];
+    struct cache_key_state s;
+    cache_key_begin(c, &s, model, version);
+    int n = mc->ninputs < 256 ? mc->ninputs : 256;
+    for (int i = 0; i < n; i++) order[i] = i;
+    g_sort_mc = mc;
+    qsort(order, (size_t)n, sizeof *order, by_input_name);
+    for (int k = 0; k < n; k++) {
+        const struct tensor *t = &ordered[order[k]];
+        if (!t->data && tensor_numel(t) != 0) continue; /* optional input absent */
+        if (t->dtype == DT_STRING) {
+            cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, NULL, 0);
+            int64_t cnt = tensor_numel(t);
+            char *const *sv = t->data;
+            for (int64_t j = 0; j < cnt; j++) cache_key_add_input(&s, "", DT_STRING, NULL, 0, sv[j], strlen(sv[j]));
+        } else {
+            cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, t->data, tensor_nbytes(t));
+        }
+    }
+    int m = kr->noutputs < 256 ? kr->noutputs : 256;
+    for (int i = 0; i < m; i++) order[i] = i;
+    g_sort_kr = kr;
+    qsort(order, (size_t)m, sizeof *order, by_output_name);
+    for (int k = 0; k < m; k++) {
+        const struct kserve_output *o = &kr->outputs[order[k]];
+        cache_key_add_output(&s, o->name, o->binary, o->classification);
+    }
+    cache_key_add_output(&s, m ? "" : "*", kr->binary_data_output, 0);
+    cache_key_end(&s, out);
+}
+
+/* ---- values ↔ outputs ------------------------------------------------------ */
+
+/* Copies a cached value into mc->noutputs malloc'd tensors; -1 if the value
+ * does not hold every output of the model with a matching dtype. */
+static int value_to_outputs(const struct cache_value *v, const struct model_config *mc, struct tensor **out) {
+    struct tensor dec[64];
+    const char *names[64];
+    int n = cache_value_decode(v, dec, names, 64);
+    if (n < 0) return -1;
+    struct tensor *o = calloc((size_t)mc->noutputs, sizeof *o);
+    if (!o) return -1;
+    for (int i = 0; i < mc->noutputs; i++) {
+        int j = 0;
+        while (j < n && strcmp(names[j], mc->outputs[i].name) != 0) j++;
+        if (j == n || dec[j].dtype != mc->outputs[i].dtype) goto fail;
+        o[i] = dec[j];
+        o[i].data = NULL;
+        if (dec[j].dtype == DT_STRING) {
+            /* Length-prefixed strings → one block: pointers, then NUL-terminated bytes. */
+            int64_t cnt = tensor_numel(&dec[j]);
+            const uint8_t *p = dec[j].data;
+            size_t bytes = 0, off = 0;
+            for (int64_t k = 0; k < cnt; k++) {
+                uint32_t l;
+                memcpy(&l, p + off, 4);
+                off += 4 + l;
+                bytes += l + 1;
+            }
+            char **blk = malloc((size_t)cnt * sizeof(char *) + bytes + 1);
+            if (!blk) goto fail;
+            char *s = (char *)(blk + cnt);
+            off = 0;
+            for (int64_t k = 0; k < cnt; k++) {
+                uint32_t l;
+                memcpy(&l, p + off, 4);
+                memcpy(s, p + off + 4, l);
+                s[l] = 0;
+                blk[k] = s;
+                s += l + 1;
+                off += 4 + l;
+            }
+            o[i].data = blk;
+        } else {
+            size_t nb = tensor_nbytes(&dec[j]);
+            o[i].data = malloc(nb ? nb : 1);
+            if (!o[i].data) goto fail;
+            memcpy(o[i].data, dec[j].data, nb);
+        }
+    }
+    *out = o;
+    return 0;
+fail:
+    for (int i = 0; i < mc->noutputs; i++) free(o[i].data);
+    free(o);
+    return -1;
+}
+
+/* ---- the lookup chain ------------------------------------------------------- */
+
+static void finish(struct infer_cache_op *op, int hit) {
+    op->lookup_ns = now_ns() - op->t0;
+    cache_record_lookup(op->cache, op->lookup_ns);
+    op->done(op->arg, hit);
+}
+
+/* Tries to answer from v (a referenced value, consumed). */
+static int answer_from(struct infer_cache_op *op, struct cache_value *v) {
+    if (!v) return 0;
+    int ok = value_to_outputs(v, op->mc, &op->outputs) == 0;
+    cache_value_unref(v);
+    return ok;
+}
+
+static void follower_resume(void *arg) {
+    struct infer_cache_op *op = arg;
+    struct cache_value *v = op->value;
+    op->value = NULL;
+    /* A failed leader leaves the followers to compute for themselves. */
+    finish(op, answer_from(op, v));
+}
+
+static void on_flight(void *arg, struct cache_value *v) {
+    struct infer_cache_op *op = arg;
+    op->value = v;
+    op->post(op->io, follower_resume, op);
+}
+
+static void after_tiers(struct infer_cache_op *op) {
+    if (cache_flight_join(op->cache, &op->key, on_flight, op)) {
+        op->leader = 1;
+        finish(op, 0);
+    }
+}
+
+static void on_redis(void *arg, struct cache_value *v) {
+    struct infer_cache_op *op = arg;
+    if (v) {
+        cache_lru_put(op->cache, &op->key, v);
+        if (answer_from(op, v)) {
+            finish(op, 1);
+            return;
+        }
+    }
+    after_tiers(op);
+}
+
+void infer_cache_start(struct infer_cache_op *op) {
+    op->t0 = now_ns();
+    op->leader = 0;
+    op->outputs = NULL;
+    if (answer_from(op, cache_lru_get(op->cache, &op->key))) {
+        finish(op, 1);
+        return;
+    }
+    if (op->redis) cache_redis_get(op->redis, &op->key, on_redis, op);
+    else after_tiers(op);
+}
+
+void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) {
+    uint64_t t0 = now_ns();
+    const char *names[64];
+    int n = op->mc->noutputs < 64 ? op->mc->noutputs : 64;
+    for (int i = 0; i < n; i++) names[i] = op->mc->outputs[i].name;
+    struct cache_value *v = cache_value_encode(outputs, names, n);
+    if (v) {
+        cache_lru_put(op->cache, &op->key, v);
+        if (op->redis) cache_redis_set(op->redis, &op->key, v);
+    }
+    if (op->leader) cache_flight_done(op->cache, &op->key, v);
+    op->leader = 0;
+    cache_value_unref(v);
+    cache_record_insert(op->cache, now_ns() - t0);
+}
+
+void infer_cache_abandon(struct infer_cache_op *op) {
+    if (op->leader) cache_flight_done(op->cache, &op->key, NULL);
+    op->leader = 0;
+}
+
+char *infer_cache_metrics(cache_t *c, char *buf, size_t *len, size_t *cap) {
+    struct cache_stats s;
+    cache_get_stats(c, &s);
+    buf = metrics_appendf(buf, len, cap,
+                          "# HELP kiln_cache_hits_total Result cache hits by tier\n"
+                          "# TYPE kiln_cache_hits_total counter\n"
+                          "kiln_cache_hits_total{tier=\"local\"} %llu\nkiln_cache_hits_total{tier=\"redis\"} %llu\n"
+                          "# HELP kiln_cache_misses_total Result cache misses by tier\n"
+                          "# TYPE kiln_cache_misses_total counter\n"
+                          "kiln_cache_misses_total{tier=\"local\"} %llu\nkiln_cache_misses_total{tier=\"redis\"} %llu\n"
+                          "# HELP kiln_cache_single_flight_waits_total Requests that waited for an identical one in flight\n"
+                          "# TYPE kiln_cache_single_flight_waits_total counter\n"
+                          "kiln_cache_single_flight_waits_total %llu\n"
+                          "# HELP kiln_cache_evictions_total Entries evicted from the in-process cache\n"
+                          "# TYPE kiln_cache_evictions_total counter\n"
+                          "kiln_cache_evictions_total %llu\n"
+                          "# HELP kiln_cache_bytes Bytes held by the in-process cache\n"
+                          "# TYPE kiln_cache_bytes gauge\n"
+                          "kiln_cache_bytes %llu\n"
+                          "# HELP kiln_cache_entries Entries in the in-process cache\n"
+                          "# TYPE kiln_cache_entries gauge\n"
+                          "kiln_cache_entries %llu\n",
+                          (unsigned long long)s.lru_hits, (unsigned long long)s.redis_hits,
+                          (unsigned long long)s.lru_misses, (unsigned long long)s.redis_misses,
+                          (unsigned long long)s.flight_joined, (unsigned long long)s.lru_evictions,
+                          (unsigned long long)s.lru_bytes, (unsigned long long)s.lru_entries);
+    if (cache_has_redis(c))
+        buf = metrics_appendf(buf, len, cap,
+                              "# HELP kiln_cache_redis_errors_total Redis commands that failed\n"
+                              "# TYPE kiln_cache_redis_errors_total counter\n"
+                              "kiln_cache_redis_errors_total %llu\n"
+                              "# HELP kiln_cache_redis_timeouts_total Redis commands that timed out\n"
+                              "# TYPE kiln_cache_redis_timeouts_total counter\n"
+                              "kiln_cache_redis_timeouts_total %llu\n"
+                              "# HELP kiln_cache_redis_skipped_total Lookups and stores not sent (down, circuit open)\n"
+                              "# TYPE kiln_cache_redis_skipped_total counter\n"
+                              "kiln_cache_redis_skipped_total %llu\n"
+                              "# HELP kiln_cache_redis_corrupt_total Redis values that failed to decode (treated as misses)\n"
+                              "# TYPE kiln_cache_redis_corrupt_total counter\n"
+                              "kiln_cache_redis_corrupt_total %llu\n"
+                              "# HELP kiln_cache_redis_stores_total Values written to Redis\n"
+                              "# TYPE kiln_cache_redis_stores_total counter\n"
+                              "kiln_cache_redis_stores_total %llu\n"
+                              "# HELP kiln_cache_redis_connected I/O threads connected to Redis\n"
+                              "# TYPE kiln_cache_redis_connected gauge\n"
+                              "kiln_cache_redis_connected %d\n"
+                              "# HELP kiln_cache_redis_circuit_open I/O threads whose Redis circuit breaker is open\n"
+                              "# TYPE kiln_cache_redis_circuit_open gauge\n"
+                              "kiln_cache_redis_circuit_open %d\n",
+                              (unsigned long long)s.redis_errors, (unsigned long long)s.redis_timeouts,
+                              (unsigned long long)s.redis_skipped, (unsigned long long)s.redis_corrupt,
+                              (unsigned long long)s.redis_sets, s.redis_connected, s.circuit_open);
+    double lk = s.lookup_count ? (double)s.lookup_ns_total / (double)s.lookup_count / 1e3 : 0;
+    double in = s.insert_count ? (double)s.insert_ns_total / (double)s.insert_count / 1e3 : 0;
+    buf = metrics_appendf(buf, len, cap,
+                          "# HELP kiln_cache_lookup_duration_us_avg Mean time of a cache lookup (all tiers)\n"
+                          "# TYPE kiln_cache_lookup_duration_us_avg gauge\n"
+                          "kiln_cache_lookup_duration_us_avg %.3f\n"
+                          "# HELP kiln_cache_insert_duration_us_avg Mean time of a cache insert\n"
+                          "# TYPE kiln_cache_insert_duration_us_avg gauge\n"
+                          "kiln_cache_insert_duration_us_avg %.3f\n",
+                          lk, in);
+    return buf;
+}

@@ -1,0 +1,52 @@
+/* infer_cache.h - the result cache on the inference path: between a decoded,
+ * validated request and the batcher.
+ *
+ * infer_cache_start looks the request up in the in-process LRU, then in
+ * Redis (asynchronously, on the request's I/O thread), then joins the
+ * single-flight table: done(arg, 1) means op->outputs hold the answer
+ * (copied out of the cache, one malloc per output as model.h hands them),
+ * done(arg, 0) means "compute it": submit to the batcher, then call
+ * infer_cache_store with the outputs, or infer_cache_abandon on failure,
+ * exactly once. done runs on the request's I/O thread, possibly before
+ * infer_cache_start returns. Followers of a single flight are woken on the
+ * leader's thread and posted back to their own with post(). */
+#ifndef KILN_INFER_CACHE_H
+#define KILN_INFER_CACHE_H
+
+#include <stdint.h>
+
+#include "cache/cache.h"
+#include "config/model_config.h"
+#include "server/kserve.h"
+
+struct infer_cache_op {
+    cache_t *cache;
+    cache_redis_t *redis;                   /* the I/O thread's connection, or NULL */
+    struct cache_key key;
+    int leader;                             /* others wait for this request's result */
+    uint64_t t0;                            /* lookup start, ns */
+    uint64_t lookup_ns;                     /* set before done() */
+    struct cache_value *value;              /* a follower's result, while posted */
+    const struct model_config *mc;
+    struct tensor *outputs;                 /* on a hit: mc->noutputs malloc'd tensors */
+    void (*done)(void *arg, int hit);
+    void *arg;
+    void (*post)(void *io, void (*fn)(void *), void *arg);
+    void *io;
+};
+
+/* Builds the key of a bound request: model name and version, each input in
+ * name order (name, dtype, shape, bytes), the requested outputs in name order
+ * with their parameters, and the binary_data_output default. */
+void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
+                     const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out);
+
+void infer_cache_start(struct infer_cache_op *op);
+/* Stores the outputs of a computed request (LRU, Redis) and wakes followers. */
+void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs);
+void infer_cache_abandon(struct infer_cache_op *op);
+
+/* Prometheus text for the cache's own counters, appended to buf. */
+char *infer_cache_metrics(cache_t *c, char *buf, size_t *len, size_t *cap);
+
+#endif
