@@ -2,7 +2,7 @@
  * logic, Cast, the softmax family, the normalizations over trailing axes and
  * the (de)quantization operators.
  *
- * Every elementwise kernel runs through one broadcast driver (ew_exec, over
+ * Every elementwise kernel runs through one broadcast driver (ew_drive, over
  * the walk of elementwise_util.h) and is a typed inner loop over a run of
  * elements in which each input advances by 1 or 0. Kernels come in tables
  * indexed by dtype; FP16 and BF16 tensors reuse the float kernels through a
@@ -13,6 +13,7 @@
  * instead of invoking C's undefined behaviour on overflow, and integer
  * division or modulo by zero yields 0 rather than trapping: a bad input must
  * never bring the server down. */
+
 /* Kernels here never read the floating-point exception flags; without this
  * GCC refuses to if-convert the selects of the branch-free exp/tanh and the
  * clamps, and those loops stay scalar. */
