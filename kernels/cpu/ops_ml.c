@@ -1,7 +1,10 @@
 /* ops_ml.c - the ai.onnx.ml operators that scikit-learn exports use:
- * linear models, tree ensembles, the scalers and encoders around them.
+ * LinearClassifier, LinearRegressor, TreeEnsembleClassifier,
+ * TreeEnsembleRegressor, TreeEnsemble (opset 5), Normalizer, Scaler,
+ * Binarizer, ArrayFeatureExtractor and LabelEncoder.
  * Scores follow onnxruntime's conventions (post_transform, the binary
  * "second class" column), since that is what exporters are tested against.
+ * String labels point into the node's attributes, which outlive every run.
  * ZipMap (a sequence of maps) is refused: kiln serves tensors only. */
 #include <math.h>
 #include <stdio.h>

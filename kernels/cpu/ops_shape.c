@@ -1,13 +1,24 @@
-/* ops_shape.c - operators that move bytes rather than compute: reshapes,
- * transposes, slicing, gathers and scatters, padding, tiling, and the small
- * generators (Shape, Range, ConstantOfShape...). Most kernels only know the
- * element size, so they serve every dtype except strings (whose elements are
- * owned pointers and cannot be duplicated by a byte copy).
+/* ops_shape.c - operators that move bytes rather than compute, and their
+ * geometric kin:
+ *   views and layout: Reshape Flatten Squeeze Unsqueeze Identity Dropout
+ *     BitCast Transpose DepthToSpace SpaceToDepth
+ *   joining and cutting: Concat Split Slice Expand Tile Pad CenterCropPad
+ *     Compress ReverseSequence
+ *   indexing: Gather GatherElements GatherND Scatter ScatterElements
+ *     ScatterND TensorScatter OneHot Trilu TopK NonZero Unique
+ *   generators: Shape Size Constant ConstantOfShape Range EyeLike
+ *   scans: CumSum CumProd
+ *   sampling: Resize Upsample GridSample AffineGrid RoiAlign
+ *     NonMaxSuppression
+ * Most kernels only know the element size, so they serve every dtype; the
+ * ops that only move elements also move strings, as the pointers a plan's
+ * tensors borrow for one run, and the ops that make new values refuse them.
  *
  * Shapes that depend on an input's values (Reshape's shape, Slice's starts,
- * Tile's repeats...) are read in infer() from constant inputs; when such an
- * input is only known at run time, infer() fails with STATUS_UNSUPPORTED
- * since kiln plans memory before running. */
+ * Tile's repeats, NonZero's count...) are read in infer() from inputs known
+ * when the plan is built (constants, or inputs the plan is built per value
+ * of); otherwise infer() fails with STATUS_UNSUPPORTED, since kiln plans
+ * memory before running. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
