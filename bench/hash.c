@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
             double mbs = (double)SIZES[s] / ns * 1e3; /* bytes/ns = GB/s; x1000 = MB/s */
             if (SIZES[s] >= (1u << 20)) printf(" | %.1f | %.0f", ns / 1e3, mbs);
             else printf(" | %.0f | %.0f", ns, mbs);
-            if (csv) fprintf(csv, "%s,%zu,%.1f,%.1f\n", ALGOS[a].name, SIZES[s], ns, mbs);
+            if (csv) fprintf(csv, "%s,%zu,%.3f,%.3f\n", ALGOS[a].name, SIZES[s], ns, mbs);
             fflush(stdout);
         }
         printf(" |\n");

@@ -88,9 +88,11 @@ done
 "${BENCH_PY}" - "$CSV" >"$OUT/mlserver.md" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("Driven by `kiln bench` (closed loop, one connection per outstanding request). "
-      "MLServer: custom runtime on onnxruntime, adaptive batching (max_batch_size 64, "
-      "max_batch_time 0.5 ms); kiln: the digits config (max_batch_size 64, 0.5 ms queue delay).")
+print("Driven by `kiln bench` (closed loop, one connection per outstanding request, 64 distinct "
+      "random bodies). MLServer 1.7.1: custom runtime calling onnxruntime (bench/mlserver/runtime.py), "
+      "adaptive batching (max_batch_size 64, max_batch_time 0.5 ms), its default of one inference "
+      "worker process; kiln: the digits config (max_batch_size 64, 0.5 ms queue delay). "
+      "Both use onnxruntime's / kiln's default thread counts.")
 print()
 print("| server | protocol | concurrency | requests/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors |")
 print("|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -133,6 +133,16 @@ def plot_batching(data, out):
     rows = read(data, "batching.csv")
     if not rows:
         return drop(out, "batching.png")
+    # Closed-loop rows only (load "c=N"); open-loop rows ("rate=R") are in the table.
+    norm = []
+    for r in rows:
+        load = r.get("load") or f"c={r.get('concurrency', '')}"
+        if not load.startswith("c="):
+            continue
+        norm.append(dict(r, concurrency=load[2:], rps=r.get("throughput") or r.get("rps")))
+    rows = norm
+    if not rows:
+        return drop(out, "batching.png")
     models = []
     for r in rows:
         if r["model"] not in models:
