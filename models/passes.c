@@ -402,7 +402,8 @@ int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len)
     for (int ai = 0; ai < g->nnodes; ai++) {
         struct graph_node *a = &g->nodes[ai];
         int mul = is_op(a, "Mul"), add = is_op(a, "Add"), sub = is_op(a, "Sub"), div = is_op(a, "Div");
-        if ((!mul && !add && !sub && !div) || a->nin != 2 || a->nout != 1 || a->act != ACT_NONE) continue;
+        if ((!mul && !add && !sub && !div) || a->nin != 2 || a->nout != 1 || a->out[0] < 0 || a->act != ACT_NONE)
+            continue;
         int k = -1; /* which input comes from a Conv/BN */
         for (int j = 0; j < 2 && k < 0; j++) {
             int v = a->in[j];
@@ -550,7 +551,7 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
         int ai = sole_reader(g, dead, x, pi);
         if (ai < 0) continue;
         struct graph_node *a = &g->nodes[ai];
-        if (!is_op(a, "Add") || a->nin != 2 || a->nout != 1) continue;
+        if (!is_op(a, "Add") || a->nin != 2 || a->nout != 1 || a->out[0] < 0) continue;
         int bv = a->in[0] == x ? a->in[1] : a->in[0];
         const struct tensor *bias = const_of(g, bv), *wt = const_of(g, p->in[1]);
         if (!bias || bias->dtype != DT_FP32 || !wt || wt->dtype != DT_FP32 || wt->ndim < 2 || bias->ndim < 1) continue;
@@ -628,7 +629,7 @@ int passes_activation_of(const struct graph *g, const struct graph_node *a, enum
                          float *beta) {
     *alpha = 0;
     *beta = 0;
-    if (a->nout != 1) return 0;
+    if (a->nout != 1 || a->out[0] < 0 || a->nin < 1) return 0;
     if (is_op(a, "Relu")) *kind = ACT_RELU;
     else if (is_op(a, "LeakyRelu")) {
         *kind = ACT_LEAKY_RELU;

@@ -242,10 +242,87 @@ static int span_cmp(const void *a, const void *b) {
     return x->lo < y->lo ? -1 : (x->lo > y->lo ? 1 : 0);
 }
 
+static int item_cmp_first(const void *a, const void *b) {
+    const struct item *x = a, *y = b;
+    if (x->first != y->first) return x->first < y->first ? -1 : 1;
+    if (x->size != y->size) return x->size > y->size ? -1 : 1;
+    return 0;
+}
+
+/* Linear scan for very large graphs, where placing by size would cost
+ * O(n^2): items in order of first use take the best-fitting free block
+ * left by items whose live range ended, or grow the arena. */
+static int place_items_scan(struct item *it, int n, size_t *arena_size) {
+    qsort(it, (size_t)n, sizeof *it, item_cmp_first);
+    struct span *fr = malloc((size_t)(n + 1) * sizeof *fr); /* free blocks, by offset */
+    int *act = malloc((size_t)(n + 1) * sizeof *act);       /* live items */
+    if (!fr || !act) {
+        free(fr);
+        free(act);
+        return -1;
+    }
+    int nf = 0, na = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        for (int a = 0; a < na;) { /* release what died before this item starts */
+            struct item *d = &it[act[a]];
+            if (d->last >= it[i].first) {
+                a++;
+                continue;
+            }
+            struct span b = {d->off, d->off + d->size};
+            int k = 0;
+            while (k < nf && fr[k].lo < b.lo) k++;
+            memmove(&fr[k + 1], &fr[k], (size_t)(nf - k) * sizeof *fr);
+            fr[k] = b;
+            nf++;
+            if (k + 1 < nf && fr[k].hi == fr[k + 1].lo) { /* merge with the next */
+                fr[k].hi = fr[k + 1].hi;
+                memmove(&fr[k + 1], &fr[k + 2], (size_t)(nf - k - 2) * sizeof *fr);
+                nf--;
+            }
+            if (k > 0 && fr[k - 1].hi == fr[k].lo) { /* and with the previous */
+                fr[k - 1].hi = fr[k].hi;
+                memmove(&fr[k], &fr[k + 1], (size_t)(nf - k - 1) * sizeof *fr);
+                nf--;
+            }
+            act[a] = act[--na];
+        }
+        int best = -1;
+        for (int k = 0; k < nf; k++)
+            if (fr[k].hi - fr[k].lo >= it[i].size && (best < 0 || fr[k].hi - fr[k].lo < fr[best].hi - fr[best].lo))
+                best = k;
+        if (best >= 0) {
+            it[i].off = fr[best].lo;
+            fr[best].lo += it[i].size;
+            if (fr[best].lo == fr[best].hi) {
+                memmove(&fr[best], &fr[best + 1], (size_t)(nf - best - 1) * sizeof *fr);
+                nf--;
+            }
+        } else if (nf > 0 && fr[nf - 1].hi == total) { /* extend the free tail */
+            it[i].off = fr[nf - 1].lo;
+            total = it[i].off + it[i].size;
+            nf--;
+        } else {
+            it[i].off = total;
+            total += it[i].size;
+        }
+        act[na++] = i;
+    }
+    free(fr);
+    free(act);
+    *arena_size = total;
+    return 0;
+}
+
+#define PLACE_BY_SIZE_MAX 4096
+
 /* Greedy best-fit by size: the largest buffers are placed first; each one
  * takes the smallest gap between already placed buffers whose live ranges
- * overlap its own, or goes past the last of them. Returns the arena size. */
+ * overlap its own, or goes past the last of them. Returns the arena size.
+ * Beyond PLACE_BY_SIZE_MAX buffers, a linear scan keeps planning fast. */
 static int place_items(struct item *it, int n, size_t *arena_size) {
+    if (n > PLACE_BY_SIZE_MAX) return place_items_scan(it, n, arena_size);
     qsort(it, (size_t)n, sizeof *it, item_cmp_size);
     struct span *sp = malloc((size_t)(n ? n : 1) * sizeof *sp);
     if (!sp) return -1;
@@ -836,7 +913,7 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
     c->nin = n->nin;
     c->nout = n->nout;
     for (int k = 0; k < n->nin; k++) c->in[k] = n->in[k] >= 0 ? &tv[n->in[k]] : NULL;
-    for (int k = 0; k < n->nout; k++) c->out[k] = &tv[n->out[k]];
+    for (int k = 0; k < n->nout; k++) c->out[k] = n->out[k] >= 0 ? &tv[n->out[k]] : NULL;
     c->state = s->state;
     c->scratch = s->scratch_size ? base + s->scratch_off : NULL;
     c->scratch_size = s->scratch_size;

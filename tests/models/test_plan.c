@@ -917,6 +917,45 @@ static void test_affine_folding(void **state) {
     graph_free(g);
 }
 
+/* A long chain (more buffers than placement by size handles) is planned by
+ * the linear scan: still no overlap, and still about two buffers. Also a
+ * diamond-rich graph: many values live at once. */
+static void test_long_chain_linear_scan(void **state) {
+    (void)state;
+    struct graph *g = graph_create();
+    int64_t d[1] = {100};
+    add_input(g, "v0", DT_FP32, 1, d);
+    char a[16], b[16], c[16];
+    int n = 5000;
+    for (int i = 0; i < n; i++) {
+        snprintf(a, sizeof a, "v%d", i);
+        snprintf(b, sizeof b, "v%d", i + 1);
+        if (i % 7 == 3) { /* a value read again later: longer live ranges */
+            snprintf(c, sizeof c, "v%d", i - 3);
+            node(g, "Add", (const char *[]){a, c}, 2, (const char *[]){b}, 1);
+        } else {
+            node(g, i % 2 ? "Neg" : "Abs", (const char *[]){a}, 1, (const char *[]){b}, 1);
+        }
+    }
+    snprintf(b, sizeof b, "v%d", n);
+    add_output(g, b);
+    sort(g);
+    float xd[100];
+    for (int i = 0; i < 100; i++) xd[i] = (float)i - 50;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 1, .dims = {100}, .data = xd}, y;
+    struct plan *p;
+    char err[256];
+    assert_int_equal(plan_build(g, &in, 0, NULL, 1, &p, err, sizeof err), 0);
+    assert_int_equal(plan_nsteps(p), n);
+    check_no_overlap(p, g);
+    assert_true(plan_arena_size(p) <= 6 * 448);
+    plan_release(p);
+    float *yd = run1(g, &in, &y);
+    assert_int_equal(y.dims[0], 100);
+    free(yd);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -936,6 +975,7 @@ int main(void) {
         cmocka_unit_test(test_activation_after_add),
         cmocka_unit_test(test_conv_add_bias_fusion),
         cmocka_unit_test(test_affine_folding),
+        cmocka_unit_test(test_long_chain_linear_scan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
