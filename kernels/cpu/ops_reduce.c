@@ -157,6 +157,7 @@ static int red_infer(struct op_call *c) {
     if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 (data) is required");
     if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
     const struct tensor *x = c->in[0];
+    if (x->ndim < 0) return op_error(c, "input 0 has no known rank");
     int kind = red_kind_of(c->node);
     if (kind < 0) return op_error(c, "not a reduction");
     if (!red_dtype_ok(x->dtype) || (x->dtype == DT_BOOL && kind != RED_MAX && kind != RED_MIN)) {
@@ -510,6 +511,7 @@ static int arg_infer(struct op_call *c) {
     if (c->nin < 1 || !c->in[0]) return op_error(c, "input 0 (data) is required");
     if (c->nout < 1 || !c->out[0]) return op_error(c, "output 0 is required");
     const struct tensor *x = c->in[0];
+    if (x->ndim < 0) return op_error(c, "input 0 has no known rank");
     if (!ew_is_number(x->dtype)) {
         op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
         return STATUS_UNSUPPORTED;
@@ -620,6 +622,7 @@ static inline void fst(void *p, enum dtype dt, int64_t i, double v) {
 }
 
 static int need_float(struct op_call *c, const struct tensor *t, const char *what) {
+    if (t->ndim < 0) return op_error(c, "%s has no known rank", what);
     if (!flt_dtype(t->dtype)) {
         op_error(c, "%s has dtype %s; this operator takes float, double, float16 or bfloat16", what,
                  dtype_name(t->dtype));
