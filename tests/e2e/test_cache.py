@@ -1,0 +1,284 @@
+"""The result cache end to end: the real kiln, a real redis-server on a free
+loopback port, the official tritonclient.
+
+Covers: miss then a byte-identical hit, shape in the key, the per-request
+bypass, TTL expiry, LRU eviction at the byte limit, single-flight, Redis
+killed under load (no failed request, caching resumes), Redis paused
+(answers within the timeout), a corrupted Redis value (miss, overwritten).
+"""
+import concurrent.futures as cf
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx.helper as oh
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto as TP
+
+from conftest import KilnServer, save_model, slow_graph, raw_request
+
+CACHED = '{"max_batch_size": 0, "response_cache": {"enable": true}}'
+CACHED_BATCH = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enable": true}}'
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+class Redis:
+    def __init__(self):
+        self.port = free_port()
+        self.proc = None
+        self.start()
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            if self.cli("ping") == "PONG":
+                return
+            time.sleep(0.02)
+        raise RuntimeError("redis-server did not start")
+
+    def cli(self, *args):
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10)
+        return r.stdout.decode(errors="replace").strip()
+
+    def kill(self):
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.kill()
+
+    @property
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+@pytest.fixture()
+def redis():
+    r = Redis()
+    yield r
+    r.stop()
+
+
+@pytest.fixture(scope="module")
+def cache_repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache_repo")
+    # y = 2x over any 2-D shape: the same bytes can come in different shapes.
+    two = oh.make_tensor("two", TP.FLOAT, [], [2.0])
+    g = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["y"])], "double",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["A", "B"])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["A", "B"])], [two])
+    save_model(root, "double", g, config=CACHED)
+    save_model(root, "slow", slow_graph(depth=120), config=CACHED)
+    # A batching model for the mixed load.
+    w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)
+    g2 = oh.make_graph([oh.make_node("MatMul", ["x", "W"], ["y"])], "lin",
+                       [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 4])],
+                       [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 3])],
+                       [oh.make_tensor("W", TP.FLOAT, w.shape, w.flatten())])
+    save_model(root, "lin", g2, config=CACHED_BATCH)
+    return root
+
+
+def infer(url, model, x, name="x", params=None):
+    c = httpclient.InferenceServerClient(url)
+    try:
+        i = httpclient.InferInput(name, list(x.shape), "FP32")
+        i.set_data_from_numpy(x, binary_data=True)
+        r = c.infer(model, [i], parameters=params)
+        return r.as_numpy("y")
+    finally:
+        c.close()
+
+
+def stats(url, model):
+    c = httpclient.InferenceServerClient(url)
+    try:
+        s = c.get_inference_statistics(model)["model_stats"][0]
+    finally:
+        c.close()
+    i = s["inference_stats"]
+    return {"exec": int(s["execution_count"]), "hit": int(i["cache_hit"]["count"]),
+            "miss": int(i["cache_miss"]["count"]), "success": int(i["success"]["count"])}
+
+
+def metric(url, name):
+    _, _, body = raw_request(url, "GET", "/metrics")
+    m = re.search(r"^" + re.escape(name) + r" (\S+)$", body.decode(), re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_miss_then_identical_hit(make_server, cache_repo):
+    s = make_server(cache_repo)
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    body = ('{"inputs":[{"name":"x","shape":[3,4],"datatype":"FP32","data":%s}]}' % x.flatten().tolist()).encode()
+    st1, _, b1 = raw_request(s.url, "POST", "/v2/models/double/infer", body)
+    st2, _, b2 = raw_request(s.url, "POST", "/v2/models/double/infer", body)
+    assert st1 == st2 == 200
+    assert b1 == b2  # the cached answer is byte-identical
+    assert stats(s.url, "double")["exec"] == 1
+    # Binary outputs are another request (the key holds the output parameters).
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    st = stats(s.url, "double")
+    assert st["exec"] == 2 and st["miss"] == 2 and st["hit"] == 2 and st["success"] == 4
+
+
+def test_shape_is_part_of_the_key_and_bypass(make_server, cache_repo):
+    s = make_server(cache_repo)
+    x = np.arange(8, dtype=np.float32)
+    a = infer(s.url, "double", x.reshape(2, 4))
+    b = infer(s.url, "double", x.reshape(4, 2))
+    assert a.shape == (2, 4) and b.shape == (4, 2)
+    assert stats(s.url, "double")["miss"] == 2
+    # "cache": false goes straight to the model, every time.
+    before = stats(s.url, "double")["exec"]
+    for _ in range(3):
+        infer(s.url, "double", x.reshape(2, 4), params={"cache": False})
+    assert stats(s.url, "double")["exec"] == before + 3
+
+
+def test_ttl_expiry(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-ttl-secs", "1")
+    x = np.ones((2, 2), np.float32)
+    for _ in range(100):
+        if metric(s.url, "kiln_cache_redis_connected") == 2:
+            break
+        time.sleep(0.05)
+    infer(s.url, "double", x)
+    for _ in range(100):
+        if redis.cli("dbsize") == "1":
+            break
+        time.sleep(0.02)
+    assert int(redis.cli("dbsize")) == 1
+    infer(s.url, "double", x)
+    assert stats(s.url, "double")["hit"] == 1
+    time.sleep(1.5)
+    assert int(redis.cli("dbsize")) == 0
+    infer(s.url, "double", x)
+    st = stats(s.url, "double")
+    assert st["hit"] == 1 and st["exec"] == 2
+
+
+def test_lru_evicts_at_the_byte_limit(make_server, cache_repo):
+    s = make_server(cache_repo, "--cache-size", "64K")
+    for i in range(200):
+        infer(s.url, "double", np.full((8, 8), i, np.float32))
+    assert metric(s.url, "kiln_cache_evictions_total") > 0
+    assert metric(s.url, "kiln_cache_bytes") <= 64 * 1024
+    # The most recent entry is still there; the first is gone.
+    before = stats(s.url, "double")
+    infer(s.url, "double", np.full((8, 8), 199, np.float32))
+    infer(s.url, "double", np.full((8, 8), 0, np.float32))
+    after = stats(s.url, "double")
+    assert after["hit"] == before["hit"] + 1 and after["miss"] == before["miss"] + 1
+
+
+def test_single_flight(make_server, cache_repo):
+    s = make_server(cache_repo)
+    x = np.random.default_rng(0).standard_normal((1, 512)).astype(np.float32)
+    with cf.ThreadPoolExecutor(16) as ex:
+        outs = list(ex.map(lambda _: infer(s.url, "slow", x), range(16)))
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    st = stats(s.url, "slow")
+    assert st["exec"] == 1, st
+    assert st["success"] == 16
+    assert metric(s.url, "kiln_cache_single_flight_waits_total") + st["hit"] >= 15
+
+
+def test_redis_killed_under_load_then_restarted(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url)
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((2, 4)).astype(np.float32) for _ in range(30)]
+    errors = []
+
+    def one(k):
+        try:
+            x = xs[k % len(xs)]
+            y = infer(s.url, "lin", x)
+            assert y.shape == (2, 3)
+        except Exception as e:  # noqa: BLE001 - every failure is collected
+            errors.append(repr(e))
+
+    with cf.ThreadPoolExecutor(8) as ex:
+        futs = [ex.submit(one, k) for k in range(200)]
+        time.sleep(0.2)
+        redis.kill()
+        futs += [ex.submit(one, k) for k in range(200, 400)]
+        cf.wait(futs)
+    assert errors == []
+    # Back up: caching resumes without restarting kiln.
+    redis.start()
+    deadline = time.time() + 15
+    stored = 0
+    while time.time() < deadline and stored == 0:
+        infer(s.url, "lin", rng.standard_normal((1, 4)).astype(np.float32))
+        stored = int(redis.cli("dbsize") or 0)
+        time.sleep(0.2)
+    assert stored > 0
+
+
+def test_redis_paused_answers_within_timeout(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url)
+    infer(s.url, "double", np.ones((1, 1), np.float32))
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(20):
+            t = time.monotonic()
+            y = infer(s.url, "double", np.full((2, 2), i, np.float32))
+            assert y[0, 0] == 2 * i
+            # a few ms of Redis timeout plus compute: far below a second
+            assert time.monotonic() - t < 1.0
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    assert metric(s.url, "kiln_cache_redis_timeouts_total") >= 1
+
+
+def test_corrupted_redis_value_is_a_miss_and_overwritten(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url)
+    x = np.arange(4, dtype=np.float32).reshape(2, 2)
+    for _ in range(100):
+        if metric(s.url, "kiln_cache_redis_connected") == 2:
+            break
+        time.sleep(0.05)
+    infer(s.url, "double", x)
+    for _ in range(100):
+        keys = redis.cli("keys", "kiln:*").split()
+        if keys:
+            break
+        time.sleep(0.02)
+    assert len(keys) == 1
+    redis.cli("set", keys[0], "KLNC garbage that is not a value")
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    assert metric(s.url, "kiln_cache_redis_corrupt_total") == 1
+    for _ in range(100):
+        if redis.cli("strlen", keys[0]) != str(len("KLNC garbage that is not a value")):
+            break
+        time.sleep(0.02)
+    assert redis.cli("strlen", keys[0]) != str(len("KLNC garbage that is not a value"))
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    assert stats(s.url, "double")["hit"] >= 1
+
+
+def test_redis_absent_at_start_serves(make_server, cache_repo):
+    s = make_server(cache_repo, "--redis-url", f"redis://127.0.0.1:{free_port()}/0")
+    x = np.ones((1, 3), np.float32)
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    assert "serving without it" in s.text()
