@@ -8,8 +8,7 @@
  *     ScatterND TensorScatter OneHot Trilu TopK NonZero Unique
  *   generators: Shape Size Constant ConstantOfShape Range EyeLike
  *   scans: CumSum CumProd
- *   sampling: Resize Upsample GridSample AffineGrid RoiAlign
- *     NonMaxSuppression
+ *   sampling: Resize Upsample GridSample AffineGrid NonMaxSuppression
  * Most kernels only know the element size, so they serve every dtype; the
  * ops that only move elements also move strings, as the pointers a plan's
  * tensors borrow for one run, and the ops that make new values refuse them.
@@ -2817,109 +2816,6 @@ static int ag_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * RoiAlign: average (or max) of bilinear samples over each output bin of
- * each region, following the sampling of ONNX's reference.
- * ------------------------------------------------------------------------ */
-
-static int roialign_infer(struct op_call *c) {
-    const struct tensor *x = c->in[0], *rois = in_opt(c, 1), *bi = in_opt(c, 2);
-    if (!rois || !bi) return op_error(c, "inputs rois and batch_indices are required");
-    if (x->ndim != 4) return op_error(c, "input must be [N, C, H, W], got rank %d", x->ndim);
-    if (!is_float_dtype(x->dtype) || rois->dtype != x->dtype) return op_error(c, "input and rois must have the same floating-point dtype");
-    if (rois->ndim != 2 || rois->dims[1] != 4) return op_error(c, "rois must be [num_rois, 4]");
-    if (bi->ndim != 1 || bi->dims[0] != rois->dims[0]) return op_error(c, "batch_indices must be [num_rois]");
-    int rc = need_int_dtype(c, bi, "batch_indices");
-    if (rc) return rc;
-    const char *mode = node_attr_str(c->node, "mode", "avg");
-    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
-    int64_t oh = node_attr_int(c->node, "output_height", 1), ow = node_attr_int(c->node, "output_width", 1);
-    if (oh < 1 || ow < 1 || oh > SHAPE_MAX_DIM || ow > SHAPE_MAX_DIM) return op_error(c, "output_height and output_width must be positive");
-    int64_t d[4] = {rois->dims[0], x->dims[1], oh, ow};
-    return set_shape(c, c->out[0], x->dtype, 4, d);
-}
-
-static int roialign_run(struct op_call *c) {
-    const struct tensor *x = c->in[0], *rois = c->in[1], *bi = c->in[2];
-    struct tensor *o = c->out[0];
-    int64_t nr = rois->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], PH = o->dims[2], PW = o->dims[3];
-    int half = c->node->opset >= 16 && !strcmp(node_attr_str(c->node, "coordinate_transformation_mode", "half_pixel"), "half_pixel");
-    int maxmode = !strcmp(node_attr_str(c->node, "mode", "avg"), "max");
-    int64_t sr = node_attr_int(c->node, "sampling_ratio", 0);
-    double scale = node_attr_float(c->node, "spatial_scale", 1.0f), off = half ? 0.5 : 0;
-    for (int64_t r = 0; r < nr; r++) {
-        int64_t b = op_int_at(bi, r);
-        if (b < 0 || b >= x->dims[0]) return op_error(c, "batch index %lld is out of range [0, %lld)", (long long)b, (long long)x->dims[0]);
-    }
-    for (int64_t r = 0; r < nr; r++) {
-        int64_t b = op_int_at(bi, r);
-        double sw = op_double_at(rois, r * 4) * scale - off, sh = op_double_at(rois, r * 4 + 1) * scale - off;
-        double rw = op_double_at(rois, r * 4 + 2) * scale - off - sw, rh = op_double_at(rois, r * 4 + 3) * scale - off - sh;
-        if (!half) {
-            rw = rw > 1 ? rw : 1;
-            rh = rh > 1 ? rh : 1;
-        }
-        double bh = rh / (double)PH, bw = rw / (double)PW;
-        int64_t gh = sr > 0 ? sr : (int64_t)ceil(rh / (double)PH), gw = sr > 0 ? sr : (int64_t)ceil(rw / (double)PW);
-        if (gh > 1024) gh = 1024; /* a bounded sample grid even for absurd boxes */
-        if (gw > 1024) gw = 1024;
-        double count = (double)(gh * gw > 1 ? gh * gw : 1);
-        for (int64_t ch = 0; ch < C; ch++) {
-            int64_t base = (b * C + ch) * H * W;
-            for (int64_t ph = 0; ph < PH; ph++)
-                for (int64_t pw = 0; pw < PW; pw++) {
-                    double acc = 0;
-                    int first = 1;
-                    for (int64_t iy = 0; iy < gh; iy++) {
-                        double y = sh + (double)ph * bh + ((double)iy + 0.5) * bh / (double)gh;
-                        for (int64_t ix = 0; ix < gw; ix++) {
-                            double xx = sw + (double)pw * bw + ((double)ix + 0.5) * bw / (double)gw, yy = y;
-                            double v1 = 0, v2 = 0, v3 = 0, v4 = 0, w1 = 0, w2 = 0, w3 = 0, w4 = 0;
-                            if (!(yy < -1.0 || yy > (double)H || xx < -1.0 || xx > (double)W)) {
-                                yy = yy > 0 ? yy : 0;
-                                xx = xx > 0 ? xx : 0;
-                                int64_t yl = (int64_t)yy, xl = (int64_t)xx, yh2, xh2;
-                                if (yl >= H - 1) {
-                                    yh2 = yl = H - 1;
-                                    yy = (double)yl;
-                                } else {
-                                    yh2 = yl + 1;
-                                }
-                                if (xl >= W - 1) {
-                                    xh2 = xl = W - 1;
-                                    xx = (double)xl;
-                                } else {
-                                    xh2 = xl + 1;
-                                }
-                                double ly = yy - (double)yl, lx = xx - (double)xl, hy = 1 - ly, hx = 1 - lx;
-                                w1 = hy * hx;
-                                w2 = hy * lx;
-                                w3 = ly * hx;
-                                w4 = ly * lx;
-                                v1 = op_double_at(x, base + yl * W + xl);
-                                v2 = op_double_at(x, base + yl * W + xh2);
-                                v3 = op_double_at(x, base + yh2 * W + xl);
-                                v4 = op_double_at(x, base + yh2 * W + xh2);
-                            } else if (H > 0 && W > 0) {
-                                v1 = v2 = v3 = v4 = op_double_at(x, base); /* weights are zero */
-                            }
-                            if (maxmode) {
-                                double m = fmax(fmax(w1 * v1, w2 * v2), fmax(w3 * v3, w4 * v4));
-                                acc = first ? m : fmax(acc, m);
-                                first = 0;
-                            } else {
-                                acc += w1 * v1 + w2 * v2 + w3 * v3 + w4 * v4;
-                            }
-                        }
-                    }
-                    if (!maxmode) acc /= count;
-                    shape_store_double(o->dtype, o->data, ((r * C + ch) * PH + ph) * PW + pw, acc);
-                }
-        }
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -2968,6 +2864,5 @@ const struct op_def op_defs_shape[] = {
     {"NonMaxSuppression", "", nms_infer, nms_prepare, nms_run, NULL, 0},
     {"GridSample", "", gs_infer, NULL, gs_run, NULL, 0},
     {"AffineGrid", "", ag_infer, NULL, ag_run, NULL, 0},
-    {"RoiAlign", "", roialign_infer, NULL, roialign_run, NULL, 0},
     {0},
 };
