@@ -355,7 +355,6 @@ static inline double sat_d(double v, double lo, double hi) { return v != v ? 0 :
 #define UMUL(a, b) ((a) * (b))
 #define LD_H(v) ((double)fp16_to_fp32(v))
 #define LD_BH(v) ((double)bf16_to_fp32(v))
-#define ST_CAST(T) (T)
 #define ST_F32(dst, v) ((dst) = (float)(v))
 #define ST_F64(dst, v) ((dst) = (double)(v))
 #define ST_H(dst, v) ((dst) = fp32_to_fp16((float)(v)))
