@@ -37,7 +37,7 @@ cudaError_t kc_layernorm(enum dtype dt, const void *x, const void *scale, const 
                          float *inv_std, int64_t rows, int64_t cols, float eps, cudaStream_t s) {
     if (rows <= 0 || cols <= 0) return cudaSuccess;
     int threads = cols <= 32 ? 32 : (cols <= 256 ? 128 : 256);
-    unsigned g = (unsigned)(rows < 65535 ? rows : 65535);
+    unsigned g = (unsigned)(rows < KC_MAX_ROW_BLOCKS ? rows : KC_MAX_ROW_BLOCKS);
     if (dt == DT_FP32) {
         auto k = k_layernorm<float>;
         KC_LAUNCH(k, g, threads, 0, s, (const float *)x, (const float *)scale, (const float *)bias, (float *)y, mean,

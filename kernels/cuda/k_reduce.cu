@@ -111,7 +111,7 @@ static cudaError_t launch_reduce(int op, const void *x, void *y, const kc_reduce
         KC_LAUNCH(k, kc_blocks(d->out_n, KC_THREADS), KC_THREADS, 0, s, op, (const T *)x, (T *)y, *d);
     } else {
         int threads = d->r_n <= 1024 ? 128 : 256;
-        unsigned g = (unsigned)(d->out_n < 65535 ? d->out_n : 65535);
+        unsigned g = (unsigned)(d->out_n < KC_MAX_ROW_BLOCKS ? d->out_n : KC_MAX_ROW_BLOCKS);
         auto k = k_reduce_block<T>;
         KC_LAUNCH(k, g, threads, 0, s, op, (const T *)x, (T *)y, *d);
     }

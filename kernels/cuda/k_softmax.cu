@@ -50,7 +50,7 @@ static cudaError_t launch_softmax(const void *x, void *y, int64_t outer, int64_t
                                   cudaStream_t s) {
     if (inner == 1) {
         int threads = len <= 32 ? 32 : (len <= 128 ? 128 : 256);
-        unsigned g = (unsigned)(outer < 65535 ? outer : 65535);
+        unsigned g = (unsigned)(outer < KC_MAX_ROW_BLOCKS ? outer : KC_MAX_ROW_BLOCKS);
         auto k = k_softmax_rows<T>;
         KC_LAUNCH(k, g, threads, 0, s, (const T *)x, (T *)y, outer, len, log);
     } else {

@@ -9,8 +9,17 @@
 #include "kernels/cuda/kernels.h"
 
 #define KC_THREADS 256
-/* Grid-stride loops: enough blocks to fill a large GPU, never more than needed. */
+/* Grid-stride loops: enough blocks to fill a large GPU, never more than
+ * needed; row kernels loop over rows past the grid. The emulator runs every
+ * thread as a fiber, so there the grids are small and the loops do the rest
+ * (which also exercises them). */
+#ifdef KILN_CUDA_EMU
+#define KC_MAX_BLOCKS 48
+#define KC_MAX_ROW_BLOCKS 48
+#else
 #define KC_MAX_BLOCKS 4096
+#define KC_MAX_ROW_BLOCKS 65535
+#endif
 
 static inline unsigned kc_blocks(int64_t n, int threads) {
     int64_t b = (n + threads - 1) / threads;
