@@ -33,6 +33,7 @@ struct pval {
     size_t size;     /* bytes, rounded to PLAN_ALIGN for arena roots */
     int first, last; /* live range of an arena root, in step indices */
     unsigned char owned; /* t.data was malloc'd by the plan (folded) */
+    void *dev;       /* device plans: a graph constant's copy in the executor's store */
     unsigned char is_step_out;
 };
 
@@ -360,8 +361,64 @@ static int is_string_node(const struct op_call *c) {
     return 0;
 }
 
+/* Device copies of the graph's constants, shared by every plan of one
+ * device plan cache (each batch size would otherwise upload all weights
+ * again). Used by one thread at a time, like the executor that owns the
+ * cache; outlives the plans, which only borrow its pointers. */
+struct plan_devstore {
+    struct backend *be;
+    int n;
+    void **ptr;
+};
+
+static struct plan_devstore *devstore_create(struct backend *be, int n) {
+    struct plan_devstore *ds = calloc(1, sizeof *ds);
+    if (!ds) return NULL;
+    ds->ptr = calloc((size_t)(n > 0 ? n : 1), sizeof *ds->ptr);
+    if (!ds->ptr) {
+        free(ds);
+        return NULL;
+    }
+    ds->be = be;
+    ds->n = n;
+    return ds;
+}
+
+static void devstore_free(struct plan_devstore *ds) {
+    if (!ds) return;
+    for (int v = 0; v < ds->n; v++)
+        if (ds->ptr[v]) ds->be->iface->buffer_free(ds->be, ds->ptr[v]);
+    free(ds->ptr);
+    free(ds);
+}
+
+/* Returns the device copy of graph constant v, uploading it on first use
+ * (the plan synchronizes before it is used); NULL on failure. */
+static void *devstore_get(struct plan_devstore *ds, int v, const struct tensor *t) {
+    if (ds->ptr[v]) return ds->ptr[v];
+    size_t nb = tensor_nbytes(t);
+    void *d = ds->be->iface->buffer_alloc(ds->be, align_up(nb ? nb : 1));
+    if (!d) return NULL;
+    if (nb && ds->be->iface->copy_to_device(ds->be, d, t->data, nb)) {
+        ds->be->iface->buffer_free(ds->be, d);
+        return NULL;
+    }
+    ds->ptr[v] = d;
+    return d;
+}
+
+static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+                         struct backend *be, int nthreads, struct plan_devstore *ds, struct plan **out, char *err,
+                         size_t err_len);
+
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                int nthreads, struct plan **out, char *err, size_t err_len) {
+    return plan_build_ds(g, inputs, bind_values, be, nthreads, NULL, out, err, err_len);
+}
+
+static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+                         struct backend *be, int nthreads, struct plan_devstore *ds, struct plan **out, char *err,
+                         size_t err_len) {
     *out = NULL;
     int rc = STATUS_NOMEM;
     struct plan *p = calloc(1, sizeof *p);
@@ -695,7 +752,16 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
             const struct graph_node *n = &g->nodes[p->steps[si].node];
             for (int k = 0; k < n->nin; k++) {
                 int v = n->in[k];
-                if (v < 0 || p->vals[v].kind != PLAN_VALUE_CONST || p->vals[v].size) continue;
+                if (v < 0 || p->vals[v].kind != PLAN_VALUE_CONST || p->vals[v].size || p->vals[v].dev) continue;
+                if (ds && !p->vals[v].owned && v < ds->n) { /* the graph's own: shared */
+                    p->vals[v].dev = devstore_get(ds, v, &p->vals[v].t);
+                    if (!p->vals[v].dev) {
+                        rc = status_set(err, err_len, STATUS_NOMEM, "copying constant '%s' to the device failed",
+                                        g->values[v].name);
+                        goto fail;
+                    }
+                    continue;
+                }
                 p->vals[v].off = total;
                 p->vals[v].size = align_up(tensor_nbytes(&p->vals[v].t));
                 if (!p->vals[v].size) p->vals[v].size = PLAN_ALIGN;
@@ -703,6 +769,10 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
             }
         }
         p->consts_size = total;
+        if (ds && be->iface->synchronize && (rc = be->iface->synchronize(be))) {
+            status_set(err, err_len, rc, "copying constants to the device failed");
+            goto fail;
+        }
         if (total) {
             p->dev_consts = be->iface->buffer_alloc(be, total);
             if (!p->dev_consts) {
@@ -967,7 +1037,8 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
         x->tvh[v] = pv->t;
         switch (pv->kind) {
         case PLAN_VALUE_CONST:
-            x->tv[v].data = x->host ? pv->t.data : (pv->size ? (char *)p->dev_consts + pv->off : NULL);
+            x->tv[v].data = x->host ? pv->t.data
+                                    : pv->dev ? pv->dev : (pv->size ? (char *)p->dev_consts + pv->off : NULL);
             break;
         case PLAN_VALUE_ARENA:
             x->tv[v].data = base + pv->off;
@@ -1183,6 +1254,7 @@ struct plan_cache {
     struct plan **plans;
     atomic_ullong tick;
     uint64_t builds, evictions;
+    struct plan_devstore *ds; /* device caches: the graph's constants on the device */
 };
 
 struct plan_cache *plan_cache_create(int max_plans) {
@@ -1202,6 +1274,7 @@ struct plan_cache *plan_cache_create(int max_plans) {
 void plan_cache_free(struct plan_cache *c) {
     if (!c) return;
     for (int i = 0; i < c->n; i++) plan_release(c->plans[i]);
+    devstore_free(c->ds); /* after the plans, which borrow from it */
     pthread_mutex_destroy(&c->mu);
     free(c->plans);
     free(c);
@@ -1231,7 +1304,10 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
         return 0;
     }
     struct plan *np;
-    int rc = plan_build(g, inputs, bind_values, be, nthreads, &np, err, err_len);
+    if (be && !be->host_memory && !c->ds && !(c->ds = devstore_create(be, g->nvalues)))
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    int rc = plan_build_ds(g, inputs, bind_values, be, nthreads, be && !be->host_memory ? c->ds : NULL, &np, err,
+                           err_len);
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->builds++;

@@ -116,7 +116,10 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
 /* ---- the plan cache ---------------------------------------------------------- */
 
 /* An LRU of at most max_plans plans keyed by the input shape signature.
- * Thread-safe (one mutex, never held while a plan is built or run). */
+ * Thread-safe (one mutex, never held while a plan is built or run). For a
+ * device backend the cache also keeps one device copy of each graph
+ * constant, shared by its plans: such a cache belongs to one executor (one
+ * thread), is freed after that executor, and before the backend. */
 struct plan_cache *plan_cache_create(int max_plans);
 void plan_cache_free(struct plan_cache *c); /* drops the cache's references */
 

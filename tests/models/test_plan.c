@@ -956,6 +956,45 @@ static void test_long_chain_linear_scan(void **state) {
     graph_free(g);
 }
 
+/* Plans of one device cache share the device copies of graph constants:
+ * a second batch size uploads nothing again; everything is handed back. */
+static void test_device_constants_shared(void **state) {
+    (void)state;
+    struct graph *g = mlp();
+    struct backend *be = calloc(1, sizeof *be);
+    struct fake_dev *fd = calloc(1, sizeof *fd);
+    be->iface = &fd_iface;
+    be->context = fd;
+    be->host_memory = 0;
+    struct plan_cache *c = plan_cache_create(4);
+    struct plan_exec *x = plan_exec_create(be, 1);
+    float xm[5 * 8];
+    unsigned s = 29;
+    for (int i = 0; i < 40; i++) xm[i] = frand(&s);
+    char err[256];
+    int uploads[2];
+    for (int b = 0; b < 2; b++) {
+        struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {b ? 5 : 3, 8}, .data = xm}, ref, out;
+        int before = fd->copies_in;
+        struct plan *p;
+        assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &p, NULL, err, sizeof err), 0);
+        uploads[b] = fd->copies_in - before;
+        float *r = run1(g, &in, &ref);
+        assert_int_equal(plan_exec_run(x, p, &in, &out, err, sizeof err), 0);
+        for (int i = 0; i < (b ? 25 : 15); i++) assert_float_equal(((float *)out.data)[i], r[i], 1e-6);
+        free(out.data);
+        free(r);
+        plan_release(p);
+    }
+    assert_int_equal(uploads[0], 1); /* Add's bias: the only constant a device step reads */
+    assert_int_equal(uploads[1], 0);
+    plan_exec_free(x);
+    plan_cache_free(c);
+    assert_int_equal(fd->live_buffers, 0);
+    backend_free(be);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -976,6 +1015,7 @@ int main(void) {
         cmocka_unit_test(test_conv_add_bias_fusion),
         cmocka_unit_test(test_affine_folding),
         cmocka_unit_test(test_long_chain_linear_scan),
+        cmocka_unit_test(test_device_constants_shared),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
