@@ -91,6 +91,7 @@ e2e: bootstrap $(BIN)
 
 deploy-check:
 	@tools/deploy_check.sh
+	@tools/compose_check.sh
 
 test: bootstrap all
 	@$(MAKE) --no-print-directory unit

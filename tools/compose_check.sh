@@ -14,7 +14,7 @@ work=$(mktemp -d)
 redis_pid=""; kiln_pid=""
 cleanup() {
     [ -n "$kiln_pid" ] && kill -9 "$kiln_pid" 2>/dev/null || true
-    [ -n "$redis_pid" ] && kill -9 "$redis_pid" 2>/dev/null || true
+    if [ -n "$redis_pid" ]; then kill -9 "$redis_pid" 2>/dev/null || true; wait "$redis_pid" 2>/dev/null || true; fi
     rm -rf "$work"
 }
 trap cleanup EXIT
