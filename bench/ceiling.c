@@ -11,6 +11,7 @@
 #include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -62,6 +63,27 @@ static void *serve(void *arg) {
     return NULL;
 }
 
+/* One listening socket per thread on the same port (SO_REUSEPORT: the kernel
+ * spreads connections over the threads) with TCP_NODELAY, as kiln's front end
+ * does: a ceiling built any weaker would flatter kiln. A single socket shared
+ * by every thread's evhttp loses throughput at high concurrency (every loop
+ * wakes for each connection and the first to accept keeps it). */
+static int listen_on(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (fd < 0) return -1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
+        close(fd);
+        return -1;
+    }
+    evutil_make_socket_nonblocking(fd);
+    return fd;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: ceiling PORT [THREADS]\n");
@@ -69,19 +91,21 @@ int main(int argc, char **argv) {
     }
     signal(SIGPIPE, SIG_IGN);
     int port = atoi(argv[1]), threads = argc > 2 ? atoi(argv[2]) : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) < 0 || listen(fd, 1024) < 0) {
-        perror("ceiling: bind/listen");
-        return 1;
+    if (port <= 0 || port > 65535) {
+        fprintf(stderr, "ceiling: port '%s' is not in 1..65535\n", argv[1]);
+        return 2;
     }
-    evutil_make_socket_nonblocking(fd);
     pthread_t t[64];
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
-    for (int i = 0; i < threads; i++) pthread_create(&t[i], NULL, serve, (void *)(intptr_t)fd);
+    for (int i = 0; i < threads; i++) {
+        int fd = listen_on(port);
+        if (fd < 0) {
+            perror("ceiling: bind/listen");
+            return 1;
+        }
+        pthread_create(&t[i], NULL, serve, (void *)(intptr_t)fd);
+    }
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
     return 0;
 }
