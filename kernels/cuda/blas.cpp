@@ -29,6 +29,15 @@ int kc_lib_handles(const char *op_type) {
 
 static int is_float(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP16; }
 
+/* Alignment promised to cuBLASLt for A, B, C, D (bytes), and the alignment
+ * of the workspace pointers handed to the libraries (scratch is asked for
+ * with this much slack and aligned up at run time). */
+#define KC_GEMM_ALIGN 16u
+#define KC_WS_ALIGN 256u
+
+static void *ws_align(void *p) { return (void *)(((uintptr_t)p + KC_WS_ALIGN - 1) & ~(uintptr_t)(KC_WS_ALIGN - 1)); }
+static int aligned(const void *p) { return ((uintptr_t)p % KC_GEMM_ALIGN) == 0; }
+
 /* ---- MatMul / Gemm --------------------------------------------------------- */
 
 struct gemm_state {
@@ -194,8 +203,15 @@ static int gemm_prepare(struct kc_instance *in, struct op_call *c, void **state,
     int nres = 0;
     if (!rc) {
         size_t limit = in->workspace_limit;
+        /* cuBLASLt assumes 256-byte aligned matrices unless told otherwise;
+         * kiln's arena aligns to 64, and gemm_run checks the 16 promised here. */
+        uint32_t align = KC_GEMM_ALIGN;
         if (!KC_CUBLAS_OK(cublasLtMatmulPreferenceCreate(&pref)) ||
             !KC_CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit, sizeof limit)) ||
+            !KC_CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof align)) ||
+            !KC_CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof align)) ||
+            !KC_CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof align)) ||
+            !KC_CUBLAS_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof align)) ||
             !KC_CUBLAS_OK(cublasLtMatmulAlgoGetHeuristic(in->lt, s->desc, s->la, s->lb, s->lc, s->lc, pref, 8, res, &nres)))
             rc = -1;
         if (pref) cublasLtMatmulPreferenceDestroy(pref);
@@ -214,7 +230,7 @@ static int gemm_prepare(struct kc_instance *in, struct op_call *c, void **state,
     }
     s->algo = res[pick].algo;
     s->workspace = res[pick].workspaceSize;
-    *workspace = s->workspace;
+    *workspace = s->workspace ? s->workspace + KC_WS_ALIGN : 0;
     *state = s;
     return 0;
 }
@@ -228,9 +244,13 @@ static int gemm_run(struct kc_instance *in, struct op_call *c, struct gemm_state
             return op_error(c, "cuBLASLt: %s", kc_last_error());
     }
     const void *cmat = s->c_input >= 0 ? c->in[s->c_input]->data : y->data;
-    if (c->scratch_size < s->workspace) return op_error(c, "cuBLASLt workspace missing (%zu < %zu bytes)", c->scratch_size, s->workspace);
+    if (s->workspace && c->scratch_size < s->workspace + KC_WS_ALIGN)
+        return op_error(c, "cuBLASLt workspace missing (%zu < %zu bytes)", c->scratch_size, s->workspace + KC_WS_ALIGN);
+    if (!aligned(a->data) || !aligned(b->data) || !aligned(cmat) || !aligned(y->data))
+        return op_error(c, "cuBLASLt operands must be %u-byte aligned", KC_GEMM_ALIGN);
+    void *ws = s->workspace ? ws_align(c->scratch) : NULL;
     if (!KC_CUBLAS_OK(cublasLtMatmul(in->lt, s->desc, &s->alpha, b->data, s->la, a->data, s->lb, &s->beta, cmat, s->lc,
-                                     y->data, s->lc, &s->algo, c->scratch, s->workspace, in->stream)))
+                                     y->data, s->lc, &s->algo, ws, s->workspace, in->stream)))
         return op_error(c, "cuBLASLt: %s", kc_last_error());
     if (s->post.kind) {
         cudaError_t e = kc_bias_act(s->dt, y->data, NULL, tensor_numel(y), 1, 1, s->post, in->stream);
@@ -416,7 +436,7 @@ static int conv_prepare(struct kc_instance *in, struct op_call *c, void **state,
         s->post.a = c->node->act_alpha;
         s->post.b = c->node->act_beta;
     }
-    *workspace = s->workspace;
+    *workspace = s->workspace ? s->workspace + KC_WS_ALIGN : 0;
     *state = s;
     return 0;
 }
@@ -424,17 +444,18 @@ static int conv_prepare(struct kc_instance *in, struct op_call *c, void **state,
 static int conv_run(struct kc_instance *in, struct op_call *c, struct conv_state *s) {
     const float one = 1.0f, zero = 0.0f;
     struct tensor *y = c->out[0];
-    if (c->scratch_size < s->workspace) return op_error(c, "cuDNN workspace missing");
+    if (s->workspace && c->scratch_size < s->workspace + KC_WS_ALIGN) return op_error(c, "cuDNN workspace missing");
+    void *ws = s->workspace ? ws_align(c->scratch) : NULL;
     if (!KC_CUDNN_OK(cudnnSetStream(in->dnn, in->stream))) return op_error(c, "cuDNN: %s", kc_last_error());
     if (s->fused) {
         if (!KC_CUDNN_OK(cudnnConvolutionBiasActivationForward(in->dnn, &one, s->xd, c->in[0]->data, s->wd, c->in[1]->data,
-                                                               s->cd, s->algo, c->scratch, s->workspace, &zero, s->yd,
+                                                               s->cd, s->algo, ws, s->workspace, &zero, s->yd,
                                                                y->data, s->bd, c->in[2]->data, s->ad, s->yd, y->data)))
             return op_error(c, "cuDNN: %s", kc_last_error());
         return 0;
     }
     if (!KC_CUDNN_OK(cudnnConvolutionForward(in->dnn, &one, s->xd, c->in[0]->data, s->wd, c->in[1]->data, s->cd, s->algo,
-                                             c->scratch, s->workspace, &zero, s->yd, y->data)))
+                                             ws, s->workspace, &zero, s->yd, y->data)))
         return op_error(c, "cuDNN: %s", kc_last_error());
     if (s->has_bias || s->post.kind) {
         cudaError_t e = kc_bias_act(s->dt, y->data, s->has_bias ? c->in[2]->data : NULL, tensor_numel(y), s->channels,
