@@ -307,12 +307,15 @@ extern "C" int kiln_cuda_doctor(FILE *out, int self_tests) {
     }
     if (n <= 0) {
         int count = 0;
-        if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-            (void)cudaGetLastError();
-            return 2; /* the caller explains why, with the usual causes */
+        cudaError_t e = cudaGetDeviceCount(&count);
+        (void)cudaGetLastError();
+        /* A GPU is there but cannot be used: a driver older than the
+         * runtime, or devices this build has no code for. */
+        if (e == cudaErrorInsufficientDriver || (dv && dv < rv) || (e == cudaSuccess && count > 0)) {
+            fprintf(out, "GPU: present but not usable: %s\n", why);
+            return 1;
         }
-        fprintf(out, "GPU: present but not usable: %s\n", why);
-        return 1;
+        return 2; /* the caller explains why, with the usual causes */
     }
     /* Libraries actually loaded vs built against. */
     size_t dnn = cudnnGetVersion();
