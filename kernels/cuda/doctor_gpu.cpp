@@ -309,9 +309,10 @@ extern "C" int kiln_cuda_doctor(FILE *out, int self_tests) {
         int count = 0;
         cudaError_t e = cudaGetDeviceCount(&count);
         (void)cudaGetLastError();
-        /* A GPU is there but cannot be used: a driver older than the
+        /* A GPU is there but cannot be used: a driver (dv != 0; without one
+         * cudart also says "insufficient driver") older than the
          * runtime, or devices this build has no code for. */
-        if (e == cudaErrorInsufficientDriver || (dv && dv < rv) || (e == cudaSuccess && count > 0)) {
+        if ((dv && (e == cudaErrorInsufficientDriver || dv < rv)) || (e == cudaSuccess && count > 0)) {
             fprintf(out, "GPU: present but not usable: %s\n", why);
             return 1;
         }
