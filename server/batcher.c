@@ -98,6 +98,8 @@ struct batcher {
 
     uint64_t *profile;        /* EWMA exec ns by rows, [0..cap_rows] */
     uint32_t *profile_n;      /* samples taken, by rows */
+    uint64_t last_arrival_ns; /* of the last admitted request */
+    uint64_t gap_ewma_ns;     /* running mean of the gaps between arrivals */
     struct batcher_stats st;
 
     struct instance *inst;
@@ -263,20 +265,22 @@ static int compatible(const batcher_t *b, const struct batcher_request *a,
     return 1;
 }
 
-/* Predicted execution time of a batch of n rows from the profile: the
- * running mean for n if seen; else the nearest larger size seen (an upper
- * bound, time grows with rows); else the largest smaller size seen scaled
- * linearly (pessimistic); else 0 (nothing learnt yet). */
+/* Predicted execution time of a batch of n rows from the profile. Time
+ * grows with rows, so any size >= n seen bounds it: the smallest running
+ * mean over sizes >= n (a size that ran slow once cannot block itself and
+ * every smaller one); else the largest smaller size seen scaled linearly
+ * (pessimistic); else 0 (nothing learnt yet). */
 static uint64_t predict_ns(const batcher_t *b, int64_t n) {
     if (n > b->cap_rows)
         n = b->cap_rows;
     if (n < 1)
         n = 1;
-    if (b->profile[n])
-        return b->profile[n];
-    for (int64_t k = n + 1; k <= b->cap_rows; k++)
-        if (b->profile[k])
-            return b->profile[k];
+    uint64_t up = 0;
+    for (int64_t k = n; k <= b->cap_rows; k++)
+        if (b->profile[k] && (!up || b->profile[k] < up))
+            up = b->profile[k];
+    if (up)
+        return up;
     for (int64_t k = n - 1; k >= 1; k--)
         if (b->profile[k])
             return (uint64_t)((double)b->profile[k] * (double)n / (double)k);
@@ -284,8 +288,10 @@ static uint64_t predict_ns(const batcher_t *b, int64_t n) {
 }
 
 /* The first run of a batch size usually builds its plan (kernels, memory):
- * the second sample replaces the first when lower, so that one slow start
- * does not shrink batches for the next many runs. */
+ * the second sample replaces the first when lower. Later samples count at
+ * most twice the running mean, so that a run the scheduler stalled does not
+ * shrink batches for the next many runs; a real slowdown still shows, in a
+ * few runs. */
 static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
     if (rows < 1 || rows > b->cap_rows)
         return;
@@ -293,6 +299,8 @@ static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
         ns = 1;
     uint64_t old = b->profile[rows];
     uint32_t n = b->profile_n[rows]++;
+    if (n >= 2 && ns > 2 * old)
+        ns = 2 * old;
     if (n == 0 || (n == 1 && ns < old))
         b->profile[rows] = ns;
     else
@@ -384,7 +392,18 @@ static int batch_select(batcher_t *b, struct instance *inst, uint64_t now, uint6
         uint64_t exec_more = predict_ns(b, inst->rows + 1);
         if (now + exec_more > due || now + exec_now >= due)
             return DECIDE_SEND;
-        *wake = due - exec_more;
+        uint64_t latest = due - exec_more;
+        /* Waiting pays only if another request is likely to come before
+         * the latest start: at a low rate, go now instead of spending the
+         * budget on waiting. */
+        if (b->gap_ewma_ns) {
+            uint64_t next = b->last_arrival_ns + b->gap_ewma_ns;
+            if (next < now)
+                next = now;
+            if (next > latest)
+                return DECIDE_SEND;
+        }
+        *wake = latest;
         return DECIDE_WAIT;
     }
 
@@ -992,6 +1011,11 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     }
     uint64_t now = now_ns(b);
     r->enqueue_ns = now;
+    if (b->last_arrival_ns) {
+        uint64_t gap = now - b->last_arrival_ns;
+        b->gap_ewma_ns = b->gap_ewma_ns ? (b->gap_ewma_ns * 7 + gap) / 8 : (gap ? gap : 1);
+    }
+    b->last_arrival_ns = now;
     uint64_t tmo = qp->default_timeout_us;
     if (qp->allow_timeout_override && r->timeout_us)
         tmo = r->timeout_us;

@@ -855,6 +855,8 @@ static void test_latency_budget_decisions(void **state) {
         assert_int_equal(batcher_submit(b, &t[i].r), 0);
 
     pthread_mutex_lock(&b->mu);
+    /* Deadline arithmetic alone: no arrival rate known. */
+    b->gap_ewma_ns = 0;
     b->profile[1] = 100000;
     b->profile[2] = 150000;
     b->profile[4] = 250000;
@@ -879,6 +881,20 @@ static void test_latency_budget_decisions(void **state) {
     /* 2 rows still fit at t0+820 us (820+150 <= 1000), 3 do not. */
     assert_int_equal(batch_decide(b, &scratch, t0 + 820000, &wake), DECIDE_SEND);
     assert_int_equal(scratch.rows, 2);
+    /* With requests arriving every 800 us (the last at t0), the next is
+     * due after the latest start (t0+750 us): waiting would not pay. */
+    b->gap_ewma_ns = 800000;
+    b->last_arrival_ns = t0;
+    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 3);
+    /* Every 100 us: one is due by t0+100 us, so wait. */
+    b->gap_ewma_ns = 100000;
+    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
+    /* A size that once ran slow is bounded by a faster larger size. */
+    b->profile[2] = 900000;
+    assert_int_equal(predict_ns(b, 2), 250000);
+    b->profile[2] = 150000;
+    b->gap_ewma_ns = 0;
     pthread_mutex_unlock(&b->mu);
 
     /* Let the instance go (its batch takes no fake time): whenever it looks
@@ -942,6 +958,27 @@ static void test_latency_budget_learns_and_meets_budget(void **state) {
     assert_true(maxb >= 8);
     for (int i = 0; i < N; i++)
         treq_release(&t[i]);
+    batcher_free(b);
+}
+
+/* The execution profile: a slow first run (plan building) is replaced by
+ * the second; a later stalled run counts at most twice the mean. */
+static void test_profile_ignores_outliers(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    batcher_t *b = make(&p);
+    pthread_mutex_lock(&b->mu);
+    profile_add(b, 4, 5000000); /* first run: builds the plan */
+    profile_add(b, 4, 100000);
+    assert_int_equal(b->profile[4], 100000);
+    profile_add(b, 4, 40000000); /* stalled: counted as 200 us */
+    assert_int_equal(b->profile[4], 125000);
+    profile_add(b, 4, 100000);
+    assert_true(b->profile[4] < 125000);
+    pthread_mutex_unlock(&b->mu);
     batcher_free(b);
 }
 
@@ -1081,6 +1118,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_storm),
         cmocka_unit_test(test_latency_budget_decisions),
         cmocka_unit_test(test_latency_budget_learns_and_meets_budget),
+        cmocka_unit_test(test_profile_ignores_outliers),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_real_model_digits),
     };
