@@ -8,14 +8,15 @@
 #      (dynamic_batching with no delay: batches form while the instance is busy);
 #   2. the latency budget against a fixed delay "tuned for the same budget"
 #      (half of it): closed loop at the highest concurrency for throughput, and
-#      open loop (Poisson arrivals) at half of batching-on's throughput there,
-#      where the budget is checked against p99.
-# The budget is derived from the model's measured single-request latency
-# (BUDGET_FACTOR x the batching-off p50 at concurrency 1, at least BUDGET_MIN_US)
-# unless BUDGET_<MODEL>_US is set; the server is restarted with it for step 2.
+#      open loop (Poisson arrivals) at a quarter of batching-on's throughput
+#      there, where the budget is checked against p99.
+# The budget is derived from the model's measured single-request latency with
+# batching off at concurrency 1: the larger of BUDGET_FACTOR x its p50 and
+# 1.5 x its p99 (the machine's noise floor), at least BUDGET_MIN_US; or
+# BUDGET_<MODEL>_US. The server is restarted with it for step 2.
 # Writes $OUT/batching.csv and $OUT/batching.md (OUT defaults to build/bench).
 #
-# Environment: DURATION_DIGITS / DURATION_RESNET50 (s per level, 5 / 20),
+# Environment: DURATION_DIGITS / DURATION_RESNET50 (s per level, DURATION or 5 / 20),
 # CONCURRENCY ("1 16 64"), MODELS ("digits resnet50"), KILN (build/kiln),
 # INSTANCES (instance_group count, 1), BUDGET_FACTOR (4), BUDGET_MIN_US (2000).
 set -euo pipefail
@@ -86,7 +87,7 @@ drain() {
 }
 
 duration() {
-    case $1 in digits) echo "${DURATION_DIGITS:-5}" ;; *) echo "${DURATION_RESNET50:-20}" ;; esac
+    case $1 in digits) echo "${DURATION_DIGITS:-${DURATION:-5}}" ;; *) echo "${DURATION_RESNET50:-20}" ;; esac
 }
 
 # run MODEL MODE LABEL LOAD-ARGS...: one level of kiln bench, one CSV row
@@ -138,9 +139,9 @@ for model in $MODELS; do
     if [ -n "${!var:-}" ]; then
         b=${!var}
     else
-        p50=$(awk -F, -v m="$model" '$1 == m && $2 == "off" && $3 == "c=1" { print $5 }' "$CSV")
-        b=$(awk -v p="${p50:-1}" -v f="$BUDGET_FACTOR" -v lo="$BUDGET_MIN_US" \
-            'BEGIN { b = p * 1000 * f; if (b < lo) b = lo; printf "%d", b }')
+        read -r p50 p99 < <(awk -F, -v m="$model" '$1 == m && $2 == "off" && $3 == "c=1" { print $5, $6 }' "$CSV")
+        b=$(awk -v p="${p50:-1}" -v q="${p99:-1}" -v f="$BUDGET_FACTOR" -v lo="$BUDGET_MIN_US" \
+            'BEGIN { b = p * 1000 * f; if (q * 1500 > b) b = q * 1500; if (b < lo) b = lo; printf "%d", b }')
     fi
     BUDGET[$model]=$b
     budget_args+=("--budget-$model" "$b")
@@ -156,7 +157,7 @@ for model in $MODELS; do
     run "$model" delay "c=$top" -c "$top"
     run "$model" budget "c=$top" -c "$top"
     thr=$(awk -F, -v m="$model" -v c="c=$top" '$1 == m && $2 == "on" && $3 == c { print $4 }' "$CSV")
-    rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 2; if (r < 1) r = 1; printf "%d", r }')
+    rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 4; if (r < 1) r = 1; printf "%d", r }')
     run "$model" delay "rate=$rate" -r "$rate" --poisson
     run "$model" budget "rate=$rate" -r "$rate" --poisson
 done
