@@ -12,13 +12,15 @@
 # a working cache at all (if not, the report says so instead of numbers).
 # Writes $OUT/cache.csv and $OUT/cache.md.
 #
-# Environment: DURATION (s per level, default 10), CONCURRENCY ("1 64"),
+# Environment: DURATION (s per level and round, default 10), ROUNDS (3),
+# CONCURRENCY ("1 64"),
 # KILN (build/kiln), CEILING (build/ceiling), OUT (build/bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 CONCURRENCY=${CONCURRENCY:-"1 64"}
+ROUNDS=${ROUNDS:-3}
 CEILING=${CEILING:-build/ceiling}
 W=$OUT/cache
 rm -rf "$W"
@@ -76,38 +78,69 @@ s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
 print(int(s.get("cache_hit", {}).get("count", 0)), int(s.get("cache_miss", {}).get("count", 0)))'
 }
 
+RAW=$OUT/cache_rounds.csv
 CSV=$OUT/cache.csv
-rm -f "$CSV"
-# run CONFIG PORT MODEL C [kiln bench args]: one level, then the server's hit/miss deltas.
+rm -f "$RAW" "$CSV"
+# run ROUND CONFIG PORT MODEL C [kiln bench args]: one level, then the server's hit/miss deltas.
 run() {
-    local cfg=$1 port=$2 model=$3 c=$4 tmp=$W/$1_$4.csv h0=0 m0=0 h1=0 m1=0
-    shift 4
+    local round=$1 cfg=$2 port=$3 model=$4 c=$5 tmp=$W/$2_$5_r$1.csv h0=0 m0=0 h1=0 m1=0
+    shift 5
     rm -f "$tmp"
     [ "$cfg" = ceiling ] || read -r h0 m0 < <(cache_counts "$port" "$model")
     "$KILN" bench -u "127.0.0.1:$port" -m "$model" -c "$c" -d "$DURATION" --warmup 1 --no-progress \
-        --csv "$tmp" "$@" >"$W/${cfg}_$c.txt" 2>&1 ||
-        { echo "cache.sh: kiln bench ($cfg) failed:" >&2; cat "$W/${cfg}_$c.txt" >&2; exit 1; }
+        --csv "$tmp" "$@" >"$W/${cfg}_${c}_r$round.txt" 2>&1 ||
+        { echo "cache.sh: kiln bench ($cfg) failed:" >&2; cat "$W/${cfg}_${c}_r$round.txt" >&2; exit 1; }
     [ "$cfg" = ceiling ] || read -r h1 m1 < <(cache_counts "$port" "$model")
-    [ -f "$CSV" ] || echo "config,cache_hits,cache_misses,$(head -1 "$tmp")" >"$CSV"
-    tail -n +2 "$tmp" | sed "s/^/$cfg,$((h1 - h0)),$((m1 - m0)),/" | tee -a "$CSV"
+    [ -f "$RAW" ] || echo "round,config,cache_hits,cache_misses,$(head -1 "$tmp")" >"$RAW"
+    tail -n +2 "$tmp" | sed "s/^/$round,$cfg,$((h1 - h0)),$((m1 - m0)),/" | tee -a "$RAW"
 }
 
-# Distinct bodies for the miss runs: more than a level can send. A hit run
-# (the fastest kiln path) bounds the rate; the margin covers the warm-up.
-unique_for() {
-    awk -F, -v c="$1" '$1 == "tier1_hits" && $6 == c { n = $12 * ('"$DURATION"' + 1) * 1.5 + 2000 }
-        END { printf "%d", (n > 2000 ? n : 20000) }' "$CSV"
+# Distinct bodies for the miss runs: more than a level can send. This
+# round's hit run (the fastest kiln path) bounds the rate; the margin covers
+# the warm-up.
+unique_for() { # ROUND C
+    awk -F, -v r="$1" -v c="$2" '$1 == r && $2 == "tier1_hits" && $7 == c { n = $13 * ('"$DURATION"' + 1) * 1.5 + 2000 }
+        END { printf "%d", (n > 2000 ? n : 20000) }' "$RAW"
 }
 
-for c in $CONCURRENCY; do
-    run ceiling "$cport" digits "$c" --unique 1
-    run tier1_hits "$t1port" digits_cache "$c" --unique 1
-    run redis_hits "$rport" digits_cache "$c" --unique 1
-    u=$(unique_for "$c")
-    # Fresh seeds per level: a level must not find the previous level's entries.
-    run all_misses "$t1port" digits_cache "$c" --unique "$u" --seed $((1000 + c))
-    run disabled "$t1port" digits_nocache "$c" --unique "$u" --seed $((1000 + c))
+# ROUNDS interleaved rounds (every configuration once per round, per level):
+# on a shared machine, noise then falls on all configurations alike, and the
+# report takes each configuration's median round.
+for round in $(seq 1 "$ROUNDS"); do
+    for c in $CONCURRENCY; do
+        run "$round" ceiling "$cport" digits "$c" --unique 1
+        run "$round" tier1_hits "$t1port" digits_cache "$c" --unique 1
+        run "$round" redis_hits "$rport" digits_cache "$c" --unique 1
+        u=$(unique_for "$round" "$c")
+        # Fresh seeds per round and level: no run may find an earlier one's entries.
+        run "$round" all_misses "$t1port" digits_cache "$c" --unique "$u" --seed $((1000 * round + c))
+        run "$round" disabled "$t1port" digits_nocache "$c" --unique "$u" --seed $((1000 * round + c))
+    done
 done
+
+# cache.csv: per configuration and level, the round with the median
+# throughput (its latencies with it); hits and misses summed over rounds.
+"$PY" - "$RAW" "$CSV" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+groups = {}
+for r in rows:
+    groups.setdefault((r["config"], r["concurrency"]), []).append(r)
+fields = [f for f in rows[0].keys() if f != "round"] + ["rounds", "throughput_min", "throughput_max"]
+with open(sys.argv[2], "w", newline="") as f:
+    w = csv.DictWriter(f, fieldnames=fields)
+    w.writeheader()
+    for key, g in groups.items():
+        g = sorted(g, key=lambda r: float(r["throughput"]))
+        med = dict(g[(len(g) - 1) // 2])
+        del med["round"]
+        med["cache_hits"] = sum(int(r["cache_hits"]) for r in g)
+        med["cache_misses"] = sum(int(r["cache_misses"]) for r in g)
+        med["rounds"] = len(g)
+        med["throughput_min"] = g[0]["throughput"]
+        med["throughput_max"] = g[-1]["throughput"]
+        w.writerow(med)
+PY
 
 "$PY" - "$CSV" >"$OUT/cache.md" <<'PY'
 import csv, sys
@@ -126,6 +159,9 @@ if hits == 0:
     keep = ("ceiling", "disabled")
 else:
     keep = tuple(names)
+print(f"Median of {rows[0]['rounds']} interleaved rounds per configuration (requests/s range over the rounds "
+      "in brackets; latencies from the median round).")
+print()
 print("| configuration | concurrency | requests/s | p50 ms | p99 ms | errors | server cache hits / misses |")
 print("|---|---:|---:|---:|---:|---:|---:|")
 ms = lambda v: f"{float(v) / 1000:.3f}"
@@ -133,7 +169,8 @@ for r in rows:
     if r["config"] not in keep:
         continue
     hm = "-" if r["config"] == "ceiling" else f"{r['cache_hits']} / {r['cache_misses']}"
-    print(f"| {names[r['config']]} | {r['concurrency']} | {float(r['throughput']):.0f} | {ms(r['p50_us'])} | "
+    print(f"| {names[r['config']]} | {r['concurrency']} | {float(r['throughput']):.0f} "
+          f"({float(r['throughput_min']):.0f}-{float(r['throughput_max']):.0f}) | {ms(r['p50_us'])} | "
           f"{ms(r['p99_us'])} | {r['errors']} | {hm} |")
 print()
 if hits == 0:
