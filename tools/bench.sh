@@ -173,7 +173,9 @@ plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; ret
     echo "Produced by \`make bench\` (tools/bench.sh) on $date_utc, tree at commit $commit."
     echo "Every peer in a section was measured side by side in that same run; ratios compare"
     echo "numbers from one run only. Nothing here is tuned or edited by hand: rerun \`make bench\`"
-    echo "to reproduce (DURATION=$DURATION s per measured level; total run ${t_total} s)."
+    echo "to reproduce. Measured levels last DURATION=$DURATION s (the cache section: 3 interleaved rounds"
+    echo "of ${CACHE_DURATION:-5} s; the batching script: 5 s digits, 20 s ResNet-50), after 1 s of warm-up;"
+    echo "the whole run took $((t_total / 60)) min $((t_total % 60)) s."
     echo
     echo "## Machine"
     echo
