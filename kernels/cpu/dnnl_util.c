@@ -256,3 +256,81 @@ void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_m
     }
     return buf;
 }
+
+/* ---- shared reordered weights ------------------------------------------- */
+
+struct weights_entry {
+    const void *src;
+    dnnl_memory_desc_t src_md, dst_md;
+    void *buf;
+    int refs;
+    struct weights_entry *next;
+};
+
+static pthread_mutex_t g_weights_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct weights_entry *g_weights;
+
+/* Called with the lock held. */
+static struct weights_entry *weights_find(const void *src, const dnnl_memory_desc_t *src_md,
+                                          const dnnl_memory_desc_t *dst_md) {
+    for (struct weights_entry *e = g_weights; e; e = e->next)
+        if (e->src == src && dnnl_memory_desc_equal(&e->src_md, src_md) && dnnl_memory_desc_equal(&e->dst_md, dst_md))
+            return e;
+    return NULL;
+}
+
+void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                                const dnnl_memory_desc_t *dst_md) {
+    pthread_mutex_lock(&g_weights_lock);
+    struct weights_entry *e = weights_find(src, src_md, dst_md);
+    if (e) {
+        e->refs++;
+        pthread_mutex_unlock(&g_weights_lock);
+        return e->buf;
+    }
+    pthread_mutex_unlock(&g_weights_lock);
+    /* Reorder outside the lock: it can take a while for large weights. */
+    void *buf = dnnl_util_reorder_alloc(c, src_md, src, dst_md);
+    if (!buf) return NULL;
+    struct weights_entry *ne = calloc(1, sizeof *ne);
+    if (!ne) {
+        free(buf);
+        op_error(c, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_lock(&g_weights_lock);
+    if ((e = weights_find(src, src_md, dst_md))) { /* another plan won the race */
+        e->refs++;
+        pthread_mutex_unlock(&g_weights_lock);
+        free(buf);
+        free(ne);
+        return e->buf;
+    }
+    ne->src = src;
+    ne->src_md = *src_md;
+    ne->dst_md = *dst_md;
+    ne->buf = buf;
+    ne->refs = 1;
+    ne->next = g_weights;
+    g_weights = ne;
+    pthread_mutex_unlock(&g_weights_lock);
+    return buf;
+}
+
+void dnnl_util_weights_release(void *buf) {
+    if (!buf) return;
+    pthread_mutex_lock(&g_weights_lock);
+    for (struct weights_entry **pp = &g_weights; *pp; pp = &(*pp)->next) {
+        struct weights_entry *e = *pp;
+        if (e->buf != buf) continue;
+        if (--e->refs == 0) {
+            *pp = e->next;
+            pthread_mutex_unlock(&g_weights_lock);
+            free(e->buf);
+            free(e);
+            return;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&g_weights_lock);
+}

@@ -81,6 +81,16 @@ void dnnl_prim_free(struct dnnl_prim *p);
 void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
                               const dnnl_memory_desc_t *dst_md);
 
+/* Constant weights in a primitive's layout, shared: the plans of one model
+ * at different batch sizes ask for the same bytes (same src pointer and
+ * layouts) and get one buffer, reordered by the first and freed with the
+ * last (dnnl_util_weights_release). src must stay unchanged while any
+ * holder lives, as graph constants do. Thread-safe. NULL after op_error. */
+void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                                const dnnl_memory_desc_t *dst_md);
+/* Drops one hold of a buffer from dnnl_util_weights_acquire; NULL is a no-op. */
+void dnnl_util_weights_release(void *buf);
+
 /* Rounds n up to a multiple of 64 (scratch sub-allocation). */
 static inline size_t dnnl_util_align(size_t n) { return (n + 63) & ~(size_t)63; }
 

@@ -136,7 +136,7 @@ static int64_t prod(const int64_t *d, int n) {
 struct conv_state {
     struct dnnl_prim *conv;
     struct dnnl_prim *src_reorder, *dst_reorder; /* plain <-> blocked, when used */
-    void *wbuf;                                  /* weights reordered once (owned) */
+    void *wbuf;                                  /* weights in the primitive's layout (shared, see dnnl_util_weights_acquire) */
     int const_weights;
     int act_after;                               /* apply node->act after oneDNN */
     int nargs;
@@ -175,7 +175,7 @@ static void conv_release(void *st) {
     dnnl_prim_free(s->conv);
     dnnl_prim_free(s->src_reorder);
     dnnl_prim_free(s->dst_reorder);
-    free(s->wbuf);
+    dnnl_util_weights_release(s->wbuf);
     free(s);
 }
 
@@ -334,7 +334,7 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
     rc = s->conv ? 0 : STATUS_INTERNAL;
     if (!rc && s->const_weights && !dnnl_memory_desc_equal(wmd, &w_user)) {
-        s->wbuf = dnnl_util_reorder_alloc(c, &w_user, w->data, wmd);
+        s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd);
         if (!s->wbuf) rc = STATUS_INTERNAL;
     }
     if (!rc && s->const_weights) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
@@ -554,7 +554,7 @@ static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
     rc = s->conv ? 0 : STATUS_INTERNAL;
-    if (!rc && !dnnl_memory_desc_equal(wmd, &w_user) && !(s->wbuf = dnnl_util_reorder_alloc(c, &w_user, w->data, wmd)))
+    if (!rc && !dnnl_memory_desc_equal(wmd, &w_user) && !(s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd)))
         rc = STATUS_INTERNAL;
     if (!rc) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
     if (!rc && !dnnl_memory_desc_equal(smd, &src_plain)) {
@@ -638,7 +638,7 @@ static int ctr_run(struct op_call *c) {
  * [+ beta * dst] then the fused activation. */
 struct mm_state {
     struct dnnl_prim *prim;
-    void *wbuf;         /* B reordered once, or NULL */
+    void *wbuf;         /* B in the primitive's layout (shared), or NULL */
     float *bias;        /* Gemm: beta * C precomputed (owned), or NULL */
     int act_after;
     int nargs;
@@ -650,7 +650,7 @@ static void mm_release(void *st) {
     struct mm_state *s = st;
     if (!s) return;
     dnnl_prim_free(s->prim);
-    free(s->wbuf);
+    dnnl_util_weights_release(s->wbuf);
     free(s->bias);
     free(s);
 }
@@ -690,7 +690,7 @@ static int mm_build(struct op_call *c, struct mm_state *s, const dnnl_memory_des
     if (!rc && b_const) {
         const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
         if (!dnnl_memory_desc_equal(wmd, b_md)) {
-            s->wbuf = dnnl_util_reorder_alloc(c, b_md, b_const, wmd);
+            s->wbuf = dnnl_util_weights_acquire(c, b_md, b_const, wmd);
             if (!s->wbuf) rc = STATUS_INTERNAL;
         }
         if (!rc) dnnl_prim_bind(s->prim, 1, s->wbuf ? s->wbuf : (void *)b_const);

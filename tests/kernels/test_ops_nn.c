@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -1064,6 +1065,76 @@ static void test_roialign(void **st) {
     free(y.data), free(x.data), free(rois.data);
 }
 
+/* Plans at two batch sizes share one reordered copy of the weights; it
+ * outlives the first plan and goes with the last, and new contents at the
+ * same address after that are reordered afresh. */
+static void test_weights_shared(void **st) {
+    (void)st;
+    int64_t wd[4] = {32, 16, 3, 3}, m = 32;
+    struct tensor w = mk(4, wd, 1), b = mk(1, &m, 1);
+    struct tnode t;
+    tn_init(&t, "Conv");
+    int64_t pads[4] = {1, 1, 1, 1};
+    tn_ints(&t, "pads", 4, pads);
+    const struct op_def *d = op_find("", "Conv");
+    void *state[2];
+    struct op_call calls[2];
+    struct tensor x[2], y[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t xd[4] = {i + 1, 16, 10, 10};
+        x[i] = mk(4, xd, 1);
+        y[i] = (struct tensor){0};
+        calls[i] = (struct op_call){.node = &t.n, .nin = 3, .nout = 1, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+        calls[i].in[0] = &x[i];
+        calls[i].in[1] = &w;
+        calls[i].in[2] = &b;
+        calls[i].out[0] = &y[i];
+        assert_int_equal(d->infer(&calls[i]), 0);
+        y[i].data = malloc(tensor_nbytes(&y[i]));
+        size_t ss = 0;
+        assert_int_equal_msg_impl(d->prepare(&calls[i], &state[i], &ss), 0, g_err);
+        calls[i].state = state[i];
+        calls[i].scratch = aligned_alloc(64, (ss + 64) & ~(size_t)63);
+        calls[i].scratch_size = ss;
+    }
+    d->release(state[0]);
+    free(calls[0].scratch);
+    assert_int_equal(d->run(&calls[1]), 0);
+    /* batch item 1 of plan 2 against a fresh single-image plan */
+    struct tensor x1 = {DT_FP32, 4, {1, 16, 10, 10}, (float *)x[1].data + 1600}, y1 = {0};
+    struct tensor *in[3] = {&x1, &w, &b}, *o[1] = {&y1};
+    assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+    expect_close((float *)y[1].data + 3200, y1.data, 3200, 1e-5f, "shared weights");
+    free(y1.data);
+    d->release(state[1]);
+    free(calls[1].scratch);
+    /* the same address with new contents after every holder left */
+    for (int64_t i = 0; i < tensor_numel(&w); i++) ((float *)w.data)[i] *= -1.0f;
+    struct tensor y2 = {0}, y3 = {0};
+    o[0] = &y2;
+    assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+    g_runtime_inputs = 2; /* no reorder at all: reads W as it is now */
+    o[0] = &y3;
+    assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
+    g_runtime_inputs = 0;
+    expect_close(y2.data, y3.data, 3200, 1e-5f, "weights changed after release");
+    free(y2.data), free(y3.data);
+    /* the cache API directly: same key, same buffer */
+    dnnl_memory_desc_t a, bmd;
+    int64_t dims[2] = {64, 64};
+    dnnl_util_plain_md(&a, 2, dims);
+    dnnl_memory_desc_init_by_tag(&bmd, 2, (dnnl_dims_t){64, 64}, dnnl_f32, dnnl_ba);
+    float *src = calloc(64 * 64, sizeof(float));
+    struct op_call c = {.node = &t.n, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+    void *p1 = dnnl_util_weights_acquire(&c, &a, src, &bmd), *p2 = dnnl_util_weights_acquire(&c, &a, src, &bmd);
+    assert_non_null(p1);
+    assert_ptr_equal(p1, p2);
+    dnnl_util_weights_release(p1);
+    dnnl_util_weights_release(p2);
+    free(src);
+    free(x[0].data), free(x[1].data), free(y[0].data), free(y[1].data), free(w.data), free(b.data);
+}
+
 /* ---- concurrency ------------------------------------------------------------------ */
 
 struct conc_arg {
@@ -1148,7 +1219,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
         cmocka_unit_test(test_groupnorm),       cmocka_unit_test(test_col2im),
         cmocka_unit_test(test_deform_conv),     cmocka_unit_test(test_roialign),
-        cmocka_unit_test(test_concurrent_runs),
+        cmocka_unit_test(test_weights_shared),  cmocka_unit_test(test_concurrent_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
