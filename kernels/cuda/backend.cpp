@@ -257,9 +257,16 @@ static int cuda_synchronize(struct backend *be) {
     return 0;
 }
 
+/* Library (cuBLASLt/cuDNN) when it takes the node, else the custom kernels
+ * (pooling shapes cuDNN refuses: ceil_mode, asymmetric pads, dilations, 3-D). */
+static int use_lib(struct kc_instance *in, const struct op_call *c, char *why, size_t why_len) {
+    return kc_lib_handles(c->node->op_type) && kc_lib_supports(in, c, why, why_len);
+}
+
 static int cuda_supports_op(struct backend *be, const struct op_call *c) {
-    char why[256] = "";
-    int ok = kc_lib_handles(c->node->op_type) ? kc_lib_supports(inst(be), c, why, sizeof why) : kd_supports(c, why, sizeof why);
+    char why[256] = "", why2[256] = "";
+    int ok = use_lib(inst(be), c, why, sizeof why) || kd_supports(c, why2, sizeof why2);
+    if (why2[0]) snprintf(why + strlen(why), sizeof why - strlen(why), "%s%s", why[0] ? "; " : "", why2);
     if (!ok) log_debug("node '%s' (%s) stays on the CPU: %s", c->node->name, c->node->op_type, why);
     return ok;
 }
@@ -272,7 +279,7 @@ static int cuda_prepare_node(struct backend *be, struct op_call *c, void **state
     if (!ns) return op_error(c, "out of memory");
     cudaSetDevice(in->device);
     int rc;
-    if (kc_lib_handles(c->node->op_type)) {
+    if (use_lib(in, c, NULL, 0)) {
         ns->lib = 1;
         rc = kc_lib_prepare(in, c, &ns->inner, workspace);
     } else {

@@ -11,6 +11,7 @@
  * what its pooling and convolution heuristics are exposed through, and it is
  * deprecated there, hence -Wno-deprecated-declarations for this file. */
 #include <float.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,16 @@ int kc_lib_handles(const char *op_type) {
     for (int i = 0; g_lib_ops[i]; i++)
         if (strcmp(g_lib_ops[i], op_type) == 0) return 1;
     return 0;
+}
+
+/* snprintf into why unless it is NULL. */
+static void kc_why(char *why, size_t why_len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void kc_why(char *why, size_t why_len, const char *fmt, ...) {
+    if (!why || !why_len) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, why_len, fmt, ap);
+    va_end(ap);
 }
 
 static int is_float(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP16; }
@@ -64,7 +75,7 @@ struct gemm_shape {
 };
 
 static int gemm_shape_of(const struct op_call *c, struct gemm_shape *g, char *why, size_t why_len) {
-#define GNO(...) do { if (why && why_len) snprintf(why, why_len, __VA_ARGS__); return -1; } while (0)
+#define GNO(...) do { if (why && why_len) kc_why(why, why_len, __VA_ARGS__); return -1; } while (0)
     const struct graph_node *n = c->node;
     const struct tensor *a = c->in[0], *b = c->nin > 1 ? c->in[1] : NULL;
     const struct tensor *y = c->out[0];
@@ -287,7 +298,7 @@ struct geom {
 
 static int geom_of(const struct op_call *c, const struct tensor *x, const struct tensor *y, const int64_t *kshape,
                    struct geom *g, char *why, size_t why_len) {
-#define GNO(...) do { if (why && why_len) snprintf(why, why_len, __VA_ARGS__); return -1; } while (0)
+#define GNO(...) do { if (why && why_len) kc_why(why, why_len, __VA_ARGS__); return -1; } while (0)
     const struct graph_node *n = c->node;
     int nsp = x->ndim - 2;
     if (nsp < 1 || nsp > 2 || y->ndim != x->ndim) GNO("%d-D spatial dims", nsp);
@@ -349,25 +360,25 @@ static void conv_free(struct conv_state *s) {
 static int conv_check(const struct op_call *c, struct geom *g, char *why, size_t why_len) {
     const struct tensor *x = c->in[0], *w = c->nin > 1 ? c->in[1] : NULL, *y = c->out[0];
     if (!w || !is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype) {
-        snprintf(why, why_len, "dtypes");
+        kc_why(why, why_len, "dtypes");
         return -1;
     }
     if (w->ndim != x->ndim) {
-        snprintf(why, why_len, "weight rank");
+        kc_why(why, why_len, "weight rank");
         return -1;
     }
     for (int d = 0; d < x->ndim; d++)
         if (x->dims[d] > INT32_MAX || y->dims[d] > INT32_MAX || w->dims[d] > INT32_MAX) {
-            snprintf(why, why_len, "dims beyond int32");
+            kc_why(why, why_len, "dims beyond int32");
             return -1;
         }
     int64_t group = node_attr_int(c->node, "group", 1);
     if (group < 1 || x->dims[1] != w->dims[1] * group || w->dims[0] % group) {
-        snprintf(why, why_len, "group/channels");
+        kc_why(why, why_len, "group/channels");
         return -1;
     }
     if (c->nin > 2 && c->in[2] && (c->in[2]->dtype != x->dtype || tensor_numel(c->in[2]) != w->dims[0])) {
-        snprintf(why, why_len, "bias");
+        kc_why(why, why_len, "bias");
         return -1;
     }
     return geom_of(c, x, y, w->dims + 2, g, why, why_len);
@@ -467,13 +478,13 @@ static int conv_run(struct kc_instance *in, struct op_call *c, struct conv_state
 
 static int pool_check(const struct op_call *c, struct geom *g, char *why, size_t why_len) {
     const struct tensor *x = c->in[0], *y = c->out[0];
-    if (!is_float(x->dtype) || y->dtype != x->dtype) { snprintf(why, why_len, "dtype"); return -1; }
-    if (c->nout > 1 && c->out[1]) { snprintf(why, why_len, "MaxPool Indices output"); return -1; }
+    if (!is_float(x->dtype) || y->dtype != x->dtype) { kc_why(why, why_len, "dtype"); return -1; }
+    if (c->nout > 1 && c->out[1]) { kc_why(why, why_len, "MaxPool Indices output"); return -1; }
     const int64_t *ks = NULL;
     int nk = node_attr_ints(c->node, "kernel_shape", &ks);
-    if (nk != x->ndim - 2) { snprintf(why, why_len, "kernel_shape"); return -1; }
+    if (nk != x->ndim - 2) { kc_why(why, why_len, "kernel_shape"); return -1; }
     if (geom_of(c, x, y, ks, g, why, why_len)) return -1;
-    if (g->d[0] != 1 || g->d[1] != 1) { snprintf(why, why_len, "dilated pooling"); return -1; }
+    if (g->d[0] != 1 || g->d[1] != 1) { kc_why(why, why_len, "dilated pooling"); return -1; }
     return 0;
 }
 

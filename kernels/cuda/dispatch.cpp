@@ -24,6 +24,9 @@ enum kd_kind {
     KD_CAST,
     KD_SOFTMAX,   /* code: 1 for LogSoftmax */
     KD_LAYERNORM,
+    KD_INSTANCENORM,
+    KD_POOL,      /* code: 1 MaxPool, 0 AveragePool */
+    KD_LRN,
     KD_REDUCE,    /* code: kc_reduce_op */
     KD_GLOBALPOOL, /* code: KR_MEAN / KR_MAX */
     KD_ARGMAX,    /* code: 1 for ArgMin */
@@ -116,6 +119,10 @@ static const struct kd_op g_ops[] = {
     {"Softmax", KD_SOFTMAX, 0},
     {"LogSoftmax", KD_SOFTMAX, 1},
     {"LayerNormalization", KD_LAYERNORM, 0},
+    {"InstanceNormalization", KD_INSTANCENORM, 0},
+    {"LRN", KD_LRN, 0},
+    {"MaxPool", KD_POOL, 1},
+    {"AveragePool", KD_POOL, 0},
     {"ReduceSum", KD_REDUCE, KR_SUM},
     {"ReduceMean", KD_REDUCE, KR_MEAN},
     {"ReduceMax", KD_REDUCE, KR_MAX},
@@ -162,10 +169,13 @@ struct kd_state {
     struct kc_bcast bc;
     struct kc_remap_desc rm;
     struct kc_reduce_desc rd;
+    struct kc_pool_desc pool;
     int64_t outer, mid, inner; /* softmax, argmax, gather, layernorm rows/cols */
     int axis;
     int flag;              /* LogSoftmax, ArgMin, select_last_index, noop reduce */
     float eps;
+    float alpha, beta, bias; /* LRN */
+    int size;
 };
 
 static int64_t kd_prod(const struct tensor *t, int from, int to) {
@@ -589,6 +599,76 @@ static int kd_build(const struct op_call *c, struct kd_state *st, char *why, siz
         st->act_after = 1;
         break;
     }
+    case KD_INSTANCENORM: {
+        if (!kd_is_float(x->dtype) || x->ndim < 3) KD_NO("InstanceNormalization on %s of rank %d", dtype_name(x->dtype), x->ndim);
+        if (c->nin != 3 || !c->in[1] || !c->in[2]) KD_NO("InstanceNormalization inputs");
+        for (int k = 1; k < 3; k++)
+            if (c->in[k]->dtype != x->dtype || tensor_numel(c->in[k]) != x->dims[1]) KD_NO("scale/B not one per channel");
+        st->outer = x->dims[0] * x->dims[1];
+        st->inner = kd_prod(x, 2, x->ndim);
+        st->mid = x->dims[1];
+        st->eps = node_attr_float(n, "epsilon", 1e-5f);
+        st->act_after = 1;
+        break;
+    }
+    case KD_POOL: {
+        if (!kd_is_float(x->dtype) || y->dtype != x->dtype) KD_NO("%s on %s", n->op_type, dtype_name(x->dtype));
+        int nsp = x->ndim - 2;
+        if (nsp < 1 || nsp > 3 || y->ndim != x->ndim) KD_NO("%d spatial dims", nsp);
+        if (c->nout > 1 && c->out[1]) KD_NO("MaxPool Indices output");
+        const int64_t *ks = NULL, *st_ = NULL, *dl = NULL, *pads = NULL;
+        if (node_attr_ints(n, "kernel_shape", &ks) != nsp) KD_NO("kernel_shape");
+        int nst = node_attr_ints(n, "strides", &st_), ndl = node_attr_ints(n, "dilations", &dl);
+        int np = node_attr_ints(n, "pads", &pads);
+        const char *auto_pad = node_attr_str(n, "auto_pad", "NOTSET");
+        struct kc_pool_desc *p = &st->pool;
+        p->nsp = 3; /* unused leading... trailing dims stay 1 */
+        p->is_max = op->code;
+        p->include_pad = (int)node_attr_int(n, "count_include_pad", 0);
+        p->n = tensor_numel(y);
+        for (int d = 0; d < 3; d++) {
+            p->in[d] = p->out[d] = 1;
+            p->k[d] = p->s[d] = p->dil[d] = 1;
+            p->pb[d] = p->pe[d] = 0;
+        }
+        for (int d = 0; d < nsp; d++) {
+            p->in[d] = x->dims[2 + d];
+            p->out[d] = y->dims[2 + d];
+            p->k[d] = (int)ks[d];
+            p->s[d] = nst == nsp ? (int)st_[d] : 1;
+            p->dil[d] = ndl == nsp ? (int)dl[d] : 1;
+            if (p->k[d] < 1 || p->s[d] < 1 || p->dil[d] < 1) KD_NO("kernel, strides or dilations");
+            if (!strcmp(auto_pad, "SAME_UPPER") || !strcmp(auto_pad, "SAME_LOWER")) {
+                int64_t total = (p->out[d] - 1) * p->s[d] + (int64_t)(p->k[d] - 1) * p->dil[d] + 1 - p->in[d];
+                if (total < 0) total = 0;
+                p->pb[d] = (int)(!strcmp(auto_pad, "SAME_UPPER") ? total / 2 : total - total / 2);
+                p->pe[d] = (int)(total - p->pb[d]);
+            } else if (!strcmp(auto_pad, "NOTSET") && np == 2 * nsp) {
+                p->pb[d] = (int)pads[d];
+                p->pe[d] = (int)pads[d + nsp];
+            } else if (strcmp(auto_pad, "VALID") && strcmp(auto_pad, "NOTSET")) {
+                KD_NO("auto_pad %s", auto_pad);
+            }
+        }
+        p->nsp = nsp;
+        /* Trailing unused dims must be 1 for the kernel's flat indexing. */
+        st->act_after = 1;
+        break;
+    }
+    case KD_LRN: {
+        if (!kd_is_float(x->dtype) || x->ndim < 2) KD_NO("LRN on %s of rank %d", dtype_name(x->dtype), x->ndim);
+        int64_t size = node_attr_int(n, "size", 0);
+        if (size < 1) KD_NO("LRN size");
+        st->size = (int)size;
+        st->alpha = node_attr_float(n, "alpha", 1e-4f);
+        st->beta = node_attr_float(n, "beta", 0.75f);
+        st->bias = node_attr_float(n, "bias", 1.0f);
+        st->outer = x->dims[0];
+        st->mid = x->dims[1];
+        st->inner = kd_prod(x, 2, x->ndim);
+        st->act_after = 1;
+        break;
+    }
     case KD_REDUCE:
     case KD_GLOBALPOOL: {
         if (!kd_is_float(x->dtype)) KD_NO("%s on %s", n->op_type, dtype_name(x->dtype));
@@ -790,7 +870,17 @@ static int kd_run_state(struct op_call *c, const struct kd_state *st, cudaStream
         e = kc_layernorm(x->dtype, x->data, c->nin > 1 && c->in[1] ? c->in[1]->data : NULL,
                          c->nin > 2 && c->in[2] ? c->in[2]->data : NULL, y->data,
                          c->nout > 1 && c->out[1] ? (float *)c->out[1]->data : NULL,
-                         c->nout > 2 && c->out[2] ? (float *)c->out[2]->data : NULL, st->outer, st->inner, st->eps, s);
+                         c->nout > 2 && c->out[2] ? (float *)c->out[2]->data : NULL, st->outer, st->inner, st->eps, 0, s);
+        break;
+    case KD_INSTANCENORM:
+        e = kc_layernorm(x->dtype, x->data, c->in[1]->data, c->in[2]->data, y->data, NULL, NULL, st->outer, st->inner,
+                         st->eps, st->mid, s);
+        break;
+    case KD_POOL:
+        e = kc_pool(x->dtype, x->data, y->data, &st->pool, s);
+        break;
+    case KD_LRN:
+        e = kc_lrn(x->dtype, x->data, y->data, st->outer, st->mid, st->inner, st->size, st->alpha, st->beta, st->bias, s);
         break;
     case KD_REDUCE:
     case KD_GLOBALPOOL:

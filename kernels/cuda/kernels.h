@@ -105,9 +105,23 @@ cudaError_t kc_where(size_t elem, const void *cond, const void *x, const void *y
                      cudaStream_t s);
 cudaError_t kc_softmax(enum dtype dt, const void *x, void *y, int64_t outer, int64_t axis_len, int64_t inner, int log,
                        cudaStream_t s);
-/* mean/inv_std (FP32, rows values) may be NULL. */
+/* mean/inv_std (FP32, rows values) may be NULL. row_channels 0: scale and
+ * bias have cols values (LayerNormalization); > 0: one per row, indexed by
+ * row % row_channels (InstanceNormalization over [N*C, spatial]). */
 cudaError_t kc_layernorm(enum dtype dt, const void *x, const void *scale, const void *bias, void *y, float *mean,
-                         float *inv_std, int64_t rows, int64_t cols, float eps, cudaStream_t s);
+                         float *inv_std, int64_t rows, int64_t cols, float eps, int64_t row_channels, cudaStream_t s);
+/* Pooling over 1-3 spatial dims (unused trailing dims: in/out/k 1); n is
+ * the output element count; in/out are spatial sizes. */
+struct kc_pool_desc {
+    int nsp, is_max, include_pad;
+    int64_t n;
+    int64_t in[3], out[3];
+    int k[3], s[3], dil[3], pb[3], pe[3];
+};
+cudaError_t kc_pool(enum dtype dt, const void *x, void *y, const struct kc_pool_desc *p, cudaStream_t s);
+/* LRN across the channels of [n, c, inner]. */
+cudaError_t kc_lrn(enum dtype dt, const void *x, void *y, int64_t n, int64_t c, int64_t inner, int size, float alpha,
+                   float beta, float bias, cudaStream_t s);
 cudaError_t kc_reduce(int op, enum dtype dt, const void *x, void *y, const struct kc_reduce_desc *d, cudaStream_t s);
 /* ArgMax/ArgMin over the middle dim of [outer, axis_len, inner]; y is int64. */
 cudaError_t kc_argmax(enum dtype dt, const void *x, int64_t *y, int64_t outer, int64_t axis_len, int64_t inner,

@@ -530,8 +530,33 @@ static void test_softmax(void **state) {
         C("LayerNormalization", {F({2, 5000}), F({5000}), ABSENT()}, {af("epsilon", 1e-3f)}, SUMS),
         C("LayerNormalization", {F({6, 31}), F({31}), F({31})}, {}, SUMS, 3),
         C("LayerNormalization", {F({4, 64}), F({64}), F({64})}, {}, HALF, 1, 0, 0, true),
+        C("InstanceNormalization", {F({2, 3, 5, 7}), F({3}), F({3})}, {}, SUMS),
+        C("InstanceNormalization", {F({1, 4, 1000}), F({4}), F({4})}, {af("epsilon", 1e-3f)}, SUMS),
+        C("LRN", {F({2, 7, 5, 5})}, {ai("size", 3)}, MATH),
+        C("LRN", {F({1, 16, 9})}, {ai("size", 4), af("alpha", 2e-3f), af("beta", 0.5f), af("bias", 2.0f)}, MATH),
     };
-    run_cases(v, "softmax/layernorm");
+    run_cases(v, "softmax/normalizations");
+}
+
+static void test_pool(void **state) {
+    (void)state;
+    std::vector<tcase> v = {
+        C("MaxPool", {F({2, 3, 9, 9})}, {ais("kernel_shape", {3, 3}), ais("strides", {2, 2})}, EXACT),
+        C("MaxPool", {F({1, 2, 8, 7})}, {ais("kernel_shape", {3, 2}), ais("pads", {1, 0, 2, 1}), ai("ceil_mode", 1),
+                                          ais("strides", {2, 2})}, EXACT),
+        C("MaxPool", {F({1, 2, 10, 10})}, {ais("kernel_shape", {2, 2}), ais("dilations", {2, 2})}, EXACT, 1, 12),
+        C("MaxPool", {F({2, 3, 17})}, {ais("kernel_shape", {4}), as("auto_pad", "SAME_UPPER")}, EXACT),
+        C("MaxPool", {F({1, 2, 5, 6, 7})}, {ais("kernel_shape", {2, 3, 2})}, EXACT),
+        C("AveragePool", {F({2, 3, 8, 8})}, {ais("kernel_shape", {2, 2}), ais("strides", {2, 2})}, MATH),
+        C("AveragePool", {F({1, 2, 7, 7})}, {ais("kernel_shape", {3, 3}), ais("pads", {1, 1, 1, 1})}, MATH),
+        C("AveragePool", {F({1, 2, 7, 7})}, {ais("kernel_shape", {3, 3}), ais("pads", {1, 1, 1, 1}),
+                                             ai("count_include_pad", 1)}, MATH),
+        C("AveragePool", {F({1, 1, 6, 6})}, {ais("kernel_shape", {3, 3}), ais("pads", {0, 0, 2, 2}),
+                                             ais("strides", {2, 2}), ai("count_include_pad", 1)}, MATH),
+        C("AveragePool", {F({1, 1, 7, 7})}, {ais("kernel_shape", {2, 2}), ais("strides", {2, 2}), ai("ceil_mode", 1)}, MATH),
+        C("AveragePool", {F({2, 3, 8, 8})}, {ais("kernel_shape", {2, 2}), ais("strides", {2, 2})}, HALF, 1, 0, 0, true),
+    };
+    run_cases(v, "pooling");
 }
 
 static void test_reduce(void **state) {
@@ -926,6 +951,7 @@ int main(void) {
         cmocka_unit_test(test_cast),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_pool),
         cmocka_unit_test(test_supports_truthfully),
         cmocka_unit_test(test_onnx_node_tests),
 #ifndef KILN_CUDA_EMU
