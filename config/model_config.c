@@ -140,10 +140,16 @@ static int parse_io(const cJSON *arr, const char *what, struct model_config_io *
 }
 
 int model_config_parse(struct model_config *c, const char *json, size_t len, char *err, size_t err_len) {
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root) {
+        /* cJSON leaves end at the first byte it could not parse. */
+        size_t at = end && end >= json && end <= json + len ? (size_t)(end - json) : 0;
+        return INVALID("the configuration is not valid JSON (error at byte %zu)", at);
+    }
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return INVALID("config.json is not a JSON object");
+        return INVALID("the configuration is not a JSON object");
     }
     int rc = 0;
     int64_t x;
@@ -168,7 +174,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         goto out;
     }
     int r = get_int(root, "max_batch_size", 0, 1 << 20, &x);
-    if (r < 0) { rc = INVALID("config field 'max_batch_size' must be an integer >= 0"); goto out; }
+    if (r < 0) { rc = INVALID("config field 'max_batch_size' must be an integer from 0 to %d", 1 << 20); goto out; }
     if (r) { c->max_batch_size = (int)x; c->max_batch_size_set = 1; }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "input")) && (rc = parse_io(v, "input", &c->inputs, &c->ninputs, err, err_len)))
         goto out;

@@ -521,6 +521,14 @@ static int set_value_type(struct graph_value *v, const Onnx__ValueInfoProto *vi,
                           size_t err_len) {
     const Onnx__TypeProto *tp = vi->type;
     if (!tp) return status_set(err, err_len, STATUS_INVALID, "%s '%s' has no type", what, v->name);
+    /* A sequence of maps is what scikit-learn classifiers export by default
+     * (ZipMap): say how to export a tensor instead. */
+    if (tp->value_case == ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE && tp->sequence_type &&
+        tp->sequence_type->elem_type && tp->sequence_type->elem_type->value_case == ONNX__TYPE_PROTO__VALUE_MAP_TYPE)
+        return status_set(err, err_len, STATUS_UNSUPPORTED,
+                          "%s '%s' is a sequence of maps (the output of ZipMap); kiln supports only tensors: export "
+                          "scikit-learn classifiers with skl2onnx's options={id(model): {'zipmap': False}}",
+                          what, v->name);
     if (tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type)
         return status_set(err, err_len, STATUS_UNSUPPORTED, "%s '%s' is %s; kiln supports only tensors", what,
                           v->name, type_case_name(tp->value_case));

@@ -336,7 +336,19 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
     pthread_rwlock_unlock(&r->lock);
 }
 
+static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len);
+
+/* Every failed load is logged once, whatever step refused it (a missing version
+ * folder or a bad config.json as much as a broken model file): the startup
+ * summary "N models failed to load (see above)" points at these lines. An
+ * unknown name is the caller's mistake, answered to it and not logged. */
 static int load_locked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
+    int rc = load_checked(r, name, override, err, err_len);
+    if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
+    return rc;
+}
+
+static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
     if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
@@ -399,7 +411,6 @@ static int load_locked(repository_t *r, const char *name, const char *override, 
     if (rc) {
         for (int i = 0; nv && i < nw; i++) repository_release(nv[i]);
         free(nv);
-        log_error("%s", err);
         /* A failed reload keeps the old versions serving. */
         if (!was_ready) entry_set_state(r, name, ST_UNAVAILABLE, err);
         return rc;

@@ -13,6 +13,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,6 +382,19 @@ struct input_arg {
     const char *file;
 };
 
+/* A flag's integer value in [lo, hi]; atoi would take "abc" as 0 and "2x" as 2. */
+static int parse_count(const char *flag, const char *text, long lo, long hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (errno || end == text || *end || v < lo || v > hi) {
+        fprintf(stderr, "kiln run: %s '%s': expected an integer from %ld to %ld\n", flag, text, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     const char *model_arg = NULL, *out_dir = NULL;
     int batch = 1, iterations = 0, threads = 0, quiet = 0;
@@ -400,10 +414,27 @@ int cmd_run(int argc, char **argv) {
                 ins[nins].file = eq ? eq + 1 : v;
             }
             nins++;
-        } else if (!strcmp(a, "--batch") && v) batch = atoi(argv[++i]);
-        else if (!strcmp(a, "--iterations") && v) iterations = atoi(argv[++i]);
-        else if (!strcmp(a, "--threads") && v) threads = atoi(argv[++i]);
-        else if (!strcmp(a, "--seed") && v) seed = strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--batch") && v) {
+            if (parse_count(a, argv[++i], 1, 1 << 24, &batch)) { rc = 2; goto done; }
+        } else if (!strcmp(a, "--iterations") && v) {
+            if (parse_count(a, argv[++i], 0, INT_MAX - 1, &iterations)) { rc = 2; goto done; }
+        } else if (!strcmp(a, "--threads") && v) {
+            if (parse_count(a, argv[++i], 0, 4096, &threads)) { rc = 2; goto done; }
+        } else if (!strcmp(a, "--seed") && v) {
+            char *end;
+            errno = 0;
+            seed = strtoull(argv[++i], &end, 10);
+            if (errno || end == argv[i] || *end || argv[i][0] == '-') {
+                fprintf(stderr, "kiln run: --seed '%s': expected a non-negative integer\n", argv[i]);
+                rc = 2;
+                goto done;
+            }
+        } else if (!strcmp(a, "--input") || !strcmp(a, "--batch") || !strcmp(a, "--iterations") ||
+                   !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--output-dir")) {
+            fprintf(stderr, "kiln run: %s needs a value\n", a);
+            rc = 2;
+            goto done;
+        }
         else if (!strcmp(a, "--output-dir") && v) out_dir = argv[++i];
         else if (!strcmp(a, "--quiet")) quiet = 1;
         else if (!strcmp(a, "--list-ops")) {
@@ -422,7 +453,8 @@ int cmd_run(int argc, char **argv) {
             goto done;
         }
     }
-    if (!model_arg || batch < 1 || iterations < 0 || threads < 0) {
+    if (!model_arg) {
+        fprintf(stderr, "kiln run: no MODEL given\n");
         usage(stderr);
         rc = 2;
         goto done;

@@ -938,8 +938,15 @@ static void route(struct evhttp_request *req, void *arg) {
     }
     char *decoded[MAX_SEGS] = {0};
     for (int i = 0; i < n && i < MAX_SEGS; i++) {
-        decoded[i] = evhttp_uridecode(segs[i], 0, NULL);
+        size_t dlen = 0;
+        decoded[i] = evhttp_uridecode(segs[i], 0, &dlen);
         if (decoded[i]) segs[i] = decoded[i];
+        /* "tiny%00x" would decode to the C string "tiny" and reach model "tiny". */
+        if (decoded[i] && strlen(decoded[i]) != dlen) {
+            snprintf(msg, sizeof msg, "the path %.2000s holds an encoded NUL byte (%%00)", path);
+            reply_error(s, req, 400, msg);
+            goto out;
+        }
     }
 #define IS(i, lit) (n > (i) && strcmp(segs[i], lit) == 0)
     if (n == 1 && IS(0, "metrics")) {

@@ -1,5 +1,6 @@
 #include "server/kserve.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -183,8 +184,21 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
             return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is not a valid %s", \
                               f->in->name, (long long)i, d, dn);                                                \
     } while (0)
+#define BIG64(lo, hi)                                                                                          \
+    do {                                                                                                        \
+        if (d < (lo) || d > (hi))                                                                               \
+            return status_set(f->err, f->err_len, STATUS_INVALID,                                               \
+                              "input '%s': data[%lld] = %.17g is outside +-(2^53 - 1), where JSON numbers stop "  \
+                              "being exact: send %s values this large as binary data", f->in->name, (long long)i, d, dn); \
+    } while (0)
     switch (t->dtype) {
-    case DT_FP32: ((float *)t->data)[i] = (float)d; break;
+    case DT_FP32:
+        /* A finite JSON number beyond FLT_MAX would silently become infinity. */
+        if (fabs(d) > FLT_MAX)
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP32",
+                              f->in->name, (long long)i, d);
+        ((float *)t->data)[i] = (float)d;
+        break;
     case DT_FP64: ((double *)t->data)[i] = d; break;
     case DT_INT8: RANGE(INT8_MIN, INT8_MAX); ((int8_t *)t->data)[i] = (int8_t)d; break;
     case DT_UINT8: RANGE(0, UINT8_MAX); ((uint8_t *)t->data)[i] = (uint8_t)d; break;
@@ -192,13 +206,24 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
     case DT_UINT16: RANGE(0, UINT16_MAX); ((uint16_t *)t->data)[i] = (uint16_t)d; break;
     case DT_INT32: RANGE(INT32_MIN, INT32_MAX); ((int32_t *)t->data)[i] = (int32_t)d; break;
     case DT_UINT32: RANGE(0, UINT32_MAX); ((uint32_t *)t->data)[i] = (uint32_t)d; break;
-    /* 2^63 is the first double beyond int64; precision above 2^53 is the JSON's own limit. */
-    case DT_INT64: RANGE(-9223372036854775808.0, 9223372036854774784.0); ((int64_t *)t->data)[i] = (int64_t)d; break;
-    case DT_UINT64: RANGE(0, 18446744073709549568.0); ((uint64_t *)t->data)[i] = (uint64_t)d; break;
+    /* JSON numbers are parsed as doubles: beyond 2^53 the value read may not be the
+     * value sent (9007199254740993 reads as ...992, like 2^53 itself), so such values are refused
+     * rather than silently changed; the binary extension carries any 64-bit value. */
+    case DT_INT64:
+        RANGE(-9223372036854775808.0, 9223372036854774784.0); /* 2^63 is the first double beyond int64 */
+        BIG64(-9007199254740991.0, 9007199254740991.0);
+        ((int64_t *)t->data)[i] = (int64_t)d;
+        break;
+    case DT_UINT64:
+        RANGE(0, 18446744073709549568.0);
+        BIG64(0, 9007199254740991.0);
+        ((uint64_t *)t->data)[i] = (uint64_t)d;
+        break;
     default:
         return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': datatype %s cannot be sent as JSON data", f->in->name, dn);
     }
 #undef RANGE
+#undef BIG64
     return 0;
 }
 

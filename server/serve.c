@@ -14,7 +14,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/log.h"
+#include "common/status.h"
 #include "config/server_config.h"
 #include "kernels/backend.h"
 #include "models/repository.h"
@@ -50,9 +53,11 @@ static int load_initial(repository_t *repo, const struct server_config *cfg) {
     char err[512];
     for (int i = 0; i < cfg->nload_model; i++) {
         if (strcmp(cfg->load_model[i], "*") == 0) failed += repository_load_all(repo);
-        else if (repository_load(repo, cfg->load_model[i], err, sizeof err)) {
-            log_error("--load-model %s: %s", cfg->load_model[i], err);
-            failed++;
+        else {
+            int rc = repository_load(repo, cfg->load_model[i], err, sizeof err);
+            /* The repository logs every other failure itself. */
+            if (rc == STATUS_NOT_FOUND) log_error("--load-model %s: %s", cfg->load_model[i], err);
+            if (rc) failed++;
         }
     }
     return failed;
@@ -108,6 +113,11 @@ int cmd_serve(int argc, char **argv) {
              server_control_mode_name(cfg.model_control_mode));
     int failed = load_initial(repo, &cfg);
     if (failed) log_warn("%d model%s failed to load (see above); serving the others", failed, failed == 1 ? "" : "s");
+    cJSON *index = repository_index(repo, 0);
+    if (cJSON_GetArraySize(index) == 0)
+        log_warn("model repository %s holds no model folder (expected %s/<model>/1/model.onnx): no model to serve",
+                 cfg.model_repository, cfg.model_repository);
+    cJSON_Delete(index);
     struct http_server_params hp = {.config = &cfg, .repo = repo, .backend = backend};
     srv = http_server_create(&hp, err, sizeof err);
     if (!srv) {

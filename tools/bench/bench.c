@@ -99,7 +99,8 @@ static void usage(FILE *f) {
             "      --json FILE              all levels as JSON\n"
             "      --no-progress            no progress line on a terminal\n"
             "\n"
-            "exit codes: 0 ok (budget met), 1 budget not met, 2 usage or setup error\n");
+            "exit codes: 0 ok (budget met), 1 budget not met or a level where no request succeeded,\n"
+            "2 usage or setup error\n");
 }
 
 /* ======================================================================
@@ -355,6 +356,7 @@ struct level_result {
     uint64_t ok, failed, dropped;
     uint64_t status_count[MAX_STATUS];
     int status_code[MAX_STATUS];
+    char status_msg[MAX_STATUS][200]; /* the first error body seen with each status */
     int nstatus;
     double seconds;
     struct hist *h; /* microseconds */
@@ -400,13 +402,22 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static void count_status(struct level_result *r, int code) {
+static void count_status(struct level_result *r, int code, struct evhttp_request *req) {
     for (int i = 0; i < r->nstatus; i++)
         if (r->status_code[i] == code) {
             r->status_count[i]++;
             return;
         }
     if (r->nstatus < MAX_STATUS) {
+        char *m = r->status_msg[r->nstatus];
+        m[0] = 0;
+        struct evbuffer *b = req && code ? evhttp_request_get_input_buffer(req) : NULL;
+        if (b) {
+            ev_ssize_t n = evbuffer_copyout(b, m, sizeof r->status_msg[0] - 1);
+            m[n > 0 ? n : 0] = 0;
+            for (char *c = m; *c; c++)
+                if (*c == '\n' || *c == '\r') *c = ' ';
+        }
         r->status_code[r->nstatus] = code;
         r->status_count[r->nstatus++] = 1;
     }
@@ -433,7 +444,7 @@ static void on_response(struct evhttp_request *req, void *arg) {
             hist_record(r->res->h, (t - c->sched_ns) / 1000);
         } else {
             r->res->failed++;
-            count_status(r->res, code);
+            count_status(r->res, code, req);
         }
     }
     if (r->o->rate > 0) {
@@ -472,7 +483,7 @@ static void send_on(struct conn *c, uint64_t sched_ns) {
         r->inflight--;
         if (r->phase == 1) {
             r->res->failed++;
-            count_status(r->res, 0);
+            count_status(r->res, 0, NULL);
         }
     }
 }
@@ -647,8 +658,8 @@ static int setup_inputs(struct event_base *base, const struct opts *o, const cha
     else snprintf(path, sizeof path, "/v2/models/%s", o->model);
     int st = http_get(base, conn, hostport, path, &body);
     if (st != 200) {
-        fprintf(stderr, "kiln bench: GET %s on %s failed (%s%s)\n", path, hostport,
-                st < 0 ? "cannot connect" : "HTTP status ", st < 0 ? "" : (body ? body : ""));
+        if (st < 0) fprintf(stderr, "kiln bench: GET %s on %s failed (cannot connect)\n", path, hostport);
+        else fprintf(stderr, "kiln bench: GET %s on %s failed (HTTP %d: %.300s)\n", path, hostport, st, body ? body : "");
         free(body);
         evhttp_connection_free(conn);
         return -1;
@@ -666,6 +677,19 @@ static int setup_inputs(struct event_base *base, const struct opts *o, const cha
     }
     free(body);
     evhttp_connection_free(conn);
+    /* Every request would be refused: say so now instead of measuring errors. */
+    if (max_batch > 0 && o->batch > max_batch) {
+        fprintf(stderr, "kiln bench: --batch-size %d is larger than model '%s''s max_batch_size %d\n", o->batch, o->model,
+                max_batch);
+        cJSON_Delete(meta);
+        return -1;
+    }
+    if (max_batch == 0 && o->batch > 1) {
+        fprintf(stderr, "kiln bench: model '%s' does not batch (max_batch_size 0): --batch-size %d cannot apply\n",
+                o->model, o->batch);
+        cJSON_Delete(meta);
+        return -1;
+    }
     cJSON *inputs = meta ? cJSON_GetObjectItem(meta, "inputs") : NULL;
     if (!cJSON_IsArray(inputs)) {
         fprintf(stderr, "kiln bench: model metadata has no inputs\n");
@@ -762,8 +786,11 @@ static void print_level(const struct level_result *r, const struct opts *o) {
     if (o->nbudgets) printf("  %s", r->budget_ok ? "met" : "NOT MET");
     printf("\n");
     for (int i = 0; i < r->nstatus; i++)
-        printf("           %llu failed with %s %d\n", (unsigned long long)r->status_count[i],
-               r->status_code[i] ? "HTTP" : "connection error", r->status_code[i]);
+        if (r->status_code[i])
+            printf("           %llu failed with HTTP %d%s%s\n", (unsigned long long)r->status_count[i],
+                   r->status_code[i], r->status_msg[i][0] ? ": " : "", r->status_msg[i]);
+        else
+            printf("           %llu failed with a connection error\n", (unsigned long long)r->status_count[i]);
     if (r->dropped) printf("           %llu not sent: generator backlog full\n", (unsigned long long)r->dropped);
 }
 
@@ -962,6 +989,8 @@ int cmd_bench(int argc, char **argv) {
     if (o.nbudgets) {
         printf("latency budget %s\n", met ? "met" : "NOT met");
     }
+    int any_failed = 0;
+    for (int i = 0; i < nlev; i++) any_failed |= res[i].ok == 0;
     if (r.phase_ev) event_free(r.phase_ev);
     for (int i = 0; i < nlev; i++) free(res[i].h);
     free(res);
@@ -970,5 +999,6 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < nin; i++) free(in[i].fixed);
     event_base_free(base);
     if (o.nbudgets) return met ? 0 : 1;
-    return 0;
+    /* Without a budget, a level where no request succeeded measured nothing: fail the run. */
+    return any_failed ? 1 : 0;
 }

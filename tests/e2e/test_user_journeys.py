@@ -1,0 +1,204 @@
+"""What a new user does first, with real tools: the README's own snippets, a
+repository with broken models, scikit-learn exports, hostile requests, and the
+kiln run / bench / doctor commands. Each test pins a behaviour a user relies on
+(a clear message, the right exit status, the right numbers)."""
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import DIGITS, KILN, ROOT, raw_request, save_model, tiny_graph
+
+README = (ROOT / "README.md").read_text()
+
+
+def kiln(*args, timeout=60):
+    return subprocess.run([str(KILN), *args], capture_output=True, text=True, timeout=timeout)
+
+
+# ---- the README's first screen -------------------------------------------------
+
+@pytest.mark.skipif(not DIGITS.exists(), reason="the example digits model is missing")
+def test_readme_snippets_run_as_written(tmp_path, make_server):
+    """The README's curl body and tritonclient snippet, with only the address changed."""
+    s = make_server(ROOT / "model_repository", log_path=tmp_path / "kiln.log")
+    curl = re.search(r"curl -s localhost:8000/v2/models/digits/infer -d '(\{.*?\})'", README, re.S)
+    assert curl, "the README lost its curl example"
+    st, _, body = raw_request(s.url, "POST", "/v2/models/digits/infer", curl.group(1))
+    assert st == 200, body
+    out = {o["name"]: o for o in json.loads(body)["outputs"]}
+    # The README's image is the first digit of scikit-learn's set: a 0.
+    assert out["label"]["data"] == [0]
+    assert out["probabilities"]["shape"] == [1, 10]
+
+    snippet = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+    assert 'InferenceServerClient("localhost:8000")' in snippet
+    snippet = snippet.replace('"localhost:8000"', repr(s.url))
+    r = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    label, probs = r.stdout.split("]", 1)
+    assert re.fullmatch(r"\[\d", label.strip()), r.stdout
+    assert probs.count(".") >= 10, r.stdout  # ten probabilities printed
+
+
+# ---- a repository with mistakes --------------------------------------------------
+
+def test_every_broken_model_is_logged_and_indexed(tmp_path, make_server):
+    repo = tmp_path / "repo"
+    save_model(repo, "good", tiny_graph())
+    save_model(repo, "badjson", tiny_graph(), config="{not json")
+    save_model(repo, "toobig", tiny_graph(), config='{"max_batch_size": 100000000}')
+    (repo / "noversion").mkdir()
+    save_model(repo, "zero", tiny_graph(), version=0)
+    (repo / "garbage" / "1").mkdir(parents=True)
+    (repo / "garbage" / "1" / "model.onnx").write_bytes(b"\x08\x07garbage" * 50)
+    s = make_server(repo)
+    log = s.text()
+    for name in ("badjson", "toobig", "noversion", "zero", "garbage"):
+        assert re.search(rf"error .*model '{name}'", log), f"no log line for {name}:\n{log}"
+    assert "5 models failed to load (see above)" in log
+    assert "not valid JSON (error at byte" in log
+    assert "'max_batch_size' must be an integer from 0 to" in log
+    st, _, body = raw_request(s.url, "POST", "/v2/repository/index", "{}")
+    index = {e["name"]: e for e in json.loads(body)}
+    assert index["good"]["state"] == "READY"
+    assert "no version folder" in index["zero"]["reason"]
+
+
+def test_empty_repository_warns(tmp_path, make_server):
+    (tmp_path / "empty").mkdir()
+    s = make_server(tmp_path / "empty")
+    assert "holds no model folder" in s.text()
+    assert raw_request(s.url, "GET", "/v2/health/ready")[0] == 200
+
+
+# ---- scikit-learn exports ----------------------------------------------------------
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # scikit-learn's convergence warnings
+def test_sklearn_classifiers_match_onnxruntime_and_zipmap_is_explained(tmp_path, make_server):
+    ort = pytest.importorskip("onnxruntime")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    import tritonclient.http as httpclient
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import GradientBoostingClassifier, RandomForestClassifier
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.neural_network import MLPClassifier
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    models = {
+        "logreg": LogisticRegression(max_iter=500),
+        "forest": RandomForestClassifier(n_estimators=8, max_depth=4, random_state=0),
+        "boost": GradientBoostingClassifier(n_estimators=8, random_state=0),
+        "mlp": make_pipeline(StandardScaler(), MLPClassifier(hidden_layer_sizes=(16,), max_iter=300, random_state=0)),
+    }
+    repo = tmp_path / "repo"
+    for name, m in models.items():
+        m.fit(X, y)
+        onx = skl2onnx.to_onnx(m, X[:1], options={id(m): {"zipmap": False}},
+                               target_opset={"": 17, "ai.onnx.ml": 3})
+        (repo / name / "1").mkdir(parents=True)
+        onnx.save(onx, str(repo / name / "1" / "model.onnx"))
+    zm = LogisticRegression(max_iter=500).fit(X, y)
+    (repo / "zipmap" / "1").mkdir(parents=True)
+    onnx.save(skl2onnx.to_onnx(zm, X[:1], target_opset={"": 17, "ai.onnx.ml": 3}),
+              str(repo / "zipmap" / "1" / "model.onnx"))
+    s = make_server(repo)
+    c = httpclient.InferenceServerClient(s.url)
+    try:
+        batch = X[::5]  # 30 rows, within the default max_batch_size
+        for name in models:
+            assert c.is_model_ready(name), s.text()
+            ref = ort.InferenceSession(str(repo / name / "1" / "model.onnx")).run(None, {"X": batch})
+            x = httpclient.InferInput("X", list(batch.shape), "FP32")
+            x.set_data_from_numpy(batch)
+            r = c.infer(name, [x])
+            np.testing.assert_array_equal(r.as_numpy("label"), ref[0])
+            np.testing.assert_allclose(r.as_numpy("probabilities"), ref[1], atol=1e-5)
+        assert not c.is_model_ready("zipmap")
+        reason = {e["name"]: e["reason"] for e in c.get_model_repository_index()}["zipmap"]
+        assert "ZipMap" in reason and "'zipmap': False" in reason, reason
+    finally:
+        c.close()
+
+
+# ---- hostile requests ----------------------------------------------------------------
+
+def test_encoded_nul_in_a_model_name_is_refused(repo, make_server):
+    s = make_server(repo, "--model-control-mode", "explicit")
+    st, _, body = raw_request(s.url, "POST", "/v2/repository/models/tiny%00x/load", "")
+    assert st == 400 and b"NUL" in body, body
+    st, _, body = raw_request(s.url, "GET", "/v2/models/tiny%00x/config")
+    assert st == 400, body
+    st, _, body = raw_request(s.url, "POST", "/v2/repository/index", "{}")
+    assert {e["name"]: e["state"] for e in json.loads(body)}["tiny"] != "READY"
+
+
+def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
+    def infer(model, inputs):
+        return raw_request(server.url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
+
+    st, _, body = infer("tiny", [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1e300, 0, 0, 0]}])
+    assert st == 400 and b"out of range for FP32" in body, body
+    flag = {"name": "flag", "shape": [2, 3], "datatype": "BOOL", "data": [True] * 6}
+    big = 2 ** 53 + 1
+    st, _, body = infer("typed", [{"name": "i", "shape": [2, 3], "datatype": "INT64", "data": [1, 2, 3, 4, 5, big]}, flag])
+    assert st == 400 and b"2^53" in body and b"binary" in body, body
+    ok = 2 ** 53 - 1
+    st, _, body = infer("typed", [{"name": "i", "shape": [2, 3], "datatype": "INT64", "data": [1, 2, 3, 4, 5, ok]}, flag])
+    assert st == 200, body
+    out = {o["name"]: o for o in json.loads(body)["outputs"]}
+    assert out["a"]["data"][5] == ok + 1
+
+
+# ---- kiln run / bench / doctor -----------------------------------------------------
+
+def test_kiln_run_refuses_bad_numbers(repo):
+    model = str(repo / "tiny" / "1" / "model.onnx")
+    for flag, value in (("--iterations", "abc"), ("--batch", "0"), ("--batch", "2x"), ("--threads", "-1"),
+                        ("--seed", "x")):
+        r = kiln("run", model, flag, value)
+        assert r.returncode == 2, (flag, value, r.stdout, r.stderr)
+        assert flag in r.stderr and value in r.stderr, r.stderr
+    r = kiln("run", model, "--batch")
+    assert r.returncode == 2 and "--batch needs a value" in r.stderr, r.stderr
+    r = kiln("run", model, "--batch", "3", "--iterations", "5")
+    assert r.returncode == 0, r.stderr
+    assert "[3,3]" in r.stdout and "latency over 5 runs" in r.stdout
+
+
+def test_kiln_bench_says_why_it_cannot_run(server):
+    r = kiln("bench", "-u", server.url, "-m", "nope", "-n", "5")
+    assert r.returncode == 2 and "HTTP 404" in r.stderr and "unknown model" in r.stderr, r.stderr
+    r = kiln("bench", "-u", server.url, "-m", "tiny", "-b", "1000", "-n", "5")
+    assert r.returncode == 2 and "max_batch_size 32" in r.stderr, r.stderr
+    r = kiln("bench", "-u", server.url, "-m", "typed", "-b", "4", "-n", "5")
+    assert r.returncode == 2 and "does not batch" in r.stderr, r.stderr
+    r = kiln("bench", "-u", server.url, "-m", "tiny", "-b", "4", "-n", "50", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"c=1\s+\d", r.stdout), r.stdout
+
+
+def test_kiln_bench_reports_the_servers_error_and_fails(tmp_path, make_server):
+    """Every request refused (a config that disagrees with the model only at run
+    time is hard to make, so: a model whose input the bench cannot shape right)."""
+    repo = tmp_path / "repo"
+    save_model(repo, "tiny", tiny_graph())
+    s = make_server(repo)
+    r = kiln("bench", "-u", s.url, "-m", "tiny", "--shape", "x:1,5", "-n", "5", "--no-progress")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "failed with HTTP 400: " in r.stdout and "does not match model 'tiny'" in r.stdout, r.stdout
+
+
+def test_kiln_doctor_without_a_gpu_says_so():
+    r = kiln("doctor")
+    if "verdict: no GPU" not in r.stdout:
+        pytest.skip("this machine has a GPU")
+    assert r.returncode == 2
+    assert "CPU backend" in r.stdout
