@@ -1,7 +1,7 @@
 /* ops_ml.c - the ai.onnx.ml operators that scikit-learn exports use:
  * LinearClassifier, LinearRegressor, TreeEnsembleClassifier,
- * TreeEnsembleRegressor, TreeEnsemble (opset 5), Normalizer, Scaler,
- * Binarizer, ArrayFeatureExtractor and LabelEncoder.
+ * TreeEnsembleRegressor, TreeEnsemble (opset 5), SVMClassifier, SVMRegressor,
+ * Normalizer, Scaler, Binarizer, ArrayFeatureExtractor and LabelEncoder.
  * Scores follow onnxruntime's conventions (post_transform, the binary
  * "second class" column), since that is what exporters are tested against.
  * String labels point into the node's attributes, which outlive every run.
@@ -1189,6 +1189,281 @@ static int le_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * SVMClassifier (support vectors, libsvm's pairwise "one against one"
+ * classifiers) and SVMRegressor, as scikit-learn's SVC / SVR export them.
+ * Scores follow onnxruntime: without prob_a the scores are the pairwise
+ * decision values ([N, 2] as -d, d for two classes); with prob_a they are
+ * class probabilities from libsvm's pairwise coupling (Wu, Lin and Weng
+ * 2004). The label is the class with the most pairwise votes.
+ * ------------------------------------------------------------------------ */
+
+enum svm_kernel { SVM_LINEAR, SVM_POLY, SVM_RBF, SVM_SIGMOID };
+
+struct svm_kernel_params {
+    enum svm_kernel type;
+    float gamma, coef0, degree;
+};
+
+static int svm_kernel_attrs(struct op_call *c, struct svm_kernel_params *k) {
+    const char *t = node_attr_str(c->node, "kernel_type", "LINEAR");
+    if (!strcmp(t, "LINEAR")) k->type = SVM_LINEAR;
+    else if (!strcmp(t, "POLY")) k->type = SVM_POLY;
+    else if (!strcmp(t, "RBF")) k->type = SVM_RBF;
+    else if (!strcmp(t, "SIGMOID")) k->type = SVM_SIGMOID;
+    else return op_error(c, "unknown kernel_type '%s' (LINEAR, POLY, RBF, SIGMOID)", t);
+    const float *kp;
+    int n = node_attr_floats(c->node, "kernel_params", &kp);
+    k->gamma = n > 0 ? kp[0] : 0;
+    k->coef0 = n > 1 ? kp[1] : 0;
+    k->degree = n > 2 ? kp[2] : 0;
+    return 0;
+}
+
+/* K(x_r, sv) for one input row against one support vector of f features. */
+static float svm_kernel(const struct svm_kernel_params *k, const struct tensor *x, int64_t r, const float *sv, int64_t f) {
+    double acc = 0;
+    if (k->type == SVM_RBF) {
+        for (int64_t j = 0; j < f; j++) {
+            double d = op_double_at(x, r * f + j) - sv[j];
+            acc += d * d;
+        }
+        return expf(-k->gamma * (float)acc);
+    }
+    for (int64_t j = 0; j < f; j++) acc += op_double_at(x, r * f + j) * sv[j];
+    float dot = (float)acc;
+    switch (k->type) {
+    case SVM_POLY: return powf(k->gamma * dot + k->coef0, k->degree);
+    case SVM_SIGMOID: return tanhf(k->gamma * dot + k->coef0);
+    default: return dot;
+    }
+}
+
+struct svc_shape {
+    int64_t n, f, nclass, nvec, npairs, cols;
+    const int64_t *vpc;
+    const float *sv, *coef, *rho, *pa, *pb;
+    int have_proba;
+    struct ml_labels lab;
+    struct svm_kernel_params k;
+};
+
+static int svc_shape(struct op_call *c, struct svc_shape *s) {
+    memset(s, 0, sizeof *s);
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, &s->n, &s->f)) || (rc = svm_kernel_attrs(c, &s->k))) return rc;
+    enum post_transform pt;
+    if ((rc = ml_post_transform(c, &pt))) return rc;
+    if (pt != PT_NONE)
+        return op_error(c, "post_transform '%s' is not supported (scikit-learn exports NONE)",
+                        node_attr_str(c->node, "post_transform", ""));
+    ml_get_labels(c->node, "classlabels_ints", &s->lab);
+    s->nclass = s->lab.n;
+    if (s->nclass < 2) return op_error(c, "needs at least 2 class labels, got %lld", (long long)s->nclass);
+    int nv = node_attr_ints(c->node, "vectors_per_class", &s->vpc);
+    if (nv <= 0)
+        return op_error(c, "has no vectors_per_class: the linear form of SVMClassifier is not supported "
+                           "(scikit-learn exports LinearSVC as LinearClassifier)");
+    if (nv != s->nclass) return op_error(c, "vectors_per_class has %d entries for %lld classes", nv, (long long)s->nclass);
+    for (int i = 0; i < nv; i++) {
+        if (s->vpc[i] < 0 || s->vpc[i] > (1 << 24)) return op_error(c, "vectors_per_class[%d] = %lld is out of range", i, (long long)s->vpc[i]);
+        s->nvec += s->vpc[i];
+    }
+    int nsv = node_attr_floats(c->node, "support_vectors", &s->sv);
+    if (s->nvec == 0 || nsv <= 0 || nsv % s->nvec)
+        return op_error(c, "%d support_vectors values do not divide into %lld vectors", nsv < 0 ? 0 : nsv, (long long)s->nvec);
+    if (nsv / s->nvec != s->f)
+        return op_error(c, "support vectors have %lld features but the input has %lld", (long long)(nsv / s->nvec), (long long)s->f);
+    s->npairs = s->nclass * (s->nclass - 1) / 2;
+    int ncoef = node_attr_floats(c->node, "coefficients", &s->coef);
+    if (ncoef < (s->nclass - 1) * s->nvec)
+        return op_error(c, "coefficients has %d values; %lld classes and %lld vectors need %lld", ncoef < 0 ? 0 : ncoef,
+                        (long long)s->nclass, (long long)s->nvec, (long long)((s->nclass - 1) * s->nvec));
+    int nrho = node_attr_floats(c->node, "rho", &s->rho);
+    if (nrho < s->npairs) return op_error(c, "rho has %d values for %lld class pairs", nrho < 0 ? 0 : nrho, (long long)s->npairs);
+    int na = node_attr_floats(c->node, "prob_a", &s->pa), nb = node_attr_floats(c->node, "prob_b", &s->pb);
+    if (na < 0) na = 0;
+    if (nb < 0) nb = 0;
+    if (na != nb) return op_error(c, "prob_a has %d values but prob_b has %d", na, nb);
+    if (na > 0 && na < s->npairs) return op_error(c, "prob_a has %d values for %lld class pairs", na, (long long)s->npairs);
+    s->have_proba = na > 0;
+    s->cols = s->have_proba ? s->nclass : (s->nclass > 2 ? s->npairs : 2);
+    return 0;
+}
+
+static int svc_infer(struct op_call *c) {
+    struct svc_shape s;
+    int rc = svc_shape(c, &s);
+    if (rc) return rc;
+    int64_t d[2] = {s.n, s.cols};
+    if ((rc = ml_set(c, c->out[0], s.lab.strs ? DT_STRING : DT_INT64, 1, d))) return rc;
+    return ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
+}
+
+/* Per-row work space: kernel values, pairwise scores, votes, and for
+ * probabilities the pairwise matrix r, Q, Qp and p. */
+static size_t svc_scratch(const struct svc_shape *s) {
+    size_t k = (size_t)s->nclass;
+    return ((size_t)s->nvec + (size_t)s->npairs + 2 * k * k + 2 * k) * sizeof(float) + k * sizeof(int64_t);
+}
+
+static int svc_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct svc_shape s;
+    int rc = svc_shape(c, &s);
+    if (rc) return rc;
+    *scratch = svc_scratch(&s);
+    return 0;
+}
+
+/* Pairwise coupling: class probabilities p[k] from pairwise estimates r[i][j]
+ * (libsvm's multiclass_probability, in float as onnxruntime computes it). */
+static void svc_coupling(int64_t k, const float *r, float *Q, float *Qp, float *p) {
+    float eps = 0.005f / (float)k;
+    for (int64_t i = 0; i < k; i++) {
+        p[i] = 1.0f / (float)k;
+        Q[i * k + i] = 0;
+        for (int64_t j = 0; j < k; j++) {
+            if (j == i) continue;
+            Q[i * k + i] += r[j * k + i] * r[j * k + i];
+            Q[i * k + j] = -r[j * k + i] * r[i * k + j];
+        }
+    }
+    for (int it = 0; it < 100; it++) {
+        float pQp = 0, max_err = 0;
+        for (int64_t i = 0; i < k; i++) {
+            Qp[i] = 0;
+            for (int64_t j = 0; j < k; j++) Qp[i] += Q[i * k + j] * p[j];
+            pQp += p[i] * Qp[i];
+        }
+        for (int64_t i = 0; i < k; i++) {
+            float e = fabsf(Qp[i] - pQp);
+            if (e > max_err) max_err = e;
+        }
+        if (max_err < eps) break;
+        for (int64_t i = 0; i < k; i++) {
+            float diff = (-Qp[i] + pQp) / Q[i * k + i];
+            p[i] += diff;
+            pQp = (pQp + diff * (diff * Q[i * k + i] + 2 * Qp[i])) / (1 + diff) / (1 + diff);
+            for (int64_t j = 0; j < k; j++) {
+                Qp[j] = (Qp[j] + diff * Q[i * k + j]) / (1 + diff);
+                p[j] /= (1 + diff);
+            }
+        }
+    }
+}
+
+static int svc_run(struct op_call *c) {
+    struct svc_shape s;
+    int rc = svc_shape(c, &s);
+    if (rc) return rc;
+    if (!c->scratch || c->scratch_size < svc_scratch(&s)) return op_error(c, "scratch buffer too small");
+    int64_t k = s.nclass;
+    float *kern = c->scratch, *pair = kern + s.nvec, *r = pair + s.npairs, *Q = r + k * k, *Qp = Q + k * k, *p = Qp + k;
+    int64_t *votes = (int64_t *)(p + k);
+    struct tensor *z = ml_out(c, 1), *y = c->out[0];
+    for (int64_t row = 0; row < s.n; row++) {
+        for (int64_t v = 0; v < s.nvec; v++) kern[v] = svm_kernel(&s.k, c->in[0], row, s.sv + v * s.f, s.f);
+        memset(votes, 0, (size_t)k * sizeof *votes);
+        int64_t idx = 0, start_i = 0;
+        for (int64_t i = 0; i < k - 1; i++) {
+            int64_t start_j = start_i + s.vpc[i];
+            for (int64_t j = i + 1; j < k; j++) {
+                /* coefficients are [nclass - 1, nvec]: class i's vectors against j
+                 * use row j - 1, class j's vectors against i use row i. */
+                double sum = 0;
+                for (int64_t m = 0; m < s.vpc[i]; m++) sum += s.coef[(j - 1) * s.nvec + start_i + m] * kern[start_i + m];
+                for (int64_t m = 0; m < s.vpc[j]; m++) sum += s.coef[i * s.nvec + start_j + m] * kern[start_j + m];
+                sum += s.rho[idx];
+                pair[idx++] = (float)sum;
+                votes[sum > 0 ? i : j]++;
+                start_j += s.vpc[j];
+            }
+            start_i += s.vpc[i];
+        }
+        int64_t best = 0;
+        for (int64_t i = 1; i < k; i++)
+            if (votes[i] > votes[best]) best = i;
+        ml_put_label(y, row, &s.lab, best);
+        if (!z || !z->data) continue;
+        float *out = (float *)z->data + row * s.cols;
+        if (s.have_proba) {
+            idx = 0;
+            for (int64_t i = 0; i < k; i++) r[i * k + i] = 0;
+            for (int64_t i = 0; i < k - 1; i++)
+                for (int64_t j = i + 1; j < k; j++, idx++) {
+                    /* libsvm's sigmoid_predict: 1 / (1 + exp(A d + B)), kept off 0 and 1. */
+                    float v = 1.0f - ml_logistic(pair[idx] * s.pa[idx] + s.pb[idx]);
+                    v = v < 1e-7f ? 1e-7f : v > 1 - 1e-7f ? 1 - 1e-7f : v;
+                    r[i * k + j] = v;
+                    r[j * k + i] = 1 - v;
+                }
+            svc_coupling(k, r, Q, Qp, p);
+            memcpy(out, p, (size_t)k * sizeof *p);
+        } else if (k == 2) {
+            out[0] = -pair[0];
+            out[1] = pair[0];
+        } else {
+            memcpy(out, pair, (size_t)s.npairs * sizeof *pair);
+        }
+    }
+    return 0;
+}
+
+struct svr_shape {
+    int64_t n, f, nvec;
+    const float *sv, *coef, *rho;
+    int one_class;
+    struct svm_kernel_params k;
+};
+
+static int svr_shape(struct op_call *c, struct svr_shape *s) {
+    memset(s, 0, sizeof *s);
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, &s->n, &s->f)) || (rc = svm_kernel_attrs(c, &s->k))) return rc;
+    enum post_transform pt;
+    if ((rc = ml_post_transform(c, &pt))) return rc;
+    if (pt != PT_NONE)
+        return op_error(c, "post_transform '%s' is not supported (scikit-learn exports NONE)",
+                        node_attr_str(c->node, "post_transform", ""));
+    s->nvec = node_attr_int(c->node, "n_supports", 0);
+    s->one_class = node_attr_int(c->node, "one_class", 0) != 0;
+    if (s->nvec <= 0)
+        return op_error(c, "has n_supports %lld: the linear form of SVMRegressor is not supported", (long long)s->nvec);
+    int nsv = node_attr_floats(c->node, "support_vectors", &s->sv);
+    if (nsv <= 0 || nsv % s->nvec || nsv / s->nvec != s->f)
+        return op_error(c, "%d support_vectors values do not make %lld vectors of the input's %lld features",
+                        nsv < 0 ? 0 : nsv, (long long)s->nvec, (long long)s->f);
+    int ncoef = node_attr_floats(c->node, "coefficients", &s->coef);
+    if (ncoef < s->nvec) return op_error(c, "coefficients has %d values for %lld support vectors", ncoef < 0 ? 0 : ncoef, (long long)s->nvec);
+    if (node_attr_floats(c->node, "rho", &s->rho) < 1) return op_error(c, "attribute 'rho' is required");
+    return 0;
+}
+
+static int svr_infer(struct op_call *c) {
+    struct svr_shape s;
+    int rc = svr_shape(c, &s);
+    if (rc) return rc;
+    int64_t d[2] = {s.n, 1};
+    return ml_set(c, c->out[0], DT_FP32, 2, d);
+}
+
+static int svr_run(struct op_call *c) {
+    struct svr_shape s;
+    int rc = svr_shape(c, &s);
+    if (rc) return rc;
+    float *y = c->out[0]->data;
+#pragma omp parallel for if (s.n * s.nvec * s.f > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t row = 0; row < s.n; row++) {
+        double sum = 0;
+        for (int64_t v = 0; v < s.nvec; v++) sum += s.coef[v] * svm_kernel(&s.k, c->in[0], row, s.sv + v * s.f, s.f);
+        float score = (float)(sum + s.rho[0]);
+        y[row] = s.one_class ? (score > 0 ? 1.0f : -1.0f) : score;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -1204,5 +1479,7 @@ const struct op_def op_defs_ml[] = {
     {"TreeEnsembleRegressor", "ai.onnx.ml", tree_regressor_infer, tree_regressor_prepare, tree_run, tree_release, 0},
     {"TreeEnsemble", "ai.onnx.ml", te5_infer, te5_prepare, te5_run, tree_release, 0},
     {"LabelEncoder", "ai.onnx.ml", le_infer, le_prepare, le_run, le_release, 0},
+    {"SVMClassifier", "ai.onnx.ml", svc_infer, svc_prepare, svc_run, NULL, 0},
+    {"SVMRegressor", "ai.onnx.ml", svr_infer, NULL, svr_run, NULL, 0},
     {0},
 };

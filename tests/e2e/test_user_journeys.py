@@ -202,3 +202,48 @@ def test_kiln_doctor_without_a_gpu_says_so():
         pytest.skip("this machine has a GPU")
     assert r.returncode == 2
     assert "CPU backend" in r.stdout
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # SVC(probability=True) is deprecated in newer scikit-learn
+def test_sklearn_support_vector_machines_match_onnxruntime(tmp_path, make_server):
+    """SVC exports as SVMClassifier (pairwise scores, or probabilities by
+    pairwise coupling with probability=True), SVR as SVMRegressor."""
+    ort = pytest.importorskip("onnxruntime")
+    skl2onnx = pytest.importorskip("skl2onnx")
+    import tritonclient.http as httpclient
+    from sklearn.datasets import load_iris
+    from sklearn.svm import SVC, SVR
+
+    X, y = load_iris(return_X_y=True)
+    X = X.astype(np.float32)
+    repo = tmp_path / "repo"
+    cases = {}
+    for kernel in ("rbf", "poly", "linear", "sigmoid"):
+        for prob in (False, True):
+            for nclass in (2, 3):
+                m = SVC(kernel=kernel, probability=prob, coef0=0.5, random_state=0).fit(X[y < nclass], y[y < nclass])
+                cases[f"svc_{kernel}_{int(prob)}_{nclass}"] = (m, {id(m): {"zipmap": False}}, X)
+    cases["svr"] = (SVR(kernel="rbf").fit(X[:, :3], X[:, 3]), None, X[:, :3])
+    for name, (m, opts, data) in cases.items():
+        (repo / name / "1").mkdir(parents=True)
+        onnx.save(skl2onnx.to_onnx(m, data[:1], options=opts, target_opset={"": 17, "ai.onnx.ml": 3}),
+                  str(repo / name / "1" / "model.onnx"))
+    s = make_server(repo)
+    c = httpclient.InferenceServerClient(s.url)
+    try:
+        for name, (m, _, data) in cases.items():
+            batch = np.ascontiguousarray(data[::5])
+            sess = ort.InferenceSession(str(repo / name / "1" / "model.onnx"))
+            ref = sess.run(None, {"X": batch})
+            x = httpclient.InferInput("X", list(batch.shape), "FP32")
+            x.set_data_from_numpy(batch)
+            r = c.infer(name, [x])
+            for o, want in zip(sess.get_outputs(), ref):
+                got = r.as_numpy(o.name)
+                assert got.shape == want.shape, (name, o.name, got.shape, want.shape)
+                if want.dtype.kind == "f":
+                    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-3, err_msg=f"{name} {o.name}")
+                else:
+                    np.testing.assert_array_equal(got, want, err_msg=f"{name} {o.name}")
+    finally:
+        c.close()
