@@ -1260,6 +1260,8 @@ static int svc_shape(struct op_call *c, struct svc_shape *s) {
     ml_get_labels(c->node, "classlabels_ints", &s->lab);
     s->nclass = s->lab.n;
     if (s->nclass < 2) return op_error(c, "needs at least 2 class labels, got %lld", (long long)s->nclass);
+    /* The pairwise matrices are nclass^2: bound them. */
+    if (s->nclass > 4096) return op_error(c, "%lld classes: kiln supports at most 4096", (long long)s->nclass);
     int nv = node_attr_ints(c->node, "vectors_per_class", &s->vpc);
     if (nv <= 0)
         return op_error(c, "has no vectors_per_class: the linear form of SVMClassifier is not supported "
