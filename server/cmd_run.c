@@ -429,8 +429,8 @@ int cmd_run(int argc, char **argv) {
                 rc = 2;
                 goto done;
             }
-        } else if (!strcmp(a, "--input") || !strcmp(a, "--batch") || !strcmp(a, "--iterations") ||
-                   !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--output-dir")) {
+        } else if (!v && (!strcmp(a, "--input") || !strcmp(a, "--batch") || !strcmp(a, "--iterations") ||
+                          !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--output-dir"))) {
             fprintf(stderr, "kiln run: %s needs a value\n", a);
             rc = 2;
             goto done;

@@ -159,7 +159,7 @@ def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
 
 # ---- kiln run / bench / doctor -----------------------------------------------------
 
-def test_kiln_run_refuses_bad_numbers(repo):
+def test_kiln_run_refuses_bad_numbers(repo, tmp_path):
     model = str(repo / "tiny" / "1" / "model.onnx")
     for flag, value in (("--iterations", "abc"), ("--batch", "0"), ("--batch", "2x"), ("--threads", "-1"),
                         ("--seed", "x")):
@@ -168,9 +168,10 @@ def test_kiln_run_refuses_bad_numbers(repo):
         assert flag in r.stderr and value in r.stderr, r.stderr
     r = kiln("run", model, "--batch")
     assert r.returncode == 2 and "--batch needs a value" in r.stderr, r.stderr
-    r = kiln("run", model, "--batch", "3", "--iterations", "5")
+    r = kiln("run", model, "--batch", "3", "--iterations", "5", "--output-dir", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
     assert "[3,3]" in r.stdout and "latency over 5 runs" in r.stdout
+    assert np.load(tmp_path / "out" / "probs.npy").shape == (3, 3)
 
 
 def test_kiln_bench_says_why_it_cannot_run(server):
