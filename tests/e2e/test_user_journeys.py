@@ -186,6 +186,19 @@ def test_kiln_bench_says_why_it_cannot_run(server):
     assert re.search(r"c=1\s+\d", r.stdout), r.stdout
 
 
+def test_kiln_bench_checks_a_perf_analyzer_data_file(server, tmp_path):
+    good, typo = tmp_path / "good.json", tmp_path / "typo.json"
+    good.write_text(json.dumps({"data": [{"x": {"content": [1, 2, 3, 4], "shape": [4]}}]}))
+    typo.write_text(json.dumps({"data": [{"X": [1, 2, 3, 4]}]}))
+    r = kiln("bench", "-u", server.url, "-m", "tiny", "--input-data", str(good), "-n", "10", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    # perf_analyzer's convention: "shape" without the batch dim, one sample repeated per row.
+    r = kiln("bench", "-u", server.url, "-m", "tiny", "-b", "3", "--input-data", str(good), "-n", "10", "--no-progress")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = kiln("bench", "-u", server.url, "-m", "tiny", "--input-data", str(typo), "-n", "10", "--no-progress")
+    assert r.returncode == 2 and "no input named 'X'" in r.stderr, r.stderr
+
+
 def test_kiln_bench_reports_the_servers_error_and_fails(tmp_path, make_server):
     """Every request refused (a config that disagrees with the model only at run
     time is hard to make, so: a model whose input the bench cannot shape right)."""

@@ -299,7 +299,10 @@ static void *read_npy_or_raw(const char *path, size_t *len) {
 
 /* perf_analyzer's --input-data JSON: {"data": [{"NAME": [..] | {"content": [..], "shape": [..]}}]}.
  * Takes the first entry; values are converted to each input's dtype. */
-static int load_json_inputs(const char *path, struct input_desc *in, int nin) {
+/* perf_analyzer's --input-data format. As there, for a model that batches
+ * "shape" leaves out the batch dim and the content is one sample, repeated
+ * for each row of the batch. */
+static int load_json_inputs(const char *path, struct input_desc *in, int nin, int batched, int batch) {
     size_t n;
     char *text = read_file(path, &n);
     if (!text) return -1;
@@ -314,20 +317,59 @@ static int load_json_inputs(const char *path, struct input_desc *in, int nin) {
         cJSON_Delete(root);
         return -1;
     }
+    /* A name the model does not have is a typo: say so rather than send random data. */
+    cJSON *key;
+    cJSON_ArrayForEach(key, first) {
+        int known = 0;
+        for (int i = 0; i < nin; i++) known |= key->string && strcmp(key->string, in[i].name) == 0;
+        if (!known) {
+            char names[512] = "";
+            for (int i = 0; i < nin; i++)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s'%s'", i ? ", " : "", in[i].name);
+            fprintf(stderr, "kiln bench: %s: the model has no input named '%s' (its inputs: %s)\n", path,
+                    key->string ? key->string : "", names);
+            cJSON_Delete(root);
+            return -1;
+        }
+    }
     for (int i = 0; i < nin; i++) {
         cJSON *v = cJSON_GetObjectItem(first, in[i].name);
-        if (!v) continue;
+        if (!v) {
+            fprintf(stderr, "kiln bench: %s: no data for input '%s' in the first entry of \"data\"\n", path, in[i].name);
+            cJSON_Delete(root);
+            return -1;
+        }
         cJSON *content = cJSON_IsObject(v) ? cJSON_GetObjectItem(v, "content") : v;
+        if (!cJSON_IsArray(content)) {
+            fprintf(stderr, "kiln bench: %s: input '%s': expected an array of values (or {\"content\": [...], \"shape\": [...]})\n",
+                    path, in[i].name);
+            cJSON_Delete(root);
+            return -1;
+        }
         cJSON *shape = cJSON_IsObject(v) ? cJSON_GetObjectItem(v, "shape") : NULL;
         if (cJSON_IsArray(shape)) {
-            in[i].ndim = cJSON_GetArraySize(shape);
-            for (int d = 0; d < in[i].ndim && d < TENSOR_MAX_DIMS; d++)
-                in[i].dims[d] = (int64_t)cJSON_GetArrayItem(shape, d)->valuedouble;
+            int lead = batched ? 1 : 0, nd = cJSON_GetArraySize(shape);
+            if (nd + lead > TENSOR_MAX_DIMS) nd = TENSOR_MAX_DIMS - lead;
+            in[i].ndim = nd + lead;
+            if (batched) in[i].dims[0] = batch;
+            for (int d = 0; d < nd; d++) {
+                double v = cJSON_GetArrayItem(shape, d)->valuedouble;
+                if (!(v >= 0 && v < 1e9)) {
+                    fprintf(stderr, "kiln bench: %s: input '%s': shape[%d] is not a dim\n", path, in[i].name, d);
+                    cJSON_Delete(root);
+                    return -1;
+                }
+                in[i].dims[d + lead] = (int64_t)v;
+            }
         }
         int cnt = cJSON_GetArraySize(content);
         size_t es = dtype_size(in[i].dtype);
-        in[i].fixed = calloc((size_t)cnt, es);
-        in[i].fixed_len = (size_t)cnt * es;
+        struct tensor want = {.dtype = in[i].dtype, .ndim = in[i].ndim};
+        memcpy(want.dims, in[i].dims, sizeof want.dims);
+        /* One sample for a batch of several: repeat it. */
+        int reps = batched && batch > 1 && (int64_t)cnt * batch == tensor_numel(&want) ? batch : 1;
+        in[i].fixed = calloc((size_t)cnt * (size_t)reps + 1, es);
+        in[i].fixed_len = (size_t)cnt * (size_t)reps * es;
         for (int k = 0; k < cnt; k++) {
             double x = cJSON_GetArrayItem(content, k)->valuedouble;
             if (cJSON_IsBool(cJSON_GetArrayItem(content, k))) x = cJSON_IsTrue(cJSON_GetArrayItem(content, k));
@@ -341,6 +383,8 @@ static int load_json_inputs(const char *path, struct input_desc *in, int nin) {
             default: fprintf(stderr, "kiln bench: JSON input data for %s inputs is not supported\n", dtype_kserve_name(in[i].dtype)); cJSON_Delete(root); return -1;
             }
         }
+        for (int r = 1; r < reps; r++)
+            memcpy((uint8_t *)in[i].fixed + (size_t)r * (size_t)cnt * es, in[i].fixed, (size_t)cnt * es);
     }
     cJSON_Delete(root);
     return 0;
@@ -737,7 +781,7 @@ static int setup_inputs(struct event_base *base, const struct opts *o, const cha
     if (strcmp(id, "random") != 0 && strcmp(id, "zero") != 0) {
         size_t L = strlen(id);
         if (L > 5 && strcmp(id + L - 5, ".json") == 0) {
-            if (load_json_inputs(id, in, *nin) < 0) return -1;
+            if (load_json_inputs(id, in, *nin, max_batch > 0, o->batch) < 0) return -1;
         } else if (strchr(id, '=')) {
             char *copy = strdup(id), *save = NULL;
             for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
