@@ -1360,8 +1360,10 @@ static int svc_run(struct op_call *c) {
     if (rc) return rc;
     if (!c->scratch || c->scratch_size < svc_scratch(&s)) return op_error(c, "scratch buffer too small");
     int64_t k = s.nclass;
-    float *kern = c->scratch, *pair = kern + s.nvec, *r = pair + s.npairs, *Q = r + k * k, *Qp = Q + k * k, *p = Qp + k;
-    int64_t *votes = (int64_t *)(p + k);
+    /* The int64 votes first: the scratch buffer is aligned, float offsets may not be for int64. */
+    int64_t *votes = c->scratch;
+    float *kern = (float *)(votes + k), *pair = kern + s.nvec, *r = pair + s.npairs, *Q = r + k * k, *Qp = Q + k * k,
+          *p = Qp + k;
     struct tensor *z = ml_out(c, 1), *y = c->out[0];
     for (int64_t row = 0; row < s.n; row++) {
         for (int64_t v = 0; v < s.nvec; v++) kern[v] = svm_kernel(&s.k, c->in[0], row, s.sv + v * s.f, s.f);
