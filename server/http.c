@@ -928,6 +928,14 @@ static void route(struct evhttp_request *req, void *arg) {
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     if (!path) path = "/";
+    size_t body_len = evbuffer_get_length(evhttp_request_get_input_buffer(req));
+    if (body_len > (size_t)s->cfg->max_request_size) {
+        char too[200];
+        snprintf(too, sizeof too, "the request body has %zu bytes, more than --max-request-size (%lld bytes)", body_len,
+                 (long long)s->cfg->max_request_size);
+        reply_error(s, req, 413, too);
+        return;
+    }
     char *segs[MAX_SEGS];
     int n = 0;
     char pathbuf[2048], msg[2300];
@@ -1147,7 +1155,13 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         evhttp_set_allowed_methods(io->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                                  EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
                                                  EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-        evhttp_set_max_body_size(io->http, (ev_ssize_t)p->config->max_request_size);
+        /* libevent answers bodies over its limit with an HTML page that
+         * tritonclient cannot decode. Up to 16 MiB past --max-request-size the
+         * body is read and route() refuses it with a JSON 413 naming the flag;
+         * only bodies far beyond it get libevent's page. */
+        int64_t mrs = p->config->max_request_size;
+        int64_t slack = mrs < (16 << 20) ? mrs : (16 << 20);
+        evhttp_set_max_body_size(io->http, (ev_ssize_t)(mrs > INT64_MAX - slack ? INT64_MAX : mrs + slack));
         evhttp_set_max_headers_size(io->http, 64 * 1024);
         evhttp_set_default_content_type(io->http, "application/json");
         evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);

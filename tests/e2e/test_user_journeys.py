@@ -140,6 +140,23 @@ def test_encoded_nul_in_a_model_name_is_refused(repo, make_server):
     assert {e["name"]: e["state"] for e in json.loads(body)}["tiny"] != "READY"
 
 
+def test_a_body_over_the_limit_gets_an_error_tritonclient_can_read(repo, make_server):
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+    s = make_server(repo, "--max-request-size", "8192")
+    c = httpclient.InferenceServerClient(s.url)
+    try:
+        x = httpclient.InferInput("x", [1, 512], "FP32")
+        x.set_data_from_numpy(np.random.default_rng(0).random((1, 512), dtype=np.float32), binary_data=False)
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("slow", [x])
+        assert e.value.status() == "413" or e.value.status() == 413
+        assert "--max-request-size (8192 bytes)" in e.value.message(), e.value.message()
+        assert c.is_server_live()
+    finally:
+        c.close()
+
+
 def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
     def infer(model, inputs):
         return raw_request(server.url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
