@@ -204,7 +204,14 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
 
     char path[4096], e2[512];
     snprintf(path, sizeof path, "%s/%lld/model.onnx", mdir, (long long)ver);
-    struct model_params mp = {.path = path};
+    /* The configuration first: its optimization settings shape the engine. */
+    if (cfg && model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2)) {
+        ERR(STATUS_INVALID, "model '%s' version %lld: config.json: %s", name, (long long)ver, e2);
+        goto fail;
+    }
+    struct model_params mp = {.path = path,
+                              .fp16 = v->config.precision_fp16,
+                              .cuda_graphs = v->config.cuda_graphs ? 1 : -1};
     v->model = model_load(&mp, e2, sizeof e2);
     if (!v->model) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
@@ -220,8 +227,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     }
     for (int i = 0; i < ni; i++) ins[i] = *model_input(v->model, i);
     for (int i = 0; i < no; i++) outs[i] = *model_output(v->model, i);
-    int rc = cfg ? model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2) : 0;
-    if (!rc) rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
+    int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
     free(ins);
     free(outs);
@@ -236,6 +242,8 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
             name, be);
         goto fail;
     }
+    if (v->config.precision_fp16 && strcmp(be, "cpu") == 0)
+        log_info("model '%s': precision fp16 applies to the CUDA backend; the CPU runs FP32", name);
     const struct model_config *c = &v->config;
     struct batcher_params bp = {
         .model = v->model,
@@ -551,7 +559,16 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
     struct repo_version *v = NULL;
     pthread_rwlock_rdlock(&r->lock);
     struct entry *e = entry_find(r, name);
-    if (!e) *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s'", name);
+    if (!e) {
+        /* In explicit mode a model can be in the repository without having been loaded yet. */
+        char mdir[4096];
+        struct stat st;
+        snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
+        if (valid_name(name) && stat(mdir, &st) == 0 && S_ISDIR(st.st_mode))
+            *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s' (its folder is in the repository but the model is "
+                                            "not loaded; in explicit mode: POST /v2/repository/models/%s/load)", name, name);
+        else *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s'", name);
+    }
     else if (e->nversions == 0)
         *status = ERR(STATUS_UNAVAILABLE, "model '%s' is not ready (%s)", name,
                       e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
@@ -559,7 +576,13 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
     else {
         for (int i = 0; i < e->nversions; i++)
             if (e->versions[i]->version == version) v = e->versions[i];
-        if (!v) *status = ERR(STATUS_NOT_FOUND, "unknown version %lld of model '%s'", (long long)version, name);
+        if (!v) {
+            char have[200] = "";
+            for (int i = 0; i < e->nversions; i++)
+                snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "", e->versions[i]->version_str);
+            *status = ERR(STATUS_NOT_FOUND, "unknown version %lld of model '%s' (versions loaded: %s)", (long long)version,
+                          name, have);
+        }
     }
     if (v) atomic_fetch_add(&v->refs, 1);
     pthread_rwlock_unlock(&r->lock);

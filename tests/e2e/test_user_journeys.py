@@ -157,6 +157,17 @@ def test_a_body_over_the_limit_gets_an_error_tritonclient_can_read(repo, make_se
         c.close()
 
 
+def test_unknown_model_and_version_messages_say_what_exists(repo, make_server):
+    s = make_server(repo, "--model-control-mode", "explicit", "--load-model", "multi")
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    st, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", body)
+    assert st == 404 and b"in the repository but the model is not loaded" in raw, raw
+    st, _, raw = raw_request(s.url, "POST", "/v2/models/nope/infer", body)
+    assert st == 404 and json.loads(raw)["error"] == "unknown model: 'nope'", raw
+    st, _, raw = raw_request(s.url, "POST", "/v2/models/multi/versions/7/infer", body)
+    assert st == 404 and b"versions loaded: 1, 2" in raw, raw
+
+
 def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
     def infer(model, inputs):
         return raw_request(server.url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
