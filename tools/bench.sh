@@ -82,6 +82,10 @@ for l in lines:
     if l.startswith("|"):
         print(l)
 print()
+if any(float(r.split("|")[3]) < 0.01 for r in rows):
+    print("Note: `kiln run` reports milliseconds with three decimals, so microsecond latencies (the MLP) are "
+          "rounded and their ratios are coarse.")
+    print()
 worst = [l for l in lines if l.startswith("worst ratio")]
 if worst:
     w = float(worst[0].split()[2])
