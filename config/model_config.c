@@ -1,6 +1,7 @@
 #include "config/model_config.h"
 
 #include <errno.h>
+#include <strings.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@ void model_config_init(struct model_config *c, const char *name) {
     c->instance_count = 1;
     c->instance_kind = strdup("KIND_AUTO");
     c->default_priority_level = 0;
+    c->cuda_graphs = 1;
 }
 
 static void io_clear(struct model_config_io *io, int n) {
@@ -303,6 +305,27 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             goto out;
         }
     }
+    /* kiln's own: {"precision": "fp32"|"fp16", "cuda_graphs": bool}. Other
+     * keys (Triton's optimization.cuda, priority...) are ignored. */
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "optimization"))) {
+        if (!cJSON_IsObject(v)) {
+            rc = INVALID("config field 'optimization' must be an object");
+            goto out;
+        }
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(v, "precision");
+        if (pr) {
+            if (cJSON_IsString(pr) && strcasecmp(pr->valuestring, "fp32") == 0) c->precision_fp16 = 0;
+            else if (cJSON_IsString(pr) && strcasecmp(pr->valuestring, "fp16") == 0) c->precision_fp16 = 1;
+            else {
+                rc = INVALID("config field 'optimization.precision' must be \"fp32\" or \"fp16\"");
+                goto out;
+            }
+        }
+        if (get_bool(v, "cuda_graphs", &c->cuda_graphs) < 0) {
+            rc = INVALID("config field 'optimization.cuda_graphs' must be true or false");
+            goto out;
+        }
+    }
 out:
     cJSON_Delete(root);
     return rc;
@@ -513,5 +536,8 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON_AddNumberToObject(g, "count", c->instance_count);
     cJSON_AddItemToArray(ig, g);
     cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "response_cache"), "enable", c->response_cache);
+    cJSON *op = cJSON_AddObjectToObject(o, "optimization");
+    cJSON_AddStringToObject(op, "precision", c->precision_fp16 ? "fp16" : "fp32");
+    cJSON_AddBoolToObject(op, "cuda_graphs", c->cuda_graphs);
     return o;
 }

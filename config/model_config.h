@@ -66,6 +66,10 @@ struct model_config {
     int instance_count;             /* instance_group[0].count; default 1 */
     char *instance_kind;            /* "KIND_AUTO", "KIND_CPU", "KIND_GPU" */
     int response_cache;             /* response_cache.enable */
+    /* kiln's optimization object: {"precision": "fp32"|"fp16",
+     * "cuda_graphs": true|false}; they apply to device backends only. */
+    int precision_fp16;             /* "fp16"; default "fp32" */
+    int cuda_graphs;                /* default 1 */
 };
 
 void model_config_init(struct model_config *c, const char *name);

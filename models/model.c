@@ -27,6 +27,8 @@ struct model {
      * without them; from then on their values are part of the signature. */
     _Atomic uint64_t bind_values;
     uint64_t bind_candidates; /* inputs that may be bound (not strings) */
+    int fp16;        /* device contexts build FP16 plans */
+    int cuda_graphs; /* device contexts capture and replay */
 };
 
 struct model_exec {
@@ -57,6 +59,8 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     }
     m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
     m->max_dim = p->max_dim > 0 ? p->max_dim : (1 << 24);
+    m->fp16 = p->fp16 != 0;
+    m->cuda_graphs = p->cuda_graphs >= 0;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
     if (passes_run(m->g, err, err_len)) goto fail;
@@ -137,6 +141,8 @@ struct model_exec *model_exec_create(struct model *m, struct backend *be, int nt
     if (!x->be->host_memory) {
         x->dev_plans = plan_cache_create(m->max_plans);
         if (!x->dev_plans) goto nomem;
+        plan_cache_set_fp16(x->dev_plans, m->fp16);
+        plan_exec_set_cuda_graphs(x->pe, m->cuda_graphs);
     }
     return x;
 nomem:

@@ -30,6 +30,12 @@ struct model_params {
     const char *path;     /* model.onnx; external data files are read beside it */
     int max_plans;        /* LRU bound on cached plans; 0 = 16 */
     int max_dim;          /* largest accepted value of any input dim; 0 = 1<<24 */
+    /* The model's optimization settings, for device backends (the CPU runs
+     * FP32 and has no graphs): fp16 = 1 stores weights and activations as
+     * FP16 on the device (inputs and outputs stay FP32 at this API);
+     * cuda_graphs: 1 = capture and replay (the default, also for 0), -1 = off. */
+    int fp16;
+    int cuda_graphs;
 };
 
 struct model *model_load(const struct model_params *p, char *err, size_t err_len);

@@ -35,6 +35,12 @@ struct pval {
     unsigned char owned; /* t.data was malloc'd by the plan (folded) */
     void *dev;       /* device plans: a graph constant's copy in the executor's store */
     unsigned char is_step_out;
+    /* Device plans: the datatype on the device. FP16 plans store every
+     * FP32 value as FP16 (half the bytes); the API and CPU fallback steps
+     * still see FP32 (t.dtype), converted when bytes cross. */
+    enum dtype ddt;
+    size_t hoff;     /* offset in the executor's host mirror (CPU fallback steps) */
+    void *h16;       /* FP16 plans, while building: the constant's FP16 bytes */
 };
 
 struct pstep {
@@ -47,6 +53,7 @@ struct pstep {
     unsigned char prepared; /* release needed */
     unsigned char on_host;  /* device plan: this node falls back to the CPU */
     size_t scratch_off, scratch_size;
+    size_t hscratch_off;    /* on_host steps: scratch offset in the host mirror */
 };
 
 struct plan {
@@ -71,7 +78,32 @@ struct plan {
     int *in_vals; /* host plans: values read in place from graph inputs */
     int nin_vals;
     atomic_ullong last_used;
+    int fp16;              /* device plan storing FP32 values as FP16 */
+    int nfp16;             /* values stored as FP16 */
+    size_t mirror_size;    /* bytes of the host mirror CPU fallback steps use */
 };
+
+/* Widens n FP16 values at p to FP32 in place (the buffer holds 4n bytes):
+ * backwards, so each half is read before its bytes are overwritten. */
+static void widen_in_place(void *p, size_t n) {
+    const uint16_t *h = p;
+    float *f = p;
+    for (size_t i = n; i-- > 0;) f[i] = fp16_to_fp32(h[i]);
+}
+
+/* Narrows n FP32 values at p to FP16 in place: forwards, for the same reason. */
+static void narrow_in_place(void *p, size_t n) {
+    const float *f = p;
+    uint16_t *h = p;
+    for (size_t i = 0; i < n; i++) h[i] = fp32_to_fp16(f[i]);
+}
+
+/* Bytes of value v on the device (FP16 plans halve FP32 values). */
+static size_t dev_nbytes(const struct pval *pv) {
+    struct tensor t = pv->t;
+    t.dtype = pv->ddt ? pv->ddt : pv->t.dtype;
+    return tensor_nbytes(&t);
+}
 
 /* ---- helpers --------------------------------------------------------------- */
 
@@ -200,11 +232,13 @@ static void plan_free(struct plan *p) {
         }
     }
     if (p->dev_consts && p->be) p->be->iface->buffer_free(p->be, p->dev_consts);
-    for (int v = 0; v < p->nvals; v++)
+    for (int v = 0; v < p->nvals; v++) {
         if (p->vals[v].owned) {
             free_string_data(&p->vals[v].t);
             free(p->vals[v].t.data);
         }
+        free(p->vals[v].h16);
+    }
     free(p->vals);
     free(p->steps);
     free(p->sig);
@@ -408,17 +442,22 @@ static void *devstore_get(struct plan_devstore *ds, int v, const struct tensor *
 }
 
 static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
-                         struct backend *be, int nthreads, struct plan_devstore *ds, struct plan **out, char *err,
-                         size_t err_len);
+                         struct backend *be, int nthreads, int fp16, struct plan_devstore *ds, struct plan **out,
+                         char *err, size_t err_len);
 
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                int nthreads, struct plan **out, char *err, size_t err_len) {
-    return plan_build_ds(g, inputs, bind_values, be, nthreads, NULL, out, err, err_len);
+    return plan_build_ds(g, inputs, bind_values, be, nthreads, 0, NULL, out, err, err_len);
+}
+
+int plan_build_opts(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
+                    int nthreads, int fp16, struct plan **out, char *err, size_t err_len) {
+    return plan_build_ds(g, inputs, bind_values, be, nthreads, fp16, NULL, out, err, err_len);
 }
 
 static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
-                         struct backend *be, int nthreads, struct plan_devstore *ds, struct plan **out, char *err,
-                         size_t err_len) {
+                         struct backend *be, int nthreads, int fp16, struct plan_devstore *ds, struct plan **out,
+                         char *err, size_t err_len) {
     *out = NULL;
     int rc = STATUS_NOMEM;
     struct plan *p = calloc(1, sizeof *p);
@@ -665,6 +704,35 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
         if (r->kind == PLAN_VALUE_ARENA) r->last = p->nsteps;
     }
 
+    /* FP16 device plans: every FP32 value lives on the device as FP16, and
+     * the constants steps read get their FP16 bytes now (prepare reads
+     * constant parameters from them; they are uploaded below, then freed). */
+    for (int v = 0; v < g->nvalues; v++) p->vals[v].ddt = p->vals[v].t.dtype;
+    p->fp16 = fp16 && !p->host;
+    if (p->fp16) {
+        for (int v = 0; v < g->nvalues; v++) {
+            struct pval *pv = &p->vals[v];
+            if ((pv->kind == PLAN_VALUE_ARENA || pv->kind == PLAN_VALUE_CONST) && pv->t.dtype == DT_FP32) {
+                pv->ddt = DT_FP16;
+                p->nfp16++;
+            }
+        }
+        for (int si = 0; si < p->nsteps; si++) {
+            const struct graph_node *n = &g->nodes[p->steps[si].node];
+            for (int k = 0; k < n->nin; k++) {
+                int v = n->in[k];
+                struct pval *pv = v >= 0 ? &p->vals[v] : NULL;
+                if (!pv || pv->kind != PLAN_VALUE_CONST || pv->ddt != DT_FP16 || pv->h16 || !pv->t.data) continue;
+                int64_t ne = tensor_numel(&pv->t);
+                uint16_t *h = malloc((size_t)(ne ? ne : 1) * sizeof *h);
+                if (!h) goto nomem;
+                const float *f = pv->t.data;
+                for (int64_t e = 0; e < ne; e++) h[e] = fp32_to_fp16(f[e]);
+                pv->h16 = h;
+            }
+        }
+    }
+
     /* Prepare each step once: choose the backend (device plans fall back to
      * the CPU for nodes the device cannot run) and learn scratch sizes. */
     for (int si = 0; si < p->nsteps; si++) {
@@ -680,9 +748,30 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
         c.nthreads = nthreads > 0 ? nthreads : 1; /* oneDNN sizes its split when the primitive is made */
         for (int k = 0; k < n->nin; k++) c.in[k] = n->in[k] >= 0 ? &p->vals[n->in[k]].t : NULL;
         for (int k = 0; k < n->nout; k++) c.out[k] = n->out[k] >= 0 ? &p->vals[n->out[k]].t : &dummy[k];
+        /* The device sees its own datatypes (FP16 in FP16 plans); a node it
+         * refuses runs on the CPU in FP32, converted at the copies. */
+        struct tensor din[OP_MAX_IO], dout[OP_MAX_IO];
+        if (p->fp16) {
+            for (int k = 0; k < n->nin; k++) {
+                if (n->in[k] < 0) continue;
+                const struct pval *pv = &p->vals[n->in[k]];
+                din[k] = pv->t;
+                din[k].dtype = pv->ddt;
+                if (pv->h16) din[k].data = pv->h16;
+                c.in[k] = &din[k];
+            }
+            for (int k = 0; k < n->nout; k++) {
+                if (n->out[k] < 0) continue;
+                dout[k] = p->vals[n->out[k]].t;
+                dout[k].dtype = p->vals[n->out[k]].ddt;
+                c.out[k] = &dout[k];
+            }
+        }
         if (!p->host && be->iface->supports_op && !be->iface->supports_op(be, &c)) {
             s->on_host = 1;
             p->nfallback++;
+            for (int k = 0; k < n->nin; k++) c.in[k] = n->in[k] >= 0 ? &p->vals[n->in[k]].t : NULL;
+            for (int k = 0; k < n->nout; k++) c.out[k] = n->out[k] >= 0 ? &p->vals[n->out[k]].t : &dummy[k];
         }
         if (err && err_len) err[0] = 0;
         void *state = NULL;
@@ -716,7 +805,7 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
     for (int v = 0; v < g->nvalues; v++) {
         struct pval *pv = &p->vals[v];
         if (pv->kind != PLAN_VALUE_ARENA || pv->root != v) continue;
-        pv->size = align_up(tensor_nbytes(&pv->t));
+        pv->size = align_up(dev_nbytes(pv));
         if (!pv->size) pv->size = PLAN_ALIGN; /* distinct, valid pointers even when empty */
         items[nitems++] = (struct item){pv->size, pv->first, pv->last, v, -1, 0};
     }
@@ -728,10 +817,28 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
         if (items[i].value >= 0) p->vals[items[i].value].off = items[i].off;
         else p->steps[items[i].step].scratch_off = items[i].off;
     }
+    /* The host mirror of CPU fallback steps holds FP32: in FP16 plans it
+     * gets a layout of its own, with FP32 sizes, by the same placement. */
+    p->mirror_size = p->arena_size;
+    for (int v = 0; v < g->nvalues; v++) p->vals[v].hoff = p->vals[v].off;
+    for (int si = 0; si < p->nsteps; si++) p->steps[si].hscratch_off = p->steps[si].scratch_off;
+    if (p->fp16 && p->nfallback) {
+        for (int i = 0; i < nitems; i++)
+            if (items[i].value >= 0) {
+                size_t nb = align_up(tensor_nbytes(&p->vals[items[i].value].t));
+                items[i].size = nb ? nb : PLAN_ALIGN;
+            }
+        if (place_items(items, nitems, &p->mirror_size)) goto nomem;
+        for (int i = 0; i < nitems; i++) {
+            if (items[i].value >= 0) p->vals[items[i].value].hoff = items[i].off;
+            else p->steps[items[i].step].hscratch_off = items[i].off;
+        }
+    }
     for (int v = 0; v < g->nvalues; v++) {
         struct pval *pv = &p->vals[v];
         if (pv->root != v && pv->kind == PLAN_VALUE_ARENA) {
             pv->off = p->vals[pv->root].off;
+            pv->hoff = p->vals[pv->root].hoff;
             pv->size = p->vals[pv->root].size;
             pv->first = p->vals[pv->root].first;
             pv->last = p->vals[pv->root].last;
@@ -754,7 +861,12 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
                 int v = n->in[k];
                 if (v < 0 || p->vals[v].kind != PLAN_VALUE_CONST || p->vals[v].size || p->vals[v].dev) continue;
                 if (ds && !p->vals[v].owned && v < ds->n) { /* the graph's own: shared */
-                    p->vals[v].dev = devstore_get(ds, v, &p->vals[v].t);
+                    struct tensor up = p->vals[v].t;
+                    if (p->vals[v].h16) {
+                        up.dtype = DT_FP16;
+                        up.data = p->vals[v].h16;
+                    }
+                    p->vals[v].dev = devstore_get(ds, v, &up);
                     if (!p->vals[v].dev) {
                         rc = status_set(err, err_len, STATUS_NOMEM, "copying constant '%s' to the device failed",
                                         g->values[v].name);
@@ -763,7 +875,7 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
                     continue;
                 }
                 p->vals[v].off = total;
-                p->vals[v].size = align_up(tensor_nbytes(&p->vals[v].t));
+                p->vals[v].size = align_up(dev_nbytes(&p->vals[v]));
                 if (!p->vals[v].size) p->vals[v].size = PLAN_ALIGN;
                 total += p->vals[v].size;
             }
@@ -782,8 +894,9 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
             for (int v = 0; v < g->nvalues; v++) {
                 struct pval *pv = &p->vals[v];
                 if (pv->kind != PLAN_VALUE_CONST || !pv->size) continue;
-                size_t nb = tensor_nbytes(&pv->t);
-                if (nb && (rc = be->iface->copy_to_device(be, (char *)p->dev_consts + pv->off, pv->t.data, nb))) {
+                size_t nb = dev_nbytes(pv);
+                const void *src = pv->h16 ? pv->h16 : pv->t.data;
+                if (nb && (rc = be->iface->copy_to_device(be, (char *)p->dev_consts + pv->off, src, nb))) {
                     status_set(err, err_len, rc, "copying constant '%s' to the device failed", g->values[v].name);
                     goto fail;
                 }
@@ -793,16 +906,20 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
                 goto fail;
             }
         }
+        for (int v = 0; v < g->nvalues; v++) { /* uploaded: the FP16 host copies are done with */
+            free(p->vals[v].h16);
+            p->vals[v].h16 = NULL;
+        }
     }
 
     if (log_enabled(LOG_DEBUG)) {
         char s[160] = "";
         if (g->ninputs) tensor_shape_str(&inputs[0], s, sizeof s);
         log_debug("plan for %s%s: %d steps, %d nodes folded, %d activations applied in place, %d views, arena %zu "
-                  "bytes%s",
+                  "bytes%s%s",
                   s, g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, p->npost_act,
                   g->nnodes - p->nsteps - p->nfolded - p->npost_act, p->arena_size,
-                  p->nfallback ? " (some nodes on the CPU)" : "");
+                  p->nfallback ? " (some nodes on the CPU)" : "", p->fp16 ? ", FP16" : "");
     }
     free(need);
     free(nuse);
@@ -823,6 +940,9 @@ size_t plan_arena_size(const struct plan *p) { return p->arena_size; }
 int plan_nsteps(const struct plan *p) { return p->nsteps; }
 int plan_nconst_folded(const struct plan *p) { return p->nfolded; }
 int plan_step_node(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].node : -1; }
+int plan_nfp16(const struct plan *p) { return p->fp16 ? p->nfp16 : 0; }
+int plan_nfallback(const struct plan *p) { return p->nfallback; }
+int plan_step_on_host(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].on_host : 0; }
 
 enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor *shape, size_t *offset,
                                      size_t *size, int *first_step, int *last_step) {
@@ -882,6 +1002,9 @@ struct plan_exec {
     void *graph;    /* device graph captured for the bound plan, or NULL */
     int graph_runs; /* runs of the bound plan before capture */
     int graph_off;  /* capture failed or is not possible for the bound plan */
+    int graphs_disabled; /* optimization.cuda_graphs false: never capture */
+    void *stage;    /* FP16 plans: host staging for inputs converted to FP16 */
+    size_t stage_cap;
     /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */
     int profile;
     struct prof_entry *prof;
@@ -965,6 +1088,7 @@ void plan_exec_free(struct plan_exec *x) {
     plan_release(x->bound);
     arena_free(x);
     free(x->mirror);
+    free(x->stage);
     free(x->tv);
     free(x->tvh);
     free(x->calls);
@@ -975,8 +1099,13 @@ struct backend *plan_exec_backend(const struct plan_exec *x) { return x->be; }
 int plan_exec_nthreads(const struct plan_exec *x) { return x->nthreads; }
 struct plan *plan_exec_bound(const struct plan_exec *x) { return x->bound; }
 
+void plan_exec_set_cuda_graphs(struct plan_exec *x, int on) {
+    x->graphs_disabled = !on;
+    if (!on) drop_graph(x);
+}
+
 static void fill_call(struct op_call *c, const struct plan *p, const struct pstep *s, struct tensor *tv,
-                      char *base, int nthreads) {
+                      char *base, size_t scratch_off, int nthreads) {
     const struct graph_node *n = &p->g->nodes[s->node];
     memset(c, 0, sizeof *c);
     c->node = n;
@@ -985,7 +1114,7 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
     for (int k = 0; k < n->nin; k++) c->in[k] = n->in[k] >= 0 ? &tv[n->in[k]] : NULL;
     for (int k = 0; k < n->nout; k++) c->out[k] = n->out[k] >= 0 ? &tv[n->out[k]] : NULL;
     c->state = s->state;
-    c->scratch = s->scratch_size ? base + s->scratch_off : NULL;
+    c->scratch = s->scratch_size ? base + scratch_off : NULL;
     c->scratch_size = s->scratch_size;
     c->nthreads = nthreads;
 }
@@ -1005,10 +1134,10 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
             return status_set(err, err_len, STATUS_NOMEM, "out of memory for a %zu-byte arena", cap);
         x->arena_cap = cap;
     }
-    if (p->nfallback && p->arena_size > x->mirror_cap) {
+    if (p->nfallback && p->mirror_size > x->mirror_cap) {
         free(x->mirror);
-        x->mirror = aligned_alloc(PLAN_ALIGN, align_up(p->arena_size));
-        x->mirror_cap = x->mirror ? align_up(p->arena_size) : 0;
+        x->mirror = aligned_alloc(PLAN_ALIGN, align_up(p->mirror_size));
+        x->mirror_cap = x->mirror ? align_up(p->mirror_size) : 0;
         if (!x->mirror) return status_set(err, err_len, STATUS_NOMEM, "out of memory for a host arena");
     }
     int nv = p->nvals > 0 ? p->nvals : 1;
@@ -1034,6 +1163,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
     for (int v = 0; v < p->nvals; v++) {
         const struct pval *pv = &p->vals[v];
         x->tv[v] = pv->t;
+        x->tv[v].dtype = pv->ddt ? pv->ddt : pv->t.dtype;
         x->tvh[v] = pv->t;
         switch (pv->kind) {
         case PLAN_VALUE_CONST:
@@ -1042,7 +1172,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
             break;
         case PLAN_VALUE_ARENA:
             x->tv[v].data = base + pv->off;
-            x->tvh[v].data = hbase ? hbase + pv->off : NULL;
+            x->tvh[v].data = hbase ? hbase + pv->hoff : NULL;
             break;
         default:
             x->tv[v].data = NULL;
@@ -1051,7 +1181,8 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
     }
     for (int si = 0; si < p->nsteps; si++) {
         const struct pstep *s = &p->steps[si];
-        fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base, x->nthreads);
+        fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base,
+                  s->on_host ? s->hscratch_off : s->scratch_off, x->nthreads);
         const struct graph_node *n = &p->g->nodes[s->node];
         for (int k = 0; k < n->nout; k++) /* absent optional outputs still get somewhere to be described */
             if (n->out[k] < 0) {
@@ -1104,7 +1235,9 @@ static int copy_output(struct plan_exec *x, struct plan *p, int o, struct tensor
         memcpy(dst->data, from, nb);
         return 0;
     }
-    int rc = x->be->iface->copy_to_host(x->be, dst->data, src->data, nb);
+    /* FP16 values come back as FP16 into the first half of the buffer and
+     * are widened after the final synchronize (plan_exec_run). */
+    int rc = x->be->iface->copy_to_host(x->be, dst->data, src->data, pv->ddt == DT_FP16 && pv->t.dtype == DT_FP32 ? nb / 2 : nb);
     if (rc) status_set(err, err_len, rc, "copying output '%s' from the device failed", g->values[v].name);
     return rc;
 }
@@ -1113,13 +1246,24 @@ static int run_device_fallback(struct plan_exec *x, struct plan *p, int si, char
     const struct backend_i *be = x->be->iface;
     const struct graph_node *n = &p->g->nodes[p->steps[si].node];
     int rc;
+    /* In FP16 plans the CPU still computes in FP32: FP16 inputs are widened
+     * in the mirror after the copy (once per root: an input read twice, or
+     * through a view, shares its bytes) and outputs narrowed before theirs. */
+    int widen[OP_MAX_IO], nwiden = 0;
     for (int k = 0; k < n->nin; k++) {
         int v = n->in[k];
         if (v < 0 || p->vals[v].kind != PLAN_VALUE_ARENA) continue;
-        size_t nb = tensor_nbytes(&p->vals[v].t);
+        int dup = 0;
+        for (int j = 0; j < k; j++)
+            if (n->in[j] >= 0 && p->vals[n->in[j]].kind == PLAN_VALUE_ARENA && p->vals[n->in[j]].root == p->vals[v].root)
+                dup = 1;
+        if (dup) continue;
+        size_t nb = dev_nbytes(&p->vals[v]);
         if (nb && (rc = be->copy_to_host(x->be, x->tvh[v].data, x->tv[v].data, nb))) goto fail;
+        if (p->vals[v].ddt != p->vals[v].t.dtype) widen[nwiden++] = v;
     }
     if (be->synchronize && (rc = be->synchronize(x->be))) goto fail;
+    for (int i = 0; i < nwiden; i++) widen_in_place(x->tvh[widen[i]].data, (size_t)tensor_numel(&p->vals[widen[i]].t));
     struct op_call *c = &x->calls[si];
     c->err = err;
     c->err_len = err_len;
@@ -1127,7 +1271,8 @@ static int run_device_fallback(struct plan_exec *x, struct plan *p, int si, char
     for (int k = 0; k < n->nout; k++) {
         int v = n->out[k];
         if (v < 0 || p->vals[v].kind != PLAN_VALUE_ARENA) continue;
-        size_t nb = tensor_nbytes(&p->vals[v].t);
+        size_t nb = dev_nbytes(&p->vals[v]);
+        if (p->vals[v].ddt != p->vals[v].t.dtype) narrow_in_place(x->tvh[v].data, (size_t)tensor_numel(&p->vals[v].t));
         if (nb && (rc = be->copy_to_device(x->be, x->tv[v].data, x->tvh[v].data, nb))) goto fail;
     }
     return 0;
@@ -1184,11 +1329,34 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
             x->tv[v].data = inputs[p->vals[v].input].data;
         }
     } else {
+        /* FP16 plans: FP32 inputs are narrowed on the host into one staging
+         * buffer (each input its own part, as copies may still be queued). */
+        size_t need = 0;
         for (int i = 0; i < g->ninputs; i++) {
             const struct pval *pv = &p->vals[g->inputs[i]];
-            size_t nb = tensor_nbytes(&pv->t);
-            if (pv->kind == PLAN_VALUE_ARENA && nb &&
-                (rc = be->copy_to_device(x->be, (char *)x->arena + pv->off, inputs[i].data, nb)))
+            if (pv->kind == PLAN_VALUE_ARENA && pv->ddt != pv->t.dtype) need += align_up(dev_nbytes(pv));
+        }
+        if (need > x->stage_cap) {
+            free(x->stage);
+            x->stage_cap = 0;
+            if (!(x->stage = aligned_alloc(PLAN_ALIGN, need)))
+                return status_set(err, err_len, STATUS_NOMEM, "out of memory for %zu bytes of FP16 inputs", need);
+            x->stage_cap = need;
+        }
+        size_t so = 0;
+        for (int i = 0; i < g->ninputs; i++) {
+            const struct pval *pv = &p->vals[g->inputs[i]];
+            size_t nb = dev_nbytes(pv);
+            if (pv->kind != PLAN_VALUE_ARENA || !nb) continue;
+            const void *src = inputs[i].data;
+            if (pv->ddt != pv->t.dtype) {
+                uint16_t *h = (uint16_t *)((char *)x->stage + so);
+                const float *f = inputs[i].data;
+                for (int64_t e = 0, ne = tensor_numel(&pv->t); e < ne; e++) h[e] = fp32_to_fp16(f[e]);
+                src = h;
+                so += align_up(nb);
+            }
+            if ((rc = be->copy_to_device(x->be, (char *)x->arena + pv->off, src, nb)))
                 return status_set(err, err_len, rc, "copying input '%s' to the device failed", g->values[g->inputs[i]].name);
         }
     }
@@ -1200,7 +1368,7 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
      * Capture may or may not execute; replaying right after is right in
      * both cases, since every step recomputes its outputs from its inputs. */
     if (!x->host && be->graph_begin && be->graph_end && be->graph_replay && !p->nfallback && !x->profile &&
-        !x->graph_off) {
+        !x->graph_off && !x->graphs_disabled) {
         if (x->graph) {
             if ((rc = be->graph_replay(x->be, x->graph)))
                 return status_set(err, err_len, rc, "replaying the captured device graph failed");
@@ -1236,6 +1404,11 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
         status_set(err, err_len, rc, "copying outputs from the device failed");
         goto fail;
     }
+    for (int o = 0; o < g->noutputs; o++) {
+        const struct pval *pv = &p->vals[g->outputs[o]];
+        if (!x->host && pv->kind == PLAN_VALUE_ARENA && pv->ddt != pv->t.dtype)
+            widen_in_place(outputs[o].data, (size_t)tensor_numel(&pv->t));
+    }
     return 0;
 fail:
     for (int o = 0; o < g->noutputs; o++) {
@@ -1255,6 +1428,7 @@ struct plan_cache {
     atomic_ullong tick;
     uint64_t builds, evictions;
     struct plan_devstore *ds; /* device caches: the graph's constants on the device */
+    int fp16;                 /* device plans store FP32 values as FP16 */
 };
 
 struct plan_cache *plan_cache_create(int max_plans) {
@@ -1306,8 +1480,8 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
     struct plan *np;
     if (be && !be->host_memory && !c->ds && !(c->ds = devstore_create(be, g->nvalues)))
         return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-    int rc = plan_build_ds(g, inputs, bind_values, be, nthreads, be && !be->host_memory ? c->ds : NULL, &np, err,
-                           err_len);
+    int rc = plan_build_ds(g, inputs, bind_values, be, nthreads, c->fp16, be && !be->host_memory ? c->ds : NULL, &np,
+                           err, err_len);
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->builds++;
@@ -1336,6 +1510,8 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
     *out = np;
     return 0;
 }
+
+void plan_cache_set_fp16(struct plan_cache *c, int on) { c->fp16 = on; }
 
 void plan_cache_touch(struct plan_cache *c, struct plan *p) {
     atomic_store(&p->last_used, atomic_fetch_add(&c->tick, 1) + 1);

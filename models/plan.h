@@ -55,6 +55,15 @@ struct backend;
  * negative status with a message naming the node. */
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                int nthreads, struct plan **out, char *err, size_t err_len);
+/* plan_build with options: fp16 != 0 makes a device plan (be not host
+ * memory) store every FP32 value as FP16 on the device: constants are
+ * converted once on upload, intermediates take half the arena, graph inputs
+ * are narrowed on the host before their copy and outputs widened after
+ * theirs, so the API still sees FP32. supports_op and prepare_node are asked
+ * with the FP16 descriptors; a node the device refuses runs on the CPU in
+ * FP32 with conversions at its copies. Ignored for host plans. */
+int plan_build_opts(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
+                    int nthreads, int fp16, struct plan **out, char *err, size_t err_len);
 void plan_retain(struct plan *p);
 /* Drops one reference; the last one frees the plan. NULL is a no-op. */
 void plan_release(struct plan *p);
@@ -65,6 +74,11 @@ int plan_nsteps(const struct plan *p);
 int plan_nconst_folded(const struct plan *p);
 /* Node index (into g->nodes) of step i. */
 int plan_step_node(const struct plan *p, int i);
+/* Values stored as FP16 on the device (0 unless an FP16 device plan). */
+int plan_nfp16(const struct plan *p);
+/* Steps of a device plan that run on the CPU; 1 if step i is one of them. */
+int plan_nfallback(const struct plan *p);
+int plan_step_on_host(const struct plan *p, int i);
 
 enum plan_value_kind {
     PLAN_VALUE_UNUSED = 0,
@@ -105,6 +119,9 @@ int plan_exec_nthreads(const struct plan_exec *x);
 /* The plan this executor ran last (it holds a reference), or NULL. Lets a
  * caller skip the cache lookup when the shapes did not change. */
 struct plan *plan_exec_bound(const struct plan_exec *x);
+/* 0 turns device graph capture and replay off for this executor (the
+ * model's optimization.cuda_graphs); on by default. */
+void plan_exec_set_cuda_graphs(struct plan_exec *x, int on);
 
 /* Runs p with host input tensors (shapes as the plan's signature). Each of
  * the graph's outputs is written to outputs[i] with a malloc'd buffer the
@@ -137,6 +154,9 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
                    struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len);
 /* Marks p as just used (for a caller that reused it without plan_cache_get). */
 void plan_cache_touch(struct plan_cache *c, struct plan *p);
+/* Plans this cache builds from now on are FP16 device plans (see
+ * plan_build_opts). Set before the first plan_cache_get. */
+void plan_cache_set_fp16(struct plan_cache *c, int on);
 /* Number of plans in the cache; number of builds and evictions so far. */
 int plan_cache_size(struct plan_cache *c);
 uint64_t plan_cache_builds(struct plan_cache *c);
