@@ -127,7 +127,8 @@ failed=""
 for s in $SECTIONS; do
     [ -n "${TITLE[$s]:-}" ] || { echo "bench: unknown section '$s'" >&2; exit 2; }
     echo "bench: $s: ${TITLE[$s]} ..."
-    rm -f "$OUT/$s.md"
+    # No stale result may stand in for this run's: the section's files go first.
+    rm -f "$OUT/$s.md" "$OUT/$s.csv"
     t0=$(date +%s)
     "run_$s"
     RC[$s]=$?
@@ -177,7 +178,7 @@ plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; ret
     echo "Produced by \`make bench\` (tools/bench.sh) on $date_utc, tree at commit $commit."
     echo "Every peer in a section was measured side by side in that same run; ratios compare"
     echo "numbers from one run only. Nothing here is tuned or edited by hand: rerun \`make bench\`"
-    echo "to reproduce. Measured levels last DURATION=$DURATION s (the cache section: 3 interleaved rounds"
+    echo "to reproduce. Measured levels last DURATION=$DURATION s (the cache section: ${CACHE_ROUNDS:-3} interleaved rounds"
     echo "of ${CACHE_DURATION:-5} s; the batching script: 5 s digits, 20 s ResNet-50), after 1 s of warm-up;"
     echo "the whole run took $((t_total / 60)) min $((t_total % 60)) s."
     echo
@@ -325,7 +326,7 @@ PY
         http) echo "Command: \`KILN_CACHE_SIZE=0 bench/http.sh\` (wrk, JSON body, keep-alive; concurrency = connections; kiln's result cache off so every request runs the model)" ;;
         batching) echo "Command: \`bench/batching.sh\` (\`kiln bench\`, binary-extension bodies; mean batch from the server's statistics)" ;;
         mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
-        cache) echo "Command: \`DURATION=5 ROUNDS=3 bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
+        cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-3} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
         esac
         echo
