@@ -173,10 +173,19 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
         ((uint8_t *)t->data)[i] = cJSON_IsTrue(v) ? 1 : 0;
         return 0;
     }
+    double d;
+    if (cJSON_IsString(v) && (t->dtype == DT_FP32 || t->dtype == DT_FP64) &&
+        (!strcmp(v->valuestring, "NaN") || !strcmp(v->valuestring, "Infinity") || !strcmp(v->valuestring, "-Infinity"))) {
+        /* Non-finite floats as tritonclient writes them (see quote_nonfinite). */
+        d = v->valuestring[0] == 'N' ? NAN : v->valuestring[0] == '-' ? -INFINITY : INFINITY;
+        if (t->dtype == DT_FP32) ((float *)t->data)[i] = (float)d;
+        else ((double *)t->data)[i] = d;
+        return 0;
+    }
     if (!cJSON_IsNumber(v))
         return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a number (datatype %s)",
                           f->in->name, (long long)i, dn);
-    double d = v->valuedouble;
+    d = v->valuedouble;
     int integral = d == floor(d) && isfinite(d);
 #define RANGE(lo, hi)                                                                                          \
     do {                                                                                                        \
@@ -446,6 +455,54 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, char *err, siz
     return 0;
 }
 
+/* tritonclient (python-rapidjson) writes non-finite floats as the bare tokens
+ * NaN, Infinity and -Infinity, which cJSON does not read. This copy of the
+ * JSON text quotes them outside strings ("NaN"), and fill_leaf reads those
+ * strings for floating-point inputs. NULL when there is nothing to quote. */
+static char *quote_nonfinite(const char *p, size_t n, size_t *out_len) {
+    static const char *toks[] = {"-Infinity", "Infinity", "NaN"};
+    size_t found = 0;
+    int in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (in_str) {
+            if (p[i] == '\\') i++;
+            else if (p[i] == '"') in_str = 0;
+        } else if (p[i] == '"') in_str = 1;
+        else if (p[i] == 'N' || p[i] == 'I') found++;
+    }
+    if (!found) return NULL;
+    char *o = malloc(n + 2 * found + 1);
+    if (!o) return NULL;
+    size_t k = 0;
+    in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (in_str) {
+            if (p[i] == '\\' && i + 1 < n) o[k++] = p[i++];
+            else if (p[i] == '"') in_str = 0;
+        } else if (p[i] == '"') {
+            in_str = 1;
+        } else {
+            int hit = 0;
+            for (int t = 0; t < 3 && !hit; t++) {
+                size_t L = strlen(toks[t]);
+                if (i + L <= n && memcmp(p + i, toks[t], L) == 0) {
+                    o[k++] = '"';
+                    memcpy(o + k, toks[t], L);
+                    k += L;
+                    o[k++] = '"';
+                    i += L - 1;
+                    hit = 1;
+                }
+            }
+            if (hit) continue;
+        }
+        o[k++] = p[i];
+    }
+    o[k] = 0;
+    *out_len = k;
+    return o;
+}
+
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
@@ -458,17 +515,31 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
         json_len = (size_t)header_len;
     }
     if (json_len == 0) return INVALID("the request body is empty: expected a JSON inference request");
-    const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts((const char *)p, json_len, &end, 0);
+    const char *end = NULL, *text = (const char *)p;
+    size_t text_len = json_len;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
+    char *quoted = NULL;
+    if (!root && (quoted = quote_nonfinite(text, text_len, &text_len)) != NULL) {
+        text = quoted;
+        root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
+        if (!root) { /* report the position in the text as sent */
+            free(quoted);
+            quoted = NULL;
+            text = (const char *)p;
+            text_len = json_len;
+            cJSON_Delete(cJSON_ParseWithLengthOpts(text, text_len, &end, 0));
+        }
+    }
     if (!root) {
-        size_t off = end && end >= (const char *)p ? (size_t)(end - (const char *)p) : 0;
+        size_t off = end && end >= text ? (size_t)(end - text) : 0;
         /* cJSON reports the position where parsing stopped; name it. */
         return INVALID("malformed JSON in the request body at byte %zu%s", off,
                        header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
     }
-    size_t off = (size_t)(end - (const char *)p);
-    while (off < json_len && (p[off] == ' ' || p[off] == '\n' || p[off] == '\r' || p[off] == '\t')) off++;
-    if (off < json_len) {
+    size_t off = (size_t)(end - text);
+    while (off < text_len && (text[off] == ' ' || text[off] == '\n' || text[off] == '\r' || text[off] == '\t')) off++;
+    free(quoted);
+    if (off < text_len) {
         cJSON_Delete(root);
         return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
                        header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");

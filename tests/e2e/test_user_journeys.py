@@ -168,6 +168,37 @@ def test_unknown_model_and_version_messages_say_what_exists(repo, make_server):
     assert st == 404 and b"versions loaded: 1, 2" in raw, raw
 
 
+def test_non_finite_floats_in_json_as_tritonclient_writes_them(tmp_path, make_server):
+    import onnx.helper as oh
+    import tritonclient.http as httpclient
+    from onnx import TensorProto as TP
+    repo = tmp_path / "repo"
+    save_model(repo, "ident", oh.make_graph(
+        [oh.make_node("Identity", ["f"], ["f_out"]), oh.make_node("Identity", ["s"], ["s_out"])], "ident",
+        [oh.make_tensor_value_info("f", TP.FLOAT, ["N", 4]), oh.make_tensor_value_info("s", TP.STRING, ["N", 2])],
+        [oh.make_tensor_value_info("f_out", TP.FLOAT, ["N", 4]), oh.make_tensor_value_info("s_out", TP.STRING, ["N", 2])]))
+    s = make_server(repo)
+    c = httpclient.InferenceServerClient(s.url)
+    try:
+        f = np.array([[np.nan, np.inf, -np.inf, 1.5]], np.float32)
+        strs = np.array([["NaN", 'say "Infinity"']], dtype=object)
+        a = httpclient.InferInput("f", [1, 4], "FP32")
+        a.set_data_from_numpy(f, binary_data=False)  # rapidjson writes NaN, Infinity, -Infinity
+        b = httpclient.InferInput("s", [1, 2], "BYTES")
+        b.set_data_from_numpy(strs, binary_data=False)
+        outs = [httpclient.InferRequestedOutput("f_out", binary_data=False),
+                httpclient.InferRequestedOutput("s_out", binary_data=False)]
+        r = c.infer("ident", [a, b], outputs=outs)
+        np.testing.assert_array_equal(r.as_numpy("f_out"), f)
+        assert [x.decode() if isinstance(x, bytes) else x for x in r.as_numpy("s_out").ravel()] == ["NaN", 'say "Infinity"']
+    finally:
+        c.close()
+    body = '{"inputs": [{"name": "f", "shape": [1, 4], "datatype": "FP32", "data": [NaN, 1, 2, Nope]}, ' \
+           '{"name": "s", "shape": [1, 2], "datatype": "BYTES", "data": ["a", "b"]}]}'
+    st, _, raw = raw_request(s.url, "POST", "/v2/models/ident/infer", body)
+    assert st == 400 and b"malformed JSON" in raw, raw
+
+
 def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
     def infer(model, inputs):
         return raw_request(server.url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
