@@ -40,6 +40,8 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 /* With an injected clock the threads cannot sleep until a deadline in that
  * clock's time; they re-check it this often instead (ns of real time). */
 #define BATCHER_POLL_NS 1000000ull
+/* The latency budget aims to finish this fraction (1/N) of it early. */
+#define BATCHER_BUDGET_SLACK 10
 /* Weight of a new sample in the execution-time profile. */
 #define BATCHER_EWMA_NEW 0.25
 /* Inputs a batch may have when there is no model to say (test executor). */
@@ -100,6 +102,7 @@ struct batcher {
     uint32_t *profile_n;      /* samples taken, by rows */
     uint64_t last_arrival_ns; /* of the last admitted request */
     uint64_t gap_ewma_ns;     /* running mean of the gaps between arrivals */
+    uint64_t late_ewma_ns;    /* running mean lateness of instances' timed wake-ups */
     struct batcher_stats st;
 
     struct instance *inst;
@@ -268,8 +271,9 @@ static int compatible(const batcher_t *b, const struct batcher_request *a,
 /* Predicted execution time of a batch of n rows from the profile. Time
  * grows with rows, so any size >= n seen bounds it: the smallest running
  * mean over sizes >= n (a size that ran slow once cannot block itself and
- * every smaller one); else the largest smaller size seen scaled linearly
- * (pessimistic); else 0 (nothing learnt yet). */
+ * every smaller one). Else, from the two largest smaller sizes seen, their
+ * line; from one, its time scaled by rows (pessimistic); else 0 (nothing
+ * learnt yet). */
 static uint64_t predict_ns(const batcher_t *b, int64_t n) {
     if (n > b->cap_rows)
         n = b->cap_rows;
@@ -281,10 +285,24 @@ static uint64_t predict_ns(const batcher_t *b, int64_t n) {
             up = b->profile[k];
     if (up)
         return up;
-    for (int64_t k = n - 1; k >= 1; k--)
-        if (b->profile[k])
-            return (uint64_t)((double)b->profile[k] * (double)n / (double)k);
-    return 0;
+    int64_t k1 = 0, k0 = 0;
+    for (int64_t k = n - 1; k >= 1 && !k0; k--)
+        if (b->profile[k]) {
+            if (!k1)
+                k1 = k;
+            else
+                k0 = k;
+        }
+    if (!k1)
+        return 0;
+    if (!k0)
+        return (uint64_t)((double)b->profile[k1] * (double)n / (double)k1);
+    /* The line through the two largest sizes seen: a fixed cost per batch
+     * plus a cost per row (never negative). */
+    double slope = ((double)b->profile[k1] - (double)b->profile[k0]) / (double)(k1 - k0);
+    if (slope < 0)
+        slope = 0;
+    return (uint64_t)((double)b->profile[k1] + slope * (double)(n - k1));
 }
 
 /* The first run of a batch size usually builds its plan (kernels, memory):
@@ -305,6 +323,17 @@ static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
         b->profile[rows] = ns;
     else
         b->profile[rows] = (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns);
+}
+
+/* When r must finish under the latency budget: a margin early, a tenth of
+ * the budget plus twice the usual lateness of the instances' timed
+ * wake-ups, which a busy machine makes long. */
+static uint64_t budget_due(const batcher_t *b, const struct batcher_request *r) {
+    uint64_t budget = b->p.latency_budget_us * 1000ull;
+    uint64_t margin = budget / BATCHER_BUDGET_SLACK + 2 * b->late_ewma_ns;
+    if (margin > budget / 2)
+        margin = budget / 2;
+    return r->enqueue_ns + budget - margin;
 }
 
 static struct batcher_request *queue_head(batcher_t *b) {
@@ -379,15 +408,22 @@ static int batch_select(batcher_t *b, struct instance *inst, uint64_t now, uint6
         /* Latest start for the head to finish within its budget with the
          * batch we have; wait for more rows only while a larger batch could
          * still make it. */
-        uint64_t due = h->enqueue_ns + b->p.latency_budget_us * 1000ull;
-        /* Largest prefix that meets the budget if started now (at least the head). */
-        while (inst->nsel > 1 && now + predict_ns(b, inst->rows) > due) {
-            inst->nsel--;
-            inst->rows -= inst->sel[inst->nsel]->rows;
-            full = 1;
-        }
-        if (full)
+        uint64_t due = budget_due(b, h);
+        /* Already too late for all of it: the largest prefix that still
+         * makes it, if what is cut off can make it after that batch too;
+         * else everything (shrinking would only make the rest late). */
+        if (inst->nsel > 1 && now + predict_ns(b, inst->rows) > due) {
+            int n = inst->nsel;
+            int64_t rows = inst->rows;
+            while (n > 1 && now + predict_ns(b, rows) > due)
+                rows -= inst->sel[--n]->rows;
+            if (now + predict_ns(b, rows) <= due &&
+                now + predict_ns(b, rows) + predict_ns(b, inst->rows - rows) <= budget_due(b, inst->sel[n])) {
+                inst->nsel = n;
+                inst->rows = rows;
+            }
             return DECIDE_SEND;
+        }
         uint64_t exec_now = predict_ns(b, inst->rows);
         uint64_t exec_more = predict_ns(b, inst->rows + 1);
         if (now + exec_more > due || now + exec_now >= due)
@@ -470,6 +506,11 @@ static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint6
     for (int k = inst->nsel - 1; k >= 1; k--) {
         rows -= inst->sel[k]->rows;
         if (is_bucket(b, rows)) {
+            /* Under a latency budget, only if what is cut off can still
+             * make its budget after this batch. */
+            if (b->p.latency_budget_us &&
+                now + predict_ns(b, rows) + predict_ns(b, inst->rows - rows) > budget_due(b, inst->sel[k]))
+                break;
             inst->nsel = k;
             inst->rows = rows;
             break;
@@ -667,6 +708,11 @@ static void *instance_main(void *arg) {
             b->idle++;
             cond_wait_until(b, &b->work_cv, wake);
             b->idle--;
+            if (wake && !b->p.now_ns) {
+                uint64_t t = now_ns(b);
+                if (t >= wake)
+                    b->late_ewma_ns = (b->late_ewma_ns * 7 + (t - wake)) / 8;
+            }
             continue;
         }
         for (int k = 0; k < inst->nsel; k++) {

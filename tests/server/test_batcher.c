@@ -868,21 +868,29 @@ static void test_latency_budget_decisions(void **state) {
     struct batcher_request *sel[8];
     scratch.sel = sel;
     uint64_t wake = 0;
-    /* 3 rows queued at t0; a 4th would need 250 us: wait until t0+750 us. */
+    /* The plan is to finish 100 us (a tenth) early: by t0+900 us. 3 rows
+     * queued at t0; a 4th would need 250 us: wait until t0+650 us. */
     assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
     assert_int_equal(scratch.rows, 3);
-    assert_int_equal(wake, t0 + 750000);
-    assert_int_equal(batch_decide(b, &scratch, t0 + 749000, &wake), DECIDE_WAIT);
-    assert_int_equal(batch_decide(b, &scratch, t0 + 750000, &wake), DECIDE_SEND);
+    assert_int_equal(wake, t0 + 650000);
+    assert_int_equal(batch_decide(b, &scratch, t0 + 649000, &wake), DECIDE_WAIT);
+    assert_int_equal(batch_decide(b, &scratch, t0 + 650000, &wake), DECIDE_SEND);
     assert_int_equal(scratch.rows, 3);
-    /* Too late for 3 rows (250 us) or 2 (150 us): the head goes alone. */
-    assert_int_equal(batch_decide(b, &scratch, t0 + 880000, &wake), DECIDE_SEND);
-    assert_int_equal(scratch.rows, 1);
-    /* 2 rows still fit at t0+820 us (820+150 <= 1000), 3 do not. */
-    assert_int_equal(batch_decide(b, &scratch, t0 + 820000, &wake), DECIDE_SEND);
+    /* At t0+700 us 2 rows would make it (700+150 <= 900) and 3 not, but
+     * the third, cut off, could not run after them in time (+100 > 900):
+     * all three go. */
+    assert_int_equal(batch_decide(b, &scratch, t0 + 700000, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 3);
+    /* Were the third younger (enqueued at t0+300 us), it could: 2 go. */
+    scratch.sel[2]->enqueue_ns = t0 + 300000;
+    assert_int_equal(batch_decide(b, &scratch, t0 + 700000, &wake), DECIDE_SEND);
     assert_int_equal(scratch.rows, 2);
+    scratch.sel[2]->enqueue_ns = t0;
+    /* Too late even for the head alone (880+100 > 900): all three go. */
+    assert_int_equal(batch_decide(b, &scratch, t0 + 880000, &wake), DECIDE_SEND);
+    assert_int_equal(scratch.rows, 3);
     /* With requests arriving every 800 us (the last at t0), the next is
-     * due after the latest start (t0+750 us): waiting would not pay. */
+     * due after the latest start (t0+650 us): waiting would not pay. */
     b->gap_ewma_ns = 800000;
     b->last_arrival_ns = t0;
     assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_SEND);
@@ -898,10 +906,10 @@ static void test_latency_budget_decisions(void **state) {
     pthread_mutex_unlock(&b->mu);
 
     /* Let the instance go (its batch takes no fake time): whenever it looks
-     * at the queue, before or after the clock reaches t0+750 us, the three
+     * at the queue, before or after the clock reaches t0+650 us, the three
      * rows go together. */
     gate_open();
-    advance_us(750);
+    advance_us(650);
     batcher_free(b);
     for (int i = 0; i < 4; i++) {
         treq_check_ok(&t[i]);
@@ -941,8 +949,8 @@ static void test_latency_budget_learns_and_meets_budget(void **state) {
     }
     /* The clock keeps moving in the same steps until the queue is empty. */
     for (int step = 0; step < 100 && batcher_pending(b) > 0; step++) {
-        advance_us(50);
         settle();
+        advance_us(50);
     }
     assert_int_equal(batcher_pending(b), 0);
     int maxb = 0;
@@ -950,7 +958,8 @@ static void test_latency_budget_learns_and_meets_budget(void **state) {
         treq_check_ok(&t[i]);
         uint64_t lat = t[i].r.end_ns - t[i].r.enqueue_ns;
         if (lat > 1000000 + 50000) /* + one arrival step of clock granularity */
-            fail_msg("request %d took %llu ns, budget 1000000", i, (unsigned long long)lat);
+            fail_msg("request %d took %llu ns in a batch of %d, budget 1000000", i, (unsigned long long)lat,
+                     t[i].r.batch_size);
         if (t[i].r.batch_size > maxb)
             maxb = t[i].r.batch_size;
     }
