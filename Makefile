@@ -43,7 +43,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 ONNX_PROTO ?= /usr/include/onnx/onnx.proto
 
-.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda deploy-check
+.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda deploy-check sanitize
 all: bootstrap $(BIN) cuda
 
 bootstrap:
@@ -84,14 +84,21 @@ unit: $(TEST_BINS)
 	@tools/run_unit_tests.sh $(TEST_BINS)
 
 conformance: bootstrap $(BIN)
-	@tools/conformance.sh
+	@BUILD=$(BUILD) tools/conformance.sh
 
 e2e: bootstrap $(BIN)
-	@tools/e2e.sh
+	@KILN_BIN=$(BIN) tools/e2e.sh
 
 deploy-check:
 	@tools/deploy_check.sh
 	@tools/compose_check.sh
+
+# The whole suite again under ASan+UBSan (own build folder, no CUDA plugin),
+# and the batcher's unit test under TSan: what CI runs after `make test`.
+sanitize:
+	@$(MAKE) --no-print-directory BUILD=build/asan SANITIZE=address,undefined CUDA=0 build/asan/kiln unit conformance e2e
+	@$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread CUDA=0 build/tsan/tests/server/test_batcher
+	@build/tsan/tests/server/test_batcher
 
 test: bootstrap all
 	@$(MAKE) --no-print-directory unit

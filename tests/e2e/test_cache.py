@@ -179,13 +179,14 @@ def test_ttl_expiry(make_server, cache_repo, redis):
 def test_lru_evicts_at_the_byte_limit(make_server, cache_repo):
     s = make_server(cache_repo, "--cache-size", "64K")
     for i in range(200):
-        infer(s.url, "double", np.full((8, 8), i, np.float32))
+        infer(s.url, "double", np.full((16, 16), i, np.float32))
     assert metric(s.url, "kiln_cache_evictions_total") > 0
     assert metric(s.url, "kiln_cache_bytes") <= 64 * 1024
-    # The most recent entry is still there; the first is gone.
+    # The most recent entry is still there; the first is gone (each of the 16
+    # shards holds about three of these values and saw a dozen more after it).
     before = stats(s.url, "double")
-    infer(s.url, "double", np.full((8, 8), 199, np.float32))
-    infer(s.url, "double", np.full((8, 8), 0, np.float32))
+    infer(s.url, "double", np.full((16, 16), 199, np.float32))
+    infer(s.url, "double", np.full((16, 16), 0, np.float32))
     after = stats(s.url, "double")
     assert after["hit"] == before["hit"] + 1 and after["miss"] == before["miss"] + 1
 
