@@ -102,7 +102,7 @@ struct batcher {
     uint32_t *profile_n;      /* samples taken, by rows */
     uint64_t last_arrival_ns; /* of the last admitted request */
     uint64_t gap_ewma_ns;     /* running mean of the gaps between arrivals */
-    uint64_t late_ewma_ns;    /* running mean lateness of instances' timed wake-ups */
+    uint64_t late_ewma_ns;    /* high-end lateness of instances' timed wake-ups */
     struct batcher_stats st;
 
     struct instance *inst;
@@ -710,8 +710,13 @@ static void *instance_main(void *arg) {
             b->idle--;
             if (wake && !b->p.now_ns) {
                 uint64_t t = now_ns(b);
-                if (t >= wake)
-                    b->late_ewma_ns = (b->late_ewma_ns * 7 + (t - wake)) / 8;
+                /* Rises fast and decays slowly: tracks the high end of the
+                 * lateness, which is what a budget at p99 must allow for. */
+                uint64_t late = t >= wake ? t - wake : 0;
+                if (late > b->late_ewma_ns)
+                    b->late_ewma_ns += (late - b->late_ewma_ns) / 4;
+                else
+                    b->late_ewma_ns -= (b->late_ewma_ns - late) / 32;
             }
             continue;
         }
