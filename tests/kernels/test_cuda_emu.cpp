@@ -850,6 +850,91 @@ static void test_onnx_node_tests(void **state) {
     assert_true(passed > 100);
 }
 
+/* ONNX's light models (nine real architectures) through the CUDA path:
+ * input arange(n)/n, expected output from the .pb beside each model; the
+ * convolutions and matrix products run on the CPU under emulation, on
+ * cuDNN and cuBLASLt on a GPU. */
+static int light_test(const char *model_path, const char *out_pb, struct backend *be, char *msg, size_t len) {
+    char err[512] = "";
+    struct model_params mp;
+    memset(&mp, 0, sizeof mp);
+    mp.path = model_path;
+    struct model *m = model_load(&mp, err, sizeof err);
+    if (!m) return 0;
+    int rc = 0;
+    struct tensor want, in, cpu, dev;
+    memset(&want, 0, sizeof want);
+    memset(&cpu, 0, sizeof cpu);
+    memset(&dev, 0, sizeof dev);
+    const struct model_io *io = model_ninputs(m) == 1 ? model_input(m, 0) : NULL;
+    if (io && model_noutputs(m) == 1 && onnx_load_tensor_file(out_pb, &want, NULL, err, sizeof err) == 0) {
+        memset(&in, 0, sizeof in);
+        in.dtype = io->dtype;
+        in.ndim = io->ndim;
+        for (int d = 0; d < in.ndim; d++) in.dims[d] = io->dims[d] < 0 ? 1 : io->dims[d];
+        int64_t n = tensor_numel(&in);
+        float *x = (float *)malloc((size_t)n * sizeof *x);
+        for (int64_t i = 0; i < n; i++) x[i] = (float)((double)i / (double)n);
+        in.data = x;
+        struct model_exec *xc = model_exec_create(m, NULL, 0);
+        if (xc && model_run(xc, &in, 1, &cpu, 1, err, sizeof err) == 0 && close_enough(&want, &cpu, msg, len)) {
+            struct model_exec *xd = model_exec_create(m, be, 1);
+            if (!xd || model_run(xd, &in, 1, &dev, 1, err, sizeof err)) {
+                snprintf(msg, len, "run failed: %s", err);
+                rc = -1;
+            } else {
+                rc = close_enough(&want, &dev, msg, len) ? 1 : -1;
+            }
+            model_exec_free(xd);
+        }
+        model_exec_free(xc);
+        free(x);
+    }
+    onnx_tensor_clear(&want);
+    free(cpu.data);
+    free(dev.data);
+    model_free(m);
+    return rc;
+}
+
+static void test_onnx_light_models(void **state) {
+    (void)state;
+    if (getenv("KILN_CUDA_TEST_QUICK")) skip();
+    const char *data = getenv("KILN_ONNX_NODE_TESTS");
+    std::string dir = data ? std::string(data) + "/../light" : ".venv/lib/python3.11/site-packages/onnx/backend/test/data/light";
+    DIR *d = opendir(dir.c_str());
+    if (!d) {
+        print_message("ONNX light models not found at %s: skipped\n", dir.c_str());
+        skip();
+    }
+    std::vector<std::string> names;
+    while (struct dirent *e = readdir(d)) {
+        std::string f = e->d_name;
+        if (f.size() > 5 && f.compare(f.size() - 5, 5, ".onnx") == 0) names.push_back(f.substr(0, f.size() - 5));
+    }
+    closedir(d);
+    std::sort(names.begin(), names.end());
+    struct backend *be = node_test_backend();
+    int passed = 0, failed = 0, skipped = 0;
+    for (const std::string &n : names) {
+        char msg[512] = "";
+        int rc = light_test((dir + "/" + n + ".onnx").c_str(), (dir + "/" + n + "_output_0.pb").c_str(), be, msg, sizeof msg);
+        if (rc > 0) passed++;
+        else if (rc == 0) skipped++;
+        else {
+            failed++;
+            print_error("%s on the CUDA path: %s\n", n.c_str(), msg);
+        }
+        print_message("  %s: %s\n", n.c_str(), rc > 0 ? "pass" : rc == 0 ? "not passed by the CPU either" : "FAIL");
+    }
+    print_message("ONNX light models through the CUDA path: %d passed, %d failed, %d not passed by the CPU either\n",
+                  passed, failed, skipped);
+#ifdef KILN_CUDA_EMU
+    be->iface->free(be);
+#endif
+    assert_int_equal(failed, 0);
+}
+
 static void test_harness(void **state) {
     (void)state;
 #ifdef KILN_CUDA_EMU
@@ -954,6 +1039,7 @@ int main(void) {
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_supports_truthfully),
         cmocka_unit_test(test_onnx_node_tests),
+        cmocka_unit_test(test_onnx_light_models),
 #ifndef KILN_CUDA_EMU
         cmocka_unit_test(test_library),
         cmocka_unit_test(test_graphs_and_copies),
