@@ -304,6 +304,7 @@ on_gpu() {
     local cases
     cases=$(grep -E "cases, [0-9]+ failed" "$OUTDIR/op_test.log" | awk '{n += $(NF-3); f += $(NF-1)} END {printf "%d cases, %d failed", n, f}')
     cases="$cases; $(grep -m1 -o 'ONNX node tests through the CUDA path: [^(]*' "$OUTDIR/op_test.log" || echo 'node tests: no result')"
+    cases="$cases; $(grep -m1 -o 'ONNX light models through the CUDA path: .*' "$OUTDIR/op_test.log" || echo 'light models: no result')"
     [ $rc -eq 0 ] && row "op consistency (GPU vs CPU)" PASS "$cases" || row "op consistency (GPU vs CPU)" FAIL "exit $rc; $cases; see op_test.log"
 
     # 3. compute-sanitizer on the op test.
