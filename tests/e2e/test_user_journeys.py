@@ -240,6 +240,9 @@ def test_kiln_bench_says_why_it_cannot_run(server):
     assert r.returncode == 2 and "max_batch_size 32" in r.stderr, r.stderr
     r = kiln("bench", "-u", server.url, "-m", "typed", "-b", "4", "-n", "5")
     assert r.returncode == 2 and "does not batch" in r.stderr, r.stderr
+    for bad in ("x:1,abc", "y:1,4", "x"):
+        r = kiln("bench", "-u", server.url, "-m", "tiny", "--shape", bad, "-n", "5")
+        assert r.returncode == 2 and f"--shape {bad}:" in r.stderr, r.stderr
     r = kiln("bench", "-u", server.url, "-m", "tiny", "-b", "4", "-n", "50", "--no-progress")
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(r"c=1\s+\d", r.stdout), r.stdout

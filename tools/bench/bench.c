@@ -767,15 +767,34 @@ static int setup_inputs(struct event_base *base, const struct opts *o, const cha
                 d->name[colon - o->shape_override[s]])
                 continue;
             d->ndim = 0;
-            for (const char *p = colon + 1; *p && d->ndim < TENSOR_MAX_DIMS;) {
+            for (const char *p = colon + 1; *p;) {
                 char *end;
-                d->dims[d->ndim++] = strtoll(p, &end, 10);
+                long long v = strtoll(p, &end, 10);
+                if (end == p || v < 0 || (*end && *end != ',') || d->ndim == TENSOR_MAX_DIMS) {
+                    fprintf(stderr, "kiln bench: --shape %s: expected NAME:D1,D2,... with dims >= 0\n",
+                            o->shape_override[s]);
+                    cJSON_Delete(meta);
+                    return -1;
+                }
+                d->dims[d->ndim++] = v;
                 p = *end == ',' ? end + 1 : end;
-                if (end == p && *p) break;
             }
         }
     }
     cJSON_Delete(meta);
+    /* A --shape for an input the model does not have would be silently ignored. */
+    for (int s = 0; s < o->nshape_override; s++) {
+        const char *colon = strchr(o->shape_override[s], ':');
+        int known = 0;
+        for (int i = 0; colon && i < *nin; i++)
+            known |= strncmp(o->shape_override[s], in[i].name, (size_t)(colon - o->shape_override[s])) == 0 &&
+                     in[i].name[colon - o->shape_override[s]] == 0;
+        if (!known) {
+            fprintf(stderr, "kiln bench: --shape %s: %s\n", o->shape_override[s],
+                    colon ? "the model has no input of that name" : "expected NAME:D1,D2,...");
+            return -1;
+        }
+    }
     /* Files. */
     const char *id = o->input_data;
     if (strcmp(id, "random") != 0 && strcmp(id, "zero") != 0) {
