@@ -245,7 +245,13 @@ static int load_file(struct server_config *c, const char *path, char *err, size_
         return status_set(err, err_len, STATUS_INVALID, "--config %s: read failed", path);
     }
     buf[len] = 0;
-    cJSON *root = cJSON_ParseWithLength(buf, (size_t)len);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(buf, (size_t)len, &end, 0);
+    if (!root) {
+        size_t at = end && end >= buf && end <= buf + len ? (size_t)(end - buf) : 0;
+        free(buf);
+        return status_set(err, err_len, STATUS_INVALID, "--config %s: not valid JSON (error at byte %zu)", path, at);
+    }
     free(buf);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -263,7 +269,8 @@ static int load_file(struct server_config *c, const char *path, char *err, size_
         }
         if (cJSON_IsString(it)) rc = set_opt(c, o, it->valuestring, SRC_FILE, src, err, err_len);
         else if (cJSON_IsNumber(it)) {
-            snprintf(val, sizeof val, "%.0f", it->valuedouble);
+            /* %.17g keeps 1.5 as 1.5, so an integer setting refuses it instead of rounding. */
+            snprintf(val, sizeof val, "%.17g", it->valuedouble);
             rc = set_opt(c, o, val, SRC_FILE, src, err, err_len);
         } else if (cJSON_IsBool(it)) rc = set_opt(c, o, cJSON_IsTrue(it) ? "1" : "0", SRC_FILE, src, err, err_len);
         else if (cJSON_IsArray(it) && o->kind == OPT_LIST) {

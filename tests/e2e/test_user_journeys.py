@@ -76,6 +76,16 @@ def test_empty_repository_warns(tmp_path, make_server):
     assert raw_request(s.url, "GET", "/v2/health/ready")[0] == 200
 
 
+def test_serve_config_file_mistakes_are_named(tmp_path):
+    cfg = tmp_path / "kiln.json"
+    cfg.write_text('{"http_threads": 1.5}')
+    r = kiln("serve", "--config", str(cfg), timeout=30)
+    assert r.returncode == 2 and "invalid value '1.5' for http-threads" in r.stderr, r.stderr
+    cfg.write_text('{"http_port": 8000,, }')
+    r = kiln("serve", "--config", str(cfg), timeout=30)
+    assert r.returncode == 2 and "not valid JSON (error at byte" in r.stderr, r.stderr
+
+
 # ---- scikit-learn exports ----------------------------------------------------------
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # scikit-learn's convergence warnings
