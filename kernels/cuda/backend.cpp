@@ -296,7 +296,7 @@ static int cuda_prepare_node(struct backend *be, struct op_call *c, void **state
 static int cuda_run_node(struct backend *be, struct op_call *c) {
     struct kc_instance *in = inst(be);
     struct kc_node_state *ns = (struct kc_node_state *)c->state;
-    cudaSetDevice(in->device);
+    if (!in->capturing) cudaSetDevice(in->device); /* per thread; not a call to make inside a capture */
     if (!ns) { /* not prepared: only the custom kernels can go without */
         if (kc_lib_handles(c->node->op_type)) return op_error(c, "the CUDA backend runs this op only once prepared");
         return kd_run(c, NULL, in->stream);

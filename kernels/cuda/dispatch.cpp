@@ -743,8 +743,9 @@ static int kd_build(const struct op_call *c, struct kd_state *st, char *why, siz
         if (c->nin != 5 || c->nout != 1 || x->ndim < 2) KD_NO("BatchNormalization in training form");
         if (node_attr_int(n, "training_mode", 0)) KD_NO("training_mode");
         for (int k = 1; k < 5; k++)
-            if (!c->in[k] || c->in[k]->dtype != DT_FP32 || tensor_numel(c->in[k]) != x->dims[1])
-                KD_NO("BatchNormalization parameters not FP32 per channel");
+            if (!c->in[k] || (c->in[k]->dtype != DT_FP32 && c->in[k]->dtype != x->dtype) ||
+                c->in[k]->dtype != c->in[1]->dtype || tensor_numel(c->in[k]) != x->dims[1])
+                KD_NO("BatchNormalization parameters not one per channel in FP32 or the input's dtype");
         st->outer = x->dims[0];
         st->mid = x->dims[1];
         st->inner = kd_prod(x, 2, x->ndim);
@@ -894,9 +895,8 @@ static int kd_run_state(struct op_call *c, const struct kd_state *st, cudaStream
         e = kc_argmax(x->dtype, x->data, (int64_t *)y->data, st->outer, st->mid, st->inner, st->code, st->flag, s);
         break;
     case KD_BATCHNORM:
-        e = kc_batchnorm(x->dtype, x->data, (const float *)c->in[1]->data, (const float *)c->in[2]->data,
-                         (const float *)c->in[3]->data, (const float *)c->in[4]->data, y->data, st->outer, st->mid,
-                         st->inner, st->eps, act, s);
+        e = kc_batchnorm(x->dtype, c->in[1]->dtype, x->data, c->in[1]->data, c->in[2]->data, c->in[3]->data,
+                         c->in[4]->data, y->data, st->outer, st->mid, st->inner, st->eps, act, s);
         break;
     }
     if (e == cudaSuccess && st->act_after && st->act.kind != ACT_NONE)

@@ -332,31 +332,33 @@ cudaError_t kc_bias_act(enum dtype dt, void *y, const void *bias, int64_t n, int
     return cudaGetLastError();
 }
 
-template <class T>
-__global__ void k_batchnorm(const T *x, const float *scale, const float *bias, const float *mean, const float *var,
-                            T *y, int64_t total, int64_t c, int64_t inner, float eps, kc_act act) {
+template <class T, class P>
+__global__ void k_batchnorm(const T *x, const P *scale, const P *bias, const P *mean, const P *var, T *y, int64_t total,
+                            int64_t c, int64_t inner, float eps, kc_act act) {
     KC_GRID_STRIDE(i, total) {
         int64_t ch = (i / inner) % c;
-        float v = (kc_ld(x + i) - mean[ch]) * (scale[ch] / sqrtf(var[ch] + eps)) + bias[ch];
+        float v = (kc_ld(x + i) - kc_ld(mean + ch)) * (kc_ld(scale + ch) / sqrtf(kc_ld(var + ch) + eps)) + kc_ld(bias + ch);
         kc_st(y + i, kc_act_apply(act.kind, v, act.a, act.b));
     }
 }
 
-cudaError_t kc_batchnorm(enum dtype dt, const void *x, const float *scale, const float *bias, const float *mean,
-                         const float *var, void *y, int64_t n, int64_t c, int64_t inner, float eps, struct kc_act act,
-                         cudaStream_t s) {
+template <class T, class P>
+static cudaError_t launch_batchnorm(const void *x, const void *scale, const void *bias, const void *mean, const void *var,
+                                    void *y, int64_t total, int64_t c, int64_t inner, float eps, kc_act act,
+                                    cudaStream_t s) {
+    auto k = k_batchnorm<T, P>;
+    KC_LAUNCH(k, kc_blocks(total, KC_THREADS), KC_THREADS, 0, s, (const T *)x, (const P *)scale, (const P *)bias,
+              (const P *)mean, (const P *)var, (T *)y, total, c, inner, eps, act);
+    return cudaGetLastError();
+}
+
+cudaError_t kc_batchnorm(enum dtype dt, enum dtype param_dt, const void *x, const void *scale, const void *bias,
+                         const void *mean, const void *var, void *y, int64_t n, int64_t c, int64_t inner, float eps,
+                         struct kc_act act, cudaStream_t s) {
     int64_t total = n * c * inner;
     if (total <= 0) return cudaSuccess;
-    unsigned g = kc_blocks(total, KC_THREADS);
-    if (dt == DT_FP32) {
-        auto k = k_batchnorm<float>;
-        KC_LAUNCH(k, g, KC_THREADS, 0, s, (const float *)x, scale, bias, mean, var, (float *)y, total, c, inner, eps, act);
-    } else if (dt == DT_FP16) {
-        auto k = k_batchnorm<kc_half>;
-        KC_LAUNCH(k, g, KC_THREADS, 0, s, (const kc_half *)x, scale, bias, mean, var, (kc_half *)y, total, c, inner, eps,
-                  act);
-    } else {
-        return cudaErrorInvalidValue;
-    }
-    return cudaGetLastError();
+    if (dt == DT_FP32 && param_dt == DT_FP32) return launch_batchnorm<float, float>(x, scale, bias, mean, var, y, total, c, inner, eps, act, s);
+    if (dt == DT_FP16 && param_dt == DT_FP32) return launch_batchnorm<kc_half, float>(x, scale, bias, mean, var, y, total, c, inner, eps, act, s);
+    if (dt == DT_FP16 && param_dt == DT_FP16) return launch_batchnorm<kc_half, kc_half>(x, scale, bias, mean, var, y, total, c, inner, eps, act, s);
+    return cudaErrorInvalidValue;
 }

@@ -137,10 +137,11 @@ cudaError_t kc_gather(size_t elem, const void *x, const void *idx, enum dtype id
 /* Converts n elements; 1 if the pair is supported (kc_cast_supported). */
 int kc_cast_supported(enum dtype from, enum dtype to);
 cudaError_t kc_cast(enum dtype from, enum dtype to, const void *x, void *y, int64_t n, cudaStream_t s);
-/* Inference BatchNormalization over [n, c, inner], FP32 parameters. */
-cudaError_t kc_batchnorm(enum dtype dt, const void *x, const float *scale, const float *bias, const float *mean,
-                         const float *var, void *y, int64_t n, int64_t c, int64_t inner, float eps, struct kc_act act,
-                         cudaStream_t s);
+/* Inference BatchNormalization over [n, c, inner]; parameters in param_dt
+ * (FP32, or FP16 with FP16 data as FP16 plans have them). */
+cudaError_t kc_batchnorm(enum dtype dt, enum dtype param_dt, const void *x, const void *scale, const void *bias,
+                         const void *mean, const void *var, void *y, int64_t n, int64_t c, int64_t inner, float eps,
+                         struct kc_act act, cudaStream_t s);
 /* y[i] = act(y[i] + bias[(i / inner) % channels]) in place over n elements:
  * a bias per column for Gemm (inner 1), per channel for NCHW (inner H*W);
  * bias may be NULL (activation only). */

@@ -585,6 +585,7 @@ static void test_reduce(void **state) {
         C("ArgMax", {T(DT_INT64, {4, 5}, G_INT, {0, 3})}, {ai("axis", 1)}, EXACT),
         C("BatchNormalization", {F({2, 3, 4, 5}), F({3}), F({3}), F({3}), F({3}, G_POS)}, {}, MATH),
         C("BatchNormalization", {F({3, 2}), F({2}), F({2}), F({2}), F({2}, G_POS)}, {af("epsilon", 1e-3f)}, MATH),
+        C("BatchNormalization", {F({2, 3, 4, 5}), F({3}), F({3}), F({3}), F({3}, G_POS)}, {}, HALF, 1, 0, 0, true),
     };
     run_cases(v, "reduce/argmax/batchnorm");
 }
