@@ -244,6 +244,11 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     }
     if (v->config.precision_fp16 && strcmp(be, "cpu") == 0)
         log_info("model '%s': precision fp16 applies to the CUDA backend; the CPU runs FP32", name);
+    else if (v->config.precision_fp16 || !v->config.cuda_graphs)
+        log_info("model '%s' on %s: precision %s (weights and activations%s), CUDA graphs %s", name, be,
+                 v->config.precision_fp16 ? "fp16" : "fp32",
+                 v->config.precision_fp16 ? " in FP16, FP32 accumulation; inputs and outputs FP32" : " in FP32",
+                 v->config.cuda_graphs ? "on" : "off");
     const struct model_config *c = &v->config;
     struct batcher_params bp = {
         .model = v->model,

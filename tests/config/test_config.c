@@ -169,6 +169,10 @@ static void test_model_config_errors(void **state) {
         {"{\"input\":[{\"name\":\"x\",\"data_type\":\"TYPE_INT32\"}]}", "TYPE_INT32", 1},
         {"{\"input\":[{\"name\":\"x\",\"dims\":[5]}]}", "dims[0]", 1},
         {"{\"max_batch_size\":4,\"input\":[{\"name\":\"x\",\"dims\":[1,4]}]}", "dims has 2 entries", 1},
+        {"{\"optimization\":[]}", "'optimization'", 0},
+        {"{\"optimization\":{\"precision\":\"int8\"}}", "optimization.precision", 0},
+        {"{\"optimization\":{\"precision\":16}}", "optimization.precision", 0},
+        {"{\"optimization\":{\"cuda_graphs\":\"yes\"}}", "optimization.cuda_graphs", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct model_config c;
@@ -183,6 +187,37 @@ static void test_model_config_errors(void **state) {
         if (!strstr(g_err, cases[i].word)) fail_msg("case %zu: '%s' does not mention %s", i, g_err, cases[i].word);
         model_config_clear(&c);
     }
+}
+
+/* kiln's optimization object: defaults, values, the /config echo, and
+ * Triton's own optimization keys left alone. */
+static void test_model_config_optimization(void **state) {
+    struct model_config c;
+    model_config_init(&c, "m");
+    assert_int_equal(c.precision_fp16, 0);
+    assert_int_equal(c.cuda_graphs, 1);
+    cJSON *j = model_config_to_json(&c);
+    char *txt = cJSON_PrintUnformatted(j);
+    assert_non_null(strstr(txt, "\"optimization\":{\"precision\":\"fp32\",\"cuda_graphs\":true}"));
+    free(txt);
+    cJSON_Delete(j);
+    const char *json = "{\"optimization\":{\"precision\":\"fp16\",\"cuda_graphs\":false,\"cuda\":{\"graphs\":true}}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.precision_fp16, 1);
+    assert_int_equal(c.cuda_graphs, 0);
+    j = model_config_to_json(&c);
+    txt = cJSON_PrintUnformatted(j);
+    assert_non_null(strstr(txt, "\"optimization\":{\"precision\":\"fp16\",\"cuda_graphs\":false}"));
+    free(txt);
+    cJSON_Delete(j);
+    model_config_clear(&c);
+    /* Only what is given changes; "FP32" in capitals is the same value. */
+    model_config_init(&c, "m");
+    json = "{\"optimization\":{\"precision\":\"FP32\"}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.precision_fp16, 0);
+    assert_int_equal(c.cuda_graphs, 1);
+    model_config_clear(&c);
 }
 
 static void test_version_policy_latest(void **state) {
@@ -205,6 +240,7 @@ int main(void) {
         cmocka_unit_test(test_model_config_parse_and_json),
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),
+        cmocka_unit_test(test_model_config_optimization),
         cmocka_unit_test(test_version_policy_latest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
