@@ -855,11 +855,27 @@ static void test_onnx_node_tests(void **state) {
  * input arange(n)/n, expected output from the .pb beside each model; the
  * convolutions and matrix products run on the CPU under emulation, on
  * cuDNN and cuBLASLt on a GPU. */
-static int light_test(const char *model_path, const char *out_pb, struct backend *be, char *msg, size_t len) {
+/* The worst |device - expected| / max |expected| of the last light_test. */
+static double g_light_err;
+
+static double rel_err(const struct tensor *want, const struct tensor *got) {
+    double mx = 0, worst = 0;
+    int64_t n = tensor_numel(want);
+    if (!tensor_same_shape(want, got)) return INFINITY;
+    for (int64_t i = 0; i < n; i++) mx = fmax(mx, fabs(op_double_at(want, i)));
+    for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(op_double_at(want, i) - op_double_at(got, i)));
+    return mx > 0 ? worst / mx : worst;
+}
+
+/* fp16: the device plan stores weights and activations in FP16; the output
+ * must then be within fp16_tol of the largest expected magnitude. */
+static int light_test(const char *model_path, const char *out_pb, struct backend *be, int fp16, double fp16_tol,
+                      char *msg, size_t len) {
     char err[512] = "";
     struct model_params mp;
     memset(&mp, 0, sizeof mp);
     mp.path = model_path;
+    mp.fp16 = fp16;
     struct model *m = model_load(&mp, err, sizeof err);
     if (!m) return 0;
     int rc = 0;
@@ -883,7 +899,12 @@ static int light_test(const char *model_path, const char *out_pb, struct backend
             if (!xd || model_run(xd, &in, 1, &dev, 1, err, sizeof err)) {
                 snprintf(msg, len, "run failed: %s", err);
                 rc = -1;
+            } else if (fp16) {
+                g_light_err = rel_err(&want, &dev);
+                rc = g_light_err <= fp16_tol ? 1 : -1;
+                if (rc < 0) snprintf(msg, len, "FP16 error %.3g of the output's range, above %.3g", g_light_err, fp16_tol);
             } else {
+                g_light_err = rel_err(&want, &dev);
                 rc = close_enough(&want, &dev, msg, len) ? 1 : -1;
             }
             model_exec_free(xd);
@@ -917,17 +938,22 @@ static void test_onnx_light_models(void **state) {
     std::sort(names.begin(), names.end());
     struct backend *be = node_test_backend();
     int passed = 0, failed = 0, skipped = 0;
-    for (const std::string &n : names) {
-        char msg[512] = "";
-        int rc = light_test((dir + "/" + n + ".onnx").c_str(), (dir + "/" + n + "_output_0.pb").c_str(), be, msg, sizeof msg);
-        if (rc > 0) passed++;
-        else if (rc == 0) skipped++;
-        else {
-            failed++;
-            print_error("%s on the CUDA path: %s\n", n.c_str(), msg);
+    for (int fp16 = 0; fp16 <= 1; fp16++)
+        for (const std::string &n : names) {
+            char msg[512] = "";
+            g_light_err = 0;
+            /* FP16 (10-bit mantissa) through tens of layers: 1% of the output's range. */
+            int rc = light_test((dir + "/" + n + ".onnx").c_str(), (dir + "/" + n + "_output_0.pb").c_str(), be, fp16,
+                                1e-2, msg, sizeof msg);
+            if (rc > 0) passed++;
+            else if (rc == 0) skipped++;
+            else {
+                failed++;
+                print_error("%s (%s) on the CUDA path: %s\n", n.c_str(), fp16 ? "FP16" : "FP32", msg);
+            }
+            print_message("  %s %s: %s (max error %.2g of the output's range)\n", n.c_str(), fp16 ? "FP16" : "FP32",
+                          rc > 0 ? "pass" : rc == 0 ? "not passed by the CPU either" : "FAIL", g_light_err);
         }
-        print_message("  %s: %s\n", n.c_str(), rc > 0 ? "pass" : rc == 0 ? "not passed by the CPU either" : "FAIL");
-    }
     print_message("ONNX light models through the CUDA path: %d passed, %d failed, %d not passed by the CPU either\n",
                   passed, failed, skipped);
 #ifdef KILN_CUDA_EMU
