@@ -247,8 +247,8 @@ resnet_bench() { # precision port
         else row "ResNet-50 FP32" FAIL "kiln serve --backend cuda did not become ready: ${why:-see serve_resnet_fp32.log}"; fi
         return
     fi
-    if [ "$prec" = fp16 ] && ! grep -qiE "fp16|half" "$OUTDIR/serve_resnet_$prec.log"; then
-        row "ResNet-50 FP16" SKIP "kiln loaded the model but did not say it runs it in FP16 (optimization.precision not wired in the engine?); FP16 tensor-core speed: doctor's GEMM FP16 self-test"
+    if [ "$prec" = fp16 ] && ! grep -q "on $GPU_BACKEND: precision fp16" "$OUTDIR/serve_resnet_$prec.log"; then
+        row "ResNet-50 FP16" SKIP "kiln loaded the model but did not say it runs it in FP16 on $GPU_BACKEND (see full.log); FP16 tensor-core speed: doctor's GEMM FP16 self-test"
         kill $pid 2>/dev/null; wait $pid 2>/dev/null
         return
     fi
