@@ -125,13 +125,18 @@ def test_idle_sigint_exits_zero(make_server, slow_repo):
     assert s.proc.wait(30) == 0
 
 
-def test_client_gone_cancels_queued_request(make_server, slow_repo):
+def test_client_gone_cancels_queued_request(make_server, tmp_path):
     """Clients that hang up while queued: their requests are dropped before
     running (counted as cancelled); the others are answered."""
     import json as _json
     import socket
-    s = make_server(slow_repo)
-    body = _json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [1.0] * 512}]}).encode()
+    # Wide enough that 24 requests take well over the 50 ms before the hang-ups,
+    # however fast the machine's matrix products are.
+    width = 1536
+    root = tmp_path / "repo"
+    save_model(root, "slow", slow_graph(depth=80, width=width))
+    s = make_server(root)
+    body = _json.dumps({"inputs": [{"name": "x", "shape": [1, width], "datatype": "FP32", "data": [1.0] * width}]}).encode()
     req = b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: k\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     host, port = s.url.split(":")
     socks = [socket.create_connection((host, int(port))) for _ in range(24)]
