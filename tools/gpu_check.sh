@@ -87,6 +87,15 @@ os.remove(path)
 print("gpu_check: ResNet-50 (symbolic batch) bundled")
 EOF
     fi
+    # The digits model again, as an FP16 device plan.
+    mkdir -p "$stage/models/repo_digits_fp16/digits/1" &&
+        cp model_repository/digits/1/model.onnx "$stage/models/repo_digits_fp16/digits/1/" &&
+        python3 - "$stage/models/repo_digits_fp16/digits/config.json" <<'EOF2' || echo "gpu_check: digits FP16 not bundled" >&2
+import json, sys
+cfg = json.load(open("model_repository/digits/config.json"))
+cfg["optimization"] = {"precision": "fp16"}
+json.dump(cfg, open(sys.argv[1], "w"), indent=1)
+EOF2
     git rev-parse HEAD >"$stage/REVISION" 2>/dev/null || echo unknown >"$stage/REVISION"
     (cd "$stage" && find . -type f -o -type l | sort) >"$stage/MANIFEST"
     tar -C "$stage" -czf "$TARBALL" . || return 1
@@ -201,9 +210,9 @@ EOF
     return 1
 }
 
-digits_accuracy() { # backend port -> prints accuracy
-    local backend=$1 port=$2
-    "$KILN" serve --backend "$backend" --model-repository model_repository --http-port "$port" \
+digits_accuracy() { # backend port [repository] -> prints accuracy
+    local backend=$1 port=$2 repo=${3:-model_repository}
+    "$KILN" serve --backend "$backend" --model-repository "$repo" --http-port "$port" \
         >>"$OUTDIR/digits_$backend.log" 2>&1 &
     local pid=$!
     if ! wait_ready "$port" $pid digits; then kill $pid 2>/dev/null; wait $pid 2>/dev/null; return 1; fi
@@ -340,6 +349,15 @@ on_gpu() {
     if [ -z "$acc_gpu" ]; then row "digits e2e --backend cuda" FAIL "no answer (see digits_cuda.log in full.log)"; cat "$OUTDIR"/digits_"$GPU_BACKEND".log >>"$OUTDIR/full.log" 2>/dev/null
     elif [ "$acc_gpu" = "$acc_cpu" ] && awk -v a="$acc_gpu" 'BEGIN {exit !(a >= 0.95)}'; then row "digits e2e --backend cuda" PASS "accuracy $acc_gpu (CPU $acc_cpu)"
     else row "digits e2e --backend cuda" FAIL "accuracy $acc_gpu vs CPU ${acc_cpu:-?}"; fi
+    # FP16 device plan: labels may differ from the CPU's on at most 0.5% of the samples.
+    local acc16=""
+    if [ -d "$DST/models/repo_digits_fp16" ]; then
+        acc16=$(digits_accuracy "$GPU_BACKEND" 18535 "$DST/models/repo_digits_fp16") || acc16=""
+        if [ -z "$acc16" ]; then row "digits e2e FP16 --backend cuda" FAIL "no answer (see full.log)"
+        elif [ -n "$acc_cpu" ] && awk -v a="$acc16" -v c="$acc_cpu" 'BEGIN {d = a - c; if (d < 0) d = -d; exit !(d <= 0.005)}'; then
+            row "digits e2e FP16 --backend cuda" PASS "accuracy $acc16 (CPU FP32 $acc_cpu)"
+        else row "digits e2e FP16 --backend cuda" FAIL "accuracy $acc16 vs CPU FP32 ${acc_cpu:-?}"; fi
+    fi
     cat "$OUTDIR"/digits_*.log >>"$OUTDIR/full.log" 2>/dev/null; rm -f "$OUTDIR"/digits_*.log
 
     # 6. ResNet-50 benchmarks.
