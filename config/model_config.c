@@ -214,6 +214,17 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         }
     }
 
+    /* Triton fields whose meaning kiln cannot honour: serving the model as if
+     * they were absent would answer stateful or composed models wrongly. */
+    static const char *const unsupported[][2] = {
+        {"sequence_batching", "kiln has no sequence batcher (stateful models with correlation IDs)"},
+        {"ensemble_scheduling", "kiln does not run ensembles"},
+    };
+    for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
+        if (cJSON_GetObjectItemCaseSensitive(root, unsupported[u][0])) {
+            rc = INVALID("config field '%s' is not supported: %s", unsupported[u][0], unsupported[u][1]);
+            goto out;
+        }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "dynamic_batching"))) {
         if (!cJSON_IsObject(v)) { rc = INVALID("config field 'dynamic_batching' must be an object"); goto out; }
         c->dynamic_batching = 1;

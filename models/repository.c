@@ -404,7 +404,10 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     model_config_clear(&pc);
     if (nw == 0) {
         free(cfg);
-        ERR(STATUS_INVALID, "model '%s': the version_policy selects none of the versions present", name);
+        char have[256] = "";
+        for (int i = 0; i < np; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", i ? ", " : "", (long long)present[i]);
+        ERR(STATUS_INVALID, "model '%s': the version_policy selects none of the versions present (%s)", name, have);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
         return STATUS_INVALID;
     }

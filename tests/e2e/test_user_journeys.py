@@ -69,6 +69,18 @@ def test_every_broken_model_is_logged_and_indexed(tmp_path, make_server):
     assert "no version folder" in index["zero"]["reason"]
 
 
+def test_config_fields_kiln_cannot_honour_are_refused(tmp_path, make_server):
+    repo = tmp_path / "repo"
+    save_model(repo, "stateful", tiny_graph(), config='{"sequence_batching": {"max_sequence_idle_microseconds": 5000000}}')
+    save_model(repo, "pinned", tiny_graph(), config='{"version_policy": {"specific": {"versions": [3]}}}')
+    s = make_server(repo)
+    st, _, body = raw_request(s.url, "POST", "/v2/repository/index", "{}")
+    index = {e["name"]: e for e in json.loads(body)}
+    assert index["stateful"]["state"] == "UNAVAILABLE"
+    assert "'sequence_batching' is not supported" in index["stateful"]["reason"]
+    assert "selects none of the versions present (1)" in index["pinned"]["reason"]
+
+
 def test_empty_repository_warns(tmp_path, make_server):
     (tmp_path / "empty").mkdir()
     s = make_server(tmp_path / "empty")
