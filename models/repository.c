@@ -235,6 +235,13 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_INVALID, "model '%s' version %lld: %s%s", name, (long long)ver, cfg ? "config.json: " : "", e2);
         goto fail;
     }
+    /* The KServe metadata has no way to say "any rank": such an input shows
+     * shape [] to clients (and load generators build scalars from it). */
+    for (int i = 0; i < v->config.ninputs; i++)
+        if (v->config.inputs[i].ndim < 0)
+            log_warn("model '%s' version %lld: input '%s' has no shape in the ONNX file or config.json; clients see "
+                     "shape [] and any shape is accepted: give its dims in config.json", name, (long long)ver,
+                     v->config.inputs[i].name);
     const char *be = r->backend;
     if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
     else if (strcmp(v->config.instance_kind, "KIND_GPU") == 0 && strcmp(be, "cuda") != 0) {

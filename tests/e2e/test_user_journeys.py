@@ -81,6 +81,21 @@ def test_config_fields_kiln_cannot_honour_are_refused(tmp_path, make_server):
     assert "selects none of the versions present (1)" in index["pinned"]["reason"]
 
 
+def test_an_input_of_unknown_rank_is_explained(tmp_path, make_server):
+    import onnx.helper as oh
+    from onnx import TensorProto as TP
+    g = oh.make_graph([oh.make_node("Relu", ["x"], ["y"])], "unk", [oh.make_tensor_value_info("x", TP.FLOAT, None)],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+    repo = tmp_path / "repo"
+    save_model(repo, "anyrank", g)
+    save_model(repo, "given", g, config='{"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2, 3]}]}')
+    s = make_server(repo)
+    assert "model 'anyrank' version 1: input 'x' has no shape" in s.text()
+    assert not [line for line in s.text().splitlines() if " warn " in line and "model 'given'" in line]
+    meta = json.loads(raw_request(s.url, "GET", "/v2/models/given")[2])
+    assert meta["inputs"][0]["shape"] == [2, 3]
+
+
 def test_empty_repository_warns(tmp_path, make_server):
     (tmp_path / "empty").mkdir()
     s = make_server(tmp_path / "empty")
