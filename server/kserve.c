@@ -293,6 +293,9 @@ static int parse_input(struct kserve_input *in, const cJSON *j, int idx, char *e
     if (in->t.dtype == DT_FP16 || in->t.dtype == DT_BF16)
         return INVALID("input '%s': datatype %s cannot be sent as JSON data; use the binary tensor extension", n,
                        dtype_kserve_name(in->t.dtype));
+    if (cJSON_IsNull(data) || cJSON_IsObject(data))
+        return INVALID("input '%s': 'data' must be an array of values (flat or nested), not %s", n,
+                       cJSON_IsNull(data) ? "null" : "an object");
     int64_t count = count_leaves(data, 0);
     if (count < 0) return INVALID("input '%s': 'data' is nested deeper than %d", n, KSERVE_MAX_JSON_DEPTH);
     if (count != numel) {

@@ -240,6 +240,9 @@ def test_json_numbers_that_cannot_be_carried_exactly_are_refused(server):
     def infer(model, inputs):
         return raw_request(server.url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
 
+    for data, what in ((None, b"not null"), ({"a": 1}, b"not an object")):
+        st, _, body = infer("tiny", [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": data}])
+        assert st == 400 and b"'data' must be an array" in body and what in body, body
     st, _, body = infer("tiny", [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1e300, 0, 0, 0]}])
     assert st == 400 and b"out of range for FP32" in body, body
     flag = {"name": "flag", "shape": [2, 3], "datatype": "BOOL", "data": [True] * 6}
