@@ -13,19 +13,24 @@ from tritonclient.utils import InferenceServerException
 
 from conftest import raw_request, save_model, slow_graph, tiny_graph
 
+# The "slow" chain of matrix products is this wide so that each request takes
+# milliseconds on any machine: 24 requests must still be queued when a test
+# signals the server or hangs up (512 wide, fast kernels finish them first).
+WIDTH = 1536
+
 
 @pytest.fixture()
 def slow_repo(tmp_path):
     root = tmp_path / "repo"
-    save_model(root, "slow", slow_graph(depth=80))
+    save_model(root, "slow", slow_graph(depth=80, width=WIDTH))
     save_model(root, "tiny", tiny_graph())
     return root
 
 
 def slow_infer(url, results, i):
     c = httpclient.InferenceServerClient(url, connection_timeout=60, network_timeout=60)
-    x = np.full((1, 512), 0.01 * i, np.float32)
-    inp = httpclient.InferInput("x", [1, 512], "FP32")
+    x = np.full((1, WIDTH), 0.01 * i, np.float32)
+    inp = httpclient.InferInput("x", [1, WIDTH], "FP32")
     inp.set_data_from_numpy(x)
     try:
         r = c.infer("slow", [inp])
@@ -101,7 +106,7 @@ def test_second_signal_forces_exit(make_server, slow_repo):
 
 def test_exit_timeout_forces_exit(make_server, tmp_path):
     root = tmp_path / "repo"
-    save_model(root, "slow", slow_graph(depth=400))
+    save_model(root, "slow", slow_graph(depth=400, width=WIDTH))
     s = make_server(root, "--exit-timeout-secs", "0")
     results = [None] * 8
     threads = [threading.Thread(target=slow_infer, args=(s.url, results, i)) for i in range(8)]
@@ -125,18 +130,13 @@ def test_idle_sigint_exits_zero(make_server, slow_repo):
     assert s.proc.wait(30) == 0
 
 
-def test_client_gone_cancels_queued_request(make_server, tmp_path):
+def test_client_gone_cancels_queued_request(make_server, slow_repo):
     """Clients that hang up while queued: their requests are dropped before
     running (counted as cancelled); the others are answered."""
     import json as _json
     import socket
-    # Wide enough that 24 requests take well over the 50 ms before the hang-ups,
-    # however fast the machine's matrix products are.
-    width = 1536
-    root = tmp_path / "repo"
-    save_model(root, "slow", slow_graph(depth=80, width=width))
-    s = make_server(root)
-    body = _json.dumps({"inputs": [{"name": "x", "shape": [1, width], "datatype": "FP32", "data": [1.0] * width}]}).encode()
+    s = make_server(slow_repo)
+    body = _json.dumps({"inputs": [{"name": "x", "shape": [1, WIDTH], "datatype": "FP32", "data": [1.0] * WIDTH}]}).encode()
     req = b"POST /v2/models/slow/infer HTTP/1.1\r\nHost: k\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     host, port = s.url.split(":")
     socks = [socket.create_connection((host, int(port))) for _ in range(24)]
