@@ -62,7 +62,8 @@ done
 [ "$n" -ge 1 ] || { cat "$work/kiln.log"; echo "compose-check: nothing was stored in Redis"; exit 1; }
 second=$(curl -fsS "$base/v2/models/digits/infer" -d "$body")
 [ "$first" = "$second" ] || { echo "compose-check: cached answer differs"; exit 1; }
-curl -fsS "$base/metrics" | grep -q '^kiln_' || { echo "compose-check: no kiln_ metrics"; exit 1; }
+metrics=$(curl -fsS "$base/metrics")
+grep -q '^kiln_cache_redis_stores_total [1-9]' <<<"$metrics" || { echo "compose-check: no Redis stores in /metrics"; exit 1; }
 kill -TERM "$kiln_pid"
 rc=0; wait "$kiln_pid" || rc=$?
 kiln_pid=""
