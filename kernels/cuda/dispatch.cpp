@@ -21,6 +21,7 @@ enum kd_kind {
     KD_CONCAT,
     KD_SPLIT,
     KD_GATHER,
+    KD_GATHER_ELEMENTS,
     KD_CAST,
     KD_SOFTMAX,   /* code: 1 for LogSoftmax */
     KD_LAYERNORM,
@@ -116,6 +117,8 @@ static const struct kd_op g_ops[] = {
     {"Split", KD_SPLIT, 0},
     {"Gather", KD_GATHER, 0},
     {"Cast", KD_CAST, 0},
+    {"CastLike", KD_CAST, 0},
+    {"GatherElements", KD_GATHER_ELEMENTS, 0},
     {"Softmax", KD_SOFTMAX, 0},
     {"LogSoftmax", KD_SOFTMAX, 1},
     {"LayerNormalization", KD_LAYERNORM, 0},
@@ -170,6 +173,7 @@ struct kd_state {
     struct kc_remap_desc rm;
     struct kc_reduce_desc rd;
     struct kc_pool_desc pool;
+    struct kc_gather_el_desc ge;
     int64_t outer, mid, inner; /* softmax, argmax, gather, layernorm rows/cols */
     int axis;
     int flag;              /* LogSoftmax, ArgMin, select_last_index, noop reduce */
@@ -564,6 +568,30 @@ static int kd_build(const struct op_call *c, struct kd_state *st, char *why, siz
         st->act_after = 1;
         break;
     }
+    case KD_GATHER_ELEMENTS: {
+        const struct tensor *ix = c->nin == 2 ? c->in[1] : NULL;
+        if (!ix || (ix->dtype != DT_INT64 && ix->dtype != DT_INT32)) KD_NO("GatherElements indices");
+        if (ix->ndim != x->ndim || y->ndim != ix->ndim) KD_NO("GatherElements ranks");
+        for (int d = 0; d < y->ndim; d++)
+            if (y->dims[d] != ix->dims[d]) KD_NO("GatherElements output shape");
+        int axis = op_axis((struct op_call *)c, node_attr_int(n, "axis", 0), x->ndim);
+        if (axis < 0) KD_NO("GatherElements axis");
+        size_t es = dtype_size(x->dtype);
+        if (es != 1 && es != 2 && es != 4 && es != 8) KD_NO("element size");
+        int64_t xst[KC_MAX_DIMS];
+        kd_contig_strides(x, xst);
+        struct kc_gather_el_desc *g = &st->ge;
+        g->ndim = x->ndim;
+        g->axis = axis;
+        g->n = tensor_numel(y);
+        g->axis_dim = x->dims[axis];
+        for (int d = 0; d < x->ndim; d++) {
+            g->dims[d] = y->dims[d];
+            g->xstride[d] = xst[d];
+        }
+        st->act_after = 1;
+        break;
+    }
     case KD_CAST:
         if (!kc_cast_supported(x->dtype, y->dtype)) KD_NO("Cast from %s to %s", dtype_name(x->dtype), dtype_name(y->dtype));
         st->act_after = 1;
@@ -860,6 +888,9 @@ static int kd_run_state(struct op_call *c, const struct kd_state *st, cudaStream
     case KD_GATHER:
         e = kc_gather(dtype_size(x->dtype), x->data, c->in[1]->data, c->in[1]->dtype, y->data, st->outer, st->mid,
                       st->inner, tensor_numel(c->in[1]), s);
+        break;
+    case KD_GATHER_ELEMENTS:
+        e = kc_gather_elements(dtype_size(x->dtype), x->data, c->in[1]->data, c->in[1]->dtype, y->data, &st->ge, s);
         break;
     case KD_CAST:
         e = kc_cast(x->dtype, y->dtype, x->data, y->data, ny, s);

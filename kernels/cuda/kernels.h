@@ -134,6 +134,15 @@ cudaError_t kc_copy2d(size_t elem, void *dst, int64_t dst_ld, const void *src, i
  * indices count from the end; an index out of range writes zeros. */
 cudaError_t kc_gather(size_t elem, const void *x, const void *idx, enum dtype idx_dt, void *y, int64_t outer,
                       int64_t axis_dim, int64_t inner, int64_t nidx, cudaStream_t s);
+/* GatherElements: the output has the indices' shape (dims); xstride are the
+ * input's strides; axis_dim the input's size along axis. */
+struct kc_gather_el_desc {
+    int ndim, axis;
+    int64_t n, axis_dim;
+    int64_t dims[KC_MAX_DIMS], xstride[KC_MAX_DIMS];
+};
+cudaError_t kc_gather_elements(size_t elem, const void *x, const void *idx, enum dtype idx_dt, void *y,
+                               const struct kc_gather_el_desc *d, cudaStream_t s);
 /* Converts n elements; 1 if the pair is supported (kc_cast_supported). */
 int kc_cast_supported(enum dtype from, enum dtype to);
 cudaError_t kc_cast(enum dtype from, enum dtype to, const void *x, void *y, int64_t n, cudaStream_t s);

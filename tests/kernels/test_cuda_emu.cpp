@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -497,6 +498,8 @@ static void test_movement(void **state) {
         C("Gather", {F({5, 4, 3}), T(DT_INT64, {2, 3}, G_INT, {-4, 3})}, {ai("axis", 1)}, EXACT),
         C("Gather", {F({7, 3}), T(DT_INT32, {5}, G_INT, {-7, 6})}, {}, EXACT),
         C("Gather", {T(DT_INT64, {6}, G_INT, {0, 99}), T(DT_INT64, {}, G_VALUES, {-2})}, {}, EXACT),
+        C("GatherElements", {F({4, 5}), T(DT_INT64, {4, 3}, G_INT, {-5, 4})}, {ai("axis", 1)}, EXACT),
+        C("GatherElements", {T(DT_INT32, {3, 4, 2}, G_INT, {0, 99}), T(DT_INT32, {2, 4, 2}, G_INT, {-3, 2})}, {ai("axis", 0)}, EXACT),
         C("Identity", {F({3, 3})}, {}, EXACT), C("Reshape", {F({3, 4}), P(DT_INT64, {4, 3})}, {}, EXACT),
     };
     run_cases(v, "movement");
@@ -513,6 +516,8 @@ static void test_cast(void **state) {
         C("Cast", {T(DT_INT64, {4}, G_VALUES, {1e12, -5, 7, 123456789012.0})}, {ai("to", DT_INT32)}, EXACT),
         C("Cast", {T(DT_FP64, {6})}, {ai("to", DT_FP32)}, EXACT),
         C("Cast", {T(DT_UINT8, {10}, G_INT, {0, 255})}, {ai("to", DT_FP32)}, EXACT),
+        C("CastLike", {F({7}), T(DT_INT64, {1}, G_INT, {0, 1})}, {}, EXACT),
+        C("CastLike", {T(DT_INT32, {6}, G_INT, {-50, 50}), F({1})}, {}, EXACT),
     };
     run_cases(v, "cast");
 }
@@ -695,6 +700,7 @@ static void test_graphs_and_copies(void **state) {
  * copies for nodes the custom kernels refuse, e.g. MatMul and Conv); on a
  * GPU the real CUDA backend. */
 static int g_nodes_cuda, g_nodes_cpu;
+static std::map<std::string, int> g_fallback_ops; /* op type -> nodes left to the CPU */
 
 #ifdef KILN_CUDA_EMU
 static void emu_free(struct backend *be) { free(be); }
@@ -705,6 +711,7 @@ static int emu_supports(struct backend *be, const struct op_call *c) {
     (void)be;
     int ok = kd_supports(c, NULL, 0);
     (ok ? g_nodes_cuda : g_nodes_cpu)++;
+    if (!ok) g_fallback_ops[c->node->op_type]++;
     return ok;
 }
 static int emu_prepare(struct backend *be, struct op_call *c, void **state, size_t *ws) {
@@ -844,6 +851,14 @@ static void test_onnx_node_tests(void **state) {
     print_message("ONNX node tests through the CUDA path: %d passed, %d failed, %d not passed by the CPU either "
                   "(%d nodes ran on CUDA kernels, %d fell back to the CPU)\n",
                   passed, failed, skipped, g_nodes_cuda, g_nodes_cpu);
+    if (!g_fallback_ops.empty()) {
+        std::vector<std::pair<int, std::string>> v;
+        for (auto &kv : g_fallback_ops) v.push_back({-kv.second, kv.first});
+        std::sort(v.begin(), v.end());
+        std::string line;
+        for (size_t i = 0; i < v.size() && i < 25; i++) line += " " + v[i].second + "(" + std::to_string(-v[i].first) + ")";
+        print_message("left to the CPU, by op:%s\n", line.c_str());
+    }
 #ifdef KILN_CUDA_EMU
     be->iface->free(be);
 #endif
