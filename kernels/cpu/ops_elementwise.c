@@ -583,7 +583,32 @@ BINARY_OP(add, tbl_add)
 BINARY_OP(sub, tbl_sub)
 BINARY_OP(mul, tbl_mul)
 BINARY_OP(div, tbl_div)
-BINARY_OP(prelu, tbl_prelu)
+BINARY_OP(prelu7, tbl_prelu)
+
+/* Before opset 7, PRelu applied a 1-D slope of C values along axis 1 (the
+ * channels), not numpy-style from the last axis: view it as [C,1,...,1]. */
+static const struct op_call *prelu_call(struct op_call *c, struct op_call *tmp, struct tensor *view) {
+    const struct tensor *x = c->in[0], *sl = c->nin == 2 ? c->in[1] : NULL;
+    if (c->node->opset >= 7 || !x || !sl || x->ndim < 3 || sl->ndim != 1 || sl->dims[0] == 1 ||
+        sl->dims[0] != x->dims[1])
+        return c;
+    *view = *sl;
+    view->ndim = x->ndim - 1;
+    for (int i = 1; i < view->ndim; i++) view->dims[i] = 1;
+    *tmp = *c;
+    tmp->in[1] = view;
+    return tmp;
+}
+static int infer_prelu(struct op_call *c) {
+    struct op_call tmp;
+    struct tensor view;
+    return infer_prelu7((struct op_call *)prelu_call(c, &tmp, &view));
+}
+static int run_prelu(struct op_call *c) {
+    struct op_call tmp;
+    struct tensor view;
+    return run_prelu7((struct op_call *)prelu_call(c, &tmp, &view));
+}
 BINARY_OP(band, tbl_band)
 BINARY_OP(bor, tbl_bor)
 BINARY_OP(bxor, tbl_bxor)
