@@ -22,6 +22,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
@@ -372,6 +373,7 @@ static void list_op(const struct op_def *op, void *arg) {
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln run MODEL [--input [NAME=]FILE.pb|FILE.npy ...] [--batch N] [--iterations N]\n"
                "                      [--output-dir DIR] [--threads N] [--seed S] [--quiet]\n"
+               "                      [--backend auto|cpu|cuda]\n"
                "       kiln run --list-ops\n"
                "MODEL is a .onnx file or a model repository folder (highest version).\n"
                "Inputs not given get seeded random data; symbolic dims become --batch (first axis) or 1.\n");
@@ -398,6 +400,8 @@ static int parse_count(const char *flag, const char *text, long lo, long hi, int
 int cmd_run(int argc, char **argv) {
     const char *model_arg = NULL, *out_dir = NULL;
     int batch = 1, iterations = 0, threads = 0, quiet = 0;
+    const char *backend_name = "auto";
+    struct backend *be = NULL;
     uint64_t seed = 1;
     struct input_arg *ins = calloc((size_t)argc + 1, sizeof *ins);
     int nins = 0, rc = 1;
@@ -437,6 +441,14 @@ int cmd_run(int argc, char **argv) {
         }
         else if (!strcmp(a, "--output-dir") && v) out_dir = argv[++i];
         else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--backend") && v) {
+            backend_name = argv[++i];
+            if (strcmp(backend_name, "auto") && strcmp(backend_name, "cpu") && strcmp(backend_name, "cuda")) {
+                fprintf(stderr, "kiln run: --backend must be auto, cpu or cuda, not '%s'\n", backend_name);
+                rc = 2;
+                goto done;
+            }
+        }
         else if (!strcmp(a, "--list-ops")) {
             op_foreach(list_op, NULL);
             rc = 0;
@@ -509,7 +521,20 @@ int cmd_run(int argc, char **argv) {
                    tensor_shape_str(&in[i], s, sizeof s));
         }
 
-    x = model_exec_create(m, NULL, threads);
+    if (strcmp(backend_name, "cpu") != 0) {
+        /* auto: the GPU when one is usable, else the CPU (as kiln serve). */
+        char why[512] = "";
+        struct backend_params bp = {.device = 0, .nthreads = threads};
+        if (!strcmp(backend_name, "cuda") || backend_available("cuda", why, sizeof why) > 0) {
+            be = backend_create("cuda", &bp, why, sizeof why);
+            if (!be) {
+                fprintf(stderr, "kiln run: the CUDA backend is not usable: %s\n", why);
+                goto fail;
+            }
+        }
+    }
+    if (!quiet) printf("backend %s\n", be ? be->iface->name : "cpu");
+    x = model_exec_create(m, be, threads);
     if (!x) {
         fprintf(stderr, "kiln run: cannot create an execution context\n");
         goto fail;
@@ -572,6 +597,7 @@ int cmd_run(int argc, char **argv) {
 fail:
     free(lat);
     model_exec_free(x);
+    backend_free(be);
     for (int i = 0; in && i < ni; i++) onnx_tensor_clear(&in[i]);
     for (int o = 0; out && o < no; o++) free(out[o].data);
     free(in);

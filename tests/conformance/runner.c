@@ -34,6 +34,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/tensor.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
@@ -372,6 +373,10 @@ static int list_pbs(const char *dir, const char *prefix, char ***out) {
 
 /* Loads the model, feeds the inputs, compares the outputs. Runs in the child;
  * everything it allocates dies with it. */
+/* --backend: "cpu" (the reference) or "cuda" (each test, in its own child,
+ * makes its own device context). */
+static const char *g_backend = "cpu";
+
 static int run_model_test(const char *model_path, struct tensor *in, char **in_names, int nin, struct tensor *want,
                           int nwant, int threads, double rtol_scale, char *msg, size_t cap) {
     char err[MSG_MAX];
@@ -398,7 +403,18 @@ static int run_model_test(const char *model_path, struct tensor *in, char **in_n
         snprintf(msg, cap, "model has %d outputs, test data expects %d", mo, nwant);
         return 1;
     }
-    struct model_exec *x = model_exec_create(m, NULL, threads);
+    struct backend *be = NULL;
+    if (strcmp(g_backend, "cpu") != 0) {
+        char why[512] = "";
+        struct backend_params bp = {.device = 0, .nthreads = threads};
+        be = backend_create(g_backend, &bp, why, sizeof why);
+        if (!be) {
+            snprintf(msg, cap, "backend %s: %s", g_backend, why);
+            return 1;
+        }
+    }
+    /* The child exits after one test: the backend lives as long as it does. */
+    struct model_exec *x = model_exec_create(m, be, threads);
     if (!x) {
         snprintf(msg, cap, "model_exec_create failed");
         return 1;
@@ -572,7 +588,7 @@ static int cmp_wanted(const void *a, const void *b) {
 
 static void usage(void) {
     fprintf(stderr, "usage: conformance [--data DIR] [--skip FILE] [--filter GLOB] [--timeout S] "
-                    "[--light-timeout S] [--threads N] [--no-light] [--no-node] [--write-skipped FILE] [-v]\n");
+                    "[--light-timeout S] [--threads N] [--backend cpu|cuda] [--no-light] [--no-node] [--write-skipped FILE] [-v]\n");
 }
 
 int main(int argc, char **argv) {
@@ -594,6 +610,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--timeout") && v) o.timeout_s = atoi(argv[++i]);
         else if (!strcmp(a, "--light-timeout") && v) o.light_timeout_s = atoi(argv[++i]);
         else if (!strcmp(a, "--threads") && v) o.threads = atoi(argv[++i]);
+        else if (!strcmp(a, "--backend") && v) g_backend = argv[++i];
         else if (!strcmp(a, "--no-light")) o.run_light = 0;
         else if (!strcmp(a, "--no-node")) o.run_node = 0;
         else if (!strcmp(a, "-v")) o.verbose = 1;
