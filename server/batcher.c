@@ -1083,9 +1083,12 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     }
     fifo_push(&b->q[r->q_.level], r);
     b->queued++;
-    if (b->idle)
-        pthread_cond_signal(&b->work_cv);
+    int wake = b->idle > 0;
     pthread_mutex_unlock(&b->mu);
+    /* Signalled after the unlock: a waiter woken under the lock would run
+     * only to block on it again (two more context switches per request). */
+    if (wake)
+        pthread_cond_signal(&b->work_cv);
     return 0;
 }
 
