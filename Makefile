@@ -27,7 +27,7 @@ endif
 CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
-LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lz -ldl -lm
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lcrypto -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except server/main.c.
 SRC_DIRS = common config models kernels kernels/cpu cache server tools/bench

@@ -71,11 +71,12 @@ void cache_record_lookup(cache_t *c, uint64_t ns);
 void cache_record_insert(cache_t *c, uint64_t ns);
 
 /* ---- keys ---------------------------------------------------------------
- * BLAKE2b-256 keyed with the secret over a framed sequence of fields: every
+ * HMAC-SHA-256 keyed with the secret over a framed sequence of fields: every
  * field carries its length, so no two different requests frame to the same
- * bytes. Callers add inputs sorted by name and outputs sorted by name. */
+ * bytes. Callers add inputs sorted by name and outputs sorted by name, and
+ * always finish with cache_key_end (which frees the state). */
 struct cache_key_state {
-    uint8_t st[384] __attribute__((aligned(64))); /* crypto_generichash_state */
+    uint8_t st[64] __attribute__((aligned(16)));
 };
 void cache_key_begin(const cache_t *c, struct cache_key_state *s, const char *model, int64_t version);
 void cache_key_add_input(struct cache_key_state *s, const char *name, enum dtype dt, const int64_t *shape,

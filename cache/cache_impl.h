@@ -58,6 +58,8 @@ struct cache_counters {
 
 struct cache {
     uint8_t secret[32];
+    struct evp_mac_st *hmac;             /* EVP_MAC "HMAC" */
+    struct evp_mac_ctx_st *hmac_proto;   /* keyed with secret, SHA-256; duplicated per key */
     struct cache_shard *shards;
     int nshards;
     size_t lru_bytes, max_value_bytes;

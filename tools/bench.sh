@@ -105,7 +105,7 @@ run_cache() { DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-3} bench/cach
 run_hash() {
     "$OUT/bin/hash_bench" --csv "$OUT/hash.csv" >"$OUT/hash.txt" 2>"$OUT/hash.log" || return
     {
-        echo "Single thread, best of three rounds, 32-byte digests, 32-byte key. The cache keys with BLAKE2b-256."
+        echo "Single thread, best of three rounds, 32-byte digests, 32-byte key. The cache keys with HMAC-SHA-256 (OpenSSL), chosen from this table."
         echo
         cat "$OUT/hash.txt"
         echo

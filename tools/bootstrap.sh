@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 # KILN_BUILD_ONLY=1 (used by the container images) installs the first list only
 # and makes no .venv.
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
-libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev zlib1g-dev"
+libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev"
 TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev python3-venv curl"
 DEBS="$BUILD_DEBS"
 [ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"
