@@ -546,8 +546,16 @@ __attribute__((unused)) static void arena_free(void *p) {
     free(p);
 }
 
-/* AddressSanitizer builds keep plain malloc, so it still sees every block. */
-#ifndef __SANITIZE_ADDRESS__
+/* AddressSanitizer builds (GCC's macro, clang's feature test) keep plain
+ * malloc, so it still sees every block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define KSERVE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define KSERVE_ASAN 1
+#endif
+#endif
+#ifndef KSERVE_ASAN
 __attribute__((constructor)) static void kserve_hooks_init(void) {
     cJSON_Hooks h = {.malloc_fn = arena_malloc, .free_fn = arena_free};
     cJSON_InitHooks(&h);
