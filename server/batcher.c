@@ -42,6 +42,11 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 #define BATCHER_POLL_NS 1000000ull
 /* The latency budget aims to finish this fraction (1/N) of it early. */
 #define BATCHER_BUDGET_SLACK 10
+/* Under a latency budget, a free instance waits for a larger batch only
+ * when running batches of the current size would keep the instances at
+ * least this busy (execution time per request over the time between
+ * requests): below it, they keep up without waiting. */
+#define BATCHER_BUDGET_BUSY 0.5
 /* Weight of a new sample in the execution-time profile. */
 #define BATCHER_EWMA_NEW 0.25
 /* Inputs a batch may have when there is no model to say (test executor). */
@@ -431,8 +436,15 @@ static int batch_select(batcher_t *b, struct instance *inst, uint64_t now, uint6
         uint64_t latest = due - exec_more;
         /* Waiting pays only if another request is likely to come before
          * the latest start: at a low rate, go now instead of spending the
-         * budget on waiting. */
+         * budget on waiting. Nor does it pay while the instances keep up
+         * with arrivals at this batch size with room to spare: batches
+         * then grow by themselves whenever the instances are busy, and
+         * waiting would only add its time to every request's latency (and
+         * cut throughput in a closed loop). */
         if (b->gap_ewma_ns) {
+            double load = (double)exec_now / ((double)inst->nsel * (double)b->gap_ewma_ns * (double)b->ninst);
+            if (load < BATCHER_BUDGET_BUSY)
+                return DECIDE_SEND;
             uint64_t next = b->last_arrival_ns + b->gap_ewma_ns;
             if (next < now)
                 next = now;
