@@ -1,0 +1,230 @@
+#include "common/jsonnum.h"
+
+#include <float.h>
+#include <locale.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The fast paths below rely on each double operation rounding once, to
+ * nearest: true for SSE2 arithmetic, not for x87's extended precision. */
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+#define JSONNUM_FAST 1
+#else
+#define JSONNUM_FAST 0
+#endif
+
+/* Every power of ten up to 1e22 is exactly a double (5^22 < 2^53). */
+static const double p10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+#define TWO53 9007199254740992ULL
+
+/* ---- parsing ------------------------------------------------------------ */
+
+/* The C library's answer for [p, end): the text copied with '.' as the
+ * locale's decimal point, as cJSON itself hands numbers to strtod. */
+static int parse_slow(const char *p, const char *end, double *out) {
+    size_t n = (size_t)(end - p);
+    char small[128];
+    char *s = n < sizeof small ? small : malloc(n + 1);
+    if (!s) return -1;
+    char dp = localeconv()->decimal_point[0];
+    for (size_t i = 0; i < n; i++) s[i] = p[i] == '.' ? dp : p[i];
+    s[n] = 0;
+    char *stop = NULL;
+    double v = strtod(s, &stop);
+    int ok = stop == s + n;
+    if (s != small) free(s);
+    if (!ok) return -1;
+    *out = v;
+    return 0;
+}
+
+int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
+    const char *s = p;
+    int neg = 0;
+    if (s < end && *s == '-') {
+        neg = 1;
+        s++;
+    }
+    if (s >= end || *s < '0' || *s > '9') return -1;
+    /* w holds the first 19 significant digits; e10 the power of ten that
+     * scales it to the value. Digits past 19 only drop zeros exactly. */
+    uint64_t w = 0;
+    int nd = 0, e10 = 0, inexact = 0;
+    if (*s == '0') s++;
+    else
+        for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            if (nd < 19) {
+                w = w * 10 + (uint64_t)(*s - '0');
+                nd++;
+            } else {
+                e10++;
+                inexact |= *s != '0';
+            }
+        }
+    if (s < end && *s == '.') {
+        s++;
+        if (s >= end || *s < '0' || *s > '9') return -1;
+        for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            if (nd == 0 && *s == '0') e10--; /* a leading zero of the fraction */
+            else if (nd < 19) {
+                w = w * 10 + (uint64_t)(*s - '0');
+                nd++;
+                e10--;
+            } else inexact |= *s != '0';
+        }
+    }
+    if (s < end && (*s == 'e' || *s == 'E')) {
+        s++;
+        int eneg = 0;
+        if (s < end && (*s == '+' || *s == '-')) eneg = *s++ == '-';
+        if (s >= end || *s < '0' || *s > '9') return -1;
+        int x = 0;
+        for (; s < end && *s >= '0' && *s <= '9'; s++)
+            if (x < 100000) x = x * 10 + (*s - '0'); /* far past any double; the slow path gets it */
+        e10 += eneg ? -x : x;
+    }
+    *next = s;
+    if (JSONNUM_FAST && !inexact && w <= TWO53) {
+        /* Clinger's fast path: w and 10^|e10| are exact doubles, so one
+         * correctly rounded multiply or divide gives the correctly rounded
+         * value, which is what strtod returns. */
+        double v;
+        int ok = 1;
+        if (w == 0) v = 0;
+        else if (e10 >= 0 && e10 <= 22) v = (double)w * p10[e10];
+        else if (e10 < 0 && e10 >= -22) v = (double)w / p10[-e10];
+        else if (e10 > 22 && e10 <= 22 + 15 && w * (uint64_t)p10[e10 - 22] / (uint64_t)p10[e10 - 22] == w &&
+                 w * (uint64_t)p10[e10 - 22] <= TWO53)
+            v = (double)(w * (uint64_t)p10[e10 - 22]) * 1e22; /* the extra zeros still fit in 53 bits */
+        else ok = 0;
+        if (ok) {
+            *out = neg ? -v : v;
+            return 0;
+        }
+    }
+    return parse_slow(p, s, out);
+}
+
+/* ---- formatting --------------------------------------------------------- */
+
+size_t jsonnum_format_u64(uint64_t v, char *buf) {
+    char t[24];
+    size_t n = 0;
+    do {
+        t[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    for (size_t i = 0; i < n; i++) buf[i] = t[n - 1 - i];
+    buf[n] = 0;
+    return n;
+}
+
+size_t jsonnum_format_i64(int64_t v, char *buf) {
+    if (v >= 0) return jsonnum_format_u64((uint64_t)v, buf);
+    buf[0] = '-';
+    return 1 + jsonnum_format_u64((uint64_t)0 - (uint64_t)v, buf + 1);
+}
+
+/* Writes n * 10^e (n > 0) as printf's %.9g would lay out those digits:
+ * plain notation for decimal exponents -4..8, else d.ddde+XX. */
+static size_t emit(char *o, uint64_t n, int e) {
+    while (n % 10 == 0) {
+        n /= 10;
+        e++;
+    }
+    char dg[24];
+    size_t nd = jsonnum_format_u64(n, dg);
+    int x = e + (int)nd - 1; /* the exponent of the leading digit */
+    char *s = o;
+    if (x >= -4 && x < 9) {
+        if (x < 0) {
+            *s++ = '0';
+            *s++ = '.';
+            for (int i = -1; i > x; i--) *s++ = '0';
+            memcpy(s, dg, nd);
+            s += nd;
+        } else if ((int)nd <= x + 1) {
+            memcpy(s, dg, nd);
+            s += nd;
+            for (int i = (int)nd; i <= x; i++) *s++ = '0';
+        } else {
+            memcpy(s, dg, (size_t)x + 1);
+            s += x + 1;
+            *s++ = '.';
+            memcpy(s, dg + x + 1, nd - (size_t)x - 1);
+            s += nd - (size_t)x - 1;
+        }
+    } else {
+        *s++ = dg[0];
+        if (nd > 1) {
+            *s++ = '.';
+            memcpy(s, dg + 1, nd - 1);
+            s += nd - 1;
+        }
+        *s++ = 'e';
+        *s++ = x < 0 ? '-' : '+';
+        int ax = x < 0 ? -x : x;
+        if (ax >= 100) *s++ = (char)('0' + ax / 100);
+        *s++ = (char)('0' + ax / 10 % 10);
+        *s++ = (char)('0' + ax % 10);
+    }
+    *s = 0;
+    return (size_t)(s - o);
+}
+
+size_t jsonnum_format_float(float f, char *buf) {
+    if (f == 0) {
+        size_t n = signbit(f) ? 2 : 1;
+        memcpy(buf, "-0", 3);
+        if (n == 1) memcpy(buf, "0", 2);
+        return n;
+    }
+    char *o = buf;
+    if (f < 0) {
+        *o++ = '-';
+        f = -f;
+    }
+    double d = f;
+    if (JSONNUM_FAST && d >= 1e-13 && d < 1e22) {
+        /* Every real strictly between the midpoints to f's neighbours rounds
+         * to f. The midpoints are exact doubles (a float has 24 bits), and a
+         * candidate whose correctly rounded double lies strictly between them
+         * is itself strictly between them: it reads back as f both through
+         * strtof and through strtod followed by a cast to float. */
+        uint32_t bits;
+        memcpy(&bits, &f, 4);
+        uint32_t bb = bits - 1, ba = bits + 1;
+        float below, above;
+        memcpy(&below, &bb, 4);
+        memcpy(&above, &ba, 4);
+        double lo = ((double)below + d) * 0.5, hi = ((double)above + d) * 0.5;
+        /* k: the decimal exponent of d's leading digit. */
+        int k = (int)floor(((int)((bits >> 23) & 0xff) - 127) * 0.30102999566398120);
+        while (k < 21 && (k >= 0 ? d >= p10[k + 1] : d * p10[-k - 1] >= 1)) k++;
+        while (k > -13 && (k >= 0 ? d < p10[k] : d * p10[-k] < 1)) k--;
+        /* The nearest p-digit decimal for p = 1, 2, ...: the first inside the
+         * interval is the answer. Scaling by an exact power of ten rounds
+         * once, so a candidate may be off by one unit in its last digit near
+         * a tie; the check below catches it and the next length is tried. */
+        for (int p = 1; p <= 9; p++) {
+            int s = p - 1 - k; /* |s| <= 21 for d in [1e-13, 1e22) */
+            double t = s >= 0 ? d * p10[s] : d / p10[-s];
+            double r = nearbyint(t);
+            if (r < 1) continue;
+            double v = s >= 0 ? r / p10[s] : r * p10[-s]; /* Clinger: exact inputs, one rounding */
+            int inside = v > lo && v < hi;
+            /* On a midpoint itself both readers round to even: f wins when
+             * its last bit is 0 and the decimal is exactly that midpoint. */
+            if (!inside && (v == lo || v == hi) && !(bits & 1))
+                inside = (s >= 0 ? fma(v, p10[s], -r) : fma(r, p10[-s], -v)) == 0;
+            if (inside) return (size_t)(o - buf) + emit(o, (uint64_t)r, -s);
+        }
+    }
+    /* Tiny or huge values: nine significant digits always identify a float. */
+    int n = snprintf(o, JSONNUM_BUF - (size_t)(o - buf), "%.9g", d);
+    return (size_t)(o - buf) + (size_t)(n > 0 ? n : 0);
+}

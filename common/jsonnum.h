@@ -1,0 +1,42 @@
+/* jsonnum.h - JSON numbers without the C library's general-purpose paths.
+ *
+ * The KServe JSON codec reads and writes many small numbers per request;
+ * strtod (with the locale lookup around it) and printf("%.9g") were the
+ * largest parts of its CPU time. These functions cover the common cases
+ * with plain arithmetic and fall back to the C library for the rest, so
+ * their results never differ from it:
+ *
+ * - jsonnum_parse reads one number in strict JSON syntax and returns the
+ *   double strtod would return for the same text, bit for bit.
+ * - jsonnum_format_float writes a float as the shortest (or nearly shortest)
+ *   decimal that reads back as the same float, whether the reader rounds the
+ *   text straight to float (strtof) or to double first ((float)strtod).
+ *
+ * Both use the "C" locale's syntax ('.' as the decimal point). No state;
+ * any thread. */
+#ifndef KILN_JSONNUM_H
+#define KILN_JSONNUM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Room for any output of the formatters below, NUL included. */
+#define JSONNUM_BUF 32
+
+/* Reads the JSON number (RFC 8259 grammar: -?int frac? exp?) starting at p,
+ * which must lie before end. On success stores its value in *out, the first
+ * byte after it in *next and returns 0. Returns -1 when the text at p is not
+ * such a number (nothing stored); the bytes after the number are not checked.
+ * Values beyond the double range read as +-HUGE_VAL, as with strtod. */
+int jsonnum_parse(const char *p, const char *end, double *out, const char **next);
+
+/* Writes finite f to buf (JSONNUM_BUF bytes), NUL-terminated, in printf's %g
+ * style ("0.25", "-3", "1.5e-07", "-0"), and returns its length. The text is
+ * a valid JSON number that reads back as exactly f. f must be finite. */
+size_t jsonnum_format_float(float f, char *buf);
+
+/* Decimal integers, NUL-terminated; return the length. */
+size_t jsonnum_format_i64(int64_t v, char *buf);
+size_t jsonnum_format_u64(uint64_t v, char *buf);
+
+#endif
