@@ -189,7 +189,7 @@ size_t jsonnum_format_float(float f, char *buf) {
         f = -f;
     }
     double d = f;
-    if (JSONNUM_FAST && d >= 1e-13 && d < 1e22) {
+    if (JSONNUM_FAST && d >= 1e-14 && d < 1e22) {
         /* Every real strictly between the midpoints to f's neighbours rounds
          * to f. The midpoints are exact doubles (a float has 24 bits), and a
          * candidate whose correctly rounded double lies strictly between them
@@ -205,13 +205,13 @@ size_t jsonnum_format_float(float f, char *buf) {
         /* k: the decimal exponent of d's leading digit. */
         int k = (int)floor(((int)((bits >> 23) & 0xff) - 127) * 0.30102999566398120);
         while (k < 21 && (k >= 0 ? d >= p10[k + 1] : d * p10[-k - 1] >= 1)) k++;
-        while (k > -13 && (k >= 0 ? d < p10[k] : d * p10[-k] < 1)) k--;
+        while (k > -14 && (k >= 0 ? d < p10[k] : d * p10[-k] < 1)) k--;
         /* The nearest p-digit decimal for p = 1, 2, ...: the first inside the
          * interval is the answer. Scaling by an exact power of ten rounds
          * once, so a candidate may be off by one unit in its last digit near
          * a tie; the check below catches it and the next length is tried. */
         for (int p = 1; p <= 9; p++) {
-            int s = p - 1 - k; /* |s| <= 21 for d in [1e-13, 1e22) */
+            int s = p - 1 - k; /* |s| <= 22 for d in [1e-14, 1e22) */
             double t = s >= 0 ? d * p10[s] : d / p10[-s];
             double r = nearbyint(t);
             if (r < 1) continue;
