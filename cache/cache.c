@@ -3,12 +3,16 @@
  * tier is in cache/redis.c. */
 #include "cache/cache.h"
 
-#include <openssl/core_names.h>
-#include <openssl/evp.h>
+/* SHA256_Init/Update/Final are deprecated by OpenSSL 3 in favour of EVP, but
+ * EVP allocates on every context copy; the low-level calls run the same
+ * assembly (SHA extensions included) on a caller-owned state. */
+#define OPENSSL_API_COMPAT 10101
+#include <openssl/sha.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <zlib.h>
 
@@ -20,29 +24,165 @@
  * (libsodium) in docs/benchmarks.md: BLAKE2b is faster below ~1 KiB by a
  * fraction of a microsecond, while SHA-256 with the CPU's SHA instructions is
  * 2-2.7x faster from 4 KiB up, where hashing actually costs something (an
- * image input is hundreds of KiB). */
+ * image input is hundreds of KiB).
+ *
+ * HMAC(K, m) = H((K ^ opad) || H((K ^ ipad) || m)). The SHA-256 states after
+ * the two pad blocks are computed once per cache: a key then starts from a
+ * copy of the inner state (a struct copy, no allocation, no key schedule)
+ * and ends with one more compression from the outer state. The result is
+ * standard HMAC-SHA-256, so replicas sharing a secret and a Redis agree. */
+struct cache_hmac {
+    SHA256_CTX inner, outer;
+};
 struct key_ctx {
-    EVP_MAC_CTX *mac; /* NULL after an allocation failure: the key is then random */
+    SHA256_CTX sha;
+    const struct cache_hmac *hmac;
 };
 _Static_assert(sizeof(struct cache_key_state) >= sizeof(struct key_ctx), "key state too small");
+
+static struct cache_hmac *hmac_create(const uint8_t *secret, size_t len) {
+    struct cache_hmac *h = calloc(1, sizeof *h);
+    if (!h) return NULL;
+    uint8_t pad[SHA256_CBLOCK];
+    /* The secret is 32 bytes, below the block size: pad with zeros. */
+    memset(pad, 0, sizeof pad);
+    memcpy(pad, secret, len);
+    for (size_t i = 0; i < sizeof pad; i++) pad[i] ^= 0x36;
+    SHA256_Init(&h->inner);
+    SHA256_Update(&h->inner, pad, sizeof pad);
+    for (size_t i = 0; i < sizeof pad; i++) pad[i] ^= 0x36 ^ 0x5c;
+    SHA256_Init(&h->outer);
+    SHA256_Update(&h->outer, pad, sizeof pad);
+    sodium_memzero(pad, sizeof pad);
+    return h;
+}
+
+static void hmac_free(struct cache_hmac *h) {
+    if (!h) return;
+    sodium_memzero(h, sizeof *h);
+    free(h);
+}
 
 /* ======================================================================
  * values
  * ====================================================================== */
 
-struct cache_value *cache_value_new(const void *bytes, size_t len) {
-    struct cache_value *v = malloc(sizeof *v + len);
-    if (!v) return NULL;
+/* ---- value memory --------------------------------------------------------
+ * Values live long (until evicted) and are allocated on the I/O threads
+ * between the request path's short-lived allocations. From glibc's heap they
+ * interleave with those and fragment it: every later malloc on the thread
+ * then sorts through split free chunks, which cost the whole request path
+ * more than the cache itself did. So values come from size-classed slabs of
+ * their own (mmap'd, outside the heap), one free list per class. Slab memory
+ * is kept for reuse, never returned: the LRU's byte budget bounds what is
+ * live, so the slabs stay within that budget plus the classes' rounding. */
+#define SLAB_BYTES (256u << 10)
+#define SLAB_LARGE UINT32_MAX /* above the largest class: plain malloc */
+
+static const uint32_t slab_class_bytes[] = {
+    128,  160,  192,  224,  256,  320,  384,  448,  512,  640,  768,  896,
+    1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584, 4096, 5120, 6144, 8192,
+};
+#define SLAB_CLASSES (sizeof slab_class_bytes / sizeof slab_class_bytes[0])
+
+struct slab_free {
+    struct slab_free *next;
+};
+
+static struct slab_class {
+    pthread_mutex_t lock;
+    struct slab_free *free;
+    char *bump, *end; /* the unused tail of the newest slab */
+} g_slab[SLAB_CLASSES] = {[0 ... SLAB_CLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+
+static uint32_t slab_class_of(size_t n) {
+    if (n > slab_class_bytes[SLAB_CLASSES - 1]) return SLAB_LARGE;
+    uint32_t i = 0;
+    while (slab_class_bytes[i] < n) i++;
+    return i;
+}
+
+static void *slab_alloc(uint32_t cls) {
+    struct slab_class *sc = &g_slab[cls];
+    size_t size = slab_class_bytes[cls];
+    void *p = NULL;
+    pthread_mutex_lock(&sc->lock);
+    if (sc->free) {
+        p = sc->free;
+        sc->free = sc->free->next;
+    } else {
+        if ((size_t)(sc->end - sc->bump) < size) {
+            void *m = mmap(NULL, SLAB_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m != MAP_FAILED) {
+                sc->bump = m;
+                sc->end = sc->bump + SLAB_BYTES;
+            }
+        }
+        if ((size_t)(sc->end - sc->bump) >= size) {
+            p = sc->bump;
+            sc->bump += size;
+        }
+    }
+    pthread_mutex_unlock(&sc->lock);
+    return p;
+}
+
+static void slab_release(uint32_t cls, void *p) {
+    struct slab_class *sc = &g_slab[cls];
+    struct slab_free *f = p;
+    pthread_mutex_lock(&sc->lock);
+    f->next = sc->free;
+    sc->free = f;
+    pthread_mutex_unlock(&sc->lock);
+}
+
+/* One block: [value_head (the LRU entry slot)][struct cache_value][data].
+ * The slot lets cache_lru_put store the value without an allocation of its
+ * own; it lives and dies with the value (the LRU entry holds a reference). */
+struct value_head {
+    struct cache_entry slot;
+    uint32_t cls; /* slab class, or SLAB_LARGE */
+};
+#define VALUE_HEAD_BYTES ((sizeof(struct value_head) + 15) & ~(size_t)15)
+
+static struct value_head *value_head(struct cache_value *v) {
+    return (struct value_head *)(void *)((char *)v - VALUE_HEAD_BYTES);
+}
+
+static struct cache_entry *value_slot(struct cache_value *v) { return &value_head(v)->slot; }
+
+static void entry_release(struct cache_entry *e);
+
+static struct cache_value *value_alloc(size_t len) {
+    size_t total = VALUE_HEAD_BYTES + sizeof(struct cache_value) + len;
+    uint32_t cls = slab_class_of(total);
+    struct value_head *h = cls == SLAB_LARGE ? malloc(total) : slab_alloc(cls);
+    if (!h) return NULL;
+    h->cls = cls;
+    struct cache_value *v = (struct cache_value *)(void *)((char *)h + VALUE_HEAD_BYTES);
     atomic_init(&v->refs, 1);
+    atomic_init(&v->verified, 0);
+    atomic_init(&v->slot_taken, 0);
     v->len = len;
-    if (len) memcpy(v->data, bytes, len);
+    return v;
+}
+
+static void value_release(struct cache_value *v) {
+    struct value_head *h = value_head(v);
+    if (h->cls == SLAB_LARGE) free(h);
+    else slab_release(h->cls, h);
+}
+
+struct cache_value *cache_value_new(const void *bytes, size_t len) {
+    struct cache_value *v = value_alloc(len);
+    if (v && len) memcpy(v->data, bytes, len);
     return v;
 }
 
 void cache_value_ref(struct cache_value *v) { atomic_fetch_add_explicit(&v->refs, 1, memory_order_relaxed); }
 
 void cache_value_unref(struct cache_value *v) {
-    if (v && atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) == 1) free(v);
+    if (v && atomic_fetch_sub_explicit(&v->refs, 1, memory_order_acq_rel) == 1) value_release(v);
 }
 
 /* ======================================================================
@@ -84,12 +224,9 @@ cache_t *cache_create(const struct cache_params *p, char *err, size_t err_len) {
     } else {
         randombytes_buf(c->secret, sizeof c->secret);
     }
-    c->hmac = EVP_MAC_fetch(NULL, "HMAC", NULL);
-    c->hmac_proto = c->hmac ? EVP_MAC_CTX_new(c->hmac) : NULL;
-    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, (char *)"SHA256", 0),
-                           OSSL_PARAM_construct_end()};
-    if (!c->hmac_proto || !EVP_MAC_init(c->hmac_proto, c->secret, sizeof c->secret, params)) {
-        status_set(err, err_len, STATUS_INTERNAL, "OpenSSL's HMAC-SHA-256 is not available");
+    c->hmac = hmac_create(c->secret, sizeof c->secret);
+    if (!c->hmac) {
+        status_set(err, err_len, STATUS_INTERNAL, "out of memory for the cache key state");
         goto fail;
     }
     if (p->redis_url && *p->redis_url) {
@@ -111,8 +248,7 @@ void cache_free(cache_t *c) {
                 struct cache_entry *e = s->buckets[b];
                 while (e) {
                     struct cache_entry *next = e->hnext;
-                    cache_value_unref(e->value);
-                    free(e);
+                    entry_release(e);
                     e = next;
                 }
             }
@@ -123,16 +259,16 @@ void cache_free(cache_t *c) {
     }
     if (c->flights) {
         for (int i = 0; i < CACHE_FLIGHT_SHARDS; i++) {
-            struct cache_flight *f = c->flights[i].head;
+            struct cache_flight_node *f = c->flights[i].head;
             while (f) {
-                struct cache_flight *next = f->next;
-                struct cache_waiter *w = f->waiters;
+                struct cache_flight_node *next = f->next;
+                struct cache_flight_node *w = f->waiters;
                 while (w) {
-                    struct cache_waiter *wn = w->next;
-                    free(w);
+                    struct cache_flight_node *wn = w->next;
+                    if (w->owned) free(w);
                     w = wn;
                 }
-                free(f);
+                if (f->owned) free(f);
                 f = next;
             }
             pthread_mutex_destroy(&c->flights[i].lock);
@@ -140,8 +276,7 @@ void cache_free(cache_t *c) {
         free(c->flights);
     }
     cache_redis_url_free(&c->redis);
-    EVP_MAC_CTX_free(c->hmac_proto);
-    EVP_MAC_free(c->hmac);
+    hmac_free(c->hmac);
     sodium_memzero(c->secret, sizeof c->secret);
     free(c);
 }
@@ -195,14 +330,14 @@ void cache_record_insert(cache_t *c, uint64_t ns) {
 
 static void key_field(struct key_ctx *k, const void *p, size_t n) {
     uint64_t len = n;
-    if (!k->mac) return;
-    EVP_MAC_update(k->mac, (const unsigned char *)&len, sizeof len);
-    if (n) EVP_MAC_update(k->mac, p, n);
+    SHA256_Update(&k->sha, &len, sizeof len);
+    if (n) SHA256_Update(&k->sha, p, n);
 }
 
 void cache_key_begin(const cache_t *c, struct cache_key_state *s, const char *model, int64_t version) {
     struct key_ctx *k = (struct key_ctx *)s->st;
-    k->mac = EVP_MAC_CTX_dup(c->hmac_proto);
+    k->sha = c->hmac->inner;
+    k->hmac = c->hmac;
     key_field(k, "kiln-v1", 7);
     key_field(k, model, strlen(model));
     key_field(k, &version, sizeof version);
@@ -229,13 +364,12 @@ void cache_key_add_output(struct cache_key_state *s, const char *name, int binar
 
 void cache_key_end(struct cache_key_state *s, struct cache_key *out) {
     struct key_ctx *k = (struct key_ctx *)s->st;
-    size_t n = 0;
-    if (!k->mac || !EVP_MAC_final(k->mac, out->b, &n, CACHE_KEY_BYTES) || n != CACHE_KEY_BYTES) {
-        /* Out of memory: a random key is a miss that nothing else can hit. */
-        randombytes_buf(out->b, CACHE_KEY_BYTES);
-    }
-    EVP_MAC_CTX_free(k->mac);
-    k->mac = NULL;
+    uint8_t inner[SHA256_DIGEST_LENGTH];
+    SHA256_Final(inner, &k->sha);
+    k->sha = k->hmac->outer;
+    SHA256_Update(&k->sha, inner, sizeof inner);
+    SHA256_Final(out->b, &k->sha);
+    _Static_assert(SHA256_DIGEST_LENGTH == CACHE_KEY_BYTES, "key is a SHA-256 digest");
 }
 
 void cache_key_hex(const struct cache_key *k, char out[2 * CACHE_KEY_BYTES + 1]) {
@@ -270,6 +404,18 @@ static void lru_push_front(struct cache_shard *s, struct cache_entry *e) {
     if (!s->tail) s->tail = e;
 }
 
+/* Drops an unlinked entry: its reference to the value, and its memory
+ * (an embedded slot goes with the value's last reference). */
+static void entry_release(struct cache_entry *e) {
+    struct cache_value *v = e->value;
+    if (e->embedded) {
+        atomic_store_explicit(&v->slot_taken, 0, memory_order_release);
+    } else {
+        free(e);
+    }
+    cache_value_unref(v);
+}
+
 static size_t entry_cost(const struct cache_entry *e) { return sizeof *e + sizeof(struct cache_value) + e->value->len; }
 
 static void shard_remove(cache_t *c, struct cache_shard *s, struct cache_entry *e) {
@@ -279,8 +425,7 @@ static void shard_remove(cache_t *c, struct cache_shard *s, struct cache_entry *
     lru_unlink(s, e);
     s->used -= entry_cost(e);
     s->count--;
-    cache_value_unref(e->value);
-    free(e);
+    entry_release(e);
     (void)c;
 }
 
@@ -330,17 +475,26 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
     struct cache_shard *s = shard_of(c, k);
     size_t cost = sizeof(struct cache_entry) + sizeof(struct cache_value) + v->len;
     if (cost > s->budget) return;
-    struct cache_entry *ne = calloc(1, sizeof *ne);
-    if (!ne) return;
+    /* The slot in front of the value, unless another entry (the same value
+     * under a second key) already uses it. */
+    struct cache_entry *ne;
+    if (!atomic_exchange_explicit(&v->slot_taken, 1, memory_order_acquire)) {
+        ne = value_slot(v);
+        ne->embedded = 1;
+    } else {
+        ne = malloc(sizeof *ne);
+        if (!ne) return;
+        ne->embedded = 0;
+    }
     ne->key = *k;
     ne->value = v;
+    ne->hnext = ne->prev = ne->next = NULL;
     cache_value_ref(v);
     uint64_t evicted = 0;
     pthread_mutex_lock(&s->lock);
     if (s->count + 1 > s->nbuckets * 2 && shard_grow(s) < 0) {
         pthread_mutex_unlock(&s->lock);
-        cache_value_unref(v);
-        free(ne);
+        entry_release(ne);
         return;
     }
     for (struct cache_entry *e = *bucket_of(s, k); e; e = e->hnext) {
@@ -371,34 +525,39 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
 #define CODEC_MAGIC "KLNC"
 #define CODEC_VERSION 1
 
+/* The encoder runs twice: once without a buffer to size the value, once
+ * writing into the value itself (one allocation, no copy). */
 struct wbuf {
-    uint8_t *p;
-    size_t n, cap;
-    int failed;
+    uint8_t *p; /* NULL while sizing */
+    size_t n;
 };
 
 static void wput(struct wbuf *w, const void *src, size_t n) {
-    if (w->failed) return;
-    if (w->n + n > w->cap) {
-        size_t cap = w->cap ? w->cap : 256;
-        while (cap < w->n + n) cap *= 2;
-        uint8_t *p = realloc(w->p, cap);
-        if (!p) {
-            w->failed = 1;
-            return;
-        }
-        w->p = p;
-        w->cap = cap;
-    }
-    memcpy(w->p + w->n, src, n);
+    if (w->p) memcpy(w->p + w->n, src, n);
     w->n += n;
 }
 
 static void wu32(struct wbuf *w, uint32_t x) { wput(w, &x, 4); }
 static void wu64(struct wbuf *w, uint64_t x) { wput(w, &x, 8); }
 
+static void encode_into(struct wbuf *w, const struct tensor *outs, const char *const *names, int n);
+
 struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n) {
     struct wbuf w = {0};
+    encode_into(&w, outs, names, n);
+    struct cache_value *v = value_alloc(w.n + 4);
+    if (!v) return NULL;
+    w = (struct wbuf){.p = v->data};
+    encode_into(&w, outs, names, n);
+    uint32_t crc = (uint32_t)crc32(0L, w.p, (uInt)w.n);
+    wu32(&w, crc);
+    /* Written here: its checksum needs no check when it is read back. */
+    atomic_store_explicit(&v->verified, 1, memory_order_relaxed);
+    return v;
+}
+
+static void encode_into(struct wbuf *w_, const struct tensor *outs, const char *const *names, int n) {
+    struct wbuf w = *w_;
     wput(&w, CODEC_MAGIC, 4);
     wu32(&w, CODEC_VERSION);
     wu32(&w, (uint32_t)n);
@@ -428,19 +587,18 @@ struct cache_value *cache_value_encode(const struct tensor *outs, const char *co
             wput(&w, t->data, nb);
         }
     }
-    uint32_t crc = (uint32_t)crc32(0L, w.p, (uInt)w.n);
-    wu32(&w, crc);
-    struct cache_value *v = w.failed ? NULL : cache_value_new(w.p, w.n);
-    free(w.p);
-    return v;
+    *w_ = w;
 }
 
 int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max) {
     const uint8_t *p = v->data, *end = v->data + v->len;
     if (v->len < 16 || memcmp(p, CODEC_MAGIC, 4) != 0) return -1;
-    uint32_t crc;
-    memcpy(&crc, end - 4, 4);
-    if ((uint32_t)crc32(0L, v->data, (uInt)(v->len - 4)) != crc) return -1;
+    int verified = atomic_load_explicit(&v->verified, memory_order_relaxed);
+    if (!verified) {
+        uint32_t crc;
+        memcpy(&crc, end - 4, 4);
+        if ((uint32_t)crc32(0L, v->data, (uInt)(v->len - 4)) != crc) return -1;
+    }
     end -= 4;
     uint32_t ver, n;
     memcpy(&ver, p + 4, 4);
@@ -478,45 +636,58 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
         t->data = (void *)p;
         p += nb;
     }
-    return p == end ? (int)n : -1;
+    if (p != end) return -1;
+    /* Immutable from here on: later decodes skip the checksum. */
+    if (!verified) atomic_store_explicit(&((struct cache_value *)v)->verified, 1, memory_order_relaxed);
+    return (int)n;
 }
 
 /* ======================================================================
  * single-flight
  * ====================================================================== */
 
-int cache_flight_join(cache_t *c, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v), void *arg) {
+/* owned is set before the node is published: cache_flight_done reads it. */
+static int flight_join(cache_t *c, const struct cache_key *k, struct cache_flight_node *node, int owned,
+                       void (*cb)(void *arg, struct cache_value *v), void *arg) {
     struct cache_flight_shard *s = &c->flights[key_hash(k) % CACHE_FLIGHT_SHARDS];
+    node->owned = owned;
+    node->key = *k;
+    node->cb = cb;
+    node->arg = arg;
+    node->waiters = NULL;
     pthread_mutex_lock(&s->lock);
-    for (struct cache_flight *f = s->head; f; f = f->next) {
+    for (struct cache_flight_node *f = s->head; f; f = f->next) {
         if (memcmp(f->key.b, k->b, CACHE_KEY_BYTES) == 0) {
-            struct cache_waiter *w = malloc(sizeof *w);
-            if (!w) break; /* cannot wait: compute it yourself */
-            w->cb = cb;
-            w->arg = arg;
-            w->next = f->waiters;
-            f->waiters = w;
+            node->next = f->waiters;
+            f->waiters = node;
             pthread_mutex_unlock(&s->lock);
             atomic_fetch_add_explicit(&c->stats.flight_joined, 1, memory_order_relaxed);
             return 0;
         }
     }
-    struct cache_flight *f = calloc(1, sizeof *f);
-    if (f) {
-        f->key = *k;
-        f->next = s->head;
-        s->head = f;
-    }
+    node->next = s->head;
+    s->head = node;
     pthread_mutex_unlock(&s->lock);
-    /* Without a flight record the caller still leads; followers just miss it. */
     return 1;
+}
+
+int cache_flight_join_node(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
+                           void (*cb)(void *arg, struct cache_value *v), void *arg) {
+    return flight_join(c, k, node, 0, cb, arg);
+}
+
+int cache_flight_join(cache_t *c, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v), void *arg) {
+    struct cache_flight_node *node = malloc(sizeof *node);
+    /* Without a node the caller leads untracked; followers just miss it. */
+    if (!node) return 1;
+    return flight_join(c, k, node, 1, cb, arg);
 }
 
 void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value *v) {
     struct cache_flight_shard *s = &c->flights[key_hash(k) % CACHE_FLIGHT_SHARDS];
-    struct cache_flight *found = NULL;
+    struct cache_flight_node *found = NULL;
     pthread_mutex_lock(&s->lock);
-    for (struct cache_flight **pp = &s->head; *pp; pp = &(*pp)->next) {
+    for (struct cache_flight_node **pp = &s->head; *pp; pp = &(*pp)->next) {
         if (memcmp((*pp)->key.b, k->b, CACHE_KEY_BYTES) == 0) {
             found = *pp;
             *pp = found->next;
@@ -525,14 +696,16 @@ void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value
     }
     pthread_mutex_unlock(&s->lock);
     if (!found) return;
-    /* Callbacks run outside the lock: they may join new flights. */
-    struct cache_waiter *w = found->waiters;
+    /* Callbacks run outside the lock: they may join new flights. A waiter's
+     * node may be reused or freed by its callback: read next first. */
+    struct cache_flight_node *w = found->waiters;
+    if (found->owned) free(found);
     while (w) {
-        struct cache_waiter *next = w->next;
+        struct cache_flight_node *next = w->next;
+        int owned = w->owned;
         if (v) cache_value_ref(v);
         w->cb(w->arg, v);
-        free(w);
+        if (owned) free(w);
         w = next;
     }
-    free(found);
 }

@@ -42,9 +42,13 @@ struct cache_params {
     uint32_t breaker_open_ms;  /* how long it stays open; 0 = 1000 */
 };
 
-/* A reference-counted immutable value from the LRU or Redis. */
+/* A reference-counted immutable value from the LRU or Redis. Every value is
+ * allocated with room for one LRU entry in front of it, so storing a fresh
+ * value in tier 1 costs no allocation beyond the value's own. */
 struct cache_value {
     atomic_int refs;
+    atomic_int verified;   /* decoded once with a good checksum (or encoded here) */
+    atomic_int slot_taken; /* the embedded LRU entry is in use */
     size_t len;
     uint8_t data[];
 };
@@ -76,7 +80,7 @@ void cache_record_insert(cache_t *c, uint64_t ns);
  * bytes. Callers add inputs sorted by name and outputs sorted by name, and
  * always finish with cache_key_end (which frees the state). */
 struct cache_key_state {
-    uint8_t st[64] __attribute__((aligned(16)));
+    uint8_t st[128] __attribute__((aligned(16)));
 };
 void cache_key_begin(const cache_t *c, struct cache_key_state *s, const char *model, int64_t version);
 void cache_key_add_input(struct cache_key_state *s, const char *name, enum dtype dt, const int64_t *shape,
@@ -96,7 +100,9 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
 /* ---- value encoding ------------------------------------------------------
  * "KLNC" magic, version, tensor count, then per tensor its name, dtype,
  * shape and bytes (BYTES tensors as 4-byte-length-prefixed strings), and a
- * CRC-32 of everything before it. */
+ * CRC-32 of everything before it. The checksum is verified on a value's
+ * first decode only: values are immutable, so a value that passed once (or
+ * that cache_value_encode wrote) stays good. */
 struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n);
 /* Decodes into tensors whose data and names point into v (valid while v is
  * referenced); BYTES tensors decode to their raw length-prefixed form with
@@ -128,5 +134,20 @@ int cache_redis_connected(const cache_redis_t *r);
  * yourself). */
 int cache_flight_join(cache_t *c, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v), void *arg);
 void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value *v);
+
+/* The same with caller-owned storage (no allocation): node is the flight's
+ * record while its caller leads, or its place in the queue while it waits,
+ * and must stay valid until cache_flight_done (leader) or until cb has run
+ * (follower). */
+struct cache_flight_node {
+    struct cache_key key;
+    void (*cb)(void *arg, struct cache_value *v);
+    void *arg;
+    struct cache_flight_node *next;    /* next flight in its shard, or next waiter */
+    struct cache_flight_node *waiters; /* on a flight record */
+    int owned;                         /* allocated by cache_flight_join */
+};
+int cache_flight_join_node(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
+                           void (*cb)(void *arg, struct cache_value *v), void *arg);
 
 #endif

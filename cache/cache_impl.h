@@ -14,6 +14,7 @@ struct cache_entry {
     struct cache_value *value;
     struct cache_entry *hnext;       /* hash chain */
     struct cache_entry *prev, *next; /* recency list, head = most recent */
+    int embedded;                    /* the slot in front of value, not malloc'd */
 };
 
 struct cache_shard {
@@ -24,21 +25,9 @@ struct cache_shard {
     size_t used, budget, count;
 };
 
-struct cache_waiter {
-    void (*cb)(void *arg, struct cache_value *v);
-    void *arg;
-    struct cache_waiter *next;
-};
-
-struct cache_flight {
-    struct cache_key key;
-    struct cache_waiter *waiters;
-    struct cache_flight *next;
-};
-
 struct cache_flight_shard {
     pthread_mutex_t lock;
-    struct cache_flight *head;
+    struct cache_flight_node *head;
 };
 
 struct cache_redis_url {
@@ -58,8 +47,7 @@ struct cache_counters {
 
 struct cache {
     uint8_t secret[32];
-    struct evp_mac_st *hmac;             /* EVP_MAC "HMAC" */
-    struct evp_mac_ctx_st *hmac_proto;   /* keyed with secret, SHA-256; duplicated per key */
+    struct cache_hmac *hmac;             /* SHA-256 states after the HMAC pads (cache.c) */
     struct cache_shard *shards;
     int nshards;
     size_t lru_bytes, max_value_bytes;

@@ -14,27 +14,30 @@ static uint64_t now_ns(void) {
 
 /* ---- key ---------------------------------------------------------------- */
 
-/* qsort has no context argument: per thread, read only inside qsort. */
-static __thread const struct kserve_request *g_sort_kr;
-static __thread const struct model_config *g_sort_mc;
-
-static int by_input_name(const void *a, const void *b) {
-    return strcmp(g_sort_mc->inputs[*(const int *)a].name, g_sort_mc->inputs[*(const int *)b].name);
-}
-
-static int by_output_name(const void *a, const void *b) {
-    return strcmp(g_sort_kr->outputs[*(const int *)a].name, g_sort_kr->outputs[*(const int *)b].name);
+/* Sorts idx[0..n) by names[idx[i]]. Insertion sort: a model has a handful
+ * of inputs, often declared in name order already (n-1 compares), and it
+ * needs no context pointer (qsort has none, so it needed thread-locals). */
+#define NAME_OF(base, stride, i) (*(const char *const *)(const void *)((const char *)(base) + (size_t)(i) * (stride)))
+static void order_by_name(int *idx, int n, const void *base, size_t stride) {
+    for (int i = 0; i < n; i++) idx[i] = i;
+    for (int i = 1; i < n; i++) {
+        int x = idx[i], j = i;
+        const char *nx = NAME_OF(base, stride, x);
+        while (j > 0 && strcmp(NAME_OF(base, stride, idx[j - 1]), nx) > 0) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = x;
+    }
 }
 
 void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
                      const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
-    static __thread int order[256];
+    int order[256];
     struct cache_key_state s;
     cache_key_begin(c, &s, model, version);
     int n = mc->ninputs < 256 ? mc->ninputs : 256;
-    for (int i = 0; i < n; i++) order[i] = i;
-    g_sort_mc = mc;
-    qsort(order, (size_t)n, sizeof *order, by_input_name);
+    if (n) order_by_name(order, n, &mc->inputs[0].name, sizeof mc->inputs[0]);
     for (int k = 0; k < n; k++) {
         const struct tensor *t = &ordered[order[k]];
         if (!t->data && tensor_numel(t) != 0) continue; /* optional input absent */
@@ -48,9 +51,7 @@ void infer_cache_key(cache_t *c, const char *model, int64_t version, const struc
         }
     }
     int m = kr->noutputs < 256 ? kr->noutputs : 256;
-    for (int i = 0; i < m; i++) order[i] = i;
-    g_sort_kr = kr;
-    qsort(order, (size_t)m, sizeof *order, by_output_name);
+    if (m) order_by_name(order, m, &kr->outputs[0].name, sizeof kr->outputs[0]);
     for (int k = 0; k < m; k++) {
         const struct kserve_output *o = &kr->outputs[order[k]];
         cache_key_add_output(&s, o->name, o->binary, o->classification);
@@ -147,7 +148,7 @@ static void on_flight(void *arg, struct cache_value *v) {
 }
 
 static void after_tiers(struct infer_cache_op *op) {
-    if (cache_flight_join(op->cache, &op->key, on_flight, op)) {
+    if (cache_flight_join_node(op->cache, &op->key, &op->flight, on_flight, op)) {
         op->leader = 1;
         finish(op, 0);
     }

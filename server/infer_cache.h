@@ -29,6 +29,7 @@ struct infer_cache_op {
     struct cache_value *value;              /* a follower's result, while posted */
     const struct model_config *mc;
     struct tensor *outputs;                 /* on a hit: mc->noutputs malloc'd tensors */
+    struct cache_flight_node flight;        /* single-flight record or queue place, no malloc */
     void (*done)(void *arg, int hit);
     void *arg;
     void (*post)(void *io, void (*fn)(void *), void *arg);
