@@ -21,6 +21,34 @@ static const double p10[23] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1
 
 #define TWO53 9007199254740992ULL
 
+/* x87's 64-bit significand holds any 19-digit mantissa and 10^0..10^27
+ * exactly (5^27 < 2^64); see parse_extended. */
+#if JSONNUM_FAST && (defined(__x86_64__) || defined(__i386__)) && LDBL_MANT_DIG == 64
+#define JSONNUM_X87 1
+static const long double p10l[28] = {1e0L,  1e1L,  1e2L,  1e3L,  1e4L,  1e5L,  1e6L,  1e7L,  1e8L,  1e9L,
+                                     1e10L, 1e11L, 1e12L, 1e13L, 1e14L, 1e15L, 1e16L, 1e17L, 1e18L, 1e19L,
+                                     1e20L, 1e21L, 1e22L, 1e23L, 1e24L, 1e25L, 1e26L, 1e27L};
+
+/* w * 10^e10 (w < 2^64, |e10| <= 27) correctly rounded to double, for the
+ * 17-digit mantissas clients write (repr of a double) that Clinger's path
+ * cannot take. w and 10^|e10| are exact long doubles, so the long double
+ * result r is the exact value rounded once to 64 bits; rounding r again to
+ * 53 bits gives the same double as rounding the exact value, unless r sits
+ * exactly halfway between two doubles (its 11 extra bits are 10000000000):
+ * any such midpoint is itself a 64-bit value, so the exact value cannot lie
+ * across one from r. That one case goes to strtod. */
+static int parse_extended(uint64_t w, int e10, double *out) {
+    long double r = e10 >= 0 ? (long double)w * p10l[e10] : (long double)w / p10l[-e10];
+    uint64_t m;
+    memcpy(&m, &r, sizeof m); /* x87 layout: the 64-bit significand first */
+    if ((m & 0x7ff) == 0x400) return -1;
+    *out = (double)r;
+    return 0;
+}
+#else
+#define JSONNUM_X87 0
+#endif
+
 /* ---- parsing ------------------------------------------------------------ */
 
 /* The C library's answer for [p, end): the text copied with '.' as the
@@ -106,6 +134,13 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
             return 0;
         }
     }
+#if JSONNUM_X87
+    double v;
+    if (!inexact && e10 >= -27 && e10 <= 27 && parse_extended(w, e10, &v) == 0) {
+        *out = neg ? -v : v;
+        return 0;
+    }
+#endif
     return parse_slow(p, s, out);
 }
 

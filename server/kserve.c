@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/jsonnum.h"
 #include "common/status.h"
 #include "config/model_config.h"
 
@@ -155,7 +156,10 @@ struct fill {
     size_t err_len;
 };
 
+static int fill_number(struct fill *f, double d);
+
 static int fill_leaf(struct fill *f, const cJSON *v) {
+    if (cJSON_IsNumber(v)) return fill_number(f, v->valuedouble);
     struct tensor *t = &f->in->t;
     int64_t i = f->i++;
     const char *dn = dtype_kserve_name(t->dtype);
@@ -182,10 +186,22 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
         else ((double *)t->data)[i] = d;
         return 0;
     }
-    if (!cJSON_IsNumber(v))
-        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a number (datatype %s)",
-                          f->in->name, (long long)i, dn);
-    d = v->valuedouble;
+    return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a number (datatype %s)",
+                      f->in->name, (long long)i, dn);
+}
+
+/* Stores the number d as data element f->i of the input's datatype, or says
+ * why it cannot be one. */
+static int fill_number(struct fill *f, double d) {
+    struct tensor *t = &f->in->t;
+    int64_t i = f->i++;
+    const char *dn = dtype_kserve_name(t->dtype);
+    if (t->dtype == DT_STRING)
+        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
+                          f->in->name, (long long)i);
+    if (t->dtype == DT_BOOL)
+        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be true or false (datatype BOOL)",
+                          f->in->name, (long long)i);
     int integral = d == floor(d) && isfinite(d);
 #define RANGE(lo, hi)                                                                                          \
     do {                                                                                                        \
@@ -246,7 +262,272 @@ static int fill_rec(struct fill *f, const cJSON *a) {
     return 0;
 }
 
-static int parse_input(struct kserve_input *in, const cJSON *j, int idx, char *err, size_t err_len) {
+/* ---- numeric data arrays, read ahead of cJSON --------------------------
+ *
+ * cJSON reads each number by copying it, asking localeconv for the decimal
+ * point and calling strtod: for a tensor sent as JSON that was most of the
+ * request's parse time. So before cJSON sees the body, prescan walks it once
+ * (strict JSON, no tree) and reads the 'data' arrays that hold only numbers
+ * (nested or flat) with jsonnum_parse, which gives strtod's exact result.
+ * cJSON then parses a copy of the body in which each such array is replaced
+ * by "[]" padded with spaces to the same length, so every other byte, and
+ * every error offset, is where it was; parse_input takes the values from
+ * here instead of from the (empty) array.
+ *
+ * The prescan reads only what cJSON's lookups would find: the first
+ * "inputs" key of the root object, and the first "data" key of each object
+ * in that array (cJSON_GetObjectItemCaseSensitive returns the first match).
+ * Anything it is unsure of leaves the body to cJSON alone, as before: a
+ * document it finds invalid (cJSON then reports the error, or reads
+ * tritonclient's bare NaN), an escaped key where the lookups happen (cJSON
+ * would compare it unescaped), an array holding anything but numbers (read
+ * by cJSON as before), a copy cJSON refuses. */
+#define KSERVE_FAST_INPUTS 16
+/* Set only by tests, to compare against cJSON reading every number. */
+static int kserve_prescan_off;
+#define KSERVE_FAST_DEPTH 32 /* deeper data arrays go to cJSON (and count_leaves' limit) */
+
+struct fast_data {
+    int nspans;
+    struct {
+        int input;          /* index in 'inputs' */
+        size_t start, end;  /* the array's bytes in the body */
+        size_t off, count;  /* its values in vals[] */
+    } spans[KSERVE_FAST_INPUTS];
+    double *vals;
+    size_t nvals, cap;
+    double local[256];
+};
+
+static void fast_data_init(struct fast_data *fd) {
+    fd->nspans = 0;
+    fd->vals = fd->local;
+    fd->nvals = 0;
+    fd->cap = sizeof fd->local / sizeof fd->local[0];
+}
+
+static void fast_data_free(struct fast_data *fd) {
+    if (fd->vals != fd->local) free(fd->vals);
+    fast_data_init(fd);
+}
+
+/* The values read for input idx, or NULL when cJSON holds its data. */
+static const double *fast_find(const struct fast_data *fd, int idx, int64_t *count) {
+    for (int i = 0; fd && i < fd->nspans; i++)
+        if (fd->spans[i].input == idx) {
+            *count = (int64_t)fd->spans[i].count;
+            return fd->vals + fd->spans[i].off;
+        }
+    return NULL;
+}
+
+enum { SCAN_ANY, SCAN_ROOT, SCAN_INPUTS, SCAN_INPUT };
+
+struct scan {
+    const char *base, *p, *end;
+    int depth;
+    struct fast_data *fd;
+};
+
+static void scan_ws(struct scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+}
+
+/* A string at s->p: its raw bytes in [*k, *k + *n), *esc when it has escapes. */
+static int scan_string(struct scan *s, const char **k, size_t *n, int *esc) {
+    if (s->p >= s->end || *s->p != '"') return -1;
+    const char *a = ++s->p;
+    *esc = 0;
+    while (s->p < s->end) {
+        unsigned char c = (unsigned char)*s->p;
+        if (c == '"') {
+            *k = a;
+            *n = (size_t)(s->p - a);
+            s->p++;
+            return 0;
+        }
+        if (c < 0x20) return -1;
+        if (c == '\\') {
+            if (s->end - s->p < 2) return -1;
+            *esc = 1;
+            s->p++;
+        }
+        s->p++;
+    }
+    return -1;
+}
+
+/* A number, or a nested array of numbers only, appended to fd->vals. */
+static int scan_fast_array(struct scan *s, int depth) {
+    if (depth > KSERVE_FAST_DEPTH) return -1;
+    s->p++; /* '[' */
+    scan_ws(s);
+    if (s->p < s->end && *s->p == ']') {
+        s->p++;
+        return 0;
+    }
+    struct fast_data *fd = s->fd;
+    for (;;) {
+        if (s->p >= s->end) return -1;
+        if (*s->p == '[') {
+            if (scan_fast_array(s, depth + 1)) return -1;
+        } else {
+            if (fd->nvals == fd->cap) {
+                size_t cap = fd->cap * 2;
+                double *v = fd->vals == fd->local ? malloc(cap * sizeof *v) : realloc(fd->vals, cap * sizeof *v);
+                if (!v) return -1;
+                if (fd->vals == fd->local) memcpy(v, fd->local, sizeof fd->local);
+                fd->vals = v;
+                fd->cap = cap;
+            }
+            if (jsonnum_parse(s->p, s->end, &fd->vals[fd->nvals], &s->p)) return -1;
+            fd->nvals++;
+        }
+        scan_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ']') {
+            s->p++;
+            return 0;
+        }
+        if (*s->p++ != ',') return -1;
+        scan_ws(s);
+    }
+}
+
+static int scan_value(struct scan *s, int ctx, int idx);
+
+/* The value of an input's first "data" key. */
+static int scan_data(struct scan *s, int idx) {
+    struct fast_data *fd = s->fd;
+    const char *start = s->p;
+    if (s->p < s->end && *s->p == '[' && fd->nspans < KSERVE_FAST_INPUTS) {
+        size_t mark = fd->nvals;
+        if (scan_fast_array(s, 0) == 0) {
+            int k = fd->nspans++;
+            fd->spans[k].input = idx;
+            fd->spans[k].start = (size_t)(start - s->base);
+            fd->spans[k].end = (size_t)(s->p - s->base);
+            fd->spans[k].off = mark;
+            fd->spans[k].count = fd->nvals - mark;
+            return 0;
+        }
+        s->p = start; /* not numbers only: cJSON reads it */
+        fd->nvals = mark;
+    }
+    return scan_value(s, SCAN_ANY, 0);
+}
+
+static int scan_object(struct scan *s, int ctx, int idx) {
+    if (++s->depth > KSERVE_MAX_JSON_DEPTH) return -1;
+    s->p++; /* '{' */
+    scan_ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        s->depth--;
+        return 0;
+    }
+    int seen = 0;
+    for (;;) {
+        const char *k;
+        size_t n;
+        int esc, rc;
+        if (scan_string(s, &k, &n, &esc)) return -1;
+        if (esc && ctx != SCAN_ANY) return -1;
+        scan_ws(s);
+        if (s->p >= s->end || *s->p++ != ':') return -1;
+        scan_ws(s);
+        if (ctx == SCAN_ROOT && !seen && n == 6 && !memcmp(k, "inputs", 6)) {
+            seen = 1;
+            rc = scan_value(s, SCAN_INPUTS, 0);
+        } else if (ctx == SCAN_INPUT && !seen && n == 4 && !memcmp(k, "data", 4)) {
+            seen = 1;
+            rc = scan_data(s, idx);
+        } else rc = scan_value(s, SCAN_ANY, 0);
+        if (rc) return -1;
+        scan_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == '}') {
+            s->p++;
+            s->depth--;
+            return 0;
+        }
+        if (*s->p++ != ',') return -1;
+        scan_ws(s);
+    }
+}
+
+static int scan_array(struct scan *s, int ctx) {
+    if (++s->depth > KSERVE_MAX_JSON_DEPTH) return -1;
+    s->p++; /* '[' */
+    scan_ws(s);
+    if (s->p < s->end && *s->p == ']') {
+        s->p++;
+        s->depth--;
+        return 0;
+    }
+    for (int i = 0;; i++) {
+        if (scan_value(s, ctx == SCAN_INPUTS ? SCAN_INPUT : SCAN_ANY, i)) return -1;
+        scan_ws(s);
+        if (s->p >= s->end) return -1;
+        if (*s->p == ']') {
+            s->p++;
+            s->depth--;
+            return 0;
+        }
+        if (*s->p++ != ',') return -1;
+        scan_ws(s);
+    }
+}
+
+static int scan_literal(struct scan *s, const char *lit, size_t n) {
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n)) return -1;
+    s->p += n;
+    return 0;
+}
+
+static int scan_value(struct scan *s, int ctx, int idx) {
+    if (s->p >= s->end) return -1;
+    const char *k;
+    size_t n;
+    int esc;
+    double d;
+    switch (*s->p) {
+    case '{': return scan_object(s, ctx == SCAN_ROOT || ctx == SCAN_INPUT ? ctx : SCAN_ANY, idx);
+    case '[': return scan_array(s, ctx == SCAN_INPUTS ? ctx : SCAN_ANY);
+    case '"': return scan_string(s, &k, &n, &esc);
+    case 't': return scan_literal(s, "true", 4);
+    case 'f': return scan_literal(s, "false", 5);
+    case 'n': return scan_literal(s, "null", 4);
+    default: return jsonnum_parse(s->p, s->end, &d, &s->p);
+    }
+}
+
+/* Walks the JSON text; when it holds numeric data arrays, returns a copy
+ * with each blanked to "[]" and spaces (fd then holds their values); NULL
+ * when cJSON should read the text as it is. */
+static char *prescan(const char *text, size_t len, struct fast_data *fd) {
+    struct scan s = {text, text, text + len, 0, fd};
+    scan_ws(&s);
+    int rc = s.p < s.end && *s.p == '{' ? scan_object(&s, SCAN_ROOT, 0) : -1;
+    if (!rc) scan_ws(&s);
+    char *copy = NULL;
+    if (!rc && s.p == s.end && fd->nspans > 0) copy = malloc(len ? len : 1);
+    if (!copy) {
+        fast_data_free(fd);
+        return NULL;
+    }
+    memcpy(copy, text, len);
+    for (int i = 0; i < fd->nspans; i++) {
+        size_t a = fd->spans[i].start, b = fd->spans[i].end; /* b - a >= 2: "[...]" */
+        copy[a] = '[';
+        copy[a + 1] = ']';
+        memset(copy + a + 2, ' ', b - a - 2);
+    }
+    return copy;
+}
+
+static int parse_input(struct kserve_input *in, const cJSON *j, int idx, const struct fast_data *fd, char *err,
+                       size_t err_len) {
     if (!cJSON_IsObject(j)) return INVALID("field 'inputs[%d]' must be an object", idx);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     if (!cJSON_IsString(name) || !*name->valuestring)
@@ -296,7 +577,9 @@ static int parse_input(struct kserve_input *in, const cJSON *j, int idx, char *e
     if (cJSON_IsNull(data) || cJSON_IsObject(data))
         return INVALID("input '%s': 'data' must be an array of values (flat or nested), not %s", n,
                        cJSON_IsNull(data) ? "null" : "an object");
-    int64_t count = count_leaves(data, 0);
+    int64_t count;
+    const double *vals = fast_find(fd, idx, &count);
+    if (!vals) count = count_leaves(data, 0);
     if (count < 0) return INVALID("input '%s': 'data' is nested deeper than %d", n, KSERVE_MAX_JSON_DEPTH);
     if (count != numel) {
         char sh[128];
@@ -307,7 +590,12 @@ static int parse_input(struct kserve_input *in, const cJSON *j, int idx, char *e
                                           : alloc_data((size_t)numel * dtype_size(in->t.dtype));
     if (!in->t.data) return STATUS_NOMEM;
     struct fill f = {in, 0, err, err_len};
-    return fill_rec(&f, data);
+    if (!vals) return fill_rec(&f, data);
+    for (int64_t i = 0; i < count; i++) {
+        int rc = fill_number(&f, vals[i]);
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, char *err, size_t err_len) {
@@ -396,7 +684,8 @@ static int parse_uint_param(const cJSON *params, const char *key, uint64_t *out,
     return 0;
 }
 
-static int parse_doc(struct kserve_request *r, const cJSON *root, char *err, size_t err_len) {
+static int parse_doc(struct kserve_request *r, const cJSON *root, const struct fast_data *fd, char *err,
+                     size_t err_len) {
     if (!cJSON_IsObject(root)) return INVALID("the request body must be a JSON object");
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
     if (id) {
@@ -432,7 +721,7 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, char *err, siz
     if (!r->inputs) return STATUS_NOMEM;
     const cJSON *e;
     cJSON_ArrayForEach(e, inputs) {
-        int rc = parse_input(&r->inputs[r->ninputs], e, r->ninputs, err, err_len);
+        int rc = parse_input(&r->inputs[r->ninputs], e, r->ninputs, fd, err, err_len);
         r->ninputs++;
         if (rc) return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
@@ -595,37 +884,57 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
         json_len = (size_t)header_len;
     }
     if (json_len == 0) return INVALID("the request body is empty: expected a JSON inference request");
-    const char *end = NULL, *text = (const char *)p;
-    size_t text_len = json_len;
-    cJSON *root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
-    char *quoted = NULL;
-    if (!root && (quoted = quote_nonfinite(text, text_len, &text_len)) != NULL) {
-        text = quoted;
-        root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
-        if (!root) { /* report the position in the text as sent */
-            free(quoted);
-            quoted = NULL;
-            text = (const char *)p;
-            text_len = json_len;
-            cJSON_Delete(cJSON_ParseWithLengthOpts(text, text_len, &end, 0));
+    struct fast_data fd;
+    fast_data_init(&fd);
+    cJSON *root = NULL;
+    char *blanked = kserve_prescan_off ? NULL : prescan((const char *)p, json_len, &fd);
+    if (blanked) {
+        const char *bend = NULL;
+        root = cJSON_ParseWithLengthOpts(blanked, json_len, &bend, 0);
+        size_t off = root ? (size_t)(bend - blanked) : 0;
+        while (off < json_len && (blanked[off] == ' ' || blanked[off] == '\n' || blanked[off] == '\r' || blanked[off] == '\t'))
+            off++;
+        if (root && off < json_len) {
+            cJSON_Delete(root);
+            root = NULL;
         }
+        free(blanked);
+        if (!root) fast_data_free(&fd); /* cJSON reads the body as sent below, and names what is wrong */
     }
     if (!root) {
-        size_t off = end && end >= text ? (size_t)(end - text) : 0;
-        /* cJSON reports the position where parsing stopped; name it. */
-        return INVALID("malformed JSON in the request body at byte %zu%s", off,
-                       header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
+        const char *end = NULL, *text = (const char *)p;
+        size_t text_len = json_len;
+        root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
+        char *quoted = NULL;
+        if (!root && (quoted = quote_nonfinite(text, text_len, &text_len)) != NULL) {
+            text = quoted;
+            root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
+            if (!root) { /* report the position in the text as sent */
+                free(quoted);
+                quoted = NULL;
+                text = (const char *)p;
+                text_len = json_len;
+                cJSON_Delete(cJSON_ParseWithLengthOpts(text, text_len, &end, 0));
+            }
+        }
+        if (!root) {
+            size_t off = end && end >= text ? (size_t)(end - text) : 0;
+            /* cJSON reports the position where parsing stopped; name it. */
+            return INVALID("malformed JSON in the request body at byte %zu%s", off,
+                           header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
+        }
+        size_t off = (size_t)(end - text);
+        while (off < text_len && (text[off] == ' ' || text[off] == '\n' || text[off] == '\r' || text[off] == '\t')) off++;
+        free(quoted);
+        if (off < text_len) {
+            cJSON_Delete(root);
+            return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
+                           header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
+        }
     }
-    size_t off = (size_t)(end - text);
-    while (off < text_len && (text[off] == ' ' || text[off] == '\n' || text[off] == '\r' || text[off] == '\t')) off++;
-    free(quoted);
-    if (off < text_len) {
-        cJSON_Delete(root);
-        return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
-                       header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
-    }
-    int rc = parse_doc(r, root, err, err_len);
+    int rc = parse_doc(r, root, &fd, err, err_len);
     cJSON_Delete(root);
+    fast_data_free(&fd);
     if (rc) {
         kserve_request_clear(r);
         return rc;
@@ -757,10 +1066,22 @@ static double elem_as_double(const struct tensor *t, int64_t i) {
     }
 }
 
+/* Non-finite values as tritonclient writes them (python-rapidjson reads them
+ * back); float-sized values as the shortest text that reads back as the same
+ * float (jsonnum), doubles with all 17 digits. */
 static void put_double(struct kserve_buf *b, double v, int fp32) {
     if (isnan(v)) buf_str(b, "NaN");
     else if (isinf(v)) buf_str(b, v > 0 ? "Infinity" : "-Infinity");
-    else buf_printf(b, fp32 ? "%.9g" : "%.17g", v);
+    else if (!fp32) buf_printf(b, "%.17g", v);
+    else if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_float((float)v, b->data + b->len);
+}
+
+static void put_i64(struct kserve_buf *b, int64_t v) {
+    if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_i64(v, b->data + b->len);
+}
+
+static void put_u64(struct kserve_buf *b, uint64_t v) {
+    if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_u64(v, b->data + b->len);
 }
 
 static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
@@ -773,15 +1094,15 @@ static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
         case DT_FP64: put_double(b, ((const double *)t->data)[i], 0); break;
         case DT_FP16: case DT_BF16: put_double(b, elem_as_double(t, i), 1); break;
         case DT_BOOL: buf_str(b, ((const uint8_t *)t->data)[i] ? "true" : "false"); break;
-        case DT_INT64: buf_printf(b, "%lld", (long long)((const int64_t *)t->data)[i]); break;
-        case DT_UINT64: buf_printf(b, "%llu", (unsigned long long)((const uint64_t *)t->data)[i]); break;
+        case DT_INT64: put_i64(b, ((const int64_t *)t->data)[i]); break;
+        case DT_UINT64: put_u64(b, ((const uint64_t *)t->data)[i]); break;
         case DT_STRING: {
             const char *s = ((char *const *)t->data)[i];
             if (!s) s = "";
             kserve_buf_json_string(b, s, strlen(s));
             break;
         }
-        default: buf_printf(b, "%.0f", elem_as_double(t, i)); break;
+        default: put_i64(b, (int64_t)elem_as_double(t, i)); break; /* 8- to 32-bit integers: exact */
         }
     }
     buf_str(b, "]");
@@ -859,10 +1180,16 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
                            char *err, size_t err_len) {
     int nsel = r->noutputs ? r->noutputs : mc->noutputs;
-    struct tensor *send = calloc((size_t)nsel + 1, sizeof *send);
-    int *bin = calloc((size_t)nsel + 1, sizeof *bin);
-    uint8_t *owned = calloc((size_t)nsel + 1, 1);
-    const char **names = calloc((size_t)nsel + 1, sizeof *names);
+    /* A few outputs (the usual case) need no allocation. */
+    struct tensor send_l[8];
+    int bin_l[8];
+    uint8_t owned_l[8];
+    const char *names_l[8];
+    int heap = nsel > 8;
+    struct tensor *send = heap ? calloc((size_t)nsel + 1, sizeof *send) : memset(send_l, 0, sizeof send_l);
+    int *bin = heap ? calloc((size_t)nsel + 1, sizeof *bin) : memset(bin_l, 0, sizeof bin_l);
+    uint8_t *owned = heap ? calloc((size_t)nsel + 1, 1) : memset(owned_l, 0, sizeof owned_l);
+    const char **names = heap ? calloc((size_t)nsel + 1, sizeof *names) : memset(names_l, 0, sizeof names_l);
     int rc = 0, any_bin = 0;
     if (!send || !bin || !owned || !names) {
         rc = STATUS_NOMEM;
@@ -897,11 +1224,19 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
         const struct tensor *t = &send[i];
         buf_str(body, i ? ",{\"name\":" : "{\"name\":");
         kserve_buf_json_string(body, names[i], strlen(names[i]));
-        buf_printf(body, ",\"datatype\":\"%s\",\"shape\":[", dtype_kserve_name(t->dtype));
-        for (int d = 0; d < t->ndim; d++) buf_printf(body, d ? ",%lld" : "%lld", (long long)t->dims[d]);
+        buf_str(body, ",\"datatype\":\"");
+        buf_str(body, dtype_kserve_name(t->dtype));
+        buf_str(body, "\",\"shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            if (d) buf_add(body, ",", 1);
+            put_i64(body, t->dims[d]);
+        }
         buf_str(body, "]");
-        if (bin[i]) buf_printf(body, ",\"parameters\":{\"binary_data_size\":%zu}}", binary_size(t));
-        else {
+        if (bin[i]) {
+            buf_str(body, ",\"parameters\":{\"binary_data_size\":");
+            put_u64(body, binary_size(t));
+            buf_str(body, "}}");
+        } else {
             buf_str(body, ",\"data\":");
             put_data_json(body, t);
             buf_str(body, "}");
@@ -916,9 +1251,11 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
 out:
     for (int i = 0; send && i < nsel; i++)
         if (owned && owned[i]) kserve_tensor_free_data(&send[i]);
-    free(send);
-    free(bin);
-    free(owned);
-    free(names);
+    if (heap) {
+        free(send);
+        free(bin);
+        free(owned);
+        free(names);
+    }
     return rc;
 }

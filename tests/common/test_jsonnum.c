@@ -72,7 +72,7 @@ static void test_parse_random(void **state) {
     for (int it = 0; it < 300000; it++) {
         uint64_t r = rnd();
         double x;
-        switch (it % 5) {
+        switch (it % 6) {
         case 0: /* any double, as printf writes it */
             memcpy(&x, &r, sizeof x);
             if (!isfinite(x)) continue;
@@ -82,10 +82,22 @@ static void test_parse_random(void **state) {
             x = (double)((float)(r % 2000001) / 1e6f - 1.0f);
             snprintf(b, sizeof b, "%.9g", x);
             break;
+        case 4: { /* 19 digits on or next to the midpoint between two doubles: double rounding's trap */
+            memcpy(&x, &r, sizeof x);
+            x = fabs(x);
+            if (!isfinite(x) || x < 1e-20 || x > 1e25) x = (double)(r % 1000000007) / 1e7;
+            long double mid = ((long double)x + (long double)nextafter(x, INFINITY)) / 2;
+            int len = snprintf(b, sizeof b, "%.18Le", mid);
+            int ep = (int)(strchr(b, 'e') - b);
+            if (rnd() & 1) b[ep - 1] = (char)(b[ep - 1] == '9' ? '8' : b[ep - 1] + 1);
+            (void)len;
+            break;
+        }
         case 2: /* decimal fractions in [0, 1) */
             snprintf(b, sizeof b, "0.%0*llu", (int)(rnd() % 20) + 1, (unsigned long long)(r % 100000000000000000ULL));
             break;
-        default: { /* random digit strings, fraction and exponent */
+        case 3:
+        case 5: { /* random digit strings, fraction and exponent */
             size_t k = 0;
             if (r & 1) b[k++] = '-';
             int nd = (int)(rnd() % 24) + 1;
