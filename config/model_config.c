@@ -316,6 +316,27 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             goto out;
         }
     }
+    /* Triton's free-form parameters: string values under string_value.
+     * kiln reads intra_op_thread_count (as Triton's onnxruntime backend
+     * does); other keys are ignored. */
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "parameters"))) {
+        if (!cJSON_IsObject(v)) {
+            rc = INVALID("config field 'parameters' must be an object of {\"string_value\": \"...\"} values");
+            goto out;
+        }
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(v, "intra_op_thread_count");
+        if (t) {
+            const cJSON *sv = cJSON_IsObject(t) ? cJSON_GetObjectItemCaseSensitive(t, "string_value") : NULL;
+            char *end = NULL;
+            long n = sv && cJSON_IsString(sv) ? strtol(sv->valuestring, &end, 10) : -1;
+            if (!sv || !cJSON_IsString(sv) || end == sv->valuestring || *end || n < 0 || n > 1024) {
+                rc = INVALID("config field 'parameters.intra_op_thread_count' must be {\"string_value\": \"N\"} with N "
+                             "an integer 0-1024 (0: kiln chooses)");
+                goto out;
+            }
+            c->intra_op_threads = (int)n;
+        }
+    }
     /* kiln's own: {"precision": "fp32"|"fp16", "cuda_graphs": bool}. Other
      * keys (Triton's optimization.cuda, priority...) are ignored. */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "optimization"))) {
@@ -550,5 +571,11 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *op = cJSON_AddObjectToObject(o, "optimization");
     cJSON_AddStringToObject(op, "precision", c->precision_fp16 ? "fp16" : "fp32");
     cJSON_AddBoolToObject(op, "cuda_graphs", c->cuda_graphs);
+    if (c->intra_op_threads > 0) {
+        char n[16];
+        snprintf(n, sizeof n, "%d", c->intra_op_threads);
+        cJSON *pa = cJSON_AddObjectToObject(o, "parameters");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
+    }
     return o;
 }

@@ -70,6 +70,10 @@ struct model_config {
      * "cuda_graphs": true|false}; they apply to device backends only. */
     int precision_fp16;             /* "fp16"; default "fp32" */
     int cuda_graphs;                /* default 1 */
+    /* parameters.intra_op_thread_count.string_value (the key Triton's
+     * onnxruntime backend reads): CPU threads per instance; 0 = kiln
+     * chooses (see batcher.h). */
+    int intra_op_threads;
 };
 
 void model_config_init(struct model_config *c, const char *name);

@@ -273,6 +273,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                                  .allow_timeout_override = c->allow_timeout_override,
                                  .max_queue_size = c->max_queue_size},
         .instance_count = c->instance_count,
+        .threads_per_instance = c->intra_op_threads,
         .backend = be,
     };
     for (int i = 0; i < c->npreferred && i < BATCHER_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];

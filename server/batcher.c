@@ -47,6 +47,11 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
  * least this busy (execution time per request over the time between
  * requests): below it, they keep up without waiting. */
 #define BATCHER_BUDGET_BUSY 0.5
+/* A run that takes at least this long per request (not the first run of
+ * its batch size, which builds a plan) marks the model heavy: the I/O
+ * threads then need a small fraction of a core, so instances whose thread
+ * count kiln chose move to every core (see batcher_create). */
+#define BATCHER_HEAVY_NS 1000000ull
 /* Weight of a new sample in the execution-time profile. */
 #define BATCHER_EWMA_NEW 0.25
 /* Inputs a batch may have when there is no model to say (test executor). */
@@ -64,6 +69,8 @@ struct instance {
     int started;
     struct backend *be;
     struct model_exec *x;
+    int nthreads;        /* of be and x */
+    int threads_heavy;   /* more threads to move to for heavy runs; 0 = none */
     /* The batch being formed/run: requests, and gather buffers reused across
      * batches (grown, never shrunk) so a steady load allocates nothing. */
     struct batcher_request **sel;
@@ -707,6 +714,34 @@ static void run_batch(batcher_t *b, struct instance *inst, uint64_t *exec_ns) {
     }
 }
 
+/* Moves a heavy model's instance to more threads: a new backend context
+ * and execution context (plans are built for a thread count), made and
+ * swapped by the instance's own thread between batches. On failure the
+ * instance keeps what it has. */
+static void instance_grow(batcher_t *b, struct instance *inst, uint64_t exec_ns) {
+    int n = inst->threads_heavy;
+    inst->threads_heavy = 0;
+    struct backend_params bp = {.device = -1, .nthreads = n};
+    char why[256] = "";
+    struct backend *be = backend_create(b->backend_name, &bp, why, sizeof why);
+    struct model_exec *x = be ? model_exec_create(b->p.model, be, n) : NULL;
+    if (!x) {
+        backend_free(be);
+        log_warn("model '%s' instance %d: staying at %d thread(s): cannot make a context with %d%s%s", b->name,
+                 inst->index, inst->nthreads, n, why[0] ? ": " : "", why);
+        return;
+    }
+    log_info("model '%s' instance %d: a batch took %.1f ms per request, so the I/O threads need little CPU: "
+             "%d thread(s) instead of %d (set parameters.intra_op_thread_count to choose)",
+             b->name, inst->index, (double)exec_ns / 1e6 / (double)(inst->nsel > 0 ? inst->nsel : 1), n,
+             inst->nthreads);
+    model_exec_free(inst->x);
+    backend_free(inst->be);
+    inst->be = be;
+    inst->x = x;
+    inst->nthreads = n;
+}
+
 static void *instance_main(void *arg) {
     struct instance *inst = arg;
     batcher_t *b = inst->b;
@@ -755,10 +790,14 @@ static void *instance_main(void *arg) {
         b->st.requests += (uint64_t)inst->nsel;
         b->st.exec_ns_total += exec_ns;
         b->st.batch_hist[inst->rows < 64 ? inst->rows : 64]++;
-        if (inst->sel[0]->status)
+        int grow = 0;
+        if (inst->sel[0]->status) {
             b->st.failed += (uint64_t)inst->nsel;
-        else
+        } else {
             profile_add(b, inst->rows, exec_ns);
+            grow = inst->threads_heavy > inst->nthreads && b->profile_n[inst->rows] >= 2 &&
+                   exec_ns >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
+        }
         if (b->p.preserve_ordering)
             while (b->deliver_seq != seq)
                 pthread_cond_wait(&b->order_cv, &b->mu);
@@ -768,6 +807,8 @@ static void *instance_main(void *arg) {
 
         for (int k = 0; k < inst->nsel; k++)
             inst->sel[k]->done(inst->sel[k]);
+        if (grow)
+            instance_grow(b, inst, exec_ns);
 
         pthread_mutex_lock(&b->mu);
         b->running -= inst->nsel;
@@ -898,6 +939,7 @@ static int instance_setup(batcher_t *b, struct instance *inst, int nthreads, cha
         return status_set(err, err_len, STATUS_UNAVAILABLE, "model '%s' instance %d: backend '%s' not available: %s",
                           b->name, inst->index, b->backend_name, why);
     inst->x = model_exec_create(b->p.model, inst->be, nthreads);
+    inst->nthreads = nthreads;
     if (!inst->x)
         return status_set(err, err_len, STATUS_INTERNAL, "model '%s' instance %d: cannot create an execution context",
                           b->name, inst->index);
@@ -967,21 +1009,28 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         goto fail;
     }
-    int nthreads = p->threads_per_instance;
+    int nthreads = p->threads_per_instance, heavy = 0;
     if (nthreads == 0) {
         /* The cores less one, which the I/O threads need, shared by the
          * instances. An OpenMP team larger than the cores free for it
          * stalls at every barrier: on 2 busy cores the digits model at
          * batch 32 took 0.75 ms on average with 2 threads and 0.027 ms
-         * with 1. */
+         * with 1. A heavy model (BATCHER_HEAVY_NS per request) leaves the
+         * I/O threads little to do, and a core kept for them idles: its
+         * instances move to all the cores once a run shows it (ResNet-50,
+         * one instance on 2 cores: 30 ms a request instead of 39). */
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         nthreads = cores > 1 ? (int)((cores - 1) / b->ninst) : 1;
         if (nthreads < 1)
             nthreads = 1;
+        heavy = cores > 1 ? (int)(cores / b->ninst) : 1;
+        if (heavy <= nthreads || strcmp(b->backend_name, "cpu") != 0 || !p->model)
+            heavy = 0;
     }
     for (int i = 0; i < b->ninst; i++) {
         b->inst[i].b = b;
         b->inst[i].index = i;
+        b->inst[i].threads_heavy = heavy;
         if (instance_setup(b, &b->inst[i], nthreads, err, err_len))
             goto fail;
     }

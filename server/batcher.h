@@ -51,7 +51,9 @@ struct batcher_params {
     struct batcher_queue_policy default_queue_policy;
     int instance_count;            /* >= 1 */
     const char *backend;           /* "cpu", "cuda" */
-    int threads_per_instance;      /* 0 = (cores - 1) / instance_count, at least 1 */
+    int threads_per_instance;      /* 0 = kiln chooses: (cores - 1) / instance_count, at least 1,
+                                    * and cores / instance_count on the CPU once runs show a
+                                    * heavy model (over 1 ms a request) */
     /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
     uint64_t (*now_ns)(void *arg);
     void *now_arg;

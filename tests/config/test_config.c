@@ -173,6 +173,11 @@ static void test_model_config_errors(void **state) {
         {"{\"optimization\":{\"precision\":\"int8\"}}", "optimization.precision", 0},
         {"{\"optimization\":{\"precision\":16}}", "optimization.precision", 0},
         {"{\"optimization\":{\"cuda_graphs\":\"yes\"}}", "optimization.cuda_graphs", 0},
+        {"{\"parameters\":[]}", "'parameters'", 0},
+        {"{\"parameters\":{\"intra_op_thread_count\":\"2\"}}", "parameters.intra_op_thread_count", 0},
+        {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"two\"}}}", "parameters.intra_op_thread_count", 0},
+        {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"-1\"}}}", "parameters.intra_op_thread_count", 0},
+        {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"\"}}}", "parameters.intra_op_thread_count", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct model_config c;
@@ -220,6 +225,24 @@ static void test_model_config_optimization(void **state) {
     model_config_clear(&c);
 }
 
+/* Triton's parameters: intra_op_thread_count read as its onnxruntime
+ * backend reads it, echoed by /config; other keys ignored. */
+static void test_model_config_parameters(void **state) {
+    struct model_config c;
+    model_config_init(&c, "m");
+    assert_int_equal(c.intra_op_threads, 0);
+    const char *json = "{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"3\"},"
+                       "\"execution_mode\":{\"string_value\":\"0\"}}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.intra_op_threads, 3);
+    cJSON *j = model_config_to_json(&c);
+    char *txt = cJSON_PrintUnformatted(j);
+    assert_non_null(strstr(txt, "\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"3\"}}"));
+    free(txt);
+    cJSON_Delete(j);
+    model_config_clear(&c);
+}
+
 static void test_version_policy_latest(void **state) {
     struct model_config c;
     model_config_init(&c, "m");
@@ -241,6 +264,7 @@ int main(void) {
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),
         cmocka_unit_test(test_model_config_optimization),
+        cmocka_unit_test(test_model_config_parameters),
         cmocka_unit_test(test_version_policy_latest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,6 +14,7 @@ One kiln server serves a repository made for these tests:
 """
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -82,7 +83,8 @@ def bserver(tmp_path_factory):
         "max_batch_size": 64, "instance_group": cpu1,
         "dynamic_batching": {"max_queue_delay_microseconds": 3000000,
                              "default_queue_policy": {"timeout_action": "REJECT",
-                                                      "default_timeout_microseconds": 100000}}})
+                                                      "default_timeout_microseconds": 100000}},
+        "parameters": {"intra_op_thread_count": {"string_value": "1"}}})
     rn = tmp / "resnet50.onnx"
     rn_in, rn_out = _batchable_resnet(rn)
     _model(repo, "slow", rn, {
@@ -379,3 +381,29 @@ def test_cancelled_request_is_not_run(bserver):
     cancelled = [ln for ln in metrics.splitlines()
                  if ln.startswith("kiln_inference_request_failure{") and 'model="slow"' in ln and "cancel" in ln]
     assert cancelled and float(cancelled[0].split()[-1]) >= 1, cancelled
+
+
+def test_heavy_model_moves_to_all_cores(bserver):
+    """ResNet-50 computes for tens of ms a request, so the I/O threads need
+    little CPU: its instance, whose thread count kiln chose (the cores less
+    one), moves to all the cores after a couple of runs, and its answers
+    stay the same. A model whose config fixes the count keeps it."""
+    cores = os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: nothing to move to")
+    c = tritonclient_http.InferenceServerClient(bserver["url"])
+    try:
+        outs = [c.infer("slow", _resnet_input(bserver, 1, 0.25)).as_numpy(bserver["rn_out"]) for _ in range(4)]
+        with urllib.request.urlopen(f"http://{bserver['url']}/v2/models/digits_tmo/config", timeout=10) as r:
+            cfg = json.load(r)
+    finally:
+        c.close()
+    log = Path(bserver["log"]).read_text()
+    m = re.search(r"model 'slow' instance 0: a batch took [0-9.]+ ms per request.*: (\d+) thread\(s\) instead of (\d+)",
+                  log)
+    assert m, log[-3000:]
+    assert (int(m.group(1)), int(m.group(2))) == (cores, cores - 1)
+    for o in outs[1:]:
+        np.testing.assert_allclose(o, outs[0], rtol=1e-4, atol=1e-5)
+    assert "model 'digits_tmo' instance" not in log
+    assert cfg["parameters"] == {"intra_op_thread_count": {"string_value": "1"}}
