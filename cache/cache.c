@@ -244,14 +244,8 @@ void cache_free(cache_t *c) {
     if (c->shards) {
         for (int i = 0; i < c->nshards; i++) {
             struct cache_shard *s = &c->shards[i];
-            for (size_t b = 0; b < s->nbuckets; b++) {
-                struct cache_entry *e = s->buckets[b];
-                while (e) {
-                    struct cache_entry *next = e->hnext;
-                    entry_release(e);
-                    e = next;
-                }
-            }
+            for (size_t b = 0; b < s->nbuckets; b++)
+                if (s->buckets[b].e) entry_release(s->buckets[b].e);
             free(s->buckets);
             pthread_mutex_destroy(&s->lock);
         }
@@ -377,15 +371,43 @@ void cache_key_hex(const struct cache_key *k, char out[2 * CACHE_KEY_BYTES + 1])
 }
 
 /* ======================================================================
- * tier 1: sharded LRU (hash chains + a doubly linked recency list per shard)
+ * tier 1: sharded LRU (an open-addressing table + a doubly linked recency
+ * list per shard)
  * ====================================================================== */
 
 static struct cache_shard *shard_of(cache_t *c, const struct cache_key *k) {
     return &c->shards[(key_hash(k) >> 32) % (uint64_t)c->nshards];
 }
 
-static struct cache_entry **bucket_of(struct cache_shard *s, const struct cache_key *k) {
-    return &s->buckets[key_hash(k) & (s->nbuckets - 1)];
+/* The bucket holding k, or -1. */
+static ptrdiff_t shard_find(const struct cache_shard *s, const struct cache_key *k, uint64_t h) {
+    if (!s->nbuckets) return -1;
+    size_t mask = s->nbuckets - 1;
+    for (size_t i = h & mask; s->buckets[i].e; i = (i + 1) & mask)
+        if (s->buckets[i].h == h && memcmp(s->buckets[i].e->key.b, k->b, CACHE_KEY_BYTES) == 0) return (ptrdiff_t)i;
+    return -1;
+}
+
+static void shard_place(struct cache_shard *s, uint64_t h, struct cache_entry *e) {
+    size_t mask = s->nbuckets - 1, i = h & mask;
+    while (s->buckets[i].e) i = (i + 1) & mask;
+    s->buckets[i] = (struct cache_bucket){h, e};
+}
+
+/* Empties bucket i, shifting later members of its probe run back so that
+ * every entry stays reachable from its home bucket (no tombstones). */
+static void shard_unplace(struct cache_shard *s, size_t i) {
+    size_t mask = s->nbuckets - 1;
+    for (size_t j = (i + 1) & mask; s->buckets[j].e; j = (j + 1) & mask) {
+        size_t home = s->buckets[j].h & mask;
+        /* j's entry may move to i unless its home lies cyclically in (i, j]. */
+        int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            s->buckets[i] = s->buckets[j];
+            i = j;
+        }
+    }
+    s->buckets[i].e = NULL;
 }
 
 static void lru_unlink(struct cache_shard *s, struct cache_entry *e) {
@@ -419,9 +441,10 @@ static void entry_release(struct cache_entry *e) {
 static size_t entry_cost(const struct cache_entry *e) { return sizeof *e + sizeof(struct cache_value) + e->value->len; }
 
 static void shard_remove(cache_t *c, struct cache_shard *s, struct cache_entry *e) {
-    struct cache_entry **pp = bucket_of(s, &e->key);
-    while (*pp != e) pp = &(*pp)->hnext;
-    *pp = e->hnext;
+    uint64_t h = key_hash(&e->key);
+    size_t mask = s->nbuckets - 1, i = h & mask;
+    while (s->buckets[i].e != e) i = (i + 1) & mask;
+    shard_unplace(s, i);
     lru_unlink(s, e);
     s->used -= entry_cost(e);
     s->count--;
@@ -431,21 +454,14 @@ static void shard_remove(cache_t *c, struct cache_shard *s, struct cache_entry *
 
 static int shard_grow(struct cache_shard *s) {
     size_t n = s->nbuckets ? s->nbuckets * 2 : 64;
-    struct cache_entry **b = calloc(n, sizeof *b);
+    struct cache_bucket *b = calloc(n, sizeof *b), *old = s->buckets;
     if (!b) return -1;
-    for (size_t i = 0; i < s->nbuckets; i++) {
-        struct cache_entry *e = s->buckets[i];
-        while (e) {
-            struct cache_entry *next = e->hnext;
-            size_t j = key_hash(&e->key) & (n - 1);
-            e->hnext = b[j];
-            b[j] = e;
-            e = next;
-        }
-    }
-    free(s->buckets);
+    size_t on = s->nbuckets;
     s->buckets = b;
     s->nbuckets = n;
+    for (size_t i = 0; i < on; i++)
+        if (old[i].e) shard_place(s, old[i].h, old[i].e);
+    free(old);
     return 0;
 }
 
@@ -454,16 +470,15 @@ struct cache_value *cache_lru_get(cache_t *c, const struct cache_key *k) {
     struct cache_shard *s = shard_of(c, k);
     struct cache_value *v = NULL;
     pthread_mutex_lock(&s->lock);
-    if (s->nbuckets) {
-        for (struct cache_entry *e = *bucket_of(s, k); e; e = e->hnext) {
-            if (memcmp(e->key.b, k->b, CACHE_KEY_BYTES) == 0) {
-                lru_unlink(s, e);
-                lru_push_front(s, e);
-                v = e->value;
-                cache_value_ref(v);
-                break;
-            }
+    ptrdiff_t i = shard_find(s, k, key_hash(k));
+    if (i >= 0) {
+        struct cache_entry *e = s->buckets[i].e;
+        if (s->head != e) {
+            lru_unlink(s, e);
+            lru_push_front(s, e);
         }
+        v = e->value;
+        cache_value_ref(v);
     }
     pthread_mutex_unlock(&s->lock);
     atomic_fetch_add_explicit(v ? &c->stats.lru_hits : &c->stats.lru_misses, 1, memory_order_relaxed);
@@ -488,28 +503,23 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
     }
     ne->key = *k;
     ne->value = v;
-    ne->hnext = ne->prev = ne->next = NULL;
+    ne->prev = ne->next = NULL;
     cache_value_ref(v);
     uint64_t evicted = 0;
     pthread_mutex_lock(&s->lock);
-    if (s->count + 1 > s->nbuckets * 2 && shard_grow(s) < 0) {
+    if ((s->count + 1) * 4 > s->nbuckets * 3 && shard_grow(s) < 0) {
         pthread_mutex_unlock(&s->lock);
         entry_release(ne);
         return;
     }
-    for (struct cache_entry *e = *bucket_of(s, k); e; e = e->hnext) {
-        if (memcmp(e->key.b, k->b, CACHE_KEY_BYTES) == 0) {
-            shard_remove(c, s, e);
-            break;
-        }
-    }
+    uint64_t h = key_hash(k);
+    ptrdiff_t old = shard_find(s, k, h);
+    if (old >= 0) shard_remove(c, s, s->buckets[old].e);
     while (s->used + cost > s->budget && s->tail) {
         shard_remove(c, s, s->tail);
         evicted++;
     }
-    struct cache_entry **b = bucket_of(s, k);
-    ne->hnext = *b;
-    *b = ne;
+    shard_place(s, h, ne);
     lru_push_front(s, ne);
     s->used += cost;
     s->count++;

@@ -12,15 +12,21 @@
 struct cache_entry {
     struct cache_key key;
     struct cache_value *value;
-    struct cache_entry *hnext;       /* hash chain */
     struct cache_entry *prev, *next; /* recency list, head = most recent */
     int embedded;                    /* the slot in front of value, not malloc'd */
 };
 
+/* An open-addressing slot: the key's first 64 bits beside the entry, so a
+ * lookup that misses reads the table alone and never the entries. */
+struct cache_bucket {
+    uint64_t h;
+    struct cache_entry *e; /* NULL = empty */
+};
+
 struct cache_shard {
     pthread_mutex_t lock;
-    struct cache_entry **buckets;
-    size_t nbuckets; /* power of two */
+    struct cache_bucket *buckets; /* linear probing, at most 3/4 full */
+    size_t nbuckets;              /* power of two */
     struct cache_entry *head, *tail;
     size_t used, budget, count;
 };

@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/hmac.h>
+#include <sodium.h>
+
 #include "cache/cache.h"
 
 static cache_t *make(size_t bytes, int shards, const char *secret) {
@@ -192,6 +195,187 @@ static void test_bad_redis_urls(void **state) {
     cache_free(NULL);
 }
 
+/* The key is plain HMAC-SHA-256 (keyed with the stretched secret) over the
+ * framed fields: recomputed here with OpenSSL's one-shot HMAC. */
+static size_t frame(uint8_t *out, size_t at, const void *p, size_t n) {
+    uint64_t len = n;
+    memcpy(out + at, &len, 8);
+    if (n) memcpy(out + at + 8, p, n);
+    return at + 8 + n;
+}
+
+static void test_key_is_standard_hmac_sha256(void **state) {
+    (void)state;
+    cache_t *c = make(1 << 20, 4, "replica-secret");
+    uint8_t x[300];
+    for (size_t i = 0; i < sizeof x; i++) x[i] = (uint8_t)(i * 31 + 7);
+    int64_t shape[2] = {3, 100}, version = 7;
+    int32_t dt = DT_UINT8, params[2] = {1, 3}, params_all[2] = {0, 0};
+    struct cache_key_state s;
+    struct cache_key k;
+    cache_key_begin(c, &s, "model-a", version);
+    cache_key_add_input(&s, "pixels", DT_UINT8, shape, 2, x, sizeof x);
+    cache_key_add_output(&s, "scores", 1, 3);
+    cache_key_add_output(&s, "*", 0, 0);
+    cache_key_end(&s, &k);
+
+    uint8_t msg[1024];
+    size_t n = 0;
+    n = frame(msg, n, "kiln-v1", 7);
+    n = frame(msg, n, "model-a", 7);
+    n = frame(msg, n, &version, 8);
+    n = frame(msg, n, "in", 2);
+    n = frame(msg, n, "pixels", 6);
+    n = frame(msg, n, &dt, 4);
+    n = frame(msg, n, shape, sizeof shape);
+    n = frame(msg, n, x, sizeof x);
+    n = frame(msg, n, "out", 3);
+    n = frame(msg, n, "scores", 6);
+    n = frame(msg, n, params, sizeof params);
+    n = frame(msg, n, "out", 3);
+    n = frame(msg, n, "*", 1);
+    n = frame(msg, n, params_all, sizeof params_all);
+    uint8_t secret[32], want[32];
+    const char *cfg = "replica-secret";
+    crypto_generichash(secret, sizeof secret, (const unsigned char *)cfg, strlen(cfg),
+                       (const unsigned char *)"kiln-cache-secret-v1", 20);
+    unsigned int wl = 0;
+    assert_non_null(HMAC(EVP_sha256(), secret, sizeof secret, msg, n, want, &wl));
+    assert_int_equal(wl, CACHE_KEY_BYTES);
+    assert_memory_equal(k.b, want, CACHE_KEY_BYTES);
+    cache_free(c);
+}
+
+/* Random puts and gets on one shard whose keys crowd a few home buckets
+ * (some at the table's last bucket, so probe runs wrap), checked against a
+ * plain LRU list: every hit returns its own bytes, and exactly the most
+ * recently used entries are present. */
+static void rkey(struct cache_key *k, int id) {
+    static const uint64_t homes[] = {0, 1, 5, 0xffff, 0xfffe};
+    memset(k, 0, sizeof *k);
+    uint64_t h = homes[id % 5] | ((uint64_t)id << 20);
+    memcpy(k->b, &h, 8);
+    memcpy(k->b + 8, &id, sizeof id);
+}
+
+static void test_lru_matches_reference(void **state) {
+    (void)state;
+    cache_t *c = make(256 * 1024, 1, NULL);
+    struct cache_key k;
+    /* Capacity in entries for 1000-byte values: fill until the first eviction. */
+    int cap = 0;
+    for (;; cap++) {
+        struct cache_value *v = blob(1000, (uint8_t)cap);
+        rkey(&k, 100000 + cap);
+        cache_lru_put(c, &k, v);
+        cache_value_unref(v);
+        struct cache_stats st;
+        cache_get_stats(c, &st);
+        if (st.lru_evictions) break;
+    }
+    assert_true(cap > 100);
+    cache_free(c);
+    c = make(256 * 1024, 1, NULL);
+    enum { IDS = 600 };
+    int order[IDS]; /* reference recency list, most recent first */
+    int n = 0;
+    uint32_t rnd = 12345;
+    for (int op = 0; op < 20000; op++) {
+        rnd = rnd * 1103515245u + 12345u;
+        int id = (int)((rnd >> 8) % IDS);
+        rkey(&k, id);
+        int pos = -1;
+        for (int i = 0; i < n; i++)
+            if (order[i] == id) pos = i;
+        if ((rnd >> 4) & 1) {
+            struct cache_value *v = blob(1000, (uint8_t)id);
+            cache_lru_put(c, &k, v);
+            cache_value_unref(v);
+            if (pos < 0) pos = n < cap ? n++ : cap - 1; /* new, or the least recent falls out */
+            memmove(order + 1, order, (size_t)pos * sizeof *order);
+            order[0] = id;
+        } else {
+            struct cache_value *v = cache_lru_get(c, &k);
+            if (pos < 0) {
+                assert_null(v);
+            } else {
+                assert_non_null(v);
+                assert_int_equal(v->len, 1000);
+                assert_int_equal(v->data[999], (uint8_t)id);
+                cache_value_unref(v);
+                memmove(order + 1, order, (size_t)pos * sizeof *order);
+                order[0] = id;
+            }
+        }
+    }
+    struct cache_stats st;
+    cache_get_stats(c, &st);
+    assert_int_equal(st.lru_entries, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        rkey(&k, order[i]);
+        struct cache_value *v = cache_lru_get(c, &k);
+        assert_non_null(v);
+        cache_value_unref(v);
+    }
+    cache_free(c);
+}
+
+/* One value stored under two keys (the second entry cannot use the slot
+ * embedded in the value), outliving both entries. */
+static void test_value_under_two_keys(void **state) {
+    (void)state;
+    cache_t *c = make(8 * 1024, 1, NULL);
+    struct cache_key a = {{1}}, b = {{2}}, other = {{3}};
+    struct cache_value *v = blob(3000, 9);
+    cache_lru_put(c, &a, v);
+    cache_lru_put(c, &b, v);
+    struct cache_value *ga = cache_lru_get(c, &a), *gb = cache_lru_get(c, &b);
+    assert_ptr_equal(ga, v);
+    assert_ptr_equal(gb, v);
+    cache_value_unref(ga);
+    cache_value_unref(gb);
+    /* A third value pushes both out; v is still ours, then stored again. */
+    struct cache_value *w = blob(6000, 4);
+    cache_lru_put(c, &other, w);
+    cache_value_unref(w);
+    assert_null(cache_lru_get(c, &a));
+    assert_null(cache_lru_get(c, &b));
+    assert_int_equal(v->data[2999], 9);
+    cache_lru_put(c, &a, v);
+    cache_value_unref(v);
+    ga = cache_lru_get(c, &a);
+    assert_non_null(ga);
+    assert_int_equal(ga->data[0], 9);
+    cache_value_unref(ga);
+    cache_free(c);
+}
+
+/* Single-flight with caller-owned nodes: no allocation, same semantics. */
+static void test_single_flight_nodes(void **state) {
+    (void)state;
+    cache_t *c = make(1 << 20, 4, NULL);
+    struct cache_key k = {{4, 5, 6}};
+    struct cache_flight_node lead, wait[3];
+    g_calls = 0;
+    assert_int_equal(cache_flight_join_node(c, &k, &lead, on_flight, NULL), 1);
+    for (int i = 0; i < 3; i++) assert_int_equal(cache_flight_join_node(c, &k, &wait[i], on_flight, NULL), 0);
+    struct cache_value *v = blob(10, 3);
+    cache_flight_done(c, &k, v);
+    assert_int_equal(g_calls, 3);
+    assert_ptr_equal(g_seen, v);
+    /* The nodes are free for reuse: a new flight, its leader failing. */
+    assert_int_equal(cache_flight_join_node(c, &k, &wait[0], on_flight, NULL), 1);
+    assert_int_equal(cache_flight_join_node(c, &k, &lead, on_flight, NULL), 0);
+    cache_flight_done(c, &k, NULL);
+    assert_int_equal(g_calls, 4);
+    assert_null(g_seen);
+    /* done on a key nobody leads is harmless. */
+    cache_flight_done(c, &k, v);
+    assert_int_equal(g_calls, 4);
+    cache_value_unref(v);
+    cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_key_covers_shape_dtype_and_secret),
@@ -199,6 +383,10 @@ int main(void) {
         cmocka_unit_test(test_codec_round_trip_and_corruption),
         cmocka_unit_test(test_single_flight),
         cmocka_unit_test(test_bad_redis_urls),
+        cmocka_unit_test(test_key_is_standard_hmac_sha256),
+        cmocka_unit_test(test_lru_matches_reference),
+        cmocka_unit_test(test_value_under_two_keys),
+        cmocka_unit_test(test_single_flight_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
