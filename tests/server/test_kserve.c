@@ -13,7 +13,8 @@
 #include "common/status.h"
 #include "config/model_config.h"
 #include "models/model.h"
-#include "server/kserve.h"
+/* The codec itself, to reach the switch that turns the numeric prescan off. */
+#include "server/kserve.c"
 
 static char g_err[512];
 
@@ -173,6 +174,235 @@ static void test_encode_json_binary_classification(void **state) {
     model_config_clear(&c);
 }
 
+/* ---- the prescan against cJSON alone ------------------------------------ */
+
+static uint64_t g_rs = 0x2545f4914f6cdd1dULL;
+static unsigned rnd(unsigned n) {
+    g_rs ^= g_rs << 13;
+    g_rs ^= g_rs >> 7;
+    g_rs ^= g_rs << 17;
+    return (unsigned)(g_rs % n);
+}
+
+struct text {
+    char b[4096];
+    size_t n;
+};
+
+static void put(struct text *t, const char *s) {
+    size_t l = strlen(s);
+    if (t->n + l < sizeof t->b) {
+        memcpy(t->b + t->n, s, l);
+        t->n += l;
+    }
+}
+
+static void ws(struct text *t) {
+    static const char *w[] = {"", "", "", " ", "\n", "\t", "\r\n  ", "\x01"};
+    put(t, w[rnd(50) ? rnd(7) : 7]);
+}
+
+static void leaf(struct text *t) {
+    static const char *tok[] = {
+        "0", "-0", "1", "-1", "7", "255", "256", "-128", "-129", "65535", "1.5", "-2.25", "1e2", "1E-3", "2.5e+1",
+        "3.4028235e38", "3.5e38", "1e400", "-1e400", "1e-400", "9007199254740991", "9007199254740993",
+        "18446744073709551615", "4294967296", "0.30000001192092896", "0.1", "12345678901234567890123",
+        "0.000001234", "123456789012345678.5e-10", "2147483647", "-2147483648", "01", "1.", "-", ".5", "1e", "+1",
+        "-01.5", "1.5.5", "\"a\"", "\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "NaN", "Infinity", "-Infinity",
+        "true", "false", "null", "{}", "[]", "\"\\u0041\\n\""};
+    size_t n = sizeof tok / sizeof tok[0];
+    /* Mostly numbers: the path the prescan takes. */
+    put(t, tok[rnd(4) ? rnd(31) : rnd((unsigned)n)]);
+}
+
+static void data_array(struct text *t, int depth) {
+    put(t, "[");
+    int n = (int)rnd(5);
+    for (int i = 0; i < n; i++) {
+        if (i) put(t, ",");
+        ws(t);
+        if (depth < 3 && !rnd(4)) data_array(t, depth + 1);
+        else leaf(t);
+        ws(t);
+    }
+    put(t, "]");
+}
+
+/* An input that is mostly right: a datatype, a shape and that many values
+ * a JSON client would send for it, flat or nested by rows. */
+static void good_input(struct text *t) {
+    static const char *types[] = {"FP32", "FP64", "INT8", "UINT8", "INT16", "INT32", "UINT32", "INT64", "UINT64"};
+    static const char *ints[] = {"0", "1", "-1", "7", "100", "-100", "127", "-0", "2.0", "1e2", "65"};
+    static const char *floats[] = {"0.30000001192092896", "0.1", "-2.5", "1e-7", "3.4028235e38", "123456.789",
+                                   "0.9999999403953552", "1.1754943508222875e-38", "12345678901234567890",
+                                   "1.00000000000000000001", "4.9406564584124654e-324", "1e23", "5e-1", "0"};
+    int ti = (int)rnd(9);
+    int rows = (int)rnd(3) + 1, cols = (int)rnd(5);
+    char b[128];
+    snprintf(b, sizeof b, "{\"name\":\"in%u\",\"datatype\":\"%s\",\"shape\":[%d,%d],", rnd(4), types[ti], rows, cols);
+    put(t, b);
+    put(t, rnd(8) ? "\"data\":" : "\"data\" : ");
+    int nested = (int)rnd(2);
+    put(t, "[");
+    for (int r = 0; r < rows; r++) {
+        if (r) put(t, ",");
+        if (nested) put(t, "[");
+        for (int c = 0; c < cols; c++) {
+            if (c || (r && !nested)) put(t, ",");
+            if (!rnd(10)) ws(t);
+            if (!rnd(60)) leaf(t);
+            else put(t, ti < 2 ? floats[rnd(14)] : ints[rnd(11)]);
+        }
+        if (nested) put(t, "]");
+    }
+    put(t, "]}");
+}
+
+static void input_obj(struct text *t) {
+    if (rnd(3)) {
+        good_input(t);
+        return;
+    }
+    static const char *types[] = {"FP32", "FP64", "INT8", "UINT8", "INT16", "UINT16", "INT32", "UINT32",
+                                  "INT64", "UINT64", "BOOL", "BYTES", "FP16", "NOPE"};
+    static const char *names[] = {"x", "y", "x"};
+    char b[128];
+    put(t, "{");
+    ws(t);
+    snprintf(b, sizeof b, "\"name\":\"%s\",\"datatype\":\"%s\",", names[rnd(3)], types[rnd(14)]);
+    put(t, b);
+    int dims = (int)rnd(3) + 1;
+    put(t, "\"shape\":[");
+    for (int d = 0; d < dims; d++) {
+        snprintf(b, sizeof b, "%s%u", d ? "," : "", rnd(4));
+        put(t, b);
+    }
+    put(t, "]");
+    static const char *key[] = {"\"data\"", "\"data\"", "\"data\"", "\"data\"", "\"d\\u0061ta\"", "\"dat\""};
+    int nkeys = rnd(6) ? 1 : 2; /* sometimes a second "data" */
+    for (int k = 0; k < nkeys; k++) {
+        put(t, ",");
+        ws(t);
+        put(t, key[rnd(6)]);
+        ws(t);
+        put(t, ":");
+        ws(t);
+        if (rnd(8)) data_array(t, 0);
+        else leaf(t);
+    }
+    if (!rnd(8)) put(t, ",\"parameters\":{\"binary_data_size\":4}");
+    ws(t);
+    put(t, "}");
+}
+
+static void random_body(struct text *t) {
+    t->n = 0;
+    ws(t);
+    put(t, "{");
+    static const char *ikey[] = {"\"inputs\"", "\"inputs\"", "\"inputs\"", "\"\\u0069nputs\""};
+    int nkeys = rnd(5) ? 1 : 2; /* sometimes a second "inputs" */
+    if (rnd(2)) put(t, "\"id\":\"q\\\"1\",");
+    for (int k = 0; k < nkeys; k++) {
+        if (k) put(t, ",");
+        put(t, ikey[rnd(4)]);
+        put(t, ":");
+        ws(t);
+        if (rnd(10)) {
+            put(t, "[");
+            int n = (int)rnd(3) + 1;
+            for (int i = 0; i < n; i++) {
+                if (i) put(t, ",");
+                if (rnd(30)) input_obj(t);
+                else leaf(t);
+            }
+            put(t, "]");
+        } else input_obj(t);
+    }
+    if (rnd(3) == 0) put(t, ",\"outputs\":[{\"name\":\"p\",\"parameters\":{\"data\":[1,2]}}]");
+    if (rnd(4) == 0) put(t, ",\"parameters\":{\"inputs\":[{\"data\":[1]}],\"priority\":2}");
+    put(t, "}");
+    ws(t);
+    if (!rnd(40)) put(t, "x");
+    if (!rnd(20)) t->n = rnd((unsigned)t->n + 1); /* truncated */
+}
+
+static void assert_same_request(const struct kserve_request *a, const struct kserve_request *b, const char *body) {
+    if ((a->id == NULL) != (b->id == NULL) || (a->id && strcmp(a->id, b->id)) || a->priority != b->priority ||
+        a->ninputs != b->ninputs || a->noutputs != b->noutputs)
+        fail_msg("requests differ for %s", body);
+    for (int i = 0; i < a->ninputs; i++) {
+        const struct kserve_input *x = &a->inputs[i], *y = &b->inputs[i];
+        if (strcmp(x->name, y->name) || x->t.dtype != y->t.dtype || x->t.ndim != y->t.ndim || x->binary != y->binary ||
+            memcmp(x->t.dims, y->t.dims, sizeof x->t.dims[0] * (size_t)x->t.ndim))
+            fail_msg("input %d differs for %s", i, body);
+        if (x->binary) continue;
+        int64_t n = tensor_numel(&x->t);
+        if (x->t.dtype == DT_STRING) {
+            for (int64_t k = 0; k < n; k++)
+                if (strcmp(((char **)x->t.data)[k], ((char **)y->t.data)[k])) fail_msg("input %d string %lld differs for %s", i, (long long)k, body);
+        } else if (n && memcmp(x->t.data, y->t.data, (size_t)n * dtype_size(x->t.dtype)))
+            fail_msg("input %d data differs for %s", i, body);
+    }
+}
+
+/* Random requests, valid and not, read with the numeric prescan and with
+ * cJSON alone: the same tensors (bit for bit), or the same error message. */
+static void test_prescan_matches_cjson(void **state) {
+    static struct text t;
+    int ok = 0, fast = 0, refused = 0;
+    for (int it = 0; it < 100000; it++) {
+        random_body(&t);
+        char body[4200];
+        memcpy(body, t.b, t.n);
+        body[t.n] = 0;
+        struct fast_data fd;
+        fast_data_init(&fd);
+        char *copy = prescan(body, t.n, &fd);
+        int took = copy != NULL;
+        free(copy);
+        fast_data_free(&fd);
+        struct kserve_request a, b;
+        char ea[512] = "", eb[512] = "";
+        int ra = kserve_request_parse(&a, body, t.n, -1, ea, sizeof ea);
+        kserve_prescan_off = 1;
+        int rb = kserve_request_parse(&b, body, t.n, -1, eb, sizeof eb);
+        kserve_prescan_off = 0;
+        if (ra != rb || strcmp(ea, eb)) fail_msg("%s\nprescan: %d '%s'\ncJSON: %d '%s'", body, ra, ea, rb, eb);
+        if (ra == 0) {
+            assert_same_request(&a, &b, body);
+            ok++;
+            fast += took;
+            kserve_request_clear(&a);
+            kserve_request_clear(&b);
+        } else refused++;
+    }
+    /* Both kinds of body were exercised, and many valid ones took the prescan. */
+    if (ok < 5000 || fast < 3000 || refused < 5000) fail_msg("ok %d, through the prescan %d, refused %d", ok, fast, refused);
+}
+
+/* Response floats read back exactly; non-finite ones as tritonclient writes them. */
+static void test_encode_floats_round_trip(void **state) {
+    struct model_config c;
+    tiny_config(&c);
+    struct kserve_request r;
+    assert_int_equal(parse(&r, "{\"inputs\":[{\"name\":\"x\",\"shape\":[2,4],\"datatype\":\"FP32\","
+                               "\"data\":[1,2,3,4,5,6,7,8]}]}", NULL, 0, 0), 0);
+    float probs[6] = {0.1f, 1.0f / 3, 1e-30f, -0.0f, NAN, -INFINITY};
+    int64_t label[2] = {INT64_MIN, 9007199254740993LL};
+    struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
+                             {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
+    struct kserve_buf b = {0};
+    size_t jl;
+    assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &b, &jl, g_err, sizeof g_err), 0);
+    char *json = strndup(b.data, jl);
+    assert_non_null(strstr(json, "\"shape\":[2,3],\"data\":[0.1,0.33333334,1e-30,-0,NaN,-Infinity]"));
+    assert_non_null(strstr(json, "\"shape\":[2],\"data\":[-9223372036854775808,9007199254740993]"));
+    free(json);
+    kserve_buf_free(&b);
+    kserve_request_clear(&r);
+    model_config_clear(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_json_nested_and_flat),
@@ -180,6 +410,8 @@ int main(void) {
         cmocka_unit_test(test_parse_errors_name_the_field),
         cmocka_unit_test(test_bind),
         cmocka_unit_test(test_encode_json_binary_classification),
+        cmocka_unit_test(test_prescan_matches_cjson),
+        cmocka_unit_test(test_encode_floats_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
