@@ -51,6 +51,26 @@ static int parse_extended(uint64_t w, int e10, double *out) {
 
 /* ---- parsing ------------------------------------------------------------ */
 
+/* Eight ASCII digits at once (little-endian loads): whether the 8 bytes at
+ * p are all digits, and their value. */
+static int eight_digits(const char *p, uint32_t *v) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    if (((x + 0x4646464646464646ULL) | (x - 0x3030303030303030ULL)) & 0x8080808080808080ULL) return 0;
+    x -= 0x3030303030303030ULL;
+    x = x * 10 + (x >> 8); /* pairs */
+    x = ((x & 0x000000ff000000ffULL) * (100 + (1000000ULL << 32)) +
+         ((x >> 16) & 0x000000ff000000ffULL) * (1 + (10000ULL << 32))) >> 32;
+    *v = (uint32_t)x;
+    return 1;
+#else
+    (void)x;
+    (void)v;
+    return 0;
+#endif
+}
+
 /* The C library's answer for [p, end): the text copied with '.' as the
  * locale's decimal point, as cJSON itself hands numbers to strtod. */
 static int parse_slow(const char *p, const char *end, double *out) {
@@ -97,6 +117,14 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
         s++;
         if (s >= end || *s < '0' || *s > '9') return -1;
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            uint32_t v8;
+            if (nd > 0 && nd <= 11 && end - s >= 8 && eight_digits(s, &v8)) {
+                w = w * 100000000 + v8;
+                nd += 8;
+                e10 -= 8;
+                s += 7;
+                continue;
+            }
             if (nd == 0 && *s == '0') e10--; /* a leading zero of the fraction */
             else if (nd < 19) {
                 w = w * 10 + (uint64_t)(*s - '0');
@@ -211,6 +239,23 @@ static size_t emit(char *o, uint64_t n, int e) {
     return (size_t)(s - o);
 }
 
+/* Whether the nearest decimal to d with scale 10^s (|s| <= 22) reads back
+ * as the float whose neighbours' midpoints are lo and hi; its digits go to
+ * *r when it does. */
+static int candidate(double d, int s, double lo, double hi, uint32_t bits, double *r) {
+    double t = s >= 0 ? d * p10[s] : d / p10[-s];
+    double n = nearbyint(t);
+    if (n < 1) return 0;
+    double v = s >= 0 ? n / p10[s] : n * p10[-s]; /* Clinger: exact inputs, one rounding */
+    int inside = v > lo && v < hi;
+    /* On a midpoint itself both readers round to even: f wins when its last
+     * bit is 0 and the decimal is exactly that midpoint. */
+    if (!inside && (v == lo || v == hi) && !(bits & 1))
+        inside = (s >= 0 ? fma(v, p10[s], -n) : fma(n, p10[-s], -v)) == 0;
+    if (inside) *r = n;
+    return inside;
+}
+
 size_t jsonnum_format_float(float f, char *buf) {
     if (f == 0) {
         size_t n = signbit(f) ? 2 : 1;
@@ -241,23 +286,22 @@ size_t jsonnum_format_float(float f, char *buf) {
         int k = (int)floor(((int)((bits >> 23) & 0xff) - 127) * 0.30102999566398120);
         while (k < 21 && (k >= 0 ? d >= p10[k + 1] : d * p10[-k - 1] >= 1)) k++;
         while (k > -14 && (k >= 0 ? d < p10[k] : d * p10[-k] < 1)) k--;
-        /* The nearest p-digit decimal for p = 1, 2, ...: the first inside the
-         * interval is the answer. Scaling by an exact power of ten rounds
-         * once, so a candidate may be off by one unit in its last digit near
-         * a tie; the check below catches it and the next length is tried. */
-        for (int p = 1; p <= 9; p++) {
-            int s = p - 1 - k; /* |s| <= 22 for d in [1e-14, 1e22) */
-            double t = s >= 0 ? d * p10[s] : d / p10[-s];
-            double r = nearbyint(t);
-            if (r < 1) continue;
-            double v = s >= 0 ? r / p10[s] : r * p10[-s]; /* Clinger: exact inputs, one rounding */
-            int inside = v > lo && v < hi;
-            /* On a midpoint itself both readers round to even: f wins when
-             * its last bit is 0 and the decimal is exactly that midpoint. */
-            if (!inside && (v == lo || v == hi) && !(bits & 1))
-                inside = (s >= 0 ? fma(v, p10[s], -r) : fma(r, p10[-s], -v)) == 0;
-            if (inside) return (size_t)(o - buf) + emit(o, (uint64_t)r, -s);
+        /* The shortest p whose nearest p-digit decimal lies inside, found
+         * by bisection over 1..9: a p that works almost always means every
+         * longer one does too (where it does not, a valid longer text comes
+         * out). Scaling by an exact power of ten rounds once, so a candidate
+         * may be off by one unit in its last digit near a tie; the check
+         * catches it. */
+        double best_r = 0;
+        int best_s = 0, a = 1, b = 9;
+        while (a <= b) {
+            int p = (a + b) / 2;
+            if (candidate(d, p - 1 - k, lo, hi, bits, &best_r)) {
+                best_s = p - 1 - k;
+                b = p - 1;
+            } else a = p + 1;
         }
+        if (best_r >= 1) return (size_t)(o - buf) + emit(o, (uint64_t)best_r, -best_s);
     }
     /* Tiny or huge values: nine significant digits always identify a float. */
     int n = snprintf(o, JSONNUM_BUF - (size_t)(o - buf), "%.9g", d);
