@@ -95,8 +95,21 @@ static struct slab_class {
     char *bump, *end; /* the unused tail of the newest slab */
 } g_slab[SLAB_CLASSES] = {[0 ... SLAB_CLASSES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
 
+/* Under AddressSanitizer every value is a plain malloc, so the sanitizer
+ * still sees each one's bounds and lifetime. */
+#if defined(__SANITIZE_ADDRESS__)
+#define SLAB_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SLAB_SANITIZED 1
+#endif
+#endif
+#ifndef SLAB_SANITIZED
+#define SLAB_SANITIZED 0
+#endif
+
 static uint32_t slab_class_of(size_t n) {
-    if (n > slab_class_bytes[SLAB_CLASSES - 1]) return SLAB_LARGE;
+    if (SLAB_SANITIZED || n > slab_class_bytes[SLAB_CLASSES - 1]) return SLAB_LARGE;
     uint32_t i = 0;
     while (slab_class_bytes[i] < n) i++;
     return i;
