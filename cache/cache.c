@@ -176,6 +176,7 @@ static struct cache_value *value_alloc(size_t len) {
     atomic_init(&v->refs, 1);
     atomic_init(&v->verified, 0);
     atomic_init(&v->slot_taken, 0);
+    atomic_init(&v->sealed, 1);
     v->len = len;
     return v;
 }
@@ -520,7 +521,7 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
     cache_value_ref(v);
     uint64_t evicted = 0;
     pthread_mutex_lock(&s->lock);
-    if ((s->count + 1) * 4 > s->nbuckets * 3 && shard_grow(s) < 0) {
+    if ((s->count + 1) * 2 > s->nbuckets && shard_grow(s) < 0) {
         pthread_mutex_unlock(&s->lock);
         entry_release(ne);
         return;
@@ -565,17 +566,30 @@ static void wu64(struct wbuf *w, uint64_t x) { wput(w, &x, 8); }
 
 static void encode_into(struct wbuf *w, const struct tensor *outs, const char *const *names, int n);
 
-struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n) {
+struct cache_value *cache_value_encode_local(const struct tensor *outs, const char *const *names, int n) {
     struct wbuf w = {0};
     encode_into(&w, outs, names, n);
     struct cache_value *v = value_alloc(w.n + 4);
     if (!v) return NULL;
     w = (struct wbuf){.p = v->data};
     encode_into(&w, outs, names, n);
-    uint32_t crc = (uint32_t)crc32(0L, w.p, (uInt)w.n);
-    wu32(&w, crc);
     /* Written here: its checksum needs no check when it is read back. */
     atomic_store_explicit(&v->verified, 1, memory_order_relaxed);
+    atomic_store_explicit(&v->sealed, 0, memory_order_relaxed);
+    return v;
+}
+
+void cache_value_seal(struct cache_value *v) {
+    if (atomic_load_explicit(&v->sealed, memory_order_acquire)) return;
+    /* Two threads sealing at once write the same four bytes. */
+    uint32_t crc = (uint32_t)crc32(0L, v->data, (uInt)(v->len - 4));
+    memcpy(v->data + v->len - 4, &crc, 4);
+    atomic_store_explicit(&v->sealed, 1, memory_order_release);
+}
+
+struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n) {
+    struct cache_value *v = cache_value_encode_local(outs, names, n);
+    if (v) cache_value_seal(v);
     return v;
 }
 

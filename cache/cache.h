@@ -49,6 +49,7 @@ struct cache_value {
     atomic_int refs;
     atomic_int verified;   /* decoded once with a good checksum (or encoded here) */
     atomic_int slot_taken; /* the embedded LRU entry is in use */
+    atomic_int sealed;     /* the checksum at the end is written */
     size_t len;
     uint8_t data[];
 };
@@ -104,6 +105,12 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
  * first decode only: values are immutable, so a value that passed once (or
  * that cache_value_encode wrote) stays good. */
 struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n);
+/* The same bytes, less the checksum: a value that may never leave the
+ * process (tier 1 only) skips computing it. cache_value_seal writes it
+ * before the bytes go anywhere else (cache_redis_set does); sealing a sealed
+ * value does nothing. */
+struct cache_value *cache_value_encode_local(const struct tensor *outs, const char *const *names, int n);
+void cache_value_seal(struct cache_value *v);
 /* Decodes into tensors whose data and names point into v (valid while v is
  * referenced); BYTES tensors decode to their raw length-prefixed form with
  * dtype DT_STRING and data pointing at it. Returns the count, or -1 if the

@@ -25,7 +25,7 @@ struct cache_bucket {
 
 struct cache_shard {
     pthread_mutex_t lock;
-    struct cache_bucket *buckets; /* linear probing, at most 3/4 full */
+    struct cache_bucket *buckets; /* linear probing, at most half full */
     size_t nbuckets;              /* power of two */
     struct cache_entry *head, *tail;
     size_t used, budget, count;

@@ -403,6 +403,8 @@ static void on_set_reply(redisAsyncContext *ac, void *reply, void *privdata) {
 }
 
 void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct cache_value *v) {
+    /* A tier-1 value gets its checksum only now that it leaves the process. */
+    cache_value_seal((struct cache_value *)v);
     if (v->len > r->c->max_value_bytes) {
         STAT_ADD(r, redis_too_large, 1);
         return;

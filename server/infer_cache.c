@@ -183,7 +183,8 @@ void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) 
     const char *names[64];
     int n = op->mc->noutputs < 64 ? op->mc->noutputs : 64;
     for (int i = 0; i < n; i++) names[i] = op->mc->outputs[i].name;
-    struct cache_value *v = cache_value_encode(outputs, names, n);
+    /* The checksum only when the value goes to Redis (cache_redis_set). */
+    struct cache_value *v = cache_value_encode_local(outputs, names, n);
     if (v) {
         cache_lru_put(op->cache, &op->key, v);
         if (op->redis) cache_redis_set(op->redis, &op->key, v);

@@ -143,6 +143,23 @@ static void test_codec_round_trip_and_corruption(void **state) {
         assert_int_equal(cache_value_decode(t, dec, dn, 4), -1);
         cache_value_unref(t);
     }
+    /* The tier-1 form: same bytes once sealed; a copy taken before sealing
+     * (bytes leaving without their checksum) is rejected. */
+    struct cache_value *loc = cache_value_encode_local(outs, names, 2);
+    assert_non_null(loc);
+    assert_int_equal(loc->len, v->len);
+    assert_int_equal(cache_value_decode(loc, dec, dn, 4), 2);
+    assert_memory_equal(dec[0].data, f, sizeof f);
+    struct cache_value *early = cache_value_new(loc->data, loc->len);
+    assert_int_equal(cache_value_decode(early, dec, dn, 4), -1);
+    cache_value_unref(early);
+    cache_value_seal(loc);
+    cache_value_seal(loc);
+    assert_memory_equal(loc->data, v->data, v->len);
+    struct cache_value *late = cache_value_new(loc->data, loc->len);
+    assert_int_equal(cache_value_decode(late, dec, dn, 4), 2);
+    cache_value_unref(late);
+    cache_value_unref(loc);
     cache_value_unref(v);
 }
 
