@@ -503,15 +503,16 @@ static int scan_value(struct scan *s, int ctx, int idx) {
 }
 
 /* Walks the JSON text; when it holds numeric data arrays, returns a copy
- * with each blanked to "[]" and spaces (fd then holds their values); NULL
- * when cJSON should read the text as it is. */
-static char *prescan(const char *text, size_t len, struct fast_data *fd) {
+ * with each blanked to "[]" and spaces (fd then holds their values): in
+ * local (local_len bytes) when it fits, else from malloc. NULL when cJSON
+ * should read the text as it is. */
+static char *prescan(const char *text, size_t len, struct fast_data *fd, char *local, size_t local_len) {
     struct scan s = {text, text, text + len, 0, fd};
     scan_ws(&s);
     int rc = s.p < s.end && *s.p == '{' ? scan_object(&s, SCAN_ROOT, 0) : -1;
     if (!rc) scan_ws(&s);
     char *copy = NULL;
-    if (!rc && s.p == s.end && fd->nspans > 0) copy = malloc(len ? len : 1);
+    if (!rc && s.p == s.end && fd->nspans > 0) copy = len <= local_len ? local : malloc(len);
     if (!copy) {
         fast_data_free(fd);
         return NULL;
@@ -887,7 +888,8 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
     struct fast_data fd;
     fast_data_init(&fd);
     cJSON *root = NULL;
-    char *blanked = kserve_prescan_off ? NULL : prescan((const char *)p, json_len, &fd);
+    char local[8192]; /* most JSON headers: no allocation for the copy */
+    char *blanked = kserve_prescan_off ? NULL : prescan((const char *)p, json_len, &fd, local, sizeof local);
     if (blanked) {
         const char *bend = NULL;
         root = cJSON_ParseWithLengthOpts(blanked, json_len, &bend, 0);
@@ -898,7 +900,7 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
             cJSON_Delete(root);
             root = NULL;
         }
-        free(blanked);
+        if (blanked != local) free(blanked);
         if (!root) fast_data_free(&fd); /* cJSON reads the body as sent below, and names what is wrong */
     }
     if (!root) {
