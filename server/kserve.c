@@ -282,10 +282,10 @@ static int fill_rec(struct fill *f, const cJSON *a) {
  * tritonclient's bare NaN), an escaped key where the lookups happen (cJSON
  * would compare it unescaped), an array holding anything but numbers (read
  * by cJSON as before), a copy cJSON refuses. */
-#define KSERVE_FAST_INPUTS 16
+#define KSERVE_FAST_INPUTS 16 /* inputs beyond this many are read by cJSON */
+#define KSERVE_FAST_DEPTH 32  /* so are data arrays nested deeper (count_leaves refuses past 64) */
 /* Set only by tests, to compare against cJSON reading every number. */
 static int kserve_prescan_off;
-#define KSERVE_FAST_DEPTH 32 /* deeper data arrays go to cJSON (and count_leaves' limit) */
 
 struct fast_data {
     int nspans;
@@ -357,7 +357,8 @@ static int scan_string(struct scan *s, const char **k, size_t *n, int *esc) {
     return -1;
 }
 
-/* A number, or a nested array of numbers only, appended to fd->vals. */
+/* An array (at s->p) of numbers only, flat or nested: its values are
+ * appended to fd->vals in order. -1 at anything else. */
 static int scan_fast_array(struct scan *s, int depth) {
     if (depth > KSERVE_FAST_DEPTH) return -1;
     s->p++; /* '[' */

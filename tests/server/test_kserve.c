@@ -209,7 +209,8 @@ static void leaf(struct text *t) {
         "18446744073709551615", "4294967296", "0.30000001192092896", "0.1", "12345678901234567890123",
         "0.000001234", "123456789012345678.5e-10", "2147483647", "-2147483648", "01", "1.", "-", ".5", "1e", "+1",
         "-01.5", "1.5.5", "\"a\"", "\"NaN\"", "\"Infinity\"", "\"-Infinity\"", "NaN", "Infinity", "-Infinity",
-        "true", "false", "null", "{}", "[]", "\"\\u0041\\n\""};
+        "true", "false", "null", "{}", "[]", "\"\\u0041\\n\"",
+        "\"\\uZZZZ\"", "\"\\ud800\"", "\"\\q\""}; /* escapes the prescan passes over but cJSON refuses */
     size_t n = sizeof tok / sizeof tok[0];
     /* Mostly numbers: the path the prescan takes. */
     put(t, tok[rnd(4) ? rnd(31) : rnd((unsigned)n)]);
@@ -301,7 +302,8 @@ static void random_body(struct text *t) {
     put(t, "{");
     static const char *ikey[] = {"\"inputs\"", "\"inputs\"", "\"inputs\"", "\"\\u0069nputs\""};
     int nkeys = rnd(5) ? 1 : 2; /* sometimes a second "inputs" */
-    if (rnd(2)) put(t, "\"id\":\"q\\\"1\",");
+    static const char *ids[] = {"\"id\":\"q\\\"1\",", "\"id\":\"\\ud800\",", "\"id\":\"\\x\","};
+    if (rnd(2)) put(t, ids[rnd(20) ? 0 : 1 + rnd(2)]);
     for (int k = 0; k < nkeys; k++) {
         if (k) put(t, ",");
         put(t, ikey[rnd(4)]);
