@@ -79,7 +79,8 @@ void cache_record_insert(cache_t *c, uint64_t ns);
  * HMAC-SHA-256 keyed with the secret over a framed sequence of fields: every
  * field carries its length, so no two different requests frame to the same
  * bytes. Callers add inputs sorted by name and outputs sorted by name, and
- * always finish with cache_key_end (which frees the state). */
+ * always finish with cache_key_end. The state is a plain struct on the
+ * caller's stack (no allocation): an abandoned one needs no cleanup. */
 struct cache_key_state {
     uint8_t st[128] __attribute__((aligned(16)));
 };
