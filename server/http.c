@@ -343,6 +343,7 @@ struct infer_ctx {
     int hung_up;           /* the peer closed its end while the request waited */
     struct event *watch;   /* EOF detector on the connection's socket, see infer_watch */
     int cached;            /* the result cache is consulted for this request */
+    int hit;               /* and answered it */
     struct infer_cache_op cop;
 };
 
@@ -467,8 +468,11 @@ static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
                 evhttp_add_header(h, "Inference-Header-Content-Length", hl);
                 ctype = "application/octet-stream";
             }
-            metrics_record_success(m, now_ns() - c->t0, c->br.start_ns - c->br.enqueue_ns, c->br.compute_input_ns,
-                                   c->br.compute_infer_ns, c->br.compute_output_ns, c->br.rows, c->br.batch_size);
+            if (c->hit)
+                metrics_record_cached(m, now_ns() - c->t0, c->br.rows);
+            else
+                metrics_record_success(m, now_ns() - c->t0, c->br.start_ns - c->br.enqueue_ns, c->br.compute_input_ns,
+                                       c->br.compute_infer_ns, c->br.compute_output_ns, c->br.rows, c->br.batch_size);
             char *data = body.data;
             size_t len = body.len;
             compress_reply(c->req, &data, &len);
@@ -504,6 +508,7 @@ static void infer_cache_done(void *arg, int hit) {
         infer_submit(c);
         return;
     }
+    c->hit = 1;
     c->br.outputs = c->cop.outputs;
     c->br.noutputs = c->v->config.noutputs;
     c->br.enqueue_ns = c->br.start_ns = now_ns();

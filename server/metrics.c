@@ -77,6 +77,17 @@ void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64
     atomic_fetch_add_explicit(&m->batch_requests[b], 1, RLX);
 }
 
+void metrics_record_cached(struct metrics_model *m, uint64_t request_ns, int64_t rows) {
+    if (!m) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    atomic_fetch_add_explicit(&m->success, 1, RLX);
+    atomic_fetch_add_explicit(&m->inference_count, (uint64_t)rows, RLX);
+    atomic_store_explicit(&m->last_inference_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, RLX);
+    dur_add(&m->d_success, request_ns);
+    hist_add(&m->h_request, request_ns);
+}
+
 void metrics_record_failure(struct metrics_model *m, enum metrics_fail_reason why, uint64_t request_ns) {
     if (!m || (unsigned)why >= METRICS_FAIL_N_) return;
     atomic_fetch_add_explicit(&m->fail[why], 1, RLX);

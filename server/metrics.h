@@ -56,6 +56,10 @@ struct metrics_model *metrics_model_get(const char *model, const char *version);
  * split, rows it carried and rows in the batch it ran in. */
 void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64_t queue_ns, uint64_t input_ns,
                             uint64_t infer_ns, uint64_t output_ns, int64_t rows, int batch_size);
+/* A request the result cache answered: it counts as a success (and its
+ * rows as inferences) but not in the queue, compute or batch series, which
+ * describe executions, as in Triton's statistics. */
+void metrics_record_cached(struct metrics_model *m, uint64_t request_ns, int64_t rows);
 void metrics_record_failure(struct metrics_model *m, enum metrics_fail_reason why, uint64_t request_ns);
 void metrics_record_cache(struct metrics_model *m, int hit, uint64_t ns);
 void metrics_record_load(struct metrics_model *m, uint64_t load_ns);

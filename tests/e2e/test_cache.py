@@ -115,7 +115,8 @@ def stats(url, model):
         c.close()
     i = s["inference_stats"]
     return {"exec": int(s["execution_count"]), "hit": int(i["cache_hit"]["count"]),
-            "miss": int(i["cache_miss"]["count"]), "success": int(i["success"]["count"])}
+            "miss": int(i["cache_miss"]["count"]), "success": int(i["success"]["count"]),
+            "queue": int(i["queue"]["count"]), "infer": int(i["compute_infer"]["count"])}
 
 
 def metric(url, name):
@@ -138,6 +139,8 @@ def test_miss_then_identical_hit(make_server, cache_repo):
     np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
     st = stats(s.url, "double")
     assert st["exec"] == 2 and st["miss"] == 2 and st["hit"] == 2 and st["success"] == 4
+    # As in Triton, hits are successes but not queued or computed requests.
+    assert st["queue"] == 2 and st["infer"] == 2
 
 
 def test_shape_is_part_of_the_key_and_bypass(make_server, cache_repo):

@@ -49,7 +49,27 @@ static void test_records_and_render(void **state) {
     free(t);
 }
 
+/* A cache hit is a success with its rows, and a request in the duration
+ * histogram, but no queue, compute or batch sample: those describe runs. */
+static void test_cached_counts_as_success_not_execution(void **state) {
+    struct metrics_model *m = metrics_model_get("c", "1");
+    assert_non_null(m);
+    metrics_record_success(m, 300000, 1000, 10, 200000, 20, 2, 4);
+    metrics_record_cached(m, 20000, 3);
+    assert_int_equal(atomic_load(&m->success), 2);
+    assert_int_equal(atomic_load(&m->inference_count), 5);
+    assert_int_equal(atomic_load(&m->d_success.count), 2);
+    assert_int_equal(atomic_load(&m->d_success.ns), 320000);
+    assert_int_equal(atomic_load(&m->h_request.count), 2);
+    assert_int_equal(atomic_load(&m->d_queue.count), 1);
+    assert_int_equal(atomic_load(&m->d_infer.count), 1);
+    assert_int_equal(atomic_load(&m->h_compute.count), 1);
+    assert_int_equal(atomic_load(&m->batch_requests[4]), 1);
+    assert_int_equal(atomic_load(&m->batch_requests[1]), 0);
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_records_and_render)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_records_and_render),
+                                       cmocka_unit_test(test_cached_counts_as_success_not_execution)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
