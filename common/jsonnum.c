@@ -101,7 +101,8 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
     /* w holds the first 19 significant digits; e10 the power of ten that
      * scales it to the value. Digits past 19 only drop zeros exactly. */
     uint64_t w = 0;
-    int nd = 0, e10 = 0, inexact = 0;
+    int nd = 0, inexact = 0;
+    int64_t e10 = 0; /* grows by one per digit past 19: as long as the text, which may be long */
     if (*s == '0') s++;
     else
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
@@ -138,12 +139,22 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
         int eneg = 0;
         if (s < end && (*s == '+' || *s == '-')) eneg = *s++ == '-';
         if (s >= end || *s < '0' || *s > '9') return -1;
-        int x = 0;
-        for (; s < end && *s >= '0' && *s <= '9'; s++)
-            if (x < 100000) x = x * 10 + (*s - '0'); /* far past any double; the slow path gets it */
+        /* The exponent is kept exactly up to 10^9; a longer one goes to
+         * strtod as a whole. A capped exponent must not meet the mantissa's
+         * scale: "0.<10^5 zeros>1e1000000" is 1e900000 (infinity), not 1. */
+        int64_t x = 0;
+        int xbig = 0;
+        for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            if (x < 100000000) x = x * 10 + (*s - '0');
+            else xbig = 1;
+        }
+        if (xbig) {
+            if (parse_slow(p, s, out)) return -1;
+            *next = s;
+            return 0;
+        }
         e10 += eneg ? -x : x;
     }
-    *next = s;
     if (JSONNUM_FAST && !inexact && w <= TWO53) {
         /* Clinger's fast path: w and 10^|e10| are exact doubles, so one
          * correctly rounded multiply or divide gives the correctly rounded
@@ -159,17 +170,21 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
         else ok = 0;
         if (ok) {
             *out = neg ? -v : v;
+            *next = s;
             return 0;
         }
     }
 #if JSONNUM_X87
     double v;
-    if (!inexact && e10 >= -27 && e10 <= 27 && parse_extended(w, e10, &v) == 0) {
+    if (!inexact && e10 >= -27 && e10 <= 27 && parse_extended(w, (int)e10, &v) == 0) {
         *out = neg ? -v : v;
+        *next = s;
         return 0;
     }
 #endif
-    return parse_slow(p, s, out);
+    if (parse_slow(p, s, out)) return -1;
+    *next = s;
+    return 0;
 }
 
 /* ---- formatting --------------------------------------------------------- */

@@ -117,6 +117,38 @@ static void test_parse_random(void **state) {
     }
 }
 
+/* Long mantissas whose scale cancels a long exponent: the exponent must be
+ * read in full, not capped ("0.<10^5 zeros>1e1000000" is 1e900000, which
+ * overflows to infinity; capping the exponent at 10^5 read it as 1). */
+static void test_parse_long_mantissa_long_exponent(void **state) {
+    (void)state;
+    static const struct { const char *lead; int zeros; const char *tail; } cases[] = {
+        {"0.", 99999, "1e1000000"},     /* inf */
+        {"-0.", 99999, "1e1000000"},    /* -inf */
+        {"0.", 99999, "1e100000"},      /* 1 */
+        {"0.", 99999, "15e100001"},     /* 15 */
+        {"0.", 99999, "1e100308"},      /* 1e308 */
+        {"0.", 99999, "1e100309"},      /* inf */
+        {"1", 100000, "e-1000000"},     /* 0 */
+        {"1", 100000, "e-100000"},      /* 1 */
+        {"1", 100000, "e-100324"},      /* 1e-324: 0 */
+        {"0.", 99999, "1e99999999999"}, /* inf */
+        {"0.", 99999, "1e-99999999999"},
+        {"1", 100000, "e-99999999999"},
+        {"1", 200, "e-000000000000000000000000000000000000200"}, /* 1 */
+        {"0.", 5, "1e000000000000000000000000000000000000006"},  /* 10 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t a = strlen(cases[i].lead), z = (size_t)cases[i].zeros, c = strlen(cases[i].tail);
+        char *s = malloc(a + z + c + 1);
+        memcpy(s, cases[i].lead, a);
+        memset(s + a, '0', z);
+        memcpy(s + a + z, cases[i].tail, c + 1);
+        check_parse(s);
+        free(s);
+    }
+}
+
 static void test_parse_refuses_non_json(void **state) {
     (void)state;
     static const char *bad[] = {"", "-", "+1", ".5", "-.5", "1.", "1.e5", "1e", "1e+", "1E-", "x", "-x",
@@ -259,6 +291,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_edges),          cmocka_unit_test(test_parse_random),
         cmocka_unit_test(test_parse_refuses_non_json), cmocka_unit_test(test_format_edges),
+        cmocka_unit_test(test_parse_long_mantissa_long_exponent),
         cmocka_unit_test(test_format_random),        cmocka_unit_test(test_format_integers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

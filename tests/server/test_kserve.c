@@ -404,6 +404,42 @@ static void test_prescan_large_tensor(void **state) {
     free(body);
 }
 
+/* A long mantissa whose scale cancels part of a long exponent: the prescan
+ * reads the value strtod (and so cJSON) gives, here infinity (refused for
+ * FP32) and zero (accepted for FP64), not 1 from a capped exponent. */
+static void test_prescan_long_mantissa_long_exponent(void **state) {
+    static const struct { const char *dt, *lead; const char *tail; int rc; const char *err; } cases[] = {
+        {"FP32", "0.", "1e1000000", STATUS_INVALID, "input 'x': data[1] = inf is out of range for FP32"},
+        {"FP64", "1", "e-1000000", 0, ""},
+    };
+    size_t zeros = 100000, cap = zeros + 256;
+    char *body = malloc(cap);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        size_t n = (size_t)snprintf(body, cap, "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"%s\",\"shape\":[2],\"data\":[2,%s",
+                                    cases[c].dt, cases[c].lead);
+        memset(body + n, '0', zeros);
+        n += zeros;
+        n += (size_t)snprintf(body + n, cap - n, "%s]}]}", cases[c].tail);
+        struct kserve_request a, b;
+        char ea[512] = "", eb[512] = "";
+        int ra = kserve_request_parse(&a, body, n, -1, ea, sizeof ea);
+        kserve_prescan_off = 1;
+        int rb = kserve_request_parse(&b, body, n, -1, eb, sizeof eb);
+        kserve_prescan_off = 0;
+        assert_int_equal(rb, cases[c].rc);
+        assert_string_equal(eb, cases[c].err);
+        assert_int_equal(ra, rb);
+        assert_string_equal(ea, eb);
+        if (ra == 0) {
+            assert_same_request(&a, &b, cases[c].dt);
+            assert_true(((double *)a.inputs[0].t.data)[1] == 0);
+            kserve_request_clear(&a);
+            kserve_request_clear(&b);
+        }
+    }
+    free(body);
+}
+
 /* Response floats read back exactly; non-finite ones as tritonclient writes them. */
 static void test_encode_floats_round_trip(void **state) {
     struct model_config c;
@@ -436,6 +472,7 @@ int main(void) {
         cmocka_unit_test(test_encode_json_binary_classification),
         cmocka_unit_test(test_prescan_matches_cjson),
         cmocka_unit_test(test_prescan_large_tensor),
+        cmocka_unit_test(test_prescan_long_mantissa_long_exponent),
         cmocka_unit_test(test_encode_floats_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
