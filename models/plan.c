@@ -70,6 +70,10 @@ struct plan {
     int ninputs;
     struct tensor *sig; /* shapes of the inputs it was built for */
     uint64_t hash;
+    /* OpenMP threads the steps were prepared for: oneDNN splits the work
+     * and sizes the scratchpad for them when a primitive is made, so a
+     * plan serves executions with this thread count only. */
+    int nthreads;
     int host;
     struct backend *be; /* the backend that prepared the steps */
     void *dev_consts;   /* device plans: every constant a step reads */
@@ -509,6 +513,7 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
         }
     }
     p->hash = plan_signature_hash(inputs, g->ninputs, p->bind);
+    p->nthreads = nthreads > 0 ? nthreads : 1;
     for (int i = 0; i < g->nnodes; i++)
         for (int k = 0; k < g->nodes[i].nin; k++)
             if (g->nodes[i].in[k] >= 0) nuse[g->nodes[i].in[k]]++;
@@ -1454,10 +1459,11 @@ void plan_cache_free(struct plan_cache *c) {
     free(c);
 }
 
-static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct tensor *inputs, int ninputs) {
+static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct tensor *inputs, int ninputs,
+                               int nthreads) {
     for (int i = 0; i < c->n; i++) {
         struct plan *p = c->plans[i];
-        if (p->hash == h && plan_matches(p, inputs, ninputs)) {
+        if (p->hash == h && p->nthreads == nthreads && plan_matches(p, inputs, ninputs)) {
             plan_retain(p);
             atomic_store(&p->last_used, atomic_fetch_add(&c->tick, 1) + 1);
             return p;
@@ -1469,9 +1475,10 @@ static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct te
 int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
                    struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len) {
     uint64_t h = plan_signature_hash(inputs, g->ninputs, bind_values);
+    if (nthreads < 1) nthreads = 1;
     if (built) *built = 0;
     pthread_mutex_lock(&c->mu);
-    struct plan *p = cache_find(c, h, inputs, g->ninputs);
+    struct plan *p = cache_find(c, h, inputs, g->ninputs, nthreads);
     pthread_mutex_unlock(&c->mu);
     if (p) {
         *out = p;
@@ -1485,7 +1492,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);
     c->builds++;
-    p = cache_find(c, h, inputs, g->ninputs); /* another thread may have built it meanwhile */
+    p = cache_find(c, h, inputs, g->ninputs, nthreads); /* another thread may have built it meanwhile */
     if (p) {
         pthread_mutex_unlock(&c->mu);
         plan_release(np);

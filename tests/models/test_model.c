@@ -198,6 +198,46 @@ static void test_plan_reuse_and_lru(void **state) {
     model_free(m);
 }
 
+/* Plans are made for a thread count (oneDNN splits the work and sizes its
+ * scratchpad when a primitive is made): contexts with another count get
+ * plans of their own, with the same answers. */
+static void test_plans_per_thread_count(void **state) {
+    (void)state;
+    struct model *m = load(DIGITS, 8);
+    int feat = (int)model_input(m, 0)->dims[1];
+    struct model_exec *x1 = model_exec_create(m, NULL, 1), *x2 = model_exec_create(m, NULL, 2);
+    float *data = calloc((size_t)4 * feat, sizeof(float));
+    for (int i = 0; i < 4 * feat; i++) data[i] = (float)(i % 13);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {4, feat}, .data = data};
+    int no = model_noutputs(m);
+    struct tensor a[4], b[4];
+    char err[512];
+    assert_int_equal(model_run(x1, &in, 1, a, no, err, sizeof err), 0);
+    assert_int_equal(model_run(x1, &in, 1, b, no, err, sizeof err), 0);
+    assert_int_equal(plan_cache_builds(m->plans), 1);
+    for (int o = 0; o < no; o++) free(b[o].data);
+    assert_int_equal(model_run(x2, &in, 1, b, no, err, sizeof err), 0);
+    assert_int_equal(plan_cache_builds(m->plans), 2);
+    for (int o = 0; o < no; o++) {
+        assert_int_equal(a[o].dtype, b[o].dtype);
+        assert_int_equal(tensor_numel(&a[o]), tensor_numel(&b[o]));
+        if (a[o].dtype == DT_FP32) { /* another split may sum in another order */
+            for (int64_t i = 0; i < tensor_numel(&a[o]); i++) {
+                float u = ((float *)a[o].data)[i], v = ((float *)b[o].data)[i];
+                if (fabsf(u - v) > 1e-5f * (1.0f + fabsf(u))) fail_msg("output %d[%lld]: %g vs %g", o, (long long)i, u, v);
+            }
+        } else {
+            assert_memory_equal(a[o].data, b[o].data, tensor_nbytes(&a[o]));
+        }
+        free(a[o].data);
+        free(b[o].data);
+    }
+    free(data);
+    model_exec_free(x1);
+    model_exec_free(x2);
+    model_free(m);
+}
+
 /* Threads share one model whose cache holds one plan, each with its own
  * context and batch size: plans are evicted while other threads run them. */
 struct worker {
@@ -339,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_metadata),
         cmocka_unit_test(test_input_errors),
         cmocka_unit_test(test_plan_reuse_and_lru),
+        cmocka_unit_test(test_plans_per_thread_count),
         cmocka_unit_test(test_threads_share_a_model),
         cmocka_unit_test(test_squeezenet),
         cmocka_unit_test(test_load_errors),
