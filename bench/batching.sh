@@ -16,7 +16,13 @@
 # BUDGET_<MODEL>_US. The server is restarted with it for step 2.
 # Writes $OUT/batching.csv and $OUT/batching.md (OUT defaults to build/bench).
 #
+# The comparisons at the highest concurrency (off vs on, fixed delay vs
+# budget) run ROUNDS times, alternating the two modes and which goes first,
+# and report each mode's median round with the range of its rounds: two
+# modes that form the same batches then differ by the machine's noise only,
+# which the range shows.
 # Environment: DURATION_DIGITS / DURATION_RESNET50 (s per level, DURATION or 5 / 20),
+# ROUNDS (3),
 # CONCURRENCY ("1 16 64"), MODELS ("digits resnet50"), KILN (build/kiln),
 # INSTANCES (instance_group count, 1), BUDGET_FACTOR (4), BUDGET_MIN_US (2000).
 set -euo pipefail
@@ -28,6 +34,7 @@ OUT=${OUT:-build/bench}
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}
 MODELS=${MODELS:-"digits resnet50"}
 INSTANCES=${INSTANCES:-1}
+ROUNDS=${ROUNDS:-3}
 BUDGET_FACTOR=${BUDGET_FACTOR:-4}
 BUDGET_MIN_US=${BUDGET_MIN_US:-2000}
 WORK=$OUT/batching
@@ -109,12 +116,42 @@ run() {
         return 0
     fi
     tail -n 1 "$csv" | awk -F, -v model="$model" -v mode="$mode" -v label="$label" -v mean="$mean" -v b="${BUDGET[$model]:-}" \
-        'BEGIN { OFS = "," } { print model, mode, label, $9, $10 / 1000, $13 / 1000, $7, mean, $16, $17, b }' |
-        tee -a "$CSV"
+        'BEGIN { OFS = "," } { print model, mode, label, $9, $10 / 1000, $13 / 1000, $7, mean, $16, $17, b, "" }' |
+        tee -a "${RUN_CSV:-$CSV}"
+}
+
+# pair MODEL MODE_A MODE_B LABEL LOAD-ARGS...: ROUNDS alternating rounds of
+# both modes at one load; each mode's median round (by throughput) goes to
+# the CSV with the range of its rounds.
+pair() {
+    local model=$1 a=$2 b=$3 label=$4 r
+    shift 4
+    local rounds=$WORK/rounds_${model}_${a}_${b}.csv
+    : >"$rounds"
+    for r in $(seq 1 "$ROUNDS"); do
+        if [ $((r % 2)) = 1 ]; then
+            RUN_CSV=$rounds run "$model" "$a" "$label" "$@" >/dev/null
+            RUN_CSV=$rounds run "$model" "$b" "$label" "$@" >/dev/null
+        else
+            RUN_CSV=$rounds run "$model" "$b" "$label" "$@" >/dev/null
+            RUN_CSV=$rounds run "$model" "$a" "$label" "$@" >/dev/null
+        fi
+    done
+    "$PY" - "$rounds" "$a" "$b" <<'PY' | tee -a "$CSV"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+for mode in sys.argv[2:]:
+    rs = sorted((r for r in rows if r[1] == mode), key=lambda r: float(r[3]))
+    if not rs:
+        continue
+    med = list(rs[(len(rs) - 1) // 2])
+    med[11] = f"{float(rs[0][3]):.1f}-{float(rs[-1][3]):.1f}" if len(rs) > 1 else ""
+    print(",".join(med))
+PY
 }
 
 CSV=$OUT/batching.csv
-echo "model,mode,load,throughput,p50_ms,p99_ms,errors,mean_batch,server_queue_us,server_compute_us,budget_us" >"$CSV"
+echo "model,mode,load,throughput,p50_ms,p99_ms,errors,mean_batch,server_queue_us,server_compute_us,budget_us,range" >"$CSV"
 declare -A BUDGET
 
 make_repo
@@ -126,8 +163,12 @@ for model in $MODELS; do
         drain "${model}_$mode"
     done
     for c in $CONCURRENCY; do
-        run "$model" off "c=$c" -c "$c"
-        run "$model" on "c=$c" -c "$c"
+        if [ "$c" = "${CONCURRENCY##* }" ] && [ "$ROUNDS" -gt 1 ]; then
+            pair "$model" off on "c=$c" -c "$c"
+        else
+            run "$model" off "c=$c" -c "$c"
+            run "$model" on "c=$c" -c "$c"
+        fi
     done
 done
 stop_server
@@ -154,8 +195,12 @@ for model in $MODELS; do
         "$KILN" bench -u "127.0.0.1:$PORT" -m "${model}_$mode" -c 16 -d 2 --warmup 0 --no-progress >/dev/null 2>&1 || true
         drain "${model}_$mode"
     done
-    run "$model" delay "c=$top" -c "$top"
-    run "$model" budget "c=$top" -c "$top"
+    if [ "$ROUNDS" -gt 1 ]; then
+        pair "$model" delay budget "c=$top" -c "$top"
+    else
+        run "$model" delay "c=$top" -c "$top"
+        run "$model" budget "c=$top" -c "$top"
+    fi
     thr=$(awk -F, -v m="$model" -v c="c=$top" '$1 == m && $2 == "on" && $3 == c { print $4 }' "$CSV")
     rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 4; if (r < 1) r = 1; printf "%d", r }')
     run "$model" delay "rate=$rate" -r "$rate" --poisson
@@ -170,10 +215,11 @@ def mode(r):
     b = int(r["budget_us"] or 0)
     return {"off": "off", "on": "on (no delay)", "delay": f"fixed delay {b / 2000:g} ms",
             "budget": f"latency budget {b / 1000:g} ms"}[r["mode"]]
-print("| model | batching | load | infer/s | p50 ms | p99 ms | errors | mean batch | server queue / compute us |")
+print("| model | batching | load | infer/s (range over rounds) | p50 ms | p99 ms | errors | mean batch | server queue / compute us |")
 print("|---|---|---|---:|---:|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f} | {float(r['p50_ms']):.2f} | "
+    rng = f" ({r['range']})" if r.get("range") else ""
+    print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f}{rng} | {float(r['p50_ms']):.2f} | "
           f"{float(r['p99_ms']):.2f} | {r['errors']} | {r['mean_batch']} | "
           f"{float(r['server_queue_us']):.0f} / {float(r['server_compute_us']):.0f} |")
 print()

@@ -13,7 +13,7 @@
 # makes this script exit non-zero; none is skipped.
 #
 # Environment: DURATION (s per measured level, default 8; the batching script
-# sets its own, the cache section uses CACHE_DURATION=5 x CACHE_ROUNDS=3), OUT (work folder,
+# sets its own and BATCHING_ROUNDS=3, the cache section uses CACHE_DURATION=5 x CACHE_ROUNDS=3), OUT (work folder,
 # default build/bench), SECTIONS (default all, e.g. "http cache"),
 # REPORT (default docs/benchmarks.md), IMG (default docs/img).
 set -uo pipefail
@@ -97,7 +97,7 @@ PY
 # default: the front-end comparison runs the model for every request (the
 # cache path has its own section), so the cache is off here.
 run_http() { KILN_CACHE_SIZE=0 bench/http.sh >"$OUT/http.log" 2>&1; }
-run_batching() { KILN=$KILN bench/batching.sh >"$OUT/batching.log" 2>&1; }
+run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
 # Three interleaved rounds of 5 s per configuration: its ratios are the
 # tightest targets here (0.8x, 5%), so it trades run length for rounds.
@@ -179,7 +179,8 @@ plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; ret
     echo "Every peer in a section was measured side by side in that same run; ratios compare"
     echo "numbers from one run only. Nothing here is tuned or edited by hand: rerun \`make bench\`"
     echo "to reproduce. Measured levels last DURATION=$DURATION s (the cache section: ${CACHE_ROUNDS:-3} interleaved rounds"
-    echo "of ${CACHE_DURATION:-5} s; the batching script: 5 s digits, 20 s ResNet-50), after 1 s of warm-up;"
+    echo "of ${CACHE_DURATION:-5} s; the batching script: $DURATION s digits, 20 s ResNet-50, its comparisons at the highest"
+    echo "concurrency in ${BATCHING_ROUNDS:-3} alternating rounds, median shown), after 1 s of warm-up;"
     echo "the whole run took $((t_total / 60)) min $((t_total % 60)) s."
     echo
     echo "## Machine"
@@ -324,7 +325,7 @@ PY
         case $s in
         engine) echo "Command: \`.venv/bin/python bench/engine_vs_ort.py --threads 1 --iterations 20 --rounds 3\`" ;;
         http) echo "Command: \`KILN_CACHE_SIZE=0 bench/http.sh\` (wrk, JSON body, keep-alive; concurrency = connections; kiln's result cache off so every request runs the model)" ;;
-        batching) echo "Command: \`bench/batching.sh\` (\`kiln bench\`, binary-extension bodies; mean batch from the server's statistics)" ;;
+        batching) echo "Command: \`ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh\` (\`kiln bench\`, binary-extension bodies; mean batch from the server's statistics)" ;;
         mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-3} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
