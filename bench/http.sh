@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # http.sh - the HTTP front end: the digits model served by kiln versus the
 # minimal libevent server (build/ceiling, which answers a fixed JSON body),
-# driven by wrk with a Lua body at concurrency 1, 8 and 64, in one run.
+# driven by wrk with a Lua body at concurrency 1, 8 and 64, in one run:
+# ROUNDS (default 1) rounds, alternating which server goes first; each row
+# is the server's median round (by requests/s) with the range of its rounds.
 # Writes $OUT/http.csv and $OUT/http.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
 source bench/lib.sh
 CONCURRENCY=${CONCURRENCY:-"1 8 64"}
+ROUNDS=${ROUNDS:-1}
 W=$OUT/http
 mkdir -p "$W"
 # The digits example caches its results: this measures inference, so bypass it.
@@ -23,22 +26,40 @@ wait_ready "http://127.0.0.1:$kport" "$kpid" "$W/kiln.log"
 sleep 0.3
 
 CSV=$OUT/http.csv
-echo "server,concurrency,rps,p50_ms,p99_ms,errors" >"$CSV"
+ROUNDS_CSV=$W/rounds.csv
+echo "round,server,concurrency,rps,p50_ms,p99_ms,errors" >"$ROUNDS_CSV"
 wrk_post "http://127.0.0.1:$kport/v2/models/digits/infer" 8 "$W/body.json" /dev/null 2
-for c in $CONCURRENCY; do
-    wrk_post "http://127.0.0.1:$cport/v2/models/digits/infer" "$c" "$W/body.json" "$W/ceiling_$c.txt"
-    echo "ceiling,$c,$(wrk_row "$W/ceiling_$c.txt" | tr ' ' ,)" | tee -a "$CSV"
-    wrk_post "http://127.0.0.1:$kport/v2/models/digits/infer" "$c" "$W/body.json" "$W/kiln_$c.txt"
-    echo "kiln,$c,$(wrk_row "$W/kiln_$c.txt" | tr ' ' ,)" | tee -a "$CSV"
+one() { # ROUND SERVER PORT C
+    wrk_post "http://127.0.0.1:$3/v2/models/digits/infer" "$4" "$W/body.json" "$W/$2_$4_r$1.txt"
+    echo "$1,$2,$4,$(wrk_row "$W/$2_$4_r$1.txt" | tr ' ' ,)" | tee -a "$ROUNDS_CSV"
+}
+for r in $(seq 1 "$ROUNDS"); do
+    for c in $CONCURRENCY; do
+        if [ $((r % 2)) = 1 ]; then one "$r" ceiling "$cport" "$c"; one "$r" kiln "$kport" "$c"
+        else one "$r" kiln "$kport" "$c"; one "$r" ceiling "$cport" "$c"; fi
+    done
 done
+"$PY" - "$ROUNDS_CSV" >"$CSV" <<'PY'
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+print("server,concurrency,rps,p50_ms,p99_ms,errors,range")
+keys = list(dict.fromkeys((r["concurrency"], r["server"]) for r in rows))
+for c, server in sorted(keys, key=lambda k: (int(k[0]), k[1] != "ceiling")):
+    rs = sorted((r for r in rows if r["server"] == server and r["concurrency"] == c), key=lambda r: float(r["rps"]))
+    m = rs[(len(rs) - 1) // 2]
+    rng = f"{float(rs[0]['rps']):.0f}-{float(rs[-1]['rps']):.0f}" if len(rs) > 1 else ""
+    print(f"{server},{c},{m['rps']},{m['p50_ms']},{m['p99_ms']},{m['errors']},{rng}")
+PY
 
 "$PY" - "$CSV" >"$OUT/http.md" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
-print("| server | concurrency | requests/s | p50 ms | p99 ms | errors |")
+multi = any(r.get("range") for r in rows)
+print("| server | concurrency | requests/s" + (" (range over rounds)" if multi else "") + " | p50 ms | p99 ms | errors |")
 print("|---|---:|---:|---:|---:|---:|")
 for r in rows:
-    print(f"| {r['server']} | {r['concurrency']} | {float(r['rps']):.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |")
+    rng = f" ({r['range']})" if r.get("range") else ""
+    print(f"| {r['server']} | {r['concurrency']} | {float(r['rps']):.0f}{rng} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |")
 by = {(r["server"], r["concurrency"]): r for r in rows}
 cs = sorted({int(r["concurrency"]) for r in rows})
 print()
