@@ -100,7 +100,7 @@ PY
 run_http() { KILN_CACHE_SIZE=0 ROUNDS=${HTTP_ROUNDS:-3} bench/http.sh >"$OUT/http.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
-# Three interleaved rounds of 5 s per configuration: its ratios are the
+# Five interleaved rounds of 5 s per configuration: its ratios are the
 # tightest targets here (0.8x, 5%), so it trades run length for rounds.
 run_cache() { DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh >"$OUT/cache.log" 2>&1; }
 run_hash() {
