@@ -54,29 +54,7 @@ static void dur_add(struct metrics_duration *d, uint64_t ns) {
     atomic_fetch_add_explicit(&d->ns, ns, RLX);
 }
 
-void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64_t queue_ns, uint64_t input_ns,
-                            uint64_t infer_ns, uint64_t output_ns, int64_t rows, int batch_size) {
-    if (!m) return;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    atomic_fetch_add_explicit(&m->success, 1, RLX);
-    atomic_fetch_add_explicit(&m->inference_count, (uint64_t)rows, RLX);
-    atomic_store_explicit(&m->last_inference_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, RLX);
-    dur_add(&m->d_success, request_ns);
-    dur_add(&m->d_queue, queue_ns);
-    dur_add(&m->d_input, input_ns);
-    dur_add(&m->d_infer, infer_ns);
-    dur_add(&m->d_output, output_ns);
-    hist_add(&m->h_request, request_ns);
-    hist_add(&m->h_queue, queue_ns);
-    hist_add(&m->h_compute, input_ns + infer_ns + output_ns);
-    int b = batch_size < 1 ? 1 : batch_size > METRICS_MAX_BATCH ? METRICS_MAX_BATCH : batch_size;
-    atomic_fetch_add_explicit(&m->batch_input_ns[b], input_ns, RLX);
-    atomic_fetch_add_explicit(&m->batch_infer_ns[b], infer_ns, RLX);
-    atomic_fetch_add_explicit(&m->batch_output_ns[b], output_ns, RLX);
-    atomic_fetch_add_explicit(&m->batch_requests[b], 1, RLX);
-}
-
+/* What every answered request records, run or cached. */
 void metrics_record_cached(struct metrics_model *m, uint64_t request_ns, int64_t rows) {
     if (!m) return;
     struct timespec ts;
@@ -86,6 +64,23 @@ void metrics_record_cached(struct metrics_model *m, uint64_t request_ns, int64_t
     atomic_store_explicit(&m->last_inference_ms, (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000, RLX);
     dur_add(&m->d_success, request_ns);
     hist_add(&m->h_request, request_ns);
+}
+
+void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64_t queue_ns, uint64_t input_ns,
+                            uint64_t infer_ns, uint64_t output_ns, int64_t rows, int batch_size) {
+    if (!m) return;
+    metrics_record_cached(m, request_ns, rows);
+    dur_add(&m->d_queue, queue_ns);
+    dur_add(&m->d_input, input_ns);
+    dur_add(&m->d_infer, infer_ns);
+    dur_add(&m->d_output, output_ns);
+    hist_add(&m->h_queue, queue_ns);
+    hist_add(&m->h_compute, input_ns + infer_ns + output_ns);
+    int b = batch_size < 1 ? 1 : batch_size > METRICS_MAX_BATCH ? METRICS_MAX_BATCH : batch_size;
+    atomic_fetch_add_explicit(&m->batch_input_ns[b], input_ns, RLX);
+    atomic_fetch_add_explicit(&m->batch_infer_ns[b], infer_ns, RLX);
+    atomic_fetch_add_explicit(&m->batch_output_ns[b], output_ns, RLX);
+    atomic_fetch_add_explicit(&m->batch_requests[b], 1, RLX);
 }
 
 void metrics_record_failure(struct metrics_model *m, enum metrics_fail_reason why, uint64_t request_ns) {
