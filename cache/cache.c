@@ -268,21 +268,8 @@ void cache_free(cache_t *c) {
         free(c->shards);
     }
     if (c->flights) {
-        for (int i = 0; i < CACHE_FLIGHT_SHARDS; i++) {
-            struct cache_flight_node *f = c->flights[i].head;
-            while (f) {
-                struct cache_flight_node *next = f->next;
-                struct cache_flight_node *w = f->waiters;
-                while (w) {
-                    struct cache_flight_node *wn = w->next;
-                    if (w->owned) free(w);
-                    w = wn;
-                }
-                if (f->owned) free(f);
-                f = next;
-            }
-            pthread_mutex_destroy(&c->flights[i].lock);
-        }
+        /* Flight records and waiters are their callers' storage. */
+        for (int i = 0; i < CACHE_FLIGHT_SHARDS; i++) pthread_mutex_destroy(&c->flights[i].lock);
         free(c->flights);
     }
     cache_redis_url_free(&c->redis);
@@ -685,11 +672,9 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
  * single-flight
  * ====================================================================== */
 
-/* owned is set before the node is published: cache_flight_done reads it. */
-static int flight_join(cache_t *c, const struct cache_key *k, struct cache_flight_node *node, int owned,
-                       void (*cb)(void *arg, struct cache_value *v), void *arg) {
+int cache_flight_join(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
+                      void (*cb)(void *arg, struct cache_value *v), void *arg) {
     struct cache_flight_shard *s = &c->flights[key_hash(k) % CACHE_FLIGHT_SHARDS];
-    node->owned = owned;
     node->key = *k;
     node->cb = cb;
     node->arg = arg;
@@ -710,18 +695,6 @@ static int flight_join(cache_t *c, const struct cache_key *k, struct cache_fligh
     return 1;
 }
 
-int cache_flight_join_node(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
-                           void (*cb)(void *arg, struct cache_value *v), void *arg) {
-    return flight_join(c, k, node, 0, cb, arg);
-}
-
-int cache_flight_join(cache_t *c, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v), void *arg) {
-    struct cache_flight_node *node = malloc(sizeof *node);
-    /* Without a node the caller leads untracked; followers just miss it. */
-    if (!node) return 1;
-    return flight_join(c, k, node, 1, cb, arg);
-}
-
 void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value *v) {
     struct cache_flight_shard *s = &c->flights[key_hash(k) % CACHE_FLIGHT_SHARDS];
     struct cache_flight_node *found = NULL;
@@ -738,13 +711,10 @@ void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value
     /* Callbacks run outside the lock: they may join new flights. A waiter's
      * node may be reused or freed by its callback: read next first. */
     struct cache_flight_node *w = found->waiters;
-    if (found->owned) free(found);
     while (w) {
         struct cache_flight_node *next = w->next;
-        int owned = w->owned;
         if (v) cache_value_ref(v);
         w->cb(w->arg, v);
-        if (owned) free(w);
         w = next;
     }
 }

@@ -139,13 +139,9 @@ int cache_redis_connected(const cache_redis_t *r);
  * call cache_flight_done(k, value-or-NULL) exactly once; every queued cb then
  * runs on the leader's thread (it must hand off to its own thread) with a
  * referenced value (unref it) or NULL when the leader failed (compute it
- * yourself). */
-int cache_flight_join(cache_t *c, const struct cache_key *k, void (*cb)(void *arg, struct cache_value *v), void *arg);
-void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value *v);
-
-/* The same with caller-owned storage (no allocation): node is the flight's
- * record while its caller leads, or its place in the queue while it waits,
- * and must stay valid until cache_flight_done (leader) or until cb has run
+ * yourself). node is caller-owned storage (no allocation): the flight's
+ * record while its caller leads, or its place in the queue while it waits;
+ * it must stay valid until cache_flight_done (leader) or until cb has run
  * (follower). */
 struct cache_flight_node {
     struct cache_key key;
@@ -153,9 +149,9 @@ struct cache_flight_node {
     void *arg;
     struct cache_flight_node *next;    /* next flight in its shard, or next waiter */
     struct cache_flight_node *waiters; /* on a flight record */
-    int owned;                         /* allocated by cache_flight_join */
 };
-int cache_flight_join_node(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
-                           void (*cb)(void *arg, struct cache_value *v), void *arg);
+int cache_flight_join(cache_t *c, const struct cache_key *k, struct cache_flight_node *node,
+                      void (*cb)(void *arg, struct cache_value *v), void *arg);
+void cache_flight_done(cache_t *c, const struct cache_key *k, struct cache_value *v);
 
 #endif

@@ -148,7 +148,7 @@ static void on_flight(void *arg, struct cache_value *v) {
 }
 
 static void after_tiers(struct infer_cache_op *op) {
-    if (cache_flight_join_node(op->cache, &op->key, &op->flight, on_flight, op)) {
+    if (cache_flight_join(op->cache, &op->key, &op->flight, on_flight, op)) {
         op->leader = 1;
         finish(op, 0);
     }

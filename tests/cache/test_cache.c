@@ -176,19 +176,25 @@ static void test_single_flight(void **state) {
     (void)state;
     cache_t *c = make(1 << 20, 4, NULL);
     struct cache_key k = {{1, 2, 3}};
-    assert_int_equal(cache_flight_join(c, &k, on_flight, NULL), 1); /* leader */
-    for (int i = 0; i < 5; i++) assert_int_equal(cache_flight_join(c, &k, on_flight, NULL), 0);
+    struct cache_flight_node n[6];
+    assert_int_equal(cache_flight_join(c, &k, &n[0], on_flight, NULL), 1); /* leader */
+    for (int i = 0; i < 5; i++) assert_int_equal(cache_flight_join(c, &k, &n[1 + i], on_flight, NULL), 0);
     struct cache_value *v = blob(10, 3);
     cache_flight_done(c, &k, v);
     assert_int_equal(g_calls, 5);
     assert_ptr_equal(g_seen, v);
     cache_value_unref(v);
     /* After done, the next caller leads again; a failed leader wakes waiters with NULL. */
-    assert_int_equal(cache_flight_join(c, &k, on_flight, NULL), 1);
-    assert_int_equal(cache_flight_join(c, &k, on_flight, NULL), 0);
+    assert_int_equal(cache_flight_join(c, &k, &n[0], on_flight, NULL), 1);
+    assert_int_equal(cache_flight_join(c, &k, &n[1], on_flight, NULL), 0);
     cache_flight_done(c, &k, NULL);
     assert_int_equal(g_calls, 6);
     assert_null(g_seen);
+    /* done on a key nobody leads is harmless. */
+    v = blob(10, 3);
+    cache_flight_done(c, &k, v);
+    assert_int_equal(g_calls, 6);
+    cache_value_unref(v);
     struct cache_stats st;
     cache_get_stats(c, &st);
     assert_int_equal(st.flight_joined, 6);
@@ -367,31 +373,6 @@ static void test_value_under_two_keys(void **state) {
     cache_free(c);
 }
 
-/* Single-flight with caller-owned nodes: no allocation, same semantics. */
-static void test_single_flight_nodes(void **state) {
-    (void)state;
-    cache_t *c = make(1 << 20, 4, NULL);
-    struct cache_key k = {{4, 5, 6}};
-    struct cache_flight_node lead, wait[3];
-    g_calls = 0;
-    assert_int_equal(cache_flight_join_node(c, &k, &lead, on_flight, NULL), 1);
-    for (int i = 0; i < 3; i++) assert_int_equal(cache_flight_join_node(c, &k, &wait[i], on_flight, NULL), 0);
-    struct cache_value *v = blob(10, 3);
-    cache_flight_done(c, &k, v);
-    assert_int_equal(g_calls, 3);
-    assert_ptr_equal(g_seen, v);
-    /* The nodes are free for reuse: a new flight, its leader failing. */
-    assert_int_equal(cache_flight_join_node(c, &k, &wait[0], on_flight, NULL), 1);
-    assert_int_equal(cache_flight_join_node(c, &k, &lead, on_flight, NULL), 0);
-    cache_flight_done(c, &k, NULL);
-    assert_int_equal(g_calls, 4);
-    assert_null(g_seen);
-    /* done on a key nobody leads is harmless. */
-    cache_flight_done(c, &k, v);
-    assert_int_equal(g_calls, 4);
-    cache_value_unref(v);
-    cache_free(c);
-}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
@@ -403,7 +384,6 @@ int main(void) {
         cmocka_unit_test(test_key_is_standard_hmac_sha256),
         cmocka_unit_test(test_lru_matches_reference),
         cmocka_unit_test(test_value_under_two_keys),
-        cmocka_unit_test(test_single_flight_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
