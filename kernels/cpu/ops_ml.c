@@ -1238,6 +1238,20 @@ static float svm_kernel(const struct svm_kernel_params *k, const struct tensor *
     }
 }
 
+/* What SVMClassifier and SVMRegressor check alike: numeric rows of
+ * features, the kernel, and no post_transform. */
+static int svm_common(struct op_call *c, int64_t *n, int64_t *f, struct svm_kernel_params *k) {
+    const struct tensor *x = c->in[0];
+    int rc = ml_numeric(c, x);
+    if (rc || (rc = ml_rows(c, x, n, f)) || (rc = svm_kernel_attrs(c, k))) return rc;
+    enum post_transform pt;
+    if ((rc = ml_post_transform(c, &pt))) return rc;
+    if (pt != PT_NONE)
+        return op_error(c, "post_transform '%s' is not supported (scikit-learn exports NONE)",
+                        node_attr_str(c->node, "post_transform", ""));
+    return 0;
+}
+
 struct svc_shape {
     int64_t n, f, nclass, nvec, npairs, cols;
     const int64_t *vpc;
@@ -1249,14 +1263,8 @@ struct svc_shape {
 
 static int svc_shape(struct op_call *c, struct svc_shape *s) {
     memset(s, 0, sizeof *s);
-    const struct tensor *x = c->in[0];
-    int rc = ml_numeric(c, x);
-    if (rc || (rc = ml_rows(c, x, &s->n, &s->f)) || (rc = svm_kernel_attrs(c, &s->k))) return rc;
-    enum post_transform pt;
-    if ((rc = ml_post_transform(c, &pt))) return rc;
-    if (pt != PT_NONE)
-        return op_error(c, "post_transform '%s' is not supported (scikit-learn exports NONE)",
-                        node_attr_str(c->node, "post_transform", ""));
+    int rc = svm_common(c, &s->n, &s->f, &s->k);
+    if (rc) return rc;
     ml_get_labels(c->node, "classlabels_ints", &s->lab);
     s->nclass = s->lab.n;
     if (s->nclass < 2) return op_error(c, "needs at least 2 class labels, got %lld", (long long)s->nclass);
@@ -1422,14 +1430,8 @@ struct svr_shape {
 
 static int svr_shape(struct op_call *c, struct svr_shape *s) {
     memset(s, 0, sizeof *s);
-    const struct tensor *x = c->in[0];
-    int rc = ml_numeric(c, x);
-    if (rc || (rc = ml_rows(c, x, &s->n, &s->f)) || (rc = svm_kernel_attrs(c, &s->k))) return rc;
-    enum post_transform pt;
-    if ((rc = ml_post_transform(c, &pt))) return rc;
-    if (pt != PT_NONE)
-        return op_error(c, "post_transform '%s' is not supported (scikit-learn exports NONE)",
-                        node_attr_str(c->node, "post_transform", ""));
+    int rc = svm_common(c, &s->n, &s->f, &s->k);
+    if (rc) return rc;
     s->nvec = node_attr_int(c->node, "n_supports", 0);
     s->one_class = node_attr_int(c->node, "one_class", 0) != 0;
     if (s->nvec <= 0)
