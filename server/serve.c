@@ -63,21 +63,7 @@ static int load_initial(repository_t *repo, const struct server_config *cfg) {
     return failed;
 }
 
-/* OpenMP worker threads (oneDNN and the CPU kernels) spin after each parallel
- * region by default, burning the cores the I/O threads and other instances
- * need: a server runs many small regions from several threads. libgomp reads
- * OMP_WAIT_POLICY once, when it is loaded, so the only way to default it to
- * passive is to run again with it set. An explicit OMP_WAIT_POLICY wins. */
-static void default_omp_passive(char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    /* argv is main's argv + 1 (see server/main.c): argv - 1 is the full vector. */
-    execv("/proc/self/exe", argv - 1);
-    /* exec failed: carry on with the default policy. */
-}
-
 int cmd_serve(int argc, char **argv) {
-    default_omp_passive(argv);
     struct server_config cfg;
     server_config_init(&cfg);
     char err[512];
