@@ -16,13 +16,15 @@
 # BUDGET_<MODEL>_US. The server is restarted with it for step 2.
 # Writes $OUT/batching.csv and $OUT/batching.md (OUT defaults to build/bench).
 #
-# The comparisons at the highest concurrency (off vs on, fixed delay vs
-# budget) run ROUNDS times, alternating the two modes and which goes first,
-# and report each mode's median round with the range of its rounds: two
-# modes that form the same batches then differ by the machine's noise only,
-# which the range shows.
+# The comparisons (off vs on at the highest concurrency; fixed delay vs
+# budget there and in the open loop) run in rounds, alternating the two modes
+# and which goes first, and report each mode's median round with the range
+# of its rounds, and the median of its paired (same-round) throughput ratios:
+# two modes that form the same batches then differ by the machine's noise
+# only, which the range shows.
 # Environment: DURATION_DIGITS / DURATION_RESNET50 (s per level, DURATION or 5 / 20),
-# ROUNDS (3),
+# DURATION_OPEN_RESNET50 (s per open-loop run, 30), ROUNDS (3; also the open-loop
+# rounds), BUDGET_ROUNDS (closed-loop rounds of the budget vs the delay, 5),
 # CONCURRENCY ("1 16 64"), MODELS ("digits resnet50"), KILN (build/kiln),
 # INSTANCES (instance_group count, 1), BUDGET_FACTOR (4), BUDGET_MIN_US (2000).
 set -euo pipefail
@@ -35,6 +37,7 @@ CONCURRENCY=${CONCURRENCY:-"1 16 64"}
 MODELS=${MODELS:-"digits resnet50"}
 INSTANCES=${INSTANCES:-1}
 ROUNDS=${ROUNDS:-3}
+BUDGET_ROUNDS=${BUDGET_ROUNDS:-$(( ROUNDS > 1 ? 5 : 1 ))}
 BUDGET_FACTOR=${BUDGET_FACTOR:-4}
 BUDGET_MIN_US=${BUDGET_MIN_US:-2000}
 WORK=$OUT/batching
@@ -93,8 +96,14 @@ drain() {
     done
 }
 
+# duration MODEL LABEL: seconds of one run; an open-loop run (rate=...) of
+# ResNet-50 is longer, for enough requests behind its p99.
 duration() {
-    case $1 in digits) echo "${DURATION_DIGITS:-${DURATION:-5}}" ;; *) echo "${DURATION_RESNET50:-20}" ;; esac
+    case $1:$2 in
+    digits:*) echo "${DURATION_DIGITS:-${DURATION:-5}}" ;;
+    *:rate=*) echo "${DURATION_OPEN_RESNET50:-30}" ;;
+    *) echo "${DURATION_RESNET50:-20}" ;;
+    esac
 }
 
 # run MODEL MODE LABEL LOAD-ARGS...: one level of kiln bench, one CSV row
@@ -104,7 +113,7 @@ run() {
     local name=${model}_$mode csv=$WORK/run_${model}_${mode}_$label.csv
     drain "$name"
     read -r inf0 exe0 < <(stats "$name")
-    "$KILN" bench -u "127.0.0.1:$PORT" -m "$name" "$@" -d "$(duration "$model")" --warmup 1 \
+    "$KILN" bench -u "127.0.0.1:$PORT" -m "$name" "$@" -d "$(duration "$model" "$label")" --warmup 1 \
         --timeout-ms 120000 --no-progress --csv "$csv" >"$WORK/run_${model}_${mode}_$label.txt" 2>&1 || true
     drain "$name"
     read -r inf1 exe1 < <(stats "$name")
@@ -116,17 +125,21 @@ run() {
         return 0
     fi
     tail -n 1 "$csv" | awk -F, -v model="$model" -v mode="$mode" -v label="$label" -v mean="$mean" -v b="${BUDGET[$model]:-}" \
-        'BEGIN { OFS = "," } { print model, mode, label, $9, $10 / 1000, $13 / 1000, $7, mean, $16, $17, b, "" }' |
+        'BEGIN { OFS = "," } { print model, mode, label, $9, $10 / 1000, $13 / 1000, $7, mean, $16, $17, b, "", "", "" }' |
         tee -a "${RUN_CSV:-$CSV}"
 }
 
 # pair MODEL MODE_A MODE_B LABEL LOAD-ARGS...: ROUNDS alternating rounds of
-# both modes at one load; each mode's median round (by throughput) goes to
-# the CSV with the range of its rounds.
+# both modes at one load (which mode goes first alternates too). Each mode's
+# median round goes to the CSV with the range of its rounds: by throughput in
+# a closed loop, by p99 in an open loop (where throughput is the offered
+# rate). "paired" is the median over rounds of this mode's throughput over
+# the other's in the same round: the two runs of a round are adjacent in
+# time, so a slow spell of the machine that spans a round cancels out.
 pair() {
     local model=$1 a=$2 b=$3 label=$4 r
     shift 4
-    local rounds=$WORK/rounds_${model}_${a}_${b}.csv
+    local rounds=$WORK/rounds_${model}_${a}_${b}_$label.csv
     : >"$rounds"
     for r in $(seq 1 "$ROUNDS"); do
         if [ $((r % 2)) = 1 ]; then
@@ -137,21 +150,29 @@ pair() {
             RUN_CSV=$rounds run "$model" "$a" "$label" "$@" >/dev/null
         fi
     done
-    "$PY" - "$rounds" "$a" "$b" <<'PY' | tee -a "$CSV"
-import csv, sys
+    "$PY" - "$rounds" "$a" "$b" "$label" <<'PY' | tee -a "$CSV"
+import csv, statistics, sys
 rows = list(csv.reader(open(sys.argv[1])))
-for mode in sys.argv[2:]:
-    rs = sorted((r for r in rows if r[1] == mode), key=lambda r: float(r[3]))
-    if not rs:
+a, b, label = sys.argv[2], sys.argv[3], sys.argv[4]
+key = 5 if label.startswith("rate=") else 3
+by = {m: [r for r in rows if r[1] == m] for m in (a, b)}
+for mode, other in ((a, b), (b, a)):
+    mine, theirs = by[mode], by[other]
+    if not mine:
         continue
+    rs = sorted(mine, key=lambda r: float(r[key]))
     med = list(rs[(len(rs) - 1) // 2])
-    med[11] = f"{float(rs[0][3]):.1f}-{float(rs[-1][3]):.1f}" if len(rs) > 1 else ""
+    lo, hi = float(rs[0][key]), float(rs[-1][key])
+    med[11] = f"{lo:.1f}-{hi:.1f}" if len(rs) > 1 and key == 3 else ""
+    med[12] = f"{lo:.2f}-{hi:.2f}" if len(rs) > 1 and key == 5 else ""
+    ratios = [float(x[3]) / float(y[3]) for x, y in zip(mine, theirs) if float(y[3]) > 0]
+    med[13] = f"{statistics.median(ratios):.3f}" if len(ratios) > 1 else ""
     print(",".join(med))
 PY
 }
 
 CSV=$OUT/batching.csv
-echo "model,mode,load,throughput,p50_ms,p99_ms,errors,mean_batch,server_queue_us,server_compute_us,budget_us,range" >"$CSV"
+echo "model,mode,load,throughput,p50_ms,p99_ms,errors,mean_batch,server_queue_us,server_compute_us,budget_us,range,p99_range,paired" >"$CSV"
 declare -A BUDGET
 
 make_repo
@@ -195,16 +216,17 @@ for model in $MODELS; do
         "$KILN" bench -u "127.0.0.1:$PORT" -m "${model}_$mode" -c 16 -d 2 --warmup 0 --no-progress >/dev/null 2>&1 || true
         drain "${model}_$mode"
     done
-    if [ "$ROUNDS" -gt 1 ]; then
-        pair "$model" delay budget "c=$top" -c "$top"
+    thr=$(awk -F, -v m="$model" -v c="c=$top" '$1 == m && $2 == "on" && $3 == c { print $4 }' "$CSV")
+    rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 4; if (r < 1) r = 1; printf "%d", r }')
+    if [ "$BUDGET_ROUNDS" -gt 1 ]; then
+        ROUNDS=$BUDGET_ROUNDS pair "$model" delay budget "c=$top" -c "$top"
+        pair "$model" delay budget "rate=$rate" -r "$rate" --poisson
     else
         run "$model" delay "c=$top" -c "$top"
         run "$model" budget "c=$top" -c "$top"
+        run "$model" delay "rate=$rate" -r "$rate" --poisson
+        run "$model" budget "rate=$rate" -r "$rate" --poisson
     fi
-    thr=$(awk -F, -v m="$model" -v c="c=$top" '$1 == m && $2 == "on" && $3 == c { print $4 }' "$CSV")
-    rate=$(awk -v t="${thr:-10}" 'BEGIN { r = t / 4; if (r < 1) r = 1; printf "%d", r }')
-    run "$model" delay "rate=$rate" -r "$rate" --poisson
-    run "$model" budget "rate=$rate" -r "$rate" --poisson
 done
 stop_server
 
@@ -215,12 +237,13 @@ def mode(r):
     b = int(r["budget_us"] or 0)
     return {"off": "off", "on": "on (no delay)", "delay": f"fixed delay {b / 2000:g} ms",
             "budget": f"latency budget {b / 1000:g} ms"}[r["mode"]]
-print("| model | batching | load | infer/s (range over rounds) | p50 ms | p99 ms | errors | mean batch | server queue / compute us |")
-print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+print("| model | batching | load | infer/s (range over rounds) | paired ratio | p50 ms | p99 ms (range) | errors | mean batch | server queue / compute us |")
+print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     rng = f" ({r['range']})" if r.get("range") else ""
-    print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f}{rng} | {float(r['p50_ms']):.2f} | "
-          f"{float(r['p99_ms']):.2f} | {r['errors']} | {r['mean_batch']} | "
+    prng = f" ({r['p99_range']})" if r.get("p99_range") else ""
+    print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f}{rng} | {r.get('paired') or ''} | "
+          f"{float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f}{prng} | {r['errors']} | {r['mean_batch']} | "
           f"{float(r['server_queue_us']):.0f} / {float(r['server_compute_us']):.0f} |")
 print()
 by = {(r["model"], r["mode"], r["load"]): r for r in rows}
@@ -244,7 +267,8 @@ for model in dict.fromkeys(r["model"] for r in rows):
         if r["model"] == model and r["mode"] == "budget" and r["load"].startswith("c="):
             d = by.get((model, "delay", r["load"]))
             if d:
+                pr = f" (paired ratio over rounds {r['paired']})" if r.get("paired") else ""
                 print(f"- {model}, {r['load']}: latency budget {float(r['throughput']):.1f} infer/s vs fixed delay "
-                      f"{float(d['throughput']):.1f} infer/s.")
+                      f"{float(d['throughput']):.1f} infer/s{pr}.")
 EOF
 cat "$OUT/batching.md"
