@@ -31,6 +31,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 KILN=${KILN:-build/kiln}
+CEILING=${CEILING:-build/ceiling}
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-build/bench}
 CONCURRENCY=${CONCURRENCY:-"1 16 64"}
@@ -166,7 +167,40 @@ for mode, other in ((a, b), (b, a)):
     med[11] = f"{lo:.1f}-{hi:.1f}" if len(rs) > 1 and key == 3 else ""
     med[12] = f"{lo:.2f}-{hi:.2f}" if len(rs) > 1 and key == 5 else ""
     ratios = [float(x[3]) / float(y[3]) for x, y in zip(mine, theirs) if float(y[3]) > 0]
-    med[13] = f"{statistics.median(ratios):.3f}" if len(ratios) > 1 else ""
+    med[13] = f"{statistics.median(ratios):.3f}" if len(ratios) > 1 and key == 3 else ""
+    print(",".join(med))
+PY
+}
+
+# ceiling_bound C: the most any batching policy could give the digits model
+# on this machine. build/ceiling runs no model (it reads each request and
+# answers a fixed body) and meets the same load generator at concurrency C
+# for ROUNDS runs; the median run goes to the CSV as mode "ceiling". Its
+# throughput over batching off's bounds batching on's.
+ceiling_bound() {
+    local c=$1 port pid r rounds=$WORK/rounds_ceiling.csv
+    [ -x "$CEILING" ] || return 0
+    port=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    "$CEILING" "$port" >>"$WORK/ceiling.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$port/v2/models/digits" >/dev/null 2>&1 && break; sleep 0.1; done
+    : >"$rounds"
+    for r in $(seq 1 "$ROUNDS"); do
+        rm -f "$WORK/run_ceiling.csv"
+        "$KILN" bench -u "127.0.0.1:$port" -m digits -c "$c" -d "$(duration digits "c=$c")" --warmup 1 \
+            --no-progress --csv "$WORK/run_ceiling.csv" >/dev/null 2>&1 || true
+        [ -s "$WORK/run_ceiling.csv" ] && tail -n 1 "$WORK/run_ceiling.csv" | awk -F, -v label="c=$c" \
+            'BEGIN { OFS = "," } { print "digits", "ceiling", label, $9, $10 / 1000, $13 / 1000, $7, "", "", "", "", "", "", "" }' >>"$rounds"
+    done
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    "$PY" - "$rounds" <<'PY' | tee -a "$CSV"
+import csv, sys
+rs = sorted(csv.reader(open(sys.argv[1])), key=lambda r: float(r[3]))
+if rs:
+    med = rs[(len(rs) - 1) // 2]
+    if len(rs) > 1:
+        med[11] = f"{float(rs[0][3]):.1f}-{float(rs[-1][3]):.1f}"
     print(",".join(med))
 PY
 }
@@ -191,6 +225,7 @@ for model in $MODELS; do
             run "$model" on "c=$c" -c "$c"
         fi
     done
+    [ "$model" = digits ] && ceiling_bound "${CONCURRENCY##* }"
 done
 stop_server
 
@@ -235,7 +270,7 @@ import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 def mode(r):
     b = int(r["budget_us"] or 0)
-    return {"off": "off", "on": "on (no delay)", "delay": f"fixed delay {b / 2000:g} ms",
+    return {"off": "off", "on": "on (no delay)", "ceiling": "no model: bench/ceiling.c (bound)", "delay": f"fixed delay {b / 2000:g} ms",
             "budget": f"latency budget {b / 1000:g} ms"}[r["mode"]]
 print("| model | batching | load | infer/s (range over rounds) | paired ratio | p50 ms | p99 ms (range) | errors | mean batch | server queue / compute us |")
 print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -243,8 +278,8 @@ for r in rows:
     rng = f" ({r['range']})" if r.get("range") else ""
     prng = f" ({r['p99_range']})" if r.get("p99_range") else ""
     print(f"| {r['model']} | {mode(r)} | {r['load']} | {float(r['throughput']):.1f}{rng} | {r.get('paired') or ''} | "
-          f"{float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f}{prng} | {r['errors']} | {r['mean_batch']} | "
-          f"{float(r['server_queue_us']):.0f} / {float(r['server_compute_us']):.0f} |")
+          f"{float(r['p50_ms']):.2f} | {float(r['p99_ms']):.2f}{prng} | {r['errors']} | {r['mean_batch'] or '-'} | "
+          + (f"{float(r['server_queue_us']):.0f} / {float(r['server_compute_us']):.0f} |" if r["server_queue_us"] else "- |"))
 print()
 by = {(r["model"], r["mode"], r["load"]): r for r in rows}
 for model in dict.fromkeys(r["model"] for r in rows):
@@ -255,6 +290,11 @@ for model in dict.fromkeys(r["model"] for r in rows):
         if off and on and float(off["throughput"]) > 0:
             print(f"- {model}, {top}: batching on gives {float(on['throughput']) / float(off['throughput']):.2f}x "
                   f"the throughput of batching off; p99 {float(on['p99_ms']):.1f} vs {float(off['p99_ms']):.1f} ms.")
+            ceil = by.get((model, "ceiling", top))
+            if ceil:
+                print(f"- {model}, {top}: a server that runs no model at all (bench/ceiling.c) reaches "
+                      f"{float(ceil['throughput']) / float(off['throughput']):.2f}x batching off's throughput under "
+                      f"the same load generator: no batching policy can give more than that on this machine.")
     for r in rows:
         if r["model"] == model and r["mode"] == "budget" and r["load"].startswith("rate="):
             d = by.get((model, "delay", r["load"]))

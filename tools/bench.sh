@@ -255,8 +255,11 @@ def batching(model, factor):
         off, on = by[(model, "off", top)], by[(model, "on", top)]
         ratio = thr(on) / thr(off)
         ok = ratio >= factor and float(on["p99_ms"]) <= float(off["p99_ms"])
+        ceil = by.get((model, "ceiling", top))
+        bound = (f"; bound: a server running no model reaches {thr(ceil):.1f}/s = {thr(ceil) / thr(off):.2f}x off"
+                 if ceil else "")
         return (f"{ratio:.2f}x ({thr(on):.1f} vs {thr(off):.1f}/s, {top}); p99 {float(on['p99_ms']):.1f} vs "
-                f"{float(off['p99_ms']):.1f} ms", yes(ok))
+                f"{float(off['p99_ms']):.1f} ms{bound}", yes(ok))
     return f
 def budget(model):
     def f():
