@@ -47,8 +47,9 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
  * least this busy (execution time per request over the time between
  * requests): below it, they keep up without waiting. */
 #define BATCHER_BUDGET_BUSY 0.5
-/* A run that takes at least this long per request (not the first run of
- * its batch size, which builds a plan) marks the model heavy: the I/O
+/* A batch size whose profiled run time (not its first run, which builds a
+ * plan, nor one stalled run) is at least this per request marks the model
+ * heavy: the I/O
  * threads then need a small fraction of a core, so instances whose thread
  * count kiln chose move to every core (see batcher_create). */
 #define BATCHER_HEAVY_NS 1000000ull
@@ -795,8 +796,11 @@ static void *instance_main(void *arg) {
             b->st.failed += (uint64_t)inst->nsel;
         } else {
             profile_add(b, inst->rows, exec_ns);
+            /* From the profile, not this run: one run that the scheduler
+             * stalled past 1 ms must not move a small model to threads
+             * (where each tiny run then pays a fork-join). */
             grow = inst->threads_heavy > inst->nthreads && b->profile_n[inst->rows] >= 2 &&
-                   exec_ns >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
+                   b->profile[inst->rows] >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
         }
         if (b->p.preserve_ordering)
             while (b->deliver_seq != seq)
