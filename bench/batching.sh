@@ -137,6 +137,31 @@ run() {
         tee -a "${RUN_CSV:-$CSV}"
 }
 
+# medians ROUNDS LABEL MODE [OTHER]: each mode's median round of the rounds
+# file, to the CSV (see pair); with OTHER, the paired ratios too.
+medians() {
+    "$PY" - "$@" <<'PY' | tee -a "$CSV"
+import csv, statistics, sys
+rows = list(csv.reader(open(sys.argv[1])))
+label, modes = sys.argv[2], sys.argv[3:]
+key = 5 if label.startswith("rate=") else 3
+by = {m: [r for r in rows if r[1] == m] for m in modes}
+for mode in modes:
+    mine = by[mode]
+    theirs = by[modes[1] if mode == modes[0] else modes[0]] if len(modes) > 1 else []
+    if not mine:
+        continue
+    rs = sorted(mine, key=lambda r: float(r[key]))
+    med = list(rs[(len(rs) - 1) // 2])
+    lo, hi = float(rs[0][key]), float(rs[-1][key])
+    med[11] = f"{lo:.1f}-{hi:.1f}" if len(rs) > 1 and key == 3 else ""
+    med[12] = f"{lo:.2f}-{hi:.2f}" if len(rs) > 1 and key == 5 else ""
+    ratios = [float(x[3]) / float(y[3]) for x, y in zip(mine, theirs) if float(y[3]) > 0]
+    med[13] = f"{statistics.median(ratios):.3f}" if len(ratios) > 1 and key == 3 else ""
+    print(",".join(med))
+PY
+}
+
 # pair MODEL MODE_A MODE_B LABEL LOAD-ARGS...: ROUNDS alternating rounds of
 # both modes at one load (which mode goes first alternates too). Each mode's
 # median round goes to the CSV with the range of its rounds: by throughput in
@@ -158,25 +183,7 @@ pair() {
             RUN_CSV=$rounds run "$model" "$a" "$label" "$@" >/dev/null
         fi
     done
-    "$PY" - "$rounds" "$a" "$b" "$label" <<'PY' | tee -a "$CSV"
-import csv, statistics, sys
-rows = list(csv.reader(open(sys.argv[1])))
-a, b, label = sys.argv[2], sys.argv[3], sys.argv[4]
-key = 5 if label.startswith("rate=") else 3
-by = {m: [r for r in rows if r[1] == m] for m in (a, b)}
-for mode, other in ((a, b), (b, a)):
-    mine, theirs = by[mode], by[other]
-    if not mine:
-        continue
-    rs = sorted(mine, key=lambda r: float(r[key]))
-    med = list(rs[(len(rs) - 1) // 2])
-    lo, hi = float(rs[0][key]), float(rs[-1][key])
-    med[11] = f"{lo:.1f}-{hi:.1f}" if len(rs) > 1 and key == 3 else ""
-    med[12] = f"{lo:.2f}-{hi:.2f}" if len(rs) > 1 and key == 5 else ""
-    ratios = [float(x[3]) / float(y[3]) for x, y in zip(mine, theirs) if float(y[3]) > 0]
-    med[13] = f"{statistics.median(ratios):.3f}" if len(ratios) > 1 and key == 3 else ""
-    print(",".join(med))
-PY
+    medians "$rounds" "$label" "$a" "$b"
 }
 
 # ceiling_bound C: the most any batching policy could give the digits model
@@ -201,15 +208,7 @@ ceiling_bound() {
     done
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-    "$PY" - "$rounds" <<'PY' | tee -a "$CSV"
-import csv, sys
-rs = sorted(csv.reader(open(sys.argv[1])), key=lambda r: float(r[3]))
-if rs:
-    med = rs[(len(rs) - 1) // 2]
-    if len(rs) > 1:
-        med[11] = f"{float(rs[0][3]):.1f}-{float(rs[-1][3]):.1f}"
-    print(",".join(med))
-PY
+    medians "$rounds" "c=$c" ceiling
 }
 
 CSV=$OUT/batching.csv

@@ -49,9 +49,8 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 #define BATCHER_BUDGET_BUSY 0.5
 /* A batch size whose profiled run time (not its first run, which builds a
  * plan, nor one stalled run) is at least this per request marks the model
- * heavy: the I/O
- * threads then need a small fraction of a core, so instances whose thread
- * count kiln chose move to every core (see batcher_create). */
+ * heavy: the I/O threads then need a small fraction of a core, so instances
+ * whose thread count kiln chose move to every core (see batcher_create). */
 #define BATCHER_HEAVY_NS 1000000ull
 /* Weight of a new sample in the execution-time profile. */
 #define BATCHER_EWMA_NEW 0.25
