@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <cjson/cJSON.h>
 
@@ -12,7 +13,8 @@
 
 /* ---- the option table --------------------------------------------------- */
 
-enum opt_kind { OPT_STR, OPT_INT, OPT_SIZE, OPT_LIST, OPT_FLAGONLY };
+/* OPT_BOOL may be given bare (--flag means true) or with a value: 1/0, true/false, yes/no. */
+enum opt_kind { OPT_STR, OPT_INT, OPT_SIZE, OPT_LIST, OPT_FLAGONLY, OPT_BOOL };
 
 struct opt {
     const char *name;     /* flag name without "--" */
@@ -27,7 +29,10 @@ static const struct opt g_opts[] = {
     {"http-address", OPT_STR, "ADDR", "0.0.0.0", "address to listen on"},
     {"http-port", OPT_INT, "PORT", "8000", "HTTP port (0 = any free port, printed at start)"},
     {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
-    {"http-timeout-secs", OPT_INT, "S", "60", "read/write timeout of an HTTP connection"},
+    {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP connection (no byte read or written)"},
+    {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive; slower clients get 408"},
+    {"http-body-timeout-secs", OPT_INT, "S", "60", "total time a request's body may take to arrive; slower clients get 408"},
+    {"max-connections", OPT_INT, "N", "fd limit - 64", "open HTTP connections; a connection beyond them gets 503 and is closed"},
     {"backend", OPT_STR, "auto|cpu|cuda", "auto", "where models run; auto uses CUDA when a GPU is usable, else the CPU"},
     {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", OPT_STR, "text|json", "text", "log line format"},
@@ -37,6 +42,7 @@ static const struct opt g_opts[] = {
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
     {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload"},
+    {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address"},
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
     {"redis-url", OPT_STR, "URL", "", "redis://host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
@@ -60,6 +66,8 @@ void server_config_init(struct server_config *c) {
     c->max_request_size = 64LL << 20;
     c->exit_timeout_secs = 30;
     c->http_timeout_secs = 60;
+    c->http_header_timeout_secs = 10;
+    c->http_body_timeout_secs = 60;
     c->model_control_mode = SERVER_CONTROL_NONE;
     c->repository_poll_secs = 15;
     c->cache_size = 256ll << 20;
@@ -151,11 +159,26 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
             if (x > 1024) return BAD("at most 1024 threads");
             c->http_threads = (int)x;
         } else if (strcmp(n, "http-timeout-secs") == 0) c->http_timeout_secs = (int)x;
+        else if (strcmp(n, "http-header-timeout-secs") == 0) {
+            if (x < 1) return BAD("expected at least 1");
+            c->http_header_timeout_secs = (int)x;
+        } else if (strcmp(n, "http-body-timeout-secs") == 0) {
+            if (x < 1) return BAD("expected at least 1");
+            c->http_body_timeout_secs = (int)x;
+        } else if (strcmp(n, "max-connections") == 0) c->max_connections = (int)x;
         else if (strcmp(n, "exit-timeout-secs") == 0) c->exit_timeout_secs = (int)x;
         else if (strcmp(n, "repository-poll-secs") == 0) {
             if (x < 1) return BAD("expected at least 1");
             c->repository_poll_secs = (int)x;
         } else if (strcmp(n, "cache-ttl-secs") == 0) c->cache_ttl_secs = (int)x;
+        return 0;
+    }
+    if (o->kind == OPT_BOOL) {
+        int b;
+        if (!strcasecmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes")) b = 1;
+        else if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no")) b = 0;
+        else return BAD("expected true or false");
+        if (strcmp(n, "allow-unauthenticated-control") == 0) c->allow_unauthenticated_control = b;
         return 0;
     }
     if (o->kind == OPT_SIZE) {
@@ -323,6 +346,7 @@ int server_config_load(struct server_config *c, int argc, char **argv, char *err
         snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - a - 2 : (long)strlen(a) - 2), a + 2);
         const struct opt *o = opt_find(name);
         if (!o) return status_set(err, err_len, STATUS_INVALID, "unknown flag '--%s' (see kiln serve --help)", name);
+        if (o->kind == OPT_BOOL) continue; /* bare, or --flag=value */
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[i + 1] : NULL);
         if (!v) return status_set(err, err_len, STATUS_INVALID, "flag --%s needs a value (%s)", name, o->arg);
         if (!eq) i++;
@@ -339,8 +363,8 @@ int server_config_load(struct server_config *c, int argc, char **argv, char *err
         const char *a = argv[i], *eq = strchr(a, '=');
         char name[64], src[80];
         snprintf(name, sizeof name, "%.*s", (int)(eq ? eq - a - 2 : (long)strlen(a) - 2), a + 2);
-        const char *v = eq ? eq + 1 : argv[++i];
         const struct opt *o = opt_find(name);
+        const char *v = eq ? eq + 1 : o->kind == OPT_BOOL ? "1" : argv[++i];
         if (o->kind == OPT_FLAGONLY) continue;
         snprintf(src, sizeof src, "flag --%s", o->name);
         if ((rc = set_opt(c, o, v, SRC_FLAG, src, err, err_len))) return rc;

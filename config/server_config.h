@@ -31,12 +31,16 @@ struct server_config {
     char *log_format;            /* "text", "json" */
     int64_t max_request_size;    /* bytes; larger bodies get 413 */
     int exit_timeout_secs;       /* drain limit on SIGTERM */
-    int http_timeout_secs;       /* read/write timeout of a connection */
+    int http_timeout_secs;       /* idle read/write timeout of a connection */
+    int http_header_timeout_secs; /* total time a request's header may take to arrive */
+    int http_body_timeout_secs;  /* total time a request's body may take to arrive */
+    int max_connections;         /* open HTTP connections; more are shed with 503; 0 = from the fd limit */
     enum server_control_mode model_control_mode;
     int repository_poll_secs;
     char *load_model[SERVER_CONFIG_MAX_LOAD]; /* names; "*" = all */
     int nload_model;
     char *control_token;         /* NULL = load/unload open */
+    int allow_unauthenticated_control; /* 1 = explicit/poll control without a token on any address */
     /* Result cache settings, read by cache/. */
     int64_t cache_size;          /* bytes of the in-process cache; 0 = off */
     char *redis_url;             /* NULL = no Redis tier */
