@@ -3,7 +3,7 @@
 #   make run              serve model_repository/ on :8000
 #   make test             unit tests, conformance, end-to-end tests
 #   make SANITIZE=address,undefined test   (or SANITIZE=thread)
-#   make conformance | bench | fuzz | gpu-check | clean
+#   make conformance | isa | bench | fuzz | gpu-check | clean   (isa: unit + conformance under ONEDNN_MAX_CPU_ISA=AVX2, SSE41)
 # Variables: WARN, OPT, DEBUG, SANITIZE, CUDA, BUILD.
 
 BUILD ?= build
@@ -43,7 +43,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 ONNX_PROTO ?= /usr/include/onnx/onnx.proto
 
-.PHONY: all bootstrap run test unit conformance e2e bench fuzz gpu-check clean cuda deploy-check sanitize
+.PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check sanitize
 all: bootstrap $(BIN) cuda
 
 bootstrap:
@@ -59,7 +59,12 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -w -c $< -o $@
 
 # Everything that includes generated headers waits for them.
-$(OBJS): | $(BUILD)/gen/onnx/onnx.pb-c.h
+$(OBJS) $(BUILD)/obj/server/main.o: | $(BUILD)/gen/onnx/onnx.pb-c.h
+
+# The schema comes from a package that bootstrap installs: under make -j the
+# generator must wait for it.
+$(ONNX_PROTO): | bootstrap
+	@test -f $@ || { echo "$@ is missing: install libonnx-dev (tools/bootstrap.sh)" >&2; exit 1; }
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -83,6 +88,19 @@ $(BUILD)/tests/%: tests/%.c $(LIB)
 unit: $(TEST_BINS)
 	@tools/run_unit_tests.sh $(TEST_BINS)
 
+# oneDNN picks other code (and other memory formats) per CPU: the unit tests
+# and the conformance suite run again with each narrower ISA a user's CPU may
+# have, so an AVX2-only or SSE4.1 machine's paths are tested on any machine.
+ISAS ?= AVX2 SSE41
+isa: $(TEST_BINS) $(BUILD)/tests/conformance/runner
+	@for isa in $(ISAS); do \
+	    echo "isa: ONEDNN_MAX_CPU_ISA=$$isa"; \
+	    ONEDNN_MAX_CPU_ISA=$$isa tools/run_unit_tests.sh $(TEST_BINS) || exit 1; \
+	    ONEDNN_MAX_CPU_ISA=$$isa BUILD=$(BUILD) tools/conformance.sh >$(BUILD)/conformance-$$isa.log 2>&1 \
+	        || { cat $(BUILD)/conformance-$$isa.log; exit 1; }; \
+	    tail -1 $(BUILD)/conformance-$$isa.log; \
+	done
+
 conformance: bootstrap $(BIN)
 	@BUILD=$(BUILD) tools/conformance.sh
 
@@ -95,16 +113,23 @@ deploy-check:
 
 # The whole suite again under ASan+UBSan (own build folder, no CUDA plugin),
 # and the batcher's unit test under TSan: what CI runs after `make test`.
+# Every suite runs with KILN_TEST_RUN set, and tools/procs.sh then fails the
+# run if any process a test started (a kiln, a redis-server) is still alive.
+sanitize: export KILN_TEST_RUN := sanitize-$(shell date +%s%N)
 sanitize:
 	@$(MAKE) --no-print-directory BUILD=build/asan SANITIZE=address,undefined CUDA=0 build/asan/kiln unit conformance e2e
 	@$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread CUDA=0 build/tsan/tests/server/test_batcher
 	@build/tsan/tests/server/test_batcher
+	@tools/procs.sh check
 
+test: export KILN_TEST_RUN := test-$(shell date +%s%N)
 test: bootstrap all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory conformance
+	@$(MAKE) --no-print-directory isa
 	@$(MAKE) --no-print-directory deploy-check
 	@$(MAKE) --no-print-directory e2e
+	@tools/procs.sh check
 
 run: bootstrap all
 	$(BIN) serve --model-repository model_repository --http-port 8000

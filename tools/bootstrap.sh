@@ -21,6 +21,15 @@ if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "bootstrap: installing Debian packages:$missing"
         export DEBIAN_FRONTEND=noninteractive
+        # Installing redis-server would start Debian's own redis on :6379 and
+        # leave it running after the tests; the tests start their own. A
+        # policy-rc.d that refuses every start (Debian's mechanism for this)
+        # is in place during the install, unless the machine has one already.
+        if [ ! -e /usr/sbin/policy-rc.d ]; then
+            printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+            chmod 755 /usr/sbin/policy-rc.d
+            trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+        fi
         apt-get update -qq
         apt-get install -y -qq --no-install-recommends $missing >/dev/null
     else
