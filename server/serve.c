@@ -6,11 +6,13 @@
  * First SIGTERM/SIGINT: ready turns false, new work gets 503, the main thread
  * waits for every accepted request to be answered, then exits 0. A second
  * signal, or --exit-timeout-secs, forces the exit with status 1. */
+#include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +65,23 @@ static int load_initial(repository_t *repo, const struct server_config *cfg) {
     return failed;
 }
 
+/* Connections each take a file descriptor, and the soft limit (often 1024)
+ * is far below what a server needs: take the hard limit. */
+static void raise_fd_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl)) return;
+    unsigned long long was = (unsigned long long)rl.rlim_cur;
+    if (rl.rlim_cur != rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl)) {
+            log_warn("open file limit stays at %llu: cannot raise it to the hard limit %llu: %s", was,
+                     (unsigned long long)rl.rlim_max, strerror(errno));
+            return;
+        }
+        log_info("open file limit raised from %llu to the hard limit %llu", was, (unsigned long long)rl.rlim_cur);
+    } else log_info("open file limit: %llu (the hard limit)", was);
+}
+
 int cmd_serve(int argc, char **argv) {
     struct server_config cfg;
     server_config_init(&cfg);
@@ -75,6 +94,7 @@ int cmd_serve(int argc, char **argv) {
     }
     log_set_level((enum log_level)log_level_parse(cfg.log_level));
     log_set_json(strcmp(cfg.log_format, "json") == 0);
+    raise_fd_limit();
 
     /* Every thread created from here on inherits the blocked set. */
     sigset_t sigs;
