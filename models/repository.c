@@ -90,17 +90,31 @@ void repository_release(struct repo_version *v) {
     if (atomic_fetch_sub(&v->refs, 1) != 1) return;
     repository_t *r = v->repo_;
     pthread_mutex_lock(&r->reap_lock);
-    if (r->nreap == r->reap_cap) {
+    /* reserve_reap_slot made room for every live version when it was
+     * counted, so nothing can fail here: a version dropped for want of
+     * memory would never be freed, and repository_free would wait for it
+     * forever. */
+    r->reap[r->nreap++] = v;
+    pthread_cond_signal(&r->reap_cond);
+    pthread_mutex_unlock(&r->reap_lock);
+}
+
+/* Counts a new live version, first making room for it in the reap list (under
+ * reap_lock), so that its release cannot fail. Returns 0 or STATUS_NOMEM. */
+static int reserve_reap_slot(repository_t *r) {
+    pthread_mutex_lock(&r->reap_lock);
+    int rc = 0;
+    if (r->live + 1 > r->reap_cap) {
         int nc = r->reap_cap ? r->reap_cap * 2 : 16;
         struct repo_version **n = realloc(r->reap, (size_t)nc * sizeof *n);
         if (n) {
             r->reap = n;
             r->reap_cap = nc;
-        }
+        } else rc = STATUS_NOMEM;
     }
-    if (r->nreap < r->reap_cap) r->reap[r->nreap++] = v;
-    pthread_cond_signal(&r->reap_cond);
+    if (!rc) r->live++;
     pthread_mutex_unlock(&r->reap_lock);
+    return rc;
 }
 
 /* ---- folder scanning ---------------------------------------------------- */
@@ -282,12 +296,13 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
     }
+    if (reserve_reap_slot(r)) {
+        ERR(STATUS_NOMEM, "model '%s': out of memory", name);
+        goto fail;
+    }
     v->load_ns = now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
-    pthread_mutex_lock(&r->reap_lock);
-    r->live++;
-    pthread_mutex_unlock(&r->reap_lock);
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
              (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
              c->instance_count, c->instance_count == 1 ? "" : "s", be);

@@ -1188,7 +1188,13 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
             s->nthreads = i; /* join only what started */
             goto fail;
         }
-    if (pthread_create(&s->control_tid, NULL, control_main, s) == 0) s->control_started = 1;
+    /* Without the control thread a load or unload would wait forever for a
+     * reply: no control thread, no server. */
+    if (pthread_create(&s->control_tid, NULL, control_main, s)) {
+        status_set(err, err_len, STATUS_INTERNAL, "cannot start the control thread");
+        goto fail;
+    }
+    s->control_started = 1;
     log_info("listening on http://%s:%d (%d I/O thread%s, backend %s)", p->config->http_address, s->port,
              s->nthreads, s->nthreads == 1 ? "" : "s", s->backend);
     return s;
