@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/file.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "models/model.h"
@@ -117,6 +118,19 @@ static int reserve_reap_slot(repository_t *r) {
     return rc;
 }
 
+/* Client-facing messages name files relative to the repository: drops every
+ * "<root>/" from msg, in place. */
+static void relative_to_root(const repository_t *r, char *msg) {
+    size_t rl = strlen(r->root);
+    for (char *p = msg; (p = strstr(p, r->root));) {
+        if (p[rl] != '/') {
+            p += rl;
+            continue;
+        }
+        memmove(p, p + rl + 1, strlen(p + rl + 1) + 1);
+    }
+}
+
 /* ---- folder scanning ---------------------------------------------------- */
 
 static int valid_name(const char *name) {
@@ -179,26 +193,6 @@ static uint64_t dir_signature(const char *dir, int depth) {
     }
     closedir(d);
     return h;
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && n < (16 << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf[n] = 0;
-                *len = (size_t)n;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
 }
 
 /* ---- loading one version ------------------------------------------------ */
@@ -356,6 +350,7 @@ static void entry_swap(repository_t *r, const char *name, struct repo_version **
         e->state = st;
         e->signature = sig;
         snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+        relative_to_root(r, e->reason);
     }
     pthread_rwlock_unlock(&r->lock);
     for (int i = 0; i < nold; i++) repository_release(old[i]);
@@ -367,7 +362,10 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
     struct entry *e = entry_get(r, name);
     if (e) {
         e->state = st;
-        if (reason) snprintf(e->reason, sizeof e->reason, "%s", reason);
+        if (reason) {
+            snprintf(e->reason, sizeof e->reason, "%s", reason);
+            relative_to_root(r, e->reason);
+        }
     }
     pthread_rwlock_unlock(&r->lock);
 }
@@ -381,6 +379,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
 static int load_locked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
     int rc = load_checked(r, name, override, err, err_len);
     if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
+    if (rc && err) relative_to_root(r, err);
     return rc;
 }
 
@@ -390,7 +389,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
     struct stat st;
     if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
-        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     uint64_t sig = dir_signature(mdir, 2);
     int64_t present[256];
     int np = scan_versions(mdir, present, 256);
@@ -400,19 +399,23 @@ static int load_checked(repository_t *r, const char *name, const char *override,
         return STATUS_INVALID;
     }
     size_t cfg_len = 0;
-    char cpath[4200];
+    char cpath[4200], e2[4400];
     snprintf(cpath, sizeof cpath, "%s/config.json", mdir);
-    char *cfg = override ? strdup(override) : read_file(cpath, &cfg_len);
-    if (override) cfg_len = strlen(override);
-    if (!cfg && !override && stat(cpath, &st) == 0) {
-        ERR(STATUS_INVALID, "model '%s': cannot read %s", name, cpath);
-        entry_set_state(r, name, ST_UNAVAILABLE, err);
-        return STATUS_INVALID;
+    char *cfg = NULL;
+    if (override) {
+        cfg = strdup(override);
+        cfg_len = strlen(override);
+    } else {
+        int frc = file_read_regular(cpath, MODEL_CONFIG_MAX_FILE_BYTES, &cfg, &cfg_len, e2, sizeof e2);
+        if (frc && frc != STATUS_NOT_FOUND) {
+            ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+            entry_set_state(r, name, ST_UNAVAILABLE, err);
+            return STATUS_INVALID;
+        }
     }
     /* The policy comes from the config; parse it once without the model. */
     struct model_config pc;
     model_config_init(&pc, name);
-    char e2[512];
     if (cfg && model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2)) {
         ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
         model_config_clear(&pc);
@@ -480,7 +483,7 @@ static int unload_locked(repository_t *r, const char *name, char *err, size_t er
         struct stat st;
         snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
         if (!valid_name(name) || stat(mdir, &st) || !S_ISDIR(st.st_mode))
-            return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+            return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     }
     entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
     return 0;
@@ -706,6 +709,8 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
     repository_t *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->root = strdup(p->root);
+    /* "repo/" and "repo" name the same folder; messages strip "<root>/". */
+    for (size_t n = r->root ? strlen(r->root) : 0; n > 1 && r->root[n - 1] == '/'; n--) r->root[n - 1] = 0;
     r->backend = strdup(p->backend ? p->backend : "cpu");
     r->max_versions = p->max_versions > 0 ? p->max_versions : 64;
     pthread_rwlock_init(&r->lock, NULL);
