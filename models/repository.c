@@ -33,6 +33,7 @@ struct repository {
     char *root;
     char *backend;
     int max_versions;
+    int max_instances, max_intra_op_threads;
 
     pthread_rwlock_t lock;          /* guards entries */
     struct entry *entries;
@@ -383,6 +384,19 @@ static int load_locked(repository_t *r, const char *name, const char *override, 
     return rc;
 }
 
+/* The server's bounds on what a configuration may ask for: a load request's
+ * config as much as a config.json, so no client can start threads by the
+ * thousand. */
+static int check_bounds(const repository_t *r, const struct model_config *c, char *err, size_t err_len) {
+    if (r->max_instances > 0 && c->instance_count > r->max_instances)
+        return ERR(STATUS_INVALID, "config field 'instance_group[0].count' is %d, over this server's bound of %d "
+                   "(--max-model-instances)", c->instance_count, r->max_instances);
+    if (r->max_intra_op_threads > 0 && c->intra_op_threads > r->max_intra_op_threads)
+        return ERR(STATUS_INVALID, "config field 'parameters.intra_op_thread_count' is %d, over this server's bound "
+                   "of %d (--max-intra-op-threads)", c->intra_op_threads, r->max_intra_op_threads);
+    return 0;
+}
+
 static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
     if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
     char mdir[4096];
@@ -416,8 +430,8 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     /* The policy comes from the config; parse it once without the model. */
     struct model_config pc;
     model_config_init(&pc, name);
-    if (cfg && model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2)) {
-        ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+    if (cfg && (model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2) || check_bounds(r, &pc, e2, sizeof e2))) {
+        ERR(STATUS_INVALID, "model '%s': %s: %s", name, override ? "parameters.config" : "config.json", e2);
         model_config_clear(&pc);
         free(cfg);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
@@ -711,6 +725,8 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
     r->root = strdup(p->root);
     /* "repo/" and "repo" name the same folder; messages strip "<root>/". */
     for (size_t n = r->root ? strlen(r->root) : 0; n > 1 && r->root[n - 1] == '/'; n--) r->root[n - 1] = 0;
+    r->max_instances = p->max_instances;
+    r->max_intra_op_threads = p->max_intra_op_threads;
     r->backend = strdup(p->backend ? p->backend : "cpu");
     r->max_versions = p->max_versions > 0 ? p->max_versions : 64;
     pthread_rwlock_init(&r->lock, NULL);
