@@ -354,12 +354,15 @@ int server_config_is_loopback(const char *addr) {
     return 0; /* a host name: it may resolve to anything */
 }
 
-/* Load and unload run code from the repository with the server's rights:
- * reachable by anyone, they need a token, or the operator's word. */
+int server_config_control_unprotected(const struct server_config *c) {
+    return c->model_control_mode != SERVER_CONTROL_NONE && !c->control_token &&
+           !server_config_is_loopback(c->http_address);
+}
+
+/* Load and unload change what the server runs and spend its threads and
+ * memory: reachable by anyone, they need a token, or the operator's word. */
 static int check_control_auth(const struct server_config *c, char *err, size_t err_len) {
-    if (c->model_control_mode == SERVER_CONTROL_NONE || c->control_token || c->allow_unauthenticated_control ||
-        server_config_is_loopback(c->http_address))
-        return 0;
+    if (!server_config_control_unprotected(c) || c->allow_unauthenticated_control) return 0;
     return status_set(err, err_len, STATUS_INVALID,
                       "--model-control-mode %s on --http-address %s (not a loopback address) without --control-token "
                       "would let anyone who reaches the port load and unload models: set --control-token, or "

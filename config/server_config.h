@@ -75,6 +75,9 @@ void server_config_usage(FILE *f);
 
 /* 1 when addr is a loopback address (127.0.0.0/8, ::1, localhost). */
 int server_config_is_loopback(const char *addr);
+/* 1 when load/unload (explicit or poll mode) need no token on an address
+ * that is not loopback: allowed only with allow_unauthenticated_control. */
+int server_config_control_unprotected(const struct server_config *c);
 
 const char *server_control_mode_name(enum server_control_mode m);
 

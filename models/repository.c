@@ -120,12 +120,15 @@ static int reserve_reap_slot(repository_t *r) {
 }
 
 /* Client-facing messages name files relative to the repository: drops every
- * "<root>/" from msg, in place. */
+ * "<root>/" that starts a path in msg (at its start, or after a space, a quote
+ * or a parenthesis), in place. A root such as "." or "models" also occurs
+ * inside other words and paths ("../x"), which stay as they are. */
 static void relative_to_root(const repository_t *r, char *msg) {
     size_t rl = strlen(r->root);
     for (char *p = msg; (p = strstr(p, r->root));) {
-        if (p[rl] != '/') {
-            p += rl;
+        int starts_path = p == msg || strchr(" '\"(", p[-1]) != NULL;
+        if (!starts_path || p[rl] != '/') {
+            p++;
             continue;
         }
         memmove(p, p + rl + 1, strlen(p + rl + 1) + 1);

@@ -75,8 +75,7 @@ int cmd_serve(int argc, char **argv) {
     }
     log_set_level((enum log_level)log_level_parse(cfg.log_level));
     log_set_json(strcmp(cfg.log_format, "json") == 0);
-    if (cfg.model_control_mode != SERVER_CONTROL_NONE && !cfg.control_token &&
-        !server_config_is_loopback(cfg.http_address))
+    if (server_config_control_unprotected(&cfg))
         log_warn("model control %s without --control-token on %s: anyone who reaches the port can load and unload "
                  "models (--allow-unauthenticated-control)", server_control_mode_name(cfg.model_control_mode),
                  cfg.http_address);

@@ -63,7 +63,28 @@ static void test_release_never_drops_a_version(void **state) {
     rmdir(dir);
 }
 
+static void expect_relative(const char *root, const char *msg, const char *want) {
+    repository_t r = {.root = (char *)root};
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", msg);
+    relative_to_root(&r, buf);
+    assert_string_equal(buf, want);
+}
+
+/* Clients see paths relative to the repository, whatever the root looks like. */
+static void test_messages_relative_to_root(void **state) {
+    expect_relative("/srv/models", "cannot open '/srv/models/m/1/model.onnx': No such file",
+                    "cannot open 'm/1/model.onnx': No such file");
+    expect_relative("/srv/models", "expected /srv/models/m/1/model.onnx (and /srv/models/m/config.json)",
+                    "expected m/1/model.onnx (and m/config.json)");
+    expect_relative("/srv/models", "'/srv/models2/x' and /srv/modelsx", "'/srv/models2/x' and /srv/modelsx");
+    expect_relative(".", "cannot open './m/labels.txt'; location '../x' escapes", "cannot open 'm/labels.txt'; "
+                    "location '../x' escapes");
+    expect_relative("models", "'models/m/1/model.onnx' in othermodels/x", "'m/1/model.onnx' in othermodels/x");
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_release_never_drops_a_version)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_release_never_drops_a_version),
+                                       cmocka_unit_test(test_messages_relative_to_root)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
