@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/file.h"
 #include "common/status.h"
 
 /* ---- the option table --------------------------------------------------- */
@@ -265,23 +266,11 @@ int server_config_set(struct server_config *c, const char *name, const char *val
 /* ---- sources ------------------------------------------------------------ */
 
 static int load_file(struct server_config *c, const char *path, char *err, size_t err_len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_set(err, err_len, STATUS_INVALID, "--config %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (len < 0 || len > (1 << 20)) {
-        fclose(f);
-        return status_set(err, err_len, STATUS_INVALID, "--config %s: not a readable file under 1 MiB", path);
-    }
-    char *buf = malloc((size_t)len + 1);
-    size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!buf || got != (size_t)len) {
-        free(buf);
-        return status_set(err, err_len, STATUS_INVALID, "--config %s: read failed", path);
-    }
-    buf[len] = 0;
+    char *buf, e2[512];
+    size_t n;
+    if (file_read_regular(path, 1 << 20, &buf, &n, e2, sizeof e2))
+        return status_set(err, err_len, STATUS_INVALID, "--config: %s", e2);
+    long len = (long)n;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, (size_t)len, &end, 0);
     if (!root) {

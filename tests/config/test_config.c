@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -90,6 +91,20 @@ static void test_errors_name_the_source(void **state) {
     assert_int_equal(load(&c, 3, a4), STATUS_INVALID);
     assert_non_null(strstr(g_err, "/nonexistent/kiln.json"));
     server_config_clear(&c);
+    /* A FIFO as --config is refused at once instead of blocking the start. */
+    char fifo[] = "/tmp/kiln_test_config_fifo_XXXXXX";
+    assert_non_null(mkdtemp(fifo));
+    char fpath[64];
+    snprintf(fpath, sizeof fpath, "%s/kiln.json", fifo);
+    assert_int_equal(mkfifo(fpath, 0600), 0);
+    char *a5[] = {"serve", "--config", fpath};
+    alarm(10);
+    assert_int_equal(load(&c, 3, a5), STATUS_INVALID);
+    alarm(0);
+    assert_non_null(strstr(g_err, "not a regular file"));
+    server_config_clear(&c);
+    unlink(fpath);
+    rmdir(fifo);
 }
 
 /* Explicit or poll control off loopback needs a token or the operator's word;
