@@ -29,7 +29,25 @@ static size_t json_escape(char *dst, size_t cap, const char *s) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\') { dst[n++] = '\\'; dst[n++] = (char)c; }
         else if (c == '\n') { dst[n++] = '\\'; dst[n++] = 'n'; }
-        else if (c < 0x20) n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", c);
+        else if (c < 0x20 || c == 0x7f) n += (size_t)snprintf(dst + n, cap - n, "\\u%04x", c);
+        else dst[n++] = (char)c;
+    }
+    dst[n] = 0;
+    return n;
+}
+
+/* Escapes the control characters of s (newlines and terminal escapes among
+ * them) as \n, \r, \t or \xNN, so text that a client chose, a model name from
+ * a URL for one, can never start a line of its own or drive the terminal that
+ * shows the log. Truncates to fit. */
+static size_t text_escape(char *dst, size_t cap, const char *s) {
+    size_t n = 0;
+    for (; *s && n + 5 < cap; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '\n') { dst[n++] = '\\'; dst[n++] = 'n'; }
+        else if (c == '\r') { dst[n++] = '\\'; dst[n++] = 'r'; }
+        else if (c == '\t') { dst[n++] = '\\'; dst[n++] = 't'; }
+        else if (c < 0x20 || c == 0x7f) n += (size_t)snprintf(dst + n, cap - n, "\\x%02x", c);
         else dst[n++] = (char)c;
     }
     dst[n] = 0;
@@ -51,13 +69,14 @@ void log_write(enum log_level level, const char *func, const char *fmt, ...) {
     size_t tl = strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
     snprintf(ts + tl, sizeof ts - tl, ".%03ldZ", now.tv_nsec / 1000000);
     int n;
+    char esc[4200];
     if (g_json) {
-        char esc[4200];
         json_escape(esc, sizeof esc, msg);
         n = snprintf(line, sizeof line, "{\"ts\":\"%s\",\"level\":\"%s\",\"func\":\"%s\",\"msg\":\"%s\"}\n",
                      ts, names[level], func, esc);
     } else {
-        n = snprintf(line, sizeof line, "%s %-5s %s\n", ts, names[level], msg);
+        text_escape(esc, sizeof esc, msg);
+        n = snprintf(line, sizeof line, "%s %-5s %s\n", ts, names[level], esc);
     }
     if (n > (int)sizeof line) n = (int)sizeof line;
     ssize_t w = write(2, line, (size_t)n);

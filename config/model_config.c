@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/file.h"
 #include "common/status.h"
 #include "models/model.h"
 
@@ -468,8 +469,11 @@ int model_config_load_labels(struct model_config *c, const char *dir, char *err,
         if (!o->label_filename) continue;
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, o->label_filename);
-        FILE *f = fopen(path, "r");
-        if (!f) return INVALID("config field 'output' of '%s': label_filename %s: %s", o->name, path, strerror(errno));
+        int64_t size;
+        int st;
+        char e2[4200];
+        FILE *f = file_open_regular(path, MODEL_CONFIG_MAX_FILE_BYTES, &size, &st, e2, sizeof e2);
+        if (!f) return INVALID("config field 'output' of '%s': label_filename: %s", o->name, e2);
         char line[1024];
         int cap = 0;
         while (fgets(line, sizeof line, f)) {

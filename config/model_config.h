@@ -90,7 +90,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
 int model_config_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
                           const struct model_io *outputs, int noutputs, char *err, size_t err_len);
 
-/* Reads each output's label_filename from dir. */
+/* The largest config.json or label file read from a repository. */
+#define MODEL_CONFIG_MAX_FILE_BYTES ((int64_t)16 << 20)
+
+/* Reads each output's label_filename from dir: regular files only, each of
+ * at most MODEL_CONFIG_MAX_FILE_BYTES. */
 int model_config_load_labels(struct model_config *c, const char *dir, char *err, size_t err_len);
 
 /* 1 if this version should be loaded given every version present (sorted

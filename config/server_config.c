@@ -7,8 +7,12 @@
 #include <string.h>
 #include <strings.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cjson/cJSON.h>
 
+#include "common/file.h"
 #include "common/status.h"
 
 /* ---- the option table --------------------------------------------------- */
@@ -41,8 +45,10 @@ static const struct opt g_opts[] = {
     {"model-control-mode", OPT_STR, "none|explicit|poll", "none", "none: load all at start; explicit: load/unload through the API; poll: reload on change"},
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
-    {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload"},
-    {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address"},
+    {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload (an empty token is an error)"},
+    {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address (logs a warning)"},
+    {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instance_group[0].count; a load asking more gets 400"},
+    {"max-intra-op-threads", OPT_INT, "N", "cores", "bound on a model's parameters.intra_op_thread_count; a load asking more gets 400"},
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
     {"redis-url", OPT_STR, "URL", "", "redis://host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
@@ -171,6 +177,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
             if (x < 1) return BAD("expected at least 1");
             c->repository_poll_secs = (int)x;
         } else if (strcmp(n, "cache-ttl-secs") == 0) c->cache_ttl_secs = (int)x;
+        else if (strcmp(n, "max-model-instances") == 0 || strcmp(n, "max-intra-op-threads") == 0) {
+            if (x < 1 || x > 1024) return BAD("expected 1-1024");
+            if (strcmp(n, "max-model-instances") == 0) c->max_model_instances = (int)x;
+            else c->max_intra_op_threads = (int)x;
+        }
         return 0;
     }
     if (o->kind == OPT_BOOL) {
@@ -230,7 +241,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         else if (strcmp(v, "explicit") == 0) c->model_control_mode = SERVER_CONTROL_EXPLICIT;
         else if (strcmp(v, "poll") == 0) c->model_control_mode = SERVER_CONTROL_POLL;
         else return BAD("expected none, explicit or poll");
-    } else if (strcmp(n, "control-token") == 0) set_str(&c->control_token, v);
+    } else if (strcmp(n, "control-token") == 0) {
+        /* Empty once meant "no authentication": it must not turn it off by accident. */
+        if (!*v) return BAD("an empty token would leave load and unload open: give a token, or leave it unset");
+        set_str(&c->control_token, v);
+    }
     else if (strcmp(n, "redis-url") == 0) {
         if (*v && strncmp(v, "redis://", 8) && strncmp(v, "unix://", 7))
             return BAD("expected redis://host:port[/db] or unix:///path");
@@ -251,23 +266,11 @@ int server_config_set(struct server_config *c, const char *name, const char *val
 /* ---- sources ------------------------------------------------------------ */
 
 static int load_file(struct server_config *c, const char *path, char *err, size_t err_len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_set(err, err_len, STATUS_INVALID, "--config %s: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (len < 0 || len > (1 << 20)) {
-        fclose(f);
-        return status_set(err, err_len, STATUS_INVALID, "--config %s: not a readable file under 1 MiB", path);
-    }
-    char *buf = malloc((size_t)len + 1);
-    size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
-    fclose(f);
-    if (!buf || got != (size_t)len) {
-        free(buf);
-        return status_set(err, err_len, STATUS_INVALID, "--config %s: read failed", path);
-    }
-    buf[len] = 0;
+    char *buf, e2[512];
+    size_t n;
+    if (file_read_regular(path, 1 << 20, &buf, &n, e2, sizeof e2))
+        return status_set(err, err_len, STATUS_INVALID, "--config: %s", e2);
+    long len = (long)n;
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(buf, (size_t)len, &end, 0);
     if (!root) {
@@ -329,6 +332,33 @@ static int load_env(struct server_config *c, char *err, size_t err_len) {
     return 0;
 }
 
+int server_config_is_loopback(const char *addr) {
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (!addr) return 0;
+    if (strcasecmp(addr, "localhost") == 0) return 1;
+    if (inet_pton(AF_INET, addr, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, addr, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return 0; /* a host name: it may resolve to anything */
+}
+
+int server_config_control_unprotected(const struct server_config *c) {
+    return c->model_control_mode != SERVER_CONTROL_NONE && !c->control_token &&
+           !server_config_is_loopback(c->http_address);
+}
+
+/* Load and unload change what the server runs and spend its threads and
+ * memory: reachable by anyone, they need a token, or the operator's word. */
+static int check_control_auth(const struct server_config *c, char *err, size_t err_len) {
+    if (!server_config_control_unprotected(c) || c->allow_unauthenticated_control) return 0;
+    return status_set(err, err_len, STATUS_INVALID,
+                      "--model-control-mode %s on --http-address %s (not a loopback address) without --control-token "
+                      "would let anyone who reaches the port load and unload models: set --control-token, or "
+                      "--allow-unauthenticated-control to accept that",
+                      server_control_mode_name(c->model_control_mode), c->http_address);
+}
+
 int server_config_load(struct server_config *c, int argc, char **argv, char *err, size_t err_len) {
     g_load_rank = 0;
     /* First pass: --help and --config, and that every flag exists and has a value. */
@@ -373,7 +403,7 @@ int server_config_load(struct server_config *c, int argc, char **argv, char *err
         return status_set(err, err_len, STATUS_INVALID,
                           "--load-model needs --model-control-mode explicit (mode is %s: every model is loaded)",
                           server_control_mode_name(c->model_control_mode));
-    return 0;
+    return check_control_auth(c, err, err_len);
 }
 
 void server_config_usage(FILE *f) {

@@ -39,8 +39,10 @@ struct server_config {
     int repository_poll_secs;
     char *load_model[SERVER_CONFIG_MAX_LOAD]; /* names; "*" = all */
     int nload_model;
-    char *control_token;         /* NULL = load/unload open */
+    char *control_token;         /* NULL = load/unload open (allowed on loopback, or with the flag below) */
     int allow_unauthenticated_control; /* 1 = explicit/poll control without a token on any address */
+    int max_model_instances;     /* bound on instance_group[0].count; 0 = 4 x cores */
+    int max_intra_op_threads;    /* bound on parameters.intra_op_thread_count; 0 = cores */
     /* Result cache settings, read by cache/. */
     int64_t cache_size;          /* bytes of the in-process cache; 0 = off */
     char *redis_url;             /* NULL = no Redis tier */
@@ -56,7 +58,10 @@ void server_config_clear(struct server_config *c);
 
 /* Builds the configuration from argv (argv[0] = "serve"), the environment and
  * the --config file. Returns 0, 1 when --help was asked (usage printed to
- * stdout), or a negative status with err naming the flag, variable or key. */
+ * stdout), or a negative status with err naming the flag, variable or key.
+ * Explicit or poll model control on an address that is not loopback needs
+ * --control-token or --allow-unauthenticated-control; an empty token is an
+ * error. */
 int server_config_load(struct server_config *c, int argc, char **argv,
                        char *err, size_t err_len);
 
@@ -67,6 +72,12 @@ int server_config_set(struct server_config *c, const char *name, const char *val
                       const char *source, char *err, size_t err_len);
 
 void server_config_usage(FILE *f);
+
+/* 1 when addr is a loopback address (127.0.0.0/8, ::1, localhost). */
+int server_config_is_loopback(const char *addr);
+/* 1 when load/unload (explicit or poll mode) need no token on an address
+ * that is not loopback: allowed only with allow_unauthenticated_control. */
+int server_config_control_unprotected(const struct server_config *c);
 
 const char *server_control_mode_name(enum server_control_mode m);
 

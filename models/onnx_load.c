@@ -13,10 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "common/file.h"
 #include "common/status.h"
 #include "kernels/ops.h"
 #include "onnx/onnx.pb-c.h"
@@ -102,36 +102,13 @@ static int wire_check(const void *buf, size_t len, const ProtobufCMessageDescrip
 
 /* ---- files -------------------------------------------------------------- */
 
+/* Model and tensor files come from a repository someone else writes: a
+ * regular file under protobuf's limit, opened without blocking on a FIFO. */
 static int read_file(const char *path, void **out, size_t *out_len, char *err, size_t err_len) {
-    *out = NULL;
-    *out_len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return status_set(err, err_len, STATUS_NOT_FOUND, "cannot open '%s': %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fclose(f);
-        return status_set(err, err_len, STATUS_INVALID, "'%s' is not a regular file", path);
-    }
-    if ((int64_t)st.st_size > MAX_FILE_BYTES) {
-        fclose(f);
-        return status_set(err, err_len, STATUS_INVALID, "'%s' is %lld bytes, over protobuf's 2 GiB limit", path,
-                          (long long)st.st_size);
-    }
-    size_t n = (size_t)st.st_size;
-    void *buf = malloc(n ? n : 1);
-    if (!buf) {
-        fclose(f);
-        return status_set(err, err_len, STATUS_NOMEM, "out of memory reading '%s'", path);
-    }
-    if (n && fread(buf, 1, n, f) != n) {
-        free(buf);
-        fclose(f);
-        return status_set(err, err_len, STATUS_INVALID, "cannot read '%s': short read", path);
-    }
-    fclose(f);
+    char *buf;
+    int rc = file_read_regular(path, MAX_FILE_BYTES, &buf, out_len, err, err_len);
     *out = buf;
-    *out_len = n;
-    return 0;
+    return rc;
 }
 
 /* Returns a malloc'd copy of path's folder ("." when it has none). */
@@ -260,14 +237,14 @@ static int load_external(const Onnx__TensorProto *tp, const char *name, const ch
                         "tensor '%s': external data location '%s' escapes the model's folder", name, location);
         goto out;
     }
-    f = fopen(real, "rb");
-    struct stat st;
-    if (!f || fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = status_set(err, err_len, STATUS_NOT_FOUND, "tensor '%s': cannot read external data file '%s'", name,
-                        location);
+    int64_t fsize;
+    char e2[64];
+    f = file_open_regular(real, INT64_MAX, &fsize, &rc, e2, sizeof e2);
+    if (!f) {
+        rc = status_set(err, err_len, rc, "tensor '%s': cannot read external data file '%s' (not a regular file, or "
+                        "missing)", name, location);
         goto out;
     }
-    int64_t fsize = st.st_size;
     if (length >= 0 && (uint64_t)length != nbytes) {
         rc = status_set(err, err_len, STATUS_INVALID,
                         "tensor '%s': external data length %lld does not match its shape (%zu bytes)", name,

@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/file.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "models/model.h"
@@ -32,6 +33,7 @@ struct repository {
     char *root;
     char *backend;
     int max_versions;
+    int max_instances, max_intra_op_threads;
 
     pthread_rwlock_t lock;          /* guards entries */
     struct entry *entries;
@@ -90,17 +92,47 @@ void repository_release(struct repo_version *v) {
     if (atomic_fetch_sub(&v->refs, 1) != 1) return;
     repository_t *r = v->repo_;
     pthread_mutex_lock(&r->reap_lock);
-    if (r->nreap == r->reap_cap) {
+    /* reserve_reap_slot made room for every live version when it was
+     * counted, so nothing can fail here: a version dropped for want of
+     * memory would never be freed, and repository_free would wait for it
+     * forever. */
+    r->reap[r->nreap++] = v;
+    pthread_cond_signal(&r->reap_cond);
+    pthread_mutex_unlock(&r->reap_lock);
+}
+
+/* Counts a new live version, first making room for it in the reap list (under
+ * reap_lock), so that its release cannot fail. Returns 0 or STATUS_NOMEM. */
+static int reserve_reap_slot(repository_t *r) {
+    pthread_mutex_lock(&r->reap_lock);
+    int rc = 0;
+    if (r->live + 1 > r->reap_cap) {
         int nc = r->reap_cap ? r->reap_cap * 2 : 16;
         struct repo_version **n = realloc(r->reap, (size_t)nc * sizeof *n);
         if (n) {
             r->reap = n;
             r->reap_cap = nc;
-        }
+        } else rc = STATUS_NOMEM;
     }
-    if (r->nreap < r->reap_cap) r->reap[r->nreap++] = v;
-    pthread_cond_signal(&r->reap_cond);
+    if (!rc) r->live++;
     pthread_mutex_unlock(&r->reap_lock);
+    return rc;
+}
+
+/* Client-facing messages name files relative to the repository: drops every
+ * "<root>/" that starts a path in msg (at its start, or after a space, a quote
+ * or a parenthesis), in place. A root such as "." or "models" also occurs
+ * inside other words and paths ("../x"), which stay as they are. */
+static void relative_to_root(const repository_t *r, char *msg) {
+    size_t rl = strlen(r->root);
+    for (char *p = msg; (p = strstr(p, r->root));) {
+        int starts_path = p == msg || strchr(" '\"(", p[-1]) != NULL;
+        if (!starts_path || p[rl] != '/') {
+            p++;
+            continue;
+        }
+        memmove(p, p + rl + 1, strlen(p + rl + 1) + 1);
+    }
 }
 
 /* ---- folder scanning ---------------------------------------------------- */
@@ -165,26 +197,6 @@ static uint64_t dir_signature(const char *dir, int depth) {
     }
     closedir(d);
     return h;
-}
-
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        long n = ftell(f);
-        if (n >= 0 && n < (16 << 20) && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-            if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-                free(buf);
-                buf = NULL;
-            } else {
-                buf[n] = 0;
-                *len = (size_t)n;
-            }
-        }
-    }
-    fclose(f);
-    return buf;
 }
 
 /* ---- loading one version ------------------------------------------------ */
@@ -282,12 +294,13 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
     }
+    if (reserve_reap_slot(r)) {
+        ERR(STATUS_NOMEM, "model '%s': out of memory", name);
+        goto fail;
+    }
     v->load_ns = now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
-    pthread_mutex_lock(&r->reap_lock);
-    r->live++;
-    pthread_mutex_unlock(&r->reap_lock);
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
              (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
              c->instance_count, c->instance_count == 1 ? "" : "s", be);
@@ -341,6 +354,7 @@ static void entry_swap(repository_t *r, const char *name, struct repo_version **
         e->state = st;
         e->signature = sig;
         snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+        relative_to_root(r, e->reason);
     }
     pthread_rwlock_unlock(&r->lock);
     for (int i = 0; i < nold; i++) repository_release(old[i]);
@@ -352,7 +366,10 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
     struct entry *e = entry_get(r, name);
     if (e) {
         e->state = st;
-        if (reason) snprintf(e->reason, sizeof e->reason, "%s", reason);
+        if (reason) {
+            snprintf(e->reason, sizeof e->reason, "%s", reason);
+            relative_to_root(r, e->reason);
+        }
     }
     pthread_rwlock_unlock(&r->lock);
 }
@@ -366,7 +383,21 @@ static int load_checked(repository_t *r, const char *name, const char *override,
 static int load_locked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
     int rc = load_checked(r, name, override, err, err_len);
     if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
+    if (rc && err) relative_to_root(r, err);
     return rc;
+}
+
+/* The server's bounds on what a configuration may ask for: a load request's
+ * config as much as a config.json, so no client can start threads by the
+ * thousand. */
+static int check_bounds(const repository_t *r, const struct model_config *c, char *err, size_t err_len) {
+    if (r->max_instances > 0 && c->instance_count > r->max_instances)
+        return ERR(STATUS_INVALID, "config field 'instance_group[0].count' is %d, over this server's bound of %d "
+                   "(--max-model-instances)", c->instance_count, r->max_instances);
+    if (r->max_intra_op_threads > 0 && c->intra_op_threads > r->max_intra_op_threads)
+        return ERR(STATUS_INVALID, "config field 'parameters.intra_op_thread_count' is %d, over this server's bound "
+                   "of %d (--max-intra-op-threads)", c->intra_op_threads, r->max_intra_op_threads);
+    return 0;
 }
 
 static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
@@ -375,7 +406,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
     struct stat st;
     if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
-        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     uint64_t sig = dir_signature(mdir, 2);
     int64_t present[256];
     int np = scan_versions(mdir, present, 256);
@@ -385,21 +416,25 @@ static int load_checked(repository_t *r, const char *name, const char *override,
         return STATUS_INVALID;
     }
     size_t cfg_len = 0;
-    char cpath[4200];
+    char cpath[4200], e2[4400];
     snprintf(cpath, sizeof cpath, "%s/config.json", mdir);
-    char *cfg = override ? strdup(override) : read_file(cpath, &cfg_len);
-    if (override) cfg_len = strlen(override);
-    if (!cfg && !override && stat(cpath, &st) == 0) {
-        ERR(STATUS_INVALID, "model '%s': cannot read %s", name, cpath);
-        entry_set_state(r, name, ST_UNAVAILABLE, err);
-        return STATUS_INVALID;
+    char *cfg = NULL;
+    if (override) {
+        cfg = strdup(override);
+        cfg_len = strlen(override);
+    } else {
+        int frc = file_read_regular(cpath, MODEL_CONFIG_MAX_FILE_BYTES, &cfg, &cfg_len, e2, sizeof e2);
+        if (frc && frc != STATUS_NOT_FOUND) {
+            ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+            entry_set_state(r, name, ST_UNAVAILABLE, err);
+            return STATUS_INVALID;
+        }
     }
     /* The policy comes from the config; parse it once without the model. */
     struct model_config pc;
     model_config_init(&pc, name);
-    char e2[512];
-    if (cfg && model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2)) {
-        ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+    if (cfg && (model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2) || check_bounds(r, &pc, e2, sizeof e2))) {
+        ERR(STATUS_INVALID, "model '%s': %s: %s", name, override ? "parameters.config" : "config.json", e2);
         model_config_clear(&pc);
         free(cfg);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
@@ -465,7 +500,7 @@ static int unload_locked(repository_t *r, const char *name, char *err, size_t er
         struct stat st;
         snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
         if (!valid_name(name) || stat(mdir, &st) || !S_ISDIR(st.st_mode))
-            return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository %s", name, r->root);
+            return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     }
     entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
     return 0;
@@ -691,6 +726,10 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
     repository_t *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->root = strdup(p->root);
+    /* "repo/" and "repo" name the same folder; messages strip "<root>/". */
+    for (size_t n = r->root ? strlen(r->root) : 0; n > 1 && r->root[n - 1] == '/'; n--) r->root[n - 1] = 0;
+    r->max_instances = p->max_instances;
+    r->max_intra_op_threads = p->max_intra_op_threads;
     r->backend = strdup(p->backend ? p->backend : "cpu");
     r->max_versions = p->max_versions > 0 ? p->max_versions : 64;
     pthread_rwlock_init(&r->lock, NULL);

@@ -47,6 +47,8 @@ struct repository_params {
     const char *root;
     const char *backend;         /* "cpu" or "cuda": where instances run */
     int max_versions;            /* 0 = 64 */
+    int max_instances;           /* bound on instance_group[0].count; 0 = none */
+    int max_intra_op_threads;    /* bound on parameters.intra_op_thread_count; 0 = none */
 };
 
 repository_t *repository_create(const struct repository_params *p, char *err, size_t err_len);
@@ -54,8 +56,11 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
 void repository_free(repository_t *r);
 
 /* Loads (or reloads) a model by name. Returns 0 or a negative status with
- * err naming what was wrong; on error a previously loaded version keeps
- * serving. Logs one line per version with its load time. */
+ * err naming what was wrong (files relative to the repository, never by
+ * their absolute path: err goes to clients); on error a previously loaded
+ * version keeps serving. A configuration over the bounds in the params is
+ * STATUS_INVALID naming the field and the bound. Logs one line per version
+ * with its load time. */
 int repository_load(repository_t *r, const char *name, char *err, size_t err_len);
 /* The same with a configuration given as JSON text instead of the model's
  * config.json (Triton's load request parameter "config"). */

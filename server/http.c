@@ -737,6 +737,11 @@ static void handle_stats(http_server_t *s, struct evhttp_request *req, const cha
     reply_json(s, req, 200, o);
 }
 
+/* A model's name as a Prometheus label value: a folder may be named q"x. */
+static const char *model_label(const struct repo_version *v) {
+    return v->metrics ? v->metrics->model_label : "";
+}
+
 static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
     http_server_t *s = arg;
     struct repo_version **all;
@@ -747,12 +752,12 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
     for (int i = 0; st && i < n; i++) {
         batcher_get_stats(all[i]->batcher, &st[i]);
         buf = metrics_appendf(buf, len, cap, "kiln_inference_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
-                              all[i]->name, all[i]->version_str, (unsigned long long)st[i].executions);
+                              model_label(all[i]), all[i]->version_str, (unsigned long long)st[i].executions);
     }
     buf = metrics_appendf(buf, len, cap, "# HELP kiln_queue_size Requests waiting in the batcher's queue\n"
                                          "# TYPE kiln_queue_size gauge\n");
     for (int i = 0; st && i < n; i++)
-        buf = metrics_appendf(buf, len, cap, "kiln_queue_size{model=\"%s\",version=\"%s\"} %llu\n", all[i]->name,
+        buf = metrics_appendf(buf, len, cap, "kiln_queue_size{model=\"%s\",version=\"%s\"} %llu\n", model_label(all[i]),
                               all[i]->version_str, (unsigned long long)st[i].queued);
     buf = metrics_appendf(buf, len, cap, "# HELP kiln_batch_size Rows per executed batch\n"
                                          "# TYPE kiln_batch_size histogram\n");
@@ -768,7 +773,7 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
             cum += st[i].batch_hist[b];
             if (k < 7 && b == bounds[k]) {
                 buf = metrics_appendf(buf, len, cap, "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"%d\"} %llu\n",
-                                      all[i]->name, all[i]->version_str, b, cum);
+                                      model_label(all[i]), all[i]->version_str, b, cum);
                 k++;
             }
         }
@@ -776,8 +781,8 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
                               "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n"
                               "kiln_batch_size_sum{model=\"%s\",version=\"%s\"} %llu\n"
                               "kiln_batch_size_count{model=\"%s\",version=\"%s\"} %llu\n",
-                              all[i]->name, all[i]->version_str, count, all[i]->name, all[i]->version_str, sum,
-                              all[i]->name, all[i]->version_str, count);
+                              model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
+                              model_label(all[i]), all[i]->version_str, count);
     }
     free(st);
     for (int i = 0; i < n; i++) repository_release(all[i]);

@@ -48,8 +48,8 @@ struct kserve_request {
     int noutputs;
 };
 
-/* Parses a request body. On error, r is left cleared. max_elements bounds the
- * element count of one tensor (0 = no bound beyond what the body holds). */
+/* Parses a request body. On error, r is left cleared. A tensor's element
+ * count is bounded by what the body holds. */
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len);
 void kserve_request_clear(struct kserve_request *r);

@@ -17,6 +17,20 @@ const double metrics_bucket_bounds_s[METRICS_NBUCKETS] = {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic(struct metrics_model *) g_head;
 
+char *metrics_label_escape(const char *value) {
+    size_t n = 0;
+    for (const char *p = value; *p; p++) n += *p == '\\' || *p == '"' || *p == '\n' ? 2 : 1;
+    char *out = malloc(n + 1), *o = out;
+    if (!out) return NULL;
+    for (const char *p = value; *p; p++) {
+        if (*p == '\\' || *p == '"') *o++ = '\\', *o++ = *p;
+        else if (*p == '\n') *o++ = '\\', *o++ = 'n';
+        else *o++ = *p;
+    }
+    *o = 0;
+    return out;
+}
+
 struct metrics_model *metrics_model_get(const char *model, const char *version) {
     /* Lock-free lookup: records are only ever prepended, never removed. */
     for (struct metrics_model *m = atomic_load(&g_head); m; m = m->next)
@@ -28,6 +42,17 @@ struct metrics_model *metrics_model_get(const char *model, const char *version) 
     if (!m && (m = calloc(1, sizeof *m))) {
         m->model = strdup(model);
         m->version = strdup(version);
+        m->model_label = metrics_label_escape(model);
+        m->version_label = metrics_label_escape(version);
+        if (!m->model || !m->version || !m->model_label || !m->version_label) {
+            free(m->model);
+            free(m->version);
+            free(m->model_label);
+            free(m->version_label);
+            free(m);
+            pthread_mutex_unlock(&g_lock);
+            return NULL;
+        }
         m->next = atomic_load(&g_head);
         atomic_store(&g_head, m);
     }
@@ -137,15 +162,15 @@ static char *render_hist(char *buf, size_t *len, size_t *cap, const char *name, 
         for (int b = 0; b < METRICS_NBUCKETS; b++) {
             cum += LOAD(h->bucket[b]);
             buf = metrics_appendf(buf, len, cap, "%s_bucket{model=\"%s\",version=\"%s\",le=\"%g\"} %llu\n", name,
-                                  m->model, m->version, metrics_bucket_bounds_s[b], cum);
+                                  m->model_label, m->version_label, metrics_bucket_bounds_s[b], cum);
         }
         cum += LOAD(h->bucket[METRICS_NBUCKETS]);
         buf = metrics_appendf(buf, len, cap, "%s_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n", name,
-                              m->model, m->version, cum);
-        buf = metrics_appendf(buf, len, cap, "%s_sum{model=\"%s\",version=\"%s\"} %.9f\n", name, m->model, m->version,
+                              m->model_label, m->version_label, cum);
+        buf = metrics_appendf(buf, len, cap, "%s_sum{model=\"%s\",version=\"%s\"} %.9f\n", name, m->model_label, m->version_label,
                               (double)LOAD(h->sum_ns) / 1e9);
-        buf = metrics_appendf(buf, len, cap, "%s_count{model=\"%s\",version=\"%s\"} %llu\n", name, m->model,
-                              m->version, LOAD(h->count));
+        buf = metrics_appendf(buf, len, cap, "%s_count{model=\"%s\",version=\"%s\"} %llu\n", name, m->model_label,
+                              m->version_label, LOAD(h->count));
     }
     return buf;
 }
@@ -156,10 +181,10 @@ static char *render_counter(char *buf, size_t *len, size_t *cap, const char *nam
     for (struct metrics_model *m = atomic_load(&g_head); m; m = m->next) {
         atomic_uint_fast64_t *v = (atomic_uint_fast64_t *)((char *)m + off);
         if (scale == 1)
-            buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\"} %llu\n", name, m->model, m->version,
+            buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\"} %llu\n", name, m->model_label, m->version_label,
                                   LOAD(*v));
         else
-            buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\"} %.6f\n", name, m->model, m->version,
+            buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\"} %.6f\n", name, m->model_label, m->version_label,
                                   (double)LOAD(*v) * scale);
     }
     return buf;
@@ -179,7 +204,7 @@ char *metrics_render(char *(*extra)(void *arg, char *buf, size_t *len, size_t *c
         for (int r = 0; r < METRICS_FAIL_N_; r++)
             buf = metrics_appendf(buf, &len, &cap,
                                   "kiln_inference_request_failure{model=\"%s\",version=\"%s\",reason=\"%s\"} %llu\n",
-                                  m->model, m->version, reasons[r], LOAD(m->fail[r]));
+                                  m->model_label, m->version_label, reasons[r], LOAD(m->fail[r]));
     buf = render_counter(buf, &len, &cap, "kiln_inference_count", "counter",
                          "Inferences performed (a batch of n rows counts n)", OFF(inference_count), 1);
     buf = render_counter(buf, &len, &cap, "kiln_inference_request_duration_us", "counter",
@@ -201,7 +226,7 @@ char *metrics_render(char *(*extra)(void *arg, char *buf, size_t *len, size_t *c
                           "# TYPE kiln_inference_pending_request_count gauge\n");
     for (struct metrics_model *m = atomic_load(&g_head); m; m = m->next)
         buf = metrics_appendf(buf, &len, &cap, "kiln_inference_pending_request_count{model=\"%s\",version=\"%s\"} %lld\n",
-                              m->model, m->version, (long long)atomic_load_explicit(&m->pending, RLX));
+                              m->model_label, m->version_label, (long long)atomic_load_explicit(&m->pending, RLX));
     buf = render_counter(buf, &len, &cap, "kiln_model_load_duration_seconds", "gauge",
                          "Time the last load of the model took", OFF(load_ns), 1e-9);
     buf = render_hist(buf, &len, &cap, "kiln_request_duration_seconds",

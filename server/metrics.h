@@ -35,6 +35,7 @@ struct metrics_duration {        /* Triton's {"count", "ns"} */
 
 struct metrics_model {
     char *model, *version;
+    char *model_label, *version_label;        /* escaped for a Prometheus label value */
     atomic_uint_fast64_t success, fail[METRICS_FAIL_N_];
     atomic_uint_fast64_t inference_count;     /* rows */
     atomic_uint_fast64_t last_inference_ms;   /* wall clock, ms since the epoch */
@@ -47,6 +48,10 @@ struct metrics_model {
     atomic_uint_fast64_t load_ns;             /* time the last load of this version took */
     struct metrics_model *next;
 };
+
+/* value escaped for a Prometheus label value (backslash, double quote and
+ * newline, as the text format wants); malloc'd, NULL when out of memory. */
+char *metrics_label_escape(const char *value);
 
 /* The record for (model, version); created on first use. Never NULL unless
  * out of memory. Thread-safe. */

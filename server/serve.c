@@ -95,6 +95,10 @@ int cmd_serve(int argc, char **argv) {
     log_set_level((enum log_level)log_level_parse(cfg.log_level));
     log_set_json(strcmp(cfg.log_format, "json") == 0);
     raise_fd_limit();
+    if (server_config_control_unprotected(&cfg))
+        log_warn("model control %s without --control-token on %s: anyone who reaches the port can load and unload "
+                 "models (--allow-unauthenticated-control)", server_control_mode_name(cfg.model_control_mode),
+                 cfg.http_address);
 
     /* Every thread created from here on inherits the blocked set. */
     sigset_t sigs;
@@ -109,7 +113,16 @@ int cmd_serve(int argc, char **argv) {
     http_server_t *srv = NULL;
     const char *backend = choose_backend(cfg.backend);
     if (!backend) goto out;
-    struct repository_params rp = {.root = cfg.model_repository, .backend = backend};
+    /* More instances or intra-op threads than this only oversubscribe the
+     * cores; the bounds keep a load request from starting thousands. */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1) cores = 1;
+    if (cfg.max_model_instances <= 0) cfg.max_model_instances = (int)(4 * cores > 1024 ? 1024 : 4 * cores);
+    if (cfg.max_intra_op_threads <= 0) cfg.max_intra_op_threads = (int)(cores > 1024 ? 1024 : cores);
+    struct repository_params rp = {.root = cfg.model_repository,
+                                   .backend = backend,
+                                   .max_instances = cfg.max_model_instances,
+                                   .max_intra_op_threads = cfg.max_intra_op_threads};
     repo = repository_create(&rp, err, sizeof err);
     if (!repo) {
         log_error("%s", err);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -42,7 +43,7 @@ static void test_precedence(void **state) {
     char path[] = "/tmp/kiln_test_config_XXXXXX";
     int fd = mkstemp(path);
     const char *json = "{\"http_port\": 7000, \"http-threads\": 3, \"log_format\": \"json\", \"cache_size\": \"2M\","
-                       " \"model_control_mode\": \"explicit\", \"load_model\": [\"a\", \"b\"], \"redis_url\": \"redis://r:6379\"}";
+                       " \"model_control_mode\": \"explicit\", \"http_address\": \"127.0.0.1\", \"load_model\": [\"a\", \"b\"], \"redis_url\": \"redis://r:6379\"}";
     assert_int_equal(write(fd, json, strlen(json)), (ssize_t)strlen(json));
     close(fd);
     struct server_config c;
@@ -89,6 +90,83 @@ static void test_errors_name_the_source(void **state) {
     char *a4[] = {"serve", "--config", "/nonexistent/kiln.json"};
     assert_int_equal(load(&c, 3, a4), STATUS_INVALID);
     assert_non_null(strstr(g_err, "/nonexistent/kiln.json"));
+    server_config_clear(&c);
+    /* A FIFO as --config is refused at once instead of blocking the start. */
+    char fifo[] = "/tmp/kiln_test_config_fifo_XXXXXX";
+    assert_non_null(mkdtemp(fifo));
+    char fpath[64];
+    snprintf(fpath, sizeof fpath, "%s/kiln.json", fifo);
+    assert_int_equal(mkfifo(fpath, 0600), 0);
+    char *a5[] = {"serve", "--config", fpath};
+    alarm(10);
+    assert_int_equal(load(&c, 3, a5), STATUS_INVALID);
+    alarm(0);
+    assert_non_null(strstr(g_err, "not a regular file"));
+    server_config_clear(&c);
+    unlink(fpath);
+    rmdir(fifo);
+}
+
+/* Explicit or poll control off loopback needs a token or the operator's word;
+ * an empty token never means "open". */
+static void test_control_auth(void **state) {
+    struct server_config c;
+    char *open_any[] = {"serve", "--model-control-mode", "explicit"}; /* default address 0.0.0.0 */
+    assert_int_equal(load(&c, 3, open_any), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "--control-token"));
+    assert_non_null(strstr(g_err, "--allow-unauthenticated-control"));
+    server_config_clear(&c);
+    char *poll_any[] = {"serve", "--model-control-mode", "poll", "--http-address", "::"};
+    assert_int_equal(load(&c, 5, poll_any), STATUS_INVALID);
+    server_config_clear(&c);
+    char *loop[] = {"serve", "--model-control-mode", "explicit", "--http-address", "127.0.0.1"};
+    assert_int_equal(load(&c, 5, loop), 0);
+    server_config_clear(&c);
+    char *allowed[] = {"serve", "--model-control-mode", "explicit", "--allow-unauthenticated-control"};
+    assert_int_equal(load(&c, 4, allowed), 0);
+    assert_int_equal(c.allow_unauthenticated_control, 1);
+    server_config_clear(&c);
+    char *token[] = {"serve", "--model-control-mode", "explicit", "--control-token", "t"};
+    assert_int_equal(load(&c, 5, token), 0);
+    server_config_clear(&c);
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0); /* no control API: nothing to protect */
+    server_config_clear(&c);
+    char *empty[] = {"serve", "--control-token="};
+    assert_int_equal(load(&c, 2, empty), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "empty"));
+    server_config_clear(&c);
+    setenv("KILN_CONTROL_TOKEN", "", 1);
+    assert_int_equal(load(&c, 1, none), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "KILN_CONTROL_TOKEN"));
+    unsetenv("KILN_CONTROL_TOKEN");
+    server_config_clear(&c);
+    assert_true(server_config_is_loopback("127.0.0.1"));
+    assert_true(server_config_is_loopback("127.1.2.3"));
+    assert_true(server_config_is_loopback("::1"));
+    assert_true(server_config_is_loopback("::ffff:127.0.0.1"));
+    assert_true(server_config_is_loopback("localhost"));
+    assert_false(server_config_is_loopback("0.0.0.0"));
+    assert_false(server_config_is_loopback("::"));
+    assert_false(server_config_is_loopback("10.0.0.1"));
+    assert_false(server_config_is_loopback("example.com"));
+}
+
+static void test_model_bounds_flags(void **state) {
+    struct server_config c;
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_int_equal(c.max_model_instances, 0); /* resolved from the cores at start */
+    assert_int_equal(c.max_intra_op_threads, 0);
+    server_config_clear(&c);
+    char *set[] = {"serve", "--max-model-instances", "3", "--max-intra-op-threads=2"};
+    assert_int_equal(load(&c, 4, set), 0);
+    assert_int_equal(c.max_model_instances, 3);
+    assert_int_equal(c.max_intra_op_threads, 2);
+    server_config_clear(&c);
+    char *zero[] = {"serve", "--max-model-instances", "0"};
+    assert_int_equal(load(&c, 3, zero), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "max-model-instances"));
     server_config_clear(&c);
 }
 
@@ -260,6 +338,8 @@ int main(void) {
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors_name_the_source),
+        cmocka_unit_test(test_control_auth),
+        cmocka_unit_test(test_model_bounds_flags),
         cmocka_unit_test(test_model_config_parse_and_json),
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),

@@ -11,7 +11,8 @@ from conftest import KILN, save_model, tiny_graph
 
 FLAGS = ["--model-repository", "--http-port", "--http-address", "--http-threads", "--backend", "--log-level",
          "--log-format", "--max-request-size", "--exit-timeout-secs", "--model-control-mode", "--load-model",
-         "--control-token", "--cache-size", "--redis-url", "--cache-ttl-secs", "--cache-secret", "--config"]
+         "--control-token", "--allow-unauthenticated-control", "--max-model-instances", "--max-intra-op-threads",
+         "--cache-size", "--redis-url", "--cache-ttl-secs", "--cache-secret", "--config"]
 
 
 @pytest.fixture()

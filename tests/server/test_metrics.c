@@ -68,8 +68,24 @@ static void test_cached_counts_as_success_not_execution(void **state) {
     assert_int_equal(atomic_load(&m->batch_requests[1]), 0);
 }
 
+/* A model folder may be named q"x: label values are escaped as the text
+ * format wants (backslash, double quote, newline), so /metrics still parses. */
+static void test_label_values_escaped(void **state) {
+    char *e = metrics_label_escape("a\\b\"c\nd");
+    assert_string_equal(e, "a\\\\b\\\"c\\nd");
+    free(e);
+    struct metrics_model *m = metrics_model_get("q\"x", "1");
+    assert_non_null(m);
+    metrics_record_cached(m, 1000, 1);
+    char *t = metrics_render(NULL, NULL);
+    assert_non_null(strstr(t, "kiln_inference_request_success{model=\"q\\\"x\",version=\"1\"} 1\n"));
+    assert_null(strstr(t, "model=\"q\"x\""));
+    free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_records_and_render),
-                                       cmocka_unit_test(test_cached_counts_as_success_not_execution)};
+                                       cmocka_unit_test(test_cached_counts_as_success_not_execution),
+                                       cmocka_unit_test(test_label_values_escaped)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
