@@ -68,7 +68,6 @@ static void attr_free(struct graph_attr *a) {
     }
 }
 
-
 void graph_free(struct graph *g) {
     if (!g) return;
     for (int i = 0; i < g->nvalues; i++) {

@@ -192,10 +192,8 @@ int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, i
     c.scratch = sbuf;
     c.scratch_size = scratch;
     rc = op->run(&c);
-    if (rc) {
-        if (err && err_len && !err[0])
-            status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
-    }
+    if (rc && err && err_len && !err[0])
+        status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
     /* A kernel writes a string output as pointers to strings its inputs,
      * attributes or state own: the result gets its own block
      * (common/tensor.h) before the state is released. */

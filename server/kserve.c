@@ -149,7 +149,7 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
         if (!cJSON_IsString(v))
             return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
                               f->in->name, (long long)i);
-        /* Borrowed from the JSON tree until parse_data packs the strings. */
+        /* Borrowed from the JSON tree until parse_input packs the strings. */
         ((const char **)t->data)[i] = v->valuestring;
         return 0;
     }
