@@ -596,17 +596,11 @@ static void encode_into(struct wbuf *w_, const struct tensor *outs, const char *
         wu32(&w, (uint32_t)t->ndim);
         for (int d = 0; d < t->ndim; d++) wu64(&w, (uint64_t)t->dims[d]);
         if (t->dtype == DT_STRING) {
-            /* Strings as 4-byte length + bytes, the binary tensor layout. */
-            int64_t cnt = tensor_numel(t);
-            size_t total = 0;
-            char *const *sv = t->data;
-            for (int64_t j = 0; j < cnt; j++) total += 4 + strlen(sv[j]);
-            wu64(&w, total);
-            for (int64_t j = 0; j < cnt; j++) {
-                uint32_t l = (uint32_t)strlen(sv[j]);
-                wu32(&w, l);
-                wput(&w, sv[j], l);
-            }
+            /* Strings length-prefixed, the binary tensor layout (common/tensor.h). */
+            size_t nb = tensor_strings_prefixed_size(t);
+            wu64(&w, nb);
+            if (w.p) tensor_strings_prefixed_write(t, w.p + w.n);
+            w.n += nb;
         } else {
             size_t nb = tensor_nbytes(t);
             wu64(&w, nb);
@@ -659,6 +653,7 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
         p += 8;
         if (nb > (uint64_t)(end - p)) return -1;
         if (t->dtype != DT_STRING && nb != tensor_nbytes(t)) return -1;
+        if (t->dtype == DT_STRING && tensor_strings_check(p, nb, tensor_numel(t), NULL, NULL, 0)) return -1;
         t->data = (void *)p;
         p += nb;
     }

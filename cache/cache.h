@@ -114,8 +114,9 @@ struct cache_value *cache_value_encode_local(const struct tensor *outs, const ch
 void cache_value_seal(struct cache_value *v);
 /* Decodes into tensors whose data and names point into v (valid while v is
  * referenced); BYTES tensors decode to their raw length-prefixed form with
- * dtype DT_STRING and data pointing at it. Returns the count, or -1 if the
- * value is malformed, truncated or fails its checksum. */
+ * dtype DT_STRING and data pointing at it, checked by tensor_strings_check
+ * (tensor_strings_from_prefixed turns it into a tensor). Returns the count,
+ * or -1 if the value is malformed, truncated or fails its checksum. */
 int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max);
 
 /* ---- tier 2: Redis, per I/O thread --------------------------------------- */

@@ -1,7 +1,10 @@
 #include "common/tensor.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/status.h"
 
 static const struct {
     size_t size;
@@ -75,6 +78,244 @@ int tensor_same_shape(const struct tensor *a, const struct tensor *b) {
         if (a->dims[i] != b->dims[i]) return 0;
     return 1;
 }
+
+/* ---- data ------------------------------------------------------------------- */
+
+/* 64-byte alignment suits every kernel's vector loads; free() frees it. */
+static void *alloc_block(size_t n) {
+    if (n > SIZE_MAX - 63) return NULL;
+    size_t sz = (n + 63) & ~(size_t)63;
+    return aligned_alloc(64, sz ? sz : 64);
+}
+
+static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
+
+static size_t strings_size(char *const *s, int64_t n) {
+    size_t total = (uint64_t)n > SIZE_MAX / sizeof(char *) ? SIZE_MAX : (size_t)n * sizeof(char *);
+    for (int64_t i = 0; i < n && total != SIZE_MAX; i++) total = add_sat(total, (s[i] ? strlen(s[i]) : 0) + 1);
+    return total;
+}
+
+size_t tensor_data_size(const struct tensor *t) {
+    if (t->dtype != DT_STRING) return tensor_nbytes(t);
+    int64_t n = tensor_numel(t);
+    if (n < 0 || n == INT64_MAX) return SIZE_MAX;
+    return strings_size(t->data, n);
+}
+
+int tensor_alloc_data(struct tensor *t) {
+    size_t nb = tensor_nbytes(t);
+    t->data = t->dtype == DT_STRING || nb == SIZE_MAX ? NULL : alloc_block(nb);
+    return t->data ? 0 : STATUS_NOMEM;
+}
+
+void tensor_free_data(struct tensor *t) {
+    free(t->data);
+    t->data = NULL;
+}
+
+/* Fills block (n pointers, then room for the bytes) with s[0..n); returns
+ * the end of the bytes written. */
+static char *strings_write(char **block, const char *const *s, const size_t *len, int64_t n) {
+    char *w = (char *)(block + n);
+    for (int64_t i = 0; i < n; i++) {
+        const char *x = s[i] ? s[i] : "";
+        size_t l = len ? strnlen(x, len[i]) : strlen(x);
+        memcpy(w, x, l);
+        w[l] = 0;
+        block[i] = w;
+        w += l + 1;
+    }
+    return w;
+}
+
+int tensor_strings_pack(struct tensor *t, const char *const *s, const size_t *len) {
+    int64_t n = tensor_numel(t);
+    if (n < 0 || n == INT64_MAX || (uint64_t)n > SIZE_MAX / sizeof(char *)) return STATUS_NOMEM;
+    size_t total = (size_t)n * sizeof(char *);
+    for (int64_t i = 0; i < n; i++) {
+        const char *x = s[i] ? s[i] : "";
+        total = add_sat(total, (len ? strnlen(x, len[i]) : strlen(x)) + 1);
+    }
+    char **block = total == SIZE_MAX ? NULL : alloc_block(total);
+    if (!block) return STATUS_NOMEM;
+    strings_write(block, s, len, n);
+    t->data = block;
+    return 0;
+}
+
+/* Elements per row of t (numel / dims[0]); 0 for an empty tensor. */
+static int64_t row_elems(const struct tensor *t) {
+    int64_t e = 1;
+    for (int d = 1; d < t->ndim; d++) e *= t->dims[d];
+    return e;
+}
+
+static int rows_valid(const struct tensor_rows *r) {
+    return r->t->ndim >= 1 && r->first >= 0 && r->count >= 0 && r->first <= r->t->dims[0] &&
+           r->count <= r->t->dims[0] - r->first;
+}
+
+size_t tensor_rows_size(const struct tensor_rows *src, int n) {
+    size_t total = 0;
+    for (int k = 0; k < n; k++) {
+        const struct tensor_rows *r = &src[k];
+        if (!rows_valid(r)) return SIZE_MAX;
+        int64_t e = row_elems(r->t);
+        if (r->t->dtype == DT_STRING)
+            total = add_sat(total, strings_size((char *const *)r->t->data + r->first * e, r->count * e));
+        else
+            total = add_sat(total, (size_t)(r->count * e) * dtype_size(r->t->dtype));
+    }
+    return total;
+}
+
+int tensor_rows_write(struct tensor *dst, void *buf, size_t cap, const struct tensor_rows *src, int n) {
+    if (n < 1) return STATUS_INVALID;
+    size_t need = tensor_rows_size(src, n);
+    if (need == SIZE_MAX || need > cap) return STATUS_INVALID;
+    const struct tensor *t0 = src[0].t;
+    struct tensor d = *t0;
+    d.dims[0] = 0;
+    for (int k = 0; k < n; k++) d.dims[0] += src[k].count;
+    int64_t e = row_elems(t0);
+    if (t0->dtype == DT_STRING) {
+        char **block = buf;
+        int64_t total = d.dims[0] * e;
+        /* Strings go after all the pointers, so each range's are written at
+         * the end of the previous range's bytes. */
+        char **ptr = block;
+        char *w = (char *)(block + total);
+        for (int k = 0; k < n; k++) {
+            char *const *s = (char *const *)src[k].t->data + src[k].first * e;
+            for (int64_t i = 0; i < src[k].count * e; i++) {
+                size_t l = s[i] ? strlen(s[i]) : 0;
+                if (l) memcpy(w, s[i], l);
+                w[l] = 0;
+                *ptr++ = w;
+                w += l + 1;
+            }
+        }
+    } else {
+        char *w = buf;
+        size_t es = dtype_size(t0->dtype);
+        for (int k = 0; k < n; k++) {
+            size_t nb = (size_t)(src[k].count * e) * es;
+            if (nb) memcpy(w, (const char *)src[k].t->data + (size_t)(src[k].first * e) * es, nb);
+            w += nb;
+        }
+    }
+    d.data = buf;
+    *dst = d;
+    return 0;
+}
+
+int tensor_copy_rows(struct tensor *dst, const struct tensor_rows *src, int n) {
+    size_t need = n >= 1 ? tensor_rows_size(src, n) : SIZE_MAX;
+    if (need == SIZE_MAX) {
+        dst->data = NULL;
+        return STATUS_INVALID;
+    }
+    void *buf = alloc_block(need);
+    if (!buf) {
+        dst->data = NULL;
+        return STATUS_NOMEM;
+    }
+    int rc = tensor_rows_write(dst, buf, need, src, n);
+    if (rc) {
+        free(buf);
+        dst->data = NULL;
+    }
+    return rc;
+}
+
+static uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *used, char *err, size_t err_len) {
+    const uint8_t *p = buf;
+    size_t off = 0;
+    int64_t i = 0;
+    while (off < len) {
+        if (i == count) {
+            if (used) break;
+            return status_set(err, err_len, STATUS_INVALID, "%zu bytes follow the last of %lld BYTES elements",
+                              len - off, (long long)count);
+        }
+        if (len - off < 4)
+            return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld has a truncated 4-byte length",
+                              (long long)i);
+        uint32_t l = le32(p + off);
+        off += 4;
+        if (l > len - off)
+            return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld says %u bytes but only %zu are left",
+                              (long long)i, l, len - off);
+        off += l;
+        i++;
+    }
+    if (i != count)
+        return status_set(err, err_len, STATUS_INVALID, "the data holds %lld BYTES elements but %lld are needed",
+                          (long long)i, (long long)count);
+    if (used) *used = off;
+    return 0;
+}
+
+int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, char *err, size_t err_len) {
+    t->data = NULL;
+    int64_t n = tensor_numel(t);
+    if (n < 0 || n == INT64_MAX || (uint64_t)n > SIZE_MAX / sizeof(char *))
+        return status_set(err, err_len, STATUS_INVALID, "a string tensor of %lld elements is too large", (long long)n);
+    int rc = tensor_strings_check(buf, len, n, NULL, err, err_len);
+    if (rc) return rc;
+    /* Pointers, then each element's bytes and a NUL: len + n bytes hold them. */
+    size_t total = add_sat((size_t)n * sizeof(char *), add_sat(len, (size_t)n));
+    char **block = total == SIZE_MAX ? NULL : alloc_block(total);
+    if (!block) return status_set(err, err_len, STATUS_NOMEM, "out of memory for %lld strings", (long long)n);
+    const uint8_t *p = buf;
+    char *w = (char *)(block + n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t l = le32(p);
+        p += 4;
+        if (l) memcpy(w, p, l);
+        w[l] = 0;
+        block[i] = w;
+        p += l;
+        w += l + 1;
+    }
+    t->data = block;
+    return 0;
+}
+
+size_t tensor_strings_prefixed_size(const struct tensor *t) {
+    int64_t n = tensor_numel(t);
+    if (n < 0 || n == INT64_MAX) return SIZE_MAX;
+    char *const *s = t->data;
+    size_t total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        size_t l = s[i] ? strlen(s[i]) : 0;
+        if (l > UINT32_MAX) return SIZE_MAX;
+        total = add_sat(total, 4 + l);
+    }
+    return total;
+}
+
+void tensor_strings_prefixed_write(const struct tensor *t, void *out) {
+    int64_t n = tensor_numel(t);
+    char *const *s = t->data;
+    uint8_t *w = out;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t l = s[i] ? (uint32_t)strlen(s[i]) : 0;
+        w[0] = (uint8_t)l;
+        w[1] = (uint8_t)(l >> 8);
+        w[2] = (uint8_t)(l >> 16);
+        w[3] = (uint8_t)(l >> 24);
+        if (l) memcpy(w + 4, s[i], l);
+        w += 4 + l;
+    }
+}
+
+/* ---- half and bfloat16 ---------------------------------------------------------- */
 
 float fp16_to_fp32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;

@@ -4,7 +4,31 @@
  * no table. A tensor is a plain struct: it does not own its data unless the
  * code that made it says so. Dims are int64; -1 means "not known yet"
  * (symbolic or dynamic) and is only legal in metadata, never in a tensor
- * that carries data. */
+ * that carries data.
+ *
+ * The data layout, one for every dtype, strings included:
+ *
+ *   An owned tensor's data is ONE malloc'd block, freed by tensor_free_data
+ *   (a plain free()) whatever the dtype. Nothing else is owned with it.
+ *
+ *   Fixed-size dtypes: numel elements, row-major (dims[0] outermost).
+ *
+ *   DT_STRING: numel pointers (char *), then the strings' bytes, each
+ *   NUL-terminated, in element order; pointer i points into the same block
+ *   at string i. A string's length is strlen(): a BYTES element ends at its
+ *   first NUL byte. tensor_data_size() gives the block's size.
+ *
+ * Every reader of a string tensor sees a char *[numel]. A string tensor in a
+ * plan's arena (a kernel's output) is that pointer array alone, pointing at
+ * strings owned by constants, attributes or inputs that outlive it: such a
+ * view is never freed and leaves the plan only as a copy made by
+ * tensor_strings_pack. Copying the struct copies a borrowed view;
+ * tensor_copy_rows and tensor_strings_pack make owned copies.
+ *
+ * On the wire (KServe's binary tensor extension) and in cache values, strings
+ * are length-prefixed: per element a 4-byte little-endian length and that
+ * many bytes. tensor_strings_check is the one check of such a buffer and
+ * runs before any of it is read. */
 #ifndef KILN_TENSOR_H
 #define KILN_TENSOR_H
 
@@ -22,7 +46,7 @@ enum dtype {
     DT_INT16 = 5,
     DT_INT32 = 6,
     DT_INT64 = 7,
-    DT_STRING = 8, /* data is an array of char * (NUL-terminated, owned with the tensor) */
+    DT_STRING = 8, /* char *[numel] then the strings, in one block: see "data layout" below */
     DT_BOOL = 9,   /* one byte, 0 or 1 */
     DT_FP16 = 10,
     DT_FP64 = 11,
@@ -58,6 +82,72 @@ size_t tensor_nbytes(const struct tensor *t);
 char *tensor_shape_str(const struct tensor *t, char *buf, size_t cap);
 /* 1 if dtypes, ndims and dims are equal. */
 int tensor_same_shape(const struct tensor *a, const struct tensor *b);
+
+/* ---- data -------------------------------------------------------------------
+ * All functions here are thread-safe (they touch only their arguments). */
+
+/* Bytes of t's data block in the layout above: tensor_nbytes() for
+ * fixed-size dtypes; for DT_STRING (t->data must be set) the pointers plus
+ * every string with its NUL. SIZE_MAX on overflow. */
+size_t tensor_data_size(const struct tensor *t);
+
+/* Makes t->data a new owned, uninitialized block of tensor_nbytes(t) bytes,
+ * 64-byte aligned, for a fixed-size dtype (a string tensor's block is made
+ * with its strings: tensor_strings_pack, tensor_strings_from_prefixed,
+ * tensor_copy_rows). 0, or STATUS_NOMEM with t->data NULL. */
+int tensor_alloc_data(struct tensor *t);
+
+/* Frees t's owned data block and sets t->data to NULL; NULL data is a no-op. */
+void tensor_free_data(struct tensor *t);
+
+/* Makes t->data a new owned block of strings s[0..numel) (numel from t's
+ * dims; t->dtype must be DT_STRING). len[i] is s[i]'s length, or with len
+ * NULL strlen(s[i]); a NULL s[i] is "". The bytes are copied up to len[i] or
+ * their first NUL, whichever comes first. The previous t->data is not freed
+ * (it may be the borrowed pointer array being packed). 0, or STATUS_NOMEM
+ * with t->data unchanged. */
+int tensor_strings_pack(struct tensor *t, const char *const *s, const size_t *len);
+
+/* Rows [first, first + count) of t along dims[0]. */
+struct tensor_rows {
+    const struct tensor *t;
+    int64_t first, count;
+};
+
+/* Bytes of the block tensor_rows_write makes of the n ranges; the ranges'
+ * tensors share dtype and dims after the first (not checked here). */
+size_t tensor_rows_size(const struct tensor_rows *src, int n);
+
+/* Writes the n ranges one after the other into buf (cap bytes, at least
+ * tensor_rows_size; suitably aligned for pointers) as one block in the
+ * layout above, and describes it in dst: dtype and dims of src[0].t with
+ * dims[0] the total count, data = buf. dst does not own buf unless buf came
+ * from malloc and the caller says so. STATUS_INVALID if cap is short or a
+ * range is outside its tensor or a tensor has no dims. */
+int tensor_rows_write(struct tensor *dst, void *buf, size_t cap, const struct tensor_rows *src, int n);
+
+/* The same into a new owned block (dst->data, freed by tensor_free_data).
+ * 0, STATUS_INVALID as above, or STATUS_NOMEM; on error dst->data is NULL. */
+int tensor_copy_rows(struct tensor *dst, const struct tensor_rows *src, int n);
+
+/* Checks that buf[0..len) holds count length-prefixed strings: no length
+ * prefix cut short, no length running past the buffer, count elements. With
+ * used NULL, bytes left over after them are an error too; otherwise they are
+ * allowed and *used gets the bytes the count elements take. 0, or
+ * STATUS_INVALID with err saying which element is wrong (err may be NULL).
+ * Reads nothing outside buf. */
+int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *used, char *err, size_t err_len);
+
+/* Checks buf (tensor_strings_check, count = numel of t's dims) and makes
+ * t->data a new owned block of its strings (t->dtype must be DT_STRING).
+ * 0, STATUS_INVALID (err set), or STATUS_NOMEM; t->data is NULL on error. */
+int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, char *err, size_t err_len);
+
+/* Bytes of t's strings length-prefixed (SIZE_MAX on overflow), and writing
+ * them to out, which has that many bytes. A string longer than 4 GiB - 1 is
+ * not representable: tensor_strings_prefixed_size returns SIZE_MAX for it. */
+size_t tensor_strings_prefixed_size(const struct tensor *t);
+void tensor_strings_prefixed_write(const struct tensor *t, void *out);
 
 /* IEEE half and bfloat16 conversions. */
 float fp16_to_fp32(uint16_t h);

@@ -63,24 +63,9 @@ static void attr_free(struct graph_attr *a) {
         for (int i = 0; i < a->n; i++) free(a->strings[i]);
     free(a->strings);
     if (a->t) {
-        if (a->t->dtype == DT_STRING && a->t->data) {
-            int64_t n = tensor_numel(a->t);
-            char **s = a->t->data;
-            for (int64_t i = 0; i < n; i++) free(s[i]);
-        }
-        free(a->t->data);
+        tensor_free_data(a->t);
         free(a->t);
     }
-}
-
-static void value_free_data(struct graph_value *v) {
-    if (v->t.dtype == DT_STRING && v->t.data) {
-        int64_t n = tensor_numel(&v->t);
-        char **s = v->t.data;
-        for (int64_t i = 0; i < n && n > 0; i++) free(s[i]);
-    }
-    free(v->t.data);
-    v->t.data = NULL;
 }
 
 void graph_free(struct graph *g) {
@@ -88,7 +73,7 @@ void graph_free(struct graph *g) {
     for (int i = 0; i < g->nvalues; i++) {
         struct graph_value *v = &g->values[i];
         free(v->name);
-        value_free_data(v);
+        tensor_free_data(&v->t);
         for (int d = 0; d < TENSOR_MAX_DIMS; d++) free(v->dim_param[d]);
     }
     free(g->values);

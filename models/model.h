@@ -59,8 +59,9 @@ void model_exec_free(struct model_exec *x);
 
 /* Runs the model. inputs[i] matches model_input(m, i) (dtype and every known
  * dim are checked; a mismatch is STATUS_INVALID with a message naming the
- * input). outputs has model_noutputs() entries; each gets dtype, shape and a
- * malloc'd data buffer that the caller frees with free(). Returns 0 or a
+ * input). outputs has model_noutputs() entries; each gets dtype, shape and an
+ * owned data block (common/tensor.h's layout, strings included) that the
+ * caller frees with tensor_free_data. Returns 0 or a
  * negative status with err set; on error no output is left allocated. */
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs,
               struct tensor *outputs, int noutputs, char *err, size_t err_len);

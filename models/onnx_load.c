@@ -165,14 +165,7 @@ static int check_dims(const char *name, const int64_t *dims, size_t ndims, int64
 }
 
 void onnx_tensor_clear(struct tensor *t) {
-    if (!t) return;
-    if (t->dtype == DT_STRING && t->data) {
-        int64_t n = tensor_numel(t);
-        char **s = t->data;
-        for (int64_t i = 0; i < n; i++) free(s[i]);
-    }
-    free(t->data);
-    t->data = NULL;
+    if (t) tensor_free_data(t);
 }
 
 /* ---- TensorProto -------------------------------------------------------- */
@@ -316,19 +309,19 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
 
     if (d == DT_STRING) {
         if (tp->n_string_data != n) return count_mismatch(name, numel, d, tp->n_string_data, "string_data", err, err_len);
-        char **s = calloc(n ? n : 1, sizeof *s);
-        if (!s) return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
-        for (size_t i = 0; i < n; i++) {
-            s[i] = malloc(tp->string_data[i].len + 1);
-            if (!s[i]) {
-                for (size_t j = 0; j < i; j++) free(s[j]);
-                free(s);
-                return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
+        /* ONNX strings are counted bytes: gathered as (pointer, length)
+         * pairs, then packed into the tensor's one block. */
+        const char **s = calloc(n ? n : 1, sizeof *s);
+        size_t *len = calloc(n ? n : 1, sizeof *len);
+        if (s && len)
+            for (size_t i = 0; i < n; i++) {
+                s[i] = (const char *)tp->string_data[i].data;
+                len[i] = tp->string_data[i].len;
             }
-            if (tp->string_data[i].len) memcpy(s[i], tp->string_data[i].data, tp->string_data[i].len);
-            s[i][tp->string_data[i].len] = 0;
-        }
-        t.data = s;
+        rc = s && len ? tensor_strings_pack(&t, s, len) : STATUS_NOMEM;
+        free(s);
+        free(len);
+        if (rc) return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
         *out = t;
         return 0;
     }

@@ -36,7 +36,7 @@ struct graph *onnx_load_file(const char *path, char *err, size_t err_len);
 struct graph *onnx_load_buffer(const void *buf, size_t len, const char *base_dir, char *err, size_t err_len);
 
 /* Converts a TensorProto to a tensor whose data is malloc'd (owned by the
- * caller; for DT_STRING, data is an array of malloc'd strings, see
+ * caller; one block in common/tensor.h's layout, strings included: see
  * onnx_tensor_clear). An empty tensor still gets a non-NULL data pointer so
  * that it reads as a constant. base_dir as for onnx_load_buffer. Returns 0
  * or a negative status with err naming the tensor. */
@@ -48,8 +48,8 @@ int onnx_tensor_from_proto(const struct Onnx__TensorProto *tp, const char *base_
  * the tensor's name ("" if none). Returns 0 or a negative status. */
 int onnx_load_tensor_file(const char *pb_path, struct tensor *out, char **name, char *err, size_t err_len);
 
-/* Frees a tensor's data made by the functions above (string elements
- * included) and sets data to NULL. */
+/* Frees a tensor's data made by the functions above (tensor_free_data) and
+ * sets data to NULL; NULL t is a no-op. */
 void onnx_tensor_clear(struct tensor *t);
 
 #endif

@@ -15,16 +15,6 @@
 
 /* ---- helpers ----------------------------------------------------------------- */
 
-static void free_tensor_data(struct tensor *t) {
-    if (t->dtype == DT_STRING && t->data) {
-        int64_t n = tensor_numel(t);
-        char **s = t->data;
-        for (int64_t i = 0; i < n; i++) free(s[i]);
-    }
-    free(t->data);
-    t->data = NULL;
-}
-
 static void node_free(struct graph_node *n) {
     free(n->name);
     free(n->op_type);
@@ -41,7 +31,7 @@ static void node_free(struct graph_node *n) {
             for (int i = 0; i < at->n; i++) free(at->strings[i]);
         free(at->strings);
         if (at->t) {
-            free_tensor_data(at->t);
+            tensor_free_data(at->t);
             free(at->t);
         }
     }
@@ -124,7 +114,7 @@ static int new_const(struct graph *g, const char *base, const char *suffix, stru
         snprintf(name, sizeof name, "%s%s_%d", base, suffix, k);
     int v = graph_find_value(g, name) >= 0 ? -1 : graph_intern_value(g, name);
     if (v < 0) {
-        free_tensor_data(t);
+        tensor_free_data(t);
         return -1;
     }
     g->values[v].t = *t;
@@ -181,7 +171,7 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
         for (int k = 0; k < n->nout; k++)
             if (res[k].dtype == DT_STRING) strings = 1;
         if (strings) {
-            for (int k = 0; k < n->nout; k++) free_tensor_data(&res[k]);
+            for (int k = 0; k < n->nout; k++) tensor_free_data(&res[k]);
             continue;
         }
         for (int k = 0; k < n->nout; k++) {
@@ -190,7 +180,7 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
                 free(res[k].data);
                 continue;
             }
-            free_tensor_data(&g->values[v].t);
+            tensor_free_data(&g->values[v].t);
             g->values[v].t = res[k];
             g->values[v].producer = -1;
         }
@@ -239,7 +229,7 @@ int passes_eliminate_dead(struct graph *g, int *nremoved) {
         struct graph_value *val = &g->values[v];
         if (!live[v] && val->t.data && !(val->flags & (VALUE_INPUT | VALUE_OUTPUT))) {
             freed += tensor_nbytes(&val->t);
-            free_tensor_data(&val->t);
+            tensor_free_data(&val->t);
         }
     }
     if (removed || freed) log_debug("dead code: %d nodes removed, %zu bytes of unused constants freed", removed, freed);

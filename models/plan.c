@@ -133,14 +133,6 @@ static int check_shape(const struct graph_node *n, const struct tensor *t, const
                       n->name, n->op_type, vname, tensor_shape_str(t, s, sizeof s));
 }
 
-static void free_string_data(struct tensor *t) {
-    if (t->dtype == DT_STRING && t->data) {
-        int64_t n = tensor_numel(t);
-        char **s = t->data;
-        for (int64_t i = 0; i < n; i++) free(s[i]);
-    }
-}
-
 int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
                    int nout, size_t max_bytes, char *err, size_t err_len) {
     const struct op_def *op = n->op;
@@ -200,24 +192,24 @@ int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, i
     c.scratch = sbuf;
     c.scratch_size = scratch;
     rc = op->run(&c);
+    if (rc && err && err_len && !err[0])
+        status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
+    /* A kernel writes a string output as pointers to strings its inputs,
+     * attributes or state own: the result gets its own block
+     * (common/tensor.h) before the state is released. */
+    for (int i = 0; i < nout && !rc; i++) {
+        if (out[i].dtype != DT_STRING) continue;
+        char **view = out[i].data;
+        if (tensor_strings_pack(&out[i], (const char *const *)view, NULL))
+            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
+        else free(view);
+    }
     if (op->release && op->prepare) op->release(state);
     free(sbuf);
-    if (rc) {
-        if (err && err_len && !err[0])
-            status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
-        goto fail;
-    }
+    if (rc) goto fail;
     return 0;
 fail:
-    for (int i = 0; i < nout; i++) {
-        if (out[i].dtype == DT_STRING) {
-            /* Strings a failed kernel may have half written are not freed:
-             * the buffer was zeroed, so only set pointers are real. */
-            free_string_data(&out[i]);
-        }
-        free(out[i].data);
-        out[i].data = NULL;
-    }
+    for (int i = 0; i < nout; i++) tensor_free_data(&out[i]);
     return rc;
 }
 
@@ -237,10 +229,7 @@ static void plan_free(struct plan *p) {
     }
     if (p->dev_consts && p->be) p->be->iface->buffer_free(p->be, p->dev_consts);
     for (int v = 0; v < p->nvals; v++) {
-        if (p->vals[v].owned) {
-            free_string_data(&p->vals[v].t);
-            free(p->vals[v].t.data);
-        }
+        if (p->vals[v].owned) tensor_free_data(&p->vals[v].t);
         free(p->vals[v].h16);
     }
     free(p->vals);
@@ -1215,22 +1204,11 @@ static int copy_output(struct plan_exec *x, struct plan *p, int o, struct tensor
     else if (pv->kind == PLAN_VALUE_INPUT) from = inputs[pv->input].data;
     else if (pv->kind == PLAN_VALUE_ARENA && x->host) from = src->data;
     if (pv->t.dtype == DT_STRING) {
-        /* One block: the pointer array, then the strings, so free() frees all. */
+        /* The arena holds pointers to strings owned elsewhere: the output
+         * gets its own block (common/tensor.h). */
         if (!from) return status_set(err, err_len, STATUS_UNSUPPORTED, "output '%s': strings on a device backend", g->values[v].name);
-        int64_t n = tensor_numel(&pv->t);
-        char *const *s = from;
-        size_t total = nb;
-        for (int64_t i = 0; i < n; i++) total += (s[i] ? strlen(s[i]) : 0) + 1;
-        char **blk = malloc(total ? total : 1);
-        if (!blk) return status_set(err, err_len, STATUS_NOMEM, "out of memory for output '%s'", g->values[v].name);
-        char *w = (char *)blk + nb;
-        for (int64_t i = 0; i < n; i++) {
-            size_t len = s[i] ? strlen(s[i]) : 0;
-            memcpy(w, s[i] ? s[i] : "", len + 1);
-            blk[i] = w;
-            w += len + 1;
-        }
-        dst->data = blk;
+        if (tensor_strings_pack(dst, from, NULL))
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory for output '%s'", g->values[v].name);
         return 0;
     }
     dst->data = malloc(nb ? nb : 1);

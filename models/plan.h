@@ -125,7 +125,8 @@ void plan_exec_set_cuda_graphs(struct plan_exec *x, int on);
 
 /* Runs p with host input tensors (shapes as the plan's signature). Each of
  * the graph's outputs is written to outputs[i] with a malloc'd buffer the
- * caller frees (DT_STRING: one block holding the pointers and the strings).
+ * caller frees with tensor_free_data (one block in common/tensor.h's layout,
+ * strings included).
  * On error nothing is left allocated in outputs. */
 int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
                   char *err, size_t err_len);

@@ -74,6 +74,7 @@ struct instance {
     /* The batch being formed/run: requests, and gather buffers reused across
      * batches (grown, never shrunk) so a steady load allocates nothing. */
     struct batcher_request **sel;
+    struct tensor_rows *rows_of; /* nsel entries: gather's sources */
     int nsel;
     int64_t rows;
     void **in_buf;
@@ -554,57 +555,38 @@ static int ensure_buf(void **buf, size_t *cap, size_t need) {
     return 0;
 }
 
-static void free_tensor_data(struct tensor *t) {
-    if (!t->data)
-        return;
-    if (t->dtype == DT_STRING) {
-        int64_t n = tensor_numel(t);
-        char **s = t->data;
-        for (int64_t i = 0; n > 0 && i < n; i++)
-            free(s[i]);
-    }
-    free(t->data);
-    t->data = NULL;
-}
-
 static void free_outputs(struct tensor *out, int n) {
     if (!out)
         return;
     for (int i = 0; i < n; i++)
-        free_tensor_data(&out[i]);
+        tensor_free_data(&out[i]);
     free(out);
 }
 
-/* Gathers the selected requests' inputs into one contiguous buffer per
- * input. A batch of one request uses its buffers directly. */
+/* Gathers the selected requests' inputs into one block per input, in the
+ * common tensor layout (strings included). A batch of one request uses its
+ * buffers directly. */
 static int gather(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
     struct batcher_request *r0 = inst->sel[0];
     for (int i = 0; i < r0->ninputs; i++) {
         inst->in[i] = r0->inputs[i];
         if (inst->nsel == 1)
             continue;
-        size_t need = 0;
         for (int k = 0; k < inst->nsel; k++)
-            need += tensor_nbytes(&inst->sel[k]->inputs[i]);
-        if (ensure_buf(&inst->in_buf[i], &inst->in_cap[i], need))
+            inst->rows_of[k] = (struct tensor_rows){&inst->sel[k]->inputs[i], 0, inst->sel[k]->inputs[i].dims[0]};
+        size_t need = tensor_rows_size(inst->rows_of, inst->nsel);
+        if (need == SIZE_MAX || ensure_buf(&inst->in_buf[i], &inst->in_cap[i], need) ||
+            tensor_rows_write(&inst->in[i], inst->in_buf[i], inst->in_cap[i], inst->rows_of, inst->nsel))
             return status_set(err, err_len, STATUS_NOMEM, "out of memory gathering a batch of %lld rows",
                               (long long)inst->rows);
-        char *dst = inst->in_buf[i];
-        for (int k = 0; k < inst->nsel; k++) {
-            size_t n = tensor_nbytes(&inst->sel[k]->inputs[i]);
-            if (n)
-                memcpy(dst, inst->sel[k]->inputs[i].data, n);
-            dst += n;
-        }
-        inst->in[i].dims[0] = inst->rows;
-        inst->in[i].data = inst->in_buf[i];
     }
     (void)b;
     return 0;
 }
 
-/* Splits the batch outputs by rows into malloc'd per-request outputs. On
- * failure nothing is left allocated in any request. */
+/* Splits the batch outputs by rows into per-request outputs, each one owned
+ * block (common/tensor.h). On failure nothing is left allocated in any
+ * request. */
 static int scatter(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
     int no = b->noutputs;
     for (int o = 0; o < no; o++) {
@@ -623,30 +605,13 @@ static int scatter(batcher_t *b, struct instance *inst, char *err, size_t err_le
             goto fail;
     }
     for (int o = 0; o < no; o++) {
-        const struct tensor *t = &inst->out[o];
-        size_t row_elems = (size_t)(tensor_numel(t) / (inst->rows > 0 ? inst->rows : 1));
-        size_t esz = dtype_size(t->dtype);
-        const char *src = t->data;
+        int64_t first = 0;
         for (k = 0; k < inst->nsel; k++) {
             struct batcher_request *r = inst->sel[k];
-            struct tensor *d = &r->outputs[o];
-            *d = *t;
-            d->dims[0] = r->rows;
-            size_t nel = row_elems * (size_t)r->rows;
-            d->data = malloc(nel * esz > 0 ? nel * esz : 1);
-            if (!d->data)
+            struct tensor_rows rows = {&inst->out[o], first, r->rows};
+            if (tensor_copy_rows(&r->outputs[o], &rows, 1))
                 goto fail;
-            if (t->dtype == DT_STRING) {
-                char **ds = d->data;
-                char *const *ss = (char *const *)(const void *)src;
-                memset(ds, 0, nel * esz);
-                for (size_t e = 0; e < nel; e++)
-                    if (ss[e] && !(ds[e] = strdup(ss[e])))
-                        goto fail;
-            } else if (nel) {
-                memcpy(d->data, src, nel * esz);
-            }
-            src += nel * esz;
+            first += r->rows;
         }
     }
     return 0;
@@ -681,7 +646,7 @@ static void run_batch(batcher_t *b, struct instance *inst, uint64_t *exec_ns) {
                 r->outputs = malloc(sizeof(struct tensor) * (size_t)(b->noutputs > 0 ? b->noutputs : 1));
                 if (!r->outputs) {
                     for (int o = 0; o < b->noutputs; o++)
-                        free_tensor_data(&inst->out[o]);
+                        tensor_free_data(&inst->out[o]);
                     rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
                 } else {
                     memcpy(r->outputs, inst->out, sizeof(struct tensor) * (size_t)b->noutputs);
@@ -690,7 +655,7 @@ static void run_batch(batcher_t *b, struct instance *inst, uint64_t *exec_ns) {
             } else {
                 rc = scatter(b, inst, err, sizeof err);
                 for (int o = 0; o < b->noutputs; o++)
-                    free_tensor_data(&inst->out[o]);
+                    tensor_free_data(&inst->out[o]);
             }
         }
     }
@@ -883,6 +848,7 @@ static void instance_release(struct instance *inst) {
     free(inst->in);
     free(inst->out);
     free(inst->sel);
+    free(inst->rows_of);
 }
 
 void batcher_free(batcher_t *b) {
@@ -927,11 +893,12 @@ static int instance_setup(batcher_t *b, struct instance *inst, int nthreads, cha
     int nin = b->ninputs > 0 ? b->ninputs : BATCHER_UNKNOWN_MAX_INPUTS, nout = b->noutputs > 0 ? b->noutputs : 1;
     inst->nbuf = nin;
     inst->sel = calloc((size_t)nsel, sizeof(*inst->sel));
+    inst->rows_of = calloc((size_t)nsel, sizeof(*inst->rows_of));
     inst->in_buf = calloc((size_t)nin, sizeof(void *));
     inst->in_cap = calloc((size_t)nin, sizeof(size_t));
     inst->in = calloc((size_t)nin, sizeof(struct tensor));
     inst->out = calloc((size_t)nout, sizeof(struct tensor));
-    if (!inst->sel || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
+    if (!inst->sel || !inst->rows_of || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
         return status_set(err, err_len, STATUS_NOMEM, "out of memory");
     if (!b->p.model)
         return 0;

@@ -87,8 +87,9 @@ struct batcher_request {
     void *user;
 
     /* Set by the batcher before done(). On success outputs[] (noutputs =
-     * model_noutputs) hold this request's rows, malloc'd: the submitter frees
-     * each data with free() and the array with free(). */
+     * model_noutputs) hold this request's rows, each one owned block
+     * (common/tensor.h): the submitter frees each with tensor_free_data and
+     * the array with free(). */
     int status;                    /* 0 or a negative status */
     char err[256];
     struct tensor *outputs;

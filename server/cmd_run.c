@@ -544,7 +544,7 @@ int cmd_run(int argc, char **argv) {
     if (!lat) goto fail;
     for (int r = 0; r < runs; r++) {
         for (int o = 0; o < no; o++) {
-            free(out[o].data); /* model.h: output buffers are released with free() */
+            tensor_free_data(&out[o]); /* model.h: one owned block per output */
             memset(&out[o], 0, sizeof out[o]);
         }
         double t0 = now_us();
@@ -599,7 +599,7 @@ fail:
     model_exec_free(x);
     backend_free(be);
     for (int i = 0; in && i < ni; i++) onnx_tensor_clear(&in[i]);
-    for (int o = 0; out && o < no; o++) free(out[o].data);
+    for (int o = 0; out && o < no; o++) tensor_free_data(&out[o]);
     free(in);
     free(out);
     model_free(m);

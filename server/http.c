@@ -369,9 +369,8 @@ static void infer_ctx_free(struct infer_ctx *c) {
     kserve_request_clear(&c->kr);
     free(c->ordered);
     if (c->br.outputs) {
-        /* model.h's contract: one free() per output, strings included (the
-         * engine packs a string tensor's pointers and bytes in one block). */
-        for (int i = 0; i < c->br.noutputs; i++) free(c->br.outputs[i].data);
+        /* One block per output, strings included (common/tensor.h). */
+        for (int i = 0; i < c->br.noutputs; i++) tensor_free_data(&c->br.outputs[i]);
         free(c->br.outputs);
     }
     free(c);

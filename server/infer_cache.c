@@ -78,30 +78,13 @@ static int value_to_outputs(const struct cache_value *v, const struct model_conf
         o[i] = dec[j];
         o[i].data = NULL;
         if (dec[j].dtype == DT_STRING) {
-            /* Length-prefixed strings → one block: pointers, then NUL-terminated bytes. */
-            int64_t cnt = tensor_numel(&dec[j]);
+            /* The common check refuses length prefixes that run past the
+             * value or do not match the shape: such a value is a miss. */
             const uint8_t *p = dec[j].data;
-            size_t bytes = 0, off = 0;
-            for (int64_t k = 0; k < cnt; k++) {
-                uint32_t l;
-                memcpy(&l, p + off, 4);
-                off += 4 + l;
-                bytes += l + 1;
-            }
-            char **blk = malloc((size_t)cnt * sizeof(char *) + bytes + 1);
-            if (!blk) goto fail;
-            char *s = (char *)(blk + cnt);
-            off = 0;
-            for (int64_t k = 0; k < cnt; k++) {
-                uint32_t l;
-                memcpy(&l, p + off, 4);
-                memcpy(s, p + off + 4, l);
-                s[l] = 0;
-                blk[k] = s;
-                s += l + 1;
-                off += 4 + l;
-            }
-            o[i].data = blk;
+            size_t used;
+            if (tensor_strings_check(p, (size_t)(v->data + v->len - p), tensor_numel(&dec[j]), &used, NULL, 0) ||
+                tensor_strings_from_prefixed(&o[i], p, used, NULL, 0))
+                goto fail;
         } else {
             size_t nb = tensor_nbytes(&dec[j]);
             o[i].data = malloc(nb ? nb : 1);

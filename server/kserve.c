@@ -86,30 +86,12 @@ void kserve_error_body(struct kserve_buf *b, const char *msg) {
 
 /* ---- tensors ------------------------------------------------------------ */
 
-void kserve_tensor_free_data(struct tensor *t) {
-    if (!t->data) return;
-    if (t->dtype == DT_STRING) {
-        int64_t n = tensor_numel(t);
-        char **s = t->data;
-        for (int64_t i = 0; i < n; i++) free(s[i]);
-    }
-    free(t->data);
-    t->data = NULL;
-}
-
-static void *alloc_data(size_t n) {
-    /* 64-byte alignment suits every kernel's vector loads. */
-    size_t sz = (n + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, sz ? sz : 64);
-    return p;
-}
-
 void kserve_request_clear(struct kserve_request *r) {
     if (!r) return;
     free(r->id);
     for (int i = 0; i < r->ninputs; i++) {
         free(r->inputs[i].name);
-        kserve_tensor_free_data(&r->inputs[i].t);
+        tensor_free_data(&r->inputs[i].t);
     }
     free(r->inputs);
     for (int i = 0; i < r->noutputs; i++) free(r->outputs[i].name);
@@ -167,8 +149,9 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
         if (!cJSON_IsString(v))
             return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
                               f->in->name, (long long)i);
-        ((char **)t->data)[i] = strdup(v->valuestring);
-        return ((char **)t->data)[i] ? 0 : STATUS_NOMEM;
+        /* Borrowed from the JSON tree until parse_input packs the strings. */
+        ((const char **)t->data)[i] = v->valuestring;
+        return 0;
     }
     if (t->dtype == DT_BOOL) {
         if (!cJSON_IsBool(v))
@@ -588,16 +571,18 @@ static int parse_input(struct kserve_input *in, const cJSON *j, int idx, const s
         return INVALID("input '%s': 'data' has %lld elements but shape %s needs %lld", n, (long long)count,
                        tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
     }
-    in->t.data = in->t.dtype == DT_STRING ? calloc((size_t)numel + 1, sizeof(char *))
-                                          : alloc_data((size_t)numel * dtype_size(in->t.dtype));
+    /* Strings are gathered as pointers into the JSON tree, then packed into
+     * the tensor's own block. */
+    const char **strs = NULL;
+    if (in->t.dtype == DT_STRING) in->t.data = strs = calloc((size_t)numel + 1, sizeof *strs);
+    else tensor_alloc_data(&in->t);
     if (!in->t.data) return STATUS_NOMEM;
     struct fill f = {in, 0, err, err_len};
-    if (!vals) return fill_rec(&f, data);
-    for (int64_t i = 0; i < count; i++) {
-        int rc = fill_number(&f, vals[i]);
-        if (rc) return rc;
-    }
-    return 0;
+    int rc = 0;
+    if (!vals) rc = fill_rec(&f, data);
+    for (int64_t i = 0; vals && i < count && !rc; i++) rc = fill_number(&f, vals[i]);
+    if (!rc && strs && (rc = tensor_strings_pack(&in->t, strs, NULL)) == 0) free(strs);
+    return rc;
 }
 
 static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, char *err, size_t err_len) {
@@ -613,42 +598,14 @@ static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, 
             return INVALID("input '%s': parameters.binary_data_size is %zu but shape %s of %s needs %zu bytes", n,
                            in->binary_size, tensor_shape_str(&in->t, sh, sizeof sh), dtype_kserve_name(in->t.dtype),
                            numel == INT64_MAX ? SIZE_MAX : need);
-        in->t.data = alloc_data(need);
-        if (!in->t.data) return STATUS_NOMEM;
+        if (tensor_alloc_data(&in->t)) return STATUS_NOMEM;
         memcpy(in->t.data, p, need);
         return 0;
     }
-    /* BYTES: each element is a 4-byte little-endian length and its bytes. Count first. */
-    size_t off = 0;
-    int64_t count = 0;
-    while (off < in->binary_size) {
-        if (in->binary_size - off < 4)
-            return INVALID("input '%s': BYTES element %lld has a truncated 4-byte length", n, (long long)count);
-        uint32_t l = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 | (uint32_t)p[off + 3] << 24;
-        off += 4;
-        if (l > in->binary_size - off)
-            return INVALID("input '%s': BYTES element %lld says %u bytes but only %zu are left in its binary_data_size", n,
-                           (long long)count, l, in->binary_size - off);
-        off += l;
-        count++;
-    }
-    if (count != numel)
-        return INVALID("input '%s': binary data holds %lld BYTES elements but shape %s needs %lld", n, (long long)count,
-                       tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
-    char **s = calloc((size_t)count + 1, sizeof(char *));
-    if (!s) return STATUS_NOMEM;
-    in->t.data = s;
-    off = 0;
-    for (int64_t i = 0; i < count; i++) {
-        uint32_t l = (uint32_t)p[off] | (uint32_t)p[off + 1] << 8 | (uint32_t)p[off + 2] << 16 | (uint32_t)p[off + 3] << 24;
-        off += 4;
-        s[i] = malloc((size_t)l + 1);
-        if (!s[i]) return STATUS_NOMEM;
-        memcpy(s[i], p + off, l);
-        s[i][l] = 0;
-        off += l;
-    }
-    return 0;
+    char why[160];
+    int rc = tensor_strings_from_prefixed(&in->t, p, in->binary_size, why, sizeof why);
+    if (rc == STATUS_INVALID) return INVALID("input '%s' of shape %s: %s", n, tensor_shape_str(&in->t, sh, sizeof sh), why);
+    return rc;
 }
 
 static int parse_output(struct kserve_output *o, const cJSON *j, int idx, char *err, size_t err_len) {
@@ -1112,29 +1069,15 @@ static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
 }
 
 static size_t binary_size(const struct tensor *t) {
-    if (t->dtype != DT_STRING) return tensor_nbytes(t);
-    int64_t n = tensor_numel(t);
-    size_t s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        const char *x = ((char *const *)t->data)[i];
-        s += 4 + (x ? strlen(x) : 0);
-    }
-    return s;
+    return t->dtype == DT_STRING ? tensor_strings_prefixed_size(t) : tensor_nbytes(t);
 }
 
 static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
-    if (t->dtype != DT_STRING) {
-        buf_add(b, t->data, tensor_nbytes(t));
-        return;
-    }
-    int64_t n = tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) {
-        const char *x = ((char *const *)t->data)[i];
-        uint32_t l = x ? (uint32_t)strlen(x) : 0;
-        uint8_t h[4] = {(uint8_t)l, (uint8_t)(l >> 8), (uint8_t)(l >> 16), (uint8_t)(l >> 24)};
-        buf_add(b, h, 4);
-        buf_add(b, x, l);
-    }
+    size_t n = binary_size(t);
+    if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
+    if (t->dtype == DT_STRING) tensor_strings_prefixed_write(t, b->data + b->len);
+    else if (n) memcpy(b->data + b->len, t->data, n);
+    b->len += n;
 }
 
 /* Top-k per row as BYTES "value:index[:label]", Triton's classification. */
@@ -1150,12 +1093,7 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     out->dims[out->ndim++] = k;
     char **s = calloc((size_t)(nrows * k) + 1, sizeof *s);
     int64_t *idx = malloc(sizeof *idx * (size_t)(per + 1));
-    if (!s || !idx) {
-        free(s);
-        free(idx);
-        return STATUS_NOMEM;
-    }
-    out->data = s;
+    int rc = s && idx ? 0 : STATUS_NOMEM;
     int fp = in->dtype == DT_FP32 || in->dtype == DT_FP64 || in->dtype == DT_FP16 || in->dtype == DT_BF16;
     for (int64_t r = 0; r < nrows; r++) {
         for (int64_t i = 0; i < per; i++) idx[i] = i;
@@ -1171,11 +1109,15 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
                          : snprintf(buf, sizeof buf, "%lld:%lld", (long long)v, (long long)idx[j]);
             if (io && idx[j] < io->nlabels)
                 snprintf(buf + len, sizeof buf - (size_t)len, ":%s", io->labels[idx[j]]);
-            s[r * k + j] = strdup(buf);
+            if (!rc && !(s[r * k + j] = strdup(buf))) rc = STATUS_NOMEM;
         }
     }
+    /* Built string by string, then packed into the tensor's one block. */
+    if (!rc) rc = tensor_strings_pack(out, (const char *const *)s, NULL);
+    for (int64_t i = 0; s && i < nrows * k; i++) free(s[i]);
+    free(s);
     free(idx);
-    return 0;
+    return rc;
 }
 
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
@@ -1253,7 +1195,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
     if (!body->data) rc = STATUS_NOMEM;
 out:
     for (int i = 0; send && i < nsel; i++)
-        if (owned && owned[i]) kserve_tensor_free_data(&send[i]);
+        if (owned && owned[i]) tensor_free_data(&send[i]);
     if (heap) {
         free(send);
         free(bin);

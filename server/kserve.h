@@ -25,7 +25,7 @@ struct model_config;
 
 struct kserve_input {
     char *name;
-    struct tensor t;        /* dtype, shape and data (owned; DT_STRING: char ** of owned strings) */
+    struct tensor t;        /* dtype, shape and data (owned, common/tensor.h's layout) */
     size_t binary_size;     /* parameters.binary_data_size, when binary */
     int binary;
 };
@@ -85,8 +85,5 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
 void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);
 /* {"error": msg} */
 void kserve_error_body(struct kserve_buf *b, const char *msg);
-
-/* Frees the data of tensors (strings of DT_STRING included). */
-void kserve_tensor_free_data(struct tensor *t);
 
 #endif

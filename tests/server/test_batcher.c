@@ -279,6 +279,87 @@ static void test_delay_then_one_batch(void **state) {
     batcher_free(b);
 }
 
+/* s -> s + "!" over a STRING input, the output one block as model_run
+ * returns it (common/tensor.h). */
+static int string_execute(void *arg, int instance, const struct tensor *in, int nin, struct tensor *out, int nout,
+                          char *err, size_t err_len) {
+    (void)arg;
+    (void)instance;
+    if (nin < 1 || in[0].dtype != DT_STRING)
+        return status_set(err, err_len, STATUS_INVALID, "test executor wants STRING");
+    int64_t n = tensor_numel(&in[0]);
+    char **tmp = calloc((size_t)n + 1, sizeof *tmp);
+    for (int64_t i = 0; i < n; i++) {
+        const char *x = ((char *const *)in[0].data)[i];
+        tmp[i] = malloc(strlen(x) + 2);
+        strcpy(tmp[i], x);
+        strcat(tmp[i], "!");
+    }
+    out[0] = in[0];
+    int rc = tensor_strings_pack(&out[0], (const char *const *)tmp, NULL);
+    for (int64_t i = 0; i < n; i++)
+        free(tmp[i]);
+    free(tmp);
+    for (int o = 1; o < nout; o++)
+        memset(&out[o], 0, sizeof out[o]);
+    return rc;
+}
+
+/* String tensors through a batch of several requests: gathered into one
+ * block, scattered back into one block per request, each freed alone (a
+ * batch once freed pointers into the model's string block). */
+static void test_strings_batched_and_scattered(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.execute = string_execute;
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 1000;
+    p.any_batch_size = 1;
+    batcher_t *b = make(&p);
+    static struct treq t[3];
+    const int64_t rows[3] = {1, 3, 2};
+    for (int k = 0; k < 3; k++) {
+        treq_init(&t[k], rows[k], 2, 0);
+        char words[6][32];
+        const char *w[6];
+        for (int i = 0; i < rows[k] * 2; i++) {
+            snprintf(words[i], sizeof words[i], "request %d element %d", k, i);
+            w[i] = words[i];
+        }
+        t[k].in.dtype = DT_STRING;
+        assert_int_equal(tensor_strings_pack(&t[k].in, w, NULL), 0);
+        assert_int_equal(batcher_submit(b, &t[k].r), 0);
+    }
+    advance_us(1000);
+    WAIT_FOR(atomic_load(&t[0].ndone) + atomic_load(&t[1].ndone) + atomic_load(&t[2].ndone) == 3);
+    for (int k = 0; k < 3; k++) {
+        if (t[k].r.status != 0)
+            fail_msg("request %d failed: %s", k, t[k].r.err);
+        assert_int_equal(t[k].r.noutputs, 1);
+        const struct tensor *y = &t[k].r.outputs[0];
+        assert_int_equal(y->dtype, DT_STRING);
+        assert_int_equal(y->dims[0], rows[k]);
+        assert_int_equal(y->dims[1], 2);
+        for (int i = 0; i < rows[k] * 2; i++) {
+            char want[40];
+            snprintf(want, sizeof want, "request %d element %d!", k, i);
+            assert_string_equal(((char *const *)y->data)[i], want);
+        }
+    }
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.executions, 1);
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < t[k].r.noutputs; i++)
+            tensor_free_data(&t[k].r.outputs[i]);
+        free(t[k].r.outputs);
+        tensor_free_data(&t[k].in);
+    }
+    batcher_free(b);
+}
+
 static void test_full_batch_goes_at_once_rows_counted(void **state) {
     (void)state;
     ex_reset();
@@ -1129,6 +1210,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_batching_runs_each_alone),
         cmocka_unit_test(test_delay_then_one_batch),
+        cmocka_unit_test(test_strings_batched_and_scattered),
         cmocka_unit_test(test_full_batch_goes_at_once_rows_counted),
         cmocka_unit_test(test_bad_rows_rejected),
         cmocka_unit_test(test_shapes_not_mixed),
