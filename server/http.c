@@ -1672,7 +1672,7 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     /* Without it a load, an unload or a poll would wait forever. */
     int prc = pthread_create(&s->control_tid, NULL, control_main, s);
     if (prc) {
-        status_set(err, err_len, STATUS_INTERNAL, "cannot start the model control thread: %s", strerror(prc));
+        status_set(err, err_len, STATUS_INTERNAL, "cannot start the control thread (model load, unload and polling): %s", strerror(prc));
         goto fail;
     }
     s->control_started = 1;
