@@ -46,7 +46,7 @@ struct cache_redis_url {
 struct cache_counters {
     atomic_uint_fast64_t lru_hits, lru_misses, lru_inserts, lru_evictions;
     atomic_uint_fast64_t redis_hits, redis_misses, redis_errors, redis_timeouts, redis_sets, redis_skipped;
-    atomic_uint_fast64_t redis_corrupt, redis_too_large, flight_joined;
+    atomic_uint_fast64_t redis_rejected, redis_too_large, flight_joined;
     atomic_uint_fast64_t lookup_ns_total, lookup_count, insert_ns_total, insert_count;
     atomic_uint_fast64_t redis_connected, circuit_open;
 };

@@ -28,6 +28,7 @@ struct infer_cache_op {
     uint64_t lookup_ns;                     /* set before done() */
     struct cache_value *value;              /* a follower's result, while posted */
     const struct model_config *mc;
+    int64_t rows;                           /* the request's batch rows; -1 when the model has no batch dim */
     struct tensor *outputs;                 /* on a hit: mc->noutputs malloc'd tensors */
     struct cache_flight_node flight;        /* single-flight record or queue place, no malloc */
     void (*done)(void *arg, int hit);
