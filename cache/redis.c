@@ -1,16 +1,17 @@
 /* redis.c - tier 2 of the result cache: one hiredis async connection per I/O
  * thread, attached to that thread's event_base through hiredis's libevent
  * adapter. Nothing here blocks: connects, DNS (evdns) and commands are all
- * asynchronous; every command has a libevent timer because hiredis 0.14 has
- * no async command timeout. Failures open a circuit breaker; a broken or
- * absent Redis, or a value that fails its MAC or is too large, is a miss,
- * never an error. */
+ * asynchronous; every command and every connect has a libevent timer because
+ * hiredis 0.14 has no async timeouts. Failures open a circuit breaker; a
+ * broken or absent Redis, or a value that fails its MAC or is too large, is
+ * a miss, never an error. */
 #include <arpa/inet.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <hiredis/adapters/libevent.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,16 @@
 #include "common/status.h"
 
 #define REDIS_MAX_INFLIGHT 4096
+/* Reconnect delays: doubling from MIN to MAX, each drawn at random from
+ * [d/2, d] so that threads and replicas that lost Redis together do not
+ * retry together. MAX bounds how late caching resumes once Redis answers:
+ * the probing thread tries at most MAX ms after Redis is back, the others
+ * see its success within FOLLOW ms. CONNECT bounds one attempt (a SYN to a
+ * host that went away is not refused: it would hang for minutes). */
 #define REDIS_BACKOFF_MIN_MS 100
-#define REDIS_BACKOFF_MAX_MS 5000
+#define REDIS_BACKOFF_MAX_MS 1000
+#define REDIS_FOLLOW_MS 200
+#define REDIS_CONNECT_MS 1000
 
 struct cache_redis {
     cache_t *c;
@@ -32,7 +41,10 @@ struct cache_redis {
     int connected;
     int freeing;
     struct event *reconnect_ev;
+    struct event *connect_ev; /* the pending connect's deadline */
     uint32_t backoff_ms;
+    int probing;              /* this thread owns the cache's probe */
+    uint64_t connects_seen;   /* c->redis_connects when this connection went down */
     struct evdns_base *dns;
     struct evdns_getaddrinfo_request *dns_req;
     char ip[64];
@@ -140,22 +152,73 @@ static void breaker_failure(struct cache_redis *r) {
     }
 }
 
-/* ---- connection ------------------------------------------------------------- */
+/* ---- reconnecting -----------------------------------------------------------
+ * While Redis is down one I/O thread per process probes it (connects on its
+ * doubling, jittered delay); the others only watch, every REDIS_FOLLOW_MS or
+ * so, for a connect that succeeded after they lost theirs, then connect at
+ * once. A process thus sends one connect per second or less to a Redis that
+ * is down, however many I/O threads it has, and all its threads are back
+ * within about REDIS_BACKOFF_MAX_MS + REDIS_FOLLOW_MS of Redis answering. */
 
 static void start_connect(struct cache_redis *r);
 
+static uint32_t jittered_ms(uint32_t ms) { return ms / 2 + randombytes_uniform(ms / 2 + 1); }
+
+static void arm_ms(struct event *ev, uint32_t ms) {
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(ev, &tv);
+}
+
+static void probe_release(struct cache_redis *r) {
+    if (!r->probing) return;
+    r->probing = 0;
+    atomic_store_explicit(&r->c->redis_prober, 0, memory_order_release);
+}
+
+/* After a failed connect or a lost connection: wait, then try again. */
 static void schedule_reconnect(struct cache_redis *r) {
+    probe_release(r);
     if (r->freeing) return;
-    struct timeval tv = {r->backoff_ms / 1000, (r->backoff_ms % 1000) * 1000};
-    evtimer_add(r->reconnect_ev, &tv);
+    r->connects_seen = atomic_load_explicit(&r->c->redis_connects, memory_order_acquire);
+    arm_ms(r->reconnect_ev, jittered_ms(r->backoff_ms));
     r->backoff_ms = r->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : r->backoff_ms * 2;
 }
 
 static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg) {
+    struct cache_redis *r = arg;
     (void)fd;
     (void)what;
-    start_connect(arg);
+    if (atomic_load_explicit(&r->c->redis_connects, memory_order_acquire) == r->connects_seen) {
+        /* Nobody got through since: probe, unless another thread does. */
+        int idle = 0;
+        if (!atomic_compare_exchange_strong_explicit(&r->c->redis_prober, &idle, 1, memory_order_acq_rel,
+                                                     memory_order_acquire)) {
+            arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));
+            return;
+        }
+        r->probing = 1;
+    }
+    start_connect(r);
 }
+
+static void on_connect_deadline(evutil_socket_t fd, short what, void *arg) {
+    struct cache_redis *r = arg;
+    (void)fd;
+    (void)what;
+    if (!r->ac || r->connected) return;
+    /* Still connecting: no callback of ours runs from this free (hiredis
+     * calls the disconnect callback for connected contexts only). */
+    redisAsyncFree(r->ac);
+    r->ac = NULL;
+    if (!r->warned) {
+        log_warn("redis cache: cannot connect to %s:%d (no answer in %d ms); serving without it and retrying",
+                 r->c->redis.host, r->c->redis.port, REDIS_CONNECT_MS);
+        r->warned = 1;
+    }
+    schedule_reconnect(r);
+}
+
+/* ---- connection ------------------------------------------------------------- */
 
 static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     redisReply *rep = reply;
@@ -166,6 +229,7 @@ static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
 
 static void on_connect(const redisAsyncContext *ac, int status) {
     struct cache_redis *r = ac->data;
+    evtimer_del(r->connect_ev);
     if (status != REDIS_OK) {
         /* hiredis frees the context after this callback. */
         if (!r->warned) {
@@ -179,6 +243,15 @@ static void on_connect(const redisAsyncContext *ac, int status) {
     }
     r->connected = 1;
     r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    probe_release(r);
+    atomic_fetch_add_explicit(&r->c->redis_connects, 1, memory_order_release);
+    /* A new connection starts with a closed breaker: the failures that
+     * opened it were the old connection's. */
+    r->failures = 0;
+    if (r->open) {
+        r->open = 0;
+        STAT_SUB(r, circuit_open, 1);
+    }
     STAT_ADD(r, redis_connected, 1);
     if (r->warned) log_info("redis cache: connected to %s:%d", r->c->redis.host, r->c->redis.port);
     r->warned = 0;
@@ -220,6 +293,7 @@ static void connect_ip(struct cache_redis *r) {
     redisLibeventAttach(ac, r->base);
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    arm_ms(r->connect_ev, REDIS_CONNECT_MS);
 }
 
 static void on_resolved(int result, struct evutil_addrinfo *res, void *arg) {
@@ -273,7 +347,9 @@ cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
     r->base = base;
     r->backoff_ms = REDIS_BACKOFF_MIN_MS;
     r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
-    if (!r->reconnect_ev) {
+    r->connect_ev = evtimer_new(base, on_connect_deadline, r);
+    if (!r->reconnect_ev || !r->connect_ev) {
+        if (r->reconnect_ev) event_free(r->reconnect_ev);
         free(r);
         return NULL;
     }
@@ -292,7 +368,9 @@ void cache_redis_free(cache_redis_t *r) {
     }
     if (r->connected) STAT_SUB(r, redis_connected, 1);
     if (r->open) STAT_SUB(r, circuit_open, 1);
+    probe_release(r);
     event_free(r->reconnect_ev);
+    event_free(r->connect_ev);
     if (r->dns) evdns_base_free(r->dns, 1);
     free(r);
 }

@@ -1,6 +1,6 @@
 /* Tier-2 tests against a real redis-server started on a free loopback port:
  * miss then hit, corrupted, forged, moved and oversized values, TTL, Redis
- * killed and restarted, Redis
+ * killed and restarted (and how soon every connection is back), Redis
  * paused (SIGSTOP), and the circuit breaker. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -274,6 +274,43 @@ static void test_killed_and_restarted(void **state) {
     env_close(&e);
 }
 
+/* Several I/O threads' connections lose Redis for 8 s (where a delay
+ * doubling to 5 s left them off for up to 5 s more): all are back within
+ * 2 s of Redis answering again. */
+#define NCONN 4
+static cache_redis_t *g_conns[NCONN];
+static int all_connected(struct env *e) {
+    (void)e;
+    for (int i = 0; i < NCONN; i++)
+        if (!cache_redis_connected(g_conns[i])) return 0;
+    return 1;
+}
+static int none_connected(struct env *e) {
+    (void)e;
+    for (int i = 0; i < NCONN; i++)
+        if (cache_redis_connected(g_conns[i])) return 0;
+    return 1;
+}
+
+static void test_long_outage_resumes_within_2s(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 50);
+    for (int i = 0; i < NCONN; i++) g_conns[i] = i ? cache_redis_create(e.c, e.base) : e.r;
+    assert_true(run_until(&e, all_connected, 3000));
+    stop_redis();
+    assert_true(run_until(&e, none_connected, 3000));
+    wait_ms(&e, 8000);
+    start_redis();
+    uint64_t t0 = now_ms();
+    assert_true(run_until(&e, all_connected, 10000));
+    uint64_t took = now_ms() - t0;
+    print_message("all %d connections back %llu ms after Redis answered\n", NCONN, (unsigned long long)took);
+    assert_true(took <= 2000);
+    for (int i = 1; i < NCONN; i++) cache_redis_free(g_conns[i]);
+    env_close(&e);
+}
+
 static void test_paused_times_out_and_breaker_opens(void **state) {
     (void)state;
     struct env e;
@@ -325,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_miss_then_hit_and_corruption),
         cmocka_unit_test(test_ttl_expiry),
         cmocka_unit_test(test_killed_and_restarted),
+        cmocka_unit_test(test_long_outage_resumes_within_2s),
         cmocka_unit_test(test_paused_times_out_and_breaker_opens),
         cmocka_unit_test(test_absent_at_start),
     };

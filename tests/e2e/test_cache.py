@@ -7,7 +7,8 @@ killed under load (no failed request, caching resumes), Redis paused
 (answers within the timeout), a corrupted Redis value (miss, overwritten),
 hostile Redis values (a crafted old-style value whose strings run past its
 end, values with a valid MAC but a bad length or shape, poisoned and moved
-values, a 20 MiB value: each refused, counted, answered right).
+values, a 20 MiB value: each refused, counted, answered right), and Redis
+down for 12 s under load (caching back within 2 s).
 """
 import concurrent.futures as cf
 import hashlib
@@ -18,6 +19,7 @@ import signal
 import socket
 import struct
 import subprocess
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -494,3 +496,51 @@ def test_oversized_value_dropped(make_server, cache_repo, redis):
     assert metric(s.url, "kiln_cache_redis_rejected_total") == 1
     assert wait_rewritten(redis, key, huge) == good
     assert s.proc.poll() is None
+
+
+def test_redis_outage_12s_under_load_resumes_within_2s(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--http-threads", "4")
+    wait_connected(s, 4)
+    rng = np.random.default_rng(5)
+    errors, stop = [], threading.Event()
+    count = [0]
+
+    def client():
+        c = httpclient.InferenceServerClient(s.url)
+        try:
+            while not stop.is_set():
+                x = rng.standard_normal((1, 4)).astype(np.float32)
+                i = httpclient.InferInput("x", [1, 4], "FP32")
+                i.set_data_from_numpy(x, binary_data=True)
+                try:
+                    c.infer("lin", [i])
+                    count[0] += 1
+                except Exception as e:  # noqa: BLE001 - every failure is collected
+                    errors.append(repr(e))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        redis.kill()
+        time.sleep(12)
+        redis.start()  # same port; returns once Redis answers PING
+        t0 = time.monotonic()
+        base = metric(s.url, "kiln_cache_redis_stores_total")
+        resumed = None
+        while time.monotonic() - t0 < 10:
+            if (metric(s.url, "kiln_cache_redis_connected") == 4
+                    and metric(s.url, "kiln_cache_redis_stores_total") > base):
+                resumed = time.monotonic() - t0
+                break
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"caching resumed {resumed} s after Redis answered; {count[0]} requests")
+    assert errors == []
+    assert resumed is not None and resumed <= 2.0, resumed
