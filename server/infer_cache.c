@@ -31,12 +31,17 @@ static void order_by_name(int *idx, int n, const void *base, size_t stride) {
     }
 }
 
-void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
-                     const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
-    int order[256];
+int infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
+                    const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
+    /* Every input and every requested output is hashed, however many: two
+     * requests that differ in any one never share a key. */
+    int stack_order[64];
+    int most = mc->ninputs > kr->noutputs ? mc->ninputs : kr->noutputs;
+    int *order = stack_order;
+    if (most > 64 && !(order = malloc((size_t)most * sizeof *order))) return -1;
     struct cache_key_state s;
     cache_key_begin(c, &s, model, version);
-    int n = mc->ninputs < 256 ? mc->ninputs : 256;
+    int n = mc->ninputs;
     if (n) order_by_name(order, n, &mc->inputs[0].name, sizeof mc->inputs[0]);
     for (int k = 0; k < n; k++) {
         const struct tensor *t = &ordered[order[k]];
@@ -50,7 +55,7 @@ void infer_cache_key(cache_t *c, const char *model, int64_t version, const struc
             cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, t->data, tensor_nbytes(t));
         }
     }
-    int m = kr->noutputs < 256 ? kr->noutputs : 256;
+    int m = kr->noutputs;
     if (m) order_by_name(order, m, &kr->outputs[0].name, sizeof kr->outputs[0]);
     for (int k = 0; k < m; k++) {
         const struct kserve_output *o = &kr->outputs[order[k]];
@@ -58,6 +63,8 @@ void infer_cache_key(cache_t *c, const char *model, int64_t version, const struc
     }
     cache_key_add_output(&s, m ? "" : "*", kr->binary_data_output, 0);
     cache_key_end(&s, out);
+    if (order != stack_order) free(order);
+    return 0;
 }
 
 /* ---- values ↔ outputs ------------------------------------------------------ */

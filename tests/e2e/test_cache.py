@@ -8,7 +8,8 @@ killed under load (no failed request, caching resumes), Redis paused
 hostile Redis values (a crafted old-style value whose strings run past its
 end, values with a valid MAC but a bad length or shape, poisoned and moved
 values, a 20 MiB value: each refused, counted, answered right), and Redis
-down for 12 s under load (caching back within 2 s).
+down for 12 s under load (caching back within 2 s), and requests with more
+than 256 inputs (all of them in the key).
 """
 import concurrent.futures as cf
 import hashlib
@@ -544,3 +545,45 @@ def test_redis_outage_12s_under_load_resumes_within_2s(make_server, cache_repo, 
     print(f"caching resumed {resumed} s after Redis answered; {count[0]} requests")
     assert errors == []
     assert resumed is not None and resumed <= 2.0, resumed
+
+
+# ---- keys of requests with many inputs ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide_repo(tmp_path_factory):
+    """300 inputs concatenated: the 257th in name order is where keys stopped.
+    (Requested outputs are hashed the same way; a value holds at most 64
+    outputs, and a model with more is not cached.)"""
+    root = tmp_path_factory.mktemp("wide_repo")
+    names = ["i%03d" % k for k in range(300)]
+    # Concat in groups of 50 (a node takes at most 64 inputs), then the groups.
+    groups = [oh.make_node("Concat", names[j:j + 50], ["g%d" % j], axis=0) for j in range(0, 300, 50)]
+    top = oh.make_node("Concat", ["g%d" % j for j in range(0, 300, 50)], ["y"], axis=0)
+    g = oh.make_graph(groups + [top], "wide",
+                      [oh.make_tensor_value_info(nm, TP.FLOAT, [1]) for nm in names],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [300])])
+    save_model(root, "wide", g, config=CACHED)
+    return root
+
+
+def test_more_than_256_inputs_all_keyed(make_server, wide_repo):
+    s = make_server(wide_repo)
+
+    def run(last):
+        c = httpclient.InferenceServerClient(s.url)
+        try:
+            ins = []
+            for k in range(300):
+                i = httpclient.InferInput("i%03d" % k, [1], "FP32")
+                i.set_data_from_numpy(np.array([last if k == 299 else k], np.float32), binary_data=True)
+                ins.append(i)
+            return c.infer("wide", ins).as_numpy("y")
+        finally:
+            c.close()
+
+    assert run(1.0)[299] == 1.0
+    assert run(2.0)[299] == 2.0  # differs from the first in input #300 only
+    assert run(2.0)[299] == 2.0
+    st = stats(s.url, "wide")
+    assert st["exec"] == 2 and st["hit"] == 1
