@@ -63,8 +63,10 @@ struct cache {
     uint32_t ttl_secs, redis_timeout_ms, breaker_failures, breaker_open_ms;
     /* While Redis is down one I/O thread probes it and the others wait for
      * a connect to succeed (redis.c, "reconnecting"). */
-    atomic_int redis_prober;             /* 1 while a thread owns the probe */
-    atomic_uint_fast64_t redis_connects; /* successful connects so far */
+    atomic_int redis_prober;                /* 1 while a thread owns the probe */
+    atomic_uint_fast64_t redis_connects;    /* successful connects so far */
+    atomic_uint_fast64_t redis_probe_at_ns; /* no probe before (CLOCK_MONOTONIC) */
+    atomic_uint redis_backoff_ms;           /* the next failed probe's delay */
     struct cache_counters stats;
 };
 

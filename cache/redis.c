@@ -23,12 +23,12 @@
 #include "common/status.h"
 
 #define REDIS_MAX_INFLIGHT 4096
-/* Reconnect delays: doubling from MIN to MAX, each drawn at random from
- * [d/2, d] so that threads and replicas that lost Redis together do not
- * retry together. MAX bounds how late caching resumes once Redis answers:
- * the probing thread tries at most MAX ms after Redis is back, the others
- * see its success within FOLLOW ms. CONNECT bounds one attempt (a SYN to a
- * host that went away is not refused: it would hang for minutes). */
+/* Reconnecting (see "reconnecting" below): the probe's delay doubles from
+ * MIN to MAX, each drawn at random from [d/2, d] so that replicas that lost
+ * Redis together do not retry together; threads that do not probe look every
+ * FOLLOW ms or so. Caching is thus back within about MAX + 2 x FOLLOW ms of
+ * Redis answering. CONNECT bounds one attempt (a SYN to a host that went away
+ * is not refused: it would hang for minutes). */
 #define REDIS_BACKOFF_MIN_MS 100
 #define REDIS_BACKOFF_MAX_MS 1000
 #define REDIS_FOLLOW_MS 200
@@ -42,7 +42,6 @@ struct cache_redis {
     int freeing;
     struct event *reconnect_ev;
     struct event *connect_ev; /* the pending connect's deadline */
-    uint32_t backoff_ms;
     int probing;              /* this thread owns the cache's probe */
     uint64_t connects_seen;   /* c->redis_connects when this connection went down */
     struct evdns_base *dns;
@@ -153,12 +152,13 @@ static void breaker_failure(struct cache_redis *r) {
 }
 
 /* ---- reconnecting -----------------------------------------------------------
- * While Redis is down one I/O thread per process probes it (connects on its
- * doubling, jittered delay); the others only watch, every REDIS_FOLLOW_MS or
- * so, for a connect that succeeded after they lost theirs, then connect at
- * once. A process thus sends one connect per second or less to a Redis that
- * is down, however many I/O threads it has, and all its threads are back
- * within about REDIS_BACKOFF_MAX_MS + REDIS_FOLLOW_MS of Redis answering. */
+ * While Redis is down one I/O thread at a time probes it (connects), no
+ * sooner than c->redis_probe_at_ns, which each failed probe pushes out by the
+ * doubling, jittered delay; every thread that lost its connection looks every
+ * REDIS_FOLLOW_MS or so whether it may probe, or whether a connect succeeded
+ * since it lost its own, and then connects at once. A process thus sends one
+ * connect per REDIS_BACKOFF_MAX_MS or less to a Redis that is down, however
+ * many I/O threads it has, and its threads follow the first that gets back. */
 
 static void start_connect(struct cache_redis *r);
 
@@ -175,23 +175,33 @@ static void probe_release(struct cache_redis *r) {
     atomic_store_explicit(&r->c->redis_prober, 0, memory_order_release);
 }
 
-/* After a failed connect or a lost connection: wait, then try again. */
+/* After a failed connect or a lost connection: look again soon. */
 static void schedule_reconnect(struct cache_redis *r) {
-    probe_release(r);
+    cache_t *c = r->c;
+    if (r->probing) {
+        /* The probe failed: the next one, from whichever thread, waits. */
+        uint32_t d = atomic_load_explicit(&c->redis_backoff_ms, memory_order_relaxed);
+        atomic_store_explicit(&c->redis_probe_at_ns, now_ns() + (uint64_t)jittered_ms(d) * 1000000u,
+                              memory_order_relaxed);
+        atomic_store_explicit(&c->redis_backoff_ms, d * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : d * 2,
+                              memory_order_relaxed);
+        probe_release(r);
+    }
     if (r->freeing) return;
-    r->connects_seen = atomic_load_explicit(&r->c->redis_connects, memory_order_acquire);
-    arm_ms(r->reconnect_ev, jittered_ms(r->backoff_ms));
-    r->backoff_ms = r->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : r->backoff_ms * 2;
+    r->connects_seen = atomic_load_explicit(&c->redis_connects, memory_order_acquire);
+    arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));
 }
 
 static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg) {
     struct cache_redis *r = arg;
+    cache_t *c = r->c;
     (void)fd;
     (void)what;
-    if (atomic_load_explicit(&r->c->redis_connects, memory_order_acquire) == r->connects_seen) {
-        /* Nobody got through since: probe, unless another thread does. */
+    if (atomic_load_explicit(&c->redis_connects, memory_order_acquire) == r->connects_seen) {
+        /* Nobody got through since: probe if it is time and nobody does. */
         int idle = 0;
-        if (!atomic_compare_exchange_strong_explicit(&r->c->redis_prober, &idle, 1, memory_order_acq_rel,
+        if (now_ns() < atomic_load_explicit(&c->redis_probe_at_ns, memory_order_relaxed) ||
+            !atomic_compare_exchange_strong_explicit(&c->redis_prober, &idle, 1, memory_order_acq_rel,
                                                      memory_order_acquire)) {
             arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));
             return;
@@ -242,8 +252,9 @@ static void on_connect(const redisAsyncContext *ac, int status) {
         return;
     }
     r->connected = 1;
-    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
     probe_release(r);
+    atomic_store_explicit(&r->c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
+    atomic_store_explicit(&r->c->redis_probe_at_ns, 0, memory_order_relaxed);
     atomic_fetch_add_explicit(&r->c->redis_connects, 1, memory_order_release);
     /* A new connection starts with a closed breaker: the failures that
      * opened it were the old connection's. */
@@ -345,7 +356,7 @@ cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
     if (!r) return NULL;
     r->c = c;
     r->base = base;
-    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    atomic_store_explicit(&c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
     r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
     r->connect_ev = evtimer_new(base, on_connect_deadline, r);
     if (!r->reconnect_ev || !r->connect_ev) {
