@@ -35,6 +35,7 @@ from conftest import KilnServer, save_model, slow_graph, strings_graph, raw_requ
 
 CACHED = '{"max_batch_size": 0, "response_cache": {"enable": true}}'
 CACHED_BATCH = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enable": true}}'
+SECRET = "test-secret"  # --cache-secret where servers share Redis or a test writes values
 
 
 def free_port():
@@ -46,15 +47,17 @@ def free_port():
 
 
 class Redis:
-    def __init__(self):
+    def __init__(self, password=None):
         self.port = free_port()
+        self.password = password
         self.proc = None
         self.start()
 
     def start(self):
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             *auth], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(200):
             if self.cli("ping") == "PONG":
                 return
@@ -62,7 +65,8 @@ class Redis:
         raise RuntimeError("redis-server did not start")
 
     def cli(self, *args):
-        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10)
+        env = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10, env=env)
         return r.stdout.decode(errors="replace").strip()
 
     def kill(self):
@@ -299,9 +303,38 @@ def test_redis_absent_at_start_serves(make_server, cache_repo):
     assert "serving without it" in s.text()
 
 
+def test_redis_with_a_password(make_server, cache_repo):
+    r = Redis(password="pw-0123456789abcdef")
+    try:
+        assert "NOAUTH" in subprocess.run(["redis-cli", "-p", str(r.port), "dbsize"], capture_output=True).stdout.decode()
+        s = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                        "--redis-url", f"redis://:{r.password}@127.0.0.1:{r.port}/0")
+        x = np.full((2, 2), 5, np.float32)
+        infer(s.url, "double", x)
+        for _ in range(100):
+            if r.cli("dbsize") == "1":
+                break
+            time.sleep(0.02)
+        assert r.cli("dbsize") == "1"
+        np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+        assert stats(s.url, "double")["hit"] == 1
+        # The default user named explicitly (AUTH user password) works too; a
+        # wrong password is a warning and misses, never a failed request.
+        s2 = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                         "--redis-url", f"redis://default:{r.password}@127.0.0.1:{r.port}/0")
+        np.testing.assert_array_equal(infer(s2.url, "double", x), 2 * x)
+        assert stats(s2.url, "double")["hit"] == 1
+        s3 = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                         "--redis-url", f"redis://:wrong@127.0.0.1:{r.port}/0")
+        np.testing.assert_array_equal(infer(s3.url, "double", x), 2 * x)
+        assert stats(s3.url, "double")["hit"] == 0
+        assert "AUTH failed" in s3.text()
+    finally:
+        r.stop()
+
+
 # ---- hostile Redis values -------------------------------------------------------
 
-SECRET = "test-secret"
 MAC_BYTES = 32
 
 
