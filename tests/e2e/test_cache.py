@@ -432,22 +432,31 @@ def wait_rewritten(redis, key, bad):
     raise AssertionError("the refused value was not overwritten")
 
 
+BYTES = 8  # kiln's dtype code for strings (common/tensor.h)
+
+
 def test_crafted_string_values_rejected(make_server, cache_repo, redis):
     s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
     wait_connected(s)
     rows = [[b"alpha", b"be"]]
-    np.testing.assert_array_equal(infer_strings(s.url, rows), np.array(rows, dtype=np.object_))
+    want = np.array(rows, dtype=np.object_)
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
     (key,) = redis_keys(redis, 1)
-    good = rget(redis, key)
-    ver, tensors = parse_value(good[:-MAC_BYTES])
-    (name, dt, dims, payload), = tensors
-    assert dims == [1, 2]
     # String lengths far past the tensor's bytes.
     bad_strings = struct.pack("<I", 1 << 30) + b"alpha" + struct.pack("<I", 1 << 30) + b"be"
+    # What an attacker could write before: a value with a valid CRC (it
+    # crashed every replica that read it).
+    old = build_value(1, [("out", BYTES, [1, 2], bad_strings)])
+    old += struct.pack("<I", zlib.crc32(old))
+    rset(redis, key, old)
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 1
+    good = wait_rewritten(redis, key, old)
+    ver, tensors = parse_value(good[:-MAC_BYTES])
+    (name, dt, dims, payload), = tensors
+    assert (name, dt, dims) == ("out", BYTES, [1, 2])
+    # With a valid MAC (the test knows the secret), values that do not fit:
     crafted = [
-        # What an attacker could write before: an old-style value with a valid CRC.
-        (lambda b: b + struct.pack("<I", zlib.crc32(b)))(build_value(1, [(name, dt, dims, bad_strings)])),
-        # A valid MAC (the test knows the secret) around each of these:
         build_value(ver, [(name, dt, dims, bad_strings)]),                       # lengths past the end
         build_value(ver, [(name, dt, [1, 3], payload)]),                         # count != bytes
         build_value(ver, [(name, dt, [1, 1], payload[:9])]),                     # shape not the model's
@@ -456,16 +465,15 @@ def test_crafted_string_values_rejected(make_server, cache_repo, redis):
         build_value(ver, [(name, dt, [1 << 16] * 4, payload)]),                  # 2^64 elements
     ]
     for i, v in enumerate(crafted):
-        if i:
-            v += value_mac(SECRET, key[5:], v)
+        v += value_mac(SECRET, key[5:], v)
         rset(redis, key, v)
-        np.testing.assert_array_equal(infer_strings(s.url, rows), np.array(rows, dtype=np.object_))
-        assert metric(s.url, "kiln_cache_redis_rejected_total") == i + 1
+        np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+        assert metric(s.url, "kiln_cache_redis_rejected_total") == i + 2
         assert wait_rewritten(redis, key, v) == good
     assert s.proc.poll() is None
     # The value kiln wrote back answers from Redis again.
-    np.testing.assert_array_equal(infer_strings(s.url, rows), np.array(rows, dtype=np.object_))
-    assert metric(s.url, "kiln_cache_redis_rejected_total") == len(crafted)
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == len(crafted) + 1
     assert stats(s.url, "strings")["hit"] >= 1
 
 
@@ -476,27 +484,33 @@ def test_poisoned_and_moved_values_rejected(make_server, cache_repo, redis):
     ys = [infer(s.url, "lin", x) for x in xs]
     keys = redis_keys(redis, len(xs))
     values = {k: rget(redis, k) for k in keys}
-    # Poisoning: a well-formed value with other answers under every key
-    # (another key's value, so the bytes are exactly what kiln writes),
-    # and values with one answer changed.
+
+    def all_repaired():
+        for k in keys:
+            for _ in range(200):
+                if rget(redis, k) == values[k]:
+                    break
+                time.sleep(0.02)
+            assert rget(redis, k) == values[k]
+
+    # Poisoning, first with values exactly as kiln writes them: every key gets
+    # another key's value (a well-formed value with other answers).
     for i, k in enumerate(keys):
-        if i % 2:
-            rset(redis, k, values[keys[(i + 1) % len(keys)]])
-        else:
-            v = bytearray(values[k])
-            ver, ((name, dt, dims, payload),) = parse_value(bytes(v[:-MAC_BYTES]))
-            y = np.frombuffer(payload, np.float32).copy()
-            y[0] = 1234.0
-            rset(redis, k, build_value(ver, [(name, dt, dims, y.tobytes())]) + bytes(v[-MAC_BYTES:]))
+        rset(redis, k, values[keys[(i + 1) % len(keys)]])
     for x, y in zip(xs, ys):
         np.testing.assert_array_equal(infer(s.url, "lin", x), y)
     assert metric(s.url, "kiln_cache_redis_rejected_total") == len(xs)
+    all_repaired()
+    # Then each value with one answer changed, its old MAC kept.
     for k in keys:
-        for _ in range(200):
-            if rget(redis, k) == values[k]:
-                break
-            time.sleep(0.02)
-        assert rget(redis, k) == values[k]
+        ver, ((name, dt, dims, payload),) = parse_value(values[k][:-MAC_BYTES])
+        y = np.frombuffer(payload, np.float32).copy()
+        y[0] = 1234.0
+        rset(redis, k, build_value(ver, [(name, dt, dims, y.tobytes())]) + values[k][-MAC_BYTES:])
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(infer(s.url, "lin", x), y)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 2 * len(xs)
+    all_repaired()
     # A fresh replica sharing Redis and the secret reads the repaired values.
     s2 = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
     wait_connected(s2)
