@@ -156,8 +156,8 @@ static void breaker_failure(struct cache_redis *r) {
  * sooner than c->redis_probe_at_ns, which each failed probe pushes out by the
  * doubling, jittered delay; every thread that lost its connection looks every
  * REDIS_FOLLOW_MS or so whether it may probe, or whether a connect succeeded
- * since it lost its own, and then connects at once. A process thus sends one
- * connect per REDIS_BACKOFF_MAX_MS or less to a Redis that is down, however
+ * since it lost its own, and then connects at once. A process thus sends at
+ * most two connects a second (MAX/2 apart) to a Redis that is down, however
  * many I/O threads it has, and its threads follow the first that gets back. */
 
 static void start_connect(struct cache_redis *r);
@@ -356,7 +356,7 @@ cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
     if (!r) return NULL;
     r->c = c;
     r->base = base;
-    atomic_store_explicit(&c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
+    atomic_store_explicit(&c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed); /* 0 would never grow */
     r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
     r->connect_ev = evtimer_new(base, on_connect_deadline, r);
     if (!r->reconnect_ev || !r->connect_ev) {
