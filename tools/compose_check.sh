@@ -61,7 +61,9 @@ with open(work + "/redis.cmd", "w") as f:
     f.write(" ".join(shlex.quote(a) for a in cmd + ["--port", redis_port, "--bind", "127.0.0.1"]))
 PY
 
-eval "$(cat "$work/redis.cmd")" >"$work/redis.log" 2>&1 &
+# exec: $! is then redis-server itself, which cleanup kills (not a shell
+# whose death would leave it running).
+eval "exec $(cat "$work/redis.cmd")" >"$work/redis.log" 2>&1 &
 redis_pid=$!
 for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
 # Without the password Redis answers nothing but an error...
