@@ -176,9 +176,7 @@ static struct cache_value *value_alloc(size_t len) {
     h->cls = cls;
     struct cache_value *v = (struct cache_value *)(void *)((char *)h + VALUE_HEAD_BYTES);
     atomic_init(&v->refs, 1);
-    atomic_init(&v->verified, 0);
     atomic_init(&v->slot_taken, 0);
-    atomic_init(&v->sealed, 1);
     v->len = len;
     return v;
 }
@@ -294,7 +292,7 @@ void cache_get_stats(cache_t *c, struct cache_stats *o) {
     o->redis_timeouts = LOAD(redis_timeouts);
     o->redis_sets = LOAD(redis_sets);
     o->redis_skipped = LOAD(redis_skipped);
-    o->redis_corrupt = LOAD(redis_corrupt);
+    o->redis_rejected = LOAD(redis_rejected);
     o->redis_too_large = LOAD(redis_too_large);
     o->flight_joined = LOAD(flight_joined);
     o->lookup_ns_total = LOAD(lookup_ns_total);
@@ -359,13 +357,17 @@ void cache_key_add_output(struct cache_key_state *s, const char *name, int binar
     key_field(k, params, sizeof params);
 }
 
-void cache_key_end(struct cache_key_state *s, struct cache_key *out) {
-    struct key_ctx *k = (struct key_ctx *)s->st;
+/* Ends an HMAC: the inner digest, hashed on from the outer state. */
+static void key_ctx_final(struct key_ctx *k, uint8_t out[SHA256_DIGEST_LENGTH]) {
     uint8_t inner[SHA256_DIGEST_LENGTH];
     SHA256_Final(inner, &k->sha);
     k->sha = k->hmac->outer;
     SHA256_Update(&k->sha, inner, sizeof inner);
-    SHA256_Final(out->b, &k->sha);
+    SHA256_Final(out, &k->sha);
+}
+
+void cache_key_end(struct cache_key_state *s, struct cache_key *out) {
+    key_ctx_final((struct key_ctx *)s->st, out->b);
     _Static_assert(SHA256_DIGEST_LENGTH == CACHE_KEY_BYTES, "key is a SHA-256 digest");
 }
 
@@ -536,7 +538,7 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
  * ====================================================================== */
 
 #define CODEC_MAGIC "KLNC"
-#define CODEC_VERSION 1
+#define CODEC_VERSION 2 /* 2: no CRC; the Redis form carries a MAC instead */
 
 /* The encoder runs twice: once without a buffer to size the value, once
  * writing into the value itself (one allocation, no copy). */
@@ -555,30 +557,13 @@ static void wu64(struct wbuf *w, uint64_t x) { wput(w, &x, 8); }
 
 static void encode_into(struct wbuf *w, const struct tensor *outs, const char *const *names, int n);
 
-struct cache_value *cache_value_encode_local(const struct tensor *outs, const char *const *names, int n) {
+struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n) {
     struct wbuf w = {0};
     encode_into(&w, outs, names, n);
-    struct cache_value *v = value_alloc(w.n + 4);
+    struct cache_value *v = value_alloc(w.n);
     if (!v) return NULL;
     w = (struct wbuf){.p = v->data};
     encode_into(&w, outs, names, n);
-    /* Written here: its checksum needs no check when it is read back. */
-    atomic_store_explicit(&v->verified, 1, memory_order_relaxed);
-    atomic_store_explicit(&v->sealed, 0, memory_order_relaxed);
-    return v;
-}
-
-void cache_value_seal(struct cache_value *v) {
-    if (atomic_load_explicit(&v->sealed, memory_order_acquire)) return;
-    /* Two threads sealing at once write the same four bytes. */
-    uint32_t crc = (uint32_t)crc32(0L, v->data, (uInt)(v->len - 4));
-    memcpy(v->data + v->len - 4, &crc, 4);
-    atomic_store_explicit(&v->sealed, 1, memory_order_release);
-}
-
-struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n) {
-    struct cache_value *v = cache_value_encode_local(outs, names, n);
-    if (v) cache_value_seal(v);
     return v;
 }
 
@@ -612,19 +597,12 @@ static void encode_into(struct wbuf *w_, const struct tensor *outs, const char *
 
 int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max) {
     const uint8_t *p = v->data, *end = v->data + v->len;
-    if (v->len < 16 || memcmp(p, CODEC_MAGIC, 4) != 0) return -1;
-    int verified = atomic_load_explicit(&v->verified, memory_order_relaxed);
-    if (!verified) {
-        uint32_t crc;
-        memcpy(&crc, end - 4, 4);
-        if ((uint32_t)crc32(0L, v->data, (uInt)(v->len - 4)) != crc) return -1;
-    }
-    end -= 4;
+    if (v->len < 12 || memcmp(p, CODEC_MAGIC, 4) != 0) return -1;
     uint32_t ver, n;
     memcpy(&ver, p + 4, 4);
     memcpy(&n, p + 8, 4);
     p += 12;
-    if (ver != CODEC_VERSION || n > (uint32_t)max) return -1;
+    if (ver != CODEC_VERSION || max < 0 || n > (uint32_t)max) return -1;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t nl, dt, nd;
         if ((size_t)(end - p) < 4) return -1;
@@ -641,26 +619,64 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
         struct tensor *t = &outs[i];
         t->dtype = (enum dtype)dt;
         t->ndim = (int)nd;
+        /* The element count is bounded by the value's length before any
+         * product can overflow: every element takes at least one byte (four
+         * for a string's length). */
+        uint64_t numel = 1, room = (uint64_t)(end - p);
         for (uint32_t d = 0; d < nd; d++) {
             uint64_t x;
             memcpy(&x, p, 8);
             p += 8;
             if (x > (uint64_t)INT32_MAX) return -1;
             t->dims[d] = (int64_t)x;
+            if (numel && x > room / numel) numel = UINT64_MAX;
+            else numel *= x;
         }
         uint64_t nb;
         memcpy(&nb, p, 8);
         p += 8;
         if (nb > (uint64_t)(end - p)) return -1;
-        if (t->dtype != DT_STRING && nb != tensor_nbytes(t)) return -1;
-        if (t->dtype == DT_STRING && tensor_strings_check(p, nb, tensor_numel(t), NULL, NULL, 0)) return -1;
+        if (t->dtype == DT_STRING) {
+            if (numel > nb / 4 || tensor_strings_check(p, nb, (int64_t)numel, NULL, NULL, 0)) return -1;
+        } else if (numel > nb || nb != numel * dtype_size(t->dtype)) {
+            return -1;
+        }
         t->data = (void *)p;
         p += nb;
     }
     if (p != end) return -1;
-    /* Immutable from here on: later decodes skip the checksum. */
-    if (!verified) atomic_store_explicit(&((struct cache_value *)v)->verified, 1, memory_order_relaxed);
     return (int)n;
+}
+
+/* ---- the Redis form --------------------------------------------------------
+ * HMAC-SHA-256 from the same pre-keyed states as the keys, over a framed
+ * domain tag, the key and the value: a value is only good under the key it
+ * was stored with, and nobody without the secret can write one. */
+void cache_value_mac(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len,
+                     uint8_t mac[CACHE_MAC_BYTES]) {
+    struct key_ctx x = {.sha = c->hmac->inner, .hmac = c->hmac};
+    key_field(&x, "kiln-value-v1", 13);
+    key_field(&x, k->b, CACHE_KEY_BYTES);
+    key_field(&x, bytes, len);
+    key_ctx_final(&x, mac);
+    _Static_assert(SHA256_DIGEST_LENGTH == CACHE_MAC_BYTES, "the MAC is a SHA-256 digest");
+}
+
+struct cache_value *cache_value_open(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len) {
+    if (len < CACHE_MAC_BYTES) return NULL;
+    size_t body = len - CACHE_MAC_BYTES;
+    uint8_t mac[CACHE_MAC_BYTES];
+    cache_value_mac(c, k, bytes, body, mac);
+    /* Constant time: the comparison says nothing about how much matched. */
+    if (sodium_memcmp(mac, (const uint8_t *)bytes + body, CACHE_MAC_BYTES) != 0) return NULL;
+    struct cache_value *v = cache_value_new(bytes, body);
+    struct tensor outs[CACHE_MAX_OUTPUTS];
+    const char *names[CACHE_MAX_OUTPUTS];
+    if (v && cache_value_decode(v, outs, names, CACHE_MAX_OUTPUTS) < 0) {
+        cache_value_unref(v);
+        v = NULL;
+    }
+    return v;
 }
 
 /* ======================================================================

@@ -3,7 +3,7 @@
  *
  * What is cached is a model's encoded outputs for one request (the tensors
  * after output selection and classification), in cache_value_encode's
- * versioned binary form with a checksum. The response is rebuilt from it
+ * versioned binary form; in Redis it carries a MAC under the cache secret. The response is rebuilt from it
  * per request, so request ids and transport choices stay the caller's.
  *
  * Threads: a cache_t (LRU, secret, single-flight table, stats) is shared by
@@ -47,9 +47,7 @@ struct cache_params {
  * value in tier 1 costs no allocation beyond the value's own. */
 struct cache_value {
     atomic_int refs;
-    atomic_int verified;   /* decoded once with a good checksum (or encoded here) */
     atomic_int slot_taken; /* the embedded LRU entry is in use */
-    atomic_int sealed;     /* the checksum at the end is written */
     size_t len;
     uint8_t data[];
 };
@@ -60,7 +58,7 @@ void cache_value_unref(struct cache_value *v); /* NULL is a no-op */
 struct cache_stats {
     uint64_t lru_hits, lru_misses, lru_inserts, lru_evictions, lru_bytes, lru_entries;
     uint64_t redis_hits, redis_misses, redis_errors, redis_timeouts, redis_sets, redis_skipped;
-    uint64_t redis_corrupt, redis_too_large;
+    uint64_t redis_rejected, redis_too_large;
     uint64_t flight_joined;
     int redis_connected;       /* I/O threads with a live connection */
     int circuit_open;          /* I/O threads whose breaker is open */
@@ -101,23 +99,34 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
 
 /* ---- value encoding ------------------------------------------------------
  * "KLNC" magic, version, tensor count, then per tensor its name, dtype,
- * shape and bytes (BYTES tensors as 4-byte-length-prefixed strings), and a
- * CRC-32 of everything before it. The checksum is verified on a value's
- * first decode only: values are immutable, so a value that passed once (or
- * that cache_value_encode wrote) stays good. */
+ * shape and bytes (BYTES tensors as 4-byte-length-prefixed strings). */
+#define CACHE_MAX_OUTPUTS 64 /* tensors in one value */
 struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n);
-/* The same bytes, less the checksum: a value that may never leave the
- * process (tier 1 only) skips computing it. cache_value_seal writes it
- * before the bytes go anywhere else (cache_redis_set does); sealing a sealed
- * value does nothing. */
-struct cache_value *cache_value_encode_local(const struct tensor *outs, const char *const *names, int n);
-void cache_value_seal(struct cache_value *v);
 /* Decodes into tensors whose data and names point into v (valid while v is
  * referenced); BYTES tensors decode to their raw length-prefixed form with
  * dtype DT_STRING and data pointing at it, checked by tensor_strings_check
- * (tensor_strings_from_prefixed turns it into a tensor). Returns the count,
- * or -1 if the value is malformed, truncated or fails its checksum. */
+ * (tensor_strings_from_prefixed turns it into a tensor). Every length is
+ * checked against the value's bytes: a BYTES tensor holds exactly its
+ * element count of strings, any other tensor exactly elements x dtype size.
+ * Returns the count, or -1 if the value is malformed or truncated. Checks
+ * nothing against a model: that is the caller's (infer_cache). */
 int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max);
+
+/* ---- the Redis form --------------------------------------------------------
+ * What Redis holds under a key is the encoded value followed by
+ * CACHE_MAC_BYTES of HMAC-SHA-256 keyed with the cache secret over the key
+ * and the value. Anyone who can write to Redis can still not make a value
+ * that passes, nor move one to another key: a value is never decoded before
+ * its MAC is checked. */
+#define CACHE_MAC_BYTES 32
+void cache_value_mac(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len,
+                     uint8_t mac[CACHE_MAC_BYTES]);
+/* Checks bytes (a value and its MAC) in constant time, then decodes it;
+ * returns a new referenced value without the MAC, or NULL. */
+struct cache_value *cache_value_open(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len);
+/* Counts a Redis value the caller refused after cache_redis_get handed it
+ * over (it does not fit the model): a rejection and a miss, not a hit. */
+void cache_redis_rejected(cache_t *c);
 
 /* ---- tier 2: Redis, per I/O thread --------------------------------------- */
 /* Attaches a Redis connection to base (connects in the background; never

@@ -46,7 +46,7 @@ struct cache_redis_url {
 struct cache_counters {
     atomic_uint_fast64_t lru_hits, lru_misses, lru_inserts, lru_evictions;
     atomic_uint_fast64_t redis_hits, redis_misses, redis_errors, redis_timeouts, redis_sets, redis_skipped;
-    atomic_uint_fast64_t redis_corrupt, redis_too_large, flight_joined;
+    atomic_uint_fast64_t redis_rejected, redis_too_large, flight_joined;
     atomic_uint_fast64_t lookup_ns_total, lookup_count, insert_ns_total, insert_count;
     atomic_uint_fast64_t redis_connected, circuit_open;
 };
@@ -61,6 +61,12 @@ struct cache {
     int has_redis;
     struct cache_redis_url redis;
     uint32_t ttl_secs, redis_timeout_ms, breaker_failures, breaker_open_ms;
+    /* While Redis is down one I/O thread probes it and the others wait for
+     * a connect to succeed (redis.c, "reconnecting"). */
+    atomic_int redis_prober;                /* 1 while a thread owns the probe */
+    atomic_uint_fast64_t redis_connects;    /* successful connects so far */
+    atomic_uint_fast64_t redis_probe_at_ns; /* no probe before (CLOCK_MONOTONIC) */
+    atomic_uint redis_backoff_ms;           /* the next failed probe's delay */
     struct cache_counters stats;
 };
 

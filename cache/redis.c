@@ -1,15 +1,17 @@
 /* redis.c - tier 2 of the result cache: one hiredis async connection per I/O
  * thread, attached to that thread's event_base through hiredis's libevent
  * adapter. Nothing here blocks: connects, DNS (evdns) and commands are all
- * asynchronous; every command has a libevent timer because hiredis 0.14 has
- * no async command timeout. Failures open a circuit breaker; a broken or
- * absent Redis is a miss, never an error. */
+ * asynchronous; every command and every connect has a libevent timer because
+ * hiredis 0.14 has no async timeouts. Failures open a circuit breaker; a
+ * broken or absent Redis, or a value that fails its MAC or is too large, is
+ * a miss, never an error. */
 #include <arpa/inet.h>
 #include <event2/dns.h>
 #include <event2/event.h>
 #include <hiredis/adapters/libevent.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +23,16 @@
 #include "common/status.h"
 
 #define REDIS_MAX_INFLIGHT 4096
+/* Reconnecting (see "reconnecting" below): the probe's delay doubles from
+ * MIN to MAX, each drawn at random from [d/2, d] so that replicas that lost
+ * Redis together do not retry together; threads that do not probe look every
+ * FOLLOW ms or so. Caching is thus back within about MAX + 2 x FOLLOW ms of
+ * Redis answering. CONNECT bounds one attempt (a SYN to a host that went away
+ * is not refused: it would hang for minutes). */
 #define REDIS_BACKOFF_MIN_MS 100
-#define REDIS_BACKOFF_MAX_MS 5000
+#define REDIS_BACKOFF_MAX_MS 1000
+#define REDIS_FOLLOW_MS 200
+#define REDIS_CONNECT_MS 1000
 
 struct cache_redis {
     cache_t *c;
@@ -31,7 +41,9 @@ struct cache_redis {
     int connected;
     int freeing;
     struct event *reconnect_ev;
-    uint32_t backoff_ms;
+    struct event *connect_ev; /* the pending connect's deadline */
+    int probing;              /* this thread owns the cache's probe */
+    uint64_t connects_seen;   /* c->redis_connects when this connection went down */
     struct evdns_base *dns;
     struct evdns_getaddrinfo_request *dns_req;
     char ip[64];
@@ -44,6 +56,7 @@ struct cache_redis {
 
 struct pending_get {
     struct cache_redis *r;
+    struct cache_key key;
     void (*cb)(void *arg, struct cache_value *v);
     void *arg;
     struct event *timer;
@@ -138,22 +151,84 @@ static void breaker_failure(struct cache_redis *r) {
     }
 }
 
-/* ---- connection ------------------------------------------------------------- */
+/* ---- reconnecting -----------------------------------------------------------
+ * While Redis is down one I/O thread at a time probes it (connects), no
+ * sooner than c->redis_probe_at_ns, which each failed probe pushes out by the
+ * doubling, jittered delay; every thread that lost its connection looks every
+ * REDIS_FOLLOW_MS or so whether it may probe, or whether a connect succeeded
+ * since it lost its own, and then connects at once. A process thus sends at
+ * most two connects a second (MAX/2 apart) to a Redis that is down, however
+ * many I/O threads it has, and its threads follow the first that gets back. */
 
 static void start_connect(struct cache_redis *r);
 
+static uint32_t jittered_ms(uint32_t ms) { return ms / 2 + randombytes_uniform(ms / 2 + 1); }
+
+static void arm_ms(struct event *ev, uint32_t ms) {
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    evtimer_add(ev, &tv);
+}
+
+static void probe_release(struct cache_redis *r) {
+    if (!r->probing) return;
+    r->probing = 0;
+    atomic_store_explicit(&r->c->redis_prober, 0, memory_order_release);
+}
+
+/* After a failed connect or a lost connection: look again soon. */
 static void schedule_reconnect(struct cache_redis *r) {
+    cache_t *c = r->c;
+    if (r->probing) {
+        /* The probe failed: the next one, from whichever thread, waits. */
+        uint32_t d = atomic_load_explicit(&c->redis_backoff_ms, memory_order_relaxed);
+        atomic_store_explicit(&c->redis_probe_at_ns, now_ns() + (uint64_t)jittered_ms(d) * 1000000u,
+                              memory_order_relaxed);
+        atomic_store_explicit(&c->redis_backoff_ms, d * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : d * 2,
+                              memory_order_relaxed);
+        probe_release(r);
+    }
     if (r->freeing) return;
-    struct timeval tv = {r->backoff_ms / 1000, (r->backoff_ms % 1000) * 1000};
-    evtimer_add(r->reconnect_ev, &tv);
-    r->backoff_ms = r->backoff_ms * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : r->backoff_ms * 2;
+    r->connects_seen = atomic_load_explicit(&c->redis_connects, memory_order_acquire);
+    arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));
 }
 
 static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg) {
+    struct cache_redis *r = arg;
+    cache_t *c = r->c;
     (void)fd;
     (void)what;
-    start_connect(arg);
+    if (atomic_load_explicit(&c->redis_connects, memory_order_acquire) == r->connects_seen) {
+        /* Nobody got through since: probe if it is time and nobody does. */
+        int idle = 0;
+        if (now_ns() < atomic_load_explicit(&c->redis_probe_at_ns, memory_order_relaxed) ||
+            !atomic_compare_exchange_strong_explicit(&c->redis_prober, &idle, 1, memory_order_acq_rel,
+                                                     memory_order_acquire)) {
+            arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));
+            return;
+        }
+        r->probing = 1;
+    }
+    start_connect(r);
 }
+
+static void on_connect_deadline(evutil_socket_t fd, short what, void *arg) {
+    struct cache_redis *r = arg;
+    (void)fd;
+    (void)what;
+    if (!r->ac || r->connected) return;
+    /* Still connecting: no callback of ours runs from this free (hiredis
+     * calls the disconnect callback for connected contexts only). */
+    redisAsyncFree(r->ac);
+    r->ac = NULL;
+    if (!r->warned) {
+        log_warn("redis cache: cannot connect to %s:%d (no answer in %d ms); serving without it and retrying",
+                 r->c->redis.host, r->c->redis.port, REDIS_CONNECT_MS);
+        r->warned = 1;
+    }
+    schedule_reconnect(r);
+}
+
+/* ---- connection ------------------------------------------------------------- */
 
 static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     redisReply *rep = reply;
@@ -164,6 +239,7 @@ static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
 
 static void on_connect(const redisAsyncContext *ac, int status) {
     struct cache_redis *r = ac->data;
+    evtimer_del(r->connect_ev);
     if (status != REDIS_OK) {
         /* hiredis frees the context after this callback. */
         if (!r->warned) {
@@ -176,7 +252,17 @@ static void on_connect(const redisAsyncContext *ac, int status) {
         return;
     }
     r->connected = 1;
-    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    probe_release(r);
+    atomic_store_explicit(&r->c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
+    atomic_store_explicit(&r->c->redis_probe_at_ns, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->c->redis_connects, 1, memory_order_release);
+    /* A new connection starts with a closed breaker: the failures that
+     * opened it were the old connection's. */
+    r->failures = 0;
+    if (r->open) {
+        r->open = 0;
+        STAT_SUB(r, circuit_open, 1);
+    }
     STAT_ADD(r, redis_connected, 1);
     if (r->warned) log_info("redis cache: connected to %s:%d", r->c->redis.host, r->c->redis.port);
     r->warned = 0;
@@ -218,6 +304,7 @@ static void connect_ip(struct cache_redis *r) {
     redisLibeventAttach(ac, r->base);
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    arm_ms(r->connect_ev, REDIS_CONNECT_MS);
 }
 
 static void on_resolved(int result, struct evutil_addrinfo *res, void *arg) {
@@ -269,9 +356,11 @@ cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
     if (!r) return NULL;
     r->c = c;
     r->base = base;
-    r->backoff_ms = REDIS_BACKOFF_MIN_MS;
+    atomic_store_explicit(&c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed); /* 0 would never grow */
     r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
-    if (!r->reconnect_ev) {
+    r->connect_ev = evtimer_new(base, on_connect_deadline, r);
+    if (!r->reconnect_ev || !r->connect_ev) {
+        if (r->reconnect_ev) event_free(r->reconnect_ev);
         free(r);
         return NULL;
     }
@@ -290,12 +379,20 @@ void cache_redis_free(cache_redis_t *r) {
     }
     if (r->connected) STAT_SUB(r, redis_connected, 1);
     if (r->open) STAT_SUB(r, circuit_open, 1);
+    probe_release(r);
     event_free(r->reconnect_ev);
+    event_free(r->connect_ev);
     if (r->dns) evdns_base_free(r->dns, 1);
     free(r);
 }
 
 int cache_redis_connected(const cache_redis_t *r) { return r && r->connected; }
+
+void cache_redis_rejected(cache_t *c) {
+    atomic_fetch_add_explicit(&c->stats.redis_rejected, 1, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&c->stats.redis_hits, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->stats.redis_misses, 1, memory_order_relaxed);
+}
 
 /* ---- commands --------------------------------------------------------------- */
 
@@ -323,7 +420,11 @@ static void on_get_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     redisReply *rep = reply;
     (void)ac;
     r->inflight--;
+    size_t limit = r->c->max_value_bytes + CACHE_MAC_BYTES;
     if (p->done) {
+        /* Timed out: a value near the limit may take longer than the
+         * timeout to arrive. One over it is still counted as refused. */
+        if (rep && rep->type == REDIS_REPLY_STRING && (size_t)rep->len > limit) STAT_ADD(r, redis_rejected, 1);
         free(p);
         return;
     }
@@ -336,17 +437,13 @@ static void on_get_reply(redisAsyncContext *ac, void *reply, void *privdata) {
         STAT_ADD(r, redis_errors, 1);
         breaker_failure(r);
         log_debug("redis cache: GET failed: %s", rep->str);
-    } else if (rep->type == REDIS_REPLY_STRING) {
+    } else if (rep->type == REDIS_REPLY_STRING && rep->len > 0) {
         breaker_success(r);
-        v = cache_value_new(rep->str, (size_t)rep->len);
-        struct tensor outs[64];
-        const char *names[64];
-        if (v && cache_value_decode(v, outs, names, 64) < 0) {
-            /* Garbage is a miss; the caller's later SET overwrites it. */
-            STAT_ADD(r, redis_corrupt, 1);
-            cache_value_unref(v);
-            v = NULL;
-        }
+        /* Over the limit (GETRANGE sent one byte more than a value may have)
+         * or not sealed with our secret under this key: a miss, dropped at
+         * once; the caller's later SET overwrites it. */
+        if ((size_t)rep->len <= limit) v = cache_value_open(r->c, &p->key, rep->str, (size_t)rep->len);
+        if (!v) STAT_ADD(r, redis_rejected, 1);
         STAT_ADD(r, redis_hits, v ? 1 : 0);
         STAT_ADD(r, redis_misses, v ? 0 : 1);
     } else {
@@ -370,12 +467,20 @@ void cache_redis_get(cache_redis_t *r, const struct cache_key *k, void (*cb)(voi
         return;
     }
     p->r = r;
+    p->key = *k;
     p->cb = cb;
     p->arg = arg;
     p->timer = evtimer_new(r->base, on_get_timeout, p);
     char key[5 + 2 * CACHE_KEY_BYTES + 1];
     redis_key(k, key);
-    if (!p->timer || redisAsyncCommand(r->ac, on_get_reply, p, "GET %s", key) != REDIS_OK) {
+    /* GETRANGE, not GET: Redis sends at most one byte more than the largest
+     * value kiln stores, so a huge value planted under the key (20 MiB,
+     * 200 MiB) never crosses the network nor fills hiredis's read buffer;
+     * the reply is one byte too long and dropped. hiredis 0.14's reader has
+     * no bulk length limit of its own: it would buffer any length the
+     * server announces. A missing key reads as "", a miss. */
+    unsigned long long last = (unsigned long long)r->c->max_value_bytes + CACHE_MAC_BYTES;
+    if (!p->timer || redisAsyncCommand(r->ac, on_get_reply, p, "GETRANGE %s 0 %llu", key, last) != REDIS_OK) {
         if (p->timer) event_free(p->timer);
         free(p);
         STAT_ADD(r, redis_errors, 1);
@@ -403,8 +508,6 @@ static void on_set_reply(redisAsyncContext *ac, void *reply, void *privdata) {
 }
 
 void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct cache_value *v) {
-    /* A tier-1 value gets its checksum only now that it leaves the process. */
-    cache_value_seal((struct cache_value *)v);
     if (v->len > r->c->max_value_bytes) {
         STAT_ADD(r, redis_too_large, 1);
         return;
@@ -415,11 +518,16 @@ void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct c
     }
     char key[5 + 2 * CACHE_KEY_BYTES + 1];
     redis_key(k, key);
+    /* The MAC only now that the value leaves the process; "%b%b" makes the
+     * value and its MAC one argument. */
+    uint8_t mac[CACHE_MAC_BYTES];
+    cache_value_mac(r->c, k, v->data, v->len, mac);
     int rc;
     if (r->c->ttl_secs)
-        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b EX %u", key, (const char *)v->data, v->len,
-                               (unsigned)r->c->ttl_secs);
+        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b%b EX %u", key, (const char *)v->data, v->len,
+                               (const char *)mac, sizeof mac, (unsigned)r->c->ttl_secs);
     else
-        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b", key, (const char *)v->data, v->len);
+        rc = redisAsyncCommand(r->ac, on_set_reply, r, "SET %s %b%b", key, (const char *)v->data, v->len,
+                               (const char *)mac, sizeof mac);
     if (rc == REDIS_OK) r->inflight++;
 }

@@ -50,9 +50,9 @@ static const struct opt g_opts[] = {
     {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instance_group[0].count; a load asking more gets 400"},
     {"max-intra-op-threads", OPT_INT, "N", "cores", "bound on a model's parameters.intra_op_thread_count; a load asking more gets 400"},
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
-    {"redis-url", OPT_STR, "URL", "", "redis://host:port[/db] for the shared result cache tier"},
+    {"redis-url", OPT_STR, "URL", "", "redis://[user:password@]host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
-    {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash (set it to share Redis entries between servers)"},
+    {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash and of its Redis values' MAC (set it to share Redis entries between servers)"},
     {"config", OPT_FLAGONLY, "FILE", "", "JSON file with any of these settings (keys like \"http_port\")"},
 };
 #define NOPTS (int)(sizeof g_opts / sizeof g_opts[0])

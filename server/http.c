@@ -534,12 +534,15 @@ static void infer_cache_done(void *arg, int hit) {
  * result cache answers from a stored result, or the batcher computes it. */
 static void infer_dispatch(struct infer_ctx *c) {
     if (c->srv->cache && c->v->config.response_cache && !c->kr.no_cache) {
-        c->cached = 1;
         c->cop = (struct infer_cache_op){.cache = c->srv->cache, .redis = c->io->redis, .mc = &c->v->config,
+                                         .rows = c->v->config.max_batch_size > 0 ? c->br.rows : -1,
                                          .done = infer_cache_done, .arg = c, .post = io_post_any, .io = c->io};
-        infer_cache_key(c->srv->cache, c->v->name, c->v->version, &c->v->config, c->ordered, &c->kr, &c->cop.key);
-        infer_cache_start(&c->cop);
-        return;
+        if (infer_cache_key(c->srv->cache, c->v->name, c->v->version, &c->v->config, c->ordered, &c->kr,
+                            &c->cop.key) == 0) {
+            c->cached = 1;
+            infer_cache_start(&c->cop);
+            return;
+        }
     }
     infer_submit(c);
 }

@@ -31,12 +31,17 @@ static void order_by_name(int *idx, int n, const void *base, size_t stride) {
     }
 }
 
-void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
-                     const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
-    int order[256];
+int infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
+                    const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out) {
+    /* Every input and every requested output is hashed, however many: two
+     * requests that differ in any one never share a key. */
+    int stack_order[64];
+    int most = mc->ninputs > kr->noutputs ? mc->ninputs : kr->noutputs;
+    int *order = stack_order;
+    if (most > 64 && !(order = malloc((size_t)most * sizeof *order))) return -1;
     struct cache_key_state s;
     cache_key_begin(c, &s, model, version);
-    int n = mc->ninputs < 256 ? mc->ninputs : 256;
+    int n = mc->ninputs;
     if (n) order_by_name(order, n, &mc->inputs[0].name, sizeof mc->inputs[0]);
     for (int k = 0; k < n; k++) {
         const struct tensor *t = &ordered[order[k]];
@@ -50,7 +55,7 @@ void infer_cache_key(cache_t *c, const char *model, int64_t version, const struc
             cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, t->data, tensor_nbytes(t));
         }
     }
-    int m = kr->noutputs < 256 ? kr->noutputs : 256;
+    int m = kr->noutputs;
     if (m) order_by_name(order, m, &kr->outputs[0].name, sizeof kr->outputs[0]);
     for (int k = 0; k < m; k++) {
         const struct kserve_output *o = &kr->outputs[order[k]];
@@ -58,23 +63,42 @@ void infer_cache_key(cache_t *c, const char *model, int64_t version, const struc
     }
     cache_key_add_output(&s, m ? "" : "*", kr->binary_data_output, 0);
     cache_key_end(&s, out);
+    if (order != stack_order) free(order);
+    return 0;
 }
 
 /* ---- values ↔ outputs ------------------------------------------------------ */
 
+/* Whether a decoded tensor can be output cfg of a request with rows rows
+ * (rows < 0: the model takes no batch dim): its dtype, rank and every dim
+ * the model fixes. The codec checked its byte counts already. */
+static int output_fits(const struct tensor *t, const struct model_config_io *cfg, const struct model_config *mc,
+                       int64_t rows) {
+    if (t->dtype != cfg->dtype) return 0;
+    int lead = mc->max_batch_size > 0;
+    if (lead && (t->ndim < 1 || (rows >= 0 && t->dims[0] != rows))) return 0;
+    if (cfg->ndim < 0) return 1; /* the model's file leaves the rank open */
+    if (t->ndim != cfg->ndim + lead) return 0;
+    for (int d = 0; d < cfg->ndim; d++)
+        if (cfg->dims[d] >= 0 && t->dims[d + lead] != cfg->dims[d]) return 0;
+    return 1;
+}
+
 /* Copies a cached value into mc->noutputs malloc'd tensors; -1 if the value
- * does not hold every output of the model with a matching dtype. */
-static int value_to_outputs(const struct cache_value *v, const struct model_config *mc, struct tensor **out) {
-    struct tensor dec[64];
-    const char *names[64];
-    int n = cache_value_decode(v, dec, names, 64);
-    if (n < 0) return -1;
+ * does not hold every output of the model, each as the model and the request
+ * (rows) make it. */
+static int value_to_outputs(const struct cache_value *v, const struct model_config *mc, int64_t rows,
+                            struct tensor **out) {
+    struct tensor dec[CACHE_MAX_OUTPUTS];
+    const char *names[CACHE_MAX_OUTPUTS];
+    int n = cache_value_decode(v, dec, names, CACHE_MAX_OUTPUTS);
+    if (n != mc->noutputs) return -1;
     struct tensor *o = calloc((size_t)mc->noutputs, sizeof *o);
     if (!o) return -1;
     for (int i = 0; i < mc->noutputs; i++) {
         int j = 0;
         while (j < n && strcmp(names[j], mc->outputs[i].name) != 0) j++;
-        if (j == n || dec[j].dtype != mc->outputs[i].dtype) goto fail;
+        if (j == n || !output_fits(&dec[j], &mc->outputs[i], mc, rows)) goto fail;
         o[i] = dec[j];
         o[i].data = NULL;
         if (dec[j].dtype == DT_STRING) {
@@ -111,7 +135,7 @@ static void finish(struct infer_cache_op *op, int hit) {
 /* Tries to answer from v (a referenced value, consumed). */
 static int answer_from(struct infer_cache_op *op, struct cache_value *v) {
     if (!v) return 0;
-    int ok = value_to_outputs(v, op->mc, &op->outputs) == 0;
+    int ok = value_to_outputs(v, op->mc, op->rows, &op->outputs) == 0;
     cache_value_unref(v);
     return ok;
 }
@@ -140,11 +164,16 @@ static void after_tiers(struct infer_cache_op *op) {
 static void on_redis(void *arg, struct cache_value *v) {
     struct infer_cache_op *op = arg;
     if (v) {
-        cache_lru_put(op->cache, &op->key, v);
-        if (answer_from(op, v)) {
+        /* Into tier 1 only once it fits the model: a value that does not
+         * is refused, counted, and overwritten by this request's result. */
+        if (value_to_outputs(v, op->mc, op->rows, &op->outputs) == 0) {
+            cache_lru_put(op->cache, &op->key, v);
+            cache_value_unref(v);
             finish(op, 1);
             return;
         }
+        cache_redis_rejected(op->cache);
+        cache_value_unref(v);
     }
     after_tiers(op);
 }
@@ -163,11 +192,11 @@ void infer_cache_start(struct infer_cache_op *op) {
 
 void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) {
     uint64_t t0 = now_ns();
-    const char *names[64];
-    int n = op->mc->noutputs < 64 ? op->mc->noutputs : 64;
-    for (int i = 0; i < n; i++) names[i] = op->mc->outputs[i].name;
-    /* The checksum only when the value goes to Redis (cache_redis_set). */
-    struct cache_value *v = cache_value_encode_local(outputs, names, n);
+    const char *names[CACHE_MAX_OUTPUTS];
+    int n = op->mc->noutputs;
+    for (int i = 0; i < n && i < CACHE_MAX_OUTPUTS; i++) names[i] = op->mc->outputs[i].name;
+    /* A model with more outputs than a value holds is not cached. */
+    struct cache_value *v = n <= CACHE_MAX_OUTPUTS ? cache_value_encode(outputs, names, n) : NULL;
     if (v) {
         cache_lru_put(op->cache, &op->key, v);
         if (op->redis) cache_redis_set(op->redis, &op->key, v);
@@ -220,9 +249,10 @@ char *infer_cache_metrics(cache_t *c, char *buf, size_t *len, size_t *cap) {
                               "# HELP kiln_cache_redis_skipped_total Lookups and stores not sent (down, circuit open)\n"
                               "# TYPE kiln_cache_redis_skipped_total counter\n"
                               "kiln_cache_redis_skipped_total %llu\n"
-                              "# HELP kiln_cache_redis_corrupt_total Redis values that failed to decode (treated as misses)\n"
-                              "# TYPE kiln_cache_redis_corrupt_total counter\n"
-                              "kiln_cache_redis_corrupt_total %llu\n"
+                              "# HELP kiln_cache_redis_rejected_total Redis values refused (bad MAC, malformed, too large or not "
+                              "fitting the model; treated as misses)\n"
+                              "# TYPE kiln_cache_redis_rejected_total counter\n"
+                              "kiln_cache_redis_rejected_total %llu\n"
                               "# HELP kiln_cache_redis_stores_total Values written to Redis\n"
                               "# TYPE kiln_cache_redis_stores_total counter\n"
                               "kiln_cache_redis_stores_total %llu\n"
@@ -233,7 +263,7 @@ char *infer_cache_metrics(cache_t *c, char *buf, size_t *len, size_t *cap) {
                               "# TYPE kiln_cache_redis_circuit_open gauge\n"
                               "kiln_cache_redis_circuit_open %d\n",
                               (unsigned long long)s.redis_errors, (unsigned long long)s.redis_timeouts,
-                              (unsigned long long)s.redis_skipped, (unsigned long long)s.redis_corrupt,
+                              (unsigned long long)s.redis_skipped, (unsigned long long)s.redis_rejected,
                               (unsigned long long)s.redis_sets, s.redis_connected, s.circuit_open);
     double lk = s.lookup_count ? (double)s.lookup_ns_total / (double)s.lookup_count / 1e3 : 0;
     double in = s.insert_count ? (double)s.insert_ns_total / (double)s.insert_count / 1e3 : 0;

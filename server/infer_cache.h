@@ -28,6 +28,7 @@ struct infer_cache_op {
     uint64_t lookup_ns;                     /* set before done() */
     struct cache_value *value;              /* a follower's result, while posted */
     const struct model_config *mc;
+    int64_t rows;                           /* the request's batch rows; -1 when the model has no batch dim */
     struct tensor *outputs;                 /* on a hit: mc->noutputs malloc'd tensors */
     struct cache_flight_node flight;        /* single-flight record or queue place, no malloc */
     void (*done)(void *arg, int hit);
@@ -38,9 +39,10 @@ struct infer_cache_op {
 
 /* Builds the key of a bound request: model name and version, each input in
  * name order (name, dtype, shape, bytes), the requested outputs in name order
- * with their parameters, and the binary_data_output default. */
-void infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
-                     const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out);
+ * with their parameters, and the binary_data_output default. Returns 0, or
+ * -1 when out of memory (the request is then not cached). */
+int infer_cache_key(cache_t *c, const char *model, int64_t version, const struct model_config *mc,
+                    const struct tensor *ordered, const struct kserve_request *kr, struct cache_key *out);
 
 void infer_cache_start(struct infer_cache_op *op);
 /* Stores the outputs of a computed request (LRU, Redis) and wakes followers. */

@@ -3,8 +3,10 @@
 # machine (no Docker engine needed): the CPU image's recipe
 # (tools/image_cpu.sh) installs kiln into a scratch prefix, then kiln gets
 # exactly the environment compose.yml gives its container, with only the
-# addresses mapped to loopback. Checks: ready, inference, the result landing
-# in Redis and coming back from it, metrics, and a clean drain on SIGTERM.
+# addresses mapped to loopback and a fresh Redis password in
+# KILN_REDIS_PASSWORD. Checks: Redis refuses clients without the password,
+# ready, inference, the result landing in Redis and coming back from it,
+# metrics, and a clean drain on SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv-deploy
@@ -26,11 +28,27 @@ tools/image_cpu.sh build "$work/opt/kiln" >/dev/null
 
 redis_port=$(free_port); kiln_port=$(free_port)
 # The services' settings, read from compose.yml itself.
+KILN_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
+export KILN_REDIS_PASSWORD
 $V/bin/python - "$work" "$redis_port" "$kiln_port" "$PWD/model_repository" <<'PY'
-import shlex, sys, yaml
+import os, re, shlex, sys, yaml
 work, redis_port, kiln_port, models = sys.argv[1:]
+
+
+def expand(x):
+    """Compose's ${VAR}, ${VAR:-default} and ${VAR:?error} from this environment."""
+    def one(m):
+        v = os.environ.get(m.group(1), "")
+        if v or not m.group(2):
+            return v
+        if m.group(2) == ":?":
+            sys.exit("compose-check: compose.yml needs %s: %s" % (m.group(1), m.group(3)))
+        return m.group(3)
+    return re.sub(r"\$\{(\w+)(?:(:[-?])([^}]*))?\}", one, str(x))
+
+
 c = yaml.safe_load(open("docker/compose.yml"))
-env = dict(c["services"]["kiln"]["environment"])
+env = {k: expand(v) for k, v in c["services"]["kiln"]["environment"].items()}
 env["KILN_MODEL_REPOSITORY"] = models
 env["KILN_HTTP_ADDRESS"] = "127.0.0.1"
 env["KILN_HTTP_PORT"] = kiln_port
@@ -38,13 +56,20 @@ env["KILN_REDIS_URL"] = env["KILN_REDIS_URL"].replace("redis:6379", "127.0.0.1:"
 with open(work + "/kiln.env", "w") as f:
     for k, v in env.items():
         f.write("export %s=%s\n" % (k, shlex.quote(str(v))))
-cmd = c["services"]["redis"]["command"]
+cmd = [expand(a) for a in c["services"]["redis"]["command"]]
 with open(work + "/redis.cmd", "w") as f:
     f.write(" ".join(shlex.quote(a) for a in cmd + ["--port", redis_port, "--bind", "127.0.0.1"]))
 PY
 
-eval "$(cat "$work/redis.cmd")" >"$work/redis.log" 2>&1 &
+# exec: $! is then redis-server itself, which cleanup kills (not a shell
+# whose death would leave it running).
+eval "exec $(cat "$work/redis.cmd")" >"$work/redis.log" 2>&1 &
 redis_pid=$!
+for _ in $(seq 100); do redis-cli -p "$redis_port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+# Without the password Redis answers nothing but an error...
+redis-cli -p "$redis_port" dbsize 2>&1 | grep -q NOAUTH || { echo "compose-check: Redis serves clients without a password"; exit 1; }
+# ...so every later redis-cli here, like kiln, carries it.
+export REDISCLI_AUTH=$KILN_REDIS_PASSWORD
 # shellcheck disable=SC1091
 (source "$work/kiln.env"; exec "$work/opt/kiln/bin/kiln" serve) >"$work/kiln.log" 2>&1 &
 kiln_pid=$!

@@ -133,33 +133,87 @@ static void test_codec_round_trip_and_corruption(void **state) {
     assert_int_equal(dec[0].dims[1], 3);
     assert_memory_equal(dec[0].data, f, sizeof f);
     assert_memory_equal(dec[1].data, l, sizeof l);
-    /* Every single flipped byte and every truncation is rejected. */
+    /* Every truncation is rejected by the codec alone. */
     for (size_t i = 0; i < v->len; i++) {
-        struct cache_value *w = cache_value_new(v->data, v->len);
-        w->data[i] ^= 0x40;
-        assert_int_equal(cache_value_decode(w, dec, dn, 4), -1);
-        cache_value_unref(w);
         struct cache_value *t = cache_value_new(v->data, i);
         assert_int_equal(cache_value_decode(t, dec, dn, 4), -1);
         cache_value_unref(t);
     }
-    /* The tier-1 form: same bytes once sealed; a copy taken before sealing
-     * (bytes leaving without their checksum) is rejected. */
-    struct cache_value *loc = cache_value_encode_local(outs, names, 2);
-    assert_non_null(loc);
-    assert_int_equal(loc->len, v->len);
-    assert_int_equal(cache_value_decode(loc, dec, dn, 4), 2);
-    assert_memory_equal(dec[0].data, f, sizeof f);
-    struct cache_value *early = cache_value_new(loc->data, loc->len);
-    assert_int_equal(cache_value_decode(early, dec, dn, 4), -1);
-    cache_value_unref(early);
-    cache_value_seal(loc);
-    cache_value_seal(loc);
-    assert_memory_equal(loc->data, v->data, v->len);
-    struct cache_value *late = cache_value_new(loc->data, loc->len);
-    assert_int_equal(cache_value_decode(late, dec, dn, 4), 2);
-    cache_value_unref(late);
-    cache_value_unref(loc);
+    cache_value_unref(v);
+}
+
+/* The Redis form: value + MAC under the secret, over the key and the value.
+ * Every flipped byte, every truncation, another key and another secret are
+ * refused before decoding. */
+static void test_mac_seals_value_to_key_and_secret(void **state) {
+    (void)state;
+    char err[256];
+    cache_t *c = cache_create(&(struct cache_params){.secret = "s1"}, err, sizeof err);
+    cache_t *c2 = cache_create(&(struct cache_params){.secret = "s2"}, err, sizeof err);
+    float f[3] = {1, 2, 3};
+    struct tensor t = {.dtype = DT_FP32, .ndim = 1, .dims = {3}, .data = f};
+    const char *n = "y";
+    struct cache_value *v = cache_value_encode(&t, &n, 1);
+    struct cache_key k = {{1, 2, 3}}, k2 = {{1, 2, 4}};
+    size_t len = v->len + CACHE_MAC_BYTES;
+    uint8_t *wire = malloc(len);
+    memcpy(wire, v->data, v->len);
+    cache_value_mac(c, &k, v->data, v->len, wire + v->len);
+    struct cache_value *o = cache_value_open(c, &k, wire, len);
+    assert_non_null(o);
+    assert_int_equal(o->len, v->len);
+    assert_memory_equal(o->data, v->data, v->len);
+    cache_value_unref(o);
+    assert_null(cache_value_open(c, &k2, wire, len));
+    assert_null(cache_value_open(c2, &k, wire, len));
+    for (size_t i = 0; i < len; i++) {
+        wire[i] ^= 0x40;
+        assert_null(cache_value_open(c, &k, wire, len));
+        wire[i] ^= 0x40;
+        assert_null(cache_value_open(c, &k, wire, i));
+    }
+    free(wire);
+    cache_value_unref(v);
+    cache_free(c);
+    cache_free(c2);
+}
+
+/* Well-formed framing with a string length past the tensor's bytes, a count
+ * that does not match the shape, or dims whose product overflows: refused. */
+static void test_decode_checks_strings_and_counts(void **state) {
+    (void)state;
+    char s0[] = "ab", s1[] = "cde";
+    char *sv[2] = {s0, s1};
+    struct tensor t = {.dtype = DT_STRING, .ndim = 1, .dims = {2}, .data = sv};
+    const char *n = "s";
+    struct cache_value *v = cache_value_encode(&t, &n, 1);
+    struct tensor dec[2];
+    const char *dn[2];
+    assert_int_equal(cache_value_decode(v, dec, dn, 2), 1);
+    /* The first string's length prefix sits 13 bytes before the end. */
+    size_t first = v->len - (4 + 2 + 4 + 3);
+    uint32_t big = 1000;
+    struct cache_value *w = cache_value_new(v->data, v->len);
+    memcpy(w->data + first, &big, 4);
+    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    cache_value_unref(w);
+    /* Three strings claimed by the shape, two present. */
+    w = cache_value_new(v->data, v->len);
+    uint64_t three = 3;
+    size_t dim0 = 12 + 4 + 2 + 8;
+    memcpy(w->data + dim0, &three, 8);
+    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    cache_value_unref(w);
+    cache_value_unref(v);
+    /* FP32 [65536 x 65536 x 65536 x 65536] claims 2^64 elements: no overflow to 0. */
+    float f = 1;
+    struct tensor u = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 1, 1, 1}, .data = &f};
+    v = cache_value_encode(&u, &n, 1);
+    w = cache_value_new(v->data, v->len);
+    uint64_t d = 65536;
+    for (int i = 0; i < 4; i++) memcpy(w->data + 12 + 4 + 2 + 8 + 8 * i, &d, 8);
+    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    cache_value_unref(w);
     cache_value_unref(v);
 }
 
@@ -379,6 +433,8 @@ int main(void) {
         cmocka_unit_test(test_key_covers_shape_dtype_and_secret),
         cmocka_unit_test(test_lru_hit_and_byte_bound),
         cmocka_unit_test(test_codec_round_trip_and_corruption),
+        cmocka_unit_test(test_mac_seals_value_to_key_and_secret),
+        cmocka_unit_test(test_decode_checks_strings_and_counts),
         cmocka_unit_test(test_single_flight),
         cmocka_unit_test(test_bad_redis_urls),
         cmocka_unit_test(test_key_is_standard_hmac_sha256),

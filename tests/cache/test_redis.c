@@ -1,5 +1,6 @@
 /* Tier-2 tests against a real redis-server started on a free loopback port:
- * miss then hit, corrupted values, TTL, Redis killed and restarted, Redis
+ * miss then hit, corrupted, forged, moved and oversized values, TTL, Redis
+ * killed and restarted (and how soon every connection is back), Redis
  * paused (SIGSTOP), and the circuit breaker. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -186,7 +187,40 @@ static void test_miss_then_hit_and_corruption(void **state) {
     assert_null(get(&e, &k));
     struct cache_stats st;
     cache_get_stats(e.c, &st);
-    assert_int_equal(st.redis_corrupt, 1);
+    assert_int_equal(st.redis_rejected, 1);
+    /* A well-formed value without a MAC (anyone can write one). */
+    struct cache_value *forged = sample(100);
+    rep = redisCommand(rc, "SET %s %b", key, forged->data, forged->len);
+    freeReplyObject(rep);
+    assert_null(get(&e, &k));
+    cache_value_unref(forged);
+    /* A value sealed for another key, moved under this one. */
+    struct cache_key other = {{43}};
+    cache_redis_set(e.r, &other, v);
+    wait_ms(&e, 50);
+    char okey[80] = "kiln:";
+    cache_key_hex(&other, okey + 5);
+    rep = redisCommand(rc, "COPY %s %s REPLACE", okey, key);
+    int copied = rep && rep->type == REDIS_REPLY_INTEGER;
+    freeReplyObject(rep);
+    if (!copied) { /* Redis before 6.2: read and write */
+        rep = redisCommand(rc, "GET %s", okey);
+        redisReply *w = redisCommand(rc, "SET %s %b", key, rep->str, (size_t)rep->len);
+        freeReplyObject(w);
+        freeReplyObject(rep);
+    }
+    assert_null(get(&e, &k));
+    /* 20 MiB under the key: GETRANGE brings back the limit + 1 byte, dropped. */
+    size_t huge = 20u << 20;
+    char *junk = malloc(huge);
+    memset(junk, 'x', huge);
+    rep = redisCommand(rc, "SET %s %b", key, junk, huge);
+    freeReplyObject(rep);
+    free(junk);
+    assert_null(get(&e, &k));
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.redis_rejected, 4);
+    assert_int_equal(st.redis_hits, 1);
     cache_redis_set(e.r, &k, v);
     wait_ms(&e, 50);
     h = get(&e, &k);
@@ -237,6 +271,43 @@ static void test_killed_and_restarted(void **state) {
     assert_non_null(h);
     cache_value_unref(h);
     cache_value_unref(v);
+    env_close(&e);
+}
+
+/* Several I/O threads' connections lose Redis for 8 s (where a delay
+ * doubling to 5 s left them off for up to 5 s more): all are back within
+ * 2 s of Redis answering again. */
+#define NCONN 4
+static cache_redis_t *g_conns[NCONN];
+static int all_connected(struct env *e) {
+    (void)e;
+    for (int i = 0; i < NCONN; i++)
+        if (!cache_redis_connected(g_conns[i])) return 0;
+    return 1;
+}
+static int none_connected(struct env *e) {
+    (void)e;
+    for (int i = 0; i < NCONN; i++)
+        if (cache_redis_connected(g_conns[i])) return 0;
+    return 1;
+}
+
+static void test_long_outage_resumes_within_2s(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 50);
+    for (int i = 0; i < NCONN; i++) g_conns[i] = i ? cache_redis_create(e.c, e.base) : e.r;
+    assert_true(run_until(&e, all_connected, 3000));
+    stop_redis();
+    assert_true(run_until(&e, none_connected, 3000));
+    wait_ms(&e, 8000);
+    start_redis();
+    uint64_t t0 = now_ms();
+    assert_true(run_until(&e, all_connected, 10000));
+    uint64_t took = now_ms() - t0;
+    print_message("all %d connections back %llu ms after Redis answered\n", NCONN, (unsigned long long)took);
+    assert_true(took <= 2000);
+    for (int i = 1; i < NCONN; i++) cache_redis_free(g_conns[i]);
     env_close(&e);
 }
 
@@ -291,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_miss_then_hit_and_corruption),
         cmocka_unit_test(test_ttl_expiry),
         cmocka_unit_test(test_killed_and_restarted),
+        cmocka_unit_test(test_long_outage_resumes_within_2s),
         cmocka_unit_test(test_paused_times_out_and_breaker_opens),
         cmocka_unit_test(test_absent_at_start),
     };

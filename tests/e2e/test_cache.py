@@ -4,15 +4,25 @@ loopback port, the official tritonclient.
 Covers: miss then a byte-identical hit, shape in the key, the per-request
 bypass, TTL expiry, LRU eviction at the byte limit, single-flight, Redis
 killed under load (no failed request, caching resumes), Redis paused
-(answers within the timeout), a corrupted Redis value (miss, overwritten).
+(answers within the timeout), a corrupted Redis value (miss, overwritten),
+hostile Redis values (a crafted old-style value whose strings run past its
+end, values with a valid MAC but a bad length or shape, poisoned and moved
+values, a 20 MiB value: each refused, counted, answered right), and Redis
+down for 12 s under load (caching back within 2 s), and requests with more
+than 256 inputs (all of them in the key).
 """
 import concurrent.futures as cf
+import hashlib
+import hmac
 import os
 import re
 import signal
 import socket
+import struct
 import subprocess
+import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +31,11 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto as TP
 
-from conftest import KilnServer, save_model, slow_graph, raw_request
+from conftest import KilnServer, save_model, slow_graph, strings_graph, raw_request
 
 CACHED = '{"max_batch_size": 0, "response_cache": {"enable": true}}'
 CACHED_BATCH = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enable": true}}'
+SECRET = "test-secret"  # --cache-secret where servers share Redis or a test writes values
 
 
 def free_port():
@@ -36,15 +47,17 @@ def free_port():
 
 
 class Redis:
-    def __init__(self):
+    def __init__(self, password=None):
         self.port = free_port()
+        self.password = password
         self.proc = None
         self.start()
 
     def start(self):
+        auth = ["--requirepass", self.password] if self.password else []
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             *auth], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(200):
             if self.cli("ping") == "PONG":
                 return
@@ -52,7 +65,8 @@ class Redis:
         raise RuntimeError("redis-server did not start")
 
     def cli(self, *args):
-        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10)
+        env = dict(os.environ, REDISCLI_AUTH=self.password) if self.password else None
+        r = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, timeout=10, env=env)
         return r.stdout.decode(errors="replace").strip()
 
     def kill(self):
@@ -93,6 +107,7 @@ def cache_repo(tmp_path_factory):
                        [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 3])],
                        [oh.make_tensor("W", TP.FLOAT, w.shape, w.flatten())])
     save_model(root, "lin", g2, config=CACHED_BATCH)
+    save_model(root, "strings", strings_graph(), config=CACHED_BATCH)
     return root
 
 
@@ -271,7 +286,7 @@ def test_corrupted_redis_value_is_a_miss_and_overwritten(make_server, cache_repo
     assert len(keys) == 1
     redis.cli("set", keys[0], "KLNC garbage that is not a value")
     np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
-    assert metric(s.url, "kiln_cache_redis_corrupt_total") == 1
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 1
     for _ in range(100):
         if redis.cli("strlen", keys[0]) != str(len("KLNC garbage that is not a value")):
             break
@@ -286,3 +301,336 @@ def test_redis_absent_at_start_serves(make_server, cache_repo):
     x = np.ones((1, 3), np.float32)
     np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
     assert "serving without it" in s.text()
+
+
+def test_redis_with_a_password(make_server, cache_repo):
+    r = Redis(password="pw-0123456789abcdef")
+    try:
+        assert "NOAUTH" in subprocess.run(["redis-cli", "-p", str(r.port), "dbsize"], capture_output=True).stdout.decode()
+        s = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                        "--redis-url", f"redis://:{r.password}@127.0.0.1:{r.port}/0")
+        x = np.full((2, 2), 5, np.float32)
+        infer(s.url, "double", x)
+        for _ in range(100):
+            if r.cli("dbsize") == "1":
+                break
+            time.sleep(0.02)
+        assert r.cli("dbsize") == "1"
+        np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+        assert stats(s.url, "double")["hit"] == 1
+        # The default user named explicitly (AUTH user password) works too; a
+        # wrong password is a warning and misses, never a failed request.
+        s2 = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                         "--redis-url", f"redis://default:{r.password}@127.0.0.1:{r.port}/0")
+        np.testing.assert_array_equal(infer(s2.url, "double", x), 2 * x)
+        assert stats(s2.url, "double")["hit"] == 1
+        s3 = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET,
+                         "--redis-url", f"redis://:wrong@127.0.0.1:{r.port}/0")
+        np.testing.assert_array_equal(infer(s3.url, "double", x), 2 * x)
+        assert stats(s3.url, "double")["hit"] == 0
+        assert "AUTH failed" in s3.text()
+    finally:
+        r.stop()
+
+
+# ---- hostile Redis values -------------------------------------------------------
+
+MAC_BYTES = 32
+
+
+def value_mac(secret, key_hex, value):
+    """kiln's MAC of a Redis value: HMAC-SHA-256 under the stretched secret
+    over framed fields (8-byte little-endian length, then the bytes)."""
+    k = hashlib.blake2b(secret.encode(), digest_size=32, key=b"kiln-cache-secret-v1").digest()
+    frame = b"".join(struct.pack("<Q", len(f)) + f for f in (b"kiln-value-v1", bytes.fromhex(key_hex), value))
+    return hmac.new(k, frame, hashlib.sha256).digest()
+
+
+def parse_value(v):
+    """[(name, dtype, dims, payload)] of an encoded value (without its MAC)."""
+    assert v[:4] == b"KLNC"
+    ver, n = struct.unpack_from("<II", v, 4)
+    p, out = 12, []
+    for _ in range(n):
+        (nl,) = struct.unpack_from("<I", v, p)
+        name = v[p + 4:p + 4 + nl - 1].decode()
+        p += 4 + nl
+        dt, nd = struct.unpack_from("<II", v, p)
+        dims = list(struct.unpack_from("<%dQ" % nd, v, p + 8))
+        p += 8 + 8 * nd
+        (nb,) = struct.unpack_from("<Q", v, p)
+        out.append((name, dt, dims, v[p + 8:p + 8 + nb]))
+        p += 8 + nb
+    return ver, out
+
+
+def build_value(ver, tensors):
+    b = b"KLNC" + struct.pack("<II", ver, len(tensors))
+    for name, dt, dims, payload in tensors:
+        nm = name.encode() + b"\0"
+        b += struct.pack("<I", len(nm)) + nm + struct.pack("<II", dt, len(dims))
+        b += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<Q", len(payload)) + payload
+    return b
+
+
+def rget(redis, key):
+    """The raw bytes under key (redis-cli would mangle binary output)."""
+    with socket.create_connection(("127.0.0.1", redis.port)) as c:
+        c.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key.encode()))
+        f = c.makefile("rb")
+        head = f.readline()
+        if head.startswith(b"$-1"):
+            return None
+        return f.read(int(head[1:]) + 2)[:-2]
+
+
+def rset(redis, key, value):
+    with socket.create_connection(("127.0.0.1", redis.port)) as c:
+        c.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(key), key.encode(), len(value)) + value + b"\r\n")
+        assert c.makefile("rb").readline() == b"+OK\r\n"
+
+
+def redis_keys(redis, want):
+    for _ in range(200):
+        keys = []
+        cursor = "0"
+        while True:
+            out = redis.cli("scan", cursor, "match", "kiln:*", "count", "1000").split()
+            cursor, keys = out[0], keys + out[1:]
+            if cursor == "0":
+                break
+        if len(keys) >= want:
+            return keys
+        time.sleep(0.02)
+    raise AssertionError(f"{len(keys)} keys in Redis, expected {want}")
+
+
+def wait_connected(s, n=2):
+    for _ in range(200):
+        if metric(s.url, "kiln_cache_redis_connected") == n:
+            return
+        time.sleep(0.05)
+    raise AssertionError("kiln did not connect to Redis")
+
+
+def infer_strings(url, rows):
+    c = httpclient.InferenceServerClient(url)
+    try:
+        x = np.array(rows, dtype=np.object_)
+        i = httpclient.InferInput("s", list(x.shape), "BYTES")
+        i.set_data_from_numpy(x, binary_data=True)
+        return c.infer("strings", [i]).as_numpy("out")
+    finally:
+        c.close()
+
+
+def wait_rewritten(redis, key, bad):
+    for _ in range(200):
+        if rget(redis, key) != bad:
+            return rget(redis, key)
+        time.sleep(0.02)
+    raise AssertionError("the refused value was not overwritten")
+
+
+BYTES = 8  # kiln's dtype code for strings (common/tensor.h)
+
+
+def test_crafted_string_values_rejected(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
+    wait_connected(s)
+    rows = [[b"alpha", b"be"]]
+    want = np.array(rows, dtype=np.object_)
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+    (key,) = redis_keys(redis, 1)
+    # String lengths far past the tensor's bytes.
+    bad_strings = struct.pack("<I", 1 << 30) + b"alpha" + struct.pack("<I", 1 << 30) + b"be"
+    # What an attacker could write before: a value with a valid CRC (it
+    # crashed every replica that read it).
+    old = build_value(1, [("out", BYTES, [1, 2], bad_strings)])
+    old += struct.pack("<I", zlib.crc32(old))
+    rset(redis, key, old)
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 1
+    good = wait_rewritten(redis, key, old)
+    ver, tensors = parse_value(good[:-MAC_BYTES])
+    (name, dt, dims, payload), = tensors
+    assert (name, dt, dims) == ("out", BYTES, [1, 2])
+    # With a valid MAC (the test knows the secret), values that do not fit:
+    crafted = [
+        build_value(ver, [(name, dt, dims, bad_strings)]),                       # lengths past the end
+        build_value(ver, [(name, dt, [1, 3], payload)]),                         # count != bytes
+        build_value(ver, [(name, dt, [1, 1], payload[:9])]),                     # shape not the model's
+        build_value(ver, [(name, dt, [2, 2], payload + payload)]),               # rows not the request's
+        build_value(ver, [(name, 1, dims, b"\0" * 8)]),                          # FP32, not BYTES
+        build_value(ver, [(name, dt, [1 << 16] * 4, payload)]),                  # 2^64 elements
+    ]
+    for i, v in enumerate(crafted):
+        v += value_mac(SECRET, key[5:], v)
+        rset(redis, key, v)
+        np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+        assert metric(s.url, "kiln_cache_redis_rejected_total") == i + 2
+        assert wait_rewritten(redis, key, v) == good
+    assert s.proc.poll() is None
+    # The value kiln wrote back answers from Redis again.
+    np.testing.assert_array_equal(infer_strings(s.url, rows), want)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == len(crafted) + 1
+    assert stats(s.url, "strings")["hit"] >= 1
+
+
+def test_poisoned_and_moved_values_rejected(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
+    wait_connected(s)
+    xs = [np.full((1, 4), i, np.float32) for i in range(6)]
+    ys = [infer(s.url, "lin", x) for x in xs]
+    keys = redis_keys(redis, len(xs))
+    values = {k: rget(redis, k) for k in keys}
+
+    def all_repaired():
+        for k in keys:
+            for _ in range(200):
+                if rget(redis, k) == values[k]:
+                    break
+                time.sleep(0.02)
+            assert rget(redis, k) == values[k]
+
+    # Poisoning, first with values exactly as kiln writes them: every key gets
+    # another key's value (a well-formed value with other answers).
+    for i, k in enumerate(keys):
+        rset(redis, k, values[keys[(i + 1) % len(keys)]])
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(infer(s.url, "lin", x), y)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == len(xs)
+    all_repaired()
+    # Then each value with one answer changed, its old MAC kept.
+    for k in keys:
+        ver, ((name, dt, dims, payload),) = parse_value(values[k][:-MAC_BYTES])
+        y = np.frombuffer(payload, np.float32).copy()
+        y[0] = 1234.0
+        rset(redis, k, build_value(ver, [(name, dt, dims, y.tobytes())]) + values[k][-MAC_BYTES:])
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(infer(s.url, "lin", x), y)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 2 * len(xs)
+    all_repaired()
+    # A fresh replica sharing Redis and the secret reads the repaired values.
+    s2 = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
+    wait_connected(s2)
+    for x, y in zip(xs, ys):
+        np.testing.assert_array_equal(infer(s2.url, "lin", x), y)
+    assert stats(s2.url, "lin")["hit"] == len(xs)
+
+
+def test_oversized_value_dropped(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--cache-secret", SECRET)
+    wait_connected(s)
+    x = np.full((2, 2), 3, np.float32)
+    infer(s.url, "double", x)
+    (key,) = redis_keys(redis, 1)
+    good = rget(redis, key)
+
+    def sent():
+        m = re.search(r"total_net_output_bytes:(\d+)", redis.cli("info", "stats"))
+        return int(m.group(1))
+
+    huge = b"KLNC" + b"x" * (20 << 20)
+    rset(redis, key, huge)
+    before = sent()
+    np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+    # Redis sent kiln the default limit (4 MiB) and a byte, not 20 MiB.
+    assert sent() - before < (4 << 20) + 4096
+    for _ in range(200):  # a reply that big may come after the lookup's timeout
+        if metric(s.url, "kiln_cache_redis_rejected_total") == 1:
+            break
+        time.sleep(0.01)
+    assert metric(s.url, "kiln_cache_redis_rejected_total") == 1
+    assert wait_rewritten(redis, key, huge) == good
+    assert s.proc.poll() is None
+
+
+def test_redis_outage_12s_under_load_resumes_within_2s(make_server, cache_repo, redis):
+    s = make_server(cache_repo, "--cache-size", "0", "--redis-url", redis.url, "--http-threads", "4")
+    wait_connected(s, 4)
+    rng = np.random.default_rng(5)
+    errors, stop = [], threading.Event()
+    count = [0]
+
+    def client():
+        c = httpclient.InferenceServerClient(s.url)
+        try:
+            while not stop.is_set():
+                x = rng.standard_normal((1, 4)).astype(np.float32)
+                i = httpclient.InferInput("x", [1, 4], "FP32")
+                i.set_data_from_numpy(x, binary_data=True)
+                try:
+                    c.infer("lin", [i])
+                    count[0] += 1
+                except Exception as e:  # noqa: BLE001 - every failure is collected
+                    errors.append(repr(e))
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        redis.kill()
+        time.sleep(12)
+        redis.start()  # same port; returns once Redis answers PING
+        t0 = time.monotonic()
+        base = metric(s.url, "kiln_cache_redis_stores_total")
+        resumed = None
+        while time.monotonic() - t0 < 10:
+            if (metric(s.url, "kiln_cache_redis_connected") == 4
+                    and metric(s.url, "kiln_cache_redis_stores_total") > base):
+                resumed = time.monotonic() - t0
+                break
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    print(f"caching resumed {resumed} s after Redis answered; {count[0]} requests")
+    assert errors == []
+    assert resumed is not None and resumed <= 2.0, resumed
+
+
+# ---- keys of requests with many inputs ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide_repo(tmp_path_factory):
+    """300 inputs concatenated: the 257th in name order is where keys stopped.
+    (Requested outputs are hashed the same way; a value holds at most 64
+    outputs, and a model with more is not cached.)"""
+    root = tmp_path_factory.mktemp("wide_repo")
+    names = ["i%03d" % k for k in range(300)]
+    # Concat in groups of 50 (a node takes at most 64 inputs), then the groups.
+    groups = [oh.make_node("Concat", names[j:j + 50], ["g%d" % j], axis=0) for j in range(0, 300, 50)]
+    top = oh.make_node("Concat", ["g%d" % j for j in range(0, 300, 50)], ["y"], axis=0)
+    g = oh.make_graph(groups + [top], "wide",
+                      [oh.make_tensor_value_info(nm, TP.FLOAT, [1]) for nm in names],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [300])])
+    save_model(root, "wide", g, config=CACHED)
+    return root
+
+
+def test_more_than_256_inputs_all_keyed(make_server, wide_repo):
+    s = make_server(wide_repo)
+
+    def run(last):
+        c = httpclient.InferenceServerClient(s.url)
+        try:
+            ins = []
+            for k in range(300):
+                i = httpclient.InferInput("i%03d" % k, [1], "FP32")
+                i.set_data_from_numpy(np.array([last if k == 299 else k], np.float32), binary_data=True)
+                ins.append(i)
+            return c.infer("wide", ins).as_numpy("y")
+        finally:
+            c.close()
+
+    assert run(1.0)[299] == 1.0
+    assert run(2.0)[299] == 2.0  # differs from the first in input #300 only
+    assert run(2.0)[299] == 2.0
+    st = stats(s.url, "wide")
+    assert st["exec"] == 2 and st["hit"] == 1
