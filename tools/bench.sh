@@ -9,6 +9,7 @@
 #   mlserver  bench/mlserver.sh       kiln vs MLServer, kiln bench with JSON (issue 7)
 #   cache     bench/cache.sh          result cache tiers vs ceiling (issue 5)
 #   hash      build/hash_bench        cache key hash candidates (issue 5)
+#   fds       bench/fd_exhaustion.py  twice the open file limit of connections held (issue 20)
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero; none is skipped.
 #
@@ -22,7 +23,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export DURATION=${DURATION:-8}
 export OUT=${OUT:-build/bench}
-SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash"}
+SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash fds"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -61,6 +62,7 @@ TITLE[batching]="Dynamic batching on the CPU"
 TITLE[mlserver]="kiln vs MLServer (digits, JSON, kiln bench)"
 TITLE[cache]="Result cache"
 TITLE[hash]="Cache key: hash throughput"
+TITLE[fds]="At the open file limit: connections held open"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -122,6 +124,23 @@ for n, label in ((256, "256 B"), (4096, "4 KiB"), (1 << 20, "1 MiB")):
           f"{v[(best, n)]:.0f} MB/s = {v[(best, n)] / v[(b, n)]:.2f}x BLAKE2b.")
 PY
     } >"$OUT/hash.md"
+}
+
+# kiln under `ulimit -n 1024` with 2048 connections held: CPU, log growth and
+# the time from a freed slot to a served request, in both connection modes.
+run_fds() {
+    "$PY" bench/fd_exhaustion.py --kiln "$KILN" --limit 1024 --seconds 10 --rounds 20 >"$OUT/fds.txt" 2>"$OUT/fds.log" || return
+    {
+        cat "$OUT/fds.txt"
+        echo
+        "$PY" - "$OUT/fds.txt" <<'PY'
+import sys
+rows = [l.strip("|").split("|") for l in open(sys.argv[1]) if l.startswith("| ") and not l.startswith("| mode")]
+ok = all(float(r[2]) < 10 and float(r[3]) < 1024 and float(r[5]) < 100 for r in rows)
+print(f"- Target: under 10% of a core, log under 1 KB/s, a request served within 100 ms of a slot freeing, "
+      f"in every mode: **{'met' if ok else 'NOT met'}**.")
+PY
+    } >"$OUT/fds.md"
 }
 
 failed=""

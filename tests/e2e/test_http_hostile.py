@@ -138,6 +138,34 @@ def test_good_requests_still_pass(server):
     assert json.loads(got[0][2]) == json.loads(got[1][2])
 
 
+def test_closing_replies_between_kept_alive_ones(server):
+    """Requests that end their connection (Connection: close) while another connection is kept alive:
+    each closing reply frees its connection from inside the write path. This crashed kiln (a freed
+    filter's write timeout left in libevent's timer heap) within a few dozen rounds."""
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}).encode()
+    kept = connect(server)
+    try:
+        for i in range(400):
+            kept.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: k\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            got = b""
+            while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < int(
+                    responses_head(got).get("content-length", "0")):
+                b = kept.recv(65536)
+                assert b, f"round {i}: the kept-alive connection was closed"
+                got += b
+            assert got.startswith(b"HTTP/1.1 200"), (i, got[:200])
+            status, _, _ = raw_request(server.url, "GET", "/v2/models/tiny/stats", headers={"Connection": "close"})
+            assert status == 200, i
+    finally:
+        kept.close()
+    assert_serves(server)
+
+
+def responses_head(raw):
+    head = raw.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+    return {k.strip().lower(): v.strip() for k, v in (l.split(":", 1) for l in head)}
+
+
 @pytest.mark.parametrize("where", ["start", "after a key", "between numbers", "in the binary header"])
 def test_nul_in_json_refused(server, where):
     good = '{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}'
