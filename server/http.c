@@ -606,8 +606,11 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         return;
     }
     size_t json_len = header_len >= 0 && (uint64_t)header_len < len ? (size_t)header_len : len;
-    int rc = json_has_nul(body, json_len, err, sizeof err) ? STATUS_INVALID
-                                                           : kserve_request_parse(&c->kr, body, len, header_len, err, sizeof err);
+    int nul = json_has_nul(body, json_len, err, sizeof err);
+    if (nul && header_len < 0) /* most likely binary tensor data sent without its header's length */
+        snprintf(err + strlen(err), sizeof err - strlen(err),
+                 " (binary tensor data needs the Inference-Header-Content-Length header)");
+    int rc = nul ? STATUS_INVALID : kserve_request_parse(&c->kr, body, len, header_len, err, sizeof err);
     if (owned) free(body);
     if (!rc) {
         c->ordered = calloc((size_t)c->v->config.ninputs + 1, sizeof *c->ordered);
