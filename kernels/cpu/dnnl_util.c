@@ -39,6 +39,13 @@ void dnnl_util_set_threads(int n) {
     if (omp_get_max_threads() != n) omp_set_num_threads(n);
 }
 
+int dnnl_util_isa_avx2(void) {
+    /* The ISA values are nested bit sets: AVX2's bits, without AVX-512's. */
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2 && (isa & dnnl_cpu_isa_avx512_core) != dnnl_cpu_isa_avx512_core &&
+           (isa & dnnl_cpu_isa_avx512_mic) != dnnl_cpu_isa_avx512_mic;
+}
+
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s) {
     op_error(c, "oneDNN call failed (%s): %s", dnnl_status2str(s), call);
     return s == dnnl_unimplemented ? STATUS_UNSUPPORTED : s == dnnl_out_of_memory ? STATUS_NOMEM : STATUS_INTERNAL;

@@ -30,6 +30,15 @@ dnnl_engine_t dnnl_util_engine(void);
 /* Sets the calling thread's OpenMP thread count to n (>= 1) if it differs. */
 void dnnl_util_set_threads(int n);
 
+/* Whether oneDNN runs its AVX2 code: an AVX2 CPU without AVX-512, or one
+ * capped there by ONEDNN_MAX_CPU_ISA=AVX2 (or AVX2_VNNI). oneDNN's GEMM
+ * then rounds some columns of its result differently from the rest: where
+ * a block of columns leaves 1-3 over its 6-wide kernel, those go through
+ * narrower kernels (measured on oneDNN 2.6; its SSE4.1, AVX and AVX-512
+ * GEMMs treat every column alike), so equal columns can differ in their
+ * last bit. */
+int dnnl_util_isa_avx2(void);
+
 /* Reports a failed oneDNN call through op_error (naming the call and
  * oneDNN's status) and returns a negative status. */
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);
