@@ -1481,7 +1481,10 @@ static void spare_fd_open(void) {
     if (spare_fd < 0) spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
-static void accept_resume_cb(evutil_socket_t fd, short what, void *arg) { evconnlistener_enable(arg); }
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg) {
+    spare_fd_open();
+    evconnlistener_enable(arg);
+}
 
 /* Accepts one waiting connection with the spare descriptor and answers it 503. */
 static int accept_shed_one(struct evconnlistener *lev) {
@@ -1496,6 +1499,11 @@ static int accept_shed_one(struct evconnlistener *lev) {
                          "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
         (void)!send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
         shutdown(fd, SHUT_WR);
+        /* What the client already sent is read first: closing over unread
+         * bytes would reset the connection and could lose the answer. */
+        char sink[4096];
+        for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
+        }
         close(fd);
     }
     spare_fd_open();
@@ -1509,6 +1517,9 @@ static int accept_shed_one(struct evconnlistener *lev) {
  * briefly. Either way one log line per interval. */
 static void accept_error_cb(struct evconnlistener *lev, void *arg) {
     int err = EVUTIL_SOCKET_ERROR();
+    /* The I/O threads share one descriptor table: another thread may have
+     * taken the slot a spare gave up. It is taken back as soon as one frees. */
+    spare_fd_open();
     int shed = (err == EMFILE || err == ENFILE) && accept_shed_one(lev);
     if (!shed) {
         struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
