@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 #include "config/server_config.h"
-#include "models/repository.h"
+#include "server/repository.h"
 
 typedef struct http_server http_server_t;
 

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "cache/cache.h"
-#include "models/repository.h"
+#include "server/repository.h"
 
 typedef struct cJSON cJSON;
 

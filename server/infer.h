@@ -39,7 +39,7 @@
 #include "common/tensor.h"
 #include "config/model_config.h"
 #include "config/server_config.h"
-#include "models/repository.h"
+#include "server/repository.h"
 #include "server/kserve.h"
 
 typedef struct infer_core infer_core_t;

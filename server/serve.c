@@ -22,7 +22,7 @@
 #include "common/status.h"
 #include "config/server_config.h"
 #include "kernels/backend.h"
-#include "models/repository.h"
+#include "server/repository.h"
 #include "server/commands.h"
 #include "server/http.h"
 

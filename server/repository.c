@@ -1,4 +1,4 @@
-#include "models/repository.h"
+#include "server/repository.h"
 
 #include <dirent.h>
 #include <errno.h>
