@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -126,14 +127,8 @@ struct batcher {
 
 /* ---- clock ------------------------------------------------------------- */
 
-static uint64_t real_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t now_ns(const batcher_t *b) {
-    return b->p.now_ns ? b->p.now_ns(b->p.now_arg) : real_now_ns();
+    return b->p.now_ns ? b->p.now_ns(b->p.now_arg) : clock_now_ns();
 }
 
 /* Waits on cv until the batcher's clock reaches deadline (0 = no deadline).
@@ -145,7 +140,7 @@ static void cond_wait_until(batcher_t *b, pthread_cond_t *cv, uint64_t deadline)
     }
     uint64_t wake;
     if (b->p.now_ns)
-        wake = real_now_ns() + BATCHER_POLL_NS;
+        wake = clock_now_ns() + BATCHER_POLL_NS;
     else
         wake = deadline;
     struct timespec ts = { .tv_sec = (time_t)(wake / 1000000000ull),

@@ -11,6 +11,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/clock.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/status.h"
@@ -52,12 +53,6 @@ struct repository {
 };
 
 #define ERR(st, ...) status_set(err, err_len, st, __VA_ARGS__)
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- versions and the reaper -------------------------------------------- */
 
@@ -203,7 +198,7 @@ static uint64_t dir_signature(const char *dir, int depth) {
 
 static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
                                          const char *cfg, size_t cfg_len, char *err, size_t err_len) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = clock_now_ns();
     struct repo_version *v = calloc(1, sizeof *v);
     if (!v) return NULL;
     v->name_ = strdup(name);
@@ -298,7 +293,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
         goto fail;
     }
-    v->load_ns = now_ns() - t0;
+    v->load_ns = clock_now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
