@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "models/model.h"
+#include "server/instance.h"
 #include "server/metrics.h"
 
 enum entry_state { ST_UNAVAILABLE = 0, ST_LOADING, ST_READY, ST_UNLOADING };
@@ -264,8 +265,15 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                  v->config.precision_fp16 ? " in FP16, FP32 accumulation; inputs and outputs FP32" : " in FP32",
                  v->config.cuda_graphs ? "on" : "off");
     const struct model_config *c = &v->config;
-    struct batcher_params bp = {
+    struct instances_params ip = {
         .model = v->model,
+        .model_name = v->name,
+        .backend = be,
+        .count = c->instance_count,
+        .threads = c->intra_op_threads,
+        .max_rows = c->max_batch_size > 0 ? c->max_batch_size : 1,
+    };
+    struct batcher_params bp = {
         .model_name = v->name,
         .max_batch_size = c->max_batch_size,
         .dynamic_batching = c->dynamic_batching,
@@ -279,12 +287,9 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                                  .default_timeout_us = c->default_timeout_us,
                                  .allow_timeout_override = c->allow_timeout_override,
                                  .max_queue_size = c->max_queue_size},
-        .instance_count = c->instance_count,
-        .threads_per_instance = c->intra_op_threads,
-        .backend = be,
     };
     for (int i = 0; i < c->npreferred && i < BATCHER_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
-    v->batcher = batcher_create(&bp, e2, sizeof e2);
+    v->batcher = instances_create(&ip, &bp.executor, e2, sizeof e2) ? NULL : batcher_create(&bp, e2, sizeof e2);
     if (!v->batcher) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
