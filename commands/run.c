@@ -1,4 +1,4 @@
-/* cmd_run.c - `kiln run`: runs a model offline.
+/* run.c - `kiln run`: runs a model offline.
  *
  *   kiln run MODEL [--input [NAME=]FILE ...] [--batch N] [--iterations N]
  *                  [--output-dir DIR] [--threads N] [--seed S] [--list-ops]
@@ -27,7 +27,7 @@
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
-#include "server/commands.h"
+#include "commands/commands.h"
 
 #define NPY_MAX_HEADER 65536
 

@@ -4,7 +4,7 @@
  * One libevent loop drives keep-alive connections. Closed loop: each of C
  * connections sends its next request when the last one answers. Open loop:
  * requests are scheduled at a fixed or Poisson rate and their latency counts
- * from the scheduled time (see schedule.h), so stalls reach the tail.
+ * from the scheduled time (see bench_schedule.h), so stalls reach the tail.
  * Requests are built from the server's model metadata and config. */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -23,8 +23,8 @@
 #include "common/clock.h"
 #include "common/hist.h"
 #include "common/tensor.h"
-#include "server/commands.h"
-#include "tools/bench/schedule.h"
+#include "commands/commands.h"
+#include "commands/bench_schedule.h"
 
 #define MAX_LEVELS 64
 #define MAX_INPUTS 32

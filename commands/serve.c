@@ -24,7 +24,7 @@
 #include "config/server_config.h"
 #include "kernels/backend.h"
 #include "server/repository.h"
-#include "server/commands.h"
+#include "commands/commands.h"
 #include "server/http.h"
 
 static uint64_t mono_ms(void) { return clock_now_ns() / 1000000; }
