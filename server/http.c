@@ -1,3 +1,12 @@
+/* http.c - the HTTP transport: KServe v2 over libevent's evhttp.
+ *
+ * Sections: the I/O threads' completion queues and the control thread;
+ * replies; request bodies (Content-Encoding) and response compression;
+ * inference, which decodes a request and hands it to the inference core
+ * (server/infer.h) through the reply interface; the repository control
+ * endpoints; the route table; the threads and sockets. Connections pass
+ * through http_conn.c first; the read-only endpoints' bodies are built in
+ * http_bodies.c. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
