@@ -3,10 +3,11 @@
  *
  * A transport (HTTP today) decodes a request into a struct kserve_request
  * and hands it to the core, which does the rest: checks it against the
- * model's configuration (once: the batcher and the engine trust the bound
- * inputs), looks the result cache up (in-process, Redis, single flight),
- * submits a miss to the model's batcher, stores the computed result, records
- * the model's metrics and answers through the transport's reply interface.
+ * model's configuration (kserve_request_bind: names, data types, shapes,
+ * batch size) and orders the inputs as the model wants them, looks the
+ * result cache up (in-process, Redis, single flight), submits a miss to the
+ * model's batcher, stores the computed result, records the model's metrics
+ * and answers through the transport's reply interface.
  * Nothing here knows libevent or HTTP.
  *
  * The reply interface (struct infer_reply_i) is three calls:
