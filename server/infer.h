@@ -28,6 +28,11 @@
  * infer_request_start (a validation error, an in-process cache hit, a full
  * queue).
  *
+ * A transport's part is: begin, decode into infer_request_decoded, start
+ * (or fail/drop when its own decoding failed), infer_request_cancel when
+ * its client goes away, and the three calls above. server/http.c is one;
+ * tests/server/test_infer.c drives the core with a fake one.
+ *
  * Threads: infer_core_create/free from one thread; every other function on
  * the thread that owns the request, except infer_core_inflight (any). */
 #ifndef KILN_INFER_H
