@@ -29,9 +29,9 @@ CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
 LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lcrypto -lz -ldl -lm
 
-# Every .c under these folders is part of libkiln, except server/main.c.
-SRC_DIRS = common config models kernels kernels/cpu cache server tools/bench
-SRCS = $(filter-out server/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
+# Every .c under these folders is part of libkiln, except commands/main.c.
+SRC_DIRS = common config models kernels kernels/cpu cache server commands
+SRCS = $(filter-out commands/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c
 OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
 LIB = $(BUILD)/libkiln.a
@@ -59,7 +59,7 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	$(CC) $(CPPFLAGS) $(CFLAGS) -w -c $< -o $@
 
 # Everything that includes generated headers waits for them.
-$(OBJS) $(BUILD)/obj/server/main.o: | $(BUILD)/gen/onnx/onnx.pb-c.h
+$(OBJS) $(BUILD)/obj/commands/main.o: | $(BUILD)/gen/onnx/onnx.pb-c.h
 
 # The schema comes from a package that bootstrap installs: under make -j the
 # generator must wait for it.
@@ -74,7 +74,7 @@ $(LIB): $(OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN): $(BUILD)/obj/server/main.o $(LIB)
+$(BIN): $(BUILD)/obj/commands/main.o $(LIB)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: tests/%.c $(LIB)
@@ -137,7 +137,7 @@ run: bootstrap all
 	$(BIN) serve --model-repository model_repository --http-port 8000
 
 bench: bootstrap all
-	@tools/bench.sh
+	@bench/run.sh
 
 fuzz: bootstrap
 	@tools/fuzz.sh

@@ -25,7 +25,7 @@ mkdir -p "$W/repo/digits"
 W=$(cd "$W" && pwd)
 
 [ -x "$KILN" ] || { echo "mlserver.sh: $KILN not built (make)" >&2; exit 1; }
-[ -x "$MLSERVER" ] || { echo "mlserver.sh: $MLSERVER missing (tools/bench.sh makes .venv-bench)" >&2; exit 1; }
+[ -x "$MLSERVER" ] || { echo "mlserver.sh: $MLSERVER missing (bench/run.sh makes .venv-bench)" >&2; exit 1; }
 
 mlserver_bin=$(cd "$(dirname "$MLSERVER")" && pwd)/$(basename "$MLSERVER")
 

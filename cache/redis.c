@@ -19,6 +19,7 @@
 
 #include "cache/cache.h"
 #include "cache/cache_impl.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -62,12 +63,6 @@ struct pending_get {
     struct event *timer;
     int done;
 };
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 #define STAT_ADD(r, f, n) atomic_fetch_add_explicit(&(r)->c->stats.f, (n), memory_order_relaxed)
 #define STAT_SUB(r, f, n) atomic_fetch_sub_explicit(&(r)->c->stats.f, (n), memory_order_relaxed)
@@ -133,7 +128,7 @@ void cache_redis_url_free(struct cache_redis_url *u) {
 
 static int breaker_allows(struct cache_redis *r) {
     if (!r->open) return 1;
-    if (now_ns() < r->open_until_ns) return 0;
+    if (clock_now_ns() < r->open_until_ns) return 0;
     /* Half-open: let traffic through; one success closes, one failure reopens. */
     r->open = 0;
     STAT_SUB(r, circuit_open, 1);
@@ -145,7 +140,7 @@ static void breaker_success(struct cache_redis *r) { r->failures = 0; }
 static void breaker_failure(struct cache_redis *r) {
     if (++r->failures >= r->c->breaker_failures && !r->open) {
         r->open = 1;
-        r->open_until_ns = now_ns() + (uint64_t)r->c->breaker_open_ms * 1000000u;
+        r->open_until_ns = clock_now_ns() + (uint64_t)r->c->breaker_open_ms * 1000000u;
         STAT_ADD(r, circuit_open, 1);
         log_warn("redis cache: %u failures in a row, not asking Redis for %u ms", r->failures, r->c->breaker_open_ms);
     }
@@ -181,7 +176,7 @@ static void schedule_reconnect(struct cache_redis *r) {
     if (r->probing) {
         /* The probe failed: the next one, from whichever thread, waits. */
         uint32_t d = atomic_load_explicit(&c->redis_backoff_ms, memory_order_relaxed);
-        atomic_store_explicit(&c->redis_probe_at_ns, now_ns() + (uint64_t)jittered_ms(d) * 1000000u,
+        atomic_store_explicit(&c->redis_probe_at_ns, clock_now_ns() + (uint64_t)jittered_ms(d) * 1000000u,
                               memory_order_relaxed);
         atomic_store_explicit(&c->redis_backoff_ms, d * 2 > REDIS_BACKOFF_MAX_MS ? REDIS_BACKOFF_MAX_MS : d * 2,
                               memory_order_relaxed);
@@ -200,7 +195,7 @@ static void on_reconnect_timer(evutil_socket_t fd, short what, void *arg) {
     if (atomic_load_explicit(&c->redis_connects, memory_order_acquire) == r->connects_seen) {
         /* Nobody got through since: probe if it is time and nobody does. */
         int idle = 0;
-        if (now_ns() < atomic_load_explicit(&c->redis_probe_at_ns, memory_order_relaxed) ||
+        if (clock_now_ns() < atomic_load_explicit(&c->redis_probe_at_ns, memory_order_relaxed) ||
             !atomic_compare_exchange_strong_explicit(&c->redis_prober, &idle, 1, memory_order_acq_rel,
                                                      memory_order_acquire)) {
             arm_ms(r->reconnect_ev, jittered_ms(REDIS_FOLLOW_MS));

@@ -1,9 +1,10 @@
 /* batcher.c - per-model dynamic batcher: queue policy, batch formation,
- * instance threads, gather/scatter, timeouts, cancellation, latency budget.
+ * instance threads, timeouts, cancellation, latency budget. What runs a
+ * batch (gather, model, scatter) is the executor's (server/instance.h).
  *
  * One mutex guards everything shared (queues, timeout heap, stats, profile).
- * Nothing slow happens under it: model_run, gather/scatter copies and done()
- * calls all run with the lock released.
+ * Nothing slow happens under it: the executor's run and done() calls run
+ * with the lock released.
  *
  * Threads:
  *   - instance threads (instance_count): each waits for work, forms a batch
@@ -27,10 +28,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "kernels/backend.h"
-#include "models/model.h"
 
 enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 
@@ -54,41 +54,28 @@ enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 #define BATCHER_HEAVY_NS 1000000ull
 /* Weight of a new sample in the execution-time profile. */
 #define BATCHER_EWMA_NEW 0.25
-/* Inputs a batch may have when there is no model to say (test executor). */
-#define BATCHER_UNKNOWN_MAX_INPUTS 16
 
 struct fifo {
     struct batcher_request *head, *tail;
     int n;
 };
 
-struct instance {
+/* An instance's thread: it forms batches under the policy and hands each
+ * to the executor for its instance. */
+struct worker {
     batcher_t *b;
-    int index;
+    int index;           /* the executor's instance */
     pthread_t thread;
     int started;
-    struct backend *be;
-    struct model_exec *x;
-    int nthreads;        /* of be and x */
-    int threads_heavy;   /* more threads to move to for heavy runs; 0 = none */
-    /* The batch being formed/run: requests, and gather buffers reused across
-     * batches (grown, never shrunk) so a steady load allocates nothing. */
-    struct batcher_request **sel;
-    struct tensor_rows *rows_of; /* nsel entries: gather's sources */
+    struct batcher_request **sel; /* the batch being formed/run */
     int nsel;
     int64_t rows;
-    void **in_buf;
-    size_t *in_cap;
-    int nbuf;            /* entries of in_buf/in_cap/in */
-    struct tensor *in;   /* ninputs descriptors of the batch */
-    struct tensor *out;  /* noutputs results of the batch */
 };
 
 struct batcher {
     struct batcher_params p;
     char name[128];
-    char backend_name[32];
-    int ninputs, noutputs;
+    int ninputs;          /* the executor's; -1 = not known */
     int nlevels;          /* priority levels; queue index nlevels = delayed */
     int default_level;    /* 1-based */
     int64_t cap_rows;     /* rows per batch: max_batch_size, or 1 */
@@ -118,7 +105,7 @@ struct batcher {
     uint64_t late_ewma_ns;    /* high-end lateness of instances' timed wake-ups */
     struct batcher_stats st;
 
-    struct instance *inst;
+    struct worker *inst;
     int ninst;
     pthread_t timer;
     int timer_started;
@@ -126,14 +113,8 @@ struct batcher {
 
 /* ---- clock ------------------------------------------------------------- */
 
-static uint64_t real_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 static uint64_t now_ns(const batcher_t *b) {
-    return b->p.now_ns ? b->p.now_ns(b->p.now_arg) : real_now_ns();
+    return b->p.now_ns ? b->p.now_ns(b->p.now_arg) : clock_now_ns();
 }
 
 /* Waits on cv until the batcher's clock reaches deadline (0 = no deadline).
@@ -145,7 +126,7 @@ static void cond_wait_until(batcher_t *b, pthread_cond_t *cv, uint64_t deadline)
     }
     uint64_t wake;
     if (b->p.now_ns)
-        wake = real_now_ns() + BATCHER_POLL_NS;
+        wake = clock_now_ns() + BATCHER_POLL_NS;
     else
         wake = deadline;
     struct timespec ts = { .tv_sec = (time_t)(wake / 1000000000ull),
@@ -365,7 +346,7 @@ enum { DECIDE_IDLE = 0, DECIDE_WAIT = 1, DECIDE_SEND = 2 };
  * to the clock time at which to decide again (earlier if a request
  * arrives), or DECIDE_IDLE when nothing is queued. Requests already marked
  * cancelled are dropped here, before they can run. */
-static int batch_select(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
+static int batch_select(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
     struct batcher_request *h;
     inst->nsel = 0;
     inst->rows = 0;
@@ -518,7 +499,7 @@ static int is_bucket(const batcher_t *b, int64_t n) {
  * log2(max_batch_size) + 1 sizes); the requests cut off lead the next
  * batch, formed at once by this or another instance. any_batch_size turns
  * this off. */
-static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint64_t *wake) {
+static int batch_decide(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
     int d = batch_select(b, inst, now, wake);
     if (d != DECIDE_SEND || inst->nsel < 2 || b->p.any_batch_size || is_bucket(b, inst->rows))
         return d;
@@ -541,174 +522,17 @@ static int batch_decide(batcher_t *b, struct instance *inst, uint64_t now, uint6
 
 /* ---- execution ----------------------------------------------------------- */
 
-static int ensure_buf(void **buf, size_t *cap, size_t need) {
-    if (need <= *cap)
-        return 0;
-    size_t n = *cap ? *cap : 4096;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*buf, n);
-    if (!p)
-        return STATUS_NOMEM;
-    *buf = p;
-    *cap = n;
-    return 0;
-}
+static uint64_t batch_clock(void *arg) { return now_ns(arg); }
 
-static void free_outputs(struct tensor *out, int n) {
-    if (!out)
-        return;
-    for (int i = 0; i < n; i++)
-        tensor_free_data(&out[i]);
-    free(out);
-}
-
-/* Gathers the selected requests' inputs into one block per input, in the
- * common tensor layout (strings included). A batch of one request uses its
- * buffers directly. */
-static int gather(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
-    struct batcher_request *r0 = inst->sel[0];
-    for (int i = 0; i < r0->ninputs; i++) {
-        inst->in[i] = r0->inputs[i];
-        if (inst->nsel == 1)
-            continue;
-        for (int k = 0; k < inst->nsel; k++)
-            inst->rows_of[k] = (struct tensor_rows){&inst->sel[k]->inputs[i], 0, inst->sel[k]->inputs[i].dims[0]};
-        size_t need = tensor_rows_size(inst->rows_of, inst->nsel);
-        if (need == SIZE_MAX || ensure_buf(&inst->in_buf[i], &inst->in_cap[i], need) ||
-            tensor_rows_write(&inst->in[i], inst->in_buf[i], inst->in_cap[i], inst->rows_of, inst->nsel))
-            return status_set(err, err_len, STATUS_NOMEM, "out of memory gathering a batch of %lld rows",
-                              (long long)inst->rows);
-    }
-    (void)b;
-    return 0;
-}
-
-/* Splits the batch outputs by rows into per-request outputs, each one owned
- * block (common/tensor.h). On failure nothing is left allocated in any
- * request. */
-static int scatter(batcher_t *b, struct instance *inst, char *err, size_t err_len) {
-    int no = b->noutputs;
-    for (int o = 0; o < no; o++) {
-        const struct tensor *t = &inst->out[o];
-        if (t->ndim < 1 || t->dims[0] != inst->rows)
-            return status_set(err, err_len, STATUS_INTERNAL,
-                              "output %d of model '%s' has no batch dimension of %lld rows", o, b->name,
-                              (long long)inst->rows);
-    }
-    int k;
-    for (k = 0; k < inst->nsel; k++) {
-        struct batcher_request *r = inst->sel[k];
-        r->outputs = calloc((size_t)(no > 0 ? no : 1), sizeof(struct tensor));
-        r->noutputs = no;
-        if (!r->outputs)
-            goto fail;
-    }
-    for (int o = 0; o < no; o++) {
-        int64_t first = 0;
-        for (k = 0; k < inst->nsel; k++) {
-            struct batcher_request *r = inst->sel[k];
-            struct tensor_rows rows = {&inst->out[o], first, r->rows};
-            if (tensor_copy_rows(&r->outputs[o], &rows, 1))
-                goto fail;
-            first += r->rows;
-        }
-    }
-    return 0;
-fail:
-    for (k = 0; k < inst->nsel; k++) {
-        free_outputs(inst->sel[k]->outputs, inst->sel[k]->noutputs);
-        inst->sel[k]->outputs = NULL;
-        inst->sel[k]->noutputs = 0;
-    }
-    return status_set(err, err_len, STATUS_NOMEM, "out of memory splitting a batch of %lld rows",
-                      (long long)inst->rows);
-}
-
-/* Runs the selected batch (lock NOT held) and fills each request's result. */
-static void run_batch(batcher_t *b, struct instance *inst, uint64_t *exec_ns) {
-    char err[256] = "";
-    uint64_t t0 = now_ns(b);
-    int rc = gather(b, inst, err, sizeof err);
-    uint64_t t1 = now_ns(b), t2 = t1;
-    if (rc == 0) {
-        memset(inst->out, 0, sizeof(struct tensor) * (size_t)(b->noutputs > 0 ? b->noutputs : 1));
-        if (b->p.execute)
-            rc = b->p.execute(b->p.execute_arg, inst->index, inst->in, inst->sel[0]->ninputs, inst->out,
-                              b->noutputs, err, sizeof err);
-        else
-            rc = model_run(inst->x, inst->in, inst->sel[0]->ninputs, inst->out, b->noutputs, err, sizeof err);
-        t2 = now_ns(b);
-        if (rc == 0) {
-            if (inst->nsel == 1) {
-                /* One request: hand the batch outputs over as they are. */
-                struct batcher_request *r = inst->sel[0];
-                r->outputs = malloc(sizeof(struct tensor) * (size_t)(b->noutputs > 0 ? b->noutputs : 1));
-                if (!r->outputs) {
-                    for (int o = 0; o < b->noutputs; o++)
-                        tensor_free_data(&inst->out[o]);
-                    rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
-                } else {
-                    memcpy(r->outputs, inst->out, sizeof(struct tensor) * (size_t)b->noutputs);
-                    r->noutputs = b->noutputs;
-                }
-            } else {
-                rc = scatter(b, inst, err, sizeof err);
-                for (int o = 0; o < b->noutputs; o++)
-                    tensor_free_data(&inst->out[o]);
-            }
-        }
-    }
-    uint64_t t3 = now_ns(b);
-    *exec_ns = t2 - t1;
-    for (int k = 0; k < inst->nsel; k++) {
-        struct batcher_request *r = inst->sel[k];
-        r->status = rc;
-        if (rc) {
-            snprintf(r->err, sizeof r->err, "%s", err);
-            r->outputs = NULL;
-            r->noutputs = 0;
-        } else {
-            r->err[0] = 0;
-        }
-        r->end_ns = t3;
-        r->compute_input_ns = t1 - t0;
-        r->compute_infer_ns = t2 - t1;
-        r->compute_output_ns = t3 - t2;
-        r->batch_size = (int)inst->rows;
-    }
-}
-
-/* Moves a heavy model's instance to more threads: a new backend context
- * and execution context (plans are built for a thread count), made and
- * swapped by the instance's own thread between batches. On failure the
- * instance keeps what it has. */
-static void instance_grow(batcher_t *b, struct instance *inst, uint64_t exec_ns) {
-    int n = inst->threads_heavy;
-    inst->threads_heavy = 0;
-    struct backend_params bp = {.device = -1, .nthreads = n};
-    char why[256] = "";
-    struct backend *be = backend_create(b->backend_name, &bp, why, sizeof why);
-    struct model_exec *x = be ? model_exec_create(b->p.model, be, n) : NULL;
-    if (!x) {
-        backend_free(be);
-        log_warn("model '%s' instance %d: staying at %d thread(s): cannot make a context with %d%s%s", b->name,
-                 inst->index, inst->nthreads, n, why[0] ? ": " : "", why);
-        return;
-    }
-    log_info("model '%s' instance %d: a batch took %.1f ms per request, so the I/O threads need little CPU: "
-             "%d thread(s) instead of %d (set parameters.intra_op_thread_count to choose)",
-             b->name, inst->index, (double)exec_ns / 1e6 / (double)(inst->nsel > 0 ? inst->nsel : 1), n,
-             inst->nthreads);
-    model_exec_free(inst->x);
-    backend_free(inst->be);
-    inst->be = be;
-    inst->x = x;
-    inst->nthreads = n;
+/* Runs the selected batch on the worker's instance (lock NOT held). */
+static void run_batch(batcher_t *b, struct worker *inst, struct executor_batch *bt) {
+    *bt = (struct executor_batch){.reqs = inst->sel, .n = inst->nsel, .rows = inst->rows, .now_ns = batch_clock,
+                                  .now_arg = b};
+    b->p.executor.iface->run(b->p.executor.ctx, inst->index, bt);
 }
 
 static void *instance_main(void *arg) {
-    struct instance *inst = arg;
+    struct worker *inst = arg;
     batcher_t *b = inst->b;
     pthread_mutex_lock(&b->mu);
     for (;;) {
@@ -746,8 +570,9 @@ static void *instance_main(void *arg) {
             pthread_cond_signal(&b->work_cv);
         pthread_mutex_unlock(&b->mu);
 
-        uint64_t exec_ns = 0;
-        run_batch(b, inst, &exec_ns);
+        struct executor_batch bt;
+        run_batch(b, inst, &bt);
+        uint64_t exec_ns = bt.exec_ns;
 
         pthread_mutex_lock(&b->mu);
         b->st.executions++;
@@ -763,7 +588,7 @@ static void *instance_main(void *arg) {
             /* From the profile, not this run: one run that the scheduler
              * stalled past 1 ms must not move a small model to threads
              * (where each tiny run then pays a fork-join). */
-            grow = inst->threads_heavy > inst->nthreads && b->profile_n[inst->rows] >= 2 &&
+            grow = b->p.executor.iface->heavy && b->profile_n[inst->rows] >= 2 &&
                    b->profile[inst->rows] >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
         }
         if (b->p.preserve_ordering)
@@ -776,7 +601,7 @@ static void *instance_main(void *arg) {
         for (int k = 0; k < inst->nsel; k++)
             inst->sel[k]->done(inst->sel[k]);
         if (grow)
-            instance_grow(b, inst, exec_ns);
+            b->p.executor.iface->heavy(b->p.executor.ctx, inst->index, &bt);
 
         pthread_mutex_lock(&b->mu);
         b->running -= inst->nsel;
@@ -837,20 +662,6 @@ static void *timer_main(void *arg) {
 
 /* ---- public API -------------------------------------------------------------- */
 
-static void instance_release(struct instance *inst) {
-    model_exec_free(inst->x);
-    backend_free(inst->be);
-    if (inst->in_buf)
-        for (int i = 0; i < inst->nbuf; i++)
-            free(inst->in_buf[i]);
-    free(inst->in_buf);
-    free(inst->in_cap);
-    free(inst->in);
-    free(inst->out);
-    free(inst->sel);
-    free(inst->rows_of);
-}
-
 void batcher_free(batcher_t *b) {
     if (!b)
         return;
@@ -873,9 +684,10 @@ void batcher_free(batcher_t *b) {
     pthread_mutex_unlock(&b->mu);
     if (b->timer_started)
         pthread_join(b->timer, NULL);
-    for (int i = 0; i < b->ninst; i++)
-        instance_release(&b->inst[i]);
+    for (int i = 0; b->inst && i < b->ninst; i++)
+        free(b->inst[i].sel);
     free(b->inst);
+    executor_free(&b->p.executor);
     free(b->q);
     free(b->heap);
     free(b->profile);
@@ -887,49 +699,23 @@ void batcher_free(batcher_t *b) {
     free(b);
 }
 
-static int instance_setup(batcher_t *b, struct instance *inst, int nthreads, char *err, size_t err_len) {
-    int nsel = (int)b->cap_rows;
-    /* Without a model the input count is known per request only. */
-    int nin = b->ninputs > 0 ? b->ninputs : BATCHER_UNKNOWN_MAX_INPUTS, nout = b->noutputs > 0 ? b->noutputs : 1;
-    inst->nbuf = nin;
-    inst->sel = calloc((size_t)nsel, sizeof(*inst->sel));
-    inst->rows_of = calloc((size_t)nsel, sizeof(*inst->rows_of));
-    inst->in_buf = calloc((size_t)nin, sizeof(void *));
-    inst->in_cap = calloc((size_t)nin, sizeof(size_t));
-    inst->in = calloc((size_t)nin, sizeof(struct tensor));
-    inst->out = calloc((size_t)nout, sizeof(struct tensor));
-    if (!inst->sel || !inst->rows_of || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
-        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-    if (!b->p.model)
-        return 0;
-    struct backend_params bp = { .device = strcmp(b->backend_name, "cpu") == 0 ? -1 : 0, .nthreads = nthreads };
-    char why[256] = "";
-    inst->be = backend_create(b->backend_name, &bp, why, sizeof why);
-    if (!inst->be)
-        return status_set(err, err_len, STATUS_UNAVAILABLE, "model '%s' instance %d: backend '%s' not available: %s",
-                          b->name, inst->index, b->backend_name, why);
-    inst->x = model_exec_create(b->p.model, inst->be, nthreads);
-    inst->nthreads = nthreads;
-    if (!inst->x)
-        return status_set(err, err_len, STATUS_INTERNAL, "model '%s' instance %d: cannot create an execution context",
-                          b->name, inst->index);
-    return 0;
-}
-
 batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len) {
-    if (!p || (!p->model && !p->execute)) {
-        status_set(err, err_len, STATUS_INVALID, "batcher: no model given");
+    struct executor ex = p ? p->executor : (struct executor){0};
+    if (!ex.iface || ex.instances < 1) {
+        executor_free(&ex);
+        status_set(err, err_len, STATUS_INVALID, "batcher: no executor given");
         return NULL;
     }
     const char *name = p->model_name ? p->model_name : "?";
-    if (p->max_batch_size < 0 || p->instance_count < 0 || p->priority_levels < 0 ||
-        p->priority_levels > BATCHER_MAX_PRIORITIES || p->npreferred < 0 || p->npreferred > BATCHER_MAX_PREFERRED ||
-        p->default_queue_policy.max_queue_size < 0 || p->threads_per_instance < 0) {
+    if (p->max_batch_size < 0 || p->priority_levels < 0 || p->priority_levels > BATCHER_MAX_PRIORITIES ||
+        p->npreferred < 0 || p->npreferred > BATCHER_MAX_PREFERRED || p->default_queue_policy.max_queue_size < 0) {
+        executor_free(&ex);
         status_set(err, err_len, STATUS_INVALID, "model '%s': batcher parameters out of range", name);
         return NULL;
     }
     for (int k = 0; k < p->npreferred; k++)
         if (p->preferred_batch_size[k] < 1 || (p->max_batch_size > 0 && p->preferred_batch_size[k] > p->max_batch_size)) {
+            executor_free(&ex);
             status_set(err, err_len, STATUS_INVALID,
                        "model '%s': dynamic_batching.preferred_batch_size %d is outside 1..max_batch_size (%d)", name,
                        p->preferred_batch_size[k], p->max_batch_size);
@@ -938,6 +724,7 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
     int nlevels = p->priority_levels > 1 ? p->priority_levels : 1;
     int deflevel = p->default_priority_level > 0 ? p->default_priority_level : (nlevels + 1) / 2;
     if (deflevel > nlevels) {
+        executor_free(&ex);
         status_set(err, err_len, STATUS_INVALID,
                    "model '%s': dynamic_batching.default_priority_level %d is above priority_levels %d", name,
                    p->default_priority_level, nlevels);
@@ -946,21 +733,19 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
 
     batcher_t *b = calloc(1, sizeof *b);
     if (!b) {
+        executor_free(&ex);
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         return NULL;
     }
     b->p = *p;
     snprintf(b->name, sizeof b->name, "%s", name);
-    snprintf(b->backend_name, sizeof b->backend_name, "%s", p->backend && p->backend[0] ? p->backend : "cpu");
     b->p.model_name = b->name;
-    b->p.backend = b->backend_name;
     b->nlevels = nlevels;
     b->default_level = deflevel;
     b->cap_rows = p->max_batch_size > 0 ? p->max_batch_size : 1;
-    b->ninputs = p->model ? model_ninputs(p->model) : -1;
-    b->noutputs = p->model ? model_noutputs(p->model) : p->execute_noutputs;
+    b->ninputs = ex.ninputs;
     b->admitting = 1;
-    b->ninst = p->instance_count > 0 ? p->instance_count : 1;
+    b->ninst = ex.instances;
 
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -979,30 +764,14 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         goto fail;
     }
-    int nthreads = p->threads_per_instance, heavy = 0;
-    if (nthreads == 0) {
-        /* The cores less one, which the I/O threads need, shared by the
-         * instances. An OpenMP team larger than the cores free for it
-         * stalls at every barrier: on 2 busy cores the digits model at
-         * batch 32 took 0.75 ms on average with 2 threads and 0.027 ms
-         * with 1. A heavy model (BATCHER_HEAVY_NS per request) leaves the
-         * I/O threads little to do, and a core kept for them idles: its
-         * instances move to all the cores once a run shows it (ResNet-50,
-         * one instance on 2 cores: 30 ms a request instead of 39). */
-        long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        nthreads = cores > 1 ? (int)((cores - 1) / b->ninst) : 1;
-        if (nthreads < 1)
-            nthreads = 1;
-        heavy = cores > 1 ? (int)(cores / b->ninst) : 1;
-        if (heavy <= nthreads || strcmp(b->backend_name, "cpu") != 0 || !p->model)
-            heavy = 0;
-    }
     for (int i = 0; i < b->ninst; i++) {
         b->inst[i].b = b;
         b->inst[i].index = i;
-        b->inst[i].threads_heavy = heavy;
-        if (instance_setup(b, &b->inst[i], nthreads, err, err_len))
+        b->inst[i].sel = calloc((size_t)b->cap_rows, sizeof *b->inst[i].sel);
+        if (!b->inst[i].sel) {
+            status_set(err, err_len, STATUS_NOMEM, "out of memory");
             goto fail;
+        }
     }
     if (pthread_create(&b->timer, NULL, timer_main, b)) {
         status_set(err, err_len, STATUS_INTERNAL, "model '%s': cannot start the timer thread", name);
@@ -1017,7 +786,8 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
         b->inst[i].started = 1;
     }
     log_info("model '%s': %d instance(s) on %s, %d thread(s) each, max_batch_size %d, dynamic batching %s", name,
-             b->ninst, b->backend_name, nthreads, p->max_batch_size, p->dynamic_batching ? "on" : "off");
+             b->ninst, ex.backend[0] ? ex.backend : "?", ex.threads, p->max_batch_size,
+             p->dynamic_batching ? "on" : "off");
     return b;
 fail:
     log_error("%s", err ? err : "batcher_create failed");
@@ -1040,7 +810,7 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
 
     if (!r->done)
         return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without done()");
-    int want = b->ninputs >= 0 ? b->ninputs : BATCHER_UNKNOWN_MAX_INPUTS;
+    int want = b->ninputs >= 0 ? b->ninputs : EXECUTOR_MAX_INPUTS;
     if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want)) {
         pthread_mutex_lock(&b->mu);
         b->st.rejected_invalid++;
@@ -1054,9 +824,9 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
         rows = r->inputs[0].ndim >= 1 ? r->inputs[0].dims[0] : -1;
         for (int i = 0; i < r->ninputs && !bad; i++) {
             const struct tensor *t = &r->inputs[i];
-            const struct model_io *io = b->p.model ? model_input(b->p.model, i) : NULL;
+            const char *in = b->p.executor.iface->input_name ? b->p.executor.iface->input_name(b->p.executor.ctx, i) : NULL;
             if (t->ndim < 1 || t->dims[0] != rows)
-                bad = io && io->name ? io->name : "?";
+                bad = in ? in : "?";
         }
         if (bad || rows < 1 || rows > b->p.max_batch_size || (r->rows && r->rows != rows)) {
             pthread_mutex_lock(&b->mu);

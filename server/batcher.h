@@ -1,14 +1,15 @@
-/* batcher.h - per-model dynamic batcher and its instance threads.
+/* batcher.h - per-model dynamic batcher: the queue policy and a thread per
+ * instance.
  *
- * The HTTP front end decodes a request into a batcher_request and submits it.
- * The batcher queues it (priority levels, queue limit, timeouts), forms batches
- * of requests whose non-batch shapes agree, gathers their inputs into one
- * contiguous buffer per input, runs the batch on a free instance (a thread
- * with its own struct model_exec), scatters the outputs back and calls each
- * request's done() exactly once: on an instance thread, or on the batcher's
- * timer thread for a queue timeout or cancellation. done() must be quick
- * (hand the result to the I/O thread and return). After done() the batcher
- * does not touch the request again.
+ * The inference core (server/infer.h) submits a validated request as a
+ * batcher_request. The batcher queues it (priority levels, queue limit,
+ * timeouts), forms batches of requests whose non-batch shapes agree and
+ * hands each batch, on a free instance's thread, to its executor
+ * (server/instance.h: gather, run, scatter), then calls each request's
+ * done() exactly once: on an instance thread, or on the batcher's timer
+ * thread for a queue timeout or cancellation. done() must be quick (hand the
+ * result to the I/O thread and return). After done() the batcher does not
+ * touch the request again.
  *
  * Threads: all functions are thread-safe. Times are in nanoseconds on
  * CLOCK_MONOTONIC unless a name says otherwise. */
@@ -19,9 +20,8 @@
 #include <stdint.h>
 
 #include "common/tensor.h"
+#include "server/instance.h"
 
-struct model;
-struct backend;
 typedef struct batcher batcher_t;
 
 #define BATCHER_MAX_PREFERRED 16
@@ -37,7 +37,10 @@ struct batcher_queue_policy {
 };
 
 struct batcher_params {
-    struct model *model;           /* borrowed; outlives the batcher */
+    /* What runs the batches, one thread per executor instance. The batcher
+     * owns it from batcher_create on (freed by batcher_free, or by
+     * batcher_create when it fails). */
+    struct executor executor;
     const char *model_name;        /* for logs */
     int max_batch_size;            /* 0: no batching, inputs have no batch dim */
     int dynamic_batching;          /* 0: every request is its own batch */
@@ -49,23 +52,9 @@ struct batcher_params {
     int priority_levels;           /* 0 or 1 = one level */
     int default_priority_level;    /* 1 = highest */
     struct batcher_queue_policy default_queue_policy;
-    int instance_count;            /* >= 1 */
-    const char *backend;           /* "cpu", "cuda" */
-    int threads_per_instance;      /* 0 = kiln chooses: (cores - 1) / instance_count, at least 1,
-                                    * and cores / instance_count on the CPU once runs show a
-                                    * heavy model (over 1 ms a request) */
     /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
     uint64_t (*now_ns)(void *arg);
     void *now_arg;
-    /* Test hook: runs one batch instead of model_run on the instance's
-     * model_exec (NULL = the model). With it, model may be NULL: then no
-     * backend or model_exec is made, execute_noutputs gives the output count
-     * and inputs are not checked against the model's metadata. The hook has
-     * model_run's contract (outputs malloc'd, none left on error). */
-    int (*execute)(void *arg, int instance, const struct tensor *inputs, int ninputs,
-                   struct tensor *outputs, int noutputs, char *err, size_t err_len);
-    void *execute_arg;
-    int execute_noutputs;
     /* 0 (default): a batch is cut back to a preferred size, or else to a
      * power of two (or max_batch_size), when its requests allow, so that
      * the engine builds and keeps few plans; the rest leads the next batch.
@@ -116,7 +105,7 @@ struct batcher_stats {
     uint64_t queue_ns_total;
     uint64_t batch_hist[65];       /* [n] = batches of n rows (64+ in [64]) */
     uint64_t requests;             /* requests run (ok or failed by the model) */
-    uint64_t exec_ns_total;        /* time in model_run, summed over batches */
+    uint64_t exec_ns_total;        /* time executing (the executor's exec_ns), summed over batches */
     uint64_t delayed;              /* timeouts with action DELAY (not rejected) */
     uint64_t rejected_invalid;     /* shapes the model cannot batch */
     uint64_t profile_ns[65];       /* running mean (EWMA) of a batch's execution

@@ -1,8 +1,16 @@
+/* http.c - the HTTP transport: KServe v2 over libevent's evhttp.
+ *
+ * Sections: the I/O threads' completion queues and the control thread;
+ * replies; request bodies (Content-Encoding) and response compression;
+ * inference, which decodes a request and hands it to the inference core
+ * (server/infer.h) through the reply interface; the repository control
+ * endpoints; the route table; the threads and sockets. Connections pass
+ * through http_conn.c first; the read-only endpoints' bodies are built in
+ * http_bodies.c. */
 #include "server/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,72 +34,16 @@
 #include <sodium.h>
 #include <zlib.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
-#include "server/batcher.h"
-#include "server/commands.h"
-#include "server/http_guard.h"
-#include "server/infer_cache.h"
+#include "server/http_bodies.h"
+#include "server/http_impl.h"
+#include "server/infer.h"
 #include "server/kserve.h"
-#include "server/metrics.h"
-
-#if defined(__has_include)
-#if __has_include("server/gpu_metrics.h")
-#include "server/gpu_metrics.h"
-#define KILN_HAVE_GPU_METRICS 1
-#endif
-#endif
 
 /* ==== threads and completion queues ====================================== */
 
-struct job {
-    void (*fn)(void *arg);
-    void *arg;
-    struct job *next;
-};
-
-struct io_thread {
-    http_server_t *srv;
-    int index;
-    struct event_base *base;
-    struct evhttp *http;
-    struct event *wake;          /* activated by other threads to run the queue */
-    pthread_mutex_t qlock;
-    struct job *qhead, *qtail;
-    int fd;
-    pthread_t tid;
-    cache_redis_t *redis;        /* this loop's Redis connection (result cache tier 2) */
-};
-
-struct http_server {
-    const struct server_config *cfg;
-    repository_t *repo;
-    char backend[16];
-    int port;
-    int nthreads;
-    struct io_thread *io;
-    atomic_int draining;
-    atomic_int inflight;
-    atomic_int unflushed;        /* answered, bytes not yet all written */
-    atomic_int conns;            /* admitted connections open (shed ones not counted) */
-    int max_conns;               /* --max-connections, or derived from the open file limit */
-    struct http_guard_limits guard;
-    cache_t *cache;              /* result cache; NULL when off */
-
-    /* Control thread: load/unload and polling, which block. */
-    pthread_t control_tid;
-    pthread_mutex_t clock;
-    pthread_cond_t ccond;
-    struct job *chead, *ctail;
-    int cstop;
-    int control_started;
-};
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* Runs fn(arg) on the I/O thread io, from any thread. */
 static void io_post(struct io_thread *io, void (*fn)(void *), void *arg) {
@@ -143,14 +94,14 @@ static void control_post(http_server_t *s, void (*fn)(void *), void *arg) {
 
 static void *control_main(void *arg) {
     http_server_t *s = arg;
-    uint64_t next_poll = now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
+    uint64_t next_poll = clock_now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
     pthread_mutex_lock(&s->clock);
     for (;;) {
         while (!s->chead && !s->cstop) {
             if (s->cfg->model_control_mode == SERVER_CONTROL_POLL) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
-                uint64_t now = now_ns();
+                uint64_t now = clock_now_ns();
                 if (now >= next_poll) break;
                 uint64_t wait = next_poll - now;
                 ts.tv_sec += (time_t)(wait / 1000000000ull);
@@ -171,7 +122,7 @@ static void *control_main(void *arg) {
             free(j);
         } else if (s->cfg->model_control_mode == SERVER_CONTROL_POLL && !atomic_load(&s->draining)) {
             repository_poll(s->repo);
-            next_poll = now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
+            next_poll = clock_now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
         }
         pthread_mutex_lock(&s->clock);
     }
@@ -345,46 +296,32 @@ static void compress_reply(struct evhttp_request *req, char **body, size_t *len)
 
 /* ==== inference ========================================================== */
 
-struct infer_ctx {
+/* An inference request's transport half: its connection, the EOF watch and
+ * the encoded answer. The inference core (server/infer.h) holds the rest
+ * and calls back through http_infer_reply. */
+struct http_infer {
     http_server_t *srv;
     struct io_thread *io;
     struct evhttp_request *req;
     struct evhttp_connection *conn;
-    struct repo_version *v;
-    struct kserve_request kr;
-    struct tensor *ordered;
-    struct batcher_request br;
-    uint64_t t0;
+    struct infer_request *r;
     int gone;              /* libevent freed the connection (close callback ran) */
     int hung_up;           /* the peer closed its end while the request waited */
     struct event *watch;   /* EOF detector on the connection's socket, see infer_watch */
-    int cached;            /* the result cache is consulted for this request */
-    int hit;               /* and answered it */
-    struct infer_cache_op cop;
+    char *body;            /* the encoded answer, between encode and send */
+    size_t body_len;
+    const char *ctype;
 };
 
-static void infer_ctx_free(struct infer_ctx *c) {
-    if (c->watch) event_free(c->watch);
-    repository_release(c->v);
-    kserve_request_clear(&c->kr);
-    free(c->ordered);
-    if (c->br.outputs) {
-        /* One block per output, strings included (common/tensor.h). */
-        for (int i = 0; i < c->br.noutputs; i++) tensor_free_data(&c->br.outputs[i]);
-        free(c->br.outputs);
-    }
-    free(c);
-}
-
 static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
-    struct infer_ctx *c = arg;
+    struct http_infer *c = arg;
     c->gone = 1;
     /* The socket closes with the connection: stop watching its number. */
     if (c->watch) {
         event_free(c->watch);
         c->watch = NULL;
     }
-    if (c->v) batcher_cancel(c->v->batcher, &c->br);
+    infer_request_cancel(c->r);
 }
 
 /* evhttp stops reading a connection while its request is being served, so
@@ -398,12 +335,12 @@ static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
 #define INFER_WATCH_AFTER_US 2000
 
 static void infer_watch_cb(evutil_socket_t fd, short what, void *arg) {
-    struct infer_ctx *c = arg;
+    struct http_infer *c = arg;
     char b;
     ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
         c->hung_up = 1;
-        batcher_cancel(c->v->batcher, &c->br);
+        infer_request_cancel(c->r);
     } else if (n < 0) {
         event_add(c->watch, NULL); /* spurious wakeup: keep watching */
     }
@@ -412,26 +349,17 @@ static void infer_watch_cb(evutil_socket_t fd, short what, void *arg) {
 /* The timer expired with the request still pending: watch the socket. The
  * event is not pending inside its own callback, so it can be reassigned. */
 static void infer_watch_arm_cb(evutil_socket_t unused, short what, void *arg) {
-    struct infer_ctx *c = arg;
+    struct http_infer *c = arg;
     struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
     evutil_socket_t fd = bev && !c->gone ? bufferevent_getfd(bev) : -1;
     if (fd < 0) return;
     if (event_assign(c->watch, c->io->base, fd, EV_READ, infer_watch_cb, c) == 0) event_add(c->watch, NULL);
 }
 
-static void infer_watch(struct infer_ctx *c) {
+static void infer_watch(struct http_infer *c) {
     static const struct timeval after = {0, INFER_WATCH_AFTER_US};
     c->watch = evtimer_new(c->io->base, infer_watch_arm_cb, c);
     if (c->watch) evtimer_add(c->watch, &after);
-}
-
-static enum metrics_fail_reason fail_reason(int status, const char *msg) {
-    switch (status) {
-    case STATUS_INVALID: case STATUS_NOT_FOUND: return METRICS_FAIL_INVALID;
-    case STATUS_CANCELLED: return METRICS_FAIL_CANCELLED;
-    case STATUS_UNAVAILABLE: return strstr(msg, "imeout") ? METRICS_FAIL_TIMEOUT : METRICS_FAIL_UNAVAILABLE;
-    default: return METRICS_FAIL_INTERNAL;
-    }
 }
 
 static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
@@ -439,10 +367,35 @@ static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
     atomic_fetch_sub(&s->unflushed, 1);
 }
 
-/* Answers an accepted request and frees it; on its I/O thread. */
-static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
+static void io_post_any(void *io, void (*fn)(void *), void *arg) { io_post(io, fn, arg); }
+
+/* The core's encode: the KServe response, binary outputs after the JSON. */
+static int infer_encode(void *arg, const struct infer_result *res, char *err, size_t err_len) {
+    struct http_infer *c = arg;
+    struct kserve_buf body = {0};
+    size_t json_len = 0;
+    int rc = kserve_response_encode(res->request, res->config, res->model_name, res->model_version, res->outputs,
+                                    &body, &json_len, err, err_len);
+    if (rc) {
+        kserve_buf_free(&body);
+        return rc;
+    }
+    c->ctype = "application/json";
+    if (json_len < body.len) {
+        char hl[32];
+        snprintf(hl, sizeof hl, "%zu", json_len);
+        evhttp_add_header(evhttp_request_get_output_headers(c->req), "Inference-Header-Content-Length", hl);
+        c->ctype = "application/octet-stream";
+    }
+    c->body = body.data;
+    c->body_len = body.len;
+    return 0;
+}
+
+/* The core's send: the answer goes out and the transport half is freed. */
+static void infer_send(void *arg, int status, const char *msg) {
+    struct http_infer *c = arg;
     http_server_t *s = c->srv;
-    struct metrics_model *m = c->v ? c->v->metrics : NULL;
     if (c->watch) {
         event_free(c->watch);
         c->watch = NULL;
@@ -456,109 +409,20 @@ static void infer_finish(struct infer_ctx *c, int status, const char *msg) {
             evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
         }
     }
-    if (c->cached) {
-        if (status) infer_cache_abandon(&c->cop);
-        else if (c->cop.leader || !c->cop.outputs) infer_cache_store(&c->cop, c->br.outputs);
-    }
+    /* A request whose client left is still "answered": libevent frees it. */
     if (status) {
-        metrics_record_failure(m, fail_reason(status, msg), now_ns() - c->t0);
-        /* A request whose client left is still "answered": libevent frees it. */
+        free(c->body);
         reply_status(s, c->req, status, msg);
     } else {
-        struct kserve_buf body = {0};
-        size_t json_len = 0;
-        char err[256];
-        int rc = kserve_response_encode(&c->kr, &c->v->config, c->v->name, c->v->version_str, c->br.outputs, &body,
-                                        &json_len, err, sizeof err);
-        if (rc) {
-            kserve_buf_free(&body);
-            metrics_record_failure(m, fail_reason(rc, err), now_ns() - c->t0);
-            reply_status(s, c->req, rc, err);
-        } else {
-            struct evkeyvalq *h = evhttp_request_get_output_headers(c->req);
-            const char *ctype = "application/json";
-            if (json_len < body.len) {
-                char hl[32];
-                snprintf(hl, sizeof hl, "%zu", json_len);
-                evhttp_add_header(h, "Inference-Header-Content-Length", hl);
-                ctype = "application/octet-stream";
-            }
-            if (c->hit)
-                metrics_record_cached(m, now_ns() - c->t0, c->br.rows);
-            else
-                metrics_record_success(m, now_ns() - c->t0, c->br.start_ns - c->br.enqueue_ns, c->br.compute_input_ns,
-                                       c->br.compute_infer_ns, c->br.compute_output_ns, c->br.rows, c->br.batch_size);
-            char *data = body.data;
-            size_t len = body.len;
-            compress_reply(c->req, &data, &len);
-            reply_raw(s, c->req, 200, ctype, data, len);
-        }
+        compress_reply(c->req, &c->body, &c->body_len);
+        reply_raw(s, c->req, 200, c->ctype, c->body, c->body_len);
     }
-    if (m) atomic_fetch_sub_explicit(&m->pending, 1, memory_order_relaxed);
-    atomic_fetch_sub(&s->inflight, 1);
-    infer_ctx_free(c);
+    free(c);
 }
 
-static void infer_complete_cb(void *arg) {
-    struct infer_ctx *c = arg;
-    infer_finish(c, c->br.status, c->br.err);
-}
+static const struct infer_reply_i http_infer_reply = {io_post_any, infer_encode, infer_send};
 
-/* On an instance thread (or the batcher's timer thread): hand back to the
- * request's I/O thread and return at once. */
-static void infer_done(struct batcher_request *r) {
-    struct infer_ctx *c = r->user;
-    io_post(c->io, infer_complete_cb, c);
-}
-
-static void infer_submit(struct infer_ctx *c);
-
-static void io_post_any(void *io, void (*fn)(void *), void *arg) { io_post(io, fn, arg); }
-
-/* The cache's answer: a hit carries the outputs; a miss goes to the batcher. */
-static void infer_cache_done(void *arg, int hit) {
-    struct infer_ctx *c = arg;
-    metrics_record_cache(c->v->metrics, hit, c->cop.lookup_ns);
-    if (!hit) {
-        infer_submit(c);
-        return;
-    }
-    c->hit = 1;
-    c->br.outputs = c->cop.outputs;
-    c->br.noutputs = c->v->config.noutputs;
-    c->br.enqueue_ns = c->br.start_ns = now_ns();
-    infer_finish(c, 0, NULL);
-}
-
-/* The step between a decoded, validated request and the batcher: the
- * result cache answers from a stored result, or the batcher computes it. */
-static void infer_dispatch(struct infer_ctx *c) {
-    if (c->srv->cache && c->v->config.response_cache && !c->kr.no_cache) {
-        c->cop = (struct infer_cache_op){.cache = c->srv->cache, .redis = c->io->redis, .mc = &c->v->config,
-                                         .rows = c->v->config.max_batch_size > 0 ? c->br.rows : -1,
-                                         .done = infer_cache_done, .arg = c, .post = io_post_any, .io = c->io};
-        if (infer_cache_key(c->srv->cache, c->v->name, c->v->version, &c->v->config, c->ordered, &c->kr,
-                            &c->cop.key) == 0) {
-            c->cached = 1;
-            infer_cache_start(&c->cop);
-            return;
-        }
-    }
-    infer_submit(c);
-}
-
-static void infer_submit(struct infer_ctx *c) {
-    c->br.inputs = c->ordered;
-    c->br.ninputs = c->v->config.ninputs;
-    c->br.priority = (int)c->kr.priority;
-    c->br.timeout_us = c->kr.timeout_us;
-    c->br.done = infer_done;
-    c->br.user = c;
-    atomic_init(&c->br.cancelled, 0);
-    int rc = batcher_submit(c->v->batcher, &c->br);
-    if (rc) infer_finish(c, rc, c->br.err);
-}
-
+/* Decodes an inference request and hands it to the core. */
 static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *model,
                          int64_t version) {
     char err[512];
@@ -567,7 +431,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         reply_error(s, req, 503, "the server is shutting down: no new requests are accepted");
         return;
     }
-    struct infer_ctx *c = calloc(1, sizeof *c);
+    struct http_infer *c = calloc(1, sizeof *c);
     if (!c) {
         reply_error(s, req, 500, "out of memory");
         return;
@@ -576,33 +440,25 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     c->io = io;
     c->req = req;
     c->conn = evhttp_request_get_connection(req);
-    c->t0 = now_ns();
-    atomic_fetch_add(&s->inflight, 1);
-    c->v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
-    if (!c->v) {
-        /* Not counted per model: there is no such model. */
-        atomic_fetch_sub(&s->inflight, 1);
+    c->r = infer_request_begin(s->core, model, version, &http_infer_reply, c, io, io->redis, &status, err, sizeof err);
+    if (!c->r) {
         reply_status(s, req, status, err);
-        infer_ctx_free(c);
+        free(c);
         return;
     }
-    atomic_fetch_add_explicit(&c->v->metrics->pending, 1, memory_order_relaxed);
-
     const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
     int64_t header_len = -1;
     if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
-        infer_finish(c, STATUS_INVALID, err);
+        infer_request_fail(c->r, STATUS_INVALID, err);
         return;
     }
     size_t len;
     int owned, code = 400;
     unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
     if (!body) {
-        metrics_record_failure(c->v->metrics, METRICS_FAIL_INVALID, now_ns() - c->t0);
-        atomic_fetch_sub_explicit(&c->v->metrics->pending, 1, memory_order_relaxed);
-        atomic_fetch_sub(&s->inflight, 1);
+        infer_request_drop(c->r);
         reply_error(s, req, code, err);
-        infer_ctx_free(c);
+        free(c);
         return;
     }
     size_t json_len = header_len >= 0 && (uint64_t)header_len < len ? (size_t)header_len : len;
@@ -610,203 +466,25 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     if (nul && header_len < 0) /* most likely binary tensor data sent without its header's length */
         snprintf(err + strlen(err), sizeof err - strlen(err),
                  " (binary tensor data needs the Inference-Header-Content-Length header)");
-    int rc = nul ? STATUS_INVALID : kserve_request_parse(&c->kr, body, len, header_len, err, sizeof err);
+    int rc = nul ? STATUS_INVALID
+                 : kserve_request_parse(infer_request_decoded(c->r), body, len, header_len, err, sizeof err);
     if (owned) free(body);
-    if (!rc) {
-        c->ordered = calloc((size_t)c->v->config.ninputs + 1, sizeof *c->ordered);
-        rc = c->ordered ? kserve_request_bind(&c->kr, &c->v->config, c->ordered, &c->br.rows, err, sizeof err)
-                        : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
-    }
     if (rc) {
-        infer_finish(c, rc, err);
+        infer_request_fail(c->r, rc, err);
         return;
     }
     evhttp_connection_set_closecb(c->conn, infer_conn_closed, c);
     infer_watch(c);
-    infer_dispatch(c);
+    infer_request_start(c->r);
 }
 
-/* ==== metadata, config, statistics ======================================= */
-
-static void handle_server_metadata(http_server_t *s, struct evhttp_request *req) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", "kiln");
-    cJSON_AddStringToObject(o, "version", KILN_VERSION);
-    cJSON *ext = cJSON_AddArrayToObject(o, "extensions");
-    static const char *exts[] = {"classification", "model_repository", "model_configuration", "schedule_policy",
-                                 "binary_tensor_data", "statistics"};
-    for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) cJSON_AddItemToArray(ext, cJSON_CreateString(exts[i]));
-    reply_json(s, req, 200, o);
-}
-
-static cJSON *io_meta(const struct model_config *c, const struct model_config_io *io, int n) {
-    cJSON *arr = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "name", io[i].name);
-        cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(io[i].dtype));
-        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
-        if (c->max_batch_size > 0) cJSON_AddItemToArray(sh, cJSON_CreateNumber(-1));
-        for (int d = 0; d < io[i].ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)io[i].dims[d]));
-        cJSON_AddItemToArray(arr, o);
-    }
-    return arr;
-}
-
-static void handle_model_metadata(http_server_t *s, struct evhttp_request *req, struct repo_version *v) {
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", v->name);
-    cJSON *vs = cJSON_AddArrayToObject(o, "versions");
-    struct repo_version **all;
-    int n = repository_list(s->repo, &all);
-    for (int i = 0; i < n; i++) {
-        if (strcmp(all[i]->name, v->name) == 0) cJSON_AddItemToArray(vs, cJSON_CreateString(all[i]->version_str));
-        repository_release(all[i]);
-    }
-    free(all);
-    cJSON_AddStringToObject(o, "platform", v->config.platform);
-    cJSON_AddItemToObject(o, "inputs", io_meta(&v->config, v->config.inputs, v->config.ninputs));
-    cJSON_AddItemToObject(o, "outputs", io_meta(&v->config, v->config.outputs, v->config.noutputs));
-    reply_json(s, req, 200, o);
-}
-
-static void add_duration(cJSON *parent, const char *key, struct metrics_duration *d) {
-    cJSON *o = cJSON_AddObjectToObject(parent, key);
-    cJSON_AddNumberToObject(o, "count", (double)atomic_load_explicit(&d->count, memory_order_relaxed));
-    cJSON_AddNumberToObject(o, "ns", (double)atomic_load_explicit(&d->ns, memory_order_relaxed));
-}
-
-static cJSON *model_stats(struct repo_version *v) {
-    struct metrics_model *m = v->metrics;
-    struct batcher_stats bs;
-    memset(&bs, 0, sizeof bs);
-    batcher_get_stats(v->batcher, &bs);
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "name", v->name);
-    cJSON_AddStringToObject(o, "version", v->version_str);
-    cJSON_AddNumberToObject(o, "last_inference", (double)atomic_load(&m->last_inference_ms));
-    cJSON_AddNumberToObject(o, "inference_count", (double)atomic_load(&m->inference_count));
-    cJSON_AddNumberToObject(o, "execution_count", (double)bs.executions);
-    cJSON *is = cJSON_AddObjectToObject(o, "inference_stats");
-    add_duration(is, "success", &m->d_success);
-    add_duration(is, "fail", &m->d_fail);
-    add_duration(is, "queue", &m->d_queue);
-    add_duration(is, "compute_input", &m->d_input);
-    add_duration(is, "compute_infer", &m->d_infer);
-    add_duration(is, "compute_output", &m->d_output);
-    add_duration(is, "cache_hit", &m->d_cache_hit);
-    add_duration(is, "cache_miss", &m->d_cache_miss);
-    cJSON *bst = cJSON_AddArrayToObject(o, "batch_stats");
-    for (int b = 1; b <= METRICS_MAX_BATCH; b++) {
-        uint64_t execs = bs.batch_hist[b];
-        uint64_t reqs = atomic_load(&m->batch_requests[b]);
-        if (!execs && !reqs) continue;
-        /* Requests of one batch share its compute time: divide the per-request sums by b. */
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddNumberToObject(e, "batch_size", b);
-        struct { const char *k; atomic_uint_fast64_t *ns; } parts[] = {
-            {"compute_input", &m->batch_input_ns[b]}, {"compute_infer", &m->batch_infer_ns[b]},
-            {"compute_output", &m->batch_output_ns[b]}};
-        for (int p = 0; p < 3; p++) {
-            cJSON *d = cJSON_AddObjectToObject(e, parts[p].k);
-            cJSON_AddNumberToObject(d, "count", (double)execs);
-            cJSON_AddNumberToObject(d, "ns", (double)(atomic_load(parts[p].ns) / (uint64_t)b));
-        }
-        cJSON_AddItemToArray(bst, e);
-    }
-    return o;
-}
-
-static void handle_stats(http_server_t *s, struct evhttp_request *req, const char *model, int64_t version) {
-    struct repo_version **all;
-    int n = repository_list(s->repo, &all), found = 0;
-    cJSON *o = cJSON_CreateObject();
-    cJSON *arr = cJSON_AddArrayToObject(o, "model_stats");
-    for (int i = 0; i < n; i++) {
-        if ((!model || strcmp(all[i]->name, model) == 0) && (version <= 0 || all[i]->version == version)) {
-            cJSON_AddItemToArray(arr, model_stats(all[i]));
-            found++;
-        }
-        repository_release(all[i]);
-    }
-    free(all);
-    if (model && !found) {
-        cJSON_Delete(o);
-        char err[300];
-        int status = 0;
-        struct repo_version *v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
-        repository_release(v);
-        reply_status(s, req, status ? status : STATUS_NOT_FOUND, status ? err : "no statistics");
-        return;
-    }
-    reply_json(s, req, 200, o);
-}
-
-/* A model's name as a Prometheus label value: a folder may be named q"x. */
-static const char *model_label(const struct repo_version *v) {
-    return v->metrics ? v->metrics->model_label : "";
-}
-
-static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
-    http_server_t *s = arg;
-    struct repo_version **all;
-    int n = repository_list(s->repo, &all);
-    buf = metrics_appendf(buf, len, cap, "# HELP kiln_inference_exec_count Batches executed\n"
-                                         "# TYPE kiln_inference_exec_count counter\n");
-    struct batcher_stats *st = calloc((size_t)n + 1, sizeof *st);
-    for (int i = 0; st && i < n; i++) {
-        batcher_get_stats(all[i]->batcher, &st[i]);
-        buf = metrics_appendf(buf, len, cap, "kiln_inference_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
-                              model_label(all[i]), all[i]->version_str, (unsigned long long)st[i].executions);
-    }
-    buf = metrics_appendf(buf, len, cap, "# HELP kiln_queue_size Requests waiting in the batcher's queue\n"
-                                         "# TYPE kiln_queue_size gauge\n");
-    for (int i = 0; st && i < n; i++)
-        buf = metrics_appendf(buf, len, cap, "kiln_queue_size{model=\"%s\",version=\"%s\"} %llu\n", model_label(all[i]),
-                              all[i]->version_str, (unsigned long long)st[i].queued);
-    buf = metrics_appendf(buf, len, cap, "# HELP kiln_batch_size Rows per executed batch\n"
-                                         "# TYPE kiln_batch_size histogram\n");
-    static const int bounds[] = {1, 2, 4, 8, 16, 32, 64};
-    for (int i = 0; st && i < n; i++) {
-        unsigned long long cum = 0, sum = 0, count = 0;
-        for (int b = 1; b <= 64; b++) {
-            count += st[i].batch_hist[b];
-            sum += st[i].batch_hist[b] * (unsigned long long)b;
-        }
-        int k = 0;
-        for (int b = 1; b <= 64; b++) {
-            cum += st[i].batch_hist[b];
-            if (k < 7 && b == bounds[k]) {
-                buf = metrics_appendf(buf, len, cap, "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"%d\"} %llu\n",
-                                      model_label(all[i]), all[i]->version_str, b, cum);
-                k++;
-            }
-        }
-        buf = metrics_appendf(buf, len, cap,
-                              "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n"
-                              "kiln_batch_size_sum{model=\"%s\",version=\"%s\"} %llu\n"
-                              "kiln_batch_size_count{model=\"%s\",version=\"%s\"} %llu\n",
-                              model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
-                              model_label(all[i]), all[i]->version_str, count);
-    }
-    free(st);
-    for (int i = 0; i < n; i++) repository_release(all[i]);
-    free(all);
-    if (s->cache) buf = infer_cache_metrics(s->cache, buf, len, cap);
-#ifdef KILN_HAVE_GPU_METRICS
-    char *g = gpu_metrics_text();
-    if (g) {
-        buf = metrics_appendf(buf, len, cap, "%s", g);
-        free(g);
-    }
-#endif
-    return buf;
-}
+/* ==== metrics ============================================================ */
 
 static void handle_metrics(http_server_t *s, struct evhttp_request *req) {
-    char *txt = metrics_render(metrics_extra, s);
+    char *txt = http_body_metrics(s->repo, infer_core_cache(s->core));
     reply_raw(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt));
 }
+
 
 /* ==== repository control ================================================= */
 
@@ -951,7 +629,133 @@ static void handle_index(http_server_t *s, struct evhttp_request *req) {
 
 /* ==== routing ============================================================ */
 
+/* A routed request: its path's parameters and where it came in. */
+struct http_call {
+    http_server_t *srv;
+    struct io_thread *io;
+    struct evhttp_request *req;
+    const char *model;     /* the path's {model}, NULL when the route has none */
+    int64_t version;       /* the path's {version}; 0 = none (the highest loaded) */
+};
+
+/* A route is a path pattern, the one method it answers (GET also answers
+ * HEAD) and its handler. In a pattern, {model} and {version} each match one
+ * segment. The first route whose pattern matches the path wins: literal
+ * routes come before the ones a model's name could also match. */
+struct http_route {
+    const char *pattern;
+    int method;
+    void (*handle)(const struct http_call *c);
+};
+
+static void route_metrics(const struct http_call *c) { handle_metrics(c->srv, c->req); }
+
+static void route_server_metadata(const struct http_call *c) {
+    reply_json(c->srv, c->req, 200, http_body_server_metadata());
+}
+
+static void route_live(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
+
+static void route_ready(const struct http_call *c) {
+    if (atomic_load(&c->srv->draining)) reply_error(c->srv, c->req, 400, "the server is shutting down");
+    else reply_empty(c->srv, c->req, 200);
+}
+
+static void route_index(const struct http_call *c) { handle_index(c->srv, c->req); }
+
+static void route_load(const struct http_call *c) { handle_control(c->srv, c->io, c->req, c->model, 1); }
+
+static void route_unload(const struct http_call *c) { handle_control(c->srv, c->io, c->req, c->model, 0); }
+
+static void route_stats(const struct http_call *c) {
+    char err[512];
+    int status = 0;
+    cJSON *o = http_body_stats(c->srv->repo, c->model, c->version, &status, err, sizeof err);
+    if (o) reply_json(c->srv, c->req, 200, o);
+    else reply_status(c->srv, c->req, status, err);
+}
+
+static void route_infer(const struct http_call *c) { handle_infer(c->srv, c->io, c->req, c->model, c->version); }
+
+static void route_model_ready(const struct http_call *c) {
+    char err[512];
+    int status = 0;
+    struct repo_version *v = repository_acquire(c->srv->repo, c->model, c->version, &status, err, sizeof err);
+    if (v && !atomic_load(&c->srv->draining)) reply_empty(c->srv, c->req, 200);
+    else reply_error(c->srv, c->req, 400, v ? "the server is shutting down" : err);
+    repository_release(v);
+}
+
+/* GET of a model's configuration or metadata: 404 (or 503) when it is not loaded. */
+static void route_model_get(const struct http_call *c, int config) {
+    char err[512];
+    int status = 0;
+    struct repo_version *v = repository_acquire(c->srv->repo, c->model, c->version, &status, err, sizeof err);
+    if (!v) reply_status(c->srv, c->req, status, err);
+    else if (config) reply_json(c->srv, c->req, 200, model_config_to_json(&v->config));
+    else reply_json(c->srv, c->req, 200, http_body_model_metadata(c->srv->repo, v));
+    repository_release(v);
+}
+
+static void route_model_config(const struct http_call *c) { route_model_get(c, 1); }
+
+static void route_model_metadata(const struct http_call *c) { route_model_get(c, 0); }
+
+#define GET EVHTTP_REQ_GET
+#define POST EVHTTP_REQ_POST
+static const struct http_route routes[] = {
+    /* Inference first: it is most of the traffic, and no other route has its shape. */
+    {"/v2/models/{model}/infer", POST, route_infer},
+    {"/v2/models/{model}/versions/{version}/infer", POST, route_infer},
+    {"/metrics", GET, route_metrics},
+    {"/v2", GET, route_server_metadata},
+    {"/v2/health/live", GET, route_live},
+    {"/v2/health/ready", GET, route_ready},
+    {"/v2/repository/index", POST, route_index},
+    {"/v2/repository/models/{model}/load", POST, route_load},
+    {"/v2/repository/models/{model}/unload", POST, route_unload},
+    {"/v2/models/stats", GET, route_stats},
+    {"/v2/models/{model}", GET, route_model_metadata},
+    {"/v2/models/{model}/ready", GET, route_model_ready},
+    {"/v2/models/{model}/config", GET, route_model_config},
+    {"/v2/models/{model}/stats", GET, route_stats},
+    {"/v2/models/{model}/versions/{version}", GET, route_model_metadata},
+    {"/v2/models/{model}/versions/{version}/ready", GET, route_model_ready},
+    {"/v2/models/{model}/versions/{version}/config", GET, route_model_config},
+    {"/v2/models/{model}/versions/{version}/stats", GET, route_stats},
+};
+#undef GET
+#undef POST
+
 #define MAX_SEGS 12
+
+/* A version in a path: a positive decimal integer. */
+static int parse_version(const char *s, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < 1) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Does the path (its n decoded segments) match pattern? Fills the call's parameters. */
+static int route_match(const char *pattern, char *const *segs, int n, struct http_call *c) {
+    c->model = NULL;
+    c->version = 0;
+    int i = 0;
+    for (const char *p = pattern; *p == '/'; i++) {
+        p++;
+        size_t len = strcspn(p, "/");
+        if (i == n) return 0;
+        if (len == 7 && memcmp(p, "{model}", 7) == 0) c->model = segs[i];
+        else if (len == 9 && memcmp(p, "{version}", 9) == 0) {
+            if (parse_version(segs[i], &c->version)) return 0;
+        } else if (strlen(segs[i]) != len || memcmp(segs[i], p, len) != 0) return 0;
+        p += len;
+    }
+    return i == n;
+}
 
 static int method_is(struct evhttp_request *req, int want) {
     int m = evhttp_request_get_command(req);
@@ -964,6 +768,28 @@ static void method_not_allowed(http_server_t *s, struct evhttp_request *req, con
     evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allowed);
     snprintf(msg, sizeof msg, "method not allowed for %.500s: use %s", path, allowed);
     reply_error(s, req, 405, msg);
+}
+
+/* Splits the path into percent-decoded segments (decoded[] owns those that
+ * were decoded); n > MAX_SEGS when it has more. Returns -1 when a segment
+ * decodes to a NUL byte: "tiny%00x" would read as the C string "tiny". */
+static int split_path(const char *path, char *pathbuf, size_t bufsize, char **segs, char **decoded, int *n) {
+    *n = 0;
+    snprintf(pathbuf, bufsize, "%s", path);
+    for (char *save = NULL, *t = strtok_r(pathbuf, "/", &save); t; t = strtok_r(NULL, "/", &save)) {
+        if (*n == MAX_SEGS) {
+            *n = MAX_SEGS + 1;
+            break;
+        }
+        segs[(*n)++] = t;
+    }
+    for (int i = 0; i < *n && i < MAX_SEGS; i++) {
+        size_t dlen = 0;
+        decoded[i] = evhttp_uridecode(segs[i], 0, &dlen);
+        if (decoded[i]) segs[i] = decoded[i];
+        if (decoded[i] && strlen(decoded[i]) != dlen) return -1;
+    }
+    return 0;
 }
 
 static void route(struct evhttp_request *req, void *arg) {
@@ -980,584 +806,44 @@ static void route(struct evhttp_request *req, void *arg) {
         reply_error(s, req, 413, too);
         return;
     }
-    char *segs[MAX_SEGS];
-    int n = 0;
+    char *segs[MAX_SEGS], *decoded[MAX_SEGS] = {0};
     char pathbuf[2048], msg[2300];
-    snprintf(pathbuf, sizeof pathbuf, "%s", path);
-    for (char *save = NULL, *t = strtok_r(pathbuf, "/", &save); t; t = strtok_r(NULL, "/", &save)) {
-        if (n == MAX_SEGS) { n = MAX_SEGS + 1; break; }
-        segs[n++] = t;
-    }
-    char *decoded[MAX_SEGS] = {0};
-    for (int i = 0; i < n && i < MAX_SEGS; i++) {
-        size_t dlen = 0;
-        decoded[i] = evhttp_uridecode(segs[i], 0, &dlen);
-        if (decoded[i]) segs[i] = decoded[i];
-        /* "tiny%00x" would decode to the C string "tiny" and reach model "tiny". */
-        if (decoded[i] && strlen(decoded[i]) != dlen) {
-            snprintf(msg, sizeof msg, "the path %.2000s holds an encoded NUL byte (%%00)", path);
-            reply_error(s, req, 400, msg);
-            goto out;
-        }
-    }
-#define IS(i, lit) (n > (i) && strcmp(segs[i], lit) == 0)
-    if (n == 1 && IS(0, "metrics")) {
-        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
-        else handle_metrics(s, req);
+    int n;
+    if (split_path(path, pathbuf, sizeof pathbuf, segs, decoded, &n)) {
+        snprintf(msg, sizeof msg, "the path %.2000s holds an encoded NUL byte (%%00)", path);
+        reply_error(s, req, 400, msg);
         goto out;
     }
-    if (!IS(0, "v2") || n > MAX_SEGS) goto not_found;
-    if (n == 1) {
-        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
-        else handle_server_metadata(s, req);
+    /* A model path with a version that is not one is a bad request, whatever follows. */
+    int64_t version;
+    if (n >= 5 && n <= MAX_SEGS && strcmp(segs[0], "v2") == 0 && strcmp(segs[1], "models") == 0 &&
+        strcmp(segs[3], "versions") == 0 && parse_version(segs[4], &version)) {
+        snprintf(msg, sizeof msg, "version '%.100s' of model '%.200s' is not a positive integer", segs[4], segs[2]);
+        reply_error(s, req, 400, msg);
         goto out;
     }
-    if (n == 3 && IS(1, "health") && (IS(2, "live") || IS(2, "ready"))) {
-        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
-        else if (IS(2, "live")) reply_empty(s, req, 200);
-        else if (atomic_load(&s->draining)) reply_error(s, req, 400, "the server is shutting down");
-        else reply_empty(s, req, 200);
+    struct http_call call = {.srv = s, .io = io, .req = req};
+    for (size_t i = 0; n <= MAX_SEGS && i < sizeof routes / sizeof routes[0]; i++) {
+        if (!route_match(routes[i].pattern, segs, n, &call)) continue;
+        if (!method_is(req, routes[i].method))
+            method_not_allowed(s, req, path, routes[i].method == EVHTTP_REQ_POST ? "POST" : "GET");
+        else routes[i].handle(&call);
         goto out;
     }
-    if (IS(1, "repository")) {
-        if (n == 3 && IS(2, "index")) {
-            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
-            else handle_index(s, req);
-            goto out;
-        }
-        if (n == 5 && IS(2, "models") && (IS(4, "load") || IS(4, "unload"))) {
-            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
-            else handle_control(s, io, req, segs[3], IS(4, "load"));
-            goto out;
-        }
-        goto not_found;
-    }
-    if (!IS(1, "models")) goto not_found;
-    if (n == 3 && IS(2, "stats")) {
-        if (!method_is(req, EVHTTP_REQ_GET)) method_not_allowed(s, req, path, "GET");
-        else handle_stats(s, req, NULL, 0);
-        goto out;
-    }
-    if (n < 3) goto not_found;
-    {
-        const char *model = segs[2];
-        int64_t version = 0;
-        int k = 3;
-        if (IS(3, "versions")) {
-            if (n < 5) goto not_found;
-            char *end;
-            errno = 0;
-            long long v = strtoll(segs[4], &end, 10);
-            if (errno || end == segs[4] || *end || v < 1) {
-                snprintf(msg, sizeof msg, "version '%.100s' of model '%.200s' is not a positive integer", segs[4], model);
-                reply_error(s, req, 400, msg);
-                goto out;
-            }
-            version = v;
-            k = 5;
-        }
-        const char *action = n > k ? segs[k] : "";
-        if (n > k + 1) goto not_found;
-        if (strcmp(action, "infer") == 0) {
-            if (!method_is(req, EVHTTP_REQ_POST)) method_not_allowed(s, req, path, "POST");
-            else handle_infer(s, io, req, model, version);
-            goto out;
-        }
-        if (strcmp(action, "") && strcmp(action, "ready") && strcmp(action, "config") && strcmp(action, "stats"))
-            goto not_found;
-        if (!method_is(req, EVHTTP_REQ_GET)) {
-            method_not_allowed(s, req, path, "GET");
-            goto out;
-        }
-        if (strcmp(action, "stats") == 0) {
-            handle_stats(s, req, model, version);
-            goto out;
-        }
-        char err[512];
-        int status = 0;
-        struct repo_version *v = repository_acquire(s->repo, model, version, &status, err, sizeof err);
-        if (strcmp(action, "ready") == 0) {
-            if (v && !atomic_load(&s->draining)) reply_empty(s, req, 200);
-            else reply_error(s, req, 400, v ? "the server is shutting down" : err);
-        } else if (!v) reply_status(s, req, status, err);
-        else if (strcmp(action, "config") == 0) reply_json(s, req, 200, model_config_to_json(&v->config));
-        else handle_model_metadata(s, req, v);
-        repository_release(v);
-        goto out;
-    }
-not_found:
     snprintf(msg, sizeof msg, "not found: %.2000s", path);
     reply_error(s, req, 404, msg);
 out:
     for (int i = 0; i < n && i < MAX_SEGS; i++) free(decoded[i]);
-#undef IS
 }
 
-/* ==== connections ======================================================== */
-
-/* evhttp reads each connection through a filter bufferevent over the
- * socket's (evhttp_set_bevcb): the input filter runs http_guard over the
- * bytes before evhttp parses them, so framing evhttp would read differently
- * than RFC 9112 (or answer with an HTML page) never reaches it; it also keeps
- * the header and body deadlines (from a request's first byte, and from the
- * end of its header: a connection that sends nothing is left to the idle
- * --http-timeout-secs, as clients keep pooled ones open) and counts connections against
- * --max-connections. A refused connection is answered by kiln itself with a
- * KServe JSON error, written straight to the socket, which is then
- * half-closed and drained (bounded) so the client reads the answer instead of
- * a reset; evhttp is told the connection failed only then.
- *
- * The output filter writes evhttp's replies straight to the socket, so
- * evhttp's "reply written" (and a Connection: close) comes when the kernel
- * has the bytes, not when they moved between two buffers. */
-
-#define CONN_MAX_HEADER (64 * 1024)
-/* After its answer, a refused connection is drained so the client reads the
- * answer rather than a reset: a 413's client is typically still sending the
- * whole body (up to --max-request-size, at most 10 s); others get 1 s, and
- * a shed connection 200 ms for its first request. */
-#define CONN_LINGER_413_MS 10000
-#define CONN_LINGER_413_MIN_BYTES (16u << 20)
-#define CONN_LINGER_MS 1000
-#define CONN_LINGER_BYTES (1u << 20)
-#define CONN_SHED_LINGER_MS 200
-#define CONN_SHED_LINGER_BYTES (64u << 10)
-#define CONN_RETRY_MAX_MS 1000
-#define ACCEPT_PAUSE_MS 50             /* accept() failed (no fd left): wait this long before the next try */
-#define RATELOG_NS (10ull * 1000000000ull)
-
-enum conn_state { CONN_OPEN, CONN_FAILING, CONN_LINGER, CONN_DONE };
-enum conn_deadline { DEADLINE_NONE, DEADLINE_HEADER, DEADLINE_BODY };
-
-struct http_conn {
-    struct io_thread *io;
-    struct bufferevent *filter;  /* evhttp's end */
-    struct bufferevent *sock;    /* the socket's end */
-    struct event *timer;         /* a deadline, the retry of a pending answer, the end of the linger */
-    struct event *kick;          /* writes a reply evhttp queued while its writing was off */
-    struct event *writable;      /* the socket can take the rest of a reply (made when first needed) */
-    struct http_guard g;
-    enum conn_state state;
-    enum conn_deadline deadline;
-    int counted;                 /* holds one of --max-connections */
-    int shed;
-    int wrote;                   /* the error answer is in the kernel and the write side shut */
-    int retry_ms;
-    size_t cur_fwd;              /* bytes of the request in progress already given to evhttp */
-    uint64_t discarded, discard_max;
-    int status;
-    char msg[300];
-};
-
-/* A log line at most every RATELOG_NS for an event that may repeat fast. */
-struct ratelog {
-    _Atomic uint64_t last_ns;
-    atomic_uint count;
-};
-
-static struct ratelog accept_log, shed_log;
-
-/* Counts one event; true, with *n the events since the last line, when a line is due. */
-static int ratelog_due(struct ratelog *r, unsigned *n) {
-    atomic_fetch_add(&r->count, 1);
-    uint64_t now = now_ns(), last = atomic_load(&r->last_ns);
-    if (last && now - last < RATELOG_NS) return 0;
-    if (!atomic_compare_exchange_strong(&r->last_ns, &last, now)) return 0;
-    *n = atomic_exchange(&r->count, 0);
-    return 1;
-}
-
-static const char *conn_reason(int code) {
-    switch (code) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 417: return "Expectation Failed";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
-}
-
-/* evhttp still holds the connection. Between evhttp freeing it and the
- * filter's destructor (which frees c) the callbacks are already cleared. */
-static int conn_alive(struct http_conn *c) {
-    bufferevent_event_cb ecb = NULL;
-    bufferevent_getcb(c->filter, NULL, NULL, &ecb, NULL);
-    return ecb != NULL;
-}
-
-/* evhttp waits for the bytes of the request in progress (its input holds
- * no earlier, complete request) and has nothing to write: an answer from
- * kiln now cannot overtake or interleave with one of evhttp's. */
-static int conn_quiet(struct http_conn *c) {
-    return bufferevent_getfd(c->sock) >= 0 && (bufferevent_get_enabled(c->filter) & EV_READ) &&
-           evbuffer_get_length(bufferevent_get_input(c->filter)) <= c->cur_fwd &&
-           !evbuffer_get_length(bufferevent_get_output(c->filter)) && !evbuffer_get_length(bufferevent_get_output(c->sock));
-}
-
-static void conn_set_deadline(struct http_conn *c, enum conn_deadline d) {
-    if (d == c->deadline) return;
-    c->deadline = d;
-    const struct server_config *cfg = c->io->srv->cfg;
-    int secs = d == DEADLINE_HEADER ? cfg->http_header_timeout_secs : d == DEADLINE_BODY ? cfg->http_body_timeout_secs : 0;
-    if (secs <= 0) {
-        evtimer_del(c->timer);
-        return;
-    }
-    struct timeval tv = {secs, 0};
-    evtimer_add(c->timer, &tv);
-}
-
-static void conn_finish(struct http_conn *c) {
-    if (c->state == CONN_DONE) return;
-    c->state = CONN_DONE;
-    bufferevent_setcb(c->sock, NULL, NULL, NULL, NULL);
-    bufferevent_disable(c->sock, EV_READ | EV_WRITE);
-    if (c->writable) event_del(c->writable);
-    evtimer_del(c->timer);
-    event_active(c->timer, EV_TIMEOUT, 1); /* hands the connection back to evhttp to free, outside any callback of its */
-}
-
-static void conn_linger_read_cb(struct bufferevent *bev, void *arg) {
-    struct http_conn *c = arg;
-    struct evbuffer *in = bufferevent_get_input(bev);
-    c->discarded += evbuffer_get_length(in);
-    evbuffer_drain(in, evbuffer_get_length(in));
-    if (c->discarded > c->discard_max) conn_finish(c);
-}
-
-static void conn_linger_write_cb(struct bufferevent *bev, void *arg) {
-    struct http_conn *c = arg;
-    if (!c->wrote && !evbuffer_get_length(bufferevent_get_output(bev))) {
-        shutdown(bufferevent_getfd(bev), SHUT_WR);
-        c->wrote = 1;
-    }
-}
-
-static void conn_linger_event_cb(struct bufferevent *bev, short what, void *arg) { conn_finish(arg); }
-
-/* Writes the pending error answer, shuts the write side and drains what the
- * client still sends, on the socket's bufferevent, which stops feeding evhttp. */
-static void conn_emit(struct http_conn *c) {
-    c->state = CONN_LINGER;
-    struct kserve_buf b = {0};
-    kserve_error_body(&b, c->msg);
-    char head[256];
-    int hl = snprintf(head, sizeof head,
-                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                      c->status, conn_reason(c->status), b.len);
-    struct iovec iov[2] = {{head, (size_t)hl}, {b.data, b.len}};
-    evutil_socket_t fd = bufferevent_getfd(c->sock);
-    evbuffer_drain(bufferevent_get_input(c->sock), evbuffer_get_length(bufferevent_get_input(c->sock)));
-    bufferevent_setcb(c->sock, conn_linger_read_cb, conn_linger_write_cb, conn_linger_event_cb, c);
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = 2};
-    ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (w < 0) w = errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-    if (w >= 0) {
-        size_t total = (size_t)hl + b.len, at = (size_t)w;
-        if (at < (size_t)hl) bufferevent_write(c->sock, head + at, (size_t)hl - at);
-        if (at < total) bufferevent_write(c->sock, b.data + (at > (size_t)hl ? at - (size_t)hl : 0),
-                                          b.len - (at > (size_t)hl ? at - (size_t)hl : 0));
-        else {
-            shutdown(fd, SHUT_WR);
-            c->wrote = 1;
-        }
-    }
-    kserve_buf_free(&b);
-    if (w < 0) {
-        conn_finish(c);
-        return;
-    }
-    uint64_t mrs = (uint64_t)c->io->srv->cfg->max_request_size;
-    int ms = c->shed ? CONN_SHED_LINGER_MS : c->status == 413 ? CONN_LINGER_413_MS : CONN_LINGER_MS;
-    c->discard_max = c->shed ? CONN_SHED_LINGER_BYTES
-                     : c->status == 413 ? (mrs > CONN_LINGER_413_MIN_BYTES ? mrs : CONN_LINGER_413_MIN_BYTES)
-                                        : CONN_LINGER_BYTES;
-    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
-    bufferevent_enable(c->sock, EV_READ | EV_WRITE);
-    evtimer_add(c->timer, &tv);
-}
-
-/* Answers when evhttp is quiet, else retries soon (backing off). */
-static void conn_try_answer(struct http_conn *c) {
-    if (conn_quiet(c)) {
-        conn_emit(c);
-        return;
-    }
-    struct timeval tv = {c->retry_ms / 1000, (c->retry_ms % 1000) * 1000};
-    evtimer_add(c->timer, &tv);
-    c->retry_ms = c->retry_ms ? (c->retry_ms * 2 > CONN_RETRY_MAX_MS ? CONN_RETRY_MAX_MS : c->retry_ms * 2) : 10;
-}
-
-/* Refuses the connection: status and msg are answered and it is closed. */
-static void conn_fail(struct http_conn *c, int status, const char *msg) {
-    if (c->state != CONN_OPEN) return;
-    c->state = CONN_FAILING;
-    c->status = status;
-    snprintf(c->msg, sizeof c->msg, "%s", msg);
-    evtimer_del(c->timer);
-    c->deadline = DEADLINE_NONE;
-    conn_try_answer(c);
-}
-
-static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
-    struct http_conn *c = arg;
-    if (!conn_alive(c)) return;
-    char msg[160];
-    switch (c->state) {
-    case CONN_OPEN:
-        if (c->deadline == DEADLINE_HEADER)
-            snprintf(msg, sizeof msg, "the request header did not arrive within --http-header-timeout-secs (%d s)",
-                     c->io->srv->cfg->http_header_timeout_secs);
-        else
-            snprintf(msg, sizeof msg, "the request body did not arrive within --http-body-timeout-secs (%d s)",
-                     c->io->srv->cfg->http_body_timeout_secs);
-        c->deadline = DEADLINE_NONE;
-        conn_fail(c, 408, msg);
-        break;
-    case CONN_FAILING: conn_try_answer(c); break;
-    case CONN_LINGER: conn_finish(c); break;
-    case CONN_DONE:
-        /* evhttp frees a connection whose read failed while it waits for a request. */
-        bufferevent_trigger_event(c->filter, BEV_EVENT_ERROR | BEV_EVENT_READING, 0);
-        break;
-    }
-}
-
-static enum bufferevent_filter_result conn_input(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t limit,
-                                                 enum bufferevent_flush_mode mode, void *arg) {
-    struct http_conn *c = arg;
-    if (c->state != CONN_OPEN) {
-        evbuffer_drain(src, evbuffer_get_length(src));
-        return BEV_NEED_MORE;
-    }
-    int moved = 0;
-    size_t len;
-    while ((len = evbuffer_get_length(src)) > 0) {
-        uint64_t d = http_guard_data_left(&c->g);
-        uint64_t done = c->g.requests;
-        if (d) {
-            size_t k = d < len ? (size_t)d : len;
-            evbuffer_remove_buffer(src, dst, k);
-            http_guard_skip(&c->g, k);
-            c->cur_fwd = c->g.requests == done ? c->cur_fwd + k : 0;
-            moved = 1;
-            continue;
-        }
-        /* A header block needs up to CONN_MAX_HEADER bytes in view; a chunk-size line a few. */
-        size_t big = CONN_MAX_HEADER + 2, want = http_guard_phase(&c->g, 1) == HTTP_GUARD_BODY ? 64 : big;
-        if (want > len) want = len;
-        ssize_t r = http_guard_feed(&c->g, (const char *)evbuffer_pullup(src, (ev_ssize_t)want), want);
-        if (r == 0 && want < len && want < big) {
-            want = len < big ? len : big;
-            r = http_guard_feed(&c->g, (const char *)evbuffer_pullup(src, (ev_ssize_t)want), want);
-        }
-        if (r < 0) {
-            conn_fail(c, c->g.status, c->g.msg);
-            break;
-        }
-        if (r == 0) break;
-        evbuffer_remove_buffer(src, dst, (size_t)r);
-        c->cur_fwd = c->g.requests == done ? c->cur_fwd + (size_t)r : 0;
-        moved = 1;
-    }
-    if (c->state == CONN_OPEN) {
-        enum http_guard_phase ph = http_guard_phase(&c->g, evbuffer_get_length(src) > 0);
-        conn_set_deadline(c, ph == HTTP_GUARD_HEADER ? DEADLINE_HEADER : ph == HTTP_GUARD_BODY ? DEADLINE_BODY
-                                                                                              : DEADLINE_NONE);
-    }
-    return moved ? BEV_OK : BEV_NEED_MORE;
-}
-
-static void conn_kick_cb(evutil_socket_t fd, short what, void *arg);
-
-static enum bufferevent_filter_result conn_output(struct evbuffer *src, struct evbuffer *dst, ev_ssize_t limit,
-                                                  enum bufferevent_flush_mode mode, void *arg) {
-    struct http_conn *c = arg;
-    if (c->state >= CONN_LINGER) {
-        evbuffer_drain(src, evbuffer_get_length(src));
-        return BEV_OK;
-    }
-    evutil_socket_t fd = bufferevent_getfd(c->sock);
-    if (evbuffer_write(src, fd) < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        /* The peer is gone: what is left is dropped, and evhttp hears of it
-         * from the socket's bufferevent (an error on its next read). */
-        evbuffer_drain(src, evbuffer_get_length(src));
-        return BEV_OK;
-    }
-    if (!evbuffer_get_length(src)) return BEV_OK;
-    /* The kernel took only part. The rest stays in evhttp's buffer until
-     * the socket is writable (conn_kick_cb flushes it, holding a reference
-     * on the filter), so evhttp hears of completion only when all is out. */
-    if (!c->writable) c->writable = event_new(c->io->base, fd, EV_WRITE, conn_kick_cb, c);
-    if (c->writable) event_add(c->writable, NULL);
-    return BEV_NEED_MORE;
-}
-
-/* evhttp queued reply bytes while its writing was off; it turns writing on
- * right after, which does not run the filter by itself. */
-static void conn_outbuf_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
-    struct http_conn *c = arg;
-    if (info->n_added && !(bufferevent_get_enabled(c->filter) & EV_WRITE)) event_active(c->kick, EV_TIMEOUT, 1);
-}
-
-/* bufferevent_flush holds a reference on the filter while evhttp's write
- * callback runs (and may free the connection). */
-static void conn_kick_cb(evutil_socket_t fd, short what, void *arg) {
-    struct http_conn *c = arg;
-    if (conn_alive(c) && evbuffer_get_length(bufferevent_get_output(c->filter)))
-        bufferevent_flush(c->filter, EV_WRITE, BEV_NORMAL);
-}
-
-static void conn_free(void *arg) {
-    struct http_conn *c = arg;
-    event_free(c->timer);
-    event_free(c->kick);
-    if (c->writable) event_free(c->writable);
-    if (c->counted) atomic_fetch_sub(&c->io->srv->conns, 1);
-    free(c);
-}
-
-/* evhttp's bevcb: the bufferevent of a connection just accepted (its socket
- * is set by evhttp right after). Over --max-connections the connection is
- * answered 503 and closed at once rather than left waiting. */
-static struct bufferevent *conn_new(struct event_base *base, void *arg) {
-    struct io_thread *io = arg;
-    http_server_t *s = io->srv;
-    struct http_conn *c = calloc(1, sizeof *c);
-    if (!c) return NULL;
-    c->io = io;
-    http_guard_init(&c->g, &s->guard);
-    c->sock = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
-    c->timer = evtimer_new(base, conn_timer_cb, c);
-    c->kick = event_new(base, -1, 0, conn_kick_cb, c);
-    c->filter = c->sock && c->timer && c->kick
-                    ? bufferevent_filter_new(c->sock, conn_input, conn_output, BEV_OPT_CLOSE_ON_FREE, conn_free, c)
-                    : NULL;
-    if (!c->filter) {
-        if (c->sock) bufferevent_free(c->sock);
-        if (c->timer) event_free(c->timer);
-        if (c->kick) event_free(c->kick);
-        free(c);
-        return NULL; /* evhttp makes a plain bufferevent */
-    }
-    evbuffer_add_cb(bufferevent_get_output(c->filter), conn_outbuf_cb, c);
-    /* Replies go out through conn_output, never through the socket's
-     * bufferevent: it does not watch writability, and the filter's write
-     * callback on it goes. libevent 2.1's runs evhttp's write callback
-     * without holding a reference on the filter, so a reply that closes the
-     * connection would free the filter there and then re-arm its write
-     * timeout, leaving a freed event in the timer heap. */
-    bufferevent_disable(c->sock, EV_WRITE);
-    bufferevent_data_cb rcb;
-    bufferevent_event_cb ecb;
-    void *farg;
-    bufferevent_getcb(c->sock, &rcb, NULL, &ecb, &farg);
-    bufferevent_setcb(c->sock, rcb, NULL, ecb, farg);
-    if (atomic_fetch_add(&s->conns, 1) >= s->max_conns) {
-        atomic_fetch_sub(&s->conns, 1);
-        c->shed = 1;
-        unsigned n;
-        if (ratelog_due(&shed_log, &n))
-            log_warn("shed %u connection%s with 503 in the last %llu s: %d open, --max-connections %d", n,
-                     n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, atomic_load(&s->conns), s->max_conns);
-        char msg[200];
-        snprintf(msg, sizeof msg, "the server has --max-connections (%d) connections open: try again later", s->max_conns);
-        conn_fail(c, 503, msg);
-    } else c->counted = 1;
-    return c->filter;
-}
-
-/* Each I/O thread keeps one descriptor in reserve (on /dev/null): at the
- * open file limit it is given up for a moment to accept a waiting connection
- * and answer it 503, so the kernel's accept queue drains instead of holding
- * new clients behind ones that may never be served. */
-static __thread int spare_fd = -1;
-
-static void spare_fd_open(void) {
-    if (spare_fd < 0) spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-}
-
-static void accept_resume_cb(evutil_socket_t fd, short what, void *arg) {
-    spare_fd_open();
-    evconnlistener_enable(arg);
-}
-
-/* Accepts one waiting connection with the spare descriptor and answers it 503. */
-static int accept_shed_one(struct evconnlistener *lev) {
-    if (spare_fd < 0) return 0;
-    close(spare_fd);
-    spare_fd = -1;
-    int fd = accept4(evconnlistener_get_fd(lev), NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd >= 0) {
-        static const char body[] = "{\"error\":\"the server is out of file descriptors (open file limit): try again later\"}";
-        char resp[320];
-        int n = snprintf(resp, sizeof resp, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                         "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
-        (void)!send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        shutdown(fd, SHUT_WR);
-        /* What the client already sent is read first: closing over unread
-         * bytes would reset the connection and could lose the answer. */
-        char sink[4096];
-        for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {
-        }
-        close(fd);
-    }
-    spare_fd_open();
-    return fd >= 0;
-}
-
-/* accept() failed for a reason other than a retriable one: at the open file
- * limit (EMFILE, ENFILE) the pending connection stays queued and the socket
- * stays readable, so retrying at once would spin. The waiting connection is
- * answered with the spare descriptor; when that fails too, accepting pauses
- * briefly. Either way one log line per interval. */
-static void accept_error_cb(struct evconnlistener *lev, void *arg) {
-    int err = EVUTIL_SOCKET_ERROR();
-    /* The I/O threads share one descriptor table: another thread may have
-     * taken the slot a spare gave up. It is taken back as soon as one frees. */
-    spare_fd_open();
-    int shed = (err == EMFILE || err == ENFILE) && accept_shed_one(lev);
-    if (!shed) {
-        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
-        evconnlistener_disable(lev);
-        if (event_base_once(evconnlistener_get_base(lev), -1, EV_TIMEOUT, accept_resume_cb, lev, &tv))
-            evconnlistener_enable(lev);
-    }
-    unsigned n;
-    if (ratelog_due(&accept_log, &n))
-        log_warn("accept failed: %s%s (%u time%s in the last %llu s; waiting connections are answered 503, or "
-                 "accepting pauses %d ms)", strerror(err),
-                 err == EMFILE || err == ENFILE ? " (the open file limit: raise ulimit -n or lower --max-connections)" : "",
-                 n, n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, ACCEPT_PAUSE_MS);
-}
-
-/* --max-connections, or what the open file limit leaves after room for
- * models, Redis, logs and connections being shed. */
-static int max_connections(const struct server_config *cfg, long long *fd_limit) {
-    struct rlimit rl;
-    long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long long)rl.rlim_cur : 1 << 20;
-    *fd_limit = lim;
-    if (cfg->max_connections > 0) return cfg->max_connections;
-    long long reserve = lim / 8;
-    if (reserve < 32) reserve = 32;
-    if (reserve > 4096) reserve = 4096;
-    long long n = lim > 2 * reserve ? lim - reserve : lim / 2;
-    if (n < 1) n = 1;
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
 
 /* ==== threads and sockets ================================================ */
 
 static void *io_main(void *arg) {
     struct io_thread *io = arg;
-    spare_fd_open();
+    http_conn_spare_open();
     event_base_loop(io->base, EVLOOP_NO_EXIT_ON_EMPTY);
-    if (spare_fd >= 0) close(spare_fd);
-    spare_fd = -1;
+    http_conn_spare_close();
     return NULL;
 }
 
@@ -1622,16 +908,11 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     pthread_cond_init(&s->ccond, NULL);
     s->io = calloc((size_t)s->nthreads, sizeof *s->io);
     if (!s->io) goto fail;
-    if (p->config->cache_size > 0 || (p->config->redis_url && *p->config->redis_url)) {
-        struct cache_params cp = {.lru_bytes = (size_t)p->config->cache_size,
-                                  .secret = p->config->cache_secret,
-                                  .redis_url = p->config->redis_url,
-                                  .ttl_secs = p->config->cache_ttl_secs > 0 ? (uint32_t)p->config->cache_ttl_secs : 0};
-        s->cache = cache_create(&cp, err, err_len);
-        if (!s->cache) goto fail;
-    }
+    struct infer_core_params ip = {.config = p->config, .repo = p->repo};
+    s->core = infer_core_create(&ip, err, err_len);
+    if (!s->core) goto fail;
     long long fd_limit;
-    s->max_conns = max_connections(p->config, &fd_limit);
+    s->max_conns = http_conn_max(p->config, &fd_limit);
     s->guard = (struct http_guard_limits){.max_header = CONN_MAX_HEADER, .max_body = (uint64_t)p->config->max_request_size};
     int port = p->config->http_port;
     int probe = listen_socket(p->config->http_address, port, 1, &port, err, err_len);
@@ -1668,17 +949,17 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         int64_t mrs = p->config->max_request_size;
         evhttp_set_max_body_size(io->http, (ev_ssize_t)(mrs > INT64_MAX - 1 ? INT64_MAX : mrs + 1));
         evhttp_set_max_headers_size(io->http, 2 * CONN_MAX_HEADER);
-        evhttp_set_bevcb(io->http, conn_new, io);
+        evhttp_set_bevcb(io->http, http_conn_new, io);
         evhttp_set_default_content_type(io->http, "application/json");
         evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);
         evhttp_set_gencb(io->http, route, io);
-        io->redis = cache_redis_create(s->cache, io->base); /* connects in the background */
+        io->redis = cache_redis_create(infer_core_cache(s->core), io->base); /* connects in the background */
         struct evhttp_bound_socket *bound = evhttp_accept_socket_with_handle(io->http, io->fd);
         if (!bound) {
             status_set(err, err_len, STATUS_INTERNAL, "evhttp_accept_socket failed");
             goto fail;
         }
-        evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), accept_error_cb);
+        evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), http_conn_accept_error);
     }
     for (int i = 0; i < s->nthreads; i++)
         if (pthread_create(&s->io[i].tid, NULL, io_main, &s->io[i])) {
@@ -1710,7 +991,7 @@ int http_server_port(const http_server_t *s) { return s->port; }
 
 void http_server_begin_drain(http_server_t *s) { atomic_store(&s->draining, 1); }
 
-int http_server_inflight(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->inflight); }
+int http_server_inflight(const http_server_t *s) { return infer_core_inflight(s->core); }
 
 int http_server_unflushed(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->unflushed); }
 
@@ -1750,7 +1031,7 @@ void http_server_free(http_server_t *s) {
         free(j);
     }
     free(s->io);
-    cache_free(s->cache);
+    infer_core_free(s->core);
     pthread_mutex_destroy(&s->clock);
     pthread_cond_destroy(&s->ccond);
     free(s);

@@ -3,10 +3,13 @@
  * http_server_create binds the listening address and starts N I/O threads,
  * each with its own event_base and evhttp on its own SO_REUSEPORT socket (the
  * kernel spreads connections over them), plus one control thread for model
- * load/unload and repository polling, which may block. An inference request is
- * decoded and validated on its I/O thread, submitted to the model's batcher,
- * and answered on the same I/O thread: the batcher's done() callback only
- * queues the request on that thread's completion queue and wakes its loop.
+ * load/unload and repository polling, which may block. Requests are routed
+ * by a table of (path pattern, method, handler). An inference request is
+ * decoded on its I/O thread and handed to the inference core
+ * (server/infer.h), which answers it through the reply interface on the same
+ * I/O thread: the core's post() only queues a completion on that thread's
+ * queue and wakes its loop. Connections pass through http_guard (framing,
+ * deadlines, --max-connections) before evhttp reads them.
  *
  * Threads: create/free from one thread (main); begin_drain and inflight from
  * any thread. */
@@ -16,7 +19,7 @@
 #include <stddef.h>
 
 #include "config/server_config.h"
-#include "models/repository.h"
+#include "server/repository.h"
 
 typedef struct http_server http_server_t;
 

@@ -4,13 +4,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "server/metrics.h"
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- key ---------------------------------------------------------------- */
 
@@ -127,7 +122,7 @@ fail:
 /* ---- the lookup chain ------------------------------------------------------- */
 
 static void finish(struct infer_cache_op *op, int hit) {
-    op->lookup_ns = now_ns() - op->t0;
+    op->lookup_ns = clock_now_ns() - op->t0;
     cache_record_lookup(op->cache, op->lookup_ns);
     op->done(op->arg, hit);
 }
@@ -179,7 +174,7 @@ static void on_redis(void *arg, struct cache_value *v) {
 }
 
 void infer_cache_start(struct infer_cache_op *op) {
-    op->t0 = now_ns();
+    op->t0 = clock_now_ns();
     op->leader = 0;
     op->outputs = NULL;
     if (answer_from(op, cache_lru_get(op->cache, &op->key))) {
@@ -191,7 +186,7 @@ void infer_cache_start(struct infer_cache_op *op) {
 }
 
 void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = clock_now_ns();
     const char *names[CACHE_MAX_OUTPUTS];
     int n = op->mc->noutputs;
     for (int i = 0; i < n && i < CACHE_MAX_OUTPUTS; i++) names[i] = op->mc->outputs[i].name;
@@ -204,7 +199,7 @@ void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) 
     if (op->leader) cache_flight_done(op->cache, &op->key, v);
     op->leader = 0;
     cache_value_unref(v);
-    cache_record_insert(op->cache, now_ns() - t0);
+    cache_record_insert(op->cache, clock_now_ns() - t0);
 }
 
 void infer_cache_abandon(struct infer_cache_op *op) {

@@ -32,10 +32,10 @@ for t in "${targets[@]}"; do
     [ -f "$src" ] || { echo "fuzz: no $src" >&2; exit 2; }
     srcs=$(sed -n 's|^// *fuzz-sources: *||p' "$src" | head -1)
     if [ -z "$srcs" ]; then
-        srcs="common/*.c config/*.c models/*.c kernels/*.c kernels/cpu/*.c cache/*.c server/*.c tools/bench/*.c"
+        srcs="common/*.c config/*.c models/*.c kernels/*.c kernels/cpu/*.c cache/*.c server/*.c commands/*.c"
     fi
     # shellcheck disable=SC2086
-    files=$(ls $srcs 2>/dev/null | grep -v '^server/main\.c$' || true)
+    files=$(ls $srcs 2>/dev/null | grep -v '^commands/main\.c$' || true)
     bin="$out/$t"
     echo "fuzz: building $bin"
     # shellcheck disable=SC2086

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cache/cache.h"
+#include "common/clock.h"
 
 static int g_port;
 static pid_t g_redis;
@@ -34,11 +35,7 @@ static int free_port(void) {
     return ntohs(a.sin_port);
 }
 
-static uint64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+static uint64_t now_ms(void) { return clock_now_ns() / 1000000; }
 
 static redisContext *sync_client(void) {
     for (int i = 0; i < 200; i++) {

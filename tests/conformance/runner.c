@@ -31,6 +31,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/tensor.h"
@@ -84,11 +85,7 @@ static void want_op(const char *op) {
     g_nwanted++;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
+static double now_ms(void) { return (double)clock_now_ns() / 1e6; }
 
 /* ---- skip list ---------------------------------------------------------- */
 

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "models/model.h"
 #include "server/batcher.c"
 
 /* ---- fixtures ---------------------------------------------------------- */
@@ -190,19 +191,30 @@ static void settle(void) {
     usleep(20000); /* long enough for a poll at 1 ms to have acted */
 }
 
+/* The instances the next make() runs on: the executor the server uses
+ * (server/instance.h), with test_execute (or another) instead of a model. */
+static struct instances_params inst;
+
 static struct batcher_params base_params(void) {
     struct batcher_params p;
     memset(&p, 0, sizeof p);
     p.model_name = "test";
-    p.instance_count = 1;
     p.now_ns = fake_now;
-    p.execute = test_execute;
-    p.execute_noutputs = 1;
+    inst = (struct instances_params){.model_name = "test", .count = 1, .execute = test_execute, .execute_noutputs = 1};
     return p;
 }
 
-static batcher_t *make(const struct batcher_params *p) {
+/* Gives p the executor that inst describes, sized for p's batches. */
+static void attach(struct batcher_params *p) {
     char err[256] = "";
+    inst.max_rows = p->max_batch_size > 0 ? p->max_batch_size : 1;
+    if (instances_create(&inst, &p->executor, err, sizeof err))
+        fail_msg("instances_create: %s", err);
+}
+
+static batcher_t *make(struct batcher_params *p) {
+    char err[256] = "";
+    attach(p);
     batcher_t *b = batcher_create(p, err, sizeof err);
     if (!b)
         fail_msg("batcher_create: %s", err);
@@ -215,7 +227,7 @@ static void test_no_batching_runs_each_alone(void **state) {
     (void)state;
     ex_reset();
     struct batcher_params p = base_params();
-    p.instance_count = 2;
+    inst.count = 2;
     batcher_t *b = make(&p);
     enum { N = 50 };
     static struct treq t[N];
@@ -312,7 +324,7 @@ static void test_strings_batched_and_scattered(void **state) {
     (void)state;
     ex_reset();
     struct batcher_params p = base_params();
-    p.execute = string_execute;
+    inst.execute = string_execute;
     p.max_batch_size = 8;
     p.dynamic_batching = 1;
     p.max_queue_delay_us = 1000;
@@ -824,7 +836,7 @@ static void test_preserve_ordering(void **state) {
     (void)state;
     ex_reset();
     struct batcher_params p = base_params();
-    p.instance_count = 2;
+    inst.count = 2;
     p.preserve_ordering = 1;
     batcher_t *b = make(&p);
     static struct treq t[2];
@@ -875,7 +887,7 @@ static void test_concurrent_storm(void **state) {
     ex_reset();
     struct batcher_params p = base_params();
     p.now_ns = NULL; /* real clock */
-    p.instance_count = 3;
+    inst.count = 3;
     p.max_batch_size = 16;
     p.dynamic_batching = 1;
     p.max_queue_delay_us = 200;
@@ -944,7 +956,7 @@ static void test_latency_budget_decisions(void **state) {
     b->profile[8] = 400000;
     assert_int_equal(predict_ns(b, 3), 250000); /* the next size seen above */
     assert_int_equal(predict_ns(b, 8), 400000);
-    struct instance scratch;
+    struct worker scratch;
     memset(&scratch, 0, sizeof scratch);
     struct batcher_request *sel[8];
     scratch.sel = sel;
@@ -1091,18 +1103,19 @@ static void test_create_errors(void **state) {
     (void)state;
     char err[256] = "";
     struct batcher_params p = base_params();
-    p.execute = NULL;
     assert_null(batcher_create(&p, err, sizeof err));
-    assert_non_null(strstr(err, "no model"));
+    assert_non_null(strstr(err, "no executor"));
     p = base_params();
     p.max_batch_size = 4;
     p.preferred_batch_size[0] = 5;
     p.npreferred = 1;
+    attach(&p); /* the batcher frees it when it fails */
     assert_null(batcher_create(&p, err, sizeof err));
     assert_non_null(strstr(err, "preferred_batch_size"));
     p = base_params();
     p.priority_levels = 2;
     p.default_priority_level = 3;
+    attach(&p);
     assert_null(batcher_create(&p, err, sizeof err));
     assert_non_null(strstr(err, "default_priority_level"));
     batcher_free(NULL);
@@ -1155,14 +1168,11 @@ static void test_real_model_digits(void **state) {
 
     struct batcher_params p;
     memset(&p, 0, sizeof p);
-    p.model = m;
+    inst = (struct instances_params){.model = m, .model_name = "digits", .count = 2, .threads = 1, .backend = "cpu"};
     p.model_name = "digits";
     p.max_batch_size = 16;
     p.dynamic_batching = 1;
     p.max_queue_delay_us = 2000;
-    p.instance_count = 2;
-    p.threads_per_instance = 1;
-    p.backend = "cpu";
     batcher_t *b = make(&p);
     pthread_t th[THREADS];
     struct storm s[THREADS];

@@ -17,7 +17,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/plugin.h"
-#include "server/commands.h"
+#include "commands/commands.h"
 
 enum { DOCTOR_GPU_OK = 0, DOCTOR_GPU_BROKEN = 1, DOCTOR_NO_GPU = 2 };
 

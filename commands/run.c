@@ -1,4 +1,4 @@
-/* cmd_run.c - `kiln run`: runs a model offline.
+/* run.c - `kiln run`: runs a model offline.
  *
  *   kiln run MODEL [--input [NAME=]FILE ...] [--batch N] [--iterations N]
  *                  [--output-dir DIR] [--threads N] [--seed S] [--list-ops]
@@ -20,13 +20,14 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
-#include "server/commands.h"
+#include "commands/commands.h"
 
 #define NPY_MAX_HEADER 65536
 
@@ -353,11 +354,7 @@ static char *resolve_model(const char *arg) {
 
 /* ---- command ------------------------------------------------------------ */
 
-static double now_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
+static double now_us(void) { return (double)clock_now_ns() / 1e3; }
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;

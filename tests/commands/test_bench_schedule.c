@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 #include "common/hist.h"
-#include "tools/bench/schedule.h"
+#include "commands/bench_schedule.h"
 
 static void test_constant_rate_has_no_drift(void **state) {
     (void)state;

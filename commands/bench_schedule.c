@@ -1,4 +1,4 @@
-#include "tools/bench/schedule.h"
+#include "commands/bench_schedule.h"
 
 #include <math.h>
 #include <stdlib.h>

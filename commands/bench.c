@@ -4,7 +4,7 @@
  * One libevent loop drives keep-alive connections. Closed loop: each of C
  * connections sends its next request when the last one answers. Open loop:
  * requests are scheduled at a fixed or Poisson rate and their latency counts
- * from the scheduled time (see schedule.h), so stalls reach the tail.
+ * from the scheduled time (see bench_schedule.h), so stalls reach the tail.
  * Requests are built from the server's model metadata and config. */
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -20,10 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/hist.h"
 #include "common/tensor.h"
-#include "server/commands.h"
-#include "tools/bench/schedule.h"
+#include "commands/commands.h"
+#include "commands/bench_schedule.h"
 
 #define MAX_LEVELS 64
 #define MAX_INPUTS 32
@@ -440,12 +441,6 @@ struct run {
     uint64_t inflight;
 };
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void count_status(struct level_result *r, int code, struct evhttp_request *req) {
     for (int i = 0; i < r->nstatus; i++)
         if (r->status_code[i] == code) {
@@ -478,7 +473,7 @@ static int wants_more(struct run *r) {
 static void on_response(struct evhttp_request *req, void *arg) {
     struct conn *c = arg;
     struct run *r = c->run;
-    uint64_t t = now_ns();
+    uint64_t t = clock_now_ns();
     c->busy = 0;
     r->inflight--;
     int code = req ? evhttp_request_get_response_code(req) : 0;
@@ -495,10 +490,10 @@ static void on_response(struct evhttp_request *req, void *arg) {
         uint64_t s;
         if (wants_more(r) && backlog_pop(&r->backlog, &s) == 0) send_on(c, s);
     } else if (wants_more(r)) {
-        send_on(c, now_ns());
+        send_on(c, clock_now_ns());
     }
     if (r->phase == 1 && r->o->requests > 0 && r->measured_sent >= r->o->requests && r->inflight == 0) {
-        r->res->seconds = (double)(now_ns() - r->measure_start) / 1e9;
+        r->res->seconds = (double)(clock_now_ns() - r->measure_start) / 1e9;
         r->phase = 2;
     }
     if (r->phase == 2 && r->inflight == 0) event_base_loopbreak(r->base);
@@ -543,7 +538,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
     struct run *r = arg;
     (void)fd;
     (void)what;
-    uint64_t t = now_ns();
+    uint64_t t = clock_now_ns();
     while (wants_more(r) && schedule_peek(&r->sched) <= t) {
         uint64_t s = schedule_next(&r->sched);
         struct conn *c = r->backlog.len ? NULL : free_conn(r);
@@ -552,7 +547,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
         else if (r->phase == 1) r->measured_sent++;
     }
     if (wants_more(r)) {
-        uint64_t next = schedule_peek(&r->sched), now = now_ns();
+        uint64_t next = schedule_peek(&r->sched), now = clock_now_ns();
         uint64_t wait = next > now ? next - now : 0;
         struct timeval tv = {(time_t)(wait / 1000000000u), (suseconds_t)((wait % 1000000000u) / 1000)};
         evtimer_add(r->tick, &tv);
@@ -563,7 +558,7 @@ static void on_progress(evutil_socket_t fd, short what, void *arg) {
     struct run *r = arg;
     (void)fd;
     (void)what;
-    double el = (double)(now_ns() - r->measure_start) / 1e9;
+    double el = (double)(clock_now_ns() - r->measure_start) / 1e9;
     if (r->phase == 0) {
         fprintf(stderr, "\r\033[K  warming up...");
     } else if (r->phase == 1) {
@@ -580,7 +575,7 @@ static void start_phase(struct run *r, int phase, double seconds) {
     r->phase = phase;
     if (!r->phase_ev) r->phase_ev = evtimer_new(r->base, on_phase, r);
     if (phase == 1) {
-        r->measure_start = now_ns();
+        r->measure_start = clock_now_ns();
         r->measured_sent = 0;
     }
     if (phase < 2 && (phase == 0 || r->o->requests <= 0)) {
@@ -597,7 +592,7 @@ static void on_phase(evutil_socket_t fd, short what, void *arg) {
         start_phase(r, 1, r->o->duration_s);
         return;
     }
-    r->res->seconds = (double)(now_ns() - r->measure_start) / 1e9;
+    r->res->seconds = (double)(clock_now_ns() - r->measure_start) / 1e9;
     r->phase = 2;
     if (r->inflight == 0) event_base_loopbreak(r->base);
 }
@@ -658,11 +653,11 @@ static void run_level(struct run *r, int concurrency, struct level_result *res) 
     start_phase(r, o->warmup_s > 0 ? 0 : 1, o->warmup_s > 0 ? o->warmup_s : o->duration_s);
     if (o->rate > 0) {
         backlog_init(&r->backlog, 1u << 20);
-        schedule_init(&r->sched, o->rate, o->poisson, now_ns(), o->seed);
+        schedule_init(&r->sched, o->rate, o->poisson, clock_now_ns(), o->seed);
         r->tick = evtimer_new(r->base, on_tick, r);
         on_tick(-1, 0, r);
     } else {
-        for (int i = 0; i < r->nconns; i++) send_on(&r->conns[i], now_ns());
+        for (int i = 0; i < r->nconns; i++) send_on(&r->conns[i], clock_now_ns());
     }
     event_base_dispatch(r->base);
     evtimer_del(r->phase_ev);

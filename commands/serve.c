@@ -18,19 +18,16 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "config/server_config.h"
 #include "kernels/backend.h"
-#include "models/repository.h"
-#include "server/commands.h"
+#include "server/repository.h"
+#include "commands/commands.h"
 #include "server/http.h"
 
-static uint64_t mono_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
+static uint64_t mono_ms(void) { return clock_now_ns() / 1000000; }
 
 /* Picks "cpu" or "cuda" from --backend; NULL (error logged) when cuda was required but is unusable. */
 static const char *choose_backend(const char *want) {

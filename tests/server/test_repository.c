@@ -17,7 +17,7 @@ static int g_fail_realloc;
 static void *failing_realloc(void *p, size_t n) { return g_fail_realloc ? NULL : realloc(p, n); }
 
 #define realloc failing_realloc
-#include "models/repository.c"
+#include "server/repository.c"
 #undef realloc
 
 static struct repo_version *fake_version(repository_t *r, int64_t ver) {

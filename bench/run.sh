@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench.sh - `make bench`: runs every benchmark in turn and writes the report,
+# run.sh - `make bench`: runs every benchmark in turn and writes the report,
 # docs/benchmarks.md, with PNG plots under docs/img/.
 #
 # Sections (each a script writing a markdown section and a CSV under $OUT):
@@ -195,7 +195,7 @@ plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; ret
 {
     echo "# kiln benchmarks"
     echo
-    echo "Produced by \`make bench\` (tools/bench.sh) on $date_utc, tree at commit $commit."
+    echo "Produced by \`make bench\` (bench/run.sh) on $date_utc, tree at commit $commit."
     echo "Every peer in a section was measured side by side in that same run; ratios compare"
     echo "numbers from one run only. Nothing here is tuned or edited by hand: rerun \`make bench\`"
     echo "to reproduce. Measured levels last DURATION=$DURATION s (the http section: ${HTTP_ROUNDS:-3} alternating rounds, median"

@@ -1,4 +1,4 @@
-#include "models/repository.h"
+#include "server/repository.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -11,10 +11,12 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/clock.h"
 #include "common/file.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "models/model.h"
+#include "server/instance.h"
 #include "server/metrics.h"
 
 enum entry_state { ST_UNAVAILABLE = 0, ST_LOADING, ST_READY, ST_UNLOADING };
@@ -52,12 +54,6 @@ struct repository {
 };
 
 #define ERR(st, ...) status_set(err, err_len, st, __VA_ARGS__)
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* ---- versions and the reaper -------------------------------------------- */
 
@@ -203,7 +199,7 @@ static uint64_t dir_signature(const char *dir, int depth) {
 
 static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
                                          const char *cfg, size_t cfg_len, char *err, size_t err_len) {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = clock_now_ns();
     struct repo_version *v = calloc(1, sizeof *v);
     if (!v) return NULL;
     v->name_ = strdup(name);
@@ -269,8 +265,15 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                  v->config.precision_fp16 ? " in FP16, FP32 accumulation; inputs and outputs FP32" : " in FP32",
                  v->config.cuda_graphs ? "on" : "off");
     const struct model_config *c = &v->config;
-    struct batcher_params bp = {
+    struct instances_params ip = {
         .model = v->model,
+        .model_name = v->name,
+        .backend = be,
+        .count = c->instance_count,
+        .threads = c->intra_op_threads,
+        .max_rows = c->max_batch_size > 0 ? c->max_batch_size : 1,
+    };
+    struct batcher_params bp = {
         .model_name = v->name,
         .max_batch_size = c->max_batch_size,
         .dynamic_batching = c->dynamic_batching,
@@ -284,12 +287,9 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                                  .default_timeout_us = c->default_timeout_us,
                                  .allow_timeout_override = c->allow_timeout_override,
                                  .max_queue_size = c->max_queue_size},
-        .instance_count = c->instance_count,
-        .threads_per_instance = c->intra_op_threads,
-        .backend = be,
     };
     for (int i = 0; i < c->npreferred && i < BATCHER_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
-    v->batcher = batcher_create(&bp, e2, sizeof e2);
+    v->batcher = instances_create(&ip, &bp.executor, e2, sizeof e2) ? NULL : batcher_create(&bp, e2, sizeof e2);
     if (!v->batcher) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
@@ -298,7 +298,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
         goto fail;
     }
-    v->load_ns = now_ns() - t0;
+    v->load_ns = clock_now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,

@@ -4,7 +4,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "server/commands.h"
+#include "commands/commands.h"
 
 static void usage(FILE *f) {
     fprintf(f,

@@ -1,4 +1,4 @@
-/* schedule.h - arrival schedules for open-loop load and the bookkeeping that
+/* bench_schedule.h - arrival schedules for open-loop load and the bookkeeping that
  * keeps latency honest: a request's latency is measured from the time it was
  * SCHEDULED to be sent, not from when a connection was free to send it, so a
  * server that stalls shows up in the tail (no coordinated omission).

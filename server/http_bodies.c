@@ -1,0 +1,214 @@
+/* http_bodies.c - the JSON and text bodies of kiln's read-only endpoints:
+ * server and model metadata, statistics, the metrics page. They read the
+ * repository, the batchers' and the cache's counters; none touches a
+ * connection, so any transport may serve them. */
+#include "server/http_bodies.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/status.h"
+#include "server/batcher.h"
+#include "commands/commands.h"
+#include "server/infer_cache.h"
+#include "server/metrics.h"
+
+#if defined(__has_include)
+#if __has_include("server/gpu_metrics.h")
+#include "server/gpu_metrics.h"
+#define KILN_HAVE_GPU_METRICS 1
+#endif
+#endif
+
+/* ==== metadata =========================================================== */
+
+cJSON *http_body_server_metadata(void) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", "kiln");
+    cJSON_AddStringToObject(o, "version", KILN_VERSION);
+    cJSON *ext = cJSON_AddArrayToObject(o, "extensions");
+    static const char *exts[] = {"classification", "model_repository", "model_configuration", "schedule_policy",
+                                 "binary_tensor_data", "statistics"};
+    for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) cJSON_AddItemToArray(ext, cJSON_CreateString(exts[i]));
+    return o;
+}
+
+static cJSON *io_meta(const struct model_config *c, const struct model_config_io *io, int n) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "name", io[i].name);
+        cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(io[i].dtype));
+        cJSON *sh = cJSON_AddArrayToObject(o, "shape");
+        if (c->max_batch_size > 0) cJSON_AddItemToArray(sh, cJSON_CreateNumber(-1));
+        for (int d = 0; d < io[i].ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)io[i].dims[d]));
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
+cJSON *http_body_model_metadata(repository_t *repo, const struct repo_version *v) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", v->name);
+    cJSON *vs = cJSON_AddArrayToObject(o, "versions");
+    struct repo_version **all;
+    int n = repository_list(repo, &all);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(all[i]->name, v->name) == 0) cJSON_AddItemToArray(vs, cJSON_CreateString(all[i]->version_str));
+        repository_release(all[i]);
+    }
+    free(all);
+    cJSON_AddStringToObject(o, "platform", v->config.platform);
+    cJSON_AddItemToObject(o, "inputs", io_meta(&v->config, v->config.inputs, v->config.ninputs));
+    cJSON_AddItemToObject(o, "outputs", io_meta(&v->config, v->config.outputs, v->config.noutputs));
+    return o;
+}
+
+/* ==== statistics ========================================================= */
+
+static void add_duration(cJSON *parent, const char *key, struct metrics_duration *d) {
+    cJSON *o = cJSON_AddObjectToObject(parent, key);
+    cJSON_AddNumberToObject(o, "count", (double)atomic_load_explicit(&d->count, memory_order_relaxed));
+    cJSON_AddNumberToObject(o, "ns", (double)atomic_load_explicit(&d->ns, memory_order_relaxed));
+}
+
+static cJSON *model_stats(struct repo_version *v) {
+    struct metrics_model *m = v->metrics;
+    struct batcher_stats bs;
+    memset(&bs, 0, sizeof bs);
+    batcher_get_stats(v->batcher, &bs);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "name", v->name);
+    cJSON_AddStringToObject(o, "version", v->version_str);
+    cJSON_AddNumberToObject(o, "last_inference", (double)atomic_load(&m->last_inference_ms));
+    cJSON_AddNumberToObject(o, "inference_count", (double)atomic_load(&m->inference_count));
+    cJSON_AddNumberToObject(o, "execution_count", (double)bs.executions);
+    cJSON *is = cJSON_AddObjectToObject(o, "inference_stats");
+    add_duration(is, "success", &m->d_success);
+    add_duration(is, "fail", &m->d_fail);
+    add_duration(is, "queue", &m->d_queue);
+    add_duration(is, "compute_input", &m->d_input);
+    add_duration(is, "compute_infer", &m->d_infer);
+    add_duration(is, "compute_output", &m->d_output);
+    add_duration(is, "cache_hit", &m->d_cache_hit);
+    add_duration(is, "cache_miss", &m->d_cache_miss);
+    cJSON *bst = cJSON_AddArrayToObject(o, "batch_stats");
+    for (int b = 1; b <= METRICS_MAX_BATCH; b++) {
+        uint64_t execs = bs.batch_hist[b];
+        uint64_t reqs = atomic_load(&m->batch_requests[b]);
+        if (!execs && !reqs) continue;
+        /* Requests of one batch share its compute time: divide the per-request sums by b. */
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "batch_size", b);
+        struct { const char *k; atomic_uint_fast64_t *ns; } parts[] = {
+            {"compute_input", &m->batch_input_ns[b]}, {"compute_infer", &m->batch_infer_ns[b]},
+            {"compute_output", &m->batch_output_ns[b]}};
+        for (int p = 0; p < 3; p++) {
+            cJSON *d = cJSON_AddObjectToObject(e, parts[p].k);
+            cJSON_AddNumberToObject(d, "count", (double)execs);
+            cJSON_AddNumberToObject(d, "ns", (double)(atomic_load(parts[p].ns) / (uint64_t)b));
+        }
+        cJSON_AddItemToArray(bst, e);
+    }
+    return o;
+}
+
+cJSON *http_body_stats(repository_t *repo, const char *model, int64_t version, int *status, char *err,
+                       size_t err_len) {
+    struct repo_version **all;
+    int n = repository_list(repo, &all), found = 0;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "model_stats");
+    for (int i = 0; i < n; i++) {
+        if ((!model || strcmp(all[i]->name, model) == 0) && (version <= 0 || all[i]->version == version)) {
+            cJSON_AddItemToArray(arr, model_stats(all[i]));
+            found++;
+        }
+        repository_release(all[i]);
+    }
+    free(all);
+    if (model && !found) {
+        cJSON_Delete(o);
+        *status = 0;
+        struct repo_version *v = repository_acquire(repo, model, version, status, err, err_len);
+        repository_release(v);
+        if (!*status) *status = status_set(err, err_len, STATUS_NOT_FOUND, "no statistics");
+        return NULL;
+    }
+    return o;
+}
+
+/* ==== metrics ============================================================ */
+
+struct metrics_page {
+    repository_t *repo;
+    cache_t *cache;
+};
+
+/* A model's name as a Prometheus label value: a folder may be named q"x. */
+static const char *model_label(const struct repo_version *v) {
+    return v->metrics ? v->metrics->model_label : "";
+}
+
+static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
+    const struct metrics_page *pg = arg;
+    struct repo_version **all;
+    int n = repository_list(pg->repo, &all);
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_inference_exec_count Batches executed\n"
+                                         "# TYPE kiln_inference_exec_count counter\n");
+    struct batcher_stats *st = calloc((size_t)n + 1, sizeof *st);
+    for (int i = 0; st && i < n; i++) {
+        batcher_get_stats(all[i]->batcher, &st[i]);
+        buf = metrics_appendf(buf, len, cap, "kiln_inference_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
+                              model_label(all[i]), all[i]->version_str, (unsigned long long)st[i].executions);
+    }
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_queue_size Requests waiting in the batcher's queue\n"
+                                         "# TYPE kiln_queue_size gauge\n");
+    for (int i = 0; st && i < n; i++)
+        buf = metrics_appendf(buf, len, cap, "kiln_queue_size{model=\"%s\",version=\"%s\"} %llu\n", model_label(all[i]),
+                              all[i]->version_str, (unsigned long long)st[i].queued);
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_batch_size Rows per executed batch\n"
+                                         "# TYPE kiln_batch_size histogram\n");
+    static const int bounds[] = {1, 2, 4, 8, 16, 32, 64};
+    for (int i = 0; st && i < n; i++) {
+        unsigned long long cum = 0, sum = 0, count = 0;
+        for (int b = 1; b <= 64; b++) {
+            count += st[i].batch_hist[b];
+            sum += st[i].batch_hist[b] * (unsigned long long)b;
+        }
+        int k = 0;
+        for (int b = 1; b <= 64; b++) {
+            cum += st[i].batch_hist[b];
+            if (k < 7 && b == bounds[k]) {
+                buf = metrics_appendf(buf, len, cap, "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"%d\"} %llu\n",
+                                      model_label(all[i]), all[i]->version_str, b, cum);
+                k++;
+            }
+        }
+        buf = metrics_appendf(buf, len, cap,
+                              "kiln_batch_size_bucket{model=\"%s\",version=\"%s\",le=\"+Inf\"} %llu\n"
+                              "kiln_batch_size_sum{model=\"%s\",version=\"%s\"} %llu\n"
+                              "kiln_batch_size_count{model=\"%s\",version=\"%s\"} %llu\n",
+                              model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
+                              model_label(all[i]), all[i]->version_str, count);
+    }
+    free(st);
+    for (int i = 0; i < n; i++) repository_release(all[i]);
+    free(all);
+    if (pg->cache) buf = infer_cache_metrics(pg->cache, buf, len, cap);
+#ifdef KILN_HAVE_GPU_METRICS
+    char *g = gpu_metrics_text();
+    if (g) {
+        buf = metrics_appendf(buf, len, cap, "%s", g);
+        free(g);
+    }
+#endif
+    return buf;
+}
+
+char *http_body_metrics(repository_t *repo, cache_t *cache) {
+    struct metrics_page pg = {repo, cache};
+    return metrics_render(metrics_extra, &pg);
+}

@@ -1,0 +1,228 @@
+/* infer.c - the inference core: validation, result cache, batcher,
+ * completion, metrics. See infer.h for the reply interface.
+ *
+ * A request's path:
+ *   begin    reference the model version; count it in flight
+ *   start    bind the decoded request to the model (the one validation)
+ *            -> cache lookup (LRU, Redis, single flight)  -- hit --> finish
+ *            -> batcher_submit                            -- done --> post -> finish
+ *   finish   store or abandon the cache entry, encode, record metrics, send
+ * finish always runs on the request's own thread: the batcher's done()
+ * (an instance or timer thread) only posts it there. */
+#include "server/infer.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "server/batcher.h"
+#include "server/infer_cache.h"
+#include "server/metrics.h"
+
+struct infer_core {
+    repository_t *repo;
+    cache_t *cache;              /* result cache; NULL when off */
+    atomic_int inflight;
+};
+
+struct infer_request {
+    infer_core_t *core;
+    const struct infer_reply_i *reply;
+    void *ctx;                   /* the transport's, for encode and send */
+    void *thread;                /* the transport's, for post */
+    cache_redis_t *redis;
+    struct repo_version *v;
+    struct kserve_request kr;
+    struct tensor *ordered;      /* the model's inputs in its order, views of kr's */
+    struct batcher_request br;
+    uint64_t t0;
+    int cached;                  /* the result cache is consulted for this request */
+    int hit;                     /* and answered it */
+    struct infer_cache_op cop;
+};
+
+/* ==== the core =========================================================== */
+
+infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, size_t err_len) {
+    infer_core_t *core = calloc(1, sizeof *core);
+    if (!core) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        return NULL;
+    }
+    core->repo = p->repo;
+    const struct server_config *cfg = p->config;
+    if (cfg->cache_size > 0 || (cfg->redis_url && *cfg->redis_url)) {
+        struct cache_params cp = {.lru_bytes = (size_t)cfg->cache_size,
+                                  .secret = cfg->cache_secret,
+                                  .redis_url = cfg->redis_url,
+                                  .ttl_secs = cfg->cache_ttl_secs > 0 ? (uint32_t)cfg->cache_ttl_secs : 0};
+        core->cache = cache_create(&cp, err, err_len);
+        if (!core->cache) {
+            free(core);
+            return NULL;
+        }
+    }
+    return core;
+}
+
+void infer_core_free(infer_core_t *core) {
+    if (!core) return;
+    cache_free(core->cache);
+    free(core);
+}
+
+cache_t *infer_core_cache(const infer_core_t *core) { return core->cache; }
+
+int infer_core_inflight(const infer_core_t *core) { return atomic_load(&((infer_core_t *)core)->inflight); }
+
+/* ==== a request ========================================================== */
+
+static enum metrics_fail_reason fail_reason(int status, const char *msg) {
+    switch (status) {
+    case STATUS_INVALID: case STATUS_NOT_FOUND: return METRICS_FAIL_INVALID;
+    case STATUS_CANCELLED: return METRICS_FAIL_CANCELLED;
+    case STATUS_UNAVAILABLE: return strstr(msg, "imeout") ? METRICS_FAIL_TIMEOUT : METRICS_FAIL_UNAVAILABLE;
+    default: return METRICS_FAIL_INTERNAL;
+    }
+}
+
+/* Uncounts r and frees it. */
+static void request_end(struct infer_request *r) {
+    atomic_fetch_sub_explicit(&r->v->metrics->pending, 1, memory_order_relaxed);
+    atomic_fetch_sub(&r->core->inflight, 1);
+    repository_release(r->v);
+    kserve_request_clear(&r->kr);
+    free(r->ordered);
+    if (r->br.outputs) {
+        /* One block per output, strings included (common/tensor.h). */
+        for (int i = 0; i < r->br.noutputs; i++) tensor_free_data(&r->br.outputs[i]);
+        free(r->br.outputs);
+    }
+    free(r);
+}
+
+struct infer_request *infer_request_begin(infer_core_t *core, const char *model, int64_t version,
+                                          const struct infer_reply_i *reply, void *ctx, void *thread,
+                                          cache_redis_t *redis, int *status, char *err, size_t err_len) {
+    struct infer_request *r = calloc(1, sizeof *r);
+    if (!r) {
+        *status = status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        return NULL;
+    }
+    r->t0 = clock_now_ns();
+    r->v = repository_acquire(core->repo, model, version, status, err, err_len);
+    if (!r->v) {
+        /* Not counted per model: there is no such model. */
+        free(r);
+        return NULL;
+    }
+    r->core = core;
+    r->reply = reply;
+    r->ctx = ctx;
+    r->thread = thread;
+    r->redis = redis;
+    atomic_fetch_add(&core->inflight, 1);
+    atomic_fetch_add_explicit(&r->v->metrics->pending, 1, memory_order_relaxed);
+    return r;
+}
+
+struct kserve_request *infer_request_decoded(struct infer_request *r) { return &r->kr; }
+
+/* Answers r through the transport and frees it; on r's thread. */
+static void infer_finish(struct infer_request *r, int status, const char *msg) {
+    struct metrics_model *m = r->v->metrics;
+    if (r->cached) {
+        if (status) infer_cache_abandon(&r->cop);
+        else if (r->cop.leader || !r->cop.outputs) infer_cache_store(&r->cop, r->br.outputs);
+    }
+    char err[256];
+    if (!status) {
+        struct infer_result res = {.request = &r->kr, .config = &r->v->config, .model_name = r->v->name,
+                                   .model_version = r->v->version_str, .outputs = r->br.outputs};
+        status = r->reply->encode(r->ctx, &res, err, sizeof err);
+        if (status) msg = err;
+        else if (r->hit) metrics_record_cached(m, clock_now_ns() - r->t0, r->br.rows);
+        else
+            metrics_record_success(m, clock_now_ns() - r->t0, r->br.start_ns - r->br.enqueue_ns, r->br.compute_input_ns,
+                                   r->br.compute_infer_ns, r->br.compute_output_ns, r->br.rows, r->br.batch_size);
+    }
+    /* A request whose client left is still "answered": the transport drops it. */
+    if (status) metrics_record_failure(m, fail_reason(status, msg), clock_now_ns() - r->t0);
+    r->reply->send(r->ctx, status, msg);
+    request_end(r);
+}
+
+void infer_request_fail(struct infer_request *r, int status, const char *msg) { infer_finish(r, status, msg); }
+
+void infer_request_drop(struct infer_request *r) {
+    metrics_record_failure(r->v->metrics, METRICS_FAIL_INVALID, clock_now_ns() - r->t0);
+    request_end(r);
+}
+
+void infer_request_cancel(struct infer_request *r) { batcher_cancel(r->v->batcher, &r->br); }
+
+static void infer_complete_cb(void *arg) {
+    struct infer_request *r = arg;
+    infer_finish(r, r->br.status, r->br.err);
+}
+
+/* On an instance thread (or the batcher's timer thread): hand back to the
+ * request's thread and return at once. */
+static void infer_done(struct batcher_request *br) {
+    struct infer_request *r = br->user;
+    r->reply->post(r->thread, infer_complete_cb, r);
+}
+
+static void infer_submit(struct infer_request *r) {
+    r->br.inputs = r->ordered;
+    r->br.ninputs = r->v->config.ninputs;
+    r->br.priority = (int)r->kr.priority;
+    r->br.timeout_us = r->kr.timeout_us;
+    r->br.done = infer_done;
+    r->br.user = r;
+    atomic_init(&r->br.cancelled, 0);
+    int rc = batcher_submit(r->v->batcher, &r->br);
+    if (rc) infer_finish(r, rc, r->br.err);
+}
+
+/* The cache's answer: a hit carries the outputs; a miss goes to the batcher. */
+static void infer_cache_done(void *arg, int hit) {
+    struct infer_request *r = arg;
+    metrics_record_cache(r->v->metrics, hit, r->cop.lookup_ns);
+    if (!hit) {
+        infer_submit(r);
+        return;
+    }
+    r->hit = 1;
+    r->br.outputs = r->cop.outputs;
+    r->br.noutputs = r->v->config.noutputs;
+    r->br.enqueue_ns = r->br.start_ns = clock_now_ns();
+    infer_finish(r, 0, NULL);
+}
+
+void infer_request_start(struct infer_request *r) {
+    char err[512];
+    r->ordered = calloc((size_t)r->v->config.ninputs + 1, sizeof *r->ordered);
+    int rc = r->ordered ? kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err)
+                        : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
+    if (rc) {
+        infer_finish(r, rc, err);
+        return;
+    }
+    /* The result cache answers from a stored result, or the batcher computes it. */
+    cache_t *cache = r->core->cache;
+    if (cache && r->v->config.response_cache && !r->kr.no_cache) {
+        r->cop = (struct infer_cache_op){.cache = cache, .redis = r->redis, .mc = &r->v->config,
+                                         .rows = r->v->config.max_batch_size > 0 ? r->br.rows : -1,
+                                         .done = infer_cache_done, .arg = r, .post = r->reply->post, .io = r->thread};
+        if (infer_cache_key(cache, r->v->name, r->v->version, &r->v->config, r->ordered, &r->kr, &r->cop.key) == 0) {
+            r->cached = 1;
+            infer_cache_start(&r->cop);
+            return;
+        }
+    }
+    infer_submit(r);
+}
