@@ -150,7 +150,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--rounds", type=int, default=20)
     a = ap.parse_args()
-    modes = [("default --max-connections", None), (f"--max-connections {4 * a.limit} (above the limit)", 4 * a.limit)]
+    modes = [("default --max-connections", None), (f"--max-connections {4 * a.limit} (above the limit, held below it)", 4 * a.limit)]
     print(f"Open file limit {a.limit}, {2 * a.limit} connections held open; CPU and log growth over {a.seconds:g} s; "
           f"{a.rounds} times: one admitted connection closed, then a new request (health and digits inference "
           f"alternating) timed from the close to its 200.\n")

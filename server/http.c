@@ -976,9 +976,10 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     s->control_started = 1;
     log_info("connections: at most %d open (%s; open file limit %lld)", s->max_conns,
              p->config->max_connections > 0 ? "--max-connections" : "from the open file limit", fd_limit);
-    if (p->config->max_connections > 0 && p->config->max_connections > fd_limit - 32)
-        log_warn("--max-connections %d is near or over the open file limit (%lld): accept() may run out of file "
-                 "descriptors (it then pauses %d ms at a time)", p->config->max_connections, fd_limit, ACCEPT_PAUSE_MS);
+    if (p->config->max_connections > s->max_conns)
+        log_warn("--max-connections %d is over what the open file limit (%lld) allows: at most %d connections are "
+                 "kept, more are answered 503 (raise ulimit -n for more)", p->config->max_connections, fd_limit,
+                 s->max_conns);
     log_info("listening on http://%s:%d (%d I/O thread%s, backend %s)", p->config->http_address, s->port,
              s->nthreads, s->nthreads == 1 ? "" : "s", s->backend);
     return s;

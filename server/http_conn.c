@@ -463,12 +463,19 @@ void http_conn_accept_error(struct evconnlistener *lev, void *arg) {
 }
 
 /* --max-connections, or what the open file limit leaves after room for
- * models, Redis, logs and connections being shed. */
+ * models, Redis, logs and connections being shed. An explicit value is held
+ * below the limit too: connections that run the descriptors out leave new
+ * clients queued in the kernel behind idle ones, where no 503 reaches them
+ * (the spare descriptor is a fallback, and the I/O threads race for it). */
 int http_conn_max(const struct server_config *cfg, long long *fd_limit) {
     struct rlimit rl;
     long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long long)rl.rlim_cur : 1 << 20;
     *fd_limit = lim;
-    if (cfg->max_connections > 0) return cfg->max_connections;
+    if (cfg->max_connections > 0) {
+        long long cap = lim > 128 ? lim - HTTP_CONN_FD_RESERVE : lim / 2;
+        if (cap < 1) cap = 1;
+        return cfg->max_connections < cap ? cfg->max_connections : (int)(cap > INT32_MAX ? INT32_MAX : cap);
+    }
     long long reserve = lim / 8;
     if (reserve < 32) reserve = 32;
     if (reserve > 4096) reserve = 4096;

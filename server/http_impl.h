@@ -83,7 +83,10 @@ void http_conn_accept_error(struct evconnlistener *lev, void *arg);
  * close it at its end. */
 void http_conn_spare_open(void);
 void http_conn_spare_close(void);
-/* --max-connections, or what the open file limit (*fd_limit) leaves. */
+/* Descriptors an explicit --max-connections leaves to everything else. */
+#define HTTP_CONN_FD_RESERVE 64
+/* --max-connections (held below the open file limit), or what the open file
+ * limit (*fd_limit) leaves. */
 int http_conn_max(const struct server_config *cfg, long long *fd_limit);
 
 #endif
