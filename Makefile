@@ -30,7 +30,7 @@ LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
 LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lcrypto -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except server/main.c.
-SRC_DIRS = common config models kernels kernels/cpu cache server tools/bench
+SRC_DIRS = common config graph models kernels kernels/cpu cache server tools/bench
 SRCS = $(filter-out server/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c
 OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)

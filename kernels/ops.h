@@ -29,7 +29,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
-#include "models/graph.h"
+#include "graph/graph.h"
 
 #define OP_MAX_IO 64 /* Concat/Sum/Max/Min/Mean may have many inputs */
 

@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "common/tensor.h"
-#include "models/graph.h"
+#include "graph/graph.h"
 
 struct plan;
 struct plan_exec;

@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "graph/graph.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "models/graph.h"
 #include "models/onnx_load.h"
 #include "models/passes.h"
 #include "models/plan.h"
