@@ -600,12 +600,27 @@ static int transpose_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
 
-static int transpose_run(struct op_call *c) {
+/* Transpose's permutation, decoded at prepare. */
+struct transpose_params {
     int64_t perm[TENSOR_MAX_DIMS];
-    int rc = transpose_perm(c, perm);
-    if (rc) return rc;
+};
+
+static int transpose_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct transpose_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = transpose_perm(c, p->perm);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int transpose_run(struct op_call *c) {
+    const struct transpose_params *p = c->state;
     const struct tensor *x = c->in[0];
-    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, perm, dtype_size(x->dtype), c->nthreads);
+    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, p->perm, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -698,14 +713,33 @@ static int concat_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x0->dtype, x0->ndim, d);
 }
 
-static int concat_run(struct op_call *c) {
+/* Concat's geometry, decoded at prepare: rows before the axis, bytes of
+ * an output row, and where each input's part of a row starts. */
+struct concat_params {
+    int64_t outer, orow;
+    int64_t off[OP_MAX_IO + 1];
+};
+
+static int concat_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *o = c->out[0];
     int a = op_axis(c, node_attr_int(c->node, "axis", 0), o->ndim);
+    if (a < 0) return STATUS_INVALID;
+    struct concat_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
     size_t es = dtype_size(o->dtype);
-    int64_t outer = prod(o->dims, 0, a), orow = prod(o->dims, a, o->ndim) * (int64_t)es;
-    int64_t off[OP_MAX_IO + 1];
-    off[0] = 0;
-    for (int i = 0; i < c->nin; i++) off[i + 1] = off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    p->outer = prod(o->dims, 0, a);
+    p->orow = prod(o->dims, a, o->ndim) * (int64_t)es;
+    p->off[0] = 0;
+    for (int i = 0; i < c->nin; i++) p->off[i + 1] = p->off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    *state = p;
+    return 0;
+}
+
+static int concat_run(struct op_call *c) {
+    const struct concat_params *p = c->state;
+    const struct tensor *o = c->out[0];
+    int64_t outer = p->outer, orow = p->orow;
+    const int64_t *off = p->off;
     char *dst = o->data;
 #pragma omp parallel for if (outer * orow > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t r = 0; r < outer; r++)
@@ -2830,10 +2864,10 @@ const struct op_def op_defs_shape[] = {
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},
     {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
     {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
-    {"Transpose", "", transpose_infer, NULL, transpose_run, NULL, 0},
+    {"Transpose", "", transpose_infer, transpose_prepare, transpose_run, op_params_free, 0},
     {"DepthToSpace", "", d2s_infer, NULL, d2s_run, NULL, 0},
     {"SpaceToDepth", "", s2d_infer, NULL, s2d_run, NULL, 0},
-    {"Concat", "", concat_infer, NULL, concat_run, NULL, 0},
+    {"Concat", "", concat_infer, concat_prepare, concat_run, op_params_free, 0},
     {"Split", "", split_infer, NULL, split_run, NULL, 0},
     {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
