@@ -646,12 +646,30 @@ static int d2s_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, 4, d);
 }
 
-static int d2s_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
+/* DepthToSpace's and SpaceToDepth's block size (and DepthToSpace's mode),
+ * decoded at prepare. */
+struct d2s_params {
     int64_t b;
     int crd;
-    int rc = d2s_params(c, &b, &crd);
-    if (rc) return rc;
+};
+
+static int d2s_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct d2s_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = d2s_params(c, &p->b, &p->crd);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int d2s_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    const struct d2s_params *p = c->state;
+    int64_t b = p->b;
+    int crd = p->crd;
     int64_t n = x->dims[0], cc = x->dims[1] / (b * b), h = x->dims[2], w = x->dims[3];
     if (crd) {
         int64_t v[6] = {n, cc, b, b, h, w}, perm[6] = {0, 1, 4, 2, 5, 3};
@@ -675,9 +693,17 @@ static int s2d_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, 4, d);
 }
 
+static int s2d_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct d2s_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->b = node_attr_int(c->node, "blocksize", 1);
+    *state = p;
+    return 0;
+}
+
 static int s2d_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t b = node_attr_int(c->node, "blocksize", 1);
+    int64_t b = ((const struct d2s_params *)c->state)->b;
     int64_t v[6] = {x->dims[0], x->dims[1], x->dims[2] / b, b, x->dims[3] / b, b}, perm[6] = {0, 3, 5, 1, 2, 4};
     transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype), c->nthreads);
     return 0;
@@ -806,18 +832,38 @@ static int split_infer(struct op_call *c) {
     return 0;
 }
 
-static int split_run(struct op_call *c) {
+/* Split's geometry, decoded at prepare: rows before the axis, bytes of an
+ * input row, and each output's bytes of a row. */
+struct split_params {
+    int n;
+    int64_t outer, irow;
+    int64_t len[OP_MAX_IO];
+};
+
+static int split_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *x = c->in[0];
     int a;
     int64_t sz[OP_MAX_IO];
     int n = split_sizes(c, &a, sz);
     if (n < 0) return n;
-    size_t es = dtype_size(x->dtype);
-    int64_t outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim) * (int64_t)es;
-    int64_t irow = x->dims[a] * inner;
+    struct split_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int64_t inner = prod(x->dims, a + 1, x->ndim) * (int64_t)dtype_size(x->dtype);
+    p->n = n;
+    p->outer = prod(x->dims, 0, a);
+    p->irow = x->dims[a] * inner;
+    for (int k = 0; k < n; k++) p->len[k] = sz[k] * inner;
+    *state = p;
+    return 0;
+}
+
+static int split_run(struct op_call *c) {
+    const struct split_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    int64_t outer = p->outer, irow = p->irow;
     int64_t off = 0;
-    for (int k = 0; k < n; k++) {
-        int64_t len = sz[k] * inner;
+    for (int k = 0; k < p->n; k++) {
+        int64_t len = p->len[k];
         if (c->out[k] && len) {
             char *dst = c->out[k]->data;
             const char *src = (const char *)x->data + off;
@@ -2865,10 +2911,10 @@ const struct op_def op_defs_shape[] = {
     {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
     {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
     {"Transpose", "", transpose_infer, transpose_prepare, transpose_run, op_params_free, 0},
-    {"DepthToSpace", "", d2s_infer, NULL, d2s_run, NULL, 0},
-    {"SpaceToDepth", "", s2d_infer, NULL, s2d_run, NULL, 0},
+    {"DepthToSpace", "", d2s_infer, d2s_prepare, d2s_run, op_params_free, 0},
+    {"SpaceToDepth", "", s2d_infer, s2d_prepare, s2d_run, op_params_free, 0},
     {"Concat", "", concat_infer, concat_prepare, concat_run, op_params_free, 0},
-    {"Split", "", split_infer, NULL, split_run, NULL, 0},
+    {"Split", "", split_infer, split_prepare, split_run, op_params_free, 0},
     {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
     {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
