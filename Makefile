@@ -3,7 +3,7 @@
 #   make run              serve model_repository/ on :8000
 #   make test             unit tests, conformance, end-to-end tests
 #   make SANITIZE=address,undefined test   (or SANITIZE=thread)
-#   make conformance | isa | bench | fuzz | gpu-check | clean   (isa: unit + conformance under ONEDNN_MAX_CPU_ISA=AVX2, SSE41)
+#   make conformance | isa | layers | bench | fuzz | gpu-check | clean   (isa: unit + conformance under ONEDNN_MAX_CPU_ISA=AVX2, SSE41)
 # Variables: WARN, OPT, DEBUG, SANITIZE, CUDA, BUILD.
 
 BUILD ?= build
@@ -30,7 +30,7 @@ LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
 LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lcrypto -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except commands/main.c.
-SRC_DIRS = common config models kernels kernels/cpu cache server commands
+SRC_DIRS = common config graph models kernels kernels/cpu cache server commands
 SRCS = $(filter-out commands/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c
 OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
@@ -43,7 +43,7 @@ FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 ONNX_PROTO ?= /usr/include/onnx/onnx.proto
 
-.PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check sanitize
+.PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check layers sanitize
 all: bootstrap $(BIN) cuda
 
 bootstrap:
@@ -113,6 +113,10 @@ deploy-check:
 	@tools/deploy_check.sh
 	@tools/compose_check.sh
 
+# No include points from a lower layer to a higher one (order in the script).
+layers:
+	@tools/layers.sh
+
 # The whole suite again under ASan+UBSan (own build folder, no CUDA plugin),
 # and the batcher's unit test under TSan: what CI runs after `make test`.
 # Every suite runs with KILN_TEST_RUN set, and tools/procs.sh then fails the
@@ -129,6 +133,7 @@ test: bootstrap all
 	@$(MAKE) --no-print-directory unit
 	@$(MAKE) --no-print-directory conformance
 	@$(MAKE) --no-print-directory isa
+	@$(MAKE) --no-print-directory layers
 	@$(MAKE) --no-print-directory deploy-check
 	@$(MAKE) --no-print-directory e2e
 	@tools/procs.sh check

@@ -2,7 +2,7 @@
 #ifndef KILN_COMMANDS_H
 #define KILN_COMMANDS_H
 
-#define KILN_VERSION "0.1.0"
+#include "common/version.h"
 
 int cmd_serve(int argc, char **argv);  /* commands/serve.c */
 int cmd_run(int argc, char **argv);    /* commands/run.c */

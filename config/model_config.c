@@ -9,8 +9,8 @@
 #include <cjson/cJSON.h>
 
 #include "common/file.h"
+#include "common/model_io.h"
 #include "common/status.h"
-#include "models/model.h"
 
 void model_config_init(struct model_config *c, const char *name) {
     memset(c, 0, sizeof *c);

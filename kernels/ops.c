@@ -2,6 +2,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const struct op_def *const g_tables[] = {
@@ -81,6 +82,14 @@ int op_axis(struct op_call *c, int64_t axis, int rank) {
     }
     return (int)(axis < 0 ? axis + rank : axis);
 }
+
+void *op_params_alloc(struct op_call *c, size_t size) {
+    void *p = calloc(1, size);
+    if (!p) op_error(c, "out of memory for the op's parameters");
+    return p;
+}
+
+void op_params_free(void *params) { free(params); }
 
 int64_t op_int_at(const struct tensor *t, int64_t i) {
     switch (t->dtype) {

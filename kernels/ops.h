@@ -29,7 +29,7 @@
 
 #include "common/status.h"
 #include "common/tensor.h"
-#include "models/graph.h"
+#include "graph/graph.h"
 
 #define OP_MAX_IO 64 /* Concat/Sum/Max/Min/Mean may have many inputs */
 
@@ -71,6 +71,14 @@ void op_foreach(void (*fn)(const struct op_def *op, void *arg), void *arg);
 
 /* Formats "node 'name' (OpType): <msg>" into c->err; returns STATUS_INVALID. */
 int op_error(struct op_call *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Decoded parameters (ggml's op_params): an op whose run() needs its
+ * attributes decodes them once, in prepare, into a struct allocated here
+ * (zeroed; op_error and NULL when out of memory) and stored as its state;
+ * op_params_free is then its release. run() reads the struct and never
+ * looks an attribute up by name. */
+void *op_params_alloc(struct op_call *c, size_t size);
+void op_params_free(void *params);
 
 /* Applies a fused activation to one value. */
 static inline float act_apply(enum act_kind act, float x, float a, float b) {

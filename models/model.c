@@ -10,8 +10,8 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "graph/graph.h"
 #include "kernels/backend.h"
-#include "models/graph.h"
 #include "models/onnx_load.h"
 #include "models/passes.h"
 #include "models/plan.h"

@@ -13,18 +13,12 @@
 
 #include <stddef.h>
 
+#include "common/model_io.h"
 #include "common/tensor.h"
 
 struct model;
 struct model_exec;
 struct backend;
-
-struct model_io {
-    const char *name;
-    enum dtype dtype;
-    int ndim;                         /* -1 if the rank is unknown */
-    int64_t dims[TENSOR_MAX_DIMS];    /* -1 for a symbolic or unknown dim */
-};
 
 struct model_params {
     const char *path;     /* model.onnx; external data files are read beside it */

@@ -15,7 +15,7 @@
 #include <stddef.h>
 
 #include "common/tensor.h"
-#include "models/graph.h"
+#include "graph/graph.h"
 
 #define ONNX_MAX_ELEMENTS (INT64_C(1) << 31)
 #define ONNX_MAX_DEPTH 64

@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "kernels/ops.h"
-#include "models/plan.h"
+#include "models/eval.h"
 
 /* ---- helpers ----------------------------------------------------------------- */
 
@@ -161,10 +161,10 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
         if (!ok) continue;
         struct tensor res[OP_MAX_IO];
         char why[512] = "";
-        int rc = plan_eval_node(n, in, n->nin, res, n->nout, PLAN_FOLD_MAX_BYTES, why, sizeof why);
+        int rc = eval_node(n, in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, why, sizeof why);
         if (rc) {
             log_debug("not folding node '%s' (%s): %s", n->name, n->op_type,
-                      rc == PLAN_EVAL_TOO_LARGE ? "its outputs are too large to keep as constants" : why);
+                      rc == EVAL_TOO_LARGE ? "its outputs are too large to keep as constants" : why);
             continue;
         }
         int strings = 0;

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "models/graph.h"
+#include "graph/graph.h"
 
 /* Runs every pass below in order: fold constants, eliminate dead nodes,
  * fold BatchNormalization into Conv, fold per-channel Mul/Add into Conv or

@@ -15,12 +15,10 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "models/eval.h"
 #include "models/passes.h"
 
 #define PLAN_ALIGN 64
-/* One tensor larger than this is refused at plan time: no real model needs
- * it, and a hostile shape must fail with a message, not an allocation. */
-#define PLAN_MAX_TENSOR_BYTES ((size_t)1 << 34)
 
 static size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 
@@ -110,108 +108,6 @@ static size_t dev_nbytes(const struct pval *pv) {
 }
 
 /* ---- helpers --------------------------------------------------------------- */
-
-static int check_shape(const struct graph_node *n, const struct tensor *t, const char *vname, char *err,
-                       size_t err_len) {
-    if (t->dtype <= DT_UNDEFINED || t->dtype >= DT_MAX_ || dtype_size(t->dtype) == 0)
-        return status_set(err, err_len, STATUS_INTERNAL, "node '%s' (%s): output '%s' has no datatype after shape inference",
-                          n->name, n->op_type, vname);
-    if (t->ndim < 0 || t->ndim > TENSOR_MAX_DIMS)
-        return status_set(err, err_len, STATUS_INTERNAL, "node '%s' (%s): output '%s' has rank %d after shape inference",
-                          n->name, n->op_type, vname, t->ndim);
-    int64_t numel = 1;
-    for (int d = 0; d < t->ndim; d++) {
-        if (t->dims[d] < 0)
-            return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output '%s' has unknown dim %d",
-                              n->name, n->op_type, vname, d);
-        if (t->dims[d] && numel > INT64_MAX / t->dims[d]) numel = INT64_MAX;
-        else numel *= t->dims[d];
-    }
-    if (numel != INT64_MAX && (uint64_t)numel <= PLAN_MAX_TENSOR_BYTES / dtype_size(t->dtype)) return 0;
-    char s[160];
-    return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output '%s' of shape %s is too large",
-                      n->name, n->op_type, vname, tensor_shape_str(t, s, sizeof s));
-}
-
-int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
-                   int nout, size_t max_bytes, char *err, size_t err_len) {
-    const struct op_def *op = n->op;
-    if (!op || !op->infer || !op->run)
-        return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): no kernel", n->name, n->op_type);
-    if (nin > OP_MAX_IO || nout > OP_MAX_IO)
-        return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): more than %d inputs or outputs",
-                          n->name, n->op_type, OP_MAX_IO);
-    struct op_call c;
-    memset(&c, 0, sizeof c);
-    c.node = n;
-    c.nin = nin;
-    c.nout = nout;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    for (int i = 0; i < nout; i++) {
-        out[i].data = NULL;
-        c.out[i] = &out[i];
-    }
-    c.nthreads = omp_get_max_threads();
-    c.err = err;
-    c.err_len = err_len;
-    if (err && err_len) err[0] = 0;
-    int rc = op->infer(&c);
-    if (rc) return rc;
-    size_t total = 0, in_bytes = 0;
-    for (int i = 0; i < nout; i++) {
-        if ((rc = check_shape(n, &out[i], "", err, err_len))) return rc;
-        total += tensor_nbytes(&out[i]);
-    }
-    for (int i = 0; i < nin; i++)
-        if (in[i] && in[i]->data) in_bytes += tensor_nbytes(in[i]);
-    /* Transposing or reshaping a large weight is fine: the limit is on what
-     * folding would add, not on the size of the model's own constants. */
-    if (total > max_bytes && total > 2 * in_bytes) return PLAN_EVAL_TOO_LARGE;
-    for (int i = 0; i < nout; i++) {
-        size_t nb = tensor_nbytes(&out[i]);
-        out[i].data = calloc(1, nb ? nb : 1);
-        if (!out[i].data) {
-            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
-            goto fail;
-        }
-    }
-    void *state = NULL;
-    size_t scratch = 0;
-    if (op->prepare && (rc = op->prepare(&c, &state, &scratch))) goto fail;
-    void *sbuf = NULL;
-    if (scratch) {
-        sbuf = aligned_alloc(PLAN_ALIGN, align_up(scratch));
-        if (!sbuf) {
-            if (op->release) op->release(state);
-            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory for scratch", n->name,
-                            n->op_type);
-            goto fail;
-        }
-    }
-    c.state = state;
-    c.scratch = sbuf;
-    c.scratch_size = scratch;
-    rc = op->run(&c);
-    if (rc && err && err_len && !err[0])
-        status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
-    /* A kernel writes a string output as pointers to strings its inputs,
-     * attributes or state own: the result gets its own block
-     * (common/tensor.h) before the state is released. */
-    for (int i = 0; i < nout && !rc; i++) {
-        if (out[i].dtype != DT_STRING) continue;
-        char **view = out[i].data;
-        if (tensor_strings_pack(&out[i], (const char *const *)view, NULL))
-            rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
-        else free(view);
-    }
-    if (op->release && op->prepare) op->release(state);
-    free(sbuf);
-    if (rc) goto fail;
-    return 0;
-fail:
-    for (int i = 0; i < nout; i++) tensor_free_data(&out[i]);
-    return rc;
-}
 
 /* ---- building ---------------------------------------------------------------- */
 
@@ -555,12 +451,12 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
             goto fail;
         }
         for (int k = 0; k < n->nout; k++)
-            if ((rc = check_shape(n, c.out[k], n->out[k] >= 0 ? g->values[n->out[k]].name : "", err, err_len)))
+            if ((rc = eval_check_shape(n, c.out[k], n->out[k] >= 0 ? g->values[n->out[k]].name : "", err, err_len)))
                 goto fail;
 
         if ((known || (op->flags & OP_SHAPE_ONLY)) && op->run && !is_string_node(&c)) {
             struct tensor res[OP_MAX_IO];
-            rc = plan_eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, PLAN_FOLD_MAX_BYTES, err,
+            rc = eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, err,
                                 err_len);
             if (rc < 0) goto fail;
             for (int k = 0; k < n->nout && rc == 0; k++) {

@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "common/tensor.h"
-#include "models/graph.h"
+#include "graph/graph.h"
 
 struct plan;
 struct plan_exec;
@@ -92,20 +92,6 @@ enum plan_value_kind {
 enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor *shape, size_t *offset,
                                      size_t *size, int *first_step, int *last_step);
 
-/* Evaluates one node on the CPU with host tensors: infers the output shapes,
- * allocates each out[i]->data with malloc (the caller frees), prepares, runs
- * and releases the kernel. in[i]->data may be NULL for the inputs of an
- * OP_SHAPE_ONLY op. Used by constant folding at load and plan time. Returns
- * PLAN_EVAL_TOO_LARGE (positive, nothing allocated) when the outputs would
- * take more than max_bytes together and more than twice the constant inputs
- * (an Expand of a scalar, not a Transpose of a weight): such a node is
- * better left to run. */
-#define PLAN_EVAL_TOO_LARGE 1
-/* Light test models build their weights with ConstantOfShape, VGG's first
- * dense layer is 411 MB: folding must keep those; it refuses beyond this. */
-#define PLAN_FOLD_MAX_BYTES ((size_t)1 << 30)
-int plan_eval_node(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *out,
-                   int nout, size_t max_bytes, char *err, size_t err_len);
 
 /* ---- executors ------------------------------------------------------------ */
 

@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 #include "server/batcher.h"
-#include "commands/commands.h"
+#include "common/version.h"
 #include "server/infer_cache.h"
 #include "server/metrics.h"
 

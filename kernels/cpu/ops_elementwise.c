@@ -1280,15 +1280,30 @@ static int infer_smax(struct op_call *c) {
     return 0;
 }
 
-static int run_smax(struct op_call *c, enum smax_mode mode) {
+/* Softmax's geometry around its axis, decoded at prepare. */
+struct smax_params {
     int64_t outer, len, inner;
-    int rc = smax_geometry(c, c->in[0], &outer, &len, &inner);
-    if (rc) return rc;
-    if (outer * len * inner <= 0) return 0;
+};
+
+static int prepare_smax(struct op_call *c, void **state, size_t *scratch) {
+    struct smax_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = smax_geometry(c, c->in[0], &p->outer, &p->len, &p->inner);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int run_smax(struct op_call *c, enum smax_mode mode) {
+    const struct smax_params *p = c->state;
+    if (p->outer * p->len * p->inner <= 0) return 0;
     if (c->in[0]->dtype == DT_FP32)
-        smax_f32(c->in[0]->data, c->out[0]->data, outer, len, inner, mode, c->nthreads);
+        smax_f32(c->in[0]->data, c->out[0]->data, p->outer, p->len, p->inner, mode, c->nthreads);
     else if (c->in[0]->dtype == DT_FP64)
-        smax_f64(c->in[0]->data, c->out[0]->data, outer, len, inner, mode, c->nthreads);
+        smax_f64(c->in[0]->data, c->out[0]->data, p->outer, p->len, p->inner, mode, c->nthreads);
     else
         return unsupported_dtype(c, c->in[0]->dtype);
     return 0;
@@ -1676,9 +1691,9 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF("Where", where, 0),
     {"Cast", "", infer_cast, NULL, cast_run_to, NULL, 0},
     {"CastLike", "", infer_castlike, NULL, cast_run_to, NULL, 0},
-    {"Softmax", "", infer_smax, NULL, run_softmax, NULL, 0},
-    {"LogSoftmax", "", infer_smax, NULL, run_logsoftmax, NULL, 0},
-    {"Hardmax", "", infer_smax, NULL, run_hardmax, NULL, 0},
+    {"Softmax", "", infer_smax, prepare_smax, run_softmax, op_params_free, 0},
+    {"LogSoftmax", "", infer_smax, prepare_smax, run_logsoftmax, op_params_free, 0},
+    {"Hardmax", "", infer_smax, prepare_smax, run_hardmax, op_params_free, 0},
     OPDEF("LayerNormalization", layernorm, 0),
     OPDEF("RMSNormalization", rmsnorm, 0),
     OPDEF("QuantizeLinear", quant, 0),

@@ -677,6 +677,7 @@ struct mm_state {
     int act_after;
     int nargs;
     int fill_c;         /* Gemm: dst starts as beta * broadcast(C), summed into */
+    float beta;         /* Gemm's beta, for fill_c */
     int64_t m, n;
 };
 
@@ -907,6 +908,7 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
             }
         } else {
             s->fill_c = 1;
+            s->beta = beta;
         }
     }
     rc = mm_build(c, s, &a_md, &b_md, b->data, use_bias ? &bias_md : NULL, &y_md, alpha, s->fill_c, scratch_size);
@@ -925,7 +927,7 @@ static int gemm_run(struct op_call *c) {
     if (tensor_numel(y) == 0) return 0;
     float *yd = y->data;
     if (s->fill_c) {
-        float beta = node_attr_float(c->node, "beta", 1.0f);
+        float beta = s->beta;
         const float *cv = C->data;
         int64_t cr = C->ndim == 2 ? C->dims[0] : 1, cc = C->ndim >= 1 ? C->dims[C->ndim - 1] : 1;
         for (int64_t i = 0; i < s->m; i++) {

@@ -600,12 +600,27 @@ static int transpose_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
 
-static int transpose_run(struct op_call *c) {
+/* Transpose's permutation, decoded at prepare. */
+struct transpose_params {
     int64_t perm[TENSOR_MAX_DIMS];
-    int rc = transpose_perm(c, perm);
-    if (rc) return rc;
+};
+
+static int transpose_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct transpose_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = transpose_perm(c, p->perm);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int transpose_run(struct op_call *c) {
+    const struct transpose_params *p = c->state;
     const struct tensor *x = c->in[0];
-    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, perm, dtype_size(x->dtype), c->nthreads);
+    transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, p->perm, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
 
@@ -631,12 +646,30 @@ static int d2s_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, 4, d);
 }
 
-static int d2s_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
+/* DepthToSpace's and SpaceToDepth's block size (and DepthToSpace's mode),
+ * decoded at prepare. */
+struct d2s_params {
     int64_t b;
     int crd;
-    int rc = d2s_params(c, &b, &crd);
-    if (rc) return rc;
+};
+
+static int d2s_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct d2s_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = d2s_params(c, &p->b, &p->crd);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int d2s_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    const struct d2s_params *p = c->state;
+    int64_t b = p->b;
+    int crd = p->crd;
     int64_t n = x->dims[0], cc = x->dims[1] / (b * b), h = x->dims[2], w = x->dims[3];
     if (crd) {
         int64_t v[6] = {n, cc, b, b, h, w}, perm[6] = {0, 1, 4, 2, 5, 3};
@@ -660,9 +693,17 @@ static int s2d_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, 4, d);
 }
 
+static int s2d_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct d2s_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->b = node_attr_int(c->node, "blocksize", 1);
+    *state = p;
+    return 0;
+}
+
 static int s2d_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t b = node_attr_int(c->node, "blocksize", 1);
+    int64_t b = ((const struct d2s_params *)c->state)->b;
     int64_t v[6] = {x->dims[0], x->dims[1], x->dims[2] / b, b, x->dims[3] / b, b}, perm[6] = {0, 3, 5, 1, 2, 4};
     transpose_bytes(x->data, c->out[0]->data, 6, v, perm, dtype_size(x->dtype), c->nthreads);
     return 0;
@@ -698,14 +739,33 @@ static int concat_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x0->dtype, x0->ndim, d);
 }
 
-static int concat_run(struct op_call *c) {
+/* Concat's geometry, decoded at prepare: rows before the axis, bytes of
+ * an output row, and where each input's part of a row starts. */
+struct concat_params {
+    int64_t outer, orow;
+    int64_t off[OP_MAX_IO + 1];
+};
+
+static int concat_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *o = c->out[0];
     int a = op_axis(c, node_attr_int(c->node, "axis", 0), o->ndim);
+    if (a < 0) return STATUS_INVALID;
+    struct concat_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
     size_t es = dtype_size(o->dtype);
-    int64_t outer = prod(o->dims, 0, a), orow = prod(o->dims, a, o->ndim) * (int64_t)es;
-    int64_t off[OP_MAX_IO + 1];
-    off[0] = 0;
-    for (int i = 0; i < c->nin; i++) off[i + 1] = off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    p->outer = prod(o->dims, 0, a);
+    p->orow = prod(o->dims, a, o->ndim) * (int64_t)es;
+    p->off[0] = 0;
+    for (int i = 0; i < c->nin; i++) p->off[i + 1] = p->off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    *state = p;
+    return 0;
+}
+
+static int concat_run(struct op_call *c) {
+    const struct concat_params *p = c->state;
+    const struct tensor *o = c->out[0];
+    int64_t outer = p->outer, orow = p->orow;
+    const int64_t *off = p->off;
     char *dst = o->data;
 #pragma omp parallel for if (outer * orow > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t r = 0; r < outer; r++)
@@ -772,18 +832,38 @@ static int split_infer(struct op_call *c) {
     return 0;
 }
 
-static int split_run(struct op_call *c) {
+/* Split's geometry, decoded at prepare: rows before the axis, bytes of an
+ * input row, and each output's bytes of a row. */
+struct split_params {
+    int n;
+    int64_t outer, irow;
+    int64_t len[OP_MAX_IO];
+};
+
+static int split_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *x = c->in[0];
     int a;
     int64_t sz[OP_MAX_IO];
     int n = split_sizes(c, &a, sz);
     if (n < 0) return n;
-    size_t es = dtype_size(x->dtype);
-    int64_t outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim) * (int64_t)es;
-    int64_t irow = x->dims[a] * inner;
+    struct split_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int64_t inner = prod(x->dims, a + 1, x->ndim) * (int64_t)dtype_size(x->dtype);
+    p->n = n;
+    p->outer = prod(x->dims, 0, a);
+    p->irow = x->dims[a] * inner;
+    for (int k = 0; k < n; k++) p->len[k] = sz[k] * inner;
+    *state = p;
+    return 0;
+}
+
+static int split_run(struct op_call *c) {
+    const struct split_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    int64_t outer = p->outer, irow = p->irow;
     int64_t off = 0;
-    for (int k = 0; k < n; k++) {
-        int64_t len = sz[k] * inner;
+    for (int k = 0; k < p->n; k++) {
+        int64_t len = p->len[k];
         if (c->out[k] && len) {
             char *dst = c->out[k]->data;
             const char *src = (const char *)x->data + off;
@@ -1408,47 +1488,64 @@ static int cumsum_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
-#define CUMSUM_LOOP(T, ACC, LOAD, STORE)                                                       \
+/* CumSum and CumProd: one running scan along the axis, starting from the
+ * operation's identity; exclusive writes the value before adding the
+ * element, reverse walks the axis from its end. */
+#define SCAN_LOOP(T, ACC, LOAD, STORE)                                                         \
     do {                                                                                       \
         const T *s_ = x->data;                                                                 \
         T *d_ = c->out[0]->data;                                                               \
         for (int64_t p = 0; p < outer; p++)                                                    \
             for (int64_t q = 0; q < inner; q++) {                                              \
-                ACC acc = 0;                                                                   \
+                ACC acc = mul ? 1 : 0;                                                         \
                 for (int64_t t = 0; t < n; t++) {                                              \
                     int64_t j = rev ? n - 1 - t : t, at = (p * n + j) * inner + q;             \
                     ACC v = LOAD(s_[at]);                                                      \
-                    if (excl) {                                                                \
-                        d_[at] = STORE(acc);                                                   \
-                        acc += v;                                                              \
-                    } else {                                                                   \
-                        acc += v;                                                              \
-                        d_[at] = STORE(acc);                                                   \
-                    }                                                                          \
+                    if (excl) d_[at] = STORE(acc);                                             \
+                    if (mul) acc *= v;                                                         \
+                    else acc += v;                                                             \
+                    if (!excl) d_[at] = STORE(acc);                                            \
                 }                                                                              \
             }                                                                                  \
     } while (0)
 #define ID(v) (v)
 
-static int cumsum_run(struct op_call *c) {
+/* A scan's attributes, decoded at prepare (the axis is an input). */
+struct scan_params {
+    int excl, rev;
+};
+
+static int scan_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scan_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->excl = node_attr_int(c->node, "exclusive", 0) != 0;
+    p->rev = node_attr_int(c->node, "reverse", 0) != 0;
+    *state = p;
+    return 0;
+}
+
+static int scan_run(struct op_call *c, int mul) {
+    const struct scan_params *sp = c->state;
     const struct tensor *x = c->in[0];
     int a = op_axis(c, op_int_at(c->in[1], 0), x->ndim);
     if (a < 0) return STATUS_INVALID;
-    int excl = (int)node_attr_int(c->node, "exclusive", 0), rev = (int)node_attr_int(c->node, "reverse", 0);
+    int excl = sp->excl, rev = sp->rev;
     int64_t outer = prod(x->dims, 0, a), n = x->ndim ? x->dims[a] : 1, inner = prod(x->dims, a + 1, x->ndim);
     switch (x->dtype) {
-    case DT_FP32: CUMSUM_LOOP(float, double, ID, (float)); break;
-    case DT_FP64: CUMSUM_LOOP(double, double, ID, ID); break;
-    case DT_INT32: CUMSUM_LOOP(int32_t, int64_t, ID, (int32_t)); break;
-    case DT_INT64: CUMSUM_LOOP(int64_t, int64_t, ID, ID); break;
-    case DT_UINT32: CUMSUM_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
-    case DT_UINT64: CUMSUM_LOOP(uint64_t, uint64_t, ID, ID); break;
-    case DT_FP16: CUMSUM_LOOP(uint16_t, float, fp16_to_fp32, fp32_to_fp16); break;
-    case DT_BF16: CUMSUM_LOOP(uint16_t, float, bf16_to_fp32, fp32_to_bf16); break;
+    case DT_FP32: SCAN_LOOP(float, double, ID, (float)); break;
+    case DT_FP64: SCAN_LOOP(double, double, ID, ID); break;
+    case DT_INT32: SCAN_LOOP(int32_t, int64_t, ID, (int32_t)); break;
+    case DT_INT64: SCAN_LOOP(int64_t, int64_t, ID, ID); break;
+    case DT_UINT32: SCAN_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
+    case DT_UINT64: SCAN_LOOP(uint64_t, uint64_t, ID, ID); break;
+    case DT_FP16: SCAN_LOOP(uint16_t, float, fp16_to_fp32, fp32_to_fp16); break;
+    case DT_BF16: SCAN_LOOP(uint16_t, float, bf16_to_fp32, fp32_to_bf16); break;
     default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
     }
     return 0;
 }
+static int cumsum_run(struct op_call *c) { return scan_run(c, 0); }
+static int cumprod_run(struct op_call *c) { return scan_run(c, 1); }
 
 /* ------------------------------------------------------------------------
  * Pad
@@ -2035,49 +2132,8 @@ static int resize_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * CumProd, CenterCropPad, BitCast
+ * CenterCropPad, BitCast
  * ------------------------------------------------------------------------ */
-
-#define CUMPROD_LOOP(T, ACC, LOAD, STORE)                                                      \
-    do {                                                                                       \
-        const T *s_ = x->data;                                                                 \
-        T *d_ = c->out[0]->data;                                                               \
-        for (int64_t p = 0; p < outer; p++)                                                    \
-            for (int64_t q = 0; q < inner; q++) {                                              \
-                ACC acc = 1;                                                                   \
-                for (int64_t t = 0; t < n; t++) {                                              \
-                    int64_t j = rev ? n - 1 - t : t, at = (p * n + j) * inner + q;             \
-                    ACC v = LOAD(s_[at]);                                                      \
-                    if (excl) {                                                                \
-                        d_[at] = STORE(acc);                                                   \
-                        acc *= v;                                                              \
-                    } else {                                                                   \
-                        acc *= v;                                                              \
-                        d_[at] = STORE(acc);                                                   \
-                    }                                                                          \
-                }                                                                              \
-            }                                                                                  \
-    } while (0)
-
-static int cumprod_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    int a = op_axis(c, op_int_at(c->in[1], 0), x->ndim);
-    if (a < 0) return STATUS_INVALID;
-    int excl = (int)node_attr_int(c->node, "exclusive", 0), rev = (int)node_attr_int(c->node, "reverse", 0);
-    int64_t outer = prod(x->dims, 0, a), n = x->ndim ? x->dims[a] : 1, inner = prod(x->dims, a + 1, x->ndim);
-    switch (x->dtype) {
-    case DT_FP32: CUMPROD_LOOP(float, double, ID, (float)); break;
-    case DT_FP64: CUMPROD_LOOP(double, double, ID, ID); break;
-    case DT_INT32: CUMPROD_LOOP(int32_t, int64_t, ID, (int32_t)); break;
-    case DT_INT64: CUMPROD_LOOP(int64_t, int64_t, ID, ID); break;
-    case DT_UINT32: CUMPROD_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
-    case DT_UINT64: CUMPROD_LOOP(uint64_t, uint64_t, ID, ID); break;
-    case DT_FP16: CUMPROD_LOOP(uint16_t, float, fp16_to_fp32, fp32_to_fp16); break;
-    case DT_BF16: CUMPROD_LOOP(uint16_t, float, bf16_to_fp32, fp32_to_bf16); break;
-    default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
-    }
-    return 0;
-}
 
 /* CenterCropPad: each listed axis is cropped or zero-padded around its
  * centre to the requested size (crop offset rounds down, pad offset too). */
@@ -2150,7 +2206,6 @@ static int ccp_run(struct op_call *c) {
     return 0;
 }
 
-static int cumprod_infer(struct op_call *c) { return cumsum_infer(c); }
 
 static int bitcast_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
@@ -2830,11 +2885,11 @@ const struct op_def op_defs_shape[] = {
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},
     {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
     {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
-    {"Transpose", "", transpose_infer, NULL, transpose_run, NULL, 0},
-    {"DepthToSpace", "", d2s_infer, NULL, d2s_run, NULL, 0},
-    {"SpaceToDepth", "", s2d_infer, NULL, s2d_run, NULL, 0},
-    {"Concat", "", concat_infer, NULL, concat_run, NULL, 0},
-    {"Split", "", split_infer, NULL, split_run, NULL, 0},
+    {"Transpose", "", transpose_infer, transpose_prepare, transpose_run, op_params_free, 0},
+    {"DepthToSpace", "", d2s_infer, d2s_prepare, d2s_run, op_params_free, 0},
+    {"SpaceToDepth", "", s2d_infer, s2d_prepare, s2d_run, op_params_free, 0},
+    {"Concat", "", concat_infer, concat_prepare, concat_run, op_params_free, 0},
+    {"Split", "", split_infer, split_prepare, split_run, op_params_free, 0},
     {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
     {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
@@ -2849,12 +2904,12 @@ const struct op_def op_defs_shape[] = {
     {"NonZero", "", nonzero_infer, NULL, nonzero_run, NULL, 0},
     {"EyeLike", "", eyelike_infer, NULL, eyelike_run, NULL, 0},
     {"Trilu", "", trilu_infer, NULL, trilu_run, NULL, 0},
-    {"CumSum", "", cumsum_infer, NULL, cumsum_run, NULL, 0},
+    {"CumSum", "", cumsum_infer, scan_prepare, cumsum_run, op_params_free, 0},
     {"Pad", "", pad_infer, NULL, pad_run, NULL, 0},
     {"TopK", "", topk_infer, topk_prepare, topk_run, NULL, 0},
     {"Resize", "", resize_infer, resize_prepare, resize_run, NULL, 0},
     {"Upsample", "", resize_infer, resize_prepare, resize_run, NULL, 0},
-    {"CumProd", "", cumprod_infer, NULL, cumprod_run, NULL, 0},
+    {"CumProd", "", cumsum_infer, scan_prepare, cumprod_run, op_params_free, 0},
     {"CenterCropPad", "", ccp_infer, NULL, ccp_run, NULL, 0},
     {"BitCast", "", bitcast_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Compress", "", compress_infer, NULL, compress_run, NULL, 0},

@@ -6,7 +6,7 @@
  * typed-field and raw-data checks that test data and `kiln run` inputs use).
  * External data is refused (no base folder), so no file is ever opened.
  * tools/fuzz.sh reads the build and seed lines below. */
-// fuzz-sources: common/*.c models/graph.c models/onnx_load.c kernels/ops.c kernels/cpu/*.c
+// fuzz-sources: common/*.c graph/graph.c models/onnx_load.c kernels/ops.c kernels/cpu/*.c
 // fuzz-corpus: .venv/lib/python3.11/site-packages/onnx/backend/test/data/node/*/model.onnx
 // fuzz-corpus: .venv/lib/python3.11/site-packages/onnx/backend/test/data/node/test_[a-c]*/test_data_set_0/input_0.pb
 #include <stddef.h>
@@ -15,7 +15,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
-#include "models/graph.h"
+#include "graph/graph.h"
 #include "models/onnx_load.h"
 #include "onnx/onnx.pb-c.h"
 

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kernels/ops.h"
+#include "tests/kernels/harness.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -43,64 +44,10 @@ static struct tensor mkf(int ndim, const int64_t *dims) {
 }
 #define F(t) ((float *)(t).data)
 
-struct tnode {
-    struct graph_node n;
-    struct graph_attr a[8];
-};
-
-static void tn_init(struct tnode *t, const char *op, int opset) {
-    memset(t, 0, sizeof *t);
-    t->n.name = "n0";
-    t->n.op_type = (char *)op;
-    t->n.domain = "";
-    t->n.opset = opset;
-    t->n.attrs = t->a;
-}
-static void tn_int(struct tnode *t, const char *name, int64_t v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_INT;
-    a->i = v;
-}
-static void tn_float(struct tnode *t, const char *name, float v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_FLOAT;
-    a->f = v;
-}
-static void tn_str(struct tnode *t, const char *name, const char *v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_STRING;
-    a->s = (char *)v;
-    a->s_len = strlen(v);
-}
-
-static char g_err[512];
-
 /* Runs infer, allocates the outputs, runs; returns the first failing status.
  * nout outputs (NULL entries are absent optional outputs). */
 static int call(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout, int threads) {
-    const struct op_def *d = op_find("", tn->n.op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = &tn->n;
-    c.nin = nin;
-    c.nout = nout;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    for (int i = 0; i < nout; i++) c.out[i] = out[i];
-    c.nthreads = threads;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    for (int i = 0; i < nout; i++) {
-        if (!out[i]) continue;
-        int64_t n = tensor_numel(out[i]);
-        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
-    }
-    return d->run(&c);
+    return tn_call(&tn->n, in, nin, out, nout, threads);
 }
 
 static int call1(const char *op, int opset, const struct tensor *a, const struct tensor *b, struct tensor *o) {

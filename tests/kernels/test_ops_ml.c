@@ -15,80 +15,10 @@
 #include <cmocka.h>
 
 #include "kernels/ops.h"
-
-struct tnode {
-    struct graph_node n;
-    struct graph_attr a[24];
-};
-
-static void tn_init(struct tnode *t, const char *op, int opset) {
-    memset(t, 0, sizeof *t);
-    t->n.name = "n0";
-    t->n.op_type = (char *)op;
-    t->n.domain = "ai.onnx.ml";
-    t->n.opset = opset;
-    t->n.attrs = t->a;
-}
-static struct graph_attr *tn_add(struct tnode *t, const char *name, enum attr_type ty) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ty;
-    return a;
-}
-static void tn_ints(struct tnode *t, const char *name, int64_t *v, int n) {
-    struct graph_attr *a = tn_add(t, name, ATTR_INTS);
-    a->ints = v;
-    a->n = n;
-}
-static void tn_floats(struct tnode *t, const char *name, float *v, int n) {
-    struct graph_attr *a = tn_add(t, name, ATTR_FLOATS);
-    a->floats = v;
-    a->n = n;
-}
-static void tn_strs(struct tnode *t, const char *name, char **v, int n) {
-    struct graph_attr *a = tn_add(t, name, ATTR_STRINGS);
-    a->strings = v;
-    a->n = n;
-}
-static void tn_str(struct tnode *t, const char *name, const char *v) {
-    struct graph_attr *a = tn_add(t, name, ATTR_STRING);
-    a->s = (char *)v;
-    a->s_len = strlen(v);
-}
-static void tn_int(struct tnode *t, const char *name, int64_t v) { tn_add(t, name, ATTR_INT)->i = v; }
-
-static char g_err[512];
+#include "tests/kernels/harness.h"
 
 static int call(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout) {
-    const struct op_def *d = op_find("ai.onnx.ml", tn->n.op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = &tn->n;
-    c.nin = nin;
-    c.nout = nout;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    for (int i = 0; i < nout; i++) c.out[i] = out[i];
-    c.nthreads = 1;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    void *state = NULL;
-    size_t scratch = 0;
-    if (d->prepare && (rc = d->prepare(&c, &state, &scratch))) return rc;
-    c.state = state;
-    c.scratch = scratch ? aligned_alloc(64, (scratch + 63) / 64 * 64) : NULL;
-    c.scratch_size = scratch;
-    for (int i = 0; i < nout; i++) {
-        if (!out[i]) continue;
-        int64_t n = tensor_numel(out[i]);
-        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
-    }
-    rc = d->run(&c);
-    if (d->release) d->release(state);
-    free(c.scratch);
-    return rc;
+    return tn_call(&tn->n, in, nin, out, nout, 1);
 }
 
 #define F(t) ((float *)(t).data)
@@ -103,10 +33,10 @@ static void test_linear_classifier_softmax(void **st) {
     int64_t labels[3] = {10, 20, 30};
     struct tensor X = {DT_FP32, 2, {2, 2}, x}, Y = {0}, Z = {0};
     struct tnode tn;
-    tn_init(&tn, "LinearClassifier", 1);
-    tn_floats(&tn, "coefficients", coef, 6);
-    tn_floats(&tn, "intercepts", icp, 3);
-    tn_ints(&tn, "classlabels_ints", labels, 3);
+    tn_init_domain(&tn, "ai.onnx.ml", "LinearClassifier", 1);
+    tn_floats(&tn, "coefficients", 6, coef);
+    tn_floats(&tn, "intercepts", 3, icp);
+    tn_ints(&tn, "classlabels_ints", 3, labels);
     tn_str(&tn, "post_transform", "SOFTMAX");
     const struct tensor *in[1] = {&X};
     struct tensor *out[2] = {&Y, &Z};
@@ -132,10 +62,10 @@ static void test_linear_classifier_binary(void **st) {
     int64_t labels[2] = {7, 9};
     struct tensor X = {DT_FP32, 2, {2, 1}, x}, Y = {0}, Z = {0};
     struct tnode tn;
-    tn_init(&tn, "LinearClassifier", 1);
-    tn_floats(&tn, "coefficients", coef, 1);
-    tn_floats(&tn, "intercepts", icp, 1);
-    tn_ints(&tn, "classlabels_ints", labels, 2);
+    tn_init_domain(&tn, "ai.onnx.ml", "LinearClassifier", 1);
+    tn_floats(&tn, "coefficients", 1, coef);
+    tn_floats(&tn, "intercepts", 1, icp);
+    tn_ints(&tn, "classlabels_ints", 2, labels);
     const struct tensor *in[1] = {&X};
     struct tensor *out[2] = {&Y, &Z};
     assert_int_equal(call(&tn, in, 1, out, 2), 0);
@@ -153,13 +83,13 @@ static void test_linear_classifier_binary(void **st) {
 /* Two stumps on feature 0 (threshold 0.5) and feature 1 (threshold 2). */
 static void tree_attrs(struct tnode *tn, int64_t *tid, int64_t *nid, int64_t *fid, char **modes, float *vals, int64_t *tt,
                        int64_t *ff) {
-    tn_ints(tn, "nodes_treeids", tid, 6);
-    tn_ints(tn, "nodes_nodeids", nid, 6);
-    tn_ints(tn, "nodes_featureids", fid, 6);
-    tn_strs(tn, "nodes_modes", modes, 6);
-    tn_floats(tn, "nodes_values", vals, 6);
-    tn_ints(tn, "nodes_truenodeids", tt, 6);
-    tn_ints(tn, "nodes_falsenodeids", ff, 6);
+    tn_ints(tn, "nodes_treeids", 6, tid);
+    tn_ints(tn, "nodes_nodeids", 6, nid);
+    tn_ints(tn, "nodes_featureids", 6, fid);
+    tn_strs(tn, "nodes_modes", 6, modes);
+    tn_floats(tn, "nodes_values", 6, vals);
+    tn_ints(tn, "nodes_truenodeids", 6, tt);
+    tn_ints(tn, "nodes_falsenodeids", 6, ff);
 }
 
 static void test_tree_classifier(void **st) {
@@ -173,13 +103,13 @@ static void test_tree_classifier(void **st) {
     float cw[4] = {0.5f, 0.5f, 0.75f, 0.25f};
     int64_t labels[3] = {100, 200, 300};
     struct tnode tn;
-    tn_init(&tn, "TreeEnsembleClassifier", 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "TreeEnsembleClassifier", 1);
     tree_attrs(&tn, tid, nid, fid, modes, vals, tt, ff);
-    tn_ints(&tn, "class_treeids", ctid, 4);
-    tn_ints(&tn, "class_nodeids", cnid, 4);
-    tn_ints(&tn, "class_ids", cid, 4);
-    tn_floats(&tn, "class_weights", cw, 4);
-    tn_ints(&tn, "classlabels_int64s", labels, 3);
+    tn_ints(&tn, "class_treeids", 4, ctid);
+    tn_ints(&tn, "class_nodeids", 4, cnid);
+    tn_ints(&tn, "class_ids", 4, cid);
+    tn_floats(&tn, "class_weights", 4, cw);
+    tn_ints(&tn, "classlabels_int64s", 3, labels);
     float x[6] = {0, 0, 1, 1, 1, 5}; /* rows: (0,0), (1,1), (1,5) */
     struct tensor X = {DT_FP32, 2, {3, 2}, x}, Y = {0}, Z = {0};
     const struct tensor *in[1] = {&X};
@@ -196,13 +126,13 @@ static void test_tree_classifier(void **st) {
 
     /* a child id that does not exist is named in the error */
     ff[0] = 9;
-    tn_init(&tn, "TreeEnsembleClassifier", 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "TreeEnsembleClassifier", 1);
     tree_attrs(&tn, tid, nid, fid, modes, vals, tt, ff);
-    tn_ints(&tn, "class_treeids", ctid, 4);
-    tn_ints(&tn, "class_nodeids", cnid, 4);
-    tn_ints(&tn, "class_ids", cid, 4);
-    tn_floats(&tn, "class_weights", cw, 4);
-    tn_ints(&tn, "classlabels_int64s", labels, 3);
+    tn_ints(&tn, "class_treeids", 4, ctid);
+    tn_ints(&tn, "class_nodeids", 4, cnid);
+    tn_ints(&tn, "class_ids", 4, cid);
+    tn_floats(&tn, "class_weights", 4, cw);
+    tn_ints(&tn, "classlabels_int64s", 3, labels);
     Y = (struct tensor){0};
     Z = (struct tensor){0};
     assert_int_equal(call(&tn, in, 1, out, 2), STATUS_INVALID);
@@ -218,13 +148,13 @@ static void test_tree_regressor_average(void **st) {
     int64_t ttid[4] = {0, 0, 1, 1}, tnid[4] = {1, 2, 1, 2}, tgt[4] = {0, 0, 0, 0};
     float tw[4] = {1, 3, 10, 20}, base[1] = {0.5f};
     struct tnode tn;
-    tn_init(&tn, "TreeEnsembleRegressor", 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "TreeEnsembleRegressor", 1);
     tree_attrs(&tn, tid, nid, fid, modes, vals, tt, ff);
-    tn_ints(&tn, "target_treeids", ttid, 4);
-    tn_ints(&tn, "target_nodeids", tnid, 4);
-    tn_ints(&tn, "target_ids", tgt, 4);
-    tn_floats(&tn, "target_weights", tw, 4);
-    tn_floats(&tn, "base_values", base, 1);
+    tn_ints(&tn, "target_treeids", 4, ttid);
+    tn_ints(&tn, "target_nodeids", 4, tnid);
+    tn_ints(&tn, "target_ids", 4, tgt);
+    tn_floats(&tn, "target_weights", 4, tw);
+    tn_floats(&tn, "base_values", 1, base);
     tn_int(&tn, "n_targets", 1);
     tn_str(&tn, "aggregate_function", "AVERAGE");
     float x[4] = {0, 9, NAN, 1}; /* NaN goes false without missing_value_tracks_true */
@@ -245,7 +175,7 @@ static void test_normalizer_scaler(void **st) {
     const float want[3][3] = {{1, -4.0f / 3, 0}, {3.0f / 7, -4.0f / 7, 0}, {0.6f, -0.8f, 0}};
     for (int k = 0; k < 3; k++) {
         struct tnode tn;
-        tn_init(&tn, "Normalizer", 1);
+        tn_init_domain(&tn, "ai.onnx.ml", "Normalizer", 1);
         tn_str(&tn, "norm", norms[k]);
         struct tensor Y = {0};
         const struct tensor *in[1] = {&X};
@@ -258,9 +188,9 @@ static void test_normalizer_scaler(void **st) {
     float off[3] = {1, 1, 1}, sc[1] = {2};
     struct tensor XI = {DT_INT64, 2, {1, 3}, xi}, Y = {0};
     struct tnode tn;
-    tn_init(&tn, "Scaler", 1);
-    tn_floats(&tn, "offset", off, 3);
-    tn_floats(&tn, "scale", sc, 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "Scaler", 1);
+    tn_floats(&tn, "offset", 3, off);
+    tn_floats(&tn, "scale", 1, sc);
     const struct tensor *in[1] = {&XI};
     struct tensor *out[1] = {&Y};
     assert_int_equal(call(&tn, in, 1, out, 1), 0);
@@ -273,9 +203,9 @@ static void test_label_encoder(void **st) {
     (void)st;
     int64_t keys[3] = {30, 10, 20}, vals[3] = {3, 1, 2}, x[4] = {20, 5, 30, 10};
     struct tnode tn;
-    tn_init(&tn, "LabelEncoder", 2);
-    tn_ints(&tn, "keys_int64s", keys, 3);
-    tn_ints(&tn, "values_int64s", vals, 3);
+    tn_init_domain(&tn, "ai.onnx.ml", "LabelEncoder", 2);
+    tn_ints(&tn, "keys_int64s", 3, keys);
+    tn_ints(&tn, "values_int64s", 3, vals);
     tn_int(&tn, "default_int64", -7);
     struct tensor X = {DT_INT64, 1, {4}, x}, Y = {0};
     const struct tensor *in[1] = {&X};
@@ -294,7 +224,7 @@ static void test_array_feature_extractor(void **st) {
     int64_t idx[2] = {2, 0};
     struct tensor X = {DT_FP32, 2, {2, 3}, x}, I = {DT_INT64, 1, {2}, idx}, Y = {0};
     struct tnode tn;
-    tn_init(&tn, "ArrayFeatureExtractor", 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "ArrayFeatureExtractor", 1);
     const struct tensor *in[2] = {&X, &I};
     struct tensor *out[1] = {&Y};
     assert_int_equal(call(&tn, in, 2, out, 1), 0);
@@ -316,9 +246,9 @@ static void test_string_labels(void **st) {
     char *names[2] = {"cat", "dog"};
     struct tensor X = {DT_FP32, 2, {2, 1}, x}, Y = {0}, Z = {0};
     struct tnode tn;
-    tn_init(&tn, "LinearClassifier", 1);
-    tn_floats(&tn, "coefficients", coef, 2);
-    tn_strs(&tn, "classlabels_strings", names, 2);
+    tn_init_domain(&tn, "ai.onnx.ml", "LinearClassifier", 1);
+    tn_floats(&tn, "coefficients", 2, coef);
+    tn_strs(&tn, "classlabels_strings", 2, names);
     const struct tensor *in[1] = {&X};
     struct tensor *out[2] = {&Y, &Z};
     assert_int_equal(call(&tn, in, 1, out, 2), 0);
@@ -329,9 +259,9 @@ static void test_string_labels(void **st) {
     free(Z.data);
 
     int64_t keys[2] = {4, 9}, xi[3] = {9, 1, 4};
-    tn_init(&tn, "LabelEncoder", 2);
-    tn_ints(&tn, "keys_int64s", keys, 2);
-    tn_strs(&tn, "values_strings", names, 2);
+    tn_init_domain(&tn, "ai.onnx.ml", "LabelEncoder", 2);
+    tn_ints(&tn, "keys_int64s", 2, keys);
+    tn_strs(&tn, "values_strings", 2, names);
     tn_str(&tn, "default_string", "none");
     struct tensor XI = {DT_INT64, 1, {3}, xi}, L = {0};
     const struct tensor *in2[1] = {&XI};
@@ -348,7 +278,7 @@ static void test_zipmap_refused(void **st) {
     float x[2] = {0.25f, 0.75f};
     struct tensor X = {DT_FP32, 2, {1, 2}, x}, Y = {0};
     struct tnode tn;
-    tn_init(&tn, "ZipMap", 1);
+    tn_init_domain(&tn, "ai.onnx.ml", "ZipMap", 1);
     const struct tensor *in[1] = {&X};
     struct tensor *out[1] = {&Y};
     assert_int_equal(call(&tn, in, 1, out, 1), STATUS_UNSUPPORTED);

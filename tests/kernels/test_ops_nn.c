@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
+#include "tests/kernels/harness.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -41,96 +42,13 @@ static struct tensor mk(int ndim, const int64_t *dims, int fill) {
 }
 
 /* A node with up to 8 attributes. */
-struct tnode {
-    struct graph_node n;
-    struct graph_attr a[8];
-    int64_t ints[8][10];
-};
-
-static void tn_init(struct tnode *t, const char *op) {
-    memset(t, 0, sizeof *t);
-    t->n.name = "n0";
-    t->n.op_type = (char *)op;
-    t->n.domain = "";
-    t->n.attrs = t->a;
-}
-static void tn_ints(struct tnode *t, const char *name, int n, const int64_t *v) {
-    struct graph_attr *a = &t->a[t->n.nattr];
-    a->name = (char *)name;
-    a->type = ATTR_INTS;
-    a->n = n;
-    memcpy(t->ints[t->n.nattr], v, sizeof(int64_t) * n);
-    a->ints = t->ints[t->n.nattr];
-    t->n.nattr++;
-}
-static void tn_int(struct tnode *t, const char *name, int64_t v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_INT;
-    a->i = v;
-}
-static void tn_float(struct tnode *t, const char *name, float v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_FLOAT;
-    a->f = v;
-}
-static void tn_str(struct tnode *t, const char *name, const char *v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_STRING;
-    a->s = (char *)v;
-    a->s_len = strlen(v);
-}
-
-static char g_err[512];
-
-/* Inputs whose bit is set here reach infer() and prepare() without data, as
- * values computed at run time do; run() sees them. */
-static unsigned g_runtime_inputs;
-
 static void assert_int_equal_msg_impl(int a, int b, const char *msg) {
     if (a != b) fail_msg("status %d (expected %d): %s", a, b, msg);
 }
 
-/* Infers, allocates outputs, prepares, runs, releases. Returns the status;
- * outputs stay allocated (caller frees). */
 static int run_node(const struct graph_node *n, struct tensor **in, int nin, struct tensor **out, int nout,
                     int nthreads) {
-    const struct op_def *d = op_find("", n->op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = n;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    c.nin = nin;
-    for (int i = 0; i < nout; i++) c.out[i] = out[i];
-    c.nout = nout;
-    c.nthreads = nthreads;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    struct tensor hidden[OP_MAX_IO];
-    for (int i = 0; i < nin; i++)
-        if (in[i] && (g_runtime_inputs >> i & 1)) {
-            hidden[i] = *in[i];
-            hidden[i].data = NULL;
-            c.in[i] = &hidden[i];
-        }
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    for (int i = 0; i < nout; i++)
-        if (out[i]) out[i]->data = malloc(tensor_nbytes(out[i]) + 1);
-    void *st = NULL;
-    size_t ss = 0;
-    if (d->prepare && (rc = d->prepare(&c, &st, &ss))) return rc;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    c.state = st;
-    c.scratch = ss ? aligned_alloc(64, (ss + 63) & ~(size_t)63) : NULL;
-    c.scratch_size = ss;
-    rc = d->run(&c);
-    free(c.scratch);
-    if (d->release) d->release(st);
-    return rc;
+    return tn_call(n, (const struct tensor *const *)in, nin, out, nout, nthreads);
 }
 
 static void expect_close(const float *got, const float *want, int64_t n, float tol, const char *what) {
@@ -196,7 +114,7 @@ static void run_conv_case(struct conv_case cc, const char *layout) {
     }
     struct tensor x = mk(nd, xd, 1), w = mk(nd, wd, 1), b = mk(1, &cc.m, 1), y = {0};
     struct tnode t;
-    tn_init(&t, "Conv");
+    tn_init(&t, "Conv", 0);
     int64_t pads[6];
     for (int i = 0; i < cc.nsp; i++) {
         pads[i] = cc.pl[i];
@@ -290,7 +208,7 @@ static void test_conv_identical_filters(void **st) {
                 for (int64_t m = 1; m < cases[i].m; m++) memcpy((float *)w.data + m * per, w.data, sizeof(float) * per);
                 for (int64_t m = 0; m < cases[i].m; m++) ((float *)b.data)[m] = 0.25f;
                 struct tnode t;
-                tn_init(&t, "Conv");
+                tn_init(&t, "Conv", 0);
                 int64_t pads[4] = {k / 2, k / 2, k / 2, k / 2};
                 tn_ints(&t, "pads", 4, pads);
                 tn_int(&t, "group", cases[i].group);
@@ -325,7 +243,7 @@ static void test_conv_errors(void **st) {
     int64_t xd[4] = {1, 3, 5, 5}, wd[4] = {4, 2, 3, 3};
     struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), y = {0};
     struct tnode t;
-    tn_init(&t, "Conv");
+    tn_init(&t, "Conv", 0);
     struct tensor *in[2] = {&x, &w}, *o[1] = {&y};
     int rc = run_node(&t.n, in, 2, o, 1, 1);
     assert_int_not_equal(rc, 0);
@@ -342,15 +260,15 @@ static void test_conv_errors(void **st) {
     int64_t ad[2] = {3, 4}, bd[2] = {5, 6}, a3[3] = {2, 3, 4};
     struct tensor a = mk(2, ad, 1), b = mk(2, bd, 1), a3t = mk(3, a3, 1);
     struct tnode mm;
-    tn_init(&mm, "MatMul");
+    tn_init(&mm, "MatMul", 0);
     struct tensor *in3[2] = {&a, &b};
     assert_int_not_equal(run_node(&mm.n, in3, 2, o, 1, 1), 0);
     assert_non_null(strstr(g_err, "inner dims differ"));
-    tn_init(&mm, "Gemm");
+    tn_init(&mm, "Gemm", 0);
     struct tensor *in4[2] = {&a3t, &b};
     assert_int_not_equal(run_node(&mm.n, in4, 2, o, 1, 1), 0);
     assert_non_null(strstr(g_err, "must be 2-D"));
-    tn_init(&mm, "MaxPool");
+    tn_init(&mm, "MaxPool", 0);
     struct tensor *in5[1] = {&x};
     assert_int_not_equal(run_node(&mm.n, in5, 1, o, 1, 1), 0);
     assert_non_null(strstr(g_err, "kernel_shape"));
@@ -385,7 +303,7 @@ static void test_conv_transpose(void **st) {
         int64_t xd[4] = {k->n, k->c, k->in[0], k->in[1]}, wd[4] = {k->c, k->m / k->g, k->k[0], k->k[1]};
         struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), b = mk(1, &k->m, 1), y = {0};
         struct tnode t;
-        tn_init(&t, "ConvTranspose");
+        tn_init(&t, "ConvTranspose", 0);
         int64_t pads[4] = {k->pl[0], k->pl[1], k->pr[0], k->pr[1]};
         tn_ints(&t, "strides", 2, k->s);
         tn_ints(&t, "dilations", 2, k->d);
@@ -486,7 +404,7 @@ static void test_matmul_cases(void **st) {
         int64_t nn = cases[i].b[cases[i].rb - 1];
         struct tensor bias = mk(1, &nn, 1);
         struct tnode t;
-        tn_init(&t, "MatMul");
+        tn_init(&t, "MatMul", 0);
         t.n.act = cases[i].act;
         /* a value computed at run time reaches prepare without data */
         void *bdata = b.data;
@@ -541,7 +459,7 @@ static void test_gemm_cases(void **st) {
         int64_t ad[2] = {cases[i].ta ? K : M, cases[i].ta ? M : K}, bd[2] = {cases[i].tb ? N : K, cases[i].tb ? K : N};
         struct tensor a = mk(2, ad, 1), b = mk(2, bd, 1), C = mk(cases[i].cr < 0 ? 0 : cases[i].cr, cases[i].c, 1), y = {0};
         struct tnode t;
-        tn_init(&t, "Gemm");
+        tn_init(&t, "Gemm", 0);
         tn_int(&t, "transA", cases[i].ta);
         tn_int(&t, "transB", cases[i].tb);
         tn_float(&t, "alpha", cases[i].alpha);
@@ -602,7 +520,7 @@ static void test_quantized_matmul(void **st) {
     struct tensor a = mk_q(DT_UINT8, 2, ad), b = mk_q(DT_INT8, 2, bd), za = mk_q(DT_UINT8, 1, &one),
                   zb = mk_q(DT_INT8, 1, &four), y = {0};
     struct tnode t;
-    tn_init(&t, "MatMulInteger");
+    tn_init(&t, "MatMulInteger", 0);
     struct tensor *in[4] = {&a, &b, &za, &zb}, *o[1] = {&y};
     assert_int_equal_msg_impl(run_node(&t.n, in, 4, o, 1, 1), 0, g_err);
     assert_int_equal(y.dtype, DT_INT32);
@@ -618,7 +536,7 @@ static void test_quantized_matmul(void **st) {
     struct tensor as = {DT_FP32, 1, {1}, (float[]){0.02f}}, bs = {DT_FP32, 1, {1}, (float[]){0.05f}};
     struct tensor ys = {DT_FP32, 1, {1}, (float[]){0.1f}}, yz = {DT_UINT8, 1, {1}, (uint8_t[]){128}};
     struct tensor zb1 = {DT_INT8, 1, {1}, (int8_t[]){0}};
-    tn_init(&t, "QLinearMatMul");
+    tn_init(&t, "QLinearMatMul", 0);
     struct tensor *qin[8] = {&a, &as, &za, &b, &bs, &zb1, &ys, &yz};
     y = (struct tensor){0};
     assert_int_equal_msg_impl(run_node(&t.n, qin, 8, o, 1, 1), 0, g_err);
@@ -642,7 +560,7 @@ static void test_quantized_conv(void **st) {
     struct tensor ys = {DT_FP32, 0, {0}, (float[]){0.5f}}, yz = {DT_INT8, 0, {0}, (int8_t[]){-3}};
     int64_t pads[4] = {1, 1, 1, 1};
     struct tnode t;
-    tn_init(&t, "ConvInteger");
+    tn_init(&t, "ConvInteger", 0);
     tn_ints(&t, "pads", 4, pads);
     struct tensor *in[4] = {&x, &w, &xz, &wz}, *o[1] = {&y};
     assert_int_equal_msg_impl(run_node(&t.n, in, 4, o, 1, 1), 0, g_err);
@@ -664,7 +582,7 @@ static void test_quantized_conv(void **st) {
                 assert_int_equal(((int32_t *)y.data)[(m * 5 + h) * 5 + ww], sum);
             }
     free(y.data);
-    tn_init(&t, "QLinearConv");
+    tn_init(&t, "QLinearConv", 0);
     tn_ints(&t, "pads", 4, pads);
     struct tensor *qin[9] = {&x, &xs, &xz, &w, &ws, &wz, &ys, &yz, &bias};
     y = (struct tensor){0};
@@ -687,7 +605,7 @@ static void test_maxpool_indices(void **st) {
     struct tensor x = mk(4, xd, 0), y = {0}, idx = {0};
     for (int i = 0; i < 32; i++) ((float *)x.data)[i] = (float)i;
     struct tnode t;
-    tn_init(&t, "MaxPool");
+    tn_init(&t, "MaxPool", 0);
     int64_t k[2] = {2, 2};
     tn_ints(&t, "kernel_shape", 2, k);
     tn_ints(&t, "strides", 2, k);
@@ -719,7 +637,7 @@ static void test_maxunpool(void **st) {
     int64_t xd[4] = {1, 2, 4, 6};
     struct tensor x = mk(4, xd, 1), y = {0}, idx = {0}, u = {0};
     struct tnode t;
-    tn_init(&t, "MaxPool");
+    tn_init(&t, "MaxPool", 0);
     int64_t k[2] = {2, 2};
     tn_ints(&t, "kernel_shape", 2, k);
     tn_ints(&t, "strides", 2, k);
@@ -756,7 +674,7 @@ static void test_pool_paths_agree(void **st) {
     struct tensor x = mk(4, xd, 1);
     for (int ceil = 0; ceil < 2; ceil++) {
         struct tnode t;
-        tn_init(&t, "MaxPool");
+        tn_init(&t, "MaxPool", 0);
         int64_t k[2] = {3, 3}, s[2] = {2, 2}, p[4] = {1, 0, 0, 1};
         tn_ints(&t, "kernel_shape", 2, k);
         tn_ints(&t, "strides", 2, s);
@@ -786,7 +704,7 @@ static void test_avgpool(void **st) {
     for (int i = 0; i < 9; i++) ((float *)x.data)[i] = 1.0f;
     for (int inc = 0; inc < 2; inc++) {
         struct tnode t;
-        tn_init(&t, "AveragePool");
+        tn_init(&t, "AveragePool", 0);
         int64_t k[2] = {2, 2}, s[2] = {2, 2}, p[4] = {1, 1, 1, 1};
         tn_ints(&t, "kernel_shape", 2, k);
         tn_ints(&t, "strides", 2, s);
@@ -810,7 +728,7 @@ static void test_global_pools(void **st) {
     struct tensor x = mk(4, xd, 1);
     for (int mx = 0; mx < 2; mx++) {
         struct tnode t;
-        tn_init(&t, mx ? "GlobalMaxPool" : "GlobalAveragePool");
+        tn_init(&t, mx ? "GlobalMaxPool" : "GlobalAveragePool", 0);
         struct tensor y = {0};
         struct tensor *in[1] = {&x}, *o[1] = {&y};
         assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
@@ -837,7 +755,7 @@ static void test_lp_pools(void **st) {
     int64_t xd[4] = {1, 2, 4, 5};
     struct tensor x = mk(4, xd, 1), y = {0};
     struct tnode t;
-    tn_init(&t, "LpPool");
+    tn_init(&t, "LpPool", 0);
     int64_t k[2] = {2, 3}, pads[4] = {0, 1, 0, 1};
     tn_ints(&t, "kernel_shape", 2, k);
     tn_ints(&t, "pads", 4, pads);
@@ -859,7 +777,7 @@ static void test_lp_pools(void **st) {
                 assert_true(fabs(((float *)y.data)[(c * 3 + i) * 5 + j] - pow(acc, 1.0 / 3)) < 1e-5);
             }
     free(y.data);
-    tn_init(&t, "GlobalLpPool");
+    tn_init(&t, "GlobalLpPool", 0);
     y = (struct tensor){0};
     assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 1), 0, g_err);
     for (int c = 0; c < 2; c++) {
@@ -879,7 +797,7 @@ static void test_batchnorm(void **st) {
     struct tensor x = mk(4, xd, 1), sc = mk(1, &cd, 1), b = mk(1, &cd, 1), mu = mk(1, &cd, 1), var = mk(1, &cd, 1);
     for (int i = 0; i < 3; i++) ((float *)var.data)[i] = fabsf(((float *)var.data)[i]) + 0.5f;
     struct tnode t;
-    tn_init(&t, "BatchNormalization");
+    tn_init(&t, "BatchNormalization", 0);
     tn_float(&t, "epsilon", 1e-3f);
     struct tensor y = {0};
     struct tensor *in[5] = {&x, &sc, &b, &mu, &var}, *o[1] = {&y};
@@ -932,7 +850,7 @@ static void test_instancenorm_lrn(void **st) {
     int64_t xd[4] = {2, 5, 3, 4}, cd = 5;
     struct tensor x = mk(4, xd, 1), sc = mk(1, &cd, 1), b = mk(1, &cd, 1), y = {0};
     struct tnode t;
-    tn_init(&t, "InstanceNormalization");
+    tn_init(&t, "InstanceNormalization", 0);
     struct tensor *in[3] = {&x, &sc, &b}, *o[1] = {&y};
     assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
     for (int p = 0; p < 10; p++) {
@@ -952,7 +870,7 @@ static void test_instancenorm_lrn(void **st) {
     for (int size = 2; size <= 5; size++)
         for (int bi = 0; bi < 2; bi++) {
             float beta = bi ? 0.6f : 0.75f;
-            tn_init(&t, "LRN");
+            tn_init(&t, "LRN", 0);
             tn_int(&t, "size", size);
             tn_float(&t, "alpha", 0.01f);
             tn_float(&t, "beta", beta);
@@ -985,7 +903,7 @@ static void test_groupnorm(void **st) {
     for (int per_group = 0; per_group < 2; per_group++) {
         struct tensor sc = mk(1, per_group ? &c3 : &c6, 1), b = mk(1, per_group ? &c3 : &c6, 1), y = {0};
         struct tnode t;
-        tn_init(&t, "GroupNormalization");
+        tn_init(&t, "GroupNormalization", 0);
         tn_int(&t, "num_groups", 3);
         tn_float(&t, "epsilon", 1e-3f);
         struct tensor *in[3] = {&x, &sc, &b}, *o[1] = {&y};
@@ -1032,7 +950,7 @@ static void test_col2im(void **st) {
                         ((float *)x.data)[((c * 6) + kh * 3 + kw) * gh * gw + l] = (float)(100 * c + 10 * h + w);
                     }
         struct tnode t;
-        tn_init(&t, "Col2Im");
+        tn_init(&t, "Col2Im", 0);
         tn_ints(&t, "strides", 2, s);
         struct tensor *in[3] = {&x, &is, &bs}, *o[1] = {&y};
         assert_int_equal_msg_impl(run_node(&t.n, in, 3, o, 1, 1), 0, g_err);
@@ -1064,14 +982,14 @@ static void test_deform_conv(void **st) {
     for (int64_t i = 0; i < tensor_numel(&mask); i++) ((float *)mask.data)[i] = 0.5f;
     int64_t dil[2] = {1, 1}, strides[2] = {1, 1};
     struct tnode t;
-    tn_init(&t, "Conv");
+    tn_init(&t, "Conv", 0);
     tn_int(&t, "group", 2);
     tn_ints(&t, "strides", 2, strides);
     tn_ints(&t, "dilations", 2, dil);
     struct tensor yc = {0}, yd = {0}, ym = {0}, nob = {0};
     struct tensor *cin[3] = {&x, &w, &b}, *o[1] = {&yc};
     assert_int_equal_msg_impl(run_node(&t.n, cin, 3, o, 1, 1), 0, g_err);
-    tn_init(&t, "DeformConv");
+    tn_init(&t, "DeformConv", 0);
     tn_int(&t, "group", 2);
     tn_int(&t, "offset_group", 2);
     struct tensor *din[5] = {&x, &w, &off, &b, NULL}, *o2[1] = {&yd};
@@ -1097,7 +1015,7 @@ static void test_roialign(void **st) {
     float r[4] = {2, 2, 6, 6};
     memcpy(rois.data, r, sizeof r);
     struct tnode t;
-    tn_init(&t, "RoiAlign");
+    tn_init(&t, "RoiAlign", 0);
     t.n.opset = 16;
     tn_int(&t, "output_height", 2);
     tn_int(&t, "output_width", 2);
@@ -1128,7 +1046,7 @@ static void test_weights_shared(void **st) {
     int64_t wd[4] = {32, 16, 3, 3}, m = 32;
     struct tensor w = mk(4, wd, 1), b = mk(1, &m, 1);
     struct tnode t;
-    tn_init(&t, "Conv");
+    tn_init(&t, "Conv", 0);
     int64_t pads[4] = {1, 1, 1, 1};
     tn_ints(&t, "pads", 4, pads);
     const struct op_def *d = op_find("", "Conv");
@@ -1219,7 +1137,7 @@ static void test_concurrent_runs(void **st) {
     int64_t xd[4] = {1, 16, 14, 14}, wd[4] = {32, 16, 3, 3}, m = 32;
     struct tensor w = mk(4, wd, 1), b = mk(1, &m, 1), x[T], y[T];
     struct tnode t;
-    tn_init(&t, "Conv");
+    tn_init(&t, "Conv", 0);
     int64_t pads[4] = {1, 1, 1, 1};
     tn_ints(&t, "pads", 4, pads);
     t.n.act = ACT_RELU;

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "kernels/ops.h"
+#include "tests/kernels/harness.h"
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
 static float frand(void) {
@@ -36,56 +37,8 @@ static struct tensor mk(enum dtype dt, int ndim, const int64_t *dims) {
 }
 #define F(t) ((float *)(t).data)
 
-struct tnode {
-    struct graph_node n;
-    struct graph_attr a[8];
-    int64_t ints[8][8];
-};
-
-static void tn_init(struct tnode *t, const char *op, int opset) {
-    memset(t, 0, sizeof *t);
-    t->n.name = "r0";
-    t->n.op_type = (char *)op;
-    t->n.domain = "";
-    t->n.opset = opset;
-    t->n.attrs = t->a;
-}
-static void tn_int(struct tnode *t, const char *name, int64_t v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_INT;
-    a->i = v;
-}
-static void tn_ints(struct tnode *t, const char *name, int n, const int64_t *v) {
-    struct graph_attr *a = &t->a[t->n.nattr];
-    a->name = (char *)name;
-    a->type = ATTR_INTS;
-    a->n = n;
-    memcpy(t->ints[t->n.nattr], v, sizeof(int64_t) * (size_t)n);
-    a->ints = t->ints[t->n.nattr];
-    t->n.nattr++;
-}
-
-static char g_err[512];
-
 static int call(struct tnode *tn, const struct tensor **in, int nin, struct tensor *o, int threads) {
-    const struct op_def *d = op_find("", tn->n.op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = &tn->n;
-    c.nin = nin;
-    c.nout = 1;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    c.out[0] = o;
-    c.nthreads = threads;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    int64_t n = tensor_numel(o);
-    o->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(o->dtype));
-    return d->run(&c);
+    return tn_call(&tn->n, in, nin, &o, 1, threads);
 }
 
 /* ---- reference ----------------------------------------------------------- */
@@ -368,33 +321,7 @@ static void test_argmax(void **state) {
 /* ---- losses and normalizations -------------------------------------------- */
 
 static int call_n(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout) {
-    const struct op_def *d = op_find("", tn->n.op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = &tn->n;
-    c.nin = nin;
-    c.nout = nout;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    for (int i = 0; i < nout; i++) c.out[i] = out[i];
-    c.nthreads = 1;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    for (int i = 0; i < nout; i++) {
-        int64_t n = tensor_numel(out[i]);
-        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
-    }
-    return d->run(&c);
-}
-
-static void tn_str(struct tnode *t, const char *name, const char *v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_STRING;
-    a->s = (char *)v;
-    a->s_len = strlen(v);
+    return tn_call(&tn->n, in, nin, out, nout, 1);
 }
 
 static void test_losses(void **state) {

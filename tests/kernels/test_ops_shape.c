@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "kernels/ops.h"
+#include "tests/kernels/harness.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -62,73 +63,8 @@ static struct tensor mk_f32(int ndim, const int64_t *dims, const float *v) {
 #define F(t) ((float *)(t).data)
 #define I64(t) ((int64_t *)(t).data)
 
-struct tnode {
-    struct graph_node n;
-    struct graph_attr a[8];
-};
-
-static void tn_init(struct tnode *t, const char *op, int opset) {
-    memset(t, 0, sizeof *t);
-    t->n.name = "n0";
-    t->n.op_type = (char *)op;
-    t->n.domain = "";
-    t->n.opset = opset;
-    t->n.attrs = t->a;
-}
-static void tn_int(struct tnode *t, const char *name, int64_t v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_INT;
-    a->i = v;
-}
-static void tn_ints(struct tnode *t, const char *name, int64_t *v, int n) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_INTS;
-    a->ints = v;
-    a->n = n;
-}
-static void tn_str(struct tnode *t, const char *name, const char *v) {
-    struct graph_attr *a = &t->a[t->n.nattr++];
-    a->name = (char *)name;
-    a->type = ATTR_STRING;
-    a->s = (char *)v;
-    a->s_len = strlen(v);
-}
-
-static char g_err[512];
-
-/* Runs infer, prepare (with scratch), allocates outputs, runs, releases. */
 static int call(struct tnode *tn, const struct tensor **in, int nin, struct tensor **out, int nout) {
-    const struct op_def *d = op_find("", tn->n.op_type);
-    assert_non_null(d);
-    struct op_call c = {0};
-    c.node = &tn->n;
-    c.nin = nin;
-    c.nout = nout;
-    for (int i = 0; i < nin; i++) c.in[i] = in[i];
-    for (int i = 0; i < nout; i++) c.out[i] = out[i];
-    c.nthreads = 1;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
-    g_err[0] = 0;
-    int rc = d->infer(&c);
-    if (rc) return rc;
-    void *state = NULL;
-    size_t scratch = 0;
-    if (d->prepare && (rc = d->prepare(&c, &state, &scratch))) return rc;
-    c.state = state;
-    c.scratch = scratch ? aligned_alloc(64, (scratch + 63) / 64 * 64) : NULL;
-    c.scratch_size = scratch;
-    for (int i = 0; i < nout; i++) {
-        if (!out[i]) continue;
-        int64_t n = tensor_numel(out[i]);
-        out[i]->data = calloc((size_t)(n > 0 ? n : 1), dtype_size(out[i]->dtype));
-    }
-    rc = d->run(&c);
-    if (d->release) d->release(state);
-    free(c.scratch);
-    return rc;
+    return tn_call(&tn->n, in, nin, out, nout, 1);
 }
 
 static int call1(struct tnode *tn, const struct tensor *a, const struct tensor *b, struct tensor *o) {
@@ -144,7 +80,7 @@ static void check_transpose(enum dtype dt, int r, const int64_t *dims, int64_t *
     struct tensor x = mk_rand(dt, r, dims), o = {0};
     struct tnode tn;
     tn_init(&tn, "Transpose", 13);
-    tn_ints(&tn, "perm", perm, r);
+    tn_ints(&tn, "perm", r, perm);
     assert_int_equal(call1(&tn, &x, NULL, &o), 0);
     assert_int_equal(o.ndim, r);
     int64_t xs[8], st = 1;
@@ -198,7 +134,7 @@ static void test_transpose_bad_perm(void **st) {
     struct tensor x = mk_rand(DT_FP32, 2, d), o = {0};
     struct tnode tn;
     tn_init(&tn, "Transpose", 13);
-    tn_ints(&tn, "perm", perm, 2);
+    tn_ints(&tn, "perm", 2, perm);
     assert_int_not_equal(call1(&tn, &x, NULL, &o), 0);
     assert_non_null(strstr(g_err, "permutation"));
     free(x.data);
@@ -281,7 +217,7 @@ static void test_squeeze_unsqueeze_by_opset(void **st) {
     struct tensor x = mk_rand(DT_INT32, 3, d), o = {0}, ax = mk_i64(1, axes);
     struct tnode tn;
     tn_init(&tn, "Squeeze", 11);
-    tn_ints(&tn, "axes", axes, 1);
+    tn_ints(&tn, "axes", 1, axes);
     assert_int_equal(call1(&tn, &x, NULL, &o), 0);
     assert_int_equal(o.ndim, 2);
     free(o.data);
@@ -365,8 +301,8 @@ static void test_slice_opset1_attrs(void **st) {
     struct tensor x = mk_rand(DT_FP32, 2, d), o = {0};
     struct tnode tn;
     tn_init(&tn, "Slice", 1);
-    tn_ints(&tn, "starts", s, 2);
-    tn_ints(&tn, "ends", e, 2);
+    tn_ints(&tn, "starts", 2, s);
+    tn_ints(&tn, "ends", 2, e);
     assert_int_equal(call1(&tn, &x, NULL, &o), 0);
     assert_int_equal(o.dims[0], 2);
     assert_int_equal(o.dims[1], 5);
@@ -425,7 +361,7 @@ static void test_concat_split_roundtrip(void **st) {
         struct tensor sz = mk_i64(2, sizes);
         tn_init(&tn, "Split", opset);
         tn_int(&tn, "axis", 1);
-        if (opset < 13) tn_ints(&tn, "split", sizes, 2);
+        if (opset < 13) tn_ints(&tn, "split", 2, sizes);
         const struct tensor *in[2] = {&cat, &sz};
         struct tensor *out[2] = {&p0, &p1};
         assert_int_equal(call(&tn, in, opset < 13 ? 1 : 2, out, 2), 0);
@@ -603,7 +539,7 @@ static void test_strings_move(void **st) {
     int64_t perm[2] = {1, 0};
     struct tnode tn;
     tn_init(&tn, "Transpose", 13);
-    tn_ints(&tn, "perm", perm, 2);
+    tn_ints(&tn, "perm", 2, perm);
     assert_int_equal(call1(&tn, &x, NULL, &o), 0);
     char **s = o.data;
     assert_string_equal(s[0], "a");

@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/graph.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "models/graph.h"
 #include "models/model.h"
 #include "models/plan.h"
 

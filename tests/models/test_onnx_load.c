@@ -17,8 +17,8 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "common/status.h"
+#include "graph/graph.h"
 #include "kernels/ops.h"
-#include "models/graph.h"
 #include "models/onnx_load.h"
 #include "onnx/onnx.pb-c.h"
 

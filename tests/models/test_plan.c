@@ -13,9 +13,10 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "graph/graph.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "models/graph.h"
+#include "models/eval.h"
 #include "models/onnx_load.h"
 #include "models/passes.h"
 #include "models/plan.h"
@@ -698,12 +699,12 @@ static void test_fold_size_limit(void **state) {
     struct tensor out;
     char err[256];
     /* 1.44 MB from 16 bytes, limit 1 MB: refused, nothing allocated. */
-    assert_int_equal(plan_eval_node(&g->nodes[a], in_a, 1, &out, 1, 1 << 20, err, sizeof err), PLAN_EVAL_TOO_LARGE);
-    assert_int_equal(plan_eval_node(&g->nodes[a], in_a, 1, &out, 1, 2 << 20, err, sizeof err), 0);
+    assert_int_equal(eval_node(&g->nodes[a], in_a, 1, &out, 1, 1 << 20, err, sizeof err), EVAL_TOO_LARGE);
+    assert_int_equal(eval_node(&g->nodes[a], in_a, 1, &out, 1, 2 << 20, err, sizeof err), 0);
     assert_int_equal(out.dims[0], 600);
     free(out.data);
     /* 480 KB from 480 KB, limit 1 KB: allowed, it adds nothing. */
-    assert_int_equal(plan_eval_node(&g->nodes[b], in_b, 1, &out, 1, 1024, err, sizeof err), 0);
+    assert_int_equal(eval_node(&g->nodes[b], in_b, 1, &out, 1, 1024, err, sizeof err), 0);
     assert_int_equal(out.dims[0], 400);
     assert_float_equal(((float *)out.data)[300], 7, 0);
     free(out.data);

@@ -1,6 +1,6 @@
 /* graph.c - kiln's graph IR: value table with a name index, nodes, attribute
  * lookups and topological ordering. */
-#include "models/graph.h"
+#include "graph/graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "models/graph.h"
+#include "graph/graph.h"
 
 static void test_intern_and_find(void **state) {
     (void)state;

@@ -1,0 +1,124 @@
+/* harness.h - the kernel tests' kit: a node built in place with its
+ * attributes, and one call that runs an operator the way a plan does.
+ *
+ * Included by tests/kernels/test_ops_*.c after <cmocka.h>; everything here is
+ * static (functions inline, so a test need not use them all), one copy per
+ * test program. */
+#ifndef KILN_TEST_HARNESS_H
+#define KILN_TEST_HARNESS_H
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+
+#define TN_MAX_ATTRS 24
+#define TN_MAX_VALUES 32 /* elements of one ints/floats attribute */
+
+/* A node with room for its attributes; ints and floats are copied in, so
+ * the arrays given to tn_ints/tn_floats may go out of scope. */
+struct tnode {
+    struct graph_node n;
+    struct graph_attr a[TN_MAX_ATTRS];
+    int64_t ints[TN_MAX_ATTRS][TN_MAX_VALUES];
+    float floats[TN_MAX_ATTRS][TN_MAX_VALUES];
+};
+
+/* Message of the last failing call (op_error's text). */
+static char g_err[512];
+
+/* Inputs whose bit is set here reach infer() and prepare() without data, as
+ * values computed at run time do; run() sees them. */
+static unsigned g_runtime_inputs;
+
+static inline void tn_init_domain(struct tnode *t, const char *domain, const char *op, int opset) {
+    memset(t, 0, sizeof *t);
+    t->n.name = "n0";
+    t->n.op_type = (char *)op;
+    t->n.domain = (char *)domain;
+    t->n.opset = opset;
+    t->n.attrs = t->a;
+}
+static inline void tn_init(struct tnode *t, const char *op, int opset) { tn_init_domain(t, "", op, opset); }
+
+static inline struct graph_attr *tn_add(struct tnode *t, const char *name, enum attr_type ty) {
+    if (t->n.nattr >= TN_MAX_ATTRS) fail_msg("node %s: more than %d attributes", t->n.op_type, TN_MAX_ATTRS);
+    struct graph_attr *a = &t->a[t->n.nattr++];
+    a->name = (char *)name;
+    a->type = ty;
+    return a;
+}
+static inline void tn_int(struct tnode *t, const char *name, int64_t v) { tn_add(t, name, ATTR_INT)->i = v; }
+static inline void tn_float(struct tnode *t, const char *name, float v) { tn_add(t, name, ATTR_FLOAT)->f = v; }
+static inline void tn_str(struct tnode *t, const char *name, const char *v) {
+    struct graph_attr *a = tn_add(t, name, ATTR_STRING);
+    a->s = (char *)v;
+    a->s_len = strlen(v);
+}
+static inline void tn_ints(struct tnode *t, const char *name, int n, const int64_t *v) {
+    if (n > TN_MAX_VALUES) fail_msg("attribute %s: %d values, room for %d", name, n, TN_MAX_VALUES);
+    int k = t->n.nattr;
+    struct graph_attr *a = tn_add(t, name, ATTR_INTS);
+    memcpy(t->ints[k], v, sizeof(int64_t) * (size_t)n);
+    a->ints = t->ints[k];
+    a->n = n;
+}
+static inline void tn_floats(struct tnode *t, const char *name, int n, const float *v) {
+    if (n > TN_MAX_VALUES) fail_msg("attribute %s: %d values, room for %d", name, n, TN_MAX_VALUES);
+    int k = t->n.nattr;
+    struct graph_attr *a = tn_add(t, name, ATTR_FLOATS);
+    memcpy(t->floats[k], v, sizeof(float) * (size_t)n);
+    a->floats = t->floats[k];
+    a->n = n;
+}
+/* The strings are referenced, not copied: v must outlive the node. */
+static inline void tn_strs(struct tnode *t, const char *name, int n, char **v) {
+    struct graph_attr *a = tn_add(t, name, ATTR_STRINGS);
+    a->strings = v;
+    a->n = n;
+}
+
+/* Runs node n as a plan does: infer, allocate the outputs (zeroed; NULL
+ * entries are absent optional outputs), prepare with 64-byte aligned
+ * scratch, run, release. Returns the first failing status with g_err set;
+ * the outputs stay allocated (the caller frees their data). */
+static inline int tn_call(const struct graph_node *n, const struct tensor *const *in, int nin, struct tensor *const *out,
+                   int nout, int nthreads) {
+    const struct op_def *d = op_find(n->domain, n->op_type);
+    assert_non_null(d);
+    struct op_call c = {0};
+    c.node = n;
+    c.nin = nin;
+    c.nout = nout;
+    c.nthreads = nthreads > 0 ? nthreads : 1;
+    c.err = g_err;
+    c.err_len = sizeof g_err;
+    g_err[0] = 0;
+    struct tensor hidden[OP_MAX_IO];
+    for (int i = 0; i < nin; i++) {
+        c.in[i] = in[i];
+        if (in[i] && (g_runtime_inputs >> i & 1)) {
+            hidden[i] = *in[i];
+            hidden[i].data = NULL;
+            c.in[i] = &hidden[i];
+        }
+    }
+    for (int i = 0; i < nout; i++) c.out[i] = out[i];
+    int rc = d->infer(&c);
+    if (rc) return rc;
+    for (int i = 0; i < nout; i++)
+        if (out[i]) out[i]->data = calloc(1, tensor_nbytes(out[i]) + 1);
+    void *state = NULL;
+    size_t scratch = 0;
+    if (d->prepare && (rc = d->prepare(&c, &state, &scratch))) return rc;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    c.state = state;
+    c.scratch = scratch ? aligned_alloc(64, (scratch + 63) & ~(size_t)63) : NULL;
+    c.scratch_size = scratch;
+    rc = d->run(&c);
+    free(c.scratch);
+    if (d->release) d->release(state);
+    return rc;
+}
+
+#endif
