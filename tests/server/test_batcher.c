@@ -204,6 +204,16 @@ static struct batcher_params base_params(void) {
     return p;
 }
 
+/* Dynamic batching up to 8 rows, waiting up to 1 ms for more, any batch size. */
+static struct batcher_params delay_params(void) {
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 1000;
+    p.any_batch_size = 1;
+    return p;
+}
+
 /* Gives p the executor that inst describes, sized for p's batches. */
 static void attach(struct batcher_params *p) {
     char err[256] = "";
@@ -254,11 +264,7 @@ static void test_no_batching_runs_each_alone(void **state) {
 static void test_delay_then_one_batch(void **state) {
     (void)state;
     ex_reset();
-    struct batcher_params p = base_params();
-    p.max_batch_size = 8;
-    p.dynamic_batching = 1;
-    p.max_queue_delay_us = 1000;
-    p.any_batch_size = 1;
+    struct batcher_params p = delay_params();
     batcher_t *b = make(&p);
     static struct treq t[3];
     for (int i = 0; i < 3; i++) {
@@ -323,12 +329,8 @@ static int string_execute(void *arg, int instance, const struct tensor *in, int 
 static void test_strings_batched_and_scattered(void **state) {
     (void)state;
     ex_reset();
-    struct batcher_params p = base_params();
+    struct batcher_params p = delay_params();
     inst.execute = string_execute;
-    p.max_batch_size = 8;
-    p.dynamic_batching = 1;
-    p.max_queue_delay_us = 1000;
-    p.any_batch_size = 1;
     batcher_t *b = make(&p);
     static struct treq t[3];
     const int64_t rows[3] = {1, 3, 2};
