@@ -26,6 +26,7 @@
 #define KILN_OPS_H
 
 #include <math.h>
+#include <string.h>
 
 #include "common/status.h"
 #include "common/tensor.h"
@@ -46,6 +47,20 @@ struct op_call {
     char *err;
     size_t err_len;
 };
+
+/* Sets up a call of node n: everything zeroed, nin and nout from the node
+ * (a caller with other counts sets them after), at least one thread, and
+ * errors into err. The caller fills in[] and out[]. */
+static inline void op_call_init(struct op_call *c, const struct graph_node *n, int nthreads, char *err,
+                                size_t err_len) {
+    memset(c, 0, sizeof *c);
+    c->node = n;
+    c->nin = n ? n->nin : 0;
+    c->nout = n ? n->nout : 0;
+    c->nthreads = nthreads > 0 ? nthreads : 1;
+    c->err = err;
+    c->err_len = err_len;
+}
 
 enum op_flags {
     OP_FUSE_ACT = 1,      /* run() applies node->act: fusion passes may fold activations in */

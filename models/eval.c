@@ -43,8 +43,7 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
         return status_set(err, err_len, STATUS_UNSUPPORTED, "node '%s' (%s): more than %d inputs or outputs",
                           n->name, n->op_type, OP_MAX_IO);
     struct op_call c;
-    memset(&c, 0, sizeof c);
-    c.node = n;
+    op_call_init(&c, n, omp_get_max_threads(), err, err_len);
     c.nin = nin;
     c.nout = nout;
     for (int i = 0; i < nin; i++) c.in[i] = in[i];
@@ -52,9 +51,6 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
         out[i].data = NULL;
         c.out[i] = &out[i];
     }
-    c.nthreads = omp_get_max_threads();
-    c.err = err;
-    c.err_len = err_len;
     if (err && err_len) err[0] = 0;
     int rc = op->infer(&c);
     if (rc) return rc;

@@ -415,13 +415,7 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
             goto fail;
         }
         struct op_call c;
-        memset(&c, 0, sizeof c);
-        c.node = n;
-        c.nin = n->nin;
-        c.nout = n->nout;
-        c.err = err;
-        c.err_len = err_len;
-        c.nthreads = 1;
+        op_call_init(&c, n, 1, err, err_len);
         int known = 1;
         for (int k = 0; k < n->nin; k++) {
             int v = n->in[k];
@@ -629,13 +623,7 @@ static int plan_build_ds(const struct graph *g, const struct tensor *inputs, uin
         struct pstep *s = &p->steps[si];
         const struct graph_node *n = &g->nodes[s->node];
         struct op_call c;
-        memset(&c, 0, sizeof c);
-        c.node = n;
-        c.nin = n->nin;
-        c.nout = n->nout;
-        c.err = err;
-        c.err_len = err_len;
-        c.nthreads = nthreads > 0 ? nthreads : 1; /* oneDNN sizes its split when the primitive is made */
+        op_call_init(&c, n, nthreads, err, err_len); /* oneDNN sizes its split when the primitive is made */
         for (int k = 0; k < n->nin; k++) c.in[k] = n->in[k] >= 0 ? &p->vals[n->in[k]].t : NULL;
         for (int k = 0; k < n->nout; k++) c.out[k] = n->out[k] >= 0 ? &p->vals[n->out[k]].t : &dummy[k];
         /* The device sees its own datatypes (FP16 in FP16 plans); a node it

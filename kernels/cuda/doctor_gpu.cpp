@@ -120,16 +120,12 @@ static int gemm_test(FILE *out, struct backend *be, enum dtype dt) {
     tb = {dt, 2, {k, n}, db};
     ty = {dt, 2, {m, n}, dy};
     node_init(&tn, "MatMul");
-    memset(&c, 0, sizeof c);
-    c.node = &tn.n;
+    op_call_init(&c, &tn.n, 1, msg, sizeof msg);
     c.in[0] = &ta;
     c.in[1] = &tb;
     c.nin = 2;
     c.out[0] = &ty;
     c.nout = 1;
-    c.nthreads = 1;
-    c.err = msg;
-    c.err_len = sizeof msg;
     if (!be->iface->supports_op(be, &c) || be->iface->prepare_node(be, &c, &state, &wsz)) {
         if (!msg[0]) snprintf(msg, sizeof msg, "the backend refused the GEMM");
         goto done;
@@ -228,17 +224,13 @@ static int conv_test(FILE *out, struct backend *be) {
     add_ints(&tn, "pads", pads, 4);
     add_ints(&tn, "kernel_shape", ks, 2);
     tn.n.act = ACT_RELU;
-    memset(&c, 0, sizeof c);
-    c.node = &tn.n;
+    op_call_init(&c, &tn.n, 1, msg, sizeof msg);
     c.in[0] = &tx;
     c.in[1] = &tw;
     c.in[2] = &tb;
     c.nin = 3;
     c.out[0] = &ty;
     c.nout = 1;
-    c.nthreads = 1;
-    c.err = msg;
-    c.err_len = sizeof msg;
     if (!be->iface->supports_op(be, &c) || be->iface->prepare_node(be, &c, &state, &wsz)) {
         if (!msg[0]) snprintf(msg, sizeof msg, "the backend refused the convolution");
         goto done;

@@ -86,13 +86,10 @@ static inline int tn_call(const struct graph_node *n, const struct tensor *const
                    int nout, int nthreads) {
     const struct op_def *d = op_find(n->domain, n->op_type);
     assert_non_null(d);
-    struct op_call c = {0};
-    c.node = n;
+    struct op_call c;
+    op_call_init(&c, n, nthreads, g_err, sizeof g_err);
     c.nin = nin;
     c.nout = nout;
-    c.nthreads = nthreads > 0 ? nthreads : 1;
-    c.err = g_err;
-    c.err_len = sizeof g_err;
     g_err[0] = 0;
     struct tensor hidden[OP_MAX_IO];
     for (int i = 0; i < nin; i++) {

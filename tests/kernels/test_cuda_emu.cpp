@@ -204,13 +204,9 @@ static void *dev_upload(const struct tensor *t) {
 static int run_cuda(const tcase &tc, const struct graph_node *node, std::vector<struct tensor> &in,
                     std::vector<bool> &absent, std::vector<struct tensor> &out, char *msg, size_t msg_len) {
     struct op_call c;
-    memset(&c, 0, sizeof c);
-    c.node = node;
+    op_call_init(&c, node, 1, msg, msg_len);
     c.nin = (int)in.size();
     c.nout = (int)out.size();
-    c.nthreads = 1;
-    c.err = msg;
-    c.err_len = msg_len;
     /* Plan time: parameters on the host, other inputs without data. */
     std::vector<struct tensor> pin(in.size()), dout(out.size());
     for (size_t k = 0; k < in.size(); k++) {
@@ -304,13 +300,9 @@ static int run_case(const tcase &tc, int index) {
                 for (int64_t i = 0; i < tensor_numel(&t); i++)
                     ((float *)t.data)[i] = fp16_to_fp32(fp32_to_fp16(((float *)t.data)[i]));
     struct op_call c;
-    memset(&c, 0, sizeof c);
-    c.node = &tn.n;
+    op_call_init(&c, &tn.n, 1, msg, sizeof msg);
     c.nin = (int)in.size();
     c.nout = tc.nout;
-    c.nthreads = 1;
-    c.err = msg;
-    c.err_len = sizeof msg;
     for (size_t k = 0; k < in.size(); k++) c.in[k] = absent[k] ? NULL : &in[k];
     for (size_t k = 0; k < out.size(); k++) {
         memset(&out[k], 0, sizeof out[k]);
@@ -1040,8 +1032,7 @@ static void test_supports_truthfully(void **state) {
         out = in[0];
         out.data = NULL;
         struct op_call c;
-        memset(&c, 0, sizeof c);
-        c.node = &tn.n;
+        op_call_init(&c, &tn.n, 1, NULL, 0);
         c.nin = (int)in.size();
         c.nout = 1;
         for (size_t k = 0; k < in.size(); k++) {

@@ -412,8 +412,10 @@ static void test_matmul_cases(void **st) {
         if (!cases[i].bconst) bview.data = NULL;
         struct tensor *in[3] = {&a, &bview, cases[i].bias ? &bias : NULL}, *o[1] = {&y};
         const struct op_def *d = op_find("", "MatMul");
-        struct op_call c = {.node = &t.n, .nin = cases[i].bias ? 3 : 2, .nout = 1, .nthreads = 2, .err = g_err,
-                            .err_len = sizeof g_err};
+        struct op_call c;
+        op_call_init(&c, &t.n, 2, g_err, sizeof g_err);
+        c.nin = cases[i].bias ? 3 : 2;
+        c.nout = 1;
         for (int k = 0; k < 3; k++) c.in[k] = in[k];
         c.out[0] = o[0];
         assert_int_equal(d->infer(&c), 0);
@@ -1057,7 +1059,9 @@ static void test_weights_shared(void **st) {
         int64_t xd[4] = {i + 1, 16, 10, 10};
         x[i] = mk(4, xd, 1);
         y[i] = (struct tensor){0};
-        calls[i] = (struct op_call){.node = &t.n, .nin = 3, .nout = 1, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+        op_call_init(&calls[i], &t.n, 1, g_err, sizeof g_err);
+        calls[i].nin = 3;
+        calls[i].nout = 1;
         calls[i].in[0] = &x[i];
         calls[i].in[1] = &w;
         calls[i].in[2] = &b;
@@ -1098,7 +1102,8 @@ static void test_weights_shared(void **st) {
     dnnl_util_plain_md(&a, 2, dims);
     dnnl_memory_desc_init_by_tag(&bmd, 2, (dnnl_dims_t){64, 64}, dnnl_f32, dnnl_ba);
     float *src = calloc(64 * 64, sizeof(float));
-    struct op_call c = {.node = &t.n, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+    struct op_call c;
+    op_call_init(&c, &t.n, 1, g_err, sizeof g_err);
     void *p1 = dnnl_util_weights_acquire(&c, &a, src, &bmd), *p2 = dnnl_util_weights_acquire(&c, &a, src, &bmd);
     assert_non_null(p1);
     assert_ptr_equal(p1, p2);
@@ -1149,7 +1154,10 @@ static void test_concurrent_runs(void **st) {
     for (int i = 0; i < T; i++) {
         x[i] = mk(4, xd, 1);
         y[i] = (struct tensor){0};
-        struct op_call c = {.node = &t.n, .nin = 3, .nout = 1, .nthreads = 1, .err = g_err, .err_len = sizeof g_err};
+        struct op_call c;
+        op_call_init(&c, &t.n, 1, g_err, sizeof g_err);
+        c.nin = 3;
+        c.nout = 1;
         c.in[0] = &x[i];
         c.in[1] = &w;
         c.in[2] = &b;

@@ -199,7 +199,10 @@ static void test_alias_in_place(void **st) {
     memcpy(copy, x.data, 20);
     struct tnode tn;
     tn_init(&tn, "Squeeze", 13);
-    struct op_call c = {.node = &tn.n, .nin = 1, .nout = 1, .err = g_err, .err_len = sizeof g_err, .nthreads = 1};
+    struct op_call c;
+    op_call_init(&c, &tn.n, 1, g_err, sizeof g_err);
+    c.nin = 1;
+    c.nout = 1;
     c.in[0] = &x;
     c.out[0] = &o;
     const struct op_def *sq = op_find("", "Squeeze");
