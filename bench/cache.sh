@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cache.sh - the result cache path (issue 5), side by side in one run:
+# cache.sh - the result cache path, side by side in one run:
 #   ceiling       build/ceiling (fixed JSON answer, no parsing, no inference)
 #   tier-1 hits   kiln --cache-size 256M, the same request body every time
 #   Redis hits    kiln --cache-size 0 --redis-url (a redis-server of its own)

@@ -4,7 +4,7 @@
 Runs each (model, batch) in alternating rounds -- kiln (`kiln run --iterations`)
 then onnxruntime in this process, with the same intra-op thread count -- and
 reports the median over rounds of each side's p50, and the ratio kiln/ORT
-(the target in issue 2 is <= 1.25). On a shared machine wall time follows
+(the target is <= 1.25). On a shared machine wall time follows
 the neighbours' load, so --cpu-time adds each side's CPU seconds per
 inference (kiln: the difference between runs of N and 2N iterations, which
 cancels loading and planning; onnxruntime: process CPU time around N calls),

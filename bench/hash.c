@@ -1,6 +1,6 @@
 /* hash.c - throughput of the hashes the result cache could key with.
  *
- * The cache key (issue 5) is a keyed cryptographic hash over the model name,
+ * The cache key is a keyed cryptographic hash over the model name,
  * version and every input's name, datatype, shape and bytes. This measures
  * the candidates on the input sizes that matter (a small request, a 4 KiB
  * one, a 1 MiB image batch) so the choice rests on numbers:

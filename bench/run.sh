@@ -3,13 +3,13 @@
 # docs/benchmarks.md, with PNG plots under docs/img/.
 #
 # Sections (each a script writing a markdown section and a CSV under $OUT):
-#   engine    bench/engine_vs_ort.py  kiln CPU engine vs onnxruntime (issue 2)
-#   http      bench/http.sh           HTTP front end vs the libevent ceiling, wrk (issue 3)
-#   batching  bench/batching.sh       dynamic batching off/on/delay/budget (issue 4)
-#   mlserver  bench/mlserver.sh       kiln vs MLServer, kiln bench with JSON (issue 7)
-#   cache     bench/cache.sh          result cache tiers vs ceiling (issue 5)
-#   hash      build/hash_bench        cache key hash candidates (issue 5)
-#   fds       bench/fd_exhaustion.py  twice the open file limit of connections held (issue 20)
+#   engine    bench/engine_vs_ort.py  kiln CPU engine vs onnxruntime
+#   http      bench/http.sh           HTTP front end vs the libevent ceiling, wrk
+#   batching  bench/batching.sh       dynamic batching off/on/delay/budget
+#   mlserver  bench/mlserver.sh       kiln vs MLServer, kiln bench with JSON
+#   cache     bench/cache.sh          result cache tiers vs ceiling
+#   hash      build/hash_bench        cache key hash candidates
+#   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero; none is skipped.
 #
@@ -216,7 +216,7 @@ plot() { [ -f "$IMG/$1" ] && printf '\n![%s](%s/%s)\n' "$2" "$img_rel" "$1"; ret
     echo
     echo "## Targets"
     echo
-    echo "Each issue's benchmark target, evaluated from this run's CSVs (details in the sections below)."
+    echo "Each benchmark target, evaluated from this run's CSVs (details in the sections below)."
     echo
     failed_list=""
     for s in $SECTIONS; do [ "${RC[$s]}" = 0 ] || failed_list="$failed_list $s"; done
@@ -233,14 +233,14 @@ def rows(name):
     return list(csv.DictReader(open(p)))
 yes = lambda ok: "**met**" if ok else "**NOT met**"
 out_rows = []
-def target(issue, text, fn):
+def target(area, text, fn):
     try:
         measured, verdict = fn()
     except NotMeasured as e:
         measured, verdict = str(e.args[0]), "-"
     except (KeyError, ValueError, IndexError, ZeroDivisionError) as e:
         measured, verdict = f"could not evaluate ({e!r})", "-"
-    out_rows.append((issue, text, measured, verdict))
+    out_rows.append((area, text, measured, verdict))
 
 def engine():
     r = rows("engine")
@@ -248,7 +248,7 @@ def engine():
     worst = max(r, key=lambda x: float(x["ratio"]))
     return (f"worst {worst['model']} batch {worst['batch']}: {float(worst['ratio']):.2f}x"
             + (f"; over: {', '.join(bad)}" if bad else ""), yes(not bad))
-target("2 engine", "kiln median latency <= 1.25x onnxruntime's, each model and batch", engine)
+target("engine", "kiln median latency <= 1.25x onnxruntime's, each model and batch", engine)
 
 def http_tp():
     r = {(x["server"], x["concurrency"]): x for x in rows("http")}
@@ -260,8 +260,8 @@ def http_p50():
     lo = str(min(int(x[1]) for x in r))
     k, c = float(r[("kiln", lo)]["p50_ms"]), float(r[("ceiling", lo)]["p50_ms"])
     return f"{k:.3f} vs {c:.3f} ms = {k / c:.1f}x (c={lo})", yes(k <= 2 * c)
-target("3 HTTP", "kiln >= 0.7x the ceiling's throughput at concurrency 64", http_tp)
-target("3 HTTP", "kiln p50 at concurrency 1 <= 2x the ceiling's", http_p50)
+target("HTTP", "kiln >= 0.7x the ceiling's throughput at concurrency 64", http_tp)
+target("HTTP", "kiln p50 at concurrency 1 <= 2x the ceiling's", http_p50)
 
 def batching(model, factor):
     def f():
@@ -316,10 +316,10 @@ def budget(model):
             raise NotMeasured("not measured (no budget rows)")
         return "; ".join(parts), yes(ok)
     return f
-target("4 batching", "digits at c=64: batching on >= 3x off's throughput, p99 no worse", batching("digits", 3))
-target("4 batching", "ResNet-50 at c=64: batching on >= 1.2x off's throughput, p99 no worse", batching("resnet50", 1.2))
-target("4 batching", "digits: latency budget met at p99 (median open-loop round); a fixed delay does no better on throughput (better: > 5% ahead in the median paired round)", budget("digits"))
-target("4 batching", "ResNet-50: latency budget met at p99 (median open-loop round); a fixed delay does no better on throughput (better: > 5% ahead in the median paired round)", budget("resnet50"))
+target("batching", "digits at c=64: batching on >= 3x off's throughput, p99 no worse", batching("digits", 3))
+target("batching", "ResNet-50 at c=64: batching on >= 1.2x off's throughput, p99 no worse", batching("resnet50", 1.2))
+target("batching", "digits: latency budget met at p99 (median open-loop round); a fixed delay does no better on throughput (better: > 5% ahead in the median paired round)", budget("digits"))
+target("batching", "ResNet-50: latency budget met at p99 (median open-loop round); a fixed delay does no better on throughput (better: > 5% ahead in the median paired round)", budget("resnet50"))
 
 def cache_rows():
     r = rows("cache")
@@ -335,8 +335,8 @@ def cache_miss():
     t, top = cache_rows()
     loss = 1 - t["all_misses"] / t["disabled"]
     return f"{t['all_misses']:.0f} vs {t['disabled']:.0f} req/s = {loss * 100:+.1f}% loss (c={top})", yes(loss <= 0.05)
-target("5 cache", "tier-1 hits >= 0.8x the ceiling's throughput", cache_hits)
-target("5 cache", "all misses cost <= 5% throughput vs the cache disabled", cache_miss)
+target("cache", "tier-1 hits >= 0.8x the ceiling's throughput", cache_hits)
+target("cache", "all misses cost <= 5% throughput vs the cache disabled", cache_miss)
 
 def mlserver():
     r = {(x["server"], x["protocol"], x["concurrency"]): x for x in rows("mlserver")}
@@ -346,9 +346,9 @@ def mlserver():
     ok = ratio >= 20 and float(k["p99_us"]) < float(m["p99_us"])
     return (f"{float(k['throughput']):.0f} vs {float(m['throughput']):.0f} req/s = {ratio:.1f}x (c={top}); p99 "
             f"{float(k['p99_us']) / 1000:.2f} vs {float(m['p99_us']) / 1000:.2f} ms", yes(ok))
-target("7 bench", "kiln >= 20x MLServer's throughput at concurrency 64 (JSON both), lower p99", mlserver)
+target("bench", "kiln >= 20x MLServer's throughput at concurrency 64 (JSON both), lower p99", mlserver)
 
-print("| issue | target | measured | verdict |")
+print("| area | target | measured | verdict |")
 print("|---|---|---|---|")
 for row in out_rows:
     print("| " + " | ".join(row) + " |")
