@@ -41,6 +41,7 @@ void model_config_clear(struct model_config *c) {
     free(c->instance_kind);
     io_clear(c->inputs, c->ninputs);
     io_clear(c->outputs, c->noutputs);
+    model_warmup_clear(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -338,6 +339,9 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             c->intra_op_threads = (int)n;
         }
     }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "model_warmup")) &&
+        (rc = model_warmup_parse(c, v, err, err_len)))
+        goto out;
     /* kiln's own: {"precision": "fp32"|"fp16", "cuda_graphs": bool}. Other
      * keys (Triton's optimization.cuda, priority...) are ignored. */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "optimization"))) {
@@ -460,7 +464,8 @@ int model_config_complete(struct model_config *c, const struct model_io *inputs,
     for (int i = 0; i < ninputs; i++)
         if (model_config_find_input(c, inputs[i].name) < 0)
             return INVALID("config field 'input' does not list the model's input '%s'", inputs[i].name);
-    return complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
+    rc = complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
+    return rc ? rc : model_warmup_check(c, err, err_len);
 }
 
 int model_config_load_labels(struct model_config *c, const char *dir, char *err, size_t err_len) {
@@ -581,5 +586,6 @@ cJSON *model_config_to_json(const struct model_config *c) {
         cJSON *pa = cJSON_AddObjectToObject(o, "parameters");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
     }
+    if (c->nwarmup) cJSON_AddItemToObject(o, "model_warmup", model_warmup_to_json(c));
     return o;
 }

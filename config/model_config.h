@@ -35,6 +35,30 @@ struct model_config_io {
     int nlabels;
 };
 
+/* model_warmup, as Triton has it: samples run on every instance while the
+ * model loads, before it is ready, so that no request pays for building a
+ * plan. Each input's data is zeros, random values or a file in the model's
+ * warmup/ folder (raw row-major bytes; strings as 4-byte little-endian
+ * lengths each followed by its bytes). */
+enum warmup_source { WARMUP_ZERO = 0, WARMUP_RANDOM = 1, WARMUP_FILE = 2 };
+
+struct model_warmup_input {
+    char *name;
+    enum dtype dtype;
+    int ndim;
+    int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0 */
+    enum warmup_source source;
+    char *file;                     /* WARMUP_FILE: a file name in <model>/warmup/ */
+};
+
+struct model_warmup {
+    char *name;
+    int batch_size;                 /* rows (the inputs repeated); 1 for a model that does not batch */
+    int count;                      /* runs on each instance, >= 1 */
+    struct model_warmup_input *inputs;
+    int ninputs;
+};
+
 enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
 
 struct model_config {
@@ -74,6 +98,8 @@ struct model_config {
      * onnxruntime backend reads): CPU threads per instance; 0 = kiln
      * chooses (see batcher.h). */
     int intra_op_threads;
+    struct model_warmup *warmup;    /* model_warmup samples, in the file's order */
+    int nwarmup;
 };
 
 void model_config_init(struct model_config *c, const char *name);
@@ -104,6 +130,15 @@ int model_config_version_wanted(const struct model_config *c, int64_t version,
 
 /* The configuration as Triton prints it (GET .../config). Caller deletes. */
 cJSON *model_config_to_json(const struct model_config *c);
+
+/* model_warmup (config/model_warmup.c): parses the config field (an array)
+ * into c; checks each sample against the completed inputs (every input
+ * named once, its data type, concrete dims that fit, batch_size within
+ * max_batch_size); the field as JSON for GET .../config. */
+int model_warmup_parse(struct model_config *c, const cJSON *arr, char *err, size_t err_len);
+int model_warmup_check(const struct model_config *c, char *err, size_t err_len);
+void model_warmup_clear(struct model_config *c);
+cJSON *model_warmup_to_json(const struct model_config *c);
 
 /* Index of the input/output with this name, or -1. */
 int model_config_find_input(const struct model_config *c, const char *name);

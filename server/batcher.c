@@ -70,6 +70,7 @@ struct worker {
     struct batcher_request **sel; /* the batch being formed/run */
     int nsel;
     int64_t rows;
+    struct batcher_request *warm; /* batcher_warmup's request for this instance */
 };
 
 struct batcher {
@@ -84,6 +85,7 @@ struct batcher {
     pthread_cond_t work_cv;   /* instances: new work or a state change */
     pthread_cond_t timer_cv;  /* timer thread: earlier deadline, cancel, exit */
     pthread_cond_t order_cv;  /* preserve_ordering: next batch to deliver */
+    pthread_cond_t warm_cv;   /* batcher_warmup: a warmup request is done */
 
     struct fifo *q;           /* nlevels + 1 FIFOs */
     int queued;               /* requests in all FIFOs */
@@ -531,11 +533,31 @@ static void run_batch(batcher_t *b, struct worker *inst, struct executor_batch *
     b->p.executor.iface->run(b->p.executor.ctx, inst->index, bt);
 }
 
+/* Runs the worker's warmup request alone (lock held on entry and exit):
+ * counted nowhere, and kept out of the profile (a first run builds plans). */
+static void run_warm(batcher_t *b, struct worker *inst) {
+    struct batcher_request *r = inst->warm;
+    inst->warm = NULL;
+    inst->sel[0] = r;
+    inst->nsel = 1;
+    inst->rows = r->rows;
+    pthread_mutex_unlock(&b->mu);
+    struct executor_batch bt;
+    run_batch(b, inst, &bt);
+    r->done(r);
+    pthread_mutex_lock(&b->mu);
+    inst->nsel = 0;
+}
+
 static void *instance_main(void *arg) {
     struct worker *inst = arg;
     batcher_t *b = inst->b;
     pthread_mutex_lock(&b->mu);
     for (;;) {
+        if (inst->warm) {
+            run_warm(b, inst);
+            continue;
+        }
         uint64_t now = now_ns(b), wake = 0;
         int d = batch_decide(b, inst, now, &wake);
         if (d == DECIDE_IDLE && b->draining)
@@ -695,6 +717,7 @@ void batcher_free(batcher_t *b) {
     pthread_cond_destroy(&b->work_cv);
     pthread_cond_destroy(&b->timer_cv);
     pthread_cond_destroy(&b->order_cv);
+    pthread_cond_destroy(&b->warm_cv);
     pthread_mutex_destroy(&b->mu);
     free(b);
 }
@@ -754,6 +777,7 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
     pthread_cond_init(&b->work_cv, &ca);
     pthread_cond_init(&b->timer_cv, &ca);
     pthread_cond_init(&b->order_cv, &ca);
+    pthread_cond_init(&b->warm_cv, &ca);
     pthread_condattr_destroy(&ca);
 
     b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
@@ -933,4 +957,41 @@ void batcher_get_stats(batcher_t *b, struct batcher_stats *out) {
         if (b->profile[n])
             out->profile_ns[n < 64 ? n : 64] = b->profile[n];
     pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- warmup ----------------------------------------------------------------- */
+
+static void warm_done(struct batcher_request *r) {
+    batcher_t *b = r->user;
+    pthread_mutex_lock(&b->mu);
+    r->q_.state = REQ_DONE;
+    pthread_cond_broadcast(&b->warm_cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64_t rows, int count, char *err,
+                   size_t err_len) {
+    for (int i = 0; i < b->ninst; i++) {
+        for (int k = 0; k < count; k++) {
+            struct batcher_request r;
+            memset(&r, 0, sizeof r);
+            r.inputs = inputs;
+            r.ninputs = ninputs;
+            r.rows = rows;
+            r.done = warm_done;
+            r.user = b;
+            r.q_.state = REQ_RUNNING;
+            pthread_mutex_lock(&b->mu);
+            b->inst[i].warm = &r;
+            pthread_cond_broadcast(&b->work_cv);
+            while (r.q_.state != REQ_DONE)
+                pthread_cond_wait(&b->warm_cv, &b->mu);
+            pthread_mutex_unlock(&b->mu);
+            for (int o = 0; r.outputs && o < r.noutputs; o++) tensor_free_data(&r.outputs[o]);
+            free(r.outputs);
+            if (r.status)
+                return status_set(err, err_len, r.status, "instance %d: %s", i, r.err[0] ? r.err : "failed");
+        }
+    }
+    return 0;
 }

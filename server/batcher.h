@@ -125,6 +125,14 @@ int batcher_submit(batcher_t *b, struct batcher_request *r);
  * normally. r must not have been freed: calling this after done() ran but
  * before the submitter released r is harmless. */
 void batcher_cancel(batcher_t *b, struct batcher_request *r);
+/* Runs one request of rows rows (inputs as a batcher_request's, checked by
+ * the caller) count times on every instance, each on the instance's own
+ * thread, and waits for each: a model's warmup at load, before it takes
+ * requests (server/warmup.c). Counted in no statistics and kept out of the
+ * execution profile. 0, or the first failure's status with err naming the
+ * instance. Not while requests are being submitted. */
+int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64_t rows, int count, char *err,
+                   size_t err_len);
 /* Stops admitting (submit returns STATUS_UNAVAILABLE), runs what is queued. */
 void batcher_stop_admission(batcher_t *b);
 /* Requests queued or running. */

@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "server/instance.h"
 #include "server/metrics.h"
+#include "server/warmup.h"
 
 enum entry_state { ST_UNAVAILABLE = 0, ST_LOADING, ST_READY, ST_UNLOADING };
 static const char *g_state_names[] = {"UNAVAILABLE", "LOADING", "READY", "UNLOADING"};
@@ -294,6 +295,11 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
     }
+    /* Before the model is ready: no request pays for a warmed shape's plan. */
+    if ((rc = warmup_run(v->batcher, c, mdir, e2, sizeof e2))) {
+        ERR(rc, "model '%s' version %lld: %s", name, (long long)ver, e2);
+        goto fail;
+    }
     if (reserve_reap_slot(r)) {
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
         goto fail;
@@ -306,6 +312,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
              c->instance_count, c->instance_count == 1 ? "" : "s", be);
     return v;
 fail:
+    batcher_free(v->batcher); /* its instances use the model */
     model_free(v->model);
     model_config_clear(&v->config);
     free(v->name_);

@@ -1213,6 +1213,41 @@ static void test_real_model_digits(void **state) {
     model_free(m);
 }
 
+/* Warmup runs the sample count times on every instance, each on its own
+ * thread, and counts it nowhere; a failure names the instance. */
+static void test_warmup_every_instance(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = delay_params();
+    inst.count = 3;
+    batcher_t *b = make(&p);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {2, 4}};
+    float data[8] = {5, 6, 7, 8, 9, 10, 11, 12};
+    in.data = data;
+    char err[256] = "";
+    assert_int_equal(batcher_warmup(b, &in, 1, 2, 2, err, sizeof err), 0);
+    assert_int_equal(ex_nbatch(), 6);
+    int per[3] = {0};
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(ex.rows[i], 2);
+        assert_true(ex.first[i] == 5.0f);
+        per[ex.instance[i]]++;
+    }
+    for (int i = 0; i < 3; i++) assert_int_equal(per[i], 2);
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.executions, 0);
+    assert_int_equal(st.requests, 0);
+    assert_int_equal(st.profile_ns[2], 0);
+    /* The executor refuses INT64: the first instance's failure is the answer. */
+    in.dtype = DT_INT64;
+    in.dims[1] = 2;
+    assert_int_equal(batcher_warmup(b, &in, 1, 2, 1, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "instance 0"));
+    assert_non_null(strstr(err, "wants FP32"));
+    batcher_free(b);
+}
+
 int main(void) {
     /* oneDNN shares primitive descriptors between threads through its own
      * cache, synchronized inside the (uninstrumented) library: under TSan
@@ -1221,6 +1256,7 @@ int main(void) {
     setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_batching_runs_each_alone),
+        cmocka_unit_test(test_warmup_every_instance),
         cmocka_unit_test(test_delay_then_one_batch),
         cmocka_unit_test(test_strings_batched_and_scattered),
         cmocka_unit_test(test_full_batch_goes_at_once_rows_counted),
