@@ -15,6 +15,7 @@ struct model_io {
     enum dtype dtype;
     int ndim;                         /* -1 if the rank is unknown */
     int64_t dims[TENSOR_MAX_DIMS];    /* -1 for a symbolic or unknown dim */
+    const char *dim_param[TENSOR_MAX_DIMS]; /* a symbolic dim's name in the file, or NULL (borrowed) */
 };
 
 #endif

@@ -42,6 +42,7 @@ void model_config_clear(struct model_config *c) {
     io_clear(c->inputs, c->ninputs);
     io_clear(c->outputs, c->noutputs);
     model_warmup_clear(c);
+    model_padding_clear(c);
     memset(c, 0, sizeof *c);
 }
 
@@ -339,6 +340,9 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             c->intra_op_threads = (int)n;
         }
     }
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
+        (rc = model_padding_parse(c, v, err, err_len)))
+        goto out;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model_warmup")) &&
         (rc = model_warmup_parse(c, v, err, err_len)))
         goto out;
@@ -465,6 +469,7 @@ int model_config_complete(struct model_config *c, const struct model_io *inputs,
         if (model_config_find_input(c, inputs[i].name) < 0)
             return INVALID("config field 'input' does not list the model's input '%s'", inputs[i].name);
     rc = complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
+    if (!rc) rc = model_padding_complete(c, inputs, ninputs, outputs, noutputs, err, err_len);
     return rc ? rc : model_warmup_check(c, err, err_len);
 }
 
@@ -586,6 +591,8 @@ cJSON *model_config_to_json(const struct model_config *c) {
         cJSON *pa = cJSON_AddObjectToObject(o, "parameters");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
     }
+    if (c->padding.given || c->padding.ninputs)
+        cJSON_AddItemToObject(o, "sequence_padding", model_padding_to_json(c));
     if (c->nwarmup) cJSON_AddItemToObject(o, "model_warmup", model_warmup_to_json(c));
     return o;
 }

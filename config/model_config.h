@@ -59,6 +59,43 @@ struct model_warmup {
     int ninputs;
 };
 
+/* kiln's sequence_padding: requests whose shapes differ only along the
+ * named input axes share batches. A batch is padded with each input's pad
+ * value to the smallest length bucket that holds its requests (requests
+ * share a batch only within one bucket), and each output axis that follows
+ * an input axis is cut back to each request's own length. Axes count the
+ * batch dim (input_ids [N, S]: axis 1). A model whose file has symbolic dims
+ * named alike gets a proposal (enable false), shown by GET .../config;
+ * nothing is padded unless enable is true. */
+#define MODEL_PAD_MAX 16
+#define MODEL_PAD_MAX_BUCKETS 32
+
+struct model_pad_input {
+    char *name;
+    int axis;
+    double value;                   /* the pad value, converted to the input's data type */
+};
+
+struct model_pad_output {
+    char *name;
+    int axis;
+    char *input;                    /* the padded input whose length this axis has */
+    int input_axis;
+};
+
+struct model_padding {
+    int enable;
+    int given;                      /* the file has the field */
+    struct model_pad_input inputs[MODEL_PAD_MAX];
+    int ninputs;
+    struct model_pad_output outputs[MODEL_PAD_MAX];
+    int noutputs;
+    int64_t buckets[MODEL_PAD_MAX_BUCKETS]; /* ascending; default powers of two from 8 to max_length */
+    int nbuckets;
+    int64_t max_length;             /* default 512 */
+    int warmup;                     /* build every (batch size, bucket) plan at load; default 1 */
+};
+
 enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
 
 struct model_config {
@@ -100,6 +137,7 @@ struct model_config {
     int intra_op_threads;
     struct model_warmup *warmup;    /* model_warmup samples, in the file's order */
     int nwarmup;
+    struct model_padding padding;   /* sequence_padding */
 };
 
 void model_config_init(struct model_config *c, const char *name);
@@ -139,6 +177,16 @@ int model_warmup_parse(struct model_config *c, const cJSON *arr, char *err, size
 int model_warmup_check(const struct model_config *c, char *err, size_t err_len);
 void model_warmup_clear(struct model_config *c);
 cJSON *model_warmup_to_json(const struct model_config *c);
+
+/* sequence_padding (config/model_padding.c): parses the field; completes it
+ * against the model (the proposal from symbolic dim names; default buckets)
+ * and checks it (inputs and axes that exist and vary, outputs that follow a
+ * padded input axis, a model that batches); its JSON form. */
+int model_padding_parse(struct model_config *c, const cJSON *obj, char *err, size_t err_len);
+int model_padding_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
+                           const struct model_io *outputs, int noutputs, char *err, size_t err_len);
+void model_padding_clear(struct model_config *c);
+cJSON *model_padding_to_json(const struct model_config *c);
 
 /* Index of the input/output with this name, or -1. */
 int model_config_find_input(const struct model_config *c, const char *name);

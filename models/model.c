@@ -45,6 +45,7 @@ static void io_from_value(struct model_io *io, const struct graph_value *v) {
     io->dtype = v->t.dtype;
     io->ndim = v->t.ndim;
     for (int d = 0; d < TENSOR_MAX_DIMS; d++) io->dims[d] = d < v->t.ndim ? v->t.dims[d] : -1;
+    for (int d = 0; d < TENSOR_MAX_DIMS; d++) io->dim_param[d] = d < v->t.ndim ? v->dim_param[d] : NULL;
 }
 
 struct model *model_load(const struct model_params *p, char *err, size_t err_len) {

@@ -70,6 +70,7 @@ struct worker {
     struct batcher_request **sel; /* the batch being formed/run */
     int nsel;
     int64_t rows;
+    int bi;              /* the batch's length bucket (padded batching), else 0 */
     struct batcher_request *warm; /* batcher_warmup's request for this instance */
 };
 
@@ -100,8 +101,9 @@ struct batcher {
     int timer_exit;
     uint64_t next_seq, deliver_seq;
 
-    uint64_t *profile;        /* EWMA exec ns by rows, [0..cap_rows] */
-    uint32_t *profile_n;      /* samples taken, by rows */
+    uint64_t *profile;        /* EWMA exec ns by length bucket and rows: [bucket][0..cap_rows] */
+    uint32_t *profile_n;      /* samples taken, the same way */
+    int nprof;                /* buckets profiled: 1, or the padding's buckets + 1 (longer) */
     uint64_t last_arrival_ns; /* of the last admitted request */
     uint64_t gap_ewma_ns;     /* running mean of the gaps between arrivals */
     uint64_t late_ewma_ns;    /* high-end lateness of instances' timed wake-ups */
@@ -247,11 +249,14 @@ static void fail_queued(batcher_t *b, struct batcher_request *r, int status, con
 /* ---- policy -------------------------------------------------------------- */
 
 /* 1 if a and b may share a batch: same inputs, dtypes, ranks and non-batch
- * dims (the batch dim is dims[0] when batching). */
+ * dims (the batch dim is dims[0] when batching); with padding, padded dims
+ * in one length bucket (server/padding.h). */
 static int compatible(const batcher_t *b, const struct batcher_request *a,
                       const struct batcher_request *c) {
     if (a->ninputs != c->ninputs)
         return 0;
+    if (b->p.pad)
+        return pad_compatible(b->p.pad, a->inputs, c->inputs, a->ninputs);
     int first = b->p.max_batch_size > 0 ? 1 : 0;
     for (int i = 0; i < a->ninputs; i++) {
         const struct tensor *x = &a->inputs[i], *y = &c->inputs[i];
@@ -270,20 +275,21 @@ static int compatible(const batcher_t *b, const struct batcher_request *a,
  * every smaller one). Else, from the two largest smaller sizes seen, their
  * line; from one, its time scaled by rows (pessimistic); else 0 (nothing
  * learnt yet). */
-static uint64_t predict_ns(const batcher_t *b, int64_t n) {
+static uint64_t predict_ns(const batcher_t *b, int bi, int64_t n) {
+    const uint64_t *profile = b->profile + (size_t)bi * (size_t)(b->cap_rows + 1);
     if (n > b->cap_rows)
         n = b->cap_rows;
     if (n < 1)
         n = 1;
     uint64_t up = 0;
     for (int64_t k = n; k <= b->cap_rows; k++)
-        if (b->profile[k] && (!up || b->profile[k] < up))
-            up = b->profile[k];
+        if (profile[k] && (!up || profile[k] < up))
+            up = profile[k];
     if (up)
         return up;
     int64_t k1 = 0, k0 = 0;
     for (int64_t k = n - 1; k >= 1 && !k0; k--)
-        if (b->profile[k]) {
+        if (profile[k]) {
             if (!k1)
                 k1 = k;
             else
@@ -292,13 +298,13 @@ static uint64_t predict_ns(const batcher_t *b, int64_t n) {
     if (!k1)
         return 0;
     if (!k0)
-        return (uint64_t)((double)b->profile[k1] * (double)n / (double)k1);
+        return (uint64_t)((double)profile[k1] * (double)n / (double)k1);
     /* The line through the two largest sizes seen: a fixed cost per batch
      * plus a cost per row (never negative). */
-    double slope = ((double)b->profile[k1] - (double)b->profile[k0]) / (double)(k1 - k0);
+    double slope = ((double)profile[k1] - (double)profile[k0]) / (double)(k1 - k0);
     if (slope < 0)
         slope = 0;
-    return (uint64_t)((double)b->profile[k1] + slope * (double)(n - k1));
+    return (uint64_t)((double)profile[k1] + slope * (double)(n - k1));
 }
 
 /* The first run of a batch size usually builds its plan (kernels, memory):
@@ -306,19 +312,21 @@ static uint64_t predict_ns(const batcher_t *b, int64_t n) {
  * most twice the running mean, so that a run the scheduler stalled does not
  * shrink batches for the next many runs; a real slowdown still shows, in a
  * few runs. */
-static void profile_add(batcher_t *b, int64_t rows, uint64_t ns) {
+static void profile_add(batcher_t *b, int bi, int64_t rows, uint64_t ns) {
     if (rows < 1 || rows > b->cap_rows)
         return;
     if (!ns)
         ns = 1;
-    uint64_t old = b->profile[rows];
-    uint32_t n = b->profile_n[rows]++;
+    uint64_t *profile = b->profile + (size_t)bi * (size_t)(b->cap_rows + 1);
+    uint32_t *profile_n = b->profile_n + (size_t)bi * (size_t)(b->cap_rows + 1);
+    uint64_t old = profile[rows];
+    uint32_t n = profile_n[rows]++;
     if (n >= 2 && ns > 2 * old)
         ns = 2 * old;
     if (n == 0 || (n == 1 && ns < old))
-        b->profile[rows] = ns;
+        profile[rows] = ns;
     else
-        b->profile[rows] = (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns);
+        profile[rows] = (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns);
 }
 
 /* When r must finish under the latency budget: a margin early, a tenth of
@@ -330,6 +338,15 @@ static uint64_t budget_due(const batcher_t *b, const struct batcher_request *r) 
     if (margin > budget / 2)
         margin = budget / 2;
     return r->enqueue_ns + budget - margin;
+}
+
+/* r's length bucket: the profile's row for batches it leads. */
+static int req_bucket(const batcher_t *b, const struct batcher_request *r) {
+    const struct pad_spec *p = b->p.pad;
+    if (!p)
+        return 0;
+    const struct tensor *t = &r->inputs[p->in[0].input];
+    return p->in[0].axis < t->ndim ? pad_bucket_index(p, t->dims[p->in[0].axis]) : 0;
 }
 
 static struct batcher_request *queue_head(batcher_t *b) {
@@ -364,6 +381,7 @@ static int batch_select(batcher_t *b, struct worker *inst, uint64_t now, uint64_
     }
     inst->sel[inst->nsel++] = h;
     inst->rows = h->rows;
+    inst->bi = req_bucket(b, h);
     if (b->p.max_batch_size <= 0 || !b->p.dynamic_batching)
         return DECIDE_SEND;
 
@@ -408,20 +426,21 @@ static int batch_select(batcher_t *b, struct worker *inst, uint64_t now, uint64_
         /* Already too late for all of it: the largest prefix that still
          * makes it, if what is cut off can make it after that batch too;
          * else everything (shrinking would only make the rest late). */
-        if (inst->nsel > 1 && now + predict_ns(b, inst->rows) > due) {
+        if (inst->nsel > 1 && now + predict_ns(b, inst->bi, inst->rows) > due) {
             int n = inst->nsel;
             int64_t rows = inst->rows;
-            while (n > 1 && now + predict_ns(b, rows) > due)
+            while (n > 1 && now + predict_ns(b, inst->bi, rows) > due)
                 rows -= inst->sel[--n]->rows;
-            if (now + predict_ns(b, rows) <= due &&
-                now + predict_ns(b, rows) + predict_ns(b, inst->rows - rows) <= budget_due(b, inst->sel[n])) {
+            if (now + predict_ns(b, inst->bi, rows) <= due &&
+                now + predict_ns(b, inst->bi, rows) + predict_ns(b, inst->bi, inst->rows - rows) <=
+                    budget_due(b, inst->sel[n])) {
                 inst->nsel = n;
                 inst->rows = rows;
             }
             return DECIDE_SEND;
         }
-        uint64_t exec_now = predict_ns(b, inst->rows);
-        uint64_t exec_more = predict_ns(b, inst->rows + 1);
+        uint64_t exec_now = predict_ns(b, inst->bi, inst->rows);
+        uint64_t exec_more = predict_ns(b, inst->bi, inst->rows + 1);
         if (now + exec_more > due || now + exec_now >= due)
             return DECIDE_SEND;
         uint64_t latest = due - exec_more;
@@ -512,7 +531,8 @@ static int batch_decide(batcher_t *b, struct worker *inst, uint64_t now, uint64_
             /* Under a latency budget, only if what is cut off can still
              * make its budget after this batch. */
             if (b->p.latency_budget_us &&
-                now + predict_ns(b, rows) + predict_ns(b, inst->rows - rows) > budget_due(b, inst->sel[k]))
+                now + predict_ns(b, inst->bi, rows) + predict_ns(b, inst->bi, inst->rows - rows) >
+                    budget_due(b, inst->sel[k]))
                 break;
             inst->nsel = k;
             inst->rows = rows;
@@ -602,16 +622,24 @@ static void *instance_main(void *arg) {
         b->st.requests += (uint64_t)inst->nsel;
         b->st.exec_ns_total += exec_ns;
         b->st.batch_hist[inst->rows < 64 ? inst->rows : 64]++;
+        if (b->p.pad) {
+            struct batcher_pad_stats *ps = &b->st.pad[inst->bi];
+            ps->batches++;
+            ps->rows += (uint64_t)inst->rows;
+            ps->real += bt.pad_real;
+            ps->padded += bt.pad_total;
+        }
         int grow = 0;
         if (inst->sel[0]->status) {
             b->st.failed += (uint64_t)inst->nsel;
         } else {
-            profile_add(b, inst->rows, exec_ns);
+            profile_add(b, inst->bi, inst->rows, exec_ns);
             /* From the profile, not this run: one run that the scheduler
              * stalled past 1 ms must not move a small model to threads
              * (where each tiny run then pays a fork-join). */
-            grow = b->p.executor.iface->heavy && b->profile_n[inst->rows] >= 2 &&
-                   b->profile[inst->rows] >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
+            size_t at = (size_t)inst->bi * (size_t)(b->cap_rows + 1) + (size_t)inst->rows;
+            grow = b->p.executor.iface->heavy && b->profile_n[at] >= 2 &&
+                   b->profile[at] >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel;
         }
         if (b->p.preserve_ordering)
             while (b->deliver_seq != seq)
@@ -781,8 +809,9 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
     pthread_condattr_destroy(&ca);
 
     b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
-    b->profile = calloc((size_t)b->cap_rows + 1, sizeof *b->profile);
-    b->profile_n = calloc((size_t)b->cap_rows + 1, sizeof *b->profile_n);
+    b->nprof = b->p.pad ? b->p.pad->nbuckets + 1 : 1;
+    b->profile = calloc((size_t)b->nprof * (size_t)(b->cap_rows + 1), sizeof *b->profile);
+    b->profile_n = calloc((size_t)b->nprof * (size_t)(b->cap_rows + 1), sizeof *b->profile_n);
     b->inst = calloc((size_t)b->ninst, sizeof *b->inst);
     if (!b->q || !b->profile || !b->profile_n || !b->inst) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
@@ -956,6 +985,11 @@ void batcher_get_stats(batcher_t *b, struct batcher_stats *out) {
     for (int64_t n = 1; n <= b->cap_rows; n++)
         if (b->profile[n])
             out->profile_ns[n < 64 ? n : 64] = b->profile[n];
+    if (b->p.pad) {
+        out->npad = b->p.pad->nbuckets + 1;
+        for (int i = 0; i < b->p.pad->nbuckets; i++)
+            out->pad[i].length = b->p.pad->buckets[i];
+    }
     pthread_mutex_unlock(&b->mu);
 }
 

@@ -21,6 +21,7 @@
 
 #include "common/tensor.h"
 #include "server/instance.h"
+#include "server/padding.h"
 
 typedef struct batcher batcher_t;
 
@@ -52,6 +53,10 @@ struct batcher_params {
     int priority_levels;           /* 0 or 1 = one level */
     int default_priority_level;    /* 1 = highest */
     struct batcher_queue_policy default_queue_policy;
+    /* Padded batching (server/padding.h), or NULL: requests whose padded
+     * lengths share a bucket share batches, and the execution profile is
+     * kept per bucket. Borrowed; outlives the batcher. */
+    const struct pad_spec *pad;
     /* Test hook: a clock to use instead of CLOCK_MONOTONIC (NULL = real). */
     uint64_t (*now_ns)(void *arg);
     void *now_arg;
@@ -110,6 +115,15 @@ struct batcher_stats {
     uint64_t rejected_invalid;     /* shapes the model cannot batch */
     uint64_t profile_ns[65];       /* running mean (EWMA) of a batch's execution
                                       time by rows (64+ in [64]); 0 = not seen */
+    /* Padded batching: per length bucket ([npad - 1]: longer than every
+     * bucket, run at their own length), batches and rows run, and the
+     * elements of the first padded input: the requests' own and the
+     * batch's (the difference is padding). */
+    int npad;
+    struct batcher_pad_stats {
+        int64_t length;            /* the bucket; 0 for the last */
+        uint64_t batches, rows, real, padded;
+    } pad[MODEL_PAD_MAX_BUCKETS + 1];
 };
 
 batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len);

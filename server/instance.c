@@ -13,6 +13,7 @@
 #include "kernels/backend.h"
 #include "models/model.h"
 #include "server/batcher.h"
+#include "server/padding.h"
 
 struct instance {
     int index;
@@ -27,6 +28,8 @@ struct instance {
     int nbuf;            /* entries of in_buf/in_cap/in */
     struct tensor *in;   /* ninputs descriptors of the batch */
     struct tensor *out;  /* noutputs results of the batch */
+    const struct tensor **pad_src; /* a padded input's requests: pad_gather's sources */
+    int padded;          /* this batch ran padded: its outputs are cut back */
 };
 
 struct instances {
@@ -62,12 +65,59 @@ static void free_outputs(struct tensor *out, int n) {
     free(out);
 }
 
+/* Pads input slot k of the spec into the instance's buffer for its input
+ * when some request is shorter than the batch's length; counts slot 0's
+ * elements. 1 if it padded, 0 if the requests need none, or a status. */
+static int gather_padded(const struct pad_spec *pad, int k, struct instance *inst, struct executor_batch *bt) {
+    int i = pad->in[k].input, axis = pad->in[k].axis;
+    const struct tensor *in0 = bt->reqs[0]->inputs;
+    if (axis >= in0[i].ndim)
+        return 0;
+    int64_t len = pad_length(pad, in0, k), real = 0, one = 1;
+    int short_one = 0;
+    for (int d = 1; d < in0[i].ndim; d++)
+        if (d != axis)
+            one *= in0[i].dims[d];
+    for (int r = 0; r < bt->n; r++) {
+        const struct tensor *t = &bt->reqs[r]->inputs[i];
+        inst->pad_src[r] = t;
+        short_one |= t->dims[axis] != len;
+        real += t->dims[0] * t->dims[axis] * one;
+    }
+    if (k == 0) {
+        bt->pad_real = (uint64_t)real;
+        bt->pad_total = (uint64_t)(bt->rows * len * one);
+    }
+    if (!short_one)
+        return 0;
+    size_t need = pad_gather_size(inst->pad_src, bt->n, axis, len);
+    if (need == SIZE_MAX || ensure_buf(&inst->in_buf[i], &inst->in_cap[i], need) ||
+        pad_gather(&inst->in[i], inst->in_buf[i], inst->in_cap[i], inst->pad_src, bt->n, axis, len, pad->in[k].value))
+        return STATUS_NOMEM;
+    return 1;
+}
+
 /* Gathers the batch's inputs into one block per input, in the common
  * tensor layout (strings included). A batch of one request uses its
- * buffers directly. */
-static int gather(struct instance *inst, const struct executor_batch *bt, char *err, size_t err_len) {
+ * buffers directly, unless it is padded. */
+static int gather(const struct instances *s, struct instance *inst, struct executor_batch *bt, char *err,
+                  size_t err_len) {
     struct batcher_request *r0 = bt->reqs[0];
+    inst->padded = 0;
+    unsigned long long done = 0; /* inputs gathered padded */
+    for (int k = 0; s->p.pad && k < s->p.pad->nin; k++) {
+        int rc = gather_padded(s->p.pad, k, inst, bt);
+        if (rc < 0)
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory padding a batch of %lld rows",
+                              (long long)bt->rows);
+        if (rc) {
+            inst->padded = 1;
+            done |= 1ull << s->p.pad->in[k].input;
+        }
+    }
     for (int i = 0; i < r0->ninputs; i++) {
+        if (done >> i & 1)
+            continue;
         inst->in[i] = r0->inputs[i];
         if (bt->n == 1)
             continue;
@@ -82,9 +132,39 @@ static int gather(struct instance *inst, const struct executor_batch *bt, char *
     return 0;
 }
 
+/* The spec's out[] entry for output o, or -1 (not cut back). */
+static int cut_axis(const struct pad_spec *pad, int o) {
+    for (int m = 0; m < pad->nout; m++)
+        if (pad->out[m].output == o)
+            return m;
+    return -1;
+}
+
+/* Request r's own length of the spec's padded input slot. */
+static int64_t req_length(const struct pad_spec *pad, const struct batcher_request *r, int slot) {
+    const struct tensor *t = &r->inputs[pad->in[slot].input];
+    return t->dims[pad->in[slot].axis];
+}
+
+/* The output that out[m] names must have the batch's padded length on its
+ * axis: else the configuration maps it wrongly. */
+static int pad_check_output(const struct instances *s, const struct instance *inst, const struct executor_batch *bt,
+                            int m, char *err, size_t err_len) {
+    const struct pad_spec *pad = s->p.pad;
+    const struct tensor *t = &inst->out[pad->out[m].output];
+    int axis = pad->out[m].axis;
+    int64_t len = pad_length(pad, bt->reqs[0]->inputs, pad->out[m].slot);
+    if (axis < t->ndim && t->dims[axis] == len && t->dtype != DT_STRING)
+        return 0;
+    return status_set(err, err_len, STATUS_INTERNAL,
+                      "model '%s': output %d axis %d is not the padded length %lld (sequence_padding.outputs "
+                      "says it follows a padded input axis)", s->name, pad->out[m].output, axis, (long long)len);
+}
+
 /* Splits the batch outputs by rows into per-request outputs, each one owned
- * block (common/tensor.h). On failure nothing is left allocated in any
- * request. */
+ * block (common/tensor.h), cut back to each request's length along the
+ * axes that follow a padded input when the batch was padded. On failure
+ * nothing is left allocated in any request. */
 static int scatter(struct instances *s, struct instance *inst, const struct executor_batch *bt, char *err,
                    size_t err_len) {
     int no = s->noutputs;
@@ -105,15 +185,27 @@ static int scatter(struct instances *s, struct instance *inst, const struct exec
     }
     for (int o = 0; o < no; o++) {
         int64_t first = 0;
+        int m = inst->padded ? cut_axis(s->p.pad, o) : -1;
+        if (m >= 0 && pad_check_output(s, inst, bt, m, err, err_len))
+            goto fail_msg;
         for (k = 0; k < bt->n; k++) {
             struct batcher_request *r = bt->reqs[k];
             struct tensor_rows rows = {&inst->out[o], first, r->rows};
-            if (tensor_copy_rows(&r->outputs[o], &rows, 1))
+            if (m >= 0 ? pad_cut(&r->outputs[o], &inst->out[o], first, r->rows, s->p.pad->out[m].axis,
+                                 req_length(s->p.pad, r, s->p.pad->out[m].slot))
+                       : tensor_copy_rows(&r->outputs[o], &rows, 1))
                 goto fail;
             first += r->rows;
         }
     }
     return 0;
+fail_msg:
+    for (k = 0; k < bt->n; k++) {
+        free_outputs(bt->reqs[k]->outputs, bt->reqs[k]->noutputs);
+        bt->reqs[k]->outputs = NULL;
+        bt->reqs[k]->noutputs = 0;
+    }
+    return STATUS_INTERNAL;
 fail:
     for (k = 0; k < bt->n; k++) {
         free_outputs(bt->reqs[k]->outputs, bt->reqs[k]->noutputs);
@@ -130,7 +222,7 @@ static void instances_run(void *ctx, int index, struct executor_batch *bt) {
     int no = s->noutputs;
     char err[256] = "";
     uint64_t t0 = bt->now_ns(bt->now_arg);
-    int rc = gather(inst, bt, err, sizeof err);
+    int rc = gather(s, inst, bt, err, sizeof err);
     uint64_t t1 = bt->now_ns(bt->now_arg), t2 = t1;
     if (rc == 0) {
         memset(inst->out, 0, sizeof(struct tensor) * (size_t)(no > 0 ? no : 1));
@@ -140,7 +232,7 @@ static void instances_run(void *ctx, int index, struct executor_batch *bt) {
             rc = model_run(inst->x, inst->in, bt->reqs[0]->ninputs, inst->out, no, err, sizeof err);
         t2 = bt->now_ns(bt->now_arg);
         if (rc == 0) {
-            if (bt->n == 1) {
+            if (bt->n == 1 && !inst->padded) {
                 /* One request: hand the batch outputs over as they are. */
                 struct batcher_request *r = bt->reqs[0];
                 r->outputs = malloc(sizeof(struct tensor) * (size_t)(no > 0 ? no : 1));
@@ -231,6 +323,7 @@ static void instance_release(struct instance *inst) {
     free(inst->in);
     free(inst->out);
     free(inst->rows_of);
+    free(inst->pad_src);
 }
 
 static void instances_free(void *ctx) {
@@ -257,11 +350,12 @@ static int instance_setup(struct instances *s, struct instance *inst, int ninput
     int nin = ninputs > 0 ? ninputs : EXECUTOR_MAX_INPUTS, nout = s->noutputs > 0 ? s->noutputs : 1;
     inst->nbuf = nin;
     inst->rows_of = calloc((size_t)nsel, sizeof(*inst->rows_of));
+    inst->pad_src = calloc((size_t)nsel, sizeof(*inst->pad_src));
     inst->in_buf = calloc((size_t)nin, sizeof(void *));
     inst->in_cap = calloc((size_t)nin, sizeof(size_t));
     inst->in = calloc((size_t)nin, sizeof(struct tensor));
     inst->out = calloc((size_t)nout, sizeof(struct tensor));
-    if (!inst->rows_of || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
+    if (!inst->rows_of || !inst->pad_src || !inst->in_buf || !inst->in_cap || !inst->in || !inst->out)
         return status_set(err, err_len, STATUS_NOMEM, "out of memory");
     if (!s->p.model)
         return 0;

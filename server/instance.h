@@ -24,6 +24,7 @@
 #include "common/tensor.h"
 
 struct model;
+struct pad_spec;
 struct batcher_request;
 
 /* Inputs a request may have when the executor does not know the model's count. */
@@ -37,6 +38,8 @@ struct executor_batch {
     uint64_t (*now_ns)(void *arg);        /* the batcher's clock (compute times) */
     void *now_arg;
     uint64_t exec_ns;                     /* set by run: time in the model (the profile's sample) */
+    uint64_t pad_real, pad_total;         /* set by run when it padded: the first padded input's
+                                             elements, the requests' own and the batch's */
 };
 
 struct executor_i {
@@ -72,6 +75,7 @@ struct instances_params {
     int threads;                /* per instance; 0 = kiln chooses: (cores - 1) / count, at least 1,
                                  * and cores / count on the CPU once runs show a heavy model */
     int max_rows;               /* rows a batch may have: max_batch_size, or 1 */
+    const struct pad_spec *pad; /* padded batching (server/padding.h), or NULL; borrowed */
     /* Test hook: runs one batch instead of model_run on the instance's
      * execution context. With it, model may be NULL: then no backend or
      * execution context is made and execute_noutputs gives the output

@@ -266,6 +266,11 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                  v->config.precision_fp16 ? " in FP16, FP32 accumulation; inputs and outputs FP32" : " in FP32",
                  v->config.cuda_graphs ? "on" : "off");
     const struct model_config *c = &v->config;
+    int padded = pad_spec_make(&v->pad, c, e2, sizeof e2);
+    if (padded < 0) {
+        ERR(padded, "model '%s' version %lld: %s", name, (long long)ver, e2);
+        goto fail;
+    }
     struct instances_params ip = {
         .model = v->model,
         .model_name = v->name,
@@ -273,9 +278,11 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         .count = c->instance_count,
         .threads = c->intra_op_threads,
         .max_rows = c->max_batch_size > 0 ? c->max_batch_size : 1,
+        .pad = padded ? &v->pad : NULL,
     };
     struct batcher_params bp = {
         .model_name = v->name,
+        .pad = padded ? &v->pad : NULL,
         .max_batch_size = c->max_batch_size,
         .dynamic_batching = c->dynamic_batching,
         .npreferred = c->npreferred,
@@ -296,7 +303,8 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         goto fail;
     }
     /* Before the model is ready: no request pays for a warmed shape's plan. */
-    if ((rc = warmup_run(v->batcher, c, mdir, e2, sizeof e2))) {
+    if ((rc = warmup_run(v->batcher, c, mdir, e2, sizeof e2)) ||
+        (padded && c->padding.warmup && (rc = warmup_buckets(v->batcher, c, &v->pad, e2, sizeof e2)))) {
         ERR(rc, "model '%s' version %lld: %s", name, (long long)ver, e2);
         goto fail;
     }

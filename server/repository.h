@@ -24,6 +24,7 @@
 
 #include "config/model_config.h"
 #include "server/batcher.h"
+#include "server/padding.h"
 
 typedef struct repository repository_t;
 typedef struct cJSON cJSON;
@@ -36,6 +37,7 @@ struct repo_version {
     struct model *model;
     batcher_t *batcher;
     struct model_config config;  /* completed; inputs/outputs in the model's order */
+    struct pad_spec pad;         /* padded batching, when config.padding.enable */
     struct metrics_model *metrics;
     uint64_t load_ns;
     atomic_int refs;             /* private */

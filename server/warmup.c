@@ -153,3 +153,56 @@ int warmup_run(batcher_t *b, const struct model_config *c, const char *mdir, cha
     }
     return 0;
 }
+
+/* The batch sizes the batcher rounds batches down to (batcher.c is_bucket). */
+static int batch_sizes(const struct model_config *c, int *out, int cap) {
+    int n = 0;
+    if (c->npreferred > 0) {
+        for (int k = 0; k < c->npreferred && n < cap - 1; k++)
+            if (c->preferred_batch_size[k] < c->max_batch_size) out[n++] = c->preferred_batch_size[k];
+    } else {
+        for (int s = 1; s < c->max_batch_size && n < cap - 1; s *= 2) out[n++] = s;
+    }
+    out[n++] = c->max_batch_size;
+    return n;
+}
+
+/* Input k of the model at rows rows with its padded axis at len. */
+static int bucket_input(struct tensor *t, const struct model_config *c, const struct pad_spec *pad, int k,
+                        int64_t rows, int64_t len, uint64_t *seed) {
+    const struct model_config_io *io = &c->inputs[k];
+    *t = (struct tensor){.dtype = io->dtype, .ndim = io->ndim + 1};
+    t->dims[0] = rows;
+    for (int d = 0; d < io->ndim; d++) t->dims[d + 1] = io->dims[d] >= 0 ? io->dims[d] : 1;
+    for (int j = 0; j < pad->nin; j++)
+        if (pad->in[j].input == k && pad->in[j].axis < t->ndim) t->dims[pad->in[j].axis] = len;
+    if (t->dtype == DT_STRING) return strings_row(t, seed);
+    int rc = tensor_alloc_data(t);
+    if (!rc) fill_random(t, seed);
+    return rc;
+}
+
+int warmup_buckets(batcher_t *b, const struct model_config *c, const struct pad_spec *pad, char *err, size_t err_len) {
+    int sizes[40], nsizes = batch_sizes(c, sizes, 40);
+    uint64_t t0 = clock_now_ns(), seed = 0x2545f4914f6cdd1dull;
+    struct tensor *in = calloc((size_t)c->ninputs + 1, sizeof *in);
+    if (!in) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    int rc = 0;
+    char e2[512] = "";
+    for (int bi = 0; bi < pad->nbuckets && !rc; bi++)
+        for (int si = 0; si < nsizes && !rc; si++) {
+            for (int k = 0; k < c->ninputs && !rc; k++)
+                rc = bucket_input(&in[k], c, pad, k, sizes[si], pad->buckets[bi], &seed);
+            if (rc) status_set(e2, sizeof e2, rc, "out of memory");
+            else rc = batcher_warmup(b, in, c->ninputs, sizes[si], 1, e2, sizeof e2);
+            for (int k = 0; k < c->ninputs; k++) tensor_free_data(&in[k]);
+            if (rc)
+                status_set(err, err_len, rc, "warmup of length bucket %lld, batch size %d: %s",
+                           (long long)pad->buckets[bi], sizes[si], e2);
+        }
+    free(in);
+    if (!rc)
+        log_info("model '%s': plans for %d length buckets x %d batch sizes built and run in %.1f ms", c->name,
+                 pad->nbuckets, nsizes, (double)(clock_now_ns() - t0) / 1e6);
+    return rc;
+}

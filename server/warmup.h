@@ -15,9 +15,17 @@
 
 #include "config/model_config.h"
 #include "server/batcher.h"
+#include "server/padding.h"
 
 /* Runs every sample of c on b's instances; mdir is the model's folder.
  * 0, or a negative status with err naming the sample and what failed. */
 int warmup_run(batcher_t *b, const struct model_config *c, const char *mdir, char *err, size_t err_len);
+
+/* Padded batching: runs each length bucket at each batch size the batcher
+ * forms (the preferred sizes, else the powers of two, and max_batch_size)
+ * on every instance, so that every plan padded batches use is built before
+ * the model is ready. Inputs of small random values; a variable dim that
+ * is not padded is 1. 0, or a negative status with err set. */
+int warmup_buckets(batcher_t *b, const struct model_config *c, const struct pad_spec *pad, char *err, size_t err_len);
 
 #endif

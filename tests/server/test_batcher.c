@@ -956,8 +956,8 @@ static void test_latency_budget_decisions(void **state) {
     b->profile[2] = 150000;
     b->profile[4] = 250000;
     b->profile[8] = 400000;
-    assert_int_equal(predict_ns(b, 3), 250000); /* the next size seen above */
-    assert_int_equal(predict_ns(b, 8), 400000);
+    assert_int_equal(predict_ns(b, 0, 3), 250000); /* the next size seen above */
+    assert_int_equal(predict_ns(b, 0, 8), 400000);
     struct worker scratch;
     memset(&scratch, 0, sizeof scratch);
     struct batcher_request *sel[8];
@@ -1007,7 +1007,7 @@ static void test_latency_budget_decisions(void **state) {
     b->profile[4] = 250000;
     /* A size that once ran slow is bounded by a faster larger size. */
     b->profile[2] = 900000;
-    assert_int_equal(predict_ns(b, 2), 250000);
+    assert_int_equal(predict_ns(b, 0, 2), 250000);
     b->profile[2] = 150000;
     b->gap_ewma_ns = 0;
     pthread_mutex_unlock(&b->mu);
@@ -1090,12 +1090,12 @@ static void test_profile_ignores_outliers(void **state) {
     p.dynamic_batching = 1;
     batcher_t *b = make(&p);
     pthread_mutex_lock(&b->mu);
-    profile_add(b, 4, 5000000); /* first run: builds the plan */
-    profile_add(b, 4, 100000);
+    profile_add(b, 0, 4, 5000000); /* first run: builds the plan */
+    profile_add(b, 0, 4, 100000);
     assert_int_equal(b->profile[4], 100000);
-    profile_add(b, 4, 40000000); /* stalled: counted as 200 us */
+    profile_add(b, 0, 4, 40000000); /* stalled: counted as 200 us */
     assert_int_equal(b->profile[4], 125000);
-    profile_add(b, 4, 100000);
+    profile_add(b, 0, 4, 100000);
     assert_true(b->profile[4] < 125000);
     pthread_mutex_unlock(&b->mu);
     batcher_free(b);
