@@ -4,6 +4,8 @@
  * connection, so any transport may serve them. */
 #include "server/http_bodies.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,6 +76,24 @@ static void add_duration(cJSON *parent, const char *key, struct metrics_duration
     cJSON_AddNumberToObject(o, "ns", (double)atomic_load_explicit(&d->ns, memory_order_relaxed));
 }
 
+/* kiln's own, beside Triton's fields: padded batching per length bucket
+ * (the last, length 0, holds requests longer than every bucket). */
+static cJSON *padding_stats(const struct batcher_stats *bs) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < bs->npad; i++) {
+        const struct batcher_pad_stats *p = &bs->pad[i];
+        if (!p->batches) continue;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "bucket", (double)p->length);
+        cJSON_AddNumberToObject(e, "batches", (double)p->batches);
+        cJSON_AddNumberToObject(e, "rows", (double)p->rows);
+        cJSON_AddNumberToObject(e, "real_elements", (double)p->real);
+        cJSON_AddNumberToObject(e, "padded_elements", (double)p->padded);
+        cJSON_AddItemToArray(arr, e);
+    }
+    return arr;
+}
+
 static cJSON *model_stats(struct repo_version *v) {
     struct metrics_model *m = v->metrics;
     struct batcher_stats bs;
@@ -112,6 +132,7 @@ static cJSON *model_stats(struct repo_version *v) {
         }
         cJSON_AddItemToArray(bst, e);
     }
+    if (bs.npad) cJSON_AddItemToObject(o, "padding_stats", padding_stats(&bs));
     return o;
 }
 
@@ -150,6 +171,44 @@ struct metrics_page {
 /* A model's name as a Prometheus label value: a folder may be named q"x. */
 static const char *model_label(const struct repo_version *v) {
     return v->metrics ? v->metrics->model_label : "";
+}
+
+/* Padded batching per model and length bucket ("longer": past the last). */
+static char *padding_metrics(char *buf, size_t *len, size_t *cap, struct repo_version **all,
+                             const struct batcher_stats *st, int n) {
+    static const struct {
+        const char *name, *help;
+        size_t off;
+    } series[] = {
+        {"kiln_padding_batches_total", "Padded batching: batches run at a length bucket",
+         offsetof(struct batcher_pad_stats, batches)},
+        {"kiln_padding_rows_total", "Padded batching: rows run at a length bucket (rows / batches = mean batch size)",
+         offsetof(struct batcher_pad_stats, rows)},
+        {"kiln_padding_real_elements_total",
+         "Padded batching: elements of the first padded input that the requests sent",
+         offsetof(struct batcher_pad_stats, real)},
+        {"kiln_padding_padded_elements_total",
+         "Padded batching: elements of the first padded input that batches ran (padding waste = 1 - real / padded)",
+         offsetof(struct batcher_pad_stats, padded)},
+    };
+    for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+        int any = 0;
+        for (int i = 0; i < n && !any; i++) any = st[i].npad > 0;
+        if (!any) break;
+        buf = metrics_appendf(buf, len, cap, "# HELP %s %s\n# TYPE %s counter\n", series[k].name, series[k].help,
+                              series[k].name);
+        for (int i = 0; i < n; i++)
+            for (int b = 0; b < st[i].npad; b++) {
+                const struct batcher_pad_stats *p = &st[i].pad[b];
+                char bucket[24];
+                if (p->length) snprintf(bucket, sizeof bucket, "%lld", (long long)p->length);
+                else snprintf(bucket, sizeof bucket, "longer");
+                buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\",bucket=\"%s\"} %llu\n",
+                                      series[k].name, model_label(all[i]), all[i]->version_str, bucket,
+                                      (unsigned long long)*(const uint64_t *)((const char *)p + series[k].off));
+            }
+    }
+    return buf;
 }
 
 static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
@@ -194,6 +253,7 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
                               model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
                               model_label(all[i]), all[i]->version_str, count);
     }
+    if (st) buf = padding_metrics(buf, len, cap, all, st, n);
     free(st);
     for (int i = 0; i < n; i++) repository_release(all[i]);
     free(all);
