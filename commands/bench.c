@@ -77,7 +77,9 @@ static void usage(FILE *f) {
             "  -b, --batch-size N           rows per request when the model batches (default 1)\n"
             "      --input-data D           random (default), zero, a perf_analyzer-style JSON file,\n"
             "                               a .npy or raw file (one-input models), or NAME=FILE,...\n"
-            "      --shape NAME:D1,D2,...   dims for an input whose metadata has -1 (repeatable)\n"
+            "      --shape NAME:D1,D2,...   dims for an input whose metadata has -1 (repeatable); a dim\n"
+            "                               LO-HI draws a length per request body, shared by every\n"
+            "                               input with the same range (e.g. a token count)\n"
             "      --unique N               distinct random request bodies to cycle (default 64;\n"
             "                               1 sends one body, e.g. to measure cache hits)\n"
             "      --json-data              send JSON tensors instead of the binary extension\n"
@@ -145,6 +147,7 @@ struct input_desc {
     enum dtype dtype;
     int ndim;
     int64_t dims[TENSOR_MAX_DIMS];
+    int64_t hi[TENSOR_MAX_DIMS]; /* --shape LO-HI: dims[k] is LO, drawn per body up to hi[k]; else 0 */
     void *fixed;       /* data from a file, or NULL */
     size_t fixed_len;
 };
@@ -204,15 +207,39 @@ static cJSON *json_value(const void *p, enum dtype dt, int64_t i) {
     }
 }
 
+/* The body's length for every ranged dim (--shape NAME:LO-HI): one draw per
+ * distinct range, shared by every input that names that range (input_ids
+ * and attention_mask of one request have one length). */
+static void draw_lengths(const struct input_desc *in, int nin, uint64_t *rng, int64_t dims[][TENSOR_MAX_DIMS]) {
+    int64_t lo[MAX_INPUTS * TENSOR_MAX_DIMS], hi[MAX_INPUTS * TENSOR_MAX_DIMS], val[MAX_INPUTS * TENSOR_MAX_DIMS];
+    int n = 0;
+    for (int i = 0; i < nin; i++) {
+        memcpy(dims[i], in[i].dims, sizeof dims[i]);
+        for (int k = 0; k < in[i].ndim; k++) {
+            if (!in[i].hi[k]) continue;
+            int j = 0;
+            while (j < n && (lo[j] != in[i].dims[k] || hi[j] != in[i].hi[k])) j++;
+            if (j == n) {
+                lo[n] = in[i].dims[k];
+                hi[n] = in[i].hi[k];
+                val[n++] = lo[j] + (int64_t)(rng_next(rng) % (uint64_t)(hi[j] - lo[j] + 1));
+            }
+            dims[i][k] = val[j];
+        }
+    }
+}
+
 /* Builds one request body; random data from rng unless an input is fixed. */
 static int build_body(const struct input_desc *in, int nin, int json, int zero, uint64_t *rng, struct body *out) {
     cJSON *root = cJSON_CreateObject();
     cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
     void *bufs[MAX_INPUTS];
     size_t lens[MAX_INPUTS];
+    int64_t dims[MAX_INPUTS][TENSOR_MAX_DIMS];
+    draw_lengths(in, nin, rng, dims);
     for (int i = 0; i < nin; i++) {
         struct tensor t = {.dtype = in[i].dtype, .ndim = in[i].ndim};
-        memcpy(t.dims, in[i].dims, sizeof t.dims);
+        memcpy(t.dims, dims[i], sizeof t.dims);
         int64_t n = tensor_numel(&t);
         size_t nb = tensor_nbytes(&t);
         if (in[i].fixed && in[i].fixed_len != nb) {
@@ -228,7 +255,7 @@ static int build_body(const struct input_desc *in, int nin, int json, int zero, 
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", in[i].name);
         cJSON *shape = cJSON_AddArrayToObject(o, "shape");
-        for (int d = 0; d < in[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)in[i].dims[d]));
+        for (int d = 0; d < in[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t.dims[d]));
         cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(in[i].dtype));
         if (json) {
             cJSON *data = cJSON_AddArrayToObject(o, "data");
@@ -764,13 +791,19 @@ static int setup_inputs(struct event_base *base, const struct opts *o, const cha
             d->ndim = 0;
             for (const char *p = colon + 1; *p;) {
                 char *end;
-                long long v = strtoll(p, &end, 10);
-                if (end == p || v < 0 || (*end && *end != ',') || d->ndim == TENSOR_MAX_DIMS) {
-                    fprintf(stderr, "kiln bench: --shape %s: expected NAME:D1,D2,... with dims >= 0\n",
-                            o->shape_override[s]);
+                long long v = strtoll(p, &end, 10), hi = 0;
+                if (end != p && *end == '-') {
+                    const char *h = end + 1;
+                    hi = strtoll(h, &end, 10);
+                    if (end == h || hi <= v) hi = -1;
+                }
+                if (end == p || v < 0 || hi < 0 || (*end && *end != ',') || d->ndim == TENSOR_MAX_DIMS) {
+                    fprintf(stderr, "kiln bench: --shape %s: expected NAME:D1,D2,... with dims >= 0 (a dim LO-HI "
+                            "draws a length per request)\n", o->shape_override[s]);
                     cJSON_Delete(meta);
                     return -1;
                 }
+                d->hi[d->ndim] = hi;
                 d->dims[d->ndim++] = v;
                 p = *end == ',' ? end + 1 : end;
             }

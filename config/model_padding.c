@@ -213,6 +213,8 @@ static int check(const struct model_config *c, const struct model_io *inputs, in
         if (!io) return INVALID(FIELD ".outputs[%d]': the model has no output '%s'", k, o->name);
         if (io->ndim >= 0 && o->axis >= io->ndim)
             return INVALID(FIELD ".outputs[%d]': output '%s' has no axis %d", k, o->name, o->axis);
+        if (io->ndim >= 0 && io->dims[o->axis] != -1)
+            return INVALID(FIELD ".outputs[%d]': axis %d of output '%s' is not a variable dim", k, o->axis, o->name);
         int found = 0;
         for (int j = 0; j < p->ninputs; j++)
             found |= strcmp(p->inputs[j].name, o->input) == 0 && p->inputs[j].axis == o->input_axis;
