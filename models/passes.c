@@ -428,63 +428,91 @@ static int known_rank(const struct graph *g, int v, int depth) {
 /* Conv or BatchNormalization -> Mul/Add/Sub/Div by a constant that is a
  * scalar or one value per channel (axis 1): folded into the Conv's weights
  * and bias or the BN's scale and bias (caffe2 exports write BN, Mul, Add). */
-static int affine_node(struct pass *ps, int ai) {
-    struct graph *g = ps->g;
-    struct graph_node *a = &g->nodes[ai];
-    int mul = is_op(a, "Mul"), add = is_op(a, "Add"), sub = is_op(a, "Sub"), div = is_op(a, "Div");
-    if ((!mul && !add && !sub && !div) || a->nin != 2 || a->nout != 1 || a->out[0] < 0 || a->act != ACT_NONE)
+
+/* One such fold, as affine_match finds it. */
+struct affine {
+    int pi;                    /* the Conv or BN */
+    int mul, add, sub, div;    /* the operation */
+    int conv;                  /* 1 for a Conv, 0 for a BN */
+    int64_t m;                 /* channels */
+    const struct tensor *cst;  /* the constant operand */
+    const struct tensor *w, *bias;     /* Conv: weights, bias (NULL when none) */
+    const struct tensor *scale, *beta; /* BN */
+};
+
+/* The Conv's or BN's constants, channel count and output rank (-1 if
+ * unknown) into af; 0 if they cannot take the fold. */
+static int affine_producer(const struct graph *g, const struct graph_node *p, struct affine *af, int *rank) {
+    if (af->conv) {
+        af->w = p->nin >= 2 ? const_of(g, p->in[1]) : NULL;
+        if (!af->w || af->w->dtype != DT_FP32 || af->w->ndim < 3 || p->nout != 1) return 0;
+        af->m = af->w->dims[0];
+        *rank = af->w->ndim;
+        af->bias = p->nin >= 3 ? const_of(g, p->in[2]) : NULL;
+        return !(p->nin >= 3 && p->in[2] >= 0 && !fp32_vec(af->bias, af->m));
+    }
+    if (p->nin < 5 || node_attr_int(p, "training_mode", 0) != 0) return 0;
+    af->scale = const_of(g, p->in[1]);
+    af->beta = const_of(g, p->in[2]);
+    if (!af->scale || af->scale->dtype != DT_FP32) return 0;
+    af->m = tensor_numel(af->scale);
+    if (!fp32_vec(af->beta, af->m) || !fp32_vec(const_of(g, p->in[3]), af->m) ||
+        !fp32_vec(const_of(g, p->in[4]), af->m))
+        return 0;
+    *rank = known_rank(g, p->in[0], 0);
+    return 1;
+}
+
+/* 1 if node ai is an operation the fold takes, with what it needs in af. */
+static int affine_match(struct pass *ps, int ai, struct affine *af) {
+    const struct graph *g = ps->g;
+    const struct graph_node *a = &g->nodes[ai];
+    *af = (struct affine){.mul = is_op(a, "Mul"), .add = is_op(a, "Add"), .sub = is_op(a, "Sub"), .div = is_op(a, "Div")};
+    if ((!af->mul && !af->add && !af->sub && !af->div) || a->nin != 2 || a->nout != 1 || a->out[0] < 0 ||
+        a->act != ACT_NONE)
         return 0;
     int k = -1; /* which input comes from a Conv/BN */
     for (int j = 0; j < 2 && k < 0; j++) {
         int v = a->in[j];
-        if (v < 0 || g->values[v].producer < 0 || (j == 1 && (sub || div))) continue;
+        if (v < 0 || g->values[v].producer < 0 || (j == 1 && (af->sub || af->div))) continue;
         const struct graph_node *pn = &g->nodes[g->values[v].producer];
         if (is_op(pn, "Conv") || is_op(pn, "BatchNormalization")) k = j;
     }
     if (k < 0) return 0;
-    int x = a->in[k], pi = g->values[x].producer;
-    const struct tensor *cst = const_of(g, a->in[1 - k]);
-    if (ps->dead[pi] || ps->nuse[x] != 1 || ps->is_out[x] || !cst || cst->dtype != DT_FP32) return 0;
-    struct graph_node *p = &g->nodes[pi];
+    int x = a->in[k];
+    af->pi = g->values[x].producer;
+    af->cst = const_of(g, a->in[1 - k]);
+    if (ps->dead[af->pi] || ps->nuse[x] != 1 || ps->is_out[x] || !af->cst || af->cst->dtype != DT_FP32) return 0;
+    const struct graph_node *p = &g->nodes[af->pi];
     if (p->act != ACT_NONE || !only_first_output_used(g, p, ps->nuse)) return 0;
-    int conv = is_op(p, "Conv");
-    int64_t m;
+    af->conv = is_op(p, "Conv");
     int rank;
-    const struct tensor *w = NULL, *bias = NULL, *scale = NULL, *beta = NULL;
-    if (conv) {
-        w = p->nin >= 2 ? const_of(g, p->in[1]) : NULL;
-        if (!w || w->dtype != DT_FP32 || w->ndim < 3 || p->nout != 1) return 0;
-        m = w->dims[0];
-        rank = w->ndim;
-        bias = p->nin >= 3 ? const_of(g, p->in[2]) : NULL;
-        if (p->nin >= 3 && p->in[2] >= 0 && !fp32_vec(bias, m)) return 0;
-    } else {
-        if (p->nin < 5 || node_attr_int(p, "training_mode", 0) != 0) return 0;
-        scale = const_of(g, p->in[1]);
-        beta = const_of(g, p->in[2]);
-        if (!scale || scale->dtype != DT_FP32) return 0;
-        m = tensor_numel(scale);
-        if (!fp32_vec(beta, m) || !fp32_vec(const_of(g, p->in[3]), m) || !fp32_vec(const_of(g, p->in[4]), m))
-            return 0;
-        rank = known_rank(g, p->in[0], 0);
-    }
+    if (!affine_producer(g, p, af, &rank)) return 0;
     /* The constant: a scalar, or M values on the channel axis. */
+    const struct tensor *cst = af->cst;
     int64_t cn = tensor_numel(cst);
     if (cn == 1) {
         if (cst->ndim > (rank >= 0 ? rank : 1)) return 0;
     } else {
         int ch = rank >= 0 ? cst->ndim - (rank - 1) : -1;
-        if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != m || cn != m) return 0;
+        if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != af->m || cn != af->m) return 0;
     }
     const float *cv = cst->data;
-    int finite = 1; /* x * 0 or x / 0 do not fold exactly (NaN, inf) */
-    for (int64_t o = 0; o < cn; o++)
-        if (!isfinite(cv[o]) || ((mul || div) && cv[o] == 0.0f)) finite = 0;
-    if (!finite) return 0;
+    for (int64_t o = 0; o < cn; o++) /* x * 0 or x / 0 do not fold exactly (NaN, inf) */
+        if (!isfinite(cv[o]) || ((af->mul || af->div) && cv[o] == 0.0f)) return 0;
+    return 1;
+}
+
+/* Folds node ai into the Conv or BN af names: new weights (Conv) or scale
+ * (BN) when it scales, a new bias always; ai goes. */
+static int affine_apply(struct pass *ps, int ai, const struct affine *af) {
+    struct graph *g = ps->g;
+    int64_t m = af->m, cn = tensor_numel(af->cst);
+    int conv = af->conv, mul = af->mul, div = af->div, add = af->add, scales = mul || div;
+    const struct tensor *w = af->w, *scale = af->scale;
     /* New per-channel multiplier and addend for this step. */
     int64_t per = conv ? tensor_numel(w) / m : 0;
     struct tensor nw = {0}, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}}, ns = nb;
-    int scales = mul || div;
     nb.data = malloc((size_t)m * sizeof(float));
     if (scales) {
         if (conv) {
@@ -500,7 +528,7 @@ static int affine_node(struct pass *ps, int ai) {
         free(ns.data);
         return pass_nomem(ps);
     }
-    const float *bd = conv ? (bias ? bias->data : NULL) : beta->data;
+    const float *cv = af->cst->data, *bd = conv ? (af->bias ? af->bias->data : NULL) : af->beta->data;
     for (int64_t o = 0; o < m; o++) {
         float c = cv[cn == 1 ? 0 : o], b0 = bd ? bd[o] : 0.0f;
         if (mul) ((float *)nb.data)[o] = b0 * c;
@@ -515,7 +543,7 @@ static int affine_node(struct pass *ps, int ai) {
             ((float *)ns.data)[o] = mul ? ((const float *)scale->data)[o] * c : ((const float *)scale->data)[o] / c;
     }
     char pname[256];
-    snprintf(pname, sizeof pname, "%s", p->name);
+    snprintf(pname, sizeof pname, "%s", g->nodes[af->pi].name);
     int wv = -1, sv = -1;
     if (scales && conv && (wv = new_const(g, pname, ".affine_weight", &nw)) < 0) {
         free(nb.data);
@@ -526,8 +554,8 @@ static int affine_node(struct pass *ps, int ai) {
         return pass_nomem(ps);
     }
     int bv = new_const(g, pname, ".affine_bias", &nb);
-    p = &g->nodes[pi];
-    a = &g->nodes[ai];
+    /* new_const may have moved values (w, scale...); nodes did not move. */
+    struct graph_node *p = &g->nodes[af->pi], *a = &g->nodes[ai];
     if (bv < 0 || (conv && set_nin(p, 3))) return pass_nomem(ps);
     if (conv) {
         if (wv >= 0) p->in[1] = wv;
@@ -536,9 +564,14 @@ static int affine_node(struct pass *ps, int ai) {
         if (sv >= 0) p->in[1] = sv;
         p->in[2] = bv;
     }
-    take_output(ps, pi, ai);
+    take_output(ps, af->pi, ai);
     log_debug("folded %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
     return 1;
+}
+
+static int affine_node(struct pass *ps, int ai) {
+    struct affine af;
+    return affine_match(ps, ai, &af) ? affine_apply(ps, ai, &af) : 0;
 }
 
 static const struct pass_def fold_affine_pass = {"folding per-channel constants", affine_node, 0};
