@@ -1,5 +1,7 @@
 /* passes.c - load-time graph rewrites: constant folding, dead-node
- * elimination, Conv+BatchNormalization folding, bias and activation fusion. */
+ * elimination, Conv+BatchNormalization folding, bias and activation fusion.
+ * Each pass is a rewrite of one node, run over the graph by pass_run, which
+ * owns what every pass needs around it (read counts, the removed nodes). */
 #include "models/passes.h"
 
 #include <float.h>
@@ -53,9 +55,9 @@ static void drop_nodes(struct graph *g, const unsigned char *dead) {
             if (g->nodes[i].out[k] >= 0) g->values[g->nodes[i].out[k]].producer = i;
 }
 
-/* Readers of each value among live nodes; graph outputs count as readers
- * too (is_out[] tells them apart). */
-static int *count_uses(const struct graph *g, const unsigned char *dead, unsigned char **is_out) {
+/* Readers of each value; graph outputs count as readers too (is_out[]
+ * tells them apart). */
+static int *count_uses(const struct graph *g, unsigned char **is_out) {
     int *nuse = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), sizeof *nuse);
     *is_out = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
     if (!nuse || !*is_out) {
@@ -64,11 +66,9 @@ static int *count_uses(const struct graph *g, const unsigned char *dead, unsigne
         *is_out = NULL;
         return NULL;
     }
-    for (int i = 0; i < g->nnodes; i++) {
-        if (dead && dead[i]) continue;
+    for (int i = 0; i < g->nnodes; i++)
         for (int k = 0; k < g->nodes[i].nin; k++)
             if (g->nodes[i].in[k] >= 0) nuse[g->nodes[i].in[k]]++;
-    }
     for (int o = 0; o < g->noutputs; o++) {
         nuse[g->outputs[o]]++;
         (*is_out)[g->outputs[o]] = 1;
@@ -132,6 +132,71 @@ static int set_nin(struct graph_node *n, int nin) {
     return 0;
 }
 
+/* ---- the pass runner ------------------------------------------------------------- */
+
+/* What a pass's rewrite of one node sees: the graph; how many nodes (and
+ * graph outputs, which is_out marks) read each value when the pass began;
+ * the nodes removed so far, dropped from the graph when the pass ends; and
+ * the pass's own state. */
+struct pass {
+    struct graph *g;
+    int *nuse;
+    unsigned char *is_out;
+    unsigned char *dead;
+    void *ctx;
+    const char *what;
+    char *err;
+    size_t err_len;
+};
+
+/* A rewrite of node i: 1 if it changed the graph (marking dead the nodes it
+ * replaced), 0 if not, or a negative status with its message. */
+typedef int (*pass_node_fn)(struct pass *ps, int i);
+
+struct pass_def {
+    const char *what;      /* its out-of-memory message: "out of memory <what>" */
+    pass_node_fn rewrite;
+    int backwards;         /* last node first: a value's readers are seen before its producer */
+};
+
+static int pass_nomem(struct pass *ps) {
+    return status_set(ps->err, ps->err_len, STATUS_NOMEM, "out of memory %s", ps->what);
+}
+
+/* Runs def's rewrite on every node, then removes the nodes it marked dead
+ * (the others keep their order, so the graph stays sorted). *ndone, if
+ * non-NULL, gets the number of rewrites; it stays 0 when the pass fails, and
+ * then nothing is removed. */
+static int pass_run(const struct pass_def *def, struct graph *g, void *ctx, int *ndone, char *err, size_t err_len) {
+    struct pass ps = {.g = g, .ctx = ctx, .what = def->what, .err = err, .err_len = err_len};
+    if (ndone) *ndone = 0;
+    ps.nuse = count_uses(g, &ps.is_out);
+    ps.dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    int rc = 0, done = 0;
+    if (!ps.nuse || !ps.dead) rc = pass_nomem(&ps);
+    for (int j = 0; j < g->nnodes && rc >= 0; j++) {
+        rc = def->rewrite(&ps, def->backwards ? g->nnodes - 1 - j : j);
+        if (rc > 0) done++;
+    }
+    if (rc >= 0 && done) drop_nodes(g, ps.dead);
+    free(ps.nuse);
+    free(ps.is_out);
+    free(ps.dead);
+    if (rc < 0) return rc;
+    if (ndone) *ndone = done;
+    return 0;
+}
+
+/* Node pi takes over output 0 of node ai, its output's one reader, and ai
+ * goes when the pass ends. */
+static void take_output(struct pass *ps, int pi, int ai) {
+    struct graph *g = ps->g;
+    int v = g->nodes[ai].out[0];
+    g->nodes[pi].out[0] = v;
+    g->values[v].producer = pi;
+    ps->dead[ai] = 1;
+}
+
 /* ---- constant folding ------------------------------------------------------------ */
 
 static int is_random(const char *op_type) {
@@ -139,57 +204,55 @@ static int is_random(const char *op_type) {
            strcmp(op_type, "Multinomial") == 0;
 }
 
-int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len) {
-    int folded = 0;
-    if (nfolded) *nfolded = 0;
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!dead) return status_set(err, err_len, STATUS_NOMEM, "out of memory folding constants");
-    for (int i = 0; i < g->nnodes; i++) {
-        struct graph_node *n = &g->nodes[i];
-        if (!n->op || !n->op->run || is_random(n->op_type) || n->nin > OP_MAX_IO || n->nout > OP_MAX_IO) continue;
-        int ok = 1;
-        const struct tensor *in[OP_MAX_IO];
-        for (int k = 0; k < n->nin && ok; k++) {
-            int v = n->in[k];
-            in[k] = v >= 0 ? &g->values[v].t : NULL;
-            if (v >= 0 && (!g->values[v].t.data || g->values[v].t.dtype == DT_STRING)) ok = 0;
-        }
-        if (!ok) continue;
-        /* Outputs that are also graph inputs cannot be replaced. */
-        for (int k = 0; k < n->nout; k++)
-            if (n->out[k] >= 0 && (g->values[n->out[k]].flags & VALUE_INPUT)) ok = 0;
-        if (!ok) continue;
-        struct tensor res[OP_MAX_IO];
-        char why[512] = "";
-        int rc = eval_node(n, in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, why, sizeof why);
-        if (rc) {
-            log_debug("not folding node '%s' (%s): %s", n->name, n->op_type,
-                      rc == EVAL_TOO_LARGE ? "its outputs are too large to keep as constants" : why);
-            continue;
-        }
-        int strings = 0;
-        for (int k = 0; k < n->nout; k++)
-            if (res[k].dtype == DT_STRING) strings = 1;
-        if (strings) {
-            for (int k = 0; k < n->nout; k++) tensor_free_data(&res[k]);
-            continue;
-        }
-        for (int k = 0; k < n->nout; k++) {
-            int v = n->out[k];
-            if (v < 0) {
-                free(res[k].data);
-                continue;
-            }
-            tensor_free_data(&g->values[v].t);
-            g->values[v].t = res[k];
-            g->values[v].producer = -1;
-        }
-        dead[i] = 1;
-        folded++;
-        log_debug("folded node '%s' (%s) into constants", n->name, n->op_type);
+/* Folds node i when its inputs are all constants and its kernel agrees. */
+static int fold_constant_node(struct pass *ps, int i) {
+    struct graph *g = ps->g;
+    struct graph_node *n = &g->nodes[i];
+    if (!n->op || !n->op->run || is_random(n->op_type) || n->nin > OP_MAX_IO || n->nout > OP_MAX_IO) return 0;
+    const struct tensor *in[OP_MAX_IO];
+    for (int k = 0; k < n->nin; k++) {
+        int v = n->in[k];
+        in[k] = v >= 0 ? &g->values[v].t : NULL;
+        if (v >= 0 && (!g->values[v].t.data || g->values[v].t.dtype == DT_STRING)) return 0;
     }
-    if (folded) drop_nodes(g, dead);
-    free(dead);
+    /* Outputs that are also graph inputs cannot be replaced. */
+    for (int k = 0; k < n->nout; k++)
+        if (n->out[k] >= 0 && (g->values[n->out[k]].flags & VALUE_INPUT)) return 0;
+    struct tensor res[OP_MAX_IO];
+    char why[512] = "";
+    int rc = eval_node(n, in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, why, sizeof why);
+    if (rc) {
+        log_debug("not folding node '%s' (%s): %s", n->name, n->op_type,
+                  rc == EVAL_TOO_LARGE ? "its outputs are too large to keep as constants" : why);
+        return 0;
+    }
+    int strings = 0;
+    for (int k = 0; k < n->nout; k++)
+        if (res[k].dtype == DT_STRING) strings = 1;
+    if (strings) {
+        for (int k = 0; k < n->nout; k++) tensor_free_data(&res[k]);
+        return 0;
+    }
+    for (int k = 0; k < n->nout; k++) {
+        int v = n->out[k];
+        if (v < 0) {
+            free(res[k].data);
+            continue;
+        }
+        tensor_free_data(&g->values[v].t);
+        g->values[v].t = res[k];
+        g->values[v].producer = -1;
+    }
+    ps->dead[i] = 1;
+    log_debug("folded node '%s' (%s) into constants", n->name, n->op_type);
+    return 1;
+}
+
+static const struct pass_def fold_constants_pass = {"folding constants", fold_constant_node, 0};
+
+int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    int folded = 0, rc = pass_run(&fold_constants_pass, g, NULL, &folded, err, err_len);
+    if (rc) return rc;
     if (folded) log_debug("constant folding: %d nodes folded", folded);
     if (nfolded) *nfolded = folded;
     return 0;
@@ -197,32 +260,37 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
 
 /* ---- dead nodes ------------------------------------------------------------------- */
 
+/* Marks node i dead when none of its outputs is live (ctx: live values,
+ * graph outputs first; the pass runs backwards), else makes its inputs live. */
+static int dead_node(struct pass *ps, int i) {
+    unsigned char *live = ps->ctx;
+    const struct graph_node *n = &ps->g->nodes[i];
+    int used = 0;
+    for (int k = 0; k < n->nout; k++)
+        if (n->out[k] >= 0 && live[n->out[k]]) used = 1;
+    if (!used) {
+        ps->dead[i] = 1;
+        log_debug("removing node '%s' (%s): its outputs are never used", n->name, n->op_type);
+        return 1;
+    }
+    for (int k = 0; k < n->nin; k++)
+        if (n->in[k] >= 0) live[n->in[k]] = 1;
+    return 0;
+}
+
+static const struct pass_def eliminate_dead_pass = {"removing dead nodes", dead_node, 1};
+
 int passes_eliminate_dead(struct graph *g, int *nremoved) {
     int removed = 0;
     if (nremoved) *nremoved = 0;
     unsigned char *live = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!live || !dead) {
-        free(live);
-        free(dead);
-        return STATUS_NOMEM;
-    }
+    if (!live) return STATUS_NOMEM;
     for (int o = 0; o < g->noutputs; o++) live[g->outputs[o]] = 1;
-    for (int i = g->nnodes - 1; i >= 0; i--) {
-        const struct graph_node *n = &g->nodes[i];
-        int used = 0;
-        for (int k = 0; k < n->nout; k++)
-            if (n->out[k] >= 0 && live[n->out[k]]) used = 1;
-        if (!used) {
-            dead[i] = 1;
-            removed++;
-            log_debug("removing node '%s' (%s): its outputs are never used", n->name, n->op_type);
-            continue;
-        }
-        for (int k = 0; k < n->nin; k++)
-            if (n->in[k] >= 0) live[n->in[k]] = 1;
+    int rc = pass_run(&eliminate_dead_pass, g, live, &removed, NULL, 0);
+    if (rc) {
+        free(live);
+        return rc;
     }
-    if (removed) drop_nodes(g, dead);
     /* Constants nothing reads any more (weights replaced by folding) go. */
     size_t freed = 0;
     for (int v = 0; v < g->nvalues; v++) {
@@ -234,7 +302,6 @@ int passes_eliminate_dead(struct graph *g, int *nremoved) {
     }
     if (removed || freed) log_debug("dead code: %d nodes removed, %zu bytes of unused constants freed", removed, freed);
     free(live);
-    free(dead);
     if (nremoved) *nremoved = removed;
     return 0;
 }
@@ -245,85 +312,64 @@ static int fp32_vec(const struct tensor *t, int64_t n) {
     return t && t->dtype == DT_FP32 && tensor_numel(t) == n;
 }
 
-int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len) {
-    int done = 0;
-    if (nfolded) *nfolded = 0;
-    unsigned char *is_out = NULL;
-    int *nuse = count_uses(g, NULL, &is_out);
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!nuse || !dead) {
-        free(nuse);
-        free(is_out);
-        free(dead);
-        return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
-    }
-    for (int bi = 0; bi < g->nnodes; bi++) {
-        struct graph_node *b = &g->nodes[bi];
-        if (!is_op(b, "BatchNormalization") || b->nin < 5 || b->in[0] < 0) continue;
-        if (node_attr_int(b, "training_mode", 0) != 0 || !only_first_output_used(g, b, nuse)) continue;
-        int x = b->in[0];
-        int ci = g->values[x].producer;
-        if (ci < 0 || dead[ci] || nuse[x] != 1 || is_out[x]) continue;
-        struct graph_node *c = &g->nodes[ci];
-        if (!is_op(c, "Conv") || c->nout != 1 || c->act != ACT_NONE || c->nin < 2) continue;
-        const struct tensor *w = const_of(g, c->in[1]);
-        if (!w || w->dtype != DT_FP32 || w->ndim < 3) continue;
-        int64_t m = w->dims[0];
-        const struct tensor *bias = c->nin >= 3 ? const_of(g, c->in[2]) : NULL;
-        if (c->nin >= 3 && c->in[2] >= 0 && !fp32_vec(bias, m)) continue;
-        const struct tensor *scale = const_of(g, b->in[1]), *beta = const_of(g, b->in[2]),
-                            *mean = const_of(g, b->in[3]), *var = const_of(g, b->in[4]);
-        if (!fp32_vec(scale, m) || !fp32_vec(beta, m) || !fp32_vec(mean, m) || !fp32_vec(var, m)) continue;
-        float eps = node_attr_float(b, "epsilon", 1e-5f);
+/* Folds BatchNormalization node bi into the Conv that feeds it alone. */
+static int conv_bn_node(struct pass *ps, int bi) {
+    struct graph *g = ps->g;
+    struct graph_node *b = &g->nodes[bi];
+    if (!is_op(b, "BatchNormalization") || b->nin < 5 || b->in[0] < 0) return 0;
+    if (node_attr_int(b, "training_mode", 0) != 0 || !only_first_output_used(g, b, ps->nuse)) return 0;
+    int x = b->in[0];
+    int ci = g->values[x].producer;
+    if (ci < 0 || ps->dead[ci] || ps->nuse[x] != 1 || ps->is_out[x]) return 0;
+    struct graph_node *c = &g->nodes[ci];
+    if (!is_op(c, "Conv") || c->nout != 1 || c->act != ACT_NONE || c->nin < 2) return 0;
+    const struct tensor *w = const_of(g, c->in[1]);
+    if (!w || w->dtype != DT_FP32 || w->ndim < 3) return 0;
+    int64_t m = w->dims[0];
+    const struct tensor *bias = c->nin >= 3 ? const_of(g, c->in[2]) : NULL;
+    if (c->nin >= 3 && c->in[2] >= 0 && !fp32_vec(bias, m)) return 0;
+    const struct tensor *scale = const_of(g, b->in[1]), *beta = const_of(g, b->in[2]),
+                        *mean = const_of(g, b->in[3]), *var = const_of(g, b->in[4]);
+    if (!fp32_vec(scale, m) || !fp32_vec(beta, m) || !fp32_vec(mean, m) || !fp32_vec(var, m)) return 0;
+    float eps = node_attr_float(b, "epsilon", 1e-5f);
 
-        int64_t wn = tensor_numel(w), per = wn / m;
-        struct tensor nw = *w, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}};
-        nw.data = malloc((size_t)wn * sizeof(float));
-        nb.data = malloc((size_t)m * sizeof(float));
-        if (!nw.data || !nb.data) {
-            free(nw.data);
-            free(nb.data);
-            free(nuse);
-            free(is_out);
-            free(dead);
-            return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
-        }
-        const float *wd = w->data, *sd = scale->data, *bd = beta->data, *md = mean->data, *vd = var->data;
-        const float *cb = bias ? bias->data : NULL;
-        float *nwd = nw.data, *nbd = nb.data;
-        for (int64_t o = 0; o < m; o++) {
-            /* Double precision so the fold adds no error of its own. */
-            double s = (double)sd[o] / sqrt((double)vd[o] + (double)eps);
-            for (int64_t j = 0; j < per; j++) nwd[o * per + j] = (float)(wd[o * per + j] * s);
-            nbd[o] = (float)(((cb ? cb[o] : 0.0) - md[o]) * s + bd[o]);
-        }
-        char cname[256];
-        snprintf(cname, sizeof cname, "%s", c->name);
-        int wv = new_const(g, cname, ".bn_weight", &nw);
-        int bv = wv >= 0 ? new_const(g, cname, ".bn_bias", &nb) : (free(nb.data), -1);
-        /* graph_intern_value may have moved values; nodes did not move. */
-        c = &g->nodes[ci];
-        b = &g->nodes[bi];
-        if (wv < 0 || bv < 0 || set_nin(c, 3)) {
-            free(nuse);
-            free(is_out);
-            free(dead);
-            return status_set(err, err_len, STATUS_NOMEM, "out of memory folding BatchNormalization");
-        }
-        c->in[1] = wv;
-        c->in[2] = bv;
-        c->out[0] = b->out[0];
-        g->values[b->out[0]].producer = ci;
-        dead[bi] = 1;
-        done++;
-        log_debug("folded BatchNormalization '%s' into Conv '%s'", b->name, c->name);
+    int64_t wn = tensor_numel(w), per = wn / m;
+    struct tensor nw = *w, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}};
+    nw.data = malloc((size_t)wn * sizeof(float));
+    nb.data = malloc((size_t)m * sizeof(float));
+    if (!nw.data || !nb.data) {
+        free(nw.data);
+        free(nb.data);
+        return pass_nomem(ps);
     }
-    if (done) drop_nodes(g, dead);
-    free(nuse);
-    free(is_out);
-    free(dead);
-    if (nfolded) *nfolded = done;
-    return 0;
+    const float *wd = w->data, *sd = scale->data, *bd = beta->data, *md = mean->data, *vd = var->data;
+    const float *cb = bias ? bias->data : NULL;
+    float *nwd = nw.data, *nbd = nb.data;
+    for (int64_t o = 0; o < m; o++) {
+        /* Double precision so the fold adds no error of its own. */
+        double s = (double)sd[o] / sqrt((double)vd[o] + (double)eps);
+        for (int64_t j = 0; j < per; j++) nwd[o * per + j] = (float)(wd[o * per + j] * s);
+        nbd[o] = (float)(((cb ? cb[o] : 0.0) - md[o]) * s + bd[o]);
+    }
+    char cname[256];
+    snprintf(cname, sizeof cname, "%s", c->name);
+    int wv = new_const(g, cname, ".bn_weight", &nw);
+    int bv = wv >= 0 ? new_const(g, cname, ".bn_bias", &nb) : (free(nb.data), -1);
+    /* graph_intern_value may have moved values; nodes did not move. */
+    c = &g->nodes[ci];
+    b = &g->nodes[bi];
+    if (wv < 0 || bv < 0 || set_nin(c, 3)) return pass_nomem(ps);
+    c->in[1] = wv;
+    c->in[2] = bv;
+    take_output(ps, ci, bi);
+    log_debug("folded BatchNormalization '%s' into Conv '%s'", b->name, c->name);
+    return 1;
+}
+
+static const struct pass_def conv_bn_pass = {"folding BatchNormalization", conv_bn_node, 0};
+
+int passes_fold_conv_bn(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    return pass_run(&conv_bn_pass, g, NULL, nfolded, err, err_len);
 }
 
 /* Rank of value v when the file does not say it but it follows through
@@ -382,224 +428,226 @@ static int known_rank(const struct graph *g, int v, int depth) {
 /* Conv or BatchNormalization -> Mul/Add/Sub/Div by a constant that is a
  * scalar or one value per channel (axis 1): folded into the Conv's weights
  * and bias or the BN's scale and bias (caffe2 exports write BN, Mul, Add). */
-int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len) {
-    int done = 0;
-    if (nfolded) *nfolded = 0;
-    unsigned char *is_out = NULL;
-    int *nuse = count_uses(g, NULL, &is_out);
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!nuse || !dead) goto nomem;
-    for (int ai = 0; ai < g->nnodes; ai++) {
-        struct graph_node *a = &g->nodes[ai];
-        int mul = is_op(a, "Mul"), add = is_op(a, "Add"), sub = is_op(a, "Sub"), div = is_op(a, "Div");
-        if ((!mul && !add && !sub && !div) || a->nin != 2 || a->nout != 1 || a->out[0] < 0 || a->act != ACT_NONE)
-            continue;
-        int k = -1; /* which input comes from a Conv/BN */
-        for (int j = 0; j < 2 && k < 0; j++) {
-            int v = a->in[j];
-            if (v < 0 || g->values[v].producer < 0 || (j == 1 && (sub || div))) continue;
-            const struct graph_node *pn = &g->nodes[g->values[v].producer];
-            if (is_op(pn, "Conv") || is_op(pn, "BatchNormalization")) k = j;
-        }
-        if (k < 0) continue;
-        int x = a->in[k], pi = g->values[x].producer;
-        const struct tensor *cst = const_of(g, a->in[1 - k]);
-        if (dead[pi] || nuse[x] != 1 || is_out[x] || !cst || cst->dtype != DT_FP32) continue;
-        struct graph_node *p = &g->nodes[pi];
-        if (p->act != ACT_NONE || !only_first_output_used(g, p, nuse)) continue;
-        int conv = is_op(p, "Conv");
-        int64_t m;
-        int rank;
-        const struct tensor *w = NULL, *bias = NULL, *scale = NULL, *beta = NULL;
-        if (conv) {
-            w = p->nin >= 2 ? const_of(g, p->in[1]) : NULL;
-            if (!w || w->dtype != DT_FP32 || w->ndim < 3 || p->nout != 1) continue;
-            m = w->dims[0];
-            rank = w->ndim;
-            bias = p->nin >= 3 ? const_of(g, p->in[2]) : NULL;
-            if (p->nin >= 3 && p->in[2] >= 0 && !fp32_vec(bias, m)) continue;
-        } else {
-            if (p->nin < 5 || node_attr_int(p, "training_mode", 0) != 0) continue;
-            scale = const_of(g, p->in[1]);
-            beta = const_of(g, p->in[2]);
-            if (!scale || scale->dtype != DT_FP32) continue;
-            m = tensor_numel(scale);
-            if (!fp32_vec(beta, m) || !fp32_vec(const_of(g, p->in[3]), m) || !fp32_vec(const_of(g, p->in[4]), m))
-                continue;
-            rank = known_rank(g, p->in[0], 0);
-        }
-        /* The constant: a scalar, or M values on the channel axis. */
-        int64_t cn = tensor_numel(cst);
-        if (cn == 1) {
-            if (cst->ndim > (rank >= 0 ? rank : 1)) continue;
-        } else {
-            int ch = rank >= 0 ? cst->ndim - (rank - 1) : -1;
-            if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != m || cn != m) continue;
-        }
-        const float *cv = cst->data;
-        int finite = 1; /* x * 0 or x / 0 do not fold exactly (NaN, inf) */
-        for (int64_t o = 0; o < cn; o++)
-            if (!isfinite(cv[o]) || ((mul || div) && cv[o] == 0.0f)) finite = 0;
-        if (!finite) continue;
-        /* New per-channel multiplier and addend for this step. */
-        int64_t per = conv ? tensor_numel(w) / m : 0;
-        struct tensor nw = {0}, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}}, ns = nb;
-        int scales = mul || div;
-        nb.data = malloc((size_t)m * sizeof(float));
-        if (scales) {
-            if (conv) {
-                nw = *w;
-                nw.data = malloc((size_t)tensor_numel(w) * sizeof(float));
-            } else {
-                ns.data = malloc((size_t)m * sizeof(float));
-            }
-        }
-        if (!nb.data || (scales && !nw.data && !ns.data)) {
-            free(nb.data);
-            free(nw.data);
-            free(ns.data);
-            goto nomem;
-        }
-        const float *bd = conv ? (bias ? bias->data : NULL) : beta->data;
-        for (int64_t o = 0; o < m; o++) {
-            float c = cv[cn == 1 ? 0 : o], b0 = bd ? bd[o] : 0.0f;
-            if (mul) ((float *)nb.data)[o] = b0 * c;
-            else if (div) ((float *)nb.data)[o] = b0 / c;
-            else if (add) ((float *)nb.data)[o] = b0 + c;
-            else ((float *)nb.data)[o] = b0 - c;
-            if (scales && conv)
-                for (int64_t j = 0; j < per; j++)
-                    ((float *)nw.data)[o * per + j] = mul ? ((const float *)w->data)[o * per + j] * c
-                                                          : ((const float *)w->data)[o * per + j] / c;
-            if (scales && !conv)
-                ((float *)ns.data)[o] = mul ? ((const float *)scale->data)[o] * c : ((const float *)scale->data)[o] / c;
-        }
-        char pname[256];
-        snprintf(pname, sizeof pname, "%s", p->name);
-        int wv = -1, sv = -1;
-        if (scales && conv && (wv = new_const(g, pname, ".affine_weight", &nw)) < 0) {
-            free(nb.data);
-            goto nomem;
-        }
-        if (scales && !conv && (sv = new_const(g, pname, ".affine_scale", &ns)) < 0) {
-            free(nb.data);
-            goto nomem;
-        }
-        int bv = new_const(g, pname, ".affine_bias", &nb);
-        p = &g->nodes[pi];
-        a = &g->nodes[ai];
-        if (bv < 0 || (conv && set_nin(p, 3))) goto nomem;
-        if (conv) {
-            if (wv >= 0) p->in[1] = wv;
-            p->in[2] = bv;
-        } else {
-            if (sv >= 0) p->in[1] = sv;
-            p->in[2] = bv;
-        }
-        p->out[0] = a->out[0];
-        g->values[a->out[0]].producer = pi;
-        dead[ai] = 1;
-        done++;
-        log_debug("folded %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
+
+/* One such fold, as affine_match finds it. */
+struct affine {
+    int pi;                    /* the Conv or BN */
+    int mul, add, sub, div;    /* the operation */
+    int conv;                  /* 1 for a Conv, 0 for a BN */
+    int64_t m;                 /* channels */
+    const struct tensor *cst;  /* the constant operand */
+    const struct tensor *w, *bias;     /* Conv: weights, bias (NULL when none) */
+    const struct tensor *scale, *beta; /* BN */
+};
+
+/* The Conv's or BN's constants, channel count and output rank (-1 if
+ * unknown) into af; 0 if they cannot take the fold. */
+static int affine_producer(const struct graph *g, const struct graph_node *p, struct affine *af, int *rank) {
+    if (af->conv) {
+        af->w = p->nin >= 2 ? const_of(g, p->in[1]) : NULL;
+        if (!af->w || af->w->dtype != DT_FP32 || af->w->ndim < 3 || p->nout != 1) return 0;
+        af->m = af->w->dims[0];
+        *rank = af->w->ndim;
+        af->bias = p->nin >= 3 ? const_of(g, p->in[2]) : NULL;
+        return !(p->nin >= 3 && p->in[2] >= 0 && !fp32_vec(af->bias, af->m));
     }
-    if (done) drop_nodes(g, dead);
-    free(nuse);
-    free(is_out);
-    free(dead);
-    if (nfolded) *nfolded = done;
-    return 0;
-nomem:
-    free(nuse);
-    free(is_out);
-    free(dead);
-    return status_set(err, err_len, STATUS_NOMEM, "out of memory folding per-channel constants");
+    if (p->nin < 5 || node_attr_int(p, "training_mode", 0) != 0) return 0;
+    af->scale = const_of(g, p->in[1]);
+    af->beta = const_of(g, p->in[2]);
+    if (!af->scale || af->scale->dtype != DT_FP32) return 0;
+    af->m = tensor_numel(af->scale);
+    if (!fp32_vec(af->beta, af->m) || !fp32_vec(const_of(g, p->in[3]), af->m) ||
+        !fp32_vec(const_of(g, p->in[4]), af->m))
+        return 0;
+    *rank = known_rank(g, p->in[0], 0);
+    return 1;
+}
+
+/* 1 if node ai is an operation the fold takes, with what it needs in af. */
+static int affine_match(struct pass *ps, int ai, struct affine *af) {
+    const struct graph *g = ps->g;
+    const struct graph_node *a = &g->nodes[ai];
+    *af = (struct affine){.mul = is_op(a, "Mul"), .add = is_op(a, "Add"), .sub = is_op(a, "Sub"), .div = is_op(a, "Div")};
+    if ((!af->mul && !af->add && !af->sub && !af->div) || a->nin != 2 || a->nout != 1 || a->out[0] < 0 ||
+        a->act != ACT_NONE)
+        return 0;
+    int k = -1; /* which input comes from a Conv/BN */
+    for (int j = 0; j < 2 && k < 0; j++) {
+        int v = a->in[j];
+        if (v < 0 || g->values[v].producer < 0 || (j == 1 && (af->sub || af->div))) continue;
+        const struct graph_node *pn = &g->nodes[g->values[v].producer];
+        if (is_op(pn, "Conv") || is_op(pn, "BatchNormalization")) k = j;
+    }
+    if (k < 0) return 0;
+    int x = a->in[k];
+    af->pi = g->values[x].producer;
+    af->cst = const_of(g, a->in[1 - k]);
+    if (ps->dead[af->pi] || ps->nuse[x] != 1 || ps->is_out[x] || !af->cst || af->cst->dtype != DT_FP32) return 0;
+    const struct graph_node *p = &g->nodes[af->pi];
+    if (p->act != ACT_NONE || !only_first_output_used(g, p, ps->nuse)) return 0;
+    af->conv = is_op(p, "Conv");
+    int rank;
+    if (!affine_producer(g, p, af, &rank)) return 0;
+    /* The constant: a scalar, or M values on the channel axis. */
+    const struct tensor *cst = af->cst;
+    int64_t cn = tensor_numel(cst);
+    if (cn == 1) {
+        if (cst->ndim > (rank >= 0 ? rank : 1)) return 0;
+    } else {
+        int ch = rank >= 0 ? cst->ndim - (rank - 1) : -1;
+        if (rank < 0 || cst->ndim > rank || ch < 0 || cst->dims[ch] != af->m || cn != af->m) return 0;
+    }
+    const float *cv = cst->data;
+    for (int64_t o = 0; o < cn; o++) /* x * 0 or x / 0 do not fold exactly (NaN, inf) */
+        if (!isfinite(cv[o]) || ((af->mul || af->div) && cv[o] == 0.0f)) return 0;
+    return 1;
+}
+
+/* Folds node ai into the Conv or BN af names: new weights (Conv) or scale
+ * (BN) when it scales, a new bias always; ai goes. */
+static int affine_apply(struct pass *ps, int ai, const struct affine *af) {
+    struct graph *g = ps->g;
+    int64_t m = af->m, cn = tensor_numel(af->cst);
+    int conv = af->conv, mul = af->mul, div = af->div, add = af->add, scales = mul || div;
+    const struct tensor *w = af->w, *scale = af->scale;
+    /* New per-channel multiplier and addend for this step. */
+    int64_t per = conv ? tensor_numel(w) / m : 0;
+    struct tensor nw = {0}, nb = {.dtype = DT_FP32, .ndim = 1, .dims = {m}}, ns = nb;
+    nb.data = malloc((size_t)m * sizeof(float));
+    if (scales) {
+        if (conv) {
+            nw = *w;
+            nw.data = malloc((size_t)tensor_numel(w) * sizeof(float));
+        } else {
+            ns.data = malloc((size_t)m * sizeof(float));
+        }
+    }
+    if (!nb.data || (scales && !nw.data && !ns.data)) {
+        free(nb.data);
+        free(nw.data);
+        free(ns.data);
+        return pass_nomem(ps);
+    }
+    const float *cv = af->cst->data, *bd = conv ? (af->bias ? af->bias->data : NULL) : af->beta->data;
+    for (int64_t o = 0; o < m; o++) {
+        float c = cv[cn == 1 ? 0 : o], b0 = bd ? bd[o] : 0.0f;
+        if (mul) ((float *)nb.data)[o] = b0 * c;
+        else if (div) ((float *)nb.data)[o] = b0 / c;
+        else if (add) ((float *)nb.data)[o] = b0 + c;
+        else ((float *)nb.data)[o] = b0 - c;
+        if (scales && conv)
+            for (int64_t j = 0; j < per; j++)
+                ((float *)nw.data)[o * per + j] = mul ? ((const float *)w->data)[o * per + j] * c
+                                                      : ((const float *)w->data)[o * per + j] / c;
+        if (scales && !conv)
+            ((float *)ns.data)[o] = mul ? ((const float *)scale->data)[o] * c : ((const float *)scale->data)[o] / c;
+    }
+    char pname[256];
+    snprintf(pname, sizeof pname, "%s", g->nodes[af->pi].name);
+    int wv = -1, sv = -1;
+    if (scales && conv && (wv = new_const(g, pname, ".affine_weight", &nw)) < 0) {
+        free(nb.data);
+        return pass_nomem(ps);
+    }
+    if (scales && !conv && (sv = new_const(g, pname, ".affine_scale", &ns)) < 0) {
+        free(nb.data);
+        return pass_nomem(ps);
+    }
+    int bv = new_const(g, pname, ".affine_bias", &nb);
+    /* new_const may have moved values (w, scale...); nodes did not move. */
+    struct graph_node *p = &g->nodes[af->pi], *a = &g->nodes[ai];
+    if (bv < 0 || (conv && set_nin(p, 3))) return pass_nomem(ps);
+    if (conv) {
+        if (wv >= 0) p->in[1] = wv;
+        p->in[2] = bv;
+    } else {
+        if (sv >= 0) p->in[1] = sv;
+        p->in[2] = bv;
+    }
+    take_output(ps, af->pi, ai);
+    log_debug("folded %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
+    return 1;
+}
+
+static int affine_node(struct pass *ps, int ai) {
+    struct affine af;
+    return affine_match(ps, ai, &af) ? affine_apply(ps, ai, &af) : 0;
+}
+
+static const struct pass_def fold_affine_pass = {"folding per-channel constants", affine_node, 0};
+
+int passes_fold_affine(struct graph *g, int *nfolded, char *err, size_t err_len) {
+    return pass_run(&fold_affine_pass, g, NULL, nfolded, err, err_len);
 }
 
 /* ---- bias fusion ---------------------------------------------------------------------- */
 
+/* Fuses into node pi, as its bias, the constant Add that alone reads its
+ * output. */
+static int bias_node(struct pass *ps, int pi) {
+    struct graph *g = ps->g;
+    struct graph_node *p = &g->nodes[pi];
+    int matmul = is_op(p, "MatMul") && p->op && (p->op->flags & OP_BIAS_INPUT) && p->nin == 2;
+    int gemm = is_op(p, "Gemm") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0)) &&
+               node_attr_float(p, "beta", 1.0f) == 1.0f;
+    int conv = is_op(p, "Conv") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0));
+    if ((!matmul && !gemm && !conv) || p->nout != 1 || p->act != ACT_NONE || ps->dead[pi]) return 0;
+    int x = p->out[0];
+    if (x < 0 || ps->nuse[x] != 1 || ps->is_out[x]) return 0;
+    int ai = sole_reader(g, ps->dead, x, pi);
+    if (ai < 0) return 0;
+    struct graph_node *a = &g->nodes[ai];
+    if (!is_op(a, "Add") || a->nin != 2 || a->nout != 1 || a->out[0] < 0) return 0;
+    int bv = a->in[0] == x ? a->in[1] : a->in[0];
+    const struct tensor *bias = const_of(g, bv), *wt = const_of(g, p->in[1]);
+    if (!bias || bias->dtype != DT_FP32 || !wt || wt->dtype != DT_FP32 || wt->ndim < 2 || bias->ndim < 1) return 0;
+    int64_t n;
+    if (conv) {
+        /* Conv's output is [N, M, spatial...] with the rank of W: a bias
+         * is M values on axis 1, ones elsewhere, right-aligned. */
+        int r = bias->ndim, ch = r - (wt->ndim - 1);
+        n = wt->dims[0];
+        if (wt->ndim < 3 || r > wt->ndim || ch < 0 || bias->dims[ch] != n || tensor_numel(bias) != n) return 0;
+    } else if (matmul) n = wt->dims[wt->ndim - 1];
+    else {
+        if (wt->ndim != 2) return 0;
+        n = node_attr_int(p, "transB", 0) ? wt->dims[0] : wt->dims[1];
+    }
+    /* The Add must not change the MatMul's shape: bias is [N] or [1,..,1,N]
+     * of a rank that cannot exceed the product's. */
+    if (!conv && (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n)) return 0;
+    if (matmul && bias->ndim > 1) {
+        /* The product's rank: max of both when A is a matrix or more,
+         * one less than B's when A is a vector, B's at least if unknown. */
+        int ra = p->in[0] >= 0 ? known_rank(g, p->in[0], 0) : -1;
+        int rank = ra >= 2 ? (ra > wt->ndim ? ra : wt->ndim) : wt->ndim - 1;
+        if (bias->ndim > rank) return 0;
+    }
+    if (gemm && bias->ndim > 2) return 0;
+    int use = bv;
+    if ((matmul || conv) && bias->ndim != 1) {
+        struct tensor t = {.dtype = DT_FP32, .ndim = 1, .dims = {n}};
+        t.data = malloc((size_t)n * sizeof(float));
+        if (!t.data) return pass_nomem(ps);
+        memcpy(t.data, bias->data, (size_t)n * sizeof(float));
+        char pname[256];
+        snprintf(pname, sizeof pname, "%s", p->name);
+        use = new_const(g, pname, ".bias", &t);
+        if (use < 0) return pass_nomem(ps);
+        p = &g->nodes[pi];
+        a = &g->nodes[ai];
+    }
+    if (set_nin(p, 3)) return pass_nomem(ps);
+    p->in[2] = use;
+    take_output(ps, pi, ai);
+    log_debug("fused Add '%s' into %s '%s' as its bias", a->name, p->op_type, p->name);
+    return 1;
+}
+
+static const struct pass_def fuse_bias_pass = {"fusing bias", bias_node, 0};
+
 int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len) {
-    int done = 0;
-    if (nfused) *nfused = 0;
-    unsigned char *is_out = NULL;
-    int *nuse = count_uses(g, NULL, &is_out);
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!nuse || !dead) {
-        free(nuse);
-        free(is_out);
-        free(dead);
-        return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing bias");
-    }
-    for (int pi = 0; pi < g->nnodes; pi++) {
-        struct graph_node *p = &g->nodes[pi];
-        int matmul = is_op(p, "MatMul") && p->op && (p->op->flags & OP_BIAS_INPUT) && p->nin == 2;
-        int gemm = is_op(p, "Gemm") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0)) &&
-                   node_attr_float(p, "beta", 1.0f) == 1.0f;
-        int conv = is_op(p, "Conv") && (p->nin == 2 || (p->nin == 3 && p->in[2] < 0));
-        if ((!matmul && !gemm && !conv) || p->nout != 1 || p->act != ACT_NONE || dead[pi]) continue;
-        int x = p->out[0];
-        if (x < 0 || nuse[x] != 1 || is_out[x]) continue;
-        int ai = sole_reader(g, dead, x, pi);
-        if (ai < 0) continue;
-        struct graph_node *a = &g->nodes[ai];
-        if (!is_op(a, "Add") || a->nin != 2 || a->nout != 1 || a->out[0] < 0) continue;
-        int bv = a->in[0] == x ? a->in[1] : a->in[0];
-        const struct tensor *bias = const_of(g, bv), *wt = const_of(g, p->in[1]);
-        if (!bias || bias->dtype != DT_FP32 || !wt || wt->dtype != DT_FP32 || wt->ndim < 2 || bias->ndim < 1) continue;
-        int64_t n;
-        if (conv) {
-            /* Conv's output is [N, M, spatial...] with the rank of W: a bias
-             * is M values on axis 1, ones elsewhere, right-aligned. */
-            int r = bias->ndim, ch = r - (wt->ndim - 1);
-            n = wt->dims[0];
-            if (wt->ndim < 3 || r > wt->ndim || ch < 0 || bias->dims[ch] != n || tensor_numel(bias) != n) continue;
-        } else if (matmul) n = wt->dims[wt->ndim - 1];
-        else {
-            if (wt->ndim != 2) continue;
-            n = node_attr_int(p, "transB", 0) ? wt->dims[0] : wt->dims[1];
-        }
-        /* The Add must not change the MatMul's shape: bias is [N] or [1,..,1,N]
-         * of a rank that cannot exceed the product's. */
-        if (!conv && (bias->dims[bias->ndim - 1] != n || tensor_numel(bias) != n)) continue;
-        if (matmul && bias->ndim > 1) {
-            /* The product's rank: max of both when A is a matrix or more,
-             * one less than B's when A is a vector, B's at least if unknown. */
-            int ra = p->in[0] >= 0 ? known_rank(g, p->in[0], 0) : -1;
-            int rank = ra >= 2 ? (ra > wt->ndim ? ra : wt->ndim) : wt->ndim - 1;
-            if (bias->ndim > rank) continue;
-        }
-        if (gemm && bias->ndim > 2) continue;
-        int use = bv;
-        if ((matmul || conv) && bias->ndim != 1) {
-            struct tensor t = {.dtype = DT_FP32, .ndim = 1, .dims = {n}};
-            t.data = malloc((size_t)n * sizeof(float));
-            if (!t.data) goto nomem;
-            memcpy(t.data, bias->data, (size_t)n * sizeof(float));
-            char pname[256];
-            snprintf(pname, sizeof pname, "%s", p->name);
-            use = new_const(g, pname, ".bias", &t);
-            if (use < 0) goto nomem;
-            p = &g->nodes[pi];
-            a = &g->nodes[ai];
-        }
-        if (set_nin(p, 3)) goto nomem;
-        p->in[2] = use;
-        p->out[0] = a->out[0];
-        g->values[a->out[0]].producer = pi;
-        dead[ai] = 1;
-        done++;
-        log_debug("fused Add '%s' into %s '%s' as its bias", a->name, p->op_type, p->name);
-    }
-    if (done) drop_nodes(g, dead);
-    free(nuse);
-    free(is_out);
-    free(dead);
-    if (nfused) *nfused = done;
-    return 0;
-nomem:
-    free(nuse);
-    free(is_out);
-    free(dead);
-    return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing bias");
+    return pass_run(&fuse_bias_pass, g, NULL, nfused, err, err_len);
 }
 
 /* ---- activation fusion ------------------------------------------------------------------ */
@@ -687,44 +735,31 @@ static int produces_fp32(const struct graph *g, const struct graph_node *p) {
     return p->nout >= 1 && known_dtype(g, p->out[0], 0) == DT_FP32;
 }
 
+/* Fuses into node pi the activation that alone reads its output. */
+static int activation_node(struct pass *ps, int pi) {
+    struct graph *g = ps->g;
+    struct graph_node *p = &g->nodes[pi];
+    if (ps->dead[pi] || !p->op || !(p->op->flags & OP_FUSE_ACT) || p->act != ACT_NONE || p->nout != 1) return 0;
+    int x = p->out[0];
+    if (x < 0 || ps->nuse[x] != 1 || ps->is_out[x] || !produces_fp32(g, p)) return 0;
+    int ai = sole_reader(g, ps->dead, x, pi);
+    if (ai < 0) return 0;
+    struct graph_node *a = &g->nodes[ai];
+    enum act_kind kind;
+    float alpha, beta;
+    if (a->in[0] != x || !passes_activation_of(g, a, &kind, &alpha, &beta)) return 0;
+    p->act = kind;
+    p->act_alpha = alpha;
+    p->act_beta = beta;
+    take_output(ps, pi, ai);
+    log_debug("fused %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
+    return 1;
+}
+
+static const struct pass_def fuse_activations_pass = {"fusing activations", activation_node, 0};
+
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len) {
-    int done = 0;
-    if (nfused) *nfused = 0;
-    unsigned char *is_out = NULL;
-    int *nuse = count_uses(g, NULL, &is_out);
-    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
-    if (!nuse || !dead) {
-        free(nuse);
-        free(is_out);
-        free(dead);
-        return status_set(err, err_len, STATUS_NOMEM, "out of memory fusing activations");
-    }
-    for (int pi = 0; pi < g->nnodes; pi++) {
-        struct graph_node *p = &g->nodes[pi];
-        if (dead[pi] || !p->op || !(p->op->flags & OP_FUSE_ACT) || p->act != ACT_NONE || p->nout != 1) continue;
-        int x = p->out[0];
-        if (x < 0 || nuse[x] != 1 || is_out[x] || !produces_fp32(g, p)) continue;
-        int ai = sole_reader(g, dead, x, pi);
-        if (ai < 0) continue;
-        struct graph_node *a = &g->nodes[ai];
-        enum act_kind kind;
-        float alpha, beta;
-        if (a->in[0] != x || !passes_activation_of(g, a, &kind, &alpha, &beta)) continue;
-        p->act = kind;
-        p->act_alpha = alpha;
-        p->act_beta = beta;
-        p->out[0] = a->out[0];
-        g->values[a->out[0]].producer = pi;
-        dead[ai] = 1;
-        done++;
-        log_debug("fused %s '%s' into %s '%s'", a->op_type, a->name, p->op_type, p->name);
-    }
-    if (done) drop_nodes(g, dead);
-    free(nuse);
-    free(is_out);
-    free(dead);
-    if (nfused) *nfused = done;
-    return 0;
+    return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
 }
 
 /* ---- all of them ------------------------------------------------------------------------------ */
