@@ -1230,20 +1230,14 @@ void kd_release(void *state) { free(state); }
 
 /* ---- run ----------------------------------------------------------------- */
 
-/* The family's runner, then the activation where the kernel did not apply it. */
-static int kd_run_state(struct op_call *c, const struct kd_state *st, cudaStream_t s) {
+/* The family's runner, then the activation where the kernel did not apply
+ * it. Only a prepared node runs: building here would decode its attributes
+ * (and allocate) on every run. */
+int kd_run(struct op_call *c, void *state, cudaStream_t s) {
+    if (!state) return op_error(c, "the CUDA kernels run a node only once prepared");
+    const struct kd_state *st = (const struct kd_state *)state;
     int rc = st->run(c, st, s);
     if (rc || !st->act_after || st->act.kind == ACT_NONE) return rc;
     struct tensor *y = c->out[0];
     return kd_check(c, kc_bias_act(y->dtype, y->data, NULL, tensor_numel(y), 1, 1, st->act, s));
-}
-
-int kd_run(struct op_call *c, void *state, cudaStream_t s) {
-    if (state) return kd_run_state(c, (const struct kd_state *)state, s);
-    void *tmp = NULL;
-    int rc = kd_prepare(c, &tmp);
-    if (rc) return rc;
-    rc = kd_run_state(c, (const struct kd_state *)tmp, s);
-    kd_release(tmp);
-    return rc;
 }
