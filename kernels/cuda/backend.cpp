@@ -297,10 +297,9 @@ static int cuda_run_node(struct backend *be, struct op_call *c) {
     struct kc_instance *in = inst(be);
     struct kc_node_state *ns = (struct kc_node_state *)c->state;
     if (!in->capturing) cudaSetDevice(in->device); /* per thread; not a call to make inside a capture */
-    if (!ns) { /* not prepared: only the custom kernels can go without */
-        if (kc_lib_handles(c->node->op_type)) return op_error(c, "the CUDA backend runs this op only once prepared");
-        return kd_run(c, NULL, in->stream);
-    }
+    /* Not prepared: refused, as building here would decode the node's
+     * attributes on every run. */
+    if (!ns) return op_error(c, "the CUDA backend runs this op only once prepared");
     return ns->lib ? kc_lib_run(in, c, ns->inner) : kd_run(c, ns->inner, in->stream);
 }
 

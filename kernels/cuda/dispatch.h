@@ -26,7 +26,8 @@ int kd_supports(const struct op_call *c, char *why, size_t why_len);
 /* Builds the node's launch state (*state, freed by kd_release). Returns 0 or
  * a negative status after op_error(). */
 int kd_prepare(struct op_call *c, void **state);
-/* Queues the node on stream s; state from kd_prepare (NULL: built on the fly). */
+/* Queues the node on stream s; state from kd_prepare (NULL: refused with
+ * op_error, since the run path never decodes attributes). */
 int kd_run(struct op_call *c, void *state, cudaStream_t s);
 void kd_release(void *state);
 /* 1 if op_type (default domain) is one the custom kernels handle at all. */

@@ -1045,6 +1045,21 @@ static void test_supports_truthfully(void **state) {
         assert_true(why[0] != 0);
         for (void *p : owned) free(p);
     }
+    /* And a node runs only from its prepared state: kd_run never builds one,
+     * which would decode the attributes on every run. */
+    tcase relu = C("Relu", {F({3})});
+    tnode tn;
+    build_node(&tn, relu);
+    struct tensor t = make(relu.in[0]);
+    struct op_call c;
+    char err[200] = "";
+    op_call_init(&c, &tn.n, 1, err, sizeof err);
+    c.nin = c.nout = 1;
+    c.in[0] = &t;
+    c.out[0] = &t;
+    assert_int_not_equal(kd_run(&c, NULL, 0), 0);
+    assert_non_null(strstr(err, "only once prepared"));
+    free(t.data);
 }
 
 int main(void) {
