@@ -120,6 +120,13 @@ int model_find_output(const struct model *m, const char *name) {
 }
 
 int model_node_count(const struct model *m) { return m->g->nnodes; }
+
+int model_grow_plans(struct model *m, int max_plans) {
+    if (max_plans <= m->max_plans) return 0;
+    int rc = plan_cache_grow(m->plans, max_plans);
+    if (!rc) m->max_plans = max_plans;
+    return rc;
+}
 const char *model_producer(const struct model *m) { return m->g->producer_name ? m->g->producer_name : ""; }
 
 struct model_exec *model_exec_create(struct model *m, struct backend *be, int nthreads) {

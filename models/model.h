@@ -34,6 +34,9 @@ struct model_params {
 
 struct model *model_load(const struct model_params *p, char *err, size_t err_len);
 void model_free(struct model *m); /* NULL is a no-op; no model_exec may be live */
+/* Raises the plan bound to max_plans (the model's cache and the device
+ * caches of execution contexts made after this call). 0 or STATUS_NOMEM. */
+int model_grow_plans(struct model *m, int max_plans);
 
 int model_ninputs(const struct model *m);
 int model_noutputs(const struct model *m);

@@ -1546,6 +1546,22 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
 
 void plan_cache_set_fp16(struct plan_cache *c, int on) { c->fp16 = on; }
 
+int plan_cache_grow(struct plan_cache *c, int max_plans) {
+    pthread_mutex_lock(&c->mu);
+    int rc = 0;
+    if (max_plans > c->max) {
+        struct plan **p = realloc(c->plans, (size_t)max_plans * sizeof *p);
+        if (p) {
+            c->plans = p;
+            c->max = max_plans;
+        } else {
+            rc = STATUS_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 void plan_cache_touch(struct plan_cache *c, struct plan *p) {
     atomic_store(&p->last_used, atomic_fetch_add(&c->tick, 1) + 1);
 }

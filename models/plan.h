@@ -144,6 +144,8 @@ void plan_cache_touch(struct plan_cache *c, struct plan *p);
 /* Plans this cache builds from now on are FP16 device plans (see
  * plan_build_opts). Set before the first plan_cache_get. */
 void plan_cache_set_fp16(struct plan_cache *c, int on);
+/* Raises the bound to max_plans (never lowers it). 0 or STATUS_NOMEM. */
+int plan_cache_grow(struct plan_cache *c, int max_plans);
 /* Number of plans in the cache; number of builds and evictions so far. */
 int plan_cache_size(struct plan_cache *c);
 uint64_t plan_cache_builds(struct plan_cache *c);

@@ -134,6 +134,16 @@ static void relative_to_root(const repository_t *r, char *msg) {
 
 /* ---- folder scanning ---------------------------------------------------- */
 
+/* floor(log2(n)) for n >= 1. */
+static int ilog2(int n) {
+    int k = 0;
+    while (n > 1) {
+        n >>= 1;
+        k++;
+    }
+    return k;
+}
+
 static int valid_name(const char *name) {
     size_t n = strlen(name);
     if (n == 0 || n > 200 || name[0] == '.') return 0;
@@ -269,6 +279,13 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     int padded = pad_spec_make(&v->pad, c, e2, sizeof e2);
     if (padded < 0) {
         ERR(padded, "model '%s' version %lld: %s", name, (long long)ver, e2);
+        goto fail;
+    }
+    /* Room for a plan per (bucket, batch size) besides the usual few, so
+     * that padded batches never rebuild an evicted plan. */
+    int sizes = c->npreferred > 0 ? c->npreferred + 1 : 2 + ilog2(c->max_batch_size);
+    if (padded && model_grow_plans(v->model, 16 + v->pad.nbuckets * sizes)) {
+        ERR(STATUS_NOMEM, "model '%s': out of memory", name);
         goto fail;
     }
     struct instances_params ip = {
