@@ -10,6 +10,7 @@
 #   cache     bench/cache.sh          result cache tiers vs ceiling
 #   hash      build/hash_bench        cache key hash candidates
 #   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
+#   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero; none is skipped.
 #
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export DURATION=${DURATION:-8}
 export OUT=${OUT:-build/bench}
-SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash fds"}
+SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash fds padding"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -63,6 +64,7 @@ TITLE[mlserver]="kiln vs MLServer (digits, JSON, kiln bench)"
 TITLE[cache]="Result cache"
 TITLE[hash]="Cache key: hash throughput"
 TITLE[fds]="At the open file limit: connections held open"
+TITLE[padding]="Padded batching: sequences of mixed lengths"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -101,6 +103,7 @@ PY
 # cache path has its own section), so the cache is off here.
 run_http() { KILN_CACHE_SIZE=0 ROUNDS=${HTTP_ROUNDS:-3} bench/http.sh >"$OUT/http.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
+run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
 run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
 # Five interleaved rounds of 5 s per configuration: its ratios are the
 # tightest targets here (0.8x, 5%), so it trades run length for rounds.
@@ -347,6 +350,15 @@ def mlserver():
     return (f"{float(k['throughput']):.0f} vs {float(m['throughput']):.0f} req/s = {ratio:.1f}x (c={top}); p99 "
             f"{float(k['p99_us']) / 1000:.2f} vs {float(m['p99_us']) / 1000:.2f} ms", yes(ok))
 target("bench", "kiln >= 20x MLServer's throughput at concurrency 64 (JSON both), lower p99", mlserver)
+
+def padding():
+    r = {x["mode"]: x for x in rows("padding")}
+    p, s = r["padded"], r["same"]
+    ratio = float(p["paired_ratio"])
+    ok = ratio >= 2 and float(p["p99_ms"]) < float(s["p99_ms"])
+    return (f"{ratio:.2f}x ({float(p['infer_per_s']):.0f} vs {float(s['infer_per_s']):.0f} infer/s); p99 "
+            f"{float(p['p99_ms']):.1f} vs {float(s['p99_ms']):.1f} ms; padding waste {100 * float(p['waste']):.1f}%", yes(ok))
+target("padding", "BERT, 8-128 tokens, c=64: padded batching >= 2x same-shape batching's throughput, lower p99", padding)
 
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")
