@@ -45,6 +45,7 @@ static struct {
     int nbatch;
     int64_t rows[MAX_LOG];
     float first[MAX_LOG];     /* first input value of the batch */
+    int64_t cols[MAX_LOG];    /* dims[1] of input 0 (0 without) */
     int instance[MAX_LOG];
     uint64_t cost_ns;         /* added to the fake clock per batch... */
     uint64_t cost_per_row_ns; /* ... plus this per row */
@@ -95,6 +96,7 @@ static int test_execute(void *arg, int instance, const struct tensor *in, int ni
     int slot = ex.nbatch < MAX_LOG ? ex.nbatch : MAX_LOG - 1;
     ex.rows[slot] = in[0].dims[0];
     ex.first[slot] = ((const float *)in[0].data)[0];
+    ex.cols[slot] = in[0].ndim > 1 ? in[0].dims[1] : 0;
     ex.instance[slot] = instance;
     ex.nbatch++;
     ex.blocked++;
@@ -1248,6 +1250,75 @@ static void test_warmup_every_instance(void **state) {
     batcher_free(b);
 }
 
+/* Padded batching: lengths in one bucket share a batch padded to it, each
+ * answer is cut back to its own length; other buckets and lengths past the
+ * last bucket run apart; the profile is kept per bucket. */
+static void test_padded_batches(void **state) {
+    (void)state;
+    ex_reset();
+    static struct pad_spec pad;
+    memset(&pad, 0, sizeof pad);
+    pad.nin = 1;
+    pad.in[0].axis = 1;
+    pad.in[0].value = -1;
+    pad.nout = 1;
+    pad.out[0].axis = 1;
+    pad.buckets[0] = 4;
+    pad.buckets[1] = 8;
+    pad.nbuckets = 2;
+    struct batcher_params p = base_params();
+    p.max_batch_size = 8;
+    p.dynamic_batching = 1;
+    p.max_queue_delay_us = 500;
+    p.any_batch_size = 1;
+    p.pad = &pad;
+    inst.pad = &pad;
+    attach(&p);
+    char err[256] = "";
+    batcher_t *b = batcher_create(&p, err, sizeof err);
+    assert_non_null(b);
+    static struct treq t[5];
+    treq_init(&t[0], 1, 2, 0);
+    treq_init(&t[1], 1, 3, 10);
+    treq_init(&t[2], 2, 4, 20);
+    treq_init(&t[3], 1, 6, 30);
+    treq_init(&t[4], 1, 10, 40);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    advance_us(500);
+    WAIT_FOR(atomic_load(&t[0].ndone) + atomic_load(&t[1].ndone) + atomic_load(&t[2].ndone) +
+                 atomic_load(&t[3].ndone) + atomic_load(&t[4].ndone) == 5);
+    assert_int_equal(ex_nbatch(), 3);
+    /* Bucket 4: 1 + 1 + 2 rows at 4 columns; bucket 8: one row at 8; 10 alone. */
+    assert_int_equal(ex.rows[0], 4);
+    assert_int_equal(ex.cols[0], 4);
+    assert_int_equal(ex.rows[1], 1);
+    assert_int_equal(ex.cols[1], 8);
+    assert_int_equal(ex.cols[2], 10);
+    for (int i = 0; i < 5; i++) {
+        treq_check_ok(&t[i]);
+        treq_release(&t[i]);
+    }
+    struct batcher_stats st;
+    batcher_get_stats(b, &st);
+    assert_int_equal(st.npad, 3);
+    assert_int_equal(st.pad[0].length, 4);
+    assert_int_equal(st.pad[0].batches, 1);
+    assert_int_equal(st.pad[0].real, 2 + 3 + 8);
+    assert_int_equal(st.pad[0].padded, 16);
+    assert_int_equal(st.pad[1].padded, 8);
+    assert_int_equal(st.pad[2].real, 10);
+    /* One profile per bucket: bucket 1's times do not predict bucket 0's. */
+    pthread_mutex_lock(&b->mu);
+    assert_true(predict_ns(b, 0, 4) > 0);
+    profile_add(b, 1, 4, 999999);
+    assert_true(predict_ns(b, 0, 4) != 999999);
+    assert_int_equal(predict_ns(b, 1, 4), 999999);
+    pthread_mutex_unlock(&b->mu);
+    batcher_free(b);
+    inst.pad = NULL;
+}
+
 int main(void) {
     /* oneDNN shares primitive descriptors between threads through its own
      * cache, synchronized inside the (uninstrumented) library: under TSan
@@ -1262,6 +1333,7 @@ int main(void) {
         cmocka_unit_test(test_full_batch_goes_at_once_rows_counted),
         cmocka_unit_test(test_bad_rows_rejected),
         cmocka_unit_test(test_shapes_not_mixed),
+        cmocka_unit_test(test_padded_batches),
         cmocka_unit_test(test_batch_sizes_rounded_to_buckets),
         cmocka_unit_test(test_preferred_batch_size),
         cmocka_unit_test(test_queue_full),
