@@ -552,6 +552,69 @@ static int opset_for(const Onnx__ModelProto *mp, const struct graph *g, const ch
     return 1;
 }
 
+/* The node's opset, attributes and kernel, once it is in the graph. */
+static int finish_node(struct graph *g, const Onnx__ModelProto *mp, const Onnx__NodeProto *np, int idx,
+                       const char *base_dir, char *err, size_t err_len) {
+    struct graph_node *node = &g->nodes[idx];
+    const char *domain = node->domain;
+    node->opset = opset_for(mp, g, domain);
+    if (np->n_attribute) {
+        if (np->n_attribute > INT_MAX)
+            return status_set(err, err_len, STATUS_INVALID, "node '%s': too many attributes", node->name);
+        node->attrs = calloc(np->n_attribute, sizeof *node->attrs);
+        if (!node->attrs) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        for (size_t a = 0; a < np->n_attribute; a++) {
+            node->nattr = (int)a + 1; /* graph_free releases whatever was converted */
+            int rc = convert_attr(np->attribute[a], &node->attrs[a], node, base_dir, err, err_len);
+            if (rc) return rc;
+        }
+    }
+    node->op = op_find(domain, node->op_type);
+    if (!node->op)
+        return status_set(err, err_len, STATUS_UNSUPPORTED,
+                          "node '%s' : operator '%s' (domain '%s', opset %d) is not supported", node->name,
+                          node->op_type, *domain ? domain : "ai.onnx", node->opset);
+    return 0;
+}
+
+/* Concat, Sum, Max and Min are associative: such a node with more inputs
+ * than a kernel call takes (OP_MAX_IO; detection exports concatenate
+ * a hundred anchors) is loaded as a tree of nodes of at most OP_MAX_IO
+ * inputs each, with the node's attributes. */
+static int splits_wide(const Onnx__NodeProto *np) {
+    static const char *const ops[] = {"Concat", "Sum", "Max", "Min"};
+    const char *d = np->domain ? np->domain : "";
+    if ((*d && strcmp(d, "ai.onnx") != 0) || np->n_output != 1) return 0;
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(np->op_type, ops[i]) == 0) return 1;
+    return 0;
+}
+
+/* Adds the inner levels of the tree for the first *nin values of ins and
+ * leaves the top level's inputs there (*nin <= OP_MAX_IO). */
+static int add_wide_parts(struct graph *g, const Onnx__ModelProto *mp, const Onnx__NodeProto *np, int *ins, int *nin,
+                          int out, const char *base_dir, char *err, size_t err_len) {
+    const char *domain = np->domain ? np->domain : "";
+    const char *oname = g->values[out].name;
+    for (int level = 0; *nin > OP_MAX_IO; level++) {
+        int parts = 0;
+        for (int first = 0; first < *nin; first += OP_MAX_IO, parts++) {
+            int cnt = *nin - first < OP_MAX_IO ? *nin - first : OP_MAX_IO;
+            char name[512];
+            snprintf(name, sizeof name, "%s/part%d.%d", oname, level, parts);
+            while (graph_find_value(g, name) >= 0 && strlen(name) + 1 < sizeof name) strcat(name, "_");
+            int v = graph_intern_value(g, name);
+            int idx = v < 0 ? -1 : graph_add_node(g, name, np->op_type, domain, ins + first, cnt, &v, 1);
+            if (idx < 0) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+            int rc = finish_node(g, mp, np, idx, base_dir, err, err_len);
+            if (rc) return rc;
+            ins[parts] = v; /* parts <= first: those inputs were read */
+        }
+        *nin = parts;
+    }
+    return 0;
+}
+
 static int load_nodes(struct graph *g, const Onnx__ModelProto *mp, const Onnx__GraphProto *gp, const char *base_dir,
                       char *err, size_t err_len) {
     int *ins = NULL, *outs = NULL;
@@ -565,15 +628,19 @@ static int load_nodes(struct graph *g, const Onnx__ModelProto *mp, const Onnx__G
                             nname ? nname : "", nname ? "'" : "");
             goto out;
         }
-        if (np->n_input > OP_MAX_IO || np->n_output > OP_MAX_IO) {
+        if ((np->n_input > OP_MAX_IO && !splits_wide(np)) || np->n_output > OP_MAX_IO) {
             rc = status_set(err, err_len, STATUS_UNSUPPORTED,
                             "node '%s' (%s) has %zu inputs and %zu outputs; kiln supports at most %d of each",
                             nname ? nname : "?", np->op_type, np->n_input, np->n_output, OP_MAX_IO);
             goto out;
         }
+        if (np->n_input > INT_MAX / 2) {
+            rc = status_set(err, err_len, STATUS_INVALID, "node '%s': too many inputs", nname ? nname : "?");
+            goto out;
+        }
         size_t need = np->n_input > np->n_output ? np->n_input : np->n_output;
         if (need > cap) {
-            cap = OP_MAX_IO;
+            cap = need > OP_MAX_IO ? need : OP_MAX_IO;
             free(ins);
             free(outs);
             ins = malloc(cap * sizeof *ins);
@@ -606,43 +673,21 @@ static int load_nodes(struct graph *g, const Onnx__ModelProto *mp, const Onnx__G
             }
         }
         const char *domain = np->domain ? np->domain : "";
-        int idx = graph_add_node(g, nname, np->op_type, domain, ins, (int)np->n_input, outs, (int)np->n_output);
+        int nin = (int)np->n_input;
+        if (nin > OP_MAX_IO && (rc = add_wide_parts(g, mp, np, ins, &nin, outs[0], base_dir, err, err_len)))
+            goto out;
+        int idx = graph_add_node(g, nname, np->op_type, domain, ins, nin, outs, (int)np->n_output);
         if (idx < 0) {
             rc = status_set(err, err_len, STATUS_NOMEM, "out of memory");
             goto out;
         }
-        struct graph_node *node = &g->nodes[idx];
-        node->opset = opset_for(mp, g, domain);
-        if (np->n_attribute) {
-            if (np->n_attribute > INT_MAX) {
-                rc = status_set(err, err_len, STATUS_INVALID, "node '%s': too many attributes", node->name);
-                goto out;
-            }
-            node->attrs = calloc(np->n_attribute, sizeof *node->attrs);
-            if (!node->attrs) {
-                rc = status_set(err, err_len, STATUS_NOMEM, "out of memory");
-                goto out;
-            }
-            for (size_t a = 0; a < np->n_attribute; a++) {
-                node->nattr = (int)a + 1; /* graph_free releases whatever was converted */
-                rc = convert_attr(np->attribute[a], &node->attrs[a], node, base_dir, err, err_len);
-                if (rc) goto out;
-            }
-        }
-        node->op = op_find(domain, node->op_type);
-        if (!node->op) {
-            rc = status_set(err, err_len, STATUS_UNSUPPORTED,
-                            "node '%s' : operator '%s' (domain '%s', opset %d) is not supported", node->name,
-                            node->op_type, *domain ? domain : "ai.onnx", node->opset);
-            goto out;
-        }
+        if ((rc = finish_node(g, mp, np, idx, base_dir, err, err_len))) goto out;
     }
 out:
     free(ins);
     free(outs);
     return rc;
 }
-
 static struct graph *load_model(const Onnx__ModelProto *mp, const char *base_dir, char *err, size_t err_len) {
     const Onnx__GraphProto *gp = mp->graph;
     if (!gp) {
