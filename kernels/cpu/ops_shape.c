@@ -34,32 +34,7 @@
  * Common helpers
  * ------------------------------------------------------------------------ */
 
-static const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
 static struct tensor *out_opt(const struct op_call *c, int i) { return i < c->nout ? c->out[i] : NULL; }
-
-static int need_input(struct op_call *c, int i, const char *what) {
-    if (!in_opt(c, i)) return op_error(c, "input %d (%s) is required", i, what);
-    return 0;
-}
-
-/* Fails unless input i is present and its values are known now. */
-static int need_const(struct op_call *c, int i, const char *what) {
-    int rc = need_input(c, i, what);
-    if (rc) return rc;
-    if (!c->in[i]->data) {
-        op_error(c, "input %d (%s) must be a constant known when the plan is built; kiln does not support "
-                    "output shapes that depend on values computed at run time",
-                 i, what);
-        return STATUS_UNSUPPORTED;
-    }
-    return 0;
-}
-
-static int need_bytes_dtype(struct op_call *c, const struct tensor *t, const char *what) {
-    if (t->dtype == DT_STRING || dtype_size(t->dtype) == 0)
-        return op_error(c, "%s has dtype %s, which this operator does not support", what, dtype_name(t->dtype));
-    return 0;
-}
 
 /* For ops that only move elements: strings move too, as the pointers a
  * plan's tensors borrow for the duration of one run. */
@@ -71,53 +46,6 @@ static int need_movable_dtype(struct op_call *c, const struct tensor *t, const c
 static int need_int_dtype(struct op_call *c, const struct tensor *t, const char *what) {
     if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
         return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
-    return 0;
-}
-
-/* Reads the integer values of input i (which must be constant now) into v;
- * returns the count or a negative status. */
-static int read_int_input(struct op_call *c, int i, const char *what, int64_t *v, int max) {
-    int rc = need_const(c, i, what);
-    if (rc) return rc;
-    const struct tensor *t = c->in[i];
-    if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
-        return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
-    int64_t n = tensor_numel(t);
-    if (n < 0 || n > max) return op_error(c, "%s has %lld values; at most %d are supported", what, (long long)n, max);
-    for (int64_t k = 0; k < n; k++) v[k] = op_int_at(t, k);
-    return (int)n;
-}
-
-/* Reads an int list from attribute name; returns the count, -1 if absent. */
-static int read_int_attr(struct op_call *c, const char *name, int64_t *v, int max) {
-    const int64_t *a;
-    int n = node_attr_ints(c->node, name, &a);
-    if (n < 0) return -1;
-    if (n > max) return op_error(c, "attribute '%s' has %d values; at most %d are supported", name, n, max);
-    for (int k = 0; k < n; k++) v[k] = a[k];
-    return n;
-}
-
-static int set_shape(struct op_call *c, struct tensor *o, enum dtype dt, int nd, const int64_t *dims) {
-    if (nd > TENSOR_MAX_DIMS) return op_error(c, "output rank %d exceeds kiln's limit of %d", nd, TENSOR_MAX_DIMS);
-    o->dtype = dt;
-    o->ndim = nd;
-    for (int k = 0; k < nd; k++) o->dims[k] = dims[k];
-    return 0;
-}
-
-static int64_t prod(const int64_t *d, int from, int to) {
-    int64_t p = 1;
-    for (int k = from; k < to; k++) p *= d[k];
-    return p;
-}
-
-/* Computed dimensions beyond this are refused before any arithmetic on
- * them can overflow; no real tensor comes near it. */
-#define SHAPE_MAX_DIM ((int64_t)1 << 40)
-
-static int dim_ok(struct op_call *c, double v, const char *what) {
-    if (!(v >= 0 && v <= (double)SHAPE_MAX_DIM)) return op_error(c, "%s = %g is out of range", what, v);
     return 0;
 }
 
@@ -1301,8 +1229,6 @@ static int scatter_nd_run(struct op_call *c) {
  * Range, OneHot, NonZero, EyeLike, Trilu, CumSum
  * ------------------------------------------------------------------------ */
 
-static int is_float_dtype(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16; }
-
 static int range_infer(struct op_call *c) {
     int rc;
     if ((rc = need_const(c, 0, "start")) || (rc = need_const(c, 1, "limit")) || (rc = need_const(c, 2, "delta"))) return rc;
@@ -1722,7 +1648,7 @@ static int topk_k(struct op_call *c, int64_t *k) {
         *k = node_attr_int(c->node, "k", -1);
         return 0;
     }
-    int64_t v[1];
+    int64_t v[1] = {0};
     int n = read_int_input(c, 1, "K", v, 1);
     if (n < 0) return n;
     if (n != 1) return op_error(c, "K must hold one value");
