@@ -28,6 +28,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -242,11 +243,21 @@ static int shape_infer(struct op_call *c) {
     return set_shape(c, c->out[0], DT_INT64, 1, &d);
 }
 
+/* Shape's clamped range of axes, decoded at prepare. */
+struct shape_params {
+    int start, end;
+};
+
+static int shape_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct shape_params p;
+    shape_range(c, &p.start, &p.end);
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int shape_run(struct op_call *c) {
-    int s, e;
-    shape_range(c, &s, &e);
+    const struct shape_params *p = c->state;
     int64_t *o = c->out[0]->data;
-    for (int k = s; k < e; k++) o[k - s] = c->in[0]->dims[k];
+    for (int k = p->start; k < p->end; k++) o[k - p->start] = c->in[0]->dims[k];
     return 0;
 }
 
@@ -312,12 +323,24 @@ static int constant_infer(struct op_call *c) {
     return set_shape(c, c->out[0], v.dtype, v.ndim, v.dims);
 }
 
-static int constant_run(struct op_call *c) {
+/* Constant's and ConstantOfShape's value, decoded at prepare: a view of
+ * the node's attribute (or of a static zero), which outlives the plan. */
+struct value_params {
     struct tensor v;
-    int rc = constant_value(c, &v);
-    if (rc) return rc;
-    size_t n = tensor_nbytes(&v);
-    if (n) memcpy(c->out[0]->data, v.data, n);
+};
+
+static int value_keep(struct op_call *c, int (*value)(struct op_call *, struct tensor *), void **state) {
+    struct value_params p;
+    int rc = value(c, &p.v);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
+static int constant_prepare(struct op_call *c, void **state, size_t *scratch) { return value_keep(c, constant_value, state); }
+
+static int constant_run(struct op_call *c) {
+    const struct tensor *v = &((const struct value_params *)c->state)->v;
+    size_t n = tensor_nbytes(v);
+    if (n) memcpy(c->out[0]->data, v->data, n);
     return 0;
 }
 
@@ -347,10 +370,10 @@ static int cos_infer(struct op_call *c) {
     return rc ? rc : set_shape(c, c->out[0], v.dtype, n, d);
 }
 
+static int cos_prepare(struct op_call *c, void **state, size_t *scratch) { return value_keep(c, cos_value, state); }
+
 static int cos_run(struct op_call *c) {
-    struct tensor v;
-    int rc = cos_value(c, &v);
-    if (rc) return rc;
+    struct tensor v = ((const struct value_params *)c->state)->v;
     size_t es = dtype_size(v.dtype);
     int64_t n = tensor_numel(c->out[0]);
     char *o = c->out[0]->data;
@@ -808,9 +831,17 @@ static int split_run(struct op_call *c) {
  * Slice
  * ------------------------------------------------------------------------ */
 
-/* Per-axis start, step and output length following numpy's clamping. */
-static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_t *len) {
+/* Slice's per-axis start, step and output length, decoded at infer and
+ * again at prepare (starts, ends, axes and steps are attributes or
+ * constant inputs). */
+struct slice_params {
+    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
+};
+
+/* Fills g following numpy's clamping. */
+static int slice_params(struct op_call *c, struct slice_params *g) {
     const struct tensor *x = c->in[0];
+    int64_t *start = g->start, *step = g->step, *len = g->len;
     int r = x->ndim;
     int64_t st[TENSOR_MAX_DIMS], en[TENSOR_MAX_DIMS], ax[TENSOR_MAX_DIMS], sp[TENSOR_MAX_DIMS];
     int ns, ne, na, np;
@@ -871,17 +902,23 @@ static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_
 
 static int slice_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
+    struct slice_params g;
     int rc = need_movable_dtype(c, x, "input");
-    if (rc || (rc = slice_params(c, start, step, len))) return rc;
-    return set_shape(c, c->out[0], x->dtype, x->ndim, len);
+    if (rc || (rc = slice_params(c, &g))) return rc;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, g.len);
+}
+
+static int slice_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct slice_params g;
+    int rc = slice_params(c, &g);
+    return rc ? rc : params_keep(c, &g, sizeof g, state);
 }
 
 static int slice_run(struct op_call *c) {
+    const struct slice_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS], xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
-    int rc = slice_params(c, start, step, len);
-    if (rc) return rc;
+    const int64_t *start = p->start, *step = p->step, *len = p->len;
+    int64_t xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     int64_t base = 0;
     for (int k = 0; k < x->ndim; k++) {
@@ -989,9 +1026,21 @@ static int gather_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, m, d);
 }
 
+/* The normalized axis of Gather, GatherElements and OneHot, decoded at
+ * prepare. */
+struct axis_params {
+    int axis;
+};
+
+/* Gather's and GatherElements' axis counts in the data's rank. */
+static int gather_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct axis_params p = {op_axis(c, node_attr_int(c->node, "axis", 0), c->in[0]->ndim)};
+    return p.axis < 0 ? STATUS_INVALID : params_keep(c, &p, sizeof p, state);
+}
+
 static int gather_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    int a = ((const struct axis_params *)c->state)->axis;
     size_t es = dtype_size(x->dtype);
     int64_t outer = prod(x->dims, 0, a), dim = x->dims[a], inner = prod(x->dims, a + 1, x->ndim);
     int64_t ni = tensor_numel(idx);
@@ -1029,7 +1078,7 @@ static int gather_elements_infer(struct op_call *c) {
 
 static int gather_elements_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    int a = ((const struct axis_params *)c->state)->axis, r = x->ndim;
     size_t es = dtype_size(x->dtype);
     int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
     shape_strides(r, x->dims, xs);
@@ -1084,9 +1133,19 @@ static int nd_offset(struct op_call *c, const struct tensor *x, const struct ten
     return 0;
 }
 
+/* GatherND's batch_dims, decoded at prepare. */
+struct gather_nd_params {
+    int batch_dims;
+};
+
+static int gather_nd_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct gather_nd_params p = {(int)node_attr_int(c->node, "batch_dims", 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int gather_nd_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int b = (int)node_attr_int(c->node, "batch_dims", 0);
+    int b = ((const struct gather_nd_params *)c->state)->batch_dims;
     int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     size_t es = dtype_size(x->dtype);
@@ -1153,11 +1212,25 @@ static int scatter_elements_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* A scatter's reduction (and ScatterElements' normalized axis), decoded
+ * at prepare. */
+struct scatter_params {
+    enum scatter_red red;
+    int axis;
+};
+
+static int scatter_elements_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scatter_params p = {RED_NONE, op_axis(c, node_attr_int(c->node, "axis", 0), c->in[0]->ndim)};
+    if (p.axis < 0) return STATUS_INVALID;
+    int rc = scatter_reduction(c, &p.red);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int scatter_elements_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
-    enum scatter_red red;
-    scatter_reduction(c, &red);
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    const struct scatter_params *p = c->state;
+    enum scatter_red red = p->red;
+    int a = p->axis, r = x->ndim;
     int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
     shape_strides(r, x->dims, xs);
     for (int64_t i = 0; i < n; i++) { /* validate before writing anything */
@@ -1201,10 +1274,15 @@ static int scatter_nd_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+static int scatter_nd_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scatter_params p = {RED_NONE, 0};
+    int rc = scatter_reduction(c, &p.red);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int scatter_nd_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
-    enum scatter_red red;
-    scatter_reduction(c, &red);
+    enum scatter_red red = ((const struct scatter_params *)c->state)->red;
     int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     int64_t nt = prod(idx->dims, 0, idx->ndim - 1), slice = prod(x->dims, (int)k, x->ndim);
@@ -1294,10 +1372,16 @@ static int onehot_infer(struct op_call *c) {
     return set_shape(c, c->out[0], vals->dtype, r, d);
 }
 
+/* OneHot's axis counts in the output's rank, one more than the indices'. */
+static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct axis_params p = {op_axis(c, node_attr_int(c->node, "axis", -1), c->in[0]->ndim + 1)};
+    return p.axis < 0 ? STATUS_INVALID : params_keep(c, &p, sizeof p, state);
+}
+
 static int onehot_run(struct op_call *c) {
     const struct tensor *idx = c->in[0], *vals = c->in[2];
     struct tensor *o = c->out[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), o->ndim);
+    int a = ((const struct axis_params *)c->state)->axis;
     int64_t dep = o->dims[a], outer = prod(o->dims, 0, a), inner = prod(o->dims, a + 1, o->ndim);
     size_t es = dtype_size(o->dtype);
     const char *off = vals->data, *on = off + es;
@@ -1363,9 +1447,19 @@ static int eyelike_infer(struct op_call *c) {
     return set_shape(c, c->out[0], dt, 2, x->dims);
 }
 
+/* EyeLike's diagonal k, decoded at prepare. */
+struct eyelike_params {
+    int64_t k;
+};
+
+static int eyelike_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct eyelike_params p = {node_attr_int(c->node, "k", 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int eyelike_run(struct op_call *c) {
     struct tensor *o = c->out[0];
-    int64_t k = node_attr_int(c->node, "k", 0), r = o->dims[0], cols = o->dims[1];
+    int64_t k = ((const struct eyelike_params *)c->state)->k, r = o->dims[0], cols = o->dims[1];
     k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
     memset(o->data, 0, tensor_nbytes(o));
     for (int64_t i = 0; i < r; i++) {
@@ -1382,11 +1476,21 @@ static int trilu_infer(struct op_call *c) {
     return rc ? rc : set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* Trilu's upper, decoded at prepare (k is an input, read at run time). */
+struct trilu_params {
+    int upper;
+};
+
+static int trilu_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct trilu_params p = {(int)node_attr_int(c->node, "upper", 1)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int trilu_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int64_t k = in_opt(c, 1) && c->in[1]->data ? op_int_at(c->in[1], 0) : 0;
     k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
-    int upper = (int)node_attr_int(c->node, "upper", 1);
+    int upper = ((const struct trilu_params *)c->state)->upper;
     int64_t rows = x->dims[x->ndim - 2], cols = x->dims[x->ndim - 1], nb = prod(x->dims, 0, x->ndim - 2);
     size_t es = dtype_size(x->dtype);
     run_copy0(c);
@@ -1409,9 +1513,12 @@ static int trilu_run(struct op_call *c) {
 
 enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
 
+/* Pad's mode and per-axis pads, decoded at infer and again at prepare,
+ * where the constant of opsets before 11 (an attribute) joins them. */
 struct pad_params {
     enum pad_mode mode;
     int64_t begin[TENSOR_MAX_DIMS], end[TENSOR_MAX_DIMS];
+    double value;
 };
 
 static int pad_params(struct op_call *c, struct pad_params *pp) {
@@ -1490,16 +1597,22 @@ static inline int64_t pad_src(int64_t o, int64_t b, int64_t d, enum pad_mode m) 
     return -1;
 }
 
-static int pad_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    struct tensor *o = c->out[0];
+static int pad_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct pad_params pp;
     int rc = pad_params(c, &pp);
     if (rc) return rc;
+    pp.value = c->node->opset < 11 ? node_attr_float(c->node, "value", 0) : 0;
+    return params_keep(c, &pp, sizeof pp, state);
+}
+
+static int pad_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    const struct pad_params pp = *(const struct pad_params *)c->state;
     size_t es = dtype_size(x->dtype);
     unsigned char fill[16] = {0};
     if (c->node->opset < 11) {
-        shape_store_double(x->dtype, fill, 0, node_attr_float(c->node, "value", 0));
+        shape_store_double(x->dtype, fill, 0, pp.value);
     } else {
         const struct tensor *cv = in_opt(c, 2);
         if (cv && cv->data && tensor_numel(cv) >= 1) memcpy(fill, cv->data, es);
@@ -1604,19 +1717,25 @@ static int topk_infer(struct op_call *c) {
     return rc;
 }
 
+/* TopK's normalized axis and direction, decoded at prepare (k is the
+ * output's length on the axis). */
+struct topk_params {
+    int axis, largest;
+};
+
 static int topk_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *x = c->in[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
-    if (a < 0) return STATUS_INVALID;
-    *scratch = (size_t)(x->dims[a] + 1) * sizeof(struct topk_item);
-    return 0;
+    struct topk_params p = {op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim), (int)node_attr_int(c->node, "largest", 1)};
+    if (p.axis < 0) return STATUS_INVALID;
+    *scratch = (size_t)(x->dims[p.axis] + 1) * sizeof(struct topk_item);
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int topk_run(struct op_call *c) {
+    const struct topk_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    int a = p->axis, largest = p->largest;
     int64_t k = c->out[0]->dims[a], n = x->dims[a], outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim);
-    int largest = (int)node_attr_int(c->node, "largest", 1);
     struct topk_item *it = c->scratch;
     if (!it || c->scratch_size < (size_t)n * sizeof *it) return op_error(c, "scratch buffer too small");
     size_t es = dtype_size(x->dtype);
@@ -1649,10 +1768,17 @@ static int topk_run(struct op_call *c) {
  * CenterCropPad, BitCast
  * ------------------------------------------------------------------------ */
 
+/* CenterCropPad's crop start, pad offset and output size per axis,
+ * decoded at infer and again at prepare. */
+struct ccp_params {
+    int64_t start[TENSOR_MAX_DIMS], pad[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS];
+};
+
 /* CenterCropPad: each listed axis is cropped or zero-padded around its
  * centre to the requested size (crop offset rounds down, pad offset too). */
-static int ccp_params(struct op_call *c, int64_t *start, int64_t *pad, int64_t *out) {
+static int ccp_params(struct op_call *c, struct ccp_params *g) {
     const struct tensor *x = c->in[0];
+    int64_t *start = g->start, *pad = g->pad, *out = g->out;
     int64_t shape[TENSOR_MAX_DIMS], axes[TENSOR_MAX_DIMS];
     int n = read_int_input(c, 1, "shape", shape, TENSOR_MAX_DIMS);
     if (n < 0) return n;
@@ -1681,18 +1807,24 @@ static int ccp_params(struct op_call *c, int64_t *start, int64_t *pad, int64_t *
 
 static int ccp_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t st[TENSOR_MAX_DIMS], pd[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS];
+    struct ccp_params g;
     int rc = need_bytes_dtype(c, x, "input");
-    if (rc || (rc = ccp_params(c, st, pd, out))) return rc;
-    return set_shape(c, c->out[0], x->dtype, x->ndim, out);
+    if (rc || (rc = ccp_params(c, &g))) return rc;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, g.out);
+}
+
+static int ccp_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct ccp_params g;
+    int rc = ccp_params(c, &g);
+    return rc ? rc : params_keep(c, &g, sizeof g, state);
 }
 
 static int ccp_run(struct op_call *c) {
+    const struct ccp_params *p = c->state;
     const struct tensor *x = c->in[0];
     struct tensor *o = c->out[0];
-    int64_t st[TENSOR_MAX_DIMS], pd[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS], xs[TENSOR_MAX_DIMS], os[TENSOR_MAX_DIMS];
-    int rc = ccp_params(c, st, pd, out);
-    if (rc) return rc;
+    const int64_t *st = p->start, *pd = p->pad, *out = p->out;
+    int64_t xs[TENSOR_MAX_DIMS], os[TENSOR_MAX_DIMS];
     size_t es = dtype_size(x->dtype);
     memset(o->data, 0, tensor_nbytes(o));
     /* The copied block: min(in, out) per axis, from st in x to pd in o. */
@@ -1768,12 +1900,22 @@ static int compress_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
 
+/* Compress's normalized axis (-1: the flattened input), decoded at
+ * prepare. */
+struct compress_params {
+    int axis;
+};
+
+static int compress_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct compress_params p;
+    int64_t kept;
+    int rc = compress_params(c, &p.axis, &kept);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int compress_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *cond = c->in[1];
-    int ax;
-    int64_t k;
-    int rc = compress_params(c, &ax, &k);
-    if (rc) return rc;
+    int ax = ((const struct compress_params *)c->state)->axis;
     size_t es = dtype_size(x->dtype);
     int64_t outer = ax < 0 ? 1 : prod(x->dims, 0, ax), len = ax < 0 ? tensor_numel(x) : x->dims[ax];
     int64_t inner = ax < 0 ? 1 : prod(x->dims, ax + 1, x->ndim), n = tensor_numel(cond);
@@ -1844,6 +1986,19 @@ static int64_t unique_groups(const struct unique_ctx *u, int sorted, int64_t *or
     return ng;
 }
 
+/* The items of x: slices along axis, or its elements when axis is -1. */
+static void unique_view(const struct tensor *x, int axis, struct unique_ctx *u) {
+    u->x = x;
+    if (axis >= 0) {
+        u->len = x->dims[axis];
+        u->outer = prod(x->dims, 0, axis);
+        u->inner = prod(x->dims, axis + 1, x->ndim);
+    } else {
+        u->len = tensor_numel(x);
+        u->outer = u->inner = 1;
+    }
+}
+
 static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
@@ -1854,17 +2009,11 @@ static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     if (rc) return rc;
     const struct graph_attr *a = node_attr(c->node, "axis");
     *axis = -1;
-    u->x = x;
     if (a) {
         *axis = op_axis(c, a->i, x->ndim);
         if (*axis < 0) return STATUS_INVALID;
-        u->len = x->dims[*axis];
-        u->outer = prod(x->dims, 0, *axis);
-        u->inner = prod(x->dims, *axis + 1, x->ndim);
-    } else {
-        u->len = tensor_numel(x);
-        u->outer = u->inner = 1;
     }
+    unique_view(x, *axis, u);
     return 0;
 }
 
@@ -1892,22 +2041,31 @@ static int unique_infer(struct op_call *c) {
     return rc;
 }
 
+/* Unique's normalized axis (-1: the flattened input) and sorted,
+ * decoded at prepare. */
+struct unique_params {
+    int axis, sorted;
+};
+
 static int unique_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct unique_ctx u;
-    int axis, rc = unique_ctx(c, &u, &axis);
+    struct unique_params p;
+    int rc = unique_ctx(c, &u, &p.axis);
     if (rc) return rc;
+    p.sorted = (int)node_attr_int(c->node, "sorted", 1);
     *scratch = sizeof(int64_t) * (size_t)(u.len + 1) * 5;
-    return 0;
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int unique_run(struct op_call *c) {
+    const struct unique_params *p = c->state;
     struct unique_ctx u;
-    int axis, rc = unique_ctx(c, &u, &axis);
-    if (rc) return rc;
+    int axis = p->axis;
+    unique_view(c->in[0], axis, &u);
     int64_t n = u.len;
     if (c->scratch_size < sizeof(int64_t) * (size_t)(n + 1) * 5) return op_error(c, "scratch buffer too small");
     int64_t *ord = c->scratch, *grp = ord + n + 1, *first = grp + n + 1, *perm = first + n + 1, *rank = perm + n + 1;
-    int64_t ng = n ? unique_groups(&u, (int)node_attr_int(c->node, "sorted", 1), ord, grp, first, perm) : 0;
+    int64_t ng = n ? unique_groups(&u, p->sorted, ord, grp, first, perm) : 0;
     int64_t want = axis < 0 ? c->out[0]->dims[0] : c->out[0]->dims[axis];
     if (ng != want) return op_error(c, "the input changed since the plan was built");
     for (int64_t j = 0; j < ng; j++) rank[perm[j]] = j; /* output position of each group */
@@ -1955,10 +2113,21 @@ static int revseq_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* ReverseSequence's batch and time axes, decoded at prepare. */
+struct revseq_params {
+    int bax, tax;
+};
+
+static int revseq_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct revseq_params p;
+    int rc = revseq_axes(c, &p.bax, &p.tax);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int revseq_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *lens = c->in[1];
-    int bax, tax, rc = revseq_axes(c, &bax, &tax);
-    if (rc) return rc;
+    const struct revseq_params *p = c->state;
+    int bax = p->bax, tax = p->tax;
     int64_t nb = x->dims[bax], nt = x->dims[tax], inner = prod(x->dims, 2, x->ndim);
     for (int64_t b = 0; b < nb; b++) {
         int64_t l = op_int_at(lens, b);
@@ -2006,10 +2175,21 @@ static int tscatter_infer(struct op_call *c) {
     return set_shape(c, c->out[0], past->dtype, past->ndim, past->dims);
 }
 
+/* TensorScatter's normalized axis and mode, decoded at prepare. */
+struct tscatter_params {
+    int axis, circular;
+};
+
+static int tscatter_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct tscatter_params p;
+    int rc = tscatter_params(c, &p.axis, &p.circular);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int tscatter_run(struct op_call *c) {
     const struct tensor *past = c->in[0], *upd = c->in[1], *wi = in_opt(c, 2);
-    int a, circ, rc = tscatter_params(c, &a, &circ);
-    if (rc) return rc;
+    const struct tscatter_params *p = c->state;
+    int a = p->axis, circ = p->circular;
     int64_t nb = past->dims[0], maxs = past->dims[a], seq = upd->dims[a];
     int64_t mid = prod(past->dims, 1, a), inner = prod(past->dims, a + 1, past->ndim);
     for (int64_t b = 0; b < nb && !circ; b++) {
@@ -2044,36 +2224,36 @@ const struct op_def op_defs_shape[] = {
     {"Unsqueeze", "", unsqueeze_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Identity", "", identity_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Dropout", "", dropout_infer, NULL, dropout_run, NULL, OP_ALIAS_INPUT0},
-    {"Shape", "", shape_infer, NULL, shape_run, NULL, OP_SHAPE_ONLY},
+    {"Shape", "", shape_infer, shape_prepare, shape_run, op_params_free, OP_SHAPE_ONLY},
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},
-    {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
-    {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
+    {"Constant", "", constant_infer, constant_prepare, constant_run, op_params_free, 0},
+    {"ConstantOfShape", "", cos_infer, cos_prepare, cos_run, op_params_free, 0},
     {"Transpose", "", transpose_infer, transpose_prepare, transpose_run, op_params_free, 0},
     {"DepthToSpace", "", d2s_infer, d2s_prepare, d2s_run, op_params_free, 0},
     {"SpaceToDepth", "", s2d_infer, s2d_prepare, s2d_run, op_params_free, 0},
     {"Concat", "", concat_infer, concat_prepare, concat_run, op_params_free, 0},
     {"Split", "", split_infer, split_prepare, split_run, op_params_free, 0},
-    {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
+    {"Slice", "", slice_infer, slice_prepare, slice_run, op_params_free, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
     {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
-    {"Gather", "", gather_infer, NULL, gather_run, NULL, 0},
-    {"GatherElements", "", gather_elements_infer, NULL, gather_elements_run, NULL, 0},
-    {"GatherND", "", gather_nd_infer, NULL, gather_nd_run, NULL, 0},
-    {"ScatterElements", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
-    {"Scatter", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
-    {"ScatterND", "", scatter_nd_infer, NULL, scatter_nd_run, NULL, 0},
+    {"Gather", "", gather_infer, gather_prepare, gather_run, op_params_free, 0},
+    {"GatherElements", "", gather_elements_infer, gather_prepare, gather_elements_run, op_params_free, 0},
+    {"GatherND", "", gather_nd_infer, gather_nd_prepare, gather_nd_run, op_params_free, 0},
+    {"ScatterElements", "", scatter_elements_infer, scatter_elements_prepare, scatter_elements_run, op_params_free, 0},
+    {"Scatter", "", scatter_elements_infer, scatter_elements_prepare, scatter_elements_run, op_params_free, 0},
+    {"ScatterND", "", scatter_nd_infer, scatter_nd_prepare, scatter_nd_run, op_params_free, 0},
     {"Range", "", range_infer, NULL, range_run, NULL, 0},
-    {"OneHot", "", onehot_infer, NULL, onehot_run, NULL, 0},
+    {"OneHot", "", onehot_infer, onehot_prepare, onehot_run, op_params_free, 0},
     {"NonZero", "", nonzero_infer, NULL, nonzero_run, NULL, 0},
-    {"EyeLike", "", eyelike_infer, NULL, eyelike_run, NULL, 0},
-    {"Trilu", "", trilu_infer, NULL, trilu_run, NULL, 0},
-    {"Pad", "", pad_infer, NULL, pad_run, NULL, 0},
-    {"TopK", "", topk_infer, topk_prepare, topk_run, NULL, 0},
-    {"CenterCropPad", "", ccp_infer, NULL, ccp_run, NULL, 0},
+    {"EyeLike", "", eyelike_infer, eyelike_prepare, eyelike_run, op_params_free, 0},
+    {"Trilu", "", trilu_infer, trilu_prepare, trilu_run, op_params_free, 0},
+    {"Pad", "", pad_infer, pad_prepare, pad_run, op_params_free, 0},
+    {"TopK", "", topk_infer, topk_prepare, topk_run, op_params_free, 0},
+    {"CenterCropPad", "", ccp_infer, ccp_prepare, ccp_run, op_params_free, 0},
     {"BitCast", "", bitcast_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
-    {"Compress", "", compress_infer, NULL, compress_run, NULL, 0},
-    {"Unique", "", unique_infer, unique_prepare, unique_run, NULL, 0},
-    {"ReverseSequence", "", revseq_infer, NULL, revseq_run, NULL, 0},
-    {"TensorScatter", "", tscatter_infer, NULL, tscatter_run, NULL, 0},
+    {"Compress", "", compress_infer, compress_prepare, compress_run, op_params_free, 0},
+    {"Unique", "", unique_infer, unique_prepare, unique_run, op_params_free, 0},
+    {"ReverseSequence", "", revseq_infer, revseq_prepare, revseq_run, op_params_free, 0},
+    {"TensorScatter", "", tscatter_infer, tscatter_prepare, tscatter_run, op_params_free, 0},
     {0},
 };
