@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -81,14 +82,28 @@ static void gs_cubic(double t, double *w) {
     w[3] = ((A * (2 - t) - 5 * A) * (2 - t) + 8 * A) * (2 - t) - 4 * A;
 }
 
+/* GridSample's mode, padding and align_corners, decoded at prepare. */
+struct gs_params {
+    enum gs_mode mode;
+    enum gs_pad pad;
+    int align_corners;
+};
+
+static int gs_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct gs_params p;
+    int rc = gs_params(c, &p.mode, &p.pad);
+    if (rc) return rc;
+    p.align_corners = (int)node_attr_int(c->node, "align_corners", 0);
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int gs_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *g = c->in[1];
     struct tensor *o = c->out[0];
-    enum gs_mode mode;
-    enum gs_pad pad;
-    int rc = gs_params(c, &mode, &pad);
-    if (rc) return rc;
-    int sp = x->ndim - 2, ac = (int)node_attr_int(c->node, "align_corners", 0);
+    const struct gs_params *gp = c->state;
+    enum gs_mode mode = gp->mode;
+    enum gs_pad pad = gp->pad;
+    int sp = x->ndim - 2, ac = gp->align_corners;
     int64_t N = x->dims[0], C = x->dims[1], in_sp = prod(x->dims, 2, x->ndim), npts = prod(g->dims, 1, g->ndim - 1);
     const int64_t *dims = x->dims + 2;
     double lo[3], hi[3];
@@ -208,13 +223,28 @@ static double ag_coord(int64_t i, int64_t len, int ac) {
     return -1 + (2.0 * (double)i + 1) / (double)len;
 }
 
-static int ag_run(struct op_call *c) {
+/* AffineGrid's size (a constant input) and align_corners, decoded at
+ * prepare. */
+struct ag_params {
+    int n, align_corners;
     int64_t sz[5];
-    int n = ag_size(c, sz);
-    if (n < 0) return n;
+};
+
+static int ag_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct ag_params p;
+    p.n = ag_size(c, p.sz);
+    if (p.n < 0) return p.n;
+    p.align_corners = (int)node_attr_int(c->node, "align_corners", 0);
+    return params_keep(c, &p, sizeof p, state);
+}
+
+static int ag_run(struct op_call *c) {
+    const struct ag_params *p = c->state;
+    const int64_t *sz = p->sz;
+    int n = p->n;
     const struct tensor *th = c->in[0];
     struct tensor *o = c->out[0];
-    int sp = n - 2, ac = (int)node_attr_int(c->node, "align_corners", 0);
+    int sp = n - 2, ac = p->align_corners;
     int64_t D = sp == 3 ? sz[2] : 1, H = sz[n - 2], W = sz[n - 1], at = 0;
     for (int64_t b = 0; b < sz[0]; b++)
         for (int64_t z = 0; z < D; z++)
@@ -236,7 +266,7 @@ static int ag_run(struct op_call *c) {
  * ------------------------------------------------------------------------ */
 
 const struct op_def op_defs_grid[] = {
-    {"GridSample", "", gs_infer, NULL, gs_run, NULL, 0},
-    {"AffineGrid", "", ag_infer, NULL, ag_run, NULL, 0},
+    {"GridSample", "", gs_infer, gs_prepare, gs_run, op_params_free, 0},
+    {"AffineGrid", "", ag_infer, ag_prepare, ag_run, op_params_free, 0},
     {0},
 };

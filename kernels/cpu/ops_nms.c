@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -49,9 +50,10 @@ static int nms_suppress(const float *a, const float *b, int center, float iou_th
     return inter / uni > iou_th;
 }
 
-/* Runs the selection; writes triples to out (if non-NULL) and returns the
- * count, or a negative status. items/sel: scratch of num_boxes entries. */
-static int64_t nms_select(struct op_call *c, int64_t *out, struct nms_item *items, int64_t *sel) {
+/* Runs the selection, with boxes as center_point_box says; writes
+ * triples to out (if non-NULL) and returns the count, or a negative
+ * status. items/sel: scratch of num_boxes entries. */
+static int64_t nms_select(struct op_call *c, int center, int64_t *out, struct nms_item *items, int64_t *sel) {
     const struct tensor *boxes = c->in[0], *scores = c->in[1];
     const struct tensor *mo = in_opt(c, 2), *iou = in_opt(c, 3), *sth = in_opt(c, 4);
     int64_t nb = boxes->dims[0], nbox = boxes->dims[1], ncls = scores->dims[1];
@@ -59,7 +61,6 @@ static int64_t nms_select(struct op_call *c, int64_t *out, struct nms_item *item
     float iou_th = iou && tensor_numel(iou) ? (float)op_double_at(iou, 0) : 0;
     int has_sth = sth && tensor_numel(sth);
     float s_th = has_sth ? (float)op_double_at(sth, 0) : 0;
-    int center = (int)node_attr_int(c->node, "center_point_box", 0);
     const float *bx = boxes->data, *sc = scores->data;
     int64_t total = 0;
     if (maxo <= 0) return 0;
@@ -107,7 +108,8 @@ static int nms_infer(struct op_call *c) {
     int64_t nbox = c->in[0]->dims[1] > 0 ? c->in[0]->dims[1] : 1;
     struct nms_item *items = malloc(sizeof *items * (size_t)nbox);
     int64_t *sel = malloc(sizeof *sel * (size_t)nbox);
-    int64_t n = items && sel ? nms_select(c, NULL, items, sel) : STATUS_NOMEM;
+    int center = (int)node_attr_int(c->node, "center_point_box", 0);
+    int64_t n = items && sel ? nms_select(c, center, NULL, items, sel) : STATUS_NOMEM;
     free(items);
     free(sel);
     if (n < 0) return (int)n;
@@ -115,11 +117,17 @@ static int nms_infer(struct op_call *c) {
     return set_shape(c, c->out[0], DT_INT64, 2, d);
 }
 
+/* The box format (center_point_box), decoded at prepare. */
+struct nms_params {
+    int center;
+};
+
 static int nms_prepare(struct op_call *c, void **state, size_t *scratch) {
     int rc = nms_check(c);
     if (rc) return rc;
     *scratch = (size_t)(c->in[0]->dims[1] + 1) * (sizeof(struct nms_item) + sizeof(int64_t));
-    return 0;
+    struct nms_params p = {(int)node_attr_int(c->node, "center_point_box", 0)};
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int nms_run(struct op_call *c) {
@@ -128,9 +136,10 @@ static int nms_run(struct op_call *c) {
     struct nms_item *items = c->scratch;
     int64_t *sel = (int64_t *)(void *)(items + nbox + 1);
     /* Count first: the output was sized at plan time from the same inputs. */
-    int64_t n = nms_select(c, NULL, items, sel);
+    int center = ((const struct nms_params *)c->state)->center;
+    int64_t n = nms_select(c, center, NULL, items, sel);
     if (n != c->out[0]->dims[0]) return op_error(c, "the inputs changed since the plan was built");
-    nms_select(c, c->out[0]->data, items, sel);
+    nms_select(c, center, c->out[0]->data, items, sel);
     return 0;
 }
 
@@ -139,6 +148,6 @@ static int nms_run(struct op_call *c) {
  * ------------------------------------------------------------------------ */
 
 const struct op_def op_defs_nms[] = {
-    {"NonMaxSuppression", "", nms_infer, nms_prepare, nms_run, NULL, 0},
+    {"NonMaxSuppression", "", nms_infer, nms_prepare, nms_run, op_params_free, 0},
     {0},
 };

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -278,22 +279,22 @@ static size_t resize_scratch(const struct tensor *x, const struct resize_params 
     return (size_t)(2 * big + 2 * taps + p->r + 8) * sizeof(double) + (size_t)(taps + 64);
 }
 
+/* The parameters (attributes, and the constant roi, scales and sizes)
+ * are decoded once, at prepare. */
 static int resize_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct resize_params p;
     int64_t big;
     int rc = resize_params(c, &p);
     if (rc) return rc;
     *scratch = resize_scratch(c->in[0], &p, &big);
-    return 0;
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int resize_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     struct tensor *o = c->out[0];
-    struct resize_params p;
+    const struct resize_params p = *(const struct resize_params *)c->state;
     int64_t big;
-    int rc = resize_params(c, &p);
-    if (rc) return rc;
     if (!c->scratch || c->scratch_size < resize_scratch(x, &p, &big)) return op_error(c, "scratch buffer too small");
     if (tensor_numel(o) == 0) return 0;
     double *b0 = c->scratch, *b1 = b0 + big, *w = b1 + big;
@@ -353,7 +354,7 @@ static int resize_run(struct op_call *c) {
  * ------------------------------------------------------------------------ */
 
 const struct op_def op_defs_resize[] = {
-    {"Resize", "", resize_infer, resize_prepare, resize_run, NULL, 0},
-    {"Upsample", "", resize_infer, resize_prepare, resize_run, NULL, 0},
+    {"Resize", "", resize_infer, resize_prepare, resize_run, op_params_free, 0},
+    {"Upsample", "", resize_infer, resize_prepare, resize_run, op_params_free, 0},
     {0},
 };
