@@ -127,6 +127,10 @@ double op_double_at(const struct tensor *t, int64_t i);
 extern const struct op_def op_defs_elementwise[];
 extern const struct op_def op_defs_reduce[];
 extern const struct op_def op_defs_shape[];
+extern const struct op_def op_defs_grid[];
+extern const struct op_def op_defs_resize[];
+extern const struct op_def op_defs_nms[];
+extern const struct op_def op_defs_scan[];
 extern const struct op_def op_defs_nn[];
 extern const struct op_def op_defs_ml[];
 

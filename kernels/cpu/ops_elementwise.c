@@ -32,6 +32,7 @@
 #include <tgmath.h>
 
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
 
 /* ------------------------------------------------------------------------
@@ -628,6 +629,26 @@ COMPARE_OP(gt, tbl_gt)
 COMPARE_OP(le, tbl_le)
 COMPARE_OP(ge, tbl_ge)
 
+/* A table op's decoded parameters: its kernel table, when an attribute
+ * picks it (Mod, BitShift, Gelu), and the arguments its kernels read (the
+ * unary ops' alpha, beta, gamma), decoded at prepare. */
+struct tbl_params {
+    const ew_fn *tbl;
+    struct ew_args a;
+};
+
+/* Keeps tbl and a as the op's state; a NULL tbl is a picker's refusal,
+ * already reported with op_error. */
+static int tbl_keep(struct op_call *c, const ew_fn *tbl, const struct ew_args *a, void **state) {
+    if (!tbl) return STATUS_INVALID;
+    struct tbl_params p = {tbl, *a};
+    return params_keep(c, &p, sizeof p, state);
+}
+
+static int run_binary_params(struct op_call *c) {
+    return run_binary_tbl(c, ((const struct tbl_params *)c->state)->tbl);
+}
+
 /* Mod: the fmod attribute picks C's or Python's sign convention. */
 static const ew_fn *mod_tbl(const struct op_call *c) {
     return node_attr_int(c->node, "fmod", 0) ? tbl_fmod : tbl_modpy;
@@ -636,7 +657,11 @@ static int infer_mod(struct op_call *c) {
     if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);
     return infer_nary(c, mod_tbl(c), 0);
 }
-static int run_mod(struct op_call *c) { return run_binary_tbl(c, mod_tbl(c)); }
+static int prepare_mod(struct op_call *c, void **state, size_t *scratch) {
+    struct ew_args a = {0};
+    return tbl_keep(c, mod_tbl(c), &a, state);
+}
+static int run_mod(struct op_call *c) { return run_binary_params(c); }
 
 /* BitShift: direction "LEFT" or "RIGHT", unsigned integers only. */
 static const ew_fn *shift_tbl(struct op_call *c) {
@@ -652,10 +677,11 @@ static int infer_shift(struct op_call *c) {
     if (c->nin != 2) return op_error(c, "expects 2 inputs, got %d", c->nin);
     return infer_nary(c, t, 0);
 }
-static int run_shift(struct op_call *c) {
-    const ew_fn *t = shift_tbl(c);
-    return t ? run_binary_tbl(c, t) : STATUS_INVALID;
+static int prepare_shift(struct op_call *c, void **state, size_t *scratch) {
+    struct ew_args a = {0};
+    return tbl_keep(c, shift_tbl(c), &a, state);
 }
+static int run_shift(struct op_call *c) { return run_binary_params(c); }
 
 /* ------------------------------------------------------------------------
  * Pow: base and exponent may have different dtypes (opset 12+); the output
@@ -819,62 +845,78 @@ static int run_unary_tbl(struct op_call *c, const ew_fn *tbl, struct ew_args *a)
     return 0;
 }
 
-/* SETUP fills struct ew_args a from the node's attributes. */
-#define UNARY_OP(NAME, TBL, OUT_DT, SETUP)                                                                          \
+/* Runs a unary table op on the table and arguments its prepare decoded;
+ * the kernels' arguments are copied, since the drive writes into them. */
+static int run_unary_params(struct op_call *c) {
+    const struct tbl_params *p = c->state;
+    struct ew_args a = p->a;
+    return run_unary_tbl(c, p->tbl, &a);
+}
+
+/* A unary op without attributes: nothing to decode, no state. */
+#define UNARY_OP(NAME, TBL, OUT_DT)                                                                                 \
     static int infer_##NAME(struct op_call *c) { return infer_unary_tbl(c, TBL, OUT_DT); }                          \
     static int run_##NAME(struct op_call *c) {                                                                      \
         struct ew_args a = {0};                                                                                     \
-        SETUP;                                                                                                      \
         return run_unary_tbl(c, TBL, &a);                                                                           \
     }
-#define NOSETUP (void)0
+/* A unary op with attributes: SETUP fills struct ew_args a from them, at
+ * prepare. */
+#define UNARY_OP_ATTR(NAME, TBL, OUT_DT, SETUP)                                                                     \
+    static int infer_##NAME(struct op_call *c) { return infer_unary_tbl(c, TBL, OUT_DT); }                          \
+    static int prepare_##NAME(struct op_call *c, void **state, size_t *scratch) {                                   \
+        struct ew_args a = {0};                                                                                     \
+        SETUP;                                                                                                      \
+        return tbl_keep(c, TBL, &a, state);                                                                         \
+    }                                                                                                               \
+    static int run_##NAME(struct op_call *c) { return run_unary_params(c); }
 #define ATTR_F(field, name, def) a.field = node_attr_float(c->node, name, def)
 
-UNARY_OP(neg, tbl_neg, 0, NOSETUP)
-UNARY_OP(abs, tbl_abs, 0, NOSETUP)
-UNARY_OP(relu, tbl_relu, 0, NOSETUP)
-UNARY_OP(sign, tbl_sign, 0, NOSETUP)
-UNARY_OP(sqrt, tbl_sqrt, 0, NOSETUP)
-UNARY_OP(exp, tbl_exp, 0, NOSETUP)
-UNARY_OP(log, tbl_log, 0, NOSETUP)
-UNARY_OP(erf, tbl_erf, 0, NOSETUP)
-UNARY_OP(sigmoid, tbl_sigmoid, 0, NOSETUP)
-UNARY_OP(tanh, tbl_tanh, 0, NOSETUP)
-UNARY_OP(leaky, tbl_leaky, 0, ATTR_F(alpha, "alpha", 0.01f))
-UNARY_OP(hsig, tbl_hsig, 0, ATTR_F(alpha, "alpha", 0.2f); ATTR_F(beta, "beta", 0.5f))
-UNARY_OP(hswish, tbl_hswish, 0, NOSETUP)
-UNARY_OP(softplus, tbl_softplus, 0, NOSETUP)
-UNARY_OP(softsign, tbl_softsign, 0, NOSETUP)
-UNARY_OP(elu, tbl_elu, 0, ATTR_F(alpha, "alpha", 1.0f))
-UNARY_OP(selu, tbl_selu, 0,
-         ATTR_F(alpha, "alpha", 1.67326319217681884765625f);
-         ATTR_F(gamma, "gamma", 1.05070102214813232421875f))
-UNARY_OP(celu, tbl_celu, 0, ATTR_F(alpha, "alpha", 1.0f))
-UNARY_OP(mish, tbl_mish, 0, NOSETUP)
-UNARY_OP(threlu, tbl_threlu, 0, ATTR_F(alpha, "alpha", 1.0f))
-UNARY_OP(floor, tbl_floor, 0, NOSETUP)
-UNARY_OP(ceil, tbl_ceil, 0, NOSETUP)
-UNARY_OP(round, tbl_round, 0, NOSETUP)
-UNARY_OP(recip, tbl_recip, 0, NOSETUP)
-UNARY_OP(sin, tbl_sin, 0, NOSETUP)
-UNARY_OP(cos, tbl_cos, 0, NOSETUP)
-UNARY_OP(tan, tbl_tan, 0, NOSETUP)
-UNARY_OP(asin, tbl_asin, 0, NOSETUP)
-UNARY_OP(acos, tbl_acos, 0, NOSETUP)
-UNARY_OP(atan, tbl_atan, 0, NOSETUP)
-UNARY_OP(sinh, tbl_sinh, 0, NOSETUP)
-UNARY_OP(cosh, tbl_cosh, 0, NOSETUP)
-UNARY_OP(asinh, tbl_asinh, 0, NOSETUP)
-UNARY_OP(acosh, tbl_acosh, 0, NOSETUP)
-UNARY_OP(atanh, tbl_atanh, 0, NOSETUP)
-UNARY_OP(shrink, tbl_shrink, 0, ATTR_F(alpha, "lambd", 0.5f); ATTR_F(beta, "bias", 0.0f))
-UNARY_OP(swish, tbl_swish, 0, ATTR_F(alpha, "alpha", 1.0f))
-UNARY_OP(bnot, tbl_bnot, 0, NOSETUP)
-UNARY_OP(not, tbl_not, 0, NOSETUP)
-UNARY_OP(isnan, tbl_isnan, DT_BOOL, NOSETUP)
-UNARY_OP(isinf, tbl_isinf, DT_BOOL,
-         a.alpha = (float)node_attr_int(c->node, "detect_positive", 1);
-         a.beta = (float)node_attr_int(c->node, "detect_negative", 1))
+UNARY_OP(neg, tbl_neg, 0)
+UNARY_OP(abs, tbl_abs, 0)
+UNARY_OP(relu, tbl_relu, 0)
+UNARY_OP(sign, tbl_sign, 0)
+UNARY_OP(sqrt, tbl_sqrt, 0)
+UNARY_OP(exp, tbl_exp, 0)
+UNARY_OP(log, tbl_log, 0)
+UNARY_OP(erf, tbl_erf, 0)
+UNARY_OP(sigmoid, tbl_sigmoid, 0)
+UNARY_OP(tanh, tbl_tanh, 0)
+UNARY_OP_ATTR(leaky, tbl_leaky, 0, ATTR_F(alpha, "alpha", 0.01f))
+UNARY_OP_ATTR(hsig, tbl_hsig, 0, ATTR_F(alpha, "alpha", 0.2f); ATTR_F(beta, "beta", 0.5f))
+UNARY_OP(hswish, tbl_hswish, 0)
+UNARY_OP(softplus, tbl_softplus, 0)
+UNARY_OP(softsign, tbl_softsign, 0)
+UNARY_OP_ATTR(elu, tbl_elu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP_ATTR(selu, tbl_selu, 0,
+              ATTR_F(alpha, "alpha", 1.67326319217681884765625f);
+              ATTR_F(gamma, "gamma", 1.05070102214813232421875f))
+UNARY_OP_ATTR(celu, tbl_celu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(mish, tbl_mish, 0)
+UNARY_OP_ATTR(threlu, tbl_threlu, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(floor, tbl_floor, 0)
+UNARY_OP(ceil, tbl_ceil, 0)
+UNARY_OP(round, tbl_round, 0)
+UNARY_OP(recip, tbl_recip, 0)
+UNARY_OP(sin, tbl_sin, 0)
+UNARY_OP(cos, tbl_cos, 0)
+UNARY_OP(tan, tbl_tan, 0)
+UNARY_OP(asin, tbl_asin, 0)
+UNARY_OP(acos, tbl_acos, 0)
+UNARY_OP(atan, tbl_atan, 0)
+UNARY_OP(sinh, tbl_sinh, 0)
+UNARY_OP(cosh, tbl_cosh, 0)
+UNARY_OP(asinh, tbl_asinh, 0)
+UNARY_OP(acosh, tbl_acosh, 0)
+UNARY_OP(atanh, tbl_atanh, 0)
+UNARY_OP_ATTR(shrink, tbl_shrink, 0, ATTR_F(alpha, "lambd", 0.5f); ATTR_F(beta, "bias", 0.0f))
+UNARY_OP_ATTR(swish, tbl_swish, 0, ATTR_F(alpha, "alpha", 1.0f))
+UNARY_OP(bnot, tbl_bnot, 0)
+UNARY_OP(not, tbl_not, 0)
+UNARY_OP(isnan, tbl_isnan, DT_BOOL)
+UNARY_OP_ATTR(isinf, tbl_isinf, DT_BOOL,
+              a.alpha = (float)node_attr_int(c->node, "detect_positive", 1);
+              a.beta = (float)node_attr_int(c->node, "detect_negative", 1))
 
 /* Gelu (opset 20): approximate = "none" (erf) or "tanh". */
 static const ew_fn *gelu_tbl(struct op_call *c) {
@@ -888,11 +930,11 @@ static int infer_gelu(struct op_call *c) {
     const ew_fn *t = gelu_tbl(c);
     return t ? infer_unary_tbl(c, t, 0) : STATUS_INVALID;
 }
-static int run_gelu(struct op_call *c) {
+static int prepare_gelu(struct op_call *c, void **state, size_t *scratch) {
     struct ew_args a = {0};
-    const ew_fn *t = gelu_tbl(c);
-    return t ? run_unary_tbl(c, t, &a) : STATUS_INVALID;
+    return tbl_keep(c, gelu_tbl(c), &a, state);
 }
+static int run_gelu(struct op_call *c) { return run_unary_params(c); }
 
 /* ------------------------------------------------------------------------
  * Clip: bounds are attributes before opset 11 and optional scalar inputs
@@ -968,16 +1010,30 @@ static void clip_bound(const struct op_call *c, int i, double def, enum dtype dt
     store_d(dst, run_dt, v);
 }
 
+/* Clip's bounds, decoded at prepare: before opset 11 the attributes
+ * (no input holds them), since then the inputs read at run time, with the
+ * dtype's range where one is absent. */
+struct clip_params {
+    int lo_in, hi_in;
+    double lo, hi;
+};
+
+static int prepare_clip(struct op_call *c, void **state, size_t *scratch) {
+    struct clip_params p = {1, 2, -INFINITY, INFINITY};
+    if (c->node->opset < 11) {
+        p.lo_in = p.hi_in = 99;
+        p.lo = node_attr_float(c->node, "min", -FLT_MAX);
+        p.hi = node_attr_float(c->node, "max", FLT_MAX);
+    }
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int run_clip(struct op_call *c) {
+    const struct clip_params *p = c->state;
     struct ew_args a = {0};
     enum dtype dt = c->in[0]->dtype;
-    if (c->node->opset < 11) {
-        clip_bound(c, 99, node_attr_float(c->node, "min", -FLT_MAX), dt, a.lo);
-        clip_bound(c, 99, node_attr_float(c->node, "max", FLT_MAX), dt, a.hi);
-    } else {
-        clip_bound(c, 1, -INFINITY, dt, a.lo);
-        clip_bound(c, 2, INFINITY, dt, a.hi);
-    }
+    clip_bound(c, p->lo_in, p->lo, dt, a.lo);
+    clip_bound(c, p->hi_in, p->hi, dt, a.hi);
     return run_unary_tbl(c, tbl_clip, &a);
 }
 
@@ -1390,17 +1446,31 @@ static int norm_infer(struct op_call *c, int rms) {
 DEF_NORM(f32, float)
 DEF_NORM(f64, double)
 
-static int norm_run(struct op_call *c, int rms) {
-    const struct tensor *x = c->in[0], *sc = c->in[1], *b = rms ? NULL : in_opt(c, 2);
+/* A normalization's rows (before axis) and row length (from axis on),
+ * and its epsilon, decoded at prepare. */
+struct norm_params {
+    int64_t outer, n;
+    double eps;
+};
+
+static int prepare_norm(struct op_call *c, void **state, size_t *scratch) {
+    const struct tensor *x = c->in[0];
     int axis = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
     if (axis < 0) return STATUS_INVALID;
-    int64_t outer = 1, n = 1;
+    struct norm_params p = {1, 1, node_attr_float(c->node, "epsilon", 1e-5f)};
     for (int i = 0; i < x->ndim; i++) {
-        if (i < axis) outer *= x->dims[i];
-        else n *= x->dims[i];
+        if (i < axis) p.outer *= x->dims[i];
+        else p.n *= x->dims[i];
     }
+    return params_keep(c, &p, sizeof p, state);
+}
+
+static int norm_run(struct op_call *c, int rms) {
+    const struct norm_params *p = c->state;
+    const struct tensor *x = c->in[0], *sc = c->in[1], *b = rms ? NULL : in_opt(c, 2);
+    int64_t outer = p->outer, n = p->n;
     if (outer * n <= 0) return 0;
-    double eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    double eps = p->eps;
     struct tensor *om = rms ? NULL : out_opt(c, 1), *oi = rms ? NULL : out_opt(c, 2);
     int64_t nsc = tensor_numel(sc), nb = b ? tensor_numel(b) : 0;
     if (x->dtype == DT_FP32) {
@@ -1516,12 +1586,18 @@ static int infer_quant(struct op_call *c) {
     return 0;
 }
 
+/* QuantizeLinear's and DequantizeLinear's geometry (axis, block_size,
+ * the data's and the scale's shapes), decoded at prepare. */
+static int prepare_q(struct op_call *c, void **state, size_t *scratch) {
+    struct q_geom g;
+    int rc = q_geometry(c, c->in[0], c->in[1], &g);
+    return rc ? rc : params_keep(c, &g, sizeof g, state);
+}
+
 static int run_quant(struct op_call *c) {
     const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
     struct tensor *y = c->out[0];
-    struct q_geom g;
-    int rc = q_geometry(c, x, scale, &g);
-    if (rc) return rc;
+    const struct q_geom g = *(const struct q_geom *)c->state;
     const double lo = q_lo(y->dtype), hi = q_hi(y->dtype);
     unsigned char *yp = y->data;
     const size_t ye = dtype_size(y->dtype);
@@ -1564,9 +1640,7 @@ static int infer_dequant(struct op_call *c) {
 static int run_dequant(struct op_call *c) {
     const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
     struct tensor *y = c->out[0];
-    struct q_geom g;
-    int rc = q_geometry(c, x, scale, &g);
-    if (rc) return rc;
+    const struct q_geom g = *(const struct q_geom *)c->state;
     unsigned char *yp = y->data;
     const size_t ye = dtype_size(y->dtype);
     for (int64_t o = 0; o < g.outer; o++)
@@ -1620,6 +1694,8 @@ static int run_dynquant(struct op_call *c) {
  * ------------------------------------------------------------------------ */
 
 #define OPDEF(NAME, FN, FLAGS) {NAME, "", infer_##FN, NULL, run_##FN, NULL, FLAGS}
+/* An op that decodes its attributes at prepare. */
+#define OPDEF_P(NAME, FN, FLAGS) {NAME, "", infer_##FN, prepare_##FN, run_##FN, op_params_free, FLAGS}
 
 const struct op_def op_defs_elementwise[] = {
     OPDEF("Add", add, OP_FUSE_ACT),
@@ -1627,13 +1703,13 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF("Mul", mul, OP_FUSE_ACT),
     OPDEF("Div", div, OP_FUSE_ACT),
     OPDEF("Pow", pow, 0),
-    OPDEF("Mod", mod, 0),
+    OPDEF_P("Mod", mod, 0),
     OPDEF("PRelu", prelu, 0),
     OPDEF("BitwiseAnd", band, 0),
     OPDEF("BitwiseOr", bor, 0),
     OPDEF("BitwiseXor", bxor, 0),
     OPDEF("BitwiseNot", bnot, 0),
-    OPDEF("BitShift", shift, 0),
+    OPDEF_P("BitShift", shift, 0),
     OPDEF("And", and, 0),
     OPDEF("Or", or, 0),
     OPDEF("Xor", xor, 0),
@@ -1657,19 +1733,19 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF("Erf", erf, 0),
     OPDEF("Sigmoid", sigmoid, 0),
     OPDEF("Tanh", tanh, 0),
-    OPDEF("LeakyRelu", leaky, 0),
-    OPDEF("HardSigmoid", hsig, 0),
+    OPDEF_P("LeakyRelu", leaky, 0),
+    OPDEF_P("HardSigmoid", hsig, 0),
     OPDEF("HardSwish", hswish, 0),
-    OPDEF("Gelu", gelu, 0),
+    OPDEF_P("Gelu", gelu, 0),
     OPDEF("Softplus", softplus, 0),
     OPDEF("Softsign", softsign, 0),
-    OPDEF("Elu", elu, 0),
-    OPDEF("Selu", selu, 0),
-    OPDEF("Celu", celu, 0),
+    OPDEF_P("Elu", elu, 0),
+    OPDEF_P("Selu", selu, 0),
+    OPDEF_P("Celu", celu, 0),
     OPDEF("Mish", mish, 0),
-    OPDEF("ThresholdedRelu", threlu, 0),
-    OPDEF("Shrink", shrink, 0),
-    OPDEF("Swish", swish, 0),
+    OPDEF_P("ThresholdedRelu", threlu, 0),
+    OPDEF_P("Shrink", shrink, 0),
+    OPDEF_P("Swish", swish, 0),
     OPDEF("Floor", floor, 0),
     OPDEF("Ceil", ceil, 0),
     OPDEF("Round", round, 0),
@@ -1686,18 +1762,18 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF("Acosh", acosh, 0),
     OPDEF("Atanh", atanh, 0),
     OPDEF("IsNaN", isnan, 0),
-    OPDEF("IsInf", isinf, 0),
-    OPDEF("Clip", clip, 0),
+    OPDEF_P("IsInf", isinf, 0),
+    OPDEF_P("Clip", clip, 0),
     OPDEF("Where", where, 0),
     {"Cast", "", infer_cast, NULL, cast_run_to, NULL, 0},
     {"CastLike", "", infer_castlike, NULL, cast_run_to, NULL, 0},
     {"Softmax", "", infer_smax, prepare_smax, run_softmax, op_params_free, 0},
     {"LogSoftmax", "", infer_smax, prepare_smax, run_logsoftmax, op_params_free, 0},
     {"Hardmax", "", infer_smax, prepare_smax, run_hardmax, op_params_free, 0},
-    OPDEF("LayerNormalization", layernorm, 0),
-    OPDEF("RMSNormalization", rmsnorm, 0),
-    OPDEF("QuantizeLinear", quant, 0),
-    OPDEF("DequantizeLinear", dequant, 0),
+    {"LayerNormalization", "", infer_layernorm, prepare_norm, run_layernorm, op_params_free, 0},
+    {"RMSNormalization", "", infer_rmsnorm, prepare_norm, run_rmsnorm, op_params_free, 0},
+    {"QuantizeLinear", "", infer_quant, prepare_q, run_quant, op_params_free, 0},
+    {"DequantizeLinear", "", infer_dequant, prepare_q, run_dequant, op_params_free, 0},
     OPDEF("DynamicQuantizeLinear", dynquant, 0),
     {0},
 };

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -160,9 +161,19 @@ static int binarizer_infer(struct op_call *c) {
     return rc ? rc : ml_set(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* Binarizer's threshold, decoded at prepare. */
+struct binarizer_params {
+    double th;
+};
+
+static int binarizer_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct binarizer_params p = {node_attr_float(c->node, "threshold", 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int binarizer_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    double th = node_attr_float(c->node, "threshold", 0);
+    double th = ((const struct binarizer_params *)c->state)->th;
     int64_t n = tensor_numel(x);
     for (int64_t i = 0; i < n; i++) shape_store_double(x->dtype, c->out[0]->data, i, op_double_at(x, i) > th ? 1.0 : 0.0);
     return 0;
@@ -178,12 +189,22 @@ static int normalizer_infer(struct op_call *c) {
     return ml_set(c, c->out[0], DT_FP32, x->ndim, x->dims);
 }
 
+/* Normalizer's norm (0: MAX, 1: L1, 2: L2), decoded at prepare. */
+struct normalizer_params {
+    int kind;
+};
+
+static int normalizer_prepare(struct op_call *c, void **state, size_t *scratch) {
+    const char *norm = node_attr_str(c->node, "norm", "MAX");
+    struct normalizer_params p = {!strcmp(norm, "L1") ? 1 : (!strcmp(norm, "L2") ? 2 : 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int normalizer_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int64_t n, f;
     ml_rows(c, x, &n, &f);
-    const char *norm = node_attr_str(c->node, "norm", "MAX");
-    int kind = !strcmp(norm, "L1") ? 1 : (!strcmp(norm, "L2") ? 2 : 0);
+    int kind = ((const struct normalizer_params *)c->state)->kind;
     float *o = c->out[0]->data;
     for (int64_t r = 0; r < n; r++) {
         float *row = o + r * f;
@@ -213,10 +234,25 @@ static int scaler_infer(struct op_call *c) {
     return ml_set(c, c->out[0], DT_FP32, x->ndim, x->dims);
 }
 
+/* Scaler's offset and scale (views of the node's attributes, which
+ * outlive the plan), decoded at prepare. */
+struct scaler_params {
+    const float *off, *sc;
+    int no, ns;
+};
+
+static int scaler_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scaler_params p = {NULL, NULL, 0, 0};
+    p.no = node_attr_floats(c->node, "offset", &p.off);
+    p.ns = node_attr_floats(c->node, "scale", &p.sc);
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int scaler_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    const float *off, *sc;
-    int no = node_attr_floats(c->node, "offset", &off), ns = node_attr_floats(c->node, "scale", &sc);
+    const struct scaler_params *p = c->state;
+    const float *off = p->off, *sc = p->sc;
+    int no = p->no, ns = p->ns;
     int64_t f = x->ndim ? x->dims[x->ndim - 1] : 1, n = tensor_numel(x);
     float *o = c->out[0]->data;
     for (int64_t i = 0; i < n; i++) {
@@ -277,20 +313,23 @@ static void ml_put_label(struct tensor *y, int64_t r, const struct ml_labels *l,
     else ((int64_t *)y->data)[r] = k >= 0 ? l->ints[k] : -k - 1;
 }
 
+/* LinearClassifier's problem, decoded at infer and again at prepare; the
+ * coefficients and intercepts are views of the node's attributes. */
 struct lc_shape {
     int64_t n, f, ne, labels;
     int add_second;
     struct ml_labels lab;
+    const float *coef, *icp;
+    int ni;
 };
 
 static int lc_shape(struct op_call *c, struct lc_shape *s) {
     const struct tensor *x = c->in[0];
     int rc = ml_numeric(c, x);
     if (rc || (rc = ml_rows(c, x, &s->n, &s->f))) return rc;
-    const float *coef, *icp;
-    int nc = ml_floats_attr(c, "coefficients", &coef, 1);
+    int nc = ml_floats_attr(c, "coefficients", &s->coef, 1);
     if (nc < 0) return nc == -1 ? STATUS_INVALID : nc;
-    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    int ni = s->ni = node_attr_floats(c->node, "intercepts", &s->icp);
     ml_get_labels(c->node, "classlabels_ints", &s->lab);
     int nl = s->lab.n;
     if (s->f == 0 || nc % s->f) return op_error(c, "%d coefficients do not divide into %lld features", nc, (long long)s->f);
@@ -312,22 +351,26 @@ static int lc_infer(struct op_call *c) {
     return ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
 }
 
-static int lc_prepare(struct op_call *c, void **state, size_t *scratch) {
+/* LinearClassifier's problem and post transform, decoded at prepare. */
+struct lc_params {
     struct lc_shape s;
-    int rc = lc_shape(c, &s);
-    if (rc) return rc;
-    *scratch = (size_t)(s.n * (s.ne > 1 ? s.ne : 2)) * sizeof(float);
-    return 0;
+    enum post_transform pt;
+};
+
+static int lc_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct lc_params p;
+    int rc = lc_shape(c, &p.s);
+    if (rc || (rc = ml_post_transform(c, &p.pt))) return rc;
+    *scratch = (size_t)(p.s.n * (p.s.ne > 1 ? p.s.ne : 2)) * sizeof(float);
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int lc_run(struct op_call *c) {
-    struct lc_shape s;
-    enum post_transform pt;
-    int rc = lc_shape(c, &s);
-    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
-    const float *coef, *icp;
-    node_attr_floats(c->node, "coefficients", &coef);
-    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    const struct lc_params *p = c->state;
+    const struct lc_shape s = p->s;
+    enum post_transform pt = p->pt;
+    const float *coef = s.coef, *icp = s.icp;
+    int ni = s.ni;
     struct tensor *z = ml_out(c, 1);
     int64_t cols = s.add_second ? 2 : s.ne;
     float *sc = z && z->data ? z->data : c->scratch;
@@ -361,38 +404,50 @@ static int lc_run(struct op_call *c) {
     return 0;
 }
 
-static int lr_shape(struct op_call *c, int64_t *n, int64_t *f, int64_t *t) {
+/* LinearRegressor's problem (rows, features, targets), its post
+ * transform, and its coefficients and intercepts (views of the node's
+ * attributes), decoded at infer and again at prepare. */
+struct lr_params {
+    int64_t n, f, t;
+    enum post_transform pt;
+    const float *coef, *icp;
+    int ni;
+};
+
+static int lr_shape(struct op_call *c, struct lr_params *p) {
     const struct tensor *x = c->in[0];
     int rc = ml_numeric(c, x);
-    if (rc || (rc = ml_rows(c, x, n, f))) return rc;
-    const float *coef, *icp;
-    int nc = ml_floats_attr(c, "coefficients", &coef, 1);
+    if (rc || (rc = ml_rows(c, x, &p->n, &p->f))) return rc;
+    int nc = ml_floats_attr(c, "coefficients", &p->coef, 1);
     if (nc < 0) return nc == -1 ? STATUS_INVALID : nc;
-    *t = node_attr_int(c->node, "targets", 1);
-    if (*t < 1 || nc != *t * *f)
-        return op_error(c, "%d coefficients do not match %lld targets x %lld features", nc, (long long)*t, (long long)*f);
-    int ni = node_attr_floats(c->node, "intercepts", &icp);
-    if (ni > 0 && ni != *t) return op_error(c, "%d intercepts for %lld targets", ni, (long long)*t);
-    return 0;
+    p->t = node_attr_int(c->node, "targets", 1);
+    if (p->t < 1 || nc != p->t * p->f)
+        return op_error(c, "%d coefficients do not match %lld targets x %lld features", nc, (long long)p->t, (long long)p->f);
+    p->ni = node_attr_floats(c->node, "intercepts", &p->icp);
+    if (p->ni > 0 && p->ni != p->t) return op_error(c, "%d intercepts for %lld targets", p->ni, (long long)p->t);
+    return ml_post_transform(c, &p->pt);
 }
 
 static int lr_infer(struct op_call *c) {
-    int64_t n, f, t;
-    enum post_transform pt;
-    int rc = lr_shape(c, &n, &f, &t);
-    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
-    int64_t d[2] = {n, t};
+    struct lr_params p;
+    int rc = lr_shape(c, &p);
+    if (rc) return rc;
+    int64_t d[2] = {p.n, p.t};
     return ml_set(c, c->out[0], DT_FP32, 2, d);
 }
 
+static int lr_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct lr_params p;
+    int rc = lr_shape(c, &p);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int lr_run(struct op_call *c) {
-    int64_t n, f, t;
-    enum post_transform pt;
-    int rc = lr_shape(c, &n, &f, &t);
-    if (rc || (rc = ml_post_transform(c, &pt))) return rc;
-    const float *coef, *icp;
-    node_attr_floats(c->node, "coefficients", &coef);
-    int ni = node_attr_floats(c->node, "intercepts", &icp);
+    const struct lr_params *p = c->state;
+    int64_t n = p->n, f = p->f, t = p->t;
+    enum post_transform pt = p->pt;
+    const float *coef = p->coef, *icp = p->icp;
+    int ni = p->ni;
     float *o = c->out[0]->data;
     ml_linear(c->in[0], n, f, coef, t, icp, ni, o, t, c->nthreads);
     for (int64_t r = 0; r < n; r++) {
@@ -1317,12 +1372,14 @@ static size_t svc_scratch(const struct svc_shape *s) {
     return ((size_t)s->nvec + (size_t)s->npairs + 2 * k * k + 2 * k) * sizeof(float) + k * sizeof(int64_t);
 }
 
+/* The whole problem (support vectors, coefficients and the probability
+ * pairs are views of the node's attributes) is decoded once, at prepare. */
 static int svc_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct svc_shape s;
     int rc = svc_shape(c, &s);
     if (rc) return rc;
     *scratch = svc_scratch(&s);
-    return 0;
+    return params_keep(c, &s, sizeof s, state);
 }
 
 /* Pairwise coupling: class probabilities p[k] from pairwise estimates r[i][j]
@@ -1363,9 +1420,7 @@ static void svc_coupling(int64_t k, const float *r, float *Q, float *Qp, float *
 }
 
 static int svc_run(struct op_call *c) {
-    struct svc_shape s;
-    int rc = svc_shape(c, &s);
-    if (rc) return rc;
+    const struct svc_shape s = *(const struct svc_shape *)c->state;
     if (!c->scratch || c->scratch_size < svc_scratch(&s)) return op_error(c, "scratch buffer too small");
     int64_t k = s.nclass;
     /* The int64 votes first: the scratch buffer is aligned, float offsets may not be for int64. */
@@ -1454,10 +1509,14 @@ static int svr_infer(struct op_call *c) {
     return ml_set(c, c->out[0], DT_FP32, 2, d);
 }
 
-static int svr_run(struct op_call *c) {
+static int svr_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct svr_shape s;
     int rc = svr_shape(c, &s);
-    if (rc) return rc;
+    return rc ? rc : params_keep(c, &s, sizeof s, state);
+}
+
+static int svr_run(struct op_call *c) {
+    const struct svr_shape s = *(const struct svr_shape *)c->state;
     float *y = c->out[0]->data;
 #pragma omp parallel for if (s.n * s.nvec * s.f > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t row = 0; row < s.n; row++) {
@@ -1475,17 +1534,17 @@ static int svr_run(struct op_call *c) {
 
 const struct op_def op_defs_ml[] = {
     {"ArrayFeatureExtractor", "ai.onnx.ml", afe_infer, NULL, afe_run, NULL, 0},
-    {"Binarizer", "ai.onnx.ml", binarizer_infer, NULL, binarizer_run, NULL, 0},
-    {"Normalizer", "ai.onnx.ml", normalizer_infer, NULL, normalizer_run, NULL, 0},
-    {"Scaler", "ai.onnx.ml", scaler_infer, NULL, scaler_run, NULL, 0},
+    {"Binarizer", "ai.onnx.ml", binarizer_infer, binarizer_prepare, binarizer_run, op_params_free, 0},
+    {"Normalizer", "ai.onnx.ml", normalizer_infer, normalizer_prepare, normalizer_run, op_params_free, 0},
+    {"Scaler", "ai.onnx.ml", scaler_infer, scaler_prepare, scaler_run, op_params_free, 0},
     {"ZipMap", "ai.onnx.ml", zipmap_infer, NULL, zipmap_run, NULL, 0},
-    {"LinearClassifier", "ai.onnx.ml", lc_infer, lc_prepare, lc_run, NULL, 0},
-    {"LinearRegressor", "ai.onnx.ml", lr_infer, NULL, lr_run, NULL, 0},
+    {"LinearClassifier", "ai.onnx.ml", lc_infer, lc_prepare, lc_run, op_params_free, 0},
+    {"LinearRegressor", "ai.onnx.ml", lr_infer, lr_prepare, lr_run, op_params_free, 0},
     {"TreeEnsembleClassifier", "ai.onnx.ml", tree_classifier_infer, tree_classifier_prepare, tree_run, tree_release, 0},
     {"TreeEnsembleRegressor", "ai.onnx.ml", tree_regressor_infer, tree_regressor_prepare, tree_run, tree_release, 0},
     {"TreeEnsemble", "ai.onnx.ml", te5_infer, te5_prepare, te5_run, tree_release, 0},
     {"LabelEncoder", "ai.onnx.ml", le_infer, le_prepare, le_run, le_release, 0},
-    {"SVMClassifier", "ai.onnx.ml", svc_infer, svc_prepare, svc_run, NULL, 0},
-    {"SVMRegressor", "ai.onnx.ml", svr_infer, NULL, svr_run, NULL, 0},
+    {"SVMClassifier", "ai.onnx.ml", svc_infer, svc_prepare, svc_run, op_params_free, 0},
+    {"SVMRegressor", "ai.onnx.ml", svr_infer, svr_prepare, svr_run, op_params_free, 0},
     {0},
 };

@@ -7,8 +7,9 @@
  *   indexing: Gather GatherElements GatherND Scatter ScatterElements
  *     ScatterND TensorScatter OneHot Trilu TopK NonZero Unique
  *   generators: Shape Size Constant ConstantOfShape Range EyeLike
- *   scans: CumSum CumProd
- *   sampling: Resize Upsample GridSample AffineGrid NonMaxSuppression
+ * The families that compute rather than move live beside it: the scans
+ * (CumSum, CumProd) in ops_scan.c, NonMaxSuppression in ops_nms.c, Resize
+ * and Upsample in ops_resize.c, GridSample and AffineGrid in ops_grid.c.
  * Most kernels only know the element size, so they serve every dtype; the
  * ops that only move elements also move strings, as the pointers a plan's
  * tensors borrow for one run, and the ops that make new values refuse them.
@@ -27,6 +28,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
@@ -34,32 +36,7 @@
  * Common helpers
  * ------------------------------------------------------------------------ */
 
-static const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
 static struct tensor *out_opt(const struct op_call *c, int i) { return i < c->nout ? c->out[i] : NULL; }
-
-static int need_input(struct op_call *c, int i, const char *what) {
-    if (!in_opt(c, i)) return op_error(c, "input %d (%s) is required", i, what);
-    return 0;
-}
-
-/* Fails unless input i is present and its values are known now. */
-static int need_const(struct op_call *c, int i, const char *what) {
-    int rc = need_input(c, i, what);
-    if (rc) return rc;
-    if (!c->in[i]->data) {
-        op_error(c, "input %d (%s) must be a constant known when the plan is built; kiln does not support "
-                    "output shapes that depend on values computed at run time",
-                 i, what);
-        return STATUS_UNSUPPORTED;
-    }
-    return 0;
-}
-
-static int need_bytes_dtype(struct op_call *c, const struct tensor *t, const char *what) {
-    if (t->dtype == DT_STRING || dtype_size(t->dtype) == 0)
-        return op_error(c, "%s has dtype %s, which this operator does not support", what, dtype_name(t->dtype));
-    return 0;
-}
 
 /* For ops that only move elements: strings move too, as the pointers a
  * plan's tensors borrow for the duration of one run. */
@@ -71,53 +48,6 @@ static int need_movable_dtype(struct op_call *c, const struct tensor *t, const c
 static int need_int_dtype(struct op_call *c, const struct tensor *t, const char *what) {
     if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
         return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
-    return 0;
-}
-
-/* Reads the integer values of input i (which must be constant now) into v;
- * returns the count or a negative status. */
-static int read_int_input(struct op_call *c, int i, const char *what, int64_t *v, int max) {
-    int rc = need_const(c, i, what);
-    if (rc) return rc;
-    const struct tensor *t = c->in[i];
-    if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
-        return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
-    int64_t n = tensor_numel(t);
-    if (n < 0 || n > max) return op_error(c, "%s has %lld values; at most %d are supported", what, (long long)n, max);
-    for (int64_t k = 0; k < n; k++) v[k] = op_int_at(t, k);
-    return (int)n;
-}
-
-/* Reads an int list from attribute name; returns the count, -1 if absent. */
-static int read_int_attr(struct op_call *c, const char *name, int64_t *v, int max) {
-    const int64_t *a;
-    int n = node_attr_ints(c->node, name, &a);
-    if (n < 0) return -1;
-    if (n > max) return op_error(c, "attribute '%s' has %d values; at most %d are supported", name, n, max);
-    for (int k = 0; k < n; k++) v[k] = a[k];
-    return n;
-}
-
-static int set_shape(struct op_call *c, struct tensor *o, enum dtype dt, int nd, const int64_t *dims) {
-    if (nd > TENSOR_MAX_DIMS) return op_error(c, "output rank %d exceeds kiln's limit of %d", nd, TENSOR_MAX_DIMS);
-    o->dtype = dt;
-    o->ndim = nd;
-    for (int k = 0; k < nd; k++) o->dims[k] = dims[k];
-    return 0;
-}
-
-static int64_t prod(const int64_t *d, int from, int to) {
-    int64_t p = 1;
-    for (int k = from; k < to; k++) p *= d[k];
-    return p;
-}
-
-/* Computed dimensions beyond this are refused before any arithmetic on
- * them can overflow; no real tensor comes near it. */
-#define SHAPE_MAX_DIM ((int64_t)1 << 40)
-
-static int dim_ok(struct op_call *c, double v, const char *what) {
-    if (!(v >= 0 && v <= (double)SHAPE_MAX_DIM)) return op_error(c, "%s = %g is out of range", what, v);
     return 0;
 }
 
@@ -313,11 +243,21 @@ static int shape_infer(struct op_call *c) {
     return set_shape(c, c->out[0], DT_INT64, 1, &d);
 }
 
+/* Shape's clamped range of axes, decoded at prepare. */
+struct shape_params {
+    int start, end;
+};
+
+static int shape_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct shape_params p;
+    shape_range(c, &p.start, &p.end);
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int shape_run(struct op_call *c) {
-    int s, e;
-    shape_range(c, &s, &e);
+    const struct shape_params *p = c->state;
     int64_t *o = c->out[0]->data;
-    for (int k = s; k < e; k++) o[k - s] = c->in[0]->dims[k];
+    for (int k = p->start; k < p->end; k++) o[k - p->start] = c->in[0]->dims[k];
     return 0;
 }
 
@@ -383,12 +323,24 @@ static int constant_infer(struct op_call *c) {
     return set_shape(c, c->out[0], v.dtype, v.ndim, v.dims);
 }
 
-static int constant_run(struct op_call *c) {
+/* Constant's and ConstantOfShape's value, decoded at prepare: a view of
+ * the node's attribute (or of a static zero), which outlives the plan. */
+struct value_params {
     struct tensor v;
-    int rc = constant_value(c, &v);
-    if (rc) return rc;
-    size_t n = tensor_nbytes(&v);
-    if (n) memcpy(c->out[0]->data, v.data, n);
+};
+
+static int value_keep(struct op_call *c, int (*value)(struct op_call *, struct tensor *), void **state) {
+    struct value_params p;
+    int rc = value(c, &p.v);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
+static int constant_prepare(struct op_call *c, void **state, size_t *scratch) { return value_keep(c, constant_value, state); }
+
+static int constant_run(struct op_call *c) {
+    const struct tensor *v = &((const struct value_params *)c->state)->v;
+    size_t n = tensor_nbytes(v);
+    if (n) memcpy(c->out[0]->data, v->data, n);
     return 0;
 }
 
@@ -418,10 +370,10 @@ static int cos_infer(struct op_call *c) {
     return rc ? rc : set_shape(c, c->out[0], v.dtype, n, d);
 }
 
+static int cos_prepare(struct op_call *c, void **state, size_t *scratch) { return value_keep(c, cos_value, state); }
+
 static int cos_run(struct op_call *c) {
-    struct tensor v;
-    int rc = cos_value(c, &v);
-    if (rc) return rc;
+    struct tensor v = ((const struct value_params *)c->state)->v;
     size_t es = dtype_size(v.dtype);
     int64_t n = tensor_numel(c->out[0]);
     char *o = c->out[0]->data;
@@ -879,9 +831,17 @@ static int split_run(struct op_call *c) {
  * Slice
  * ------------------------------------------------------------------------ */
 
-/* Per-axis start, step and output length following numpy's clamping. */
-static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_t *len) {
+/* Slice's per-axis start, step and output length, decoded at infer and
+ * again at prepare (starts, ends, axes and steps are attributes or
+ * constant inputs). */
+struct slice_params {
+    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
+};
+
+/* Fills g following numpy's clamping. */
+static int slice_params(struct op_call *c, struct slice_params *g) {
     const struct tensor *x = c->in[0];
+    int64_t *start = g->start, *step = g->step, *len = g->len;
     int r = x->ndim;
     int64_t st[TENSOR_MAX_DIMS], en[TENSOR_MAX_DIMS], ax[TENSOR_MAX_DIMS], sp[TENSOR_MAX_DIMS];
     int ns, ne, na, np;
@@ -942,17 +902,23 @@ static int slice_params(struct op_call *c, int64_t *start, int64_t *step, int64_
 
 static int slice_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS];
+    struct slice_params g;
     int rc = need_movable_dtype(c, x, "input");
-    if (rc || (rc = slice_params(c, start, step, len))) return rc;
-    return set_shape(c, c->out[0], x->dtype, x->ndim, len);
+    if (rc || (rc = slice_params(c, &g))) return rc;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, g.len);
+}
+
+static int slice_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct slice_params g;
+    int rc = slice_params(c, &g);
+    return rc ? rc : params_keep(c, &g, sizeof g, state);
 }
 
 static int slice_run(struct op_call *c) {
+    const struct slice_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int64_t start[TENSOR_MAX_DIMS], step[TENSOR_MAX_DIMS], len[TENSOR_MAX_DIMS], xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
-    int rc = slice_params(c, start, step, len);
-    if (rc) return rc;
+    const int64_t *start = p->start, *step = p->step, *len = p->len;
+    int64_t xs[TENSOR_MAX_DIMS], ss[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     int64_t base = 0;
     for (int k = 0; k < x->ndim; k++) {
@@ -1060,9 +1026,21 @@ static int gather_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, m, d);
 }
 
+/* The normalized axis of Gather, GatherElements and OneHot, decoded at
+ * prepare. */
+struct axis_params {
+    int axis;
+};
+
+/* Gather's and GatherElements' axis counts in the data's rank. */
+static int gather_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct axis_params p = {op_axis(c, node_attr_int(c->node, "axis", 0), c->in[0]->ndim)};
+    return p.axis < 0 ? STATUS_INVALID : params_keep(c, &p, sizeof p, state);
+}
+
 static int gather_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim);
+    int a = ((const struct axis_params *)c->state)->axis;
     size_t es = dtype_size(x->dtype);
     int64_t outer = prod(x->dims, 0, a), dim = x->dims[a], inner = prod(x->dims, a + 1, x->ndim);
     int64_t ni = tensor_numel(idx);
@@ -1100,7 +1078,7 @@ static int gather_elements_infer(struct op_call *c) {
 
 static int gather_elements_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    int a = ((const struct axis_params *)c->state)->axis, r = x->ndim;
     size_t es = dtype_size(x->dtype);
     int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
     shape_strides(r, x->dims, xs);
@@ -1155,9 +1133,19 @@ static int nd_offset(struct op_call *c, const struct tensor *x, const struct ten
     return 0;
 }
 
+/* GatherND's batch_dims, decoded at prepare. */
+struct gather_nd_params {
+    int batch_dims;
+};
+
+static int gather_nd_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct gather_nd_params p = {(int)node_attr_int(c->node, "batch_dims", 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int gather_nd_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1];
-    int b = (int)node_attr_int(c->node, "batch_dims", 0);
+    int b = ((const struct gather_nd_params *)c->state)->batch_dims;
     int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     size_t es = dtype_size(x->dtype);
@@ -1224,11 +1212,25 @@ static int scatter_elements_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* A scatter's reduction (and ScatterElements' normalized axis), decoded
+ * at prepare. */
+struct scatter_params {
+    enum scatter_red red;
+    int axis;
+};
+
+static int scatter_elements_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scatter_params p = {RED_NONE, op_axis(c, node_attr_int(c->node, "axis", 0), c->in[0]->ndim)};
+    if (p.axis < 0) return STATUS_INVALID;
+    int rc = scatter_reduction(c, &p.red);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int scatter_elements_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
-    enum scatter_red red;
-    scatter_reduction(c, &red);
-    int a = op_axis(c, node_attr_int(c->node, "axis", 0), x->ndim), r = x->ndim;
+    const struct scatter_params *p = c->state;
+    enum scatter_red red = p->red;
+    int a = p->axis, r = x->ndim;
     int64_t xs[TENSOR_MAX_DIMS], n = tensor_numel(idx);
     shape_strides(r, x->dims, xs);
     for (int64_t i = 0; i < n; i++) { /* validate before writing anything */
@@ -1272,10 +1274,15 @@ static int scatter_nd_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+static int scatter_nd_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct scatter_params p = {RED_NONE, 0};
+    int rc = scatter_reduction(c, &p.red);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int scatter_nd_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *idx = c->in[1], *upd = c->in[2];
-    enum scatter_red red;
-    scatter_reduction(c, &red);
+    enum scatter_red red = ((const struct scatter_params *)c->state)->red;
     int64_t k = idx->dims[idx->ndim - 1], xs[TENSOR_MAX_DIMS];
     shape_strides(x->ndim, x->dims, xs);
     int64_t nt = prod(idx->dims, 0, idx->ndim - 1), slice = prod(x->dims, (int)k, x->ndim);
@@ -1298,10 +1305,8 @@ static int scatter_nd_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * Range, OneHot, NonZero, EyeLike, Trilu, CumSum
+ * Range, OneHot, NonZero, EyeLike, Trilu
  * ------------------------------------------------------------------------ */
-
-static int is_float_dtype(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16; }
 
 static int range_infer(struct op_call *c) {
     int rc;
@@ -1367,10 +1372,16 @@ static int onehot_infer(struct op_call *c) {
     return set_shape(c, c->out[0], vals->dtype, r, d);
 }
 
+/* OneHot's axis counts in the output's rank, one more than the indices'. */
+static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct axis_params p = {op_axis(c, node_attr_int(c->node, "axis", -1), c->in[0]->ndim + 1)};
+    return p.axis < 0 ? STATUS_INVALID : params_keep(c, &p, sizeof p, state);
+}
+
 static int onehot_run(struct op_call *c) {
     const struct tensor *idx = c->in[0], *vals = c->in[2];
     struct tensor *o = c->out[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), o->ndim);
+    int a = ((const struct axis_params *)c->state)->axis;
     int64_t dep = o->dims[a], outer = prod(o->dims, 0, a), inner = prod(o->dims, a + 1, o->ndim);
     size_t es = dtype_size(o->dtype);
     const char *off = vals->data, *on = off + es;
@@ -1436,9 +1447,19 @@ static int eyelike_infer(struct op_call *c) {
     return set_shape(c, c->out[0], dt, 2, x->dims);
 }
 
+/* EyeLike's diagonal k, decoded at prepare. */
+struct eyelike_params {
+    int64_t k;
+};
+
+static int eyelike_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct eyelike_params p = {node_attr_int(c->node, "k", 0)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int eyelike_run(struct op_call *c) {
     struct tensor *o = c->out[0];
-    int64_t k = node_attr_int(c->node, "k", 0), r = o->dims[0], cols = o->dims[1];
+    int64_t k = ((const struct eyelike_params *)c->state)->k, r = o->dims[0], cols = o->dims[1];
     k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
     memset(o->data, 0, tensor_nbytes(o));
     for (int64_t i = 0; i < r; i++) {
@@ -1455,11 +1476,21 @@ static int trilu_infer(struct op_call *c) {
     return rc ? rc : set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* Trilu's upper, decoded at prepare (k is an input, read at run time). */
+struct trilu_params {
+    int upper;
+};
+
+static int trilu_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct trilu_params p = {(int)node_attr_int(c->node, "upper", 1)};
+    return params_keep(c, &p, sizeof p, state);
+}
+
 static int trilu_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
     int64_t k = in_opt(c, 1) && c->in[1]->data ? op_int_at(c->in[1], 0) : 0;
     k = k > SHAPE_MAX_DIM ? SHAPE_MAX_DIM : (k < -SHAPE_MAX_DIM ? -SHAPE_MAX_DIM : k);
-    int upper = (int)node_attr_int(c->node, "upper", 1);
+    int upper = ((const struct trilu_params *)c->state)->upper;
     int64_t rows = x->dims[x->ndim - 2], cols = x->dims[x->ndim - 1], nb = prod(x->dims, 0, x->ndim - 2);
     size_t es = dtype_size(x->dtype);
     run_copy0(c);
@@ -1476,86 +1507,18 @@ static int trilu_run(struct op_call *c) {
     return 0;
 }
 
-static int cumsum_infer(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    int rc = need_input(c, 1, "axis");
-    if (rc) return rc;
-    switch (x->dtype) {
-    case DT_FP32: case DT_FP64: case DT_INT32: case DT_INT64: case DT_UINT32: case DT_UINT64: case DT_FP16: case DT_BF16: break;
-    default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
-    }
-    if (c->in[1]->data && op_axis(c, op_int_at(c->in[1], 0), x->ndim) < 0) return STATUS_INVALID;
-    return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
-}
-
-/* CumSum and CumProd: one running scan along the axis, starting from the
- * operation's identity; exclusive writes the value before adding the
- * element, reverse walks the axis from its end. */
-#define SCAN_LOOP(T, ACC, LOAD, STORE)                                                         \
-    do {                                                                                       \
-        const T *s_ = x->data;                                                                 \
-        T *d_ = c->out[0]->data;                                                               \
-        for (int64_t p = 0; p < outer; p++)                                                    \
-            for (int64_t q = 0; q < inner; q++) {                                              \
-                ACC acc = mul ? 1 : 0;                                                         \
-                for (int64_t t = 0; t < n; t++) {                                              \
-                    int64_t j = rev ? n - 1 - t : t, at = (p * n + j) * inner + q;             \
-                    ACC v = LOAD(s_[at]);                                                      \
-                    if (excl) d_[at] = STORE(acc);                                             \
-                    if (mul) acc *= v;                                                         \
-                    else acc += v;                                                             \
-                    if (!excl) d_[at] = STORE(acc);                                            \
-                }                                                                              \
-            }                                                                                  \
-    } while (0)
-#define ID(v) (v)
-
-/* A scan's attributes, decoded at prepare (the axis is an input). */
-struct scan_params {
-    int excl, rev;
-};
-
-static int scan_prepare(struct op_call *c, void **state, size_t *scratch) {
-    struct scan_params *p = op_params_alloc(c, sizeof *p);
-    if (!p) return STATUS_NOMEM;
-    p->excl = node_attr_int(c->node, "exclusive", 0) != 0;
-    p->rev = node_attr_int(c->node, "reverse", 0) != 0;
-    *state = p;
-    return 0;
-}
-
-static int scan_run(struct op_call *c, int mul) {
-    const struct scan_params *sp = c->state;
-    const struct tensor *x = c->in[0];
-    int a = op_axis(c, op_int_at(c->in[1], 0), x->ndim);
-    if (a < 0) return STATUS_INVALID;
-    int excl = sp->excl, rev = sp->rev;
-    int64_t outer = prod(x->dims, 0, a), n = x->ndim ? x->dims[a] : 1, inner = prod(x->dims, a + 1, x->ndim);
-    switch (x->dtype) {
-    case DT_FP32: SCAN_LOOP(float, double, ID, (float)); break;
-    case DT_FP64: SCAN_LOOP(double, double, ID, ID); break;
-    case DT_INT32: SCAN_LOOP(int32_t, int64_t, ID, (int32_t)); break;
-    case DT_INT64: SCAN_LOOP(int64_t, int64_t, ID, ID); break;
-    case DT_UINT32: SCAN_LOOP(uint32_t, uint64_t, ID, (uint32_t)); break;
-    case DT_UINT64: SCAN_LOOP(uint64_t, uint64_t, ID, ID); break;
-    case DT_FP16: SCAN_LOOP(uint16_t, float, fp16_to_fp32, fp32_to_fp16); break;
-    case DT_BF16: SCAN_LOOP(uint16_t, float, bf16_to_fp32, fp32_to_bf16); break;
-    default: return op_error(c, "unsupported dtype %s", dtype_name(x->dtype));
-    }
-    return 0;
-}
-static int cumsum_run(struct op_call *c) { return scan_run(c, 0); }
-static int cumprod_run(struct op_call *c) { return scan_run(c, 1); }
-
 /* ------------------------------------------------------------------------
  * Pad
  * ------------------------------------------------------------------------ */
 
 enum pad_mode { PAD_CONSTANT, PAD_REFLECT, PAD_EDGE, PAD_WRAP };
 
+/* Pad's mode and per-axis pads, decoded at infer and again at prepare,
+ * where the constant of opsets before 11 (an attribute) joins them. */
 struct pad_params {
     enum pad_mode mode;
     int64_t begin[TENSOR_MAX_DIMS], end[TENSOR_MAX_DIMS];
+    double value;
 };
 
 static int pad_params(struct op_call *c, struct pad_params *pp) {
@@ -1634,16 +1597,22 @@ static inline int64_t pad_src(int64_t o, int64_t b, int64_t d, enum pad_mode m) 
     return -1;
 }
 
-static int pad_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    struct tensor *o = c->out[0];
+static int pad_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct pad_params pp;
     int rc = pad_params(c, &pp);
     if (rc) return rc;
+    pp.value = c->node->opset < 11 ? node_attr_float(c->node, "value", 0) : 0;
+    return params_keep(c, &pp, sizeof pp, state);
+}
+
+static int pad_run(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    const struct pad_params pp = *(const struct pad_params *)c->state;
     size_t es = dtype_size(x->dtype);
     unsigned char fill[16] = {0};
     if (c->node->opset < 11) {
-        shape_store_double(x->dtype, fill, 0, node_attr_float(c->node, "value", 0));
+        shape_store_double(x->dtype, fill, 0, pp.value);
     } else {
         const struct tensor *cv = in_opt(c, 2);
         if (cv && cv->data && tensor_numel(cv) >= 1) memcpy(fill, cv->data, es);
@@ -1722,7 +1691,7 @@ static int topk_k(struct op_call *c, int64_t *k) {
         *k = node_attr_int(c->node, "k", -1);
         return 0;
     }
-    int64_t v[1];
+    int64_t v[1] = {0};
     int n = read_int_input(c, 1, "K", v, 1);
     if (n < 0) return n;
     if (n != 1) return op_error(c, "K must hold one value");
@@ -1748,19 +1717,25 @@ static int topk_infer(struct op_call *c) {
     return rc;
 }
 
+/* TopK's normalized axis and direction, decoded at prepare (k is the
+ * output's length on the axis). */
+struct topk_params {
+    int axis, largest;
+};
+
 static int topk_prepare(struct op_call *c, void **state, size_t *scratch) {
     const struct tensor *x = c->in[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
-    if (a < 0) return STATUS_INVALID;
-    *scratch = (size_t)(x->dims[a] + 1) * sizeof(struct topk_item);
-    return 0;
+    struct topk_params p = {op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim), (int)node_attr_int(c->node, "largest", 1)};
+    if (p.axis < 0) return STATUS_INVALID;
+    *scratch = (size_t)(x->dims[p.axis] + 1) * sizeof(struct topk_item);
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int topk_run(struct op_call *c) {
+    const struct topk_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int a = op_axis(c, node_attr_int(c->node, "axis", -1), x->ndim);
+    int a = p->axis, largest = p->largest;
     int64_t k = c->out[0]->dims[a], n = x->dims[a], outer = prod(x->dims, 0, a), inner = prod(x->dims, a + 1, x->ndim);
-    int largest = (int)node_attr_int(c->node, "largest", 1);
     struct topk_item *it = c->scratch;
     if (!it || c->scratch_size < (size_t)n * sizeof *it) return op_error(c, "scratch buffer too small");
     size_t es = dtype_size(x->dtype);
@@ -1790,355 +1765,20 @@ static int topk_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * Resize, Upsample
- *
- * Interpolation is separable, so the kernel resizes one axis at a time
- * (as ONNX's reference does), in double precision between two scratch
- * buffers. Each axis gets a table of taps (source index, weight) per output
- * coordinate; nearest, linear and cubic, with or without antialiasing, only
- * differ in how that table is filled.
- * ------------------------------------------------------------------------ */
-
-enum resize_mode { RZ_NEAREST, RZ_LINEAR, RZ_CUBIC };
-enum resize_ctm { CT_HALF_PIXEL, CT_ASYMMETRIC, CT_ALIGN_CORNERS, CT_PYTORCH_HALF_PIXEL, CT_TF_HALF_PIXEL_NEAREST,
-                  CT_TF_CROP_AND_RESIZE, CT_HALF_PIXEL_SYMMETRIC };
-enum resize_round { RN_PREFER_FLOOR, RN_PREFER_CEIL, RN_FLOOR, RN_CEIL };
-
-struct resize_params {
-    int r;
-    int64_t out[TENSOR_MAX_DIMS];
-    double scale[TENSOR_MAX_DIMS], roi0[TENSOR_MAX_DIMS], roi1[TENSOR_MAX_DIMS];
-    int active[TENSOR_MAX_DIMS];
-    enum resize_mode mode;
-    enum resize_ctm ctm;
-    enum resize_round nearest;
-    double cubic_a, extrapolation;
-    int exclude_outside, antialias;
-};
-
-static int resize_read_floats(struct op_call *c, int i, const char *what, double *v, int max) {
-    int rc = need_const(c, i, what);
-    if (rc) return rc;
-    const struct tensor *t = c->in[i];
-    int64_t n = tensor_numel(t);
-    if (n > max) return op_error(c, "%s has %lld values; at most %d are supported", what, (long long)n, max);
-    for (int64_t k = 0; k < n; k++) v[k] = op_double_at(t, k);
-    return (int)n;
-}
-
-static int resize_params(struct op_call *c, struct resize_params *p) {
-    const struct tensor *x = c->in[0];
-    int r = x->ndim, upsample = strcmp(c->node->op_type, "Upsample") == 0, opset = c->node->opset;
-    memset(p, 0, sizeof *p);
-    p->r = r;
-    const char *mode = node_attr_str(c->node, "mode", "nearest");
-    if (!strcmp(mode, "nearest")) p->mode = RZ_NEAREST;
-    else if (!strcmp(mode, "linear") || !strcmp(mode, "bilinear")) p->mode = RZ_LINEAR;
-    else if (!strcmp(mode, "cubic") && !upsample) p->mode = RZ_CUBIC;
-    else return op_error(c, "unknown mode '%s'", mode);
-    double scales[2 * TENSOR_MAX_DIMS], roi[2 * TENSOR_MAX_DIMS];
-    int64_t sizes[TENSOR_MAX_DIMS], axes[TENSOR_MAX_DIMS];
-    int ns = -1, nz = -1, nr = -1, na = -1;
-    if (upsample || opset < 11) {
-        /* Upsample and Resize-10: scales only, asymmetric coordinates, floor. */
-        p->ctm = CT_ASYMMETRIC;
-        p->nearest = RN_FLOOR;
-        p->cubic_a = -0.75;
-        if (upsample && opset < 9) {
-            const float *f;
-            ns = node_attr_floats(c->node, "scales", &f);
-            if (ns < 0) return op_error(c, "attribute 'scales' is required");
-            if (ns > TENSOR_MAX_DIMS) return op_error(c, "too many scales");
-            for (int k = 0; k < ns; k++) scales[k] = f[k];
-        } else {
-            ns = resize_read_floats(c, 1, "scales", scales, TENSOR_MAX_DIMS);
-            if (ns < 0) return ns;
-        }
-    } else {
-        const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", "half_pixel");
-        if (!strcmp(ctm, "half_pixel")) p->ctm = CT_HALF_PIXEL;
-        else if (!strcmp(ctm, "asymmetric")) p->ctm = CT_ASYMMETRIC;
-        else if (!strcmp(ctm, "align_corners")) p->ctm = CT_ALIGN_CORNERS;
-        else if (!strcmp(ctm, "pytorch_half_pixel")) p->ctm = CT_PYTORCH_HALF_PIXEL;
-        else if (!strcmp(ctm, "tf_half_pixel_for_nearest")) p->ctm = CT_TF_HALF_PIXEL_NEAREST;
-        else if (!strcmp(ctm, "tf_crop_and_resize")) p->ctm = CT_TF_CROP_AND_RESIZE;
-        else if (!strcmp(ctm, "half_pixel_symmetric")) p->ctm = CT_HALF_PIXEL_SYMMETRIC;
-        else return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
-        const char *nm = node_attr_str(c->node, "nearest_mode", "round_prefer_floor");
-        if (!strcmp(nm, "round_prefer_floor")) p->nearest = RN_PREFER_FLOOR;
-        else if (!strcmp(nm, "round_prefer_ceil")) p->nearest = RN_PREFER_CEIL;
-        else if (!strcmp(nm, "floor")) p->nearest = RN_FLOOR;
-        else if (!strcmp(nm, "ceil")) p->nearest = RN_CEIL;
-        else return op_error(c, "unknown nearest_mode '%s'", nm);
-        p->cubic_a = node_attr_float(c->node, "cubic_coeff_a", -0.75f);
-        p->exclude_outside = (int)node_attr_int(c->node, "exclude_outside", 0);
-        p->extrapolation = node_attr_float(c->node, "extrapolation_value", 0);
-        p->antialias = opset >= 18 ? (int)node_attr_int(c->node, "antialias", 0) : 0;
-        if (in_opt(c, 1) && tensor_numel(c->in[1]) > 0) {
-            nr = resize_read_floats(c, 1, "roi", roi, 2 * TENSOR_MAX_DIMS);
-            if (nr < 0) return nr;
-        }
-        if (in_opt(c, 2) && tensor_numel(c->in[2]) > 0) {
-            ns = resize_read_floats(c, 2, "scales", scales, TENSOR_MAX_DIMS);
-            if (ns < 0) return ns;
-        }
-        if (in_opt(c, 3) && tensor_numel(c->in[3]) > 0) {
-            nz = read_int_input(c, 3, "sizes", sizes, TENSOR_MAX_DIMS);
-            if (nz < 0) return nz;
-        }
-        if (opset >= 18) {
-            na = read_int_attr(c, "axes", axes, TENSOR_MAX_DIMS);
-            if (na < -1) return na;
-        }
-    }
-    if ((ns >= 0) == (nz >= 0)) return op_error(c, "exactly one of scales and sizes must be given");
-    if (na < 0) {
-        na = r;
-        for (int k = 0; k < r; k++) axes[k] = k;
-    }
-    int n = ns >= 0 ? ns : nz;
-    if (n != na) return op_error(c, "%s has %d values for %d axes", ns >= 0 ? "scales" : "sizes", n, na);
-    if (nr >= 0 && nr != 2 * na) return op_error(c, "roi has %d values; expected %d", nr, 2 * na);
-    int is_axis[TENSOR_MAX_DIMS] = {0};
-    for (int k = 0; k < r; k++) {
-        p->scale[k] = 1;
-        p->out[k] = x->dims[k];
-        p->roi0[k] = 0;
-        p->roi1[k] = 1;
-    }
-    for (int k = 0; k < na; k++) {
-        int a = op_axis(c, axes[k], r);
-        if (a < 0) return STATUS_INVALID;
-        is_axis[a] = 1;
-        if (nr >= 0) {
-            p->roi0[a] = roi[k];
-            p->roi1[a] = roi[na + k];
-        }
-        if (ns >= 0) {
-            if (!(scales[k] > 0)) return op_error(c, "scales[%d] = %g must be positive", k, scales[k]);
-            p->scale[a] = scales[k];
-            if (dim_ok(c, scales[k] * (double)x->dims[a], "a resized dimension")) return STATUS_INVALID;
-            p->out[a] = (int64_t)(scales[k] * (double)x->dims[a]);
-        } else {
-            if (dim_ok(c, (double)sizes[k], "sizes")) return STATUS_INVALID;
-            p->out[a] = sizes[k];
-            p->scale[a] = x->dims[a] ? (double)sizes[k] / (double)x->dims[a] : 1;
-        }
-    }
-    if (nz >= 0 && opset >= 18) {
-        const char *pol = node_attr_str(c->node, "keep_aspect_ratio_policy", "stretch");
-        int larger = !strcmp(pol, "not_larger"), smaller = !strcmp(pol, "not_smaller");
-        if (!larger && !smaller && strcmp(pol, "stretch")) return op_error(c, "unknown keep_aspect_ratio_policy '%s'", pol);
-        if (larger || smaller) {
-            double s = larger ? INFINITY : -INFINITY;
-            for (int a = 0; a < r; a++)
-                if (is_axis[a]) s = larger ? fmin(s, p->scale[a]) : fmax(s, p->scale[a]);
-            for (int a = 0; a < r; a++)
-                if (is_axis[a]) {
-                    p->scale[a] = s;
-                    if (dim_ok(c, s * (double)x->dims[a] + 0.5, "a resized dimension")) return STATUS_INVALID;
-                    p->out[a] = (int64_t)(s * (double)x->dims[a] + 0.5);
-                }
-        }
-    }
-    for (int a = 0; a < r; a++) {
-        int same = fabs(p->scale[a] - 1) <= 1e-9 && p->out[a] == x->dims[a] &&
-                   (p->ctm != CT_TF_CROP_AND_RESIZE || (fabs(p->roi0[a]) <= 1e-9 && fabs(p->roi1[a] - 1) <= 1e-9));
-        p->active[a] = !same;
-        if (p->active[a] && x->dims[a] == 0 && p->out[a] > 0) return op_error(c, "cannot resize empty axis %d", a);
-    }
-    return 0;
-}
-
-static int resize_infer(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    struct resize_params p;
-    int rc = need_bytes_dtype(c, x, "input");
-    if (rc || (rc = resize_params(c, &p))) return rc;
-    if (x->dtype == DT_BOOL) return op_error(c, "unsupported dtype bool");
-    return set_shape(c, c->out[0], x->dtype, x->ndim, p.out);
-}
-
-/* The number of taps each output coordinate of axis a uses. */
-static int64_t resize_ntaps(const struct resize_params *p, int a) {
-    double s = p->scale[a] < 1 ? p->scale[a] : 1;
-    if (p->mode == RZ_NEAREST) return 2;
-    if (p->mode == RZ_LINEAR) return p->antialias ? 2 - 2 * (int64_t)(floor(-1 / s) + 1) : 2;
-    return p->antialias ? 2 - 2 * (int64_t)(floor(-2 / s) + 1) : 4;
-}
-
-static double cubic_w(double x, double A) {
-    x = fabs(x);
-    if (x <= 1) return ((A + 2) * x - (A + 3)) * x * x + 1;
-    if (x < 2) return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A;
-    return 0;
-}
-
-/* Fills idx/w (n taps per output) for axis a; ext[y] marks coordinates
- * outside the input under tf_crop_and_resize. */
-static void resize_taps(const struct resize_params *p, int a, int64_t in, int64_t *idx, double *w, char *ext) {
-    int64_t out = p->out[a], n = resize_ntaps(p, a);
-    double s = p->scale[a], ow = s * (double)in;
-    for (int64_t y = 0; y < out; y++) {
-        double yy = (double)y, x;
-        ext[y] = 0;
-        switch (p->ctm) {
-        case CT_ALIGN_CORNERS: x = ow == 1 ? 0 : yy * (double)(in - 1) / (ow - 1); break;
-        case CT_ASYMMETRIC: x = yy / s; break;
-        case CT_TF_CROP_AND_RESIZE:
-            x = ow == 1 ? (p->roi1[a] - p->roi0[a]) * (double)(in - 1) / 2
-                        : yy * (p->roi1[a] - p->roi0[a]) * (double)(in - 1) / (ow - 1);
-            x += p->roi0[a] * (double)(in - 1);
-            ext[y] = x < 0 || x > (double)(in - 1);
-            break;
-        case CT_PYTORCH_HALF_PIXEL: x = ow == 1 ? -0.5 : (yy + 0.5) / s - 0.5; break;
-        case CT_TF_HALF_PIXEL_NEAREST: x = (yy + 0.5) / s; break;
-        case CT_HALF_PIXEL_SYMMETRIC: {
-            double adj = (double)out / ow, center = (double)in / 2, off = center * (1 - adj);
-            x = off + (yy + 0.5) / s - 0.5;
-            break;
-        }
-        default: x = (yy + 0.5) / s - 0.5; break;
-        }
-        double fl = floor(x), ratio = x == fl ? 1 : x - fl;
-        double *cw = w + y * n;
-        if (p->mode == RZ_NEAREST) {
-            int hi;
-            if (ratio == 1) hi = 1;
-            else if (p->nearest == RN_PREFER_FLOOR) hi = ratio > 0.5;
-            else if (p->nearest == RN_PREFER_CEIL) hi = ratio >= 0.5;
-            else hi = p->nearest == RN_CEIL;
-            cw[0] = !hi;
-            cw[1] = hi;
-        } else if (p->mode == RZ_LINEAR && !p->antialias) {
-            cw[0] = 1 - ratio;
-            cw[1] = ratio;
-        } else if (p->mode == RZ_CUBIC && !p->antialias) {
-            for (int64_t j = 0; j < 4; j++) cw[j] = cubic_w(ratio + 1 - (double)j, p->cubic_a);
-        } else {
-            double sc = s < 1 ? s : 1, sum = 0;
-            int64_t start = (int64_t)(floor((p->mode == RZ_LINEAR ? -1 : -2) / sc) + 1);
-            for (int64_t j = 0; j < n; j++) {
-                double arg = ((double)(start + j) - ratio) * sc;
-                cw[j] = p->mode == RZ_LINEAR ? fmax(0, fmin(1, 1 - fabs(arg))) : cubic_w(arg, p->cubic_a);
-                sum += cw[j];
-            }
-            for (int64_t j = 0; j < n; j++) cw[j] /= sum;
-        }
-        /* Neighbour positions, as the reference finds them in an edge-padded row. */
-        int64_t pad = (n + 1) / 2;
-        double xp = x + (double)pad, pp = floor(xp), frac = xp - pp;
-        int64_t off;
-        if (n % 2 == 0) off = frac == 0 ? -(n / 2) : -(n / 2) + 1;
-        else off = frac <= 0.5 ? -((n - 1) / 2) : -((n - 1) / 2) + 1;
-        int64_t start = (int64_t)pp + off - pad;
-        double sum = 0;
-        for (int64_t j = 0; j < n; j++) {
-            int64_t k = start + j;
-            if (p->exclude_outside && (k < 0 || k >= in)) cw[j] = 0;
-            sum += cw[j];
-            idx[y * n + j] = k < 0 ? 0 : (k >= in ? in - 1 : k);
-        }
-        if (p->exclude_outside && sum != 0)
-            for (int64_t j = 0; j < n; j++) cw[j] /= sum;
-    }
-}
-
-/* Scratch: two double buffers of the largest intermediate, then the taps
- * of the largest axis. */
-static size_t resize_scratch(const struct tensor *x, const struct resize_params *p, int64_t *maxel) {
-    int64_t cur[TENSOR_MAX_DIMS], big = tensor_numel(x), taps = 0;
-    memcpy(cur, x->dims, sizeof cur);
-    for (int a = 0; a < p->r; a++) {
-        if (!p->active[a]) continue;
-        cur[a] = p->out[a];
-        int64_t n = prod(cur, 0, p->r);
-        big = n > big ? n : big;
-        int64_t t = p->out[a] * resize_ntaps(p, a);
-        taps = t > taps ? t : taps;
-    }
-    *maxel = big;
-    return (size_t)(2 * big + 2 * taps + p->r + 8) * sizeof(double) + (size_t)(taps + 64);
-}
-
-static int resize_prepare(struct op_call *c, void **state, size_t *scratch) {
-    struct resize_params p;
-    int64_t big;
-    int rc = resize_params(c, &p);
-    if (rc) return rc;
-    *scratch = resize_scratch(c->in[0], &p, &big);
-    return 0;
-}
-
-static int resize_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    struct tensor *o = c->out[0];
-    struct resize_params p;
-    int64_t big;
-    int rc = resize_params(c, &p);
-    if (rc) return rc;
-    if (!c->scratch || c->scratch_size < resize_scratch(x, &p, &big)) return op_error(c, "scratch buffer too small");
-    if (tensor_numel(o) == 0) return 0;
-    double *b0 = c->scratch, *b1 = b0 + big, *w = b1 + big;
-    int64_t maxtaps = 0;
-    for (int a = 0; a < p.r; a++)
-        if (p.active[a] && p.out[a] * resize_ntaps(&p, a) > maxtaps) maxtaps = p.out[a] * resize_ntaps(&p, a);
-    int64_t *idx = (int64_t *)(void *)(w + maxtaps);
-    char *ext = (char *)(idx + maxtaps);
-    int64_t n = tensor_numel(x);
-    for (int64_t i = 0; i < n; i++) b0[i] = op_double_at(x, i);
-    int64_t cur[TENSOR_MAX_DIMS];
-    memcpy(cur, x->dims, sizeof cur);
-    double *src = b0, *dst = b1;
-    for (int a = 0; a < p.r; a++) {
-        if (!p.active[a]) continue;
-        int64_t in = cur[a], out = p.out[a], nt = resize_ntaps(&p, a);
-        int64_t outer = prod(cur, 0, a), inner = prod(cur, a + 1, p.r);
-        resize_taps(&p, a, in, idx, w, ext);
-#pragma omp parallel for if (outer * out * inner > 16384) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-        for (int64_t q = 0; q < outer; q++)
-            for (int64_t y = 0; y < out; y++) {
-                double *d = dst + (q * out + y) * inner;
-                if (ext[y]) {
-                    for (int64_t i = 0; i < inner; i++) d[i] = p.extrapolation;
-                    continue;
-                }
-                for (int64_t i = 0; i < inner; i++) d[i] = 0;
-                for (int64_t j = 0; j < nt; j++) {
-                    double cw = w[y * nt + j];
-                    if (cw == 0) continue;
-                    const double *s = src + (q * in + idx[y * nt + j]) * inner;
-                    for (int64_t i = 0; i < inner; i++) d[i] += cw * s[i];
-                }
-            }
-        cur[a] = out;
-        double *t = src;
-        src = dst;
-        dst = t;
-    }
-    int64_t m = tensor_numel(o);
-    int isint = !is_float_dtype(o->dtype);
-    for (int64_t i = 0; i < m; i++) {
-        double v = src[i];
-        if (isint) v = nearbyint(v);
-        switch (o->dtype) { /* saturate integers, as ONNX's reference does */
-        case DT_UINT8: v = v < 0 ? 0 : (v > 255 ? 255 : v); break;
-        case DT_INT8: v = v < -128 ? -128 : (v > 127 ? 127 : v); break;
-        default: break;
-        }
-        shape_store_double(o->dtype, o->data, i, v);
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------------
  * CenterCropPad, BitCast
  * ------------------------------------------------------------------------ */
 
+/* CenterCropPad's crop start, pad offset and output size per axis,
+ * decoded at infer and again at prepare. */
+struct ccp_params {
+    int64_t start[TENSOR_MAX_DIMS], pad[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS];
+};
+
 /* CenterCropPad: each listed axis is cropped or zero-padded around its
  * centre to the requested size (crop offset rounds down, pad offset too). */
-static int ccp_params(struct op_call *c, int64_t *start, int64_t *pad, int64_t *out) {
+static int ccp_params(struct op_call *c, struct ccp_params *g) {
     const struct tensor *x = c->in[0];
+    int64_t *start = g->start, *pad = g->pad, *out = g->out;
     int64_t shape[TENSOR_MAX_DIMS], axes[TENSOR_MAX_DIMS];
     int n = read_int_input(c, 1, "shape", shape, TENSOR_MAX_DIMS);
     if (n < 0) return n;
@@ -2167,18 +1807,24 @@ static int ccp_params(struct op_call *c, int64_t *start, int64_t *pad, int64_t *
 
 static int ccp_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    int64_t st[TENSOR_MAX_DIMS], pd[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS];
+    struct ccp_params g;
     int rc = need_bytes_dtype(c, x, "input");
-    if (rc || (rc = ccp_params(c, st, pd, out))) return rc;
-    return set_shape(c, c->out[0], x->dtype, x->ndim, out);
+    if (rc || (rc = ccp_params(c, &g))) return rc;
+    return set_shape(c, c->out[0], x->dtype, x->ndim, g.out);
+}
+
+static int ccp_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct ccp_params g;
+    int rc = ccp_params(c, &g);
+    return rc ? rc : params_keep(c, &g, sizeof g, state);
 }
 
 static int ccp_run(struct op_call *c) {
+    const struct ccp_params *p = c->state;
     const struct tensor *x = c->in[0];
     struct tensor *o = c->out[0];
-    int64_t st[TENSOR_MAX_DIMS], pd[TENSOR_MAX_DIMS], out[TENSOR_MAX_DIMS], xs[TENSOR_MAX_DIMS], os[TENSOR_MAX_DIMS];
-    int rc = ccp_params(c, st, pd, out);
-    if (rc) return rc;
+    const int64_t *st = p->start, *pd = p->pad, *out = p->out;
+    int64_t xs[TENSOR_MAX_DIMS], os[TENSOR_MAX_DIMS];
     size_t es = dtype_size(x->dtype);
     memset(o->data, 0, tensor_nbytes(o));
     /* The copied block: min(in, out) per axis, from st in x to pd in o. */
@@ -2254,12 +1900,22 @@ static int compress_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
 
+/* Compress's normalized axis (-1: the flattened input), decoded at
+ * prepare. */
+struct compress_params {
+    int axis;
+};
+
+static int compress_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct compress_params p;
+    int64_t kept;
+    int rc = compress_params(c, &p.axis, &kept);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int compress_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *cond = c->in[1];
-    int ax;
-    int64_t k;
-    int rc = compress_params(c, &ax, &k);
-    if (rc) return rc;
+    int ax = ((const struct compress_params *)c->state)->axis;
     size_t es = dtype_size(x->dtype);
     int64_t outer = ax < 0 ? 1 : prod(x->dims, 0, ax), len = ax < 0 ? tensor_numel(x) : x->dims[ax];
     int64_t inner = ax < 0 ? 1 : prod(x->dims, ax + 1, x->ndim), n = tensor_numel(cond);
@@ -2330,6 +1986,19 @@ static int64_t unique_groups(const struct unique_ctx *u, int sorted, int64_t *or
     return ng;
 }
 
+/* The items of x: slices along axis, or its elements when axis is -1. */
+static void unique_view(const struct tensor *x, int axis, struct unique_ctx *u) {
+    u->x = x;
+    if (axis >= 0) {
+        u->len = x->dims[axis];
+        u->outer = prod(x->dims, 0, axis);
+        u->inner = prod(x->dims, axis + 1, x->ndim);
+    } else {
+        u->len = tensor_numel(x);
+        u->outer = u->inner = 1;
+    }
+}
+
 static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
@@ -2340,17 +2009,11 @@ static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     if (rc) return rc;
     const struct graph_attr *a = node_attr(c->node, "axis");
     *axis = -1;
-    u->x = x;
     if (a) {
         *axis = op_axis(c, a->i, x->ndim);
         if (*axis < 0) return STATUS_INVALID;
-        u->len = x->dims[*axis];
-        u->outer = prod(x->dims, 0, *axis);
-        u->inner = prod(x->dims, *axis + 1, x->ndim);
-    } else {
-        u->len = tensor_numel(x);
-        u->outer = u->inner = 1;
     }
+    unique_view(x, *axis, u);
     return 0;
 }
 
@@ -2378,22 +2041,31 @@ static int unique_infer(struct op_call *c) {
     return rc;
 }
 
+/* Unique's normalized axis (-1: the flattened input) and sorted,
+ * decoded at prepare. */
+struct unique_params {
+    int axis, sorted;
+};
+
 static int unique_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct unique_ctx u;
-    int axis, rc = unique_ctx(c, &u, &axis);
+    struct unique_params p;
+    int rc = unique_ctx(c, &u, &p.axis);
     if (rc) return rc;
+    p.sorted = (int)node_attr_int(c->node, "sorted", 1);
     *scratch = sizeof(int64_t) * (size_t)(u.len + 1) * 5;
-    return 0;
+    return params_keep(c, &p, sizeof p, state);
 }
 
 static int unique_run(struct op_call *c) {
+    const struct unique_params *p = c->state;
     struct unique_ctx u;
-    int axis, rc = unique_ctx(c, &u, &axis);
-    if (rc) return rc;
+    int axis = p->axis;
+    unique_view(c->in[0], axis, &u);
     int64_t n = u.len;
     if (c->scratch_size < sizeof(int64_t) * (size_t)(n + 1) * 5) return op_error(c, "scratch buffer too small");
     int64_t *ord = c->scratch, *grp = ord + n + 1, *first = grp + n + 1, *perm = first + n + 1, *rank = perm + n + 1;
-    int64_t ng = n ? unique_groups(&u, (int)node_attr_int(c->node, "sorted", 1), ord, grp, first, perm) : 0;
+    int64_t ng = n ? unique_groups(&u, p->sorted, ord, grp, first, perm) : 0;
     int64_t want = axis < 0 ? c->out[0]->dims[0] : c->out[0]->dims[axis];
     if (ng != want) return op_error(c, "the input changed since the plan was built");
     for (int64_t j = 0; j < ng; j++) rank[perm[j]] = j; /* output position of each group */
@@ -2441,10 +2113,21 @@ static int revseq_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* ReverseSequence's batch and time axes, decoded at prepare. */
+struct revseq_params {
+    int bax, tax;
+};
+
+static int revseq_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct revseq_params p;
+    int rc = revseq_axes(c, &p.bax, &p.tax);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int revseq_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *lens = c->in[1];
-    int bax, tax, rc = revseq_axes(c, &bax, &tax);
-    if (rc) return rc;
+    const struct revseq_params *p = c->state;
+    int bax = p->bax, tax = p->tax;
     int64_t nb = x->dims[bax], nt = x->dims[tax], inner = prod(x->dims, 2, x->ndim);
     for (int64_t b = 0; b < nb; b++) {
         int64_t l = op_int_at(lens, b);
@@ -2492,10 +2175,21 @@ static int tscatter_infer(struct op_call *c) {
     return set_shape(c, c->out[0], past->dtype, past->ndim, past->dims);
 }
 
+/* TensorScatter's normalized axis and mode, decoded at prepare. */
+struct tscatter_params {
+    int axis, circular;
+};
+
+static int tscatter_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct tscatter_params p;
+    int rc = tscatter_params(c, &p.axis, &p.circular);
+    return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
 static int tscatter_run(struct op_call *c) {
     const struct tensor *past = c->in[0], *upd = c->in[1], *wi = in_opt(c, 2);
-    int a, circ, rc = tscatter_params(c, &a, &circ);
-    if (rc) return rc;
+    const struct tscatter_params *p = c->state;
+    int a = p->axis, circ = p->circular;
     int64_t nb = past->dims[0], maxs = past->dims[a], seq = upd->dims[a];
     int64_t mid = prod(past->dims, 1, a), inner = prod(past->dims, a + 1, past->ndim);
     for (int64_t b = 0; b < nb && !circ; b++) {
@@ -2520,357 +2214,6 @@ static int tscatter_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * NonMaxSuppression: the selection decides the output's length, so boxes
- * and scores must be known when the plan is built.
- * ------------------------------------------------------------------------ */
-
-struct nms_item {
-    float score;
-    int64_t idx;
-};
-
-static int nms_cmp(const void *pa, const void *pb) {
-    const struct nms_item *a = pa, *b = pb;
-    if (a->score != b->score) return a->score > b->score ? -1 : 1;
-    return a->idx < b->idx ? -1 : (a->idx > b->idx);
-}
-
-static void nms_corners(const float *bx, int center, float *y0, float *x0, float *y1, float *x1) {
-    if (center) {
-        *x0 = bx[0] - bx[2] / 2;
-        *x1 = bx[0] + bx[2] / 2;
-        *y0 = bx[1] - bx[3] / 2;
-        *y1 = bx[1] + bx[3] / 2;
-    } else {
-        *y0 = fminf(bx[0], bx[2]);
-        *y1 = fmaxf(bx[0], bx[2]);
-        *x0 = fminf(bx[1], bx[3]);
-        *x1 = fmaxf(bx[1], bx[3]);
-    }
-}
-
-static int nms_suppress(const float *a, const float *b, int center, float iou_th) {
-    float ay0, ax0, ay1, ax1, by0, bx0, by1, bx1;
-    nms_corners(a, center, &ay0, &ax0, &ay1, &ax1);
-    nms_corners(b, center, &by0, &bx0, &by1, &bx1);
-    float ix0 = fmaxf(ax0, bx0), ix1 = fminf(ax1, bx1), iy0 = fmaxf(ay0, by0), iy1 = fminf(ay1, by1);
-    if (ix1 <= ix0 || iy1 <= iy0) return 0;
-    float inter = (ix1 - ix0) * (iy1 - iy0), area_a = (ax1 - ax0) * (ay1 - ay0), area_b = (bx1 - bx0) * (by1 - by0);
-    float uni = area_a + area_b - inter;
-    if (inter <= 0 || area_a <= 0 || area_b <= 0 || uni <= 0) return 0;
-    return inter / uni > iou_th;
-}
-
-/* Runs the selection; writes triples to out (if non-NULL) and returns the
- * count, or a negative status. items/sel: scratch of num_boxes entries. */
-static int64_t nms_select(struct op_call *c, int64_t *out, struct nms_item *items, int64_t *sel) {
-    const struct tensor *boxes = c->in[0], *scores = c->in[1];
-    const struct tensor *mo = in_opt(c, 2), *iou = in_opt(c, 3), *sth = in_opt(c, 4);
-    int64_t nb = boxes->dims[0], nbox = boxes->dims[1], ncls = scores->dims[1];
-    int64_t maxo = mo && tensor_numel(mo) ? op_int_at(mo, 0) : 0;
-    float iou_th = iou && tensor_numel(iou) ? (float)op_double_at(iou, 0) : 0;
-    int has_sth = sth && tensor_numel(sth);
-    float s_th = has_sth ? (float)op_double_at(sth, 0) : 0;
-    int center = (int)node_attr_int(c->node, "center_point_box", 0);
-    const float *bx = boxes->data, *sc = scores->data;
-    int64_t total = 0;
-    if (maxo <= 0) return 0;
-    for (int64_t b = 0; b < nb; b++)
-        for (int64_t k = 0; k < ncls; k++) {
-            const float *s = sc + (b * ncls + k) * nbox;
-            int64_t n = 0, ns = 0;
-            for (int64_t i = 0; i < nbox; i++)
-                if (!has_sth || s[i] > s_th) items[n++] = (struct nms_item){s[i], i};
-            qsort(items, (size_t)n, sizeof *items, nms_cmp);
-            for (int64_t i = 0; i < n && ns < maxo; i++) {
-                const float *cand = bx + (b * nbox + items[i].idx) * 4;
-                int keep = 1;
-                for (int64_t j = 0; j < ns && keep; j++) keep = !nms_suppress(cand, bx + (b * nbox + sel[j]) * 4, center, iou_th);
-                if (!keep) continue;
-                sel[ns++] = items[i].idx;
-                if (out) {
-                    out[total * 3] = b;
-                    out[total * 3 + 1] = k;
-                    out[total * 3 + 2] = items[i].idx;
-                }
-                total++;
-            }
-        }
-    return total;
-}
-
-static int nms_check(struct op_call *c) {
-    int rc;
-    if ((rc = need_const(c, 0, "boxes")) || (rc = need_const(c, 1, "scores"))) return rc;
-    const struct tensor *boxes = c->in[0], *scores = c->in[1];
-    if (boxes->dtype != DT_FP32 || scores->dtype != DT_FP32) return op_error(c, "boxes and scores must be float");
-    if (boxes->ndim != 3 || boxes->dims[2] != 4) return op_error(c, "boxes must be [batches, boxes, 4]");
-    if (scores->ndim != 3 || scores->dims[0] != boxes->dims[0] || scores->dims[2] != boxes->dims[1])
-        return op_error(c, "scores must be [batches, classes, boxes] matching boxes");
-    for (int i = 2; i < 5; i++)
-        if (in_opt(c, i) && (rc = need_const(c, i, i == 2 ? "max_output_boxes_per_class" : i == 3 ? "iou_threshold" : "score_threshold")))
-            return rc;
-    return 0;
-}
-
-static int nms_infer(struct op_call *c) {
-    int rc = nms_check(c);
-    if (rc) return rc;
-    int64_t nbox = c->in[0]->dims[1] > 0 ? c->in[0]->dims[1] : 1;
-    struct nms_item *items = malloc(sizeof *items * (size_t)nbox);
-    int64_t *sel = malloc(sizeof *sel * (size_t)nbox);
-    int64_t n = items && sel ? nms_select(c, NULL, items, sel) : STATUS_NOMEM;
-    free(items);
-    free(sel);
-    if (n < 0) return (int)n;
-    int64_t d[2] = {n, 3};
-    return set_shape(c, c->out[0], DT_INT64, 2, d);
-}
-
-static int nms_prepare(struct op_call *c, void **state, size_t *scratch) {
-    int rc = nms_check(c);
-    if (rc) return rc;
-    *scratch = (size_t)(c->in[0]->dims[1] + 1) * (sizeof(struct nms_item) + sizeof(int64_t));
-    return 0;
-}
-
-static int nms_run(struct op_call *c) {
-    int64_t nbox = c->in[0]->dims[1];
-    if (c->scratch_size < (size_t)(nbox + 1) * (sizeof(struct nms_item) + sizeof(int64_t))) return op_error(c, "scratch buffer too small");
-    struct nms_item *items = c->scratch;
-    int64_t *sel = (int64_t *)(void *)(items + nbox + 1);
-    /* Count first: the output was sized at plan time from the same inputs. */
-    int64_t n = nms_select(c, NULL, items, sel);
-    if (n != c->out[0]->dims[0]) return op_error(c, "the inputs changed since the plan was built");
-    nms_select(c, c->out[0]->data, items, sel);
-    return 0;
-}
-
-/* ------------------------------------------------------------------------
- * GridSample: each output point reads the input at a normalized location
- * from grid ([-1, 1] per spatial axis, innermost axis first), with nearest,
- * linear or cubic weights over 1, 2 or 4 taps per axis; taps outside the
- * input read zeros, the border, or a reflection, as padding_mode says.
- * ------------------------------------------------------------------------ */
-
-enum gs_mode { GS_NEAREST, GS_LINEAR, GS_CUBIC };
-enum gs_pad { GS_ZEROS, GS_BORDER, GS_REFLECTION };
-
-static int gs_params(struct op_call *c, enum gs_mode *mode, enum gs_pad *pad) {
-    const struct tensor *x = c->in[0], *g = in_opt(c, 1);
-    if (!g) return op_error(c, "input 1 (grid) is required");
-    const char *m = node_attr_str(c->node, "mode", c->node->opset >= 20 ? "linear" : "bilinear");
-    if (!strcmp(m, "nearest")) *mode = GS_NEAREST;
-    else if (!strcmp(m, "linear") || !strcmp(m, "bilinear")) *mode = GS_LINEAR;
-    else if (!strcmp(m, "cubic") || !strcmp(m, "bicubic")) *mode = GS_CUBIC;
-    else return op_error(c, "unknown mode '%s'", m);
-    const char *p = node_attr_str(c->node, "padding_mode", "zeros");
-    if (!strcmp(p, "zeros")) *pad = GS_ZEROS;
-    else if (!strcmp(p, "border")) *pad = GS_BORDER;
-    else if (!strcmp(p, "reflection")) *pad = GS_REFLECTION;
-    else return op_error(c, "unknown padding_mode '%s'", p);
-    int sp = x->ndim - 2;
-    if (sp < 1 || sp > 3) return op_error(c, "input must be [N, C, ...] with 1 to 3 spatial axes, got rank %d", x->ndim);
-    if (g->ndim != x->ndim || g->dims[0] != x->dims[0] || g->dims[g->ndim - 1] != sp)
-        return op_error(c, "grid must be [N, ..., %d] with the input's batch and rank", sp);
-    if (!is_float_dtype(x->dtype) || !is_float_dtype(g->dtype)) return op_error(c, "input and grid must be floating point");
-    return 0;
-}
-
-static int gs_infer(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    enum gs_mode mode;
-    enum gs_pad pad;
-    int rc = gs_params(c, &mode, &pad);
-    if (rc) return rc;
-    const struct tensor *g = c->in[1];
-    int64_t d[TENSOR_MAX_DIMS];
-    d[0] = x->dims[0];
-    d[1] = x->dims[1];
-    for (int k = 1; k < g->ndim - 1; k++) d[k + 1] = g->dims[k];
-    return set_shape(c, c->out[0], x->dtype, x->ndim, d);
-}
-
-/* Folds x into [lo, hi] by reflecting at the nearer border, as ONNX's
- * reference does. */
-static double gs_reflect(double x, double lo, double hi) {
-    double rng = hi - lo;
-    if (rng <= 0) return lo;
-    if (x < lo) {
-        double dx = lo - x;
-        int64_t n = (int64_t)(dx / rng);
-        double r = dx - (double)n * rng;
-        return n % 2 == 0 ? lo + r : hi - r;
-    }
-    if (x > hi) {
-        double dx = x - hi;
-        int64_t n = (int64_t)(dx / rng);
-        double r = dx - (double)n * rng;
-        return n % 2 == 0 ? hi - r : lo + r;
-    }
-    return x;
-}
-
-static void gs_cubic(double t, double *w) {
-    const double A = -0.75;
-    t = fabs(t);
-    w[0] = ((A * (t + 1) - 5 * A) * (t + 1) + 8 * A) * (t + 1) - 4 * A;
-    w[1] = ((A + 2) * t - (A + 3)) * t * t + 1;
-    w[2] = ((A + 2) * (1 - t) - (A + 3)) * (1 - t) * (1 - t) + 1;
-    w[3] = ((A * (2 - t) - 5 * A) * (2 - t) + 8 * A) * (2 - t) - 4 * A;
-}
-
-static int gs_run(struct op_call *c) {
-    const struct tensor *x = c->in[0], *g = c->in[1];
-    struct tensor *o = c->out[0];
-    enum gs_mode mode;
-    enum gs_pad pad;
-    int rc = gs_params(c, &mode, &pad);
-    if (rc) return rc;
-    int sp = x->ndim - 2, ac = (int)node_attr_int(c->node, "align_corners", 0);
-    int64_t N = x->dims[0], C = x->dims[1], in_sp = prod(x->dims, 2, x->ndim), npts = prod(g->dims, 1, g->ndim - 1);
-    const int64_t *dims = x->dims + 2;
-    double lo[3], hi[3];
-    for (int k = 0; k < sp; k++) {
-        lo[k] = ac ? 0 : -0.5;
-        hi[k] = ac ? (double)dims[k] - 1 : (double)dims[k] - 0.5;
-    }
-    int ntap = mode == GS_NEAREST ? 1 : (mode == GS_LINEAR ? 2 : 4);
-#pragma omp parallel for if (N * npts * C > 4096) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t q = 0; q < N * npts; q++) {
-        int64_t n = q / npts, p = q % npts;
-        /* Source coordinate per spatial axis (axis k reads grid component sp-1-k). */
-        double pos[3];
-        for (int k = 0; k < sp; k++) {
-            float v = (float)op_double_at(g, q * sp + (sp - 1 - k));
-            float len = (float)dims[k];
-            float xf = ac ? (v + 1) / 2.0f * (len - 1) : ((v + 1) * len - 1) / 2.0f;
-            double xv = xf;
-            if (mode == GS_NEAREST) xv = rint(xv);
-            if (xv < lo[k] || xv > hi[k]) {
-                if (pad == GS_BORDER) xv = xv < 0 ? 0 : (xv > (double)dims[k] - 1 ? (double)dims[k] - 1 : xv);
-                else if (pad == GS_REFLECTION) xv = gs_reflect(xv, lo[k], hi[k]);
-            }
-            pos[k] = xv;
-        }
-        /* Taps and weights per axis. */
-        int64_t tidx[3][4];
-        double tw[3][4];
-        for (int k = 0; k < sp; k++) {
-            int64_t base;
-            if (mode == GS_NEAREST) {
-                base = (int64_t)pos[k];
-                tw[k][0] = 1;
-            } else {
-                base = (int64_t)floor(pos[k]);
-                double f = pos[k] - (double)base;
-                if (mode == GS_LINEAR) {
-                    tw[k][0] = 1 - f;
-                    tw[k][1] = f;
-                } else {
-                    gs_cubic(f, tw[k]);
-                    base -= 1;
-                }
-            }
-            for (int j = 0; j < ntap; j++) {
-                int64_t i = base + j;
-                if (i < 0 || i >= dims[k]) {
-                    if (pad == GS_ZEROS) i = -1;
-                    else if (pad == GS_BORDER) i = i < 0 ? 0 : dims[k] - 1;
-                    else i = (int64_t)gs_reflect((double)i, lo[k], hi[k]);
-                    if (i >= dims[k]) i = dims[k] - 1;
-                    if (i < -1) i = 0;
-                }
-                tidx[k][j] = i;
-            }
-        }
-        int total = 1;
-        for (int k = 0; k < sp; k++) total *= ntap;
-        for (int64_t ch = 0; ch < C; ch++) {
-            int64_t xbase = (n * C + ch) * in_sp;
-            double acc = 0;
-            for (int t = 0; t < total; t++) {
-                int rem = t;
-                int64_t off = 0;
-                double w = 1;
-                int zero = 0;
-                for (int k = sp - 1; k >= 0; k--) {
-                    int j = rem % ntap;
-                    rem /= ntap;
-                    int64_t i = tidx[k][j];
-                    if (i < 0) {
-                        zero = 1;
-                        break;
-                    }
-                    off += i * prod(dims, k + 1, sp);
-                    w *= tw[k][j];
-                }
-                if (!zero && w != 0) acc += w * op_double_at(x, xbase + off);
-            }
-            shape_store_double(o->dtype, o->data, (n * C + ch) * npts + p, acc);
-        }
-    }
-    return 0;
-}
-
-/* ------------------------------------------------------------------------
- * AffineGrid: the sampling grid of theta applied to a regular grid of the
- * requested size (the counterpart of GridSample).
- * ------------------------------------------------------------------------ */
-
-static int ag_size(struct op_call *c, int64_t *sz) {
-    int n = read_int_input(c, 1, "size", sz, 5);
-    if (n < 0) return n;
-    if (n != 4 && n != 5) return op_error(c, "size must be [N, C, H, W] or [N, C, D, H, W]");
-    const struct tensor *th = c->in[0];
-    int sp = n - 2;
-    if (th->ndim != 3 || th->dims[0] != sz[0] || th->dims[1] != sp || th->dims[2] != sp + 1)
-        return op_error(c, "theta must be [N, %d, %d] for size with %d spatial axes", sp, sp + 1, sp);
-    if (!is_float_dtype(th->dtype)) return op_error(c, "theta must be floating point");
-    for (int k = 0; k < n; k++)
-        if (dim_ok(c, (double)sz[k], "a size value")) return STATUS_INVALID;
-    return n;
-}
-
-static int ag_infer(struct op_call *c) {
-    int64_t sz[5], d[5];
-    int n = ag_size(c, sz);
-    if (n < 0) return n;
-    d[0] = sz[0];
-    for (int k = 2; k < n; k++) d[k - 1] = sz[k];
-    d[n - 1] = n - 2;
-    return set_shape(c, c->out[0], c->in[0]->dtype, n, d);
-}
-
-static double ag_coord(int64_t i, int64_t len, int ac) {
-    if (ac) return len > 1 ? -1 + (double)i * 2.0 / (double)(len - 1) : -1;
-    return -1 + (2.0 * (double)i + 1) / (double)len;
-}
-
-static int ag_run(struct op_call *c) {
-    int64_t sz[5];
-    int n = ag_size(c, sz);
-    if (n < 0) return n;
-    const struct tensor *th = c->in[0];
-    struct tensor *o = c->out[0];
-    int sp = n - 2, ac = (int)node_attr_int(c->node, "align_corners", 0);
-    int64_t D = sp == 3 ? sz[2] : 1, H = sz[n - 2], W = sz[n - 1], at = 0;
-    for (int64_t b = 0; b < sz[0]; b++)
-        for (int64_t z = 0; z < D; z++)
-            for (int64_t y = 0; y < H; y++)
-                for (int64_t x = 0; x < W; x++) {
-                    /* homogeneous point: (x, y[, z], 1), innermost axis first */
-                    double hp[4] = {ag_coord(x, W, ac), ag_coord(y, H, ac), sp == 3 ? ag_coord(z, D, ac) : 1, 1};
-                    for (int r = 0; r < sp; r++) {
-                        double acc = 0;
-                        for (int k = 0; k <= sp; k++) acc += op_double_at(th, (b * sp + r) * (sp + 1) + k) * hp[k];
-                        shape_store_double(o->dtype, o->data, at++, acc);
-                    }
-                }
-    return 0;
-}
-
-/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -2881,43 +2224,36 @@ const struct op_def op_defs_shape[] = {
     {"Unsqueeze", "", unsqueeze_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Identity", "", identity_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Dropout", "", dropout_infer, NULL, dropout_run, NULL, OP_ALIAS_INPUT0},
-    {"Shape", "", shape_infer, NULL, shape_run, NULL, OP_SHAPE_ONLY},
+    {"Shape", "", shape_infer, shape_prepare, shape_run, op_params_free, OP_SHAPE_ONLY},
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},
-    {"Constant", "", constant_infer, NULL, constant_run, NULL, 0},
-    {"ConstantOfShape", "", cos_infer, NULL, cos_run, NULL, 0},
+    {"Constant", "", constant_infer, constant_prepare, constant_run, op_params_free, 0},
+    {"ConstantOfShape", "", cos_infer, cos_prepare, cos_run, op_params_free, 0},
     {"Transpose", "", transpose_infer, transpose_prepare, transpose_run, op_params_free, 0},
     {"DepthToSpace", "", d2s_infer, d2s_prepare, d2s_run, op_params_free, 0},
     {"SpaceToDepth", "", s2d_infer, s2d_prepare, s2d_run, op_params_free, 0},
     {"Concat", "", concat_infer, concat_prepare, concat_run, op_params_free, 0},
     {"Split", "", split_infer, split_prepare, split_run, op_params_free, 0},
-    {"Slice", "", slice_infer, NULL, slice_run, NULL, 0},
+    {"Slice", "", slice_infer, slice_prepare, slice_run, op_params_free, 0},
     {"Expand", "", expand_infer, NULL, expand_run, NULL, 0},
     {"Tile", "", tile_infer, NULL, tile_run, NULL, 0},
-    {"Gather", "", gather_infer, NULL, gather_run, NULL, 0},
-    {"GatherElements", "", gather_elements_infer, NULL, gather_elements_run, NULL, 0},
-    {"GatherND", "", gather_nd_infer, NULL, gather_nd_run, NULL, 0},
-    {"ScatterElements", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
-    {"Scatter", "", scatter_elements_infer, NULL, scatter_elements_run, NULL, 0},
-    {"ScatterND", "", scatter_nd_infer, NULL, scatter_nd_run, NULL, 0},
+    {"Gather", "", gather_infer, gather_prepare, gather_run, op_params_free, 0},
+    {"GatherElements", "", gather_elements_infer, gather_prepare, gather_elements_run, op_params_free, 0},
+    {"GatherND", "", gather_nd_infer, gather_nd_prepare, gather_nd_run, op_params_free, 0},
+    {"ScatterElements", "", scatter_elements_infer, scatter_elements_prepare, scatter_elements_run, op_params_free, 0},
+    {"Scatter", "", scatter_elements_infer, scatter_elements_prepare, scatter_elements_run, op_params_free, 0},
+    {"ScatterND", "", scatter_nd_infer, scatter_nd_prepare, scatter_nd_run, op_params_free, 0},
     {"Range", "", range_infer, NULL, range_run, NULL, 0},
-    {"OneHot", "", onehot_infer, NULL, onehot_run, NULL, 0},
+    {"OneHot", "", onehot_infer, onehot_prepare, onehot_run, op_params_free, 0},
     {"NonZero", "", nonzero_infer, NULL, nonzero_run, NULL, 0},
-    {"EyeLike", "", eyelike_infer, NULL, eyelike_run, NULL, 0},
-    {"Trilu", "", trilu_infer, NULL, trilu_run, NULL, 0},
-    {"CumSum", "", cumsum_infer, scan_prepare, cumsum_run, op_params_free, 0},
-    {"Pad", "", pad_infer, NULL, pad_run, NULL, 0},
-    {"TopK", "", topk_infer, topk_prepare, topk_run, NULL, 0},
-    {"Resize", "", resize_infer, resize_prepare, resize_run, NULL, 0},
-    {"Upsample", "", resize_infer, resize_prepare, resize_run, NULL, 0},
-    {"CumProd", "", cumsum_infer, scan_prepare, cumprod_run, op_params_free, 0},
-    {"CenterCropPad", "", ccp_infer, NULL, ccp_run, NULL, 0},
+    {"EyeLike", "", eyelike_infer, eyelike_prepare, eyelike_run, op_params_free, 0},
+    {"Trilu", "", trilu_infer, trilu_prepare, trilu_run, op_params_free, 0},
+    {"Pad", "", pad_infer, pad_prepare, pad_run, op_params_free, 0},
+    {"TopK", "", topk_infer, topk_prepare, topk_run, op_params_free, 0},
+    {"CenterCropPad", "", ccp_infer, ccp_prepare, ccp_run, op_params_free, 0},
     {"BitCast", "", bitcast_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
-    {"Compress", "", compress_infer, NULL, compress_run, NULL, 0},
-    {"Unique", "", unique_infer, unique_prepare, unique_run, NULL, 0},
-    {"ReverseSequence", "", revseq_infer, NULL, revseq_run, NULL, 0},
-    {"TensorScatter", "", tscatter_infer, NULL, tscatter_run, NULL, 0},
-    {"NonMaxSuppression", "", nms_infer, nms_prepare, nms_run, NULL, 0},
-    {"GridSample", "", gs_infer, NULL, gs_run, NULL, 0},
-    {"AffineGrid", "", ag_infer, NULL, ag_run, NULL, 0},
+    {"Compress", "", compress_infer, compress_prepare, compress_run, op_params_free, 0},
+    {"Unique", "", unique_infer, unique_prepare, unique_run, op_params_free, 0},
+    {"ReverseSequence", "", revseq_infer, revseq_prepare, revseq_run, op_params_free, 0},
+    {"TensorScatter", "", tscatter_infer, tscatter_prepare, tscatter_run, op_params_free, 0},
     {0},
 };

@@ -1,7 +1,8 @@
 /* shape_util.h - private helpers of the shape-family kernels: byte-moving
  * loops that work for every dtype (they only know the element size), and
- * small readers for the integer lists ops take as constant inputs.
- * Everything here is static inline so that ops_shape.c and its unit test
+ * the checks and readers for the inputs and attributes that decide a
+ * shape. Everything here is static inline so that ops_shape.c, the
+ * families kept in files of their own beside it and their unit tests
  * share one definition without a new public symbol. */
 #ifndef KILN_CPU_SHAPE_UTIL_H
 #define KILN_CPU_SHAPE_UTIL_H
@@ -118,5 +119,82 @@ static inline int shape_store_double(enum dtype dt, void *p, int64_t i, double v
     default: return -1;
     }
 }
+
+/* ---- checks and readers the shape families share (infer and prepare) ---- */
+
+static inline const struct tensor *in_opt(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
+
+static inline int need_input(struct op_call *c, int i, const char *what) {
+    if (!in_opt(c, i)) return op_error(c, "input %d (%s) is required", i, what);
+    return 0;
+}
+
+/* Fails unless input i is present and its values are known now. */
+static inline int need_const(struct op_call *c, int i, const char *what) {
+    int rc = need_input(c, i, what);
+    if (rc) return rc;
+    if (!c->in[i]->data) {
+        op_error(c, "input %d (%s) must be a constant known when the plan is built; kiln does not support "
+                    "output shapes that depend on values computed at run time",
+                 i, what);
+        return STATUS_UNSUPPORTED;
+    }
+    return 0;
+}
+
+static inline int need_bytes_dtype(struct op_call *c, const struct tensor *t, const char *what) {
+    if (t->dtype == DT_STRING || dtype_size(t->dtype) == 0)
+        return op_error(c, "%s has dtype %s, which this operator does not support", what, dtype_name(t->dtype));
+    return 0;
+}
+
+/* Reads the integer values of input i (which must be constant now) into v;
+ * returns the count or a negative status. */
+static inline int read_int_input(struct op_call *c, int i, const char *what, int64_t *v, int max) {
+    int rc = need_const(c, i, what);
+    if (rc) return rc;
+    const struct tensor *t = c->in[i];
+    if (t->dtype != DT_INT64 && t->dtype != DT_INT32)
+        return op_error(c, "%s must be int64 or int32, got %s", what, dtype_name(t->dtype));
+    int64_t n = tensor_numel(t);
+    if (n < 0 || n > max) return op_error(c, "%s has %lld values; at most %d are supported", what, (long long)n, max);
+    for (int64_t k = 0; k < n; k++) v[k] = op_int_at(t, k);
+    return (int)n;
+}
+
+/* Reads an int list from attribute name; returns the count, -1 if absent. */
+static inline int read_int_attr(struct op_call *c, const char *name, int64_t *v, int max) {
+    const int64_t *a;
+    int n = node_attr_ints(c->node, name, &a);
+    if (n < 0) return -1;
+    if (n > max) return op_error(c, "attribute '%s' has %d values; at most %d are supported", name, n, max);
+    for (int k = 0; k < n; k++) v[k] = a[k];
+    return n;
+}
+
+static inline int set_shape(struct op_call *c, struct tensor *o, enum dtype dt, int nd, const int64_t *dims) {
+    if (nd > TENSOR_MAX_DIMS) return op_error(c, "output rank %d exceeds kiln's limit of %d", nd, TENSOR_MAX_DIMS);
+    o->dtype = dt;
+    o->ndim = nd;
+    for (int k = 0; k < nd; k++) o->dims[k] = dims[k];
+    return 0;
+}
+
+static inline int64_t prod(const int64_t *d, int from, int to) {
+    int64_t p = 1;
+    for (int k = from; k < to; k++) p *= d[k];
+    return p;
+}
+
+/* Computed dimensions beyond this are refused before any arithmetic on
+ * them can overflow; no real tensor comes near it. */
+#define SHAPE_MAX_DIM ((int64_t)1 << 40)
+
+static inline int dim_ok(struct op_call *c, double v, const char *what) {
+    if (!(v >= 0 && v <= (double)SHAPE_MAX_DIM)) return op_error(c, "%s = %g is out of range", what, v);
+    return 0;
+}
+
+static inline int is_float_dtype(enum dtype dt) { return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16; }
 
 #endif

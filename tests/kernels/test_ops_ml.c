@@ -293,5 +293,6 @@ int main(void) {
         cmocka_unit_test(test_array_feature_extractor),   cmocka_unit_test(test_zipmap_refused),
         cmocka_unit_test(test_string_labels),
     };
+    g_run_without_attrs = 1;
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
