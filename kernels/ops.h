@@ -133,5 +133,6 @@ extern const struct op_def op_defs_nms[];
 extern const struct op_def op_defs_scan[];
 extern const struct op_def op_defs_nn[];
 extern const struct op_def op_defs_ml[];
+extern const struct op_def op_defs_ml_encode[];
 
 #endif
