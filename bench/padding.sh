@@ -5,14 +5,16 @@
 # uniformly from 8 to 128 (kiln bench --shape LO-HI, 256 distinct bodies),
 # closed loop at concurrency 64 (kiln bench, binary bodies).
 #   same    dynamic batching: only requests of one length share a batch
-#   padded  sequence_padding on: one batch per length bucket (16, 32, 64, 128)
+#   padded  sequence_padding on with its defaults (buckets the powers of two
+#           from 8 to 512): one batch per length bucket
+#   fine    sequence_padding on with finer buckets (BUCKETS), less padding
 # Both models are served by one kiln at once, each with one instance and the
 # same max_batch_size; ROUNDS rounds alternate which goes first. Reports each
 # mode's median round, the paired ratio, the mean batch size and the padding
 # waste from the server's statistics.
 # Writes $OUT/padding.csv and $OUT/padding.md.
 # Environment: ROUNDS (3), DURATION (s per run, 10), CONCURRENCY (64),
-# MAX_BATCH (32), BUCKETS ("16,32,64,128"), LENGTHS ("8-128").
+# MAX_BATCH (32), BUCKETS ("8,12,16,24,32,48,64,96,128"), LENGTHS ("8-128").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=bench/lib.sh
@@ -21,7 +23,8 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 CONCURRENCY=${CONCURRENCY:-64}
 MAX_BATCH=${MAX_BATCH:-32}
-BUCKETS=${BUCKETS:-16,32,64,128}
+BUCKETS=${BUCKETS:-8,12,16,24,32,48,64,96,128}
+MODES="same padded fine"
 LENGTHS=${LENGTHS:-8-128}
 MODEL=tests/data/sequence/bert.onnx
 W=$OUT/padding
@@ -30,10 +33,14 @@ mkdir -p "$W"
 W=$(cd "$W" && pwd)
 [ -f "$MODEL" ] || { echo "padding.sh: $MODEL missing (tests/models/make_sequence_models.py)" >&2; exit 1; }
 
-for m in same padded; do
+for m in $MODES; do
     mkdir -p "$W/repo/bert_$m/1"
     cp "$MODEL" "$W/repo/bert_$m/1/model.onnx"
-    pad=$([ $m = padded ] && echo ", \"sequence_padding\": {\"enable\": true, \"buckets\": [$BUCKETS]}" || true)
+    case $m in
+    same) pad= ;;
+    padded) pad=", \"sequence_padding\": {\"enable\": true}" ;;
+    fine) pad=", \"sequence_padding\": {\"enable\": true, \"buckets\": [$BUCKETS]}" ;;
+    esac
     echo "{\"max_batch_size\": $MAX_BATCH, \"dynamic_batching\": {}, \"instance_group\": [{\"count\": 1}]$pad}" \
         >"$W/repo/bert_$m/config.json"
 done
@@ -69,37 +76,46 @@ one() { # ROUND MODE
         $13 / 1000, $7, e ? i / e : 0, pad ? sprintf("%.3f", 1 - real / pad) : "" }' | tee -a "$RAW"
 }
 for r in $(seq 1 "$ROUNDS"); do
-    if [ $((r % 2)) = 1 ]; then one "$r" same; one "$r" padded; else one "$r" padded; one "$r" same; fi
+    order=$MODES
+    [ $((r % 2)) = 1 ] || order=$(echo "$MODES" | tr ' ' '\n' | tac | tr '\n' ' ')
+    for m in $order; do one "$r" "$m"; done
 done
 
 "$PY" - "$RAW" "$OUT/padding.csv" "$CONCURRENCY" "$LENGTHS" "$BUCKETS" "$MAX_BATCH" >"$OUT/padding.md" <<'PY'
 import csv, statistics, sys
 raw, out, conc, lengths, buckets, maxb = sys.argv[1:]
 rows = list(csv.DictReader(open(raw)))
-by = {m: sorted((r for r in rows if r["mode"] == m), key=lambda r: float(r["infer_per_s"])) for m in ("same", "padded")}
+modes = [m for m in ("same", "padded", "fine") if any(r["mode"] == m for r in rows)]
+by = {m: sorted((r for r in rows if r["mode"] == m), key=lambda r: float(r["infer_per_s"])) for m in modes}
 med = {m: v[(len(v) - 1) // 2] for m, v in by.items()}
-rounds = {r["round"] for r in rows}
-ratio = sorted(float(next(r for r in rows if r["round"] == k and r["mode"] == "padded")["infer_per_s"]) /
-               float(next(r for r in rows if r["round"] == k and r["mode"] == "same")["infer_per_s"]) for k in rounds)
+rounds = sorted({r["round"] for r in rows})
+def ratios(m):
+    get = lambda k, mode: float(next(r for r in rows if r["round"] == k and r["mode"] == mode)["infer_per_s"])
+    return sorted(get(k, m) / get(k, "same") for k in rounds)
+labels = {"same": "same shape only", "padded": "padded, default buckets (8, 16, ..., 512)",
+          "fine": f"padded, buckets {buckets}"}
 with open(out, "w") as f:
     f.write("mode,infer_per_s,p50_ms,p99_ms,errors,mean_batch,waste,range,paired_ratio\n")
-    for m in ("same", "padded"):
+    for m in modes:
         x = med[m]
         rng = f"{float(by[m][0]['infer_per_s']):.1f}-{float(by[m][-1]['infer_per_s']):.1f}"
-        pr = f"{statistics.median(ratio):.3f}" if m == "padded" else ""
+        pr = f"{statistics.median(ratios(m)):.3f}" if m != "same" else ""
         f.write(f"{m},{x['infer_per_s']},{x['p50_ms']},{x['p99_ms']},{x['errors']},{x['mean_batch']},{x['waste']},{rng},{pr}\n")
 print(f"Command: `ROUNDS={len(rounds)} bench/padding.sh` (BERT, 2 layers, hidden 128, from transformers; one row a request,"
-      f" {lengths} tokens uniform; concurrency {conc}; max_batch_size {maxb}; buckets {buckets}; one kiln serving both)\n")
-print("| batching | infer/s (range over rounds) | p50 ms | p99 ms | errors | mean batch | padding waste |")
-print("|---|---:|---:|---:|---:|---:|---:|")
-for m, label in (("same", "same shape only"), ("padded", "padded to buckets")):
+      f" {lengths} tokens uniform; concurrency {conc}; max_batch_size {maxb}; one kiln serving every mode)\n")
+print("| batching | infer/s (range over rounds) | paired ratio to same shape | p50 ms | p99 ms | errors | mean batch | padding waste |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|")
+for m in modes:
     x = med[m]
-    print(f"| {label} | {float(x['infer_per_s']):.1f} ({float(by[m][0]['infer_per_s']):.1f}-{float(by[m][-1]['infer_per_s']):.1f}) "
-          f"| {float(x['p50_ms']):.2f} | {float(x['p99_ms']):.2f} | {x['errors']} | {x['mean_batch']} | "
+    pr = f"{statistics.median(ratios(m)):.2f}" if m != "same" else ""
+    print(f"| {labels[m]} | {float(x['infer_per_s']):.1f} ({float(by[m][0]['infer_per_s']):.1f}-{float(by[m][-1]['infer_per_s']):.1f}) "
+          f"| {pr} | {float(x['p50_ms']):.2f} | {float(x['p99_ms']):.2f} | {x['errors']} | {x['mean_batch']} | "
           f"{(str(round(100 * float(x['waste']), 1)) + '%') if x['waste'] else '-'} |")
-r = statistics.median(ratio)
-print(f"\n- Padded batching gives **{r:.2f}x** same-shape batching's throughput (median of the paired rounds, "
-      f"{ratio[0]:.2f}-{ratio[-1]:.2f}); p99 {float(med['padded']['p99_ms']):.1f} vs {float(med['same']['p99_ms']):.1f} ms.")
-print(f"- Padding waste (padded tokens / tokens run): {100 * float(med['padded']['waste']):.1f}%.")
+print()
+for m in modes[1:]:
+    r = ratios(m)
+    print(f"- {labels[m]}: **{statistics.median(r):.2f}x** same-shape batching's throughput (median of the paired rounds, "
+          f"{r[0]:.2f}-{r[-1]:.2f}); p99 {float(med[m]['p99_ms']):.1f} vs {float(med['same']['p99_ms']):.1f} ms; "
+          f"padding waste {100 * float(med[m]['waste']):.1f}% of the tokens run.")
 PY
 cat "$OUT/padding.md"
