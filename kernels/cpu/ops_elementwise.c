@@ -31,6 +31,7 @@
 #include <string.h>
 #include <tgmath.h>
 
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -1336,10 +1337,39 @@ static int infer_smax(struct op_call *c) {
     return 0;
 }
 
-/* Softmax's geometry around its axis, decoded at prepare. */
+/* Softmax's geometry around its axis, decoded at prepare, and for FP32
+ * Softmax and LogSoftmax oneDNN's primitive over the [outer, len, inner]
+ * view (its exp is vectorized; the loops below call expf per element). */
 struct smax_params {
     int64_t outer, len, inner;
+    struct dnnl_prim *prim;
 };
+
+static void release_smax(void *state) {
+    struct smax_params *p = state;
+    if (p) dnnl_prim_free(p->prim);
+    op_params_free(p);
+}
+
+static struct dnnl_prim *smax_prim(struct op_call *c, const struct smax_params *p, int log, size_t *scratch) {
+    int64_t dims[3] = {p->outer, p->len, p->inner};
+    dnnl_memory_desc_t md;
+    dnnl_softmax_v2_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = dnnl_util_attr();
+    dnnl_util_set_threads(c->nthreads);
+    dnnl_status_t st = attr && dnnl_util_engine() && dnnl_util_plain_md(&md, 3, dims) == 0
+                           ? dnnl_softmax_v2_forward_desc_init(&d, dnnl_forward_inference,
+                                                               log ? dnnl_softmax_log : dnnl_softmax_accurate, &md, &md, 1)
+                           : dnnl_out_of_memory;
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &d, attr, dnnl_util_engine(), NULL);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return NULL; /* the loops below run it */
+    int ids[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+    struct dnnl_prim *prim = dnnl_prim_create(c, pd, 2, ids, scratch);
+    dnnl_primitive_desc_destroy(pd);
+    return prim;
+}
 
 static int prepare_smax(struct op_call *c, void **state, size_t *scratch) {
     struct smax_params *p = op_params_alloc(c, sizeof *p);
@@ -1349,6 +1379,9 @@ static int prepare_smax(struct op_call *c, void **state, size_t *scratch) {
         op_params_free(p);
         return rc;
     }
+    const char *op = c->node->op_type;
+    if (c->in[0]->dtype == DT_FP32 && p->outer * p->len * p->inner > 0 && strcmp(op, "Hardmax") != 0)
+        p->prim = smax_prim(c, p, strcmp(op, "LogSoftmax") == 0, scratch);
     *state = p;
     return 0;
 }
@@ -1356,6 +1389,10 @@ static int prepare_smax(struct op_call *c, void **state, size_t *scratch) {
 static int run_smax(struct op_call *c, enum smax_mode mode) {
     const struct smax_params *p = c->state;
     if (p->outer * p->len * p->inner <= 0) return 0;
+    if (p->prim) {
+        void *ptrs[2] = {(void *)c->in[0]->data, c->out[0]->data};
+        return dnnl_prim_exec(c, p->prim, ptrs, c->scratch);
+    }
     if (c->in[0]->dtype == DT_FP32)
         smax_f32(c->in[0]->data, c->out[0]->data, p->outer, p->len, p->inner, mode, c->nthreads);
     else if (c->in[0]->dtype == DT_FP64)
@@ -1767,9 +1804,9 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF("Where", where, 0),
     {"Cast", "", infer_cast, NULL, cast_run_to, NULL, 0},
     {"CastLike", "", infer_castlike, NULL, cast_run_to, NULL, 0},
-    {"Softmax", "", infer_smax, prepare_smax, run_softmax, op_params_free, 0},
-    {"LogSoftmax", "", infer_smax, prepare_smax, run_logsoftmax, op_params_free, 0},
-    {"Hardmax", "", infer_smax, prepare_smax, run_hardmax, op_params_free, 0},
+    {"Softmax", "", infer_smax, prepare_smax, run_softmax, release_smax, 0},
+    {"LogSoftmax", "", infer_smax, prepare_smax, run_logsoftmax, release_smax, 0},
+    {"Hardmax", "", infer_smax, prepare_smax, run_hardmax, release_smax, 0},
     {"LayerNormalization", "", infer_layernorm, prepare_norm, run_layernorm, op_params_free, 0},
     {"RMSNormalization", "", infer_rmsnorm, prepare_norm, run_rmsnorm, op_params_free, 0},
     {"QuantizeLinear", "", infer_quant, prepare_q, run_quant, op_params_free, 0},
