@@ -54,7 +54,7 @@ struct graph *graph_create(void) {
     return g;
 }
 
-static void attr_free(struct graph_attr *a) {
+void graph_attr_clear(struct graph_attr *a) {
     free(a->name);
     free(a->s);
     free(a->ints);
@@ -84,7 +84,7 @@ void graph_free(struct graph *g) {
         free(n->domain);
         free(n->in);
         free(n->out);
-        for (int a = 0; a < n->nattr; a++) attr_free(&n->attrs[a]);
+        for (int a = 0; a < n->nattr; a++) graph_attr_clear(&n->attrs[a]);
         free(n->attrs);
     }
     free(g->nodes);

@@ -117,6 +117,9 @@ int graph_add_node(struct graph *g, const char *name, const char *op_type, const
  * message naming a node on a cycle, or a value that nothing produces. */
 int graph_toposort(struct graph *g, char *err, size_t err_len);
 
+/* Frees what an attribute owns (its name, strings, arrays, tensor). */
+void graph_attr_clear(struct graph_attr *a);
+
 /* Attribute lookups on a node; the default is returned when absent. */
 const struct graph_attr *node_attr(const struct graph_node *n, const char *name);
 int64_t node_attr_int(const struct graph_node *n, const char *name, int64_t def);

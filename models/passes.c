@@ -23,20 +23,7 @@ static void node_free(struct graph_node *n) {
     free(n->domain);
     free(n->in);
     free(n->out);
-    for (int a = 0; a < n->nattr; a++) {
-        struct graph_attr *at = &n->attrs[a];
-        free(at->name);
-        free(at->s);
-        free(at->ints);
-        free(at->floats);
-        if (at->strings)
-            for (int i = 0; i < at->n; i++) free(at->strings[i]);
-        free(at->strings);
-        if (at->t) {
-            tensor_free_data(at->t);
-            free(at->t);
-        }
-    }
+    for (int a = 0; a < n->nattr; a++) graph_attr_clear(&n->attrs[a]);
     free(n->attrs);
 }
 
@@ -735,6 +722,90 @@ static int produces_fp32(const struct graph *g, const struct graph_node *p) {
     return p->nout >= 1 && known_dtype(g, p->out[0], 0) == DT_FP32;
 }
 
+/* ---- GELU from its parts ---------------------------------------------------------------- */
+
+/* 1 if value v is a scalar FP32/FP64 constant within 1e-4 of want. */
+static int const_near(const struct graph *g, int v, double want) {
+    const struct tensor *t = const_of(g, v);
+    return t && tensor_numel(t) == 1 && (t->dtype == DT_FP32 || t->dtype == DT_FP64) &&
+           fabs(op_double_at(t, 0) - want) < 1e-4;
+}
+
+/* For a binary node n reading v: its other input when that is a scalar
+ * constant near want (either order), else -1 (-2: n does not read v). */
+static int other_input(const struct graph *g, const struct graph_node *n, int v, double want) {
+    if (n->nin != 2) return -2;
+    int k = n->in[0] == v ? 1 : (n->in[1] == v ? 0 : -1);
+    if (k < 0) return -2;
+    return const_near(g, n->in[k], want) ? n->in[k] : -1;
+}
+
+/* The sole live reader of node i's output 0 that is op, or -1. */
+static int next_op(struct pass *ps, int i, const char *op) {
+    int v = ps->g->nodes[i].out[0];
+    if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
+    int r = sole_reader(ps->g, ps->dead, v, i);
+    return r >= 0 && is_op(&ps->g->nodes[r], op) ? r : -1;
+}
+
+/* Exact GELU as exporters write it, x * 0.5 * (1 + erf(x / sqrt(2))), in
+ * either order of the products (Div by sqrt(2) or Mul by 1/sqrt(2)),
+ * becomes one Gelu node, which the activation pass then fuses into x's
+ * producer (a MatMul with its bias): five passes over the tensor become a
+ * post-op. Matched at the Erf. */
+static int gelu_node(struct pass *ps, int ei) {
+    struct graph *g = ps->g;
+    struct graph_node *e = &g->nodes[ei];
+    if (ps->dead[ei] || !is_op(e, "Erf") || e->nin != 1 || e->in[0] < 0) return 0;
+    int di = g->values[e->in[0]].producer;
+    if (di < 0 || ps->dead[di] || ps->nuse[e->in[0]] != 1) return 0;
+    struct graph_node *d = &g->nodes[di];
+    int x = d->nin == 2 ? d->in[0] : -1;
+    if (x < 0 || !(is_op(d, "Div") ? const_near(g, d->in[1], 1.4142135623730951)
+                                   : is_op(d, "Mul") && const_near(g, d->in[1], 0.7071067811865476)))
+        return 0;
+    if (known_dtype(g, x, 0) != DT_FP32) return 0;
+    int ai = next_op(ps, ei, "Add");
+    if (ai < 0 || other_input(g, &g->nodes[ai], e->out[0], 1.0) < 0) return 0;
+    int m1 = next_op(ps, ai, "Mul");
+    if (m1 < 0) return 0;
+    const struct graph_node *mn = &g->nodes[m1];
+    int a_out = g->nodes[ai].out[0], half = -1, last = -1;
+    int other = mn->nin == 2 ? (mn->in[0] == a_out ? mn->in[1] : mn->in[0]) : -1;
+    if (other == x) { /* (x * a) * 0.5 */
+        last = next_op(ps, m1, "Mul");
+        if (last < 0 || other_input(g, &g->nodes[last], mn->out[0], 0.5) < 0) return 0;
+    } else if (other >= 0 && (half = g->values[other].producer) >= 0 && !ps->dead[half] && ps->nuse[other] == 1 &&
+               is_op(&g->nodes[half], "Mul") && other_input(g, &g->nodes[half], x, 0.5) >= 0) {
+        last = m1; /* (x * 0.5) * a */
+    } else {
+        return 0;
+    }
+    struct graph_node *y = &g->nodes[last];
+    char *gelu = strdup("Gelu");
+    if (!gelu) return pass_nomem(ps);
+    free(y->op_type);
+    y->op_type = gelu;
+    y->domain[0] = 0;
+    y->opset = 20;
+    y->op = op_find("", "Gelu");
+    y->in[0] = x;
+    y->nin = 1;
+    for (int k = 0; k < y->nattr; k++) graph_attr_clear(&y->attrs[k]);
+    y->nattr = 0;
+    ps->dead[di] = ps->dead[ei] = ps->dead[ai] = 1;
+    if (last != m1) ps->dead[m1] = 1;
+    if (half >= 0) ps->dead[half] = 1;
+    log_debug("GELU from '%s' (Erf) and its parts: one Gelu node", e->name);
+    return 1;
+}
+
+static const struct pass_def gelu_pass = {"fusing GELU", gelu_node, 0};
+
+int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&gelu_pass, g, NULL, nfused, err, err_len);
+}
+
 /* Fuses into node pi the activation that alone reads its output. */
 static int activation_node(struct pass *ps, int pi) {
     struct graph *g = ps->g;
@@ -765,16 +836,17 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
 /* ---- all of them ------------------------------------------------------------------------------ */
 
 int passes_run(struct graph *g, char *err, size_t err_len) {
-    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, act = 0, removed2 = 0, rc;
+    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, removed2 = 0, rc;
     if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
     if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
+    if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias and %d activations fused)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, act);
+              "bias, %d GELU and %d activations fused)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act);
     return 0;
 }

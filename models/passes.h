@@ -46,6 +46,8 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
  * Sigmoid, Tanh, HardSigmoid, HardSwish, Gelu (exact) becomes node->act on
  * the producer when the intermediate value has one reader and is not a
  * graph output. */
+/* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
+int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
