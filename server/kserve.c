@@ -12,6 +12,7 @@
 #include "common/jsonnum.h"
 #include "common/status.h"
 #include "config/model_config.h"
+#include "models/model.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
 #define KSERVE_MAX_TENSORS 1024
@@ -938,6 +939,18 @@ static void cfg_shape_str(const struct model_config *mc, const struct model_conf
     tensor_shape_str(&t, buf, cap);
 }
 
+/* The engine's bound on any dim (MODEL_MAX_DIM), which a configuration's -1
+ * leaves open: checked here, after everything else, because the model runs
+ * these inputs unchecked (model_run_unchecked). */
+static int check_dims(const struct tensor *ordered, const struct model_config *mc, char *err, size_t err_len) {
+    for (int i = 0; i < mc->ninputs; i++)
+        for (int d = 0; d < ordered[i].ndim; d++)
+            if (ordered[i].dims[d] < 0 || ordered[i].dims[d] > MODEL_MAX_DIM)
+                return INVALID("input '%s': dim %d is %lld, outside [0, %lld]", mc->inputs[i].name, d,
+                               (long long)ordered[i].dims[d], (long long)MODEL_MAX_DIM);
+    return 0;
+}
+
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len) {
     char names[512], sh[128], msh[128];
@@ -1001,7 +1014,7 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
                            dtype_kserve_name(dt));
     }
     *rows = batch > 0 ? batch : 1;
-    return 0;
+    return check_dims(ordered, mc, err, err_len);
 }
 
 /* ---- response encoding -------------------------------------------------- */

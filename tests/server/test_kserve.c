@@ -141,6 +141,44 @@ static void test_bind(void **state) {
     model_config_clear(&c);
 }
 
+/* Parses json, binds it to c and clears it: bind's status, g_err its message. */
+static int bind_json(const struct model_config *c, const char *json, struct tensor *ord, int64_t *rows) {
+    struct kserve_request r;
+    assert_int_equal(parse(&r, json, NULL, 0, 0), 0);
+    int rc = kserve_request_bind(&r, c, ord, rows, g_err, sizeof g_err);
+    kserve_request_clear(&r);
+    return rc;
+}
+
+/* What the batcher and the model no longer check on the server's path:
+ * inputs whose batch dims disagree, and a dim the configuration leaves open
+ * (-1) beyond the engine's bound. */
+static void test_bind_batch_and_dim_bounds(void **state) {
+    struct model_config c;
+    model_config_init(&c, "two");
+    struct model_io ins[2] = {{.name = "a", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}},
+                              {.name = "b", .dtype = DT_FP32, .ndim = 3, .dims = {-1, -1, -1}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}}};
+    assert_int_equal(model_config_complete(&c, ins, 2, outs, 1, g_err, sizeof g_err), 0);
+    struct tensor ord[2];
+    int64_t rows = 0;
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"b\",\"shape\":[2,1,1],\"datatype\":\"FP32\",\"data\":[1,2]},"
+                                   "{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}]}",
+                               ord, &rows), 0);
+    assert_int_equal(rows, 2);
+    assert_int_equal(ord[0].dims[1], 2); /* a, in the model's order */
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]},"
+                                   "{\"name\":\"b\",\"shape\":[1,1,1],\"datatype\":\"FP32\",\"data\":[1]}]}",
+                               ord, &rows), STATUS_INVALID);
+    assert_string_equal(g_err, "input 'b': batch size 1 differs from the other inputs' 2");
+    /* A zero dim keeps the data empty however large the other. */
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"a\",\"shape\":[1,2],\"datatype\":\"FP32\",\"data\":[1,2]},"
+                                   "{\"name\":\"b\",\"shape\":[1,0,16777217],\"datatype\":\"FP32\",\"data\":[]}]}",
+                               ord, &rows), STATUS_INVALID);
+    assert_string_equal(g_err, "input 'b': dim 2 is 16777217, outside [0, 16777216]");
+    model_config_clear(&c);
+}
+
 static void test_encode_json_binary_classification(void **state) {
     struct model_config c;
     tiny_config(&c);
@@ -469,6 +507,7 @@ int main(void) {
         cmocka_unit_test(test_parse_binary_and_bytes),
         cmocka_unit_test(test_parse_errors_name_the_field),
         cmocka_unit_test(test_bind),
+        cmocka_unit_test(test_bind_batch_and_dim_bounds),
         cmocka_unit_test(test_encode_json_binary_classification),
         cmocka_unit_test(test_prescan_matches_cjson),
         cmocka_unit_test(test_prescan_large_tensor),
