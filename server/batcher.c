@@ -848,6 +848,23 @@ fail:
     return NULL;
 }
 
+/* The submitter checked the request against the model (the inference core:
+ * kserve_request_bind), so no shape is looked at here. What is checked is
+ * what the batcher itself relies on, which only a caller's bug breaks: the
+ * executor's input count (gather reads that many) and rows within a batch
+ * (a larger request would never be run). */
+static int check_contract(const batcher_t *b, struct batcher_request *r) {
+    int want = b->ninputs >= 0 ? b->ninputs : EXECUTOR_MAX_INPUTS;
+    if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want))
+        return status_set(r->err, sizeof r->err, STATUS_INVALID, "model '%s' expects %s%d inputs, got %d", b->name,
+                          b->ninputs >= 0 ? "" : "at most ", want, r->ninputs);
+    if (b->p.max_batch_size > 0 && (r->rows < 1 || r->rows > b->p.max_batch_size))
+        return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                          "batch size %lld of model '%s' is outside 1..max_batch_size (%d)", (long long)r->rows,
+                          b->name, b->p.max_batch_size);
+    return 0;
+}
+
 int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->status = 0;
     r->err[0] = 0;
@@ -863,42 +880,15 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
 
     if (!r->done)
         return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without done()");
-    int want = b->ninputs >= 0 ? b->ninputs : EXECUTOR_MAX_INPUTS;
-    if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want)) {
+    int rc = check_contract(b, r);
+    if (rc) {
         pthread_mutex_lock(&b->mu);
         b->st.rejected_invalid++;
         pthread_mutex_unlock(&b->mu);
-        return status_set(r->err, sizeof r->err, STATUS_INVALID, "model '%s' expects %s%d inputs, got %d", b->name,
-                          b->ninputs >= 0 ? "" : "at most ", want, r->ninputs);
+        return rc;
     }
-    int64_t rows = 1;
-    if (b->p.max_batch_size > 0) {
-        const char *bad = NULL;
-        rows = r->inputs[0].ndim >= 1 ? r->inputs[0].dims[0] : -1;
-        for (int i = 0; i < r->ninputs && !bad; i++) {
-            const struct tensor *t = &r->inputs[i];
-            const char *in = b->p.executor.iface->input_name ? b->p.executor.iface->input_name(b->p.executor.ctx, i) : NULL;
-            if (t->ndim < 1 || t->dims[0] != rows)
-                bad = in ? in : "?";
-        }
-        if (bad || rows < 1 || rows > b->p.max_batch_size || (r->rows && r->rows != rows)) {
-            pthread_mutex_lock(&b->mu);
-            b->st.rejected_invalid++;
-            pthread_mutex_unlock(&b->mu);
-            if (bad)
-                return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                                  "input '%s' of model '%s': every input needs the same batch size as its first dim",
-                                  bad, b->name);
-            if (rows < 1 || rows > b->p.max_batch_size)
-                return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                                  "batch size %lld of model '%s' is outside 1..max_batch_size (%d)", (long long)rows,
-                                  b->name, b->p.max_batch_size);
-            return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                              "request says %lld rows but its inputs have %lld", (long long)r->rows,
-                              (long long)rows);
-        }
-    }
-    r->rows = rows;
+    if (b->p.max_batch_size <= 0)
+        r->rows = 1;
     int level = r->priority;
     if (level < 1 || level > b->nlevels)
         level = b->default_level;

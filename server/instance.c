@@ -304,12 +304,6 @@ static void instances_heavy(void *ctx, int index, const struct executor_batch *b
     inst->nthreads = n;
 }
 
-static const char *instances_input_name(void *ctx, int i) {
-    struct instances *s = ctx;
-    const struct model_io *io = s->p.model ? model_input(s->p.model, i) : NULL;
-    return io ? io->name : NULL;
-}
-
 /* ---- making and freeing ------------------------------------------------------ */
 
 static void instance_release(struct instance *inst) {
@@ -339,7 +333,6 @@ static void instances_free(void *ctx) {
 static const struct executor_i instances_iface = {
     .run = instances_run,
     .heavy = instances_heavy,
-    .input_name = instances_input_name,
     .free = instances_free,
 };
 

@@ -52,8 +52,6 @@ struct executor_i {
      * this size take BATCHER_HEAVY_NS or more a request: the instance may
      * move to more threads. Called after the batch's done() calls. */
     void (*heavy)(void *ctx, int instance, const struct executor_batch *batch);
-    /* Optional: the name of model input i, for messages (NULL: "?"). */
-    const char *(*input_name)(void *ctx, int i);
     void (*free)(void *ctx);
 };
 
