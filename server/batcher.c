@@ -239,7 +239,6 @@ static void fail_queued(batcher_t *b, struct batcher_request *r, int status, con
     unqueue(b, r);
     r->status = status;
     snprintf(r->err, sizeof r->err, "%s", msg);
-    r->outputs = NULL;
     r->noutputs = 0;
     r->q_.state = REQ_DONE;
     fifo_push(&b->finished, r);
@@ -868,7 +867,6 @@ static int check_contract(const batcher_t *b, struct batcher_request *r) {
 int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->status = 0;
     r->err[0] = 0;
-    r->outputs = NULL;
     r->noutputs = 0;
     r->batch_size = 0;
     r->start_ns = r->end_ns = 0;
@@ -878,8 +876,9 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->q_.deadline_ns = 0;
     r->q_.state = REQ_NEW;
 
-    if (!r->done)
-        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without done()");
+    if (!r->done || !r->outputs)
+        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without %s",
+                          r->done ? "room for outputs" : "done()");
     int rc = check_contract(b, r);
     if (rc) {
         pthread_mutex_lock(&b->mu);
@@ -995,12 +994,18 @@ static void warm_done(struct batcher_request *r) {
 
 int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64_t rows, int count, char *err,
                    size_t err_len) {
-    for (int i = 0; i < b->ninst; i++) {
-        for (int k = 0; k < count; k++) {
+    int no = b->p.executor.noutputs;
+    struct tensor *out = calloc((size_t)(no > 0 ? no : 1), sizeof *out);
+    if (!out)
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    int rc = 0;
+    for (int i = 0; i < b->ninst && !rc; i++) {
+        for (int k = 0; k < count && !rc; k++) {
             struct batcher_request r;
             memset(&r, 0, sizeof r);
             r.inputs = inputs;
             r.ninputs = ninputs;
+            r.outputs = out;
             r.rows = rows;
             r.done = warm_done;
             r.user = b;
@@ -1011,11 +1016,11 @@ int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64
             while (r.q_.state != REQ_DONE)
                 pthread_cond_wait(&b->warm_cv, &b->mu);
             pthread_mutex_unlock(&b->mu);
-            for (int o = 0; r.outputs && o < r.noutputs; o++) tensor_free_data(&r.outputs[o]);
-            free(r.outputs);
+            for (int o = 0; o < r.noutputs; o++) tensor_free_data(&out[o]);
             if (r.status)
-                return status_set(err, err_len, r.status, "instance %d: %s", i, r.err[0] ? r.err : "failed");
+                rc = status_set(err, err_len, r.status, "instance %d: %s", i, r.err[0] ? r.err : "failed");
         }
     }
-    return 0;
+    free(out);
+    return rc;
 }

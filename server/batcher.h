@@ -81,14 +81,16 @@ struct batcher_request {
     atomic_int cancelled;          /* set by batcher_cancel() */
     void (*done)(struct batcher_request *r);
     void *user;
+    /* Room for the executor's noutputs tensors, filled by the batcher: the
+     * submitter's array, so that no request allocates one. */
+    struct tensor *outputs;
 
-    /* Set by the batcher before done(). On success outputs[] (noutputs =
-     * model_noutputs) hold this request's rows, each one owned block
-     * (common/tensor.h): the submitter frees each with tensor_free_data and
-     * the array with free(). */
+    /* Set by the batcher before done(). On success outputs[0..noutputs)
+     * (noutputs = the executor's) hold this request's rows, each one owned
+     * block (common/tensor.h) that the submitter frees with
+     * tensor_free_data; on failure noutputs is 0 and no block is left. */
     int status;                    /* 0 or a negative status */
     char err[256];
-    struct tensor *outputs;
     int noutputs;
     uint64_t enqueue_ns, start_ns, end_ns; /* queue time = start - enqueue */
     uint64_t compute_input_ns, compute_infer_ns, compute_output_ns;

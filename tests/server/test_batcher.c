@@ -123,6 +123,7 @@ static int test_execute(void *arg, int instance, const struct tensor *in, int ni
 struct treq {
     struct batcher_request r;
     struct tensor in;
+    struct tensor out[2];
     float data[64];
     atomic_int ndone;
     int done_order;
@@ -147,6 +148,7 @@ static void treq_init(struct treq *t, int64_t rows, int64_t cols, float base) {
     t->in.data = t->data;
     t->r.inputs = &t->in;
     t->r.ninputs = 1;
+    t->r.outputs = t->out;
     t->r.rows = rows;
     t->r.done = treq_done;
     t->r.user = t;
@@ -156,9 +158,7 @@ static void treq_init(struct treq *t, int64_t rows, int64_t cols, float base) {
 
 static void treq_release(struct treq *t) {
     for (int i = 0; i < t->r.noutputs; i++)
-        free(t->r.outputs[i].data);
-    free(t->r.outputs);
-    t->r.outputs = NULL;
+        tensor_free_data(&t->r.outputs[i]);
     t->r.noutputs = 0;
 }
 
@@ -366,9 +366,7 @@ static void test_strings_batched_and_scattered(void **state) {
     batcher_get_stats(b, &st);
     assert_int_equal(st.executions, 1);
     for (int k = 0; k < 3; k++) {
-        for (int i = 0; i < t[k].r.noutputs; i++)
-            tensor_free_data(&t[k].r.outputs[i]);
-        free(t[k].r.outputs);
+        treq_release(&t[k]);
         tensor_free_data(&t[k].in);
     }
     batcher_free(b);
@@ -599,7 +597,7 @@ static void test_timeout_rejects_at_deadline(void **state) {
     assert_int_equal(ex_blocked(), 1);
     assert_int_equal(t[1].r.status, STATUS_UNAVAILABLE);
     assert_string_equal(t[1].r.err, "Request timeout expired");
-    assert_null(t[1].r.outputs);
+    assert_int_equal(t[1].r.noutputs, 0);
     assert_int_equal(atomic_load(&t[2].ndone), 0);
     advance_us(1500);
     WAIT_FOR(atomic_load(&t[2].ndone) == 1);
