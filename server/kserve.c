@@ -87,15 +87,30 @@ void kserve_error_body(struct kserve_buf *b, const char *msg) {
 
 /* ---- tensors ------------------------------------------------------------ */
 
+/* A copy of s in r's own room while it lasts (names and ids are short),
+ * else strdup'd; NULL when out of memory. */
+static char *keep_string(struct kserve_request *r, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (n > sizeof r->strings_l - r->strings_used) return strdup(s);
+    char *p = memcpy(r->strings_l + r->strings_used, s, n);
+    r->strings_used += n;
+    return p;
+}
+
+static void drop_string(struct kserve_request *r, char *s) {
+    uintptr_t a = (uintptr_t)s, room = (uintptr_t)r->strings_l;
+    if (a - room >= sizeof r->strings_l) free(s);
+}
+
 void kserve_request_clear(struct kserve_request *r) {
     if (!r) return;
-    free(r->id);
+    drop_string(r, r->id);
     for (int i = 0; i < r->ninputs; i++) {
-        free(r->inputs[i].name);
+        drop_string(r, r->inputs[i].name);
         tensor_free_data(&r->inputs[i].t);
     }
-    free(r->inputs);
-    for (int i = 0; i < r->noutputs; i++) free(r->outputs[i].name);
+    if (r->inputs != r->inputs_l) free(r->inputs);
+    for (int i = 0; i < r->noutputs; i++) drop_string(r, r->outputs[i].name);
     free(r->outputs);
     memset(r, 0, sizeof *r);
 }
@@ -512,13 +527,14 @@ static char *prescan(const char *text, size_t len, struct fast_data *fd, char *l
     return copy;
 }
 
-static int parse_input(struct kserve_input *in, const cJSON *j, int idx, const struct fast_data *fd, char *err,
+static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const struct fast_data *fd, char *err,
                        size_t err_len) {
+    struct kserve_input *in = &r->inputs[idx];
     if (!cJSON_IsObject(j)) return INVALID("field 'inputs[%d]' must be an object", idx);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     if (!cJSON_IsString(name) || !*name->valuestring)
         return INVALID("field 'inputs[%d].name' must be a non-empty string", idx);
-    in->name = strdup(name->valuestring);
+    in->name = keep_string(r, name->valuestring);
     if (!in->name) return STATUS_NOMEM;
     const char *n = in->name;
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "datatype");
@@ -609,12 +625,14 @@ static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, 
     return rc;
 }
 
-static int parse_output(struct kserve_output *o, const cJSON *j, int idx, char *err, size_t err_len) {
+static int parse_output(struct kserve_request *r, const cJSON *j, int idx, char *err, size_t err_len) {
+    struct kserve_output *o = &r->outputs[idx];
     if (!cJSON_IsObject(j)) return INVALID("field 'outputs[%d]' must be an object", idx);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     if (!cJSON_IsString(name) || !*name->valuestring)
         return INVALID("field 'outputs[%d].name' must be a non-empty string", idx);
-    o->name = strdup(name->valuestring);
+    o->name = keep_string(r, name->valuestring);
+    if (!o->name) return STATUS_NOMEM;
     o->binary = -1;
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
     if (!params) return 0;
@@ -650,7 +668,7 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
     if (id) {
         if (!cJSON_IsString(id)) return INVALID("field 'id' must be a string");
-        if (!(r->id = strdup(id->valuestring))) return STATUS_NOMEM;
+        if (!(r->id = keep_string(r, id->valuestring))) return STATUS_NOMEM;
     }
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
     if (params) {
@@ -677,11 +695,11 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
     int n = cJSON_GetArraySize(inputs);
     if (n == 0) return INVALID("field 'inputs' is empty");
     if (n > KSERVE_MAX_TENSORS) return INVALID("field 'inputs' has more than %d entries", KSERVE_MAX_TENSORS);
-    r->inputs = calloc((size_t)n, sizeof *r->inputs);
+    r->inputs = n <= KSERVE_INLINE_INPUTS ? r->inputs_l : calloc((size_t)n, sizeof *r->inputs);
     if (!r->inputs) return STATUS_NOMEM;
     const cJSON *e;
     cJSON_ArrayForEach(e, inputs) {
-        int rc = parse_input(&r->inputs[r->ninputs], e, r->ninputs, fd, err, err_len);
+        int rc = parse_input(r, e, r->ninputs, fd, err, err_len);
         r->ninputs++;
         if (rc) return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
@@ -696,7 +714,7 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
         r->outputs = calloc((size_t)(n ? n : 1), sizeof *r->outputs);
         if (!r->outputs) return STATUS_NOMEM;
         cJSON_ArrayForEach(e, outputs) {
-            int rc = parse_output(&r->outputs[r->noutputs], e, r->noutputs, err, err_len);
+            int rc = parse_output(r, e, r->noutputs, err, err_len);
             r->noutputs++;
             if (rc) return rc;
             for (int k = 0; k < r->noutputs - 1; k++)

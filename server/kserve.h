@@ -36,6 +36,13 @@ struct kserve_output {
     int classification;     /* parameters.classification: top-k; 0 = off */
 };
 
+/* What a request holds in itself: one input and short names need no
+ * allocation. Kept small: the inference core's request, which holds this
+ * one, stays within the size malloc serves from its per-thread cache
+ * (glibc's tcache, up to 1032 bytes). */
+#define KSERVE_INLINE_INPUTS 1
+#define KSERVE_INLINE_STRINGS 64
+
 struct kserve_request {
     char *id;               /* NULL when the request had none */
     int64_t priority;       /* parameters.priority; 0 = default */
@@ -46,6 +53,11 @@ struct kserve_request {
     int ninputs;
     struct kserve_output *outputs; /* empty = every output */
     int noutputs;
+    /* Room the fields above may point into (inputs, the names, id): a
+     * parsed request is not copied, only cleared. */
+    struct kserve_input inputs_l[KSERVE_INLINE_INPUTS];
+    char strings_l[KSERVE_INLINE_STRINGS];
+    size_t strings_used;
 };
 
 /* Parses a request body. On error, r is left cleared. A tensor's element

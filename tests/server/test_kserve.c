@@ -55,6 +55,31 @@ static void test_parse_json_nested_and_flat(void **state) {
     kserve_request_clear(&r);
 }
 
+/* Names and inputs beyond the request's own room (KSERVE_INLINE_INPUTS,
+ * KSERVE_INLINE_STRINGS) are allocated, and freed by clear with the rest. */
+static void test_parse_beyond_inline_room(void **state) {
+    char longname[200], json[1024];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    snprintf(json, sizeof json,
+             "{\"id\":\"%s\",\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]},"
+             "{\"name\":\"%s\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[2]},"
+             "{\"name\":\"c\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[3]}],"
+             "\"outputs\":[{\"name\":\"%s\"}]}", longname, longname, longname);
+    struct kserve_request r;
+    assert_int_equal(parse(&r, json, NULL, 0, 0), 0);
+    assert_int_equal(r.ninputs, 3);
+    assert_ptr_not_equal(r.inputs, r.inputs_l);
+    assert_string_equal(r.id, longname);
+    assert_string_equal(r.inputs[0].name, "a");
+    assert_string_equal(r.inputs[1].name, longname);
+    assert_string_equal(r.inputs[2].name, "c");
+    assert_string_equal(r.outputs[0].name, longname);
+    assert_int_equal(((int32_t *)r.inputs[2].t.data)[0], 3);
+    kserve_request_clear(&r);
+    assert_null(r.inputs);
+}
+
 static void test_parse_binary_and_bytes(void **state) {
     struct kserve_request r;
     float v[4] = {1, 2, 3, 4};
@@ -506,6 +531,7 @@ int main(void) {
         cmocka_unit_test(test_parse_json_nested_and_flat),
         cmocka_unit_test(test_parse_binary_and_bytes),
         cmocka_unit_test(test_parse_errors_name_the_field),
+        cmocka_unit_test(test_parse_beyond_inline_room),
         cmocka_unit_test(test_bind),
         cmocka_unit_test(test_bind_batch_and_dim_bounds),
         cmocka_unit_test(test_encode_json_binary_classification),
