@@ -1151,10 +1151,41 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     return rc;
 }
 
+/* The model's index of the i-th output the response carries (-1: none). */
+static int output_index(const struct kserve_request *r, const struct model_config *mc, int i) {
+    return r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
+}
+
+/* The binary outputs after the JSON header, in its order: a block whose
+ * bytes are the wire's (not BYTES, not a classification) is listed in sp
+ * while there is room, the rest copied into body. */
+static void put_binary_parts(const struct kserve_request *r, const struct model_config *mc, const struct tensor *send,
+                             const int *bin, const uint8_t *owned, int nsel, struct kserve_buf *body,
+                             struct kserve_splice *sp, int max, int *nsp) {
+    for (int i = 0; i < nsel; i++) {
+        if (!bin[i]) continue;
+        size_t n = tensor_nbytes(&send[i]);
+        if (!owned[i] && send[i].dtype != DT_STRING && n > 0 && *nsp < max)
+            sp[(*nsp)++] = (struct kserve_splice){.output = output_index(r, mc, i), .at = body->len, .len = n};
+        else put_data_binary(body, &send[i]);
+    }
+}
+
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
                            char *err, size_t err_len) {
+    int n = 0;
+    return kserve_response_encode_spliced(r, mc, model_name, model_version, outputs, body, json_len, NULL, 0, &n,
+                                          err, err_len);
+}
+
+int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
+                                   const char *model_name, const char *model_version,
+                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   struct kserve_splice *splices, int max_splices, int *nsplices,
+                                   char *err, size_t err_len) {
+    *nsplices = 0;
     int nsel = r->noutputs ? r->noutputs : mc->noutputs;
     /* A few outputs (the usual case) need no allocation. */
     struct tensor send_l[8];
@@ -1172,7 +1203,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
         goto out;
     }
     for (int i = 0; i < nsel; i++) {
-        int k = r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
+        int k = output_index(r, mc, i);
         if (k < 0) {
             rc = status_set(err, err_len, STATUS_INVALID, "unexpected inference output '%s' for model '%s'",
                             r->outputs[i].name, mc->name);
@@ -1220,9 +1251,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
     }
     buf_str(body, "]}");
     *json_len = body->len;
-    if (any_bin)
-        for (int i = 0; i < nsel; i++)
-            if (bin[i]) put_data_binary(body, &send[i]);
+    if (any_bin) put_binary_parts(r, mc, send, bin, owned, nsel, body, splices, max_splices, nsplices);
     if (!body->data) rc = STATUS_NOMEM;
 out:
     for (int i = 0; send && i < nsel; i++)

@@ -95,6 +95,25 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
                            char *err, size_t err_len);
 
+/* A binary output that kserve_response_encode_spliced left out of the body:
+ * its wire bytes are its tensor's own block as it is (outputs[output].data,
+ * len bytes), sent at offset `at` of the body. */
+struct kserve_splice {
+    int output;             /* the model's index, in outputs[] */
+    size_t at;
+    size_t len;
+};
+
+/* kserve_response_encode, except that up to max_splices binary outputs whose
+ * wire bytes are their tensor's block (neither BYTES nor a classification)
+ * are not copied into body but listed in splices (*nsplices, in body order),
+ * so that a transport can send them from the tensors themselves. */
+int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
+                                   const char *model_name, const char *model_version,
+                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   struct kserve_splice *splices, int max_splices, int *nsplices,
+                                   char *err, size_t err_len);
+
 /* Appends s to b as a JSON string literal (quotes included). */
 void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);
 /* {"error": msg} */

@@ -204,6 +204,66 @@ static void test_bind_batch_and_dim_bounds(void **state) {
     model_config_clear(&c);
 }
 
+/* body with each spliced output's block put back at its place. */
+static struct kserve_buf join_splices(const struct kserve_buf *body, const struct kserve_splice *sp, int n,
+                                      const struct tensor *outs) {
+    size_t total = body->len;
+    for (int i = 0; i < n; i++) total += sp[i].len;
+    struct kserve_buf j = {.data = malloc(total), .cap = total};
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(j.data + j.len, body->data + at, sp[i].at - at);
+        j.len += sp[i].at - at;
+        memcpy(j.data + j.len, outs[sp[i].output].data, sp[i].len);
+        j.len += sp[i].len;
+        at = sp[i].at;
+    }
+    memcpy(j.data + j.len, body->data + at, body->len - at);
+    j.len += body->len - at;
+    return j;
+}
+
+/* The spliced encoding sends the same bytes: the body with each listed
+ * output block put back at its place is the plain encoding's body. A
+ * classification (encoded) stays in the body; at most max_splices are listed. */
+static void test_encode_spliced_same_bytes(void **state) {
+    struct model_config c;
+    tiny_config(&c);
+    struct kserve_request r;
+    assert_int_equal(parse(&r, "{\"inputs\":[{\"name\":\"x\",\"shape\":[2,4],\"datatype\":\"FP32\","
+                               "\"data\":[1,2,3,4,5,6,7,8]}],\"outputs\":[{\"name\":\"label\",\"parameters\":"
+                               "{\"classification\":1,\"binary_data\":true}},{\"name\":\"probs\"}],"
+                               "\"parameters\":{\"binary_data_output\":true}}", NULL, 0, 0), 0);
+    float probs[6] = {0.1f, 0.7f, 0.2f, 0.5f, 0.2f, 0.3f};
+    int64_t label[2] = {1, 0};
+    struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
+                             {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
+    struct kserve_buf plain = {0}, body = {0}, joined;
+    size_t jl_plain, jl;
+    struct kserve_splice sp[2];
+    int n = -1;
+    assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &plain, &jl_plain, g_err, sizeof g_err), 0);
+    assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 0, &n, g_err,
+                                                    sizeof g_err), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(body.len, plain.len);
+    kserve_buf_free(&body);
+    assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 2, &n, g_err,
+                                                    sizeof g_err), 0);
+    assert_int_equal(jl, jl_plain);
+    assert_int_equal(n, 1);
+    assert_int_equal(sp[0].output, 0); /* probs, raw; label is classified */
+    assert_int_equal(sp[0].len, sizeof probs);
+    joined = join_splices(&body, sp, n, outs);
+    assert_int_equal(joined.len, plain.len);
+    assert_memory_equal(joined.data, plain.data, plain.len);
+    kserve_buf_free(&plain);
+    kserve_buf_free(&body);
+    kserve_buf_free(&joined);
+    kserve_request_clear(&r);
+    model_config_clear(&c);
+}
+
 static void test_encode_json_binary_classification(void **state) {
     struct model_config c;
     tiny_config(&c);
@@ -533,6 +593,7 @@ int main(void) {
         cmocka_unit_test(test_parse_errors_name_the_field),
         cmocka_unit_test(test_parse_beyond_inline_room),
         cmocka_unit_test(test_bind),
+        cmocka_unit_test(test_encode_spliced_same_bytes),
         cmocka_unit_test(test_bind_batch_and_dim_bounds),
         cmocka_unit_test(test_encode_json_binary_classification),
         cmocka_unit_test(test_prescan_matches_cjson),
