@@ -60,7 +60,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
         return NULL;
     }
     m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
-    m->max_dim = p->max_dim > 0 ? p->max_dim : (1 << 24);
+    m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
     m->fp16 = p->fp16 != 0;
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->g = onnx_load_file(p->path, err, err_len);
@@ -210,18 +210,24 @@ static int check_inputs(const struct model *m, const struct tensor *inputs, int 
     return 0;
 }
 
-int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
-              int noutputs, char *err, size_t err_len) {
+/* What both entries check of the caller's side: a context and room for
+ * every output, emptied so that an error leaves nothing allocated. */
+static int check_outputs(const struct model_exec *x, struct tensor *outputs, int noutputs, char *err,
+                         size_t err_len) {
     if (!x) return status_set(err, err_len, STATUS_INVALID, "no execution context");
-    struct model *m = x->m;
-    const struct graph *g = m->g;
+    const struct graph *g = x->m->g;
     if (noutputs != g->noutputs || (noutputs && !outputs))
         return status_set(err, err_len, STATUS_INVALID, "the model has %d output%s, %d requested", g->noutputs,
                           g->noutputs == 1 ? "" : "s", noutputs);
     for (int o = 0; o < noutputs; o++) outputs[o].data = NULL;
-    int rc = check_inputs(m, inputs, ninputs, err, err_len);
-    if (rc) return rc;
+    return 0;
+}
 
+/* Runs checked inputs on the plan for their shapes (built on first use). */
+static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                    char *err, size_t err_len) {
+    struct model *m = x->m;
+    const struct graph *g = m->g;
     struct plan_cache *cache = x->dev_plans ? x->dev_plans : m->plans;
     /* The same shapes as last time: no lookup, no lock. */
     struct plan *p = plan_exec_bound(x->pe);
@@ -230,7 +236,7 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
     uint64_t bind = atomic_load(&m->bind_values);
-    rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, NULL, err, err_len);
+    int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, NULL, err, err_len);
     uint64_t small = 0; /* inputs of at most 1024 elements in this call */
     for (int i = 0; i < ninputs && i < 64; i++)
         if ((m->bind_candidates >> i & 1) && tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
@@ -249,4 +255,17 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, st
     rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     plan_release(p);
     return rc;
+}
+
+int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+              int noutputs, char *err, size_t err_len) {
+    int rc = check_outputs(x, outputs, noutputs, err, err_len);
+    if (!rc) rc = check_inputs(x->m, inputs, ninputs, err, err_len);
+    return rc ? rc : run_plan(x, inputs, ninputs, outputs, err, err_len);
+}
+
+int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                        int noutputs, char *err, size_t err_len) {
+    int rc = check_outputs(x, outputs, noutputs, err, err_len);
+    return rc ? rc : run_plan(x, inputs, ninputs, outputs, err, err_len);
 }

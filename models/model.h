@@ -23,7 +23,7 @@ struct backend;
 struct model_params {
     const char *path;     /* model.onnx; external data files are read beside it */
     int max_plans;        /* LRU bound on cached plans; 0 = 16 */
-    int max_dim;          /* largest accepted value of any input dim; 0 = 1<<24 */
+    int max_dim;          /* largest accepted value of any input dim; 0 = MODEL_MAX_DIM */
     /* The model's optimization settings, for device backends (the CPU runs
      * FP32 and has no graphs): fp16 = 1 stores weights and activations as
      * FP16 on the device (inputs and outputs stay FP32 at this API);
@@ -31,6 +31,11 @@ struct model_params {
     int fp16;
     int cuda_graphs;
 };
+
+/* The bound on an input dim that model_load applies when max_dim is 0, and
+ * which the server's requests are checked against before they reach a model
+ * (server/kserve.c). */
+#define MODEL_MAX_DIM (1 << 24)
 
 struct model *model_load(const struct model_params *p, char *err, size_t err_len);
 void model_free(struct model *m); /* NULL is a no-op; no model_exec may be live */
@@ -62,5 +67,12 @@ void model_exec_free(struct model_exec *x);
  * negative status with err set; on error no output is left allocated. */
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs,
               struct tensor *outputs, int noutputs, char *err, size_t err_len);
+/* model_run for inputs the caller has already checked against the model: the
+ * server's requests, which kserve_request_bind checks against a
+ * configuration that agrees with the model and within MODEL_MAX_DIM before
+ * they are batched. The same contract otherwise; inputs that do not match
+ * the model are not detected. */
+int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int ninputs,
+                        struct tensor *outputs, int noutputs, char *err, size_t err_len);
 
 #endif

@@ -239,7 +239,6 @@ static void fail_queued(batcher_t *b, struct batcher_request *r, int status, con
     unqueue(b, r);
     r->status = status;
     snprintf(r->err, sizeof r->err, "%s", msg);
-    r->outputs = NULL;
     r->noutputs = 0;
     r->q_.state = REQ_DONE;
     fifo_push(&b->finished, r);
@@ -848,10 +847,26 @@ fail:
     return NULL;
 }
 
+/* The submitter checked the request against the model (the inference core:
+ * kserve_request_bind), so no shape is looked at here. What is checked is
+ * what the batcher itself relies on, which only a caller's bug breaks: the
+ * executor's input count (gather reads that many) and rows within a batch
+ * (a larger request would never be run). */
+static int check_contract(const batcher_t *b, struct batcher_request *r) {
+    int want = b->ninputs >= 0 ? b->ninputs : EXECUTOR_MAX_INPUTS;
+    if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want))
+        return status_set(r->err, sizeof r->err, STATUS_INVALID, "model '%s' expects %s%d inputs, got %d", b->name,
+                          b->ninputs >= 0 ? "" : "at most ", want, r->ninputs);
+    if (b->p.max_batch_size > 0 && (r->rows < 1 || r->rows > b->p.max_batch_size))
+        return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                          "batch size %lld of model '%s' is outside 1..max_batch_size (%d)", (long long)r->rows,
+                          b->name, b->p.max_batch_size);
+    return 0;
+}
+
 int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->status = 0;
     r->err[0] = 0;
-    r->outputs = NULL;
     r->noutputs = 0;
     r->batch_size = 0;
     r->start_ns = r->end_ns = 0;
@@ -861,44 +876,18 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->q_.deadline_ns = 0;
     r->q_.state = REQ_NEW;
 
-    if (!r->done)
-        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without done()");
-    int want = b->ninputs >= 0 ? b->ninputs : EXECUTOR_MAX_INPUTS;
-    if (r->ninputs < 1 || !r->inputs || (b->ninputs >= 0 ? r->ninputs != want : r->ninputs > want)) {
+    if (!r->done || !r->outputs)
+        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: request without %s",
+                          r->done ? "room for outputs" : "done()");
+    int rc = check_contract(b, r);
+    if (rc) {
         pthread_mutex_lock(&b->mu);
         b->st.rejected_invalid++;
         pthread_mutex_unlock(&b->mu);
-        return status_set(r->err, sizeof r->err, STATUS_INVALID, "model '%s' expects %s%d inputs, got %d", b->name,
-                          b->ninputs >= 0 ? "" : "at most ", want, r->ninputs);
+        return rc;
     }
-    int64_t rows = 1;
-    if (b->p.max_batch_size > 0) {
-        const char *bad = NULL;
-        rows = r->inputs[0].ndim >= 1 ? r->inputs[0].dims[0] : -1;
-        for (int i = 0; i < r->ninputs && !bad; i++) {
-            const struct tensor *t = &r->inputs[i];
-            const char *in = b->p.executor.iface->input_name ? b->p.executor.iface->input_name(b->p.executor.ctx, i) : NULL;
-            if (t->ndim < 1 || t->dims[0] != rows)
-                bad = in ? in : "?";
-        }
-        if (bad || rows < 1 || rows > b->p.max_batch_size || (r->rows && r->rows != rows)) {
-            pthread_mutex_lock(&b->mu);
-            b->st.rejected_invalid++;
-            pthread_mutex_unlock(&b->mu);
-            if (bad)
-                return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                                  "input '%s' of model '%s': every input needs the same batch size as its first dim",
-                                  bad, b->name);
-            if (rows < 1 || rows > b->p.max_batch_size)
-                return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                                  "batch size %lld of model '%s' is outside 1..max_batch_size (%d)", (long long)rows,
-                                  b->name, b->p.max_batch_size);
-            return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                              "request says %lld rows but its inputs have %lld", (long long)r->rows,
-                              (long long)rows);
-        }
-    }
-    r->rows = rows;
+    if (b->p.max_batch_size <= 0)
+        r->rows = 1;
     int level = r->priority;
     if (level < 1 || level > b->nlevels)
         level = b->default_level;
@@ -1005,12 +994,18 @@ static void warm_done(struct batcher_request *r) {
 
 int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64_t rows, int count, char *err,
                    size_t err_len) {
-    for (int i = 0; i < b->ninst; i++) {
-        for (int k = 0; k < count; k++) {
+    int no = b->p.executor.noutputs;
+    struct tensor *out = calloc((size_t)(no > 0 ? no : 1), sizeof *out);
+    if (!out)
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    int rc = 0;
+    for (int i = 0; i < b->ninst && !rc; i++) {
+        for (int k = 0; k < count && !rc; k++) {
             struct batcher_request r;
             memset(&r, 0, sizeof r);
             r.inputs = inputs;
             r.ninputs = ninputs;
+            r.outputs = out;
             r.rows = rows;
             r.done = warm_done;
             r.user = b;
@@ -1021,11 +1016,11 @@ int batcher_warmup(batcher_t *b, const struct tensor *inputs, int ninputs, int64
             while (r.q_.state != REQ_DONE)
                 pthread_cond_wait(&b->warm_cv, &b->mu);
             pthread_mutex_unlock(&b->mu);
-            for (int o = 0; r.outputs && o < r.noutputs; o++) tensor_free_data(&r.outputs[o]);
-            free(r.outputs);
+            for (int o = 0; o < r.noutputs; o++) tensor_free_data(&out[o]);
             if (r.status)
-                return status_set(err, err_len, r.status, "instance %d: %s", i, r.err[0] ? r.err : "failed");
+                rc = status_set(err, err_len, r.status, "instance %d: %s", i, r.err[0] ? r.err : "failed");
         }
     }
-    return 0;
+    free(out);
+    return rc;
 }

@@ -68,9 +68,11 @@ struct batcher_params {
 };
 
 struct batcher_request {
-    /* Set by the submitter. inputs[i] is model input i; with max_batch_size > 0
-     * dims[0] is this request's row count (rows). The batcher reads the input
-     * buffers until done() and never frees them. */
+    /* Set by the submitter, who has checked them against the model
+     * (kserve_request_bind): inputs[i] is model input i; with max_batch_size
+     * > 0 rows is this request's row count, dims[0] of every input, 1 to
+     * max_batch_size (without a batch dim the batcher sets it to 1). The
+     * batcher reads the input buffers until done() and never frees them. */
     const struct tensor *inputs;
     int ninputs;
     int64_t rows;
@@ -79,14 +81,16 @@ struct batcher_request {
     atomic_int cancelled;          /* set by batcher_cancel() */
     void (*done)(struct batcher_request *r);
     void *user;
+    /* Room for the executor's noutputs tensors, filled by the batcher: the
+     * submitter's array, so that no request allocates one. */
+    struct tensor *outputs;
 
-    /* Set by the batcher before done(). On success outputs[] (noutputs =
-     * model_noutputs) hold this request's rows, each one owned block
-     * (common/tensor.h): the submitter frees each with tensor_free_data and
-     * the array with free(). */
+    /* Set by the batcher before done(). On success outputs[0..noutputs)
+     * (noutputs = the executor's) hold this request's rows, each one owned
+     * block (common/tensor.h) that the submitter frees with
+     * tensor_free_data; on failure noutputs is 0 and no block is left. */
     int status;                    /* 0 or a negative status */
     char err[256];
-    struct tensor *outputs;
     int noutputs;
     uint64_t enqueue_ns, start_ns, end_ns; /* queue time = start - enqueue */
     uint64_t compute_input_ns, compute_infer_ns, compute_output_ns;
@@ -112,7 +116,7 @@ struct batcher_stats {
     uint64_t requests;             /* requests run (ok or failed by the model) */
     uint64_t exec_ns_total;        /* time executing (the executor's exec_ns), summed over batches */
     uint64_t delayed;              /* timeouts with action DELAY (not rejected) */
-    uint64_t rejected_invalid;     /* shapes the model cannot batch */
+    uint64_t rejected_invalid;     /* requests that broke batcher_submit's contract */
     uint64_t profile_ns[65];       /* running mean (EWMA) of a batch's execution
                                       time by rows (64+ in [64]); 0 = not seen */
     /* Padded batching: per length bucket ([npad - 1]: longer than every
@@ -131,7 +135,9 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
 void batcher_free(batcher_t *b);
 /* Returns 0 (done() will be called) or a negative status with r->err set and
  * done() never called: STATUS_UNAVAILABLE "Exceeds maximum queue size",
- * STATUS_INVALID for a shape the model cannot batch. */
+ * STATUS_INVALID for a request with another input count than the
+ * executor's, or rows outside 1..max_batch_size (a caller's bug: shapes are
+ * the submitter's to check). */
 int batcher_submit(batcher_t *b, struct batcher_request *r);
 /* Marks r cancelled (its client went away); a queued request is dropped
  * before execution and done() is called with STATUS_CANCELLED (on the timer

@@ -134,22 +134,26 @@ static void *control_main(void *arg) {
 
 static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 
-/* Sends body (taking ownership of a malloc'd buffer) with a status code. */
-static void reply_raw(http_server_t *s, struct evhttp_request *req, int code, const char *ctype, char *body,
-                      size_t len) {
+/* Sends what req's output buffer holds with a status code: the reply is
+ * built in place, with no evbuffer of its own to allocate. */
+static void reply_send(http_server_t *s, struct evhttp_request *req, int code, const char *ctype) {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (ctype) evhttp_add_header(h, "Content-Type", ctype);
     if (atomic_load_explicit(&s->draining, memory_order_relaxed)) evhttp_add_header(h, "Connection", "close");
-    struct evbuffer *out = evbuffer_new();
-    if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
-    else free(body);
     const char *reason = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 401 ? "Unauthorized"
                          : code == 404 ? "Not Found" : code == 405 ? "Method Not Allowed"
                          : code == 413 ? "Payload Too Large" : code == 415 ? "Unsupported Media Type"
                          : code == 501 ? "Not Implemented"
                          : code == 503 ? "Service Unavailable" : "Error";
-    evhttp_send_reply(req, code, reason, out);
-    evbuffer_free(out);
+    evhttp_send_reply(req, code, reason, NULL);
+}
+
+/* Sends body (taking ownership of a malloc'd buffer) with a status code. */
+static void reply_raw(http_server_t *s, struct evhttp_request *req, int code, const char *ctype, char *body,
+                      size_t len) {
+    if (body && len) evbuffer_add_reference(evhttp_request_get_output_buffer(req), body, len, free_cb, body);
+    else free(body);
+    reply_send(s, req, code, ctype);
 }
 
 static void reply_json(http_server_t *s, struct evhttp_request *req, int code, cJSON *j) {
@@ -256,13 +260,14 @@ static int json_has_nul(const unsigned char *json, size_t len, char *err, size_t
 
 /* ==== response compression =============================================== */
 
-/* Compresses *body in place when the client asked for it with Accept-Encoding
+/* Compresses the answer in body when the client asked for it with Accept-Encoding
  * (tritonclient's response_compression_algorithm). The
  * Inference-Header-Content-Length header keeps the uncompressed JSON length,
  * as Triton does. On any failure the body goes out uncompressed. */
-static void compress_reply(struct evhttp_request *req, char **body, size_t *len) {
+static void compress_reply(struct evhttp_request *req, struct evbuffer *body) {
     const char *ae = evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding");
-    if (!ae || *len == 0) return;
+    size_t len = evbuffer_get_length(body);
+    if (!ae || len == 0) return;
     int window;
     const char *name;
     if (strstr(ae, "gzip")) { window = 15 + 16; name = "gzip"; }
@@ -271,30 +276,34 @@ static void compress_reply(struct evhttp_request *req, char **body, size_t *len)
     z_stream zs;
     memset(&zs, 0, sizeof zs);
     if (deflateInit2(&zs, 1, Z_DEFLATED, window, 8, Z_DEFAULT_STRATEGY) != Z_OK) return;
-    size_t cap = deflateBound(&zs, (uLong)*len);
+    size_t cap = deflateBound(&zs, (uLong)len);
     char *out = malloc(cap);
-    if (!out) {
+    /* The answer's pieces (outputs sent by reference) made one block. */
+    unsigned char *in = out ? evbuffer_pullup(body, -1) : NULL;
+    if (!in) {
+        free(out);
         deflateEnd(&zs);
         return;
     }
-    zs.next_in = (Bytef *)*body;
-    zs.avail_in = (uInt)*len;
+    zs.next_in = in;
+    zs.avail_in = (uInt)len;
     zs.next_out = (Bytef *)out;
     zs.avail_out = (uInt)cap;
     int rc = deflate(&zs, Z_FINISH);
     size_t n = cap - zs.avail_out;
     deflateEnd(&zs);
-    if (rc != Z_STREAM_END) {
+    if (rc != Z_STREAM_END || evbuffer_drain(body, len) != 0) {
         free(out);
         return;
     }
-    free(*body);
-    *body = out;
-    *len = n;
+    evbuffer_add_reference(body, out, n, free_cb, out);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Encoding", name);
 }
 
 /* ==== inference ========================================================== */
+
+/* Binary outputs an answer sends by reference; more are copied. */
+#define HTTP_INFER_PARTS 4
 
 /* An inference request's transport half: its connection, the EOF watch and
  * the encoded answer. The inference core (server/infer.h) holds the rest
@@ -311,6 +320,11 @@ struct http_infer {
     char *body;            /* the encoded answer, between encode and send */
     size_t body_len;
     const char *ctype;
+    /* Binary outputs sent from their own blocks, taken from the core by
+     * encode (struct infer_result) and freed once written: no copy. */
+    struct kserve_splice parts[HTTP_INFER_PARTS];
+    void *blocks[HTTP_INFER_PARTS];
+    int nparts;
 };
 
 static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
@@ -374,14 +388,20 @@ static int infer_encode(void *arg, const struct infer_result *res, char *err, si
     struct http_infer *c = arg;
     struct kserve_buf body = {0};
     size_t json_len = 0;
-    int rc = kserve_response_encode(res->request, res->config, res->model_name, res->model_version, res->outputs,
-                                    &body, &json_len, err, err_len);
+    int rc = kserve_response_encode_spliced(res->request, res->config, res->model_name, res->model_version,
+                                            res->outputs, &body, &json_len, c->parts, HTTP_INFER_PARTS, &c->nparts,
+                                            err, err_len);
     if (rc) {
         kserve_buf_free(&body);
         return rc;
     }
+    for (int i = 0; i < c->nparts; i++) {
+        struct tensor *t = &res->outputs[c->parts[i].output];
+        c->blocks[i] = t->data;
+        t->data = NULL;
+    }
     c->ctype = "application/json";
-    if (json_len < body.len) {
+    if (json_len < body.len || c->nparts) {
         char hl[32];
         snprintf(hl, sizeof hl, "%zu", json_len);
         evhttp_add_header(evhttp_request_get_output_headers(c->req), "Inference-Header-Content-Length", hl);
@@ -390,6 +410,23 @@ static int infer_encode(void *arg, const struct infer_result *res, char *err, si
     c->body = body.data;
     c->body_len = body.len;
     return 0;
+}
+
+/* The encoded answer into out: the body's bytes with each taken output
+ * block at its place, by reference (freed once written). */
+static void add_answer(struct evbuffer *out, struct http_infer *c) {
+    if (!c->nparts) {
+        evbuffer_add_reference(out, c->body, c->body_len, free_cb, c->body);
+        return;
+    }
+    size_t at = 0;
+    for (int i = 0; i < c->nparts; i++) {
+        evbuffer_add(out, c->body + at, c->parts[i].at - at);
+        at = c->parts[i].at;
+        evbuffer_add_reference(out, c->blocks[i], c->parts[i].len, free_cb, c->blocks[i]);
+    }
+    evbuffer_add(out, c->body + at, c->body_len - at);
+    free(c->body);
 }
 
 /* The core's send: the answer goes out and the transport half is freed. */
@@ -412,10 +449,13 @@ static void infer_send(void *arg, int status, const char *msg) {
     /* A request whose client left is still "answered": libevent frees it. */
     if (status) {
         free(c->body);
+        for (int i = 0; i < c->nparts; i++) free(c->blocks[i]);
         reply_status(s, c->req, status, msg);
     } else {
-        compress_reply(c->req, &c->body, &c->body_len);
-        reply_raw(s, c->req, 200, c->ctype, c->body, c->body_len);
+        struct evbuffer *out = evhttp_request_get_output_buffer(c->req);
+        add_answer(out, c);
+        compress_reply(c->req, out);
+        reply_send(s, c->req, 200, c->ctype);
     }
     free(c);
 }

@@ -36,7 +36,10 @@ struct infer_request {
     cache_redis_t *redis;
     struct repo_version *v;
     struct kserve_request kr;
-    struct tensor *ordered;      /* the model's inputs in its order, views of kr's */
+    /* One block for both (one allocation): the model's inputs in its order,
+     * views of kr's, and its outputs, from the batcher or the cache. */
+    struct tensor *ordered;
+    struct tensor *outputs;
     struct batcher_request br;
     uint64_t t0;
     int cached;                  /* the result cache is consulted for this request */
@@ -95,12 +98,9 @@ static void request_end(struct infer_request *r) {
     atomic_fetch_sub(&r->core->inflight, 1);
     repository_release(r->v);
     kserve_request_clear(&r->kr);
+    /* One block per output, strings included (common/tensor.h). */
+    for (int i = 0; i < r->br.noutputs; i++) tensor_free_data(&r->outputs[i]);
     free(r->ordered);
-    if (r->br.outputs) {
-        /* One block per output, strings included (common/tensor.h). */
-        for (int i = 0; i < r->br.noutputs; i++) tensor_free_data(&r->br.outputs[i]);
-        free(r->br.outputs);
-    }
     free(r);
 }
 
@@ -136,12 +136,12 @@ static void infer_finish(struct infer_request *r, int status, const char *msg) {
     struct metrics_model *m = r->v->metrics;
     if (r->cached) {
         if (status) infer_cache_abandon(&r->cop);
-        else if (r->cop.leader || !r->cop.outputs) infer_cache_store(&r->cop, r->br.outputs);
+        else if (!r->hit) infer_cache_store(&r->cop, r->outputs);
     }
     char err[256];
     if (!status) {
         struct infer_result res = {.request = &r->kr, .config = &r->v->config, .model_name = r->v->name,
-                                   .model_version = r->v->version_str, .outputs = r->br.outputs};
+                                   .model_version = r->v->version_str, .outputs = r->outputs};
         status = r->reply->encode(r->ctx, &res, err, sizeof err);
         if (status) msg = err;
         else if (r->hit) metrics_record_cached(m, clock_now_ns() - r->t0, r->br.rows);
@@ -178,6 +178,7 @@ static void infer_done(struct batcher_request *br) {
 
 static void infer_submit(struct infer_request *r) {
     r->br.inputs = r->ordered;
+    r->br.outputs = r->outputs;
     r->br.ninputs = r->v->config.ninputs;
     r->br.priority = (int)r->kr.priority;
     r->br.timeout_us = r->kr.timeout_us;
@@ -197,7 +198,6 @@ static void infer_cache_done(void *arg, int hit) {
         return;
     }
     r->hit = 1;
-    r->br.outputs = r->cop.outputs;
     r->br.noutputs = r->v->config.noutputs;
     r->br.enqueue_ns = r->br.start_ns = clock_now_ns();
     infer_finish(r, 0, NULL);
@@ -205,7 +205,9 @@ static void infer_cache_done(void *arg, int hit) {
 
 void infer_request_start(struct infer_request *r) {
     char err[512];
-    r->ordered = calloc((size_t)r->v->config.ninputs + 1, sizeof *r->ordered);
+    int ni = r->v->config.ninputs;
+    r->ordered = calloc((size_t)(ni + r->v->config.noutputs) + 1, sizeof *r->ordered);
+    r->outputs = r->ordered ? r->ordered + ni : NULL;
     int rc = r->ordered ? kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err)
                         : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     if (rc) {
@@ -217,6 +219,7 @@ void infer_request_start(struct infer_request *r) {
     if (cache && r->v->config.response_cache && !r->kr.no_cache) {
         r->cop = (struct infer_cache_op){.cache = cache, .redis = r->redis, .mc = &r->v->config,
                                          .rows = r->v->config.max_batch_size > 0 ? r->br.rows : -1,
+                                         .outputs = r->outputs,
                                          .done = infer_cache_done, .arg = r, .post = r->reply->post, .io = r->thread};
         if (infer_cache_key(cache, r->v->name, r->v->version, &r->v->config, r->ordered, &r->kr, &r->cop.key) == 0) {
             r->cached = 1;

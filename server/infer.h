@@ -17,7 +17,8 @@
  *                          flight). It must not fail: a lost completion would
  *                          hang a client and a drain forever.
  *   encode(ctx, res, ...)  a request succeeded: prepare the answer from res
- *                          (borrowed for the call). Returns 0, or a negative
+ *                          (borrowed for the call, except the output blocks
+ *                          it takes: struct infer_result). Returns 0, or a negative
  *                          status with err set: the core then counts a
  *                          failure and sends that error instead.
  *   send(ctx, status, msg) the last call for the request: send the prepared
@@ -61,7 +62,12 @@ struct infer_result {
     const struct kserve_request *request;  /* what the client asked for */
     const struct model_config *config;     /* the model's, outputs in its order */
     const char *model_name, *model_version;
-    const struct tensor *outputs;          /* config->noutputs, in the model's order */
+    /* config->noutputs, in the model's order, each one block
+     * (common/tensor.h). encode may take a block, to send it after encode
+     * returns without a copy: it sets that output's data to NULL and frees
+     * the block itself. The core frees the blocks left, after send. The
+     * result cache has its own copy already. */
+    struct tensor *outputs;
 };
 
 struct infer_reply_i {

@@ -79,17 +79,17 @@ static int output_fits(const struct tensor *t, const struct model_config_io *cfg
     return 1;
 }
 
-/* Copies a cached value into mc->noutputs malloc'd tensors; -1 if the value
- * does not hold every output of the model, each as the model and the request
- * (rows) make it. */
+/* Copies a cached value into o[mc->noutputs], one malloc'd block each (the
+ * value may be evicted while the answer is encoded); -1, with no block left,
+ * if the value does not hold every output of the model, each as the model
+ * and the request (rows) make it. */
 static int value_to_outputs(const struct cache_value *v, const struct model_config *mc, int64_t rows,
-                            struct tensor **out) {
+                            struct tensor *o) {
     struct tensor dec[CACHE_MAX_OUTPUTS];
     const char *names[CACHE_MAX_OUTPUTS];
     int n = cache_value_decode(v, dec, names, CACHE_MAX_OUTPUTS);
     if (n != mc->noutputs) return -1;
-    struct tensor *o = calloc((size_t)mc->noutputs, sizeof *o);
-    if (!o) return -1;
+    memset(o, 0, sizeof *o * (size_t)mc->noutputs);
     for (int i = 0; i < mc->noutputs; i++) {
         int j = 0;
         while (j < n && strcmp(names[j], mc->outputs[i].name) != 0) j++;
@@ -111,11 +111,9 @@ static int value_to_outputs(const struct cache_value *v, const struct model_conf
             memcpy(o[i].data, dec[j].data, nb);
         }
     }
-    *out = o;
     return 0;
 fail:
-    for (int i = 0; i < mc->noutputs; i++) free(o[i].data);
-    free(o);
+    for (int i = 0; i < mc->noutputs; i++) tensor_free_data(&o[i]);
     return -1;
 }
 
@@ -130,7 +128,7 @@ static void finish(struct infer_cache_op *op, int hit) {
 /* Tries to answer from v (a referenced value, consumed). */
 static int answer_from(struct infer_cache_op *op, struct cache_value *v) {
     if (!v) return 0;
-    int ok = value_to_outputs(v, op->mc, op->rows, &op->outputs) == 0;
+    int ok = value_to_outputs(v, op->mc, op->rows, op->outputs) == 0;
     cache_value_unref(v);
     return ok;
 }
@@ -161,7 +159,7 @@ static void on_redis(void *arg, struct cache_value *v) {
     if (v) {
         /* Into tier 1 only once it fits the model: a value that does not
          * is refused, counted, and overwritten by this request's result. */
-        if (value_to_outputs(v, op->mc, op->rows, &op->outputs) == 0) {
+        if (value_to_outputs(v, op->mc, op->rows, op->outputs) == 0) {
             cache_lru_put(op->cache, &op->key, v);
             cache_value_unref(v);
             finish(op, 1);
@@ -176,7 +174,6 @@ static void on_redis(void *arg, struct cache_value *v) {
 void infer_cache_start(struct infer_cache_op *op) {
     op->t0 = clock_now_ns();
     op->leader = 0;
-    op->outputs = NULL;
     if (answer_from(op, cache_lru_get(op->cache, &op->key))) {
         finish(op, 1);
         return;

@@ -4,7 +4,7 @@
  * infer_cache_start looks the request up in the in-process LRU, then in
  * Redis (asynchronously, on the request's I/O thread), then joins the
  * single-flight table: done(arg, 1) means op->outputs hold the answer
- * (copied out of the cache, one malloc per output as model.h hands them),
+ * (copied out of the cache, one block per output as model.h hands them),
  * done(arg, 0) means "compute it": submit to the batcher, then call
  * infer_cache_store with the outputs, or infer_cache_abandon on failure,
  * exactly once. done runs on the request's I/O thread, possibly before
@@ -29,7 +29,8 @@ struct infer_cache_op {
     struct cache_value *value;              /* a follower's result, while posted */
     const struct model_config *mc;
     int64_t rows;                           /* the request's batch rows; -1 when the model has no batch dim */
-    struct tensor *outputs;                 /* on a hit: mc->noutputs malloc'd tensors */
+    struct tensor *outputs;                 /* the caller's room for mc->noutputs tensors: on a
+                                               hit, each a malloc'd block the caller frees */
     struct cache_flight_node flight;        /* single-flight record or queue place, no malloc */
     void (*done)(void *arg, int hit);
     void *arg;

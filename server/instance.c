@@ -57,12 +57,10 @@ static int ensure_buf(void **buf, size_t *cap, size_t need) {
     return 0;
 }
 
+/* Frees the blocks of outputs[0..n) (NULL data: none). */
 static void free_outputs(struct tensor *out, int n) {
-    if (!out)
-        return;
     for (int i = 0; i < n; i++)
         tensor_free_data(&out[i]);
-    free(out);
 }
 
 /* Pads input slot k of the spec into the instance's buffer for its input
@@ -161,10 +159,10 @@ static int pad_check_output(const struct instances *s, const struct instance *in
                       "says it follows a padded input axis)", s->name, pad->out[m].output, axis, (long long)len);
 }
 
-/* Splits the batch outputs by rows into per-request outputs, each one owned
- * block (common/tensor.h), cut back to each request's length along the
- * axes that follow a padded input when the batch was padded. On failure
- * nothing is left allocated in any request. */
+/* Splits the batch outputs by rows into the requests' outputs (their own
+ * arrays), one owned block each (common/tensor.h), cut back to each
+ * request's length along the axes that follow a padded input when the
+ * batch was padded. On failure nothing is left allocated in any request. */
 static int scatter(struct instances *s, struct instance *inst, const struct executor_batch *bt, char *err,
                    size_t err_len) {
     int no = s->noutputs;
@@ -175,20 +173,14 @@ static int scatter(struct instances *s, struct instance *inst, const struct exec
                               "output %d of model '%s' has no batch dimension of %lld rows", o, s->name,
                               (long long)bt->rows);
     }
-    int k;
-    for (k = 0; k < bt->n; k++) {
-        struct batcher_request *r = bt->reqs[k];
-        r->outputs = calloc((size_t)(no > 0 ? no : 1), sizeof(struct tensor));
-        r->noutputs = no;
-        if (!r->outputs)
-            goto fail;
-    }
+    for (int k = 0; k < bt->n; k++)
+        memset(bt->reqs[k]->outputs, 0, sizeof(struct tensor) * (size_t)no);
     for (int o = 0; o < no; o++) {
         int64_t first = 0;
         int m = inst->padded ? cut_axis(s->p.pad, o) : -1;
         if (m >= 0 && pad_check_output(s, inst, bt, m, err, err_len))
             goto fail_msg;
-        for (k = 0; k < bt->n; k++) {
+        for (int k = 0; k < bt->n; k++) {
             struct batcher_request *r = bt->reqs[k];
             struct tensor_rows rows = {&inst->out[o], first, r->rows};
             if (m >= 0 ? pad_cut(&r->outputs[o], &inst->out[o], first, r->rows, s->p.pad->out[m].axis,
@@ -200,69 +192,54 @@ static int scatter(struct instances *s, struct instance *inst, const struct exec
     }
     return 0;
 fail_msg:
-    for (k = 0; k < bt->n; k++) {
-        free_outputs(bt->reqs[k]->outputs, bt->reqs[k]->noutputs);
-        bt->reqs[k]->outputs = NULL;
-        bt->reqs[k]->noutputs = 0;
-    }
+    for (int k = 0; k < bt->n; k++)
+        free_outputs(bt->reqs[k]->outputs, no);
     return STATUS_INTERNAL;
 fail:
-    for (k = 0; k < bt->n; k++) {
-        free_outputs(bt->reqs[k]->outputs, bt->reqs[k]->noutputs);
-        bt->reqs[k]->outputs = NULL;
-        bt->reqs[k]->noutputs = 0;
-    }
+    for (int k = 0; k < bt->n; k++)
+        free_outputs(bt->reqs[k]->outputs, no);
     return status_set(err, err_len, STATUS_NOMEM, "out of memory splitting a batch of %lld rows",
                       (long long)bt->rows);
+}
+
+/* Runs the gathered batch. A request alone in its batch, unpadded, gets the
+ * model's outputs in its own array as they are; a batch's are split
+ * (scatter). */
+static int execute(struct instances *s, struct instance *inst, int index, const struct executor_batch *bt,
+                   char *err, size_t err_len) {
+    int no = s->noutputs, nin = bt->reqs[0]->ninputs, alone = bt->n == 1 && !inst->padded;
+    struct tensor *out = alone ? bt->reqs[0]->outputs : inst->out;
+    memset(out, 0, sizeof(struct tensor) * (size_t)no);
+    int rc = s->p.execute ? s->p.execute(s->p.execute_arg, index, inst->in, nin, out, no, err, err_len)
+                          : model_run_unchecked(inst->x, inst->in, nin, out, no, err, err_len);
+    if (rc || alone)
+        return rc;
+    rc = scatter(s, inst, bt, err, err_len);
+    free_outputs(inst->out, no);
+    return rc;
 }
 
 static void instances_run(void *ctx, int index, struct executor_batch *bt) {
     struct instances *s = ctx;
     struct instance *inst = &s->inst[index];
-    int no = s->noutputs;
     char err[256] = "";
     uint64_t t0 = bt->now_ns(bt->now_arg);
     int rc = gather(s, inst, bt, err, sizeof err);
     uint64_t t1 = bt->now_ns(bt->now_arg), t2 = t1;
     if (rc == 0) {
-        memset(inst->out, 0, sizeof(struct tensor) * (size_t)(no > 0 ? no : 1));
-        if (s->p.execute)
-            rc = s->p.execute(s->p.execute_arg, index, inst->in, bt->reqs[0]->ninputs, inst->out, no, err, sizeof err);
-        else
-            rc = model_run(inst->x, inst->in, bt->reqs[0]->ninputs, inst->out, no, err, sizeof err);
+        rc = execute(s, inst, index, bt, err, sizeof err);
         t2 = bt->now_ns(bt->now_arg);
-        if (rc == 0) {
-            if (bt->n == 1 && !inst->padded) {
-                /* One request: hand the batch outputs over as they are. */
-                struct batcher_request *r = bt->reqs[0];
-                r->outputs = malloc(sizeof(struct tensor) * (size_t)(no > 0 ? no : 1));
-                if (!r->outputs) {
-                    for (int o = 0; o < no; o++)
-                        tensor_free_data(&inst->out[o]);
-                    rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
-                } else {
-                    memcpy(r->outputs, inst->out, sizeof(struct tensor) * (size_t)no);
-                    r->noutputs = no;
-                }
-            } else {
-                rc = scatter(s, inst, bt, err, sizeof err);
-                for (int o = 0; o < no; o++)
-                    tensor_free_data(&inst->out[o]);
-            }
-        }
     }
     uint64_t t3 = bt->now_ns(bt->now_arg);
     bt->exec_ns = t2 - t1;
     for (int k = 0; k < bt->n; k++) {
         struct batcher_request *r = bt->reqs[k];
         r->status = rc;
-        if (rc) {
+        r->noutputs = rc ? 0 : s->noutputs;
+        if (rc)
             snprintf(r->err, sizeof r->err, "%s", err);
-            r->outputs = NULL;
-            r->noutputs = 0;
-        } else {
+        else
             r->err[0] = 0;
-        }
         r->end_ns = t3;
         r->compute_input_ns = t1 - t0;
         r->compute_infer_ns = t2 - t1;
@@ -304,12 +281,6 @@ static void instances_heavy(void *ctx, int index, const struct executor_batch *b
     inst->nthreads = n;
 }
 
-static const char *instances_input_name(void *ctx, int i) {
-    struct instances *s = ctx;
-    const struct model_io *io = s->p.model ? model_input(s->p.model, i) : NULL;
-    return io ? io->name : NULL;
-}
-
 /* ---- making and freeing ------------------------------------------------------ */
 
 static void instance_release(struct instance *inst) {
@@ -339,7 +310,6 @@ static void instances_free(void *ctx) {
 static const struct executor_i instances_iface = {
     .run = instances_run,
     .heavy = instances_heavy,
-    .input_name = instances_input_name,
     .free = instances_free,
 };
 

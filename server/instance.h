@@ -45,15 +45,13 @@ struct executor_batch {
 struct executor_i {
     /* Runs the batch on instance `instance`: gathers the requests' inputs,
      * executes, and sets every request's status and err, its outputs (its
-     * own rows, each an owned block: common/tensor.h; none on failure), its
-     * compute times, end_ns and batch_size. */
+     * own rows, in its outputs array, each an owned block: common/tensor.h;
+     * none on failure), its compute times, end_ns and batch_size. */
     void (*run)(void *ctx, int instance, struct executor_batch *batch);
     /* Optional (NULL: nothing to do). The batcher's profile says batches of
      * this size take BATCHER_HEAVY_NS or more a request: the instance may
      * move to more threads. Called after the batch's done() calls. */
     void (*heavy)(void *ctx, int instance, const struct executor_batch *batch);
-    /* Optional: the name of model input i, for messages (NULL: "?"). */
-    const char *(*input_name)(void *ctx, int i);
     void (*free)(void *ctx);
 };
 

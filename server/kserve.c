@@ -12,6 +12,7 @@
 #include "common/jsonnum.h"
 #include "common/status.h"
 #include "config/model_config.h"
+#include "models/model.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
 #define KSERVE_MAX_TENSORS 1024
@@ -86,15 +87,30 @@ void kserve_error_body(struct kserve_buf *b, const char *msg) {
 
 /* ---- tensors ------------------------------------------------------------ */
 
+/* A copy of s in r's own room while it lasts (names and ids are short),
+ * else strdup'd; NULL when out of memory. */
+static char *keep_string(struct kserve_request *r, const char *s) {
+    size_t n = strlen(s) + 1;
+    if (n > sizeof r->strings_l - r->strings_used) return strdup(s);
+    char *p = memcpy(r->strings_l + r->strings_used, s, n);
+    r->strings_used += n;
+    return p;
+}
+
+static void drop_string(struct kserve_request *r, char *s) {
+    uintptr_t a = (uintptr_t)s, room = (uintptr_t)r->strings_l;
+    if (a - room >= sizeof r->strings_l) free(s);
+}
+
 void kserve_request_clear(struct kserve_request *r) {
     if (!r) return;
-    free(r->id);
+    drop_string(r, r->id);
     for (int i = 0; i < r->ninputs; i++) {
-        free(r->inputs[i].name);
+        drop_string(r, r->inputs[i].name);
         tensor_free_data(&r->inputs[i].t);
     }
-    free(r->inputs);
-    for (int i = 0; i < r->noutputs; i++) free(r->outputs[i].name);
+    if (r->inputs != r->inputs_l) free(r->inputs);
+    for (int i = 0; i < r->noutputs; i++) drop_string(r, r->outputs[i].name);
     free(r->outputs);
     memset(r, 0, sizeof *r);
 }
@@ -511,13 +527,14 @@ static char *prescan(const char *text, size_t len, struct fast_data *fd, char *l
     return copy;
 }
 
-static int parse_input(struct kserve_input *in, const cJSON *j, int idx, const struct fast_data *fd, char *err,
+static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const struct fast_data *fd, char *err,
                        size_t err_len) {
+    struct kserve_input *in = &r->inputs[idx];
     if (!cJSON_IsObject(j)) return INVALID("field 'inputs[%d]' must be an object", idx);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     if (!cJSON_IsString(name) || !*name->valuestring)
         return INVALID("field 'inputs[%d].name' must be a non-empty string", idx);
-    in->name = strdup(name->valuestring);
+    in->name = keep_string(r, name->valuestring);
     if (!in->name) return STATUS_NOMEM;
     const char *n = in->name;
     const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "datatype");
@@ -608,12 +625,14 @@ static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, 
     return rc;
 }
 
-static int parse_output(struct kserve_output *o, const cJSON *j, int idx, char *err, size_t err_len) {
+static int parse_output(struct kserve_request *r, const cJSON *j, int idx, char *err, size_t err_len) {
+    struct kserve_output *o = &r->outputs[idx];
     if (!cJSON_IsObject(j)) return INVALID("field 'outputs[%d]' must be an object", idx);
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
     if (!cJSON_IsString(name) || !*name->valuestring)
         return INVALID("field 'outputs[%d].name' must be a non-empty string", idx);
-    o->name = strdup(name->valuestring);
+    o->name = keep_string(r, name->valuestring);
+    if (!o->name) return STATUS_NOMEM;
     o->binary = -1;
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
     if (!params) return 0;
@@ -649,7 +668,7 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
     if (id) {
         if (!cJSON_IsString(id)) return INVALID("field 'id' must be a string");
-        if (!(r->id = strdup(id->valuestring))) return STATUS_NOMEM;
+        if (!(r->id = keep_string(r, id->valuestring))) return STATUS_NOMEM;
     }
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
     if (params) {
@@ -676,11 +695,11 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
     int n = cJSON_GetArraySize(inputs);
     if (n == 0) return INVALID("field 'inputs' is empty");
     if (n > KSERVE_MAX_TENSORS) return INVALID("field 'inputs' has more than %d entries", KSERVE_MAX_TENSORS);
-    r->inputs = calloc((size_t)n, sizeof *r->inputs);
+    r->inputs = n <= KSERVE_INLINE_INPUTS ? r->inputs_l : calloc((size_t)n, sizeof *r->inputs);
     if (!r->inputs) return STATUS_NOMEM;
     const cJSON *e;
     cJSON_ArrayForEach(e, inputs) {
-        int rc = parse_input(&r->inputs[r->ninputs], e, r->ninputs, fd, err, err_len);
+        int rc = parse_input(r, e, r->ninputs, fd, err, err_len);
         r->ninputs++;
         if (rc) return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
@@ -695,7 +714,7 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
         r->outputs = calloc((size_t)(n ? n : 1), sizeof *r->outputs);
         if (!r->outputs) return STATUS_NOMEM;
         cJSON_ArrayForEach(e, outputs) {
-            int rc = parse_output(&r->outputs[r->noutputs], e, r->noutputs, err, err_len);
+            int rc = parse_output(r, e, r->noutputs, err, err_len);
             r->noutputs++;
             if (rc) return rc;
             for (int k = 0; k < r->noutputs - 1; k++)
@@ -938,6 +957,18 @@ static void cfg_shape_str(const struct model_config *mc, const struct model_conf
     tensor_shape_str(&t, buf, cap);
 }
 
+/* The engine's bound on any dim (MODEL_MAX_DIM), which a configuration's -1
+ * leaves open: checked here, after everything else, because the model runs
+ * these inputs unchecked (model_run_unchecked). */
+static int check_dims(const struct tensor *ordered, const struct model_config *mc, char *err, size_t err_len) {
+    for (int i = 0; i < mc->ninputs; i++)
+        for (int d = 0; d < ordered[i].ndim; d++)
+            if (ordered[i].dims[d] < 0 || ordered[i].dims[d] > MODEL_MAX_DIM)
+                return INVALID("input '%s': dim %d is %lld, outside [0, %lld]", mc->inputs[i].name, d,
+                               (long long)ordered[i].dims[d], (long long)MODEL_MAX_DIM);
+    return 0;
+}
+
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len) {
     char names[512], sh[128], msh[128];
@@ -1001,7 +1032,7 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
                            dtype_kserve_name(dt));
     }
     *rows = batch > 0 ? batch : 1;
-    return 0;
+    return check_dims(ordered, mc, err, err_len);
 }
 
 /* ---- response encoding -------------------------------------------------- */
@@ -1120,10 +1151,41 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     return rc;
 }
 
+/* The model's index of the i-th output the response carries (-1: none). */
+static int output_index(const struct kserve_request *r, const struct model_config *mc, int i) {
+    return r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
+}
+
+/* The binary outputs after the JSON header, in its order: a block whose
+ * bytes are the wire's (not BYTES, not a classification) is listed in sp
+ * while there is room, the rest copied into body. */
+static void put_binary_parts(const struct kserve_request *r, const struct model_config *mc, const struct tensor *send,
+                             const int *bin, const uint8_t *owned, int nsel, struct kserve_buf *body,
+                             struct kserve_splice *sp, int max, int *nsp) {
+    for (int i = 0; i < nsel; i++) {
+        if (!bin[i]) continue;
+        size_t n = tensor_nbytes(&send[i]);
+        if (!owned[i] && send[i].dtype != DT_STRING && n > 0 && *nsp < max)
+            sp[(*nsp)++] = (struct kserve_splice){.output = output_index(r, mc, i), .at = body->len, .len = n};
+        else put_data_binary(body, &send[i]);
+    }
+}
+
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
                            char *err, size_t err_len) {
+    int n = 0;
+    return kserve_response_encode_spliced(r, mc, model_name, model_version, outputs, body, json_len, NULL, 0, &n,
+                                          err, err_len);
+}
+
+int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
+                                   const char *model_name, const char *model_version,
+                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   struct kserve_splice *splices, int max_splices, int *nsplices,
+                                   char *err, size_t err_len) {
+    *nsplices = 0;
     int nsel = r->noutputs ? r->noutputs : mc->noutputs;
     /* A few outputs (the usual case) need no allocation. */
     struct tensor send_l[8];
@@ -1141,7 +1203,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
         goto out;
     }
     for (int i = 0; i < nsel; i++) {
-        int k = r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
+        int k = output_index(r, mc, i);
         if (k < 0) {
             rc = status_set(err, err_len, STATUS_INVALID, "unexpected inference output '%s' for model '%s'",
                             r->outputs[i].name, mc->name);
@@ -1189,9 +1251,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
     }
     buf_str(body, "]}");
     *json_len = body->len;
-    if (any_bin)
-        for (int i = 0; i < nsel; i++)
-            if (bin[i]) put_data_binary(body, &send[i]);
+    if (any_bin) put_binary_parts(r, mc, send, bin, owned, nsel, body, splices, max_splices, nsplices);
     if (!body->data) rc = STATUS_NOMEM;
 out:
     for (int i = 0; send && i < nsel; i++)

@@ -36,6 +36,13 @@ struct kserve_output {
     int classification;     /* parameters.classification: top-k; 0 = off */
 };
 
+/* What a request holds in itself: one input and short names need no
+ * allocation. Kept small: the inference core's request, which holds this
+ * one, stays within the size malloc serves from its per-thread cache
+ * (glibc's tcache, up to 1032 bytes). */
+#define KSERVE_INLINE_INPUTS 1
+#define KSERVE_INLINE_STRINGS 64
+
 struct kserve_request {
     char *id;               /* NULL when the request had none */
     int64_t priority;       /* parameters.priority; 0 = default */
@@ -46,6 +53,11 @@ struct kserve_request {
     int ninputs;
     struct kserve_output *outputs; /* empty = every output */
     int noutputs;
+    /* Room the fields above may point into (inputs, the names, id): a
+     * parsed request is not copied, only cleared. */
+    struct kserve_input inputs_l[KSERVE_INLINE_INPUTS];
+    char strings_l[KSERVE_INLINE_STRINGS];
+    size_t strings_used;
 };
 
 /* Parses a request body. On error, r is left cleared. A tensor's element
@@ -61,7 +73,9 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 /* Checks r against the model configuration (whose inputs and outputs are in
  * the model's order) and fills ordered[mc->ninputs] with borrowed views of
  * r's tensors and *rows with the batch size (1 when the model does not
- * batch). Also checks the requested outputs exist. */
+ * batch). Also checks the requested outputs exist. This is the one check of
+ * a request's inputs on the server's path: the batcher and the model take
+ * what it accepts as it is (every dim within MODEL_MAX_DIM included). */
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
 
@@ -80,6 +94,25 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
                            char *err, size_t err_len);
+
+/* A binary output that kserve_response_encode_spliced left out of the body:
+ * its wire bytes are its tensor's own block as it is (outputs[output].data,
+ * len bytes), sent at offset `at` of the body. */
+struct kserve_splice {
+    int output;             /* the model's index, in outputs[] */
+    size_t at;
+    size_t len;
+};
+
+/* kserve_response_encode, except that up to max_splices binary outputs whose
+ * wire bytes are their tensor's block (neither BYTES nor a classification)
+ * are not copied into body but listed in splices (*nsplices, in body order),
+ * so that a transport can send them from the tensors themselves. */
+int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
+                                   const char *model_name, const char *model_version,
+                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   struct kserve_splice *splices, int max_splices, int *nsplices,
+                                   char *err, size_t err_len);
 
 /* Appends s to b as a JSON string literal (quotes included). */
 void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);

@@ -55,6 +55,31 @@ static void test_parse_json_nested_and_flat(void **state) {
     kserve_request_clear(&r);
 }
 
+/* Names and inputs beyond the request's own room (KSERVE_INLINE_INPUTS,
+ * KSERVE_INLINE_STRINGS) are allocated, and freed by clear with the rest. */
+static void test_parse_beyond_inline_room(void **state) {
+    char longname[200], json[1024];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    snprintf(json, sizeof json,
+             "{\"id\":\"%s\",\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[1]},"
+             "{\"name\":\"%s\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[2]},"
+             "{\"name\":\"c\",\"shape\":[1],\"datatype\":\"INT32\",\"data\":[3]}],"
+             "\"outputs\":[{\"name\":\"%s\"}]}", longname, longname, longname);
+    struct kserve_request r;
+    assert_int_equal(parse(&r, json, NULL, 0, 0), 0);
+    assert_int_equal(r.ninputs, 3);
+    assert_ptr_not_equal(r.inputs, r.inputs_l);
+    assert_string_equal(r.id, longname);
+    assert_string_equal(r.inputs[0].name, "a");
+    assert_string_equal(r.inputs[1].name, longname);
+    assert_string_equal(r.inputs[2].name, "c");
+    assert_string_equal(r.outputs[0].name, longname);
+    assert_int_equal(((int32_t *)r.inputs[2].t.data)[0], 3);
+    kserve_request_clear(&r);
+    assert_null(r.inputs);
+}
+
 static void test_parse_binary_and_bytes(void **state) {
     struct kserve_request r;
     float v[4] = {1, 2, 3, 4};
@@ -138,6 +163,104 @@ static void test_bind(void **state) {
         }
         kserve_request_clear(&r);
     }
+    model_config_clear(&c);
+}
+
+/* Parses json, binds it to c and clears it: bind's status, g_err its message. */
+static int bind_json(const struct model_config *c, const char *json, struct tensor *ord, int64_t *rows) {
+    struct kserve_request r;
+    assert_int_equal(parse(&r, json, NULL, 0, 0), 0);
+    int rc = kserve_request_bind(&r, c, ord, rows, g_err, sizeof g_err);
+    kserve_request_clear(&r);
+    return rc;
+}
+
+/* What the batcher and the model no longer check on the server's path:
+ * inputs whose batch dims disagree, and a dim the configuration leaves open
+ * (-1) beyond the engine's bound. */
+static void test_bind_batch_and_dim_bounds(void **state) {
+    struct model_config c;
+    model_config_init(&c, "two");
+    struct model_io ins[2] = {{.name = "a", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}},
+                              {.name = "b", .dtype = DT_FP32, .ndim = 3, .dims = {-1, -1, -1}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}}};
+    assert_int_equal(model_config_complete(&c, ins, 2, outs, 1, g_err, sizeof g_err), 0);
+    struct tensor ord[2];
+    int64_t rows = 0;
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"b\",\"shape\":[2,1,1],\"datatype\":\"FP32\",\"data\":[1,2]},"
+                                   "{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]}]}",
+                               ord, &rows), 0);
+    assert_int_equal(rows, 2);
+    assert_int_equal(ord[0].dims[1], 2); /* a, in the model's order */
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"data\":[1,2,3,4]},"
+                                   "{\"name\":\"b\",\"shape\":[1,1,1],\"datatype\":\"FP32\",\"data\":[1]}]}",
+                               ord, &rows), STATUS_INVALID);
+    assert_string_equal(g_err, "input 'b': batch size 1 differs from the other inputs' 2");
+    /* A zero dim keeps the data empty however large the other. */
+    assert_int_equal(bind_json(&c, "{\"inputs\":[{\"name\":\"a\",\"shape\":[1,2],\"datatype\":\"FP32\",\"data\":[1,2]},"
+                                   "{\"name\":\"b\",\"shape\":[1,0,16777217],\"datatype\":\"FP32\",\"data\":[]}]}",
+                               ord, &rows), STATUS_INVALID);
+    assert_string_equal(g_err, "input 'b': dim 2 is 16777217, outside [0, 16777216]");
+    model_config_clear(&c);
+}
+
+/* body with each spliced output's block put back at its place. */
+static struct kserve_buf join_splices(const struct kserve_buf *body, const struct kserve_splice *sp, int n,
+                                      const struct tensor *outs) {
+    size_t total = body->len;
+    for (int i = 0; i < n; i++) total += sp[i].len;
+    struct kserve_buf j = {.data = malloc(total), .cap = total};
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(j.data + j.len, body->data + at, sp[i].at - at);
+        j.len += sp[i].at - at;
+        memcpy(j.data + j.len, outs[sp[i].output].data, sp[i].len);
+        j.len += sp[i].len;
+        at = sp[i].at;
+    }
+    memcpy(j.data + j.len, body->data + at, body->len - at);
+    j.len += body->len - at;
+    return j;
+}
+
+/* The spliced encoding sends the same bytes: the body with each listed
+ * output block put back at its place is the plain encoding's body. A
+ * classification (encoded) stays in the body; at most max_splices are listed. */
+static void test_encode_spliced_same_bytes(void **state) {
+    struct model_config c;
+    tiny_config(&c);
+    struct kserve_request r;
+    assert_int_equal(parse(&r, "{\"inputs\":[{\"name\":\"x\",\"shape\":[2,4],\"datatype\":\"FP32\","
+                               "\"data\":[1,2,3,4,5,6,7,8]}],\"outputs\":[{\"name\":\"label\",\"parameters\":"
+                               "{\"classification\":1,\"binary_data\":true}},{\"name\":\"probs\"}],"
+                               "\"parameters\":{\"binary_data_output\":true}}", NULL, 0, 0), 0);
+    float probs[6] = {0.1f, 0.7f, 0.2f, 0.5f, 0.2f, 0.3f};
+    int64_t label[2] = {1, 0};
+    struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
+                             {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
+    struct kserve_buf plain = {0}, body = {0}, joined;
+    size_t jl_plain, jl;
+    struct kserve_splice sp[2];
+    int n = -1;
+    assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &plain, &jl_plain, g_err, sizeof g_err), 0);
+    assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 0, &n, g_err,
+                                                    sizeof g_err), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(body.len, plain.len);
+    kserve_buf_free(&body);
+    assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 2, &n, g_err,
+                                                    sizeof g_err), 0);
+    assert_int_equal(jl, jl_plain);
+    assert_int_equal(n, 1);
+    assert_int_equal(sp[0].output, 0); /* probs, raw; label is classified */
+    assert_int_equal(sp[0].len, sizeof probs);
+    joined = join_splices(&body, sp, n, outs);
+    assert_int_equal(joined.len, plain.len);
+    assert_memory_equal(joined.data, plain.data, plain.len);
+    kserve_buf_free(&plain);
+    kserve_buf_free(&body);
+    kserve_buf_free(&joined);
+    kserve_request_clear(&r);
     model_config_clear(&c);
 }
 
@@ -468,7 +591,10 @@ int main(void) {
         cmocka_unit_test(test_parse_json_nested_and_flat),
         cmocka_unit_test(test_parse_binary_and_bytes),
         cmocka_unit_test(test_parse_errors_name_the_field),
+        cmocka_unit_test(test_parse_beyond_inline_room),
         cmocka_unit_test(test_bind),
+        cmocka_unit_test(test_encode_spliced_same_bytes),
+        cmocka_unit_test(test_bind_batch_and_dim_bounds),
         cmocka_unit_test(test_encode_json_binary_classification),
         cmocka_unit_test(test_prescan_matches_cjson),
         cmocka_unit_test(test_prescan_large_tensor),
