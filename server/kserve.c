@@ -177,11 +177,12 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
         return 0;
     }
     double d;
-    if (cJSON_IsString(v) && (t->dtype == DT_FP32 || t->dtype == DT_FP64) &&
+    if (cJSON_IsString(v) && (t->dtype == DT_FP32 || t->dtype == DT_FP64 || t->dtype == DT_FP16) &&
         (!strcmp(v->valuestring, "NaN") || !strcmp(v->valuestring, "Infinity") || !strcmp(v->valuestring, "-Infinity"))) {
         /* Non-finite floats as tritonclient writes them (see quote_nonfinite). */
         d = v->valuestring[0] == 'N' ? NAN : v->valuestring[0] == '-' ? -INFINITY : INFINITY;
         if (t->dtype == DT_FP32) ((float *)t->data)[i] = (float)d;
+        else if (t->dtype == DT_FP16) ((uint16_t *)t->data)[i] = fp32_to_fp16((float)d);
         else ((double *)t->data)[i] = d;
         return 0;
     }
@@ -224,6 +225,13 @@ static int fill_number(struct fill *f, double d) {
         ((float *)t->data)[i] = (float)d;
         break;
     case DT_FP64: ((double *)t->data)[i] = d; break;
+    case DT_FP16:
+        /* tritonclient writes an FP16 tensor's exact values; past 65504 is infinity. */
+        if (fabs(d) > 65504)
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP16",
+                              f->in->name, (long long)i, d);
+        ((uint16_t *)t->data)[i] = fp32_to_fp16((float)d);
+        break;
     case DT_INT8: RANGE(INT8_MIN, INT8_MAX); ((int8_t *)t->data)[i] = (int8_t)d; break;
     case DT_UINT8: RANGE(0, UINT8_MAX); ((uint8_t *)t->data)[i] = (uint8_t)d; break;
     case DT_INT16: RANGE(INT16_MIN, INT16_MAX); ((int16_t *)t->data)[i] = (int16_t)d; break;
@@ -573,7 +581,9 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
         in->binary_size = (size_t)bds->valuedouble;
         return 0;
     }
-    if (in->t.dtype == DT_FP16 || in->t.dtype == DT_BF16)
+    /* FP16 as JSON numbers, as tritonclient sends them; BF16 has no JSON
+     * form there (numpy has no bfloat16). */
+    if (in->t.dtype == DT_BF16)
         return INVALID("input '%s': datatype %s cannot be sent as JSON data; use the binary tensor extension", n,
                        dtype_kserve_name(in->t.dtype));
     if (cJSON_IsNull(data) || cJSON_IsObject(data))

@@ -94,6 +94,11 @@ def test_fp16_served_over_http(make_server, tmp_path):
     assert got.dtype == np.float16
     want = ort.InferenceSession(src).run(None, {name: x.astype(np.float32)})[0]
     assert np.abs(got.astype(np.float32) - want).max() < 2e-3
+    # FP16 as JSON both ways, as tritonclient sends and reads it.
+    inp.set_data_from_numpy(x, binary_data=False)
+    r = c.infer("sq16", [inp], outputs=[httpclient.InferRequestedOutput(out_name, binary_data=False)])
+    assert r.get_response()["outputs"][0]["datatype"] == "FP16"
+    assert np.abs(r.as_numpy(out_name).astype(np.float32) - want).max() < 2e-3
     # An FP32 tensor where the model takes FP16 is refused in words.
     bad = httpclient.InferInput(name, list(x.shape), "FP32")
     bad.set_data_from_numpy(x.astype(np.float32), binary_data=True)

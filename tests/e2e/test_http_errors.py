@@ -109,9 +109,9 @@ def test_bytes_truncated_element(server):
     assert status == 400 and "'s'" in doc["error"] and "BYTES" in doc["error"]
 
 
-def test_fp16_in_json_refused(server):
-    status, doc = infer_raw(server, {"inputs": [{"name": "x", "shape": [1], "datatype": "FP16", "data": [1]}]})
-    assert status == 400 and "FP16" in doc["error"]
+def test_bf16_in_json_refused(server):
+    status, doc = infer_raw(server, {"inputs": [{"name": "x", "shape": [1], "datatype": "BF16", "data": [1]}]})
+    assert status == 400 and "BF16" in doc["error"] and "binary" in doc["error"]
 
 
 def test_int_out_of_range(server):
