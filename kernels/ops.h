@@ -134,5 +134,6 @@ extern const struct op_def op_defs_scan[];
 extern const struct op_def op_defs_nn[];
 extern const struct op_def op_defs_ml[];
 extern const struct op_def op_defs_ml_encode[];
+extern const struct op_def op_defs_rnn[];
 
 #endif

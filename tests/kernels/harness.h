@@ -7,6 +7,7 @@
 #ifndef KILN_TEST_HARNESS_H
 #define KILN_TEST_HARNESS_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,16 @@ static unsigned g_runtime_inputs;
  * (kernels/ops.h): run() then gets the node without its attributes, so a
  * lookup by name left in a run path reads the default and fails the test. */
 static int g_run_without_attrs;
+
+/* Uniform floats in [-1, 1] from a fixed xorshift seed: a test sees the
+ * same inputs on every run. */
+static uint64_t g_tn_rng = 0x9e3779b97f4a7c15ull;
+static inline float tn_frand(void) {
+    g_tn_rng ^= g_tn_rng << 13;
+    g_tn_rng ^= g_tn_rng >> 7;
+    g_tn_rng ^= g_tn_rng << 17;
+    return (float)((g_tn_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
+}
 
 static inline void tn_init_domain(struct tnode *t, const char *domain, const char *op, int opset) {
     memset(t, 0, sizeof *t);

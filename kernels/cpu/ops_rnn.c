@@ -1,0 +1,564 @@
+/* ops_rnn.c - the recurrent family: RNN, GRU and LSTM (opsets 7 to 22),
+ * with every attribute ONNX defines: direction (forward, reverse,
+ * bidirectional), sequence_lens, initial_h (and initial_c, peepholes P and
+ * input_forget for LSTM), activations with their alphas and betas, clip,
+ * linear_before_reset (GRU), layout 0 and 1, and any subset of the outputs
+ * Y, Y_h (and Y_c).
+ *
+ * One direction runs as one GEMM for the input projections of every time
+ * step (X as [rows, input_size] times W^T, with the biases added in), then
+ * per step one GEMM of the hidden state by R^T and the gate arithmetic per
+ * batch row. Layout 1 only renames the rows (batch-major instead of
+ * time-major), so no operand is transposed. A batch row whose sequence is
+ * shorter than the longest stops updating its state there; the reverse
+ * direction walks each row from its own last step back to its first, and Y
+ * holds zeros past a row's length, as onnxruntime does (and Y_h, Y_c
+ * of a row of length 0).
+ *
+ * Everything computes in float32; GEMMs go to oneDNN's sgemm. */
+#include <stdint.h>
+#include <string.h>
+#include <strings.h>
+
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/elementwise_util.h"
+#include "kernels/ops.h"
+
+/* ---- activations -------------------------------------------------------- */
+
+enum rnn_fn {
+    RNN_FN_RELU,
+    RNN_FN_TANH,
+    RNN_FN_SIGMOID,
+    RNN_FN_AFFINE,
+    RNN_FN_LEAKY_RELU,
+    RNN_FN_THRESHOLDED_RELU,
+    RNN_FN_SCALED_TANH,
+    RNN_FN_HARD_SIGMOID,
+    RNN_FN_ELU,
+    RNN_FN_SOFTSIGN,
+    RNN_FN_SOFTPLUS,
+};
+
+struct rnn_act {
+    enum rnn_fn fn;
+    float alpha, beta;
+};
+
+/* The activations ONNX lists for its recurrent ops. An activation that
+ * takes alpha (beta) consumes the next value of activation_alpha
+ * (activation_beta); the others consume none, so the lists pair with the
+ * activations that use them, in order. */
+static const struct rnn_fn_def {
+    const char *name;
+    enum rnn_fn fn;
+    int uses_alpha, uses_beta;
+    float alpha, beta; /* defaults, as the ops of the same name have them */
+} g_rnn_fns[] = {
+    {"Relu", RNN_FN_RELU, 0, 0, 0, 0},
+    {"Tanh", RNN_FN_TANH, 0, 0, 0, 0},
+    {"Sigmoid", RNN_FN_SIGMOID, 0, 0, 0, 0},
+    {"Affine", RNN_FN_AFFINE, 1, 1, 1.0f, 0.0f},
+    {"LeakyRelu", RNN_FN_LEAKY_RELU, 1, 0, 0.01f, 0},
+    {"ThresholdedRelu", RNN_FN_THRESHOLDED_RELU, 1, 0, 1.0f, 0},
+    {"ScaledTanh", RNN_FN_SCALED_TANH, 1, 1, 1.0f, 1.0f},
+    {"HardSigmoid", RNN_FN_HARD_SIGMOID, 1, 1, 0.2f, 0.5f},
+    {"Elu", RNN_FN_ELU, 1, 0, 1.0f, 0},
+    {"Softsign", RNN_FN_SOFTSIGN, 0, 0, 0, 0},
+    {"Softplus", RNN_FN_SOFTPLUS, 0, 0, 0, 0},
+};
+
+/* Applies an activation to n floats in place; the switch sits outside the
+ * loops so that each loop vectorizes. */
+static void rnn_act_apply(const struct rnn_act *a, float *x, int64_t n) {
+    float al = a->alpha, be = a->beta;
+    switch (a->fn) {
+    case RNN_FN_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; break;
+    case RNN_FN_TANH: for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]); break;
+    case RNN_FN_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]); break;
+    case RNN_FN_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
+    case RNN_FN_LEAKY_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
+    case RNN_FN_THRESHOLDED_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > al ? x[i] : 0; break;
+    case RNN_FN_SCALED_TANH: for (int64_t i = 0; i < n; i++) x[i] = al * ew_tanh_f(be * x[i]); break;
+    case RNN_FN_HARD_SIGMOID:
+        for (int64_t i = 0; i < n; i++) {
+            float y = al * x[i] + be;
+            x[i] = y < 0 ? 0 : (y > 1 ? 1 : y);
+        }
+        break;
+    case RNN_FN_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * (ew_exp_f(x[i]) - 1.0f); break;
+    case RNN_FN_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + fabsf(x[i])); break;
+    case RNN_FN_SOFTPLUS: for (int64_t i = 0; i < n; i++) x[i] = log1pf(ew_exp_f(x[i])); break;
+    }
+}
+
+/* Bounds n floats to [-clip, clip] (clip > 0), before an activation. */
+static void rnn_clip(float *x, int64_t n, float clip) {
+    if (clip <= 0) return;
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] < -clip ? -clip : (x[i] > clip ? clip : x[i]);
+}
+
+/* ---- parameters ------------------------------------------------------- */
+
+enum rnn_kind { RNN_KIND_RNN, RNN_KIND_GRU, RNN_KIND_LSTM };
+
+/* Inputs by position, the same for the three ops up to initial_h. */
+enum { RNN_X, RNN_W, RNN_R, RNN_B, RNN_SEQ, RNN_H0, RNN_C0, RNN_P };
+enum { RNN_Y, RNN_YH, RNN_YC };
+
+#define RNN_MAX_FNS 3 /* activations per direction: f, g, h */
+
+/* Attributes and shapes of one node, decoded once. */
+struct rnn_params {
+    enum rnn_kind kind;
+    int ngates;       /* gates per direction: 1 (RNN), 3 (GRU: z r h), 4 (LSTM: i o f c) */
+    int nfns;         /* activations per direction */
+    int ndir;         /* 1 or 2 */
+    int reverse;      /* the single direction runs backwards */
+    int layout;       /* 0: [seq, batch, ...], 1: [batch, seq, ...] */
+    float clip;       /* 0 when absent */
+    int input_forget; /* LSTM: f = 1 - i */
+    int lbr;          /* GRU: linear_before_reset */
+    struct rnn_act act[2][RNN_MAX_FNS];
+    int64_t seq, batch, in_size, hidden;
+};
+
+static const struct rnn_fn_def *rnn_fn_find(const char *name) {
+    for (size_t i = 0; i < sizeof g_rnn_fns / sizeof g_rnn_fns[0]; i++)
+        if (strcasecmp(g_rnn_fns[i].name, name) == 0) return &g_rnn_fns[i];
+    return NULL;
+}
+
+/* activations (with activation_alpha and activation_beta) into p->act. An
+ * absent list takes the op's defaults; a bidirectional op given one
+ * direction's list uses it for both, as onnxruntime does. */
+static int rnn_decode_acts(struct op_call *c, struct rnn_params *p) {
+    static const char *const defaults[3][RNN_MAX_FNS] = {
+        {"Tanh"}, {"Sigmoid", "Tanh"}, {"Sigmoid", "Tanh", "Tanh"}};
+    const struct graph_attr *acts = node_attr(c->node, "activations");
+    const float *alphas = NULL, *betas = NULL;
+    int nalpha = node_attr_floats(c->node, "activation_alpha", &alphas);
+    int nbeta = node_attr_floats(c->node, "activation_beta", &betas);
+    int n = acts ? acts->n : 0, ia = 0, ib = 0;
+    if (acts && (acts->type != ATTR_STRINGS || (n != p->nfns && n != p->nfns * p->ndir)))
+        return op_error(c, "activations has %d names; expected %d per direction", n, p->nfns);
+    for (int d = 0; d < p->ndir; d++)
+        for (int k = 0; k < p->nfns; k++) {
+            const char *name = acts ? acts->strings[(d * p->nfns + k) % n] : defaults[p->kind][k];
+            const struct rnn_fn_def *f = rnn_fn_find(name);
+            if (!f) return op_error(c, "unknown activation '%s'", name);
+            struct rnn_act *a = &p->act[d][k];
+            a->fn = f->fn;
+            a->alpha = f->uses_alpha && ia < nalpha ? alphas[ia++] : f->alpha;
+            a->beta = f->uses_beta && ib < nbeta ? betas[ib++] : f->beta;
+        }
+    return 0;
+}
+
+static int rnn_decode_attrs(struct op_call *c, enum rnn_kind kind, struct rnn_params *p) {
+    static const int ngates[] = {1, 3, 4};
+    p->kind = kind;
+    p->ngates = ngates[kind];
+    p->nfns = kind + 1;
+    const char *dir = node_attr_str(c->node, "direction", "forward");
+    if (!strcmp(dir, "bidirectional")) p->ndir = 2;
+    else if (!strcmp(dir, "forward") || !strcmp(dir, "reverse")) p->ndir = 1;
+    else return op_error(c, "unknown direction '%s'", dir);
+    p->reverse = !strcmp(dir, "reverse");
+    p->layout = c->node->opset >= 14 ? (int)node_attr_int(c->node, "layout", 0) : 0;
+    if (p->layout != 0 && p->layout != 1) return op_error(c, "layout must be 0 or 1 (got %d)", p->layout);
+    p->clip = node_attr(c->node, "clip") ? node_attr_float(c->node, "clip", 0) : 0;
+    if (node_attr(c->node, "clip") && !(p->clip > 0)) return op_error(c, "clip must be positive (got %g)", p->clip);
+    p->input_forget = kind == RNN_KIND_LSTM && node_attr_int(c->node, "input_forget", 0) != 0;
+    p->lbr = kind == RNN_KIND_GRU && node_attr_int(c->node, "linear_before_reset", 0) != 0;
+    return rnn_decode_acts(c, p);
+}
+
+static const struct tensor *rnn_in(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
+
+/* Checks that input i, when present, is float32 of the given shape. */
+static int rnn_check_input(struct op_call *c, int i, const char *what, int ndim, const int64_t *dims) {
+    const struct tensor *t = rnn_in(c, i);
+    if (!t) return 0;
+    if (t->dtype != DT_FP32) {
+        op_error(c, "%s must be float32 (got %s): kiln's recurrent ops compute in float32 only", what,
+                 dtype_name(t->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    int ok = t->ndim == ndim;
+    for (int k = 0; ok && k < ndim; k++) ok = t->dims[k] == dims[k];
+    if (ok) return 0;
+    char got[128], want[128];
+    struct tensor e = {.dtype = DT_FP32, .ndim = ndim};
+    memcpy(e.dims, dims, sizeof(int64_t) * (size_t)ndim);
+    return op_error(c, "%s has shape %s; expected %s", what, tensor_shape_str(t, got, sizeof got),
+                    tensor_shape_str(&e, want, sizeof want));
+}
+
+/* The sizes, from X and R, checked against every other input. */
+static int rnn_decode_shapes(struct op_call *c, struct rnn_params *p) {
+    const struct tensor *x = c->in[RNN_X], *w = c->in[RNN_W], *r = c->in[RNN_R];
+    if (!x || !w || !r) return op_error(c, "X, W and R are required");
+    if (x->ndim != 3 || r->ndim != 3) return op_error(c, "X and R must have 3 dims");
+    p->seq = x->dims[p->layout ? 1 : 0];
+    p->batch = x->dims[p->layout ? 0 : 1];
+    p->in_size = x->dims[2];
+    p->hidden = r->dims[2];
+    int64_t hs = node_attr_int(c->node, "hidden_size", p->hidden);
+    if (hs != p->hidden) return op_error(c, "hidden_size is %lld but R's last dim is %lld", (long long)hs, (long long)p->hidden);
+    int64_t D = p->ndir, G = p->ngates, H = p->hidden, Bt = p->batch;
+    const int64_t xd[3] = {x->dims[0], x->dims[1], p->in_size}, wd[3] = {D, G * H, p->in_size},
+                  rd[3] = {D, G * H, H}, bd[2] = {D, 2 * G * H}, pd[2] = {D, 3 * H};
+    const int64_t hd[3] = {p->layout ? Bt : D, p->layout ? D : Bt, H};
+    int rc;
+    if ((rc = rnn_check_input(c, RNN_X, "X", 3, xd)) || (rc = rnn_check_input(c, RNN_W, "W", 3, wd)) ||
+        (rc = rnn_check_input(c, RNN_R, "R", 3, rd)) || (rc = rnn_check_input(c, RNN_B, "B", 2, bd)) ||
+        (rc = rnn_check_input(c, RNN_H0, "initial_h", 3, hd)))
+        return rc;
+    if (p->kind == RNN_KIND_LSTM &&
+        ((rc = rnn_check_input(c, RNN_C0, "initial_c", 3, hd)) || (rc = rnn_check_input(c, RNN_P, "P", 2, pd))))
+        return rc;
+    const struct tensor *sl = rnn_in(c, RNN_SEQ);
+    if (sl && (sl->dtype != DT_INT32 && sl->dtype != DT_INT64))
+        return op_error(c, "sequence_lens must be int32 (got %s)", dtype_name(sl->dtype));
+    if (sl && (sl->ndim != 1 || sl->dims[0] != Bt))
+        return op_error(c, "sequence_lens must have one length per batch row (%lld)", (long long)Bt);
+    return 0;
+}
+
+static int rnn_decode(struct op_call *c, enum rnn_kind kind, struct rnn_params *p) {
+    int rc = rnn_decode_attrs(c, kind, p);
+    return rc ? rc : rnn_decode_shapes(c, p);
+}
+
+/* ---- shapes ------------------------------------------------------------- */
+
+static void rnn_set_out(struct op_call *c, int i, int ndim, const int64_t *dims) {
+    struct tensor *t = i < c->nout ? c->out[i] : NULL;
+    if (!t) return;
+    t->dtype = DT_FP32;
+    t->ndim = ndim;
+    for (int k = 0; k < ndim; k++) t->dims[k] = dims[k];
+}
+
+static int rnn_infer(struct op_call *c, enum rnn_kind kind) {
+    struct rnn_params p;
+    memset(&p, 0, sizeof p);
+    int rc = rnn_decode(c, kind, &p);
+    if (rc) return rc;
+    int64_t T = p.seq, D = p.ndir, Bt = p.batch, H = p.hidden;
+    const int64_t y0[4] = {T, D, Bt, H}, y1[4] = {Bt, T, D, H}, h0[3] = {D, Bt, H}, h1[3] = {Bt, D, H};
+    rnn_set_out(c, RNN_Y, 4, p.layout ? y1 : y0);
+    rnn_set_out(c, RNN_YH, 3, p.layout ? h1 : h0);
+    if (kind == RNN_KIND_LSTM) rnn_set_out(c, RNN_YC, 3, p.layout ? h1 : h0);
+    return 0;
+}
+static int rnn_infer_rnn(struct op_call *c) { return rnn_infer(c, RNN_KIND_RNN); }
+static int gru_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_GRU); }
+static int lstm_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_LSTM); }
+
+/* ---- scratch ------------------------------------------------------------ */
+
+/* Where run() keeps its work, carved from the plan's scratch. */
+struct rnn_work {
+    float *gx;      /* [seq * batch, G*H]: input projections plus biases, rows in X's order */
+    float *gh;      /* [batch, G*H]: the hidden state times R^T, then the gates */
+    float *h, *cst; /* [batch, H]: hidden and (LSTM) cell state */
+    float *rh;      /* [batch, H]: GRU's r * h (linear_before_reset = 0) */
+    float *bias;    /* [G*H]: Wb + Rb (GRU with linear_before_reset: Wb alone for h) */
+    int64_t *len;   /* [batch]: each row's sequence length */
+};
+
+static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
+    int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
+    size_t sizes[7] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
+                       sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
+                       sizeof(float) * (size_t)GH, sizeof(int64_t) * (size_t)p->batch};
+    void **slots[7] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
+                       (void **)&w->rh, (void **)&w->bias, (void **)&w->len};
+    size_t off = 0;
+    for (int i = 0; i < 7; i++) {
+        if (base) *slots[i] = base + off;
+        off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
+    }
+    return off;
+}
+
+static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size_t *scratch_size) {
+    struct rnn_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = rnn_decode(c, kind, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    struct rnn_work w;
+    *scratch_size = rnn_work_layout(p, NULL, &w);
+    *state = p;
+    return 0;
+}
+static int rnn_prepare_rnn(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_RNN, s, n); }
+static int gru_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_GRU, s, n); }
+static int lstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, s, n); }
+
+/* ---- one direction ------------------------------------------------------ */
+
+/* What one direction reads and writes. */
+struct rnn_dir {
+    const struct rnn_params *p;
+    const struct rnn_act *act;  /* this direction's activations */
+    int d, reverse;
+    const float *w, *r, *b, *peep; /* this direction's slices; b and peep may be NULL */
+    const float *x;
+    float *y, *yh, *yc;         /* outputs, NULL when absent */
+    const float *h0, *c0;       /* initial states, NULL when absent */
+};
+
+/* C[M,N] (row stride ldc) = A[M,K] (row stride lda) * B^T, B being [N,K]
+ * with row stride ldb, plus beta * C. */
+static int rnn_gemm(struct op_call *c, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                    int64_t ldb, float beta, float *out, int64_t ldc) {
+    if (m == 0 || n == 0) return 0;
+    if (k == 0) {
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) out[i * ldc + j] *= beta;
+        return 0;
+    }
+    DNNL_CHECK(dnnl_sgemm('N', 'T', m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc));
+    return 0;
+}
+
+/* Offsets of a (time step, batch row) in X's rows, in Y, and of a batch
+ * row in Y_h and the initial states, by layout. */
+static int64_t rnn_row(const struct rnn_params *p, int64_t t, int64_t b) {
+    return p->layout ? b * p->seq + t : t * p->batch + b;
+}
+static int64_t rnn_y_off(const struct rnn_params *p, int64_t t, int d, int64_t b) {
+    return (p->layout ? (b * p->seq + t) * p->ndir + d : (t * p->ndir + d) * p->batch + b) * p->hidden;
+}
+static int64_t rnn_state_off(const struct rnn_params *p, int d, int64_t b) {
+    return (p->layout ? b * p->ndir + d : d * p->batch + b) * p->hidden;
+}
+
+/* The combined biases, then every step's input projection: gx = X W^T + bias. */
+static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden, GH = p->ngates * H, rows = p->seq * p->batch;
+    for (int64_t j = 0; j < GH; j++) {
+        int r_inside = p->lbr && j >= 2 * H; /* GRU's Rbh is added inside r * (...) */
+        w->bias[j] = rd->b ? rd->b[j] + (r_inside ? 0 : rd->b[GH + j]) : 0;
+    }
+    for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
+    return rnn_gemm(c, rows, GH, p->in_size, rd->x, p->in_size, rd->w, p->in_size, 1.0f, w->gx, GH);
+}
+
+/* The time index a row reads at step s, or -1 once its sequence ended. */
+static int64_t rnn_step_t(const struct rnn_dir *rd, const struct rnn_work *w, int64_t s, int64_t b) {
+    if (s >= w->len[b]) return -1;
+    return rd->reverse ? w->len[b] - 1 - s : s;
+}
+
+/* Gates of one batch row: g holds x W^T + h R^T + biases on entry. */
+static void rnn_cell_rnn(const struct rnn_dir *rd, float *g, const float *gx, float *h) {
+    int64_t H = rd->p->hidden;
+    for (int64_t j = 0; j < H; j++) g[j] += gx[j];
+    rnn_clip(g, H, rd->p->clip);
+    rnn_act_apply(&rd->act[0], g, H);
+    memcpy(h, g, sizeof(float) * (size_t)H);
+}
+
+/* LSTM gates in ONNX's order i, o, f, c; peepholes P in order i, o, f. */
+static void rnn_cell_lstm(const struct rnn_dir *rd, float *g, const float *gx, float *h, float *cs) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden;
+    float *gi = g, *go = g + H, *gf = g + 2 * H, *gc = g + 3 * H;
+    for (int64_t j = 0; j < 4 * H; j++) g[j] += gx[j];
+    if (rd->peep)
+        for (int64_t j = 0; j < H; j++) gi[j] += rd->peep[j] * cs[j];
+    rnn_clip(gi, H, p->clip);
+    rnn_act_apply(&rd->act[0], gi, H);
+    if (p->input_forget) {
+        for (int64_t j = 0; j < H; j++) gf[j] = 1.0f - gi[j];
+    } else {
+        if (rd->peep)
+            for (int64_t j = 0; j < H; j++) gf[j] += rd->peep[2 * H + j] * cs[j];
+        rnn_clip(gf, H, p->clip);
+        rnn_act_apply(&rd->act[0], gf, H);
+    }
+    rnn_clip(gc, H, p->clip);
+    rnn_act_apply(&rd->act[1], gc, H);
+    for (int64_t j = 0; j < H; j++) cs[j] = gf[j] * cs[j] + gi[j] * gc[j];
+    if (rd->peep)
+        for (int64_t j = 0; j < H; j++) go[j] += rd->peep[H + j] * cs[j];
+    rnn_clip(go, H, p->clip);
+    rnn_act_apply(&rd->act[0], go, H);
+    memcpy(h, cs, sizeof(float) * (size_t)H);
+    rnn_act_apply(&rd->act[2], h, H);
+    for (int64_t j = 0; j < H; j++) h[j] *= go[j];
+}
+
+/* GRU's update and reset gates (z, r) of one row, in place in g. */
+static void rnn_gru_zr(const struct rnn_dir *rd, float *g, const float *gx) {
+    int64_t H2 = 2 * rd->p->hidden;
+    for (int64_t j = 0; j < H2; j++) g[j] += gx[j];
+    rnn_clip(g, H2, rd->p->clip);
+    rnn_act_apply(&rd->act[0], g, H2);
+}
+
+/* GRU's new state from z, r (done) and g's third slice: h R_h^T (+ Rbh)
+ * with linear_before_reset, (r * h) R_h^T without. */
+static void rnn_cell_gru(const struct rnn_dir *rd, float *g, const float *gx, float *h) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden;
+    float *z = g, *r = g + H, *hh = g + 2 * H;
+    const float *rbh = rd->b ? rd->b + 5 * H : NULL;
+    if (p->lbr)
+        for (int64_t j = 0; j < H; j++) hh[j] = gx[2 * H + j] + r[j] * (hh[j] + (rbh ? rbh[j] : 0));
+    else
+        for (int64_t j = 0; j < H; j++) hh[j] += gx[2 * H + j];
+    rnn_clip(hh, H, p->clip);
+    rnn_act_apply(&rd->act[1], hh, H);
+    for (int64_t j = 0; j < H; j++) h[j] = (1.0f - z[j]) * hh[j] + z[j] * h[j];
+}
+
+/* Whether any row still runs at step s. */
+static int rnn_any_live(const struct rnn_work *w, int64_t batch, int64_t s) {
+    for (int64_t b = 0; b < batch; b++)
+        if (s < w->len[b]) return 1;
+    return 0;
+}
+
+/* GRU without linear_before_reset: z and r first, then (r * h) R_h^T
+ * into the third slice of gh. */
+static int rnn_gru_reset_gemm(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w, int64_t s) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden, GH = 3 * H;
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t t = rnn_step_t(rd, w, s, b);
+        float *g = w->gh + b * GH;
+        if (t >= 0) rnn_gru_zr(rd, g, w->gx + rnn_row(p, t, b) * GH);
+        for (int64_t j = 0; j < H; j++) w->rh[b * H + j] = g[H + j] * w->h[b * H + j];
+    }
+    return rnn_gemm(c, p->batch, H, H, w->rh, H, rd->r + 2 * H * H, H, 0.0f, w->gh + 2 * H, GH);
+}
+
+/* One time step for every live row. */
+static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w, int64_t s) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden, GH = p->ngates * H;
+    int gru_split = p->kind == RNN_KIND_GRU && !p->lbr;
+    int rc = rnn_gemm(c, p->batch, gru_split ? 2 * H : GH, H, w->h, H, rd->r, H, 0.0f, w->gh, GH);
+    if (!rc && gru_split) rc = rnn_gru_reset_gemm(c, rd, w, s);
+    if (rc) return rc;
+#pragma omp parallel for if (p->batch * GH >= 65536)
+    for (int64_t b = 0; b < p->batch; b++) {
+        int64_t t = rnn_step_t(rd, w, s, b);
+        if (t < 0) continue;
+        float *g = w->gh + b * GH, *h = w->h + b * H;
+        const float *gx = w->gx + rnn_row(p, t, b) * GH;
+        switch (p->kind) {
+        case RNN_KIND_RNN: rnn_cell_rnn(rd, g, gx, h); break;
+        case RNN_KIND_LSTM: rnn_cell_lstm(rd, g, gx, h, w->cst + b * H); break;
+        case RNN_KIND_GRU:
+            if (p->lbr) rnn_gru_zr(rd, g, gx);
+            rnn_cell_gru(rd, g, gx, h);
+            break;
+        }
+        if (rd->y) memcpy(rd->y + rnn_y_off(p, t, rd->d, b), h, sizeof(float) * (size_t)H);
+    }
+    return 0;
+}
+
+/* A direction's state [batch, H] from an initial state laid out by
+ * p->layout (zeros when absent), and back into Y_h or Y_c. A row of
+ * length 0 ran no step: its final state is zeros, not the initial state,
+ * as onnxruntime has it. */
+static void rnn_state_load(const struct rnn_params *p, int d, float *state, const float *src) {
+    size_t hb = sizeof(float) * (size_t)p->hidden;
+    for (int64_t b = 0; b < p->batch; b++) {
+        if (src) memcpy(state + b * p->hidden, src + rnn_state_off(p, d, b), hb);
+        else memset(state + b * p->hidden, 0, hb);
+    }
+}
+static void rnn_state_store(const struct rnn_params *p, int d, const int64_t *len, const float *state, float *dst) {
+    size_t hb = sizeof(float) * (size_t)p->hidden;
+    for (int64_t b = 0; b < p->batch; b++) {
+        if (len[b]) memcpy(dst + rnn_state_off(p, d, b), state + b * p->hidden, hb);
+        else memset(dst + rnn_state_off(p, d, b), 0, hb);
+    }
+}
+
+static int rnn_direction(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
+    const struct rnn_params *p = rd->p;
+    int rc = rnn_project(c, rd, w);
+    if (rc) return rc;
+    rnn_state_load(p, rd->d, w->h, rd->h0);
+    if (p->kind == RNN_KIND_LSTM) rnn_state_load(p, rd->d, w->cst, rd->c0);
+    for (int64_t s = 0; s < p->seq && rnn_any_live(w, p->batch, s); s++)
+        if ((rc = rnn_step(c, rd, w, s))) return rc;
+    if (rd->yh) rnn_state_store(p, rd->d, w->len, w->h, rd->yh);
+    if (rd->yc) rnn_state_store(p, rd->d, w->len, w->cst, rd->yc);
+    return 0;
+}
+
+/* ---- run ---------------------------------------------------------------- */
+
+static float *rnn_out(const struct op_call *c, int i) {
+    return i < c->nout && c->out[i] ? c->out[i]->data : NULL;
+}
+
+static const float *rnn_slice(const struct op_call *c, int i, int d, int64_t per_dir) {
+    const struct tensor *t = rnn_in(c, i);
+    return t ? (const float *)t->data + d * per_dir : NULL;
+}
+
+/* Reads sequence_lens into w->len (every row full when absent); a length
+ * outside [0, seq] is an error. Returns whether any row is short. */
+static int rnn_read_lens(struct op_call *c, const struct rnn_params *p, struct rnn_work *w, int *short_rows) {
+    const struct tensor *sl = rnn_in(c, RNN_SEQ);
+    *short_rows = 0;
+    for (int64_t b = 0; b < p->batch; b++) {
+        w->len[b] = sl ? op_int_at(sl, b) : p->seq;
+        if (w->len[b] < 0 || w->len[b] > p->seq)
+            return op_error(c, "sequence_lens[%lld] is %lld; expected 0 to %lld", (long long)b, (long long)w->len[b],
+                            (long long)p->seq);
+        if (w->len[b] < p->seq) *short_rows = 1;
+    }
+    return 0;
+}
+
+static int rnn_run(struct op_call *c) {
+    const struct rnn_params *p = c->state;
+    struct rnn_work w;
+    rnn_work_layout(p, c->scratch, &w);
+    int short_rows, rc = rnn_read_lens(c, p, &w, &short_rows);
+    if (rc) return rc;
+    dnnl_util_set_threads(c->nthreads);
+    int64_t H = p->hidden, GH = p->ngates * H;
+    float *y = rnn_out(c, RNN_Y);
+    if (y && short_rows) memset(y, 0, tensor_nbytes(c->out[RNN_Y]));
+    for (int d = 0; d < p->ndir; d++) {
+        struct rnn_dir rd = {
+            .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
+            .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
+            .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = y,
+            .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
+        };
+        if (p->kind == RNN_KIND_LSTM) {
+            rd.peep = rnn_slice(c, RNN_P, d, 3 * H);
+            rd.yc = rnn_out(c, RNN_YC);
+            rd.c0 = rnn_in(c, RNN_C0) ? c->in[RNN_C0]->data : NULL;
+        }
+        if ((rc = rnn_direction(c, &rd, &w))) return rc;
+    }
+    return 0;
+}
+
+const struct op_def op_defs_rnn[] = {
+    {"RNN", "", rnn_infer_rnn, rnn_prepare_rnn, rnn_run, op_params_free, 0},
+    {"GRU", "", gru_infer, gru_prepare, rnn_run, op_params_free, 0},
+    {"LSTM", "", lstm_infer, lstm_prepare, rnn_run, op_params_free, 0},
+    {NULL, NULL, NULL, NULL, NULL, NULL, 0},
+};
