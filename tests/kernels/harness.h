@@ -47,6 +47,17 @@ static inline float tn_frand(void) {
     return (float)((g_tn_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
 }
 
+/* A float32 tensor of the given shape filled by tn_frand; the caller
+ * frees its data. */
+static inline struct tensor tn_rand_f32(int ndim, const int64_t *dims) {
+    struct tensor t = {DT_FP32, ndim, {0}, NULL};
+    for (int i = 0; i < ndim; i++) t.dims[i] = dims[i];
+    int64_t n = tensor_numel(&t);
+    t.data = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++) ((float *)t.data)[i] = tn_frand();
+    return t;
+}
+
 static inline void tn_init_domain(struct tnode *t, const char *domain, const char *op, int opset) {
     memset(t, 0, sizeof *t);
     t->n.name = "n0";

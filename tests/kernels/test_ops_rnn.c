@@ -19,15 +19,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static struct tensor mk(int ndim, const int64_t *dims) {
-    struct tensor t = {DT_FP32, ndim, {0}, NULL};
-    for (int i = 0; i < ndim; i++) t.dims[i] = dims[i];
-    int64_t n = tensor_numel(&t);
-    t.data = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    for (int64_t i = 0; i < n; i++) ((float *)t.data)[i] = tn_frand();
-    return t;
-}
-
 static float *F(const struct tensor *t) { return t->data; }
 
 static void expect_close(const float *got, const float *want, int64_t n, const char *what) {
@@ -50,13 +41,13 @@ struct rnn_case {
 static void case_init(struct rnn_case *k, int T, int B, int I, int H, int D, int G) {
     memset(k, 0, sizeof *k);
     k->T = T, k->B = B, k->I = I, k->H = H, k->D = D, k->G = G;
-    k->x = mk(3, (int64_t[]){T, B, I});
-    k->w = mk(3, (int64_t[]){D, G * H, I});
-    k->r = mk(3, (int64_t[]){D, G * H, H});
-    k->b = mk(2, (int64_t[]){D, 2 * G * H});
-    k->h0 = mk(3, (int64_t[]){D, B, H});
-    k->c0 = mk(3, (int64_t[]){D, B, H});
-    k->p = mk(2, (int64_t[]){D, 3 * H});
+    k->x = tn_rand_f32(3, (int64_t[]){T, B, I});
+    k->w = tn_rand_f32(3, (int64_t[]){D, G * H, I});
+    k->r = tn_rand_f32(3, (int64_t[]){D, G * H, H});
+    k->b = tn_rand_f32(2, (int64_t[]){D, 2 * G * H});
+    k->h0 = tn_rand_f32(3, (int64_t[]){D, B, H});
+    k->c0 = tn_rand_f32(3, (int64_t[]){D, B, H});
+    k->p = tn_rand_f32(2, (int64_t[]){D, 3 * H});
     for (int i = 0; i < B; i++) k->len[i] = T;
     k->lens = (struct tensor){DT_INT32, 1, {B}, k->len};
 }
