@@ -8,10 +8,17 @@
  * dims' strides where the label repeats, 0 where a broadcast dim has size
  * 1). An output element is then a sum, over the odometer of the summed
  * labels, of the operands' product at offsets that advance by those
- * strides. Floating point sums in double, integers in 64 bits. */
+ * strides. Floating point sums in double, integers in 64 bits.
+ *
+ * Two float32 operands (a matmul, attention's scores) go to oneDNN's sgemm
+ * instead: see ein_gemm_plan. */
 #include <stdint.h>
 #include <string.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
 
 /* Labels: 'a'-'z' are 0-25, 'A'-'Z' 26-51, then one per ellipsis dim. */
@@ -20,6 +27,22 @@
 
 /* Element counts below this sum on the calling thread. */
 #define EIN_PAR_MIN 32768
+
+/* A strided view of a tensor: element (i_0..i_nd-1) sits at the sum of
+ * i_j * str[j] (elements). */
+struct ein_view {
+    int nd;
+    int64_t dims[SHAPE_MAX_VIEW_DIMS], str[SHAPE_MAX_VIEW_DIMS];
+};
+
+/* Two float32 operands as one batched GEMM (ein_gemm_plan). */
+struct ein_gemm {
+    int on;
+    int64_t batch, m, n, k;
+    struct ein_view a, b; /* A as [batch, M, K], B as [batch, K, N] */
+    struct ein_view y;    /* the output, read from C [batch, M, N] */
+    size_t off_b, off_c;  /* scratch: packed A at 0, then B, then C */
+};
 
 struct ein_params {
     int nin;
@@ -30,6 +53,7 @@ struct ein_params {
     int sum_label[EIN_MAX_LABELS];
     int64_t ostride[OP_MAX_IO][TENSOR_MAX_DIMS]; /* operand k's stride along output dim j */
     int64_t sstride[OP_MAX_IO][EIN_MAX_LABELS];  /* along summed label j */
+    struct ein_gemm gemm;
 };
 
 /* One operand's term: a label per dim, ellipsis dims expanded. */
@@ -195,6 +219,90 @@ static int ein_dtype_ok(enum dtype dt) {
     }
 }
 
+/* The summed-label space's size. */
+static int64_t ein_sum_count(const struct ein_params *p) {
+    int64_t n = 1;
+    for (int j = 0; j < p->nsum; j++) n *= p->size[p->sum_label[j]];
+    return n;
+}
+
+/* ---- two float32 operands: one batched GEMM ---------------------------- */
+
+static int ein_view_add(struct ein_view *v, int64_t n, int64_t stride) {
+    if (v->nd == SHAPE_MAX_VIEW_DIMS) return -1;
+    v->dims[v->nd] = n;
+    v->str[v->nd++] = stride;
+    return 0;
+}
+
+enum { EIN_BATCH, EIN_M, EIN_N };
+
+/* Output labels on both operands are the batch, those on A alone the rows
+ * (M), on B alone the columns (N); the summed labels are the inner dim (K).
+ * The operands are gathered into [batch, M, K] and [batch, K, N] by their
+ * label strides, where a repeated label (a stride sum) or a broadcast dim
+ * (stride 0) need nothing special; the
+ * product is then read into the output's order. A label of stride 0 in
+ * both operands (size 1) goes with M. Off when a view would need more
+ * dims than a strided copy takes, and when a summed label is missing from
+ * one operand: the gather would repeat the other operand along it, where
+ * the general loop needs no copy. */
+static void ein_gemm_plan(struct ein_params *p, enum dtype dt) {
+    struct ein_gemm *g = &p->gemm;
+    memset(g, 0, sizeof *g);
+    if (p->nin != 2 || dt != DT_FP32) return;
+    for (int s = 0; s < p->nsum; s++)
+        if (p->size[p->sum_label[s]] > 1 && (!p->sstride[0][s] || !p->sstride[1][s])) return;
+    int cls[TENSOR_MAX_DIMS];
+    int64_t cnt[3] = {1, 1, 1};
+    for (int j = 0; j < p->nout; j++) {
+        int64_t sa = p->ostride[0][j], sb = p->ostride[1][j];
+        cls[j] = sa && sb ? EIN_BATCH : sb ? EIN_N : EIN_M;
+        cnt[cls[j]] *= p->size[p->out_label[j]];
+    }
+    g->batch = cnt[EIN_BATCH], g->m = cnt[EIN_M], g->n = cnt[EIN_N], g->k = ein_sum_count(p);
+    /* C is packed [batch, M, N], each group's labels in output order. */
+    int64_t inner[3] = {g->m * g->n, g->n, 1}, cstr[TENSOR_MAX_DIMS];
+    for (int j = p->nout - 1; j >= 0; j--) {
+        cstr[j] = inner[cls[j]];
+        inner[cls[j]] *= p->size[p->out_label[j]];
+    }
+    int bad = 0;
+    for (int j = 0; j < p->nout; j++) bad |= ein_view_add(&g->y, p->size[p->out_label[j]], cstr[j]);
+    for (int j = 0; j < p->nout; j++)
+        if (cls[j] == EIN_BATCH) {
+            bad |= ein_view_add(&g->a, p->size[p->out_label[j]], p->ostride[0][j]);
+            bad |= ein_view_add(&g->b, p->size[p->out_label[j]], p->ostride[1][j]);
+        }
+    for (int j = 0; j < p->nout; j++)
+        if (cls[j] == EIN_M) bad |= ein_view_add(&g->a, p->size[p->out_label[j]], p->ostride[0][j]);
+    for (int s = 0; s < p->nsum; s++) {
+        bad |= ein_view_add(&g->a, p->size[p->sum_label[s]], p->sstride[0][s]);
+        bad |= ein_view_add(&g->b, p->size[p->sum_label[s]], p->sstride[1][s]);
+    }
+    for (int j = 0; j < p->nout; j++)
+        if (cls[j] == EIN_N) bad |= ein_view_add(&g->b, p->size[p->out_label[j]], p->ostride[1][j]);
+    g->off_b = dnnl_util_align(sizeof(float) * (size_t)(g->batch * g->m * g->k));
+    g->off_c = g->off_b + dnnl_util_align(sizeof(float) * (size_t)(g->batch * g->k * g->n));
+    g->on = !bad;
+}
+
+static int ein_gemm_run(struct op_call *c, const struct ein_gemm *g) {
+    float *a = c->scratch, *b = (float *)((char *)c->scratch + g->off_b), *cm = (float *)((char *)c->scratch + g->off_c);
+    int nt = c->nthreads;
+    shape_strided_copy(a, c->in[0]->data, 0, g->a.nd, g->a.dims, g->a.str, sizeof(float), nt);
+    shape_strided_copy(b, c->in[1]->data, 0, g->b.nd, g->b.dims, g->b.str, sizeof(float), nt);
+    dnnl_util_set_threads(nt);
+    for (int64_t i = 0; i < g->batch && g->m && g->n; i++) {
+        float *ci = cm + i * g->m * g->n;
+        if (!g->k) memset(ci, 0, sizeof(float) * (size_t)(g->m * g->n));
+        else DNNL_CHECK(dnnl_sgemm('N', 'N', g->m, g->n, g->k, 1.0f, a + i * g->m * g->k, g->k, b + i * g->k * g->n, g->n,
+                                   0.0f, ci, g->n));
+    }
+    shape_strided_copy(c->out[0]->data, cm, 0, g->y.nd, g->y.dims, g->y.str, sizeof(float), nt);
+    return 0;
+}
+
 static int einsum_infer(struct op_call *c) {
     struct ein_params *p = op_params_alloc(c, sizeof *p);
     if (!p) return STATUS_NOMEM;
@@ -221,15 +329,10 @@ static int einsum_prepare(struct op_call *c, void **state, size_t *scratch) {
         op_params_free(p);
         return rc;
     }
+    ein_gemm_plan(p, c->in[0]->dtype);
+    if (p->gemm.on) *scratch = p->gemm.off_c + sizeof(float) * (size_t)(p->gemm.batch * p->gemm.m * p->gemm.n);
     *state = p;
     return 0;
-}
-
-/* The summed-label space's size. */
-static int64_t ein_sum_count(const struct ein_params *p) {
-    int64_t n = 1;
-    for (int j = 0; j < p->nsum; j++) n *= p->size[p->sum_label[j]];
-    return n;
 }
 
 /* Offsets of output element o in each operand. */
@@ -276,6 +379,7 @@ static void ein_sum_next(const struct ein_params *p, int64_t *idx, int64_t *off)
 
 static int einsum_run(struct op_call *c) {
     const struct ein_params *p = c->state;
+    if (p->gemm.on) return ein_gemm_run(c, &p->gemm);
     int64_t nout = tensor_numel(c->out[0]), nsum = ein_sum_count(p);
     switch (c->out[0]->dtype) {
     case DT_FP32: EIN_LOOP(float, double, EIN_ID, (float)); break;

@@ -1,7 +1,7 @@
 /* test_ops_einsum.c - Einsum against loops written here: a repeated index
  * (a diagonal, with a batch), a reduction, a batch matmul, a transpose, an
- * implicit output with an ellipsis that broadcasts, integers; clear
- * refusals. */
+ * implicit output with an ellipsis that broadcasts, integers; the sgemm
+ * path against the general loop; clear refusals. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -141,6 +141,44 @@ static void test_einsum_int64_outer(void **st) {
     free(y.data);
 }
 
+static struct tensor to_f64(const struct tensor *t) {
+    struct tensor d = *t;
+    d.dtype = DT_FP64;
+    d.data = malloc(sizeof(double) * (size_t)(tensor_numel(t) + 1));
+    for (int64_t i = 0; i < tensor_numel(t); i++) ((double *)d.data)[i] = F(t)[i];
+    return d;
+}
+
+/* Two float32 operands go through sgemm; float64 ones through the general
+ * loop: both agree where the GEMM's gathers do something unusual (a
+ * diagonal, a broadcast ellipsis, the output's groups interleaved, a
+ * scalar result, an empty inner dim; a summed label on one operand only
+ * keeps float32 on the general loop). */
+static void test_einsum_gemm_matches_general(void **st) {
+    (void)st;
+    static const struct {
+        const char *eq;
+        int nd[2];
+        int64_t a[4], b[4];
+    } cases[] = {
+        {"iij,jk->ik", {3, 2}, {3, 3, 4}, {4, 5}},        {"ij,k->i", {2, 1}, {3, 4}, {5}},
+        {"bij,bjk->kib", {3, 3}, {2, 3, 4}, {2, 4, 5}},   {"...ij,jk->...ki", {4, 2}, {2, 1, 3, 4}, {4, 2}},
+        {"ab,ba", {2, 2}, {3, 4}, {4, 3}},                {"ij,jk->ik", {2, 2}, {2, 0}, {0, 3}},
+        {"abcd,cdef->abef", {4, 4}, {2, 3, 4, 5}, {4, 5, 2, 3}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct tensor a = tn_rand_f32(cases[i].nd[0], cases[i].a), b = tn_rand_f32(cases[i].nd[1], cases[i].b);
+        struct tensor a64 = to_f64(&a), b64 = to_f64(&b), y = {0}, y64 = {0};
+        const struct tensor *in[2] = {&a, &b}, *in64[2] = {&a64, &b64};
+        assert_int_equal(einsum(cases[i].eq, in, 2, &y), 0);
+        assert_int_equal(einsum(cases[i].eq, in64, 2, &y64), 0);
+        assert_int_equal(y.ndim, y64.ndim);
+        for (int64_t j = 0; j < tensor_numel(&y); j++)
+            expect_near(F(&y)[j], (float)((double *)y64.data)[j], cases[i].eq, (int)j);
+        free(a.data), free(b.data), free(a64.data), free(b64.data), free(y.data), free(y64.data);
+    }
+}
+
 static void test_einsum_refusals(void **st) {
     (void)st;
     struct tensor a = tn_rand_f32(2, (int64_t[]){2, 3}), b = tn_rand_f32(2, (int64_t[]){4, 5}), y = {0};
@@ -163,7 +201,7 @@ int main(void) {
         cmocka_unit_test(test_einsum_diagonal),        cmocka_unit_test(test_einsum_reduction),
         cmocka_unit_test(test_einsum_batch_matmul),    cmocka_unit_test(test_einsum_transpose),
         cmocka_unit_test(test_einsum_ellipsis_broadcast), cmocka_unit_test(test_einsum_int64_outer),
-        cmocka_unit_test(test_einsum_refusals),
+        cmocka_unit_test(test_einsum_gemm_matches_general), cmocka_unit_test(test_einsum_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
