@@ -16,6 +16,12 @@
  * of a row of length 0).
  *
  * Everything computes in float32; GEMMs go to oneDNN's sgemm. */
+/* The activations' loops hold selects (tanh's two ranges, exp's clamps)
+ * that GCC if-converts only when no floating-point operation may trap. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
+#endif
+
 #include <stdint.h>
 #include <string.h>
 #include <strings.h>
@@ -70,34 +76,41 @@ static const struct rnn_fn_def {
     {"Softplus", RNN_FN_SOFTPLUS, 0, 0, 0, 0},
 };
 
+/* x[i] = expr(v) for each v = x[i]; `omp simd` because GCC's -O2 leaves
+ * such loops scalar (those that call libm stay so anyway). */
+#define RNN_MAP(expr)                                                      \
+    do {                                                                   \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {              \
+            float v = x[i];                                                \
+            x[i] = (expr);                                                 \
+        }                                                                  \
+    } while (0)
+
 /* Applies an activation to n floats in place; the switch sits outside the
  * loops so that each loop vectorizes. */
 static void rnn_act_apply(const struct rnn_act *a, float *x, int64_t n) {
     float al = a->alpha, be = a->beta;
     switch (a->fn) {
-    case RNN_FN_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; break;
-    case RNN_FN_TANH: for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]); break;
-    case RNN_FN_SIGMOID: for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]); break;
-    case RNN_FN_AFFINE: for (int64_t i = 0; i < n; i++) x[i] = al * x[i] + be; break;
-    case RNN_FN_LEAKY_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * x[i]; break;
-    case RNN_FN_THRESHOLDED_RELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] > al ? x[i] : 0; break;
-    case RNN_FN_SCALED_TANH: for (int64_t i = 0; i < n; i++) x[i] = al * ew_tanh_f(be * x[i]); break;
-    case RNN_FN_HARD_SIGMOID:
-        for (int64_t i = 0; i < n; i++) {
-            float y = al * x[i] + be;
-            x[i] = y < 0 ? 0 : (y > 1 ? 1 : y);
-        }
+    case RNN_FN_RELU: RNN_MAP(v > 0 ? v : 0); break;
+    case RNN_FN_TANH: RNN_MAP(ew_tanh_f(v)); break;
+    case RNN_FN_SIGMOID: RNN_MAP(ew_sigmoid_f(v)); break;
+    case RNN_FN_AFFINE: RNN_MAP(al * v + be); break;
+    case RNN_FN_LEAKY_RELU: RNN_MAP(v >= 0 ? v : al * v); break;
+    case RNN_FN_THRESHOLDED_RELU: RNN_MAP(v > al ? v : 0); break;
+    case RNN_FN_SCALED_TANH: RNN_MAP(al * ew_tanh_f(be * v)); break;
+    case RNN_FN_HARD_SIGMOID: RNN_MAP(al * v + be < 0 ? 0 : (al * v + be > 1 ? 1 : al * v + be)); break;
+    case RNN_FN_ELU: RNN_MAP(v >= 0 ? v : al * (ew_exp_f(v) - 1.0f)); break;
+    case RNN_FN_SOFTSIGN: RNN_MAP(v / (1.0f + fabsf(v))); break;
+    case RNN_FN_SOFTPLUS: /* libm's log1pf: no simd request that clang would report unmet */
+        for (int64_t i = 0; i < n; i++) x[i] = log1pf(ew_exp_f(x[i]));
         break;
-    case RNN_FN_ELU: for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : al * (ew_exp_f(x[i]) - 1.0f); break;
-    case RNN_FN_SOFTSIGN: for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + fabsf(x[i])); break;
-    case RNN_FN_SOFTPLUS: for (int64_t i = 0; i < n; i++) x[i] = log1pf(ew_exp_f(x[i])); break;
     }
 }
 
 /* Bounds n floats to [-clip, clip] (clip > 0), before an activation. */
 static void rnn_clip(float *x, int64_t n, float clip) {
     if (clip <= 0) return;
-    for (int64_t i = 0; i < n; i++) x[i] = x[i] < -clip ? -clip : (x[i] > clip ? clip : x[i]);
+    RNN_MAP(v < -clip ? -clip : (v > clip ? clip : v));
 }
 
 /* ---- parameters ------------------------------------------------------- */
@@ -268,18 +281,20 @@ struct rnn_work {
     float *h, *cst; /* [batch, H]: hidden and (LSTM) cell state */
     float *rh;      /* [batch, H]: GRU's r * h (linear_before_reset = 0) */
     float *bias;    /* [G*H]: Wb + Rb (GRU with linear_before_reset: Wb alone for h) */
+    float *rt;      /* [H, G*H]: this direction's R transposed, once per run */
     int64_t *len;   /* [batch]: each row's sequence length */
 };
 
 static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
     int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
-    size_t sizes[7] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
+    size_t sizes[8] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
                        sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
-                       sizeof(float) * (size_t)GH, sizeof(int64_t) * (size_t)p->batch};
-    void **slots[7] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
-                       (void **)&w->rh, (void **)&w->bias, (void **)&w->len};
+                       sizeof(float) * (size_t)GH, sizeof(float) * (size_t)(GH * p->hidden),
+                       sizeof(int64_t) * (size_t)p->batch};
+    void **slots[8] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
+                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len};
     size_t off = 0;
-    for (int i = 0; i < 7; i++) {
+    for (int i = 0; i < 8; i++) {
         if (base) *slots[i] = base + off;
         off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
     }
@@ -316,17 +331,18 @@ struct rnn_dir {
     const float *h0, *c0;       /* initial states, NULL when absent */
 };
 
-/* C[M,N] (row stride ldc) = A[M,K] (row stride lda) * B^T, B being [N,K]
- * with row stride ldb, plus beta * C. */
-static int rnn_gemm(struct op_call *c, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
-                    int64_t ldb, float beta, float *out, int64_t ldc) {
+/* C[M,N] (row stride ldc) = A[M,K] (row stride lda) * op(B), plus beta * C;
+ * op(B) is B^T of B [N,K] when transb is 'T', B [K,N] itself when 'N'
+ * (row stride ldb either way). */
+static int rnn_gemm(struct op_call *c, char transb, int64_t m, int64_t n, int64_t k, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float beta, float *out, int64_t ldc) {
     if (m == 0 || n == 0) return 0;
     if (k == 0) {
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) out[i * ldc + j] *= beta;
         return 0;
     }
-    DNNL_CHECK(dnnl_sgemm('N', 'T', m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc));
+    DNNL_CHECK(dnnl_sgemm('N', transb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc));
     return 0;
 }
 
@@ -342,7 +358,8 @@ static int64_t rnn_state_off(const struct rnn_params *p, int d, int64_t b) {
     return (p->layout ? b * p->ndir + d : d * p->batch + b) * p->hidden;
 }
 
-/* The combined biases, then every step's input projection: gx = X W^T + bias. */
+/* The combined biases, R^T, then every step's input projection:
+ * gx = X W^T + bias. */
 static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
     const struct rnn_params *p = rd->p;
     int64_t H = p->hidden, GH = p->ngates * H, rows = p->seq * p->batch;
@@ -351,7 +368,11 @@ static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_w
         w->bias[j] = rd->b ? rd->b[j] + (r_inside ? 0 : rd->b[GH + j]) : 0;
     }
     for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
-    return rnn_gemm(c, rows, GH, p->in_size, rd->x, p->in_size, rd->w, p->in_size, 1.0f, w->gx, GH);
+    /* sgemm packs a transposed operand again at every call: the per-step
+     * GEMMs read R^T laid out as they want it instead. */
+    for (int64_t q = 0; q < GH; q++)
+        for (int64_t j = 0; j < H; j++) w->rt[j * GH + q] = rd->r[q * H + j];
+    return rnn_gemm(c, 'T', rows, GH, p->in_size, rd->x, p->in_size, rd->w, p->in_size, 1.0f, w->gx, GH);
 }
 
 /* The time index a row reads at step s, or -1 once its sequence ended. */
@@ -441,7 +462,7 @@ static int rnn_gru_reset_gemm(struct op_call *c, const struct rnn_dir *rd, struc
         if (t >= 0) rnn_gru_zr(rd, g, w->gx + rnn_row(p, t, b) * GH);
         for (int64_t j = 0; j < H; j++) w->rh[b * H + j] = g[H + j] * w->h[b * H + j];
     }
-    return rnn_gemm(c, p->batch, H, H, w->rh, H, rd->r + 2 * H * H, H, 0.0f, w->gh + 2 * H, GH);
+    return rnn_gemm(c, 'N', p->batch, H, H, w->rh, H, w->rt + 2 * H, GH, 0.0f, w->gh + 2 * H, GH);
 }
 
 /* One time step for every live row. */
@@ -449,7 +470,7 @@ static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work
     const struct rnn_params *p = rd->p;
     int64_t H = p->hidden, GH = p->ngates * H;
     int gru_split = p->kind == RNN_KIND_GRU && !p->lbr;
-    int rc = rnn_gemm(c, p->batch, gru_split ? 2 * H : GH, H, w->h, H, rd->r, H, 0.0f, w->gh, GH);
+    int rc = rnn_gemm(c, 'N', p->batch, gru_split ? 2 * H : GH, H, w->h, H, w->rt, GH, 0.0f, w->gh, GH);
     if (!rc && gru_split) rc = rnn_gru_reset_gemm(c, rd, w, s);
     if (rc) return rc;
 #pragma omp parallel for if (p->batch * GH >= 65536)
