@@ -145,8 +145,9 @@ static const struct rnn_fn_def *rnn_fn_find(const char *name) {
 }
 
 /* activations (with activation_alpha and activation_beta) into p->act. An
- * absent list takes the op's defaults; a bidirectional op given one
- * direction's list uses it for both, as onnxruntime does. */
+ * absent list takes the op's defaults. ONNX asks a bidirectional op for
+ * both directions' lists; one direction's list (onnxruntime refuses it)
+ * is taken to serve both, alphas and betas included. */
 static int rnn_decode_acts(struct op_call *c, struct rnn_params *p) {
     static const char *const defaults[3][RNN_MAX_FNS] = {
         {"Tanh"}, {"Sigmoid", "Tanh"}, {"Sigmoid", "Tanh", "Tanh"}};
@@ -157,9 +158,10 @@ static int rnn_decode_acts(struct op_call *c, struct rnn_params *p) {
     int n = acts ? acts->n : 0, ia = 0, ib = 0;
     if (acts && (acts->type != ATTR_STRINGS || (n != p->nfns && n != p->nfns * p->ndir)))
         return op_error(c, "activations has %d names; expected %d per direction", n, p->nfns);
-    for (int d = 0; d < p->ndir; d++)
+    int listed = acts && n == p->nfns * p->ndir ? p->ndir : 1;
+    for (int d = 0; d < listed; d++)
         for (int k = 0; k < p->nfns; k++) {
-            const char *name = acts ? acts->strings[(d * p->nfns + k) % n] : defaults[p->kind][k];
+            const char *name = acts ? acts->strings[d * p->nfns + k] : defaults[p->kind][k];
             const struct rnn_fn_def *f = rnn_fn_find(name);
             if (!f) return op_error(c, "unknown activation '%s'", name);
             struct rnn_act *a = &p->act[d][k];
@@ -167,14 +169,15 @@ static int rnn_decode_acts(struct op_call *c, struct rnn_params *p) {
             a->alpha = f->uses_alpha && ia < nalpha ? alphas[ia++] : f->alpha;
             a->beta = f->uses_beta && ib < nbeta ? betas[ib++] : f->beta;
         }
+    if (listed < p->ndir) memcpy(p->act[1], p->act[0], sizeof p->act[0]);
     return 0;
 }
 
 static int rnn_decode_attrs(struct op_call *c, enum rnn_kind kind, struct rnn_params *p) {
-    static const int ngates[] = {1, 3, 4};
+    static const int ngates[] = {1, 3, 4}, nfns[] = {1, 2, 3}; /* by enum rnn_kind */
     p->kind = kind;
     p->ngates = ngates[kind];
-    p->nfns = kind + 1;
+    p->nfns = nfns[kind];
     const char *dir = node_attr_str(c->node, "direction", "forward");
     if (!strcmp(dir, "bidirectional")) p->ndir = 2;
     else if (!strcmp(dir, "forward") || !strcmp(dir, "reverse")) p->ndir = 1;

@@ -298,6 +298,34 @@ static void test_rnn_affine_clip(void **st) {
     case_free(&k);
 }
 
+/* A bidirectional RNN given one direction's activations uses them for
+ * both: the same as the list written out twice. */
+static void test_rnn_one_list_for_both_directions(void **st) {
+    (void)st;
+    struct rnn_case k;
+    case_init(&k, 3, 2, 3, 4, 2, 1);
+    char *one[1] = {"Affine"}, *two[2] = {"Affine", "Affine"};
+    struct tnode t1, t2;
+    tn_init(&t1, "RNN", 14);
+    tn_str(&t1, "direction", "bidirectional");
+    tn_strs(&t1, "activations", 1, one);
+    tn_floats(&t1, "activation_alpha", 1, (float[]){0.5f});
+    tn_floats(&t1, "activation_beta", 1, (float[]){0.3f});
+    tn_init(&t2, "RNN", 14);
+    tn_str(&t2, "direction", "bidirectional");
+    tn_strs(&t2, "activations", 2, two);
+    tn_floats(&t2, "activation_alpha", 2, (float[]){0.5f, 0.5f});
+    tn_floats(&t2, "activation_beta", 2, (float[]){0.3f, 0.3f});
+    struct tensor Y1 = {0}, Y2 = {0};
+    const struct tensor *in[6] = {&k.x, &k.w, &k.r, &k.b, NULL, &k.h0};
+    struct tensor *o1[1] = {&Y1}, *o2[1] = {&Y2};
+    assert_int_equal(tn_call(&t1.n, in, 6, o1, 1, 1), 0);
+    assert_int_equal(tn_call(&t2.n, in, 6, o2, 1, 1), 0);
+    assert_memory_equal(Y1.data, Y2.data, tensor_nbytes(&Y1));
+    free(Y1.data), free(Y2.data);
+    case_free(&k);
+}
+
 /* ---- refusals ----------------------------------------------------------- */
 
 static void test_rnn_refusals(void **st) {
@@ -338,7 +366,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lstm_bidirectional_seq_lens), cmocka_unit_test(test_lstm_outputs_optional),
         cmocka_unit_test(test_gru_linear_before_reset),     cmocka_unit_test(test_layout_batch_major),
-        cmocka_unit_test(test_rnn_affine_clip),             cmocka_unit_test(test_rnn_refusals),
+        cmocka_unit_test(test_rnn_affine_clip),             cmocka_unit_test(test_rnn_one_list_for_both_directions),
+        cmocka_unit_test(test_rnn_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
