@@ -363,6 +363,7 @@ static void test_rnn_refusals(void **st) {
 }
 
 int main(void) {
+    g_run_without_attrs = 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lstm_bidirectional_seq_lens), cmocka_unit_test(test_lstm_outputs_optional),
         cmocka_unit_test(test_gru_linear_before_reset),     cmocka_unit_test(test_layout_batch_major),
