@@ -65,7 +65,7 @@ def export(out_dir, name, layer, inputs, in_names, out_names):
 
 
 def main():
-    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "rnn"
+    out_dir = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1] / "data" / "rnn"
     out_dir.mkdir(parents=True, exist_ok=True)
     for name, layer, inputs, in_names, out_names in models():
         export(out_dir, name, layer, inputs, in_names, out_names)
