@@ -1,6 +1,6 @@
 """Exports PyTorch's recurrent layers to ONNX for tests/e2e/test_rnn_models.py.
 
-    python tests/models/make_rnn_models.py [OUT_DIR]   (default tests/models/rnn)
+    python tests/models/make_rnn_models.py [OUT_DIR]   (default tests/data/rnn)
 
 Needs torch (with its ONNX exporter); nothing is downloaded. For each model
 it writes NAME.onnx and NAME.npz: the inputs (in_<input name>) and torch's
