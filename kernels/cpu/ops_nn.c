@@ -1593,11 +1593,25 @@ static int global_pool_run(struct op_call *c, int is_max) {
 }
 static int gap_run(struct op_call *c) { return global_pool_run(c, 0); }
 
-static int glp_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    float *y = c->out[0]->data, p = (float)node_attr_int(c->node, "p", 2);
-    const float *xd = x->data;
+struct glp_params {
+    float p;
+};
+
+static int glp_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    float p = (float)node_attr_int(c->node, "p", 2);
     if (p <= 0) return op_error(c, "p must be positive (got %g)", (double)p);
+    struct glp_params *gp = op_params_alloc(c, sizeof *gp);
+    if (!gp) return STATUS_NOMEM;
+    gp->p = p;
+    *state = gp;
+    return 0;
+}
+
+static int glp_run(struct op_call *c) {
+    const struct glp_params *gp = c->state;
+    const struct tensor *x = c->in[0];
+    float *y = c->out[0]->data, p = gp->p;
+    const float *xd = x->data;
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t i = 0; i < nc; i++) {
@@ -1614,6 +1628,8 @@ static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
 /* y = x * a[c] + b[c] with a = scale / sqrt(var + eps), b = B - mean * a. */
 struct bn_state {
     float *ab; /* 2*C values when every parameter is constant, else NULL */
+    int training;
+    float eps, momentum;
 };
 
 /* training_mode=1 (opset 14+) normalizes with the batch's own statistics
@@ -1679,9 +1695,8 @@ static void bn_batch_stats(struct op_call *c, float *mean, float *var) {
     }
 }
 
-static void bn_coeffs(struct op_call *c, float *ab, const float *mu, const float *var) {
+static void bn_coeffs(struct op_call *c, float eps, float *ab, const float *mu, const float *var) {
     int64_t C = c->in[0]->dims[1];
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
     const float *sc = c->in[1]->data, *b = c->in[2]->data;
     for (int64_t i = 0; i < C; i++) {
         float a = sc[i] / sqrtf(var[i] + eps);
@@ -1703,14 +1718,17 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     struct bn_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int64_t C = c->in[0]->dims[1];
-    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !bn_training(c);
+    s->training = bn_training(c);
+    s->eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    s->momentum = node_attr_float(c->node, "momentum", 0.9f);
+    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !s->training;
     if (all_const) {
         s->ab = malloc(sizeof(float) * 2 * (size_t)(C > 0 ? C : 1));
         if (!s->ab) {
             free(s);
             return op_error(c, "out of memory"), STATUS_NOMEM;
         }
-        bn_coeffs(c, s->ab, c->in[3]->data, c->in[4]->data);
+        bn_coeffs(c, s->eps, s->ab, c->in[3]->data, c->in[4]->data);
         *scratch_size = 0;
     } else {
         *scratch_size = sizeof(float) * 4 * (size_t)C;
@@ -1723,16 +1741,16 @@ static int bn_run(struct op_call *c) {
     struct bn_state *s = c->state;
     if (tensor_numel(c->out[0]) == 0) return 0;
     const struct tensor *x = c->in[0];
-    float *ab = s ? s->ab : NULL;
+    float *ab = s->ab;
     int64_t C = x->dims[1];
     if (!ab) {
         if (c->scratch_size < sizeof(float) * 4 * (size_t)C) return op_error(c, "internal: no scratch for the coefficients");
         ab = c->scratch;
         const float *mu = c->in[3]->data, *var = c->in[4]->data;
-        if (bn_training(c)) {
+        if (s->training) {
             float *bm = ab + 2 * C, *bv = ab + 3 * C;
             bn_batch_stats(c, bm, bv);
-            float mom = node_attr_float(c->node, "momentum", 0.9f);
+            float mom = s->momentum;
             for (int64_t ch = 0; ch < C; ch++) {
                 if (has_out(c, 1)) ((float *)c->out[1]->data)[ch] = mu[ch] * mom + bm[ch] * (1 - mom);
                 if (has_out(c, 2)) ((float *)c->out[2]->data)[ch] = var[ch] * mom + bv[ch] * (1 - mom);
@@ -1740,7 +1758,7 @@ static int bn_run(struct op_call *c) {
             mu = bm;
             var = bv;
         }
-        bn_coeffs(c, ab, mu, var);
+        bn_coeffs(c, s->eps, ab, mu, var);
     }
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
@@ -1772,11 +1790,27 @@ static int inorm_infer(struct op_call *c) {
     return 0;
 }
 
+/* InstanceNormalization's and GroupNormalization's attributes. */
+struct norm_params {
+    float eps;
+    int64_t groups; /* GroupNormalization's num_groups */
+};
+
+static int norm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct norm_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    p->groups = node_attr_int(c->node, "num_groups", 1);
+    *state = p;
+    return 0;
+}
+
 static int inorm_run(struct op_call *c) {
+    const struct norm_params *p = c->state;
     const struct tensor *x = c->in[0];
     const float *sc = c->in[1]->data, *b = c->in[2]->data, *xd = x->data;
     float *y = c->out[0]->data;
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    float eps = p->eps;
     int64_t C = x->dims[1], nc = x->dims[0] * C, sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {
@@ -1802,6 +1836,30 @@ static int inorm_run(struct op_call *c) {
 /* Average (or max) of bilinear samples on a grid inside each bin of each
  * region, following ONNX's reference (and onnxruntime): samples more than
  * one pixel outside the image count as zero, the others clamp to it. */
+struct roialign_params {
+    int is_max, half; /* mode "max"; coordinate_transformation_mode "half_pixel" */
+    int64_t sr;       /* sampling_ratio (0: adaptive) */
+    float scale;      /* spatial_scale */
+    int64_t oh, ow;
+};
+
+static int roialign_decode(struct op_call *c, struct roialign_params *p) {
+    const char *mode = node_attr_str(c->node, "mode", "avg");
+    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
+    const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", c->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
+    if (strcmp(ctm, "half_pixel") && strcmp(ctm, "output_half_pixel"))
+        return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
+    p->is_max = strcmp(mode, "max") == 0;
+    p->half = strcmp(ctm, "half_pixel") == 0;
+    p->sr = node_attr_int(c->node, "sampling_ratio", 0);
+    p->scale = node_attr_float(c->node, "spatial_scale", 1.0f);
+    p->oh = node_attr_int(c->node, "output_height", 1);
+    p->ow = node_attr_int(c->node, "output_width", 1);
+    if (p->oh < 1 || p->ow < 1 || p->oh > (1 << 16) || p->ow > (1 << 16))
+        return op_error(c, "bad output size %lldx%lld", (long long)p->oh, (long long)p->ow);
+    return 0;
+}
+
 static int roialign_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *rois = opt_in(c, 1), *bi = opt_in(c, 2);
     int rc = need_f32(c, x, "X");
@@ -1811,13 +1869,9 @@ static int roialign_infer(struct op_call *c) {
     if (rois->ndim != 2 || rois->dims[1] != 4) return op_error(c, "rois must be [num_rois, 4]");
     if (!bi || bi->ndim != 1 || bi->dims[0] != rois->dims[0] || (bi->dtype != DT_INT64 && bi->dtype != DT_INT32))
         return op_error(c, "batch_indices must be integers, one per roi");
-    const char *mode = node_attr_str(c->node, "mode", "avg");
-    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
-    const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", c->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
-    if (strcmp(ctm, "half_pixel") && strcmp(ctm, "output_half_pixel"))
-        return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
-    int64_t oh = node_attr_int(c->node, "output_height", 1), ow = node_attr_int(c->node, "output_width", 1);
-    if (oh < 1 || ow < 1 || oh > (1 << 16) || ow > (1 << 16)) return op_error(c, "bad output size %lldx%lld", (long long)oh, (long long)ow);
+    struct roialign_params p;
+    if ((rc = roialign_decode(c, &p))) return rc;
+    int64_t oh = p.oh, ow = p.ow;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = 4;
@@ -1828,14 +1882,25 @@ static int roialign_infer(struct op_call *c) {
     return 0;
 }
 
+static int roialign_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct roialign_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = roialign_decode(c, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
 static int roialign_run(struct op_call *c) {
+    const struct roialign_params *p = c->state;
     const struct tensor *x = c->in[0], *rois = c->in[1], *bi = c->in[2];
     struct tensor *y = c->out[0];
-    int is_max = strcmp(node_attr_str(c->node, "mode", "avg"), "max") == 0;
-    int half = strcmp(node_attr_str(c->node, "coordinate_transformation_mode",
-                                    c->node->opset >= 16 ? "half_pixel" : "output_half_pixel"), "half_pixel") == 0;
-    int64_t sr = node_attr_int(c->node, "sampling_ratio", 0);
-    float scale = node_attr_float(c->node, "spatial_scale", 1.0f);
+    const int is_max = p->is_max, half = p->half;
+    const int64_t sr = p->sr;
+    const float scale = p->scale;
     int64_t R = y->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], oh = y->dims[2], ow = y->dims[3];
     const float *xd = x->data, *rd = rois->data;
     float *yd = y->data;
@@ -2004,11 +2069,12 @@ static int gnorm_infer(struct op_call *c) {
 }
 
 static int gnorm_run(struct op_call *c) {
+    const struct norm_params *p = c->state;
     const struct tensor *x = c->in[0];
     const float *xd = x->data, *sc = c->in[1]->data, *bi = c->in[2]->data;
     float *y = c->out[0]->data;
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
-    int64_t g = node_attr_int(c->node, "num_groups", 1), n = x->dims[0], C = x->dims[1];
+    float eps = p->eps;
+    int64_t g = p->groups, n = x->dims[0], C = x->dims[1];
     int64_t sp = prod(x->dims + 2, x->ndim - 2), cg = C / g, len = cg * sp;
     int per_channel = tensor_numel(c->in[1]) == C;
 #pragma omp parallel for collapse(2) if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
@@ -2147,11 +2213,27 @@ static int lrn_infer(struct op_call *c) {
     return 0;
 }
 
+struct lrn_params {
+    int64_t size;
+    float alpha, beta, bias;
+};
+
+static int lrn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct lrn_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->size = node_attr_int(c->node, "size", 1);
+    p->alpha = node_attr_float(c->node, "alpha", 1e-4f);
+    p->beta = node_attr_float(c->node, "beta", 0.75f);
+    p->bias = node_attr_float(c->node, "bias", 1.0f);
+    *state = p;
+    return 0;
+}
+
 static int lrn_run(struct op_call *c) {
+    const struct lrn_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int64_t size = node_attr_int(c->node, "size", 1);
-    float alpha = node_attr_float(c->node, "alpha", 1e-4f), beta = node_attr_float(c->node, "beta", 0.75f);
-    float bias = node_attr_float(c->node, "bias", 1.0f);
+    int64_t size = p->size;
+    float alpha = p->alpha, beta = p->beta, bias = p->bias;
     int64_t n = x->dims[0], C = x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
     int64_t lo = (size - 1) / 2, hi = size - 1 - lo;
     const float *xd = x->data;
@@ -2207,14 +2289,14 @@ const struct op_def op_defs_nn[] = {
     {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},
     {"MaxUnpool", "", unpool_infer, NULL, unpool_run, NULL, 0},
     {"GlobalAveragePool", "", global_pool_infer, NULL, gap_run, NULL, 0},
-    {"GlobalLpPool", "", global_pool_infer, NULL, glp_run, NULL, 0},
+    {"GlobalLpPool", "", global_pool_infer, glp_prepare, glp_run, op_params_free, 0},
     {"GlobalMaxPool", "", global_pool_infer, NULL, gmp_run, NULL, 0},
     {"BatchNormalization", "", bn_infer, bn_prepare, bn_run, bn_release, 0},
-    {"InstanceNormalization", "", inorm_infer, NULL, inorm_run, NULL, 0},
-    {"LRN", "", lrn_infer, NULL, lrn_run, NULL, 0},
-    {"RoiAlign", "", roialign_infer, NULL, roialign_run, NULL, 0},
+    {"InstanceNormalization", "", inorm_infer, norm_prepare, inorm_run, op_params_free, 0},
+    {"LRN", "", lrn_infer, lrn_prepare, lrn_run, op_params_free, 0},
+    {"RoiAlign", "", roialign_infer, roialign_prepare, roialign_run, op_params_free, 0},
     {"DeformConv", "", dconv_infer, NULL, dconv_run, NULL, 0},
-    {"GroupNormalization", "", gnorm_infer, NULL, gnorm_run, NULL, 0},
+    {"GroupNormalization", "", gnorm_infer, norm_prepare, gnorm_run, op_params_free, 0},
     {"Col2Im", "", col2im_infer, NULL, col2im_run, NULL, 0},
     {0},
 };
