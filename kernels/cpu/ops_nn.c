@@ -131,6 +131,21 @@ static int64_t prod(const int64_t *d, int n) {
     return p;
 }
 
+/* A convolution's geometry, decoded once at prepare: the window and the
+ * groups. */
+struct conv_geom {
+    struct win win;
+    int64_t group;
+};
+
+/* Reads the groups and the window of W's kernel over X (Conv, ConvInteger,
+ * QLinearConv, DeformConv). */
+static int conv_geom_read(struct op_call *c, const struct tensor *x, const struct tensor *w, struct conv_geom *g) {
+    g->group = node_attr_int(c->node, "group", 1);
+    if (g->group < 1) return op_error(c, "group must be >= 1 (got %lld)", (long long)g->group);
+    return win_setup(c, x, w->dims + 2, 0, &g->win);
+}
+
 /* ==== Conv ============================================================== */
 
 struct conv_state {
@@ -1127,8 +1142,10 @@ static int qmm_run(struct op_call *c) {
 /* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias),
  * over x and w widened into scratch first (x32, w32: numel int32 each). */
 static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
-                      const struct tensor *wz, const struct tensor *bias, const struct win *win, int64_t group,
+                      const struct tensor *wz, const struct tensor *bias, const struct conv_geom *geom,
                       int32_t *x32, int32_t *w32, int32_t *acc) {
+    const struct win *win = &geom->win;
+    const int64_t group = geom->group;
     int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
     for (int i = 0; i < win->nsp; i++) {
         in[i] = win->in[i]; out[i] = win->out[i]; k[i] = win->k[i]; s[i] = win->s[i]; d[i] = win->d[i]; pl[i] = win->pl[i];
@@ -1176,30 +1193,50 @@ static size_t iconv_scratch(const struct tensor *x, const struct tensor *w, cons
            (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
 }
 
-/* Shape rule shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
+/* Geometry shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
  * 0, w at 3). */
-static int iconv_shape(struct op_call *c, int wi, struct win *win, int64_t *group) {
+static int iconv_geom(struct op_call *c, int wi, struct conv_geom *g) {
     const struct tensor *x = c->in[0], *w = opt_in(c, wi);
     int rc;
     if ((rc = need_q8(c, x, "x")) || (rc = need_q8(c, w, "w"))) return rc;
     if (w->ndim != x->ndim) return op_error(c, "w has rank %d, x has rank %d", w->ndim, x->ndim);
-    *group = node_attr_int(c->node, "group", 1);
-    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+    if ((rc = conv_geom_read(c, x, w, g))) return rc;
+    if (x->dims[1] != w->dims[1] * g->group || w->dims[0] % g->group)
         return op_error(c, "channels do not match: x has %lld, w expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)*group);
-    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+                        (long long)w->dims[1], (long long)g->group);
+    return 0;
+}
+
+static int iconv_shape(struct op_call *c, int wi) {
+    struct conv_geom g;
+    int rc = iconv_geom(c, wi, &g);
+    if (rc) return rc;
+    const struct tensor *x = c->in[0];
     struct tensor *y = c->out[0];
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
-    y->dims[1] = w->dims[0];
-    for (int i = 0; i < win->nsp; i++) y->dims[2 + i] = win->out[i];
+    y->dims[1] = c->in[wi]->dims[0];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
+    return 0;
+}
+
+/* The geometry as state, and scratch for the widened operands (and the
+ * sums, with_acc). */
+static int iconv_prepare(struct op_call *c, int wi, int with_acc, void **state, size_t *scratch_size) {
+    struct conv_geom *g = op_params_alloc(c, sizeof *g);
+    if (!g) return STATUS_NOMEM;
+    int rc = iconv_geom(c, wi, g);
+    if (rc) {
+        op_params_free(g);
+        return rc;
+    }
+    *state = g;
+    *scratch_size = iconv_scratch(c->in[0], c->in[wi], c->out[0], with_acc);
     return 0;
 }
 
 static int convi_infer(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 1, &win, &g);
+    int rc = iconv_shape(c, 1);
     if (rc) return rc;
     if ((rc = qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
         return rc;
@@ -1208,19 +1245,13 @@ static int convi_infer(struct op_call *c) {
 }
 
 static int convi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    *state = NULL;
-    *scratch_size = iconv_scratch(c->in[0], c->in[1], c->out[0], 0);
-    return 0;
+    return iconv_prepare(c, 1, 0, state, scratch_size);
 }
 
 static int convi_run(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 1, &win, &g);
-    if (rc) return rc;
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch, *w32 = (int32_t *)((char *)c->scratch + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
-    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &win, g, x32, w32, c->out[0]->data);
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, c->state, x32, w32, c->out[0]->data);
     return 0;
 }
 
@@ -1228,9 +1259,7 @@ static int convi_run(struct op_call *c) {
  * y_scale, y_zero_point, B (int32, optional). */
 static int qconv_infer(struct op_call *c) {
     if (c->nin < 8) return op_error(c, "needs at least 8 inputs, got %d", c->nin);
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 3, &win, &g);
+    int rc = iconv_shape(c, 3);
     if (rc) return rc;
     int64_t M = c->in[3]->dims[0];
     const struct tensor *b = opt_in(c, 8), *yz = c->in[7];
@@ -1246,23 +1275,17 @@ static int qconv_infer(struct op_call *c) {
 }
 
 static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    *state = NULL;
-    *scratch_size = iconv_scratch(c->in[0], c->in[3], c->out[0], 1);
-    return 0;
+    return iconv_prepare(c, 3, 1, state, scratch_size);
 }
 
 static int qconv_run(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 3, &win, &g);
-    if (rc) return rc;
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch;
     int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
     int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
-    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &win, g, x32, w32, acc);
+    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), c->state, x32, w32, acc);
     float xs = (float)qparam_at(c->in[1], 0, 1.0), ys = (float)qparam_at(c->in[6], 0, 1.0);
     double yz = qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
@@ -1520,9 +1543,12 @@ static int unpool_infer(struct op_call *c) {
 /* Indices number the elements of the inferred (pooling-inverse) shape; a
  * larger output_shape holds that block in its leading corner, as ONNX's
  * reference does. */
-static int unpool_run(struct op_call *c) {
-    const struct tensor *x = c->in[0], *idx = c->in[1];
-    struct tensor *y = c->out[0];
+struct unpool_params {
+    int64_t inf[TENSOR_MAX_DIMS]; /* the inferred shape */
+};
+
+static int unpool_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *y = c->out[0];
     struct win w;
     int rc = win_setup(c, x, NULL, 0, &w);
     if (rc) return rc;
@@ -1534,6 +1560,17 @@ static int unpool_run(struct op_call *c) {
         if (inf[2 + i] > y->dims[2 + i]) return op_error(c, "output_shape is smaller than the unpooled shape");
     }
     if (inf[0] != y->dims[0] || inf[1] != y->dims[1]) return op_error(c, "output_shape must keep N and C");
+    struct unpool_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    memcpy(p->inf, inf, sizeof inf);
+    *state = p;
+    return 0;
+}
+
+static int unpool_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    struct tensor *y = c->out[0];
+    const int64_t *inf = ((const struct unpool_params *)c->state)->inf;
     int64_t ninf = prod(inf, x->ndim), ny = tensor_numel(y), nx = tensor_numel(x);
     float *yd = y->data;
     const float *xd = x->data;
@@ -1963,50 +2000,65 @@ static int roialign_run(struct op_call *c) {
  * (bilinear, zero outside the image), optionally weighted by a mask:
  * X [N,C,H,W], W [M,C/group,kh,kw], offset [N, offset_group*kh*kw*2, oh, ow],
  * B [M], mask [N, offset_group*kh*kw, oh, ow]. */
-static int dconv_geom(struct op_call *c, struct win *win, int64_t *group, int64_t *og) {
+struct dconv_params {
+    struct conv_geom g;
+    int64_t og; /* offset_group */
+};
+
+static int dconv_geom(struct op_call *c, struct dconv_params *p) {
     const struct tensor *x = c->in[0], *w = opt_in(c, 1), *off = opt_in(c, 2), *b = opt_in(c, 3), *mask = opt_in(c, 4);
     int rc;
     if ((rc = need_f32(c, x, "X")) || !w || (rc = need_f32(c, w, "W")) || !off || (rc = need_f32(c, off, "offset")))
         return rc ? rc : op_error(c, "X, W and offset are required");
     if (x->ndim != 4 || w->ndim != 4 || off->ndim != 4) return op_error(c, "only 2-D DeformConv is supported (4-D X, W, offset)"), STATUS_UNSUPPORTED;
-    *group = node_attr_int(c->node, "group", 1);
-    *og = node_attr_int(c->node, "offset_group", 1);
-    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+    if ((rc = conv_geom_read(c, x, w, &p->g))) return rc;
+    const struct win *win = &p->g.win;
+    const int64_t group = p->g.group, og = p->og = node_attr_int(c->node, "offset_group", 1);
+    if (x->dims[1] != w->dims[1] * group || w->dims[0] % group)
         return op_error(c, "channels do not match: X has %lld, W expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)*group);
-    if (*og < 1 || x->dims[1] % *og) return op_error(c, "offset_group %lld must divide the channels", (long long)*og);
-    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+                        (long long)w->dims[1], (long long)group);
+    if (og < 1 || x->dims[1] % og) return op_error(c, "offset_group %lld must divide the channels", (long long)og);
     int64_t kv = win->k[0] * win->k[1];
-    if (off->dims[0] != x->dims[0] || off->dims[1] != *og * kv * 2 || off->dims[2] != win->out[0] || off->dims[3] != win->out[1])
-        return op_error(c, "offset must be [%lld, %lld, %lld, %lld]", (long long)x->dims[0], (long long)(*og * kv * 2),
+    if (off->dims[0] != x->dims[0] || off->dims[1] != og * kv * 2 || off->dims[2] != win->out[0] || off->dims[3] != win->out[1])
+        return op_error(c, "offset must be [%lld, %lld, %lld, %lld]", (long long)x->dims[0], (long long)(og * kv * 2),
                         (long long)win->out[0], (long long)win->out[1]);
     if (b && (b->dtype != DT_FP32 || tensor_numel(b) != w->dims[0])) return op_error(c, "B must hold %lld floats", (long long)w->dims[0]);
-    if (mask && (mask->dtype != DT_FP32 || mask->ndim != 4 || mask->dims[1] != *og * kv || mask->dims[2] != win->out[0] ||
+    if (mask && (mask->dtype != DT_FP32 || mask->ndim != 4 || mask->dims[1] != og * kv || mask->dims[2] != win->out[0] ||
                  mask->dims[3] != win->out[1] || mask->dims[0] != x->dims[0]))
-        return op_error(c, "mask must be [N, %lld, %lld, %lld]", (long long)(*og * kv), (long long)win->out[0], (long long)win->out[1]);
+        return op_error(c, "mask must be [N, %lld, %lld, %lld]", (long long)(og * kv), (long long)win->out[0], (long long)win->out[1]);
     return 0;
 }
 
 static int dconv_infer(struct op_call *c) {
-    struct win win;
-    int64_t g, og;
-    int rc = dconv_geom(c, &win, &g, &og);
+    struct dconv_params p;
+    int rc = dconv_geom(c, &p);
     if (rc) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = 4;
     y->dims[0] = c->in[0]->dims[0];
     y->dims[1] = c->in[1]->dims[0];
-    y->dims[2] = win.out[0];
-    y->dims[3] = win.out[1];
+    y->dims[2] = p.g.win.out[0];
+    y->dims[3] = p.g.win.out[1];
+    return 0;
+}
+
+static int dconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct dconv_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = dconv_geom(c, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
     return 0;
 }
 
 static int dconv_run(struct op_call *c) {
-    struct win win;
-    int64_t g, og;
-    int rc = dconv_geom(c, &win, &g, &og);
-    if (rc) return rc;
+    const struct dconv_params *p = c->state;
+    const struct win win = p->g.win;
+    const int64_t g = p->g.group, og = p->og;
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 3), *mask = opt_in(c, 4);
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], M = w->dims[0];
     int64_t kh = win.k[0], kw = win.k[1], oh = win.out[0], ow = win.out[1], cg = C / g, mg = M / g, cog = C / og;
@@ -2162,10 +2214,20 @@ static int col2im_infer(struct op_call *c) {
     return 0;
 }
 
+static int col2im_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct col2im_geom *g = op_params_alloc(c, sizeof *g);
+    if (!g) return STATUS_NOMEM;
+    int rc = col2im_setup(c, g);
+    if (rc) {
+        op_params_free(g);
+        return rc;
+    }
+    *state = g;
+    return 0;
+}
+
 static int col2im_run(struct op_call *c) {
-    struct col2im_geom g;
-    int rc = col2im_setup(c, &g);
-    if (rc) return rc;
+    const struct col2im_geom g = *(const struct col2im_geom *)c->state;
     const float *xd = c->in[0]->data;
     float *y = c->out[0]->data;
     int64_t n = c->in[0]->dims[0], isz = prod(g.img, g.nsp);
@@ -2277,8 +2339,8 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
-    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, NULL, 0},
-    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, NULL, 0},
+    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, op_params_free, 0},
+    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, op_params_free, 0},
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
@@ -2287,7 +2349,7 @@ const struct op_def op_defs_nn[] = {
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},
     {"AveragePool", "", avgpool_infer, avgpool_prepare, pool_run, pool_release, 0},
     {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},
-    {"MaxUnpool", "", unpool_infer, NULL, unpool_run, NULL, 0},
+    {"MaxUnpool", "", unpool_infer, unpool_prepare, unpool_run, op_params_free, 0},
     {"GlobalAveragePool", "", global_pool_infer, NULL, gap_run, NULL, 0},
     {"GlobalLpPool", "", global_pool_infer, glp_prepare, glp_run, op_params_free, 0},
     {"GlobalMaxPool", "", global_pool_infer, NULL, gmp_run, NULL, 0},
@@ -2295,8 +2357,8 @@ const struct op_def op_defs_nn[] = {
     {"InstanceNormalization", "", inorm_infer, norm_prepare, inorm_run, op_params_free, 0},
     {"LRN", "", lrn_infer, lrn_prepare, lrn_run, op_params_free, 0},
     {"RoiAlign", "", roialign_infer, roialign_prepare, roialign_run, op_params_free, 0},
-    {"DeformConv", "", dconv_infer, NULL, dconv_run, NULL, 0},
+    {"DeformConv", "", dconv_infer, dconv_prepare, dconv_run, op_params_free, 0},
     {"GroupNormalization", "", gnorm_infer, norm_prepare, gnorm_run, op_params_free, 0},
-    {"Col2Im", "", col2im_infer, NULL, col2im_run, NULL, 0},
+    {"Col2Im", "", col2im_infer, col2im_prepare, col2im_run, op_params_free, 0},
     {0},
 };
