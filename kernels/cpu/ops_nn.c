@@ -53,42 +53,70 @@ struct win {
     int64_t out[WIN_MAX];
 };
 
+enum win_pad { WIN_PAD_NOTSET, WIN_PAD_SAME_UPPER, WIN_PAD_SAME_LOWER, WIN_PAD_VALID };
+
+/* A window's attributes as the node gives them, their lengths checked
+ * against nsp spatial dims; a length is -1 where the attribute is absent. */
+struct win_attrs {
+    int nk, ns, nd, np;
+    const int64_t *ks, *st, *dl, *pd;
+    enum win_pad pad;
+};
+
+static int win_attrs_read(struct op_call *c, int nsp, struct win_attrs *a) {
+    const struct graph_node *n = c->node;
+    a->ks = a->st = a->dl = a->pd = NULL;
+    a->nk = node_attr_ints(n, "kernel_shape", &a->ks);
+    a->ns = node_attr_ints(n, "strides", &a->st);
+    a->nd = node_attr_ints(n, "dilations", &a->dl);
+    a->np = node_attr_ints(n, "pads", &a->pd);
+    if (a->nk >= 0 && a->nk != nsp) return op_error(c, "kernel_shape has %d values for %d spatial dims", a->nk, nsp);
+    if (a->ns >= 0 && a->ns != nsp) return op_error(c, "strides has %d values for %d spatial dims", a->ns, nsp);
+    if (a->nd >= 0 && a->nd != nsp) return op_error(c, "dilations has %d values for %d spatial dims", a->nd, nsp);
+    if (a->np >= 0 && a->np != 2 * nsp) return op_error(c, "pads has %d values, expected %d", a->np, 2 * nsp);
+    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
+    if (strcmp(ap, "SAME_UPPER") == 0) a->pad = WIN_PAD_SAME_UPPER;
+    else if (strcmp(ap, "SAME_LOWER") == 0) a->pad = WIN_PAD_SAME_LOWER;
+    else if (strcmp(ap, "VALID") == 0) a->pad = WIN_PAD_VALID;
+    else if (strcmp(ap, "NOTSET") == 0 || ap[0] == '\0') a->pad = WIN_PAD_NOTSET;
+    else return op_error(c, "unknown auto_pad '%s'", ap);
+    return 0;
+}
+
+/* Stride, dilation and explicit pads along spatial dim i: 1, 1 and 0 where
+ * the attributes are absent, no pads under VALID. Returns whether they and
+ * the kernel extent k are sane (positive, pads >= 0, none above 2^20). */
+static int win_attrs_dim(const struct win_attrs *a, int nsp, int i, int64_t k, int64_t *s, int64_t *d, int64_t *pl,
+                         int64_t *pr) {
+    int pads = a->np >= 0 && a->pad != WIN_PAD_VALID;
+    *s = a->ns >= 0 ? a->st[i] : 1;
+    *d = a->nd >= 0 ? a->dl[i] : 1;
+    *pl = pads ? a->pd[i] : 0;
+    *pr = pads ? a->pd[nsp + i] : 0;
+    const int64_t lim = 1 << 20;
+    return k >= 1 && *s >= 1 && *d >= 1 && *pl >= 0 && *pr >= 0 && k <= lim && *s <= lim && *d <= lim && *pl <= lim &&
+           *pr <= lim;
+}
+
 /* Reads kernel_shape (or takes kshape when the op derives it, as Conv does
  * from W), strides, dilations, pads and auto_pad, and computes the output
  * extents of x's spatial dims. ceil_mode applies to the pools. */
 static int win_setup(struct op_call *c, const struct tensor *x, const int64_t *kshape, int ceil_mode, struct win *w) {
-    const struct graph_node *n = c->node;
     memset(w, 0, sizeof *w);
     w->nsp = x->ndim - 2;
     if (w->nsp < 1 || w->nsp > WIN_MAX)
         return op_error(c, "input must have 1 to 3 spatial dims (rank 3 to 5), got rank %d", x->ndim);
-    const int64_t *ks = NULL, *st = NULL, *dl = NULL, *pd = NULL;
-    int nk = node_attr_ints(n, "kernel_shape", &ks);
-    int ns = node_attr_ints(n, "strides", &st);
-    int nd = node_attr_ints(n, "dilations", &dl);
-    int np = node_attr_ints(n, "pads", &pd);
-    if (nk >= 0 && nk != w->nsp) return op_error(c, "kernel_shape has %d values for %d spatial dims", nk, w->nsp);
-    if (nk < 0 && !kshape) return op_error(c, "kernel_shape attribute is required");
-    if (ns >= 0 && ns != w->nsp) return op_error(c, "strides has %d values for %d spatial dims", ns, w->nsp);
-    if (nd >= 0 && nd != w->nsp) return op_error(c, "dilations has %d values for %d spatial dims", nd, w->nsp);
-    if (np >= 0 && np != 2 * w->nsp) return op_error(c, "pads has %d values, expected %d", np, 2 * w->nsp);
-    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
-    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
-    int valid = strcmp(ap, "VALID") == 0;
-    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0] != '\0')
-        return op_error(c, "unknown auto_pad '%s'", ap);
+    struct win_attrs a;
+    int rc = win_attrs_read(c, w->nsp, &a);
+    if (rc) return rc;
+    if (a.nk < 0 && !kshape) return op_error(c, "kernel_shape attribute is required");
     for (int i = 0; i < w->nsp; i++) {
         w->in[i] = x->dims[2 + i];
-        w->k[i] = kshape ? kshape[i] : ks[i];
-        if (kshape && nk >= 0 && ks[i] != kshape[i])
-            return op_error(c, "kernel_shape[%d] = %lld disagrees with the weights (%lld)", i, (long long)ks[i],
+        w->k[i] = kshape ? kshape[i] : a.ks[i];
+        if (kshape && a.nk >= 0 && a.ks[i] != kshape[i])
+            return op_error(c, "kernel_shape[%d] = %lld disagrees with the weights (%lld)", i, (long long)a.ks[i],
                             (long long)kshape[i]);
-        w->s[i] = ns >= 0 ? st[i] : 1;
-        w->d[i] = nd >= 0 ? dl[i] : 1;
-        w->pl[i] = np >= 0 && !valid ? pd[i] : 0;
-        w->pr[i] = np >= 0 && !valid ? pd[w->nsp + i] : 0;
-        if (w->k[i] < 1 || w->s[i] < 1 || w->d[i] < 1 || w->pl[i] < 0 || w->pr[i] < 0 || w->k[i] > (1 << 20) ||
-            w->s[i] > (1 << 20) || w->d[i] > (1 << 20) || w->pl[i] > (1 << 20) || w->pr[i] > (1 << 20))
+        if (!win_attrs_dim(&a, w->nsp, i, w->k[i], &w->s[i], &w->d[i], &w->pl[i], &w->pr[i]))
             return op_error(c, "bad window along spatial dim %d: kernel %lld, stride %lld, dilation %lld, pads %lld/%lld",
                             i, (long long)w->k[i], (long long)w->s[i], (long long)w->d[i], (long long)w->pl[i],
                             (long long)w->pr[i]);
@@ -97,11 +125,11 @@ static int win_setup(struct op_call *c, const struct tensor *x, const int64_t *k
             w->out[i] = -1;
             continue;
         }
-        if (same_upper || same_lower) {
+        if (a.pad == WIN_PAD_SAME_UPPER || a.pad == WIN_PAD_SAME_LOWER) {
             w->out[i] = (w->in[i] + w->s[i] - 1) / w->s[i];
             int64_t total = (w->out[i] - 1) * w->s[i] + dk - w->in[i];
             if (total < 0) total = 0;
-            w->pl[i] = same_upper ? total / 2 : total - total / 2;
+            w->pl[i] = a.pad == WIN_PAD_SAME_UPPER ? total / 2 : total - total / 2;
             w->pr[i] = total - w->pl[i];
             continue;
         }
@@ -132,7 +160,8 @@ static int64_t prod(const int64_t *d, int n) {
 }
 
 /* A convolution's geometry, decoded once at prepare: the window and the
- * groups. */
+ * groups. For ConvTranspose, in and out are X's and Y's spatial extents
+ * and pr the right padding they imply (see ctr_setup). */
 struct conv_geom {
     struct win win;
     int64_t group;
@@ -148,8 +177,10 @@ static int conv_geom_read(struct op_call *c, const struct tensor *x, const struc
 
 /* ==== Conv ============================================================== */
 
+/* Conv's and ConvTranspose's prepared state. */
 struct conv_state {
-    struct dnnl_prim *conv;
+    struct conv_geom g;
+    struct dnnl_prim *conv;                      /* NULL: ConvTranspose's loop */
     struct dnnl_prim *src_reorder, *dst_reorder; /* plain <-> blocked, when used */
     struct dnnl_prim *w_reorder;                 /* weights known only at run time, to blocked */
     void *wbuf;                                  /* weights in the primitive's layout (shared, see dnnl_util_weights_acquire) */
@@ -164,24 +195,22 @@ static int conv_infer(struct op_call *c) {
     int rc;
     if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, w, "W"))) return rc;
     if (w->ndim != x->ndim) return op_error(c, "W has rank %d, X has rank %d", w->ndim, x->ndim);
-    int64_t group = node_attr_int(c->node, "group", 1);
-    if (group < 1) return op_error(c, "group must be >= 1 (got %lld)", (long long)group);
-    if (x->dims[1] >= 0 && x->dims[1] != w->dims[1] * group)
+    struct conv_geom g;
+    if ((rc = conv_geom_read(c, x, w, &g))) return rc;
+    if (x->dims[1] >= 0 && x->dims[1] != w->dims[1] * g.group)
         return op_error(c, "X has %lld channels but W expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)group);
-    if (w->dims[0] % group) return op_error(c, "W has %lld output channels, not a multiple of group %lld",
-                                            (long long)w->dims[0], (long long)group);
+                        (long long)w->dims[1], (long long)g.group);
+    if (w->dims[0] % g.group) return op_error(c, "W has %lld output channels, not a multiple of group %lld",
+                                              (long long)w->dims[0], (long long)g.group);
     if (b && (b->ndim != 1 || b->dims[0] != w->dims[0]))
         return op_error(c, "B must be 1-D of %lld values", (long long)w->dims[0]);
     if (b && (rc = need_f32(c, b, "B"))) return rc;
-    struct win win;
-    if ((rc = win_setup(c, x, w->dims + 2, 0, &win))) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
     y->dims[1] = w->dims[0];
-    for (int i = 0; i < win.nsp; i++) y->dims[2 + i] = win.out[i];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
     return 0;
 }
 
@@ -289,112 +318,74 @@ fail:
     return NULL;
 }
 
-static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
-    const struct tensor *y = c->out[0];
-    struct win win;
-    int rc = win_setup(c, x, w->dims + 2, 0, &win);
-    if (rc) return rc;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    int nd = x->ndim;
-    dnnl_util_set_threads(c->nthreads);
-    if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
-
-    struct conv_state *s = calloc(1, sizeof *s);
-    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
-    dnnl_memory_desc_t src_plain, dst_plain, w_user, b_md, src_any, dst_any, w_any;
-    int64_t wd[TENSOR_MAX_DIMS + 1];
-    int wnd = nd;
-    if (group > 1) {
-        wd[0] = group;
-        wd[1] = w->dims[0] / group;
-        for (int i = 1; i < nd; i++) wd[i + 1] = w->dims[i];
-        wnd = nd + 1;
-    } else {
-        memcpy(wd, w->dims, sizeof(int64_t) * nd);
-    }
-    int blocked = conv_use_blocked(&win, x->dims[1], w->dims[0]);
-    s->const_weights = w->data != NULL;
+/* What Conv and ConvTranspose hand oneDNN: the activations plain (ONNX's
+ * layout) and "any" (the primitive's choice), the weights as the op lays
+ * them out (w_user) and "any", the bias, and the window's strides,
+ * dilations (less one, oneDNN's convention) and pads. */
+struct conv_desc {
+    dnnl_memory_desc_t src_plain, dst_plain, src_any, dst_any, w_user, w_any, b;
+    int has_b;
     dnnl_dims_t strides, dil, pl, pr;
-    for (int i = 0; i < win.nsp; i++) {
-        strides[i] = win.s[i];
-        dil[i] = win.d[i] - 1;
-        pl[i] = win.pl[i];
-        pr[i] = win.pr[i];
-    }
-    if (dnnl_util_plain_md(&src_plain, nd, x->dims) || dnnl_util_plain_md(&dst_plain, nd, y->dims) ||
-        dnnl_util_plain_md(&w_user, wnd, wd) || (b && dnnl_util_plain_md(&b_md, 1, b->dims))) {
-        conv_release(s);
-        return op_error(c, "could not describe the tensors to oneDNN");
-    }
-    dnnl_dims_t dd;
-    for (int i = 0; i < nd; i++) dd[i] = x->dims[i];
-    dnnl_memory_desc_init_by_tag(&src_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < nd; i++) dd[i] = y->dims[i];
-    dnnl_memory_desc_init_by_tag(&dst_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < wnd; i++) dd[i] = wd[i];
-    dnnl_memory_desc_init_by_tag(&w_any, wnd, dd, dnnl_f32, dnnl_format_tag_any);
+};
 
-    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
-    if (!attr) {
-        conv_release(s);
-        return STATUS_INTERNAL;
+/* Fills d for X, Y, the optional bias B, the weights w_user and window w;
+ * -1 when oneDNN cannot describe a tensor. */
+static int conv_desc_init(struct conv_desc *d, const struct tensor *x, const struct tensor *y, const struct tensor *b,
+                          const dnnl_memory_desc_t *w_user, const struct win *w) {
+    d->w_user = *w_user;
+    d->has_b = b != NULL;
+    for (int i = 0; i < w->nsp; i++) {
+        d->strides[i] = w->s[i];
+        d->dil[i] = w->d[i] - 1;
+        d->pl[i] = w->pl[i];
+        d->pr[i] = w->pr[i];
     }
-    dnnl_convolution_desc_t cd;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t st = dnnl_unimplemented;
-    if (blocked && s->const_weights && conv_use_winograd(&win, x->dims[0], group)) {
-        st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
-                                                        &src_any, &w_any, b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
-        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
-    }
-    if (st != dnnl_success) { /* direct: always available */
-        st = dnnl_dilated_convolution_forward_desc_init(
-            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &src_any : &src_plain,
-            s->const_weights || blocked ? &w_any : &w_user, b ? &b_md : NULL, blocked ? &dst_any : &dst_plain, strides,
-            dil, pl, pr);
-        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
-    }
-    dnnl_primitive_attr_destroy(attr);
-    if (st != dnnl_success) {
-        conv_release(s);
-        return dnnl_util_fail(c, "convolution primitive descriptor", st);
-    }
+    if (dnnl_util_plain_md(&d->src_plain, x->ndim, x->dims) || dnnl_util_plain_md(&d->dst_plain, y->ndim, y->dims) ||
+        (b && dnnl_util_plain_md(&d->b, 1, b->dims)) || dnnl_util_any_md(&d->src_any, x->ndim, x->dims) ||
+        dnnl_util_any_md(&d->dst_any, y->ndim, y->dims) || dnnl_util_any_md(&d->w_any, w_user->ndims, w_user->dims))
+        return -1;
+    return 0;
+}
+
+/* A reorder between a plain layout and the primitive's (into the
+ * primitive's when to_prim), or none when they are the same; *bytes is
+ * the scratch the primitive-side buffer takes, *scr the reorder's
+ * scratchpad. */
+static int conv_reorder(struct op_call *c, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *prim, int to_prim,
+                        struct dnnl_prim **p, size_t *bytes, size_t *scr) {
+    if (dnnl_memory_desc_equal(prim, plain)) return 0;
+    *p = to_prim ? reorder_prim(c, plain, prim, scr) : reorder_prim(c, prim, plain, scr);
+    *bytes = dnnl_memory_desc_get_size(prim);
+    return *p ? 0 : STATUS_INTERNAL;
+}
+
+/* Completes s from the convolution's primitive descriptor: the primitive;
+ * constant weights (w, when s->const_weights) reordered once into its
+ * layout and bound; weights computed at run time reordered at every run,
+ * as blocked activations are (with plain weights oneDNN would pick its
+ * GEMM); and the scratch layout: src, dst and weights buffers, then one
+ * scratchpad the primitive and the reorders share. */
+static int conv_finish(struct op_call *c, struct conv_state *s, const_dnnl_primitive_desc_t pd,
+                       const struct conv_desc *d, const void *w, size_t *scratch_size) {
     int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    s->nargs = b ? 4 : 3;
     size_t conv_scr = 0, r1 = 0, r2 = 0, r3 = 0, src_bytes = 0, dst_bytes = 0, w_bytes = 0;
+    s->nargs = d->has_b ? 4 : 3;
     s->conv = dnnl_prim_create(c, pd, s->nargs, ids, &conv_scr);
+    if (!s->conv) return STATUS_INTERNAL;
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    rc = s->conv ? 0 : STATUS_INTERNAL;
-    if (!rc && s->const_weights && !dnnl_memory_desc_equal(wmd, &w_user)) {
-        s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd);
-        if (!s->wbuf) rc = STATUS_INTERNAL;
-    }
-    if (!rc && s->const_weights) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
-    /* Weights computed at run time are reordered at every run, as blocked
-     * activations are: with plain weights oneDNN would pick its GEMM. */
-    if (!rc && !s->const_weights && !dnnl_memory_desc_equal(wmd, &w_user)) {
-        s->w_reorder = reorder_prim(c, &w_user, wmd, &r3);
-        w_bytes = dnnl_memory_desc_get_size(wmd);
-        if (!s->w_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && blocked && !dnnl_memory_desc_equal(smd, &src_plain)) {
-        s->src_reorder = reorder_prim(c, &src_plain, smd, &r1);
-        src_bytes = dnnl_memory_desc_get_size(smd);
-        if (!s->src_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && blocked && !dnnl_memory_desc_equal(dmd, &dst_plain)) {
-        s->dst_reorder = reorder_prim(c, dmd, &dst_plain, &r2);
-        dst_bytes = dnnl_memory_desc_get_size(dmd);
-        if (!s->dst_reorder) rc = STATUS_INTERNAL;
-    }
-    dnnl_primitive_desc_destroy(pd);
-    if (rc) {
-        conv_release(s);
+    int rc;
+    if (s->const_weights) {
+        if (!dnnl_memory_desc_equal(wmd, &d->w_user) && !(s->wbuf = dnnl_util_weights_acquire(c, &d->w_user, w, wmd)))
+            return STATUS_INTERNAL;
+        dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : (void *)w);
+    } else if ((rc = conv_reorder(c, &d->w_user, wmd, 1, &s->w_reorder, &w_bytes, &r3))) {
         return rc;
     }
+    if ((rc = conv_reorder(c, &d->src_plain, smd, 1, &s->src_reorder, &src_bytes, &r1)) ||
+        (rc = conv_reorder(c, &d->dst_plain, dmd, 0, &s->dst_reorder, &dst_bytes, &r2)))
+        return rc;
     size_t pad = conv_scr > r1 ? conv_scr : r1;
     if (r2 > pad) pad = r2;
     if (r3 > pad) pad = r3;
@@ -403,6 +394,79 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     s->off_w = s->off_dst + dnnl_util_align(dst_bytes);
     s->off_pad = s->off_w + dnnl_util_align(w_bytes);
     *scratch_size = s->off_pad + dnnl_util_align(pad);
+    return 0;
+}
+
+/* Conv's W [M, C/group, k...] in oneDNN's logical order, grouped as
+ * [group, M/group, C/group, k...]. */
+static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t group) {
+    int64_t wd[TENSOR_MAX_DIMS + 1];
+    int nd = w->ndim, wnd = nd;
+    if (group > 1) {
+        wd[0] = group;
+        wd[1] = w->dims[0] / group;
+        for (int i = 1; i < nd; i++) wd[i + 1] = w->dims[i];
+        wnd = nd + 1;
+    } else {
+        memcpy(wd, w->dims, sizeof(int64_t) * nd);
+    }
+    return dnnl_util_plain_md(md, wnd, wd);
+}
+
+/* Conv's primitive descriptor: Winograd where conv_use_winograd says so
+ * and oneDNN has a kernel, else direct, on the blocked or the plain
+ * layouts (conv_use_blocked); weights known at plan time take the
+ * primitive's own layout. */
+static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t batch,
+                   dnnl_primitive_desc_t *pd) {
+    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
+    if (!attr) return STATUS_INTERNAL;
+    const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
+    dnnl_convolution_desc_t cd;
+    dnnl_status_t st = dnnl_unimplemented;
+    if (blocked && s->const_weights && conv_use_winograd(&s->g.win, batch, s->g.group)) {
+        st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
+                                                        &d->src_any, &d->w_any, b, &d->dst_any, d->strides, d->dil,
+                                                        d->pl, d->pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
+    if (st != dnnl_success) { /* direct: always available */
+        st = dnnl_dilated_convolution_forward_desc_init(
+            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &d->src_any : &d->src_plain,
+            s->const_weights || blocked ? &d->w_any : &d->w_user, b, blocked ? &d->dst_any : &d->dst_plain,
+            d->strides, d->dil, d->pl, d->pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    return st == dnnl_success ? 0 : dnnl_util_fail(c, "convolution primitive descriptor", st);
+}
+
+static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *w = c->in[1];
+    dnnl_util_set_threads(c->nthreads);
+    if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
+    s->const_weights = w->data != NULL;
+    dnnl_memory_desc_t w_user;
+    struct conv_desc d;
+    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win))
+        return op_error(c, "could not describe the tensors to oneDNN");
+    int blocked = conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = conv_pd(c, s, &d, blocked, x->dims[0], &pd);
+    if (!rc) rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = conv_geom_read(c, c->in[0], c->in[1], &s->g);
+    if (!rc) rc = conv_build(c, s, scratch_size);
+    if (rc) {
+        conv_release(s);
+        return rc;
+    }
     *state = s;
     return 0;
 }
@@ -445,56 +509,49 @@ static int conv_run(struct op_call *c) {
  * divides exactly. ConvTranspose is rare in the models kiln serves; this
  * loop keeps every ONNX variant (output_shape, output_padding, negative
  * implied pads, groups, 1-D to 3-D) exact. */
-struct ctr_geom {
-    int nsp;
-    int64_t in[WIN_MAX], k[WIN_MAX], s[WIN_MAX], d[WIN_MAX], pl[WIN_MAX], out[WIN_MAX];
-};
 
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-static int ctr_setup(struct op_call *c, struct ctr_geom *g) {
+/* ConvTranspose's geometry: the window's in and out are X's and Y's
+ * spatial extents, pl the left padding (from pads, or split from what
+ * output_shape or SAME_* leave over) and pr the right padding in and out
+ * imply, negative where output_padding reaches past the pads. */
+static int ctr_setup(struct op_call *c, struct conv_geom *g) {
     const struct tensor *x = c->in[0], *w = c->in[1];
-    const struct graph_node *n = c->node;
+    struct win *wn = &g->win;
     memset(g, 0, sizeof *g);
-    g->nsp = x->ndim - 2;
-    if (g->nsp < 1 || g->nsp > WIN_MAX) return op_error(c, "input must have rank 3 to 5 (got %d)", x->ndim);
+    int nsp = wn->nsp = x->ndim - 2;
+    if (nsp < 1 || nsp > WIN_MAX) return op_error(c, "input must have rank 3 to 5 (got %d)", x->ndim);
     if (w->ndim != x->ndim) return op_error(c, "W has rank %d, X has rank %d", w->ndim, x->ndim);
-    const int64_t *st = NULL, *dl = NULL, *pd = NULL, *op = NULL, *os = NULL, *ks = NULL;
-    int ns = node_attr_ints(n, "strides", &st), nd = node_attr_ints(n, "dilations", &dl);
-    int np = node_attr_ints(n, "pads", &pd), nop = node_attr_ints(n, "output_padding", &op);
-    int nos = node_attr_ints(n, "output_shape", &os), nk = node_attr_ints(n, "kernel_shape", &ks);
-    if ((ns >= 0 && ns != g->nsp) || (nd >= 0 && nd != g->nsp) || (np >= 0 && np != 2 * g->nsp) ||
-        (nop >= 0 && nop != g->nsp) || (nos >= 0 && nos < g->nsp) || (nk >= 0 && nk != g->nsp))
-        return op_error(c, "strides/dilations/pads/output_padding/output_shape/kernel_shape do not match %d spatial dims",
-                        g->nsp);
-    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
-    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
-    int valid = strcmp(ap, "VALID") == 0;
-    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0] != '\0')
-        return op_error(c, "unknown auto_pad '%s'", ap);
-    for (int i = 0; i < g->nsp; i++) {
-        g->in[i] = x->dims[2 + i];
-        g->k[i] = w->dims[2 + i];
-        if (nk >= 0 && ks[i] != g->k[i]) return op_error(c, "kernel_shape disagrees with W");
-        g->s[i] = ns >= 0 ? st[i] : 1;
-        g->d[i] = nd >= 0 ? dl[i] : 1;
-        int64_t opad = nop >= 0 ? op[i] : 0;
-        int64_t pl = np >= 0 && !valid ? pd[i] : 0, pr = np >= 0 && !valid ? pd[g->nsp + i] : 0;
-        if (g->s[i] < 1 || g->d[i] < 1 || g->k[i] < 1 || pl < 0 || pr < 0 || opad < 0 || g->s[i] > (1 << 20) ||
-            g->d[i] > (1 << 20) || pl > (1 << 20) || pr > (1 << 20) || opad > (1 << 20))
+    g->group = node_attr_int(c->node, "group", 1);
+    if (g->group < 1) return op_error(c, "group must be >= 1");
+    struct win_attrs a;
+    int rc = win_attrs_read(c, nsp, &a);
+    if (rc) return rc;
+    const int64_t *op = NULL, *os = NULL;
+    int nop = node_attr_ints(c->node, "output_padding", &op), nos = node_attr_ints(c->node, "output_shape", &os);
+    if (nop >= 0 && nop != nsp) return op_error(c, "output_padding has %d values for %d spatial dims", nop, nsp);
+    if (nos >= 0 && nos < nsp) return op_error(c, "output_shape has %d values for %d spatial dims", nos, nsp);
+    for (int i = 0; i < nsp; i++) {
+        wn->in[i] = x->dims[2 + i];
+        wn->k[i] = w->dims[2 + i];
+        if (a.nk >= 0 && a.ks[i] != wn->k[i]) return op_error(c, "kernel_shape disagrees with W");
+        int64_t opad = nop >= 0 ? op[i] : 0, pl, pr;
+        if (!win_attrs_dim(&a, nsp, i, wn->k[i], &wn->s[i], &wn->d[i], &pl, &pr) || opad < 0 || opad > (1 << 20))
             return op_error(c, "bad window along spatial dim %d", i);
-        int64_t dk = (g->k[i] - 1) * g->d[i] + 1, full = g->s[i] * (g->in[i] - 1) + opad + dk;
-        if (nos >= 0 || same_upper || same_lower) {
-            int64_t out = nos >= 0 ? os[nos - g->nsp + i] : g->in[i] * g->s[i];
+        int64_t dk = (wn->k[i] - 1) * wn->d[i] + 1, full = wn->s[i] * (wn->in[i] - 1) + opad + dk;
+        if (nos >= 0 || a.pad == WIN_PAD_SAME_UPPER || a.pad == WIN_PAD_SAME_LOWER) {
+            int64_t out = nos >= 0 ? os[nos - nsp + i] : wn->in[i] * wn->s[i];
             int64_t total = full - out;
-            g->pl[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
-            g->out[i] = out;
+            wn->pl[i] = a.pad == WIN_PAD_SAME_UPPER ? floor_div(total, 2) : total - floor_div(total, 2);
+            wn->out[i] = out;
         } else {
-            g->pl[i] = pl;
-            g->out[i] = full - pl - pr;
+            wn->pl[i] = pl;
+            wn->out[i] = full - pl - pr;
         }
-        if (g->in[i] >= 0 && g->out[i] < 0) return op_error(c, "output size along dim %d is negative", i);
-        if (g->in[i] < 0) g->out[i] = -1;
+        if (wn->in[i] >= 0 && wn->out[i] < 0) return op_error(c, "output size along dim %d is negative", i);
+        if (wn->in[i] < 0) wn->out[i] = -1;
+        wn->pr[i] = full - opad - wn->pl[i] - wn->out[i];
     }
     return 0;
 }
@@ -503,52 +560,27 @@ static int ctr_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
     int rc;
     if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, w, "W"))) return rc;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    if (group < 1) return op_error(c, "group must be >= 1");
+    struct conv_geom g;
+    if ((rc = ctr_setup(c, &g))) return rc;
     if (x->dims[1] >= 0 && x->dims[1] != w->dims[0])
         return op_error(c, "X has %lld channels but W has %lld", (long long)x->dims[1], (long long)w->dims[0]);
-    if (w->dims[0] % group) return op_error(c, "W's %lld input channels are not a multiple of group %lld",
-                                            (long long)w->dims[0], (long long)group);
-    int64_t m = w->dims[1] * group;
+    if (w->dims[0] % g.group) return op_error(c, "W's %lld input channels are not a multiple of group %lld",
+                                              (long long)w->dims[0], (long long)g.group);
+    int64_t m = w->dims[1] * g.group;
     if (b && (b->ndim != 1 || b->dims[0] != m)) return op_error(c, "B must be 1-D of %lld values", (long long)m);
-    struct ctr_geom g;
-    if ((rc = ctr_setup(c, &g))) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
     y->dims[1] = m;
-    for (int i = 0; i < g.nsp; i++) y->dims[2 + i] = g.out[i];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
     return 0;
 }
 
-/* oneDNN's deconvolution takes what its padding can express (implied pads
- * >= 0 on both sides); prepare leaves no state otherwise and run() uses the
- * loop below. Activations stay plain around blocked kernels as for Conv. */
-static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
-    const struct tensor *y = c->out[0];
-    struct ctr_geom g;
-    int rc = ctr_setup(c, &g);
-    if (rc) return rc;
-    *state = NULL;
-    *scratch_size = 0;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    dnnl_dims_t strides, dil, pl, pr;
-    for (int i = 0; i < g.nsp; i++) {
-        int64_t dk = (g.k[i] - 1) * g.d[i] + 1;
-        strides[i] = g.s[i];
-        dil[i] = g.d[i] - 1;
-        pl[i] = g.pl[i];
-        pr[i] = (g.in[i] - 1) * g.s[i] + dk - g.pl[i] - g.out[i];
-        if (pl[i] < 0 || pr[i] < 0) return 0;
-    }
-    if (!w->data || tensor_numel(y) == 0 || !dnnl_util_engine()) return 0;
-    dnnl_util_set_threads(c->nthreads);
-    int nd = x->ndim;
-    /* ONNX W is [C, M/group, k...]; oneDNN's logical order is
-     * [group,] out-channels, in-channels, k..., so describe it by strides. */
-    int64_t cg = w->dims[0] / group, mg = w->dims[1], ksz = prod(w->dims + 2, nd - 2);
+/* ONNX W is [C, M/group, k...]; oneDNN's logical order is [group,]
+ * out-channels, in-channels, k..., so it is described by strides. */
+static int ctr_w_md(dnnl_memory_desc_t *md, const struct tensor *w, const struct conv_geom *g) {
+    int64_t group = g->group, cg = w->dims[0] / group, mg = w->dims[1], ksz = prod(w->dims + 2, w->ndim - 2);
     dnnl_dims_t wd, ws;
     int wnd = 0;
     if (group > 1) {
@@ -560,89 +592,77 @@ static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     wd[wnd] = cg;
     ws[wnd++] = mg * ksz;
     int64_t st = ksz;
-    for (int i = 0; i < g.nsp; i++) {
-        st /= g.k[i];
-        wd[wnd] = g.k[i];
+    for (int i = 0; i < g->win.nsp; i++) {
+        st /= g->win.k[i];
+        wd[wnd] = g->win.k[i];
         ws[wnd++] = st;
     }
-    dnnl_memory_desc_t w_user, w_any, src_plain, dst_plain, src_any, dst_any, b_md;
-    dnnl_dims_t dd;
-    if (dnnl_memory_desc_init_by_strides(&w_user, wnd, wd, dnnl_f32, ws) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&w_any, wnd, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-        dnnl_util_plain_md(&src_plain, nd, x->dims) || dnnl_util_plain_md(&dst_plain, nd, y->dims) ||
-        (b && dnnl_util_plain_md(&b_md, 1, b->dims)))
+    return dnnl_memory_desc_init_by_strides(md, wnd, wd, dnnl_f32, ws) == dnnl_success ? 0 : -1;
+}
+
+/* oneDNN's deconvolution, on the layouts it prefers (activations reordered
+ * around it as for Conv). Leaves s->conv NULL, for the loop, where oneDNN
+ * cannot describe the tensors or has no kernel. */
+static int ctr_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
+    const struct tensor *w = c->in[1];
+    dnnl_util_set_threads(c->nthreads);
+    s->const_weights = 1;
+    dnnl_memory_desc_t w_user;
+    struct conv_desc d;
+    if (ctr_w_md(&w_user, w, &s->g) || conv_desc_init(&d, c->in[0], c->out[0], opt_in(c, 2), &w_user, &s->g.win))
         return 0;
-    for (int i = 0; i < nd; i++) dd[i] = x->dims[i];
-    dnnl_memory_desc_init_by_tag(&src_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < nd; i++) dd[i] = y->dims[i];
-    dnnl_memory_desc_init_by_tag(&dst_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    struct conv_state *s = calloc(1, sizeof *s);
-    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
-    if (!attr) {
-        free(s);
-        return STATUS_INTERNAL;
-    }
+    if (!attr) return STATUS_INTERNAL;
     dnnl_deconvolution_desc_t dsc;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t r = dnnl_dilated_deconvolution_forward_desc_init(&dsc, dnnl_forward_inference,
-                                                                   dnnl_deconvolution_direct, &src_any, &w_any,
-                                                                   b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
+                                                                   dnnl_deconvolution_direct, &d.src_any, &d.w_any,
+                                                                   d.has_b ? &d.b : NULL, &d.dst_any, d.strides,
+                                                                   d.dil, d.pl, d.pr);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dsc, attr, dnnl_util_engine(), NULL);
     dnnl_primitive_attr_destroy(attr);
-    if (r != dnnl_success) { /* a case oneDNN has no kernel for: the loop */
-        free(s);
-        return 0;
-    }
-    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    s->nargs = b ? 4 : 3;
-    s->const_weights = 1;
-    size_t scr = 0, r1 = 0, r2 = 0, src_bytes = 0, dst_bytes = 0;
-    s->conv = dnnl_prim_create(c, pd, s->nargs, ids, &scr);
-    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-    const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    rc = s->conv ? 0 : STATUS_INTERNAL;
-    if (!rc && !dnnl_memory_desc_equal(wmd, &w_user) && !(s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd)))
-        rc = STATUS_INTERNAL;
-    if (!rc) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
-    if (!rc && !dnnl_memory_desc_equal(smd, &src_plain)) {
-        s->src_reorder = reorder_prim(c, &src_plain, smd, &r1);
-        src_bytes = dnnl_memory_desc_get_size(smd);
-        if (!s->src_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && !dnnl_memory_desc_equal(dmd, &dst_plain)) {
-        s->dst_reorder = reorder_prim(c, dmd, &dst_plain, &r2);
-        dst_bytes = dnnl_memory_desc_get_size(dmd);
-        if (!s->dst_reorder) rc = STATUS_INTERNAL;
-    }
+    if (r != dnnl_success) return 0; /* a case oneDNN has no kernel for: the loop */
+    int rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
     dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* Whether oneDNN's deconvolution takes this ConvTranspose: padding it can
+ * express (implied pads >= 0 on both sides), weights known at plan time
+ * and an output that is not empty. */
+static int ctr_use_dnnl(const struct op_call *c, const struct conv_geom *g) {
+    for (int i = 0; i < g->win.nsp; i++)
+        if (g->win.pl[i] < 0 || g->win.pr[i] < 0) return 0;
+    return c->in[1]->data && tensor_numel(c->out[0]) > 0 && dnnl_util_engine();
+}
+
+/* The state holds oneDNN's deconvolution where it applies, otherwise only
+ * the geometry, and run() uses the loop. */
+static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = ctr_setup(c, &s->g);
+    *scratch_size = 0;
+    if (!rc && ctr_use_dnnl(c, &s->g)) rc = ctr_build(c, s, scratch_size);
     if (rc) {
         conv_release(s);
         return rc;
     }
-    size_t pad = scr > r1 ? scr : r1;
-    if (r2 > pad) pad = r2;
-    s->off_src = 0;
-    s->off_dst = dnnl_util_align(src_bytes);
-    s->off_pad = s->off_dst + dnnl_util_align(dst_bytes);
-    *scratch_size = s->off_pad + dnnl_util_align(pad);
     *state = s;
     return 0;
 }
 
 static int ctr_run(struct op_call *c) {
-    if (c->state) return conv_run(c);
+    const struct conv_state *s = c->state;
+    if (s->conv) return conv_run(c);
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
     struct tensor *y = c->out[0];
-    struct ctr_geom g;
-    int rc = ctr_setup(c, &g);
-    if (rc) return rc;
-    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
-    for (int i = 0; i < g.nsp; i++) {
-        in[i] = g.in[i]; out[i] = g.out[i]; k[i] = g.k[i]; s[i] = g.s[i]; d[i] = g.d[i]; pl[i] = g.pl[i];
+    const struct win *g = &s->g.win;
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
+    for (int i = 0; i < g->nsp; i++) {
+        in[i] = g->in[i]; out[i] = g->out[i]; k[i] = g->k[i]; st[i] = g->s[i]; d[i] = g->d[i]; pl[i] = g->pl[i];
     }
-    int64_t group = node_attr_int(c->node, "group", 1);
+    int64_t group = s->g.group;
     int64_t N = x->dims[0], C = x->dims[1], M = y->dims[1], cg = C / group, mg = M / group;
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
     const float *xd = x->data, *wd = w->data, *bd = b ? b->data : NULL;
@@ -658,14 +678,14 @@ static int ctr_run(struct op_call *c) {
                         float acc = bd ? bd[m] : 0.0f;
                         for (int64_t t0 = 0; t0 < k[0]; t0++) {
                             int64_t q0 = o0 + pl[0] - t0 * d[0];
-                            if (q0 < 0 || q0 % s[0] || q0 / s[0] >= in[0]) continue;
+                            if (q0 < 0 || q0 % st[0] || q0 / st[0] >= in[0]) continue;
                             for (int64_t t1 = 0; t1 < k[1]; t1++) {
                                 int64_t q1 = o1 + pl[1] - t1 * d[1];
-                                if (q1 < 0 || q1 % s[1] || q1 / s[1] >= in[1]) continue;
+                                if (q1 < 0 || q1 % st[1] || q1 / st[1] >= in[1]) continue;
                                 for (int64_t t2 = 0; t2 < k[2]; t2++) {
                                     int64_t q2 = o2 + pl[2] - t2 * d[2];
-                                    if (q2 < 0 || q2 % s[2] || q2 / s[2] >= in[2]) continue;
-                                    int64_t ip = (q0 / s[0] * in[1] + q1 / s[1]) * in[2] + q2 / s[2];
+                                    if (q2 < 0 || q2 % st[2] || q2 / st[2] >= in[2]) continue;
+                                    int64_t ip = (q0 / st[0] * in[1] + q1 / st[1]) * in[2] + q2 / st[2];
                                     int64_t tp = (t0 * k[1] + t1) * k[2] + t2;
                                     for (int64_t ci = 0; ci < cg; ci++) {
                                         int64_t cc = gi * cg + ci;
@@ -711,9 +731,7 @@ static int mm_build(struct op_call *c, struct mm_state *s, const dnnl_memory_des
                     const dnnl_memory_desc_t *b_md, const void *b_const, const dnnl_memory_desc_t *bias_md,
                     const dnnl_memory_desc_t *dst_md, float alpha, int with_sum, size_t *scratch_size) {
     dnnl_memory_desc_t b_any;
-    if (b_const) {
-        dnnl_memory_desc_init_by_tag(&b_any, b_md->ndims, b_md->dims, dnnl_f32, dnnl_format_tag_any);
-    }
+    if (b_const) dnnl_util_any_md(&b_any, b_md->ndims, b_md->dims);
     dnnl_util_set_threads(c->nthreads);
     if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
     dnnl_primitive_attr_t attr = act_attr(c, with_sum, 1.0f, &s->act_after);
