@@ -85,6 +85,12 @@ int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
     return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, st) == dnnl_success ? 0 : -1;
 }
 
+int dnnl_util_any_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
+    dnnl_dims_t d;
+    for (int i = 0; i < ndim; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, ndim, d, dnnl_f32, dnnl_format_tag_any) == dnnl_success ? 0 : -1;
+}
+
 dnnl_primitive_attr_t dnnl_util_attr(void) {
     dnnl_primitive_attr_t attr = NULL;
     if (dnnl_primitive_attr_create(&attr) != dnnl_success) return NULL;

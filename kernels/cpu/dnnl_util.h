@@ -59,6 +59,9 @@ int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b
 
 /* Fills a plain (dense, row-major) f32 descriptor of the given dims. */
 int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
+/* Fills an f32 descriptor of the given dims whose layout ("any") the
+ * primitive that takes it chooses. */
+int dnnl_util_any_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
 
 /* Creates a primitive attribute in user scratchpad mode (NULL on failure). */
 dnnl_primitive_attr_t dnnl_util_attr(void);

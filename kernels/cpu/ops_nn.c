@@ -53,42 +53,70 @@ struct win {
     int64_t out[WIN_MAX];
 };
 
+enum win_pad { WIN_PAD_NOTSET, WIN_PAD_SAME_UPPER, WIN_PAD_SAME_LOWER, WIN_PAD_VALID };
+
+/* A window's attributes as the node gives them, their lengths checked
+ * against nsp spatial dims; a length is -1 where the attribute is absent. */
+struct win_attrs {
+    int nk, ns, nd, np;
+    const int64_t *ks, *st, *dl, *pd;
+    enum win_pad pad;
+};
+
+static int win_attrs_read(struct op_call *c, int nsp, struct win_attrs *a) {
+    const struct graph_node *n = c->node;
+    a->ks = a->st = a->dl = a->pd = NULL;
+    a->nk = node_attr_ints(n, "kernel_shape", &a->ks);
+    a->ns = node_attr_ints(n, "strides", &a->st);
+    a->nd = node_attr_ints(n, "dilations", &a->dl);
+    a->np = node_attr_ints(n, "pads", &a->pd);
+    if (a->nk >= 0 && a->nk != nsp) return op_error(c, "kernel_shape has %d values for %d spatial dims", a->nk, nsp);
+    if (a->ns >= 0 && a->ns != nsp) return op_error(c, "strides has %d values for %d spatial dims", a->ns, nsp);
+    if (a->nd >= 0 && a->nd != nsp) return op_error(c, "dilations has %d values for %d spatial dims", a->nd, nsp);
+    if (a->np >= 0 && a->np != 2 * nsp) return op_error(c, "pads has %d values, expected %d", a->np, 2 * nsp);
+    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
+    if (strcmp(ap, "SAME_UPPER") == 0) a->pad = WIN_PAD_SAME_UPPER;
+    else if (strcmp(ap, "SAME_LOWER") == 0) a->pad = WIN_PAD_SAME_LOWER;
+    else if (strcmp(ap, "VALID") == 0) a->pad = WIN_PAD_VALID;
+    else if (strcmp(ap, "NOTSET") == 0 || ap[0] == '\0') a->pad = WIN_PAD_NOTSET;
+    else return op_error(c, "unknown auto_pad '%s'", ap);
+    return 0;
+}
+
+/* Stride, dilation and explicit pads along spatial dim i: 1, 1 and 0 where
+ * the attributes are absent, no pads under VALID. Returns whether they and
+ * the kernel extent k are sane (positive, pads >= 0, none above 2^20). */
+static int win_attrs_dim(const struct win_attrs *a, int nsp, int i, int64_t k, int64_t *s, int64_t *d, int64_t *pl,
+                         int64_t *pr) {
+    int pads = a->np >= 0 && a->pad != WIN_PAD_VALID;
+    *s = a->ns >= 0 ? a->st[i] : 1;
+    *d = a->nd >= 0 ? a->dl[i] : 1;
+    *pl = pads ? a->pd[i] : 0;
+    *pr = pads ? a->pd[nsp + i] : 0;
+    const int64_t lim = 1 << 20;
+    return k >= 1 && *s >= 1 && *d >= 1 && *pl >= 0 && *pr >= 0 && k <= lim && *s <= lim && *d <= lim && *pl <= lim &&
+           *pr <= lim;
+}
+
 /* Reads kernel_shape (or takes kshape when the op derives it, as Conv does
  * from W), strides, dilations, pads and auto_pad, and computes the output
  * extents of x's spatial dims. ceil_mode applies to the pools. */
 static int win_setup(struct op_call *c, const struct tensor *x, const int64_t *kshape, int ceil_mode, struct win *w) {
-    const struct graph_node *n = c->node;
     memset(w, 0, sizeof *w);
     w->nsp = x->ndim - 2;
     if (w->nsp < 1 || w->nsp > WIN_MAX)
         return op_error(c, "input must have 1 to 3 spatial dims (rank 3 to 5), got rank %d", x->ndim);
-    const int64_t *ks = NULL, *st = NULL, *dl = NULL, *pd = NULL;
-    int nk = node_attr_ints(n, "kernel_shape", &ks);
-    int ns = node_attr_ints(n, "strides", &st);
-    int nd = node_attr_ints(n, "dilations", &dl);
-    int np = node_attr_ints(n, "pads", &pd);
-    if (nk >= 0 && nk != w->nsp) return op_error(c, "kernel_shape has %d values for %d spatial dims", nk, w->nsp);
-    if (nk < 0 && !kshape) return op_error(c, "kernel_shape attribute is required");
-    if (ns >= 0 && ns != w->nsp) return op_error(c, "strides has %d values for %d spatial dims", ns, w->nsp);
-    if (nd >= 0 && nd != w->nsp) return op_error(c, "dilations has %d values for %d spatial dims", nd, w->nsp);
-    if (np >= 0 && np != 2 * w->nsp) return op_error(c, "pads has %d values, expected %d", np, 2 * w->nsp);
-    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
-    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
-    int valid = strcmp(ap, "VALID") == 0;
-    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0] != '\0')
-        return op_error(c, "unknown auto_pad '%s'", ap);
+    struct win_attrs a;
+    int rc = win_attrs_read(c, w->nsp, &a);
+    if (rc) return rc;
+    if (a.nk < 0 && !kshape) return op_error(c, "kernel_shape attribute is required");
     for (int i = 0; i < w->nsp; i++) {
         w->in[i] = x->dims[2 + i];
-        w->k[i] = kshape ? kshape[i] : ks[i];
-        if (kshape && nk >= 0 && ks[i] != kshape[i])
-            return op_error(c, "kernel_shape[%d] = %lld disagrees with the weights (%lld)", i, (long long)ks[i],
+        w->k[i] = kshape ? kshape[i] : a.ks[i];
+        if (kshape && a.nk >= 0 && a.ks[i] != kshape[i])
+            return op_error(c, "kernel_shape[%d] = %lld disagrees with the weights (%lld)", i, (long long)a.ks[i],
                             (long long)kshape[i]);
-        w->s[i] = ns >= 0 ? st[i] : 1;
-        w->d[i] = nd >= 0 ? dl[i] : 1;
-        w->pl[i] = np >= 0 && !valid ? pd[i] : 0;
-        w->pr[i] = np >= 0 && !valid ? pd[w->nsp + i] : 0;
-        if (w->k[i] < 1 || w->s[i] < 1 || w->d[i] < 1 || w->pl[i] < 0 || w->pr[i] < 0 || w->k[i] > (1 << 20) ||
-            w->s[i] > (1 << 20) || w->d[i] > (1 << 20) || w->pl[i] > (1 << 20) || w->pr[i] > (1 << 20))
+        if (!win_attrs_dim(&a, w->nsp, i, w->k[i], &w->s[i], &w->d[i], &w->pl[i], &w->pr[i]))
             return op_error(c, "bad window along spatial dim %d: kernel %lld, stride %lld, dilation %lld, pads %lld/%lld",
                             i, (long long)w->k[i], (long long)w->s[i], (long long)w->d[i], (long long)w->pl[i],
                             (long long)w->pr[i]);
@@ -97,11 +125,11 @@ static int win_setup(struct op_call *c, const struct tensor *x, const int64_t *k
             w->out[i] = -1;
             continue;
         }
-        if (same_upper || same_lower) {
+        if (a.pad == WIN_PAD_SAME_UPPER || a.pad == WIN_PAD_SAME_LOWER) {
             w->out[i] = (w->in[i] + w->s[i] - 1) / w->s[i];
             int64_t total = (w->out[i] - 1) * w->s[i] + dk - w->in[i];
             if (total < 0) total = 0;
-            w->pl[i] = same_upper ? total / 2 : total - total / 2;
+            w->pl[i] = a.pad == WIN_PAD_SAME_UPPER ? total / 2 : total - total / 2;
             w->pr[i] = total - w->pl[i];
             continue;
         }
@@ -131,10 +159,28 @@ static int64_t prod(const int64_t *d, int n) {
     return p;
 }
 
+/* A convolution's geometry, decoded once at prepare: the window and the
+ * groups. For ConvTranspose, in and out are X's and Y's spatial extents
+ * and pr the right padding they imply (see ctr_setup). */
+struct conv_geom {
+    struct win win;
+    int64_t group;
+};
+
+/* Reads the groups and the window of W's kernel over X (Conv, ConvInteger,
+ * QLinearConv, DeformConv). */
+static int conv_geom_read(struct op_call *c, const struct tensor *x, const struct tensor *w, struct conv_geom *g) {
+    g->group = node_attr_int(c->node, "group", 1);
+    if (g->group < 1) return op_error(c, "group must be >= 1 (got %lld)", (long long)g->group);
+    return win_setup(c, x, w->dims + 2, 0, &g->win);
+}
+
 /* ==== Conv ============================================================== */
 
+/* Conv's and ConvTranspose's prepared state. */
 struct conv_state {
-    struct dnnl_prim *conv;
+    struct conv_geom g;
+    struct dnnl_prim *conv;                      /* NULL: ConvTranspose's loop */
     struct dnnl_prim *src_reorder, *dst_reorder; /* plain <-> blocked, when used */
     struct dnnl_prim *w_reorder;                 /* weights known only at run time, to blocked */
     void *wbuf;                                  /* weights in the primitive's layout (shared, see dnnl_util_weights_acquire) */
@@ -149,24 +195,22 @@ static int conv_infer(struct op_call *c) {
     int rc;
     if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, w, "W"))) return rc;
     if (w->ndim != x->ndim) return op_error(c, "W has rank %d, X has rank %d", w->ndim, x->ndim);
-    int64_t group = node_attr_int(c->node, "group", 1);
-    if (group < 1) return op_error(c, "group must be >= 1 (got %lld)", (long long)group);
-    if (x->dims[1] >= 0 && x->dims[1] != w->dims[1] * group)
+    struct conv_geom g;
+    if ((rc = conv_geom_read(c, x, w, &g))) return rc;
+    if (x->dims[1] >= 0 && x->dims[1] != w->dims[1] * g.group)
         return op_error(c, "X has %lld channels but W expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)group);
-    if (w->dims[0] % group) return op_error(c, "W has %lld output channels, not a multiple of group %lld",
-                                            (long long)w->dims[0], (long long)group);
+                        (long long)w->dims[1], (long long)g.group);
+    if (w->dims[0] % g.group) return op_error(c, "W has %lld output channels, not a multiple of group %lld",
+                                              (long long)w->dims[0], (long long)g.group);
     if (b && (b->ndim != 1 || b->dims[0] != w->dims[0]))
         return op_error(c, "B must be 1-D of %lld values", (long long)w->dims[0]);
     if (b && (rc = need_f32(c, b, "B"))) return rc;
-    struct win win;
-    if ((rc = win_setup(c, x, w->dims + 2, 0, &win))) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
     y->dims[1] = w->dims[0];
-    for (int i = 0; i < win.nsp; i++) y->dims[2 + i] = win.out[i];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
     return 0;
 }
 
@@ -274,112 +318,74 @@ fail:
     return NULL;
 }
 
-static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
-    const struct tensor *y = c->out[0];
-    struct win win;
-    int rc = win_setup(c, x, w->dims + 2, 0, &win);
-    if (rc) return rc;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    int nd = x->ndim;
-    dnnl_util_set_threads(c->nthreads);
-    if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
-
-    struct conv_state *s = calloc(1, sizeof *s);
-    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
-    dnnl_memory_desc_t src_plain, dst_plain, w_user, b_md, src_any, dst_any, w_any;
-    int64_t wd[TENSOR_MAX_DIMS + 1];
-    int wnd = nd;
-    if (group > 1) {
-        wd[0] = group;
-        wd[1] = w->dims[0] / group;
-        for (int i = 1; i < nd; i++) wd[i + 1] = w->dims[i];
-        wnd = nd + 1;
-    } else {
-        memcpy(wd, w->dims, sizeof(int64_t) * nd);
-    }
-    int blocked = conv_use_blocked(&win, x->dims[1], w->dims[0]);
-    s->const_weights = w->data != NULL;
+/* What Conv and ConvTranspose hand oneDNN: the activations plain (ONNX's
+ * layout) and "any" (the primitive's choice), the weights as the op lays
+ * them out (w_user) and "any", the bias, and the window's strides,
+ * dilations (less one, oneDNN's convention) and pads. */
+struct conv_desc {
+    dnnl_memory_desc_t src_plain, dst_plain, src_any, dst_any, w_user, w_any, b;
+    int has_b;
     dnnl_dims_t strides, dil, pl, pr;
-    for (int i = 0; i < win.nsp; i++) {
-        strides[i] = win.s[i];
-        dil[i] = win.d[i] - 1;
-        pl[i] = win.pl[i];
-        pr[i] = win.pr[i];
-    }
-    if (dnnl_util_plain_md(&src_plain, nd, x->dims) || dnnl_util_plain_md(&dst_plain, nd, y->dims) ||
-        dnnl_util_plain_md(&w_user, wnd, wd) || (b && dnnl_util_plain_md(&b_md, 1, b->dims))) {
-        conv_release(s);
-        return op_error(c, "could not describe the tensors to oneDNN");
-    }
-    dnnl_dims_t dd;
-    for (int i = 0; i < nd; i++) dd[i] = x->dims[i];
-    dnnl_memory_desc_init_by_tag(&src_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < nd; i++) dd[i] = y->dims[i];
-    dnnl_memory_desc_init_by_tag(&dst_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < wnd; i++) dd[i] = wd[i];
-    dnnl_memory_desc_init_by_tag(&w_any, wnd, dd, dnnl_f32, dnnl_format_tag_any);
+};
 
-    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
-    if (!attr) {
-        conv_release(s);
-        return STATUS_INTERNAL;
+/* Fills d for X, Y, the optional bias B, the weights w_user and window w;
+ * -1 when oneDNN cannot describe a tensor. */
+static int conv_desc_init(struct conv_desc *d, const struct tensor *x, const struct tensor *y, const struct tensor *b,
+                          const dnnl_memory_desc_t *w_user, const struct win *w) {
+    d->w_user = *w_user;
+    d->has_b = b != NULL;
+    for (int i = 0; i < w->nsp; i++) {
+        d->strides[i] = w->s[i];
+        d->dil[i] = w->d[i] - 1;
+        d->pl[i] = w->pl[i];
+        d->pr[i] = w->pr[i];
     }
-    dnnl_convolution_desc_t cd;
-    dnnl_primitive_desc_t pd = NULL;
-    dnnl_status_t st = dnnl_unimplemented;
-    if (blocked && s->const_weights && conv_use_winograd(&win, x->dims[0], group)) {
-        st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
-                                                        &src_any, &w_any, b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
-        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
-    }
-    if (st != dnnl_success) { /* direct: always available */
-        st = dnnl_dilated_convolution_forward_desc_init(
-            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &src_any : &src_plain,
-            s->const_weights || blocked ? &w_any : &w_user, b ? &b_md : NULL, blocked ? &dst_any : &dst_plain, strides,
-            dil, pl, pr);
-        if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
-    }
-    dnnl_primitive_attr_destroy(attr);
-    if (st != dnnl_success) {
-        conv_release(s);
-        return dnnl_util_fail(c, "convolution primitive descriptor", st);
-    }
+    if (dnnl_util_plain_md(&d->src_plain, x->ndim, x->dims) || dnnl_util_plain_md(&d->dst_plain, y->ndim, y->dims) ||
+        (b && dnnl_util_plain_md(&d->b, 1, b->dims)) || dnnl_util_any_md(&d->src_any, x->ndim, x->dims) ||
+        dnnl_util_any_md(&d->dst_any, y->ndim, y->dims) || dnnl_util_any_md(&d->w_any, w_user->ndims, w_user->dims))
+        return -1;
+    return 0;
+}
+
+/* A reorder between a plain layout and the primitive's (into the
+ * primitive's when to_prim), or none when they are the same; *bytes is
+ * the scratch the primitive-side buffer takes, *scr the reorder's
+ * scratchpad. */
+static int conv_reorder(struct op_call *c, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *prim, int to_prim,
+                        struct dnnl_prim **p, size_t *bytes, size_t *scr) {
+    if (dnnl_memory_desc_equal(prim, plain)) return 0;
+    *p = to_prim ? reorder_prim(c, plain, prim, scr) : reorder_prim(c, prim, plain, scr);
+    *bytes = dnnl_memory_desc_get_size(prim);
+    return *p ? 0 : STATUS_INTERNAL;
+}
+
+/* Completes s from the convolution's primitive descriptor: the primitive;
+ * constant weights (w, when s->const_weights) reordered once into its
+ * layout and bound; weights computed at run time reordered at every run,
+ * as blocked activations are (with plain weights oneDNN would pick its
+ * GEMM); and the scratch layout: src, dst and weights buffers, then one
+ * scratchpad the primitive and the reorders share. */
+static int conv_finish(struct op_call *c, struct conv_state *s, const_dnnl_primitive_desc_t pd,
+                       const struct conv_desc *d, const void *w, size_t *scratch_size) {
     int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    s->nargs = b ? 4 : 3;
     size_t conv_scr = 0, r1 = 0, r2 = 0, r3 = 0, src_bytes = 0, dst_bytes = 0, w_bytes = 0;
+    s->nargs = d->has_b ? 4 : 3;
     s->conv = dnnl_prim_create(c, pd, s->nargs, ids, &conv_scr);
+    if (!s->conv) return STATUS_INTERNAL;
     const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
     const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
     const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    rc = s->conv ? 0 : STATUS_INTERNAL;
-    if (!rc && s->const_weights && !dnnl_memory_desc_equal(wmd, &w_user)) {
-        s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd);
-        if (!s->wbuf) rc = STATUS_INTERNAL;
-    }
-    if (!rc && s->const_weights) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
-    /* Weights computed at run time are reordered at every run, as blocked
-     * activations are: with plain weights oneDNN would pick its GEMM. */
-    if (!rc && !s->const_weights && !dnnl_memory_desc_equal(wmd, &w_user)) {
-        s->w_reorder = reorder_prim(c, &w_user, wmd, &r3);
-        w_bytes = dnnl_memory_desc_get_size(wmd);
-        if (!s->w_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && blocked && !dnnl_memory_desc_equal(smd, &src_plain)) {
-        s->src_reorder = reorder_prim(c, &src_plain, smd, &r1);
-        src_bytes = dnnl_memory_desc_get_size(smd);
-        if (!s->src_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && blocked && !dnnl_memory_desc_equal(dmd, &dst_plain)) {
-        s->dst_reorder = reorder_prim(c, dmd, &dst_plain, &r2);
-        dst_bytes = dnnl_memory_desc_get_size(dmd);
-        if (!s->dst_reorder) rc = STATUS_INTERNAL;
-    }
-    dnnl_primitive_desc_destroy(pd);
-    if (rc) {
-        conv_release(s);
+    int rc;
+    if (s->const_weights) {
+        if (!dnnl_memory_desc_equal(wmd, &d->w_user) && !(s->wbuf = dnnl_util_weights_acquire(c, &d->w_user, w, wmd)))
+            return STATUS_INTERNAL;
+        dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : (void *)w);
+    } else if ((rc = conv_reorder(c, &d->w_user, wmd, 1, &s->w_reorder, &w_bytes, &r3))) {
         return rc;
     }
+    if ((rc = conv_reorder(c, &d->src_plain, smd, 1, &s->src_reorder, &src_bytes, &r1)) ||
+        (rc = conv_reorder(c, &d->dst_plain, dmd, 0, &s->dst_reorder, &dst_bytes, &r2)))
+        return rc;
     size_t pad = conv_scr > r1 ? conv_scr : r1;
     if (r2 > pad) pad = r2;
     if (r3 > pad) pad = r3;
@@ -388,6 +394,79 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     s->off_w = s->off_dst + dnnl_util_align(dst_bytes);
     s->off_pad = s->off_w + dnnl_util_align(w_bytes);
     *scratch_size = s->off_pad + dnnl_util_align(pad);
+    return 0;
+}
+
+/* Conv's W [M, C/group, k...] in oneDNN's logical order, grouped as
+ * [group, M/group, C/group, k...]. */
+static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t group) {
+    int64_t wd[TENSOR_MAX_DIMS + 1];
+    int nd = w->ndim, wnd = nd;
+    if (group > 1) {
+        wd[0] = group;
+        wd[1] = w->dims[0] / group;
+        for (int i = 1; i < nd; i++) wd[i + 1] = w->dims[i];
+        wnd = nd + 1;
+    } else {
+        memcpy(wd, w->dims, sizeof(int64_t) * nd);
+    }
+    return dnnl_util_plain_md(md, wnd, wd);
+}
+
+/* Conv's primitive descriptor: Winograd where conv_use_winograd says so
+ * and oneDNN has a kernel, else direct, on the blocked or the plain
+ * layouts (conv_use_blocked); weights known at plan time take the
+ * primitive's own layout. */
+static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t batch,
+                   dnnl_primitive_desc_t *pd) {
+    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
+    if (!attr) return STATUS_INTERNAL;
+    const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
+    dnnl_convolution_desc_t cd;
+    dnnl_status_t st = dnnl_unimplemented;
+    if (blocked && s->const_weights && conv_use_winograd(&s->g.win, batch, s->g.group)) {
+        st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_winograd,
+                                                        &d->src_any, &d->w_any, b, &d->dst_any, d->strides, d->dil,
+                                                        d->pl, d->pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
+    if (st != dnnl_success) { /* direct: always available */
+        st = dnnl_dilated_convolution_forward_desc_init(
+            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &d->src_any : &d->src_plain,
+            s->const_weights || blocked ? &d->w_any : &d->w_user, b, blocked ? &d->dst_any : &d->dst_plain,
+            d->strides, d->dil, d->pl, d->pr);
+        if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    return st == dnnl_success ? 0 : dnnl_util_fail(c, "convolution primitive descriptor", st);
+}
+
+static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *w = c->in[1];
+    dnnl_util_set_threads(c->nthreads);
+    if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
+    s->const_weights = w->data != NULL;
+    dnnl_memory_desc_t w_user;
+    struct conv_desc d;
+    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win))
+        return op_error(c, "could not describe the tensors to oneDNN");
+    int blocked = conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
+    dnnl_primitive_desc_t pd = NULL;
+    int rc = conv_pd(c, s, &d, blocked, x->dims[0], &pd);
+    if (!rc) rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = conv_geom_read(c, c->in[0], c->in[1], &s->g);
+    if (!rc) rc = conv_build(c, s, scratch_size);
+    if (rc) {
+        conv_release(s);
+        return rc;
+    }
     *state = s;
     return 0;
 }
@@ -430,56 +509,49 @@ static int conv_run(struct op_call *c) {
  * divides exactly. ConvTranspose is rare in the models kiln serves; this
  * loop keeps every ONNX variant (output_shape, output_padding, negative
  * implied pads, groups, 1-D to 3-D) exact. */
-struct ctr_geom {
-    int nsp;
-    int64_t in[WIN_MAX], k[WIN_MAX], s[WIN_MAX], d[WIN_MAX], pl[WIN_MAX], out[WIN_MAX];
-};
 
 static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
-static int ctr_setup(struct op_call *c, struct ctr_geom *g) {
+/* ConvTranspose's geometry: the window's in and out are X's and Y's
+ * spatial extents, pl the left padding (from pads, or split from what
+ * output_shape or SAME_* leave over) and pr the right padding in and out
+ * imply, negative where output_padding reaches past the pads. */
+static int ctr_setup(struct op_call *c, struct conv_geom *g) {
     const struct tensor *x = c->in[0], *w = c->in[1];
-    const struct graph_node *n = c->node;
+    struct win *wn = &g->win;
     memset(g, 0, sizeof *g);
-    g->nsp = x->ndim - 2;
-    if (g->nsp < 1 || g->nsp > WIN_MAX) return op_error(c, "input must have rank 3 to 5 (got %d)", x->ndim);
+    int nsp = wn->nsp = x->ndim - 2;
+    if (nsp < 1 || nsp > WIN_MAX) return op_error(c, "input must have rank 3 to 5 (got %d)", x->ndim);
     if (w->ndim != x->ndim) return op_error(c, "W has rank %d, X has rank %d", w->ndim, x->ndim);
-    const int64_t *st = NULL, *dl = NULL, *pd = NULL, *op = NULL, *os = NULL, *ks = NULL;
-    int ns = node_attr_ints(n, "strides", &st), nd = node_attr_ints(n, "dilations", &dl);
-    int np = node_attr_ints(n, "pads", &pd), nop = node_attr_ints(n, "output_padding", &op);
-    int nos = node_attr_ints(n, "output_shape", &os), nk = node_attr_ints(n, "kernel_shape", &ks);
-    if ((ns >= 0 && ns != g->nsp) || (nd >= 0 && nd != g->nsp) || (np >= 0 && np != 2 * g->nsp) ||
-        (nop >= 0 && nop != g->nsp) || (nos >= 0 && nos < g->nsp) || (nk >= 0 && nk != g->nsp))
-        return op_error(c, "strides/dilations/pads/output_padding/output_shape/kernel_shape do not match %d spatial dims",
-                        g->nsp);
-    const char *ap = node_attr_str(n, "auto_pad", "NOTSET");
-    int same_upper = strcmp(ap, "SAME_UPPER") == 0, same_lower = strcmp(ap, "SAME_LOWER") == 0;
-    int valid = strcmp(ap, "VALID") == 0;
-    if (!same_upper && !same_lower && !valid && strcmp(ap, "NOTSET") != 0 && ap[0] != '\0')
-        return op_error(c, "unknown auto_pad '%s'", ap);
-    for (int i = 0; i < g->nsp; i++) {
-        g->in[i] = x->dims[2 + i];
-        g->k[i] = w->dims[2 + i];
-        if (nk >= 0 && ks[i] != g->k[i]) return op_error(c, "kernel_shape disagrees with W");
-        g->s[i] = ns >= 0 ? st[i] : 1;
-        g->d[i] = nd >= 0 ? dl[i] : 1;
-        int64_t opad = nop >= 0 ? op[i] : 0;
-        int64_t pl = np >= 0 && !valid ? pd[i] : 0, pr = np >= 0 && !valid ? pd[g->nsp + i] : 0;
-        if (g->s[i] < 1 || g->d[i] < 1 || g->k[i] < 1 || pl < 0 || pr < 0 || opad < 0 || g->s[i] > (1 << 20) ||
-            g->d[i] > (1 << 20) || pl > (1 << 20) || pr > (1 << 20) || opad > (1 << 20))
+    g->group = node_attr_int(c->node, "group", 1);
+    if (g->group < 1) return op_error(c, "group must be >= 1");
+    struct win_attrs a;
+    int rc = win_attrs_read(c, nsp, &a);
+    if (rc) return rc;
+    const int64_t *op = NULL, *os = NULL;
+    int nop = node_attr_ints(c->node, "output_padding", &op), nos = node_attr_ints(c->node, "output_shape", &os);
+    if (nop >= 0 && nop != nsp) return op_error(c, "output_padding has %d values for %d spatial dims", nop, nsp);
+    if (nos >= 0 && nos < nsp) return op_error(c, "output_shape has %d values for %d spatial dims", nos, nsp);
+    for (int i = 0; i < nsp; i++) {
+        wn->in[i] = x->dims[2 + i];
+        wn->k[i] = w->dims[2 + i];
+        if (a.nk >= 0 && a.ks[i] != wn->k[i]) return op_error(c, "kernel_shape disagrees with W");
+        int64_t opad = nop >= 0 ? op[i] : 0, pl, pr;
+        if (!win_attrs_dim(&a, nsp, i, wn->k[i], &wn->s[i], &wn->d[i], &pl, &pr) || opad < 0 || opad > (1 << 20))
             return op_error(c, "bad window along spatial dim %d", i);
-        int64_t dk = (g->k[i] - 1) * g->d[i] + 1, full = g->s[i] * (g->in[i] - 1) + opad + dk;
-        if (nos >= 0 || same_upper || same_lower) {
-            int64_t out = nos >= 0 ? os[nos - g->nsp + i] : g->in[i] * g->s[i];
+        int64_t dk = (wn->k[i] - 1) * wn->d[i] + 1, full = wn->s[i] * (wn->in[i] - 1) + opad + dk;
+        if (nos >= 0 || a.pad == WIN_PAD_SAME_UPPER || a.pad == WIN_PAD_SAME_LOWER) {
+            int64_t out = nos >= 0 ? os[nos - nsp + i] : wn->in[i] * wn->s[i];
             int64_t total = full - out;
-            g->pl[i] = same_upper ? floor_div(total, 2) : total - floor_div(total, 2);
-            g->out[i] = out;
+            wn->pl[i] = a.pad == WIN_PAD_SAME_UPPER ? floor_div(total, 2) : total - floor_div(total, 2);
+            wn->out[i] = out;
         } else {
-            g->pl[i] = pl;
-            g->out[i] = full - pl - pr;
+            wn->pl[i] = pl;
+            wn->out[i] = full - pl - pr;
         }
-        if (g->in[i] >= 0 && g->out[i] < 0) return op_error(c, "output size along dim %d is negative", i);
-        if (g->in[i] < 0) g->out[i] = -1;
+        if (wn->in[i] >= 0 && wn->out[i] < 0) return op_error(c, "output size along dim %d is negative", i);
+        if (wn->in[i] < 0) wn->out[i] = -1;
+        wn->pr[i] = full - opad - wn->pl[i] - wn->out[i];
     }
     return 0;
 }
@@ -488,52 +560,27 @@ static int ctr_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
     int rc;
     if ((rc = need_f32(c, x, "X")) || (rc = need_f32(c, w, "W"))) return rc;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    if (group < 1) return op_error(c, "group must be >= 1");
+    struct conv_geom g;
+    if ((rc = ctr_setup(c, &g))) return rc;
     if (x->dims[1] >= 0 && x->dims[1] != w->dims[0])
         return op_error(c, "X has %lld channels but W has %lld", (long long)x->dims[1], (long long)w->dims[0]);
-    if (w->dims[0] % group) return op_error(c, "W's %lld input channels are not a multiple of group %lld",
-                                            (long long)w->dims[0], (long long)group);
-    int64_t m = w->dims[1] * group;
+    if (w->dims[0] % g.group) return op_error(c, "W's %lld input channels are not a multiple of group %lld",
+                                              (long long)w->dims[0], (long long)g.group);
+    int64_t m = w->dims[1] * g.group;
     if (b && (b->ndim != 1 || b->dims[0] != m)) return op_error(c, "B must be 1-D of %lld values", (long long)m);
-    struct ctr_geom g;
-    if ((rc = ctr_setup(c, &g))) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
     y->dims[1] = m;
-    for (int i = 0; i < g.nsp; i++) y->dims[2 + i] = g.out[i];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
     return 0;
 }
 
-/* oneDNN's deconvolution takes what its padding can express (implied pads
- * >= 0 on both sides); prepare leaves no state otherwise and run() uses the
- * loop below. Activations stay plain around blocked kernels as for Conv. */
-static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
-    const struct tensor *y = c->out[0];
-    struct ctr_geom g;
-    int rc = ctr_setup(c, &g);
-    if (rc) return rc;
-    *state = NULL;
-    *scratch_size = 0;
-    int64_t group = node_attr_int(c->node, "group", 1);
-    dnnl_dims_t strides, dil, pl, pr;
-    for (int i = 0; i < g.nsp; i++) {
-        int64_t dk = (g.k[i] - 1) * g.d[i] + 1;
-        strides[i] = g.s[i];
-        dil[i] = g.d[i] - 1;
-        pl[i] = g.pl[i];
-        pr[i] = (g.in[i] - 1) * g.s[i] + dk - g.pl[i] - g.out[i];
-        if (pl[i] < 0 || pr[i] < 0) return 0;
-    }
-    if (!w->data || tensor_numel(y) == 0 || !dnnl_util_engine()) return 0;
-    dnnl_util_set_threads(c->nthreads);
-    int nd = x->ndim;
-    /* ONNX W is [C, M/group, k...]; oneDNN's logical order is
-     * [group,] out-channels, in-channels, k..., so describe it by strides. */
-    int64_t cg = w->dims[0] / group, mg = w->dims[1], ksz = prod(w->dims + 2, nd - 2);
+/* ONNX W is [C, M/group, k...]; oneDNN's logical order is [group,]
+ * out-channels, in-channels, k..., so it is described by strides. */
+static int ctr_w_md(dnnl_memory_desc_t *md, const struct tensor *w, const struct conv_geom *g) {
+    int64_t group = g->group, cg = w->dims[0] / group, mg = w->dims[1], ksz = prod(w->dims + 2, w->ndim - 2);
     dnnl_dims_t wd, ws;
     int wnd = 0;
     if (group > 1) {
@@ -545,89 +592,77 @@ static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     wd[wnd] = cg;
     ws[wnd++] = mg * ksz;
     int64_t st = ksz;
-    for (int i = 0; i < g.nsp; i++) {
-        st /= g.k[i];
-        wd[wnd] = g.k[i];
+    for (int i = 0; i < g->win.nsp; i++) {
+        st /= g->win.k[i];
+        wd[wnd] = g->win.k[i];
         ws[wnd++] = st;
     }
-    dnnl_memory_desc_t w_user, w_any, src_plain, dst_plain, src_any, dst_any, b_md;
-    dnnl_dims_t dd;
-    if (dnnl_memory_desc_init_by_strides(&w_user, wnd, wd, dnnl_f32, ws) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&w_any, wnd, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-        dnnl_util_plain_md(&src_plain, nd, x->dims) || dnnl_util_plain_md(&dst_plain, nd, y->dims) ||
-        (b && dnnl_util_plain_md(&b_md, 1, b->dims)))
+    return dnnl_memory_desc_init_by_strides(md, wnd, wd, dnnl_f32, ws) == dnnl_success ? 0 : -1;
+}
+
+/* oneDNN's deconvolution, on the layouts it prefers (activations reordered
+ * around it as for Conv). Leaves s->conv NULL, for the loop, where oneDNN
+ * cannot describe the tensors or has no kernel. */
+static int ctr_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
+    const struct tensor *w = c->in[1];
+    dnnl_util_set_threads(c->nthreads);
+    s->const_weights = 1;
+    dnnl_memory_desc_t w_user;
+    struct conv_desc d;
+    if (ctr_w_md(&w_user, w, &s->g) || conv_desc_init(&d, c->in[0], c->out[0], opt_in(c, 2), &w_user, &s->g.win))
         return 0;
-    for (int i = 0; i < nd; i++) dd[i] = x->dims[i];
-    dnnl_memory_desc_init_by_tag(&src_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    for (int i = 0; i < nd; i++) dd[i] = y->dims[i];
-    dnnl_memory_desc_init_by_tag(&dst_any, nd, dd, dnnl_f32, dnnl_format_tag_any);
-    struct conv_state *s = calloc(1, sizeof *s);
-    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
-    if (!attr) {
-        free(s);
-        return STATUS_INTERNAL;
-    }
+    if (!attr) return STATUS_INTERNAL;
     dnnl_deconvolution_desc_t dsc;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t r = dnnl_dilated_deconvolution_forward_desc_init(&dsc, dnnl_forward_inference,
-                                                                   dnnl_deconvolution_direct, &src_any, &w_any,
-                                                                   b ? &b_md : NULL, &dst_any, strides, dil, pl, pr);
+                                                                   dnnl_deconvolution_direct, &d.src_any, &d.w_any,
+                                                                   d.has_b ? &d.b : NULL, &d.dst_any, d.strides,
+                                                                   d.dil, d.pl, d.pr);
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &dsc, attr, dnnl_util_engine(), NULL);
     dnnl_primitive_attr_destroy(attr);
-    if (r != dnnl_success) { /* a case oneDNN has no kernel for: the loop */
-        free(s);
-        return 0;
-    }
-    int ids[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    s->nargs = b ? 4 : 3;
-    s->const_weights = 1;
-    size_t scr = 0, r1 = 0, r2 = 0, src_bytes = 0, dst_bytes = 0;
-    s->conv = dnnl_prim_create(c, pd, s->nargs, ids, &scr);
-    const dnnl_memory_desc_t *wmd = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
-    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
-    const dnnl_memory_desc_t *dmd = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
-    rc = s->conv ? 0 : STATUS_INTERNAL;
-    if (!rc && !dnnl_memory_desc_equal(wmd, &w_user) && !(s->wbuf = dnnl_util_weights_acquire(c, &w_user, w->data, wmd)))
-        rc = STATUS_INTERNAL;
-    if (!rc) dnnl_prim_bind(s->conv, 1, s->wbuf ? s->wbuf : w->data);
-    if (!rc && !dnnl_memory_desc_equal(smd, &src_plain)) {
-        s->src_reorder = reorder_prim(c, &src_plain, smd, &r1);
-        src_bytes = dnnl_memory_desc_get_size(smd);
-        if (!s->src_reorder) rc = STATUS_INTERNAL;
-    }
-    if (!rc && !dnnl_memory_desc_equal(dmd, &dst_plain)) {
-        s->dst_reorder = reorder_prim(c, dmd, &dst_plain, &r2);
-        dst_bytes = dnnl_memory_desc_get_size(dmd);
-        if (!s->dst_reorder) rc = STATUS_INTERNAL;
-    }
+    if (r != dnnl_success) return 0; /* a case oneDNN has no kernel for: the loop */
+    int rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
     dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* Whether oneDNN's deconvolution takes this ConvTranspose: padding it can
+ * express (implied pads >= 0 on both sides), weights known at plan time
+ * and an output that is not empty. */
+static int ctr_use_dnnl(const struct op_call *c, const struct conv_geom *g) {
+    for (int i = 0; i < g->win.nsp; i++)
+        if (g->win.pl[i] < 0 || g->win.pr[i] < 0) return 0;
+    return c->in[1]->data && tensor_numel(c->out[0]) > 0 && dnnl_util_engine();
+}
+
+/* The state holds oneDNN's deconvolution where it applies, otherwise only
+ * the geometry, and run() uses the loop. */
+static int ctr_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = ctr_setup(c, &s->g);
+    *scratch_size = 0;
+    if (!rc && ctr_use_dnnl(c, &s->g)) rc = ctr_build(c, s, scratch_size);
     if (rc) {
         conv_release(s);
         return rc;
     }
-    size_t pad = scr > r1 ? scr : r1;
-    if (r2 > pad) pad = r2;
-    s->off_src = 0;
-    s->off_dst = dnnl_util_align(src_bytes);
-    s->off_pad = s->off_dst + dnnl_util_align(dst_bytes);
-    *scratch_size = s->off_pad + dnnl_util_align(pad);
     *state = s;
     return 0;
 }
 
 static int ctr_run(struct op_call *c) {
-    if (c->state) return conv_run(c);
+    const struct conv_state *s = c->state;
+    if (s->conv) return conv_run(c);
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
     struct tensor *y = c->out[0];
-    struct ctr_geom g;
-    int rc = ctr_setup(c, &g);
-    if (rc) return rc;
-    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
-    for (int i = 0; i < g.nsp; i++) {
-        in[i] = g.in[i]; out[i] = g.out[i]; k[i] = g.k[i]; s[i] = g.s[i]; d[i] = g.d[i]; pl[i] = g.pl[i];
+    const struct win *g = &s->g.win;
+    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
+    for (int i = 0; i < g->nsp; i++) {
+        in[i] = g->in[i]; out[i] = g->out[i]; k[i] = g->k[i]; st[i] = g->s[i]; d[i] = g->d[i]; pl[i] = g->pl[i];
     }
-    int64_t group = node_attr_int(c->node, "group", 1);
+    int64_t group = s->g.group;
     int64_t N = x->dims[0], C = x->dims[1], M = y->dims[1], cg = C / group, mg = M / group;
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
     const float *xd = x->data, *wd = w->data, *bd = b ? b->data : NULL;
@@ -643,14 +678,14 @@ static int ctr_run(struct op_call *c) {
                         float acc = bd ? bd[m] : 0.0f;
                         for (int64_t t0 = 0; t0 < k[0]; t0++) {
                             int64_t q0 = o0 + pl[0] - t0 * d[0];
-                            if (q0 < 0 || q0 % s[0] || q0 / s[0] >= in[0]) continue;
+                            if (q0 < 0 || q0 % st[0] || q0 / st[0] >= in[0]) continue;
                             for (int64_t t1 = 0; t1 < k[1]; t1++) {
                                 int64_t q1 = o1 + pl[1] - t1 * d[1];
-                                if (q1 < 0 || q1 % s[1] || q1 / s[1] >= in[1]) continue;
+                                if (q1 < 0 || q1 % st[1] || q1 / st[1] >= in[1]) continue;
                                 for (int64_t t2 = 0; t2 < k[2]; t2++) {
                                     int64_t q2 = o2 + pl[2] - t2 * d[2];
-                                    if (q2 < 0 || q2 % s[2] || q2 / s[2] >= in[2]) continue;
-                                    int64_t ip = (q0 / s[0] * in[1] + q1 / s[1]) * in[2] + q2 / s[2];
+                                    if (q2 < 0 || q2 % st[2] || q2 / st[2] >= in[2]) continue;
+                                    int64_t ip = (q0 / st[0] * in[1] + q1 / st[1]) * in[2] + q2 / st[2];
                                     int64_t tp = (t0 * k[1] + t1) * k[2] + t2;
                                     for (int64_t ci = 0; ci < cg; ci++) {
                                         int64_t cc = gi * cg + ci;
@@ -696,9 +731,7 @@ static int mm_build(struct op_call *c, struct mm_state *s, const dnnl_memory_des
                     const dnnl_memory_desc_t *b_md, const void *b_const, const dnnl_memory_desc_t *bias_md,
                     const dnnl_memory_desc_t *dst_md, float alpha, int with_sum, size_t *scratch_size) {
     dnnl_memory_desc_t b_any;
-    if (b_const) {
-        dnnl_memory_desc_init_by_tag(&b_any, b_md->ndims, b_md->dims, dnnl_f32, dnnl_format_tag_any);
-    }
+    if (b_const) dnnl_util_any_md(&b_any, b_md->ndims, b_md->dims);
     dnnl_util_set_threads(c->nthreads);
     if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
     dnnl_primitive_attr_t attr = act_attr(c, with_sum, 1.0f, &s->act_after);
@@ -1127,8 +1160,10 @@ static int qmm_run(struct op_call *c) {
 /* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias),
  * over x and w widened into scratch first (x32, w32: numel int32 each). */
 static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
-                      const struct tensor *wz, const struct tensor *bias, const struct win *win, int64_t group,
+                      const struct tensor *wz, const struct tensor *bias, const struct conv_geom *geom,
                       int32_t *x32, int32_t *w32, int32_t *acc) {
+    const struct win *win = &geom->win;
+    const int64_t group = geom->group;
     int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
     for (int i = 0; i < win->nsp; i++) {
         in[i] = win->in[i]; out[i] = win->out[i]; k[i] = win->k[i]; s[i] = win->s[i]; d[i] = win->d[i]; pl[i] = win->pl[i];
@@ -1176,30 +1211,50 @@ static size_t iconv_scratch(const struct tensor *x, const struct tensor *w, cons
            (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
 }
 
-/* Shape rule shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
+/* Geometry shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
  * 0, w at 3). */
-static int iconv_shape(struct op_call *c, int wi, struct win *win, int64_t *group) {
+static int iconv_geom(struct op_call *c, int wi, struct conv_geom *g) {
     const struct tensor *x = c->in[0], *w = opt_in(c, wi);
     int rc;
     if ((rc = need_q8(c, x, "x")) || (rc = need_q8(c, w, "w"))) return rc;
     if (w->ndim != x->ndim) return op_error(c, "w has rank %d, x has rank %d", w->ndim, x->ndim);
-    *group = node_attr_int(c->node, "group", 1);
-    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+    if ((rc = conv_geom_read(c, x, w, g))) return rc;
+    if (x->dims[1] != w->dims[1] * g->group || w->dims[0] % g->group)
         return op_error(c, "channels do not match: x has %lld, w expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)*group);
-    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+                        (long long)w->dims[1], (long long)g->group);
+    return 0;
+}
+
+static int iconv_shape(struct op_call *c, int wi) {
+    struct conv_geom g;
+    int rc = iconv_geom(c, wi, &g);
+    if (rc) return rc;
+    const struct tensor *x = c->in[0];
     struct tensor *y = c->out[0];
     y->ndim = x->ndim;
     y->dims[0] = x->dims[0];
-    y->dims[1] = w->dims[0];
-    for (int i = 0; i < win->nsp; i++) y->dims[2 + i] = win->out[i];
+    y->dims[1] = c->in[wi]->dims[0];
+    for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
+    return 0;
+}
+
+/* The geometry as state, and scratch for the widened operands (and the
+ * sums, with_acc). */
+static int iconv_prepare(struct op_call *c, int wi, int with_acc, void **state, size_t *scratch_size) {
+    struct conv_geom *g = op_params_alloc(c, sizeof *g);
+    if (!g) return STATUS_NOMEM;
+    int rc = iconv_geom(c, wi, g);
+    if (rc) {
+        op_params_free(g);
+        return rc;
+    }
+    *state = g;
+    *scratch_size = iconv_scratch(c->in[0], c->in[wi], c->out[0], with_acc);
     return 0;
 }
 
 static int convi_infer(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 1, &win, &g);
+    int rc = iconv_shape(c, 1);
     if (rc) return rc;
     if ((rc = qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
         return rc;
@@ -1208,19 +1263,13 @@ static int convi_infer(struct op_call *c) {
 }
 
 static int convi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    *state = NULL;
-    *scratch_size = iconv_scratch(c->in[0], c->in[1], c->out[0], 0);
-    return 0;
+    return iconv_prepare(c, 1, 0, state, scratch_size);
 }
 
 static int convi_run(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 1, &win, &g);
-    if (rc) return rc;
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch, *w32 = (int32_t *)((char *)c->scratch + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
-    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &win, g, x32, w32, c->out[0]->data);
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, c->state, x32, w32, c->out[0]->data);
     return 0;
 }
 
@@ -1228,9 +1277,7 @@ static int convi_run(struct op_call *c) {
  * y_scale, y_zero_point, B (int32, optional). */
 static int qconv_infer(struct op_call *c) {
     if (c->nin < 8) return op_error(c, "needs at least 8 inputs, got %d", c->nin);
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 3, &win, &g);
+    int rc = iconv_shape(c, 3);
     if (rc) return rc;
     int64_t M = c->in[3]->dims[0];
     const struct tensor *b = opt_in(c, 8), *yz = c->in[7];
@@ -1246,23 +1293,17 @@ static int qconv_infer(struct op_call *c) {
 }
 
 static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    *state = NULL;
-    *scratch_size = iconv_scratch(c->in[0], c->in[3], c->out[0], 1);
-    return 0;
+    return iconv_prepare(c, 3, 1, state, scratch_size);
 }
 
 static int qconv_run(struct op_call *c) {
-    struct win win;
-    int64_t g;
-    int rc = iconv_shape(c, 3, &win, &g);
-    if (rc) return rc;
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch;
     int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
     int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
-    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &win, g, x32, w32, acc);
+    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), c->state, x32, w32, acc);
     float xs = (float)qparam_at(c->in[1], 0, 1.0), ys = (float)qparam_at(c->in[6], 0, 1.0);
     double yz = qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
@@ -1520,9 +1561,12 @@ static int unpool_infer(struct op_call *c) {
 /* Indices number the elements of the inferred (pooling-inverse) shape; a
  * larger output_shape holds that block in its leading corner, as ONNX's
  * reference does. */
-static int unpool_run(struct op_call *c) {
-    const struct tensor *x = c->in[0], *idx = c->in[1];
-    struct tensor *y = c->out[0];
+struct unpool_params {
+    int64_t inf[TENSOR_MAX_DIMS]; /* the inferred shape */
+};
+
+static int unpool_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *y = c->out[0];
     struct win w;
     int rc = win_setup(c, x, NULL, 0, &w);
     if (rc) return rc;
@@ -1534,6 +1578,17 @@ static int unpool_run(struct op_call *c) {
         if (inf[2 + i] > y->dims[2 + i]) return op_error(c, "output_shape is smaller than the unpooled shape");
     }
     if (inf[0] != y->dims[0] || inf[1] != y->dims[1]) return op_error(c, "output_shape must keep N and C");
+    struct unpool_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    memcpy(p->inf, inf, sizeof inf);
+    *state = p;
+    return 0;
+}
+
+static int unpool_run(struct op_call *c) {
+    const struct tensor *x = c->in[0], *idx = c->in[1];
+    struct tensor *y = c->out[0];
+    const int64_t *inf = ((const struct unpool_params *)c->state)->inf;
     int64_t ninf = prod(inf, x->ndim), ny = tensor_numel(y), nx = tensor_numel(x);
     float *yd = y->data;
     const float *xd = x->data;
@@ -1593,11 +1648,25 @@ static int global_pool_run(struct op_call *c, int is_max) {
 }
 static int gap_run(struct op_call *c) { return global_pool_run(c, 0); }
 
-static int glp_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    float *y = c->out[0]->data, p = (float)node_attr_int(c->node, "p", 2);
-    const float *xd = x->data;
+struct glp_params {
+    float p;
+};
+
+static int glp_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    float p = (float)node_attr_int(c->node, "p", 2);
     if (p <= 0) return op_error(c, "p must be positive (got %g)", (double)p);
+    struct glp_params *gp = op_params_alloc(c, sizeof *gp);
+    if (!gp) return STATUS_NOMEM;
+    gp->p = p;
+    *state = gp;
+    return 0;
+}
+
+static int glp_run(struct op_call *c) {
+    const struct glp_params *gp = c->state;
+    const struct tensor *x = c->in[0];
+    float *y = c->out[0]->data, p = gp->p;
+    const float *xd = x->data;
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t i = 0; i < nc; i++) {
@@ -1614,6 +1683,8 @@ static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
 /* y = x * a[c] + b[c] with a = scale / sqrt(var + eps), b = B - mean * a. */
 struct bn_state {
     float *ab; /* 2*C values when every parameter is constant, else NULL */
+    int training;
+    float eps, momentum;
 };
 
 /* training_mode=1 (opset 14+) normalizes with the batch's own statistics
@@ -1679,9 +1750,8 @@ static void bn_batch_stats(struct op_call *c, float *mean, float *var) {
     }
 }
 
-static void bn_coeffs(struct op_call *c, float *ab, const float *mu, const float *var) {
+static void bn_coeffs(struct op_call *c, float eps, float *ab, const float *mu, const float *var) {
     int64_t C = c->in[0]->dims[1];
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
     const float *sc = c->in[1]->data, *b = c->in[2]->data;
     for (int64_t i = 0; i < C; i++) {
         float a = sc[i] / sqrtf(var[i] + eps);
@@ -1703,14 +1773,17 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     struct bn_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int64_t C = c->in[0]->dims[1];
-    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !bn_training(c);
+    s->training = bn_training(c);
+    s->eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    s->momentum = node_attr_float(c->node, "momentum", 0.9f);
+    int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !s->training;
     if (all_const) {
         s->ab = malloc(sizeof(float) * 2 * (size_t)(C > 0 ? C : 1));
         if (!s->ab) {
             free(s);
             return op_error(c, "out of memory"), STATUS_NOMEM;
         }
-        bn_coeffs(c, s->ab, c->in[3]->data, c->in[4]->data);
+        bn_coeffs(c, s->eps, s->ab, c->in[3]->data, c->in[4]->data);
         *scratch_size = 0;
     } else {
         *scratch_size = sizeof(float) * 4 * (size_t)C;
@@ -1723,16 +1796,16 @@ static int bn_run(struct op_call *c) {
     struct bn_state *s = c->state;
     if (tensor_numel(c->out[0]) == 0) return 0;
     const struct tensor *x = c->in[0];
-    float *ab = s ? s->ab : NULL;
+    float *ab = s->ab;
     int64_t C = x->dims[1];
     if (!ab) {
         if (c->scratch_size < sizeof(float) * 4 * (size_t)C) return op_error(c, "internal: no scratch for the coefficients");
         ab = c->scratch;
         const float *mu = c->in[3]->data, *var = c->in[4]->data;
-        if (bn_training(c)) {
+        if (s->training) {
             float *bm = ab + 2 * C, *bv = ab + 3 * C;
             bn_batch_stats(c, bm, bv);
-            float mom = node_attr_float(c->node, "momentum", 0.9f);
+            float mom = s->momentum;
             for (int64_t ch = 0; ch < C; ch++) {
                 if (has_out(c, 1)) ((float *)c->out[1]->data)[ch] = mu[ch] * mom + bm[ch] * (1 - mom);
                 if (has_out(c, 2)) ((float *)c->out[2]->data)[ch] = var[ch] * mom + bv[ch] * (1 - mom);
@@ -1740,7 +1813,7 @@ static int bn_run(struct op_call *c) {
             mu = bm;
             var = bv;
         }
-        bn_coeffs(c, ab, mu, var);
+        bn_coeffs(c, s->eps, ab, mu, var);
     }
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
@@ -1772,11 +1845,27 @@ static int inorm_infer(struct op_call *c) {
     return 0;
 }
 
+/* InstanceNormalization's and GroupNormalization's attributes. */
+struct norm_params {
+    float eps;
+    int64_t groups; /* GroupNormalization's num_groups */
+};
+
+static int norm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct norm_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    p->groups = node_attr_int(c->node, "num_groups", 1);
+    *state = p;
+    return 0;
+}
+
 static int inorm_run(struct op_call *c) {
+    const struct norm_params *p = c->state;
     const struct tensor *x = c->in[0];
     const float *sc = c->in[1]->data, *b = c->in[2]->data, *xd = x->data;
     float *y = c->out[0]->data;
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
+    float eps = p->eps;
     int64_t C = x->dims[1], nc = x->dims[0] * C, sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {
@@ -1802,6 +1891,30 @@ static int inorm_run(struct op_call *c) {
 /* Average (or max) of bilinear samples on a grid inside each bin of each
  * region, following ONNX's reference (and onnxruntime): samples more than
  * one pixel outside the image count as zero, the others clamp to it. */
+struct roialign_params {
+    int is_max, half; /* mode "max"; coordinate_transformation_mode "half_pixel" */
+    int64_t sr;       /* sampling_ratio (0: adaptive) */
+    float scale;      /* spatial_scale */
+    int64_t oh, ow;
+};
+
+static int roialign_decode(struct op_call *c, struct roialign_params *p) {
+    const char *mode = node_attr_str(c->node, "mode", "avg");
+    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
+    const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", c->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
+    if (strcmp(ctm, "half_pixel") && strcmp(ctm, "output_half_pixel"))
+        return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
+    p->is_max = strcmp(mode, "max") == 0;
+    p->half = strcmp(ctm, "half_pixel") == 0;
+    p->sr = node_attr_int(c->node, "sampling_ratio", 0);
+    p->scale = node_attr_float(c->node, "spatial_scale", 1.0f);
+    p->oh = node_attr_int(c->node, "output_height", 1);
+    p->ow = node_attr_int(c->node, "output_width", 1);
+    if (p->oh < 1 || p->ow < 1 || p->oh > (1 << 16) || p->ow > (1 << 16))
+        return op_error(c, "bad output size %lldx%lld", (long long)p->oh, (long long)p->ow);
+    return 0;
+}
+
 static int roialign_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *rois = opt_in(c, 1), *bi = opt_in(c, 2);
     int rc = need_f32(c, x, "X");
@@ -1811,13 +1924,9 @@ static int roialign_infer(struct op_call *c) {
     if (rois->ndim != 2 || rois->dims[1] != 4) return op_error(c, "rois must be [num_rois, 4]");
     if (!bi || bi->ndim != 1 || bi->dims[0] != rois->dims[0] || (bi->dtype != DT_INT64 && bi->dtype != DT_INT32))
         return op_error(c, "batch_indices must be integers, one per roi");
-    const char *mode = node_attr_str(c->node, "mode", "avg");
-    if (strcmp(mode, "avg") && strcmp(mode, "max")) return op_error(c, "unknown mode '%s'", mode);
-    const char *ctm = node_attr_str(c->node, "coordinate_transformation_mode", c->node->opset >= 16 ? "half_pixel" : "output_half_pixel");
-    if (strcmp(ctm, "half_pixel") && strcmp(ctm, "output_half_pixel"))
-        return op_error(c, "unknown coordinate_transformation_mode '%s'", ctm);
-    int64_t oh = node_attr_int(c->node, "output_height", 1), ow = node_attr_int(c->node, "output_width", 1);
-    if (oh < 1 || ow < 1 || oh > (1 << 16) || ow > (1 << 16)) return op_error(c, "bad output size %lldx%lld", (long long)oh, (long long)ow);
+    struct roialign_params p;
+    if ((rc = roialign_decode(c, &p))) return rc;
+    int64_t oh = p.oh, ow = p.ow;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = 4;
@@ -1828,14 +1937,25 @@ static int roialign_infer(struct op_call *c) {
     return 0;
 }
 
+static int roialign_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct roialign_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = roialign_decode(c, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
 static int roialign_run(struct op_call *c) {
+    const struct roialign_params *p = c->state;
     const struct tensor *x = c->in[0], *rois = c->in[1], *bi = c->in[2];
     struct tensor *y = c->out[0];
-    int is_max = strcmp(node_attr_str(c->node, "mode", "avg"), "max") == 0;
-    int half = strcmp(node_attr_str(c->node, "coordinate_transformation_mode",
-                                    c->node->opset >= 16 ? "half_pixel" : "output_half_pixel"), "half_pixel") == 0;
-    int64_t sr = node_attr_int(c->node, "sampling_ratio", 0);
-    float scale = node_attr_float(c->node, "spatial_scale", 1.0f);
+    const int is_max = p->is_max, half = p->half;
+    const int64_t sr = p->sr;
+    const float scale = p->scale;
     int64_t R = y->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], oh = y->dims[2], ow = y->dims[3];
     const float *xd = x->data, *rd = rois->data;
     float *yd = y->data;
@@ -1898,50 +2018,65 @@ static int roialign_run(struct op_call *c) {
  * (bilinear, zero outside the image), optionally weighted by a mask:
  * X [N,C,H,W], W [M,C/group,kh,kw], offset [N, offset_group*kh*kw*2, oh, ow],
  * B [M], mask [N, offset_group*kh*kw, oh, ow]. */
-static int dconv_geom(struct op_call *c, struct win *win, int64_t *group, int64_t *og) {
+struct dconv_params {
+    struct conv_geom g;
+    int64_t og; /* offset_group */
+};
+
+static int dconv_geom(struct op_call *c, struct dconv_params *p) {
     const struct tensor *x = c->in[0], *w = opt_in(c, 1), *off = opt_in(c, 2), *b = opt_in(c, 3), *mask = opt_in(c, 4);
     int rc;
     if ((rc = need_f32(c, x, "X")) || !w || (rc = need_f32(c, w, "W")) || !off || (rc = need_f32(c, off, "offset")))
         return rc ? rc : op_error(c, "X, W and offset are required");
     if (x->ndim != 4 || w->ndim != 4 || off->ndim != 4) return op_error(c, "only 2-D DeformConv is supported (4-D X, W, offset)"), STATUS_UNSUPPORTED;
-    *group = node_attr_int(c->node, "group", 1);
-    *og = node_attr_int(c->node, "offset_group", 1);
-    if (*group < 1 || x->dims[1] != w->dims[1] * *group || w->dims[0] % *group)
+    if ((rc = conv_geom_read(c, x, w, &p->g))) return rc;
+    const struct win *win = &p->g.win;
+    const int64_t group = p->g.group, og = p->og = node_attr_int(c->node, "offset_group", 1);
+    if (x->dims[1] != w->dims[1] * group || w->dims[0] % group)
         return op_error(c, "channels do not match: X has %lld, W expects %lld x group %lld", (long long)x->dims[1],
-                        (long long)w->dims[1], (long long)*group);
-    if (*og < 1 || x->dims[1] % *og) return op_error(c, "offset_group %lld must divide the channels", (long long)*og);
-    if ((rc = win_setup(c, x, w->dims + 2, 0, win))) return rc;
+                        (long long)w->dims[1], (long long)group);
+    if (og < 1 || x->dims[1] % og) return op_error(c, "offset_group %lld must divide the channels", (long long)og);
     int64_t kv = win->k[0] * win->k[1];
-    if (off->dims[0] != x->dims[0] || off->dims[1] != *og * kv * 2 || off->dims[2] != win->out[0] || off->dims[3] != win->out[1])
-        return op_error(c, "offset must be [%lld, %lld, %lld, %lld]", (long long)x->dims[0], (long long)(*og * kv * 2),
+    if (off->dims[0] != x->dims[0] || off->dims[1] != og * kv * 2 || off->dims[2] != win->out[0] || off->dims[3] != win->out[1])
+        return op_error(c, "offset must be [%lld, %lld, %lld, %lld]", (long long)x->dims[0], (long long)(og * kv * 2),
                         (long long)win->out[0], (long long)win->out[1]);
     if (b && (b->dtype != DT_FP32 || tensor_numel(b) != w->dims[0])) return op_error(c, "B must hold %lld floats", (long long)w->dims[0]);
-    if (mask && (mask->dtype != DT_FP32 || mask->ndim != 4 || mask->dims[1] != *og * kv || mask->dims[2] != win->out[0] ||
+    if (mask && (mask->dtype != DT_FP32 || mask->ndim != 4 || mask->dims[1] != og * kv || mask->dims[2] != win->out[0] ||
                  mask->dims[3] != win->out[1] || mask->dims[0] != x->dims[0]))
-        return op_error(c, "mask must be [N, %lld, %lld, %lld]", (long long)(*og * kv), (long long)win->out[0], (long long)win->out[1]);
+        return op_error(c, "mask must be [N, %lld, %lld, %lld]", (long long)(og * kv), (long long)win->out[0], (long long)win->out[1]);
     return 0;
 }
 
 static int dconv_infer(struct op_call *c) {
-    struct win win;
-    int64_t g, og;
-    int rc = dconv_geom(c, &win, &g, &og);
+    struct dconv_params p;
+    int rc = dconv_geom(c, &p);
     if (rc) return rc;
     struct tensor *y = c->out[0];
     y->dtype = DT_FP32;
     y->ndim = 4;
     y->dims[0] = c->in[0]->dims[0];
     y->dims[1] = c->in[1]->dims[0];
-    y->dims[2] = win.out[0];
-    y->dims[3] = win.out[1];
+    y->dims[2] = p.g.win.out[0];
+    y->dims[3] = p.g.win.out[1];
+    return 0;
+}
+
+static int dconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct dconv_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = dconv_geom(c, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
     return 0;
 }
 
 static int dconv_run(struct op_call *c) {
-    struct win win;
-    int64_t g, og;
-    int rc = dconv_geom(c, &win, &g, &og);
-    if (rc) return rc;
+    const struct dconv_params *p = c->state;
+    const struct win win = p->g.win;
+    const int64_t g = p->g.group, og = p->og;
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 3), *mask = opt_in(c, 4);
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], M = w->dims[0];
     int64_t kh = win.k[0], kw = win.k[1], oh = win.out[0], ow = win.out[1], cg = C / g, mg = M / g, cog = C / og;
@@ -2004,11 +2139,12 @@ static int gnorm_infer(struct op_call *c) {
 }
 
 static int gnorm_run(struct op_call *c) {
+    const struct norm_params *p = c->state;
     const struct tensor *x = c->in[0];
     const float *xd = x->data, *sc = c->in[1]->data, *bi = c->in[2]->data;
     float *y = c->out[0]->data;
-    float eps = node_attr_float(c->node, "epsilon", 1e-5f);
-    int64_t g = node_attr_int(c->node, "num_groups", 1), n = x->dims[0], C = x->dims[1];
+    float eps = p->eps;
+    int64_t g = p->groups, n = x->dims[0], C = x->dims[1];
     int64_t sp = prod(x->dims + 2, x->ndim - 2), cg = C / g, len = cg * sp;
     int per_channel = tensor_numel(c->in[1]) == C;
 #pragma omp parallel for collapse(2) if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
@@ -2096,10 +2232,20 @@ static int col2im_infer(struct op_call *c) {
     return 0;
 }
 
+static int col2im_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct col2im_geom *g = op_params_alloc(c, sizeof *g);
+    if (!g) return STATUS_NOMEM;
+    int rc = col2im_setup(c, g);
+    if (rc) {
+        op_params_free(g);
+        return rc;
+    }
+    *state = g;
+    return 0;
+}
+
 static int col2im_run(struct op_call *c) {
-    struct col2im_geom g;
-    int rc = col2im_setup(c, &g);
-    if (rc) return rc;
+    const struct col2im_geom g = *(const struct col2im_geom *)c->state;
     const float *xd = c->in[0]->data;
     float *y = c->out[0]->data;
     int64_t n = c->in[0]->dims[0], isz = prod(g.img, g.nsp);
@@ -2147,11 +2293,27 @@ static int lrn_infer(struct op_call *c) {
     return 0;
 }
 
+struct lrn_params {
+    int64_t size;
+    float alpha, beta, bias;
+};
+
+static int lrn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct lrn_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    p->size = node_attr_int(c->node, "size", 1);
+    p->alpha = node_attr_float(c->node, "alpha", 1e-4f);
+    p->beta = node_attr_float(c->node, "beta", 0.75f);
+    p->bias = node_attr_float(c->node, "bias", 1.0f);
+    *state = p;
+    return 0;
+}
+
 static int lrn_run(struct op_call *c) {
+    const struct lrn_params *p = c->state;
     const struct tensor *x = c->in[0];
-    int64_t size = node_attr_int(c->node, "size", 1);
-    float alpha = node_attr_float(c->node, "alpha", 1e-4f), beta = node_attr_float(c->node, "beta", 0.75f);
-    float bias = node_attr_float(c->node, "bias", 1.0f);
+    int64_t size = p->size;
+    float alpha = p->alpha, beta = p->beta, bias = p->bias;
     int64_t n = x->dims[0], C = x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
     int64_t lo = (size - 1) / 2, hi = size - 1 - lo;
     const float *xd = x->data;
@@ -2195,8 +2357,8 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
-    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, NULL, 0},
-    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, NULL, 0},
+    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, op_params_free, 0},
+    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, op_params_free, 0},
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
@@ -2205,16 +2367,16 @@ const struct op_def op_defs_nn[] = {
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},
     {"AveragePool", "", avgpool_infer, avgpool_prepare, pool_run, pool_release, 0},
     {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},
-    {"MaxUnpool", "", unpool_infer, NULL, unpool_run, NULL, 0},
+    {"MaxUnpool", "", unpool_infer, unpool_prepare, unpool_run, op_params_free, 0},
     {"GlobalAveragePool", "", global_pool_infer, NULL, gap_run, NULL, 0},
-    {"GlobalLpPool", "", global_pool_infer, NULL, glp_run, NULL, 0},
+    {"GlobalLpPool", "", global_pool_infer, glp_prepare, glp_run, op_params_free, 0},
     {"GlobalMaxPool", "", global_pool_infer, NULL, gmp_run, NULL, 0},
     {"BatchNormalization", "", bn_infer, bn_prepare, bn_run, bn_release, 0},
-    {"InstanceNormalization", "", inorm_infer, NULL, inorm_run, NULL, 0},
-    {"LRN", "", lrn_infer, NULL, lrn_run, NULL, 0},
-    {"RoiAlign", "", roialign_infer, NULL, roialign_run, NULL, 0},
-    {"DeformConv", "", dconv_infer, NULL, dconv_run, NULL, 0},
-    {"GroupNormalization", "", gnorm_infer, NULL, gnorm_run, NULL, 0},
-    {"Col2Im", "", col2im_infer, NULL, col2im_run, NULL, 0},
+    {"InstanceNormalization", "", inorm_infer, norm_prepare, inorm_run, op_params_free, 0},
+    {"LRN", "", lrn_infer, lrn_prepare, lrn_run, op_params_free, 0},
+    {"RoiAlign", "", roialign_infer, roialign_prepare, roialign_run, op_params_free, 0},
+    {"DeformConv", "", dconv_infer, dconv_prepare, dconv_run, op_params_free, 0},
+    {"GroupNormalization", "", gnorm_infer, norm_prepare, gnorm_run, op_params_free, 0},
+    {"Col2Im", "", col2im_infer, col2im_prepare, col2im_run, op_params_free, 0},
     {0},
 };

@@ -451,35 +451,54 @@ static int red_rows_f32(const float *x, float *y, const struct red_geom *g, enum
     return 1;
 }
 
-static int red_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    struct tensor *o = c->out[0];
+/* A reduction as prepare decodes it: the kind (from the op type), the axes
+ * (attribute or constant input) and the coalesced geometry. */
+struct red_params {
+    enum red_kind kind;
     struct red_geom g;
-    int rc = red_axes(c, x, &g);
-    if (rc) return rc;
+};
+
+static int red_prepare(struct op_call *c, void **state, size_t *scratch) {
     int kind = red_kind_of(c->node);
     if (kind < 0) return op_error(c, "not a reduction");
-    red_coalesce(x, &g);
-    if (g.nout <= 0) return 0;
-    if (tensor_numel(o) != g.nout) return op_error(c, "output has %lld elements, expected %lld",
-                                                   (long long)tensor_numel(o), (long long)g.nout);
-    enum red_kind k = (enum red_kind)kind;
+    struct red_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = red_axes(c, c->in[0], &p->g);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    p->kind = (enum red_kind)kind;
+    red_coalesce(c->in[0], &p->g);
+    *state = p;
+    return 0;
+}
+
+static int red_run(struct op_call *c) {
+    const struct red_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    struct tensor *o = c->out[0];
+    const struct red_geom *g = &p->g;
+    if (g->nout <= 0) return 0;
+    if (tensor_numel(o) != g->nout) return op_error(c, "output has %lld elements, expected %lld",
+                                                   (long long)tensor_numel(o), (long long)g->nout);
+    enum red_kind k = p->kind;
     int nt = c->nthreads;
     switch (x->dtype) {
     case DT_FP32:
-        if (!red_rows_f32(x->data, o->data, &g, k, nt)) red_f32(x->data, o->data, &g, k, nt);
+        if (!red_rows_f32(x->data, o->data, g, k, nt)) red_f32(x->data, o->data, g, k, nt);
         break;
-    case DT_FP64: red_f64(x->data, o->data, &g, k, nt); break;
-    case DT_FP16: red_f16(x->data, o->data, &g, k, nt); break;
-    case DT_BF16: red_bf16(x->data, o->data, &g, k, nt); break;
-    case DT_INT8: red_i8(x->data, o->data, &g, k, nt); break;
-    case DT_INT16: red_i16(x->data, o->data, &g, k, nt); break;
-    case DT_INT32: red_i32(x->data, o->data, &g, k, nt); break;
-    case DT_INT64: red_i64(x->data, o->data, &g, k, nt); break;
-    case DT_UINT8: case DT_BOOL: red_u8(x->data, o->data, &g, k, nt); break;
-    case DT_UINT16: red_u16(x->data, o->data, &g, k, nt); break;
-    case DT_UINT32: red_u32(x->data, o->data, &g, k, nt); break;
-    case DT_UINT64: red_u64(x->data, o->data, &g, k, nt); break;
+    case DT_FP64: red_f64(x->data, o->data, g, k, nt); break;
+    case DT_FP16: red_f16(x->data, o->data, g, k, nt); break;
+    case DT_BF16: red_bf16(x->data, o->data, g, k, nt); break;
+    case DT_INT8: red_i8(x->data, o->data, g, k, nt); break;
+    case DT_INT16: red_i16(x->data, o->data, g, k, nt); break;
+    case DT_INT32: red_i32(x->data, o->data, g, k, nt); break;
+    case DT_INT64: red_i64(x->data, o->data, g, k, nt); break;
+    case DT_UINT8: case DT_BOOL: red_u8(x->data, o->data, g, k, nt); break;
+    case DT_UINT16: red_u16(x->data, o->data, g, k, nt); break;
+    case DT_UINT32: red_u32(x->data, o->data, g, k, nt); break;
+    case DT_UINT64: red_u64(x->data, o->data, g, k, nt); break;
     default:
         op_error(c, "dtype %s is not supported by this operator", dtype_name(x->dtype));
         return STATUS_UNSUPPORTED;
@@ -565,16 +584,33 @@ DEF_ARG(u16, uint16_t, LD_ID)
 DEF_ARG(u32, uint32_t, LD_ID)
 DEF_ARG(u64, uint64_t, LD_ID)
 
-static int arg_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
-    int axis;
+struct arg_params {
     int64_t outer, len, inner;
-    int rc = arg_geometry(c, x, &axis, &outer, &len, &inner);
-    if (rc) return rc;
+    int is_max, last;
+};
+
+static int arg_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct arg_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int axis;
+    int rc = arg_geometry(c, c->in[0], &axis, &p->outer, &p->len, &p->inner);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    p->is_max = strcmp(c->node->op_type, "ArgMax") == 0;
+    p->last = node_attr_int(c->node, "select_last_index", 0) != 0;
+    *state = p;
+    return 0;
+}
+
+static int arg_run(struct op_call *c) {
+    const struct arg_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    int64_t outer = p->outer, len = p->len, inner = p->inner;
+    int is_max = p->is_max, last = p->last;
     if (outer * inner == 0) return 0;
     if (len <= 0) return op_error(c, "cannot take the arg of an empty axis");
-    int is_max = strcmp(c->node->op_type, "ArgMax") == 0;
-    int last = node_attr_int(c->node, "select_last_index", 0) != 0;
     int64_t *y = c->out[0]->data;
     switch (x->dtype) {
     case DT_FP32: arg_f32(x->data, y, outer, len, inner, is_max, last); break;
@@ -685,15 +721,34 @@ static int loss_infer(struct op_call *c, int softmax) {
     return 0;
 }
 
+struct loss_params {
+    enum loss_red red;
+    int has_ii;
+    int64_t ii; /* ignore_index, when has_ii */
+};
+
+static int loss_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct loss_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = loss_reduction(c, &p->red);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    const struct graph_attr *iia = node_attr(c->node, "ignore_index");
+    p->has_ii = iia != NULL;
+    p->ii = p->has_ii ? iia->i : 0;
+    *state = p;
+    return 0;
+}
+
 static int loss_run(struct op_call *c, int softmax) {
+    const struct loss_params *p = c->state;
     const struct tensor *x = c->in[0], *t = c->in[1], *w = in_opt(c, 2);
     struct tensor *o = c->out[0], *lp = c->nout > 1 ? c->out[1] : NULL;
-    enum loss_red red;
-    int rc = loss_reduction(c, &red);
-    if (rc) return rc;
-    const struct graph_attr *iia = node_attr(c->node, "ignore_index");
-    int has_ii = iia != NULL;
-    int64_t ii = has_ii ? iia->i : 0;
+    const enum loss_red red = p->red;
+    const int has_ii = p->has_ii;
+    const int64_t ii = p->ii;
     /* ONNX's reference weighs the mean by the gathered weights when there
      * are weights, or (Softmax...) an ignore_index, or (NLL) an
      * ignore_index other than -1. */
@@ -778,12 +833,28 @@ static int lpn_infer(struct op_call *c) {
     return 0;
 }
 
-static int lpn_run(struct op_call *c) {
-    const struct tensor *x = c->in[0];
+struct lpn_params {
     int64_t outer, len, inner;
     int p;
-    int rc = lpn_params(c, x, &outer, &len, &inner, &p);
-    if (rc) return rc;
+};
+
+static int lpn_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct lpn_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = lpn_params(c, c->in[0], &p->outer, &p->len, &p->inner, &p->p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    *state = p;
+    return 0;
+}
+
+static int lpn_run(struct op_call *c) {
+    const struct lpn_params *lp = c->state;
+    const struct tensor *x = c->in[0];
+    const int64_t outer = lp->outer, len = lp->len, inner = lp->inner;
+    const int p = lp->p;
     enum dtype dt = x->dtype;
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
@@ -836,46 +907,56 @@ static int mvn_infer(struct op_call *c) {
     return 0;
 }
 
+static int mvn_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct red_geom *g = op_params_alloc(c, sizeof *g);
+    if (!g) return STATUS_NOMEM;
+    int rc = mvn_geom(c, c->in[0], g);
+    if (rc) {
+        op_params_free(g);
+        return rc;
+    }
+    *state = g;
+    return 0;
+}
+
 static int mvn_run(struct op_call *c) {
     const struct tensor *x = c->in[0];
-    struct red_geom g;
-    int rc = mvn_geom(c, x, &g);
-    if (rc) return rc;
-    if (g.nred <= 0) return 0;
+    const struct red_geom *g = c->state;
+    if (g->nred <= 0) return 0;
     enum dtype dt = x->dtype;
     const void *xd = x->data;
     void *yd = c->out[0]->data;
-    for (int64_t o = 0; o < g.nout; o++) {
-        const int64_t base = red_base(&g, o);
+    for (int64_t o = 0; o < g->nout; o++) {
+        const int64_t base = red_base(g, o);
         double s = 0, s2 = 0;
-        RED_WALK(&g, base, {
+        RED_WALK(g, base, {
             double v = fld(xd, dt, off);
             s += v;
             s2 += v * v;
         });
-        double mean = s / (double)g.nred, var = s2 / (double)g.nred - mean * mean;
+        double mean = s / (double)g->nred, var = s2 / (double)g->nred - mean * mean;
         double den = sqrt(var > 0 ? var : 0) + 1e-9;
-        RED_WALK(&g, base, fst(yd, dt, off, (fld(xd, dt, off) - mean) / den));
+        RED_WALK(g, base, fst(yd, dt, off, (fld(xd, dt, off) - mean) / den));
     }
     return 0;
 }
 
 const struct op_def op_defs_reduce[] = {
-    {"ReduceSum", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceMean", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceMax", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceMin", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceProd", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceL1", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceL2", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceLogSum", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceLogSumExp", "", red_infer, NULL, red_run, NULL, 0},
-    {"ReduceSumSquare", "", red_infer, NULL, red_run, NULL, 0},
-    {"ArgMax", "", arg_infer, NULL, arg_run, NULL, 0},
-    {"ArgMin", "", arg_infer, NULL, arg_run, NULL, 0},
-    {"NegativeLogLikelihoodLoss", "", nll_infer, NULL, nll_run, NULL, 0},
-    {"SoftmaxCrossEntropyLoss", "", sce_infer, NULL, sce_run, NULL, 0},
-    {"LpNormalization", "", lpn_infer, NULL, lpn_run, NULL, 0},
-    {"MeanVarianceNormalization", "", mvn_infer, NULL, mvn_run, NULL, 0},
+    {"ReduceSum", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceMean", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceMax", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceMin", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceProd", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceL1", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceL2", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceLogSum", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceLogSumExp", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ReduceSumSquare", "", red_infer, red_prepare, red_run, op_params_free, 0},
+    {"ArgMax", "", arg_infer, arg_prepare, arg_run, op_params_free, 0},
+    {"ArgMin", "", arg_infer, arg_prepare, arg_run, op_params_free, 0},
+    {"NegativeLogLikelihoodLoss", "", nll_infer, loss_prepare, nll_run, op_params_free, 0},
+    {"SoftmaxCrossEntropyLoss", "", sce_infer, loss_prepare, sce_run, op_params_free, 0},
+    {"LpNormalization", "", lpn_infer, lpn_prepare, lpn_run, op_params_free, 0},
+    {"MeanVarianceNormalization", "", mvn_infer, mvn_prepare, mvn_run, op_params_free, 0},
     {0},
 };

@@ -4,7 +4,8 @@
  * (broadcast, 1-D operands, fused bias), Gemm (transposes, alpha/beta, C
  * shapes), every fused activation, the pools (Indices, ceil,
  * count_include_pad), BatchNormalization, InstanceNormalization, LRN;
- * concurrent runs on one prepared state; clear refusals. */
+ * concurrent runs on one prepared state; run() reading only what prepare
+ * decoded; clear refusals. */
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -1113,6 +1114,90 @@ static void test_weights_shared(void **st) {
     free(x[0].data), free(x[1].data), free(y[0].data), free(y[1].data), free(w.data), free(b.data);
 }
 
+/* ---- parameters decoded at prepare ------------------------------------------------ */
+
+/* Runs t as a plan does, but with every attribute renamed between prepare
+ * and run: a lookup by name in run() would then get the default, so the
+ * output equals a plain run's only when run() reads what prepare decoded. */
+static void expect_decoded_once(struct tnode *t, struct tensor **in, int nin) {
+    struct tensor want = {0}, got = {0}, *o[1] = {&want};
+    assert_int_equal_msg_impl(run_node(&t->n, in, nin, o, 1, 1), 0, g_err);
+    const struct op_def *d = op_find("", t->n.op_type);
+    struct op_call c;
+    op_call_init(&c, &t->n, 1, g_err, sizeof g_err);
+    c.nin = nin;
+    c.nout = 1;
+    for (int i = 0; i < nin; i++) c.in[i] = in[i];
+    c.out[0] = &got;
+    assert_int_equal_msg_impl(d->infer(&c), 0, g_err);
+    got.data = calloc(1, tensor_nbytes(&got) + 1);
+    void *state = NULL;
+    size_t ss = 0;
+    assert_int_equal_msg_impl(d->prepare(&c, &state, &ss), 0, g_err);
+    char *names[TN_MAX_ATTRS];
+    for (int i = 0; i < t->n.nattr; i++) {
+        names[i] = t->a[i].name;
+        t->a[i].name = "renamed";
+    }
+    c.state = state;
+    c.scratch = ss ? aligned_alloc(64, (ss + 63) & ~(size_t)63) : NULL;
+    c.scratch_size = ss;
+    int rc = d->run(&c);
+    for (int i = 0; i < t->n.nattr; i++) t->a[i].name = names[i];
+    assert_int_equal_msg_impl(rc, 0, g_err);
+    assert_int_equal(tensor_numel(&got), tensor_numel(&want));
+    if (memcmp(got.data, want.data, tensor_nbytes(&want)))
+        fail_msg("%s: run() computed another result once the attributes were renamed", t->n.op_type);
+    free(c.scratch);
+    d->release(state);
+    free(got.data), free(want.data);
+}
+
+/* Conv, ConvTranspose (oneDNN's and the loop's cases), AveragePool, LRN and
+ * GroupNormalization with attributes other than their defaults. */
+static void test_decoded_at_prepare(void **st) {
+    (void)st;
+    int64_t xd[4] = {1, 4, 7, 6}, wd[4] = {6, 2, 3, 3}, twd[4] = {4, 3, 3, 3}, m6 = 6, c4 = 4;
+    struct tensor x = mk(4, xd, 1), w = mk(4, wd, 1), tw = mk(4, twd, 1), b = mk(1, &m6, 1);
+    struct tensor sc = mk(1, &c4, 1), sb = mk(1, &c4, 1);
+    int64_t s2[2] = {2, 2}, s32[2] = {3, 2}, d2[2] = {2, 1}, pads[4] = {1, 0, 1, 2}, k3[2] = {3, 3}, op[2] = {2, 1};
+    struct tnode t;
+    struct tensor *in[3] = {&x, &w, &b};
+    tn_init(&t, "Conv", 0);
+    tn_ints(&t, "strides", 2, s2);
+    tn_ints(&t, "dilations", 2, d2);
+    tn_ints(&t, "pads", 4, pads);
+    tn_int(&t, "group", 2);
+    expect_decoded_once(&t, in, 3);
+    in[1] = &tw;
+    for (int loop = 0; loop < 2; loop++) { /* output_padding past the pads: the loop */
+        tn_init(&t, "ConvTranspose", 0);
+        tn_ints(&t, "strides", 2, loop ? s32 : s2);
+        tn_ints(&t, "pads", 4, pads);
+        tn_int(&t, "group", 2);
+        if (loop) tn_ints(&t, "output_padding", 2, op);
+        expect_decoded_once(&t, in, 3);
+    }
+    tn_init(&t, "AveragePool", 0);
+    tn_ints(&t, "kernel_shape", 2, k3);
+    tn_ints(&t, "strides", 2, s2);
+    tn_ints(&t, "pads", 4, pads);
+    tn_int(&t, "count_include_pad", 1);
+    expect_decoded_once(&t, in, 1);
+    tn_init(&t, "LRN", 0);
+    tn_int(&t, "size", 3);
+    tn_float(&t, "alpha", 0.01f);
+    tn_float(&t, "beta", 0.6f);
+    tn_float(&t, "bias", 1.5f);
+    expect_decoded_once(&t, in, 1);
+    struct tensor *gin[3] = {&x, &sc, &sb};
+    tn_init(&t, "GroupNormalization", 0);
+    tn_int(&t, "num_groups", 2);
+    tn_float(&t, "epsilon", 0.5f);
+    expect_decoded_once(&t, gin, 3);
+    free(x.data), free(w.data), free(tw.data), free(b.data), free(sc.data), free(sb.data);
+}
+
 /* ---- concurrency ------------------------------------------------------------------ */
 
 struct conc_arg {
@@ -1202,6 +1287,7 @@ int main(void) {
         cmocka_unit_test(test_groupnorm),       cmocka_unit_test(test_col2im),
         cmocka_unit_test(test_deform_conv),     cmocka_unit_test(test_roialign),
         cmocka_unit_test(test_weights_shared),  cmocka_unit_test(test_concurrent_runs),
+        cmocka_unit_test(test_decoded_at_prepare),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
