@@ -41,6 +41,7 @@
 #include "server/http_impl.h"
 #include "server/infer.h"
 #include "server/kserve.h"
+#include "server/listen.h"
 
 /* ==== threads and completion queues ====================================== */
 
@@ -892,44 +893,6 @@ static void io_stop_cb(void *arg) {
     event_base_loopbreak(io->base);
 }
 
-/* Binds addr:port; listens unless probe. SO_REUSEPORT lets every I/O thread
- * have its own socket on the port (the kernel spreads connections), but it
- * would also let a second kiln share the port silently: so the first bind is
- * a probe without it, which fails when anything already listens there. */
-static int listen_socket(const char *addr, int port, int probe, int *bound_port, char *err, size_t err_len) {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
-    struct addrinfo *res = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    int rc = getaddrinfo(addr, ps, &hints, &res);
-    if (rc) {
-        status_set(err, err_len, STATUS_INVALID, "--http-address %s: %s", addr, gai_strerror(rc));
-        return -1;
-    }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
-    if (fd >= 0) {
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (!probe) setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
-        /* Accepted sockets inherit it on Linux: no Nagle delay on the last segment of a reply. */
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    }
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) || (!probe && listen(fd, 1024))) {
-        status_set(err, err_len, STATUS_UNAVAILABLE, "cannot listen on %s port %d: %s%s", addr, port, strerror(errno),
-                   errno == EADDRINUSE ? " (another server uses it: pick another --http-port)" : "");
-        if (fd >= 0) close(fd);
-        freeaddrinfo(res);
-        return -1;
-    }
-    freeaddrinfo(res);
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    *bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                 : ((struct sockaddr_in *)&ss)->sin_port);
-    return fd;
-}
-
 http_server_t *http_server_create(const struct http_server_params *p, char *err, size_t err_len) {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, (void (*)(void))evthread_use_pthreads);
@@ -955,7 +918,7 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     s->max_conns = http_conn_max(p->config, &fd_limit);
     s->guard = (struct http_guard_limits){.max_header = CONN_MAX_HEADER, .max_body = (uint64_t)p->config->max_request_size};
     int port = p->config->http_port;
-    int probe = listen_socket(p->config->http_address, port, 1, &port, err, err_len);
+    int probe = listen_socket("http", p->config->http_address, port, 1, &port, err, err_len);
     if (probe < 0) goto fail;
     close(probe);
     for (int i = 0; i < s->nthreads; i++) {
@@ -964,7 +927,7 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         io->index = i;
         io->fd = -1;
         pthread_mutex_init(&io->qlock, NULL);
-        io->fd = listen_socket(p->config->http_address, port, 0, &s->port, err, err_len);
+        io->fd = listen_socket("http", p->config->http_address, port, 0, &s->port, err, err_len);
         if (io->fd < 0) goto fail;
         port = s->port; /* the others join the port the first one got */
         /* The changelist merges the read/write toggles evhttp makes around an
