@@ -27,12 +27,12 @@ endif
 CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
-LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lsodium -lcrypto -lz -ldl -lm
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except commands/main.c.
 SRC_DIRS = common config graph models kernels kernels/cpu cache server commands
 SRCS = $(filter-out commands/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
-GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c
+GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c $(TRITON_GEN:%=$(BUILD)/gen/triton/%.pb-c.c)
 OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)
 LIB = $(BUILD)/libkiln.a
 BIN = $(BUILD)/kiln
@@ -42,6 +42,10 @@ TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
 FUZZ_SRCS = $(wildcard tests/fuzz/fuzz_*.c)
 
 ONNX_PROTO ?= /usr/include/onnx/onnx.proto
+# The gRPC service's schema: the descriptors inside the pinned tritonclient
+# wheel (requirements-dev.txt), which bootstrap installs into .venv.
+TRITON_GEN = grpc_service model_config
+TRITONCLIENT ?= .venv
 
 .PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check layers sanitize
 all: bootstrap $(BIN) cuda
@@ -58,8 +62,18 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -w -c $< -o $@
 
+# gRPC: no copy of Triton's .proto files here. tools/grpc_descriptors.py
+# reads the FileDescriptorProtos the tritonclient package carries and
+# protoc-c generates C from them.
+$(BUILD)/gen/triton/descriptors.pb: tools/grpc_descriptors.py requirements-dev.txt | bootstrap
+	@mkdir -p $(dir $@)
+	python3 tools/grpc_descriptors.py $(TRITONCLIENT) $@
+
+$(TRITON_GEN:%=$(BUILD)/gen/triton/%.pb-c.c) $(TRITON_GEN:%=$(BUILD)/gen/triton/%.pb-c.h) &: $(BUILD)/gen/triton/descriptors.pb
+	protoc-c --descriptor_set_in=$< --c_out=$(BUILD)/gen/triton $(TRITON_GEN:%=%.proto)
+
 # Everything that includes generated headers waits for them.
-$(OBJS) $(BUILD)/obj/commands/main.o: | $(BUILD)/gen/onnx/onnx.pb-c.h
+$(OBJS) $(BUILD)/obj/commands/main.o: | $(BUILD)/gen/onnx/onnx.pb-c.h $(BUILD)/gen/triton/grpc_service.pb-c.h
 
 # The schema comes from a package that bootstrap installs: under make -j the
 # generator must wait for it.

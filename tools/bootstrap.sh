@@ -6,10 +6,12 @@ cd "$(dirname "$0")/.."
 
 # What building kiln needs; then what its tests and benchmarks need.
 # KILN_BUILD_ONLY=1 (used by the container images) installs the first list only
-# and makes no .venv.
+# and makes a .venv holding tritonclient alone: the gRPC messages are
+# generated from the descriptors inside it (tools/grpc_descriptors.py).
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
-libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev"
-TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev python3-venv curl"
+libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev \
+libnghttp2-dev python3-venv"
+TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl"
 DEBS="$BUILD_DEBS"
 [ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"
 
@@ -39,9 +41,17 @@ if [ -n "$missing" ]; then
     fi
 fi
 
-[ "${KILN_BUILD_ONLY:-0}" = 1 ] && exit 0
-
 PY=${PYTHON:-python3}
+if [ "${KILN_BUILD_ONLY:-0}" = 1 ]; then
+    if ! ls .venv/lib/python3*/site-packages/tritonclient/grpc/service_pb2.py >/dev/null 2>&1; then
+        # The pinned version, without its extras and dependencies: only its files are read.
+        tc=$(sed -n 's/^tritonclient\(\[[^]]*\]\)\{0,1\}==/tritonclient==/p' requirements-dev.txt)
+        echo "bootstrap: .venv with $tc (its gRPC descriptors)"
+        [ -x .venv/bin/python ] || "$PY" -m venv .venv
+        .venv/bin/pip install -q --disable-pip-version-check --no-deps "$tc"
+    fi
+    exit 0
+fi
 if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
     echo "bootstrap: creating .venv from requirements-dev.txt"
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
