@@ -32,6 +32,9 @@ static const struct opt g_opts[] = {
     {"model-repository", OPT_STR, "PATH", "model_repository", "folder of models in Triton's layout: <model>/<version>/model.onnx, optional <model>/config.json"},
     {"http-address", OPT_STR, "ADDR", "0.0.0.0", "address to listen on"},
     {"http-port", OPT_INT, "PORT", "8000", "HTTP port (0 = any free port, printed at start)"},
+    {"allow-grpc", OPT_BOOL, "", "true", "serve the KServe v2 gRPC protocol (Triton's inference.GRPCInferenceService) too"},
+    {"grpc-address", OPT_STR, "ADDR", "--http-address", "address the gRPC front end listens on"},
+    {"grpc-port", OPT_INT, "PORT", "8001", "gRPC port (0 = any free port, printed at start)"},
     {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
     {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP connection (no byte read or written)"},
     {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive; slower clients get 408"},
@@ -65,6 +68,8 @@ void server_config_init(struct server_config *c) {
     c->model_repository = strdup("model_repository");
     c->http_address = strdup("0.0.0.0");
     c->http_port = 8000;
+    c->allow_grpc = 1;
+    c->grpc_port = 8001;
     c->http_threads = 0;
     c->backend = strdup("auto");
     c->log_level = strdup("info");
@@ -83,6 +88,7 @@ void server_config_init(struct server_config *c) {
 void server_config_clear(struct server_config *c) {
     free(c->model_repository);
     free(c->http_address);
+    free(c->grpc_address);
     free(c->backend);
     free(c->log_level);
     free(c->log_format);
@@ -157,10 +163,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
     int64_t sz;
 #define BAD(what) status_set(err, err_len, STATUS_INVALID, "%s: %s '%s' for %s: %s", source, "invalid value", v, n, what)
     if (o->kind == OPT_INT) {
-        int port = strcmp(n, "http-port") == 0;
+        int port = strcmp(n, "http-port") == 0 || strcmp(n, "grpc-port") == 0;
         if (parse_int(v, 0, port ? 65535 : INT_MAX, &x))
             return BAD(port ? "expected a port number 0-65535" : "expected a non-negative integer");
         if (strcmp(n, "http-port") == 0) c->http_port = (int)x;
+        else if (strcmp(n, "grpc-port") == 0) c->grpc_port = (int)x;
         else if (strcmp(n, "http-threads") == 0) {
             if (x > 1024) return BAD("at most 1024 threads");
             c->http_threads = (int)x;
@@ -190,6 +197,7 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         else if (!strcasecmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no")) b = 0;
         else return BAD("expected true or false");
         if (strcmp(n, "allow-unauthenticated-control") == 0) c->allow_unauthenticated_control = b;
+        else if (strcmp(n, "allow-grpc") == 0) c->allow_grpc = b;
         return 0;
     }
     if (o->kind == OPT_SIZE) {
@@ -225,6 +233,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
     } else if (strcmp(n, "http-address") == 0) {
         if (!*v) return BAD("expected an address");
         set_str(&c->http_address, v);
+    } else if (strcmp(n, "grpc-address") == 0) {
+        if (!*v) return BAD("expected an address");
+        set_str(&c->grpc_address, v);
     } else if (strcmp(n, "backend") == 0) {
         if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) return BAD("expected auto, cpu or cuda");
         set_str(&c->backend, v);
@@ -410,8 +421,9 @@ void server_config_usage(FILE *f) {
     fprintf(f,
             "usage: kiln serve [options]\n"
             "\n"
-            "Serves the ONNX models of a model repository over HTTP with the KServe v2 /\n"
-            "Open Inference Protocol (compatible with tritonclient.http).\n"
+            "Serves the ONNX models of a model repository with the KServe v2 / Open\n"
+            "Inference Protocol over HTTP and gRPC (compatible with tritonclient.http\n"
+            "and tritonclient.grpc).\n"
             "\n"
             "Every option is also read from the environment (KILN_HTTP_PORT=8000) and\n"
             "from a JSON file given with --config or KILN_CONFIG ({\"http_port\": 8000}).\n"

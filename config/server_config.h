@@ -25,6 +25,9 @@ struct server_config {
     char *model_repository;
     char *http_address;          /* "127.0.0.1", "0.0.0.0" */
     int http_port;
+    int allow_grpc;              /* 1 = serve gRPC too (default) */
+    char *grpc_address;          /* NULL = http_address */
+    int grpc_port;               /* 0 = any free port */
     int http_threads;            /* 0 = number of cores */
     char *backend;               /* "auto", "cpu", "cuda" */
     char *log_level;             /* "error", "warn", "info", "debug" */
