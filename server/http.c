@@ -993,6 +993,18 @@ fail:
 
 int http_server_port(const http_server_t *s) { return s->port; }
 
+int http_server_threads(const http_server_t *s) { return s->nthreads; }
+
+struct event_base *http_server_loop_base(http_server_t *s, int i) { return s->io[i].base; }
+
+struct cache_redis *http_server_loop_redis(http_server_t *s, int i) { return s->io[i].redis; }
+
+void http_server_post(http_server_t *s, int i, void (*fn)(void *), void *arg) { io_post(&s->io[i], fn, arg); }
+
+struct infer_core *http_server_core(http_server_t *s) { return s->core; }
+
+int http_server_draining(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->draining); }
+
 void http_server_begin_drain(http_server_t *s) { atomic_store(&s->draining, 1); }
 
 int http_server_inflight(const http_server_t *s) { return infer_core_inflight(s->core); }

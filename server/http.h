@@ -42,4 +42,23 @@ int http_server_unflushed(const http_server_t *s);
 /* Stops the loops, closes every connection, joins the threads; NULL is a no-op. */
 void http_server_free(http_server_t *s);
 
+/* ---- sharing the I/O threads with another transport (server/grpc.c) ----
+ * A second front end runs on the same loops rather than threads of its own:
+ * it adds its listeners to these event bases, answers inference through
+ * the same core (so the drain's in-flight count sees its requests) and
+ * posts completions through the same queues. The bases are used only from
+ * their own threads, except through http_server_post. */
+struct event_base;
+struct infer_core;
+struct cache_redis;
+int http_server_threads(const http_server_t *s);
+struct event_base *http_server_loop_base(http_server_t *s, int i);
+/* Loop i's Redis connection (the result cache's tier 2), or NULL. */
+struct cache_redis *http_server_loop_redis(http_server_t *s, int i);
+/* Runs fn(arg) on I/O thread i, from any thread (infer_reply_i.post). */
+void http_server_post(http_server_t *s, int i, void (*fn)(void *), void *arg);
+struct infer_core *http_server_core(http_server_t *s);
+/* 1 once http_server_begin_drain ran. Any thread. */
+int http_server_draining(const http_server_t *s);
+
 #endif
