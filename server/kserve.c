@@ -1181,6 +1181,10 @@ static void put_binary_parts(const struct kserve_request *r, const struct model_
     }
 }
 
+int kserve_classify(const struct tensor *in, int k, const struct model_config *mc, int index, struct tensor *out) {
+    return classify(in, k, mc->max_batch_size > 0, &mc->outputs[index], out);
+}
+
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,

@@ -114,6 +114,11 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
                                    struct kserve_splice *splices, int max_splices, int *nsplices,
                                    char *err, size_t err_len);
 
+/* The classification extension's answer for output `index` of mc, whose
+ * tensor is in: each row's top k as BYTES "value:index[:label]", in a new
+ * owned tensor (tensor_free_data). 0 or STATUS_NOMEM. */
+int kserve_classify(const struct tensor *in, int k, const struct model_config *mc, int index, struct tensor *out);
+
 /* Appends s to b as a JSON string literal (quotes included). */
 void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);
 /* {"error": msg} */
