@@ -24,6 +24,9 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 export DURATION=${DURATION:-8}
 export OUT=${OUT:-build/bench}
+# The benchmarks measure HTTP: their servers take any free gRPC port, so two
+# at once (cache.sh) or another server on 8001 cannot collide.
+export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
 SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash fds padding"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}

@@ -1,5 +1,6 @@
 /* serve.c - `kiln serve`: configuration, backend choice, model repository,
- * HTTP front end, and the signal-driven graceful shutdown.
+ * HTTP and gRPC front ends (gRPC on HTTP's I/O threads), and the
+ * signal-driven graceful shutdown.
  *
  * Signals are blocked in every thread and taken synchronously by the main
  * thread with sigtimedwait, so no handler runs inside libevent or a kernel.
@@ -25,6 +26,7 @@
 #include "kernels/backend.h"
 #include "server/repository.h"
 #include "commands/commands.h"
+#include "server/grpc.h"
 #include "server/http.h"
 
 static uint64_t mono_ms(void) { return clock_now_ns() / 1000000; }
@@ -108,6 +110,7 @@ int cmd_serve(int argc, char **argv) {
     int exit_code = 1;
     repository_t *repo = NULL;
     http_server_t *srv = NULL;
+    grpc_server_t *grpc = NULL;
     const char *backend = choose_backend(cfg.backend);
     if (!backend) goto out;
     /* More instances or intra-op threads than this only oversubscribe the
@@ -137,6 +140,11 @@ int cmd_serve(int argc, char **argv) {
     struct http_server_params hp = {.config = &cfg, .repo = repo, .backend = backend};
     srv = http_server_create(&hp, err, sizeof err);
     if (!srv) {
+        log_error("%s", err);
+        goto out;
+    }
+    struct grpc_server_params gp = {.config = &cfg, .repo = repo, .http = srv};
+    if (cfg.allow_grpc && !(grpc = grpc_server_create(&gp, err, sizeof err))) {
         log_error("%s", err);
         goto out;
     }
@@ -175,6 +183,7 @@ int cmd_serve(int argc, char **argv) {
     log_info("drained: every accepted request was answered; exiting");
     exit_code = 0;
 out:
+    grpc_server_free(grpc); /* its connections live on the HTTP server's loops */
     http_server_free(srv);
     repository_free(repo);
     server_config_clear(&cfg);

@@ -19,6 +19,10 @@ import onnx.helper as oh
 import pytest
 from onnx import TensorProto as TP
 
+# Every server the tests start (many at once) takes a free gRPC port, as
+# --http-port 0 does for HTTP; test_grpc.py reads it from the log.
+os.environ.setdefault("KILN_GRPC_PORT", "0")
+
 ROOT = Path(__file__).resolve().parents[2]
 KILN = Path(os.environ.get("KILN_BIN", ROOT / "build" / "kiln"))
 DIGITS = ROOT / "model_repository" / "digits"
@@ -128,6 +132,18 @@ class KilnServer:
 
     def text(self):
         return self.log_path.read_text()
+
+    def grpc_url(self, timeout=30):
+        """host:port of the gRPC front end, read from the log (it starts after HTTP)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(r"listening on grpc://([^:\s]+):(\d+)", self.text())
+            if m:
+                return f"{m.group(1)}:{m.group(2)}"
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"kiln serves no gRPC:\n{self.text()}")
 
     def sanitizer_report(self):
         """The first sanitizer finding in the log (ASan, UBSan, LSan builds), or None."""

@@ -1,0 +1,568 @@
+/* grpc_conn.c - the gRPC transport's connections: listeners on the HTTP
+ * server's I/O loops, HTTP/2 (nghttp2) over a bufferevent per connection,
+ * and gRPC's framing of messages (a 1-byte compressed flag, a 4-byte
+ * big-endian length, the protobuf bytes) and of statuses (grpc-status and
+ * grpc-message trailers).
+ *
+ * Sections: listeners and the loops' jobs; connections; streams and their
+ * answers; nghttp2's callbacks; the server.
+ *
+ * nghttp2 may not be driven (nghttp2_session_send) from inside its own
+ * callbacks, and a handler may answer inside one (an error, a cache hit):
+ * so answering only queues, and the connection sends when control returns
+ * to its read callback, or at once when nothing of nghttp2 is on the stack
+ * (a completion posted by the inference core). */
+#include "server/grpc.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <nghttp2/nghttp2.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "server/grpc_impl.h"
+#include "server/listen.h"
+
+/* Bytes of answers queued on a socket before nghttp2 is asked to wait. */
+#define CONN_OUT_HIGH (1 << 20)
+/* Flow-control windows: large tensors arrive without waiting for a window
+ * update every 64 KiB. */
+#define STREAM_WINDOW (1 << 20)
+#define CONN_WINDOW (16 << 20)
+#define MAX_HEADER_LIST (64 * 1024)
+
+struct grpc_conn {
+    struct grpc_loop *loop;
+    struct bufferevent *bev;
+    nghttp2_session *h2;
+    struct grpc_stream *streams;
+    int busy;      /* inside nghttp2_session_mem_recv: send and close wait */
+    int dead;      /* close when no longer busy */
+    struct grpc_conn *next, *prev;
+};
+
+enum grpc_code grpc_code_of(int status) {
+    switch (status) {
+    case STATUS_OK: return GRPC_OK;
+    case STATUS_INVALID: return GRPC_INVALID_ARGUMENT;
+    case STATUS_NOT_FOUND: return GRPC_NOT_FOUND;
+    case STATUS_UNAVAILABLE: return GRPC_UNAVAILABLE;
+    case STATUS_UNSUPPORTED: return GRPC_UNIMPLEMENTED;
+    case STATUS_CANCELLED: return GRPC_CANCELLED;
+    default: return GRPC_INTERNAL;
+    }
+}
+
+/* ==== connections ======================================================== */
+
+static void conn_close(struct grpc_conn *c);
+
+static void stream_free(struct grpc_stream *st) {
+    grpc_infer_detach(st);
+    if (st->in) evbuffer_free(st->in);
+    if (st->out) evbuffer_free(st->out);
+    free(st->path);
+    free(st->message);
+    free(st);
+}
+
+static void stream_unlink(struct grpc_conn *c, struct grpc_stream *st) {
+    if (st->prev) st->prev->next = st->next;
+    else c->streams = st->next;
+    if (st->next) st->next->prev = st->prev;
+}
+
+/* Hands nghttp2's pending frames to the socket; closes the connection when
+ * neither side has anything left to say, or on a protocol error. */
+static void conn_flush(struct grpc_conn *c) {
+    if (c->busy) return;
+    if (!c->dead && nghttp2_session_send(c->h2) != 0) c->dead = 1;
+    if (!c->dead && !nghttp2_session_want_read(c->h2) && !nghttp2_session_want_write(c->h2) &&
+        evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+        c->dead = 1;
+    if (c->dead) conn_close(c);
+}
+
+/* Frees the connection and its streams; their calls in the core answer nobody. */
+static void conn_close(struct grpc_conn *c) {
+    if (c->busy) {
+        c->dead = 1;
+        return;
+    }
+    while (c->streams) {
+        struct grpc_stream *st = c->streams;
+        stream_unlink(c, st);
+        nghttp2_session_set_stream_user_data(c->h2, st->id, NULL);
+        stream_free(st);
+    }
+    nghttp2_session_del(c->h2);
+    bufferevent_free(c->bev);
+    struct grpc_loop *l = c->loop;
+    if (c->prev) c->prev->next = c->next;
+    else l->conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    free(c);
+}
+
+static void conn_read_cb(struct bufferevent *bev, void *arg) {
+    struct grpc_conn *c = arg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    size_t n = evbuffer_get_length(in);
+    unsigned char *data = evbuffer_pullup(in, -1);
+    c->busy = 1;
+    ssize_t used = nghttp2_session_mem_recv(c->h2, data, n);
+    c->busy = 0;
+    if (used < 0) {
+        log_debug("grpc: closing a connection: %s", nghttp2_strerror((int)used));
+        c->dead = 1;
+    } else evbuffer_drain(in, (size_t)used);
+    conn_flush(c);
+}
+
+/* The socket took everything queued: nghttp2 may have more for it. */
+static void conn_write_cb(struct bufferevent *bev, void *arg) { conn_flush(arg); }
+
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
+    if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) conn_close(arg);
+}
+
+static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
+    struct grpc_conn *c = calloc(1, sizeof *c);
+    if (c) c->bev = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    if (!c || !c->bev || nghttp2_session_server_new(&c->h2, l->srv->h2_callbacks, c) != 0) {
+        log_error("grpc: out of memory accepting a connection");
+        if (c && c->bev) bufferevent_free(c->bev);
+        else close(fd);
+        free(c);
+        return;
+    }
+    c->loop = l;
+    c->next = l->conns;
+    if (l->conns) l->conns->prev = c;
+    l->conns = c;
+    nghttp2_settings_entry iv[] = {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, GRPC_MAX_STREAMS},
+                                   {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, STREAM_WINDOW},
+                                   {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST}};
+    nghttp2_submit_settings(c->h2, NGHTTP2_FLAG_NONE, iv, sizeof iv / sizeof iv[0]);
+    nghttp2_session_set_local_window_size(c->h2, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
+    bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    conn_flush(c);
+}
+
+/* ==== streams and their answers ========================================= */
+
+grpc_server_t *grpc_stream_server(const struct grpc_stream *st) { return st->conn->loop->srv; }
+
+struct grpc_loop *grpc_stream_loop(const struct grpc_stream *st) { return st->conn->loop; }
+
+uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len) {
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = n <= UINT32_MAX ? malloc(n + 5) : NULL;
+    if (!buf) return NULL;
+    buf[0] = 0; /* not compressed */
+    buf[1] = (uint8_t)(n >> 24);
+    buf[2] = (uint8_t)(n >> 16);
+    buf[3] = (uint8_t)(n >> 8);
+    buf[4] = (uint8_t)n;
+    protobuf_c_message_pack(m, buf + 5);
+    *len = n + 5;
+    return buf;
+}
+
+/* nghttp2 pulls a stream's answer from here; trailers go after the last
+ * byte once the status is known, and an empty queue defers the stream. */
+static ssize_t data_read_cb(nghttp2_session *h2, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,
+                            nghttp2_data_source *src, void *user) {
+    struct grpc_stream *st = src->ptr;
+    int n = evbuffer_remove(st->out, buf, len);
+    if (n < 0) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (evbuffer_get_length(st->out) > 0) return n;
+    if (!st->finished) return n ? n : NGHTTP2_ERR_DEFERRED;
+    char code[16];
+    snprintf(code, sizeof code, "%d", st->code);
+    nghttp2_nv tr[2] = {{(uint8_t *)"grpc-status", (uint8_t *)code, 11, strlen(code), NGHTTP2_NV_FLAG_NONE},
+                        {(uint8_t *)"grpc-message", (uint8_t *)st->message, 12,
+                         st->message ? strlen(st->message) : 0, NGHTTP2_NV_FLAG_NONE}};
+    *flags |= NGHTTP2_DATA_FLAG_EOF;
+    if (nghttp2_submit_trailer(h2, id, tr, st->message ? 2 : 1) == 0) *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+    return n;
+}
+
+#define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, NGHTTP2_NV_FLAG_NONE}
+
+/* Response headers, once per stream, with the answer's data provider. */
+static void stream_start(struct grpc_stream *st) {
+    if (st->started) {
+        nghttp2_session_resume_data(st->conn->h2, st->id);
+        return;
+    }
+    static const nghttp2_nv hdrs[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                                      NV("grpc-accept-encoding", "identity")};
+    nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read_cb};
+    st->started = 1;
+    nghttp2_submit_response(st->conn->h2, st->id, hdrs, sizeof hdrs / sizeof hdrs[0], &prd);
+}
+
+static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
+
+void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len) {
+    if (st->finished || evbuffer_add_reference(st->out, buf, len, free_cb, buf)) {
+        free(buf);
+        return;
+    }
+    stream_start(st);
+}
+
+void grpc_stream_flush(struct grpc_stream *st) { conn_flush(st->conn); }
+
+/* grpc-message is percent-encoded: bytes outside printable ASCII, and '%'. */
+static char *percent_encode(const char *msg) {
+    size_t n = strlen(msg);
+    char *out = malloc(3 * n + 1), *o = out;
+    for (const unsigned char *p = (const unsigned char *)msg; out && *p; p++) {
+        if (*p >= 0x20 && *p <= 0x7e && *p != '%') *o++ = (char)*p;
+        else o += sprintf(o, "%%%02X", *p);
+    }
+    if (out) *o = 0;
+    return out;
+}
+
+void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg) {
+    if (st->finished) return;
+    st->finished = 1;
+    st->code = code;
+    st->message = msg && *msg ? percent_encode(msg) : NULL;
+    if (!st->started && code != GRPC_OK) {
+        /* Trailers-Only: the status in the one HEADERS frame. */
+        char c[16];
+        snprintf(c, sizeof c, "%d", code);
+        nghttp2_nv hdrs[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                             {(uint8_t *)"grpc-status", (uint8_t *)c, 11, strlen(c), NGHTTP2_NV_FLAG_NONE},
+                             {(uint8_t *)"grpc-message", (uint8_t *)st->message, 12,
+                              st->message ? strlen(st->message) : 0, NGHTTP2_NV_FLAG_NONE}};
+        st->started = 1;
+        /* No RST_STREAM for a client still sending (a message over the
+         * limit): it could reach the client before the status and turn it
+         * into INTERNAL. What it still sends is dropped as it arrives. */
+        nghttp2_submit_response(st->conn->h2, st->id, hdrs, st->message ? 4 : 3, NULL);
+    } else stream_start(st);
+    conn_flush(st->conn);
+}
+
+void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m) {
+    size_t len;
+    uint8_t *buf = grpc_frame(m, &len);
+    if (!buf) {
+        grpc_stream_finish(st, GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    grpc_stream_queue(st, buf, len);
+    grpc_stream_finish(st, GRPC_OK, NULL);
+}
+
+void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    grpc_stream_finish(st, code, msg);
+}
+
+/* Takes the next whole message out of st->in: 1 with *msg (malloc'd) and
+ * *len, 0 when it has not all arrived, -1 when the call was ended (too
+ * large, or compressed). */
+static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
+    uint8_t h[5];
+    if (evbuffer_copyout(st->in, h, 5) < 5) return 0;
+    size_t n = (size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4];
+    size_t max = grpc_stream_server(st)->max_message;
+    if (h[0] != 0) {
+        grpc_stream_errorf(st, GRPC_UNIMPLEMENTED, "compressed messages are not supported: send them uncompressed");
+        return -1;
+    }
+    if (n > max) {
+        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                           "the request message has %zu bytes, more than --max-request-size (%zu bytes)", n, max);
+        return -1;
+    }
+    if (evbuffer_get_length(st->in) < n + 5) return 0;
+    *msg = malloc(n ? n : 1);
+    if (!*msg) {
+        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        return -1;
+    }
+    evbuffer_drain(st->in, 5);
+    evbuffer_remove(st->in, *msg, n);
+    *len = n;
+    return 1;
+}
+
+/* A streaming method takes each message as it arrives. */
+static void stream_messages(struct grpc_stream *st) {
+    uint8_t *msg;
+    size_t len;
+    int rc;
+    while (!st->finished && (rc = next_message(st, &msg, &len)) > 0) {
+        st->method->handle(st, msg, len);
+        free(msg);
+    }
+}
+
+/* The client half-closed: a unary call runs with its one message. */
+static void stream_end(struct grpc_stream *st) {
+    st->remote_done = 1;
+    if (st->finished) return;
+    if (st->method->streaming) {
+        stream_messages(st);
+        if (!st->finished && evbuffer_get_length(st->in))
+            grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the stream ended inside a message");
+        if (!st->finished) grpc_infer_stream_done(st);
+        return;
+    }
+    uint8_t *msg;
+    size_t len;
+    int rc = next_message(st, &msg, &len);
+    if (rc < 0) return;
+    if (rc == 0 || evbuffer_get_length(st->in)) {
+        if (rc) free(msg);
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s takes exactly one request message", st->method->name);
+        return;
+    }
+    st->method->handle(st, msg, len);
+    free(msg);
+}
+
+/* The request headers arrived: is this a call kiln can answer? */
+static void stream_check(struct grpc_stream *st) {
+    if (st->bad_request) {
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "not a gRPC request: content-type must be application/grpc");
+        return;
+    }
+    st->method = st->path ? grpc_method_find(st->path) : NULL;
+    if (!st->method)
+        grpc_stream_errorf(st, GRPC_UNIMPLEMENTED, "unknown or unsupported method %.300s",
+                           st->path ? st->path : "(no :path)");
+}
+
+/* ==== nghttp2's callbacks ================================================ */
+
+static ssize_t send_cb(nghttp2_session *h2, const uint8_t *data, size_t len, int flags, void *user) {
+    struct grpc_conn *c = user;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_get_length(out) >= CONN_OUT_HIGH) return NGHTTP2_ERR_WOULDBLOCK;
+    if (evbuffer_add(out, data, len)) return NGHTTP2_ERR_CALLBACK_FAILURE;
+    return (ssize_t)len;
+}
+
+static int begin_headers_cb(nghttp2_session *h2, const nghttp2_frame *frame, void *user) {
+    struct grpc_conn *c = user;
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    struct grpc_stream *st = calloc(1, sizeof *st);
+    if (st) {
+        st->in = evbuffer_new();
+        st->out = evbuffer_new();
+    }
+    if (!st || !st->in || !st->out) {
+        if (st) stream_free(st);
+        return NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
+    st->conn = c;
+    st->id = frame->hd.stream_id;
+    st->next = c->streams;
+    if (c->streams) c->streams->prev = st;
+    c->streams = st;
+    nghttp2_session_set_stream_user_data(h2, st->id, st);
+    return 0;
+}
+
+static int header_cb(nghttp2_session *h2, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
+                     const uint8_t *value, size_t valuelen, uint8_t flags, void *user) {
+    struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
+    if (!st || frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    if (namelen == 5 && memcmp(name, ":path", 5) == 0 && !st->path) st->path = strndup((const char *)value, valuelen);
+    else if (namelen == 7 && memcmp(name, ":method", 7) == 0) st->bad_request |= valuelen != 4 || memcmp(value, "POST", 4);
+    else if (namelen == 12 && memcmp(name, "content-type", 12) == 0)
+        st->bad_request |= valuelen < 16 || memcmp(value, "application/grpc", 16) != 0;
+    return 0;
+}
+
+static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const uint8_t *data, size_t len,
+                         void *user) {
+    struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
+    if (!st || st->finished || !st->method) return 0; /* answered already: the rest is dropped */
+    if (evbuffer_add(st->in, data, len)) {
+        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        return 0;
+    }
+    /* A unary call's message must not grow past the limit while it arrives. */
+    size_t max = grpc_stream_server(st)->max_message;
+    if (st->method->streaming) stream_messages(st);
+    else if (evbuffer_get_length(st->in) > max + 5)
+        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                           "the request message has more than --max-request-size (%zu bytes)", max);
+    return 0;
+}
+
+static int frame_recv_cb(nghttp2_session *h2, const nghttp2_frame *frame, void *user) {
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+    struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
+    if (!st) return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) stream_check(st);
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) stream_end(st);
+    return 0;
+}
+
+static int stream_close_cb(nghttp2_session *h2, int32_t id, uint32_t error_code, void *user) {
+    struct grpc_conn *c = user;
+    struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
+    if (!st) return 0;
+    nghttp2_session_set_stream_user_data(h2, id, NULL);
+    stream_unlink(c, st);
+    stream_free(st);
+    return 0;
+}
+
+static nghttp2_session_callbacks *callbacks_new(void) {
+    nghttp2_session_callbacks *cb;
+    if (nghttp2_session_callbacks_new(&cb)) return NULL;
+    nghttp2_session_callbacks_set_send_callback(cb, send_cb);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, begin_headers_cb);
+    nghttp2_session_callbacks_set_on_header_callback(cb, header_cb);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, data_chunk_cb);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, frame_recv_cb);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, stream_close_cb);
+    return cb;
+}
+
+/* ==== listeners and the loops' jobs ====================================== */
+
+static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
+    struct grpc_loop *l = arg;
+    if (http_server_draining(l->srv->http)) {
+        close(fd); /* draining: clients go elsewhere */
+        return;
+    }
+    conn_open(l, fd);
+}
+
+static void accept_error_cb(struct evconnlistener *lev, void *arg) {
+    log_warn("grpc: accept failed: %s", strerror(errno));
+}
+
+/* Runs fn on every loop, each on its own thread, and waits for them all. */
+static void run_on_loops(grpc_server_t *s, void (*fn)(void *)) {
+    pthread_mutex_lock(&s->lock);
+    s->pending = s->nloops;
+    pthread_mutex_unlock(&s->lock);
+    for (int i = 0; i < s->nloops; i++) http_server_post(s->http, i, fn, &s->loops[i]);
+    pthread_mutex_lock(&s->lock);
+    while (s->pending) pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void loop_job_done(grpc_server_t *s) {
+    pthread_mutex_lock(&s->lock);
+    s->pending--;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+static void loop_listen(void *arg) {
+    struct grpc_loop *l = arg;
+    l->lev = evconnlistener_new(l->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE, -1, l->fd);
+    if (l->lev) {
+        l->fd = -1; /* the listener owns it */
+        evconnlistener_set_error_cb(l->lev, accept_error_cb);
+    }
+    loop_job_done(l->srv);
+}
+
+/* At exit, after the drain: answers may still wait in a connection's
+ * buffers (the loop had not written them yet). GOAWAY, then what the socket
+ * takes at once; a client too slow to take it loses it. */
+static void conn_shutdown(struct grpc_conn *c) {
+    nghttp2_session_terminate_session(c->h2, NGHTTP2_NO_ERROR);
+    if (!c->dead) nghttp2_session_send(c->h2);
+    evbuffer_write(bufferevent_get_output(c->bev), bufferevent_getfd(c->bev));
+    conn_close(c);
+}
+
+static void loop_close(void *arg) {
+    struct grpc_loop *l = arg;
+    if (l->lev) evconnlistener_free(l->lev);
+    l->lev = NULL;
+    while (l->conns) conn_shutdown(l->conns);
+    loop_job_done(l->srv);
+}
+
+/* ==== the server ========================================================= */
+
+grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err, size_t err_len) {
+    grpc_server_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->cfg = p->config;
+    s->repo = p->repo;
+    s->http = p->http;
+    s->core = http_server_core(p->http);
+    s->max_message = (size_t)p->config->max_request_size;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    const char *addr = p->config->grpc_address ? p->config->grpc_address : p->config->http_address;
+    int n = http_server_threads(p->http), port = p->config->grpc_port;
+    s->loops = calloc((size_t)n, sizeof *s->loops);
+    s->h2_callbacks = callbacks_new();
+    if (!s->loops || !s->h2_callbacks) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        goto fail;
+    }
+    int probe = listen_socket("grpc", addr, port, 1, &port, err, err_len);
+    if (probe < 0) goto fail;
+    close(probe);
+    for (int i = 0; i < n; i++) {
+        struct grpc_loop *l = &s->loops[i];
+        *l = (struct grpc_loop){.srv = s, .index = i, .base = http_server_loop_base(p->http, i)};
+        l->fd = listen_socket("grpc", addr, port, 0, &s->port, err, err_len);
+        if (l->fd < 0) goto fail;
+        s->nloops++;
+        port = s->port; /* the others join the port the first one got */
+    }
+    run_on_loops(s, loop_listen);
+    for (int i = 0; i < n; i++)
+        if (!s->loops[i].lev) {
+            status_set(err, err_len, STATUS_INTERNAL, "libevent could not listen for gRPC on loop %d", i);
+            goto fail;
+        }
+    log_info("listening on grpc://%s:%d (on the %d I/O thread%s)", addr, s->port, n, n == 1 ? "" : "s");
+    return s;
+fail:
+    grpc_server_free(s);
+    return NULL;
+}
+
+int grpc_server_port(const grpc_server_t *s) { return s->port; }
+
+void grpc_server_free(grpc_server_t *s) {
+    if (!s) return;
+    if (s->nloops) run_on_loops(s, loop_close);
+    for (int i = 0; i < s->nloops; i++)
+        if (s->loops[i].fd >= 0) close(s->loops[i].fd);
+    if (s->h2_callbacks) nghttp2_session_callbacks_del(s->h2_callbacks);
+    free(s->loops);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+}

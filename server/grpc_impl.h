@@ -1,0 +1,151 @@
+/* grpc_impl.h - private to the gRPC transport: grpc_conn.c (listeners,
+ * HTTP/2 connections and streams, gRPC framing), grpc_service.c (the method
+ * table and the read-only RPCs), grpc_infer.c (ModelInfer and
+ * ModelStreamInfer through the inference core) and grpc_json.c (protobuf
+ * messages built from the JSON bodies HTTP serves).
+ *
+ * Everything here runs on the I/O thread that owns the connection. */
+#ifndef KILN_GRPC_IMPL_H
+#define KILN_GRPC_IMPL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "server/grpc.h"
+#include "server/infer.h"
+
+struct event_base;
+struct evconnlistener;
+struct evbuffer;
+struct bufferevent;
+typedef struct nghttp2_session nghttp2_session;
+typedef struct cJSON cJSON;
+
+/* Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS). */
+#define GRPC_MAX_STREAMS 128
+
+/* gRPC status codes (grpc/doc/statuscodes.md). */
+enum grpc_code {
+    GRPC_OK = 0,
+    GRPC_CANCELLED = 1,
+    GRPC_INVALID_ARGUMENT = 3,
+    GRPC_NOT_FOUND = 5,
+    GRPC_RESOURCE_EXHAUSTED = 8,
+    GRPC_UNIMPLEMENTED = 12,
+    GRPC_INTERNAL = 13,
+    GRPC_UNAVAILABLE = 14,
+};
+
+/* Triton's mapping of a kiln status (common/status.h) to a gRPC code. */
+enum grpc_code grpc_code_of(int status);
+
+struct grpc_conn;
+struct grpc_infer;
+
+struct grpc_loop {
+    grpc_server_t *srv;
+    int index;                   /* the HTTP server's I/O thread */
+    struct event_base *base;
+    struct evconnlistener *lev;
+    int fd;
+    struct grpc_conn *conns;     /* open connections, for the close at exit */
+};
+
+struct grpc_server {
+    const struct server_config *cfg;
+    repository_t *repo;
+    http_server_t *http;
+    infer_core_t *core;
+    int port;
+    size_t max_message;          /* --max-request-size: the largest request message */
+    int nloops;
+    struct grpc_loop *loops;
+    void *h2_callbacks;          /* nghttp2_session_callbacks *, shared by every connection */
+    pthread_mutex_t lock;        /* run_on_loops: loops still to finish the job */
+    pthread_cond_t cond;
+    int pending;
+};
+
+/* One RPC: an HTTP/2 stream. */
+struct grpc_stream {
+    struct grpc_conn *conn;
+    int32_t id;
+    const struct grpc_method *method;
+    char *path;
+    int bad_request;             /* a header made the call unanswerable except by an error */
+    struct evbuffer *in;         /* request bytes not yet taken as messages */
+    struct evbuffer *out;        /* framed answers nghttp2 has not taken yet */
+    int started;                 /* response headers submitted */
+    int finished;                /* grpc-status decided: trailers follow the data */
+    int code;
+    char *message;
+    int remote_done;             /* the client half-closed the stream */
+    struct grpc_infer *calls;    /* inference requests in the core */
+    int ncalls;
+    struct grpc_stream *next, *prev;
+};
+
+/* A method of inference.GRPCInferenceService. A unary method's handler
+ * runs once, with the one request message, when the client half-closes;
+ * a streaming method's runs for each message as it arrives, and its
+ * stream ends after the client half-closed and every call answered. */
+struct grpc_method {
+    const char *name;
+    int streaming;
+    void (*handle)(struct grpc_stream *st, const uint8_t *msg, size_t len);
+};
+
+/* Looks a request's :path up; NULL when no handler serves it. */
+const struct grpc_method *grpc_method_find(const char *path);
+
+/* ---- grpc_conn.c: answering a stream ---- */
+/* The server the stream's connection belongs to, and its loop. */
+grpc_server_t *grpc_stream_server(const struct grpc_stream *st);
+struct grpc_loop *grpc_stream_loop(const struct grpc_stream *st);
+/* Queues one message (a packed protobuf message with its 5-byte gRPC
+ * prefix, made by grpc_frame); takes buf. Nothing is sent yet. */
+void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len);
+/* Sends what was queued. Sending may close the connection (the peer is
+ * gone), freeing st: the calls that send (this, finish, reply, errorf) come
+ * last in their caller's use of st. */
+void grpc_stream_flush(struct grpc_stream *st);
+/* Packs m with its prefix: malloc'd, NULL when out of memory. */
+uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len);
+/* Ends the call: grpc-status code and grpc-message msg (NULL = none) in the
+ * trailers, after what was queued. Once per stream. */
+void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg);
+/* Sends m and ends the call with OK. */
+void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m);
+/* Ends the call with code and a message formatted like printf. */
+void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- grpc_infer.c ---- */
+void grpc_model_infer(struct grpc_stream *st, const uint8_t *msg, size_t len);
+void grpc_model_stream_infer(struct grpc_stream *st, const uint8_t *msg, size_t len);
+/* The stream is going away: its calls answer nobody when they finish, and
+ * those still queued are cancelled. */
+void grpc_infer_detach(struct grpc_stream *st);
+/* A streaming call's client half-closed: ends it once its calls answered. */
+void grpc_infer_stream_done(struct grpc_stream *st);
+
+/* ---- grpc_json.c ---- */
+/* Allocations freed together (a reply's message tree). */
+struct grpc_pool {
+    void *blocks;
+};
+void *grpc_pool_alloc(struct grpc_pool *p, size_t size); /* zeroed; NULL when out of memory */
+char *grpc_pool_strdup(struct grpc_pool *p, const char *s);
+void grpc_pool_free(struct grpc_pool *p);
+/* The message of type d whose fields are j's members (proto field names, as
+ * Triton's JSON uses them): objects become messages or map entries, arrays
+ * repeated fields, strings enum values by name. Members with no field are
+ * skipped. NULL when out of memory or when j is not an object. */
+ProtobufCMessage *grpc_json_message(const ProtobufCMessageDescriptor *d, const cJSON *j, struct grpc_pool *p);
+/* Answers st with the message that j describes (NULL j: out of memory) and deletes j. */
+void grpc_stream_reply_json(struct grpc_stream *st, const ProtobufCMessageDescriptor *d, cJSON *j);
+
+#endif
