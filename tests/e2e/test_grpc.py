@@ -1,0 +1,401 @@
+"""The gRPC front end through the real tritonclient.grpc (and its generated
+stub for what the client cannot send: typed contents, malformed messages):
+health, metadata, configuration, statistics, the repository index, inference
+with raw and typed contents, streaming, errors with HTTP's messages, limits,
+many requests at once, and HTTP still answering beside it."""
+import queue
+import signal
+import subprocess
+import threading
+import time
+
+import grpc
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from conftest import KILN, save_model, tiny_graph
+
+
+@pytest.fixture(scope="module")
+def gclient(server):
+    c = grpcclient.InferenceServerClient(server.grpc_url())
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(server.grpc_url())
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def ort_run(repo, name, feeds):
+    sess = ort.InferenceSession(str(repo / name / "1" / "model.onnx"))
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def fp32_input(name, x):
+    i = grpcclient.InferInput(name, list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return i
+
+
+def grpc_error(fn, *args, **kw):
+    with pytest.raises(InferenceServerException) as e:
+        fn(*args, **kw)
+    return e.value
+
+
+def http_error(fn, *args, **kw):
+    with pytest.raises(InferenceServerException) as e:
+        fn(*args, **kw)
+    return e.value.message()
+
+
+# ---- health, metadata, configuration -------------------------------------
+
+def test_health(gclient):
+    assert gclient.is_server_live() and gclient.is_server_ready()
+    assert gclient.is_model_ready("tiny")
+    assert gclient.is_model_ready("multi", "1") and gclient.is_model_ready("multi", "2")
+    assert not gclient.is_model_ready("no_such_model")
+    assert not gclient.is_model_ready("tiny", "7")
+
+
+def test_server_metadata(gclient, client):
+    md = gclient.get_server_metadata(as_json=True)
+    assert md["name"] == "kiln"
+    assert md["version"] == client.get_server_metadata()["version"]
+    assert "statistics" in md["extensions"] and "model_repository" in md["extensions"]
+
+
+def test_model_metadata_matches_http(gclient, client):
+    g = gclient.get_model_metadata("tiny", as_json=True)
+    h = client.get_model_metadata("tiny")
+    assert g["name"] == "tiny" and g["versions"] == h["versions"] and g["platform"] == h["platform"]
+    for kind in ("inputs", "outputs"):
+        # protobuf's JSON writes int64 as strings
+        got = [{"name": t["name"], "datatype": t["datatype"], "shape": [int(d) for d in t["shape"]]} for t in g[kind]]
+        assert got == h[kind]
+
+
+def test_model_config_matches_http(gclient, client):
+    g = gclient.get_model_config("tiny", as_json=True)["config"]
+    h = client.get_model_config("tiny")
+    assert g["name"] == "tiny" and g["max_batch_size"] == h["max_batch_size"] == 32
+    assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in g["input"]] == \
+           [(i["name"], i["data_type"], i["dims"]) for i in h["input"]]
+    assert [o["name"] for o in g["output"]] == ["probs", "logits"]
+    assert g["instance_group"][0]["count"] == 1
+    labeled = gclient.get_model_config("labeled", as_json=True)["config"]
+    assert labeled["output"][0]["label_filename"] == "labels.txt"
+
+
+def test_unknown_model_errors_match_http(gclient, client):
+    e = grpc_error(gclient.get_model_metadata, "no_such_model")
+    assert e.status() == "StatusCode.NOT_FOUND"
+    assert e.message() == http_error(client.get_model_metadata, "no_such_model")
+    e = grpc_error(gclient.get_model_config, "tiny", "x")
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "positive integer" in e.message()
+
+
+def test_repository_index(gclient, client):
+    g = gclient.get_model_repository_index(as_json=True)["models"]
+    h = client.get_model_repository_index()
+    assert sorted((m["name"], m.get("version"), m.get("state")) for m in g) == \
+           sorted((m["name"], m.get("version"), m.get("state")) for m in h)
+
+
+# ---- inference -----------------------------------------------------------
+
+def test_infer_matches_onnxruntime(gclient, repo):
+    x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    r = gclient.infer("tiny", [fp32_input("x", x)], request_id="g-1")
+    ref = ort_run(repo, "tiny", {"x": x})
+    np.testing.assert_allclose(r.as_numpy("probs"), ref["probs"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r.as_numpy("logits"), ref["logits"], rtol=1e-5, atol=1e-5)
+    resp = r.get_response()
+    assert resp.model_name == "tiny" and resp.model_version == "1" and resp.id == "g-1"
+    assert [o.name for o in resp.outputs] == ["probs", "logits"]
+
+
+def test_infer_output_selection_and_version(gclient):
+    x = np.ones((2, 4), np.float32)
+    r = gclient.infer("tiny", [fp32_input("x", x)], outputs=[grpcclient.InferRequestedOutput("logits")])
+    assert [o.name for o in r.get_response().outputs] == ["logits"] and r.as_numpy("probs") is None
+    a = gclient.infer("multi", [fp32_input("x", x)], model_version="1")
+    b = gclient.infer("multi", [fp32_input("x", x)], model_version="2")
+    assert a.get_response().model_version == "1" and b.get_response().model_version == "2"
+    assert not np.allclose(a.as_numpy("logits"), b.as_numpy("logits"))
+
+
+def test_infer_typed_int64_bool_raw(gclient):
+    i = np.arange(6, dtype=np.int64).reshape(2, 3)
+    f = np.array([[True, False, True], [False, False, True]])
+    ii = grpcclient.InferInput("i", [2, 3], "INT64")
+    ii.set_data_from_numpy(i)
+    fi = grpcclient.InferInput("flag", [2, 3], "BOOL")
+    fi.set_data_from_numpy(f)
+    r = gclient.infer("typed", [ii, fi])
+    np.testing.assert_array_equal(r.as_numpy("a"), i + 1)
+    np.testing.assert_array_equal(r.as_numpy("b"), ~f)
+
+
+def test_infer_strings_raw(gclient):
+    s = np.array([[b"hello", b""], [b"w\xc3\xb6rld", b"x" * 1000]], dtype=np.object_)
+    si = grpcclient.InferInput("s", [2, 2], "BYTES")
+    si.set_data_from_numpy(s)
+    r = gclient.infer("strings", [si])
+    assert r.as_numpy("out").tolist() == s.tolist()
+
+
+def test_classification(gclient, client):
+    x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+    g = gclient.infer("labeled", [fp32_input("x", x)], outputs=[grpcclient.InferRequestedOutput("probs", class_count=2)])
+    hi = httpclient.InferInput("x", [2, 4], "FP32")
+    hi.set_data_from_numpy(x)
+    h = client.infer("labeled", [hi], outputs=[httpclient.InferRequestedOutput("probs", class_count=2)])
+    assert g.as_numpy("probs").tolist() == h.as_numpy("probs").tolist()
+    assert g.as_numpy("probs").shape == (2, 2)
+
+
+def typed_request(model, inputs, outputs=()):
+    """A ModelInferRequest with typed contents: inputs are (name, datatype, shape, field, values)."""
+    req = service_pb2.ModelInferRequest(model_name=model)
+    for name, dt, shape, field, values in inputs:
+        t = req.inputs.add(name=name, datatype=dt, shape=shape)
+        getattr(t.contents, field).extend(values)
+    for name in outputs:
+        req.outputs.add(name=name)
+    return req
+
+
+def raw_output(resp, name, dtype):
+    k = [o.name for o in resp.outputs].index(name)
+    return np.frombuffer(resp.raw_output_contents[k], dtype=dtype).reshape(list(resp.outputs[k].shape))
+
+
+def test_typed_contents(stub, repo):
+    x = np.random.default_rng(9).standard_normal((3, 4)).astype(np.float32)
+    resp = stub.ModelInfer(typed_request("tiny", [("x", "FP32", [3, 4], "fp32_contents", x.flatten())]))
+    np.testing.assert_allclose(raw_output(resp, "probs", np.float32), ort_run(repo, "tiny", {"x": x})["probs"],
+                               rtol=1e-5, atol=1e-6)
+    resp = stub.ModelInfer(typed_request("typed", [("i", "INT64", [2, 3], "int64_contents", range(6)),
+                                                   ("flag", "BOOL", [2, 3], "bool_contents", [True, False] * 3)]))
+    np.testing.assert_array_equal(raw_output(resp, "a", np.int64), np.arange(1, 7).reshape(2, 3))
+    np.testing.assert_array_equal(raw_output(resp, "b", np.bool_), [[False, True, False], [True, False, True]])
+    resp = stub.ModelInfer(typed_request("strings", [("s", "BYTES", [1, 2], "bytes_contents", [b"ab", b"cd"])]))
+    raw = resp.raw_output_contents[0]
+    assert raw == b"\x02\x00\x00\x00ab\x02\x00\x00\x00cd"
+
+
+# ---- errors --------------------------------------------------------------
+
+def stub_error(call, req):
+    with pytest.raises(grpc.RpcError) as e:
+        call(req)
+    return e.value.code(), e.value.details()
+
+
+@pytest.mark.parametrize("case", ["dtype", "shape", "input_name", "output_name"])
+def test_bad_inputs_match_http(gclient, client, case):
+    x = np.ones((2, 4), np.float32)
+    name, dt, data, outs = "x", "FP32", x, None
+    if case == "dtype":
+        dt, data = "INT64", x.astype(np.int64)
+    elif case == "shape":
+        data = np.ones((2, 5), np.float32)
+    elif case == "input_name":
+        name = "nope"
+    else:
+        outs = ["nope"]
+    gi = grpcclient.InferInput(name, list(data.shape), dt)
+    gi.set_data_from_numpy(data)
+    hi = httpclient.InferInput(name, list(data.shape), dt)
+    hi.set_data_from_numpy(data)
+    e = grpc_error(gclient.infer, "tiny", [gi], outputs=[grpcclient.InferRequestedOutput(n) for n in outs or []] or None)
+    hmsg = http_error(client.infer, "tiny", [hi], outputs=[httpclient.InferRequestedOutput(n) for n in outs or []] or None)
+    assert e.message() == hmsg
+    assert e.status() in ("StatusCode.INVALID_ARGUMENT", "StatusCode.NOT_FOUND")
+    if case != "output_name":
+        assert e.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_unknown_model_infer(gclient):
+    e = grpc_error(gclient.infer, "no_such_model", [fp32_input("x", np.ones((1, 4), np.float32))])
+    assert e.status() == "StatusCode.NOT_FOUND" and "no_such_model" in e.message()
+
+
+def test_bad_messages(stub):
+    code, msg = stub_error(stub.ModelInfer, typed_request("tiny", [("x", "FP32", [2, 4], "fp32_contents", [1.0] * 7)]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "7 elements" in msg and "[2,4]" in msg
+    code, msg = stub_error(stub.ModelInfer, typed_request("tiny", [("x", "FP32", [1, 4], "int64_contents", [1] * 4)]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "fp32_contents" in msg
+    req = service_pb2.ModelInferRequest(model_name="tiny")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    req.raw_input_contents.append(b"\0" * 15)
+    code, msg = stub_error(stub.ModelInfer, req)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "15 bytes" in msg and "16 bytes" in msg
+    req = service_pb2.ModelInferRequest(model_name="tiny")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    code, msg = stub_error(stub.ModelInfer, req)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "neither" in msg
+    code, msg = stub_error(stub.ModelInfer, service_pb2.ModelInferRequest(model_name="tiny", model_version="v1"))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "positive integer" in msg
+
+
+def test_malformed_protobuf(server):
+    channel = grpc.insecure_channel(server.grpc_url())
+    for method in ("ModelInfer", "ModelMetadata", "ServerLive"):
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\x0a\xff\xff\xff\x0f garbage")
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+    call = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryStatus")
+    with pytest.raises(grpc.RpcError) as e:
+        call(b"")
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"") == b"\x08\x01"
+    channel.close()
+
+
+def test_message_limit(make_server, repo):
+    s = make_server(repo, "--max-request-size", "64K")
+    c = grpcclient.InferenceServerClient(s.grpc_url())
+    big = np.ones((5000, 4), np.float32)  # 80 000 bytes of tensor
+    e = grpc_error(c.infer, "tiny", [fp32_input("x", big)])
+    assert e.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-request-size" in e.message()
+    r = c.infer("tiny", [fp32_input("x", np.ones((2, 4), np.float32))])
+    assert r.as_numpy("probs").shape == (2, 3)
+    c.close()
+
+
+# ---- streaming -----------------------------------------------------------
+
+def test_stream_many_in_flight(server, repo):
+    c = grpcclient.InferenceServerClient(server.grpc_url())
+    got = queue.Queue()
+    c.start_stream(callback=lambda result, error: got.put((result, error)))
+    xs = {str(k): np.random.default_rng(k).standard_normal((1, 4)).astype(np.float32) for k in range(40)}
+    for k, x in xs.items():
+        c.async_stream_infer("tiny", [fp32_input("x", x)], request_id=k)
+    c.async_stream_infer("no_such_model", [fp32_input("x", xs["0"])], request_id="bad")
+    answers = [got.get(timeout=30) for _ in range(len(xs) + 1)]
+    c.stop_stream()
+    c.close()
+    errors = [e for r, e in answers if e is not None]
+    assert len(errors) == 1 and "no_such_model" in errors[0].message()
+    ok = {r.get_response().id: r for r, e in answers if e is None}
+    assert sorted(ok) == sorted(xs)
+    for k, r in ok.items():
+        np.testing.assert_allclose(r.as_numpy("probs"), ort_run(repo, "tiny", {"x": xs[k]})["probs"],
+                                   rtol=1e-5, atol=1e-6)
+
+
+# ---- concurrency, HTTP beside, statistics --------------------------------
+
+def test_concurrent_requests_and_http_beside(server, client, repo):
+    url = server.grpc_url()
+    errors = []
+
+    def grpc_worker(seed):
+        c = grpcclient.InferenceServerClient(url)
+        try:
+            for k in range(10):
+                x = np.random.default_rng(seed * 100 + k).standard_normal((1 + k % 3, 4)).astype(np.float32)
+                r = c.infer("tiny", [fp32_input("x", x)])
+                np.testing.assert_allclose(r.as_numpy("probs"), ort_run(repo, "tiny", {"x": x})["probs"],
+                                           rtol=1e-5, atol=1e-6)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            c.close()
+
+    def http_worker():
+        h = httpclient.InferenceServerClient(server.url)  # one per thread: it is not thread-safe
+        try:
+            for _ in range(10):
+                hi = httpclient.InferInput("x", [1, 4], "FP32")
+                hi.set_data_from_numpy(np.ones((1, 4), np.float32))
+                assert h.infer("tiny", [hi]).as_numpy("probs").shape == (1, 3)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+        finally:
+            h.close()
+
+    before = client.get_inference_statistics("tiny")["model_stats"][0]["inference_stats"]["success"]["count"]
+    threads = [threading.Thread(target=grpc_worker, args=(i,)) for i in range(16)]
+    threads.append(threading.Thread(target=http_worker))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    g = grpcclient.InferenceServerClient(url)
+    stats = g.get_inference_statistics("tiny", as_json=True)["model_stats"][0]
+    g.close()
+    # Both transports count in the same statistics.
+    assert int(stats["inference_stats"]["success"]["count"]) >= before + 16 * 10 + 10
+    assert client.is_server_ready()
+
+
+def test_statistics(gclient, client):
+    gclient.infer("tiny", [fp32_input("x", np.ones((1, 4), np.float32))])
+    g = gclient.get_inference_statistics("tiny", as_json=True)["model_stats"]
+    assert [m["name"] for m in g] == ["tiny"]
+    assert int(g[0]["inference_count"]) >= 1 and int(g[0]["execution_count"]) >= 1
+    assert "batch_stats" in g[0]
+    every = gclient.get_inference_statistics(as_json=True)["model_stats"]
+    assert {"tiny", "typed", "strings"} <= {m["name"] for m in every}
+    e = grpc_error(gclient.get_inference_statistics, "no_such_model")
+    assert e.message() == http_error(client.get_inference_statistics, "no_such_model")
+
+
+# ---- configuration and shutdown ------------------------------------------
+
+def test_disabled_and_port_taken(make_server, tmp_path, server):
+    root = tmp_path / "repo"
+    save_model(root, "tiny", tiny_graph())
+    s = make_server(root, "--allow-grpc=false")
+    assert "grpc://" not in s.text()
+    host, port = server.grpc_url().split(":")
+    p = subprocess.run([str(KILN), "serve", "--model-repository", str(root), "--http-address", "127.0.0.1",
+                        "--http-port", "0", "--grpc-port", port], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "cannot listen on 127.0.0.1 port" in p.stdout + p.stderr and "--grpc-port" in p.stdout + p.stderr
+
+
+def test_drain_with_grpc_traffic(make_server, repo):
+    """SIGTERM under gRPC load: accepted requests are answered, later ones get
+    UNAVAILABLE, and kiln exits 0."""
+    s = make_server(repo)
+    url = s.grpc_url()
+    answered, errors, stop = [], [], threading.Event()
+
+    def go():
+        c = grpcclient.InferenceServerClient(url)
+        while not stop.is_set():
+            try:
+                answered.append(c.infer("slow", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=30))
+            except InferenceServerException as e:
+                errors.append(e)
+                break
+        c.close()
+
+    threads = [threading.Thread(target=go) for _ in range(6)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    s.signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=60) == 0
+    stop.set()
+    for t in threads:
+        t.join()
+    assert answered
+    assert all(e.status() == "StatusCode.UNAVAILABLE" for e in errors), [(e.status(), e.message()) for e in errors]
