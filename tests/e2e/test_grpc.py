@@ -399,3 +399,51 @@ def test_drain_with_grpc_traffic(make_server, repo):
         t.join()
     assert answered
     assert all(e.status() == "StatusCode.UNAVAILABLE" for e in errors), [(e.status(), e.message()) for e in errors]
+
+
+# ---- hostile clients, cancellation, the asyncio client -------------------
+
+def test_not_http2_and_truncated(server, gclient):
+    import socket
+    host, port = server.grpc_url().split(":")
+    for payload in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04"):
+        with socket.create_connection((host, int(port)), timeout=10) as s:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(4096):  # the server answers (a GOAWAY) and closes
+                pass
+    assert gclient.is_server_live()
+    x = np.ones((1, 4), np.float32)
+    assert gclient.infer("tiny", [fp32_input("x", x)]).as_numpy("probs").shape == (1, 3)
+
+
+def test_client_cancels(server, stub):
+    """Calls the client cancels (RST_STREAM) while they queue or run: the
+    server drops or finishes them and keeps answering."""
+    x = np.ones((1, 512), np.float32)
+    req = service_pb2.ModelInferRequest(model_name="slow")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(x.tobytes())
+    futures = [stub.ModelInfer.future(req) for _ in range(30)]
+    for f in futures[::2]:
+        f.cancel()
+    for f in futures[1::2]:
+        assert len(f.result(timeout=60).raw_output_contents[0]) == 512 * 4
+    assert len(stub.ModelInfer(req).raw_output_contents[0]) == 512 * 4
+
+
+def test_asyncio_client(server, repo):
+    import asyncio
+    import tritonclient.grpc.aio as aioclient
+
+    async def go():
+        c = aioclient.InferenceServerClient(server.grpc_url())
+        assert await c.is_server_ready()
+        xs = [np.random.default_rng(k).standard_normal((2, 4)).astype(np.float32) for k in range(20)]
+        results = await asyncio.gather(*[c.infer("tiny", [fp32_input("x", x)]) for x in xs])
+        await c.close()
+        return xs, results
+
+    xs, results = asyncio.run(go())
+    for x, r in zip(xs, results):
+        np.testing.assert_allclose(r.as_numpy("probs"), ort_run(repo, "tiny", {"x": x})["probs"], rtol=1e-5, atol=1e-6)
