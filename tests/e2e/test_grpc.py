@@ -447,3 +447,18 @@ def test_asyncio_client(server, repo):
     xs, results = asyncio.run(go())
     for x, r in zip(xs, results):
         np.testing.assert_allclose(r.as_numpy("probs"), ort_run(repo, "tiny", {"x": x})["probs"], rtol=1e-5, atol=1e-6)
+
+
+def test_settings_from_file_and_environment(make_server, tmp_path):
+    root = tmp_path / "repo"
+    save_model(root, "tiny", tiny_graph())
+    cfg = tmp_path / "kiln.json"
+    cfg.write_text('{"allow_grpc": false}')
+    assert "grpc://" not in make_server(root, "--config", str(cfg)).text()
+    cfg.write_text('{"grpc_port": 0, "grpc_address": "127.0.0.1"}')
+    s = make_server(root, "--config", str(cfg), env={"KILN_GRPC_PORT": "0"})
+    assert s.grpc_url().startswith("127.0.0.1:")
+    p = subprocess.run([str(KILN), "serve", "--grpc-port", "70000"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2 and "grpc-port" in p.stderr and "0-65535" in p.stderr
+    help_text = subprocess.run([str(KILN), "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "--grpc-port" in help_text and "--grpc-address" in help_text and "--allow-grpc" in help_text
