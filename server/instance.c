@@ -114,7 +114,7 @@ static int gather(const struct instances *s, struct instance *inst, struct execu
         }
     }
     for (int i = 0; i < r0->ninputs; i++) {
-        if (done >> i & 1)
+        if (i < 64 && (done >> i & 1)) /* padded inputs are among the first 64 (pad_spec_make) */
             continue;
         inst->in[i] = r0->inputs[i];
         if (bt->n == 1)
