@@ -11,6 +11,7 @@
 #include "common/file.h"
 #include "common/model_io.h"
 #include "common/status.h"
+#include "config/config_json.h"
 
 void model_config_init(struct model_config *c, const char *name) {
     memset(c, 0, sizeof *c);
@@ -50,10 +51,7 @@ void model_config_clear(struct model_config *c) {
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
 
-/* Reads an integer field that may be a JSON number or a string (protobuf's
- * JSON form writes int64 as strings). Returns 1 if present, 0 if absent, -1
- * if malformed. */
-static int get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+int config_get_int(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v) return 0;
     double d;
@@ -178,7 +176,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         rc = INVALID("config field 'backend' is '%s': kiln serves ONNX models (onnxruntime)", v->valuestring);
         goto out;
     }
-    int r = get_int(root, "max_batch_size", 0, 1 << 20, &x);
+    int r = config_get_int(root, "max_batch_size", 0, 1 << 20, &x);
     if (r < 0) { rc = INVALID("config field 'max_batch_size' must be an integer from 0 to %d", 1 << 20); goto out; }
     if (r) { c->max_batch_size = (int)x; c->max_batch_size_set = 1; }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "input")) && (rc = parse_io(v, "input", &c->inputs, &c->ninputs, err, err_len)))
@@ -191,7 +189,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         if (!cJSON_IsObject(v)) { rc = INVALID("config field 'version_policy' must be an object"); goto out; }
         if ((p = cJSON_GetObjectItemCaseSensitive(v, "latest"))) {
             c->version_policy = MODEL_VERSIONS_LATEST;
-            r = get_int(p, "num_versions", 1, 1 << 20, &x);
+            r = config_get_int(p, "num_versions", 1, 1 << 20, &x);
             if (r < 0) { rc = INVALID("config field 'version_policy.latest.num_versions' must be an integer >= 1"); goto out; }
             c->num_versions = r ? (int)x : 1;
         } else if (cJSON_GetObjectItemCaseSensitive(v, "all")) {
@@ -245,11 +243,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
                 c->preferred_batch_size[c->npreferred++] = (int)e->valuedouble;
             }
         }
-        if ((r = get_int(v, "max_queue_delay_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+        if ((r = config_get_int(v, "max_queue_delay_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
             rc = INVALID("config field 'dynamic_batching.max_queue_delay_microseconds' must be an integer >= 0");
             goto out;
         } else if (r) c->max_queue_delay_us = (uint64_t)x;
-        if ((r = get_int(v, "latency_budget_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+        if ((r = config_get_int(v, "latency_budget_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
             rc = INVALID("config field 'dynamic_batching.latency_budget_microseconds' must be an integer >= 0");
             goto out;
         } else if (r) c->latency_budget_us = (uint64_t)x;
@@ -257,11 +255,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             rc = INVALID("config field 'dynamic_batching.preserve_ordering' must be true or false");
             goto out;
         }
-        if ((r = get_int(v, "priority_levels", 0, 16, &x)) < 0) {
+        if ((r = config_get_int(v, "priority_levels", 0, 16, &x)) < 0) {
             rc = INVALID("config field 'dynamic_batching.priority_levels' must be an integer 0-16");
             goto out;
         } else if (r) c->priority_levels = (int)x;
-        if ((r = get_int(v, "default_priority_level", 0, 16, &x)) < 0) {
+        if ((r = config_get_int(v, "default_priority_level", 0, 16, &x)) < 0) {
             rc = INVALID("config field 'dynamic_batching.default_priority_level' must be an integer 0-16");
             goto out;
         } else if (r) c->default_priority_level = (int)x;
@@ -275,7 +273,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
                 }
                 c->timeout_action_delay = strcmp(ta->valuestring, "DELAY") == 0;
             }
-            if ((r = get_int(qp, "default_timeout_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
+            if ((r = config_get_int(qp, "default_timeout_microseconds", 0, INT64_MAX / 2, &x)) < 0) {
                 rc = INVALID("config field 'dynamic_batching.default_queue_policy.default_timeout_microseconds' must be an integer >= 0");
                 goto out;
             } else if (r) c->default_timeout_us = (uint64_t)x;
@@ -283,7 +281,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
                 rc = INVALID("config field 'dynamic_batching.default_queue_policy.allow_timeout_override' must be true or false");
                 goto out;
             }
-            if ((r = get_int(qp, "max_queue_size", 0, 1 << 30, &x)) < 0) {
+            if ((r = config_get_int(qp, "max_queue_size", 0, 1 << 30, &x)) < 0) {
                 rc = INVALID("config field 'dynamic_batching.default_queue_policy.max_queue_size' must be an integer >= 0");
                 goto out;
             } else if (r) c->max_queue_size = (int)x;
@@ -297,7 +295,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             goto out;
         }
         if (g) {
-            if ((r = get_int(g, "count", 1, 256, &x)) < 0) {
+            if ((r = config_get_int(g, "count", 1, 256, &x)) < 0) {
                 rc = INVALID("config field 'instance_group[0].count' must be an integer 1-256");
                 goto out;
             } else if (r) c->instance_count = (int)x;

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/status.h"
+#include "config/config_json.h"
 #include "config/model_config.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
@@ -36,23 +37,6 @@ void model_warmup_clear(struct model_config *c) {
     free(c->warmup);
     c->warmup = NULL;
     c->nwarmup = 0;
-}
-
-/* An integer field (a JSON number or a numeric string, as protobuf's JSON
- * writes int64) within [lo, hi]: 1 if present, 0 if absent, -1 if not. */
-static int int_field(const cJSON *obj, const char *key, int64_t lo, int64_t hi, int64_t *out) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
-    if (!v) return 0;
-    double d = -1;
-    if (cJSON_IsNumber(v)) d = v->valuedouble;
-    else if (cJSON_IsString(v) && *v->valuestring) {
-        char *end;
-        d = strtod(v->valuestring, &end);
-        if (*end) return -1;
-    } else return -1;
-    if (d != (double)(int64_t)d || d < (double)lo || d > (double)hi) return -1;
-    *out = (int64_t)d;
-    return 1;
 }
 
 /* One entry of a sample's "inputs" object; where names the sample. */
@@ -100,10 +84,10 @@ static int parse_sample(const cJSON *e, int index, struct model_warmup *w, char 
     w->name = strdup(name->valuestring);
     snprintf(where, sizeof where, "config field 'model_warmup[%d]' ('%.64s'):", index, name->valuestring);
     int64_t x;
-    int r = int_field(e, "batch_size", 1, 1 << 20, &x);
+    int r = config_get_int(e, "batch_size", 1, 1 << 20, &x);
     if (r < 0) return INVALID("%s batch_size must be an integer >= 1", where);
     w->batch_size = r ? (int)x : 1;
-    r = int_field(e, "count", 0, WARMUP_MAX_COUNT, &x);
+    r = config_get_int(e, "count", 0, WARMUP_MAX_COUNT, &x);
     if (r < 0) return INVALID("%s count must be an integer 0-%d", where, WARMUP_MAX_COUNT);
     w->count = r && x > 0 ? (int)x : 1;
     const cJSON *ins = cJSON_GetObjectItemCaseSensitive(e, "inputs"), *in;

@@ -141,6 +141,18 @@ int graph_intern_value(struct graph *g, const char *name) {
     return v;
 }
 
+int graph_new_value(struct graph *g, const char *name) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", name);
+    while (graph_find_value(g, buf) >= 0) {
+        size_t n = strlen(buf);
+        if (n + 1 >= sizeof buf) return -1;
+        buf[n] = '_';
+        buf[n + 1] = 0;
+    }
+    return graph_intern_value(g, buf);
+}
+
 int graph_add_node(struct graph *g, const char *name, const char *op_type, const char *domain,
                    const int *in, int nin, const int *out, int nout) {
     if (!g || !op_type || nin < 0 || nout < 0) return -1;

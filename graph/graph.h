@@ -108,6 +108,9 @@ int graph_find_value(const struct graph *g, const char *name);
 /* Returns the index of the value with this name, creating it (dtype undefined,
  * ndim -1) when absent; -1 on allocation failure. */
 int graph_intern_value(struct graph *g, const char *name);
+/* Creates a new value named name, or name with '_' appended until no value
+ * has it (a rewrite's intermediate); its index, or -1 on allocation failure. */
+int graph_new_value(struct graph *g, const char *name);
 /* Appends a node (copies op_type/domain/name; in/out arrays are copied);
  * returns its index or -1. */
 int graph_add_node(struct graph *g, const char *name, const char *op_type, const char *domain,

@@ -71,8 +71,7 @@ static int add_cast(struct graph *g, int from, int to_value, int onnx_to, const 
 static int new_value(struct graph *g, const char *base, const char *suffix) {
     char name[512];
     snprintf(name, sizeof name, "%s%s", base, suffix);
-    while (graph_find_value(g, name) >= 0 && strlen(name) + 1 < sizeof name) strcat(name, "_");
-    return graph_intern_value(g, name);
+    return graph_new_value(g, name);
 }
 
 /* A graph input of FP16/BF16: its readers read an FP32 copy. */

@@ -602,8 +602,7 @@ static int add_wide_parts(struct graph *g, const Onnx__ModelProto *mp, const Onn
             int cnt = *nin - first < OP_MAX_IO ? *nin - first : OP_MAX_IO;
             char name[512];
             snprintf(name, sizeof name, "%s/part%d.%d", oname, level, parts);
-            while (graph_find_value(g, name) >= 0 && strlen(name) + 1 < sizeof name) strcat(name, "_");
-            int v = graph_intern_value(g, name);
+            int v = graph_new_value(g, name);
             int idx = v < 0 ? -1 : graph_add_node(g, name, np->op_type, domain, ins + first, cnt, &v, 1);
             if (idx < 0) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
             int rc = finish_node(g, mp, np, idx, base_dir, err, err_len);
