@@ -71,7 +71,7 @@ enum op_flags {
 
 struct op_def {
     const char *op_type;
-    const char *domain;  /* "" default, "ai.onnx.ml" */
+    const char *domain;  /* "" default, "ai.onnx.ml", "com.microsoft" */
     int (*infer)(struct op_call *c);
     int (*prepare)(struct op_call *c, void **state, size_t *scratch_size);
     int (*run)(struct op_call *c);
@@ -136,5 +136,6 @@ extern const struct op_def op_defs_ml[];
 extern const struct op_def op_defs_ml_encode[];
 extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
+extern const struct op_def op_defs_contrib[];
 
 #endif

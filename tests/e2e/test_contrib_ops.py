@@ -1,0 +1,271 @@
+"""onnxruntime's contrib operators (domain com.microsoft), served by the real
+kiln over HTTP with tritonclient and compared with onnxruntime, the
+reference for that domain.
+
+Two kinds of model:
+- one node each, made here with onnx.helper, for every operator and the
+  attributes and optional inputs and outputs that change its arithmetic;
+- real pipelines: the BERT of tests/data/sequence through onnxruntime's
+  transformers optimizer (attention fusion off, so it writes
+  EmbedLayerNormalization, SkipLayerNormalization and BiasGelu/FastGelu),
+  a small convolutional net quantized by onnxruntime.quantization's
+  quantize_static in QOperator format, and an MLP whose MatMuls its
+  MatMulNBitsQuantizer turns into 4-bit MatMulNBits."""
+import zlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto as TP
+from onnx import numpy_helper
+
+from conftest import KilnServer
+
+ROOT = Path(__file__).resolve().parents[2]
+BERT = ROOT / "tests" / "data" / "sequence" / "bert.onnx"
+MS = "com.microsoft"
+ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.int32): TP.INT32, np.dtype(np.int64): TP.INT64,
+        np.dtype(np.uint8): TP.UINT8, np.dtype(np.int8): TP.INT8}
+TRITON = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
+          np.dtype(np.uint8): "UINT8", np.dtype(np.int8): "INT8"}
+
+
+def rng_for(name):
+    return np.random.default_rng(zlib.crc32(name.encode()))
+
+
+def single_node(op, feeds, consts, outputs, domain=MS, **attrs):
+    """A model of one node: feeds are graph inputs, consts initializers; an
+    input or output named "" is absent; an output is a name (float) or a
+    (name, element type) pair."""
+    names = list(feeds) + list(consts)
+    order = attrs.pop("_inputs", names)
+    outputs = [o if isinstance(o, tuple) else (o, TP.FLOAT) for o in outputs]
+    node = oh.make_node(op, order, [o for o, _ in outputs], domain=domain, **attrs)
+    ins = [oh.make_tensor_value_info(n, ELEM[a.dtype], a.shape) for n, a in feeds.items()]
+    inits = [numpy_helper.from_array(a, n) for n, a in consts.items()]
+    outs = [oh.make_tensor_value_info(n, t, None) for n, t in outputs if n]
+    graph = oh.make_graph([node], op.lower(), ins, outs, initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    return model
+
+
+# ---- the single-node cases ------------------------------------------------
+
+def f32(rng, *shape, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def case_skip_ln(name, beta=True, bias=True, outputs=("y",), skip_shape=None, simplified=False, eps=None):
+    rng = rng_for(name)
+    B, S, H = 2, 5, 48
+    x = f32(rng, B, S, H)
+    skip = f32(rng, *(skip_shape or (B, S, H)))
+    consts = {"gamma": f32(rng, H) + 1}
+    ins = ["x", "skip", "gamma"]
+    if not simplified:
+        if beta:
+            consts["beta"] = f32(rng, H)
+        ins.append("beta" if beta else "")
+    if bias:
+        consts["bias"] = f32(rng, H)
+        ins.append("bias")
+    attrs = {} if eps is None else {"epsilon": eps}
+    op = "SkipSimplifiedLayerNormalization" if simplified else "SkipLayerNormalization"
+    return single_node(op, {"x": x, "skip": skip}, consts, list(outputs), _inputs=ins, **attrs), {"x": x, "skip": skip}
+
+
+def case_simplified_ln(name, domain, axis=-1):
+    rng = rng_for(name)
+    x = f32(rng, 3, 4, 16)
+    scale = f32(rng, *x.shape[axis:]) + 1
+    m = single_node("SimplifiedLayerNormalization", {"x": x}, {"scale": scale}, ["y"], domain=domain, axis=axis,
+                    epsilon=1e-6)
+    return m, {"x": x}
+
+
+def case_embed(name, segment=True, mask=True, position_ids=False, outputs=("y", ("mask_index", TP.INT32))):
+    rng = rng_for(name)
+    B, S, H, V, P = 3, 7, 32, 50, 16
+    ids = rng.integers(0, V, (B, S)).astype(np.int32)
+    feeds = {"input_ids": ids}
+    consts = {}
+    if segment:
+        feeds["segment_ids"] = rng.integers(0, 2, (B, S)).astype(np.int32)
+    consts["word"] = f32(rng, V, H)
+    consts["pos"] = f32(rng, P, H)
+    if segment:
+        consts["seg"] = f32(rng, 2, H)
+    consts["gamma"] = f32(rng, H) + 1
+    consts["beta"] = f32(rng, H)
+    ins = ["input_ids", "segment_ids" if segment else "", "word", "pos", "seg" if segment else "", "gamma", "beta"]
+    if mask or position_ids:
+        if mask:
+            m = np.ones((B, S), np.int32)
+            m[1, 4:] = 0
+            m[2, 1:] = 0
+            feeds["mask"] = m
+        ins.append("mask" if mask else "")
+    if position_ids:
+        feeds["position_ids"] = rng.integers(0, P, (B, S)).astype(np.int32)
+        ins.append("position_ids")
+    return single_node("EmbedLayerNormalization", feeds, consts, list(outputs), _inputs=ins, epsilon=1e-12), feeds
+
+
+def case_act(name, op, bias=True, **attrs):
+    rng = rng_for(name)
+    x = f32(rng, 2, 3, 40, scale=2)
+    consts = {"bias": f32(rng, 40)} if bias else {}
+    return single_node(op, {"x": x}, consts, ["y"], **attrs), {"x": x}
+
+
+def case_bias_add(name):
+    rng = rng_for(name)
+    x, skip = f32(rng, 2, 6, 8), f32(rng, 2, 6, 8)
+    m = single_node("BiasAdd", {"x": x, "skip": skip}, {"bias": f32(rng, 8)}, ["y"], _inputs=["x", "bias", "skip"])
+    return m, {"x": x, "skip": skip}
+
+
+CASES = {
+    "skip_ln": lambda n: case_skip_ln(n),
+    "skip_ln_no_beta_no_bias": lambda n: case_skip_ln(n, beta=False, bias=False),
+    "skip_ln_bias_no_beta": lambda n: case_skip_ln(n, beta=False),
+    "skip_ln_sum_output": lambda n: case_skip_ln(n, outputs=("y", "", "", "sum")),
+    "skip_ln_broadcast_skip": lambda n: case_skip_ln(n, skip_shape=(1, 5, 48), eps=1e-5),
+    "skip_ln_2d_skip": lambda n: case_skip_ln(n, skip_shape=(5, 48)),
+    "skip_simplified_ln": lambda n: case_skip_ln(n, simplified=True, bias=False),
+    "skip_simplified_ln_bias": lambda n: case_skip_ln(n, simplified=True),
+    "skip_ln_statistics": lambda n: case_skip_ln(n, outputs=("y", "mean", "inv_std_var", "sum")),
+    "skip_simplified_ln_sum": lambda n: case_skip_ln(n, simplified=True, bias=False, outputs=("y", "", "", "sum")),
+    "simplified_ln_default_domain": lambda n: case_simplified_ln(n, ""),
+    "simplified_ln_axis": lambda n: case_simplified_ln(n, "", axis=1),
+    "embed_ln": lambda n: case_embed(n),
+    "embed_ln_no_segment": lambda n: case_embed(n, segment=False),
+    "embed_ln_no_mask": lambda n: case_embed(n, mask=False),
+    "embed_ln_sum_output": lambda n: case_embed(n, outputs=("y", ("mask_index", TP.INT32), "sum")),
+    "gelu": lambda n: case_act(n, "Gelu", bias=False),
+    "bias_gelu": lambda n: case_act(n, "BiasGelu"),
+    "fast_gelu": lambda n: case_act(n, "FastGelu"),
+    "fast_gelu_no_bias": lambda n: case_act(n, "FastGelu", bias=False),
+    "quick_gelu": lambda n: case_act(n, "QuickGelu", bias=False),
+    "quick_gelu_alpha": lambda n: case_act(n, "QuickGelu", bias=False, alpha=1.3),
+    "bias_add": case_bias_add,
+}
+
+# Tolerances: kiln accumulates a row's statistics in double, onnxruntime in float.
+ATOL = {}
+
+
+def numpy_bias_add(model, feeds):
+    bias = numpy_helper.to_array(model.graph.initializer[0])
+    return {"y": feeds["x"] + bias + feeds["skip"]}
+
+
+def numpy_skip_ln_statistics(model, feeds):
+    """SkipLayerNormalization's mean and inv_std_var outputs, which onnxruntime's
+    CPU kernel leaves out: (B, S, 1) statistics of input + skip + bias."""
+    p = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    s = feeds["x"].astype(np.float64) + feeds["skip"] + p["bias"]
+    mean = s.mean(-1, keepdims=True)
+    inv = 1 / np.sqrt(((s - mean) ** 2).mean(-1, keepdims=True) + 1e-12)
+    y = (s - mean) * inv * p["gamma"] + p["beta"]
+    return {k: v.astype(np.float32) for k, v in {"y": y, "mean": mean, "inv_std_var": inv, "sum": s}.items()}
+
+
+# Operators or outputs onnxruntime computes on CUDA only: numpy is the reference.
+NUMPY = {"bias_add": numpy_bias_add, "skip_ln_statistics": numpy_skip_ln_statistics}
+
+
+def ort_outputs(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def infer(client, name, feeds, outputs):
+    ins = []
+    for k, v in feeds.items():
+        i = httpclient.InferInput(k, list(v.shape), TRITON[v.dtype])
+        i.set_data_from_numpy(v, binary_data=True)
+        ins.append(i)
+    outs = [httpclient.InferRequestedOutput(o, binary_data=True) for o in outputs]
+    r = client.infer(name, ins, outputs=outs)
+    return {o: r.as_numpy(o) for o in outputs}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("contrib")
+    made = {}
+    for name, make in CASES.items():
+        model, feeds = make(name)
+        d = repo / name / "1"
+        d.mkdir(parents=True)
+        onnx.save(model, str(d / "model.onnx"))
+        made[name] = (model, feeds)
+    s = KilnServer(repo)
+    c = httpclient.InferenceServerClient(s.url)
+    yield made, c
+    c.close()
+    rc = s.stop()
+    assert s.sanitizer_report() is None, s.sanitizer_report()
+    assert rc == 0, s.text()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_contrib_op_matches_onnxruntime(built, name):
+    made, client = built
+    model, feeds = made[name]
+    want = NUMPY[name](model, feeds) if name in NUMPY else ort_outputs(model, feeds)
+    got = infer(client, name, feeds, list(want))
+    for k, w in want.items():
+        g = got[k]
+        assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, w.shape, g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=ATOL.get(name, 2e-5), err_msg=f"{name}: {k}")
+
+
+# ---- real pipelines ---------------------------------------------------------
+
+def serve_one(make_server, tmp_path, name, model):
+    d = tmp_path / "repo" / name / "1"
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "model.onnx"))
+    s = make_server(tmp_path / "repo")
+    return httpclient.InferenceServerClient(s.url)
+
+
+@pytest.mark.parametrize("approximate", [False, True], ids=["bias_gelu", "fast_gelu"])
+def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate):
+    """BertModel through onnxruntime's transformers optimizer without attention
+    fusion: SkipLayerNormalization and BiasGelu (FastGelu with the GELU
+    approximation) from the optimizer, at two batch sizes and lengths."""
+    pytest.importorskip("sympy")  # the optimizer's shape inference needs it
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    opts = FusionOptions("bert")
+    opts.enable_attention = False
+    opts.enable_gelu_approximation = approximate
+    opt = optimize_model(str(BERT), model_type="bert", num_heads=0, hidden_size=0, optimization_options=opts,
+                         opt_level=0)
+    ops = {(n.domain, n.op_type) for n in opt.model.graph.node}
+    gelu = "FastGelu" if approximate else "BiasGelu"
+    assert {(MS, "SkipLayerNormalization"), (MS, gelu)} <= ops, ops
+    client = serve_one(make_server, tmp_path, "bert_opt", opt.model)
+    sess = ort.InferenceSession(opt.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    rng = np.random.default_rng(7)
+    for batch, seq in [(1, 9), (3, 16)]:
+        feeds = {"input_ids": rng.integers(0, 1000, (batch, seq)).astype(np.int64),
+                 "attention_mask": np.ones((batch, seq), np.int64),
+                 "token_type_ids": rng.integers(0, 2, (batch, seq)).astype(np.int64)}
+        feeds["attention_mask"][-1, seq // 2:] = 0
+        want = dict(zip(names, sess.run(None, feeds)))
+        got = infer(client, "bert_opt", feeds, names)
+        for k in names:
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4, err_msg=k)
