@@ -138,5 +138,6 @@ extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
 extern const struct op_def op_defs_contrib[];
 extern const struct op_def op_defs_contrib_matmul[];
+extern const struct op_def op_defs_contrib_qlinear[];
 
 #endif

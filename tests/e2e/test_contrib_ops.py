@@ -228,6 +228,61 @@ def case_qgemm(name, out_quantized=True, bias=True, transA=0, transB=1, alpha=1.
     return m, {"a": a}
 
 
+def qtensor(rng, shape, dt):
+    i = np.iinfo(dt)
+    return rng.integers(i.min, i.max + 1, shape).astype(dt)
+
+
+def qparams(rng, prefix, dt, scale=None, zp=True):
+    i = np.iinfo(dt)
+    out = {f"{prefix}_scale": np.array(scale or rng.random() * 0.05 + 0.01, np.float32)}
+    if zp:
+        out[f"{prefix}_zp"] = np.array(rng.integers(i.min // 2, i.max // 2), dt)
+    return out
+
+
+def case_qbinary(name, op, a_shape, b_shape, dt=np.uint8, zp=True):
+    rng = rng_for(name)
+    a, b = qtensor(rng, a_shape, dt), qtensor(rng, b_shape, dt)
+    consts = {**qparams(rng, "a", dt, zp=zp), **qparams(rng, "b", dt, zp=zp), **qparams(rng, "c", dt, zp=zp)}
+    ins = ["a", "a_scale", "a_zp" if zp else "", "b", "b_scale", "b_zp" if zp else "", "c_scale", "c_zp" if zp else ""]
+    elem = TP.UINT8 if dt == np.uint8 else TP.INT8
+    return single_node(op, {"a": a, "b": b}, consts, [("y", elem)], _inputs=ins), {"a": a, "b": b}
+
+
+def case_qunary(name, op, dt=np.uint8, **attrs):
+    rng = rng_for(name)
+    x = qtensor(rng, (2, 3, 7), dt)
+    consts = {**qparams(rng, "x", dt, scale=0.05), **qparams(rng, "y", dt, scale=0.01)}
+    elem = TP.UINT8 if dt == np.uint8 else TP.INT8
+    m = single_node(op, {"x": x}, consts, [("y", elem)], _inputs=["x", "x_scale", "x_zp", "y_scale", "y_zp"], **attrs)
+    return m, {"x": x}
+
+
+def case_qconcat(name, dt=np.uint8, axis=1):
+    rng = rng_for(name)
+    xs = [qtensor(rng, (2, n, 4) if axis == 1 else (2, 4, n), dt) for n in (3, 1, 5)]
+    feeds = {f"x{i}": x for i, x in enumerate(xs)}
+    consts = qparams(rng, "y", dt)
+    ins = ["y_scale", "y_zp"]
+    for i in range(3):
+        # the second input shares Y's parameters: copied as it is
+        consts.update({f"x{i}_scale": consts["y_scale"], f"x{i}_zp": consts["y_zp"]} if i == 1
+                      else qparams(rng, f"x{i}", dt))
+        ins += [f"x{i}", f"x{i}_scale", f"x{i}_zp"]
+    elem = TP.UINT8 if dt == np.uint8 else TP.INT8
+    return single_node("QLinearConcat", feeds, consts, [("y", elem)], _inputs=ins, axis=axis), feeds
+
+
+def case_qpool(name, op, shape=(2, 3, 9, 8), dt=np.uint8, **attrs):
+    rng = rng_for(name)
+    x = qtensor(rng, shape, dt)
+    consts = {**qparams(rng, "x", dt), **qparams(rng, "y", dt)}
+    elem = TP.UINT8 if dt == np.uint8 else TP.INT8
+    m = single_node(op, {"x": x}, consts, [("y", elem)], _inputs=["x", "x_scale", "x_zp", "y_scale", "y_zp"], **attrs)
+    return m, {"x": x}
+
+
 CASES = {
     "skip_ln": lambda n: case_skip_ln(n),
     "skip_ln_no_beta_no_bias": lambda n: case_skip_ln(n, beta=False, bias=False),
@@ -274,6 +329,32 @@ CASES = {
     "qgemm_trans_a_alpha_per_column": lambda n: case_qgemm(n, transA=1, transB=0, alpha=0.7, per_column=True),
     "qgemm_no_c": lambda n: case_qgemm(n, bias=False),
     "qgemm_int8": lambda n: case_qgemm(n, atype=np.int8),
+    "qlinear_add": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (2, 3, 8)),
+    "qlinear_add_broadcast_int8": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (3, 1), np.int8),
+    "qlinear_add_vector": lambda n: case_qbinary(n, "QLinearAdd", (4, 6), (6,)),
+    "qlinear_mul": lambda n: case_qbinary(n, "QLinearMul", (2, 3, 8), (1, 3, 8)),
+    "qlinear_mul_int8": lambda n: case_qbinary(n, "QLinearMul", (5, 4), (5, 4), np.int8),
+    "qlinear_sigmoid": lambda n: case_qunary(n, "QLinearSigmoid"),
+    "qlinear_sigmoid_int8": lambda n: case_qunary(n, "QLinearSigmoid", np.int8),
+    "qlinear_leaky_relu": lambda n: case_qunary(n, "QLinearLeakyRelu", alpha=0.2),
+    "qlinear_leaky_relu_int8": lambda n: case_qunary(n, "QLinearLeakyRelu", np.int8),
+    "qlinear_concat": lambda n: case_qconcat(n),
+    "qlinear_concat_last_axis_int8": lambda n: case_qconcat(n, np.int8, axis=-1),
+    "qlinear_global_avg_pool": lambda n: case_qpool(n, "QLinearGlobalAveragePool"),
+    "qlinear_global_avg_pool_nhwc": lambda n: case_qpool(n, "QLinearGlobalAveragePool", channels_last=1),
+    "qlinear_global_avg_pool_int8": lambda n: case_qpool(n, "QLinearGlobalAveragePool", dt=np.int8),
+    "qlinear_avg_pool": lambda n: case_qpool(n, "QLinearAveragePool", kernel_shape=[3, 3], strides=[2, 2]),
+    "qlinear_avg_pool_pads": lambda n: case_qpool(n, "QLinearAveragePool", kernel_shape=[3, 2], pads=[1, 1, 1, 0]),
+    "qlinear_avg_pool_pads_counted": lambda n: case_qpool(n, "QLinearAveragePool", kernel_shape=[3, 3],
+                                                          pads=[1, 1, 1, 1], count_include_pad=1),
+    "qlinear_avg_pool_ceil_same": lambda n: case_qpool(n, "QLinearAveragePool", kernel_shape=[2, 3], strides=[2, 2],
+                                                       ceil_mode=1),
+    "qlinear_avg_pool_same_upper": lambda n: case_qpool(n, "QLinearAveragePool", kernel_shape=[3, 3], strides=[2, 2],
+                                                        auto_pad="SAME_UPPER"),
+    "qlinear_avg_pool_nhwc_int8": lambda n: case_qpool(n, "QLinearAveragePool", shape=(2, 7, 6, 4), dt=np.int8,
+                                                       kernel_shape=[2, 2], channels_last=1),
+    "qlinear_avg_pool_1d": lambda n: case_qpool(n, "QLinearAveragePool", shape=(2, 3, 11), kernel_shape=[4],
+                                                strides=[3]),
 }
 
 # Tolerances: kiln accumulates a row's statistics in double, onnxruntime in float.
