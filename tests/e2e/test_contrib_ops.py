@@ -27,6 +27,7 @@ from conftest import KilnServer
 
 ROOT = Path(__file__).resolve().parents[2]
 BERT = ROOT / "tests" / "data" / "sequence" / "bert.onnx"
+QUANT = ROOT / "tests" / "data" / "quant"  # tests/models/make_quant_models.py
 MS = "com.microsoft"
 ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.int32): TP.INT32, np.dtype(np.int64): TP.INT64,
         np.dtype(np.uint8): TP.UINT8, np.dtype(np.int8): TP.INT8}
@@ -472,3 +473,67 @@ def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate):
         got = infer(client, "bert_opt", feeds, names)
         for k in names:
             np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def compare_served(client, name, model, feeds_list, quantized_out=False):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    for feeds in feeds_list:
+        want = dict(zip(names, sess.run(None, feeds)))
+        got = infer(client, name, feeds, names)
+        for k in names:
+            yield k, got[k], want[k]
+
+
+def test_quantize_static_qoperator(make_server, tmp_path):
+    """A small CNN quantized by quantize_static in QOperator format (uint8
+    activations, int8 weights, a seeded calibration set): QLinearConv and the
+    com.microsoft QLinear ops and QGemm, served at batch 1 and 4."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(0)
+            self.it = iter([{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(16)])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    out = tmp_path / "cnn_q.onnx"
+    quantize_static(str(QUANT / "cnn.onnx"), str(out), Reader(), quant_format=QuantFormat.QOperator,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    model = onnx.load(str(out))
+    ops = {n.op_type for n in model.graph.node if n.domain == MS}
+    assert {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool",
+            "QLinearGlobalAveragePool", "QGemm"} <= ops, ops
+    client = serve_one(make_server, tmp_path, "cnn_q", model)
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((b, 3, 16, 16)).astype(np.float32)} for b in (1, 4)]
+    # The float output is dequantized from uint8 logits: a tie rounded the
+    # other way would move a logit by one step of the output scale (none
+    # does on x86-64 today: the answers are equal).
+    step = numpy_helper.to_array([t for t in model.graph.initializer
+                                  if t.name == model.graph.node[-1].input[1]][0])
+    for k, g, w in compare_served(client, "cnn_q", model, feeds):
+        assert g.shape == w.shape
+        assert np.abs(g - w).max() <= float(step) + 1e-6, (k, np.abs(g - w).max(), float(step))
+
+
+def test_matmul_nbits_quantizer(make_server, tmp_path):
+    """A token MLP whose MatMuls onnxruntime's MatMulNBitsQuantizer turned into
+    4-bit MatMulNBits (block 32, asymmetric, and symmetric without zero points)."""
+    pytest.importorskip("onnx_ir")  # the quantizer's graph library
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    rng = np.random.default_rng(5)
+    feeds = [{"x": rng.standard_normal((b, t, 64)).astype(np.float32)} for b, t in [(1, 3), (2, 7)]]
+    for sym in (False, True):
+        q = MatMulNBitsQuantizer(onnx.load(str(QUANT / "mlp.onnx")), block_size=32, is_symmetric=sym)
+        q.process()
+        model = q.model.model
+        nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+        assert len(nbits) == 3
+        name = f"mlp_{'sym' if sym else 'asym'}"
+        client = serve_one(make_server, tmp_path / name, name, model)
+        for k, g, w in compare_served(client, name, model, feeds):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=k)
