@@ -308,6 +308,7 @@ CASES = {
     "quick_gelu": lambda n: case_act(n, "QuickGelu", bias=False),
     "quick_gelu_alpha": lambda n: case_act(n, "QuickGelu", bias=False, alpha=1.3),
     "bias_add": case_bias_add,
+    "bias_split_gelu": lambda n: case_act(n, "BiasSplitGelu"),
     "fused_matmul": lambda n: case_fused_matmul(n, (3, 5, 8), (8, 6)),
     "fused_matmul_trans_b_alpha": lambda n: case_fused_matmul(n, (3, 5, 8), (6, 8), transB=1, alpha=0.5),
     "fused_matmul_trans_a": lambda n: case_fused_matmul(n, (2, 8, 5), (8, 6), b_const=False, transA=1),
@@ -378,8 +379,16 @@ def numpy_skip_ln_statistics(model, feeds):
     return {k: v.astype(np.float32) for k, v in {"y": y, "mean": mean, "inv_std_var": inv, "sum": s}.items()}
 
 
+def numpy_bias_split_gelu(model, feeds):
+    from math import erf
+    v = (feeds["x"] + numpy_helper.to_array(model.graph.initializer[0])).astype(np.float64)
+    left, right = np.split(v, 2, axis=-1)
+    gelu = 0.5 * right * (1 + np.vectorize(erf)(right / np.sqrt(2)))
+    return {"y": (left * gelu).astype(np.float32)}
+
+
 # Operators or outputs onnxruntime computes on CUDA only: numpy is the reference.
-NUMPY = {"bias_add": numpy_bias_add, "skip_ln_statistics": numpy_skip_ln_statistics}
+NUMPY = {"bias_add": numpy_bias_add, "bias_split_gelu": numpy_bias_split_gelu, "skip_ln_statistics": numpy_skip_ln_statistics}
 
 
 def ort_outputs(model, feeds):
@@ -537,3 +546,30 @@ def test_matmul_nbits_quantizer(make_server, tmp_path):
         client = serve_one(make_server, tmp_path / name, name, model)
         for k, g, w in compare_served(client, name, model, feeds):
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def test_bad_input_is_refused_and_the_server_keeps_serving(built):
+    """An embedding id outside its table is a 400 naming the node, the value
+    and where it is; the next good request is answered."""
+    made, client = built
+    model, feeds = made["embed_ln"]
+    bad = dict(feeds)
+    bad["input_ids"] = feeds["input_ids"].copy()
+    bad["input_ids"][1, 2] = 50  # the vocabulary has 50 rows
+    with pytest.raises(httpclient.InferenceServerException, match=r"input_ids value 50 at \[1, 2\] is out of range"):
+        infer(client, "embed_ln", bad, ["y"])
+    bad["input_ids"][1, 2] = -1
+    with pytest.raises(httpclient.InferenceServerException, match="out of range"):
+        infer(client, "embed_ln", bad, ["y"])
+    want = ort_outputs(model, feeds)["y"]
+    np.testing.assert_allclose(infer(client, "embed_ln", feeds, ["y"])["y"], want, rtol=1e-4, atol=2e-5)
+
+
+def test_unsupported_contrib_attributes_are_refused_in_words(make_server, tmp_path):
+    """An attribute kiln does not implement is refused with its name, never run wrong."""
+    rng = rng_for("unsupported")
+    a = f32(rng, 2, 4, 3)
+    m = single_node("FusedMatMul", {"a": a}, {"b": f32(rng, 2, 3, 5)}, ["y"], _inputs=["a", "b"], transBatchA=1)
+    client = serve_one(make_server, tmp_path, "fmm_batch", m)
+    with pytest.raises(httpclient.InferenceServerException, match="transBatchA and transBatchB are not supported"):
+        infer(client, "fmm_batch", {"a": a}, ["y"])
