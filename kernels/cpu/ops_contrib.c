@@ -27,7 +27,7 @@
 
 /* Output i, or NULL when the node leaves it out (its name is empty). */
 static struct tensor *out_opt(const struct op_call *c, int i) {
-    return i < c->nout && (!c->node->out || c->node->out[i] >= 0) ? c->out[i] : NULL;
+    return i < c->nout && (!c->node->out || c->node->out[i] >= 0) ? c->out[i] : NULL; /* c->out[i] may be NULL too */
 }
 
 /* Input i must be present (when required), float32 and of known rank. */
@@ -180,6 +180,7 @@ static int norm_infer(struct op_call *c) {
     /* every output slot gets a shape, the ones the node leaves out too */
     for (int k = 1; k < c->nout; k++) {
         struct tensor *o = c->out[k];
+        if (!o) continue;
         like(c, o, x, DT_FP32);
         if (k != p.mean_out && k != p.inv_out) continue;
         for (int i = x->ndim - 1; i >= 0 && tensor_numel(o) != p.rows; i--) o->dims[i] = 1;
@@ -268,8 +269,8 @@ static int embed_infer(struct op_call *c) {
     if (!in_opt(c, EMB_SEG_IDS) != !in_opt(c, EMB_SEG))
         return op_error(c, "segment_ids and segment_embedding come together (one of them is missing)");
     *c->out[0] = (struct tensor){DT_FP32, 3, {b, s, h}, NULL};
-    if (c->nout > 1) *c->out[1] = (struct tensor){DT_INT32, 1, {b}, NULL};
-    if (c->nout > 2) *c->out[2] = *c->out[0];
+    if (c->nout > 1 && c->out[1]) *c->out[1] = (struct tensor){DT_INT32, 1, {b}, NULL};
+    if (c->nout > 2 && c->out[2]) *c->out[2] = *c->out[0];
     return 0;
 }
 
