@@ -452,11 +452,14 @@ def serve_one(make_server, tmp_path, name, model):
     return httpclient.InferenceServerClient(s.url)
 
 
-@pytest.mark.parametrize("approximate", [False, True], ids=["bias_gelu", "fast_gelu"])
-def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate):
+@pytest.mark.parametrize("approximate,fp16", [(False, False), (True, False), (False, True)],
+                         ids=["bias_gelu", "fast_gelu", "fp16"])
+def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate, fp16):
     """BertModel through onnxruntime's transformers optimizer without attention
     fusion: SkipLayerNormalization and BiasGelu (FastGelu with the GELU
-    approximation) from the optimizer, at two batch sizes and lengths."""
+    approximation) from the optimizer, at two batch sizes and lengths; and the
+    optimizer's FP16 conversion (FP32 inputs and outputs), which kiln computes
+    in FP32: compared with the FP32 optimized model within FP16's rounding."""
     pytest.importorskip("sympy")  # the optimizer's shape inference needs it
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -469,8 +472,10 @@ def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate):
     ops = {(n.domain, n.op_type) for n in opt.model.graph.node}
     gelu = "FastGelu" if approximate else "BiasGelu"
     assert {(MS, "SkipLayerNormalization"), (MS, gelu)} <= ops, ops
-    client = serve_one(make_server, tmp_path, "bert_opt", opt.model)
     sess = ort.InferenceSession(opt.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    if fp16:
+        opt.convert_float_to_float16(keep_io_types=True)
+    client = serve_one(make_server, tmp_path, "bert_opt", opt.model)
     names = [o.name for o in sess.get_outputs()]
     rng = np.random.default_rng(7)
     for batch, seq in [(1, 9), (3, 16)]:
@@ -481,7 +486,7 @@ def test_bert_optimized_by_onnxruntime(make_server, tmp_path, approximate):
         want = dict(zip(names, sess.run(None, feeds)))
         got = infer(client, "bert_opt", feeds, names)
         for k in names:
-            np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=1e-4, err_msg=k)
+            np.testing.assert_allclose(got[k], want[k], rtol=1e-3, atol=2e-2 if fp16 else 1e-4, err_msg=k)
 
 
 def compare_served(client, name, model, feeds_list, quantized_out=False):
