@@ -100,7 +100,14 @@ void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_m
  * holder lives, as graph constants do. Thread-safe. NULL after op_error. */
 void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
                                 const dnnl_memory_desc_t *dst_md);
-/* Drops one hold of a buffer from dnnl_util_weights_acquire; NULL is a no-op. */
+/* The same sharing for a buffer made another way from constant src (a
+ * dequantization): on a miss make(c, arg) returns a new buffer (freed with
+ * free()) or NULL after op_error; src, src_md and dst_md are the key. */
+void *dnnl_util_shared_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                               const dnnl_memory_desc_t *dst_md, void *(*make)(struct op_call *c, void *arg),
+                               void *arg);
+/* Drops one hold of a buffer from dnnl_util_weights_acquire or
+ * dnnl_util_shared_acquire; NULL is a no-op. */
 void dnnl_util_weights_release(void *buf);
 
 /* Rounds n up to a multiple of 64 (scratch sub-allocation). */

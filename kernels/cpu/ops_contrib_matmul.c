@@ -204,7 +204,7 @@ static int nbits_infer(struct op_call *c) {
 
 struct nbits_state {
     struct cpu_mm_state mm;
-    float *w;   /* dequantized B^T, [N, K] (B's own layout) */
+    float *w;   /* dequantized B^T, [N, K] (B's own layout), shared by the plans of the model */
     int bias;
 };
 
@@ -213,7 +213,7 @@ static void nbits_release(void *st) {
     if (!s) return;
     dnnl_prim_free(s->mm.prim);
     dnnl_util_weights_release(s->mm.wbuf);
-    free(s->w);
+    dnnl_util_weights_release(s->w);
     free(s);
 }
 
@@ -240,6 +240,22 @@ static void nbits_dequantize(const struct op_call *c, const struct nbits_geom *g
         }
 }
 
+struct nbits_make_args {
+    const struct nbits_geom *g;
+};
+
+/* The dequantized weights, made once for all the plans that share B. */
+static void *nbits_make(struct op_call *c, void *arg) {
+    const struct nbits_geom *g = ((struct nbits_make_args *)arg)->g;
+    float *w = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(g->n * g->k)));
+    if (!w) {
+        op_error(c, "out of memory for the dequantized weights");
+        return NULL;
+    }
+    nbits_dequantize(c, g, w);
+    return w;
+}
+
 static int nbits_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     struct nbits_geom g;
     int rc = nbits_check(c, &g);
@@ -248,12 +264,17 @@ static int nbits_prepare(struct op_call *c, void **state, size_t *scratch_size) 
         return rc;
     struct nbits_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
-    s->w = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(g.n * g.k)));
+    /* keyed by B's bytes and both shapes: one copy however many plans */
+    dnnl_memory_desc_t key_b, key_w;
+    dnnl_dims_t kb = {g.n, g.blocks, g.blob}, kw = {g.n, g.k};
+    dnnl_memory_desc_init_by_tag(&key_b, 3, kb, dnnl_u8, dnnl_abc);
+    dnnl_memory_desc_init_by_tag(&key_w, 2, kw, dnnl_f32, dnnl_ab);
+    struct nbits_make_args args = {&g};
+    s->w = dnnl_util_shared_acquire(c, &key_b, c->in[1]->data, &key_w, nbits_make, &args);
     if (!s->w) {
         free(s);
-        return op_error(c, "out of memory for the dequantized weights"), STATUS_NOMEM;
+        return STATUS_NOMEM;
     }
-    nbits_dequantize(c, &g, s->w);
     int64_t m = tensor_numel(c->in[0]) / g.k;
     dnnl_dims_t ad = {m, g.k}, bd = {g.k, g.n}, yd = {m, g.n}, biasd = {1, g.n};
     dnnl_dims_t bst = {1, g.k};
