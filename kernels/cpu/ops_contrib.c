@@ -3,8 +3,9 @@
  * fuses: the residual-and-normalize family (SkipLayerNormalization,
  * SkipSimplifiedLayerNormalization, SimplifiedLayerNormalization, which
  * onnxruntime registers in the default domain, EmbedLayerNormalization)
- * and the bias-and-activation family (Gelu, BiasGelu, FastGelu, QuickGelu,
- * BiasAdd, BiasSplitGelu).
+ * the bias-and-activation family (Gelu, BiasGelu, FastGelu, QuickGelu,
+ * BiasAdd, BiasSplitGelu), and the Conv and Gemm that onnxruntime's own
+ * graph optimizer fuses with their activation (FusedConv, FusedGemm).
  *
  * Semantics are onnxruntime's (docs/ContribOperators.md and its CPU
  * kernels). Sums and variances of a row are accumulated in double, so a
@@ -12,6 +13,7 @@
  * accumulates in float, which bounds the difference. All of them take and
  * give float32; an FP16 model reaches them widened (models/lower_fp16.c). */
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -426,6 +428,116 @@ static int bias_act_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * FusedConv (X, W, B?, Z?; Conv's attributes, activation,
+ * activation_params) and FusedGemm (Gemm's inputs and attributes,
+ * activation, activation_alpha, activation_beta): the standard Conv or
+ * Gemm kernel, then + Z (FusedConv) and the activation.
+ * ------------------------------------------------------------------------ */
+
+struct fused_state {
+    const struct op_def *base;
+    void *base_state;
+    enum act_kind act;
+    float a, b;
+};
+
+static const struct op_def *fused_base(const struct op_call *c) {
+    return op_find("", strcmp(c->node->op_type, "FusedConv") == 0 ? "Conv" : "Gemm");
+}
+
+/* The base op's call: Conv's or Gemm's inputs (FusedConv's Z left out). */
+static struct op_call fused_sub(const struct op_call *c) {
+    struct op_call sub = *c;
+    if (strcmp(c->node->op_type, "FusedConv") == 0 && sub.nin > 3) sub.nin = 3;
+    return sub;
+}
+
+static int fused_activation(struct op_call *c, struct fused_state *st) {
+    const char *name = node_attr_str(c->node, "activation", "");
+    const float *p = NULL;
+    int np = node_attr_floats(c->node, "activation_params", &p);
+    float a0 = np > 0 ? p[0] : node_attr_float(c->node, "activation_alpha", NAN);
+    float b0 = np > 1 ? p[1] : node_attr_float(c->node, "activation_beta", NAN);
+    static const struct {
+        const char *name;
+        enum act_kind act;
+        float a, b; /* defaults */
+    } acts[] = {
+        {"", ACT_NONE, 0, 0},
+        {"Relu", ACT_RELU, 0, 0},
+        {"Tanh", ACT_TANH, 0, 0},
+        {"Sigmoid", ACT_SIGMOID, 0, 0},
+        {"LeakyRelu", ACT_LEAKY_RELU, 0.01f, 0},
+        {"Clip", ACT_CLIP, -FLT_MAX, FLT_MAX},
+        {"HardSigmoid", ACT_HARD_SIGMOID, 0.2f, 0.5f},
+    };
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if (strcmp(name, acts[i].name) == 0) {
+            st->act = acts[i].act;
+            st->a = isnan(a0) ? acts[i].a : a0;
+            st->b = isnan(b0) ? acts[i].b : b0;
+            return 0;
+        }
+    op_error(c, "activation '%s' is not supported (Relu, Tanh, Sigmoid, LeakyRelu, Clip, HardSigmoid are)", name);
+    return STATUS_UNSUPPORTED;
+}
+
+static int fused_infer(struct op_call *c) {
+    const struct op_def *base = fused_base(c);
+    struct op_call sub = fused_sub(c);
+    int rc = base->infer(&sub);
+    if (rc) return rc;
+    const struct tensor *z = sub.nin < c->nin ? in_opt(c, 3) : NULL;
+    if (z) {
+        char sz[128], sy[128];
+        if (z->dtype != DT_FP32 || z->ndim != c->out[0]->ndim || tensor_numel(z) != tensor_numel(c->out[0]))
+            return op_error(c, "Z %s must be float32 with the output's shape %s", tensor_shape_str(z, sz, sizeof sz),
+                            tensor_shape_str(c->out[0], sy, sizeof sy));
+    }
+    struct fused_state st;
+    return fused_activation(c, &st);
+}
+
+static void fused_release(void *state) {
+    struct fused_state *st = state;
+    if (!st) return;
+    if (st->base->release) st->base->release(st->base_state);
+    free(st);
+}
+
+static int fused_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct fused_state *st = op_params_alloc(c, sizeof *st);
+    if (!st) return STATUS_NOMEM;
+    st->base = fused_base(c);
+    struct op_call sub = fused_sub(c);
+    int rc = fused_activation(c, st);
+    if (!rc && st->base->prepare) rc = st->base->prepare(&sub, &st->base_state, scratch);
+    if (rc) {
+        free(st);
+        return rc;
+    }
+    *state = st;
+    return 0;
+}
+
+static int fused_run(struct op_call *c) {
+    const struct fused_state *st = c->state;
+    struct op_call sub = fused_sub(c);
+    sub.state = st->base_state;
+    int rc = st->base->run(&sub);
+    if (rc) return rc;
+    const struct tensor *z = sub.nin < c->nin ? in_opt(c, 3) : NULL;
+    float *y = c->out[0]->data;
+    const float *zd = z ? z->data : NULL;
+    const int64_t n = tensor_numel(c->out[0]);
+    const enum act_kind act = st->act;
+    const float a = st->a, b = st->b;
+#pragma omp parallel for if (n >= EW_PAR_MIN) num_threads(c->nthreads)
+    for (int64_t i = 0; i < n; i++) y[i] = act_apply(act, zd ? y[i] + zd[i] : y[i], a, b);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -445,5 +557,7 @@ const struct op_def op_defs_contrib[] = {
     BIAS_ACT("QuickGelu"),
     BIAS_ACT("BiasAdd"),
     BIAS_ACT("BiasSplitGelu"),
+    {"FusedConv", MS, fused_infer, fused_prepare, fused_run, fused_release, 0},
+    {"FusedGemm", MS, fused_infer, fused_prepare, fused_run, fused_release, 0},
     {0},
 };

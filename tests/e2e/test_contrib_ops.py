@@ -140,6 +140,26 @@ def case_fused_matmul(name, a_shape, b_shape, b_const=True, **attrs):
     return single_node("FusedMatMul", feeds, consts, ["y"], _inputs=["a", "b"], **attrs), feeds
 
 
+def case_fused_conv(name, z=False, **attrs):
+    rng = rng_for(name)
+    x = f32(rng, 2, 3, 9, 8)
+    consts = {"w": f32(rng, 6, 3, 3, 3, scale=0.3), "b": f32(rng, 6)}
+    feeds = {"x": x}
+    ins = ["x", "w", "b"]
+    if z:
+        feeds["z"] = f32(rng, 2, 6, 9, 8)
+        ins.append("z")
+    m = single_node("FusedConv", feeds, consts, ["y"], _inputs=ins, pads=[1, 1, 1, 1], **attrs)
+    return m, feeds
+
+
+def case_fused_gemm(name, **attrs):
+    rng = rng_for(name)
+    a = f32(rng, 5, 12)
+    consts = {"b": f32(rng, 7, 12), "c": f32(rng, 7)}
+    return single_node("FusedGemm", {"a": a}, consts, ["y"], _inputs=["a", "b", "c"], transB=1, **attrs), {"a": a}
+
+
 def pack_bits(q, bits):
     """Packs the rows of q (values < 2**bits) low bits first, as MatMulNBits stores them."""
     per = 8 // bits
@@ -331,6 +351,14 @@ CASES = {
     "qgemm_trans_a_alpha_per_column": lambda n: case_qgemm(n, transA=1, transB=0, alpha=0.7, per_column=True),
     "qgemm_no_c": lambda n: case_qgemm(n, bias=False),
     "qgemm_int8": lambda n: case_qgemm(n, atype=np.int8),
+    "fused_conv_relu": lambda n: case_fused_conv(n, activation="Relu"),
+    "fused_conv_leaky_relu_z": lambda n: case_fused_conv(n, z=True, activation="LeakyRelu", activation_params=[0.2]),
+    "fused_conv_clip": lambda n: case_fused_conv(n, activation="Clip", activation_params=[-0.5, 0.5]),
+    "fused_conv_sigmoid_strided": lambda n: case_fused_conv(n, activation="Sigmoid", strides=[2, 2]),
+    "fused_conv_hard_sigmoid": lambda n: case_fused_conv(n, activation="HardSigmoid", activation_params=[0.3, 0.4]),
+    "fused_gemm_relu": lambda n: case_fused_gemm(n, activation="Relu"),
+    "fused_gemm_leaky_relu": lambda n: case_fused_gemm(n, activation="LeakyRelu", activation_alpha=0.3, alpha=0.5),
+    "fused_gemm_tanh": lambda n: case_fused_gemm(n, activation="Tanh", beta=2.0),
     "qlinear_add": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (2, 3, 8)),
     "qlinear_add_broadcast_int8": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (3, 1), np.int8),
     "qlinear_add_vector": lambda n: case_qbinary(n, "QLinearAdd", (4, 6), (6,)),
@@ -578,3 +606,46 @@ def test_unsupported_contrib_attributes_are_refused_in_words(make_server, tmp_pa
     client = serve_one(make_server, tmp_path, "fmm_batch", m)
     with pytest.raises(httpclient.InferenceServerException, match="transBatchA and transBatchB are not supported"):
         infer(client, "fmm_batch", {"a": a}, ["y"])
+    m, feeds = case_fused_conv("elu", activation="Elu")
+    client = serve_one(make_server, tmp_path / "elu", "fused_elu", m)
+    with pytest.raises(httpclient.InferenceServerException, match="activation 'Elu' is not supported"):
+        infer(client, "fused_elu", feeds, ["y"])
+
+
+def ort_optimized(src, dst):
+    """src as onnxruntime saves it after its own graph optimizations (the
+    extended level: its contrib fusions, no CPU-specific layouts)."""
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    so.optimized_model_filepath = str(dst)
+    ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+    return onnx.load(str(dst))
+
+
+@pytest.mark.parametrize("case", ["mlp", "mlp_dynamic", "bert", "cnn"])
+def test_onnxruntime_optimized_models(make_server, tmp_path, case):
+    """Models as onnxruntime writes them with optimized_model_filepath: its
+    fusions into Gelu, BiasGelu, SkipLayerNormalization, FusedMatMul and, after
+    quantize_dynamic, DynamicQuantizeMatMul; FusedGemm and FusedConv."""
+    src = {"mlp": QUANT / "mlp.onnx", "mlp_dynamic": tmp_path / "mlp_dyn.onnx", "bert": BERT,
+           "cnn": QUANT / "cnn.onnx"}[case]
+    if case == "mlp_dynamic":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        quantize_dynamic(str(QUANT / "mlp.onnx"), str(src), weight_type=QuantType.QInt8)
+    model = ort_optimized(src, tmp_path / "opt.onnx")
+    ops = {n.op_type for n in model.graph.node if n.domain == MS}
+    want_ops = {"mlp": {"BiasGelu", "SkipLayerNormalization"},
+                "mlp_dynamic": {"DynamicQuantizeMatMul", "SkipLayerNormalization"},
+                "bert": {"FusedMatMul", "BiasGelu", "FusedGemm"}, "cnn": {"FusedConv"}}[case]
+    assert want_ops <= ops, ops
+    client = serve_one(make_server, tmp_path, case, model)
+    rng = np.random.default_rng(11)
+    if case == "bert":
+        feeds = [{"input_ids": rng.integers(0, 1000, (b, t)).astype(np.int64), "attention_mask": np.ones((b, t), np.int64),
+                  "token_type_ids": np.zeros((b, t), np.int64)} for b, t in [(1, 6), (2, 12)]]
+    elif case == "cnn":
+        feeds = [{"x": rng.standard_normal((b, 3, 16, 16)).astype(np.float32)} for b in (1, 3)]
+    else:
+        feeds = [{"x": rng.standard_normal((b, t, 64)).astype(np.float32)} for b, t in [(1, 3), (2, 7)]]
+    for k, g, w in compare_served(client, case, model, feeds):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=k)
