@@ -2,7 +2,8 @@
  * com.microsoft), which onnxruntime.quantization's quantize_static writes
  * in its QOperator format beside the standard QLinearConv and
  * QLinearMatMul: QLinearAdd, QLinearMul, QLinearSigmoid, QLinearLeakyRelu,
- * QLinearGlobalAveragePool, QLinearAveragePool and QLinearConcat.
+ * QLinearGlobalAveragePool, QLinearAveragePool, QLinearConcat and
+ * QLinearSoftmax.
  *
  * Each takes 8-bit tensors (uint8 or int8) with a float scale and an
  * optional zero point per tensor, computes in float on the dequantized
@@ -11,6 +12,7 @@
  * through a 256-entry table made per call (cheaper than one exp per
  * element for any tensor worth quantizing). */
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -355,6 +357,77 @@ static int qpool_run(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
+ * QLinearSoftmax: X, X_scale, x_zero_point?, y_scale, y_zero_point?;
+ * axis, opset (below 13 the axes from axis on are one, as Softmax-1 had
+ * them). As onnxruntime computes it: exp((x - max) * x_scale) over the
+ * row, and y = round(e * floor(1 / y_scale) / sum) + y_zero_point (its
+ * integral reciprocal of the scale kept, so the answers agree).
+ * ------------------------------------------------------------------------ */
+
+struct qsmax_params {
+    int64_t outer, len, inner;
+};
+
+static int qsmax_geom(struct op_call *c, struct qsmax_params *p) {
+    const struct tensor *x = c->in[0];
+    int64_t opset = node_attr_int(c->node, "opset", 13);
+    int axis = op_axis(c, node_attr_int(c->node, "axis", opset < 13 ? 1 : -1), x->ndim);
+    if (axis < 0) return STATUS_INVALID;
+    *p = (struct qsmax_params){1, 1, 1};
+    for (int d = 0; d < x->ndim; d++)
+        if (d < axis) p->outer *= x->dims[d];
+        else if (d == axis || opset < 13) p->len *= x->dims[d];
+        else p->inner *= x->dims[d];
+    return 0;
+}
+
+static int qsmax_infer(struct op_call *c) {
+    const struct tensor *x = in_at(c, 0);
+    struct qsmax_params p;
+    int rc;
+    if ((rc = cpu_need_q8(c, x, "X")) || (rc = need_qparams(c, 1, 2, x->dtype, "X")) ||
+        (rc = need_qparams(c, 3, 4, x->dtype, "Y")) || (rc = qsmax_geom(c, &p)))
+        return rc;
+    like(c->out[0], x);
+    return 0;
+}
+
+static int qsmax_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct qsmax_params p;
+    int rc = qsmax_geom(c, &p);
+    if (rc) return rc;
+    *scratch = sizeof(float) * 256;
+    return params_keep(c, &p, sizeof p, state);
+}
+
+static int qsmax_run(struct op_call *c) {
+    const struct qsmax_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    const enum dtype dt = x->dtype;
+    const struct qp qx = qp_at(c, 1, 2), qy = qp_at(c, 3, 4);
+    const float ymul = floorf(1.0f / qy.scale);
+    /* e^((q - max) * scale) for every difference q - max in [-255, 0] */
+    float *table = c->scratch;
+    for (int d = 0; d < 256; d++) table[d] = (float)exp(-(double)d * (double)qx.scale);
+    const int64_t rows = p->outer * p->inner;
+#pragma omp parallel for if (rows * p->len >= EW_PAR_MIN && rows > 1) num_threads(c->nthreads)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t base = (r / p->inner) * p->len * p->inner + r % p->inner, step = p->inner;
+        float mx = -FLT_MAX, sum = 0;
+        for (int64_t j = 0; j < p->len; j++) {
+            float v = q_load(x->data, dt, base + j * step);
+            mx = v > mx ? v : mx;
+        }
+        for (int64_t j = 0; j < p->len; j++) sum += table[(int)(mx - q_load(x->data, dt, base + j * step))];
+        for (int64_t j = 0; j < p->len; j++) {
+            float e = table[(int)(mx - q_load(x->data, dt, base + j * step))];
+            q_store(c->out[0]->data, dt, base + j * step, nearbyintf(e * ymul / sum) + qy.zp);
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
  * The table
  * ------------------------------------------------------------------------ */
 
@@ -368,5 +441,6 @@ const struct op_def op_defs_contrib_qlinear[] = {
     {"QLinearConcat", MS, qconcat_infer, qconcat_prepare, qconcat_run, op_params_free, 0},
     {"QLinearGlobalAveragePool", MS, qpool_infer, qpool_prepare, qpool_run, op_params_free, 0},
     {"QLinearAveragePool", MS, qpool_infer, qpool_prepare, qpool_run, op_params_free, 0},
+    {"QLinearSoftmax", MS, qsmax_infer, qsmax_prepare, qsmax_run, op_params_free, 0},
     {0},
 };

@@ -1812,5 +1812,9 @@ const struct op_def op_defs_elementwise[] = {
     {"QuantizeLinear", "", infer_quant, prepare_q, run_quant, op_params_free, 0},
     {"DequantizeLinear", "", infer_dequant, prepare_q, run_dequant, op_params_free, 0},
     OPDEF("DynamicQuantizeLinear", dynquant, 0),
+    /* onnxruntime's contrib copies, which its quantization tools write for
+     * 16-bit types before ONNX had them (same inputs and axis) */
+    {"QuantizeLinear", "com.microsoft", infer_quant, prepare_q, run_quant, op_params_free, 0},
+    {"DequantizeLinear", "com.microsoft", infer_dequant, prepare_q, run_dequant, op_params_free, 0},
     {0},
 };

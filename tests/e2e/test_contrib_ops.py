@@ -30,9 +30,11 @@ BERT = ROOT / "tests" / "data" / "sequence" / "bert.onnx"
 QUANT = ROOT / "tests" / "data" / "quant"  # tests/models/make_quant_models.py
 MS = "com.microsoft"
 ELEM = {np.dtype(np.float32): TP.FLOAT, np.dtype(np.int32): TP.INT32, np.dtype(np.int64): TP.INT64,
-        np.dtype(np.uint8): TP.UINT8, np.dtype(np.int8): TP.INT8}
+        np.dtype(np.uint8): TP.UINT8, np.dtype(np.int8): TP.INT8, np.dtype(np.uint16): TP.UINT16,
+        np.dtype(np.int16): TP.INT16}
 TRITON = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
-          np.dtype(np.uint8): "UINT8", np.dtype(np.int8): "INT8"}
+          np.dtype(np.uint8): "UINT8", np.dtype(np.int8): "INT8", np.dtype(np.uint16): "UINT16",
+          np.dtype(np.int16): "INT16"}
 
 
 def rng_for(name):
@@ -304,6 +306,32 @@ def case_qpool(name, op, shape=(2, 3, 9, 8), dt=np.uint8, **attrs):
     return m, {"x": x}
 
 
+def case_qsoftmax(name, shape=(3, 10), dt=np.uint8, **attrs):
+    rng = rng_for(name)
+    x = qtensor(rng, shape, dt)
+    i = np.iinfo(dt)
+    consts = {"x_scale": np.array(0.02, np.float32), "x_zp": np.array(i.min + 128, dt),
+              "y_scale": np.array(1 / 256, np.float32), "y_zp": np.array(i.min, dt)}
+    elem = TP.UINT8 if dt == np.uint8 else TP.INT8
+    m = single_node("QLinearSoftmax", {"x": x}, consts, [("y", elem)],
+                    _inputs=["x", "x_scale", "x_zp", "y_scale", "y_zp"], **attrs)
+    return m, {"x": x}
+
+
+def case_ms_quantize(name, op, dt, axis=None):
+    rng = rng_for(name)
+    i = np.iinfo(dt)
+    scale = (rng.random(4) * 0.1 + 0.01).astype(np.float32) if axis is not None else np.array(0.05, np.float32)
+    zp = rng.integers(i.min // 4, i.max // 4, scale.shape).astype(dt)
+    attrs = {} if axis is None else {"axis": axis}
+    if op == "QuantizeLinear":
+        x = f32(rng, 2, 4, 5, scale=3)
+        elem = {np.uint8: TP.UINT8, np.int8: TP.INT8, np.uint16: TP.UINT16, np.int16: TP.INT16}[dt]
+        return single_node(op, {"x": x}, {"s": scale, "z": zp}, [("y", elem)], _inputs=["x", "s", "z"], **attrs), {"x": x}
+    x = qtensor(rng, (2, 4, 5), dt)
+    return single_node(op, {"x": x}, {"s": scale, "z": zp}, ["y"], _inputs=["x", "s", "z"], **attrs), {"x": x}
+
+
 CASES = {
     "skip_ln": lambda n: case_skip_ln(n),
     "skip_ln_no_beta_no_bias": lambda n: case_skip_ln(n, beta=False, bias=False),
@@ -359,6 +387,14 @@ CASES = {
     "fused_gemm_relu": lambda n: case_fused_gemm(n, activation="Relu"),
     "fused_gemm_leaky_relu": lambda n: case_fused_gemm(n, activation="LeakyRelu", activation_alpha=0.3, alpha=0.5),
     "fused_gemm_tanh": lambda n: case_fused_gemm(n, activation="Tanh", beta=2.0),
+    "qlinear_softmax": lambda n: case_qsoftmax(n, opset=13),
+    "qlinear_softmax_axis1": lambda n: case_qsoftmax(n, (2, 6, 5), axis=1, opset=13),
+    "qlinear_softmax_opset12": lambda n: case_qsoftmax(n, (2, 3, 4), axis=1, opset=12),
+    "qlinear_softmax_int8": lambda n: case_qsoftmax(n, (4, 40), np.int8, opset=13),
+    "ms_quantize_uint8": lambda n: case_ms_quantize(n, "QuantizeLinear", np.uint8),
+    "ms_quantize_int16_axis": lambda n: case_ms_quantize(n, "QuantizeLinear", np.int16, axis=1),
+    "ms_dequantize_uint16_axis": lambda n: case_ms_quantize(n, "DequantizeLinear", np.uint16, axis=1),
+    "ms_dequantize_int8": lambda n: case_ms_quantize(n, "DequantizeLinear", np.int8),
     "qlinear_add": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (2, 3, 8)),
     "qlinear_add_broadcast_int8": lambda n: case_qbinary(n, "QLinearAdd", (2, 3, 8), (3, 1), np.int8),
     "qlinear_add_vector": lambda n: case_qbinary(n, "QLinearAdd", (4, 6), (6,)),
@@ -464,7 +500,7 @@ def test_contrib_op_matches_onnxruntime(built, name):
     for k, w in want.items():
         g = got[k]
         assert g.shape == w.shape and g.dtype == w.dtype, (k, g.shape, w.shape, g.dtype, w.dtype)
-        if w.dtype in (np.uint8, np.int8):  # requantized: one step apart at most (rounding of ties)
+        if w.dtype in (np.uint8, np.int8, np.uint16, np.int16):  # requantized: one step apart at most (ties)
             assert np.abs(g.astype(np.int32) - w).max() <= 1, (name, k)
         else:
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=ATOL.get(name, 2e-5), err_msg=f"{name}: {k}")
@@ -530,7 +566,7 @@ def compare_served(client, name, model, feeds_list, quantized_out=False):
 def test_quantize_static_qoperator(make_server, tmp_path):
     """A small CNN quantized by quantize_static in QOperator format (uint8
     activations, int8 weights, a seeded calibration set): QLinearConv and the
-    com.microsoft QLinear ops and QGemm, served at batch 1 and 4."""
+    com.microsoft QLinear ops, QGemm and QLinearSoftmax, served at batch 1 and 4."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -547,18 +583,18 @@ def test_quantize_static_qoperator(make_server, tmp_path):
     model = onnx.load(str(out))
     ops = {n.op_type for n in model.graph.node if n.domain == MS}
     assert {"QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu", "QLinearConcat", "QLinearAveragePool",
-            "QLinearGlobalAveragePool", "QGemm"} <= ops, ops
+            "QLinearGlobalAveragePool", "QGemm", "QLinearSoftmax"} <= ops, ops
     client = serve_one(make_server, tmp_path, "cnn_q", model)
     rng = np.random.default_rng(3)
     feeds = [{"x": rng.standard_normal((b, 3, 16, 16)).astype(np.float32)} for b in (1, 4)]
-    # The float output is dequantized from uint8 logits: a tie rounded the
-    # other way would move a logit by one step of the output scale (none
-    # does on x86-64 today: the answers are equal).
-    step = numpy_helper.to_array([t for t in model.graph.initializer
-                                  if t.name == model.graph.node[-1].input[1]][0])
+    # Each float output is dequantized from uint8: a tie rounded the other
+    # way would move a value by one step of that output's scale (none does on
+    # x86-64 today: the answers are equal).
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    step = {n.output[0]: float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "DequantizeLinear"}
     for k, g, w in compare_served(client, "cnn_q", model, feeds):
         assert g.shape == w.shape
-        assert np.abs(g - w).max() <= float(step) + 1e-6, (k, np.abs(g - w).max(), float(step))
+        assert np.abs(g - w).max() <= step[k] + 1e-6, (k, np.abs(g - w).max(), step[k])
 
 
 def test_matmul_nbits_quantizer(make_server, tmp_path):

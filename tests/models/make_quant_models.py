@@ -3,12 +3,13 @@
 on (tests/e2e/test_contrib_ops.py quantizes them at test time), from PyTorch
 with seeded random weights, with torch.onnx:
 
-  cnn   a small image classifier [N, 3, 16, 16] -> [N, 10]: Conv with Relu,
+  cnn   a small image classifier [N, 3, 16, 16] -> logits [N, 10] and their
+        softmax: Conv with Relu,
         a residual Add, Mul, LeakyRelu, Sigmoid, MaxPool, AveragePool, Concat,
-        GlobalAveragePool, Flatten and Linear (Gemm): what quantize_static's
-        QOperator format turns into QLinearConv, QLinearAdd, QLinearMul,
-        QLinearLeakyRelu, QLinearSigmoid, QLinearAveragePool, QLinearConcat,
-        QLinearGlobalAveragePool and QGemm
+        GlobalAveragePool, Flatten, Linear (Gemm) and Softmax: what
+        quantize_static's QOperator format turns into QLinearConv, QLinearAdd,
+        QLinearMul, QLinearLeakyRelu, QLinearSigmoid, QLinearAveragePool,
+        QLinearConcat, QLinearGlobalAveragePool, QGemm and QLinearSoftmax
   mlp   a token MLP [N, T, 64] -> [N, T, 32] of Linear layers on 3-D input
         (MatMul + Add), GELU and LayerNorm: what MatMulNBitsQuantizer turns
         into 4-bit MatMulNBits
@@ -46,7 +47,8 @@ class Cnn(nn.Module):
         z = nn.functional.avg_pool2d(torch.relu(self.side(x)), 2)
         x = torch.cat([y, z], dim=1)                   # Concat
         x = nn.functional.adaptive_avg_pool2d(x, 1)    # GlobalAveragePool
-        return self.head(torch.flatten(x, 1))          # Gemm
+        y = self.head(torch.flatten(x, 1))             # Gemm
+        return y, torch.softmax(y, dim=1)
 
 
 class Mlp(nn.Module):
@@ -62,11 +64,11 @@ class Mlp(nn.Module):
         return self.out(x)
 
 
-def export(model, shape, path, seq_axis):
+def export(model, shape, path, seq_axis, outputs=("y",)):
     x = torch.randn(*shape)
     axes = {0: "batch", 1: "tokens"} if seq_axis else {0: "batch"}
-    torch.onnx.export(model.eval(), (x,), path, input_names=["x"], output_names=["y"],
-                      dynamic_axes={"x": axes, "y": axes}, opset_version=17, dynamo=False)
+    torch.onnx.export(model.eval(), (x,), path, input_names=["x"], output_names=list(outputs),
+                      dynamic_axes={n: axes for n in ("x", *outputs)}, opset_version=17, dynamo=False)
 
 
 def main():
@@ -75,7 +77,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     torch.manual_seed(0)
-    export(Cnn(), (1, 3, 16, 16), os.path.join(a.out, "cnn.onnx"), False)
+    export(Cnn(), (1, 3, 16, 16), os.path.join(a.out, "cnn.onnx"), False, ("y", "p"))
     export(Mlp(), (1, 5, 64), os.path.join(a.out, "mlp.onnx"), True)
 
 
