@@ -348,6 +348,8 @@ CASES = {
     "embed_ln": lambda n: case_embed(n),
     "embed_ln_no_segment": lambda n: case_embed(n, segment=False),
     "embed_ln_no_mask": lambda n: case_embed(n, mask=False),
+    "embed_ln_position_ids": lambda n: case_embed(n, position_ids=True),
+    "embed_ln_position_ids_no_mask": lambda n: case_embed(n, mask=False, position_ids=True),
     "embed_ln_sum_output": lambda n: case_embed(n, outputs=("y", ("mask_index", TP.INT32), "sum")),
     "gelu": lambda n: case_act(n, "Gelu", bias=False),
     "bias_gelu": lambda n: case_act(n, "BiasGelu"),
