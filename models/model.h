@@ -74,5 +74,8 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs,
  * the model are not detected. */
 int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int ninputs,
                         struct tensor *outputs, int noutputs, char *err, size_t err_len);
+/* Plans this context has built so far: a run that raised it paid for a plan
+ * (a new shape), so its time says little about the next run of its size. */
+uint64_t model_exec_builds(const struct model_exec *x);
 
 #endif
