@@ -471,7 +471,12 @@ int cmd_run(int argc, char **argv) {
 
     char err[1024];
     char *path = resolve_model(model_arg);
-    struct model_params mp = {.path = path};
+    /* On the CPU alone (asked, or auto without a usable GPU) the graph may
+     * take the CPU's own fusions. */
+    char why0[512] = "";
+    struct model_params mp = {.path = path,
+                              .cpu_only = !strcmp(backend_name, "cpu") ||
+                                          (strcmp(backend_name, "cuda") && backend_available("cuda", why0, sizeof why0) <= 0)};
     struct model *m = path ? model_load(&mp, err, sizeof err) : NULL;
     if (!m) {
         fprintf(stderr, "kiln run: %s\n", path ? err : "out of memory");

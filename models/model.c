@@ -66,7 +66,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
-    if (lower_fp16(m->g, err, err_len) || passes_run(m->g, err, err_len)) goto fail;
+    if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
     m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);

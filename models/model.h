@@ -30,6 +30,10 @@ struct model_params {
      * cuda_graphs: 1 = capture and replay (the default, also for 0), -1 = off. */
     int fp16;
     int cuda_graphs;
+    /* 1: every execution context of this model runs on the CPU, so the
+     * graph may take fusions into operators only the CPU kernels have (a
+     * device plan would run those on the host). */
+    int cpu_only;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and

@@ -370,7 +370,8 @@ static int known_rank(const struct graph *g, int v, int depth) {
     const struct graph_node *n = &g->nodes[pi];
     static const char *const same[] = {"Cast", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Identity", "Softmax",
                                        "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf", "Gelu", "HardSigmoid",
-                                       "HardSwish", "Dropout", "BatchNormalization", "LayerNormalization", NULL};
+                                       "HardSwish", "Dropout", "BatchNormalization", "LayerNormalization", "IsNaN",
+                                       "IsInf", "Not", NULL};
     for (int i = 0; same[i]; i++)
         if (is_op(n, same[i])) return n->nin > 0 ? known_rank(g, n->in[0], depth + 1) : -1;
     static const char *const bcast[] = {"Add", "Sub", "Mul", "Div", "Pow", NULL};
@@ -384,6 +385,24 @@ static int known_rank(const struct graph *g, int v, int depth) {
         return a >= 2 && b >= 2 ? (a > b ? a : b) : -1;
     }
     if (is_op(n, "Gemm")) return 2;
+    if (is_op(n, "Where") && n->nin == 3) {
+        int r = -1;
+        for (int k = 0; k < 3; k++) {
+            int rk = known_rank(g, n->in[k], depth + 1);
+            if (rk < 0) return -1;
+            if (rk > r) r = rk;
+        }
+        return r;
+    }
+    if (is_op(n, "Transpose")) {
+        const int64_t *perm;
+        int np = node_attr_ints(n, "perm", &perm);
+        return np >= 0 ? np : (n->nin > 0 ? known_rank(g, n->in[0], depth + 1) : -1);
+    }
+    if (is_op(n, "Reshape") && n->nin >= 2) { /* a constant shape gives the rank */
+        const struct tensor *sh = const_of(g, n->in[1]);
+        return sh && sh->ndim == 1 ? (int)sh->dims[0] : -1;
+    }
     if (is_op(n, "Conv") && n->nin >= 2) {
         const struct tensor *w = const_of(g, n->in[1]);
         return w ? w->ndim : -1;
@@ -695,6 +714,10 @@ static enum dtype known_dtype(const struct graph *g, int v, int depth) {
     if (val->producer < 0 || depth > 64) return DT_UNDEFINED;
     const struct graph_node *n = &g->nodes[val->producer];
     if (is_op(n, "Cast")) return (enum dtype)node_attr_int(n, "to", DT_UNDEFINED);
+    if (is_op(n, "Where") && n->nin == 3) { /* the type of its two choices */
+        enum dtype dt = known_dtype(g, n->in[1], depth + 1);
+        return dt != DT_UNDEFINED ? dt : known_dtype(g, n->in[2], depth + 1);
+    }
     static const char *const same[] = {"Conv", "Gemm", "MatMul", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip",
                                        "Identity", "Softmax", "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf",
                                        "Gelu", "HardSigmoid", "HardSwish", "Dropout", "BatchNormalization",
@@ -833,10 +856,141 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
     return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- masked softmax (CPU) ------------------------------------------------------------------ */
+
+/* The producer of v when it is an op node whose output only one reader
+ * (and no graph output) takes, or -1. */
+static int sole_producer(struct pass *ps, int v, const char *op) {
+    if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
+    int pi = ps->g->values[v].producer;
+    return pi >= 0 && !ps->dead[pi] && is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nout == 1 ? pi : -1;
+}
+
+/* For the softmax input x: walks back over an optional Add of a mask and
+ * an optional Mul/Div by a scalar constant. Fills the nodes found (-1 when
+ * absent), the mask value and the scale; returns the scores value. */
+static int softmax_scores(struct pass *ps, int x, int *addi, int *mask, int *sci, float *scale) {
+    struct graph *g = ps->g;
+    *addi = *mask = *sci = -1;
+    *scale = 1.0f;
+    int ai = sole_producer(ps, x, "Add");
+    if (ai >= 0 && g->nodes[ai].nin == 2) {
+        const struct graph_node *a = &g->nodes[ai];
+        /* The scores are the operand that a Mul/Div by a scalar or nothing
+         * else makes; the other is the mask. Without a scale, in[0]. */
+        int k = 0;
+        for (int t = 0; t < 2; t++)
+            if (sole_producer(ps, a->in[t], "Mul") >= 0 || sole_producer(ps, a->in[t], "Div") >= 0) k = t;
+        if (a->in[k] >= 0 && a->in[1 - k] >= 0 && known_dtype(g, a->in[1 - k], 0) == DT_FP32) {
+            *addi = ai;
+            *mask = a->in[1 - k];
+            x = a->in[k];
+        }
+    }
+    int si = sole_producer(ps, x, "Mul");
+    if (si < 0) si = sole_producer(ps, x, "Div");
+    if (si >= 0 && g->nodes[si].nin == 2) {
+        const struct graph_node *m = &g->nodes[si];
+        int div = is_op(m, "Div"), k = div ? 1 : (const_of(g, m->in[1]) ? 1 : 0);
+        const struct tensor *c = const_of(g, m->in[k]);
+        if (c && tensor_numel(c) == 1 && (c->dtype == DT_FP32 || c->dtype == DT_FP64) && m->in[1 - k] >= 0 &&
+            !(div && op_double_at(c, 0) == 0)) {
+            double f = op_double_at(c, 0);
+            *scale = (float)(div ? 1.0 / f : f);
+            *sci = si;
+            x = m->in[1 - k];
+        }
+    }
+    return x;
+}
+
+/* Sets node n's attributes to scale and nan_to_zero. */
+static int masked_softmax_attrs(struct graph_node *n, float scale, int nan_to_zero) {
+    struct graph_attr *at = calloc(2, sizeof *at);
+    char *a = strdup("scale"), *b = strdup("nan_to_zero");
+    if (!at || !a || !b) {
+        free(at);
+        free(a);
+        free(b);
+        return -1;
+    }
+    at[0] = (struct graph_attr){.name = a, .type = ATTR_FLOAT, .f = scale};
+    at[1] = (struct graph_attr){.name = b, .type = ATTR_INT, .i = nan_to_zero};
+    for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
+    free(n->attrs);
+    n->attrs = at;
+    n->nattr = 2;
+    return 0;
+}
+
+/* The softmax of attention as exporters write it,
+ *   X -> [Mul/Div by a scalar] -> [Add(mask)] -> Softmax(last axis)
+ *   -> [Where(IsNaN(p), 0, p)],
+ * with a mask or the NaN guard, becomes one kiln.MaskedSoftmax node
+ * (kernels/cpu/ops_softmax_fused.c): one pass over the scores instead of
+ * up to five. Matched at the Softmax. */
+static int masked_softmax_node(struct pass *ps, int si) {
+    struct graph *g = ps->g;
+    const struct graph_node *s = &g->nodes[si];
+    if (ps->dead[si] || !is_op(s, "Softmax") || s->opset < 13 || s->nin != 1 || s->nout != 1 || s->in[0] < 0 ||
+        s->out[0] < 0 || node_attr_int(s, "axis", -1) != -1)
+        return 0;
+    int addi, mask, sci;
+    float scale;
+    int x = softmax_scores(ps, s->in[0], &addi, &mask, &sci, &scale);
+    if (known_dtype(g, x, 0) != DT_FP32) return 0;
+    int y = s->out[0], isn = -1, wh = -1;
+    if (ps->nuse[y] == 2 && !ps->is_out[y]) { /* Where(IsNaN(y), 0, y) */
+        for (int i = si + 1; i < g->nnodes; i++)
+            if (!ps->dead[i] && is_op(&g->nodes[i], "IsNaN") && g->nodes[i].nin == 1 && g->nodes[i].in[0] == y &&
+                g->nodes[i].nout == 1 && g->nodes[i].out[0] >= 0)
+                isn = i;
+        int b = isn >= 0 ? g->nodes[isn].out[0] : -1;
+        wh = b >= 0 && ps->nuse[b] == 1 && !ps->is_out[b] ? sole_reader(g, ps->dead, b, isn) : -1;
+        const struct graph_node *w = wh >= 0 ? &g->nodes[wh] : NULL;
+        if (!w || !is_op(w, "Where") || w->nin != 3 || w->nout != 1 || w->in[0] != b || w->in[2] != y ||
+            !const_near(g, w->in[1], 0.0) || w->out[0] < 0)
+            isn = wh = -1;
+    }
+    if (mask < 0 && wh < 0) return 0; /* a plain softmax: oneDNN's */
+    int keep = wh >= 0 ? wh : si; /* the node that becomes the fused one, keeping its output */
+    struct graph_node *n = &g->nodes[keep];
+    char *op = strdup("MaskedSoftmax"), *dom = strdup("kiln");
+    if (!op || !dom || set_nin(n, 2) || masked_softmax_attrs(n, scale, wh >= 0)) {
+        free(op);
+        free(dom);
+        return pass_nomem(ps);
+    }
+    free(n->op_type);
+    free(n->domain);
+    n->op_type = op;
+    n->domain = dom;
+    n->opset = 1;
+    n->op = op_find("kiln", "MaskedSoftmax");
+    n->in[0] = x;
+    n->in[1] = mask;
+    n->nin = mask >= 0 ? 2 : 1;
+    if (keep != si) ps->dead[si] = 1;
+    if (sci >= 0) ps->dead[sci] = 1;
+    if (addi >= 0) ps->dead[addi] = 1;
+    if (isn >= 0) ps->dead[isn] = 1;
+    log_debug("softmax '%s' with its mask and NaN guard: one MaskedSoftmax node", s->name);
+    return 1;
+}
+
+static const struct pass_def masked_softmax_pass = {"fusing masked softmax", masked_softmax_node, 0};
+
+int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&masked_softmax_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- all of them ------------------------------------------------------------------------------ */
 
-int passes_run(struct graph *g, char *err, size_t err_len) {
-    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, removed2 = 0, rc;
+int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_for(g, 0, err, err_len); }
+
+int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
+    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
+        removed2 = 0, rc;
     if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
@@ -844,9 +998,10 @@ int passes_run(struct graph *g, char *err, size_t err_len) {
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU and %d activations fused)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act);
+              "bias, %d GELU, %d activations and %d masked softmaxes fused)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn);
     return 0;
 }

@@ -16,6 +16,9 @@
  * BatchNormalization, fuse MatMul/Gemm/Conv + Add(bias), fuse activations,
  * eliminate dead nodes again. */
 int passes_run(struct graph *g, char *err, size_t err_len);
+/* passes_run, and with cpu_only (every plan of the graph runs on the CPU)
+ * the fusions into operators only the CPU kernels have. */
+int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len);
 
 /* Evaluates, on the CPU, every node whose inputs are all constants (Constant
  * nodes included) and turns its outputs into constant values. A node whose
@@ -49,6 +52,9 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 /* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
 int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+/* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
+ * attention, into one kiln.MaskedSoftmax node (CPU). */
+int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact

@@ -377,7 +377,7 @@ static const char *g_backend = "cpu";
 static int run_model_test(const char *model_path, struct tensor *in, char **in_names, int nin, struct tensor *want,
                           int nwant, int threads, double rtol_scale, char *msg, size_t cap) {
     char err[MSG_MAX];
-    struct model_params p = {.path = model_path};
+    struct model_params p = {.path = model_path, .cpu_only = 1};
     struct model *m = model_load(&p, err, sizeof err);
     if (!m) {
         snprintf(msg, cap, "load: %s", err);
