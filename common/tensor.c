@@ -33,6 +33,7 @@ static const struct {
     [DT_UINT4] = {1, NULL, NULL, "uint4"},
     [DT_INT4] = {1, NULL, NULL, "int4"},
     [DT_FP4E2M1] = {1, NULL, NULL, "float4e2m1"},
+    [DT_FP8E8M0] = {1, NULL, NULL, "float8e8m0"},
     [DT_UINT2] = {1, NULL, NULL, "uint2"},
     [DT_INT2] = {1, NULL, NULL, "int2"},
 };
@@ -418,6 +419,7 @@ static const struct minifloat *minifloat_of(enum dtype dt) {
 }
 
 float fp8_to_fp32(uint8_t bits, enum dtype dt) {
+    if (dt == DT_FP8E8M0) return bits == 0xFF ? NAN : ldexpf(1.0f, (int)bits - 127);
     const struct minifloat *f = minifloat_of(dt);
     if (!f) return NAN;
     const int sbit = f->ebits + f->mbits;
@@ -465,6 +467,19 @@ uint8_t fp8_from_double(double v, enum dtype dt, int saturate) {
     unsigned code = minifloat_encode(f, r);
     if (f->kind == MF_FNUZ && code == 0) return 0; /* no -0 */
     return (uint8_t)(sign | code);
+}
+
+uint8_t fp8e8m0_from_float(float v, int saturate, enum e8m0_round mode) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    unsigned e = (bits >> 23) & 0xFF;
+    if (e == 0xFF) return 0xFF;
+    int up = 0;
+    if (mode == E8M0_ROUND_UP) up = (bits & 0x7FFFFF) != 0;
+    else if (mode == E8M0_ROUND_NEAREST)
+        up = (bits & 0x400000) && ((bits & 0x200000) || (bits & 0x1FFFFF) || e > 0);
+    if (up && saturate && e == 0xFE) up = 0;
+    return (uint8_t)(e + (unsigned)up);
 }
 
 static int lowbit_width(enum dtype dt) { return dt == DT_INT4 || dt == DT_UINT4 ? 4 : 2; }

@@ -69,6 +69,7 @@ enum dtype {
     DT_UINT4 = 21,       /* one byte per element in memory, 0..15 */
     DT_INT4 = 22,        /* one byte per element in memory, -8..7 */
     DT_FP4E2M1 = 23,     /* one byte per element in memory, the 4 bits low; no inf, no NaN, max 6 */
+    DT_FP8E8M0 = 24,     /* a power of two 2^(bits - 127), NaN 0xFF: the scales of MX formats */
     DT_UINT2 = 25,       /* one byte per element in memory, 0..3 */
     DT_INT2 = 26,        /* one byte per element in memory, -2..1 */
     DT_MAX_ = 27,
@@ -188,6 +189,16 @@ uint16_t fp32_to_bf16(float f);
  * ONNX's reference implementation gives). dt outside these: 0 / NaN. */
 float fp8_to_fp32(uint8_t bits, enum dtype dt);
 uint8_t fp8_from_double(double v, enum dtype dt, int saturate);
+
+/* float8e8m0 (decoded by fp8_to_fp32): v's float32 exponent field, rounded
+ * as Cast's round_mode says from the mantissa below it: "up", any fraction
+ * adds one; "down", none does; "nearest", the top mantissa bit decides and a
+ * tie goes up (but not for a float32 subnormal), as ONNX's reference
+ * computes it. NaN and inf give NaN (0xFF); with saturate a rounding never
+ * reaches 0xFF. The sign is ignored (ONNX leaves negative values
+ * unspecified). */
+enum e8m0_round { E8M0_ROUND_UP, E8M0_ROUND_DOWN, E8M0_ROUND_NEAREST };
+uint8_t fp8e8m0_from_float(float v, int saturate, enum e8m0_round mode);
 
 /* int4/uint4/int2/uint2: v's integer part wrapped into the dtype's bits
  * (ONNX's Cast: an out-of-range integer keeps its low bits); NaN, inf and

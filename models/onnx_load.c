@@ -126,7 +126,7 @@ static int dtype_ok(int64_t dt) {
     case DT_FP32: case DT_UINT8: case DT_INT8: case DT_UINT16: case DT_INT16: case DT_INT32:
     case DT_INT64: case DT_STRING: case DT_BOOL: case DT_FP16: case DT_FP64: case DT_UINT32:
     case DT_UINT64: case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ:
-    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2:
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: case DT_FP8E8M0:
         return 1;
     default:
         return 0;
@@ -367,7 +367,7 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     switch (d) {
     case DT_FP32: have = tp->n_float_data; field = "float_data"; break;
     case DT_INT32: case DT_INT16: case DT_INT8: case DT_UINT8: case DT_UINT16: case DT_BOOL: case DT_FP16:
-    case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ:
+    case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
         have = tp->n_int32_data; field = "int32_data"; break;
     case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2:
         /* one packed byte per int32 */
@@ -389,7 +389,7 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     case DT_INT32: if (n) memcpy(t.data, tp->int32_data, nbytes); break;
     case DT_INT16: for (size_t i = 0; i < n; i++) ((int16_t *)t.data)[i] = (int16_t)tp->int32_data[i]; break;
     case DT_INT8: for (size_t i = 0; i < n; i++) ((int8_t *)t.data)[i] = (int8_t)tp->int32_data[i]; break;
-    case DT_UINT8: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ:
+    case DT_UINT8: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
         for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = (uint8_t)tp->int32_data[i];
         break;
     case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: {

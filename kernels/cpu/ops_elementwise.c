@@ -704,7 +704,7 @@ static double load_d(const void *p, enum dtype dt) {
     case DT_UINT16: return *(const uint16_t *)p;
     case DT_UINT32: return *(const uint32_t *)p;
     case DT_UINT64: return (double)*(const uint64_t *)p;
-    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1:
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
         return fp8_to_fp32(*(const uint8_t *)p, dt);
     case DT_INT4: case DT_INT2: return *(const int8_t *)p;
     case DT_UINT4: case DT_UINT2: return *(const uint8_t *)p;
@@ -1114,6 +1114,7 @@ typedef void (*cast_fn)(const void *src, void *dst, int64_t n);
 
 struct cast_params {
     int saturate;
+    enum e8m0_round round; /* to float8e8m0 */
 };
 
 #define DEF_TOINT(D, T, LO, HI)                                                                                     \
@@ -1203,14 +1204,17 @@ static int cast_lowbit_int(enum dtype dt) {
  * double (exact for every source but 64-bit integers beyond 2^53, which no
  * low-precision dtype distinguishes): one rounding to the target. An
  * integer going to a 4- or 2-bit integer keeps its low bits. */
-static void cast_lowprec_run(const struct tensor *x, struct tensor *o, int64_t n, int saturate) {
+static void cast_lowprec_run(const struct tensor *x, struct tensor *o, int64_t n, const struct cast_params *p) {
+    const int saturate = p->saturate;
     const size_t es = dtype_size(x->dtype), eo = dtype_size(o->dtype);
     const int int_to_int = cast_lowbit_int(o->dtype) && (ew_is_int(x->dtype) || x->dtype == DT_BOOL ||
                                                          cast_lowbit_int(x->dtype));
     const char *src = x->data;
     char *dst = o->data;
     for (int64_t i = 0; i < n; i++) {
-        if (int_to_int)
+        if (o->dtype == DT_FP8E8M0) /* from float32's bits, as ONNX's reference rounds */
+            dst[i] = (char)fp8e8m0_from_float((float)load_d(src + (size_t)i * es, x->dtype), saturate, p->round);
+        else if (int_to_int)
             dst[i] = (char)lowbit_from_int(cast_lowbit_int(x->dtype) ? lowbit_value(((const uint8_t *)src)[i], x->dtype)
                                                                      : op_int_at(x, i), o->dtype);
         else
@@ -1249,7 +1253,8 @@ static int cast_run_to(struct op_call *c) {
         return 0;
     }
     if (cast_lowprec(x->dtype) || cast_lowprec(o->dtype)) {
-        cast_lowprec_run(x, o, n, c->state ? ((const struct cast_params *)c->state)->saturate : 1);
+        static const struct cast_params dflt = {1, E8M0_ROUND_UP};
+        cast_lowprec_run(x, o, n, c->state ? (const struct cast_params *)c->state : &dflt);
         return 0;
     }
     cast_fn fn = cast_pick(x->dtype, o->dtype);
@@ -1284,9 +1289,17 @@ static int infer_castlike(struct op_call *c) {
     return cast_infer_to(c, c->in[1]->dtype);
 }
 
-/* saturate (Cast and CastLike since opset 19) matters for float8 targets only. */
+/* saturate (Cast and CastLike since opset 19) matters for float8 targets
+ * only, round_mode (since 24) for float8e8m0 only. */
 static int prepare_cast(struct op_call *c, void **state, size_t *scratch) {
-    struct cast_params p = {.saturate = node_attr_int(c->node, "saturate", 1) != 0};
+    struct cast_params p = {.saturate = node_attr_int(c->node, "saturate", 1) != 0, .round = E8M0_ROUND_UP};
+    const struct graph_attr *rm = node_attr(c->node, "round_mode");
+    if (rm && rm->type == ATTR_STRING) {
+        if (!strcmp(rm->s, "up")) p.round = E8M0_ROUND_UP;
+        else if (!strcmp(rm->s, "down")) p.round = E8M0_ROUND_DOWN;
+        else if (!strcmp(rm->s, "nearest")) p.round = E8M0_ROUND_NEAREST;
+        else return op_error(c, "attribute 'round_mode' is '%s'; it must be 'up', 'down' or 'nearest'", rm->s);
+    }
     return params_keep(c, &p, sizeof p, state);
 }
 

@@ -1,5 +1,6 @@
 /* test_ops_lowprec.c - float8 (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ), float4e2m1
- * and the 4- and 2-bit integers: the conversions bit for bit against a
+ * and the 4- and 2-bit integers (and float8e8m0 by its rounding modes): the
+ * conversions bit for bit against a
  * brute-force reference written here from the formats' definitions (every
  * float16 value and a million random floats, so every tie, subnormal and
  * overflow boundary is crossed), ONNX's packing, and Cast, QuantizeLinear
@@ -185,6 +186,47 @@ static void test_encode_edges(void **state) {
     assert_int_equal(fp8_from_double(0.25, DT_FP4E2M1, 1), 0x0);
     assert_int_equal(fp8_from_double(0.75, DT_FP4E2M1, 1), 0x2); /* 0.75 ties between 0.5 and 1: 1 (even) */
     assert_float_equal(fp8_to_fp32(0x1, DT_FP4E2M1), 0.5, 0);
+}
+
+/* float8e8m0: a power of two from float32's exponent, rounded by round_mode. */
+static void test_e8m0(void **state) {
+    (void)state;
+    assert_int_equal(fp8e8m0_from_float(1.0f, 1, E8M0_ROUND_UP), 127);
+    assert_int_equal(fp8e8m0_from_float(1.1f, 1, E8M0_ROUND_UP), 128);
+    assert_int_equal(fp8e8m0_from_float(1.9f, 1, E8M0_ROUND_DOWN), 127);
+    assert_int_equal(fp8e8m0_from_float(1.5f, 1, E8M0_ROUND_NEAREST), 128);  /* a tie goes up */
+    assert_int_equal(fp8e8m0_from_float(1.49f, 1, E8M0_ROUND_NEAREST), 127);
+    assert_int_equal(fp8e8m0_from_float(0.0f, 1, E8M0_ROUND_UP), 0);         /* 2^-127, the smallest */
+    assert_int_equal(fp8e8m0_from_float(NAN, 1, E8M0_ROUND_UP), 0xFF);
+    assert_int_equal(fp8e8m0_from_float(INFINITY, 1, E8M0_ROUND_UP), 0xFF);
+    assert_int_equal(fp8e8m0_from_float(3e38f, 1, E8M0_ROUND_UP), 0xFE);     /* saturate stops below NaN */
+    assert_int_equal(fp8e8m0_from_float(3e38f, 0, E8M0_ROUND_UP), 0xFF);
+    assert_true(fp8_to_fp32(127, DT_FP8E8M0) == 1.0f);
+    assert_true(fp8_to_fp32(0, DT_FP8E8M0) == ldexpf(1.0f, -127));
+    assert_true(isnan(fp8_to_fp32(0xFF, DT_FP8E8M0)));
+    /* through Cast, with round_mode decoded at prepare; a bad mode is named */
+    struct tensor x = {DT_FP32, 1, {3}, NULL}, o = {0};
+    float xv[] = {0.3f, 6.0f, 1e-3f};
+    x.data = xv;
+    struct tnode tn;
+    tn_init(&tn, "Cast", 25);
+    tn_int(&tn, "to", DT_FP8E8M0);
+    tn_str(&tn, "round_mode", "down");
+    const struct tensor *in[1] = {&x};
+    struct tensor *out[1] = {&o};
+    assert_int_equal(tn_call(&tn.n, in, 1, out, 1, 1), 0);
+    for (int i = 0; i < 3; i++) {
+        int k;
+        frexpf(xv[i], &k);
+        assert_true(fp8_to_fp32(((uint8_t *)o.data)[i], DT_FP8E8M0) == ldexpf(1.0f, k - 1));
+    }
+    free(o.data);
+    tn_init(&tn, "Cast", 25);
+    tn_int(&tn, "to", DT_FP8E8M0);
+    tn_str(&tn, "round_mode", "sideways");
+    assert_int_not_equal(tn_call(&tn.n, in, 1, out, 1, 1), 0);
+    assert_non_null(strstr(g_err, "sideways"));
+    free(o.data);
 }
 
 static void test_lowbit_ints_and_packing(void **state) {
@@ -385,7 +427,7 @@ int main(void) {
         cmocka_unit_test(test_decode_every_code),  cmocka_unit_test(test_encode_every_half),
         cmocka_unit_test(test_encode_random_floats), cmocka_unit_test(test_encode_edges),
         cmocka_unit_test(test_lowbit_ints_and_packing), cmocka_unit_test(test_cast_op),
-        cmocka_unit_test(test_quantize_lowprec),
+        cmocka_unit_test(test_quantize_lowprec),   cmocka_unit_test(test_e8m0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
