@@ -1194,7 +1194,7 @@ static cast_fn cast_pick(enum dtype s, enum dtype d) {
     }
 }
 
-/* The float8, float4 and 4- and 2-bit integer dtypes. */
+/* The float8 (float8e8m0 included), float4 and 4- and 2-bit integer dtypes. */
 static int cast_lowprec(enum dtype dt) { return dt >= DT_FP8E4M3FN && dt <= DT_INT2 && dtype_size(dt); }
 static int cast_lowbit_int(enum dtype dt) {
     return dt == DT_INT4 || dt == DT_UINT4 || dt == DT_INT2 || dt == DT_UINT2;
