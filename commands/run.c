@@ -240,6 +240,10 @@ static double value_at(const struct tensor *t, int64_t i) {
     case DT_UINT32: return ((const uint32_t *)t->data)[i];
     case DT_INT64: return (double)((const int64_t *)t->data)[i];
     case DT_UINT64: return (double)((const uint64_t *)t->data)[i];
+    case DT_INT4: case DT_UINT4: case DT_INT2: case DT_UINT2:
+        return (double)lowbit_value(((const uint8_t *)t->data)[i], t->dtype);
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        return fp8_to_fp32(((const uint8_t *)t->data)[i], t->dtype);
     default: return 0;
     }
 }

@@ -98,7 +98,8 @@ int64_t op_int_at(const struct tensor *t, int64_t i) {
     case DT_INT32: return ((const int32_t *)t->data)[i];
     case DT_INT16: return ((const int16_t *)t->data)[i];
     case DT_INT8: return ((const int8_t *)t->data)[i];
-    case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
+    case DT_INT4: case DT_INT2: return ((const int8_t *)t->data)[i];
+    case DT_UINT8: case DT_BOOL: case DT_UINT4: case DT_UINT2: return ((const uint8_t *)t->data)[i];
     case DT_UINT16: return ((const uint16_t *)t->data)[i];
     case DT_UINT32: return ((const uint32_t *)t->data)[i];
     case DT_UINT64: return (int64_t)((const uint64_t *)t->data)[i];

@@ -125,7 +125,8 @@ static int dtype_ok(int64_t dt) {
     switch (dt) {
     case DT_FP32: case DT_UINT8: case DT_INT8: case DT_UINT16: case DT_INT16: case DT_INT32:
     case DT_INT64: case DT_STRING: case DT_BOOL: case DT_FP16: case DT_FP64: case DT_UINT32:
-    case DT_UINT64: case DT_BF16:
+    case DT_UINT64: case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ:
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: case DT_FP8E8M0:
         return 1;
     default:
         return 0;
@@ -276,6 +277,20 @@ static int count_mismatch(const char *name, int64_t numel, enum dtype dt, size_t
                       (long long)numel, dtype_name(dt), field, have);
 }
 
+/* Replaces t's packed data (as read from the file) with one byte per element. */
+static int unpack_owned(struct tensor *t, const char *name, char *err, size_t err_len) {
+    int64_t n = tensor_numel(t);
+    uint8_t *u = malloc(n > 0 ? (size_t)n : 1);
+    if (!u) {
+        tensor_free_data(t);
+        return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
+    }
+    tensor_unpack_bits(t->data, u, n, t->dtype);
+    free(t->data);
+    t->data = u;
+    return 0;
+}
+
 int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, struct tensor *out, char *err,
                            size_t err_len) {
     memset(out, 0, sizeof *out);
@@ -296,13 +311,17 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     for (size_t i = 0; i < tp->n_dims; i++) t.dims[i] = tp->dims[i];
     size_t n = (size_t)numel, es = dtype_size(d);
     size_t nbytes = n * es;
+    /* The 4- and 2-bit dtypes are packed in the file, one byte each in memory. */
+    const int packed = d != DT_STRING && dtype_packed_bits(d) < 8;
+    const size_t file_bytes = packed ? dtype_packed_size(d, numel) : nbytes;
 
     if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
         if (d == DT_STRING)
             return status_set(err, err_len, STATUS_UNSUPPORTED, "tensor '%s': external string data is not supported",
                               name);
-        rc = load_external(tp, name, base_dir, nbytes, &t.data, err, err_len);
+        rc = load_external(tp, name, base_dir, file_bytes, &t.data, err, err_len);
         if (rc) return rc;
+        if (packed && (rc = unpack_owned(&t, name, err, err_len))) return rc;
         *out = t;
         return 0;
     }
@@ -330,13 +349,14 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
                                                                  tp->n_int64_data == 0 && tp->n_double_data == 0 &&
                                                                  tp->n_uint64_data == 0));
     if (use_raw) {
-        if (tp->raw_data.len != nbytes)
+        if (tp->raw_data.len != file_bytes)
             return status_set(err, err_len, STATUS_INVALID,
                               "tensor '%s' declares %lld %s elements (%zu bytes) but raw_data holds %zu bytes", name,
-                              (long long)numel, dtype_name(d), nbytes, tp->raw_data.len);
+                              (long long)numel, dtype_name(d), file_bytes, tp->raw_data.len);
         t.data = malloc(nbytes ? nbytes : 1);
         if (!t.data) return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
-        if (nbytes) memcpy(t.data, tp->raw_data.data, nbytes);
+        if (packed) tensor_unpack_bits(tp->raw_data.data, t.data, numel, d);
+        else if (nbytes) memcpy(t.data, tp->raw_data.data, nbytes);
         *out = t;
         return 0;
     }
@@ -347,8 +367,15 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     switch (d) {
     case DT_FP32: have = tp->n_float_data; field = "float_data"; break;
     case DT_INT32: case DT_INT16: case DT_INT8: case DT_UINT8: case DT_UINT16: case DT_BOOL: case DT_FP16:
-    case DT_BF16:
+    case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
         have = tp->n_int32_data; field = "int32_data"; break;
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2:
+        /* one packed byte per int32 */
+        if (tp->n_int32_data != file_bytes)
+            return status_set(err, err_len, STATUS_INVALID,
+                              "tensor '%s' declares %lld %s elements (%zu packed bytes) but int32_data holds %zu", name,
+                              (long long)numel, dtype_name(d), file_bytes, tp->n_int32_data);
+        have = n; field = "int32_data"; break;
     case DT_INT64: have = tp->n_int64_data; field = "int64_data"; break;
     case DT_FP64: have = tp->n_double_data; field = "double_data"; break;
     case DT_UINT32: case DT_UINT64: have = tp->n_uint64_data; field = "uint64_data"; break;
@@ -362,7 +389,20 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     case DT_INT32: if (n) memcpy(t.data, tp->int32_data, nbytes); break;
     case DT_INT16: for (size_t i = 0; i < n; i++) ((int16_t *)t.data)[i] = (int16_t)tp->int32_data[i]; break;
     case DT_INT8: for (size_t i = 0; i < n; i++) ((int8_t *)t.data)[i] = (int8_t)tp->int32_data[i]; break;
-    case DT_UINT8: for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = (uint8_t)tp->int32_data[i]; break;
+    case DT_UINT8: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
+        for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = (uint8_t)tp->int32_data[i];
+        break;
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: {
+        uint8_t *bytes = malloc(file_bytes ? file_bytes : 1);
+        if (!bytes) {
+            free(t.data);
+            return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
+        }
+        for (size_t i = 0; i < file_bytes; i++) bytes[i] = (uint8_t)tp->int32_data[i];
+        tensor_unpack_bits(bytes, t.data, numel, d);
+        free(bytes);
+        break;
+    }
     case DT_BOOL: for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = tp->int32_data[i] != 0; break;
     case DT_UINT16: case DT_FP16: case DT_BF16: /* the 16 bits sit in the low half of each int32 */
         for (size_t i = 0; i < n; i++) ((uint16_t *)t.data)[i] = (uint16_t)tp->int32_data[i];

@@ -249,6 +249,18 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     }
     for (int i = 0; i < ni; i++) ins[i] = *model_input(v->model, i);
     for (int i = 0; i < no; i++) outs[i] = *model_output(v->model, i);
+    /* A tensor that crosses the protocol needs a KServe datatype: float8,
+     * float4 and the 4- and 2-bit integers have none (in Triton neither). */
+    for (int i = 0; i < ni + no; i++) {
+        const struct model_io *io = i < ni ? &ins[i] : &outs[i - ni];
+        if (dtype_kserve_name(io->dtype)) continue;
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s '%s' has element type %s, which no KServe datatype carries; "
+            "only the graph's inside may use it (cast to or from a KServe type at the model's edge)", name,
+            (long long)ver, i < ni ? "input" : "output", io->name, dtype_name(io->dtype));
+        free(ins);
+        free(outs);
+        goto fail;
+    }
     int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
     free(ins);

@@ -216,6 +216,8 @@ static double elem_as_double(const struct tensor *t, int64_t i) {
     case DT_FP64: return ((const double *)t->data)[i];
     case DT_FP16: return fp16_to_fp32(((const uint16_t *)t->data)[i]);
     case DT_BF16: return bf16_to_fp32(((const uint16_t *)t->data)[i]);
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        return fp8_to_fp32(((const uint8_t *)t->data)[i], t->dtype);
     default: return 0;
     }
 }
@@ -224,7 +226,8 @@ static int64_t elem_as_i64(const struct tensor *t, int64_t i, uint64_t *u) {
     *u = 0;
     switch (t->dtype) {
     case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
-    case DT_INT8: return ((const int8_t *)t->data)[i];
+    case DT_INT8: case DT_INT4: case DT_INT2: return ((const int8_t *)t->data)[i];
+    case DT_UINT4: case DT_UINT2: return ((const uint8_t *)t->data)[i];
     case DT_UINT16: return ((const uint16_t *)t->data)[i];
     case DT_INT16: return ((const int16_t *)t->data)[i];
     case DT_INT32: return ((const int32_t *)t->data)[i];
@@ -239,6 +242,9 @@ static void tolerances(enum dtype dt, double *rtol, double *atol) {
     switch (dt) {
     case DT_FP16: *rtol = 1e-2; *atol = 1e-3; break;
     case DT_BF16: *rtol = 2e-2; *atol = 1e-2; break;
+    /* float8 and float4 results are one rounding of the exact value: bit-exact (NaN matches NaN) */
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        *rtol = 0; *atol = 0; break;
     default: *rtol = 1e-3; *atol = 1e-5; break;
     }
 }
@@ -277,7 +283,7 @@ static int compare(const char *name, const struct tensor *got, const struct tens
     int64_t bad = 0, first = -1;
     char detail[256] = "";
     enum dtype dt = want->dtype;
-    if (dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16) {
+    if (dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16 || dtype_is_minifloat(dt) || dt == DT_FP8E8M0) {
         double rtol, atol, worst = 0;
         tolerances(dt, &rtol, &atol);
         rtol *= rtol_scale;
