@@ -245,6 +245,113 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
     return 0;
 }
 
+/* ---- If with a constant condition --------------------------------------------- */
+
+/* Replaces If node ni, whose condition is a constant, by the taken branch:
+ * its nodes (attributes and nested subgraphs moved over), its constants and
+ * values renamed apart under the node's name, its captured inputs mapped to
+ * the node's inputs, and one Identity per output (a view in plans) writing
+ * the If's own output values. The If is marked in dead[]. */
+static int inline_branch(struct graph *g, int ni, unsigned char **dead, char *err, size_t err_len) {
+    struct graph_node *n = &g->nodes[ni];
+    const struct tensor *cond = &g->values[n->in[0]].t;
+    int take = tensor_numel(cond) > 0 && op_int_at(cond, 0) != 0;
+    struct graph *b = (struct graph *)node_attr_graph(n, take ? "then_branch" : "else_branch");
+    if (!b || b->noutputs != n->nout || graph_nformal(b) != 0) return 0;
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s", n->name);
+    int nout = n->nout, rc = STATUS_NOMEM;
+    int *map = malloc((size_t)(b->nvalues > 0 ? b->nvalues : 1) * sizeof *map);
+    int *nin_map = malloc((size_t)(n->nin > 0 ? n->nin : 1) * sizeof *nin_map);
+    int *outs = malloc((size_t)(nout > 0 ? nout : 1) * sizeof *outs);
+    if (!map || !nin_map || !outs) goto out;
+    memcpy(nin_map, n->in, (size_t)n->nin * sizeof *nin_map);
+    memcpy(outs, n->out, (size_t)nout * sizeof *outs);
+    for (int v = 0; v < b->nvalues; v++) map[v] = -1;
+    for (int j = 0; j < b->ncaptured; j++) map[b->inputs[graph_nformal(b) + j]] = nin_map[b->capture_in[j]];
+    char name[512];
+    for (int v = 0; v < b->nvalues; v++) {
+        if (map[v] >= 0 || (b->values[v].flags & VALUE_INPUT)) continue;
+        snprintf(name, sizeof name, "%s/%s", prefix, b->values[v].name);
+        int nv = graph_new_value(g, name);
+        if (nv < 0) goto out;
+        struct graph_value *src = &b->values[v], *dst = &g->values[nv];
+        dst->t = src->t; /* the branch's constants move over; others are shapes to infer */
+        src->t.data = NULL;
+        if (!dst->t.data) {
+            dst->t.dtype = DT_UNDEFINED;
+            dst->t.ndim = -1;
+        }
+        map[v] = nv;
+    }
+    int first = g->nnodes;
+    for (int i = 0; i < b->nnodes; i++) {
+        struct graph_node *bn = &b->nodes[i];
+        int in[OP_MAX_IO], out[OP_MAX_IO];
+        if (bn->nin > OP_MAX_IO || bn->nout > OP_MAX_IO) goto out;
+        for (int k = 0; k < bn->nin; k++) in[k] = bn->in[k] >= 0 ? map[bn->in[k]] : -1;
+        for (int k = 0; k < bn->nout; k++) out[k] = bn->out[k] >= 0 ? map[bn->out[k]] : -1;
+        snprintf(name, sizeof name, "%s/%s", prefix, bn->name);
+        int idx = graph_add_node(g, name, bn->op_type, bn->domain, in, bn->nin, out, bn->nout);
+        if (idx < 0) goto out;
+        struct graph_node *nn = &g->nodes[idx];
+        nn->opset = bn->opset;
+        nn->op = bn->op;
+        nn->act = bn->act;
+        nn->act_alpha = bn->act_alpha;
+        nn->act_beta = bn->act_beta;
+        nn->attrs = bn->attrs; /* nested subgraphs keep their capture maps: node input positions */
+        nn->nattr = bn->nattr;
+        bn->attrs = NULL;
+        bn->nattr = 0;
+    }
+    const struct op_def *identity = op_find("", "Identity");
+    for (int o = 0; o < nout; o++) {
+        if (outs[o] < 0) continue;
+        int src = map[b->outputs[o]];
+        snprintf(name, sizeof name, "%s/output%d", prefix, o);
+        int idx = identity ? graph_add_node(g, name, "Identity", "", &src, 1, &outs[o], 1) : -1;
+        if (idx < 0) goto out;
+        g->nodes[idx].op = identity;
+        g->nodes[idx].opset = (int)g->opset_default;
+    }
+    unsigned char *d = realloc(*dead, (size_t)g->nnodes);
+    if (!d) goto out;
+    memset(d + first, 0, (size_t)(g->nnodes - first));
+    *dead = d;
+    d[ni] = 1;
+    log_debug("If '%s': its condition is a constant; the %s branch (%d nodes) replaces it", prefix,
+              take ? "then" : "else", b->nnodes);
+    rc = 1;
+out:
+    free(map);
+    free(nin_map);
+    free(outs);
+    if (rc < 0) status_set(err, err_len, rc, "out of memory inlining If '%s'", prefix);
+    return rc;
+}
+
+int passes_inline_if(struct graph *g, int *ninlined, char *err, size_t err_len) {
+    int done = 0, rc = 0;
+    if (ninlined) *ninlined = 0;
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!dead) return status_set(err, err_len, STATUS_NOMEM, "out of memory inlining If nodes");
+    for (int i = 0, n0 = g->nnodes; i < n0 && rc >= 0; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if (!is_op(n, "If") || n->nin < 1 || n->in[0] < 0 || !g->values[n->in[0]].t.data) continue;
+        rc = inline_branch(g, i, &dead, err, err_len);
+        if (rc > 0) done++;
+    }
+    if (rc >= 0 && done) {
+        drop_nodes(g, dead);
+        rc = graph_toposort(g, err, err_len);
+    }
+    free(dead);
+    if (rc < 0) return rc;
+    if (ninlined) *ninlined = done;
+    return 0;
+}
+
 /* ---- dead nodes ------------------------------------------------------------------- */
 
 /* Marks node i dead when none of its outputs is live (ctx: live values,
@@ -991,7 +1098,15 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
         removed2 = 0, rc;
-    if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
+    /* Folding may make an If's condition constant, and a branch brings
+     * nodes that fold in turn. */
+    for (int round = 0, more = 1; more && round < 8; round++) {
+        int f = 0, inl = 0;
+        if ((rc = passes_fold_constants(g, &f, err, err_len)) || (rc = passes_inline_if(g, &inl, err, err_len)))
+            return rc;
+        folded += f;
+        more = inl > 0;
+    }
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
     if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;

@@ -26,6 +26,12 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len);
  * Returns the number of nodes folded through *nfolded if non-NULL. */
 int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len);
 
+/* Replaces each If whose condition is a constant by the nodes of the
+ * branch it takes (renamed apart under the If's name), so that a shape
+ * check or an export-time switch costs nothing at run time. Returns the
+ * number of If nodes replaced through *ninlined if non-NULL. */
+int passes_inline_if(struct graph *g, int *ninlined, char *err, size_t err_len);
+
 /* Removes nodes none of whose outputs reach a graph output, and frees the
  * data of constants that no remaining node reads. */
 int passes_eliminate_dead(struct graph *g, int *nremoved);

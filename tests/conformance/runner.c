@@ -37,6 +37,7 @@
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "models/control.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
 #include "onnx/onnx.pb-c.h"
@@ -152,8 +153,32 @@ static int io_reason(const Onnx__ValueInfoProto *vi, char *why, size_t cap) {
     return 0;
 }
 
+/* Lists the ops of gp and of its subgraphs (If, Loop, Scan bodies) that
+ * kiln does not have into why. */
+static void graph_ops_reason(const Onnx__GraphProto *gp, char *why, size_t cap, size_t *used, int *r, int count_ops,
+                             int depth) {
+    if (depth > 16) return;
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        const char *dom = np->domain ? np->domain : "";
+        for (size_t a = 0; a < np->n_attribute; a++) {
+            const Onnx__AttributeProto *ap = np->attribute[a];
+            if (ap->g) graph_ops_reason(ap->g, why, cap, used, r, count_ops, depth + 1);
+            for (size_t k = 0; k < ap->n_graphs; k++) graph_ops_reason(ap->graphs[k], why, cap, used, r, count_ops, depth + 1);
+        }
+        if (!np->op_type || control_op_find(dom, np->op_type) || op_find(dom, np->op_type)) continue;
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s%s%s", *dom ? dom : "", *dom ? "." : "", np->op_type);
+        if (strstr(why, tag)) continue; /* list each op once */
+        if (!*r) *used = (size_t)snprintf(why, cap, "unsupported op %s", tag);
+        else if (*used < cap) *used += (size_t)snprintf(why + *used, cap - *used, ", %s", tag);
+        if (count_ops) want_op(tag);
+        *r = 1;
+    }
+}
+
 /* Returns 1 and a reason when the model uses something kiln does not have:
- * an unknown op, a subgraph, a non-tensor or exotic-dtype input/output. */
+ * an unknown op (in the graph or its subgraphs), a non-tensor or exotic-dtype input/output. */
 static int unsupported_reason(const char *model_path, char *why, size_t cap, int count_ops) {
     FILE *f = fopen(model_path, "rb");
     if (!f) {
@@ -181,27 +206,7 @@ static int unsupported_reason(const char *model_path, char *why, size_t cap, int
     int r = 0;
     size_t used = 0;
     why[0] = 0;
-    for (size_t i = 0; i < gp->n_node; i++) {
-        const Onnx__NodeProto *np = gp->node[i];
-        const char *dom = np->domain ? np->domain : "";
-        if (!np->op_type || op_find(dom, np->op_type)) continue;
-        char tag[160];
-        snprintf(tag, sizeof tag, "%s%s%s", *dom ? dom : "", *dom ? "." : "", np->op_type);
-        if (strstr(why, tag)) continue; /* list each op once */
-        if (!r) used = (size_t)snprintf(why, cap, "unsupported op %s", tag);
-        else if (used < cap) used += (size_t)snprintf(why + used, cap - used, ", %s", tag);
-        if (count_ops) want_op(tag);
-        r = 1;
-    }
-    for (size_t i = 0; !r && i < gp->n_node; i++)
-        for (size_t a = 0; a < gp->node[i]->n_attribute; a++) {
-            const Onnx__AttributeProto *ap = gp->node[i]->attribute[a];
-            if (ap->g || ap->n_graphs) {
-                snprintf(why, cap, "node %s has a subgraph (not supported)", gp->node[i]->op_type);
-                r = 1;
-                break;
-            }
-        }
+    graph_ops_reason(gp, why, cap, &used, &r, count_ops, 0);
     for (size_t i = 0; !r && i < gp->n_input; i++) r = io_reason(gp->input[i], why, cap);
     for (size_t i = 0; !r && i < gp->n_output; i++) r = io_reason(gp->output[i], why, cap);
     onnx__model_proto__free_unpacked(mp, NULL);

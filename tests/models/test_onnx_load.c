@@ -19,8 +19,11 @@
 
 #include "common/status.h"
 #include "graph/graph.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "models/onnx_load.h"
+#include "models/passes.h"
+#include "models/plan.h"
 #include "onnx/onnx.pb-c.h"
 
 /* ---- building protobufs ------------------------------------------------
@@ -631,8 +634,148 @@ static void test_subgraph(void **state) {
     node_add_attr(b.g.node[1], a);
     char err[512];
     assert_null(mb_load(&b, err, sizeof err));
-    assert_non_null(strstr(err, "subgraphs (If/Loop/Scan) are not supported"));
+    assert_non_null(strstr(err, "subgraph 'then_branch'"));
+    assert_non_null(strstr(err, "declares no graph outputs"));
     assert_non_null(strstr(err, "'tr'"));
+    tfree_all();
+}
+
+/* A graph of its own for a subgraph attribute: nodes given, one output. */
+static Onnx__GraphProto *subgraph(const char *name, Onnx__NodeProto **nodes, int nn, const char *out) {
+    Onnx__GraphProto *g = tcalloc(1, sizeof *g);
+    onnx__graph_proto__init(g);
+    g->name = tstr(name);
+    g->n_node = (size_t)nn;
+    g->node = tcalloc((size_t)nn, sizeof *g->node);
+    for (int i = 0; i < nn; i++) g->node[i] = nodes[i];
+    g->n_output = 1;
+    g->output = tcalloc(1, sizeof *g->output);
+    g->output[0] = value_info(out, DT_FP32, 0, NULL);
+    return g;
+}
+
+static void add_branches(Onnx__NodeProto *n, Onnx__GraphProto *then_g, Onnx__GraphProto *else_g) {
+    Onnx__AttributeProto *a = attr("then_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
+    a->g = then_g;
+    node_add_attr(n, a);
+    a = attr("else_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
+    a->g = else_g;
+    node_add_attr(n, a);
+}
+
+/* y = If(c) { If(c) { x + w } else { x } } else { -x }: the inner branches
+ * read x and w two scopes out, and c one scope out. With c_const, c is an
+ * initializer (true) instead of an input. */
+static void build_nested_if(struct mb *b, int c_const) {
+    mb_init(b, 8, 13);
+    int64_t d2[1] = {2};
+    float w[2] = {10, 20};
+    uint8_t one = 1;
+    mb_input(b, value_info("x", DT_FP32, 1, d2));
+    if (c_const) mb_init_tensor(b, tensor_raw("c", DT_BOOL, 0, NULL, &one, 1));
+    else mb_input(b, value_info("c", DT_BOOL, 0, NULL));
+    mb_init_tensor(b, tensor_raw("w", DT_FP32, 1, d2, w, sizeof w));
+    const char *xw[] = {"x", "w"}, *x1[] = {"x"}, *c1[] = {"c"};
+    Onnx__NodeProto *add = node("add", "Add", 2, xw, 1, (const char *[]){"t2"});
+    Onnx__NodeProto *idn = node("idn", "Identity", 1, x1, 1, (const char *[]){"e2"});
+    Onnx__NodeProto *inner = node("inner", "If", 1, c1, 1, (const char *[]){"i1"});
+    add_branches(inner, subgraph("T2", &add, 1, "t2"), subgraph("E2", &idn, 1, "e2"));
+    Onnx__NodeProto *neg = node("neg", "Neg", 1, x1, 1, (const char *[]){"e1"});
+    Onnx__NodeProto *outer = node("outer", "If", 1, c1, 1, (const char *[]){"y"});
+    add_branches(outer, subgraph("T1", &inner, 1, "i1"), subgraph("E1", &neg, 1, "e1"));
+    mb_node(b, outer);
+    mb_output(b, value_info("y", DT_FP32, 1, d2));
+}
+
+static const struct graph *branch_of(const struct graph_node *n, const char *name) {
+    const struct graph *g = node_attr_graph(n, name);
+    assert_non_null(g);
+    return g;
+}
+
+/* Runs g on x (and c when it is an input) on the CPU. */
+static void run_graph(const struct graph *g, const float *x, uint8_t c, float *y) {
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 1, .dims = {2}, .data = (void *)x},
+                           {.dtype = DT_BOOL, .ndim = 0, .data = &c}};
+    char err[512];
+    struct plan *p = NULL;
+    int rc = plan_build(g, in, 0, NULL, 1, &p, err, sizeof err);
+    if (rc) fail_msg("%s", err);
+    struct backend *be = backend_cpu_create(&(struct backend_params){.device = -1, .nthreads = 1});
+    struct plan_exec *px = plan_exec_create(be, 1);
+    struct tensor out;
+    rc = plan_exec_run(px, p, in, &out, err, sizeof err);
+    if (rc) fail_msg("%s", err);
+    memcpy(y, out.data, 2 * sizeof *y);
+    tensor_free_data(&out);
+    plan_exec_free(px);
+    plan_release(p);
+    backend_free(be);
+}
+
+static void test_subgraph_outer_scope(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 0);
+    char err[512];
+    struct graph *g = mb_load(&b, err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    assert_int_equal(g->nnodes, 1);
+    const struct graph_node *outer = &g->nodes[0];
+    /* c (its own condition) and x, w for the branches, each once. */
+    assert_int_equal(outer->nin, 3);
+    assert_int_equal(outer->in[1], graph_find_value(g, "x"));
+    assert_int_equal(outer->in[2], graph_find_value(g, "w"));
+    const struct graph *t1 = branch_of(outer, "then_branch"), *e1 = branch_of(outer, "else_branch");
+    assert_int_equal(t1->ncaptured, 3);
+    assert_int_equal(graph_nformal(t1), 0);
+    assert_int_equal(e1->ncaptured, 1);
+    assert_int_equal(e1->capture_in[0], 1);
+    const struct graph_node *inner = &t1->nodes[0];
+    assert_int_equal(inner->nin, 3);
+    const struct graph *t2 = branch_of(inner, "then_branch");
+    assert_int_equal(t2->ncaptured, 2);
+    assert_int_equal(inner->in[t2->capture_in[0]], graph_find_value(t1, "x"));
+    assert_int_equal(inner->in[t2->capture_in[1]], graph_find_value(t1, "w"));
+    float x[2] = {1, 2}, y[2];
+    run_graph(g, x, 1, y);
+    assert_float_equal(y[0], 11, 0);
+    assert_float_equal(y[1], 22, 0);
+    run_graph(g, x, 0, y);
+    assert_float_equal(y[0], -1, 0);
+    assert_float_equal(y[1], -2, 0);
+    graph_free(g);
+    tfree_all();
+}
+
+/* A constant condition: both levels of If are replaced by their taken
+ * branches at load, and the result is the same. */
+static void test_if_constant_inlined(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 1);
+    char err[512];
+    struct graph *g = mb_load(&b, err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    if (passes_run(g, err, sizeof err)) fail_msg("%s", err);
+    for (int i = 0; i < g->nnodes; i++) assert_string_not_equal(g->nodes[i].op_type, "If");
+    float x[2] = {1, 2}, y[2];
+    run_graph(g, x, 1, y);
+    assert_float_equal(y[0], 11, 0);
+    assert_float_equal(y[1], 22, 0);
+    graph_free(g);
+    tfree_all();
+}
+
+/* A name no scope defines fails at the top with the name. */
+static void test_subgraph_undefined_name(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 0);
+    b.g.node[0]->attribute[1]->g->node[0]->input[0] = tstr("nowhere");
+    char err[512];
+    assert_null(mb_load(&b, err, sizeof err));
+    assert_non_null(strstr(err, "'nowhere'"));
     tfree_all();
 }
 
@@ -781,6 +924,9 @@ int main(void) {
         cmocka_unit_test(test_node_overwrites_initializer),
         cmocka_unit_test(test_unknown_op),
         cmocka_unit_test(test_subgraph),
+        cmocka_unit_test(test_subgraph_outer_scope),
+        cmocka_unit_test(test_if_constant_inlined),
+        cmocka_unit_test(test_subgraph_undefined_name),
         cmocka_unit_test(test_absurd_tensors),
         cmocka_unit_test(test_absurd_input_dims),
         cmocka_unit_test(test_deep_nesting),
