@@ -137,5 +137,6 @@ extern const struct op_def op_defs_ml_encode[];
 extern const struct op_def op_defs_softmax_fused[];
 extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
+extern const struct op_def op_defs_attention[];
 
 #endif
