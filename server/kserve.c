@@ -609,12 +609,12 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
         region = cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region");
     }
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
-    if (!!data + !!bds + !!region != 1)
-        return INVALID("input '%s': give exactly one of 'data', parameters.binary_data_size and "
-                       "parameters.shared_memory_region (it has %s)", n,
-                       data && bds && region ? "all three" : data && bds ? "'data' and binary_data_size"
-                       : data && region ? "'data' and shared_memory_region"
-                       : bds && region ? "binary_data_size and shared_memory_region" : "none");
+    if (!data && !bds && !region)
+        return INVALID("input '%s': has neither 'data' nor parameters.binary_data_size nor "
+                       "parameters.shared_memory_region", n);
+    if (!!data + !!bds + !!region > 1)
+        return INVALID("input '%s': has both %s and %s; send one", n, data ? "'data'" : "parameters.binary_data_size",
+                       region ? "parameters.shared_memory_region" : "parameters.binary_data_size");
     if (region) return parse_shm(r, params, &in->shm, "input", n, err, err_len);
     int64_t numel = tensor_numel(&in->t);
     if (bds) {

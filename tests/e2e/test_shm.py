@@ -313,7 +313,7 @@ def test_http_input_with_data_and_region(srv):
     body = (b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4], '
             b'"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}}]}')
     code, _, out = raw_request(srv.url, "POST", "/v2/models/tiny/infer", body)
-    assert code == 400 and b"'data' and shared_memory_region" in out
+    assert code == 400 and b"has both 'data' and parameters.shared_memory_region" in out
     body = b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"shared_memory_region": "r"}}]}'
     code, _, out = raw_request(srv.url, "POST", "/v2/models/tiny/infer", body)
     assert code == 400 and b"shared_memory_byte_size is missing" in out
