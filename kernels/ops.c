@@ -8,7 +8,7 @@
 
 static const struct op_def *const g_tables[] = {
     op_defs_elementwise, op_defs_reduce, op_defs_shape, op_defs_grid, op_defs_resize, op_defs_nms, op_defs_scan, op_defs_nn, op_defs_ml, op_defs_ml_encode,
-    op_defs_rnn, op_defs_einsum, op_defs_signal,
+    op_defs_rnn, op_defs_einsum, op_defs_signal, op_defs_string,
 };
 
 static int domain_eq(const char *a, const char *b) {

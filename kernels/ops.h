@@ -157,5 +157,6 @@ extern const struct op_def op_defs_ml_encode[];
 extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
 extern const struct op_def op_defs_signal[];
+extern const struct op_def op_defs_string[];
 
 #endif
