@@ -155,4 +155,19 @@ static inline int tn_call(const struct graph_node *n, const struct tensor *const
     return rc;
 }
 
+/* Runs n as tn_call does and expects a failure whose message contains
+ * want; frees whatever outputs the call allocated. */
+static inline void tn_expect_error(const struct graph_node *n, const struct tensor *const *in, int nin,
+                                   struct tensor *const *out, int nout, const char *want) {
+    for (int i = 0; i < nout; i++)
+        if (out[i]) out[i]->data = NULL;
+    if (tn_call(n, in, nin, out, nout, 1) == 0) fail_msg("%s: succeeded, expected an error with \"%s\"", n->op_type, want);
+    if (!strstr(g_err, want)) fail_msg("%s: error \"%s\" does not say \"%s\"", n->op_type, g_err, want);
+    for (int i = 0; i < nout; i++)
+        if (out[i]) {
+            free(out[i]->data);
+            out[i]->data = NULL;
+        }
+}
+
 #endif
