@@ -241,10 +241,16 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
          * inputs bound, and keep that only if it helps. */
         char err2[512];
         uint64_t more = bind | small;
-        if (plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, NULL, err2, sizeof err2) == 0) {
+        int rc2 = plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, NULL, err2, sizeof err2);
+        if (rc2 == 0) {
             atomic_fetch_or(&m->bind_values, more);
             log_debug("model inputs decide output shapes; plans are built per value of those inputs");
             rc = 0;
+        } else if (rc2 == STATUS_INVALID) {
+            /* With the values known the plan got further and found them
+             * wrong (a string that is not UTF-8): that is the answer. */
+            snprintf(err, err_len, "%s", err2);
+            rc = rc2;
         }
     }
     if (rc) return rc;

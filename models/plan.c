@@ -276,14 +276,6 @@ static int place_items(struct item *it, int n, size_t *arena_size) {
     return 0;
 }
 
-static int is_string_node(const struct op_call *c) {
-    for (int i = 0; i < c->nin; i++)
-        if (c->in[i] && c->in[i]->dtype == DT_STRING) return 1;
-    for (int i = 0; i < c->nout; i++)
-        if (c->out[i]->dtype == DT_STRING) return 1;
-    return 0;
-}
-
 /* Device copies of the graph's constants, shared by every plan of one
  * device plan cache (each batch size would otherwise upload all weights
  * again). Used by one thread at a time, like the executor that owns the
@@ -500,7 +492,7 @@ enum node_fate {
 static int fold_node(struct plan *p, const struct graph_node *n, struct op_call *c, int known, char *err,
                      size_t err_len) {
     const struct op_def *op = n->op;
-    if (!(known || (op->flags & OP_SHAPE_ONLY)) || !op->run || is_string_node(c)) return NODE_OPEN;
+    if (!(known || (op->flags & OP_SHAPE_ONLY)) || !op->run) return NODE_OPEN;
     struct tensor res[OP_MAX_IO];
     int rc = eval_node(n, (const struct tensor *const *)c->in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, err,
                        err_len);
