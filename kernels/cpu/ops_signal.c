@@ -296,15 +296,16 @@ static int dft_run(struct op_call *c) {
     return 0;
 }
 
-/* STFT: signal [batch, length, 1 or 2], frame_step, optional window
+/* STFT: signal [batch, length, 1 or 2] (or [batch, length], real, as
+ * torch.onnx exports torch.stft), frame_step, optional window
  * [frame_length] and frame_length; output [batch, frames, bins, 2] with
  * frames = 1 + (length - frame_length) / frame_step. */
 static int stft_decode(struct op_call *c, struct dft_params *p, int64_t *frames) {
     const struct tensor *x = c->in[0], *w = in_opt(c, 2);
     int rc = signal_dtype_ok(c, x, "signal");
     if (rc) return rc;
-    if (x->ndim != 3 || (x->dims[2] != 1 && x->dims[2] != 2))
-        return op_error(c, "signal must be [batch, length, 1 or 2], got rank %d", x->ndim);
+    if (!(x->ndim == 2 || (x->ndim == 3 && (x->dims[2] == 1 || x->dims[2] == 2))))
+        return op_error(c, "signal must be [batch, length, 1 or 2] or [batch, length], got rank %d", x->ndim);
     if ((rc = read_scalar_int(c, 1, "frame_step", &p->step))) return rc;
     if (p->step < 1) return op_error(c, "frame_step %lld must be positive", (long long)p->step);
     if (w && (w->ndim != 1 || w->dtype != x->dtype))
@@ -346,7 +347,7 @@ static int stft_run(struct op_call *c) {
     const struct tensor *x = c->in[0], *w = in_opt(c, 2);
     struct tensor *y = c->out[0];
     int64_t frames = y->dims[1], bins = y->dims[2], len = x->dims[1], n = p->n;
-    int cin = (int)x->dims[2];
+    int cin = x->ndim == 3 ? (int)x->dims[2] : 1;
     int64_t count = x->dims[0] * frames;
     char *scratch = c->scratch;
 #pragma omp parallel for num_threads(p->nthreads) if (count > 1 && count * n > 4096)

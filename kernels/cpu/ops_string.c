@@ -1,6 +1,7 @@
 /* ops_string.c - string operators of text preprocessing graphs:
  *     StringConcat StringSplit StringNormalizer RegexFullMatch TfIdfVectorizer
- * After onnxruntime's kernels and onnx's reference. New strings (a concat,
+ * and com.microsoft's Tokenizer, which skl2onnx emits for scikit-learn's
+ * text vectorizers. After onnxruntime's kernels and onnx's reference. New strings (a concat,
  * a split's pieces, a case change) are made in the executor's string pool
  * (kernels/ops.h); the others point at their input's strings.
  *
@@ -464,6 +465,197 @@ static int regex_run(struct op_call *c) {
     return rc;
 }
 
+/* ---- Tokenizer (com.microsoft) -----------------------------------------------------
+ * Splits each string of [C] or [N, C] into tokens along a new last axis:
+ * the matches of tokenexp, or the text between matches of any of the
+ * separators (regular expressions), or with separators [""] each UTF-8
+ * character. Tokens shorter than mincharnum characters are dropped; with
+ * mark the row starts with "\x02" and ends with "\x03"; short rows are
+ * padded with pad_value before the end mark. When no string has a token,
+ * the new axis is 0 long. Patterns compile with PCRE2, as RegexFullMatch's. */
+
+enum tok_mode { TOK_CHARS, TOK_SEPARATORS, TOK_EXP };
+
+struct tok_params {
+    enum tok_mode mode;
+    pcre2_code *re;
+    int mark;
+    int64_t mincharnum;
+    const char *pad;
+};
+
+static void tok_clear(struct tok_params *p) {
+    pcre2_code_free(p->re);
+    p->re = NULL;
+}
+
+static void tok_free(void *state) {
+    if (state) tok_clear(state);
+    op_params_free(state);
+}
+
+static int tok_build(struct op_call *c, struct tok_params *p) {
+    p->mark = node_attr_int(c->node, "mark", 0) != 0;
+    p->mincharnum = node_attr_int(c->node, "mincharnum", 1);
+    p->pad = node_attr_str(c->node, "pad_value", "#");
+    const char *exp = node_attr_str(c->node, "tokenexp", NULL);
+    const struct graph_attr *seps = node_attr(c->node, "separators");
+    int nseps = seps && seps->type == ATTR_STRINGS ? seps->n : 0;
+    if (!exp && !nseps) return op_error(c, "one of tokenexp and separators is required");
+    if (!exp && nseps == 1 && !seps->strings[0][0]) {
+        p->mode = TOK_CHARS;
+        return 0;
+    }
+    /* The separators become one alternation, in their order. */
+    size_t len = exp ? strlen(exp) : 0;
+    for (int k = 0; !exp && k < nseps; k++) len += strlen(seps->strings[k]) + 5;
+    char *pat = malloc(len + 1);
+    if (!pat) return op_error(c, "out of memory");
+    if (exp) {
+        p->mode = TOK_EXP;
+        memcpy(pat, exp, len + 1);
+    } else {
+        p->mode = TOK_SEPARATORS;
+        size_t o = 0;
+        for (int k = 0; k < nseps; k++) {
+            if (!seps->strings[k][0]) {
+                free(pat);
+                return op_error(c, "separator %d is empty (only a lone \"\" separator, for characters, may be)", k);
+            }
+            o += (size_t)sprintf(pat + o, "%s(?:%s)", k ? "|" : "", seps->strings[k]);
+        }
+    }
+    int err;
+    PCRE2_SIZE off;
+    p->re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF, &err, &off, NULL);
+    if (!p->re) {
+        PCRE2_UCHAR msg[256];
+        pcre2_get_error_message(err, msg, sizeof msg);
+        int rc = op_error(c, "%s '%s' does not compile at offset %zu: %s", exp ? "tokenexp" : "the separators", pat,
+                          (size_t)off, (const char *)msg);
+        free(pat);
+        return rc;
+    }
+    free(pat);
+    pcre2_jit_compile(p->re, PCRE2_JIT_COMPLETE);
+    return 0;
+}
+
+/* Characters (UTF-8 sequences) in s[0..len). */
+static int64_t utf8_count(const char *s, size_t len) {
+    int64_t n = 0;
+    for (size_t i = 0; i < len; i++) n += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return n;
+}
+
+/* Emits the token s[0..len) unless it is empty or too short. */
+static int tok_emit(const struct tok_params *p, const char *s, size_t len, int64_t *k,
+                    int (*emit)(void *arg, int64_t k, const char *start, size_t len), void *arg) {
+    if (!len || utf8_count(s, len) < p->mincharnum) return 0;
+    int rc = emit ? emit(arg, *k, s, len) : 0;
+    ++*k;
+    return rc;
+}
+
+/* Tokenizes s, emitting each token (no marks, no padding); the count, or
+ * a negative status after op_error. */
+static int64_t tok_one(struct op_call *c, const struct tok_params *p, pcre2_match_data *md, const char *s,
+                       int (*emit)(void *arg, int64_t k, const char *start, size_t len), void *arg) {
+    int64_t k = 0;
+    size_t len = strlen(s), at = 0, prev = 0;
+    int rc = 0;
+    if (p->mode == TOK_CHARS) {
+        while (at < len && !rc) {
+            unsigned cp;
+            int n = utf8_decode((const unsigned char *)s + at, &cp);
+            if (n < 0) return op_error(c, "'%s' is not valid UTF-8", s);
+            rc = tok_emit(p, s + at, (size_t)n, &k, emit, arg);
+            at += (size_t)n;
+        }
+        return rc ? rc : k;
+    }
+    while (at <= len && !rc) {
+        int m = pcre2_match(p->re, (PCRE2_SPTR)s, len, at, 0, md, NULL);
+        if (m == PCRE2_ERROR_NOMATCH) break;
+        if (m < 0) {
+            PCRE2_UCHAR msg[256];
+            pcre2_get_error_message(m, msg, sizeof msg);
+            return op_error(c, "tokenizing '%s' failed: %s", s, (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t b = ov[0], e = ov[1];
+        if (p->mode == TOK_EXP) rc = tok_emit(p, s + b, e - b, &k, emit, arg);
+        else if (e > b) {
+            rc = tok_emit(p, s + prev, b - prev, &k, emit, arg);
+            prev = e;
+        }
+        /* An empty match moves on by one character. */
+        at = e > b ? e : e + 1;
+        while (at < len && ((unsigned char)s[at] & 0xc0) == 0x80) at++;
+    }
+    if (!rc && p->mode == TOK_SEPARATORS) rc = tok_emit(p, s + prev, len - prev, &k, emit, arg);
+    return rc ? rc : k;
+}
+
+static int tok_infer(struct op_call *c) {
+    const struct tensor *x = c->in[0];
+    int rc = need_strings(c, x, "X");
+    if (rc || (rc = need_const(c, 0, "X (the token count depends on its values)"))) return rc;
+    if (x->ndim != 1 && x->ndim != 2) return op_error(c, "input must be [C] or [N, C], got rank %d", x->ndim);
+    struct tok_params p = {0};
+    if ((rc = tok_build(c, &p))) return rc;
+    pcre2_match_data *md = p.re ? pcre2_match_data_create_from_pattern(p.re, NULL) : NULL;
+    if (p.re && !md) rc = op_error(c, "out of memory for regex match data");
+    int64_t most = 0;
+    for (int64_t i = 0, n = tensor_numel(x); i < n && !rc; i++) {
+        int64_t k = tok_one(c, &p, md, str_at(x, i), NULL, NULL);
+        if (k < 0) rc = (int)k;
+        else if (k > most) most = k;
+    }
+    pcre2_match_data_free(md);
+    tok_clear(&p);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    *y = (struct tensor){.dtype = DT_STRING, .ndim = x->ndim + 1};
+    memcpy(y->dims, x->dims, sizeof x->dims);
+    y->dims[x->ndim] = most ? most + 2 * p.mark : 0;
+    return 0;
+}
+
+static int tok_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct tok_params p = {0};
+    int rc = tok_build(c, &p);
+    if (!rc && (rc = params_keep(c, &p, sizeof p, state))) tok_clear(&p);
+    return rc;
+}
+
+static int tok_run(struct op_call *c) {
+    const struct tok_params *p = c->state;
+    const struct tensor *x = c->in[0];
+    struct tensor *y = c->out[0];
+    int64_t width = y->dims[y->ndim - 1], room = width - 2 * p->mark;
+    if (!width) return 0;
+    pcre2_match_data *md = p->re ? pcre2_match_data_create_from_pattern(p->re, NULL) : NULL;
+    if (p->re && !md) return op_error(c, "out of memory for regex match data");
+    int rc = 0;
+    for (int64_t i = 0, n = tensor_numel(x); i < n && !rc; i++) {
+        int64_t base = i * width;
+        struct split_row r = {c, y, base + p->mark};
+        int64_t k = tok_one(c, p, md, str_at(x, i), split_emit, &r);
+        if (k < 0) rc = (int)k;
+        else if (k > room) rc = op_error(c, "'%s' has %lld tokens, more than the %lld planned", str_at(x, i), (long long)k, (long long)room);
+        else {
+            for (int64_t j = p->mark + k; j < width - p->mark; j++) str_set(y, base + j, p->pad);
+            if (p->mark) {
+                str_set(y, base, "\x02");
+                str_set(y, base + width - 1, "\x03");
+            }
+        }
+    }
+    pcre2_match_data_free(md);
+    return rc;
+}
+
 /* ---- TfIdfVectorizer -------------------------------------------------------------
  * The pool's n-grams go into a trie keyed by token (an int64 value, or for
  * strings the index of the string in the sorted pool); each trie node that
@@ -737,5 +929,6 @@ const struct op_def op_defs_string[] = {
     {"StringNormalizer", "", norm_infer, norm_prepare, norm_run, norm_free, 0},
     {"RegexFullMatch", "", regex_infer, regex_prepare, regex_run, regex_free, 0},
     {"TfIdfVectorizer", "", tfidf_infer, tfidf_prepare, tfidf_run, tfidf_free, 0},
+    {"Tokenizer", "com.microsoft", tok_infer, tok_prepare, tok_run, tok_free, 0},
     {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -2,7 +2,7 @@
  * StringConcat broadcasting UTF-8, StringSplit's Python semantics
  * (whitespace runs, a delimiter, maxsplit), StringNormalizer's case change
  * beyond ASCII and case-blind stopwords, RegexFullMatch with RE2 classes
- * and its messages, TfIdfVectorizer on an int64 pool with skips and
+ * and its messages, Tokenizer's three modes, TfIdfVectorizer on an int64 pool with skips and
  * weights. New strings come from the harness's string pool, as from a
  * plan executor's. */
 #include <setjmp.h>
@@ -161,6 +161,58 @@ static void test_regex(void **st) {
     tn_expect_error(&tn.n, bin, 1, out, 1, "matching element 0 failed");
 }
 
+/* Tokenizer: tokenexp matches, regex separators with mincharnum, and
+ * characters with start/end marks and padding. */
+static void test_tokenizer(void **st) {
+    (void)st;
+    const char *x[2] = {"it's a dog-eat-dog world", "héllo, wörld"};
+    struct tensor X = {DT_STRING, 1, {2}, x}, Y = {0};
+    struct tnode tn;
+    const struct tensor *in[1] = {&X};
+    struct tensor *out[1] = {&Y};
+    tn_init_domain(&tn, "com.microsoft", "Tokenizer", 1);
+    tn_str(&tn, "tokenexp", "[a-zA-Z0-9_]+");
+    tn_str(&tn, "pad_value", "#");
+    tn_int(&tn, "mincharnum", 1);
+    assert_int_equal(call(&tn, in, 1, out, 1), 0);
+    assert_int_equal(Y.ndim, 2);
+    assert_int_equal(Y.dims[1], 7); /* it s a dog eat dog world */
+    assert_string_equal(S(Y)[1], "s");
+    assert_string_equal(S(Y)[6], "world");
+    assert_string_equal(S(Y)[7], "h"); /* é is no ASCII word character */
+    assert_string_equal(S(Y)[8], "llo");
+    assert_string_equal(S(Y)[12], "#");
+    free(Y.data);
+    char *seps[2] = {" ", "[-,]"};
+    tn_init_domain(&tn, "com.microsoft", "Tokenizer", 1);
+    tn_strs(&tn, "separators", 2, seps);
+    tn_str(&tn, "pad_value", "");
+    tn_int(&tn, "mincharnum", 2);
+    assert_int_equal(call(&tn, in, 1, out, 1), 0);
+    assert_int_equal(Y.dims[1], 5); /* it's dog eat dog world: "a" is too short */
+    assert_string_equal(S(Y)[0], "it's");
+    assert_string_equal(S(Y)[5], "héllo");
+    assert_string_equal(S(Y)[6], "wörld");
+    assert_string_equal(S(Y)[7], "");
+    free(Y.data);
+    const char *c1[1] = {"añb"};
+    struct tensor C = {DT_STRING, 2, {1, 1}, c1};
+    const struct tensor *cin[1] = {&C};
+    char *chars[1] = {""};
+    tn_init_domain(&tn, "com.microsoft", "Tokenizer", 1);
+    tn_strs(&tn, "separators", 1, chars);
+    tn_str(&tn, "pad_value", "#");
+    tn_int(&tn, "mark", 1);
+    tn_int(&tn, "mincharnum", 1);
+    assert_int_equal(call(&tn, cin, 1, out, 1), 0);
+    assert_int_equal(Y.ndim, 3);
+    assert_int_equal(Y.dims[2], 5);
+    assert_string_equal(S(Y)[0], "\x02");
+    assert_string_equal(S(Y)[2], "ñ");
+    assert_string_equal(S(Y)[4], "\x03");
+    free(Y.data);
+}
+
 /* Pool: unigrams {2, 3}, bigrams {(2, 3), (3, 4)}; ids 1..4 map to columns
  * 0..3. Row [2, 3, 4, 2, 9, 3]: unigrams 2 twice and 3 twice; bigrams
  * (2, 3) and (3, 4) once each next to each other, and with one skip
@@ -208,7 +260,8 @@ static void test_tfidf(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concat_broadcast), cmocka_unit_test(test_split), cmocka_unit_test(test_normalizer),
-        cmocka_unit_test(test_regex),            cmocka_unit_test(test_tfidf),
+        cmocka_unit_test(test_regex),            cmocka_unit_test(test_tokenizer),
+        cmocka_unit_test(test_tfidf),
     };
     g_run_without_attrs = 1;
     return cmocka_run_group_tests(tests, NULL, NULL);
