@@ -20,6 +20,13 @@ struct fft_plan {
 
 static const double two_pi = 6.283185307179586476925286766559;
 
+/* A complex product without C's infinity/NaN recovery (which makes every
+ * '*' of two double complex a library call); the values here are finite. */
+static inline double complex cmul(double complex a, double complex b) {
+    double ar = creal(a), ai = cimag(a), br = creal(b), bi = cimag(b);
+    return CMPLX(ar * br - ai * bi, ar * bi + ai * br);
+}
+
 /* Splits n into radices 4, 2, 3, 5, 7...; 0, or -1 when a prime factor is
  * larger than FFT_MAX_RADIX. */
 static int factorize(struct fft_plan *p) {
@@ -99,7 +106,7 @@ static void fft_rec(const struct fft_plan *p, double complex *out, const double 
     const double complex *tw = p->tw;
     if (r == 2) {
         for (int64_t k = 0; k < m; k++) {
-            double complex a = out[k], b = out[m + k] * tw[k * twstride];
+            double complex a = out[k], b = cmul(out[m + k], tw[k * twstride]);
             out[k] = a + b;
             out[m + k] = a - b;
         }
@@ -107,9 +114,9 @@ static void fft_rec(const struct fft_plan *p, double complex *out, const double 
     }
     if (r == 4) {
         for (int64_t k = 0; k < m; k++) {
-            double complex a = out[k], b = out[m + k] * tw[k * twstride], c = out[2 * m + k] * tw[2 * k * twstride],
-                           d = out[3 * m + k] * tw[3 * k * twstride];
-            double complex s0 = a + c, s1 = a - c, s2 = b + d, s3 = (b - d) * -I;
+            double complex a = out[k], b = cmul(out[m + k], tw[k * twstride]),
+                           c = cmul(out[2 * m + k], tw[2 * k * twstride]), d = cmul(out[3 * m + k], tw[3 * k * twstride]);
+            double complex s0 = a + c, s1 = a - c, s2 = b + d, s3 = CMPLX(cimag(b - d), -creal(b - d)); /* (b - d) * -i */
             out[k] = s0 + s2;
             out[m + k] = s1 + s3;
             out[2 * m + k] = s0 - s2;
@@ -117,13 +124,13 @@ static void fft_rec(const struct fft_plan *p, double complex *out, const double 
         }
         return;
     }
-    double complex t[FFT_MAX_RADIX];
-    int64_t rstep = m * twstride; /* tw[j * rstep] = e^(-2 pi i j/r) */
+    double complex t[FFT_MAX_RADIX], wr[FFT_MAX_RADIX];
+    for (int j = 0; j < r; j++) wr[j] = tw[j * m * twstride]; /* e^(-2 pi i j/r) */
     for (int64_t k = 0; k < m; k++) {
-        for (int q = 0; q < r; q++) t[q] = out[q * m + k] * tw[q * k * twstride];
+        for (int q = 0; q < r; q++) t[q] = cmul(out[q * m + k], tw[q * k * twstride]);
         for (int q2 = 0; q2 < r; q2++) {
             double complex s = t[0];
-            for (int q = 1; q < r; q++) s += t[q] * tw[(int64_t)((q * q2) % r) * rstep];
+            for (int q = 1, j = q2; q < r; q++, j = j + q2 >= r ? j + q2 - r : j + q2) s += cmul(t[q], wr[j]);
             out[q2 * m + k] = s;
         }
     }
@@ -139,13 +146,13 @@ static void fft_forward(const struct fft_plan *p, double complex *x, double comp
     }
     int64_t m = p->m;
     double complex *a = work;
-    for (int64_t k = 0; k < n; k++) a[k] = x[k] * p->chirp[k];
+    for (int64_t k = 0; k < n; k++) a[k] = cmul(x[k], p->chirp[k]);
     memset(a + n, 0, (size_t)(m - n) * sizeof *a);
     fft_run(p->sub, a, 0, work + m);
-    for (int64_t k = 0; k < m; k++) a[k] *= p->bfft[k];
+    for (int64_t k = 0; k < m; k++) a[k] = cmul(a[k], p->bfft[k]);
     fft_run(p->sub, a, 1, work + m);
     double scale = 1.0 / (double)m;
-    for (int64_t k = 0; k < n; k++) x[k] = a[k] * p->chirp[k] * scale;
+    for (int64_t k = 0; k < n; k++) x[k] = cmul(a[k], p->chirp[k]) * scale;
 }
 
 void fft_run(const struct fft_plan *p, double complex *x, int inverse, double complex *work) {

@@ -7,10 +7,20 @@
  * mixed-radix Cooley-Tukey transform (radix 4, 2, 3, 5 and any prime up to
  * FFT_MAX_RADIX); a length with a larger prime factor runs through
  * Bluestein's algorithm on a power-of-two transform, so every length costs
- * O(n log n). Written here rather than taken from FFTW: the transforms the
- * models use are short (a few hundred points per frame), where the plan-free
- * inner loops are not what dominates, and kiln keeps its dependency list to
- * what it cannot do without. */
+ * O(n log n).
+ *
+ * Written here rather than taken from FFTW (Debian's libfftw3), measured on
+ * one core of an x86-64 machine, double precision, one transform at a time:
+ *
+ *     n       256   400 (Whisper)  401 (prime)   512   1024   4096
+ *     kiln    1.3   4.6 us         15 us         3.9   6.5    31 us
+ *     FFTW    0.34  0.58 us        6.2 us        0.73  1.7    8.8 us
+ *
+ * FFTW is 4 to 8 times faster on the transform itself, but in a log-mel
+ * front end the transform is a small part of the work (30 s of Whisper
+ * audio is 3000 frames of 400 points: about 14 ms here, spread over the
+ * op's threads, against the mel projection and the model behind it), so
+ * the dependency does not pay yet.  */
 #ifndef KILN_CPU_FFT_H
 #define KILN_CPU_FFT_H
 
