@@ -20,7 +20,7 @@
  * front end the transform is a small part of the work (30 s of Whisper
  * audio is 3000 frames of 400 points: about 14 ms here, spread over the
  * op's threads, against the mel projection and the model behind it), so
- * the dependency does not pay yet.  */
+ * the dependency does not pay yet. */
 #ifndef KILN_CPU_FFT_H
 #define KILN_CPU_FFT_H
 

@@ -470,8 +470,8 @@ static int regex_run(struct op_call *c) {
  * the matches of tokenexp, or the text between matches of any of the
  * separators (regular expressions), or with separators [""] each UTF-8
  * character. Tokens shorter than mincharnum characters are dropped; with
- * mark the row starts with "\x02" and ends with "\x03"; short rows are
- * padded with pad_value before the end mark. When no string has a token,
+ * mark the tokens are enclosed in "\x02" and "\x03"; short rows are then
+ * padded with pad_value (after the end mark, as onnxruntime does). When no string has a token,
  * the new axis is 0 long. Patterns compile with PCRE2, as RegexFullMatch's. */
 
 enum tok_mode { TOK_CHARS, TOK_SEPARATORS, TOK_EXP };
@@ -645,11 +645,11 @@ static int tok_run(struct op_call *c) {
         if (k < 0) rc = (int)k;
         else if (k > room) rc = op_error(c, "'%s' has %lld tokens, more than the %lld planned", str_at(x, i), (long long)k, (long long)room);
         else {
-            for (int64_t j = p->mark + k; j < width - p->mark; j++) str_set(y, base + j, p->pad);
             if (p->mark) {
                 str_set(y, base, "\x02");
-                str_set(y, base + width - 1, "\x03");
+                str_set(y, base + 1 + k, "\x03");
             }
+            for (int64_t j = 2 * p->mark + k; j < width; j++) str_set(y, base + j, p->pad);
         }
     }
     pcre2_match_data_free(md);

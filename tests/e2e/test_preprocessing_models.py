@@ -12,6 +12,10 @@ onnxruntime, through the official tritonclient:
            stopwords, com.microsoft Tokenizer, TfIdfVectorizer over uni- and
            bigrams), tests/data/text_audio/tfidf.onnx
 
+  tokenize_* com.microsoft Tokenizer alone in each of its modes (separators
+           as regular expressions, tokenexp, characters; marks, mincharnum,
+           padding), compared string for string
+
 tests/models/make_text_audio_models.py makes the two .onnx files.
 """
 import shutil
@@ -60,6 +64,23 @@ def whisper_graph():
                          [oh.make_tensor_value_info("log_mel", TP.FLOAT, ["N", "frames", 80])])
 
 
+TOKENIZERS = {
+    "tokenize_seps_marked": dict(separators=[" ", "[.]", ",", ";"], mincharnum=2, mark=1, pad_value="#"),
+    "tokenize_seps": dict(separators=[" ", "[.]", ",", ";"], mincharnum=1, mark=0, pad_value="#"),
+    "tokenize_exp": dict(tokenexp="[a-zA-Z]+", mincharnum=1, mark=1, pad_value="#"),
+    "tokenize_chars": dict(separators=[""], mincharnum=1, mark=0, pad_value="~"),
+}
+
+
+def tokenizer_model(attrs):
+    node = oh.make_node("Tokenizer", ["text"], ["tokens"], domain="com.microsoft", **attrs)
+    graph = oh.make_graph([node], "tokenize", [oh.make_tensor_value_info("text", TP.STRING, ["N", "C"])],
+                          [oh.make_tensor_value_info("tokens", TP.STRING, ["N", "C", "T"])])
+    m = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("com.microsoft", 1)])
+    m.ir_version = 8
+    return m
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("preprocessing_repo")
@@ -68,6 +89,9 @@ def repo(tmp_path_factory):
         d.mkdir(parents=True)
         shutil.copy(DATA / f"{name}.onnx", d / "model.onnx")
     save_model(root, "whisper", whisper_graph(), opset=17)
+    for name, attrs in TOKENIZERS.items():
+        (root / name / "1").mkdir(parents=True)
+        onnx.save(tokenizer_model(attrs), str(root / name / "1" / "model.onnx"))
     return root
 
 
@@ -154,6 +178,21 @@ def test_tfidf_pipeline_matches_onnxruntime(served, repo):
         np.testing.assert_allclose(prob, want_prob, rtol=1e-5, atol=1e-6)
     labels = infer_text(c, np.array(TEXTS[:3], dtype=object))[0].astype(str)
     assert list(labels) == ["sport", "finance", "tech"]
+    c.close()
+
+
+@pytest.mark.parametrize("model", sorted(TOKENIZERS))
+def test_tokenizer_matches_onnxruntime(served, repo, model):
+    sess = ort.InferenceSession(str(repo / model / "1" / "model.onnx"))
+    c = httpclient.InferenceServerClient(served.url)
+    for x in (np.array([["Hello, world. It's  a test;ok"], ["a b"]], dtype=object),
+              np.array([["déjà vu, encore"]], dtype=object)):
+        want = sess.run(None, {"text": x})[0]
+        inp = httpclient.InferInput("text", list(x.shape), "BYTES")
+        inp.set_data_from_numpy(x, binary_data=True)
+        got = c.infer(model, [inp]).as_numpy("tokens")
+        assert got.shape == want.shape
+        assert [t.decode() for t in got.ravel()] == list(want.ravel())
     c.close()
 
 

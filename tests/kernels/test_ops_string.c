@@ -211,6 +211,16 @@ static void test_tokenizer(void **st) {
     assert_string_equal(S(Y)[2], "ñ");
     assert_string_equal(S(Y)[4], "\x03");
     free(Y.data);
+    /* Padding follows the end mark. */
+    const char *two[2] = {"ab", "a"};
+    struct tensor T = {DT_STRING, 1, {2}, two};
+    const struct tensor *tin[1] = {&T};
+    assert_int_equal(call(&tn, tin, 1, out, 1), 0);
+    assert_int_equal(Y.dims[1], 4);
+    assert_string_equal(S(Y)[5], "a");
+    assert_string_equal(S(Y)[6], "\x03");
+    assert_string_equal(S(Y)[7], "#");
+    free(Y.data);
 }
 
 /* Pool: unigrams {2, 3}, bigrams {(2, 3), (3, 4)}; ids 1..4 map to columns
