@@ -8,7 +8,7 @@
 
 static const struct op_def *const g_tables[] = {
     op_defs_elementwise, op_defs_reduce, op_defs_shape, op_defs_grid, op_defs_resize, op_defs_nms, op_defs_scan, op_defs_nn, op_defs_ml, op_defs_ml_encode,
-    op_defs_rnn, op_defs_einsum, op_defs_signal, op_defs_string,
+    op_defs_rnn, op_defs_einsum, op_defs_softmax_fused, op_defs_attention, op_defs_signal, op_defs_string,
 };
 
 static int domain_eq(const char *a, const char *b) {
@@ -165,7 +165,8 @@ int64_t op_int_at(const struct tensor *t, int64_t i) {
     case DT_INT32: return ((const int32_t *)t->data)[i];
     case DT_INT16: return ((const int16_t *)t->data)[i];
     case DT_INT8: return ((const int8_t *)t->data)[i];
-    case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
+    case DT_INT4: case DT_INT2: return ((const int8_t *)t->data)[i];
+    case DT_UINT8: case DT_BOOL: case DT_UINT4: case DT_UINT2: return ((const uint8_t *)t->data)[i];
     case DT_UINT16: return ((const uint16_t *)t->data)[i];
     case DT_UINT32: return ((const uint32_t *)t->data)[i];
     case DT_UINT64: return (int64_t)((const uint64_t *)t->data)[i];

@@ -154,8 +154,10 @@ extern const struct op_def op_defs_scan[];
 extern const struct op_def op_defs_nn[];
 extern const struct op_def op_defs_ml[];
 extern const struct op_def op_defs_ml_encode[];
+extern const struct op_def op_defs_softmax_fused[];
 extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
+extern const struct op_def op_defs_attention[];
 extern const struct op_def op_defs_signal[];
 extern const struct op_def op_defs_string[];
 

@@ -38,6 +38,7 @@ struct model_exec {
     struct plan_exec *pe;
     /* Device plans hold device constants of this backend: cached per context. */
     struct plan_cache *dev_plans;
+    uint64_t builds; /* plans built for this context's runs */
 };
 
 static void io_from_value(struct model_io *io, const struct graph_value *v) {
@@ -64,7 +65,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
-    if (lower_fp16(m->g, err, err_len) || passes_run(m->g, err, err_len)) goto fail;
+    if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
     m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);
@@ -232,7 +233,8 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
     uint64_t bind = atomic_load(&m->bind_values);
-    int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, NULL, err, err_len);
+    int built = 0;
+    int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, &built, err, err_len);
     uint64_t small = 0; /* inputs of at most 1024 elements in this call */
     for (int i = 0; i < ninputs && i < 64; i++)
         if (tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
@@ -241,7 +243,7 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
          * inputs bound, and keep that only if it helps. */
         char err2[512];
         uint64_t more = bind | small;
-        int rc2 = plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, NULL, err2, sizeof err2);
+        int rc2 = plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, &built, err2, sizeof err2);
         if (rc2 == 0) {
             atomic_fetch_or(&m->bind_values, more);
             log_debug("model inputs decide output shapes; plans are built per value of those inputs");
@@ -253,11 +255,14 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
             rc = rc2;
         }
     }
+    if (built) x->builds++;
     if (rc) return rc;
     rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     plan_release(p);
     return rc;
 }
+
+uint64_t model_exec_builds(const struct model_exec *x) { return x ? x->builds : 0; }
 
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
               int noutputs, char *err, size_t err_len) {
