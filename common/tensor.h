@@ -29,8 +29,9 @@
  *
  * Every reader of a string tensor sees a char *[numel]. A string tensor in a
  * plan's arena (a kernel's output) is that pointer array alone, pointing at
- * strings owned by constants, attributes or inputs that outlive it: such a
- * view is never freed and leaves the plan only as a copy made by
+ * strings owned by constants, attributes or inputs that outlive it, or made
+ * by the kernel in its executor's string pool (kernels/ops.h), which lives
+ * until the outputs are copied out: such a view is never freed and leaves the plan only as a copy made by
  * tensor_strings_pack. Copying the struct copies a borrowed view;
  * tensor_copy_rows and tensor_strings_pack make owned copies.
  *
