@@ -1,6 +1,6 @@
 /* grpc_service.c - inference.GRPCInferenceService's method table and its
  * read-only RPCs: health, metadata, configuration, statistics and the
- * repository index.
+ * repository index; and the shared-memory extension's RPCs (server/shm.h).
  *
  * Their answers are the JSON bodies HTTP serves (http_bodies.c,
  * model_config_to_json, repository_index) turned into the protobuf message
@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "server/grpc_impl.h"
 #include "server/http_bodies.h"
+#include "server/shm.h"
 #include "triton/grpc_service.pb-c.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
@@ -141,6 +142,83 @@ static void repository_index_rpc(struct grpc_stream *st, const uint8_t *msg, siz
     inference__repository_index_request__free_unpacked(req, NULL);
 }
 
+/* ==== shared memory ====================================================== */
+
+/* Triton's status array as the gRPC message's map: {"regions": {name: status}}. */
+static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescriptor *d, cJSON *arr, int status,
+                             const char *err) {
+    if (!arr) {
+        grpc_stream_finish(st, grpc_code_of(status), err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject(), *regions = cJSON_AddObjectToObject(o, "regions");
+    for (cJSON *r; regions && (r = cJSON_DetachItemFromArray(arr, 0)) != NULL;)
+        cJSON_AddItemToObject(regions, cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "name")), r);
+    cJSON_Delete(arr);
+    grpc_stream_reply_json(st, d, regions ? o : NULL);
+    if (!regions) cJSON_Delete(o);
+}
+
+static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryStatusRequest, inference__system_shared_memory_status_request__unpack, st, msg,
+           len);
+    char err[512];
+    int status = 0;
+    cJSON *arr = shm_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err, sizeof err);
+    reply_shm_status(st, &inference__system_shared_memory_status_response__descriptor, arr, status, err);
+    inference__system_shared_memory_status_request__free_unpacked(req, NULL);
+}
+
+static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryRegisterRequest, inference__system_shared_memory_register_request__unpack, st,
+           msg, len);
+    char err[600];
+    int rc = shm_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->key, req->offset,
+                          req->byte_size, err, sizeof err);
+    inference__system_shared_memory_register_request__free_unpacked(req, NULL);
+    Inference__SystemSharedMemoryRegisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    else grpc_stream_reply(st, &res.base);
+}
+
+static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryUnregisterRequest, inference__system_shared_memory_unregister_request__unpack,
+           st, msg, len);
+    shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
+    if (req->name && *req->name) shm_unregister(reg, req->name);
+    else shm_unregister_all(reg);
+    inference__system_shared_memory_unregister_request__free_unpacked(req, NULL);
+    Inference__SystemSharedMemoryUnregisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+    grpc_stream_reply(st, &res.base);
+}
+
+/* CUDA shared memory: not implemented (shm_cuda_register). */
+static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryStatusRequest, inference__cuda_shared_memory_status_request__unpack, st, msg, len);
+    char err[512];
+    int status = 0;
+    cJSON *arr = shm_cuda_status_json(req->name, &status, err, sizeof err);
+    reply_shm_status(st, &inference__cuda_shared_memory_status_response__descriptor, arr, status, err);
+    inference__cuda_shared_memory_status_request__free_unpacked(req, NULL);
+}
+
+static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryRegisterRequest, inference__cuda_shared_memory_register_request__unpack, st, msg,
+           len);
+    char err[400];
+    int rc = shm_cuda_register(req->name, err, sizeof err);
+    inference__cuda_shared_memory_register_request__free_unpacked(req, NULL);
+    grpc_stream_finish(st, grpc_code_of(rc), err);
+}
+
+static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryUnregisterRequest, inference__cuda_shared_memory_unregister_request__unpack, st,
+           msg, len);
+    inference__cuda_shared_memory_unregister_request__free_unpacked(req, NULL);
+    Inference__CudaSharedMemoryUnregisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+    grpc_stream_reply(st, &res.base);
+}
+
 /* ==== the method table =================================================== */
 
 static const struct grpc_method methods[] = {
@@ -155,6 +233,12 @@ static const struct grpc_method methods[] = {
     {"ModelConfig", 0, model_config},
     {"ModelStatistics", 0, model_statistics},
     {"RepositoryIndex", 0, repository_index_rpc},
+    {"SystemSharedMemoryStatus", 0, system_shm_status},
+    {"SystemSharedMemoryRegister", 0, system_shm_register},
+    {"SystemSharedMemoryUnregister", 0, system_shm_unregister},
+    {"CudaSharedMemoryStatus", 0, cuda_shm_status},
+    {"CudaSharedMemoryRegister", 0, cuda_shm_register},
+    {"CudaSharedMemoryUnregister", 0, cuda_shm_unregister},
 };
 
 const struct grpc_method *grpc_method_find(const char *path) {

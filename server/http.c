@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -677,11 +678,82 @@ struct http_call {
     struct evhttp_request *req;
     const char *model;     /* the path's {model}, NULL when the route has none */
     int64_t version;       /* the path's {version}; 0 = none (the highest loaded) */
+    const char *region;    /* the path's {region}, NULL when the route has none */
 };
 
+/* ==== shared memory ====================================================== */
+
+/* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
+static void route_shm_register(const struct http_call *c) {
+    http_server_t *s = c->srv;
+    char err[600];
+    size_t len;
+    int owned, code = 400;
+    unsigned char *body = read_body(s, c->req, &len, &owned, &code, err, sizeof err);
+    if (!body) {
+        reply_error(s, c->req, code, err);
+        return;
+    }
+    cJSON *j = len && !json_has_nul(body, len, err, sizeof err) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
+    if (owned) free(body);
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "offset");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
+    int rc = STATUS_INVALID;
+    if (!cJSON_IsObject(j))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' must be a JSON object "
+                 "{\"key\", \"offset\", \"byte_size\"}", c->region);
+    else if (!cJSON_IsString(key))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no string 'key'", c->region);
+    else if (!cJSON_IsNumber(size) || size->valuedouble < 0 || size->valuedouble != floor(size->valuedouble) ||
+             size->valuedouble > 1.8e19)
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no integer 'byte_size' >= 0",
+                 c->region);
+    else if (off && (!cJSON_IsNumber(off) || off->valuedouble < 0 || off->valuedouble != floor(off->valuedouble) ||
+                     off->valuedouble > 1.8e19))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s': 'offset' must be an "
+                 "integer >= 0", c->region);
+    else
+        rc = shm_register(infer_core_shm(s->core), c->region, key->valuestring,
+                          off ? (uint64_t)off->valuedouble : 0, (uint64_t)size->valuedouble, err, sizeof err);
+    cJSON_Delete(j);
+    if (rc) reply_status(s, c->req, rc, err);
+    else reply_empty(s, c->req, 200);
+}
+
+static void route_shm_unregister(const struct http_call *c) {
+    if (c->region) shm_unregister(infer_core_shm(c->srv->core), c->region);
+    else shm_unregister_all(infer_core_shm(c->srv->core));
+    reply_empty(c->srv, c->req, 200);
+}
+
+static void route_shm_status(const struct http_call *c) {
+    char err[512];
+    int status = 0;
+    cJSON *o = shm_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
+    if (o) reply_json(c->srv, c->req, 200, o);
+    else reply_status(c->srv, c->req, status, err);
+}
+
+/* CUDA shared memory: not implemented (shm_cuda_register). */
+static void route_cuda_shm_register(const struct http_call *c) {
+    char err[400];
+    reply_status(c->srv, c->req, shm_cuda_register(c->region, err, sizeof err), err);
+}
+
+static void route_cuda_shm_unregister(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
+
+static void route_cuda_shm_status(const struct http_call *c) {
+    char err[400];
+    int status = 0;
+    cJSON *o = shm_cuda_status_json(c->region, &status, err, sizeof err);
+    if (o) reply_json(c->srv, c->req, 200, o);
+    else reply_status(c->srv, c->req, status, err);
+}
+
 /* A route is a path pattern, the one method it answers (GET also answers
- * HEAD) and its handler. In a pattern, {model} and {version} each match one
- * segment. The first route whose pattern matches the path wins: literal
+ * HEAD) and its handler. In a pattern, {model}, {version} and {region} each
+ * match one segment. The first route whose pattern matches the path wins: literal
  * routes come before the ones a model's name could also match. */
 struct http_route {
     const char *pattern;
@@ -764,6 +836,16 @@ static const struct http_route routes[] = {
     {"/v2/models/{model}/versions/{version}/ready", GET, route_model_ready},
     {"/v2/models/{model}/versions/{version}/config", GET, route_model_config},
     {"/v2/models/{model}/versions/{version}/stats", GET, route_stats},
+    {"/v2/systemsharedmemory/status", GET, route_shm_status},
+    {"/v2/systemsharedmemory/unregister", POST, route_shm_unregister},
+    {"/v2/systemsharedmemory/region/{region}/status", GET, route_shm_status},
+    {"/v2/systemsharedmemory/region/{region}/register", POST, route_shm_register},
+    {"/v2/systemsharedmemory/region/{region}/unregister", POST, route_shm_unregister},
+    {"/v2/cudasharedmemory/status", GET, route_cuda_shm_status},
+    {"/v2/cudasharedmemory/unregister", POST, route_cuda_shm_unregister},
+    {"/v2/cudasharedmemory/region/{region}/status", GET, route_cuda_shm_status},
+    {"/v2/cudasharedmemory/region/{region}/register", POST, route_cuda_shm_register},
+    {"/v2/cudasharedmemory/region/{region}/unregister", POST, route_cuda_shm_unregister},
 };
 #undef GET
 #undef POST
@@ -782,7 +864,7 @@ static int parse_version(const char *s, int64_t *out) {
 
 /* Does the path (its n decoded segments) match pattern? Fills the call's parameters. */
 static int route_match(const char *pattern, char *const *segs, int n, struct http_call *c) {
-    c->model = NULL;
+    c->model = c->region = NULL;
     c->version = 0;
     int i = 0;
     for (const char *p = pattern; *p == '/'; i++) {
@@ -790,6 +872,7 @@ static int route_match(const char *pattern, char *const *segs, int n, struct htt
         size_t len = strcspn(p, "/");
         if (i == n) return 0;
         if (len == 7 && memcmp(p, "{model}", 7) == 0) c->model = segs[i];
+        else if (len == 8 && memcmp(p, "{region}", 8) == 0) c->region = segs[i];
         else if (len == 9 && memcmp(p, "{version}", 9) == 0) {
             if (parse_version(segs[i], &c->version)) return 0;
         } else if (strlen(segs[i]) != len || memcmp(segs[i], p, len) != 0) return 0;

@@ -32,7 +32,7 @@ cJSON *http_body_server_metadata(void) {
     cJSON_AddStringToObject(o, "version", KILN_VERSION);
     cJSON *ext = cJSON_AddArrayToObject(o, "extensions");
     static const char *exts[] = {"classification", "model_repository", "model_configuration", "schedule_policy",
-                                 "binary_tensor_data", "statistics"};
+                                 "binary_tensor_data", "statistics", "system_shared_memory"};
     for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) cJSON_AddItemToArray(ext, cJSON_CreateString(exts[i]));
     return o;
 }

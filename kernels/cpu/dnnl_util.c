@@ -46,6 +46,13 @@ int dnnl_util_isa_avx2(void) {
            (isa & dnnl_cpu_isa_avx512_mic) != dnnl_cpu_isa_avx512_mic;
 }
 
+int dnnl_util_isa_level(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    if ((isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core) return 4;
+    if ((isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2) return 3;
+    return 2;
+}
+
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s) {
     op_error(c, "oneDNN call failed (%s): %s", dnnl_status2str(s), call);
     return s == dnnl_unimplemented ? STATUS_UNSUPPORTED : s == dnnl_out_of_memory ? STATUS_NOMEM : STATUS_INTERNAL;

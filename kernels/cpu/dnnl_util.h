@@ -39,6 +39,12 @@ void dnnl_util_set_threads(int n);
  * last bit. */
 int dnnl_util_isa_avx2(void);
 
+/* The x86-64 level kiln's own vector loops may use, as oneDNN's: 4 (AVX-512
+ * F/BW/DQ/VL), 3 (AVX2, FMA) or 2 (SSE4.2, the build's baseline), capped by
+ * ONEDNN_MAX_CPU_ISA like oneDNN's code, so the narrower paths are tested
+ * on a wide CPU. */
+int dnnl_util_isa_level(void);
+
 /* Reports a failed oneDNN call through op_error (naming the call and
  * oneDNN's status) and returns a negative status. */
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);

@@ -373,6 +373,63 @@ static void test_conv_bn_relu_fusion(void **state) {
     graph_free(g);
 }
 
+/* Scores [2,2,3,40] -> Mul(1/8) -> Add(mask [2,1,3,40]) -> Softmax(-1) ->
+ * Where(IsNaN(p), 0, p), the softmax of exported attention: with the CPU's
+ * fusions one MaskedSoftmax node. The mask masks with the float minimum, and
+ * one row entirely with -inf (NaN, then zeros); one row of x holds a NaN. */
+static struct graph *masked_softmax(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {2, 2, 3, 40}, md[4] = {2, 1, 3, 40}, sd[0] = {};
+    add_input(g, "x", DT_FP32, 4, xd);
+    static float mask[240];
+    for (int i = 0; i < 240; i++) mask[i] = i % 7 == 3 ? -3.4028234663852886e38f : 0.0f;
+    for (int j = 0; j < 40; j++) mask[120 + 40 + j] = -INFINITY; /* batch 1, row 1 */
+    float scale = 0.125f, zero = 0;
+    add_const_f(g, "mask", 4, md, mask);
+    add_const_f(g, "scale", 0, sd, &scale);
+    add_const_f(g, "zero", 0, sd, &zero);
+    node(g, "Mul", (const char *[]){"x", "scale"}, 2, (const char *[]){"s"}, 1);
+    node(g, "Add", (const char *[]){"s", "mask"}, 2, (const char *[]){"a"}, 1);
+    int sm = node(g, "Softmax", (const char *[]){"a"}, 1, (const char *[]){"p"}, 1);
+    attr_int(g, sm, "axis", -1);
+    node(g, "IsNaN", (const char *[]){"p"}, 1, (const char *[]){"bad"}, 1);
+    node(g, "Where", (const char *[]){"bad", "zero", "p"}, 3, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_masked_softmax_fusion(void **state) {
+    (void)state;
+    float xd[480];
+    unsigned s = 21;
+    for (int i = 0; i < 480; i++) xd[i] = frand(&s) * 30;
+    xd[2 * 40 + 5] = NAN; /* batch 0, head 0, row 2 */
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {2, 2, 3, 40}, .data = xd}, y1, y2;
+    struct graph *ref = masked_softmax();
+    char err[256];
+    assert_int_equal(passes_run_for(ref, 0, err, sizeof err), 0);
+    assert_int_equal(ref->nnodes, 5); /* without the CPU's fusions: as written */
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = masked_softmax();
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "MaskedSoftmax");
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    int zeros = 0;
+    for (int i = 0; i < 480; i++) {
+        assert_false(isnan(f[i]));
+        assert_float_equal(f[i], r[i], 1e-6);
+        zeros += f[i] == 0;
+    }
+    assert_true(zeros >= 3 * 40); /* the NaN row and the two -inf rows (one per head) */
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
 /* MatMul -> Add(bias [1,N]) -> Clip(0, 6): one MatMul with a bias input and
  * a fused Clip, same numbers. */
 static struct graph *mlp(void) {
@@ -1004,6 +1061,7 @@ int main(void) {
         cmocka_unit_test(test_view_extends_lifetime),
         cmocka_unit_test(test_conv_bn_relu_fusion),
         cmocka_unit_test(test_matmul_bias_clip_fusion),
+        cmocka_unit_test(test_masked_softmax_fusion),
         cmocka_unit_test(test_fold_constants_and_dead_nodes),
         cmocka_unit_test(test_plan_cache_lru),
         cmocka_unit_test(test_bound_input_values),
