@@ -47,10 +47,15 @@ int dnnl_util_isa_avx2(void) {
 }
 
 int dnnl_util_isa_level(void) {
+    static _Atomic int level; /* 0 until first asked; oneDNN fixes its ISA at its first use */
+    int l = atomic_load_explicit(&level, memory_order_relaxed);
+    if (l) return l;
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    if ((isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core) return 4;
-    if ((isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2) return 3;
-    return 2;
+    l = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 4
+        : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2             ? 3
+                                                                     : 2;
+    atomic_store_explicit(&level, l, memory_order_relaxed);
+    return l;
 }
 
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s) {

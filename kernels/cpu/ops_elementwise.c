@@ -1545,8 +1545,74 @@ static int norm_infer(struct op_call *c, int rms) {
             norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                            \
                            inv ? inv + r : NULL, n, eps, rms);                                                      \
     }
-DEF_NORM(f32, float)
 DEF_NORM(f64, double)
+
+/* Float rows sum in float across the vector's lanes (the generic row's
+ * double sums halve the width and convert every element), and are built
+ * for AVX-512, AVX2 and the baseline, the CPU's pick (dnnl_util_isa_level)
+ * taken per call: normalization is a transformer's busiest op after its
+ * products. */
+typedef void (*norm_row_f32_fn)(const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr,
+                                float *mean, float *inv, int64_t n, float eps, int rms);
+
+static inline __attribute__((always_inline)) void norm_row_f32_body(const float *xr, const float *sc, int64_t nsc,
+                                                                    const float *b, int64_t nb, float *yr, float *mean,
+                                                                    float *inv, int64_t n, float eps, int rms) {
+    float mu = 0, var = 0;
+    if (!rms) {
+        _Pragma("omp simd reduction(+ : mu)") for (int64_t j = 0; j < n; j++) mu += xr[j];
+        mu /= (float)n;
+    }
+    _Pragma("omp simd reduction(+ : var)") for (int64_t j = 0; j < n; j++) {
+        float d = xr[j] - mu;
+        var += d * d;
+    }
+    var /= (float)n;
+    float s = 1.0f / sqrtf(var + eps);
+    if (nsc == n && b && nb == n) {
+        _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * s * sc[j] + b[j];
+    } else if (nsc == n && !b) {
+        _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * s * sc[j];
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            float v = (xr[j] - mu) * s * sc[nsc == 1 ? 0 : j];
+            yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;
+        }
+    }
+    if (mean) *mean = mu;
+    if (inv) *inv = s;
+}
+
+#define NORM_ROW_ARGS                                                                                               \
+    const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr, float *mean, float *inv, \
+        int64_t n, float eps, int rms
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void norm_row_f32_v4(NORM_ROW_ARGS) {
+    norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+}
+__attribute__((target("arch=x86-64-v3"))) static void norm_row_f32_v3(NORM_ROW_ARGS) {
+    norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+}
+#endif
+static void norm_row_f32_v2(NORM_ROW_ARGS) { norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms); }
+
+static void norm_f32(const float *x, const float *sc, int64_t nsc, const float *b, int64_t nb, float *y, float *mean,
+                     float *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {
+    norm_row_f32_fn row = norm_row_f32_v2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    row = level >= 4 ? norm_row_f32_v4 : level == 3 ? norm_row_f32_v3 : norm_row_f32_v2;
+#endif
+    float e = (float)eps;
+    if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {
+        for (int64_t r = 0; r < outer; r++)
+            row(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL, inv ? inv + r : NULL, n, e, rms);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < outer; r++)
+        row(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL, inv ? inv + r : NULL, n, e, rms);
+}
 
 /* A normalization's rows (before axis) and row length (from axis on),
  * and its epsilon, decoded at prepare. */
