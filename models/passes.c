@@ -973,42 +973,73 @@ static int sole_producer(struct pass *ps, int v, const char *op) {
     return pi >= 0 && !ps->dead[pi] && is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nout == 1 ? pi : -1;
 }
 
-/* For the softmax input x: walks back over an optional Add of a mask and
- * an optional Mul/Div by a scalar constant. Fills the nodes found (-1 when
- * absent), the mask value and the scale; returns the scores value. */
-static int softmax_scores(struct pass *ps, int x, int *addi, int *mask, int *sci, float *scale) {
+/* When value v is made by a Mul or Div by a scalar constant that nothing
+ * else reads: that node (in *node), its factor (in *f) and its other
+ * operand; else -1. */
+static int scalar_factor(struct pass *ps, int v, int *node, float *f) {
     struct graph *g = ps->g;
-    *addi = *mask = *sci = -1;
-    *scale = 1.0f;
+    int si = sole_producer(ps, v, "Mul");
+    if (si < 0) si = sole_producer(ps, v, "Div");
+    if (si < 0 || g->nodes[si].nin != 2) return -1;
+    const struct graph_node *m = &g->nodes[si];
+    int div = is_op(m, "Div"), k = div ? 1 : (const_of(g, m->in[1]) ? 1 : 0);
+    const struct tensor *c = const_of(g, m->in[k]);
+    if (!c || tensor_numel(c) != 1 || (c->dtype != DT_FP32 && c->dtype != DT_FP64) || m->in[1 - k] < 0 ||
+        (div && op_double_at(c, 0) == 0))
+        return -1;
+    double d = op_double_at(c, 0);
+    *f = (float)(div ? 1.0 / d : d);
+    *node = si;
+    return m->in[1 - k];
+}
+
+/* What feeds a softmax in exported attention: its scores, the factors on
+ * the way (a Mul/Div by a scalar after the product, or on either operand
+ * of the MatMul that makes the scores), and a mask added last. */
+struct softmax_feed {
+    int x;          /* the scores (the MatMul's output, or what the factors scale) */
+    int addi, mask; /* the Add and its mask, or -1 */
+    int scale_node[3];
+    float scale;    /* every factor's product */
+    int mm;         /* the MatMul whose operands' factors are taken, or -1 */
+    int mm_in[2];   /* its operands without them */
+};
+
+static void softmax_feed(struct pass *ps, int x, struct softmax_feed *f) {
+    struct graph *g = ps->g;
+    *f = (struct softmax_feed){.x = x, .addi = -1, .mask = -1, .scale_node = {-1, -1, -1}, .scale = 1.0f, .mm = -1};
     int ai = sole_producer(ps, x, "Add");
     if (ai >= 0 && g->nodes[ai].nin == 2) {
         const struct graph_node *a = &g->nodes[ai];
-        /* The scores are the operand that a Mul/Div by a scalar or nothing
-         * else makes; the other is the mask. Without a scale, in[0]. */
+        /* The scores are the operand that a Mul/Div by a scalar or a MatMul
+         * makes; the other is the mask. Otherwise in[0]. */
         int k = 0;
         for (int t = 0; t < 2; t++)
-            if (sole_producer(ps, a->in[t], "Mul") >= 0 || sole_producer(ps, a->in[t], "Div") >= 0) k = t;
+            if (sole_producer(ps, a->in[t], "Mul") >= 0 || sole_producer(ps, a->in[t], "Div") >= 0 ||
+                sole_producer(ps, a->in[t], "MatMul") >= 0)
+                k = t;
         if (a->in[k] >= 0 && a->in[1 - k] >= 0 && known_dtype(g, a->in[1 - k], 0) == DT_FP32) {
-            *addi = ai;
-            *mask = a->in[1 - k];
-            x = a->in[k];
+            f->addi = ai;
+            f->mask = a->in[1 - k];
+            f->x = a->in[k];
         }
     }
-    int si = sole_producer(ps, x, "Mul");
-    if (si < 0) si = sole_producer(ps, x, "Div");
-    if (si >= 0 && g->nodes[si].nin == 2) {
-        const struct graph_node *m = &g->nodes[si];
-        int div = is_op(m, "Div"), k = div ? 1 : (const_of(g, m->in[1]) ? 1 : 0);
-        const struct tensor *c = const_of(g, m->in[k]);
-        if (c && tensor_numel(c) == 1 && (c->dtype == DT_FP32 || c->dtype == DT_FP64) && m->in[1 - k] >= 0 &&
-            !(div && op_double_at(c, 0) == 0)) {
-            double f = op_double_at(c, 0);
-            *scale = (float)(div ? 1.0 / f : f);
-            *sci = si;
-            x = m->in[1 - k];
+    float c;
+    int v = scalar_factor(ps, f->x, &f->scale_node[0], &c);
+    if (v >= 0) {
+        f->scale *= c;
+        f->x = v;
+    }
+    int mi = sole_producer(ps, f->x, "MatMul");
+    if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return;
+    for (int k = 0; k < 2; k++) {
+        int in = g->nodes[mi].in[k], w = in >= 0 ? scalar_factor(ps, in, &f->scale_node[1 + k], &c) : -1;
+        f->mm_in[k] = w >= 0 ? w : in;
+        if (w >= 0) {
+            f->scale *= c;
+            f->mm = mi;
         }
     }
-    return x;
 }
 
 /* Sets node n's attributes to scale and nan_to_zero. */
@@ -1042,9 +1073,9 @@ static int masked_softmax_node(struct pass *ps, int si) {
     if (ps->dead[si] || !is_op(s, "Softmax") || s->opset < 13 || s->nin != 1 || s->nout != 1 || s->in[0] < 0 ||
         s->out[0] < 0 || node_attr_int(s, "axis", -1) != -1)
         return 0;
-    int addi, mask, sci;
-    float scale;
-    int x = softmax_scores(ps, s->in[0], &addi, &mask, &sci, &scale);
+    struct softmax_feed f;
+    softmax_feed(ps, s->in[0], &f);
+    int x = f.x, addi = f.addi, mask = f.mask;
     if (known_dtype(g, x, 0) != DT_FP32) return 0;
     int y = s->out[0], isn = -1, wh = -1;
     if (ps->nuse[y] == 2 && !ps->is_out[y]) { /* Where(IsNaN(y), 0, y) */
@@ -1063,7 +1094,7 @@ static int masked_softmax_node(struct pass *ps, int si) {
     int keep = wh >= 0 ? wh : si; /* the node that becomes the fused one, keeping its output */
     struct graph_node *n = &g->nodes[keep];
     char *op = strdup("MaskedSoftmax"), *dom = strdup("kiln");
-    if (!op || !dom || set_nin(n, 2) || masked_softmax_attrs(n, scale, wh >= 0)) {
+    if (!op || !dom || set_nin(n, 2) || masked_softmax_attrs(n, f.scale, wh >= 0)) {
         free(op);
         free(dom);
         return pass_nomem(ps);
@@ -1078,7 +1109,12 @@ static int masked_softmax_node(struct pass *ps, int si) {
     n->in[1] = mask;
     n->nin = mask >= 0 ? 2 : 1;
     if (keep != si) ps->dead[si] = 1;
-    if (sci >= 0) ps->dead[sci] = 1;
+    for (int k = 0; k < 3; k++)
+        if (f.scale_node[k] >= 0) ps->dead[f.scale_node[k]] = 1;
+    if (f.mm >= 0) { /* the operands' factors now scale the softmax */
+        g->nodes[f.mm].in[0] = f.mm_in[0];
+        g->nodes[f.mm].in[1] = f.mm_in[1];
+    }
     if (addi >= 0) ps->dead[addi] = 1;
     if (isn >= 0) ps->dead[isn] = 1;
     log_debug("softmax '%s' with its mask and NaN guard: one MaskedSoftmax node", s->name);
