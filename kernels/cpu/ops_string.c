@@ -865,7 +865,8 @@ static int tfidf_build(struct op_call *c, struct tfidf_params *p, const struct t
         }
     }
     for (int i = 0; i < p->nnodes; i++)
-        qsort(p->nodes[i].child, (size_t)p->nodes[i].nchild, sizeof *p->nodes[i].child, cmp_edge);
+        if (p->nodes[i].nchild > 1) /* a leaf has no array to sort (qsort takes no NULL) */
+            qsort(p->nodes[i].child, (size_t)p->nodes[i].nchild, sizeof *p->nodes[i].child, cmp_edge);
     return 0;
 }
 
