@@ -1,5 +1,5 @@
-/* shm.h - registered system shared-memory regions (Triton's system shared
- * memory extension), shared by every transport.
+/* shm.h - registered shared-memory regions (Triton's system and CUDA shared
+ * memory extensions), shared by every transport.
  *
  * A client creates a POSIX shared-memory object (shm_open), writes tensors
  * into it, and registers a region of it under a name: key (the object's
@@ -75,8 +75,8 @@ void shm_region_release(struct shm_region *r);
  * range checks and messages: names are unique across both kinds, and
  * shm_acquire finds either. A CUDA region's address is a device pointer:
  * read and write it only through shm_region_read / shm_region_write, which
- * copy through the plugin (synchronous cudaMemcpy). The handle is closed with
- * the last reference.
+ * copy through the plugin (synchronous cudaMemcpy, on the caller's thread:
+ * the request's I/O thread). The handle is closed with the last reference.
  *
  * Without the plugin or a usable GPU, register is STATUS_UNSUPPORTED with
  * err saying why (the plugin's probe: no driver, no GPU...), and nothing is
