@@ -327,6 +327,26 @@ int shm_region_write(const struct shm_region *r, void *addr, const void *src, si
     return region_copy(r, addr, src, n, 1, err, err_len);
 }
 
+/* The plugin's probe, once per process: the number of usable devices, or 0
+ * with why set. Once, because a probe without a driver searches the
+ * library path and the answer does not change while the server runs. */
+static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
+static int g_ndev;
+static char g_probe_why[512];
+
+static void probe_once(void) { g_ndev = plugin_cuda_probe(g_probe_why, sizeof g_probe_why); }
+
+static int cuda_devices(char *why, size_t why_len) {
+    pthread_once(&g_probe_once, probe_once);
+    if (g_ndev <= 0) snprintf(why, why_len, "%s", g_probe_why);
+    return g_ndev;
+}
+
+int shm_cuda_usable(void) {
+    char why[512];
+    return cuda_devices(why, sizeof why) > 0;
+}
+
 /* RFC 4648 base64 (padding optional) into out[out_cap]: the decoded length,
  * or -1 when text is not base64 or decodes to more than out_cap bytes. */
 static long base64_decode(const char *text, unsigned char *out, size_t out_cap) {
@@ -384,8 +404,8 @@ int shm_cuda_register(shm_registry_t *reg, const char *name, const void *handle,
     int taken = *find(reg, name) != NULL;
     pthread_mutex_unlock(&reg->lock);
     if (taken) return already_registered(name, err, err_len);
-    char why[512] = "";
-    int ndev = plugin_cuda_probe(why, sizeof why);
+    char why[512];
+    int ndev = cuda_devices(why, sizeof why);
     if (ndev <= 0)
         return status_set(err, err_len, STATUS_UNSUPPORTED,
                           "cuda shared memory region '%.200s' cannot be registered: this server has no usable GPU "

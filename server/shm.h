@@ -98,6 +98,10 @@ void shm_cuda_unregister_all(shm_registry_t *reg);
  * with *status STATUS_NOT_FOUND when the named CUDA region is not registered. */
 cJSON *shm_cuda_status_json(shm_registry_t *reg, const char *name, int *status, char *err, size_t err_len);
 
+/* 1 when CUDA regions can be registered (the plugin is loaded and sees a
+ * GPU); probed once per process. */
+int shm_cuda_usable(void);
+
 /* 1 when r's bytes are host memory that may be read and written in place. */
 int shm_region_on_host(const struct shm_region *r);
 /* n bytes at addr (from shm_acquire on r) into dst, and src into addr: a

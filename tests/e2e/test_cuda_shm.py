@@ -145,6 +145,13 @@ def test_status_and_unregister_of_unknown(proto, srv):
     still_serving(mod, c, srv)
 
 
+def test_extension_listed_only_with_a_gpu(proto):
+    mod, c = proto
+    md = c.get_server_metadata()
+    exts = md["extensions"] if mod is httpclient else list(md.extensions)
+    assert ("cuda_shared_memory" in exts) == (server_gpu(c) is None), exts
+
+
 def test_no_gpu_refusal(proto, srv):
     mod, c = proto
     why = server_gpu(c)
