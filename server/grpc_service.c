@@ -192,28 +192,36 @@ static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, si
     grpc_stream_reply(st, &res.base);
 }
 
-/* CUDA shared memory: not implemented (shm_cuda_register). */
 static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     UNPACK(Inference__CudaSharedMemoryStatusRequest, inference__cuda_shared_memory_status_request__unpack, st, msg, len);
     char err[512];
     int status = 0;
-    cJSON *arr = shm_cuda_status_json(req->name, &status, err, sizeof err);
+    cJSON *arr = shm_cuda_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err,
+                                      sizeof err);
     reply_shm_status(st, &inference__cuda_shared_memory_status_response__descriptor, arr, status, err);
     inference__cuda_shared_memory_status_request__free_unpacked(req, NULL);
 }
 
+/* raw_handle carries the cudaIpcMemHandle_t's bytes (tritonclient decodes
+ * its base64 before sending). */
 static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     UNPACK(Inference__CudaSharedMemoryRegisterRequest, inference__cuda_shared_memory_register_request__unpack, st, msg,
            len);
-    char err[400];
-    int rc = shm_cuda_register(req->name, err, sizeof err);
+    char err[900];
+    int rc = shm_cuda_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->raw_handle.data,
+                               req->raw_handle.len, req->device_id, req->byte_size, err, sizeof err);
     inference__cuda_shared_memory_register_request__free_unpacked(req, NULL);
-    grpc_stream_finish(st, grpc_code_of(rc), err);
+    Inference__CudaSharedMemoryRegisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    else grpc_stream_reply(st, &res.base);
 }
 
 static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     UNPACK(Inference__CudaSharedMemoryUnregisterRequest, inference__cuda_shared_memory_unregister_request__unpack, st,
            msg, len);
+    shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
+    if (req->name && *req->name) shm_cuda_unregister(reg, req->name);
+    else shm_cuda_unregister_all(reg);
     inference__cuda_shared_memory_unregister_request__free_unpacked(req, NULL);
     Inference__CudaSharedMemoryUnregisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
     grpc_stream_reply(st, &res.base);

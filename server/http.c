@@ -683,19 +683,36 @@ struct http_call {
 
 /* ==== shared memory ====================================================== */
 
+/* The request's body as JSON, or NULL: when it cannot be read, *code is
+ * the status to answer with err; when it is empty or not JSON, *code is 0. */
+static cJSON *read_json_body(const struct http_call *c, int *code, char *err, size_t err_len) {
+    size_t len;
+    int owned;
+    *code = 400;
+    unsigned char *body = read_body(c->srv, c->req, &len, &owned, code, err, err_len);
+    if (!body) return NULL;
+    *code = 0;
+    cJSON *j = len && !json_has_nul(body, len, err, err_len) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
+    if (owned) free(body);
+    return j;
+}
+
+/* 1 when v is an integer >= 0 that fits in 64 bits (JSON numbers are doubles). */
+static int json_uint(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble == floor(v->valuedouble) &&
+           v->valuedouble <= 1.8e19;
+}
+
 /* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
 static void route_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[600];
-    size_t len;
-    int owned, code = 400;
-    unsigned char *body = read_body(s, c->req, &len, &owned, &code, err, sizeof err);
-    if (!body) {
+    int code;
+    cJSON *j = read_json_body(c, &code, err, sizeof err);
+    if (code) {
         reply_error(s, c->req, code, err);
         return;
     }
-    cJSON *j = len && !json_has_nul(body, len, err, sizeof err) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
-    if (owned) free(body);
     const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "offset");
     const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
@@ -705,12 +722,10 @@ static void route_shm_register(const struct http_call *c) {
                  "{\"key\", \"offset\", \"byte_size\"}", c->region);
     else if (!cJSON_IsString(key))
         snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no string 'key'", c->region);
-    else if (!cJSON_IsNumber(size) || size->valuedouble < 0 || size->valuedouble != floor(size->valuedouble) ||
-             size->valuedouble > 1.8e19)
+    else if (!json_uint(size))
         snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no integer 'byte_size' >= 0",
                  c->region);
-    else if (off && (!cJSON_IsNumber(off) || off->valuedouble < 0 || off->valuedouble != floor(off->valuedouble) ||
-                     off->valuedouble > 1.8e19))
+    else if (off && !json_uint(off))
         snprintf(err, sizeof err, "the register request for shared memory region '%.200s': 'offset' must be an "
                  "integer >= 0", c->region);
     else
@@ -735,18 +750,52 @@ static void route_shm_status(const struct http_call *c) {
     else reply_status(c->srv, c->req, status, err);
 }
 
-/* CUDA shared memory: not implemented (shm_cuda_register). */
+/* POST /v2/cudasharedmemory/region/{region}/register:
+ * {"raw_handle": {"b64": base64 of the cudaIpcMemHandle_t}, "device_id", "byte_size"}. */
 static void route_cuda_shm_register(const struct http_call *c) {
-    char err[400];
-    reply_status(c->srv, c->req, shm_cuda_register(c->region, err, sizeof err), err);
+    http_server_t *s = c->srv;
+    char err[900];
+    int code;
+    cJSON *j = read_json_body(c, &code, err, sizeof err);
+    if (code) {
+        reply_error(s, c->req, code, err);
+        return;
+    }
+    const cJSON *handle = cJSON_GetObjectItemCaseSensitive(j, "raw_handle");
+    const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(handle, "b64");
+    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(j, "device_id");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
+    int rc = STATUS_INVALID;
+    if (!cJSON_IsObject(j))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' must be a JSON object "
+                 "{\"raw_handle\": {\"b64\"}, \"device_id\", \"byte_size\"}", c->region);
+    else if (!cJSON_IsString(b64))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no string "
+                 "'raw_handle': {'b64'}", c->region);
+    else if (!json_uint(dev) || dev->valuedouble > INT32_MAX)
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no integer "
+                 "'device_id' >= 0", c->region);
+    else if (!json_uint(size))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no integer "
+                 "'byte_size' >= 0", c->region);
+    else
+        rc = shm_cuda_register_b64(infer_core_shm(s->core), c->region, b64->valuestring, (int64_t)dev->valuedouble,
+                                   (uint64_t)size->valuedouble, err, sizeof err);
+    cJSON_Delete(j);
+    if (rc) reply_status(s, c->req, rc, err);
+    else reply_empty(s, c->req, 200);
 }
 
-static void route_cuda_shm_unregister(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
+static void route_cuda_shm_unregister(const struct http_call *c) {
+    if (c->region) shm_cuda_unregister(infer_core_shm(c->srv->core), c->region);
+    else shm_cuda_unregister_all(infer_core_shm(c->srv->core));
+    reply_empty(c->srv, c->req, 200);
+}
 
 static void route_cuda_shm_status(const struct http_call *c) {
-    char err[400];
+    char err[512];
     int status = 0;
-    cJSON *o = shm_cuda_status_json(c->region, &status, err, sizeof err);
+    cJSON *o = shm_cuda_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
     if (o) reply_json(c->srv, c->req, 200, o);
     else reply_status(c->srv, c->req, status, err);
 }

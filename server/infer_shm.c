@@ -33,22 +33,27 @@ static int resolve_input(struct kserve_input *in, shm_registry_t *reg, char *err
         char why[160];
         void *copy = malloc((size_t)s->byte_size + 1);
         if (!copy) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-        memcpy(copy, s->addr, (size_t)s->byte_size);
-        int rc = tensor_strings_from_prefixed(t, copy, (size_t)s->byte_size, why, sizeof why);
+        int rc = shm_region_read(s->ref, s->addr, copy, (size_t)s->byte_size, err, err_len);
+        if (rc) {
+            free(copy);
+            return rc;
+        }
+        rc = tensor_strings_from_prefixed(t, copy, (size_t)s->byte_size, why, sizeof why);
         free(copy);
         if (rc == STATUS_INVALID)
             return INVALID("%s of shape %s in shared memory region '%s': %s", what, tensor_shape_str(t, sh, sizeof sh),
                            s->region, why);
         return rc;
     }
-    if ((uintptr_t)s->addr % INFER_SHM_VIEW_ALIGN == 0) {
+    if (shm_region_on_host(s->ref) && (uintptr_t)s->addr % INFER_SHM_VIEW_ALIGN == 0) {
         t->data = s->addr;
         in->borrowed = 1;
         return 0;
     }
     if (tensor_alloc_data(t)) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-    if (s->byte_size) memcpy(t->data, s->addr, (size_t)s->byte_size);
-    return 0;
+    /* Device memory (a CUDA region) always lands here: the request owns the
+     * host copy, and either backend takes it as any input. */
+    return shm_region_read(s->ref, s->addr, t->data, (size_t)s->byte_size, err, err_len);
 }
 
 int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, char *err, size_t err_len) {
@@ -82,8 +87,19 @@ int infer_shm_write_outputs(const struct kserve_request *r, const struct model_c
             return INVALID("output '%s': shared_memory_byte_size is %llu but the output (shape %s of %s) needs %zu bytes "
                            "in shared memory region '%s'", o->name, (unsigned long long)o->shm.byte_size,
                            tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype), n, o->shm.region);
-        if (t->dtype == DT_STRING) tensor_strings_prefixed_write(t, o->shm.addr);
-        else if (n) memcpy(o->shm.addr, t->data, n);
+        if (t->dtype != DT_STRING) {
+            int rc = shm_region_write(o->shm.ref, o->shm.addr, t->data, n, err, err_len);
+            if (rc) return rc;
+        } else if (shm_region_on_host(o->shm.ref))
+            tensor_strings_prefixed_write(t, o->shm.addr);
+        else {
+            void *buf = malloc(n ? n : 1);
+            if (!buf) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+            tensor_strings_prefixed_write(t, buf);
+            int rc = shm_region_write(o->shm.ref, o->shm.addr, buf, n, err, err_len);
+            free(buf);
+            if (rc) return rc;
+        }
     }
     return 0;
 }

@@ -1,5 +1,5 @@
-/* shm.h - registered system shared-memory regions (Triton's system shared
- * memory extension), shared by every transport.
+/* shm.h - registered shared-memory regions (Triton's system and CUDA shared
+ * memory extensions), shared by every transport.
  *
  * A client creates a POSIX shared-memory object (shm_open), writes tensors
  * into it, and registers a region of it under a name: key (the object's
@@ -41,11 +41,11 @@ void shm_registry_free(shm_registry_t *reg);
  * STATUS_INTERNAL (mmap failed), with err naming the region and why. */
 int shm_register(shm_registry_t *reg, const char *name, const char *key, uint64_t offset, uint64_t byte_size,
                  char *err, size_t err_len);
-/* Takes name out of the registry; a name that is not registered is not an
- * error (as Triton). */
+/* Takes the system region name out of the registry; a name that is not
+ * registered is not an error (as Triton). */
 void shm_unregister(shm_registry_t *reg, const char *name);
 void shm_unregister_all(shm_registry_t *reg);
-/* Regions registered now. */
+/* Regions registered now, of both kinds. */
 int shm_count(shm_registry_t *reg);
 
 /* Triton's status body: an array of {"name", "key", "offset", "byte_size"},
@@ -65,12 +65,49 @@ struct shm_region *shm_acquire(shm_registry_t *reg, const char *name, uint64_t o
  * Any thread. */
 void shm_region_release(struct shm_region *r);
 
-/* CUDA shared memory (regions of device memory shared through CUDA IPC
- * handles) is not implemented: nothing is ever registered. The answers
- * both transports give: registering is STATUS_UNSUPPORTED with err saying
- * so; the status is an empty array, or STATUS_NOT_FOUND for a named region
- * (NULL, *status and err set). */
-int shm_cuda_register(const char *name, char *err, size_t err_len);
-cJSON *shm_cuda_status_json(const char *name, int *status, char *err, size_t err_len);
+/* ==== CUDA shared memory (Triton's cuda_shared_memory extension) ==========
+ *
+ * A client allocates device memory, exports a CUDA IPC handle of it
+ * (cudaIpcGetMemHandle: SHM_CUDA_HANDLE_SIZE opaque bytes) and registers it
+ * under a name with the device it lives on and its byte_size. The server
+ * opens the handle through the CUDA plugin (kernels/plugin.h) and keeps the
+ * region in the same registry as system regions, with the same references,
+ * range checks and messages: names are unique across both kinds, and
+ * shm_acquire finds either. A CUDA region's address is a device pointer:
+ * read and write it only through shm_region_read / shm_region_write, which
+ * copy through the plugin (synchronous cudaMemcpy, on the caller's thread:
+ * the request's I/O thread). The handle is closed with the last reference.
+ *
+ * Without the plugin or a usable GPU, register is STATUS_UNSUPPORTED with
+ * err saying why (the plugin's probe: no driver, no GPU...), and nothing is
+ * ever registered. The checks that need no GPU come first: a handle that is
+ * not SHM_CUDA_HANDLE_SIZE bytes (or not base64, _b64), a byte_size of 0, a
+ * negative device_id, a name already registered (STATUS_INVALID). */
+#define SHM_CUDA_HANDLE_SIZE 64
+
+int shm_cuda_register(shm_registry_t *reg, const char *name, const void *handle, size_t handle_len,
+                      int64_t device_id, uint64_t byte_size, char *err, size_t err_len);
+/* The same with the handle in base64, as the HTTP body carries it. */
+int shm_cuda_register_b64(shm_registry_t *reg, const char *name, const char *handle_b64, int64_t device_id,
+                          uint64_t byte_size, char *err, size_t err_len);
+/* As shm_unregister / shm_unregister_all, for CUDA regions only (a system
+ * region of that name stays). */
+void shm_cuda_unregister(shm_registry_t *reg, const char *name);
+void shm_cuda_unregister_all(shm_registry_t *reg);
+/* Triton's status body: an array of {"name", "device_id", "byte_size"}; NULL
+ * with *status STATUS_NOT_FOUND when the named CUDA region is not registered. */
+cJSON *shm_cuda_status_json(shm_registry_t *reg, const char *name, int *status, char *err, size_t err_len);
+
+/* 1 when CUDA regions can be registered (the plugin is loaded and sees a
+ * GPU); probed once per process. */
+int shm_cuda_usable(void);
+
+/* 1 when r's bytes are host memory that may be read and written in place. */
+int shm_region_on_host(const struct shm_region *r);
+/* n bytes at addr (from shm_acquire on r) into dst, and src into addr: a
+ * memcpy for system regions, a device copy for CUDA ones. 0, or
+ * STATUS_INTERNAL with err naming the region and CUDA's message. */
+int shm_region_read(const struct shm_region *r, const void *addr, void *dst, size_t n, char *err, size_t err_len);
+int shm_region_write(const struct shm_region *r, void *addr, const void *src, size_t n, char *err, size_t err_len);
 
 #endif

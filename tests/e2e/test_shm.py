@@ -149,15 +149,15 @@ def test_register_body_errors(srv):
     assert code == 405
 
 
-def test_extension_listed_and_cuda_unsupported(proto):
+def test_extension_listed_and_cuda_regions_apart(proto):
     mod, c = proto
     md = c.get_server_metadata()
     exts = md["extensions"] if mod is httpclient else list(md.extensions)
-    assert "system_shared_memory" in exts and "cuda_shared_memory" not in exts
+    assert "system_shared_memory" in exts
     st = c.get_cuda_shared_memory_status()
     assert (st == []) if mod is httpclient else (len(st.regions) == 0)
     msg = err_of(c.register_cuda_shared_memory, "gpu0", b"\0" * 64, 0, 1024)
-    assert "CUDA shared memory is not supported" in msg
+    assert "cuda shared memory region 'gpu0'" in msg  # tests/e2e/test_cuda_shm.py: the rest
     c.unregister_cuda_shared_memory()
 
 

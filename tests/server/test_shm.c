@@ -4,7 +4,11 @@
  * its unregister and that the last one unmaps it, an object shrunk under a
  * region, threads acquiring while another registers and unregisters, and
  * inputs and outputs of a parsed request resolved and written with their
- * checks. Real POSIX shared-memory objects, made here. */
+ * checks. Real POSIX shared-memory objects, made here. CUDA regions: what
+ * register refuses before any device is touched (base64, handle length,
+ * byte_size, device_id, a name taken by a system region), the refusal
+ * naming why when no GPU is usable, and status/unregister keeping the two
+ * kinds apart. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,6 +28,7 @@
 
 #include "common/status.h"
 #include "config/model_config.h"
+#include "kernels/plugin.h"
 #include "server/infer_shm.h"
 #include "server/kserve.h"
 #include "server/shm.h"
@@ -300,12 +305,111 @@ static void test_parse_refusals(void **state) {
     }
 }
 
+/* ---- CUDA regions: everything that needs no GPU ---------------------------- */
+
+/* base64 of n bytes of 0: "AAAA" per 3 bytes, padded. */
+static void b64_zeros(char *out, size_t n) {
+    size_t i = 0;
+    for (; n >= 3; n -= 3) i += (size_t)sprintf(out + i, "AAAA");
+    if (n == 1) i += (size_t)sprintf(out + i, "AA==");
+    if (n == 2) i += (size_t)sprintf(out + i, "AAA=");
+    out[i] = 0;
+}
+
+static void test_cuda_register_refusals(void **state) {
+    char key[64], err[1024], b64[128];
+    unsigned char handle[SHM_CUDA_HANDLE_SIZE] = {0};
+    make_object(key, sizeof key, "cudadup", 4096);
+    shm_registry_t *reg = shm_registry_create();
+    assert_int_equal(shm_register(reg, "dup", key, 0, 4096, err, sizeof err), 0);
+    static const char *bad[] = {"not base64!", "AAAAA", "AA=A", "AAA===", "\x01\x02"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        assert_int_equal(shm_cuda_register_b64(reg, "g", bad[i], 0, 1024, err, sizeof err), STATUS_INVALID);
+        assert_non_null(strstr(err, "cuda shared memory region 'g': raw_handle.b64 is not the base64 of a 64-byte"));
+    }
+    b64_zeros(b64, 90);
+    assert_int_equal(shm_cuda_register_b64(reg, "g", b64, 0, 1024, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "is not the base64 of a 64-byte CUDA IPC handle"));
+    b64_zeros(b64, 65);
+    assert_int_equal(shm_cuda_register_b64(reg, "g", b64, 0, 1024, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "raw_handle is 65 bytes"));
+    b64_zeros(b64, 32);
+    assert_int_equal(shm_cuda_register_b64(reg, "g", b64, 0, 1024, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "raw_handle is 32 bytes, but a CUDA IPC handle (cudaIpcMemHandle_t) is 64"));
+    assert_int_equal(shm_cuda_register(reg, "g", handle, 63, 0, 1024, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "raw_handle is 63 bytes"));
+    assert_int_equal(shm_cuda_register(reg, "g", handle, 0, 0, 1024, err, sizeof err), STATUS_INVALID);
+    assert_int_equal(shm_cuda_register(reg, "g", handle, sizeof handle, 0, 0, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "cuda shared memory region 'g': byte_size must be more than 0"));
+    assert_int_equal(shm_cuda_register(reg, "g", handle, sizeof handle, -1, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "device_id -1 is not a device number"));
+    assert_int_equal(shm_cuda_register(reg, "", handle, sizeof handle, 0, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "needs a name"));
+    /* Names are unique across both kinds. */
+    b64_zeros(b64, 64);
+    assert_int_equal(shm_cuda_register_b64(reg, "dup", b64, 0, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "shared memory region 'dup' is already registered"));
+    /* A well-formed request: refused with the probe's reason without a GPU,
+     * or (on a GPU machine) because 64 zero bytes are no process's handle. */
+    char why[512] = "";
+    int ndev = plugin_cuda_probe(why, sizeof why);
+    int rc = shm_cuda_register_b64(reg, "g", b64, 0, 16, err, sizeof err);
+    if (ndev <= 0) {
+        assert_int_equal(rc, STATUS_UNSUPPORTED);
+        assert_non_null(strstr(err, "cuda shared memory region 'g' cannot be registered: this server has no usable GPU"));
+        assert_non_null(strstr(err, why));
+    } else {
+        assert_int_equal(rc, STATUS_INVALID);
+        assert_non_null(strstr(err, "cannot open its CUDA IPC handle on device 0"));
+        assert_int_equal(shm_cuda_register(reg, "g", handle, sizeof handle, ndev, 16, err, sizeof err),
+                         STATUS_INVALID);
+        assert_non_null(strstr(err, "does not exist"));
+    }
+    assert_int_equal(shm_count(reg), 1);
+    shm_registry_free(reg);
+    assert_int_equal(mappings_of(key), 0);
+    shm_unlink(key);
+}
+
+static void test_cuda_status_and_unregister(void **state) {
+    char key[64], err[512];
+    int status = 0;
+    make_object(key, sizeof key, "cudastatus", 4096);
+    shm_registry_t *reg = shm_registry_create();
+    assert_int_equal(shm_register(reg, "sys", key, 0, 4096, err, sizeof err), 0);
+    cJSON *a = shm_cuda_status_json(reg, NULL, &status, err, sizeof err);
+    assert_int_equal(cJSON_GetArraySize(a), 0); /* the system region is not listed */
+    cJSON_Delete(a);
+    a = shm_cuda_status_json(reg, "", &status, err, sizeof err);
+    assert_int_equal(cJSON_GetArraySize(a), 0);
+    cJSON_Delete(a);
+    assert_null(shm_cuda_status_json(reg, "sys", &status, err, sizeof err));
+    assert_int_equal(status, STATUS_NOT_FOUND);
+    assert_non_null(strstr(err, "Unable to find cuda shared memory region: 'sys'"));
+    assert_null(shm_cuda_status_json(reg, "nope", &status, err, sizeof err));
+    assert_non_null(strstr(err, "Unable to find cuda shared memory region: 'nope'"));
+    /* CUDA unregister leaves system regions alone, and the reverse. */
+    shm_cuda_unregister(reg, "sys");
+    shm_cuda_unregister(reg, "nope");
+    shm_cuda_unregister(reg, NULL);
+    shm_cuda_unregister_all(reg);
+    assert_int_equal(shm_count(reg), 1);
+    a = shm_status_json(reg, "sys", &status, err, sizeof err);
+    assert_int_equal(cJSON_GetArraySize(a), 1);
+    cJSON_Delete(a);
+    shm_unregister_all(reg);
+    assert_int_equal(shm_count(reg), 0);
+    shm_registry_free(reg);
+    shm_unlink(key);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_refusals), cmocka_unit_test(test_status),
         cmocka_unit_test(test_acquire),           cmocka_unit_test(test_shrunk_object),
         cmocka_unit_test(test_threads),           cmocka_unit_test(test_resolve_and_write),
-        cmocka_unit_test(test_parse_refusals),
+        cmocka_unit_test(test_parse_refusals),    cmocka_unit_test(test_cuda_register_refusals),
+        cmocka_unit_test(test_cuda_status_and_unregister),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
