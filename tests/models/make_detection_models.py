@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Exports torchvision's SSDlite 320 (MobileNetV3-Large backbone) with seeded
 random weights (no download), with torch.onnx's TorchScript exporter
-(dynamo=False; torch's default is now the dynamo exporter, and the
-TorchScript one is the exporter whose graphs detection deployments carry):
+(dynamo=False). torch's default, the dynamo exporter, does not export the
+full detector (torch 2.15: torch.export stops in torchvision's batched_nms,
+GuardOnDataDependentSymNode on the per-class box counts); the TorchScript
+exporter writes it with its If and its wide Concats:
 
   ssdlite_heads  the network and the box decoding, which every SSDlite
                  deployment runs: images [N,3,320,320] in [0,1] ->
@@ -15,7 +17,7 @@ The model is torchvision's ssdlite320_mobilenet_v3_large builder with the
 backbone at width_mult 0.25 (torchvision's builder passes no width to the
 backbone, so it is assembled here from the same parts: reduced tail, the
 builder's BatchNorm, its normal init, its extractor, anchors and head), 91
-classes, so the file stays small (about 3 MB).
+classes, so the file stays small (about 5.5 MB).
 
 The full model's postprocessing (score threshold, per-class top-k, batched
 NMS) is exported as NonZero, GatherND, TopK and an If on the number of boxes
