@@ -9,9 +9,12 @@ postprocessing (thresholds, top-k, NMS) has shapes that depend on the scores
 and is not part of it. The test checks the four outputs on seeded images,
 batches of one and three, then the detections a client makes of them (the
 best class and its score per anchor, the highest-scoring anchors): the same
-labels and boxes as from onnxruntime's outputs. Bad requests get a 400
-naming what was wrong, and the server keeps serving."""
+labels and boxes as from onnxruntime's outputs. Concurrent single images
+are batched by the dynamic batcher and each gets its own answer. Bad
+requests get a 400 naming what was wrong, and the server keeps serving."""
+import json
 import shutil
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +36,11 @@ def ssd_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("detection") / "repo"
     (repo / "ssdlite" / "1").mkdir(parents=True)
     shutil.copy(SSD, repo / "ssdlite" / "1" / "model.onnx")
+    (repo / "ssdlite_batch" / "1").mkdir(parents=True)
+    shutil.copy(SSD, repo / "ssdlite_batch" / "1" / "model.onnx")
+    (repo / "ssdlite_batch" / "config.json").write_text(json.dumps({
+        "max_batch_size": 8, "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "dynamic_batching": {"max_queue_delay_microseconds": 50000}}))
     s = KilnServer(repo)
     yield s
     s.stop()
@@ -57,10 +65,10 @@ def images(seed, n):
     return x
 
 
-def infer(client, x):
+def infer(client, x, model="ssdlite"):
     i = httpclient.InferInput("images", list(x.shape), "FP32")
     i.set_data_from_numpy(x, binary_data=True)
-    r = client.infer("ssdlite", [i], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in OUTPUTS])
+    r = client.infer(model, [i], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in OUTPUTS])
     return {n: r.as_numpy(n) for n in OUTPUTS}
 
 
@@ -100,6 +108,37 @@ def test_ssdlite_matches_onnxruntime(ssd_server, ort_session, seed, n):
     # The boxes lie in the image and the scores are distributions.
     assert got["boxes"].min() >= 0 and got["boxes"].max() <= 320
     np.testing.assert_allclose(got["scores"].sum(-1), 1.0, atol=1e-5)
+
+
+def test_ssdlite_concurrent_images_batched(ssd_server, ort_session):
+    n = 6
+    xs = images(11, n)
+    want = ort_session.run(list(OUTPUTS), {"images": xs})
+    stats = lambda: httpclient.InferenceServerClient(ssd_server.url).get_inference_statistics("ssdlite_batch")["model_stats"][0]
+    before = stats()
+    clients = [httpclient.InferenceServerClient(ssd_server.url) for _ in range(n)]
+    results = [None] * n
+    go = threading.Barrier(n)
+
+    def one(k):
+        go.wait()
+        results[k] = infer(clients[k], xs[k:k + 1], "ssdlite_batch")
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for k, got in enumerate(results):
+        assert got is not None, f"image {k} got no answer"
+        for name, w in zip(OUTPUTS, want):
+            rtol, atol = TOL[name]
+            np.testing.assert_allclose(got[name], w[k:k + 1], rtol=rtol, atol=atol, err_msg=f"{name} image {k}")
+    after = stats()
+    assert int(after["inference_count"]) - int(before["inference_count"]) == n
+    executions = int(after["execution_count"]) - int(before["execution_count"])
+    assert executions < n, f"{executions} executions for {n} concurrent images: no batching"
+    print(f"{n} concurrent images ran in {executions} executions")
 
 
 def test_ssdlite_bad_requests(ssd_server, ort_session):
