@@ -102,6 +102,13 @@ def lraspp_small():
     return Seg()
 
 
+def mnasnet_small():
+    """torchvision's MNASNet at depth multiplier 0.35 (inverted residual blocks
+    with skip Adds), 100 classes."""
+    import torchvision.models as m
+    return m.MNASNet(0.35, num_classes=100)
+
+
 def timm_model(name, **kw):
     def build():
         import timm
@@ -139,7 +146,8 @@ class HF:
         elif kind == "whisper_encoder":
             cfg = t.WhisperConfig(vocab_size=VOCAB, num_mel_bins=80, d_model=128, encoder_layers=2,
                                   encoder_attention_heads=2, encoder_ffn_dim=512, decoder_layers=1,
-                                  decoder_attention_heads=2, decoder_ffn_dim=256, max_source_positions=1500)
+                                  decoder_attention_heads=2, decoder_ffn_dim=256, max_source_positions=1500,
+                                  pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
             model = t.WhisperModel(cfg).get_encoder()
         elif kind in ("gpt2", "gpt2_past", "gpt2_s_past"):
             s = kind == "gpt2_s_past"
@@ -250,13 +258,19 @@ FLOAT = {
     "mobilenet_v2_s": ("cnn", tv("mobilenet_v2", width_mult=0.35, num_classes=100), image(h=96, w=96),
                        ["logits"]),
     "squeezenet1_1_s": ("cnn", tv("squeezenet1_1", num_classes=100), image(h=96, w=96), ["logits"]),
-    "mnasnet0_5_s": ("cnn", tv("mnasnet0_5", num_classes=100), image(h=96, w=96), ["logits"]),
-    "lraspp_s": ("segmentation", lraspp_small, image(h=128, w=128), ["out"]),
+    "mnasnet0_35_s": ("cnn", mnasnet_small, image(h=96, w=96), ["logits"]),
+    "lraspp_s": ("segmentation", lraspp_small, image(h=96, w=96), ["out"]),
     "bert_s": ("text-encoder", HF("bert_s", ("last_hidden_state", "pooler_output")), tokens(),
                ["last_hidden_state", "pooler_output"]),
     "gpt2_s_past": ("decoder", HF("gpt2_s_past"), gpt_past_spec(d=32), gpt_past_outputs()),
     "llama_s": ("decoder", HF("llama_s", ("logits",)), tokens(), ["logits"]),
 }
+
+# The reduced variants kept in tests/data/modelset/ (--test-data) for `make
+# test`: a depthwise CNN, a 1x1-heavy one, inverted residuals, a segmentation
+# head, BERT-class, GPT-2 with past, a Llama-style decoder, a QDQ INT8 CNN.
+TEST_SUBSET = ["mobilenet_v2_s", "squeezenet1_1_s", "mnasnet0_35_s", "lraspp_s", "bert_s", "gpt2_s_past", "llama_s",
+               "mobilenet_v2_s_qdq"]
 
 # name: (float model it quantizes, method)
 INT8 = {
@@ -400,6 +414,19 @@ def reference(out, name):
     os.makedirs(os.path.join(folder, "outputs"), exist_ok=True)
     for k, v in zip(meta["outputs"], res):
         np.save(os.path.join(folder, "outputs", f"{k}.npy"), v)
+    if meta["kind"] == "int8" and name in TEST_SUBSET:
+        # An independent reference for the INT8 model: onnx's ReferenceEvaluator
+        # computes QDQ exactly as the operators' definitions say (slow: small
+        # models only).
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+        from onnx.version_converter import convert_version
+        # Its QuantizeLinear/DequantizeLinear start at opset 19: the model is
+        # converted (ONNX's converter) for the evaluation only.
+        ref = ReferenceEvaluator(convert_version(onnx.load(os.path.join(folder, "model.onnx")), 21))
+        os.makedirs(os.path.join(folder, "reference"), exist_ok=True)
+        for k, v in zip(meta["outputs"], ref.run(meta["outputs"], feeds)):
+            np.save(os.path.join(folder, "reference", f"{k}.npy"), v)
     meta["version"] = VERSION
     meta["onnxruntime"] = ort.__version__
     meta["bytes"] = os.path.getsize(os.path.join(folder, "model.onnx"))
@@ -416,10 +443,14 @@ def main():
                     help="Python with onnxruntime for phase 2, when this one has none")
     ap.add_argument("--phase", choices=("all", "ort"), default="all", help=argparse.SUPPRESS)
     ap.add_argument("--list", action="store_true", help="print the names and exit")
+    ap.add_argument("--test-data", default="", metavar="DIR",
+                    help="after building, copy the test subset into DIR (tests/data/modelset)")
     a = ap.parse_args()
     if a.only == "-":
         return
     names = [n for n in a.only.split(",") if n] or list(FLOAT) + list(INT8)
+    if a.test_data:
+        names = list(dict.fromkeys(names + TEST_SUBSET)) if a.only else names
     unknown = [n for n in names if n not in FLOAT and n not in INT8]
     if unknown:
         sys.exit(f"make_set: unknown model(s) {', '.join(unknown)}; known: {', '.join(list(FLOAT) + list(INT8))}")
@@ -427,8 +458,10 @@ def main():
         print("\n".join(names))
         return
     os.makedirs(a.out, exist_ok=True)
-    # Phase 2 under --ort-python is handed exactly the models to finish.
-    todo = [n for n in names if a.force or a.phase == "ort" or not current(os.path.join(a.out, n))]
+    # Phase 2 under --ort-python is handed exactly the models to finish;
+    # --force rebuilds the models named, not the test subset added to them.
+    asked = {n for n in a.only.split(",") if n} or set(names)
+    todo = [n for n in names if (a.force and n in asked) or a.phase == "ort" or not current(os.path.join(a.out, n))]
     # An INT8 model needs its float model exported first.
     floats = [n for n in FLOAT if n in todo or any(INT8[q][0] == n and q in todo
                                                     and not os.path.exists(os.path.join(a.out, n, "model.onnx"))
@@ -456,6 +489,10 @@ def main():
             args = [a.ort_python, os.path.abspath(__file__), "--phase", "ort", "--out", a.out,
                     "--only", ",".join(n for n in todo if n not in failed) or "-"]
             r = subprocess.run(args)
+            if failed:
+                print(f"make_set: export failed: {', '.join(failed)}", file=sys.stderr)
+            if r.returncode == 0 and a.test_data:
+                copy_test_data(a.out, a.test_data)
             sys.exit(r.returncode or (1 if failed else 0))
     todo = [n for n in todo if n not in failed]
     for n in todo:
@@ -470,7 +507,17 @@ def main():
             failed.append(n)
     print(f"make_set: {len(names) - len(failed)} of {len(names)} models in {a.out}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if not failed and a.test_data and a.phase == "all":
+        copy_test_data(a.out, a.test_data)
     sys.exit(1 if failed else 0)
+
+
+def copy_test_data(out, dst):
+    shutil.rmtree(dst, ignore_errors=True)
+    for n in TEST_SUBSET:
+        shutil.copytree(os.path.join(out, n), os.path.join(dst, n))
+    total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dst) for f in fs)
+    print(f"make_set: test subset ({len(TEST_SUBSET)} models, {total / 1e6:.1f} MB) in {dst}")
 
 
 if __name__ == "__main__":
