@@ -467,6 +467,11 @@ def main():
                                                     and not os.path.exists(os.path.join(a.out, n, "model.onnx"))
                                                     for q in INT8)]
     failed = []
+    if not todo:
+        print(f"make_set: all {len(names)} models already built (version {VERSION}) in {a.out}")
+        if a.test_data:
+            copy_test_data(a.out, a.test_data)
+        return
     if a.phase == "all":
         try:
             import torch  # noqa: F401
