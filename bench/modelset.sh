@@ -39,9 +39,13 @@ skip() {
 }
 
 # Build what is missing (make_set.py keeps models already built by its version).
+made=""
 if "$MODELS_PY" -c 'import torch, torchvision, timm, transformers, onnx' 2>/dev/null; then
-    "$MODELS_PY" bench/models/make_set.py --out "$MODELSET" --ort-python "$PY" >"$OUT/modelset_make.log" 2>&1 ||
-        echo "modelset.sh: make_set.py reported failures (benchmarking what was built); see $OUT/modelset_make.log" >&2
+    if ! "$MODELS_PY" bench/models/make_set.py --out "$MODELSET" --ort-python "$PY" >"$OUT/modelset_make.log" 2>&1; then
+        # Benchmark what was built; the report names what was not.
+        made=$(grep -E '^make_set: .*(failed|missing)' "$OUT/modelset_make.log" | sed 's/^make_set: /- /')
+        echo "modelset.sh: make_set.py reported failures; see $OUT/modelset_make.log" >&2
+    fi
 elif [ -z "$(ls "$MODELSET"/*/outputs 2>/dev/null | head -n 1)" ]; then
     skip "the model set is not built ($MODELSET) and the generator's packages (torch, torchvision, timm, transformers) are missing for $MODELS_PY."
 else
@@ -55,8 +59,15 @@ fi
     echo "InferenceSession.run() on the same seeded inputs, same intra-op threads, ${ROUNDS:-3} alternating rounds,"
     echo "median of each side's p50; the models from bench/models/make_set.py with seeded random weights)."
     echo "Ratio = kiln / onnxruntime (lower is better for kiln); the last column compares kiln's outputs with"
-    echo "onnxruntime's."
+    echo "onnxruntime's. onnxruntime's time includes Python's call overhead (a few microseconds), which counts"
+    echo "only for the sub-millisecond models. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
     echo
     cat "$OUT/modelset.txt"
+    if [ -n "$made" ]; then
+        echo
+        echo "Models the generator could not build (bench/models/make_set.py, log in $OUT/modelset_make.log):"
+        echo
+        echo "$made"
+    fi
 } >"$OUT/modelset.md"
 cat "$OUT/modelset.md"
