@@ -37,7 +37,7 @@ import sys
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OPSET = 17
 SEQ = 64
@@ -283,9 +283,19 @@ INT8 = {
 
 
 def dynamic_axes(spec, outputs):
-    """The batch dim symbolic on every input and output, as served models have it."""
+    """The batch dim symbolic on every input and output, as served models have
+    it; a decoder step's past and total lengths symbolic too, so one model
+    serves every step of a generation."""
     axes = {k: {0: "batch"} for k in spec}
     axes.update({k: {0: "batch"} for k in outputs})
+    if "past_key_0" in spec:
+        axes["attention_mask"] = {0: "batch", 1: "total_sequence"}
+        for k in spec:
+            if k.startswith("past_"):
+                axes[k] = {0: "batch", 2: "past_sequence"}
+        for k in outputs:
+            if k.startswith("present_"):
+                axes[k] = {0: "batch", 2: "total_sequence"}
     return axes
 
 
