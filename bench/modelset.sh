@@ -46,7 +46,7 @@ if "$MODELS_PY" -c 'import torch, torchvision, timm, transformers, onnx' 2>/dev/
         made=$(grep -E '^make_set: .*(failed|missing)' "$OUT/modelset_make.log" | sed 's/^make_set: /- /')
         echo "modelset.sh: make_set.py reported failures; see $OUT/modelset_make.log" >&2
     fi
-elif [ -z "$(ls "$MODELSET"/*/outputs 2>/dev/null | head -n 1)" ]; then
+elif ! compgen -G "$MODELSET/*/outputs" >/dev/null; then
     skip "the model set is not built ($MODELSET) and the generator's packages (torch, torchvision, timm, transformers) are missing for $MODELS_PY."
 else
     echo "modelset.sh: no generator at $MODELS_PY; using the models already in $MODELSET" >&2
