@@ -62,6 +62,14 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
 
+/* DequantizeLinear -> op -> QuantizeLinear, as onnxruntime.quantization's
+ * QDQ format writes a quantized model, becomes the integer op on the 8-bit
+ * values (CPU): Conv [+ Relu/Clip] -> QLinearConv with the activation
+ * fused, Add -> QLinearAdd, GlobalAveragePool -> QLinearGlobalAveragePool
+ * (com.microsoft), and MaxPool, Flatten, Reshape between equal scales run on
+ * the 8-bit values. Within one quantization step of the float graph. */
+int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
+
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact
  * Gelu), with its kind and parameters; 0 otherwise. */
