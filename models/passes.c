@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 #include "models/eval.h"
 
@@ -1309,7 +1310,9 @@ static int qdq_direct(struct pass *ps, int ni) {
 static int qdq_node(struct pass *ps, int i) {
     const struct graph_node *n = &ps->g->nodes[i];
     if (ps->dead[i]) return 0;
-    if (is_op(n, "Conv")) return qdq_conv(ps, i);
+    /* Without VNNI most integer convolutions would run QLinearConv's exact
+     * loop (see ops_nn.c), slower than the float Conv they replace. */
+    if (is_op(n, "Conv")) return dnnl_util_isa_vnni() ? qdq_conv(ps, i) : 0;
     if (is_op(n, "Add")) return qdq_add(ps, i);
     if (is_op(n, "GlobalAveragePool")) return qdq_gap(ps, i);
     if (is_op(n, "MaxPool") || is_op(n, "Flatten") || is_op(n, "Reshape")) return qdq_direct(ps, i);

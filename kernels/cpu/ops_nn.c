@@ -1296,16 +1296,10 @@ static int qconv_infer(struct op_call *c) {
  * output steps off ONNX's reference on the small ResNet of the tests. There
  * the int8 convolution runs only when no pair can saturate (u8 input,
  * 2 * 255 * max|w| <= 32767). */
-static int qconv_no_vnni(void) {
-    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
-    return (isa & dnnl_cpu_isa_avx512_core_vnni) != dnnl_cpu_isa_avx512_core_vnni &&
-           (isa & dnnl_cpu_isa_avx2_vnni) != dnnl_cpu_isa_avx2_vnni;
-}
-
 static int qconv_dnnl_usable(struct op_call *c) {
     const struct tensor *x = c->in[0], *w = c->in[3], *wz = opt_in(c, 5);
     if (w->dtype != DT_INT8 || !w->data || x->ndim < 3 || x->ndim > 5) return 0;
-    if (qconv_no_vnni()) {
+    if (!dnnl_util_isa_vnni()) {
         if (x->dtype != DT_UINT8) return 0;
         const int8_t *wd = w->data;
         for (int64_t i = 0; i < tensor_numel(w); i++)
