@@ -19,6 +19,7 @@
  * Every op here computes in float32 (MaxPool also passes 8-bit integers
  * through exactly). */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1619,6 +1620,44 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
     }
 }
 
+/* MaxPool over 8-bit integers (no Indices): the max of the taps inside the
+ * input, compared as integers. */
+#define POOL_MAX_Q8(T)                                                                                        \
+    static void pool_max_##T(const struct win *w, int64_t nc, const T *xd, T *yd) {                          \
+        int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, dl[3] = {1, 1, 1}; \
+        int64_t pl[3] = {0, 0, 0};                                                                            \
+        for (int i = 0; i < w->nsp; i++) {                                                                    \
+            in[i] = w->in[i]; out[i] = w->out[i]; k[i] = w->k[i]; st[i] = w->s[i]; dl[i] = w->d[i];           \
+            pl[i] = w->pl[i];                                                                                 \
+        }                                                                                                     \
+        int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2];                                  \
+        for (int64_t p = 0; p < nc; p++) {                                                                    \
+            const T *xp = xd + p * isz;                                                                       \
+            T *yp = yd + p * osz;                                                                             \
+            for (int64_t o0 = 0; o0 < out[0]; o0++)                                                           \
+                for (int64_t o1 = 0; o1 < out[1]; o1++)                                                       \
+                    for (int64_t o2 = 0; o2 < out[2]; o2++) {                                                 \
+                        int best = INT_MIN;                                                                   \
+                        for (int64_t t0 = 0; t0 < k[0]; t0++) {                                               \
+                            int64_t i0 = o0 * st[0] - pl[0] + t0 * dl[0];                                     \
+                            if (i0 < 0 || i0 >= in[0]) continue;                                              \
+                            for (int64_t t1 = 0; t1 < k[1]; t1++) {                                           \
+                                int64_t i1 = o1 * st[1] - pl[1] + t1 * dl[1];                                 \
+                                if (i1 < 0 || i1 >= in[1]) continue;                                          \
+                                const T *row = xp + (i0 * in[1] + i1) * in[2];                                \
+                                for (int64_t t2 = 0; t2 < k[2]; t2++) {                                       \
+                                    int64_t i2 = o2 * st[2] - pl[2] + t2 * dl[2];                             \
+                                    if (i2 >= 0 && i2 < in[2] && row[i2] > best) best = row[i2];              \
+                                }                                                                             \
+                            }                                                                                 \
+                        }                                                                                     \
+                        yp[(o0 * out[1] + o1) * out[2] + o2] = (T)(best == INT_MIN ? 0 : best);               \
+                    }                                                                                         \
+        }                                                                                                     \
+    }
+POOL_MAX_Q8(uint8_t)
+POOL_MAX_Q8(int8_t)
+
 static int pool_run(struct op_call *c) {
     struct pool_state *s = c->state;
     struct tensor *y = c->out[0];
@@ -1633,6 +1672,12 @@ static int pool_run(struct op_call *c) {
         return 0;
     }
     int64_t nx = tensor_numel(c->in[0]), ny = tensor_numel(y);
+    if (!idx && s->kind == POOL_MAX) {
+        int64_t nc = c->in[0]->dims[0] * c->in[0]->dims[1];
+        if (y->dtype == DT_UINT8) pool_max_uint8_t(&s->win, nc, c->in[0]->data, y->data);
+        else pool_max_int8_t(&s->win, nc, c->in[0]->data, y->data);
+        return 0;
+    }
     struct tensor xf = *c->in[0];
     float *yf = (float *)((char *)c->scratch + dnnl_util_align(sizeof(float) * (size_t)nx));
     xf.dtype = DT_FP32;
