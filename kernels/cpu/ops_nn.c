@@ -1506,10 +1506,10 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     /* oneDNN divides by the whole kernel when padding counts; ONNX clips the
      * window to the padded input, which differs once a ceil-mode window
      * hangs past the end padding. Those, dilated averages and the Indices
-     * output take the C loop. 8-bit MaxPool runs on oneDNN's u8/s8 kernels
-     * (a max of integers is exact). */
-    const enum dtype xdt = c->in[0]->dtype;
-    int use_dnnl = !has_out(c, 1) && (xdt == DT_FP32 || (kind == POOL_MAX && cpu_is_q8(xdt)));
+     * output take the C loop. 8-bit MaxPool takes pool_max_*: oneDNN's
+     * int8 pooling on ONNX's NCHW layout is its reference loop, ~100x
+     * slower. */
+    int use_dnnl = !has_out(c, 1) && c->in[0]->dtype == DT_FP32;
     if (c->in[0]->dtype != DT_FP32)
         *scratch_size = dnnl_util_align(sizeof(float) * (size_t)tensor_numel(c->in[0])) +
                         sizeof(float) * (size_t)tensor_numel(c->out[0]);
@@ -1525,7 +1525,6 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     dnnl_memory_desc_t x_md, y_md;
     dnnl_util_plain_md(&x_md, c->in[0]->ndim, c->in[0]->dims);
     dnnl_util_plain_md(&y_md, c->out[0]->ndim, c->out[0]->dims);
-    if (xdt != DT_FP32) x_md.data_type = y_md.data_type = xdt == DT_UINT8 ? dnnl_u8 : dnnl_s8;
     dnnl_dims_t st, k, dl, pl, pr;
     for (int i = 0; i < w->nsp; i++) {
         st[i] = w->s[i];
