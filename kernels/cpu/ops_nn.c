@@ -1620,38 +1620,57 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
 }
 
 /* MaxPool over 8-bit integers (no Indices): the max of the taps inside the
- * input, compared as integers. */
+ * input, compared as integers. Along the last axis the outputs whose taps
+ * all lie inside take a loop without bounds checks, which the compiler
+ * vectorizes over outputs. */
 #define POOL_MAX_Q8(T)                                                                                        \
     static void pool_max_##T(const struct win *w, int64_t nc, const T *xd, T *yd) {                          \
         int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, dl[3] = {1, 1, 1}; \
         int64_t pl[3] = {0, 0, 0};                                                                            \
+        int off = 3 - w->nsp; /* right-aligned: the last axis is always [2] */                               \
         for (int i = 0; i < w->nsp; i++) {                                                                    \
-            in[i] = w->in[i]; out[i] = w->out[i]; k[i] = w->k[i]; st[i] = w->s[i]; dl[i] = w->d[i];           \
-            pl[i] = w->pl[i];                                                                                 \
+            in[off + i] = w->in[i]; out[off + i] = w->out[i]; k[off + i] = w->k[i];                           \
+            st[off + i] = w->s[i]; dl[off + i] = w->d[i]; pl[off + i] = w->pl[i];                             \
         }                                                                                                     \
         int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2];                                  \
+        /* outputs [lo2, hi2) along the last axis have every tap inside */                                    \
+        int64_t lo2 = 0, hi2 = 0;                                                                             \
+        while (lo2 < out[2] && lo2 * st[2] - pl[2] < 0) lo2++;                                                \
+        for (hi2 = out[2]; hi2 > lo2 && (hi2 - 1) * st[2] - pl[2] + (k[2] - 1) * dl[2] >= in[2]; hi2--) {}    \
         for (int64_t p = 0; p < nc; p++) {                                                                    \
             const T *xp = xd + p * isz;                                                                       \
             T *yp = yd + p * osz;                                                                             \
             for (int64_t o0 = 0; o0 < out[0]; o0++)                                                           \
-                for (int64_t o1 = 0; o1 < out[1]; o1++)                                                       \
-                    for (int64_t o2 = 0; o2 < out[2]; o2++) {                                                 \
-                        int best = INT_MIN;                                                                   \
-                        for (int64_t t0 = 0; t0 < k[0]; t0++) {                                               \
-                            int64_t i0 = o0 * st[0] - pl[0] + t0 * dl[0];                                     \
-                            if (i0 < 0 || i0 >= in[0]) continue;                                              \
-                            for (int64_t t1 = 0; t1 < k[1]; t1++) {                                           \
-                                int64_t i1 = o1 * st[1] - pl[1] + t1 * dl[1];                                 \
-                                if (i1 < 0 || i1 >= in[1]) continue;                                          \
-                                const T *row = xp + (i0 * in[1] + i1) * in[2];                                \
-                                for (int64_t t2 = 0; t2 < k[2]; t2++) {                                       \
-                                    int64_t i2 = o2 * st[2] - pl[2] + t2 * dl[2];                             \
-                                    if (i2 >= 0 && i2 < in[2] && row[i2] > best) best = row[i2];              \
+                for (int64_t o1 = 0; o1 < out[1]; o1++) {                                                     \
+                    T *yr = yp + (o0 * out[1] + o1) * out[2];                                                 \
+                    int any = 0;                                                                              \
+                    for (int64_t t0 = 0; t0 < k[0]; t0++) {                                                   \
+                        int64_t i0 = o0 * st[0] - pl[0] + t0 * dl[0];                                         \
+                        if (i0 < 0 || i0 >= in[0]) continue;                                                  \
+                        for (int64_t t1 = 0; t1 < k[1]; t1++) {                                               \
+                            int64_t i1 = o1 * st[1] - pl[1] + t1 * dl[1];                                     \
+                            if (i1 < 0 || i1 >= in[1]) continue;                                              \
+                            const T *row = xp + (i0 * in[1] + i1) * in[2];                                    \
+                            for (int64_t o2 = 0; o2 < out[2]; o2++) {                                         \
+                                T m = any ? yr[o2] : (T)(sizeof(T) == 1 && (T)-1 < 0 ? -128 : 0);             \
+                                if (o2 >= lo2 && o2 < hi2) {                                                  \
+                                    const T *r = row + o2 * st[2] - pl[2];                                    \
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++)                                     \
+                                        m = r[t2 * dl[2]] > m ? r[t2 * dl[2]] : m;                            \
+                                } else {                                                                      \
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {                                   \
+                                        int64_t i2 = o2 * st[2] - pl[2] + t2 * dl[2];                         \
+                                        if (i2 >= 0 && i2 < in[2] && row[i2] > m) m = row[i2];                \
+                                    }                                                                         \
                                 }                                                                             \
+                                yr[o2] = m;                                                                   \
                             }                                                                                 \
+                            any = 1;                                                                          \
                         }                                                                                     \
-                        yp[(o0 * out[1] + o1) * out[2] + o2] = (T)(best == INT_MIN ? 0 : best);               \
                     }                                                                                         \
+                    if (!any)                                                                                 \
+                        for (int64_t o2 = 0; o2 < out[2]; o2++) yr[o2] = 0;                                   \
+                }                                                                                             \
         }                                                                                                     \
     }
 POOL_MAX_Q8(uint8_t)
