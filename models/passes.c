@@ -1325,6 +1325,91 @@ int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len) {
     return pass_run(&qdq_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- NHWC between integer convolutions (CPU) ------------------------------------------------ */
+
+/* oneDNN's int8 convolutions work on NHWC; ONNX tensors are NCHW, so each
+ * QLinearConv would reorder its input in and its output back. Where an
+ * 8-bit activation only flows between QLinearConvs (as their input x) and
+ * same-shape QLinearAdds, it is stored NHWC instead, its dims still NCHW:
+ * the node attribute kiln_layout says which of a QLinearConv's x (1) and y
+ * (2) are NHWC, and on a QLinearAdd (3) that its inputs and output are. A
+ * graph output, or a value any other node reads, stays NCHW. */
+
+static int is_qlinear_add(const struct graph_node *n) {
+    return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearAdd") == 0 && n->nin >= 8;
+}
+
+static int is_qconv_2d(const struct graph *g, const struct graph_node *n) {
+    const struct tensor *w = n->nin > 3 ? const_of(g, n->in[3]) : NULL;
+    return is_op(n, "QLinearConv") && w && w->ndim == 4;
+}
+
+/* 1 if every reader of v can take it NHWC, given the marks so far. */
+static int nhwc_readers_ok(const struct graph *g, const unsigned char *nhwc, int v) {
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            if (n->in[k] != v) continue;
+            if (is_qconv_2d(g, n) && k == 0) continue;
+            if (is_qlinear_add(n) && (k == 0 || k == 3) && nhwc[n->in[0]] && nhwc[n->in[3]] && nhwc[n->out[0]])
+                continue;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int set_int_attr(struct graph_node *n, const char *name, int64_t v) {
+    for (int k = 0; k < n->nattr; k++)
+        if (strcmp(n->attrs[k].name, name) == 0) {
+            n->attrs[k].i = v;
+            return 0;
+        }
+    struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
+    if (!at) return -1;
+    n->attrs = at;
+    char *nm = strdup(name);
+    if (!nm) return -1;
+    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+    return 0;
+}
+
+int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
+    unsigned char *nhwc = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
+    if (!nhwc) return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+    *nnhwc = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if ((is_qconv_2d(g, n) || is_qlinear_add(n)) && n->nout == 1 && n->out[0] >= 0) nhwc[n->out[0]] = 1;
+    }
+    for (int o = 0; o < g->noutputs; o++) nhwc[g->outputs[o]] = 0;
+    for (int more = 1; more;) { /* demote until stable */
+        more = 0;
+        for (int v = 0; v < g->nvalues; v++)
+            if (nhwc[v] && !nhwc_readers_ok(g, nhwc, v)) nhwc[v] = 0, more = 1;
+        for (int i = 0; i < g->nnodes; i++) {
+            const struct graph_node *n = &g->nodes[i];
+            if (!is_qlinear_add(n)) continue;
+            int a = n->in[0], b = n->in[3], y = n->out[0];
+            if (nhwc[y] && !(nhwc[a] && nhwc[b])) nhwc[y] = 0, more = 1;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        struct graph_node *n = &g->nodes[i];
+        int64_t lay = 0;
+        if (is_qconv_2d(g, n)) lay = (nhwc[n->in[0]] ? 1 : 0) | (nhwc[n->out[0]] ? 2 : 0);
+        else if (is_qlinear_add(n) && nhwc[n->out[0]]) lay = 3;
+        if (!lay) continue;
+        if (set_int_attr(n, "kiln_layout", lay)) {
+            free(nhwc);
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+        }
+        (*nnhwc)++;
+    }
+    free(nhwc);
+    return 0;
+}
+
 /* ---- all of them ------------------------------------------------------------------------------ */
 
 int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_for(g, 0, err, err_len); }
@@ -1351,8 +1436,10 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
+    int nhwc = 0;
+    if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq);
+              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc);
     return 0;
 }

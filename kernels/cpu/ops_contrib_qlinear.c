@@ -74,6 +74,10 @@ static int qbin_infer(struct op_call *c) {
         (rc = need_qparams(c, 6, 7, a->dtype, "C")))
         return rc;
     if ((rc = op_broadcast_shape(c, a, b, c->out[0]))) return rc;
+    /* Stored NHWC between integer convolutions (passes_qdq_layout): only
+     * an element-by-element sum keeps that layout. */
+    if (node_attr_int(c->node, "kiln_layout", 0) && (!tensor_same_shape(a, b) || strcmp(c->node->op_type, "QLinearAdd")))
+        return op_error(c, "A and B are stored NHWC and must have the same shape");
     c->out[0]->dtype = a->dtype;
     return 0;
 }

@@ -1349,6 +1349,14 @@ static dnnl_primitive_attr_t qconv_attr(struct op_call *c) {
     return attr;
 }
 
+/* An 8-bit 4-D tensor of t's dims stored NHWC. */
+static int qconv_nhwc_md(dnnl_memory_desc_t *md, const struct tensor *t) {
+    dnnl_dims_t d;
+    if (t->ndim != 4) return -1;
+    for (int i = 0; i < 4; i++) d[i] = t->dims[i];
+    return dnnl_memory_desc_init_by_tag(md, 4, d, q8_dnnl(t->dtype), dnnl_acdb) == dnnl_success ? 0 : -1;
+}
+
 /* Builds s's int8 convolution; nonzero when oneDNN has none for it. */
 static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
     const struct tensor *x = c->in[0], *w = c->in[3], *b = opt_in(c, 8);
@@ -1363,6 +1371,13 @@ static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_
     d.src_plain.data_type = d.src_any.data_type = q8_dnnl(x->dtype);
     d.dst_plain.data_type = d.dst_any.data_type = q8_dnnl(c->out[0]->dtype);
     d.b.data_type = dnnl_s32;
+    /* x and y stored NHWC (see passes_qdq_layout): the primitive takes them
+     * as they are, without reorders. */
+    int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
+    if (((lay & 1) && qconv_nhwc_md(&d.src_plain, x)) || ((lay & 2) && qconv_nhwc_md(&d.dst_plain, c->out[0])))
+        return -1;
+    if (lay & 1) d.src_any = d.src_plain;
+    if (lay & 2) d.dst_any = d.dst_plain;
     dnnl_primitive_attr_t attr = qconv_attr(c);
     if (!attr) return -1;
     dnnl_convolution_desc_t cd;
@@ -1388,7 +1403,16 @@ static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) 
         free(s);
         return rc;
     }
-    if (qconv_dnnl_usable(c) && qconv_build(c, s, scratch_size)) {
+    int usable = qconv_dnnl_usable(c);
+    if (node_attr_int(c->node, "kiln_layout", 0) && (!usable || qconv_build(c, s, scratch_size))) {
+        conv_release(s);
+        return op_error(c, "internal: x or y is stored NHWC but oneDNN has no int8 convolution for this node");
+    }
+    if (s->conv) {
+        *state = s;
+        return 0;
+    }
+    if (usable && qconv_build(c, s, scratch_size)) {
         log_debug("QLinearConv '%s': no oneDNN int8 convolution, the exact loop runs", c->node->name);
         struct conv_geom g = s->g;
         conv_release(s);
