@@ -380,7 +380,7 @@ static void test_conv_bn_relu_fusion(void **state) {
  * QuantizeLinear -> DequantizeLinear -> y: with the CPU's passes the Conv
  * becomes a QLinearConv with the Relu fused (where oneDNN's int8 kernels
  * have VNNI) and the Add a QLinearAdd, within one step of y's scale. */
-static struct graph *qdq_block(void) {
+static struct graph *qdq_block(int two_convs) {
     struct graph *g = graph_create();
     int64_t xd[4] = {1, 4, 6, 6}, wd[4] = {4, 4, 3, 3}, cd[1] = {4}, sd[1] = {1};
     add_input(g, "x", DT_FP32, 4, xd);
@@ -421,7 +421,12 @@ static struct graph *qdq_block(void) {
     node(g, "Relu", (const char *[]){"c"}, 1, (const char *[]){"r"}, 1);
     node(g, "QuantizeLinear", (const char *[]){"r", "cs", "cz"}, 3, (const char *[]){"rq"}, 1);
     node(g, "DequantizeLinear", (const char *[]){"rq", "cs", "cz"}, 3, (const char *[]){"rf"}, 1);
-    node(g, "Add", (const char *[]){"rf", "xf"}, 2, (const char *[]){"a"}, 1);
+    if (two_convs) { /* a second Conv (no bias) instead of the Add */
+        int c2 = node(g, "Conv", (const char *[]){"rf", "wf"}, 2, (const char *[]){"a"}, 1);
+        attr_ints(g, c2, "pads", 4, pads);
+    } else {
+        node(g, "Add", (const char *[]){"rf", "xf"}, 2, (const char *[]){"a"}, 1);
+    }
     node(g, "QuantizeLinear", (const char *[]){"a", "ys", "yz"}, 3, (const char *[]){"aq"}, 1);
     node(g, "DequantizeLinear", (const char *[]){"aq", "ys", "yz"}, 3, (const char *[]){"y"}, 1);
     add_output(g, "y");
@@ -441,9 +446,9 @@ static void test_qdq_fusion(void **state) {
     unsigned s = 17;
     for (int i = 0; i < 144; i++) xd[i] = frand(&s) * 2;
     struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 4, 6, 6}, .data = xd}, y1, y2;
-    struct graph *ref = qdq_block();
+    struct graph *ref = qdq_block(0);
     float *r = run1(ref, &in, &y1);
-    struct graph *g = qdq_block();
+    struct graph *g = qdq_block(0);
     char err[256];
     assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
     assert_int_equal(count_op(g, "QLinearAdd"), 1);
@@ -462,7 +467,7 @@ static void test_qdq_fusion(void **state) {
     assert_true(tensor_same_shape(&y1, &y2));
     for (int i = 0; i < 144; i++) assert_true(fabsf(f[i] - r[i]) <= 0.04f * 1.0001f);
     /* Without the CPU's fusions the graph stays float. */
-    struct graph *h = qdq_block();
+    struct graph *h = qdq_block(0);
     assert_int_equal(passes_run_for(h, 0, err, sizeof err), 0);
     assert_int_equal(count_op(h, "QLinearAdd") + count_op(h, "QLinearConv"), 0);
     free(r);
@@ -470,6 +475,40 @@ static void test_qdq_fusion(void **state) {
     graph_free(ref);
     graph_free(g);
     graph_free(h);
+}
+
+/* Two integer convolutions in a row: the 8-bit activation between them is
+ * stored NHWC (the first's y, the second's x), the graph's input and output
+ * stay NCHW, and the result is the float graph's within one step. */
+static void test_qdq_nhwc_between_convs(void **state) {
+    (void)state;
+    if (!dnnl_util_isa_vnni()) skip(); /* the Convs stay float there */
+    float xd[144];
+    unsigned s = 23;
+    for (int i = 0; i < 144; i++) xd[i] = frand(&s) * 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 4, 6, 6}, .data = xd}, y1, y2;
+    struct graph *ref = qdq_block(1);
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = qdq_block(1);
+    char err[256];
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    int seen = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (strcmp(g->nodes[i].op_type, "QLinearConv") != 0) continue;
+        /* the first reads the graph's input (NCHW) and writes NHWC */
+        int first = g->values[g->nodes[i].in[0]].producer >= 0 &&
+                    strcmp(g->nodes[g->values[g->nodes[i].in[0]].producer].op_type, "QuantizeLinear") == 0;
+        assert_int_equal(node_attr_int(&g->nodes[i], "kiln_layout", 0), first ? 2 : 1);
+        seen++;
+    }
+    assert_int_equal(seen, 2);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 144; i++) assert_true(fabsf(f[i] - r[i]) <= 0.04f * 1.0001f);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
 }
 
 /* Scores [2,2,3,40] -> Mul(1/8) -> Add(mask [2,1,3,40]) -> Softmax(-1) ->
@@ -1162,6 +1201,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_bias_clip_fusion),
         cmocka_unit_test(test_masked_softmax_fusion),
         cmocka_unit_test(test_qdq_fusion),
+        cmocka_unit_test(test_qdq_nhwc_between_convs),
         cmocka_unit_test(test_fold_constants_and_dead_nodes),
         cmocka_unit_test(test_plan_cache_lru),
         cmocka_unit_test(test_bound_input_values),
