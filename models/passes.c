@@ -1235,6 +1235,12 @@ static int qdq_conv(struct pass *ps, int ci) {
     int xi = dq_producer(ps, c->in[0]), wq, ws, wz;
     if (xi < 0 || !dq_weights(ps, c->in[1], &wq, &ws, &wz)) return 0;
     int64_t m = const_of(g, wq)->dims[0];
+    /* uint8 weights or nonzero weight zero points would run QLinearConv's
+     * exact loop, slower than the float Conv: left float. */
+    const struct tensor *wzt = const_of(g, wz);
+    if (const_of(g, wq)->dtype != DT_INT8) return 0;
+    for (int64_t i = 0; i < tensor_numel(wzt); i++)
+        if (op_double_at(wzt, i) != 0) return 0;
     const struct graph_node *x = &g->nodes[xi];
     int bq = -1;
     if (c->nin > 2 && c->in[2] >= 0 &&
