@@ -13,7 +13,8 @@ a figure that contention barely moves when both run one thread.
     .venv/bin/python bench/engine_vs_ort.py [--kiln build/kiln] [--threads 1]
         [--iterations 30] [--rounds 3] [--batches 1,8] [--models resnet50,mlp]
 
-Models: `resnet50` is ONNX's light ResNet-50 with its batch dim made symbolic
+Models: a path to an .onnx file runs that file (the INT8 models of
+docs/benchmarks-int8.md); `resnet50` is ONNX's light ResNet-50 with its batch dim made symbolic
 (the work is the same as the fixed-batch file); `mlp` is the digits MLP in
 model_repository/. Timing covers one inference call: kiln's own p50 from
 `kiln run`, and onnxruntime's InferenceSession.run() from Python, whose call
@@ -55,9 +56,12 @@ def symbolic_batch_resnet(dst):
     return path
 
 
-def kiln_p50(kiln, model, batch, threads, iterations):
-    out = subprocess.run([kiln, "run", model, "--batch", str(batch), "--iterations", str(iterations),
-                          "--threads", str(threads), "--quiet"], capture_output=True, text=True)
+def kiln_p50(kiln, model, batch, threads, iterations, inputs=()):
+    args = [kiln, "run", model, "--batch", str(batch), "--iterations", str(iterations), "--threads", str(threads),
+            "--backend", "cpu", "--quiet"]
+    for name, path in inputs:
+        args += ["--input", f"{name}={path}"]
+    out = subprocess.run(args, capture_output=True, text=True)
     text = out.stdout + out.stderr
     m = re.search(r"p50\s+([0-9.]+)\s*ms", text)
     if out.returncode != 0 or not m:
@@ -131,6 +135,8 @@ def main():
         for name in a.models.split(","):
             if name == "resnet50":
                 models[name] = symbolic_batch_resnet(tmp)
+            elif name.endswith(".onnx"):
+                models[os.path.basename(name)[:-5]] = os.path.abspath(name)
             elif name == "mlp":
                 models[name] = os.path.join(ROOT, "model_repository", "digits", "1", "model.onnx")
             else:
@@ -144,11 +150,15 @@ def main():
         worst = 0.0
         for name, path in models.items():
             for b in batches:
-                iters = a.iterations if name == "resnet50" else a.iterations * 100
+                iters = a.iterations * 100 if name == "mlp" else a.iterations
                 sess, feeds = ort_session(path, b, a.threads)
+                inputs = []  # the same inputs on both sides
+                for k, v in feeds.items():
+                    inputs.append((k, os.path.join(tmp, f"{k}.npy")))
+                    np.save(inputs[-1][1], v)
                 ks, os_ = [], []
                 for _ in range(a.rounds):
-                    ks.append(kiln_p50(a.kiln, path, b, a.threads, iters))
+                    ks.append(kiln_p50(a.kiln, path, b, a.threads, iters, inputs))
                     os_.append(ort_p50(sess, feeds, iters))
                 k, o = statistics.median(ks), statistics.median(os_)
                 worst = max(worst, k / o)

@@ -12,6 +12,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 #include "models/eval.h"
 
@@ -1127,13 +1128,339 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
     return pass_run(&masked_softmax_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- QDQ to integer operators (CPU) -------------------------------------------------------- */
+
+/* onnxruntime.quantization's QDQ format writes a quantized model as its float
+ * graph with DequantizeLinear before each operator and QuantizeLinear after
+ * it. The rewrites below turn DequantizeLinear -> op -> QuantizeLinear into
+ * the integer operator that computes the same thing on the 8-bit values, so
+ * activations stay 8-bit from one operator to the next:
+ *   Conv [-> Relu/Clip]        QLinearConv (the activation fused: node->act)
+ *   Add                        com.microsoft QLinearAdd
+ *   GlobalAveragePool          com.microsoft QLinearGlobalAveragePool
+ *   MaxPool, Flatten, Reshape  the op itself on the 8-bit input, when the
+ *                              QuantizeLinear's scale and zero point are the
+ *                              DequantizeLinear's (exact: they commute)
+ * The integer operators round once where the float graph rounds the float
+ * result of float arithmetic: results agree with ONNX's reference within one
+ * quantization step. Run before constant folding, which would otherwise turn
+ * the weights' DequantizeLinear into float constants. */
+
+/* A per-tensor quantization: scale (one float32) and zero point (one 8-bit
+ * value, whose type is the quantized tensor's), both constants. */
+static int q_scalar_params(const struct graph *g, const struct graph_node *n) {
+    if (n->nin < 3 || n->nout != 1 || n->out[0] < 0) return 0;
+    const struct tensor *s = const_of(g, n->in[1]), *z = const_of(g, n->in[2]);
+    return s && z && s->dtype == DT_FP32 && tensor_numel(s) == 1 && (z->dtype == DT_UINT8 || z->dtype == DT_INT8) &&
+           tensor_numel(z) == 1 && op_double_at(s, 0) > 0;
+}
+
+/* The DequantizeLinear (per tensor, constant parameters) that produces v,
+ * or -1. */
+static int dq_producer(struct pass *ps, int v) {
+    if (v < 0) return -1;
+    int di = ps->g->values[v].producer;
+    if (di < 0 || ps->dead[di]) return -1;
+    const struct graph_node *d = &ps->g->nodes[di];
+    return is_op(d, "DequantizeLinear") && q_scalar_params(ps->g, d) ? di : -1;
+}
+
+/* The QuantizeLinear (per tensor, constant parameters) that alone reads
+ * node i's output 0, or -1. */
+static int q_reader(struct pass *ps, int i) {
+    int qi = next_op(ps, i, "QuantizeLinear");
+    return qi >= 0 && ps->g->nodes[qi].in[0] == ps->g->nodes[i].out[0] && q_scalar_params(ps->g, &ps->g->nodes[qi])
+               ? qi
+               : -1;
+}
+
+/* 1 if the scale and zero point of nodes a and b (Q or DQ) are equal. */
+static int same_qparams(const struct graph *g, const struct graph_node *a, const struct graph_node *b) {
+    for (int k = 1; k <= 2; k++) {
+        const struct tensor *x = const_of(g, a->in[k]), *y = const_of(g, b->in[k]);
+        if (x->dtype != y->dtype || op_double_at(x, 0) != op_double_at(y, 0)) return 0;
+    }
+    return 1;
+}
+
+/* Constant 8-bit weights of a Conv dequantized per tensor or per output
+ * channel (axis 0): W_q, scale, zero point. */
+static int dq_weights(struct pass *ps, int v, int *wq, int *ws, int *wz) {
+    const struct graph *g = ps->g;
+    int di = v >= 0 ? g->values[v].producer : -1;
+    if (di < 0 || ps->dead[di]) return 0;
+    const struct graph_node *d = &g->nodes[di];
+    if (!is_op(d, "DequantizeLinear") || d->nin < 3) return 0;
+    const struct tensor *w = const_of(g, d->in[0]), *s = const_of(g, d->in[1]), *z = const_of(g, d->in[2]);
+    if (!w || !s || !z || (w->dtype != DT_INT8 && w->dtype != DT_UINT8) || z->dtype != w->dtype || s->dtype != DT_FP32 ||
+        w->ndim < 3 || tensor_numel(s) != tensor_numel(z))
+        return 0;
+    if (tensor_numel(s) != 1 && (tensor_numel(s) != w->dims[0] || node_attr_int(d, "axis", 1) != 0)) return 0;
+    if (node_attr_int(d, "block_size", 0) != 0) return 0;
+    *wq = d->in[0];
+    *ws = d->in[1];
+    *wz = d->in[2];
+    return 1;
+}
+
+/* A bias quantized to int32 at scale x_scale * w_scale (zero point 0), as
+ * QLinearConv takes it: the int32 constant, or -1 when v is not one. */
+static int dq_bias(struct pass *ps, int v, int64_t m, float xs, const struct tensor *ws) {
+    const struct graph *g = ps->g;
+    int di = v >= 0 ? g->values[v].producer : -1;
+    if (di < 0 || ps->dead[di]) return -1;
+    const struct graph_node *d = &g->nodes[di];
+    if (!is_op(d, "DequantizeLinear") || d->nin < 2) return -1;
+    const struct tensor *b = const_of(g, d->in[0]), *s = const_of(g, d->in[1]);
+    const struct tensor *z = d->nin > 2 && d->in[2] >= 0 ? const_of(g, d->in[2]) : NULL;
+    if (!b || !s || b->dtype != DT_INT32 || tensor_numel(b) != m || s->dtype != DT_FP32) return -1;
+    if (tensor_numel(s) != 1 && tensor_numel(s) != m) return -1;
+    if (d->nin > 2 && d->in[2] >= 0 && !z) return -1;
+    for (int64_t i = 0; i < m; i++) {
+        double want = (double)xs * op_double_at(ws, tensor_numel(ws) == 1 ? 0 : i);
+        double got = op_double_at(s, tensor_numel(s) == 1 ? 0 : i);
+        if (fabs(got - want) > 1e-6 * fabs(want)) return -1;
+        if (z && op_double_at(z, tensor_numel(z) == 1 ? 0 : i) != 0) return -1;
+    }
+    return d->in[0];
+}
+
+/* Turns node n into op_type (domain) with inputs in[0..nin), keeping its
+ * attributes when keep_attrs; its output becomes that of the QuantizeLinear
+ * qi, which goes (with the activation ai, if any) when the pass ends. */
+static int become_qop(struct pass *ps, int ni, const char *domain, const char *op_type, const int *in, int nin,
+                      int keep_attrs, int ai, int qi) {
+    struct graph *g = ps->g;
+    struct graph_node *n = &g->nodes[ni];
+    const struct op_def *op = op_find(domain, op_type);
+    if (!op) return 0;
+    char *t = strdup(op_type), *dm = strdup(domain);
+    int *ins = malloc((size_t)nin * sizeof *ins);
+    if (!t || !dm || !ins) {
+        free(t);
+        free(dm);
+        free(ins);
+        return pass_nomem(ps);
+    }
+    memcpy(ins, in, (size_t)nin * sizeof *ins);
+    free(n->op_type);
+    free(n->domain);
+    free(n->in);
+    n->op_type = t;
+    n->domain = dm;
+    n->in = ins;
+    n->nin = nin;
+    n->op = op;
+    if (!keep_attrs) {
+        for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
+        n->nattr = 0;
+    }
+    if (domain[0]) n->opset = 1;
+    if (ai >= 0) ps->dead[ai] = 1;
+    take_output(ps, ni, qi);
+    log_debug("QDQ: %s '%s' runs on 8-bit values", op_type, n->name);
+    return 1;
+}
+
+/* Conv between DequantizeLinear of its input, weights and bias and a
+ * QuantizeLinear, with Relu or Clip (constant bounds) between. */
+static int qdq_conv(struct pass *ps, int ci) {
+    struct graph *g = ps->g;
+    const struct graph_node *c = &g->nodes[ci];
+    if (c->nin < 2 || c->nout != 1 || c->act != ACT_NONE) return 0;
+    int xi = dq_producer(ps, c->in[0]), wq, ws, wz;
+    if (xi < 0 || !dq_weights(ps, c->in[1], &wq, &ws, &wz)) return 0;
+    int64_t m = const_of(g, wq)->dims[0];
+    /* uint8 weights or nonzero weight zero points would run QLinearConv's
+     * exact loop, slower than the float Conv: left float. */
+    const struct tensor *wzt = const_of(g, wz);
+    if (const_of(g, wq)->dtype != DT_INT8) return 0;
+    for (int64_t i = 0; i < tensor_numel(wzt); i++)
+        if (op_double_at(wzt, i) != 0) return 0;
+    const struct graph_node *x = &g->nodes[xi];
+    int bq = -1;
+    if (c->nin > 2 && c->in[2] >= 0 &&
+        (bq = dq_bias(ps, c->in[2], m, (float)op_double_at(const_of(g, x->in[1]), 0), const_of(g, ws))) < 0)
+        return 0;
+    int ai = -1, last = ci;
+    enum act_kind kind = ACT_NONE;
+    float alpha = 0, beta = 0;
+    int r = c->out[0] >= 0 && ps->nuse[c->out[0]] == 1 && !ps->is_out[c->out[0]]
+                ? sole_reader(g, ps->dead, c->out[0], ci)
+                : -1;
+    if (r >= 0 && (is_op(&g->nodes[r], "Relu") || is_op(&g->nodes[r], "Clip")) &&
+        g->nodes[r].in[0] == c->out[0] && passes_activation_of(g, &g->nodes[r], &kind, &alpha, &beta)) {
+        ai = last = r;
+    } else {
+        kind = ACT_NONE;
+    }
+    int qi = q_reader(ps, last);
+    if (qi < 0) return 0;
+    int in[9] = {x->in[0], x->in[1], x->in[2], wq, ws, wz, g->nodes[qi].in[1], g->nodes[qi].in[2], bq};
+    int rc = become_qop(ps, ci, "", "QLinearConv", in, bq >= 0 ? 9 : 8, 1, ai, qi);
+    if (rc > 0) {
+        g->nodes[ci].act = kind;
+        g->nodes[ci].act_alpha = alpha;
+        g->nodes[ci].act_beta = beta;
+    }
+    return rc;
+}
+
+/* Add of two DequantizeLinear outputs, quantized (a residual connection). */
+static int qdq_add(struct pass *ps, int ni) {
+    struct graph *g = ps->g;
+    const struct graph_node *n = &g->nodes[ni];
+    if (n->nin != 2 || n->nout != 1) return 0;
+    int a = dq_producer(ps, n->in[0]), b = dq_producer(ps, n->in[1]), qi = q_reader(ps, ni);
+    if (a < 0 || b < 0 || qi < 0) return 0;
+    const struct graph_node *da = &g->nodes[a], *db = &g->nodes[b], *q = &g->nodes[qi];
+    enum dtype t = const_of(g, da->in[2])->dtype;
+    if (const_of(g, db->in[2])->dtype != t || const_of(g, q->in[2])->dtype != t) return 0;
+    int in[8] = {da->in[0], da->in[1], da->in[2], db->in[0], db->in[1], db->in[2], q->in[1], q->in[2]};
+    return become_qop(ps, ni, "com.microsoft", "QLinearAdd", in, 8, 0, -1, qi);
+}
+
+/* GlobalAveragePool of a DequantizeLinear output, quantized. */
+static int qdq_gap(struct pass *ps, int ni) {
+    struct graph *g = ps->g;
+    const struct graph_node *n = &g->nodes[ni];
+    if (n->nin != 1 || n->nout != 1) return 0;
+    int d = dq_producer(ps, n->in[0]), qi = q_reader(ps, ni);
+    if (d < 0 || qi < 0) return 0;
+    const struct graph_node *dq = &g->nodes[d], *q = &g->nodes[qi];
+    if (const_of(g, dq->in[2])->dtype != const_of(g, q->in[2])->dtype) return 0;
+    int in[5] = {dq->in[0], dq->in[1], dq->in[2], q->in[1], q->in[2]};
+    return become_qop(ps, ni, "com.microsoft", "QLinearGlobalAveragePool", in, 5, 0, -1, qi);
+}
+
+/* An op that moves or selects values (MaxPool, Flatten, Reshape) between a
+ * DequantizeLinear and a QuantizeLinear of the same scale and zero point
+ * runs on the 8-bit values directly. */
+static int qdq_direct(struct pass *ps, int ni) {
+    struct graph *g = ps->g;
+    struct graph_node *n = &g->nodes[ni];
+    int pool = is_op(n, "MaxPool");
+    if (n->nin < 1 || n->nout != 1 || (pool && n->nin != 1)) return 0;
+    int d = dq_producer(ps, n->in[0]), qi = q_reader(ps, ni);
+    if (d < 0 || qi < 0 || !same_qparams(g, &g->nodes[d], &g->nodes[qi])) return 0;
+    n->in[0] = g->nodes[d].in[0];
+    take_output(ps, ni, qi);
+    log_debug("QDQ: %s '%s' runs on 8-bit values", n->op_type, n->name);
+    return 1;
+}
+
+static int qdq_node(struct pass *ps, int i) {
+    const struct graph_node *n = &ps->g->nodes[i];
+    if (ps->dead[i]) return 0;
+    /* Without VNNI most integer convolutions would run QLinearConv's exact
+     * loop (see ops_nn.c), slower than the float Conv they replace. */
+    if (is_op(n, "Conv")) return dnnl_util_isa_vnni() ? qdq_conv(ps, i) : 0;
+    if (is_op(n, "Add")) return qdq_add(ps, i);
+    if (is_op(n, "GlobalAveragePool")) return qdq_gap(ps, i);
+    if (is_op(n, "MaxPool") || is_op(n, "Flatten") || is_op(n, "Reshape")) return qdq_direct(ps, i);
+    return 0;
+}
+
+static const struct pass_def qdq_pass = {"rewriting quantized operators", qdq_node, 0};
+
+int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&qdq_pass, g, NULL, nfused, err, err_len);
+}
+
+/* ---- NHWC between integer convolutions (CPU) ------------------------------------------------ */
+
+/* oneDNN's int8 convolutions work on NHWC; ONNX tensors are NCHW, so each
+ * QLinearConv would reorder its input in and its output back. Where an
+ * 8-bit activation only flows between QLinearConvs (as their input x) and
+ * same-shape QLinearAdds, it is stored NHWC instead, its dims still NCHW:
+ * the node attribute kiln_layout says which of a QLinearConv's x (1) and y
+ * (2) are NHWC, and on a QLinearAdd (3) that its inputs and output are. A
+ * graph output, or a value any other node reads, stays NCHW. */
+
+static int is_qlinear_add(const struct graph_node *n) {
+    return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearAdd") == 0 && n->nin >= 8;
+}
+
+static int is_qconv_2d(const struct graph *g, const struct graph_node *n) {
+    const struct tensor *w = n->nin > 3 ? const_of(g, n->in[3]) : NULL;
+    return is_op(n, "QLinearConv") && w && w->ndim == 4;
+}
+
+/* 1 if every reader of v can take it NHWC, given the marks so far. */
+static int nhwc_readers_ok(const struct graph *g, const unsigned char *nhwc, int v) {
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            if (n->in[k] != v) continue;
+            if (is_qconv_2d(g, n) && k == 0) continue;
+            if (is_qlinear_add(n) && (k == 0 || k == 3) && nhwc[n->in[0]] && nhwc[n->in[3]] && nhwc[n->out[0]])
+                continue;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int set_int_attr(struct graph_node *n, const char *name, int64_t v) {
+    for (int k = 0; k < n->nattr; k++)
+        if (strcmp(n->attrs[k].name, name) == 0) {
+            n->attrs[k].i = v;
+            return 0;
+        }
+    struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
+    if (!at) return -1;
+    n->attrs = at;
+    char *nm = strdup(name);
+    if (!nm) return -1;
+    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+    return 0;
+}
+
+int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
+    unsigned char *nhwc = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
+    if (!nhwc) return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+    *nnhwc = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if ((is_qconv_2d(g, n) || is_qlinear_add(n)) && n->nout == 1 && n->out[0] >= 0) nhwc[n->out[0]] = 1;
+    }
+    for (int o = 0; o < g->noutputs; o++) nhwc[g->outputs[o]] = 0;
+    for (int more = 1; more;) { /* demote until stable */
+        more = 0;
+        for (int v = 0; v < g->nvalues; v++)
+            if (nhwc[v] && !nhwc_readers_ok(g, nhwc, v)) nhwc[v] = 0, more = 1;
+        for (int i = 0; i < g->nnodes; i++) {
+            const struct graph_node *n = &g->nodes[i];
+            if (!is_qlinear_add(n)) continue;
+            int a = n->in[0], b = n->in[3], y = n->out[0];
+            if (nhwc[y] && !(nhwc[a] && nhwc[b])) nhwc[y] = 0, more = 1;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        struct graph_node *n = &g->nodes[i];
+        int64_t lay = 0;
+        if (is_qconv_2d(g, n)) lay = (nhwc[n->in[0]] ? 1 : 0) | (nhwc[n->out[0]] ? 2 : 0);
+        else if (is_qlinear_add(n) && nhwc[n->out[0]]) lay = 3;
+        if (!lay) continue;
+        if (set_int_attr(n, "kiln_layout", lay)) {
+            free(nhwc);
+            return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+        }
+        (*nnhwc)++;
+    }
+    free(nhwc);
+    return 0;
+}
+
 /* ---- all of them ------------------------------------------------------------------------------ */
 
 int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_for(g, 0, err, err_len); }
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, rc;
+        removed2 = 0, qdq = 0, rc;
+    /* Before folding, which would dequantize the weights into floats. */
+    if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
      * nodes that fold in turn. */
     for (int round = 0, more = 1; more && round < 8; round++) {
@@ -1151,8 +1478,10 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
+    int nhwc = 0;
+    if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn);
+              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc);
     return 0;
 }

@@ -62,6 +62,19 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
 
+/* DequantizeLinear -> op -> QuantizeLinear, as onnxruntime.quantization's
+ * QDQ format writes a quantized model, becomes the integer op on the 8-bit
+ * values (CPU): Conv [+ Relu/Clip] -> QLinearConv with the activation
+ * fused, Add -> QLinearAdd, GlobalAveragePool -> QLinearGlobalAveragePool
+ * (com.microsoft), and MaxPool, Flatten, Reshape between equal scales run on
+ * the 8-bit values. Within one quantization step of the float graph. */
+int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
+/* After passes_fuse_qdq: the 8-bit activations that flow only between
+ * 2-D QLinearConvs and QLinearAdds are stored NHWC (oneDNN's int8 layout),
+ * their dims unchanged; the nodes' kiln_layout attribute says so. Returns
+ * the number of nodes marked through *nnhwc. */
+int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len);
+
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact
  * Gelu), with its kind and parameters; 0 otherwise. */

@@ -46,6 +46,12 @@ int dnnl_util_isa_avx2(void) {
            (isa & dnnl_cpu_isa_avx512_mic) != dnnl_cpu_isa_avx512_mic;
 }
 
+int dnnl_util_isa_vnni(void) {
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
+           (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
+}
+
 int dnnl_util_isa_level(void) {
     static _Atomic int level; /* 0 until first asked; oneDNN fixes its ISA at its first use */
     int l = atomic_load_explicit(&level, memory_order_relaxed);

@@ -39,6 +39,12 @@ void dnnl_util_set_threads(int n);
  * last bit. */
 int dnnl_util_isa_avx2(void);
 
+/* Whether oneDNN's int8 kernels have VNNI (AVX512_CORE_VNNI or AVX2_VNNI):
+ * int32 sums of u8 x s8 products, exact. Without it they sum pairs of
+ * products into int16 with saturation (vpmaddubsw) and halve s8 x s8
+ * weights, off ONNX's integer results. */
+int dnnl_util_isa_vnni(void);
+
 /* The x86-64 level kiln's own vector loops may use, as oneDNN's: 4 (AVX-512
  * F/BW/DQ/VL), 3 (AVX2, FMA) or 2 (SSE4.2, the build's baseline), capped by
  * ONEDNN_MAX_CPU_ISA like oneDNN's code, so the narrower paths are tested

@@ -74,6 +74,10 @@ static int qbin_infer(struct op_call *c) {
         (rc = need_qparams(c, 6, 7, a->dtype, "C")))
         return rc;
     if ((rc = op_broadcast_shape(c, a, b, c->out[0]))) return rc;
+    /* Stored NHWC between integer convolutions (passes_qdq_layout): only
+     * an element-by-element sum keeps that layout. */
+    if (node_attr_int(c->node, "kiln_layout", 0) && (!tensor_same_shape(a, b) || strcmp(c->node->op_type, "QLinearAdd")))
+        return op_error(c, "A and B are stored NHWC and must have the same shape");
     c->out[0]->dtype = a->dtype;
     return 0;
 }
@@ -87,6 +91,19 @@ static int qbin_run(struct op_call *c) {
     struct ew_bcast w;
     ew_bcast_init(&w, y, ins, 2);
     const float ra = qa.scale / qc.scale, rb = qb.scale / qc.scale, rm = qa.scale * qb.scale / qc.scale;
+    int64_t n = tensor_numel(y);
+    if (!mul && dt == DT_UINT8 && tensor_numel(ins[0]) == n && tensor_numel(ins[1]) == n) {
+        /* Same shapes (a residual connection): the loop below without the
+         * broadcasting, vectorized. */
+        const uint8_t *a = ins[0]->data, *b = ins[1]->data;
+        uint8_t *yd = y->data;
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            float v = nearbyintf(((float)a[i] - qa.zp) * ra + ((float)b[i] - qb.zp) * rb + qc.zp);
+            yd[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
+        }
+        return 0;
+    }
 #pragma omp parallel for if (w.outer * w.inner >= EW_PAR_MIN && w.outer > 1) num_threads(c->nthreads)
     for (int64_t r = 0; r < w.outer; r++) {
         int64_t off[EW_MAX_IN];

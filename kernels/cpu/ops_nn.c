@@ -19,10 +19,12 @@
  * Every op here computes in float32 (MaxPool also passes 8-bit integers
  * through exactly). */
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
@@ -472,14 +474,14 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     return 0;
 }
 
-static int conv_run(struct op_call *c) {
-    struct conv_state *s = c->state;
-    const struct tensor *b = opt_in(c, 2);
+/* Runs the convolution of s (Conv's or QLinearConv's) on X (input 0), the
+ * weights w and the bias b (NULL if none), reordering around it. */
+static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, const struct tensor *b) {
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
     char *scr = c->scratch;
     void *pad = s->off_pad < c->scratch_size ? scr + s->off_pad : NULL;
-    void *src = c->in[0]->data, *dst = y->data, *w = c->in[1]->data;
+    void *src = c->in[0]->data, *dst = y->data;
     int rc;
     if (s->w_reorder) {
         void *p[2] = {w, scr + s->off_w};
@@ -498,8 +500,14 @@ static int conv_run(struct op_call *c) {
         void *p[2] = {dst, y->data};
         if ((rc = dnnl_prim_exec(c, s->dst_reorder, p, pad))) return rc;
     }
-    if (s->act_after) op_apply_act(c->node, y->data, tensor_numel(y));
     return 0;
+}
+
+static int conv_run(struct op_call *c) {
+    const struct conv_state *s = c->state;
+    int rc = conv_exec(c, s, c->in[1]->data, opt_in(c, 2));
+    if (!rc && s->act_after) op_apply_act(c->node, c->out[0]->data, tensor_numel(c->out[0]));
+    return rc;
 }
 
 /* ==== ConvTranspose ===================================================== */
@@ -1273,24 +1281,178 @@ static int qconv_infer(struct op_call *c) {
     return 0;
 }
 
+/* QLinearConv on oneDNN's int8 convolution (u8s8 or s8s8, int32 sums)
+ * where it applies: s8 weights with zero points 0 (what quantize_static
+ * writes), constant scales and zero points, the activation of a fused
+ * QDQ Relu or Clip. oneDNN scales each int32 sum (bias added) by x_scale *
+ * w_scale / y_scale once, applies the activation there (Clip's bounds in
+ * steps of y_scale), adds y_zero_point and rounds half to even: ONNX's
+ * order up to the float rounding of that one product. Elsewhere (uint8
+ * weights, weight zero points, scales computed at run time), the exact
+ * loop above runs.
+ *
+ * Without VNNI (AVX2, AVX-512 before Cascade Lake) oneDNN multiplies u8 by
+ * s8 with vpmaddubsw, which sums pairs of products into int16 and
+ * saturates, and for s8 inputs halves the weights: measured up to 2
+ * output steps off ONNX's reference on the small ResNet of the tests. There
+ * the int8 convolution runs only when no pair can saturate (u8 input,
+ * 2 * 255 * max|w| <= 32767). */
+static int qconv_dnnl_usable(struct op_call *c) {
+    const struct tensor *x = c->in[0], *w = c->in[3], *wz = opt_in(c, 5);
+    if (w->dtype != DT_INT8 || !w->data || x->ndim < 3 || x->ndim > 5) return 0;
+    if (!dnnl_util_isa_vnni()) {
+        if (x->dtype != DT_UINT8) return 0;
+        const int8_t *wd = w->data;
+        for (int64_t i = 0; i < tensor_numel(w); i++)
+            if (wd[i] > 64 || wd[i] < -64) return 0;
+    }
+    for (int k = 1; k < 8; k++)
+        if (k != 3 && c->in[k] && !c->in[k]->data) return 0;
+    for (int64_t i = 0; wz && i < tensor_numel(wz); i++)
+        if (op_double_at(wz, i) != 0) return 0;
+    enum act_kind a = c->node->act;
+    return a == ACT_NONE || a == ACT_RELU || a == ACT_CLIP;
+}
+
+static dnnl_data_type_t q8_dnnl(enum dtype t) { return t == DT_UINT8 ? dnnl_u8 : dnnl_s8; }
+
+/* The attribute of the int8 convolution: output scales, zero points, the
+ * activation in output steps. NULL on failure. */
+static dnnl_primitive_attr_t qconv_attr(struct op_call *c) {
+    int64_t m = c->in[3]->dims[0];
+    const struct tensor *ws = c->in[4];
+    float xs = (float)cpu_qparam_at(c->in[1], 0, 1.0), ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
+    int32_t xz = (int32_t)cpu_qparam_at(opt_in(c, 2), 0, 0), yz = (int32_t)cpu_qparam_at(opt_in(c, 7), 0, 0);
+    int per = tensor_numel(ws) != 1;
+    float *sc = malloc(sizeof(float) * (size_t)(per ? m : 1));
+    dnnl_primitive_attr_t attr = sc ? dnnl_util_attr() : NULL;
+    dnnl_post_ops_t po = NULL;
+    int ok = attr != NULL;
+    for (int64_t i = 0; ok && i < (per ? m : 1); i++) sc[i] = xs * (float)cpu_qparam_at(ws, i, 1.0) / ys;
+    ok = ok && dnnl_primitive_attr_set_output_scales(attr, per ? m : 1, per ? 1 << 1 : 0, sc) == dnnl_success;
+    ok = ok && (!xz || dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_SRC, 1, 0, &xz) == dnnl_success);
+    ok = ok && (!yz || dnnl_primitive_attr_set_zero_points(attr, DNNL_ARG_DST, 1, 0, &yz) == dnnl_success);
+    if (ok && c->node->act != ACT_NONE) {
+        int clip = c->node->act == ACT_CLIP;
+        ok = dnnl_post_ops_create(&po) == dnnl_success &&
+             dnnl_post_ops_append_eltwise(po, 1.0f, clip ? dnnl_eltwise_clip : dnnl_eltwise_relu,
+                                          clip ? c->node->act_alpha / ys : 0.0f,
+                                          clip ? c->node->act_beta / ys : 0.0f) == dnnl_success &&
+             dnnl_primitive_attr_set_post_ops(attr, po) == dnnl_success;
+    }
+    if (po) dnnl_post_ops_destroy(po);
+    free(sc);
+    if (!ok && attr) {
+        dnnl_primitive_attr_destroy(attr);
+        attr = NULL;
+    }
+    return attr;
+}
+
+/* An 8-bit 4-D tensor of t's dims stored NHWC. */
+static int qconv_nhwc_md(dnnl_memory_desc_t *md, const struct tensor *t) {
+    dnnl_dims_t d;
+    if (t->ndim != 4) return -1;
+    for (int i = 0; i < 4; i++) d[i] = t->dims[i];
+    return dnnl_memory_desc_init_by_tag(md, 4, d, q8_dnnl(t->dtype), dnnl_acdb) == dnnl_success ? 0 : -1;
+}
+
+/* Builds s's int8 convolution; nonzero when oneDNN has none for it. */
+static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *w = c->in[3], *b = opt_in(c, 8);
+    dnnl_util_set_threads(c->nthreads);
+    if (!dnnl_util_engine()) return -1;
+    s->const_weights = 1;
+    dnnl_memory_desc_t w_user;
+    struct conv_desc d;
+    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], b, &w_user, &s->g.win)) return -1;
+    /* conv_desc_init describes float32 tensors: the same layouts in 8 bits. */
+    d.w_user.data_type = d.w_any.data_type = dnnl_s8;
+    d.src_plain.data_type = d.src_any.data_type = q8_dnnl(x->dtype);
+    d.dst_plain.data_type = d.dst_any.data_type = q8_dnnl(c->out[0]->dtype);
+    d.b.data_type = dnnl_s32;
+    /* x and y stored NHWC (see passes_qdq_layout): the primitive takes them
+     * as they are, without reorders. */
+    int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
+    if (((lay & 1) && qconv_nhwc_md(&d.src_plain, x)) || ((lay & 2) && qconv_nhwc_md(&d.dst_plain, c->out[0])))
+        return -1;
+    if (lay & 1) d.src_any = d.src_plain;
+    if (lay & 2) d.dst_any = d.dst_plain;
+    dnnl_primitive_attr_t attr = qconv_attr(c);
+    if (!attr) return -1;
+    dnnl_convolution_desc_t cd;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference, dnnl_convolution_direct,
+                                                                  &d.src_any, &d.w_any, b ? &d.b : NULL, &d.dst_any,
+                                                                  d.strides, d.dil, d.pl, d.pr);
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &cd, attr, dnnl_util_engine(), NULL);
+    dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) return -1;
+    int rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
+    dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* The int8 convolution where oneDNN has one, else the exact loop (state:
+ * the geometry, s->conv NULL). */
 static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    return iconv_prepare(c, 3, 1, state, scratch_size);
+    struct conv_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = iconv_geom(c, 3, &s->g);
+    if (rc) {
+        free(s);
+        return rc;
+    }
+    int usable = qconv_dnnl_usable(c);
+    if (node_attr_int(c->node, "kiln_layout", 0) && (!usable || qconv_build(c, s, scratch_size))) {
+        conv_release(s);
+        return op_error(c, "internal: x or y is stored NHWC but oneDNN has no int8 convolution for this node");
+    }
+    if (s->conv) {
+        *state = s;
+        return 0;
+    }
+    if (usable && qconv_build(c, s, scratch_size)) {
+        log_debug("QLinearConv '%s': no oneDNN int8 convolution, the exact loop runs", c->node->name);
+        struct conv_geom g = s->g;
+        conv_release(s);
+        if (!(s = calloc(1, sizeof *s))) return op_error(c, "out of memory"), STATUS_NOMEM;
+        s->g = g;
+    }
+    if (!s->conv) *scratch_size = iconv_scratch(c->in[0], c->in[3], c->out[0], 1);
+    *state = s;
+    return 0;
+}
+
+/* Requantizes v (in steps of y_scale, before y_zero_point) with the fused
+ * activation of a QDQ Relu or Clip applied first. */
+static double qconv_act(const struct op_call *c, double v, float ys) {
+    switch (c->node->act) {
+    case ACT_RELU: return v < 0 ? 0 : v;
+    case ACT_CLIP: {
+        double lo = c->node->act_alpha / ys, hi = c->node->act_beta / ys;
+        return v < lo ? lo : v > hi ? hi : v;
+    }
+    default: return v;
+    }
 }
 
 static int qconv_run(struct op_call *c) {
+    const struct conv_state *s = c->state;
+    if (s->conv) return conv_exec(c, s, c->in[3]->data, opt_in(c, 8));
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch;
     int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
     int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
-    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), c->state, x32, w32, acc);
+    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &s->g, x32, w32, acc);
     float xs = (float)cpu_qparam_at(c->in[1], 0, 1.0), ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
     double yz = cpu_qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
         int64_t m = (i / osz) % M;
         float mult = xs * (float)cpu_qparam_at(c->in[4], m, 1.0) / ys;
-        cpu_q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
+        cpu_q8_store(y->data, y->dtype, i, qconv_act(c, (double)acc[i] * mult, ys) + yz);
     }
     return 0;
 }
@@ -1368,7 +1530,9 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     /* oneDNN divides by the whole kernel when padding counts; ONNX clips the
      * window to the padded input, which differs once a ceil-mode window
      * hangs past the end padding. Those, dilated averages and the Indices
-     * output take the C loop. */
+     * output take the C loop. 8-bit MaxPool takes pool_max_*: oneDNN's
+     * int8 pooling on ONNX's NCHW layout is its reference loop, ~100x
+     * slower. */
     int use_dnnl = !has_out(c, 1) && c->in[0]->dtype == DT_FP32;
     if (c->in[0]->dtype != DT_FP32)
         *scratch_size = dnnl_util_align(sizeof(float) * (size_t)tensor_numel(c->in[0])) +
@@ -1479,6 +1643,63 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
     }
 }
 
+/* MaxPool over 8-bit integers (no Indices): the max of the taps inside the
+ * input, compared as integers. Along the last axis the outputs whose taps
+ * all lie inside take a loop without bounds checks, which the compiler
+ * vectorizes over outputs. */
+#define POOL_MAX_Q8(T)                                                                                        \
+    static void pool_max_##T(const struct win *w, int64_t nc, const T *xd, T *yd) {                          \
+        int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, dl[3] = {1, 1, 1}; \
+        int64_t pl[3] = {0, 0, 0};                                                                            \
+        int off = 3 - w->nsp; /* right-aligned: the last axis is always [2] */                               \
+        for (int i = 0; i < w->nsp; i++) {                                                                    \
+            in[off + i] = w->in[i]; out[off + i] = w->out[i]; k[off + i] = w->k[i];                           \
+            st[off + i] = w->s[i]; dl[off + i] = w->d[i]; pl[off + i] = w->pl[i];                             \
+        }                                                                                                     \
+        int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2];                                  \
+        /* outputs [lo2, hi2) along the last axis have every tap inside */                                    \
+        int64_t lo2 = 0, hi2 = 0;                                                                             \
+        while (lo2 < out[2] && lo2 * st[2] - pl[2] < 0) lo2++;                                                \
+        for (hi2 = out[2]; hi2 > lo2 && (hi2 - 1) * st[2] - pl[2] + (k[2] - 1) * dl[2] >= in[2]; hi2--) {}    \
+        for (int64_t p = 0; p < nc; p++) {                                                                    \
+            const T *xp = xd + p * isz;                                                                       \
+            T *yp = yd + p * osz;                                                                             \
+            for (int64_t o0 = 0; o0 < out[0]; o0++)                                                           \
+                for (int64_t o1 = 0; o1 < out[1]; o1++) {                                                     \
+                    T *yr = yp + (o0 * out[1] + o1) * out[2];                                                 \
+                    int any = 0;                                                                              \
+                    for (int64_t t0 = 0; t0 < k[0]; t0++) {                                                   \
+                        int64_t i0 = o0 * st[0] - pl[0] + t0 * dl[0];                                         \
+                        if (i0 < 0 || i0 >= in[0]) continue;                                                  \
+                        for (int64_t t1 = 0; t1 < k[1]; t1++) {                                               \
+                            int64_t i1 = o1 * st[1] - pl[1] + t1 * dl[1];                                     \
+                            if (i1 < 0 || i1 >= in[1]) continue;                                              \
+                            const T *row = xp + (i0 * in[1] + i1) * in[2];                                    \
+                            for (int64_t o2 = 0; o2 < out[2]; o2++) {                                         \
+                                T m = any ? yr[o2] : (T)(sizeof(T) == 1 && (T)-1 < 0 ? -128 : 0);             \
+                                if (o2 >= lo2 && o2 < hi2) {                                                  \
+                                    const T *r = row + o2 * st[2] - pl[2];                                    \
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++)                                     \
+                                        m = r[t2 * dl[2]] > m ? r[t2 * dl[2]] : m;                            \
+                                } else {                                                                      \
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {                                   \
+                                        int64_t i2 = o2 * st[2] - pl[2] + t2 * dl[2];                         \
+                                        if (i2 >= 0 && i2 < in[2] && row[i2] > m) m = row[i2];                \
+                                    }                                                                         \
+                                }                                                                             \
+                                yr[o2] = m;                                                                   \
+                            }                                                                                 \
+                            any = 1;                                                                          \
+                        }                                                                                     \
+                    }                                                                                         \
+                    if (!any)                                                                                 \
+                        for (int64_t o2 = 0; o2 < out[2]; o2++) yr[o2] = 0;                                   \
+                }                                                                                             \
+        }                                                                                                     \
+    }
+POOL_MAX_Q8(uint8_t)
+POOL_MAX_Q8(int8_t)
+
 static int pool_run(struct op_call *c) {
     struct pool_state *s = c->state;
     struct tensor *y = c->out[0];
@@ -1493,6 +1714,12 @@ static int pool_run(struct op_call *c) {
         return 0;
     }
     int64_t nx = tensor_numel(c->in[0]), ny = tensor_numel(y);
+    if (!idx && s->kind == POOL_MAX) {
+        int64_t nc = c->in[0]->dims[0] * c->in[0]->dims[1];
+        if (y->dtype == DT_UINT8) pool_max_uint8_t(&s->win, nc, c->in[0]->data, y->data);
+        else pool_max_int8_t(&s->win, nc, c->in[0]->data, y->data);
+        return 0;
+    }
     struct tensor xf = *c->in[0];
     float *yf = (float *)((char *)c->scratch + dnnl_util_align(sizeof(float) * (size_t)nx));
     xf.dtype = DT_FP32;
@@ -2339,7 +2566,7 @@ static int lrn_run(struct op_call *c) {
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
     {"ConvInteger", "", convi_infer, convi_prepare, convi_run, op_params_free, 0},
-    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, op_params_free, 0},
+    {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, conv_release, 0},
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "graph/graph.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 #include "models/eval.h"
 #include "models/onnx_load.h"
@@ -367,6 +368,143 @@ static void test_conv_bn_relu_fusion(void **state) {
     float *f = run1(g, &in, &y2);
     assert_true(tensor_same_shape(&y1, &y2));
     for (int i = 0; i < 4 * 36; i++) assert_float_equal(f[i], r[i], 1e-4);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
+/* x -> QuantizeLinear -> DequantizeLinear -> Conv (weights and bias
+ * dequantized per channel, as quantize_static writes them) -> Relu ->
+ * QuantizeLinear -> DequantizeLinear -> Add (with x's DequantizeLinear) ->
+ * QuantizeLinear -> DequantizeLinear -> y: with the CPU's passes the Conv
+ * becomes a QLinearConv with the Relu fused (where oneDNN's int8 kernels
+ * have VNNI) and the Add a QLinearAdd, within one step of y's scale. */
+static struct graph *qdq_block(int two_convs) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {1, 4, 6, 6}, wd[4] = {4, 4, 3, 3}, cd[1] = {4}, sd[1] = {1};
+    add_input(g, "x", DT_FP32, 4, xd);
+    int8_t w[144];
+    int32_t bq[4];
+    float ws[4], bs[4], xs = 0.02f, cs = 0.03f, ys = 0.04f;
+    int8_t wz[4] = {0};
+    int32_t bz[4] = {0};
+    uint8_t xz = 128, cz = 0, yz = 100;
+    unsigned s = 5;
+    for (int i = 0; i < 144; i++) w[i] = (int8_t)(frand(&s) * 127);
+    for (int i = 0; i < 4; i++) {
+        ws[i] = 0.01f + 0.002f * (float)i;
+        bs[i] = xs * ws[i];
+        bq[i] = (int32_t)(frand(&s) * 2000);
+    }
+    add_const(g, "wq", DT_INT8, 4, wd, w);
+    add_const_f(g, "ws", 1, cd, ws);
+    add_const(g, "wz", DT_INT8, 1, cd, wz);
+    add_const(g, "bq", DT_INT32, 1, cd, bq);
+    add_const_f(g, "bs", 1, cd, bs);
+    add_const(g, "bz", DT_INT32, 1, cd, bz);
+    add_const_f(g, "xs", 0, sd, &xs);
+    add_const(g, "xz", DT_UINT8, 0, sd, &xz);
+    add_const_f(g, "cs", 0, sd, &cs);
+    add_const(g, "cz", DT_UINT8, 0, sd, &cz);
+    add_const_f(g, "ys", 0, sd, &ys);
+    add_const(g, "yz", DT_UINT8, 0, sd, &yz);
+    node(g, "QuantizeLinear", (const char *[]){"x", "xs", "xz"}, 3, (const char *[]){"xq"}, 1);
+    node(g, "DequantizeLinear", (const char *[]){"xq", "xs", "xz"}, 3, (const char *[]){"xf"}, 1);
+    int dw = node(g, "DequantizeLinear", (const char *[]){"wq", "ws", "wz"}, 3, (const char *[]){"wf"}, 1);
+    attr_int(g, dw, "axis", 0);
+    int db = node(g, "DequantizeLinear", (const char *[]){"bq", "bs", "bz"}, 3, (const char *[]){"bf"}, 1);
+    attr_int(g, db, "axis", 0);
+    int c = node(g, "Conv", (const char *[]){"xf", "wf", "bf"}, 3, (const char *[]){"c"}, 1);
+    int64_t pads[4] = {1, 1, 1, 1};
+    attr_ints(g, c, "pads", 4, pads);
+    node(g, "Relu", (const char *[]){"c"}, 1, (const char *[]){"r"}, 1);
+    node(g, "QuantizeLinear", (const char *[]){"r", "cs", "cz"}, 3, (const char *[]){"rq"}, 1);
+    node(g, "DequantizeLinear", (const char *[]){"rq", "cs", "cz"}, 3, (const char *[]){"rf"}, 1);
+    if (two_convs) { /* a second Conv (no bias) instead of the Add */
+        int c2 = node(g, "Conv", (const char *[]){"rf", "wf"}, 2, (const char *[]){"a"}, 1);
+        attr_ints(g, c2, "pads", 4, pads);
+    } else {
+        node(g, "Add", (const char *[]){"rf", "xf"}, 2, (const char *[]){"a"}, 1);
+    }
+    node(g, "QuantizeLinear", (const char *[]){"a", "ys", "yz"}, 3, (const char *[]){"aq"}, 1);
+    node(g, "DequantizeLinear", (const char *[]){"aq", "ys", "yz"}, 3, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static int count_op(const struct graph *g, const char *op) {
+    int n = 0;
+    for (int i = 0; i < g->nnodes; i++) n += strcmp(g->nodes[i].op_type, op) == 0;
+    return n;
+}
+
+static void test_qdq_fusion(void **state) {
+    (void)state;
+    float xd[144];
+    unsigned s = 17;
+    for (int i = 0; i < 144; i++) xd[i] = frand(&s) * 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 4, 6, 6}, .data = xd}, y1, y2;
+    struct graph *ref = qdq_block(0);
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = qdq_block(0);
+    char err[256];
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    assert_int_equal(count_op(g, "QLinearAdd"), 1);
+    assert_int_equal(count_op(g, "Add"), 0);
+    if (dnnl_util_isa_vnni()) {
+        assert_int_equal(count_op(g, "Conv"), 0);
+        assert_int_equal(count_op(g, "Relu"), 0);
+        assert_int_equal(count_op(g, "QLinearConv"), 1);
+        for (int i = 0; i < g->nnodes; i++)
+            if (strcmp(g->nodes[i].op_type, "QLinearConv") == 0) assert_int_equal(g->nodes[i].act, ACT_RELU);
+    }
+    /* Of the QuantizeLinears only the input's stays (and the Conv's
+     * without VNNI, where the Conv stays float). */
+    assert_int_equal(count_op(g, "QuantizeLinear"), dnnl_util_isa_vnni() ? 1 : 2);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 144; i++) assert_true(fabsf(f[i] - r[i]) <= 0.04f * 1.0001f);
+    /* Without the CPU's fusions the graph stays float. */
+    struct graph *h = qdq_block(0);
+    assert_int_equal(passes_run_for(h, 0, err, sizeof err), 0);
+    assert_int_equal(count_op(h, "QLinearAdd") + count_op(h, "QLinearConv"), 0);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+    graph_free(h);
+}
+
+/* Two integer convolutions in a row: the 8-bit activation between them is
+ * stored NHWC (the first's y, the second's x), the graph's input and output
+ * stay NCHW, and the result is the float graph's within one step. */
+static void test_qdq_nhwc_between_convs(void **state) {
+    (void)state;
+    if (!dnnl_util_isa_vnni()) skip(); /* the Convs stay float there */
+    float xd[144];
+    unsigned s = 23;
+    for (int i = 0; i < 144; i++) xd[i] = frand(&s) * 2;
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 4, 6, 6}, .data = xd}, y1, y2;
+    struct graph *ref = qdq_block(1);
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = qdq_block(1);
+    char err[256];
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    int seen = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (strcmp(g->nodes[i].op_type, "QLinearConv") != 0) continue;
+        /* the first reads the graph's input (NCHW) and writes NHWC */
+        int first = g->values[g->nodes[i].in[0]].producer >= 0 &&
+                    strcmp(g->nodes[g->values[g->nodes[i].in[0]].producer].op_type, "QuantizeLinear") == 0;
+        assert_int_equal(node_attr_int(&g->nodes[i], "kiln_layout", 0), first ? 2 : 1);
+        seen++;
+    }
+    assert_int_equal(seen, 2);
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int i = 0; i < 144; i++) assert_true(fabsf(f[i] - r[i]) <= 0.04f * 1.0001f);
     free(r);
     free(f);
     graph_free(ref);
@@ -1117,6 +1255,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_bias_clip_fusion),
         cmocka_unit_test(test_masked_softmax_fusion),
         cmocka_unit_test(test_masked_softmax_takes_scales),
+        cmocka_unit_test(test_qdq_fusion),
+        cmocka_unit_test(test_qdq_nhwc_between_convs),
         cmocka_unit_test(test_fold_constants_and_dead_nodes),
         cmocka_unit_test(test_plan_cache_lru),
         cmocka_unit_test(test_bound_input_values),
