@@ -46,8 +46,20 @@ int dnnl_util_isa_avx2(void) {
            (isa & dnnl_cpu_isa_avx512_mic) != dnnl_cpu_isa_avx512_mic;
 }
 
+/* oneDNN 2.6's AMX int8 convolution answered a quantized MobileNetV2
+ * (onnxruntime's quantize_static, depthwise and 1x1 convolutions in NHWC)
+ * 81 quantization steps away from onnx's reference evaluator, where its
+ * AVX512_CORE_VNNI code is exact. Unless ONEDNN_MAX_CPU_ISA chooses, kiln
+ * holds oneDNN to the ISA below AMX (float work never runs on AMX); with
+ * AMX chosen, quantized convolutions stay float (dnnl_util_isa_vnni). */
+__attribute__((constructor)) static void dnnl_util_below_amx(void) {
+    if (getenv("ONEDNN_MAX_CPU_ISA") || getenv("DNNL_MAX_CPU_ISA")) return;
+    dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx512_core_bf16);
+}
+
 int dnnl_util_isa_vnni(void) {
     unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    if ((isa & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx) return 0;
     return (isa & dnnl_cpu_isa_avx512_core_vnni) == dnnl_cpu_isa_avx512_core_vnni ||
            (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
 }

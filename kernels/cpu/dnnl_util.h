@@ -42,7 +42,8 @@ int dnnl_util_isa_avx2(void);
 /* Whether oneDNN's int8 kernels have VNNI (AVX512_CORE_VNNI or AVX2_VNNI):
  * int32 sums of u8 x s8 products, exact. Without it they sum pairs of
  * products into int16 with saturation (vpmaddubsw) and halve s8 x s8
- * weights, off ONNX's integer results. */
+ * weights, off ONNX's integer results. 0 as well where AMX is in force
+ * (see dnnl_util.c: kiln holds oneDNN below AMX unless told otherwise). */
 int dnnl_util_isa_vnni(void);
 
 /* The x86-64 level kiln's own vector loops may use, as oneDNN's: 4 (AVX-512
