@@ -32,11 +32,13 @@ enum grpc_code {
     GRPC_OK = 0,
     GRPC_CANCELLED = 1,
     GRPC_INVALID_ARGUMENT = 3,
+    GRPC_DEADLINE_EXCEEDED = 4,
     GRPC_NOT_FOUND = 5,
     GRPC_RESOURCE_EXHAUSTED = 8,
     GRPC_UNIMPLEMENTED = 12,
     GRPC_INTERNAL = 13,
     GRPC_UNAVAILABLE = 14,
+    GRPC_UNAUTHENTICATED = 16,
 };
 
 /* Triton's mapping of a kiln status (common/status.h) to a gRPC code. */
@@ -44,6 +46,7 @@ enum grpc_code grpc_code_of(int status);
 
 struct grpc_conn;
 struct grpc_infer;
+struct grpc_control;
 
 struct grpc_loop {
     grpc_server_t *srv;
@@ -60,10 +63,11 @@ struct grpc_server {
     http_server_t *http;
     infer_core_t *core;
     int port;
-    size_t max_message;          /* --max-request-size: the largest request message */
+    size_t max_message;          /* --grpc-max-message-size: the largest request message */
     int nloops;
     struct grpc_loop *loops;
     void *h2_callbacks;          /* nghttp2_session_callbacks *, shared by every connection */
+    void *h2_options;            /* nghttp2_option *: the flood limits, shared too */
     pthread_mutex_t lock;        /* run_on_loops: loops still to finish the job */
     pthread_cond_t cond;
     int pending;
@@ -75,6 +79,9 @@ struct grpc_stream {
     int32_t id;
     const struct grpc_method *method;
     char *path;
+    char *authorization;         /* the "authorization" header, for load and unload */
+    uint64_t deadline_ns;        /* from grpc-timeout (clock_now_ns); 0 = none */
+    size_t header_bytes;         /* of the request's header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts */
     int bad_request;             /* a header made the call unanswerable except by an error */
     struct evbuffer *in;         /* request bytes not yet taken as messages */
     struct evbuffer *out;        /* framed answers nghttp2 has not taken yet */
@@ -85,6 +92,7 @@ struct grpc_stream {
     int remote_done;             /* the client half-closed the stream */
     struct grpc_infer *calls;    /* inference requests in the core */
     int ncalls;
+    struct grpc_control *control; /* a load or unload on the control thread */
     struct grpc_stream *next, *prev;
 };
 
@@ -122,6 +130,14 @@ void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m);
 /* Ends the call with code and a message formatted like printf. */
 void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- grpc_service.c ---- */
+/* The stream is going away: a load or unload still running answers nobody. */
+void grpc_control_detach(struct grpc_stream *st);
+/* grpc.health.v1.HealthCheckRequest's service field, decoded without
+ * generated code (the message is one string): 0 with *service pointing into
+ * msg (not NUL-terminated, *len bytes), or -1 when msg is not that message. */
+int grpc_health_request_service(const uint8_t *msg, size_t len, const uint8_t **service, size_t *service_len);
 
 /* ---- grpc_infer.c ---- */
 void grpc_model_infer(struct grpc_stream *st, const uint8_t *msg, size_t len);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "server/grpc_impl.h"
 #include "server/kserve.h"
@@ -31,6 +32,7 @@ struct grpc_infer {
     struct grpc_loop *loop;
     struct infer_request *r;
     int streaming;
+    uint64_t deadline_ns;        /* the stream's grpc-timeout; 0 = none */
     uint8_t *reply;              /* the framed answer, between encode and send */
     size_t reply_len;
     struct grpc_infer *next, *prev;
@@ -362,6 +364,8 @@ static void infer_send(void *ctx, int status, const char *msg) {
     uint8_t *reply = c->reply;
     size_t len = c->reply_len;
     int streaming = c->streaming;
+    /* Dropped in the queue at the client's deadline: Triton's DEADLINE_EXCEEDED. */
+    int late = status == STATUS_UNAVAILABLE && c->deadline_ns && clock_now_ns() >= c->deadline_ns;
     if (st) call_unlink(c);
     free(c);
     if (!st) {
@@ -371,7 +375,7 @@ static void infer_send(void *ctx, int status, const char *msg) {
     if (!streaming) {
         if (status) {
             free(reply);
-            grpc_stream_finish(st, grpc_code_of(status), msg);
+            grpc_stream_finish(st, late ? GRPC_DEADLINE_EXCEEDED : grpc_code_of(status), msg);
             return;
         }
         grpc_stream_queue(st, reply, len);
@@ -416,7 +420,7 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     if (!status && !c) status = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     struct grpc_loop *l = grpc_stream_loop(st);
     if (c) {
-        *c = (struct grpc_infer){.st = st, .loop = l, .streaming = streaming};
+        *c = (struct grpc_infer){.st = st, .loop = l, .streaming = streaming, .deadline_ns = st->deadline_ns};
         c->r = infer_request_begin(s->core, q->model_name ? q->model_name : "", version, &grpc_infer_reply, c, l,
                                    http_server_loop_redis(s->http, l->index), &status, err, sizeof err);
         if (!c->r) {
@@ -434,6 +438,7 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     if (st->calls) st->calls->prev = c;
     st->calls = c;
     st->ncalls++;
+    infer_request_set_deadline(c->r, c->deadline_ns);
     int rc = decode(infer_request_decoded(c->r), q, err, sizeof err);
     inference__model_infer_request__free_unpacked(q, NULL);
     if (rc) infer_request_fail(c->r, rc, err);
