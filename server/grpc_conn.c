@@ -226,20 +226,6 @@ grpc_server_t *grpc_stream_server(const struct grpc_stream *st) { return st->con
 
 struct grpc_loop *grpc_stream_loop(const struct grpc_stream *st) { return st->conn->loop; }
 
-uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len) {
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *buf = n <= UINT32_MAX ? malloc(n + 5) : NULL;
-    if (!buf) return NULL;
-    buf[0] = 0; /* not compressed */
-    buf[1] = (uint8_t)(n >> 24);
-    buf[2] = (uint8_t)(n >> 16);
-    buf[3] = (uint8_t)(n >> 8);
-    buf[4] = (uint8_t)n;
-    protobuf_c_message_pack(m, buf + 5);
-    *len = n + 5;
-    return buf;
-}
-
 /* nghttp2 pulls a stream's answer from here; trailers go after the last
  * byte once the status is known, and an empty queue defers the stream. */
 static ssize_t data_read_cb(nghttp2_session *h2, int32_t id, uint8_t *buf, size_t len, uint32_t *flags,

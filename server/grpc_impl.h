@@ -1,7 +1,8 @@
 /* grpc_impl.h - private to the gRPC transport: grpc_conn.c (listeners,
- * HTTP/2 connections and streams, gRPC framing), grpc_service.c (the method
- * table and the read-only RPCs), grpc_infer.c (ModelInfer and
- * ModelStreamInfer through the inference core) and grpc_json.c (protobuf
+ * HTTP/2 connections and streams), grpc_service.c (the method table and
+ * the RPCs other than inference), grpc_infer.c (ModelInfer and
+ * ModelStreamInfer through the inference core), grpc_codec.c (messages:
+ * inference requests and responses, framing) and grpc_json.c (protobuf
  * messages built from the JSON bodies HTTP serves).
  *
  * Everything here runs on the I/O thread that owns the connection. */
@@ -120,8 +121,6 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len);
  * gone), freeing st: the calls that send (this, finish, reply, errorf) come
  * last in their caller's use of st. */
 void grpc_stream_flush(struct grpc_stream *st);
-/* Packs m with its prefix: malloc'd, NULL when out of memory. */
-uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len);
 /* Ends the call: grpc-status code and grpc-message msg (NULL = none) in the
  * trailers, after what was queued. Once per stream. */
 void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg);
@@ -134,6 +133,28 @@ void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char 
 /* ---- grpc_service.c ---- */
 /* The stream is going away: a load or unload still running answers nobody. */
 void grpc_control_detach(struct grpc_stream *st);
+
+/* ---- grpc_codec.c: messages, no connection ---- */
+struct Inference__ModelInferRequest;
+struct kserve_request;
+/* Allocations freed together (a reply's message tree). */
+struct grpc_pool {
+    void *blocks;
+};
+void *grpc_pool_alloc(struct grpc_pool *p, size_t size); /* zeroed; NULL when out of memory */
+char *grpc_pool_strdup(struct grpc_pool *p, const char *s);
+void grpc_pool_free(struct grpc_pool *p);
+/* Fills r (zeroed; the caller clears it) from q: the inputs' bytes copied
+ * into their tensors, the outputs asked for, the parameters kiln knows.
+ * Errors name the field, as HTTP's do (STATUS_INVALID, err set). */
+int grpc_infer_request_decode(struct kserve_request *r, const struct Inference__ModelInferRequest *q, char *err,
+                              size_t err_len);
+/* The ModelInferResponse for res, framed, in a ModelStreamInferResponse when
+ * streaming: *out malloc'd; the message tree in pool (the caller frees it). */
+int grpc_infer_response_encode(const struct infer_result *res, int streaming, struct grpc_pool *pool, uint8_t **out,
+                               size_t *out_len, char *err, size_t err_len);
+/* Packs m with its prefix: malloc'd, NULL when out of memory. */
+uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len);
 /* grpc.health.v1.HealthCheckRequest's service field, decoded without
  * generated code (the message is one string): 0 with *service pointing into
  * msg (not NUL-terminated, *len bytes), or -1 when msg is not that message. */
@@ -149,13 +170,6 @@ void grpc_infer_detach(struct grpc_stream *st);
 void grpc_infer_stream_done(struct grpc_stream *st);
 
 /* ---- grpc_json.c ---- */
-/* Allocations freed together (a reply's message tree). */
-struct grpc_pool {
-    void *blocks;
-};
-void *grpc_pool_alloc(struct grpc_pool *p, size_t size); /* zeroed; NULL when out of memory */
-char *grpc_pool_strdup(struct grpc_pool *p, const char *s);
-void grpc_pool_free(struct grpc_pool *p);
 /* The message of type d whose fields are j's members (proto field names, as
  * Triton's JSON uses them): objects become messages or map entries, arrays
  * repeated fields, strings enum values by name. Members with no field are

@@ -270,42 +270,6 @@ static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len)
 
 /* ==== grpc.health.v1.Health ============================================== */
 
-/* A varint at *p (below end): 0, or -1 when it does not end in 10 bytes. */
-static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
-    *v = 0;
-    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
-        uint8_t b = *(*p)++;
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) return 0;
-    }
-    return -1;
-}
-
-int grpc_health_request_service(const uint8_t *msg, size_t len, const uint8_t **service, size_t *service_len) {
-    const uint8_t *p = msg, *end = msg + len;
-    *service = msg;
-    *service_len = 0;
-    while (p < end) {
-        uint64_t key, n;
-        if (read_varint(&p, end, &key) || key >> 3 == 0 || key >> 3 > 0x1fffffff) return -1;
-        switch (key & 7) {
-        case 0: if (read_varint(&p, end, &n)) return -1; break;
-        case 1: if (end - p < 8) return -1; p += 8; break;
-        case 5: if (end - p < 4) return -1; p += 4; break;
-        case 2:
-            if (read_varint(&p, end, &n) || n > (uint64_t)(end - p)) return -1;
-            if (key >> 3 == 1) {  /* string service = 1: the last one wins */
-                *service = p;
-                *service_len = (size_t)n;
-            }
-            p += n;
-            break;
-        default: return -1;  /* groups and reserved wire types */
-        }
-    }
-    return 0;
-}
-
 /* Check: SERVING for the whole server ("") and for the inference service,
  * NOT_SERVING once the drain began; NOT_FOUND for another service. The
  * answer is HealthCheckResponse {status = 1: enum}, two bytes. */
