@@ -16,6 +16,7 @@
 #define KILN_GRPC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/server_config.h"
 #include "server/http.h"
@@ -28,6 +29,12 @@ struct grpc_server_params {
     repository_t *repo;                 /* borrowed */
     http_server_t *http;                /* borrowed: its I/O threads, core and drain state */
 };
+
+/* One gRPC message on the wire: a protobuf-c message packed after its
+ * 5-byte prefix (uncompressed flag, big-endian length). malloc'd; NULL when
+ * out of memory. For the server's answers and kiln bench's requests. */
+struct ProtobufCMessage;
+uint8_t *grpc_frame(const struct ProtobufCMessage *m, size_t *len);
 
 /* Binds --grpc-address:--grpc-port and starts listening on every I/O
  * thread. NULL with err set on failure. */

@@ -153,8 +153,6 @@ int grpc_infer_request_decode(struct kserve_request *r, const struct Inference__
  * streaming: *out malloc'd; the message tree in pool (the caller frees it). */
 int grpc_infer_response_encode(const struct infer_result *res, int streaming, struct grpc_pool *pool, uint8_t **out,
                                size_t *out_len, char *err, size_t err_len);
-/* Packs m with its prefix: malloc'd, NULL when out of memory. */
-uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len);
 /* grpc.health.v1.HealthCheckRequest's service field, decoded without
  * generated code (the message is one string): 0 with *service pointing into
  * msg (not NUL-terminated, *len bytes), or -1 when msg is not that message. */

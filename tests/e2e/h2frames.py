@@ -55,7 +55,10 @@ class Conn:
         self.buf = b""
         self.frames = []
         self.closed = False
-        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0))
+        # Windows wide enough that the server never waits for a WINDOW_UPDATE
+        # (this client sends none).
+        self.sock.sendall(PREFACE + frame(SETTINGS, 0, 0, struct.pack(">HI", 4, 1 << 30)) +
+                          frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 30)))
 
     def send(self, data):
         self.sock.sendall(data)

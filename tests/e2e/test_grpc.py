@@ -594,12 +594,19 @@ def test_reload_under_grpc_traffic_no_failures(make_server, tmp_path):
 
 # ---- deadlines and cancellation of queued work ---------------------------
 
-def failures(server, model, reason):
+def metric(server, key):
     status, _, body = raw_request(server.url, "GET", "/metrics")
     assert status == 200
-    key = f'kiln_inference_request_failure{{model="{model}",version="1",reason="{reason}"}} '
-    line = next((l for l in body.decode().splitlines() if l.startswith(key)), None)
-    return int(line.split()[-1]) if line else 0
+    line = next((l for l in body.decode().splitlines() if l.startswith(key + " ")), None)
+    return int(float(line.split()[-1])) if line else 0
+
+
+def failures(server, model, reason):
+    return metric(server, f'kiln_inference_request_failure{{model="{model}",version="1",reason="{reason}"}}')
+
+
+def pending(server, model):
+    return metric(server, f'kiln_inference_pending_request_count{{model="{model}",version="1"}}')
 
 
 def slow_request():
@@ -619,15 +626,15 @@ def test_deadline_while_queued(server):
     before = failures(server, "slow", "timeout")
     c = h2frames.Conn(server.grpc_url())
     body = slow_request()
-    for sid in range(1, 61, 2):  # 30 calls ahead of it, without deadlines
+    for sid in range(1, 121, 2):  # 60 calls ahead of it, without deadlines
         c.call(sid, INFER, body)
-    c.call(61, INFER, body, extra=[("grpc-timeout", "2m")])
-    assert c.wait(lambda fr: c.ended(61), timeout=60)
-    trailers = [f for f in c.frames if f[2] == 61 and f[0] == h2frames.HEADERS]
+    c.call(121, INFER, body, extra=[("grpc-timeout", "2m")])
+    assert c.wait(lambda fr: c.ended(121), timeout=60)
+    trailers = [f for f in c.frames if f[2] == 121 and f[0] == h2frames.HEADERS]
     # grpc-status 4 (DEADLINE_EXCEEDED): a one-byte literal, never Huffman-coded.
     assert b"\x014" in trailers[-1][3]
-    assert not any(f[2] == 61 and f[0] == h2frames.DATA and f[3] for f in c.frames)
-    assert c.wait(lambda fr: all(c.ended(sid) for sid in range(1, 61, 2)), timeout=60)
+    assert not any(f[2] == 121 and f[0] == h2frames.DATA and f[3] for f in c.frames)
+    assert c.wait(lambda fr: all(c.ended(sid) for sid in range(1, 121, 2)), timeout=60)
     c.close()
     assert failures(server, "slow", "timeout") == before + 1
     # A malformed grpc-timeout is the client's error.
@@ -643,9 +650,12 @@ def test_deadline_with_tritonclient(server, stub):
     side saw the deadline first) instead of running it."""
     req = service_pb2.ModelInferRequest.FromString(slow_request())
     before = failures(server, "slow", "timeout") + failures(server, "slow", "cancelled")
-    ahead = [stub.ModelInfer.future(req) for _ in range(30)]
+    ahead = [stub.ModelInfer.future(req) for _ in range(100)]
+    deadline = time.monotonic() + 10
+    while pending(server, "slow") < 50 and time.monotonic() < deadline:  # a queue ahead of the call
+        time.sleep(0.001)
     c = grpcclient.InferenceServerClient(server.grpc_url())
-    e = grpc_error(c.infer, "slow", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=0.005)
+    e = grpc_error(c.infer, "slow", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=0.01)
     assert e.status() == "StatusCode.DEADLINE_EXCEEDED"
     for f in ahead:
         f.result(timeout=60)
