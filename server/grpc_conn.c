@@ -50,6 +50,10 @@
 #define MAX_CONTINUATIONS 8
 #define RESET_BURST 1000
 #define RESET_RATE 100
+/* Request bytes one connection may hold across its streams, in messages of
+ * --grpc-max-message-size: nghttp2 reopens the flow-control window as bytes
+ * arrive, so without it 128 streams could each hold a message's worth. */
+#define CONN_BUFFERED_MESSAGES 4
 
 struct grpc_conn {
     struct grpc_loop *loop;
@@ -59,6 +63,7 @@ struct grpc_conn {
     int busy;      /* inside nghttp2_session_mem_recv: send and close wait */
     int dead;      /* close when no longer busy */
     int closing;   /* aborted: 1 while its GOAWAY is on its way out, 2 after (lingering) */
+    size_t in_bytes; /* request bytes held in its streams' in buffers */
     struct grpc_conn *next, *prev;
 };
 
@@ -81,7 +86,10 @@ static void conn_close(struct grpc_conn *c);
 static void stream_free(struct grpc_stream *st) {
     grpc_infer_detach(st);
     grpc_control_detach(st);
-    if (st->in) evbuffer_free(st->in);
+    if (st->in) {
+        if (st->conn) st->conn->in_bytes -= evbuffer_get_length(st->in);
+        evbuffer_free(st->in);
+    }
     if (st->out) evbuffer_free(st->out);
     free(st->path);
     free(st->authorization);
@@ -288,6 +296,10 @@ void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char 
     if (st->finished) return;
     st->finished = 1;
     st->code = code;
+    /* What the client sent and nobody will read no longer counts against the connection. */
+    size_t unread = evbuffer_get_length(st->in);
+    evbuffer_drain(st->in, unread);
+    st->conn->in_bytes -= unread;
     st->message = msg && *msg ? percent_encode(msg) : NULL;
     if (!st->started && code != GRPC_OK) {
         /* Trailers-Only: the status in the one HEADERS frame. */
@@ -351,6 +363,7 @@ static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
     }
     evbuffer_drain(st->in, 5);
     evbuffer_remove(st->in, *msg, n);
+    st->conn->in_bytes -= n + 5;
     *len = n;
     return 1;
 }
@@ -482,12 +495,21 @@ static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const u
                          void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
     if (!st || st->finished || !st->method) return 0; /* answered already: the rest is dropped */
+    struct grpc_conn *c = st->conn;
+    size_t max = grpc_stream_server(st)->max_message;
+    if (c->in_bytes + len > CONN_BUFFERED_MESSAGES * (max + 5)) {
+        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                           "the connection holds more than %d x --grpc-max-message-size (%zu bytes) of unfinished "
+                           "request messages: finish or cancel its other calls first",
+                           CONN_BUFFERED_MESSAGES, max);
+        return 0;
+    }
     if (evbuffer_add(st->in, data, len)) {
         grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
         return 0;
     }
+    c->in_bytes += len;
     /* A unary call's message must not grow past the limit while it arrives. */
-    size_t max = grpc_stream_server(st)->max_message;
     if (st->method->streaming) stream_messages(st);
     else if (evbuffer_get_length(st->in) > max + 5)
         grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,

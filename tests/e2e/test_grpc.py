@@ -765,6 +765,28 @@ def test_header_list_too_large(server, gclient):
     still_serving(gclient)
 
 
+def test_connection_buffer_bound(make_server, repo):
+    """Calls whose messages never finish hold at most 4 messages' worth of
+    bytes on one connection: the call past it gets RESOURCE_EXHAUSTED, the
+    others and the connection go on."""
+    s = make_server(repo, "--grpc-max-message-size", "64K")
+    c = h2frames.Conn(s.grpc_url())
+    block = h2frames.header_block(h2frames.grpc_headers(INFER))
+    part = b"\x00" + (60000).to_bytes(4, "big") + b"\x0a" * 14995  # the start of a 60000-byte message
+    for sid in range(1, 11, 2):
+        c.send(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, sid, block))
+        for k in range(4):  # 60 000 bytes in 15 000-byte DATA frames, no END_STREAM
+            c.send(h2frames.frame(h2frames.DATA, 0, sid, part if k == 0 else b"\x0a" * 15000))
+    assert c.wait(lambda fr: c.ended(9))
+    block9 = [f for f in c.frames if f[2] == 9 and f[0] == h2frames.HEADERS][-1][3]
+    assert b"\x018" in block9  # grpc-status 8, RESOURCE_EXHAUSTED
+    assert not any(c.ended(sid) for sid in (1, 3, 5, 7))
+    c.send(b"".join(h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08") for sid in (1, 3, 5, 7)))
+    c.call(11, "/inference.GRPCInferenceService/ServerLive", b"")
+    assert c.wait(lambda fr: any(f[2] == 11 and f[0] == h2frames.DATA and f[3] for f in fr))
+    c.close()
+
+
 @pytest.mark.parametrize("bad", ["settings_length", "data_on_stream_0", "window_zero", "garbage", "even_stream"])
 def test_malformed_frames_get_goaway(server, gclient, bad):
     c = h2frames.Conn(server.grpc_url())
