@@ -474,6 +474,7 @@ def test_settings_from_file_and_environment(make_server, tmp_path):
     assert p.returncode == 2 and "grpc-port" in p.stderr and "0-65535" in p.stderr
     help_text = subprocess.run([str(KILN), "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
     assert "--grpc-port" in help_text and "--grpc-address" in help_text and "--allow-grpc" in help_text
+    assert "--grpc-max-message-size" in help_text
 
 
 # ---- grpc.health.v1.Health -----------------------------------------------
