@@ -86,6 +86,7 @@ static void conn_close(struct grpc_conn *c);
 static void stream_free(struct grpc_stream *st) {
     grpc_infer_detach(st);
     grpc_control_detach(st);
+    grpc_health_detach(st);
     if (st->in) {
         if (st->conn) st->conn->in_bytes -= evbuffer_get_length(st->in);
         evbuffer_free(st->in);
@@ -279,6 +280,13 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len) {
 }
 
 void grpc_stream_flush(struct grpc_stream *st) { conn_flush(st->conn); }
+
+void grpc_loop_flush(struct grpc_loop *l) {
+    for (struct grpc_conn *c = l->conns, *next; c; c = next) {
+        next = c->next; /* conn_flush may free c, and only c */
+        conn_flush(c);
+    }
+}
 
 /* grpc-message is percent-encoded: bytes outside printable ASCII, and '%'. */
 static char *percent_encode(const char *msg) {
@@ -618,6 +626,7 @@ static void loop_close(void *arg) {
     if (l->lev) evconnlistener_free(l->lev);
     l->lev = NULL;
     while (l->conns) conn_shutdown(l->conns);
+    grpc_health_loop_close(l);
     loop_job_done(l->srv);
 }
 

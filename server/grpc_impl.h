@@ -56,6 +56,8 @@ struct grpc_loop {
     struct evconnlistener *lev;
     int fd;
     struct grpc_conn *conns;     /* open connections, for the close at exit */
+    struct grpc_stream *watchers; /* grpc.health.v1 Watch calls, linked by wnext/wprev */
+    struct event *watch_ev;      /* their check of the serving status, while there are any */
 };
 
 struct grpc_server {
@@ -94,6 +96,8 @@ struct grpc_stream {
     struct grpc_infer *calls;    /* inference requests in the core */
     int ncalls;
     struct grpc_control *control; /* a load or unload on the control thread */
+    int watch_status;            /* a Watch call's last status sent; 0 = not watching */
+    struct grpc_stream *wnext, *wprev;
     struct grpc_stream *next, *prev;
 };
 
@@ -121,6 +125,8 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len);
  * gone), freeing st: the calls that send (this, finish, reply, errorf) come
  * last in their caller's use of st. */
 void grpc_stream_flush(struct grpc_stream *st);
+/* Sends what every connection of the loop queued (each may close). */
+void grpc_loop_flush(struct grpc_loop *l);
 /* Ends the call: grpc-status code and grpc-message msg (NULL = none) in the
  * trailers, after what was queued. Once per stream. */
 void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg);
@@ -131,8 +137,12 @@ void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char 
     __attribute__((format(printf, 3, 4)));
 
 /* ---- grpc_service.c ---- */
-/* The stream is going away: a load or unload still running answers nobody. */
+/* The stream is going away: a load or unload still running answers nobody,
+ * and a health Watch stops. */
 void grpc_control_detach(struct grpc_stream *st);
+void grpc_health_detach(struct grpc_stream *st);
+/* At exit, on the loop's thread: the Watch timer goes. */
+void grpc_health_loop_close(struct grpc_loop *l);
 
 /* ---- grpc_codec.c: messages, no connection ---- */
 struct Inference__ModelInferRequest;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
+#include <event2/event.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -270,32 +271,93 @@ static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len)
 
 /* ==== grpc.health.v1.Health ============================================== */
 
-/* Check: SERVING for the whole server ("") and for the inference service,
- * NOT_SERVING once the drain began; NOT_FOUND for another service. The
- * answer is HealthCheckResponse {status = 1: enum}, two bytes. */
-static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+/* The serving status of the services Check and Watch answer for. */
+static int health_status(struct grpc_stream *st) { return http_server_draining(grpc_stream_server(st)->http) ? 2 : 1; }
+
+/* HealthCheckResponse {status = 1: enum}, framed: 7 bytes. */
+static void health_send(struct grpc_stream *st, int status) {
+    uint8_t *buf = malloc(7);
+    if (!buf) return;
+    /* The gRPC prefix (uncompressed, 2 bytes), then field 1 = SERVING (1) or NOT_SERVING (2). */
+    memcpy(buf, "\0\0\0\0\2\x08", 6);
+    buf[6] = (uint8_t)status;
+    grpc_stream_queue(st, buf, 7);
+}
+
+/* The request names the whole server ("") or the inference service: 0;
+ * otherwise the call is answered (INVALID_ARGUMENT or NOT_FOUND) and -1. */
+static int health_request(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     static const char inference[] = "inference.GRPCInferenceService";
     const uint8_t *svc;
     size_t n;
     if (grpc_health_request_service(msg, len, &svc, &n)) {
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid HealthCheckRequest message");
-        return;
+        return -1;
     }
     if (n && !(n == sizeof inference - 1 && memcmp(svc, inference, n) == 0)) {
         grpc_stream_errorf(st, GRPC_NOT_FOUND, "unknown service '%.*s': kiln serves '' and '%s'",
                            (int)(n > 200 ? 200 : n), (const char *)svc, inference);
-        return;
+        return -1;
     }
-    uint8_t *buf = malloc(7);
-    if (!buf) {
-        grpc_stream_finish(st, GRPC_INTERNAL, "out of memory");
-        return;
-    }
-    /* The gRPC prefix (uncompressed, 2 bytes), then field 1 = SERVING (1) or NOT_SERVING (2). */
-    memcpy(buf, "\0\0\0\0\2\x08", 6);
-    buf[6] = http_server_draining(grpc_stream_server(st)->http) ? 2 : 1;
-    grpc_stream_queue(st, buf, 7);
+    return 0;
+}
+
+/* Check: SERVING for the whole server ("") and for the inference service,
+ * NOT_SERVING once the drain began; NOT_FOUND for another service. The
+ * answer is HealthCheckResponse {status = 1: enum}, two bytes. */
+static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    if (health_request(st, msg, len)) return;
+    health_send(st, health_status(st));
     grpc_stream_finish(st, GRPC_OK, NULL);
+}
+
+/* Watch: the status now, then each change, until the client cancels or the
+ * server exits. The drain is the one change there is; a timer on the
+ * call's loop looks for it every WATCH_MS while the loop has watchers. */
+#define WATCH_MS 100
+
+void grpc_health_detach(struct grpc_stream *st) {
+    if (!st->watch_status) return;
+    struct grpc_loop *l = grpc_stream_loop(st);
+    if (st->wprev) st->wprev->wnext = st->wnext;
+    else l->watchers = st->wnext;
+    if (st->wnext) st->wnext->wprev = st->wprev;
+    st->watch_status = 0;
+    if (!l->watchers && l->watch_ev) event_del(l->watch_ev);
+}
+
+void grpc_health_loop_close(struct grpc_loop *l) {
+    if (l->watch_ev) event_free(l->watch_ev);
+    l->watch_ev = NULL;
+}
+
+static void watch_tick(evutil_socket_t fd, short what, void *arg) {
+    struct grpc_loop *l = arg;
+    for (struct grpc_stream *st = l->watchers; st; st = st->wnext) {
+        int now = health_status(st);
+        if (now != st->watch_status) {
+            st->watch_status = now;
+            health_send(st, now);
+        }
+    }
+    grpc_loop_flush(l); /* after the walk: a flush may free streams */
+}
+
+static void health_watch(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    if (health_request(st, msg, len)) return;
+    struct grpc_loop *l = grpc_stream_loop(st);
+    static const struct timeval every = {0, WATCH_MS * 1000};
+    if (!l->watch_ev) l->watch_ev = event_new(l->base, -1, EV_PERSIST, watch_tick, l);
+    if (!l->watch_ev) {
+        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    if (!l->watchers) event_add(l->watch_ev, &every);
+    st->watch_status = health_status(st);
+    st->wnext = l->watchers;
+    if (l->watchers) l->watchers->wprev = st;
+    l->watchers = st;
+    health_send(st, st->watch_status);
 }
 
 /* ==== the method table =================================================== */
@@ -315,6 +377,7 @@ static const struct grpc_method methods[] = {
     {SERVICE "RepositoryModelLoad", 0, model_load},
     {SERVICE "RepositoryModelUnload", 0, model_unload},
     {HEALTH "Check", 0, health_check},
+    {HEALTH "Watch", 0, health_watch},
 };
 
 const struct grpc_method *grpc_method_find(const char *path) {

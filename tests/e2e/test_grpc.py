@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import h2frames
-from conftest import KILN, raw_request, reload_under_traffic, save_model, tiny_graph
+from conftest import KILN, raw_request, reload_under_traffic, save_model, slow_graph, tiny_graph
 
 
 @pytest.fixture(scope="module")
@@ -495,6 +495,38 @@ def test_health_service(server):
     with pytest.raises(grpc.RpcError) as e:
         channel.unary_unary("/grpc.health.v1.Health/Nope")(b"")
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    channel.close()
+
+
+def test_health_watch_sees_the_drain(make_server, tmp_path):
+    """Watch: SERVING at once, NOT_SERVING when the drain begins (requests are
+    still running then), and the stream ends when the server exits."""
+    root = tmp_path / "repo"
+    save_model(root, "slower", slow_graph(depth=300, width=512))
+    s = make_server(root)
+    url = s.grpc_url()
+    channel = grpc.insecure_channel(url)
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch")(b"")
+    assert next(watch) == b"\x08\x01"
+    other = channel.unary_stream("/grpc.health.v1.Health/Watch")(b"\x0a\x05other")
+    with pytest.raises(grpc.RpcError) as e:
+        next(other)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    req = service_pb2.ModelInferRequest(model_name="slower")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
+    busy = [stub.ModelInfer.future(req) for _ in range(20)]  # the drain waits for them
+    deadline = time.monotonic() + 10
+    while not any(f.running() for f in busy) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.1)
+    s.signal(signal.SIGTERM)
+    assert next(watch) == b"\x08\x02"  # NOT_SERVING
+    with pytest.raises((StopIteration, grpc.RpcError)):
+        next(watch)
+    assert s.proc.wait(timeout=60) == 0
+    assert all(f.result(timeout=60).raw_output_contents for f in busy)
     channel.close()
 
 
