@@ -54,6 +54,9 @@
  * --grpc-max-message-size: nghttp2 reopens the flow-control window as bytes
  * arrive, so without it 128 streams could each hold a message's worth. */
 #define CONN_BUFFERED_MESSAGES 4
+/* How long an aborted connection waits for its GOAWAY to leave, then for
+ * the client to close its side. */
+#define CONN_ABORT_SECS 5
 
 struct grpc_conn {
     struct grpc_loop *loop;
@@ -106,11 +109,9 @@ static void stream_unlink(struct grpc_conn *c, struct grpc_stream *st) {
 
 /* Hands nghttp2's pending frames to the socket; closes the connection when
  * neither side has anything left to say, or on a protocol error. */
-#define CONN_ABORT_SECS 5
-
 static void conn_flush(struct grpc_conn *c) {
     if (c->busy) return;
-    if (c->closing) {
+    if (c->closing && !c->dead) {
         /* The GOAWAY left: half-close and read (and drop) what the client
          * still sends until it closes too. Closing with its bytes unread
          * would reset the connection, and a reset may discard the GOAWAY
@@ -146,8 +147,7 @@ static void streams_free(struct grpc_conn *c) {
  * GOAWAY of its own (a SETTINGS, PING or CONTINUATION flood, too many
  * resets): the GOAWAY is written here, since the session takes no more
  * calls, the streams go at once, and the connection closes once the frame
- * left and the client closed too (or after CONN_ABORT_SECS without
- * progress). */
+ * left and the client closed too. */
 static void conn_abort(struct grpc_conn *c, uint32_t code) {
     uint32_t last = (uint32_t)nghttp2_session_get_last_proc_stream_id(c->h2);
     uint8_t f[17] = {0, 0, 8, NGHTTP2_GOAWAY, 0, 0, 0, 0, 0,
