@@ -677,25 +677,32 @@ def test_deadline_while_queued(server):
     c.close()
 
 
-def test_deadline_with_tritonclient(server, stub):
+def test_deadline_with_tritonclient(make_server, tmp_path):
     """tritonclient's client_timeout: DEADLINE_EXCEEDED for a call stuck in
     the queue, and the server drops it (cancelled or timed out, whichever
     side saw the deadline first) instead of running it."""
-    req = service_pb2.ModelInferRequest.FromString(slow_request())
-    before = failures(server, "slow", "timeout") + failures(server, "slow", "cancelled")
-    ahead = [stub.ModelInfer.future(req) for _ in range(100)]
+    root = tmp_path / "repo"
+    save_model(root, "slower", slow_graph(depth=300, width=512))
+    server = make_server(root)
+    channel = grpc.insecure_channel(server.grpc_url())
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    req = service_pb2.ModelInferRequest(model_name="slower")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
+    ahead = [stub.ModelInfer.future(req) for _ in range(40)]
     deadline = time.monotonic() + 10
-    while pending(server, "slow") < 50 and time.monotonic() < deadline:  # a queue ahead of the call
+    while pending(server, "slower") < 20 and time.monotonic() < deadline:  # a queue ahead of the call
         time.sleep(0.001)
     c = grpcclient.InferenceServerClient(server.grpc_url())
-    e = grpc_error(c.infer, "slow", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=0.01)
+    e = grpc_error(c.infer, "slower", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=0.02)
     assert e.status() == "StatusCode.DEADLINE_EXCEEDED"
     for f in ahead:
         f.result(timeout=60)
     time.sleep(0.2)
-    assert failures(server, "slow", "timeout") + failures(server, "slow", "cancelled") == before + 1
-    assert c.infer("slow", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=60)
+    assert failures(server, "slower", "timeout") + failures(server, "slower", "cancelled") == 1
+    assert c.infer("slower", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=60)
     c.close()
+    channel.close()
 
 
 def test_cancelled_and_closed_drop_queued_work(server, gclient):
