@@ -617,7 +617,14 @@ static void conn_shutdown(struct grpc_conn *c) {
         nghttp2_session_terminate_session(c->h2, NGHTTP2_NO_ERROR);
         if (!c->dead) nghttp2_session_send(c->h2);
     }
-    evbuffer_write(bufferevent_get_output(c->bev), bufferevent_getfd(c->bev));
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    evbuffer_write(bufferevent_get_output(c->bev), fd);
+    /* A FIN after the answers, and what the client sent meanwhile read and
+     * dropped: closing with unread bytes would reset the connection, and a
+     * reset may discard the answers before the client reads them. */
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
     conn_close(c);
 }
 
@@ -626,7 +633,6 @@ static void loop_close(void *arg) {
     if (l->lev) evconnlistener_free(l->lev);
     l->lev = NULL;
     while (l->conns) conn_shutdown(l->conns);
-    grpc_health_loop_close(l);
     loop_job_done(l->srv);
 }
 
@@ -680,6 +686,14 @@ fail:
 }
 
 int grpc_server_port(const grpc_server_t *s) { return s->port; }
+
+static void loop_drain(void *arg) { grpc_health_notify(arg); }
+
+void grpc_server_begin_drain(grpc_server_t *s) {
+    if (!s) return;
+    /* Not waited for: grpc_server_free's jobs come after these on each loop. */
+    for (int i = 0; i < s->nloops; i++) http_server_post(s->http, i, loop_drain, &s->loops[i]);
+}
 
 void grpc_server_free(grpc_server_t *s) {
     if (!s) return;

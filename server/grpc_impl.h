@@ -57,7 +57,6 @@ struct grpc_loop {
     int fd;
     struct grpc_conn *conns;     /* open connections, for the close at exit */
     struct grpc_stream *watchers; /* grpc.health.v1 Watch calls, linked by wnext/wprev */
-    struct event *watch_ev;      /* their check of the serving status, while there are any */
 };
 
 struct grpc_server {
@@ -141,8 +140,9 @@ void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char 
  * and a health Watch stops. */
 void grpc_control_detach(struct grpc_stream *st);
 void grpc_health_detach(struct grpc_stream *st);
-/* At exit, on the loop's thread: the Watch timer goes. */
-void grpc_health_loop_close(struct grpc_loop *l);
+/* The serving status changed (the drain began): the loop's Watch calls
+ * hear it. On the loop's thread. */
+void grpc_health_notify(struct grpc_loop *l);
 
 /* ---- grpc_codec.c: messages, no connection ---- */
 struct Inference__ModelInferRequest;

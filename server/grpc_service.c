@@ -12,7 +12,6 @@
 #include <string.h>
 
 #include <cjson/cJSON.h>
-#include <event2/event.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -312,10 +311,8 @@ static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len)
 }
 
 /* Watch: the status now, then each change, until the client cancels or the
- * server exits. The drain is the one change there is; a timer on the
- * call's loop looks for it every WATCH_MS while the loop has watchers. */
-#define WATCH_MS 100
-
+ * server exits. The drain is the one change there is
+ * (grpc_server_begin_drain). */
 void grpc_health_detach(struct grpc_stream *st) {
     if (!st->watch_status) return;
     struct grpc_loop *l = grpc_stream_loop(st);
@@ -323,16 +320,9 @@ void grpc_health_detach(struct grpc_stream *st) {
     else l->watchers = st->wnext;
     if (st->wnext) st->wnext->wprev = st->wprev;
     st->watch_status = 0;
-    if (!l->watchers && l->watch_ev) event_del(l->watch_ev);
 }
 
-void grpc_health_loop_close(struct grpc_loop *l) {
-    if (l->watch_ev) event_free(l->watch_ev);
-    l->watch_ev = NULL;
-}
-
-static void watch_tick(evutil_socket_t fd, short what, void *arg) {
-    struct grpc_loop *l = arg;
+void grpc_health_notify(struct grpc_loop *l) {
     for (struct grpc_stream *st = l->watchers; st; st = st->wnext) {
         int now = health_status(st);
         if (now != st->watch_status) {
@@ -346,13 +336,6 @@ static void watch_tick(evutil_socket_t fd, short what, void *arg) {
 static void health_watch(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     if (health_request(st, msg, len)) return;
     struct grpc_loop *l = grpc_stream_loop(st);
-    static const struct timeval every = {0, WATCH_MS * 1000};
-    if (!l->watch_ev) l->watch_ev = event_new(l->base, -1, EV_PERSIST, watch_tick, l);
-    if (!l->watch_ev) {
-        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
-        return;
-    }
-    if (!l->watchers) event_add(l->watch_ev, &every);
     st->watch_status = health_status(st);
     st->wnext = l->watchers;
     if (l->watchers) l->watchers->wprev = st;

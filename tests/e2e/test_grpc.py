@@ -518,9 +518,8 @@ def test_health_watch_sees_the_drain(make_server, tmp_path):
     req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
     busy = [stub.ModelInfer.future(req) for _ in range(20)]  # the drain waits for them
     deadline = time.monotonic() + 10
-    while not any(f.running() for f in busy) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.1)
+    while pending(s, "slower") < 10 and time.monotonic() < deadline:
+        time.sleep(0.001)
     s.signal(signal.SIGTERM)
     assert next(watch) == b"\x08\x02"  # NOT_SERVING
     with pytest.raises((StopIteration, grpc.RpcError)):
