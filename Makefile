@@ -27,7 +27,7 @@ endif
 CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
-LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lz -ldl -lm
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lpcre2-8 -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except commands/main.c.
 SRC_DIRS = common config graph models kernels kernels/cpu cache server commands
@@ -105,8 +105,9 @@ unit: $(TEST_BINS)
 # oneDNN picks other code (and other memory formats) per CPU: the unit tests
 # and the conformance suite run again with each narrower ISA a user's CPU may
 # have, so an AVX2-only or SSE4.1 machine's paths are tested on any machine.
-# kiln's own kernels are compiled for x86-64-v2 and choose no code by CPU at
-# run time, so oneDNN's cap reaches every path. Others: make isa ISAS='AVX AVX512_CORE'.
+# kiln's own kernels are compiled for x86-64-v2; the few built for wider
+# vectors too pick theirs by oneDNN's effective ISA (dnnl_util_isa_level),
+# so the cap reaches every path. Others: make isa ISAS='AVX AVX512_CORE'.
 ISAS ?= AVX2 SSE41
 isa: $(TEST_BINS) $(BUILD)/tests/conformance/runner
 	@for isa in $(ISAS); do \

@@ -12,6 +12,7 @@
 #   hash      build/hash_bench        cache key hash candidates
 #   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
 #   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
+#   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero; none is skipped.
 #
@@ -28,7 +29,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -70,6 +71,7 @@ TITLE[cache]="Result cache"
 TITLE[hash]="Cache key: hash throughput"
 TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
+TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -110,6 +112,7 @@ run_http() { KILN_CACHE_SIZE=0 ROUNDS=${HTTP_ROUNDS:-3} bench/http.sh >"$OUT/htt
 run_grpc() { ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh >"$OUT/grpc.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
+run_shm() { ROUNDS=${SHM_ROUNDS:-3} DURATION=${SHM_DURATION:-5} bench/shm.sh >"$OUT/shm.log" 2>&1; }
 run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
 # Five interleaved rounds of 5 s per configuration: its ratios are the
 # tightest targets here (0.8x, 5%), so it trades run length for rounds.
@@ -385,6 +388,15 @@ def padding():
                      f"waste {100 * float(p['waste']):.1f}%")
     return "; ".join(parts), yes(ok)
 target("padding", "BERT, 8-128 tokens, c=64: padded batching >= 2x same-shape batching's throughput, lower p99 (met by either bucket set)", padding)
+
+def shm():
+    r = {(x["mode"], x["concurrency"]): float(x["throughput"]) for x in rows("shm")}
+    levels = sorted({c for _, c in r}, key=int)
+    ratios = {c: r[("shm", c)] / r[("body", c)] for c in levels}
+    worst = min(ratios, key=ratios.get)
+    return (", ".join(f"c={c}: {r[('shm', c)]:.0f} vs {r[('body', c)]:.0f} req/s = {ratios[c]:.2f}x" for c in levels),
+            yes(ratios[worst] >= 2))
+target("shm", "a 4 MiB input through system shared memory >= 2x the throughput of the same input in the body (HTTP)", shm)
 
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")

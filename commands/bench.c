@@ -27,6 +27,7 @@
 #include "commands/commands.h"
 #include "commands/bench_grpc.h"
 #include "commands/bench_schedule.h"
+#include "commands/bench_shm.h"
 
 #define MAX_LEVELS 64
 #define MAX_INPUTS 32
@@ -52,6 +53,7 @@ struct opts {
     double warmup_s;
     const char *input_data; /* random | zero | FILE | name=FILE,... */
     int json;               /* JSON data instead of binary */
+    int shared_memory;      /* inputs in registered shared-memory regions */
     int unique;             /* distinct request bodies to cycle through */
     double budget_q[MAX_BUDGETS], budget_us[MAX_BUDGETS];
     int nbudgets;
@@ -93,6 +95,8 @@ static void usage(FILE *f) {
             "      --unique N               distinct random request bodies to cycle (default 64;\n"
             "                               1 sends one body, e.g. to measure cache hits)\n"
             "      --json-data              send JSON tensors instead of the binary extension (HTTP)\n"
+            "      --shared-memory          put the inputs in POSIX shared memory registered with the server\n"
+            "                               (system shared-memory extension; the server must be local)\n"
             "load:\n"
             "  -c, --concurrency LEVELS     closed loop with N outstanding requests; a sweep as\n"
             "                               1:64:x2 (doubling), 1:64:+8, or 1,8,64 (default 1)\n"
@@ -137,15 +141,22 @@ static void on_sync_done(struct evhttp_request *req, void *arg) {
     g->body[n] = 0;
 }
 
-static int http_get(struct event_base *base, struct evhttp_connection *conn, const char *host, const char *path,
-                    char **body) {
+/* One request, waited for: the status (-1 when none came) and the answer's body. */
+static int http_sync(struct event_base *base, struct evhttp_connection *conn, const char *host,
+                     enum evhttp_cmd_type method, const char *path, const char *send, char **body) {
     struct sync_get g = {0};
     struct evhttp_request *req = evhttp_request_new(on_sync_done, &g);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Host", host);
-    if (evhttp_make_request(conn, req, EVHTTP_REQ_GET, path) != 0) return -1;
+    if (send) evbuffer_add(evhttp_request_get_output_buffer(req), send, strlen(send));
+    if (evhttp_make_request(conn, req, method, path) != 0) return -1;
     while (!g.done) event_base_loop(base, EVLOOP_ONCE);
     *body = g.body;
     return g.status ? g.status : -1;
+}
+
+static int http_get(struct event_base *base, struct evhttp_connection *conn, const char *host, const char *path,
+                    char **body) {
+    return http_sync(base, conn, host, EVHTTP_REQ_GET, path, NULL, body);
 }
 
 /* ======================================================================
@@ -239,7 +250,6 @@ static void draw_lengths(const struct input_desc *in, int nin, uint64_t *rng, in
     }
 }
 
-/* Builds one request body; random data from rng unless an input is fixed. */
 /* One request's tensors: shapes drawn, data from the input's file or random. */
 static int make_tensors(const struct input_desc *in, int nin, int zero, uint64_t *rng, struct tensor *t) {
     int64_t dims[MAX_INPUTS][TENSOR_MAX_DIMS];
@@ -274,7 +284,11 @@ static int build_grpc_body(const struct opts *o, const struct input_desc *in, in
     return out->data ? 0 : -1;
 }
 
-static int build_body(const struct input_desc *in, int nin, int json, int zero, uint64_t *rng, struct body *out) {
+/* Builds one HTTP request body; random data from rng unless an input is fixed.
+ * With shm, the inputs go into a new shared-memory object (shm, number
+ * index) and the body is the JSON header naming it. */
+static int build_body(const struct input_desc *in, int nin, int json, int zero, uint64_t *rng, struct body *out,
+                      struct bench_shm *shm, int index) {
     struct tensor t[MAX_INPUTS];
     if (make_tensors(in, nin, zero, rng, t) < 0) return -1;
     cJSON *root = cJSON_CreateObject();
@@ -291,7 +305,11 @@ static int build_body(const struct input_desc *in, int nin, int json, int zero, 
         cJSON *shape = cJSON_AddArrayToObject(o, "shape");
         for (int d = 0; d < in[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].dims[d]));
         cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(in[i].dtype));
-        if (json) {
+        if (shm) {
+            cJSON *params = cJSON_AddObjectToObject(o, "parameters");
+            cJSON_AddStringToObject(params, "shared_memory_region", shm->region); /* named below */
+            cJSON_AddNumberToObject(params, "shared_memory_byte_size", (double)nb);
+        } else if (json) {
             cJSON *data = cJSON_AddArrayToObject(o, "data");
             for (int64_t k = 0; k < n; k++) cJSON_AddItemToArray(data, json_value(bufs[i], in[i].dtype, k));
         } else {
@@ -303,6 +321,26 @@ static int build_body(const struct input_desc *in, int nin, int json, int zero, 
     if (!json) {
         cJSON *params = cJSON_AddObjectToObject(root, "parameters");
         cJSON_AddTrueToObject(params, "binary_data_output");
+    }
+    if (shm) {
+        size_t total = 0, off = 0;
+        for (int i = 0; i < nin; i++) total += lens[i];
+        int rc = bench_shm_create(shm, index, total);
+        cJSON *o;
+        int i = 0;
+        cJSON_ArrayForEach(o, inputs) {
+            cJSON *params = cJSON_GetObjectItem(o, "parameters");
+            cJSON_SetValuestring(cJSON_GetObjectItem(params, "shared_memory_region"), shm->region);
+            cJSON_AddNumberToObject(params, "shared_memory_offset", (double)off);
+            if (!rc && lens[i]) memcpy((char *)shm->map + off, bufs[i], lens[i]);
+            off += lens[i++];
+        }
+        if (rc) {
+            cJSON_Delete(root);
+            for (int k = 0; k < nin; k++) free(bufs[k]);
+            return -1;
+        }
+        json = 1; /* the body is the header alone */
     }
     char *hdr = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
@@ -1039,6 +1077,36 @@ static void parse_url(const char *u, char *buf, size_t len, const char **host, i
     *host = buf;
 }
 
+/* Registers (or unregisters) the n regions of --shared-memory at the server. */
+static int shm_regions(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
+                       int n, int reg) {
+    struct evhttp_connection *conn = evhttp_connection_base_new(base, NULL, o->host, (unsigned short)o->port);
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        char path[200], *send = reg ? bench_shm_register_body(&shms[i]) : NULL, *body = NULL;
+        snprintf(path, sizeof path, "/v2/systemsharedmemory/region/%s/%s", shms[i].region, reg ? "register" : "unregister");
+        int st = http_sync(base, conn, hostport, EVHTTP_REQ_POST, path, send, &body);
+        if (st != 200) {
+            fprintf(stderr, "kiln bench: POST %s failed (%s%d: %.300s)\n", path, st < 0 ? "cannot connect, " : "HTTP ",
+                    st, body ? body : "");
+            rc = -1;
+        }
+        free(send);
+        free(body);
+    }
+    evhttp_connection_free(conn);
+    return rc;
+}
+
+/* Unregisters and removes the first n objects of --shared-memory; NULL shms is a no-op. */
+static void shm_cleanup(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
+                        int n) {
+    if (!shms) return;
+    shm_regions(base, o, hostport, shms, n, 0);
+    for (int i = 0; i < n; i++) bench_shm_destroy(&shms[i]);
+    free(shms);
+}
+
 int cmd_bench(int argc, char **argv) {
     struct opts o = {.host = "127.0.0.1", .port = 8000, .grpc_port = 8001, .batch = 1, .duration_s = 10, .warmup_s = 1,
                      .input_data = "random", .unique = 64, .max_conns = 512, .timeout_ms = 30000, .seed = 1};
@@ -1046,7 +1114,7 @@ int cmd_bench(int argc, char **argv) {
     o.nlevels = 1;
     o.progress = isatty(2);
     enum { O_POISSON = 256, O_WARMUP, O_INPUT, O_JSONDATA, O_UNIQUE, O_BUDGET, O_CSV, O_JSON, O_NOPROG, O_MAXC, O_TMO,
-           O_SEED, O_SHAPE, O_GRPC_URL };
+           O_SEED, O_SHAPE, O_SHM, O_GRPC_URL };
     static const struct option lo[] = {
         {"url", 1, 0, 'u'}, {"model", 1, 0, 'm'}, {"model-version", 1, 0, 'x'}, {"batch-size", 1, 0, 'b'},
         {"concurrency", 1, 0, 'c'}, {"rate", 1, 0, 'r'}, {"duration", 1, 0, 'd'}, {"requests", 1, 0, 'n'},
@@ -1054,8 +1122,8 @@ int cmd_bench(int argc, char **argv) {
         {"json-data", 0, 0, O_JSONDATA}, {"unique", 1, 0, O_UNIQUE}, {"latency-budget", 1, 0, O_BUDGET},
         {"csv", 1, 0, O_CSV}, {"json", 1, 0, O_JSON}, {"no-progress", 0, 0, O_NOPROG},
         {"max-connections", 1, 0, O_MAXC}, {"timeout-ms", 1, 0, O_TMO}, {"seed", 1, 0, O_SEED},
-        {"shape", 1, 0, O_SHAPE}, {"protocol", 1, 0, 'i'}, {"grpc-url", 1, 0, O_GRPC_URL}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"shape", 1, 0, O_SHAPE}, {"shared-memory", 0, 0, O_SHM}, {"protocol", 1, 0, 'i'},
+        {"grpc-url", 1, 0, O_GRPC_URL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     static char hostbuf[256], grpcbuf[256];
     int ch;
     optind = 1;
@@ -1087,6 +1155,7 @@ int cmd_bench(int argc, char **argv) {
         case O_WARMUP: o.warmup_s = atof(optarg); break;
         case O_INPUT: o.input_data = optarg; break;
         case O_JSONDATA: o.json = 1; break;
+        case O_SHM: o.shared_memory = 1; break;
         case O_UNIQUE: o.unique = atoi(optarg); break;
         case O_BUDGET:
             o.nbudgets = parse_budget(optarg, o.budget_q, o.budget_us, MAX_BUDGETS);
@@ -1113,6 +1182,10 @@ int cmd_bench(int argc, char **argv) {
     if (!o.model) {
         fprintf(stderr, "kiln bench: -m MODEL is required\n\n");
         usage(stderr);
+        return 2;
+    }
+    if (o.shared_memory && o.json) {
+        fprintf(stderr, "kiln bench: --shared-memory and --json-data exclude each other\n");
         return 2;
     }
     if (o.batch < 1 || o.duration_s <= 0 || o.unique < 1 || o.max_conns < 1 || o.timeout_ms < 1 || o.port <= 0 ||
@@ -1146,8 +1219,9 @@ int cmd_bench(int argc, char **argv) {
     struct run r = {.base = base, .o = &o};
     snprintf(r.hostport, sizeof r.hostport, "%s", hostport);
     if (!o.grpc_host) o.grpc_host = o.host;
-    if (o.grpc && o.json) {
-        fprintf(stderr, "kiln bench: --json-data is for HTTP: gRPC requests carry raw_input_contents\n");
+    if (o.grpc && (o.json || o.shared_memory)) {
+        fprintf(stderr, "kiln bench: --%s is for HTTP: gRPC requests carry raw_input_contents\n",
+                o.json ? "json-data" : "shared-memory");
         return 2;
     }
     if (o.grpc) snprintf(r.path, sizeof r.path, "/inference.GRPCInferenceService/ModelInfer");
@@ -1157,18 +1231,26 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 0; i < nin; i++) fixed &= in[i].fixed != NULL;
     r.nbodies = fixed ? 1 : o.unique;
     r.bodies = calloc((size_t)r.nbodies, sizeof *r.bodies);
+    struct bench_shm *shms = o.shared_memory ? calloc((size_t)r.nbodies, sizeof *shms) : NULL;
     uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
-    for (int i = 0; i < r.nbodies; i++)
-        if ((o.grpc ? build_grpc_body(&o, in, nin, strcmp(o.input_data, "zero") == 0, &rng, &r.bodies[i])
-                    : build_body(in, nin, o.json, strcmp(o.input_data, "zero") == 0, &rng, &r.bodies[i])) < 0)
-            return 2;
+    int built = 0;
+    int zero = strcmp(o.input_data, "zero") == 0;
+    for (; built < r.nbodies; built++)
+        if ((o.grpc ? build_grpc_body(&o, in, nin, zero, &rng, &r.bodies[built])
+                    : build_body(in, nin, o.json, zero, &rng, &r.bodies[built], shms ? &shms[built] : NULL, built)) < 0)
+            break;
+    if (built < r.nbodies || (shms && shm_regions(base, &o, hostport, shms, r.nbodies, 1) < 0)) {
+        shm_cleanup(base, &o, hostport, shms, built);
+        return 2;
+    }
     int nlev = o.rate > 0 ? 1 : o.nlevels;
     struct level_result *res = calloc((size_t)nlev, sizeof *res);
     char target[300];
     if (o.grpc) snprintf(target, sizeof target, "grpc://%s:%d", o.grpc_host, o.grpc_port);
     else snprintf(target, sizeof target, "http://%s", hostport);
     printf("kiln bench: model '%s' at %s, %s requests of %zu bytes, batch %d, %s\n", o.model, target,
-           o.grpc ? "gRPC (raw_input_contents)" : o.json ? "JSON" : "binary", r.bodies[0].len, o.batch,
+           o.grpc ? "gRPC (raw_input_contents)" : o.shared_memory ? "shared-memory" : o.json ? "JSON" : "binary",
+           r.bodies[0].len, o.batch,
            o.rate > 0 ? (o.poisson ? "open loop (Poisson)" : "open loop (constant rate)") : "closed loop");
     printf("%-10s %10s %9s %9s %9s %9s %9s %9s %8s   %17s%s\n", "load", "infer/s", "p50 ms", "p90 ms", "p95 ms",
            "p99 ms", "p99.9 ms", "max ms", "errors", "server queue/comp", o.nbudgets ? "  budget" : "");
@@ -1191,6 +1273,7 @@ int cmd_bench(int argc, char **argv) {
     free(res);
     for (int i = 0; i < r.nbodies; i++) free(r.bodies[i].data);
     free(r.bodies);
+    shm_cleanup(base, &o, hostport, shms, r.nbodies);
     for (int i = 0; i < nin; i++) free(in[i].fixed);
     event_base_free(base);
     if (o.nbudgets) return met ? 0 : 1;

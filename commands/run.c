@@ -240,6 +240,10 @@ static double value_at(const struct tensor *t, int64_t i) {
     case DT_UINT32: return ((const uint32_t *)t->data)[i];
     case DT_INT64: return (double)((const int64_t *)t->data)[i];
     case DT_UINT64: return (double)((const uint64_t *)t->data)[i];
+    case DT_INT4: case DT_UINT4: case DT_INT2: case DT_UINT2:
+        return (double)lowbit_value(((const uint8_t *)t->data)[i], t->dtype);
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        return fp8_to_fp32(((const uint8_t *)t->data)[i], t->dtype);
     default: return 0;
     }
 }
@@ -471,7 +475,12 @@ int cmd_run(int argc, char **argv) {
 
     char err[1024];
     char *path = resolve_model(model_arg);
-    struct model_params mp = {.path = path};
+    /* On the CPU alone (asked, or auto without a usable GPU) the graph may
+     * take the CPU's own fusions. */
+    char why0[512] = "";
+    struct model_params mp = {.path = path,
+                              .cpu_only = !strcmp(backend_name, "cpu") ||
+                                          (strcmp(backend_name, "cuda") && backend_available("cuda", why0, sizeof why0) <= 0)};
     struct model *m = path ? model_load(&mp, err, sizeof err) : NULL;
     if (!m) {
         fprintf(stderr, "kiln run: %s\n", path ? err : "out of memory");

@@ -1,5 +1,6 @@
 #include "common/tensor.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,30 @@ static const struct {
     [DT_UINT32] = {4, "UINT32", "TYPE_UINT32", "uint32"},
     [DT_UINT64] = {8, "UINT64", "TYPE_UINT64", "uint64"},
     [DT_BF16] = {2, "BF16", "TYPE_BF16", "bfloat16"},
+    /* No KServe or Triton config name: these never cross the protocol. */
+    [DT_FP8E4M3FN] = {1, NULL, NULL, "float8e4m3fn"},
+    [DT_FP8E4M3FNUZ] = {1, NULL, NULL, "float8e4m3fnuz"},
+    [DT_FP8E5M2] = {1, NULL, NULL, "float8e5m2"},
+    [DT_FP8E5M2FNUZ] = {1, NULL, NULL, "float8e5m2fnuz"},
+    [DT_UINT4] = {1, NULL, NULL, "uint4"},
+    [DT_INT4] = {1, NULL, NULL, "int4"},
+    [DT_FP4E2M1] = {1, NULL, NULL, "float4e2m1"},
+    [DT_FP8E8M0] = {1, NULL, NULL, "float8e8m0"},
+    [DT_UINT2] = {1, NULL, NULL, "uint2"},
+    [DT_INT2] = {1, NULL, NULL, "int2"},
 };
+
+int dtype_packed_bits(enum dtype dt) {
+    switch (dt) {
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: return 4;
+    case DT_UINT2: case DT_INT2: return 2;
+    default: return (int)(8 * dtype_size(dt));
+    }
+}
+
+int dtype_is_minifloat(enum dtype dt) {
+    return dt == DT_FP8E4M3FN || dt == DT_FP8E4M3FNUZ || dt == DT_FP8E5M2 || dt == DT_FP8E5M2FNUZ || dt == DT_FP4E2M1;
+}
 
 size_t dtype_size(enum dtype dt) { return (unsigned)dt < DT_MAX_ ? g_dt[dt].size : 0; }
 const char *dtype_kserve_name(enum dtype dt) { return (unsigned)dt < DT_MAX_ ? g_dt[dt].kserve : NULL; }
@@ -368,4 +392,130 @@ uint16_t fp32_to_bf16(float f) {
     if ((x & 0x7fffffff) > 0x7f800000) return (uint16_t)((x >> 16) | 0x40);
     x += 0x7fff + ((x >> 16) & 1);
     return (uint16_t)(x >> 16);
+}
+
+/* ---- float8, float4 and the 4- and 2-bit integers ------------------------- */
+
+/* A minifloat: exponent and mantissa widths, bias, largest finite value, and
+ * where its specials live. */
+struct minifloat {
+    int ebits, mbits, bias;
+    double max;
+    enum { MF_FN, MF_FNUZ, MF_IEEE, MF_NONE } kind; /* NaN only S.1..1.1..1 / NaN 0x80 / inf+NaN / neither */
+};
+
+static const struct minifloat *minifloat_of(enum dtype dt) {
+    static const struct minifloat e4m3fn = {4, 3, 7, 448.0, MF_FN}, e4m3fnuz = {4, 3, 8, 240.0, MF_FNUZ},
+                                  e5m2 = {5, 2, 15, 57344.0, MF_IEEE}, e5m2fnuz = {5, 2, 16, 57344.0, MF_FNUZ},
+                                  e2m1 = {2, 1, 1, 6.0, MF_NONE};
+    switch (dt) {
+    case DT_FP8E4M3FN: return &e4m3fn;
+    case DT_FP8E4M3FNUZ: return &e4m3fnuz;
+    case DT_FP8E5M2: return &e5m2;
+    case DT_FP8E5M2FNUZ: return &e5m2fnuz;
+    case DT_FP4E2M1: return &e2m1;
+    default: return NULL;
+    }
+}
+
+float fp8_to_fp32(uint8_t bits, enum dtype dt) {
+    if (dt == DT_FP8E8M0) return bits == 0xFF ? NAN : ldexpf(1.0f, (int)bits - 127);
+    const struct minifloat *f = minifloat_of(dt);
+    if (!f) return NAN;
+    const int sbit = f->ebits + f->mbits;
+    const unsigned emask = (1u << f->ebits) - 1, mmask = (1u << f->mbits) - 1;
+    unsigned sign = (bits >> sbit) & 1u, e = (bits >> f->mbits) & emask, m = bits & mmask;
+    if (f->kind == MF_FNUZ && sign && !e && !m) return NAN;
+    if (f->kind == MF_FN && e == emask && m == mmask) return sign ? -NAN : NAN;
+    if (f->kind == MF_IEEE && e == emask) return m ? (sign ? -NAN : NAN) : sign ? -INFINITY : INFINITY;
+    double v = e ? ldexp(1.0 + ldexp(m, -f->mbits), (int)e - f->bias) : ldexp(m, 1 - f->bias - f->mbits);
+    return (float)(sign ? -v : v);
+}
+
+/* The code of a positive finite r that is exactly representable in f. */
+static unsigned minifloat_encode(const struct minifloat *f, double r) {
+    if (r < ldexp(1.0, 1 - f->bias)) return (unsigned)ldexp(r, f->bias - 1 + f->mbits); /* subnormal or 0 */
+    int k;
+    double fr = frexp(r, &k); /* r = fr * 2^k, fr in [0.5, 1) */
+    unsigned m = (unsigned)ldexp(fr * 2.0 - 1.0, f->mbits);
+    return ((unsigned)(k - 1 + f->bias) << f->mbits) | m;
+}
+
+uint8_t fp8_from_double(double v, enum dtype dt, int saturate) {
+    const struct minifloat *f = minifloat_of(dt);
+    if (!f) return 0;
+    const int sbit = f->ebits + f->mbits;
+    const unsigned sign = signbit(v) ? 1u << sbit : 0, all = (1u << sbit) - 1;
+    const unsigned nan = f->kind == MF_FNUZ ? 0x80u : f->kind == MF_FN ? sign | all : sign | (all - 1);
+    const unsigned inf = sign | ((1u << f->ebits) - 1) << f->mbits;
+    if (isnan(v)) return (uint8_t)(f->kind == MF_NONE ? (sign ^ (1u << sbit)) : nan);
+    double a = fabs(v);
+    if (isinf(a)) {
+        if (saturate || f->kind == MF_NONE) return (uint8_t)(sign | minifloat_encode(f, f->max));
+        return (uint8_t)(f->kind == MF_IEEE ? inf : nan);
+    }
+    /* Round once to the mantissa width at a's binade (the subnormals' quantum
+     * below the smallest normal), to nearest, ties to even. */
+    int k;
+    frexp(a, &k);
+    int q = (k - 1 < 1 - f->bias ? 1 - f->bias : k - 1) - f->mbits;
+    double r = a == 0 ? 0 : ldexp(nearbyint(ldexp(a, -q)), q);
+    if (r > f->max) {
+        if (saturate || f->kind == MF_NONE) r = f->max;
+        else return (uint8_t)(f->kind == MF_IEEE ? inf : nan);
+    }
+    unsigned code = minifloat_encode(f, r);
+    if (f->kind == MF_FNUZ && code == 0) return 0; /* no -0 */
+    return (uint8_t)(sign | code);
+}
+
+uint8_t fp8e8m0_from_float(float v, int saturate, enum e8m0_round mode) {
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    unsigned e = (bits >> 23) & 0xFF;
+    if (e == 0xFF) return 0xFF;
+    int up = 0;
+    if (mode == E8M0_ROUND_UP) up = (bits & 0x7FFFFF) != 0;
+    else if (mode == E8M0_ROUND_NEAREST)
+        up = (bits & 0x400000) && ((bits & 0x200000) || (bits & 0x1FFFFF) || e > 0);
+    if (up && saturate && e == 0xFE) up = 0;
+    return (uint8_t)(e + (unsigned)up);
+}
+
+static int lowbit_width(enum dtype dt) { return dt == DT_INT4 || dt == DT_UINT4 ? 4 : 2; }
+
+uint8_t lowbit_from_int(int64_t v, enum dtype dt) {
+    const int w = lowbit_width(dt);
+    unsigned b = (unsigned)((uint64_t)v & ((1u << w) - 1));
+    if ((dt == DT_INT4 || dt == DT_INT2) && (b >> (w - 1))) b |= ~0u << w; /* sign-extend into the byte */
+    return (uint8_t)b;
+}
+
+uint8_t lowbit_from_double(double v, enum dtype dt) {
+    if (!(fabs(v) < 9223372036854775808.0)) return 0;
+    return lowbit_from_int((int64_t)v, dt);
+}
+
+void tensor_unpack_bits(const uint8_t *src, uint8_t *dst, int64_t n, enum dtype dt) {
+    const int w = dtype_packed_bits(dt), per = 8 / w;
+    const int sext = dt == DT_INT4 || dt == DT_INT2;
+    for (int64_t i = 0; i < n; i++) {
+        unsigned b = (src[i / per] >> ((i % per) * w)) & ((1u << w) - 1);
+        if (sext && (b >> (w - 1))) b |= ~0u << w;
+        dst[i] = (uint8_t)b;
+    }
+}
+
+void tensor_pack_bits(const uint8_t *src, uint8_t *dst, int64_t n, enum dtype dt) {
+    const int w = dtype_packed_bits(dt), per = 8 / w;
+    if (n <= 0) return;
+    memset(dst, 0, (size_t)((n + per - 1) / per));
+    for (int64_t i = 0; i < n; i++) dst[i / per] |= (uint8_t)((src[i] & ((1u << w) - 1)) << ((i % per) * w));
+}
+
+size_t dtype_packed_size(enum dtype dt, int64_t n) {
+    int bits = dtype_packed_bits(dt);
+    if (n < 0 || bits == 0) return SIZE_MAX;
+    if ((uint64_t)n > SIZE_MAX / 8) return SIZE_MAX;
+    return (size_t)(((uint64_t)n * (uint64_t)bits + 7) / 8);
 }

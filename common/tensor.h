@@ -13,6 +13,15 @@
  *
  *   Fixed-size dtypes: numel elements, row-major (dims[0] outermost).
  *
+ *   The low-precision dtypes of quantized models take one byte per element
+ *   in memory: float8 as its bit pattern; int4/int2 as an int8 (-8..7,
+ *   -2..1); uint4/uint2 as a uint8 (0..15, 0..3); float4e2m1 as its four bits
+ *   in the low nibble. ONNX files pack the 4-bit types two to a byte and the
+ *   2-bit types four to a byte (element 0 in the low bits); the loader unpacks
+ *   them (tensor_unpack_bits), so every kernel that moves elements (Reshape,
+ *   Transpose, Gather, batching rows...) addresses whole bytes. The KServe
+ *   protocol has no datatype for any of them: they live inside a graph only.
+ *
  *   DT_STRING: numel pointers (char *), then the strings' bytes, each
  *   NUL-terminated, in element order; pointer i points into the same block
  *   at string i. A string's length is strlen(): a BYTES element ends at its
@@ -20,8 +29,9 @@
  *
  * Every reader of a string tensor sees a char *[numel]. A string tensor in a
  * plan's arena (a kernel's output) is that pointer array alone, pointing at
- * strings owned by constants, attributes or inputs that outlive it: such a
- * view is never freed and leaves the plan only as a copy made by
+ * strings owned by constants, attributes or inputs that outlive it, or made
+ * by the kernel in its executor's string pool (kernels/ops.h), which lives
+ * until the outputs are copied out: such a view is never freed and leaves the plan only as a copy made by
  * tensor_strings_pack. Copying the struct copies a borrowed view;
  * tensor_copy_rows and tensor_strings_pack make owned copies.
  *
@@ -53,7 +63,17 @@ enum dtype {
     DT_UINT32 = 12,
     DT_UINT64 = 13,
     DT_BF16 = 16,
-    DT_MAX_ = 17,
+    DT_FP8E4M3FN = 17,   /* float8 bits: no inf, NaN S.1111.111, max 448 */
+    DT_FP8E4M3FNUZ = 18, /* float8 bits: no inf, no -0, NaN 0x80, max 240 */
+    DT_FP8E5M2 = 19,     /* float8 bits: IEEE-like, inf and NaN, max 57344 */
+    DT_FP8E5M2FNUZ = 20, /* float8 bits: no inf, no -0, NaN 0x80, max 57344 */
+    DT_UINT4 = 21,       /* one byte per element in memory, 0..15 */
+    DT_INT4 = 22,        /* one byte per element in memory, -8..7 */
+    DT_FP4E2M1 = 23,     /* one byte per element in memory, the 4 bits low; no inf, no NaN, max 6 */
+    DT_FP8E8M0 = 24,     /* a power of two 2^(bits - 127), NaN 0xFF: the scales of MX formats */
+    DT_UINT2 = 25,       /* one byte per element in memory, 0..3 */
+    DT_INT2 = 26,        /* one byte per element in memory, -2..1 */
+    DT_MAX_ = 27,
 };
 
 struct tensor {
@@ -65,6 +85,11 @@ struct tensor {
 
 /* Size of one element in bytes; 0 for DT_UNDEFINED, sizeof(char *) for DT_STRING. */
 size_t dtype_size(enum dtype dt);
+/* Bits per element in ONNX's serialized form: 4 for int4, uint4 and
+ * float4e2m1, 2 for int2 and uint2, 8 * dtype_size otherwise (0 if unknown). */
+int dtype_packed_bits(enum dtype dt);
+/* 1 for the float8 and float4 dtypes, which kiln decodes with fp8_to_fp32. */
+int dtype_is_minifloat(enum dtype dt);
 /* KServe names: "FP32", "INT64", "BYTES" (for DT_STRING), "BOOL"...; NULL if none. */
 const char *dtype_kserve_name(enum dtype dt);
 /* Parses a KServe name; DT_UNDEFINED if unknown. */
@@ -154,5 +179,46 @@ float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);
 float bf16_to_fp32(uint16_t h);
 uint16_t fp32_to_bf16(float f);
+
+/* float8 (the four DT_FP8* dtypes) and float4e2m1, bit patterns in a byte.
+ * fp8_to_fp32 is exact. fp8_from_double rounds v once, to nearest with ties
+ * to even, as ONNX's Cast specifies; with saturate, inf and values beyond
+ * the largest finite value become that value (signed), NaN stays NaN;
+ * without it they become inf (float8e5m2) or NaN (the others). -0 becomes 0
+ * in the FNUZ dtypes, which have no -0. float4e2m1 always saturates and,
+ * having no NaN, gives NaN as a zero whose sign bit is NaN's inverted (what
+ * ONNX's reference implementation gives). dt outside these: 0 / NaN. */
+float fp8_to_fp32(uint8_t bits, enum dtype dt);
+uint8_t fp8_from_double(double v, enum dtype dt, int saturate);
+
+/* float8e8m0 (decoded by fp8_to_fp32): v's float32 exponent field, rounded
+ * as Cast's round_mode says from the mantissa below it: "up", any fraction
+ * adds one; "down", none does; "nearest", the top mantissa bit decides and a
+ * tie goes up (but not for a float32 subnormal), as ONNX's reference
+ * computes it. NaN and inf give NaN (0xFF); with saturate a rounding never
+ * reaches 0xFF. The sign is ignored (ONNX leaves negative values
+ * unspecified). */
+enum e8m0_round { E8M0_ROUND_UP, E8M0_ROUND_DOWN, E8M0_ROUND_NEAREST };
+uint8_t fp8e8m0_from_float(float v, int saturate, enum e8m0_round mode);
+
+/* int4/uint4/int2/uint2: v's integer part wrapped into the dtype's bits
+ * (ONNX's Cast: an out-of-range integer keeps its low bits); NaN, inf and
+ * |v| >= 2^63 give 0. The result is the in-memory byte (sign-extended for
+ * the signed dtypes). */
+uint8_t lowbit_from_double(double v, enum dtype dt);
+uint8_t lowbit_from_int(int64_t v, enum dtype dt);
+/* The value of an in-memory int4/uint4/int2/uint2 byte. */
+static inline int64_t lowbit_value(uint8_t b, enum dtype dt) {
+    return dt == DT_INT4 || dt == DT_INT2 ? (int64_t)(int8_t)b : (int64_t)b;
+}
+
+/* ONNX's packed form of n elements of a 4- or 2-bit dtype (dtype_packed_bits
+ * < 8) to kiln's one byte per element, and back. unpack reads
+ * ceil(n * bits / 8) bytes of src and sign-extends the signed dtypes; pack
+ * writes that many bytes (the unused high bits of the last byte 0). */
+void tensor_unpack_bits(const uint8_t *src, uint8_t *dst, int64_t n, enum dtype dt);
+void tensor_pack_bits(const uint8_t *src, uint8_t *dst, int64_t n, enum dtype dt);
+/* Bytes of n elements of dt in ONNX's serialized form; SIZE_MAX on overflow. */
+size_t dtype_packed_size(enum dtype dt, int64_t n);
 
 #endif

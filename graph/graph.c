@@ -66,6 +66,9 @@ void graph_attr_clear(struct graph_attr *a) {
         tensor_free_data(a->t);
         free(a->t);
     }
+    if (a->graphs)
+        for (int i = 0; i < (a->type == ATTR_GRAPHS ? a->n : 1); i++) graph_free(a->graphs[i]);
+    free(a->graphs);
 }
 
 void graph_free(struct graph *g) {
@@ -90,6 +93,7 @@ void graph_free(struct graph *g) {
     free(g->nodes);
     free(g->inputs);
     free(g->outputs);
+    free(g->capture_in);
     free(g->name);
     free(g->producer_name);
     if (g->name_index) {
@@ -412,4 +416,10 @@ const struct tensor *node_attr_tensor(const struct graph_node *n, const char *na
     const struct graph_attr *a = node_attr(n, name);
     if (!a || a->type != ATTR_TENSOR) return NULL;
     return a->t;
+}
+
+const struct graph *node_attr_graph(const struct graph_node *n, const char *name) {
+    const struct graph_attr *a = node_attr(n, name);
+    if (!a || a->type != ATTR_GRAPH || !a->graphs) return NULL;
+    return a->graphs[0];
 }

@@ -23,6 +23,7 @@ enum attr_type { /* ONNX AttributeProto.AttributeType values */
     ATTR_FLOATS = 6,
     ATTR_INTS = 7,
     ATTR_STRINGS = 8,
+    ATTR_GRAPHS = 10,
 };
 
 struct graph_attr {
@@ -37,6 +38,9 @@ struct graph_attr {
     float *floats;
     char **strings;
     struct tensor *t; /* ATTR_TENSOR: owned, data owned */
+    /* ATTR_GRAPH (n = 1) and ATTR_GRAPHS (n graphs): owned subgraphs (If's
+     * branches, Loop's and Scan's body). */
+    struct graph **graphs;
 };
 
 enum graph_value_flags {
@@ -98,6 +102,14 @@ struct graph {
     int64_t ir_version;
     char *producer_name;
     void *name_index;      /* private hash: name -> value index */
+    /* Subgraphs: the last ncaptured entries of inputs[] are values of an
+     * enclosing graph the body reads (ONNX's outer-scope names). The node
+     * that owns the subgraph receives each of them as an extra input after
+     * its ONNX inputs: captured input j arrives on the node's input
+     * capture_in[j], so the enclosing graph's order, liveness and planning
+     * see the dependency like any other. 0 and NULL at the top level. */
+    int ncaptured;
+    int *capture_in;
 };
 
 struct graph *graph_create(void);
@@ -132,5 +144,9 @@ const char *node_attr_str(const struct graph_node *n, const char *name, const ch
 int node_attr_ints(const struct graph_node *n, const char *name, const int64_t **out);
 int node_attr_floats(const struct graph_node *n, const char *name, const float **out);
 const struct tensor *node_attr_tensor(const struct graph_node *n, const char *name);
+/* The subgraph held by an ATTR_GRAPH attribute, or NULL. */
+const struct graph *node_attr_graph(const struct graph_node *n, const char *name);
+/* Inputs of a subgraph that its op defines (the others are captured). */
+static inline int graph_nformal(const struct graph *g) { return g->ninputs - g->ncaptured; }
 
 #endif

@@ -1,13 +1,15 @@
 #include "kernels/ops.h"
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const struct op_def *const g_tables[] = {
     op_defs_elementwise, op_defs_reduce, op_defs_shape, op_defs_grid, op_defs_resize, op_defs_nms, op_defs_scan, op_defs_nn, op_defs_ml, op_defs_ml_encode,
-    op_defs_rnn, op_defs_einsum,
+    op_defs_rnn, op_defs_einsum, op_defs_softmax_fused, op_defs_attention, op_defs_signal, op_defs_string,
+    op_defs_contrib, op_defs_contrib_matmul, op_defs_contrib_qlinear,
 };
 
 static int domain_eq(const char *a, const char *b) {
@@ -84,6 +86,72 @@ int op_axis(struct op_call *c, int64_t axis, int rank) {
     return (int)(axis < 0 ? axis + rank : axis);
 }
 
+/* ---- string pool ----------------------------------------------------------- */
+
+struct strblock {
+    struct strblock *next;
+    size_t cap, used;
+    char data[];
+};
+
+struct op_strpool {
+    struct strblock *head; /* a string goes into the first block with room for it */
+};
+
+#define STRPOOL_BLOCK (64 * 1024)
+
+struct op_strpool *op_strpool_create(void) { return calloc(1, sizeof(struct op_strpool)); }
+
+void op_strpool_free(struct op_strpool *pool) {
+    if (!pool) return;
+    for (struct strblock *b = pool->head, *next; b; b = next) {
+        next = b->next;
+        free(b);
+    }
+    free(pool);
+}
+
+void op_strpool_reset(struct op_strpool *pool) {
+    if (!pool) return;
+    for (struct strblock *b = pool->head; b; b = b->next) b->used = 0;
+}
+
+char *op_string_alloc(struct op_call *c, size_t len) {
+    struct op_strpool *pool = c->strings;
+    if (!pool) {
+        op_error(c, "no string storage for this call");
+        return NULL;
+    }
+    if (len >= SIZE_MAX / 2) {
+        op_error(c, "a string of %zu bytes is too long", len);
+        return NULL;
+    }
+    struct strblock *b = pool->head;
+    while (b && b->cap - b->used < len + 1) b = b->next;
+    if (!b) {
+        size_t cap = len + 1 > STRPOOL_BLOCK ? len + 1 : STRPOOL_BLOCK;
+        b = malloc(sizeof *b + cap);
+        if (!b) {
+            op_error(c, "out of memory for a %zu-byte string", len);
+            return NULL;
+        }
+        b->cap = cap;
+        b->used = 0;
+        b->next = pool->head;
+        pool->head = b;
+    }
+    char *out = b->data + b->used;
+    out[len] = 0;
+    b->used += len + 1;
+    return out;
+}
+
+char *op_string_new(struct op_call *c, const char *s, size_t len) {
+    char *out = op_string_alloc(c, len);
+    if (out && len) memcpy(out, s, len);
+    return out;
+}
+
 void *op_params_alloc(struct op_call *c, size_t size) {
     void *p = calloc(1, size);
     if (!p) op_error(c, "out of memory for the op's parameters");
@@ -98,7 +166,8 @@ int64_t op_int_at(const struct tensor *t, int64_t i) {
     case DT_INT32: return ((const int32_t *)t->data)[i];
     case DT_INT16: return ((const int16_t *)t->data)[i];
     case DT_INT8: return ((const int8_t *)t->data)[i];
-    case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
+    case DT_INT4: case DT_INT2: return ((const int8_t *)t->data)[i];
+    case DT_UINT8: case DT_BOOL: case DT_UINT4: case DT_UINT2: return ((const uint8_t *)t->data)[i];
     case DT_UINT16: return ((const uint16_t *)t->data)[i];
     case DT_UINT32: return ((const uint32_t *)t->data)[i];
     case DT_UINT64: return (int64_t)((const uint64_t *)t->data)[i];

@@ -34,6 +34,8 @@
 
 #define OP_MAX_IO 64 /* Concat/Sum/Max/Min/Mean may have many inputs */
 
+struct op_strpool;
+
 struct op_call {
     const struct graph_node *node;
     const struct tensor *in[OP_MAX_IO];
@@ -44,6 +46,7 @@ struct op_call {
     void *scratch;     /* scratch_size bytes asked for in prepare, 64-byte aligned */
     size_t scratch_size;
     int nthreads;      /* threads this call may use (>= 1) */
+    struct op_strpool *strings; /* where run() makes new strings (op_string_new); NULL: none */
     char *err;
     size_t err_len;
 };
@@ -71,7 +74,7 @@ enum op_flags {
 
 struct op_def {
     const char *op_type;
-    const char *domain;  /* "" default, "ai.onnx.ml" */
+    const char *domain;  /* "" default, "ai.onnx.ml", "com.microsoft" */
     int (*infer)(struct op_call *c);
     int (*prepare)(struct op_call *c, void **state, size_t *scratch_size);
     int (*run)(struct op_call *c);
@@ -94,6 +97,23 @@ int op_error(struct op_call *c, const char *fmt, ...) __attribute__((format(prin
  * looks an attribute up by name. */
 void *op_params_alloc(struct op_call *c, size_t size);
 void op_params_free(void *params);
+
+/* Strings a kernel makes at run time (StringConcat, StringSplit, a case
+ * change) for a string output, which is a pointer array (common/tensor.h):
+ * the caller of run() gives each call the pool of its executor, and the
+ * strings live until that executor's next run, when the pool is emptied
+ * (op_strpool_reset) after its outputs were copied out. The pool keeps its
+ * blocks across resets, so a steady workload allocates nothing. One thread
+ * at a time: a kernel makes its strings outside parallel loops. */
+struct op_strpool *op_strpool_create(void);
+void op_strpool_free(struct op_strpool *pool); /* NULL is a no-op */
+void op_strpool_reset(struct op_strpool *pool); /* NULL is a no-op */
+/* A NUL-terminated copy of s[0..len) in c->strings; NULL after op_error
+ * when the call has no pool or memory ran out. */
+char *op_string_new(struct op_call *c, const char *s, size_t len);
+/* The same with the len bytes left for the caller to write (the NUL after
+ * them is written). */
+char *op_string_alloc(struct op_call *c, size_t len);
 
 /* Applies a fused activation to one value. */
 static inline float act_apply(enum act_kind act, float x, float a, float b) {
@@ -134,7 +154,14 @@ extern const struct op_def op_defs_scan[];
 extern const struct op_def op_defs_nn[];
 extern const struct op_def op_defs_ml[];
 extern const struct op_def op_defs_ml_encode[];
+extern const struct op_def op_defs_softmax_fused[];
 extern const struct op_def op_defs_rnn[];
 extern const struct op_def op_defs_einsum[];
+extern const struct op_def op_defs_attention[];
+extern const struct op_def op_defs_signal[];
+extern const struct op_def op_defs_string[];
+extern const struct op_def op_defs_contrib[];
+extern const struct op_def op_defs_contrib_matmul[];
+extern const struct op_def op_defs_contrib_qlinear[];
 
 #endif

@@ -59,25 +59,52 @@ const char *plugin_cuda_path(void) {
     return g_handle ? g_path : NULL;
 }
 
-int plugin_cuda_probe(char *why, size_t why_len) {
+/* The plugin's exported symbol name, or NULL with why set. */
+static void *plugin_sym(const char *name, char *why, size_t why_len) {
     void *h = plugin_cuda_handle(why, why_len);
-    if (!h) return 0;
-    int (*probe)(char *, size_t) = (int (*)(char *, size_t))dlsym(h, "kiln_cuda_probe");
-    if (!probe) {
-        snprintf(why, why_len, "%s does not export kiln_cuda_probe", g_path);
-        return 0;
-    }
-    return probe(why, why_len);
+    if (!h) return NULL;
+    void *f = dlsym(h, name);
+    if (!f && why && why_len) snprintf(why, why_len, "%s does not export %s", g_path, name);
+    return f;
+}
+
+int plugin_cuda_probe(char *why, size_t why_len) {
+    int (*probe)(char *, size_t) = (int (*)(char *, size_t))plugin_sym("kiln_cuda_probe", why, why_len);
+    return probe ? probe(why, why_len) : 0;
 }
 
 struct backend *plugin_cuda_create(const struct backend_params *p, char *why, size_t why_len) {
-    void *h = plugin_cuda_handle(why, why_len);
-    if (!h) return NULL;
     struct backend *(*create)(const struct backend_params *, char *, size_t) =
-        (struct backend * (*)(const struct backend_params *, char *, size_t)) dlsym(h, "kiln_cuda_backend_create");
-    if (!create) {
-        snprintf(why, why_len, "%s does not export kiln_cuda_backend_create", g_path);
-        return NULL;
-    }
-    return create(p, why, why_len);
+        (struct backend * (*)(const struct backend_params *, char *, size_t))
+            plugin_sym("kiln_cuda_backend_create", why, why_len);
+    return create ? create(p, why, why_len) : NULL;
+}
+
+int plugin_cuda_ipc_open(int device, const void *handle, size_t handle_len, void **dev_ptr, char *why,
+                         size_t why_len) {
+    int (*fn)(int, const void *, size_t, void **, char *, size_t) =
+        (int (*)(int, const void *, size_t, void **, char *, size_t))plugin_sym("kiln_cuda_ipc_open", why, why_len);
+    return fn ? fn(device, handle, handle_len, dev_ptr, why, why_len) : -1;
+}
+
+int plugin_cuda_ipc_close(int device, void *dev_ptr, char *why, size_t why_len) {
+    int (*fn)(int, void *, char *, size_t) =
+        (int (*)(int, void *, char *, size_t))plugin_sym("kiln_cuda_ipc_close", why, why_len);
+    return fn ? fn(device, dev_ptr, why, why_len) : -1;
+}
+
+/* Both directions of kiln_cuda_copy_to_*: the same signature. */
+static int plugin_copy(const char *name, int device, void *dst, const void *src, size_t n, char *why,
+                       size_t why_len) {
+    int (*fn)(int, void *, const void *, size_t, char *, size_t) =
+        (int (*)(int, void *, const void *, size_t, char *, size_t))plugin_sym(name, why, why_len);
+    return fn ? fn(device, dst, src, n, why, why_len) : -1;
+}
+
+int plugin_cuda_copy_to_host(int device, void *dst, const void *src, size_t n, char *why, size_t why_len) {
+    return plugin_copy("kiln_cuda_copy_to_host", device, dst, src, n, why, why_len);
+}
+
+int plugin_cuda_copy_to_device(int device, void *dst, const void *src, size_t n, char *why, size_t why_len) {
+    return plugin_copy("kiln_cuda_copy_to_device", device, dst, src, n, why, why_len);
 }

@@ -74,6 +74,10 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
     }
     void *state = NULL;
     size_t scratch = 0;
+    if (!(c.strings = op_strpool_create())) {
+        rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
+        goto fail;
+    }
     if (op->prepare && (rc = op->prepare(&c, &state, &scratch))) goto fail;
     void *sbuf = NULL;
     if (scratch) {
@@ -92,8 +96,8 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
     if (rc && err && err_len && !err[0])
         status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
     /* A kernel writes a string output as pointers to strings its inputs,
-     * attributes or state own: the result gets its own block
-     * (common/tensor.h) before the state is released. */
+     * attributes, state or string pool own: the result gets its own block
+     * (common/tensor.h) before the state and the pool are released. */
     for (int i = 0; i < nout && !rc; i++) {
         if (out[i].dtype != DT_STRING) continue;
         char **view = out[i].data;
@@ -104,8 +108,10 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
     if (op->release && op->prepare) op->release(state);
     free(sbuf);
     if (rc) goto fail;
+    op_strpool_free(c.strings);
     return 0;
 fail:
+    op_strpool_free(c.strings);
     for (int i = 0; i < nout; i++) tensor_free_data(&out[i]);
     return rc;
 }

@@ -27,7 +27,6 @@ struct model {
      * by the caller): learned on the first plan that cannot be built
      * without them; from then on their values are part of the signature. */
     _Atomic uint64_t bind_values;
-    uint64_t bind_candidates; /* inputs that may be bound (not strings) */
     int fp16;        /* device contexts build FP16 plans */
     int cuda_graphs; /* device contexts capture and replay */
 };
@@ -39,6 +38,7 @@ struct model_exec {
     struct plan_exec *pe;
     /* Device plans hold device constants of this backend: cached per context. */
     struct plan_cache *dev_plans;
+    uint64_t builds; /* plans built for this context's runs */
 };
 
 static void io_from_value(struct model_io *io, const struct graph_value *v) {
@@ -65,7 +65,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
-    if (lower_fp16(m->g, err, err_len) || passes_run(m->g, err, err_len)) goto fail;
+    if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
     m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);
@@ -76,9 +76,6 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     }
     for (int i = 0; i < g->ninputs; i++) io_from_value(&m->ins[i], &g->values[g->inputs[i]]);
     for (int i = 0; i < g->noutputs; i++) io_from_value(&m->outs[i], &g->values[g->outputs[i]]);
-    for (int i = 0; i < g->ninputs && i < 64; i++)
-        if (m->ins[i].dtype != DT_STRING)
-            m->bind_candidates |= (uint64_t)1 << i;
     atomic_init(&m->bind_values, 0);
     log_debug("loaded %s: %d nodes after passes, %d inputs, %d outputs", p->path, g->nnodes, g->ninputs,
               g->noutputs);
@@ -236,26 +233,36 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
     uint64_t bind = atomic_load(&m->bind_values);
-    int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, NULL, err, err_len);
+    int built = 0;
+    int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, &built, err, err_len);
     uint64_t small = 0; /* inputs of at most 1024 elements in this call */
     for (int i = 0; i < ninputs && i < 64; i++)
-        if ((m->bind_candidates >> i & 1) && tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
+        if (tensor_numel(&inputs[i]) <= 1024) small |= (uint64_t)1 << i;
     if (rc && rc != STATUS_NOMEM && (small & ~bind)) {
         /* Maybe an input decides a shape: retry with the values of the small
          * inputs bound, and keep that only if it helps. */
         char err2[512];
         uint64_t more = bind | small;
-        if (plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, NULL, err2, sizeof err2) == 0) {
+        int rc2 = plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, &built, err2, sizeof err2);
+        if (rc2 == 0) {
             atomic_fetch_or(&m->bind_values, more);
             log_debug("model inputs decide output shapes; plans are built per value of those inputs");
             rc = 0;
+        } else if (rc2 == STATUS_INVALID) {
+            /* With the values known the plan got further and found them
+             * wrong (a string that is not UTF-8): that is the answer. */
+            snprintf(err, err_len, "%s", err2);
+            rc = rc2;
         }
     }
+    if (built) x->builds++;
     if (rc) return rc;
     rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     plan_release(p);
     return rc;
 }
+
+uint64_t model_exec_builds(const struct model_exec *x) { return x ? x->builds : 0; }
 
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
               int noutputs, char *err, size_t err_len) {

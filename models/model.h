@@ -30,6 +30,10 @@ struct model_params {
      * cuda_graphs: 1 = capture and replay (the default, also for 0), -1 = off. */
     int fp16;
     int cuda_graphs;
+    /* 1: every execution context of this model runs on the CPU, so the
+     * graph may take fusions into operators only the CPU kernels have (a
+     * device plan would run those on the host). */
+    int cpu_only;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and
@@ -74,5 +78,8 @@ int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs,
  * the model are not detected. */
 int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int ninputs,
                         struct tensor *outputs, int noutputs, char *err, size_t err_len);
+/* Plans this context has built so far: a run that raised it paid for a plan
+ * (a new shape), so its time says little about the next run of its size. */
+uint64_t model_exec_builds(const struct model_exec *x);
 
 #endif

@@ -19,6 +19,7 @@
 #include "common/file.h"
 #include "common/status.h"
 #include "kernels/ops.h"
+#include "models/control.h"
 #include "onnx/onnx.pb-c.h"
 
 #define MAX_FILE_BYTES ((int64_t)INT32_MAX) /* protobuf's own 2 GiB limit */
@@ -125,7 +126,8 @@ static int dtype_ok(int64_t dt) {
     switch (dt) {
     case DT_FP32: case DT_UINT8: case DT_INT8: case DT_UINT16: case DT_INT16: case DT_INT32:
     case DT_INT64: case DT_STRING: case DT_BOOL: case DT_FP16: case DT_FP64: case DT_UINT32:
-    case DT_UINT64: case DT_BF16:
+    case DT_UINT64: case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ:
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: case DT_FP8E8M0:
         return 1;
     default:
         return 0;
@@ -276,6 +278,20 @@ static int count_mismatch(const char *name, int64_t numel, enum dtype dt, size_t
                       (long long)numel, dtype_name(dt), field, have);
 }
 
+/* Replaces t's packed data (as read from the file) with one byte per element. */
+static int unpack_owned(struct tensor *t, const char *name, char *err, size_t err_len) {
+    int64_t n = tensor_numel(t);
+    uint8_t *u = malloc(n > 0 ? (size_t)n : 1);
+    if (!u) {
+        tensor_free_data(t);
+        return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
+    }
+    tensor_unpack_bits(t->data, u, n, t->dtype);
+    free(t->data);
+    t->data = u;
+    return 0;
+}
+
 int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, struct tensor *out, char *err,
                            size_t err_len) {
     memset(out, 0, sizeof *out);
@@ -296,13 +312,17 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     for (size_t i = 0; i < tp->n_dims; i++) t.dims[i] = tp->dims[i];
     size_t n = (size_t)numel, es = dtype_size(d);
     size_t nbytes = n * es;
+    /* The 4- and 2-bit dtypes are packed in the file, one byte each in memory. */
+    const int packed = d != DT_STRING && dtype_packed_bits(d) < 8;
+    const size_t file_bytes = packed ? dtype_packed_size(d, numel) : nbytes;
 
     if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
         if (d == DT_STRING)
             return status_set(err, err_len, STATUS_UNSUPPORTED, "tensor '%s': external string data is not supported",
                               name);
-        rc = load_external(tp, name, base_dir, nbytes, &t.data, err, err_len);
+        rc = load_external(tp, name, base_dir, file_bytes, &t.data, err, err_len);
         if (rc) return rc;
+        if (packed && (rc = unpack_owned(&t, name, err, err_len))) return rc;
         *out = t;
         return 0;
     }
@@ -330,13 +350,14 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
                                                                  tp->n_int64_data == 0 && tp->n_double_data == 0 &&
                                                                  tp->n_uint64_data == 0));
     if (use_raw) {
-        if (tp->raw_data.len != nbytes)
+        if (tp->raw_data.len != file_bytes)
             return status_set(err, err_len, STATUS_INVALID,
                               "tensor '%s' declares %lld %s elements (%zu bytes) but raw_data holds %zu bytes", name,
-                              (long long)numel, dtype_name(d), nbytes, tp->raw_data.len);
+                              (long long)numel, dtype_name(d), file_bytes, tp->raw_data.len);
         t.data = malloc(nbytes ? nbytes : 1);
         if (!t.data) return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
-        if (nbytes) memcpy(t.data, tp->raw_data.data, nbytes);
+        if (packed) tensor_unpack_bits(tp->raw_data.data, t.data, numel, d);
+        else if (nbytes) memcpy(t.data, tp->raw_data.data, nbytes);
         *out = t;
         return 0;
     }
@@ -347,8 +368,15 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     switch (d) {
     case DT_FP32: have = tp->n_float_data; field = "float_data"; break;
     case DT_INT32: case DT_INT16: case DT_INT8: case DT_UINT8: case DT_UINT16: case DT_BOOL: case DT_FP16:
-    case DT_BF16:
+    case DT_BF16: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
         have = tp->n_int32_data; field = "int32_data"; break;
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2:
+        /* one packed byte per int32 */
+        if (tp->n_int32_data != file_bytes)
+            return status_set(err, err_len, STATUS_INVALID,
+                              "tensor '%s' declares %lld %s elements (%zu packed bytes) but int32_data holds %zu", name,
+                              (long long)numel, dtype_name(d), file_bytes, tp->n_int32_data);
+        have = n; field = "int32_data"; break;
     case DT_INT64: have = tp->n_int64_data; field = "int64_data"; break;
     case DT_FP64: have = tp->n_double_data; field = "double_data"; break;
     case DT_UINT32: case DT_UINT64: have = tp->n_uint64_data; field = "uint64_data"; break;
@@ -362,7 +390,20 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
     case DT_INT32: if (n) memcpy(t.data, tp->int32_data, nbytes); break;
     case DT_INT16: for (size_t i = 0; i < n; i++) ((int16_t *)t.data)[i] = (int16_t)tp->int32_data[i]; break;
     case DT_INT8: for (size_t i = 0; i < n; i++) ((int8_t *)t.data)[i] = (int8_t)tp->int32_data[i]; break;
-    case DT_UINT8: for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = (uint8_t)tp->int32_data[i]; break;
+    case DT_UINT8: case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP8E8M0:
+        for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = (uint8_t)tp->int32_data[i];
+        break;
+    case DT_UINT4: case DT_INT4: case DT_FP4E2M1: case DT_UINT2: case DT_INT2: {
+        uint8_t *bytes = malloc(file_bytes ? file_bytes : 1);
+        if (!bytes) {
+            free(t.data);
+            return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
+        }
+        for (size_t i = 0; i < file_bytes; i++) bytes[i] = (uint8_t)tp->int32_data[i];
+        tensor_unpack_bits(bytes, t.data, numel, d);
+        free(bytes);
+        break;
+    }
     case DT_BOOL: for (size_t i = 0; i < n; i++) ((uint8_t *)t.data)[i] = tp->int32_data[i] != 0; break;
     case DT_UINT16: case DT_FP16: case DT_BF16: /* the 16 bits sit in the low half of each int32 */
         for (size_t i = 0; i < n; i++) ((uint16_t *)t.data)[i] = (uint16_t)tp->int32_data[i];
@@ -386,15 +427,22 @@ static int attr_infer_type(const Onnx__AttributeProto *ap) {
     if (ap->n_ints) return ATTR_INTS;
     if (ap->n_strings) return ATTR_STRINGS;
     if (ap->t) return ATTR_TENSOR;
-    if (ap->g || ap->n_graphs) return ATTR_GRAPH;
+    if (ap->g) return ATTR_GRAPH;
+    if (ap->n_graphs) return ATTR_GRAPHS;
     if (ap->has_f) return ATTR_FLOAT;
     if (ap->has_i) return ATTR_INT;
     if (ap->has_s) return ATTR_STRING;
     return ATTR_UNDEFINED;
 }
 
-static int convert_attr(const Onnx__AttributeProto *ap, struct graph_attr *a, const struct graph_node *node,
-                        const char *base_dir, char *err, size_t err_len) {
+static int load_subgraph(struct graph *parent, int pidx, const Onnx__ModelProto *mp, const Onnx__GraphProto *gp,
+                         const char *base_dir, struct graph **out, char *err, size_t err_len);
+
+/* Converts attribute ap of node idx of g. A subgraph is loaded with g as its
+ * enclosing graph: the names it reads from outside become inputs of node idx. */
+static int convert_attr(const Onnx__AttributeProto *ap, struct graph_attr *a, struct graph *g, int idx,
+                        const Onnx__ModelProto *mp, const char *base_dir, char *err, size_t err_len) {
+    const struct graph_node *node = &g->nodes[idx];
     const char *an = ap->name ? ap->name : "";
     a->name = strdup(an);
     if (!a->name) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
@@ -453,10 +501,29 @@ static int convert_attr(const Onnx__AttributeProto *ap, struct graph_attr *a, co
         a->n = (int)ap->n_strings;
         break;
     case ATTR_GRAPH:
-    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPHS:
-        return status_set(err, err_len, STATUS_UNSUPPORTED,
-                          "node '%s' (%s): attribute '%s' holds a subgraph; subgraphs (If/Loop/Scan) are not "
-                          "supported", node->name, node->op_type, an);
+    case ATTR_GRAPHS: {
+        size_t ng = type == ATTR_GRAPH ? 1 : ap->n_graphs;
+        if (type == ATTR_GRAPH && !ap->g)
+            return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): attribute '%s' has no graph",
+                              node->name, node->op_type, an);
+        if (ng > INT_MAX) return status_set(err, err_len, STATUS_INVALID, "attribute '%s' too long", an);
+        a->graphs = calloc(ng ? ng : 1, sizeof *a->graphs);
+        if (!a->graphs) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        a->type = (enum attr_type)type; /* so that graph_attr_clear frees what was loaded */
+        for (size_t i = 0; i < ng; i++) {
+            a->n = (int)i + 1;
+            char sub[512];
+            int rc = load_subgraph(g, idx, mp, type == ATTR_GRAPH ? ap->g : ap->graphs[i], base_dir, &a->graphs[i],
+                                   sub, sizeof sub);
+            if (rc) {
+                node = &g->nodes[idx];
+                return status_set(err, err_len, rc, "node '%s' (%s), subgraph '%s': %s", node->name, node->op_type,
+                                  an, sub);
+            }
+        }
+        a->n = (int)ng;
+        break;
+    }
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSORS:
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSOR:
     case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__SPARSE_TENSORS:
@@ -565,11 +632,13 @@ static int finish_node(struct graph *g, const Onnx__ModelProto *mp, const Onnx__
         if (!node->attrs) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
         for (size_t a = 0; a < np->n_attribute; a++) {
             node->nattr = (int)a + 1; /* graph_free releases whatever was converted */
-            int rc = convert_attr(np->attribute[a], &node->attrs[a], node, base_dir, err, err_len);
+            int rc = convert_attr(np->attribute[a], &node->attrs[a], g, idx, mp, base_dir, err, err_len);
+            node = &g->nodes[idx];
             if (rc) return rc;
         }
     }
-    node->op = op_find(domain, node->op_type);
+    node->op = control_op_find(domain, node->op_type);
+    if (!node->op) node->op = op_find(domain, node->op_type);
     if (!node->op)
         return status_set(err, err_len, STATUS_UNSUPPORTED,
                           "node '%s' : operator '%s' (domain '%s', opset %d) is not supported", node->name,
@@ -687,6 +756,140 @@ out:
     free(outs);
     return rc;
 }
+/* A subgraph's names that nothing in it defines (no initializer, input or
+ * node output) are values of an enclosing graph: each becomes an input of
+ * the subgraph (captured) and an input of node pidx of the parent, so that
+ * the parent orders, keeps alive and plans the value like any other input
+ * of that node. A name the parent does not define either is interned there
+ * and captured in turn when the parent, itself a subgraph, finishes; at the
+ * top level it is an undefined input, which the sort reports. */
+static int capture_outer(struct graph *sub, struct graph *parent, int pidx, char *err, size_t err_len) {
+    unsigned char *made = calloc((size_t)(sub->nvalues > 0 ? sub->nvalues : 1), 1);
+    if (!made) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    for (int i = 0; i < sub->nnodes; i++)
+        for (int k = 0; k < sub->nodes[i].nout; k++)
+            if (sub->nodes[i].out[k] >= 0) made[sub->nodes[i].out[k]] = 1;
+    int rc = 0;
+    for (int v = 0; v < sub->nvalues && !rc; v++) {
+        struct graph_value *val = &sub->values[v];
+        if (made[v] || val->t.data || (val->flags & VALUE_INPUT)) continue;
+        int ov = graph_intern_value(parent, val->name);
+        int *ins = realloc(sub->inputs, (size_t)(sub->ninputs + 1) * sizeof *ins);
+        if (ins) sub->inputs = ins;
+        int *cap = realloc(sub->capture_in, (size_t)(sub->ncaptured + 1) * sizeof *cap);
+        if (cap) sub->capture_in = cap;
+        if (ov < 0 || !ins || !cap) {
+            rc = status_set(err, err_len, STATUS_NOMEM, "out of memory");
+            break;
+        }
+        struct graph_node *pn = &parent->nodes[pidx];
+        int k = 0;
+        while (k < pn->nin && pn->in[k] != ov) k++;
+        if (k == pn->nin) {
+            if (pn->nin >= OP_MAX_IO) {
+                rc = status_set(err, err_len, STATUS_UNSUPPORTED,
+                                "it reads more than %d values from the enclosing graph and inputs of the node",
+                                OP_MAX_IO);
+                break;
+            }
+            int *pin = realloc(pn->in, (size_t)(pn->nin + 1) * sizeof *pin);
+            if (!pin) {
+                rc = status_set(err, err_len, STATUS_NOMEM, "out of memory");
+                break;
+            }
+            pn->in = pin;
+            pn->in[pn->nin++] = ov;
+        }
+        sub->inputs[sub->ninputs++] = v;
+        sub->capture_in[sub->ncaptured++] = k;
+        val->flags |= VALUE_INPUT;
+    }
+    free(made);
+    return rc;
+}
+
+/* Initializers, inputs, nodes and outputs of gp into g, then the topological
+ * sort. parent is NULL for the model's graph; for a subgraph it is the
+ * enclosing graph and pidx the node that holds it: a subgraph's inputs and
+ * outputs may come without a type (the op defines them), and its outputs
+ * may name outer values. */
+static int load_graph_body(struct graph *g, struct graph *parent, int pidx, const Onnx__ModelProto *mp,
+                           const Onnx__GraphProto *gp, const char *base_dir, char *err, size_t err_len) {
+    int rc = 0;
+    if (gp->n_sparse_initializer)
+        return status_set(err, err_len, STATUS_UNSUPPORTED, "sparse initializer '%s' is not supported",
+                          gp->sparse_initializer[0]->values && gp->sparse_initializer[0]->values->name
+                              ? gp->sparse_initializer[0]->values->name
+                              : "?");
+
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *tp = gp->initializer[i];
+        if (!tp->name || !*tp->name) return status_set(err, err_len, STATUS_INVALID, "initializer %zu has no name", i);
+        int v = graph_intern_value(g, tp->name);
+        if (v < 0) goto nomem;
+        if (g->values[v].t.data)
+            return status_set(err, err_len, STATUS_INVALID, "initializer '%s' is defined twice", tp->name);
+        rc = onnx_tensor_from_proto(tp, base_dir, &g->values[v].t, err, err_len);
+        if (rc) return rc;
+    }
+
+    g->inputs = malloc((gp->n_input ? gp->n_input : 1) * sizeof(int));
+    g->outputs = malloc((gp->n_output ? gp->n_output : 1) * sizeof(int));
+    if (!g->inputs || !g->outputs) goto nomem;
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = gp->input[i];
+        if (!vi->name || !*vi->name) return status_set(err, err_len, STATUS_INVALID, "graph input %zu has no name", i);
+        int v = graph_intern_value(g, vi->name);
+        if (v < 0) goto nomem;
+        struct graph_value *val = &g->values[v];
+        if (val->t.data && !parent) continue; /* an initializer listed as an input (IR < 4): a constant */
+        if (val->flags & VALUE_INPUT)
+            return status_set(err, err_len, STATUS_INVALID, "graph input '%s' is listed twice", vi->name);
+        if ((vi->type || !parent) && (rc = set_value_type(val, vi, "graph input", err, err_len))) return rc;
+        val->flags |= VALUE_INPUT;
+        g->inputs[g->ninputs++] = v;
+    }
+
+    if ((rc = load_nodes(g, mp, gp, base_dir, err, err_len))) return rc;
+
+    for (size_t i = 0; i < gp->n_output; i++) {
+        const Onnx__ValueInfoProto *vi = gp->output[i];
+        if (!vi->name || !*vi->name) return status_set(err, err_len, STATUS_INVALID, "graph output %zu has no name", i);
+        int v = parent ? graph_intern_value(g, vi->name) : graph_find_value(g, vi->name);
+        if (v < 0 && parent) goto nomem;
+        if (v < 0)
+            return status_set(err, err_len, STATUS_INVALID, "graph output '%s' is not produced by any node", vi->name);
+        struct graph_value *val = &g->values[v];
+        if ((val->flags & VALUE_OUTPUT) && !parent)
+            return status_set(err, err_len, STATUS_INVALID, "graph output '%s' is listed twice", vi->name);
+        /* The declared type of a computed output is a hint for metadata; the
+         * engine's shape inference has the last word. Inputs and constants
+         * keep what they have. A subgraph's outputs are typed by its op. */
+        if (!parent && !val->t.data && !(val->flags & VALUE_INPUT) && vi->type &&
+            (rc = set_value_type(val, vi, "graph output", err, err_len)))
+            return rc;
+        val->flags |= VALUE_OUTPUT;
+        g->outputs[g->noutputs++] = v;
+    }
+    if (g->noutputs == 0) return status_set(err, err_len, STATUS_INVALID, "model declares no graph outputs");
+    if (parent && (rc = capture_outer(g, parent, pidx, err, err_len))) return rc;
+    return graph_toposort(g, err, err_len);
+nomem:
+    return status_set(err, err_len, STATUS_NOMEM, "out of memory loading the model");
+}
+
+static int load_subgraph(struct graph *parent, int pidx, const Onnx__ModelProto *mp, const Onnx__GraphProto *gp,
+                         const char *base_dir, struct graph **out, char *err, size_t err_len) {
+    struct graph *g = graph_create();
+    *out = g;
+    if (!g || !(g->name = strdup(gp->name ? gp->name : "")))
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+    g->ir_version = parent->ir_version;
+    g->opset_default = parent->opset_default;
+    g->opset_ml = parent->opset_ml;
+    return load_graph_body(g, parent, pidx, mp, gp, base_dir, err, err_len);
+}
+
 static struct graph *load_model(const Onnx__ModelProto *mp, const char *base_dir, char *err, size_t err_len) {
     const Onnx__GraphProto *gp = mp->graph;
     if (!gp) {
@@ -698,11 +901,13 @@ static struct graph *load_model(const Onnx__ModelProto *mp, const char *base_dir
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         return NULL;
     }
-    int rc = 0;
     g->ir_version = mp->has_ir_version ? mp->ir_version : 0;
     g->name = strdup(gp->name ? gp->name : "");
     g->producer_name = strdup(mp->producer_name ? mp->producer_name : "");
-    if (!g->name || !g->producer_name) goto nomem;
+    if (!g->name || !g->producer_name) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory loading the model");
+        goto fail;
+    }
     /* Files that import no default opset predate opsets: version 1 rules. */
     g->opset_default = 1;
     for (size_t i = 0; i < mp->n_opset_import; i++) {
@@ -710,90 +915,7 @@ static struct graph *load_model(const Onnx__ModelProto *mp, const char *base_dir
         if (!*d || strcmp(d, "ai.onnx") == 0) g->opset_default = mp->opset_import[i]->version;
         else if (strcmp(d, "ai.onnx.ml") == 0) g->opset_ml = mp->opset_import[i]->version;
     }
-    if (gp->n_sparse_initializer) {
-        status_set(err, err_len, STATUS_UNSUPPORTED, "sparse initializer '%s' is not supported",
-                   gp->sparse_initializer[0]->values && gp->sparse_initializer[0]->values->name
-                       ? gp->sparse_initializer[0]->values->name
-                       : "?");
-        goto fail;
-    }
-
-    for (size_t i = 0; i < gp->n_initializer; i++) {
-        const Onnx__TensorProto *tp = gp->initializer[i];
-        if (!tp->name || !*tp->name) {
-            status_set(err, err_len, STATUS_INVALID, "initializer %zu has no name", i);
-            goto fail;
-        }
-        int v = graph_intern_value(g, tp->name);
-        if (v < 0) goto nomem;
-        if (g->values[v].t.data) {
-            status_set(err, err_len, STATUS_INVALID, "initializer '%s' is defined twice", tp->name);
-            goto fail;
-        }
-        rc = onnx_tensor_from_proto(tp, base_dir, &g->values[v].t, err, err_len);
-        if (rc) goto fail;
-    }
-
-    g->inputs = malloc((gp->n_input ? gp->n_input : 1) * sizeof(int));
-    g->outputs = malloc((gp->n_output ? gp->n_output : 1) * sizeof(int));
-    if (!g->inputs || !g->outputs) goto nomem;
-    for (size_t i = 0; i < gp->n_input; i++) {
-        const Onnx__ValueInfoProto *vi = gp->input[i];
-        if (!vi->name || !*vi->name) {
-            status_set(err, err_len, STATUS_INVALID, "graph input %zu has no name", i);
-            goto fail;
-        }
-        int v = graph_intern_value(g, vi->name);
-        if (v < 0) goto nomem;
-        struct graph_value *val = &g->values[v];
-        if (val->t.data) continue; /* an initializer listed as an input (IR < 4): a constant */
-        if (val->flags & VALUE_INPUT) {
-            status_set(err, err_len, STATUS_INVALID, "graph input '%s' is listed twice", vi->name);
-            goto fail;
-        }
-        rc = set_value_type(val, vi, "graph input", err, err_len);
-        if (rc) goto fail;
-        val->flags |= VALUE_INPUT;
-        g->inputs[g->ninputs++] = v;
-    }
-
-    rc = load_nodes(g, mp, gp, base_dir, err, err_len);
-    if (rc) goto fail;
-
-    for (size_t i = 0; i < gp->n_output; i++) {
-        const Onnx__ValueInfoProto *vi = gp->output[i];
-        if (!vi->name || !*vi->name) {
-            status_set(err, err_len, STATUS_INVALID, "graph output %zu has no name", i);
-            goto fail;
-        }
-        int v = graph_find_value(g, vi->name);
-        if (v < 0) {
-            status_set(err, err_len, STATUS_INVALID, "graph output '%s' is not produced by any node", vi->name);
-            goto fail;
-        }
-        struct graph_value *val = &g->values[v];
-        if (val->flags & VALUE_OUTPUT) {
-            status_set(err, err_len, STATUS_INVALID, "graph output '%s' is listed twice", vi->name);
-            goto fail;
-        }
-        /* The declared type of a computed output is a hint for metadata; the
-         * engine's shape inference has the last word. Inputs and constants
-         * keep what they have. */
-        if (!val->t.data && !(val->flags & VALUE_INPUT) && vi->type) {
-            rc = set_value_type(val, vi, "graph output", err, err_len);
-            if (rc) goto fail;
-        }
-        val->flags |= VALUE_OUTPUT;
-        g->outputs[g->noutputs++] = v;
-    }
-    if (g->noutputs == 0) {
-        status_set(err, err_len, STATUS_INVALID, "model declares no graph outputs");
-        goto fail;
-    }
-    if (graph_toposort(g, err, err_len) != 0) goto fail;
-    return g;
-nomem:
-    status_set(err, err_len, STATUS_NOMEM, "out of memory loading the model");
+    if (load_graph_body(g, NULL, -1, mp, gp, base_dir, err, err_len) == 0) return g;
 fail:
     graph_free(g);
     return NULL;

@@ -245,6 +245,113 @@ int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_l
     return 0;
 }
 
+/* ---- If with a constant condition --------------------------------------------- */
+
+/* Replaces If node ni, whose condition is a constant, by the taken branch:
+ * its nodes (attributes and nested subgraphs moved over), its constants and
+ * values renamed apart under the node's name, its captured inputs mapped to
+ * the node's inputs, and one Identity per output (a view in plans) writing
+ * the If's own output values. The If is marked in dead[]. */
+static int inline_branch(struct graph *g, int ni, unsigned char **dead, char *err, size_t err_len) {
+    struct graph_node *n = &g->nodes[ni];
+    const struct tensor *cond = &g->values[n->in[0]].t;
+    int take = tensor_numel(cond) > 0 && op_int_at(cond, 0) != 0;
+    struct graph *b = (struct graph *)node_attr_graph(n, take ? "then_branch" : "else_branch");
+    if (!b || b->noutputs != n->nout || graph_nformal(b) != 0) return 0;
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s", n->name);
+    int nout = n->nout, rc = STATUS_NOMEM;
+    int *map = malloc((size_t)(b->nvalues > 0 ? b->nvalues : 1) * sizeof *map);
+    int *nin_map = malloc((size_t)(n->nin > 0 ? n->nin : 1) * sizeof *nin_map);
+    int *outs = malloc((size_t)(nout > 0 ? nout : 1) * sizeof *outs);
+    if (!map || !nin_map || !outs) goto out;
+    memcpy(nin_map, n->in, (size_t)n->nin * sizeof *nin_map);
+    memcpy(outs, n->out, (size_t)nout * sizeof *outs);
+    for (int v = 0; v < b->nvalues; v++) map[v] = -1;
+    for (int j = 0; j < b->ncaptured; j++) map[b->inputs[graph_nformal(b) + j]] = nin_map[b->capture_in[j]];
+    char name[512];
+    for (int v = 0; v < b->nvalues; v++) {
+        if (map[v] >= 0 || (b->values[v].flags & VALUE_INPUT)) continue;
+        snprintf(name, sizeof name, "%s/%s", prefix, b->values[v].name);
+        int nv = graph_new_value(g, name);
+        if (nv < 0) goto out;
+        struct graph_value *src = &b->values[v], *dst = &g->values[nv];
+        dst->t = src->t; /* the branch's constants move over; others are shapes to infer */
+        src->t.data = NULL;
+        if (!dst->t.data) {
+            dst->t.dtype = DT_UNDEFINED;
+            dst->t.ndim = -1;
+        }
+        map[v] = nv;
+    }
+    int first = g->nnodes;
+    for (int i = 0; i < b->nnodes; i++) {
+        struct graph_node *bn = &b->nodes[i];
+        int in[OP_MAX_IO], out[OP_MAX_IO];
+        if (bn->nin > OP_MAX_IO || bn->nout > OP_MAX_IO) goto out;
+        for (int k = 0; k < bn->nin; k++) in[k] = bn->in[k] >= 0 ? map[bn->in[k]] : -1;
+        for (int k = 0; k < bn->nout; k++) out[k] = bn->out[k] >= 0 ? map[bn->out[k]] : -1;
+        snprintf(name, sizeof name, "%s/%s", prefix, bn->name);
+        int idx = graph_add_node(g, name, bn->op_type, bn->domain, in, bn->nin, out, bn->nout);
+        if (idx < 0) goto out;
+        struct graph_node *nn = &g->nodes[idx];
+        nn->opset = bn->opset;
+        nn->op = bn->op;
+        nn->act = bn->act;
+        nn->act_alpha = bn->act_alpha;
+        nn->act_beta = bn->act_beta;
+        nn->attrs = bn->attrs; /* nested subgraphs keep their capture maps: node input positions */
+        nn->nattr = bn->nattr;
+        bn->attrs = NULL;
+        bn->nattr = 0;
+    }
+    const struct op_def *identity = op_find("", "Identity");
+    for (int o = 0; o < nout; o++) {
+        if (outs[o] < 0) continue;
+        int src = map[b->outputs[o]];
+        snprintf(name, sizeof name, "%s/output%d", prefix, o);
+        int idx = identity ? graph_add_node(g, name, "Identity", "", &src, 1, &outs[o], 1) : -1;
+        if (idx < 0) goto out;
+        g->nodes[idx].op = identity;
+        g->nodes[idx].opset = (int)g->opset_default;
+    }
+    unsigned char *d = realloc(*dead, (size_t)g->nnodes);
+    if (!d) goto out;
+    memset(d + first, 0, (size_t)(g->nnodes - first));
+    *dead = d;
+    d[ni] = 1;
+    log_debug("If '%s': its condition is a constant; the %s branch (%d nodes) replaces it", prefix,
+              take ? "then" : "else", b->nnodes);
+    rc = 1;
+out:
+    free(map);
+    free(nin_map);
+    free(outs);
+    if (rc < 0) status_set(err, err_len, rc, "out of memory inlining If '%s'", prefix);
+    return rc;
+}
+
+int passes_inline_if(struct graph *g, int *ninlined, char *err, size_t err_len) {
+    int done = 0, rc = 0;
+    if (ninlined) *ninlined = 0;
+    unsigned char *dead = calloc((size_t)(g->nnodes > 0 ? g->nnodes : 1), 1);
+    if (!dead) return status_set(err, err_len, STATUS_NOMEM, "out of memory inlining If nodes");
+    for (int i = 0, n0 = g->nnodes; i < n0 && rc >= 0; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if (!is_op(n, "If") || n->nin < 1 || n->in[0] < 0 || !g->values[n->in[0]].t.data) continue;
+        rc = inline_branch(g, i, &dead, err, err_len);
+        if (rc > 0) done++;
+    }
+    if (rc >= 0 && done) {
+        drop_nodes(g, dead);
+        rc = graph_toposort(g, err, err_len);
+    }
+    free(dead);
+    if (rc < 0) return rc;
+    if (ninlined) *ninlined = done;
+    return 0;
+}
+
 /* ---- dead nodes ------------------------------------------------------------------- */
 
 /* Marks node i dead when none of its outputs is live (ctx: live values,
@@ -370,7 +477,8 @@ static int known_rank(const struct graph *g, int v, int depth) {
     const struct graph_node *n = &g->nodes[pi];
     static const char *const same[] = {"Cast", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "Identity", "Softmax",
                                        "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf", "Gelu", "HardSigmoid",
-                                       "HardSwish", "Dropout", "BatchNormalization", "LayerNormalization", NULL};
+                                       "HardSwish", "Dropout", "BatchNormalization", "LayerNormalization", "IsNaN",
+                                       "IsInf", "Not", NULL};
     for (int i = 0; same[i]; i++)
         if (is_op(n, same[i])) return n->nin > 0 ? known_rank(g, n->in[0], depth + 1) : -1;
     static const char *const bcast[] = {"Add", "Sub", "Mul", "Div", "Pow", NULL};
@@ -384,6 +492,24 @@ static int known_rank(const struct graph *g, int v, int depth) {
         return a >= 2 && b >= 2 ? (a > b ? a : b) : -1;
     }
     if (is_op(n, "Gemm")) return 2;
+    if (is_op(n, "Where") && n->nin == 3) {
+        int r = -1;
+        for (int k = 0; k < 3; k++) {
+            int rk = known_rank(g, n->in[k], depth + 1);
+            if (rk < 0) return -1;
+            if (rk > r) r = rk;
+        }
+        return r;
+    }
+    if (is_op(n, "Transpose")) {
+        const int64_t *perm;
+        int np = node_attr_ints(n, "perm", &perm);
+        return np >= 0 ? np : (n->nin > 0 ? known_rank(g, n->in[0], depth + 1) : -1);
+    }
+    if (is_op(n, "Reshape") && n->nin >= 2) { /* a constant shape gives the rank */
+        const struct tensor *sh = const_of(g, n->in[1]);
+        return sh && sh->ndim == 1 ? (int)sh->dims[0] : -1;
+    }
     if (is_op(n, "Conv") && n->nin >= 2) {
         const struct tensor *w = const_of(g, n->in[1]);
         return w ? w->ndim : -1;
@@ -695,6 +821,10 @@ static enum dtype known_dtype(const struct graph *g, int v, int depth) {
     if (val->producer < 0 || depth > 64) return DT_UNDEFINED;
     const struct graph_node *n = &g->nodes[val->producer];
     if (is_op(n, "Cast")) return (enum dtype)node_attr_int(n, "to", DT_UNDEFINED);
+    if (is_op(n, "Where") && n->nin == 3) { /* the type of its two choices */
+        enum dtype dt = known_dtype(g, n->in[1], depth + 1);
+        return dt != DT_UNDEFINED ? dt : known_dtype(g, n->in[2], depth + 1);
+    }
     static const char *const same[] = {"Conv", "Gemm", "MatMul", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip",
                                        "Identity", "Softmax", "LogSoftmax", "Neg", "Abs", "Exp", "Log", "Sqrt", "Erf",
                                        "Gelu", "HardSigmoid", "HardSwish", "Dropout", "BatchNormalization",
@@ -833,20 +963,196 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
     return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- masked softmax (CPU) ------------------------------------------------------------------ */
+
+/* The producer of v when it is an op node whose output only one reader
+ * (and no graph output) takes, or -1. */
+static int sole_producer(struct pass *ps, int v, const char *op) {
+    if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
+    int pi = ps->g->values[v].producer;
+    return pi >= 0 && !ps->dead[pi] && is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nout == 1 ? pi : -1;
+}
+
+/* When value v is made by a Mul or Div by a scalar constant that nothing
+ * else reads: that node (in *node), its factor (in *f) and its other
+ * operand; else -1. */
+static int scalar_factor(struct pass *ps, int v, int *node, float *f) {
+    struct graph *g = ps->g;
+    int si = sole_producer(ps, v, "Mul");
+    if (si < 0) si = sole_producer(ps, v, "Div");
+    if (si < 0 || g->nodes[si].nin != 2) return -1;
+    const struct graph_node *m = &g->nodes[si];
+    int div = is_op(m, "Div"), k = div ? 1 : (const_of(g, m->in[1]) ? 1 : 0);
+    const struct tensor *c = const_of(g, m->in[k]);
+    if (!c || tensor_numel(c) != 1 || (c->dtype != DT_FP32 && c->dtype != DT_FP64) || m->in[1 - k] < 0 ||
+        (div && op_double_at(c, 0) == 0))
+        return -1;
+    double d = op_double_at(c, 0);
+    *f = (float)(div ? 1.0 / d : d);
+    *node = si;
+    return m->in[1 - k];
+}
+
+/* What feeds a softmax in exported attention: its scores, the factors on
+ * the way (a Mul/Div by a scalar after the product, or on either operand
+ * of the MatMul that makes the scores), and a mask added last. */
+struct softmax_feed {
+    int x;          /* the scores (the MatMul's output, or what the factors scale) */
+    int addi, mask; /* the Add and its mask, or -1 */
+    int scale_node[3];
+    float scale;    /* every factor's product */
+    int mm;         /* the MatMul whose operands' factors are taken, or -1 */
+    int mm_in[2];   /* its operands without them */
+};
+
+static void softmax_feed(struct pass *ps, int x, struct softmax_feed *f) {
+    struct graph *g = ps->g;
+    *f = (struct softmax_feed){.x = x, .addi = -1, .mask = -1, .scale_node = {-1, -1, -1}, .scale = 1.0f, .mm = -1};
+    int ai = sole_producer(ps, x, "Add");
+    if (ai >= 0 && g->nodes[ai].nin == 2) {
+        const struct graph_node *a = &g->nodes[ai];
+        /* The scores are the operand that a Mul/Div by a scalar or a MatMul
+         * makes; the other is the mask. Otherwise in[0]. */
+        int k = 0;
+        for (int t = 0; t < 2; t++)
+            if (sole_producer(ps, a->in[t], "Mul") >= 0 || sole_producer(ps, a->in[t], "Div") >= 0 ||
+                sole_producer(ps, a->in[t], "MatMul") >= 0)
+                k = t;
+        if (a->in[k] >= 0 && a->in[1 - k] >= 0 && known_dtype(g, a->in[1 - k], 0) == DT_FP32) {
+            f->addi = ai;
+            f->mask = a->in[1 - k];
+            f->x = a->in[k];
+        }
+    }
+    float c;
+    int v = scalar_factor(ps, f->x, &f->scale_node[0], &c);
+    if (v >= 0) {
+        f->scale *= c;
+        f->x = v;
+    }
+    int mi = sole_producer(ps, f->x, "MatMul");
+    if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return;
+    for (int k = 0; k < 2; k++) {
+        int in = g->nodes[mi].in[k], w = in >= 0 ? scalar_factor(ps, in, &f->scale_node[1 + k], &c) : -1;
+        f->mm_in[k] = w >= 0 ? w : in;
+        if (w >= 0) {
+            f->scale *= c;
+            f->mm = mi;
+        }
+    }
+}
+
+/* Sets node n's attributes to scale and nan_to_zero. */
+static int masked_softmax_attrs(struct graph_node *n, float scale, int nan_to_zero) {
+    struct graph_attr *at = calloc(2, sizeof *at);
+    char *a = strdup("scale"), *b = strdup("nan_to_zero");
+    if (!at || !a || !b) {
+        free(at);
+        free(a);
+        free(b);
+        return -1;
+    }
+    at[0] = (struct graph_attr){.name = a, .type = ATTR_FLOAT, .f = scale};
+    at[1] = (struct graph_attr){.name = b, .type = ATTR_INT, .i = nan_to_zero};
+    for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
+    free(n->attrs);
+    n->attrs = at;
+    n->nattr = 2;
+    return 0;
+}
+
+/* The softmax of attention as exporters write it,
+ *   X -> [Mul/Div by a scalar] -> [Add(mask)] -> Softmax(last axis)
+ *   -> [Where(IsNaN(p), 0, p)],
+ * with a mask or the NaN guard, becomes one kiln.MaskedSoftmax node
+ * (kernels/cpu/ops_softmax_fused.c): one pass over the scores instead of
+ * up to five. Matched at the Softmax. */
+static int masked_softmax_node(struct pass *ps, int si) {
+    struct graph *g = ps->g;
+    const struct graph_node *s = &g->nodes[si];
+    if (ps->dead[si] || !is_op(s, "Softmax") || s->opset < 13 || s->nin != 1 || s->nout != 1 || s->in[0] < 0 ||
+        s->out[0] < 0 || node_attr_int(s, "axis", -1) != -1)
+        return 0;
+    struct softmax_feed f;
+    softmax_feed(ps, s->in[0], &f);
+    int x = f.x, addi = f.addi, mask = f.mask;
+    if (known_dtype(g, x, 0) != DT_FP32) return 0;
+    int y = s->out[0], isn = -1, wh = -1;
+    if (ps->nuse[y] == 2 && !ps->is_out[y]) { /* Where(IsNaN(y), 0, y) */
+        for (int i = si + 1; i < g->nnodes; i++)
+            if (!ps->dead[i] && is_op(&g->nodes[i], "IsNaN") && g->nodes[i].nin == 1 && g->nodes[i].in[0] == y &&
+                g->nodes[i].nout == 1 && g->nodes[i].out[0] >= 0)
+                isn = i;
+        int b = isn >= 0 ? g->nodes[isn].out[0] : -1;
+        wh = b >= 0 && ps->nuse[b] == 1 && !ps->is_out[b] ? sole_reader(g, ps->dead, b, isn) : -1;
+        const struct graph_node *w = wh >= 0 ? &g->nodes[wh] : NULL;
+        if (!w || !is_op(w, "Where") || w->nin != 3 || w->nout != 1 || w->in[0] != b || w->in[2] != y ||
+            !const_near(g, w->in[1], 0.0) || w->out[0] < 0)
+            isn = wh = -1;
+    }
+    if (mask < 0 && wh < 0) return 0; /* a plain softmax: oneDNN's */
+    int keep = wh >= 0 ? wh : si; /* the node that becomes the fused one, keeping its output */
+    struct graph_node *n = &g->nodes[keep];
+    char *op = strdup("MaskedSoftmax"), *dom = strdup("kiln");
+    if (!op || !dom || set_nin(n, 2) || masked_softmax_attrs(n, f.scale, wh >= 0)) {
+        free(op);
+        free(dom);
+        return pass_nomem(ps);
+    }
+    free(n->op_type);
+    free(n->domain);
+    n->op_type = op;
+    n->domain = dom;
+    n->opset = 1;
+    n->op = op_find("kiln", "MaskedSoftmax");
+    n->in[0] = x;
+    n->in[1] = mask;
+    n->nin = mask >= 0 ? 2 : 1;
+    if (keep != si) ps->dead[si] = 1;
+    for (int k = 0; k < 3; k++)
+        if (f.scale_node[k] >= 0) ps->dead[f.scale_node[k]] = 1;
+    if (f.mm >= 0) { /* the operands' factors now scale the softmax */
+        g->nodes[f.mm].in[0] = f.mm_in[0];
+        g->nodes[f.mm].in[1] = f.mm_in[1];
+    }
+    if (addi >= 0) ps->dead[addi] = 1;
+    if (isn >= 0) ps->dead[isn] = 1;
+    log_debug("softmax '%s' with its mask and NaN guard: one MaskedSoftmax node", s->name);
+    return 1;
+}
+
+static const struct pass_def masked_softmax_pass = {"fusing masked softmax", masked_softmax_node, 0};
+
+int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&masked_softmax_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- all of them ------------------------------------------------------------------------------ */
 
-int passes_run(struct graph *g, char *err, size_t err_len) {
-    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, removed2 = 0, rc;
-    if ((rc = passes_fold_constants(g, &folded, err, err_len))) return rc;
+int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_for(g, 0, err, err_len); }
+
+int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
+    int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
+        removed2 = 0, rc;
+    /* Folding may make an If's condition constant, and a branch brings
+     * nodes that fold in turn. */
+    for (int round = 0, more = 1; more && round < 8; round++) {
+        int f = 0, inl = 0;
+        if ((rc = passes_fold_constants(g, &f, err, err_len)) || (rc = passes_inline_if(g, &inl, err, err_len)))
+            return rc;
+        folded += f;
+        more = inl > 0;
+    }
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
     if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU and %d activations fused)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act);
+              "bias, %d GELU, %d activations and %d masked softmaxes fused)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn);
     return 0;
 }

@@ -16,12 +16,21 @@
  * BatchNormalization, fuse MatMul/Gemm/Conv + Add(bias), fuse activations,
  * eliminate dead nodes again. */
 int passes_run(struct graph *g, char *err, size_t err_len);
+/* passes_run, and with cpu_only (every plan of the graph runs on the CPU)
+ * the fusions into operators only the CPU kernels have. */
+int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len);
 
 /* Evaluates, on the CPU, every node whose inputs are all constants (Constant
  * nodes included) and turns its outputs into constant values. A node whose
  * kernel refuses is left in place (it will fail, with its message, if run).
  * Returns the number of nodes folded through *nfolded if non-NULL. */
 int passes_fold_constants(struct graph *g, int *nfolded, char *err, size_t err_len);
+
+/* Replaces each If whose condition is a constant by the nodes of the
+ * branch it takes (renamed apart under the If's name), so that a shape
+ * check or an export-time switch costs nothing at run time. Returns the
+ * number of If nodes replaced through *ninlined if non-NULL. */
+int passes_inline_if(struct graph *g, int *ninlined, char *err, size_t err_len);
 
 /* Removes nodes none of whose outputs reach a graph output, and frees the
  * data of constants that no remaining node reads. */
@@ -49,6 +58,9 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 /* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
 int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+/* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
+ * attention, into one kiln.MaskedSoftmax node (CPU). */
+int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact

@@ -276,14 +276,6 @@ static int place_items(struct item *it, int n, size_t *arena_size) {
     return 0;
 }
 
-static int is_string_node(const struct op_call *c) {
-    for (int i = 0; i < c->nin; i++)
-        if (c->in[i] && c->in[i]->dtype == DT_STRING) return 1;
-    for (int i = 0; i < c->nout; i++)
-        if (c->out[i]->dtype == DT_STRING) return 1;
-    return 0;
-}
-
 /* Device copies of the graph's constants, shared by every plan of one
  * device plan cache (each batch size would otherwise upload all weights
  * again). Used by one thread at a time, like the executor that owns the
@@ -414,11 +406,15 @@ static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bin
         pv->t.dtype = g->values[v].t.dtype != DT_UNDEFINED ? g->values[v].t.dtype : inputs[i].dtype;
         pv->kind = p->host ? PLAN_VALUE_INPUT : PLAN_VALUE_ARENA;
         pv->input = i;
-        if (i < 64 && (bind_values >> i & 1) && pv->t.dtype != DT_STRING) {
+        if (i < 64 && (bind_values >> i & 1)) {
             size_t nb = tensor_nbytes(&pv->t);
-            pv->t.data = malloc(nb ? nb : 1);
-            if (!pv->t.data) return build_nomem(err, err_len);
-            if (nb) memcpy(pv->t.data, inputs[i].data, nb);
+            if (pv->t.dtype == DT_STRING) {
+                if (tensor_strings_pack(&pv->t, inputs[i].data, NULL)) return build_nomem(err, err_len);
+            } else {
+                pv->t.data = malloc(nb ? nb : 1);
+                if (!pv->t.data) return build_nomem(err, err_len);
+                if (nb) memcpy(pv->t.data, inputs[i].data, nb);
+            }
             pv->kind = PLAN_VALUE_CONST;
             pv->owned = 1;
             p->sig[i].data = pv->t.data;
@@ -496,7 +492,7 @@ enum node_fate {
 static int fold_node(struct plan *p, const struct graph_node *n, struct op_call *c, int known, char *err,
                      size_t err_len) {
     const struct op_def *op = n->op;
-    if (!(known || (op->flags & OP_SHAPE_ONLY)) || !op->run || is_string_node(c)) return NODE_OPEN;
+    if (!(known || (op->flags & OP_SHAPE_ONLY)) || !op->run) return NODE_OPEN;
     struct tensor res[OP_MAX_IO];
     int rc = eval_node(n, (const struct tensor *const *)c->in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, err,
                        err_len);
@@ -1004,7 +1000,13 @@ uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs, uint64_t 
         h = (h ^ (uint64_t)(inputs[i].ndim + 1)) * 1099511628211ull;
         for (int d = 0; d < inputs[i].ndim && d < TENSOR_MAX_DIMS; d++)
             h = (h ^ (uint64_t)inputs[i].dims[d]) * 1099511628211ull;
-        if (i < 64 && (bind_values >> i & 1) && inputs[i].data && inputs[i].dtype != DT_STRING) {
+        if (i < 64 && (bind_values >> i & 1) && inputs[i].data && inputs[i].dtype == DT_STRING) {
+            char *const *sv = inputs[i].data;
+            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++) {
+                for (const unsigned char *b = (const unsigned char *)sv[e]; *b; b++) h = (h ^ *b) * 1099511628211ull;
+                h = (h ^ 0x100) * 1099511628211ull; /* the end of a string: "ab","c" differs from "a","bc" */
+            }
+        } else if (i < 64 && (bind_values >> i & 1) && inputs[i].data) {
             const unsigned char *b = inputs[i].data;
             size_t nb = tensor_nbytes(&inputs[i]);
             for (size_t k = 0; k < nb; k++) h = (h ^ b[k]) * 1099511628211ull;
@@ -1019,8 +1021,15 @@ int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs)
         if (inputs[i].ndim != p->sig[i].ndim) return 0;
         for (int d = 0; d < inputs[i].ndim; d++)
             if (inputs[i].dims[d] != p->sig[i].dims[d]) return 0;
-        if (p->sig[i].data && (!inputs[i].data || memcmp(inputs[i].data, p->sig[i].data, tensor_nbytes(&inputs[i]))))
+        if (!p->sig[i].data) continue;
+        if (!inputs[i].data) return 0;
+        if (inputs[i].dtype == DT_STRING) {
+            char *const *a = inputs[i].data, *const *b = p->sig[i].data;
+            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++)
+                if (strcmp(a[e], b[e])) return 0;
+        } else if (memcmp(inputs[i].data, p->sig[i].data, tensor_nbytes(&inputs[i]))) {
             return 0;
+        }
     }
     return 1;
 }
@@ -1045,6 +1054,7 @@ struct plan_exec {
     int graph_runs; /* runs of the bound plan before capture */
     int graph_off;  /* capture failed or is not possible for the bound plan */
     int graphs_disabled; /* optimization.cuda_graphs false: never capture */
+    struct op_strpool *strings; /* strings kernels make during a run (kernels/ops.h) */
     void *stage;    /* FP16 plans: host staging for inputs converted to FP16 */
     size_t stage_cap;
     /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */
@@ -1102,6 +1112,10 @@ struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
     x->be = be;
     x->host = be->host_memory;
     x->nthreads = nthreads > 0 ? nthreads : 1;
+    if (!(x->strings = op_strpool_create())) {
+        free(x);
+        return NULL;
+    }
     const char *pe = getenv("KILN_PROFILE");
     x->profile = pe && *pe && strcmp(pe, "0") != 0;
     return x;
@@ -1134,6 +1148,7 @@ void plan_exec_free(struct plan_exec *x) {
     free(x->tv);
     free(x->tvh);
     free(x->calls);
+    op_strpool_free(x->strings);
     free(x);
 }
 
@@ -1147,7 +1162,7 @@ void plan_exec_set_cuda_graphs(struct plan_exec *x, int on) {
 }
 
 static void fill_call(struct op_call *c, const struct plan *p, const struct pstep *s, struct tensor *tv,
-                      char *base, size_t scratch_off, int nthreads) {
+                      char *base, size_t scratch_off, int nthreads, struct op_strpool *strings) {
     const struct graph_node *n = &p->g->nodes[s->node];
     memset(c, 0, sizeof *c);
     c->node = n;
@@ -1159,6 +1174,7 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
     c->scratch = s->scratch_size ? base + scratch_off : NULL;
     c->scratch_size = s->scratch_size;
     c->nthreads = nthreads;
+    c->strings = strings;
 }
 
 /* Points the executor's tensors and call records at p and the arena. Done
@@ -1224,7 +1240,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
     for (int si = 0; si < p->nsteps; si++) {
         const struct pstep *s = &p->steps[si];
         fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base,
-                  s->on_host ? s->hscratch_off : s->scratch_off, x->nthreads);
+                  s->on_host ? s->hscratch_off : s->scratch_off, x->nthreads, x->strings);
         const struct graph_node *n = &p->g->nodes[s->node];
         for (int k = 0; k < n->nout; k++) /* absent optional outputs still get somewhere to be described */
             if (n->out[k] < 0) {
@@ -1350,6 +1366,8 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
     const struct graph *g = p->g;
     int rc;
     for (int o = 0; o < g->noutputs; o++) outputs[o].data = NULL;
+    /* The last run's outputs were copied out: its strings can go. */
+    op_strpool_reset(x->strings);
     if (x->bound != p || !x->arena || p->arena_size > x->arena_cap) {
         if ((rc = bind(x, p, err, err_len))) return rc;
     }

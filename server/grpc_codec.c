@@ -37,6 +37,32 @@ static int param_uint(const Inference__InferParameter *p, uint64_t *out) {
     return 0;
 }
 
+/* A tensor's parameter k when it is one of the shared-memory extension's:
+ * stored in s. 0 also for any other key (left to the caller). */
+static int shm_param(struct kserve_shm *s, const char *k, const Inference__InferParameter *v, const char *what,
+                     const char *n, char *err, size_t err_len) {
+    uint64_t x;
+    if (strcmp(k, "shared_memory_region") == 0) {
+        if (v->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM || !v->string_param ||
+            !*v->string_param)
+            return INVALID("%s '%s': parameters.shared_memory_region must be a non-empty string", what, n);
+        free(s->region);
+        if (!(s->region = strdup(v->string_param))) return STATUS_NOMEM;
+    } else if (strcmp(k, "shared_memory_byte_size") == 0 || strcmp(k, "shared_memory_offset") == 0) {
+        if (param_uint(v, &x)) return INVALID("%s '%s': parameters.%s must be an integer >= 0", what, n, k);
+        if (strcmp(k, "shared_memory_byte_size") == 0) s->byte_size = x;
+        else s->offset = x;
+    }
+    return 0;
+}
+
+/* Whether input p names a shared-memory region. */
+static int input_in_shm(const Inference__ModelInferRequest__InferInputTensor *p) {
+    for (size_t i = 0; i < p->n_parameters; i++)
+        if (p->parameters[i]->key && strcmp(p->parameters[i]->key, "shared_memory_region") == 0) return 1;
+    return 0;
+}
+
 static int decode_params(struct kserve_request *r, const Inference__ModelInferRequest *q, char *err, size_t err_len) {
     for (size_t i = 0; i < q->n_parameters; i++) {
         const char *k = q->parameters[i]->key;
@@ -163,11 +189,18 @@ static int decode_input(struct kserve_input *in, const input_pb *p, const Protob
         if (p->shape[d] < 0) return INVALID("input '%s': shape[%zu] must be an integer >= 0", in->name, d);
         in->t.dims[in->t.ndim++] = p->shape[d];
     }
-    for (size_t i = 0; i < p->n_parameters; i++)
-        if (p->parameters[i]->key && strcmp(p->parameters[i]->key, "shared_memory_region") == 0)
-            return INVALID("input '%s': parameters.shared_memory_region: shared memory is not supported by kiln",
-                           in->name);
+    for (size_t i = 0; i < p->n_parameters; i++) {
+        const char *k = p->parameters[i]->key;
+        int rc = k && p->parameters[i]->value ? shm_param(&in->shm, k, p->parameters[i]->value, "input", in->name, err,
+                                                          err_len) : 0;
+        if (rc) return rc;
+    }
     int typed = p->contents && contents_count(p->contents) > 0;
+    if (in->shm.region) {
+        if (raw || typed)
+            return INVALID("input '%s': has parameters.shared_memory_region and data in the message; send one", in->name);
+        return 0;
+    }
     if (raw && typed) return INVALID("input '%s': has both raw_input_contents and contents; send one", in->name);
     if (raw) return decode_raw(in, raw, err, err_len);
     if (p->contents) return decode_typed(in, p->contents, err, err_len);
@@ -188,10 +221,14 @@ static int decode_output(struct kserve_output *o, const Inference__ModelInferReq
             if (param_uint(v, &x) || x > 1000000)
                 return INVALID("output '%s': parameters.classification must be an integer >= 0", o->name);
             o->classification = (int)x;
-        } else if (strcmp(k, "shared_memory_region") == 0)
-            return INVALID("output '%s': parameters.shared_memory_region: shared memory is not supported by kiln",
-                           o->name);
+        } else {
+            int rc = shm_param(&o->shm, k, v, "output", o->name, err, err_len);
+            if (rc) return rc;
+        }
     }
+    if (o->shm.region && o->classification)
+        return INVALID("output '%s': parameters.shared_memory_region and parameters.classification cannot both be set",
+                       o->name);
     return 0;
 }
 
@@ -203,15 +240,19 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
     if (q->n_inputs == 0) return INVALID("field 'inputs' is empty");
     if (q->n_inputs > MAX_TENSORS || q->n_outputs > MAX_TENSORS)
         return INVALID("a request may name at most %d inputs and %d outputs", MAX_TENSORS, MAX_TENSORS);
-    if (q->n_raw_input_contents && q->n_raw_input_contents != q->n_inputs)
-        return INVALID("raw_input_contents has %zu entries for %zu inputs: give one per input, or none",
-                       q->n_raw_input_contents, q->n_inputs);
+    /* raw_input_contents holds the inputs that are not in shared memory, in order. */
+    size_t in_msg = 0;
+    for (size_t i = 0; i < q->n_inputs; i++) in_msg += !input_in_shm(q->inputs[i]);
+    if (q->n_raw_input_contents && q->n_raw_input_contents != in_msg)
+        return INVALID("raw_input_contents has %zu entries for %zu inputs not in shared memory: give one per input, "
+                       "or none", q->n_raw_input_contents, in_msg);
     r->binary_data_output = 1;
     r->inputs = calloc(q->n_inputs, sizeof *r->inputs);
     r->outputs = calloc(q->n_outputs + 1, sizeof *r->outputs);
     if (!r->inputs || !r->outputs) return STATUS_NOMEM;
-    for (size_t i = 0; i < q->n_inputs; i++) {
-        const ProtobufCBinaryData *raw = q->n_raw_input_contents ? &q->raw_input_contents[i] : NULL;
+    for (size_t i = 0, next_raw = 0; i < q->n_inputs; i++) {
+        const ProtobufCBinaryData *raw =
+            q->n_raw_input_contents && !input_in_shm(q->inputs[i]) ? &q->raw_input_contents[next_raw++] : NULL;
         if ((rc = decode_input(&r->inputs[r->ninputs++], q->inputs[i], raw, (int)i, err, err_len))) return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
             if (strcmp(r->inputs[k].name, r->inputs[i].name) == 0)
@@ -249,6 +290,44 @@ static int encode_output(output_pb *o, ProtobufCBinaryData *raw, const char *nam
     if (!raw->data) return STATUS_NOMEM;
     tensor_strings_prefixed_write(t, raw->data);
     raw->len = n;
+    return 0;
+}
+
+typedef Inference__ModelInferResponse__InferOutputTensor__ParametersEntry output_param_pb;
+
+/* An output written into shared memory: its metadata and the region's
+ * parameters, and (as Triton) an empty raw_output_contents entry, so that
+ * the others keep their places. */
+static int encode_shm_output(output_pb *o, ProtobufCBinaryData *raw, const char *name, const struct tensor *t,
+                             const struct kserve_shm *sm, struct grpc_pool *pool) {
+    inference__model_infer_response__infer_output_tensor__init(o);
+    o->name = (char *)name;
+    o->datatype = (char *)dtype_kserve_name(t->dtype);
+    o->n_shape = (size_t)t->ndim;
+    o->shape = (int64_t *)t->dims;
+    raw->data = NULL;
+    raw->len = 0;
+    int n = sm->offset ? 3 : 2;
+    output_param_pb **pp = grpc_pool_alloc(pool, sizeof *pp * 3);
+    output_param_pb *e = grpc_pool_alloc(pool, sizeof *e * 3);
+    Inference__InferParameter *v = grpc_pool_alloc(pool, sizeof *v * 3);
+    if (!pp || !e || !v) return STATUS_NOMEM;
+    static const char *keys[] = {"shared_memory_region", "shared_memory_byte_size", "shared_memory_offset"};
+    for (int i = 0; i < n; i++) {
+        inference__model_infer_response__infer_output_tensor__parameters_entry__init(&e[i]);
+        inference__infer_parameter__init(&v[i]);
+        e[i].key = (char *)keys[i];
+        e[i].value = &v[i];
+        pp[i] = &e[i];
+    }
+    v[0].parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM;
+    v[0].string_param = sm->region;
+    v[1].parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+    v[1].int64_param = (int64_t)(t->dtype == DT_STRING ? tensor_strings_prefixed_size(t) : tensor_nbytes(t));
+    v[2].parameter_choice_case = INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_INT64_PARAM;
+    v[2].int64_param = (int64_t)sm->offset;
+    o->n_parameters = (size_t)n;
+    o->parameters = pp;
     return 0;
 }
 
@@ -290,7 +369,9 @@ int grpc_infer_response_encode(const struct infer_result *res, int streaming, st
     int rc = select_outputs(res, sel, owned, names, nsel, err, err_len);
     for (int i = 0; !rc && i < nsel; i++) {
         outp[i] = &outs[i];
-        rc = encode_output(&outs[i], &raw[i], names[i], sel[i], pool);
+        const struct kserve_shm *sm = r->noutputs ? &r->outputs[i].shm : NULL;
+        if (sm && sm->region) rc = encode_shm_output(&outs[i], &raw[i], names[i], sel[i], sm, pool);
+        else rc = encode_output(&outs[i], &raw[i], names[i], sel[i], pool);
     }
     if (!rc) {
         Inference__ModelInferResponse m = INFERENCE__MODEL_INFER_RESPONSE__INIT;

@@ -1,6 +1,7 @@
 /* grpc_service.c - the method table of inference.GRPCInferenceService (and
  * of grpc.health.v1.Health) and the RPCs other than inference: health,
- * metadata, configuration, statistics, the repository index, load and unload.
+ * metadata, configuration, statistics, the repository index, load and
+ * unload, and the shared-memory extension's RPCs (server/shm.h).
  *
  * Their answers are the JSON bodies HTTP serves (http_bodies.c,
  * model_config_to_json, repository_index) turned into the protobuf message
@@ -17,6 +18,7 @@
 #include "common/status.h"
 #include "server/grpc_impl.h"
 #include "server/http_bodies.h"
+#include "server/shm.h"
 #include "triton/grpc_service.pb-c.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
@@ -343,6 +345,91 @@ static void health_watch(struct grpc_stream *st, const uint8_t *msg, size_t len)
     health_send(st, st->watch_status);
 }
 
+/* ==== shared memory ====================================================== */
+
+/* Triton's status array as the gRPC message's map: {"regions": {name: status}}. */
+static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescriptor *d, cJSON *arr, int status,
+                             const char *err) {
+    if (!arr) {
+        grpc_stream_finish(st, grpc_code_of(status), err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject(), *regions = cJSON_AddObjectToObject(o, "regions");
+    for (cJSON *r; regions && (r = cJSON_DetachItemFromArray(arr, 0)) != NULL;)
+        cJSON_AddItemToObject(regions, cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(r, "name")), r);
+    cJSON_Delete(arr);
+    grpc_stream_reply_json(st, d, regions ? o : NULL);
+    if (!regions) cJSON_Delete(o);
+}
+
+static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryStatusRequest, inference__system_shared_memory_status_request__unpack, st, msg,
+           len);
+    char err[512];
+    int status = 0;
+    cJSON *arr = shm_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err, sizeof err);
+    reply_shm_status(st, &inference__system_shared_memory_status_response__descriptor, arr, status, err);
+    inference__system_shared_memory_status_request__free_unpacked(req, NULL);
+}
+
+static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryRegisterRequest, inference__system_shared_memory_register_request__unpack, st,
+           msg, len);
+    char err[600];
+    int rc = shm_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->key, req->offset,
+                          req->byte_size, err, sizeof err);
+    inference__system_shared_memory_register_request__free_unpacked(req, NULL);
+    Inference__SystemSharedMemoryRegisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    else grpc_stream_reply(st, &res.base);
+}
+
+static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__SystemSharedMemoryUnregisterRequest, inference__system_shared_memory_unregister_request__unpack,
+           st, msg, len);
+    shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
+    if (req->name && *req->name) shm_unregister(reg, req->name);
+    else shm_unregister_all(reg);
+    inference__system_shared_memory_unregister_request__free_unpacked(req, NULL);
+    Inference__SystemSharedMemoryUnregisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+    grpc_stream_reply(st, &res.base);
+}
+
+static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryStatusRequest, inference__cuda_shared_memory_status_request__unpack, st, msg, len);
+    char err[512];
+    int status = 0;
+    cJSON *arr = shm_cuda_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err,
+                                      sizeof err);
+    reply_shm_status(st, &inference__cuda_shared_memory_status_response__descriptor, arr, status, err);
+    inference__cuda_shared_memory_status_request__free_unpacked(req, NULL);
+}
+
+/* raw_handle carries the cudaIpcMemHandle_t's bytes (tritonclient decodes
+ * its base64 before sending). */
+static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryRegisterRequest, inference__cuda_shared_memory_register_request__unpack, st, msg,
+           len);
+    char err[900];
+    int rc = shm_cuda_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->raw_handle.data,
+                               req->raw_handle.len, req->device_id, req->byte_size, err, sizeof err);
+    inference__cuda_shared_memory_register_request__free_unpacked(req, NULL);
+    Inference__CudaSharedMemoryRegisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    else grpc_stream_reply(st, &res.base);
+}
+
+static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__CudaSharedMemoryUnregisterRequest, inference__cuda_shared_memory_unregister_request__unpack, st,
+           msg, len);
+    shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
+    if (req->name && *req->name) shm_cuda_unregister(reg, req->name);
+    else shm_cuda_unregister_all(reg);
+    inference__cuda_shared_memory_unregister_request__free_unpacked(req, NULL);
+    Inference__CudaSharedMemoryUnregisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+    grpc_stream_reply(st, &res.base);
+}
+
 /* ==== the method table =================================================== */
 
 static const struct grpc_method methods[] = {
@@ -361,6 +448,12 @@ static const struct grpc_method methods[] = {
     {SERVICE "RepositoryModelUnload", 0, model_unload},
     {HEALTH "Check", 0, health_check},
     {HEALTH "Watch", 0, health_watch},
+    {SERVICE "SystemSharedMemoryStatus", 0, system_shm_status},
+    {SERVICE "SystemSharedMemoryRegister", 0, system_shm_register},
+    {SERVICE "SystemSharedMemoryUnregister", 0, system_shm_unregister},
+    {SERVICE "CudaSharedMemoryStatus", 0, cuda_shm_status},
+    {SERVICE "CudaSharedMemoryRegister", 0, cuda_shm_register},
+    {SERVICE "CudaSharedMemoryUnregister", 0, cuda_shm_unregister},
 };
 
 const struct grpc_method *grpc_method_find(const char *path) {

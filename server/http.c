@@ -11,6 +11,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -676,11 +677,131 @@ struct http_call {
     struct evhttp_request *req;
     const char *model;     /* the path's {model}, NULL when the route has none */
     int64_t version;       /* the path's {version}; 0 = none (the highest loaded) */
+    const char *region;    /* the path's {region}, NULL when the route has none */
 };
 
+/* ==== shared memory ====================================================== */
+
+/* The request's body as JSON, or NULL: when it cannot be read, *code is
+ * the status to answer with err; when it is empty or not JSON, *code is 0. */
+static cJSON *read_json_body(const struct http_call *c, int *code, char *err, size_t err_len) {
+    size_t len;
+    int owned;
+    *code = 400;
+    unsigned char *body = read_body(c->srv, c->req, &len, &owned, code, err, err_len);
+    if (!body) return NULL;
+    *code = 0;
+    cJSON *j = len && !json_has_nul(body, len, err, err_len) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
+    if (owned) free(body);
+    return j;
+}
+
+/* 1 when v is an integer >= 0 that fits in 64 bits (JSON numbers are doubles). */
+static int json_uint(const cJSON *v) {
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble == floor(v->valuedouble) &&
+           v->valuedouble <= 1.8e19;
+}
+
+/* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
+static void route_shm_register(const struct http_call *c) {
+    http_server_t *s = c->srv;
+    char err[600];
+    int code;
+    cJSON *j = read_json_body(c, &code, err, sizeof err);
+    if (code) {
+        reply_error(s, c->req, code, err);
+        return;
+    }
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "offset");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
+    int rc = STATUS_INVALID;
+    if (!cJSON_IsObject(j))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' must be a JSON object "
+                 "{\"key\", \"offset\", \"byte_size\"}", c->region);
+    else if (!cJSON_IsString(key))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no string 'key'", c->region);
+    else if (!json_uint(size))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s' has no integer 'byte_size' >= 0",
+                 c->region);
+    else if (off && !json_uint(off))
+        snprintf(err, sizeof err, "the register request for shared memory region '%.200s': 'offset' must be an "
+                 "integer >= 0", c->region);
+    else
+        rc = shm_register(infer_core_shm(s->core), c->region, key->valuestring,
+                          off ? (uint64_t)off->valuedouble : 0, (uint64_t)size->valuedouble, err, sizeof err);
+    cJSON_Delete(j);
+    if (rc) reply_status(s, c->req, rc, err);
+    else reply_empty(s, c->req, 200);
+}
+
+static void route_shm_unregister(const struct http_call *c) {
+    if (c->region) shm_unregister(infer_core_shm(c->srv->core), c->region);
+    else shm_unregister_all(infer_core_shm(c->srv->core));
+    reply_empty(c->srv, c->req, 200);
+}
+
+static void route_shm_status(const struct http_call *c) {
+    char err[512];
+    int status = 0;
+    cJSON *o = shm_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
+    if (o) reply_json(c->srv, c->req, 200, o);
+    else reply_status(c->srv, c->req, status, err);
+}
+
+/* POST /v2/cudasharedmemory/region/{region}/register:
+ * {"raw_handle": {"b64": base64 of the cudaIpcMemHandle_t}, "device_id", "byte_size"}. */
+static void route_cuda_shm_register(const struct http_call *c) {
+    http_server_t *s = c->srv;
+    char err[900];
+    int code;
+    cJSON *j = read_json_body(c, &code, err, sizeof err);
+    if (code) {
+        reply_error(s, c->req, code, err);
+        return;
+    }
+    const cJSON *handle = cJSON_GetObjectItemCaseSensitive(j, "raw_handle");
+    const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(handle, "b64");
+    const cJSON *dev = cJSON_GetObjectItemCaseSensitive(j, "device_id");
+    const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
+    int rc = STATUS_INVALID;
+    if (!cJSON_IsObject(j))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' must be a JSON object "
+                 "{\"raw_handle\": {\"b64\"}, \"device_id\", \"byte_size\"}", c->region);
+    else if (!cJSON_IsString(b64))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no string "
+                 "'raw_handle': {'b64'}", c->region);
+    else if (!json_uint(dev) || dev->valuedouble > INT32_MAX)
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no integer "
+                 "'device_id' >= 0", c->region);
+    else if (!json_uint(size))
+        snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no integer "
+                 "'byte_size' >= 0", c->region);
+    else
+        rc = shm_cuda_register_b64(infer_core_shm(s->core), c->region, b64->valuestring, (int64_t)dev->valuedouble,
+                                   (uint64_t)size->valuedouble, err, sizeof err);
+    cJSON_Delete(j);
+    if (rc) reply_status(s, c->req, rc, err);
+    else reply_empty(s, c->req, 200);
+}
+
+static void route_cuda_shm_unregister(const struct http_call *c) {
+    if (c->region) shm_cuda_unregister(infer_core_shm(c->srv->core), c->region);
+    else shm_cuda_unregister_all(infer_core_shm(c->srv->core));
+    reply_empty(c->srv, c->req, 200);
+}
+
+static void route_cuda_shm_status(const struct http_call *c) {
+    char err[512];
+    int status = 0;
+    cJSON *o = shm_cuda_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
+    if (o) reply_json(c->srv, c->req, 200, o);
+    else reply_status(c->srv, c->req, status, err);
+}
+
 /* A route is a path pattern, the one method it answers (GET also answers
- * HEAD) and its handler. In a pattern, {model} and {version} each match one
- * segment. The first route whose pattern matches the path wins: literal
+ * HEAD) and its handler. In a pattern, {model}, {version} and {region} each
+ * match one segment. The first route whose pattern matches the path wins: literal
  * routes come before the ones a model's name could also match. */
 struct http_route {
     const char *pattern;
@@ -763,6 +884,16 @@ static const struct http_route routes[] = {
     {"/v2/models/{model}/versions/{version}/ready", GET, route_model_ready},
     {"/v2/models/{model}/versions/{version}/config", GET, route_model_config},
     {"/v2/models/{model}/versions/{version}/stats", GET, route_stats},
+    {"/v2/systemsharedmemory/status", GET, route_shm_status},
+    {"/v2/systemsharedmemory/unregister", POST, route_shm_unregister},
+    {"/v2/systemsharedmemory/region/{region}/status", GET, route_shm_status},
+    {"/v2/systemsharedmemory/region/{region}/register", POST, route_shm_register},
+    {"/v2/systemsharedmemory/region/{region}/unregister", POST, route_shm_unregister},
+    {"/v2/cudasharedmemory/status", GET, route_cuda_shm_status},
+    {"/v2/cudasharedmemory/unregister", POST, route_cuda_shm_unregister},
+    {"/v2/cudasharedmemory/region/{region}/status", GET, route_cuda_shm_status},
+    {"/v2/cudasharedmemory/region/{region}/register", POST, route_cuda_shm_register},
+    {"/v2/cudasharedmemory/region/{region}/unregister", POST, route_cuda_shm_unregister},
 };
 #undef GET
 #undef POST
@@ -781,7 +912,7 @@ static int parse_version(const char *s, int64_t *out) {
 
 /* Does the path (its n decoded segments) match pattern? Fills the call's parameters. */
 static int route_match(const char *pattern, char *const *segs, int n, struct http_call *c) {
-    c->model = NULL;
+    c->model = c->region = NULL;
     c->version = 0;
     int i = 0;
     for (const char *p = pattern; *p == '/'; i++) {
@@ -789,6 +920,7 @@ static int route_match(const char *pattern, char *const *segs, int n, struct htt
         size_t len = strcspn(p, "/");
         if (i == n) return 0;
         if (len == 7 && memcmp(p, "{model}", 7) == 0) c->model = segs[i];
+        else if (len == 8 && memcmp(p, "{region}", 8) == 0) c->region = segs[i];
         else if (len == 9 && memcmp(p, "{version}", 9) == 0) {
             if (parse_version(segs[i], &c->version)) return 0;
         } else if (strlen(segs[i]) != len || memcmp(segs[i], p, len) != 0) return 0;

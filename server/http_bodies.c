@@ -16,6 +16,7 @@
 #include "common/version.h"
 #include "server/infer_cache.h"
 #include "server/metrics.h"
+#include "server/shm.h"
 
 #if defined(__has_include)
 #if __has_include("server/gpu_metrics.h")
@@ -32,8 +33,9 @@ cJSON *http_body_server_metadata(void) {
     cJSON_AddStringToObject(o, "version", KILN_VERSION);
     cJSON *ext = cJSON_AddArrayToObject(o, "extensions");
     static const char *exts[] = {"classification", "model_repository", "model_configuration", "schedule_policy",
-                                 "binary_tensor_data", "statistics"};
+                                 "binary_tensor_data", "statistics", "system_shared_memory"};
     for (size_t i = 0; i < sizeof exts / sizeof exts[0]; i++) cJSON_AddItemToArray(ext, cJSON_CreateString(exts[i]));
+    if (shm_cuda_usable()) cJSON_AddItemToArray(ext, cJSON_CreateString("cuda_shared_memory"));
     return o;
 }
 

@@ -20,11 +20,13 @@
 #include "common/status.h"
 #include "server/batcher.h"
 #include "server/infer_cache.h"
+#include "server/infer_shm.h"
 #include "server/metrics.h"
 
 struct infer_core {
     repository_t *repo;
     cache_t *cache;              /* result cache; NULL when off */
+    shm_registry_t *shm;         /* registered shared-memory regions */
     atomic_int inflight;
 };
 
@@ -56,6 +58,12 @@ infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, si
         return NULL;
     }
     core->repo = p->repo;
+    core->shm = shm_registry_create();
+    if (!core->shm) {
+        free(core);
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        return NULL;
+    }
     const struct server_config *cfg = p->config;
     if (cfg->cache_size > 0 || (cfg->redis_url && *cfg->redis_url)) {
         struct cache_params cp = {.lru_bytes = (size_t)cfg->cache_size,
@@ -64,6 +72,7 @@ infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, si
                                   .ttl_secs = cfg->cache_ttl_secs > 0 ? (uint32_t)cfg->cache_ttl_secs : 0};
         core->cache = cache_create(&cp, err, err_len);
         if (!core->cache) {
+            shm_registry_free(core->shm);
             free(core);
             return NULL;
         }
@@ -74,10 +83,13 @@ infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, si
 void infer_core_free(infer_core_t *core) {
     if (!core) return;
     cache_free(core->cache);
+    shm_registry_free(core->shm);
     free(core);
 }
 
 cache_t *infer_core_cache(const infer_core_t *core) { return core->cache; }
+
+shm_registry_t *infer_core_shm(const infer_core_t *core) { return core->shm; }
 
 int infer_core_inflight(const infer_core_t *core) { return atomic_load(&((infer_core_t *)core)->inflight); }
 
@@ -138,7 +150,10 @@ static void infer_finish(struct infer_request *r, int status, const char *msg) {
         if (status) infer_cache_abandon(&r->cop);
         else if (!r->hit) infer_cache_store(&r->cop, r->outputs);
     }
-    char err[256];
+    char err[512];
+    /* Outputs asked for in shared memory go there, from a computed result
+     * or a cached one alike. */
+    if (!status && (status = infer_shm_write_outputs(&r->kr, &r->v->config, r->outputs, err, sizeof err))) msg = err;
     if (!status) {
         struct infer_result res = {.request = &r->kr, .config = &r->v->config, .model_name = r->v->name,
                                    .model_version = r->v->version_str, .outputs = r->outputs};
@@ -210,8 +225,9 @@ void infer_request_start(struct infer_request *r) {
     int ni = r->v->config.ninputs;
     r->ordered = calloc((size_t)(ni + r->v->config.noutputs) + 1, sizeof *r->ordered);
     r->outputs = r->ordered ? r->ordered + ni : NULL;
-    int rc = r->ordered ? kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err)
+    int rc = r->ordered ? infer_shm_resolve(&r->kr, r->core->shm, err, sizeof err)
                         : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
+    if (!rc) rc = kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err);
     if (rc) {
         infer_finish(r, rc, err);
         return;

@@ -48,6 +48,7 @@
 #include "config/server_config.h"
 #include "server/repository.h"
 #include "server/kserve.h"
+#include "server/shm.h"
 
 typedef struct infer_core infer_core_t;
 struct infer_request;
@@ -84,6 +85,10 @@ void infer_core_free(infer_core_t *core);
 /* The result cache, or NULL: a transport thread makes its Redis connection
  * from it (cache_redis_create) and the metrics page shows its counters. */
 cache_t *infer_core_cache(const infer_core_t *core);
+/* The registry of system shared-memory regions requests may name
+ * (server/shm.h); the transports' register, unregister and status calls
+ * go to it. */
+shm_registry_t *infer_core_shm(const infer_core_t *core);
 /* Requests begun and not yet answered. */
 int infer_core_inflight(const infer_core_t *core);
 

@@ -225,11 +225,12 @@ static void instances_run(void *ctx, int index, struct executor_batch *bt) {
     char err[256] = "";
     uint64_t t0 = bt->now_ns(bt->now_arg);
     int rc = gather(s, inst, bt, err, sizeof err);
-    uint64_t t1 = bt->now_ns(bt->now_arg), t2 = t1;
+    uint64_t t1 = bt->now_ns(bt->now_arg), t2 = t1, builds = model_exec_builds(inst->x);
     if (rc == 0) {
         rc = execute(s, inst, index, bt, err, sizeof err);
         t2 = bt->now_ns(bt->now_arg);
     }
+    bt->planned = model_exec_builds(inst->x) != builds;
     uint64_t t3 = bt->now_ns(bt->now_arg);
     bt->exec_ns = t2 - t1;
     for (int k = 0; k < bt->n; k++) {

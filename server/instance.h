@@ -38,6 +38,8 @@ struct executor_batch {
     uint64_t (*now_ns)(void *arg);        /* the batcher's clock (compute times) */
     void *now_arg;
     uint64_t exec_ns;                     /* set by run: time in the model (the profile's sample) */
+    int planned;                          /* set by run: the model built a plan for this batch's
+                                             shapes first, so exec_ns is no sample of a run */
     uint64_t pad_real, pad_total;         /* set by run when it padded: the first padded input's
                                              elements, the requests' own and the batch's */
 };
@@ -49,8 +51,9 @@ struct executor_i {
      * none on failure), its compute times, end_ns and batch_size. */
     void (*run)(void *ctx, int instance, struct executor_batch *batch);
     /* Optional (NULL: nothing to do). The batcher's profile says batches of
-     * this size take BATCHER_HEAVY_NS or more a request: the instance may
-     * move to more threads. Called after the batch's done() calls. */
+     * this size are heavy (BATCHER_HEAVY_NS a request, BATCHER_HEAVY_RUN_NS
+     * a run): the instance may move to more threads. Called after the
+     * batch's done() calls. */
     void (*heavy)(void *ctx, int instance, const struct executor_batch *batch);
     void (*free)(void *ctx);
 };

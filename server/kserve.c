@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "config/model_config.h"
 #include "models/model.h"
+#include "server/shm.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
 #define KSERVE_MAX_TENSORS 1024
@@ -102,15 +103,26 @@ static void drop_string(struct kserve_request *r, char *s) {
     if (a - room >= sizeof r->strings_l) free(s);
 }
 
+static void drop_shm(struct kserve_request *r, struct kserve_shm *s) {
+    drop_string(r, s->region);
+    shm_region_release(s->ref);
+}
+
 void kserve_request_clear(struct kserve_request *r) {
     if (!r) return;
     drop_string(r, r->id);
     for (int i = 0; i < r->ninputs; i++) {
-        drop_string(r, r->inputs[i].name);
-        tensor_free_data(&r->inputs[i].t);
+        struct kserve_input *in = &r->inputs[i];
+        drop_string(r, in->name);
+        if (in->borrowed) in->t.data = NULL; /* the region's bytes */
+        tensor_free_data(&in->t);
+        drop_shm(r, &in->shm);
     }
     if (r->inputs != r->inputs_l) free(r->inputs);
-    for (int i = 0; i < r->noutputs; i++) drop_string(r, r->outputs[i].name);
+    for (int i = 0; i < r->noutputs; i++) {
+        drop_string(r, r->outputs[i].name);
+        drop_shm(r, &r->outputs[i].shm);
+    }
     free(r->outputs);
     memset(r, 0, sizeof *r);
 }
@@ -535,6 +547,34 @@ static char *prescan(const char *text, size_t len, struct fast_data *fd, char *l
     return copy;
 }
 
+/* An unsigned integer member of params, at most max: 0 and *out untouched
+ * when absent. Errors name the tensor when what is set ("input", n). */
+static int param_u64(const cJSON *params, const char *key, double max, uint64_t *out, const char *what, const char *n,
+                     char *err, size_t err_len) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
+    if (!v) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > max) {
+        if (what) return INVALID("%s '%s': parameters.%s must be an integer >= 0", what, n, key);
+        return INVALID("parameters.%s must be an integer >= 0", key);
+    }
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+/* A tensor's shared-memory parameters (params has shared_memory_region). */
+static int parse_shm(struct kserve_request *r, const cJSON *params, struct kserve_shm *s, const char *what,
+                     const char *n, char *err, size_t err_len) {
+    const cJSON *region = cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region");
+    if (!cJSON_IsString(region) || !*region->valuestring)
+        return INVALID("%s '%s': parameters.shared_memory_region must be a non-empty string", what, n);
+    if (!cJSON_GetObjectItemCaseSensitive(params, "shared_memory_byte_size"))
+        return INVALID("%s '%s': parameters.shared_memory_byte_size is missing (shared memory needs it)", what, n);
+    int rc = param_u64(params, "shared_memory_byte_size", 9e15, &s->byte_size, what, n, err, err_len);
+    if (!rc) rc = param_u64(params, "shared_memory_offset", 9e15, &s->offset, what, n, err, err_len);
+    if (!rc && !(s->region = keep_string(r, region->valuestring))) rc = STATUS_NOMEM;
+    return rc;
+}
+
 static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const struct fast_data *fd, char *err,
                        size_t err_len) {
     struct kserve_input *in = &r->inputs[idx];
@@ -562,16 +602,20 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
         in->t.dims[in->t.ndim++] = (int64_t)d->valuedouble;
     }
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-    const cJSON *bds = NULL;
+    const cJSON *bds = NULL, *region = NULL;
     if (params) {
         if (!cJSON_IsObject(params)) return INVALID("input '%s': field 'parameters' must be an object", n);
         bds = cJSON_GetObjectItemCaseSensitive(params, "binary_data_size");
-        if (cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region"))
-            return INVALID("input '%s': parameters.shared_memory_region: shared memory is not supported by kiln", n);
+        region = cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region");
     }
     const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
-    if (data && bds) return INVALID("input '%s': has both 'data' and parameters.binary_data_size; send one", n);
-    if (!data && !bds) return INVALID("input '%s': has neither 'data' nor parameters.binary_data_size", n);
+    if (!data && !bds && !region)
+        return INVALID("input '%s': has neither 'data' nor parameters.binary_data_size nor "
+                       "parameters.shared_memory_region", n);
+    if (!!data + !!bds + !!region > 1)
+        return INVALID("input '%s': has both %s and %s; send one", n, data ? "'data'" : "parameters.binary_data_size",
+                       region ? "parameters.shared_memory_region" : "parameters.binary_data_size");
+    if (region) return parse_shm(r, params, &in->shm, "input", n, err, err_len);
     int64_t numel = tensor_numel(&in->t);
     if (bds) {
         if (!cJSON_IsNumber(bds) || bds->valuedouble < 0 || bds->valuedouble != floor(bds->valuedouble) ||
@@ -658,18 +702,18 @@ static int parse_output(struct kserve_request *r, const cJSON *j, int idx, char 
             return INVALID("output '%s': parameters.classification must be an integer >= 0", o->name);
         o->classification = (int)c->valuedouble;
     }
-    if (cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region"))
-        return INVALID("output '%s': parameters.shared_memory_region: shared memory is not supported by kiln", o->name);
-    return 0;
+    if (!cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region")) return 0;
+    if (o->classification)
+        return INVALID("output '%s': parameters.shared_memory_region and parameters.classification cannot both be set",
+                       o->name);
+    if (o->binary == 1)
+        return INVALID("output '%s': parameters.shared_memory_region and parameters.binary_data true cannot both be set",
+                       o->name);
+    return parse_shm(r, params, &o->shm, "output", o->name, err, err_len);
 }
 
 static int parse_uint_param(const cJSON *params, const char *key, uint64_t *out, char *err, size_t err_len) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
-    if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > 1.8e19)
-        return INVALID("parameters.%s must be an integer >= 0", key);
-    *out = (uint64_t)v->valuedouble;
-    return 0;
+    return param_u64(params, key, 1.8e19, out, NULL, NULL, err, err_len);
 }
 
 static int parse_doc(struct kserve_request *r, const cJSON *root, const struct fast_data *fd, char *err,
@@ -1225,6 +1269,7 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
         }
         names[i] = mc->outputs[k].name;
         bin[i] = r->noutputs && r->outputs[i].binary >= 0 ? r->outputs[i].binary : r->binary_data_output;
+        if (r->noutputs && r->outputs[i].shm.region) bin[i] = 0; /* in its region already */
         int cls = r->noutputs ? r->outputs[i].classification : 0;
         if (cls > 0) {
             if ((rc = classify(&outputs[k], cls, mc->max_batch_size > 0, &mc->outputs[k], &send[i]))) goto out;
@@ -1253,7 +1298,18 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
             put_i64(body, t->dims[d]);
         }
         buf_str(body, "]");
-        if (bin[i]) {
+        const struct kserve_shm *sm = r->noutputs ? &r->outputs[i].shm : NULL;
+        if (sm && sm->region) {
+            buf_str(body, ",\"parameters\":{\"shared_memory_region\":");
+            kserve_buf_json_string(body, sm->region, strlen(sm->region));
+            buf_str(body, ",\"shared_memory_byte_size\":");
+            put_u64(body, binary_size(t));
+            if (sm->offset) {
+                buf_str(body, ",\"shared_memory_offset\":");
+                put_u64(body, sm->offset);
+            }
+            buf_str(body, "}}");
+        } else if (bin[i]) {
             buf_str(body, ",\"parameters\":{\"binary_data_size\":");
             put_u64(body, binary_size(t));
             buf_str(body, "}}");

@@ -22,18 +22,33 @@
 #include "common/tensor.h"
 
 struct model_config;
+struct shm_region;
+
+/* Triton's system shared-memory extension: a tensor's bytes in a registered
+ * region (server/shm.h) rather than in the message. The codec reads the
+ * parameters; the inference core resolves them (server/infer_shm.h). */
+struct kserve_shm {
+    char *region;           /* parameters.shared_memory_region; NULL = not in shared memory */
+    uint64_t offset;        /* parameters.shared_memory_offset */
+    uint64_t byte_size;     /* parameters.shared_memory_byte_size */
+    struct shm_region *ref; /* held from resolving until the request is cleared */
+    void *addr;             /* the tensor's bytes: [offset, offset + byte_size) of the region */
+};
 
 struct kserve_input {
     char *name;
     struct tensor t;        /* dtype, shape and data (owned, common/tensor.h's layout) */
     size_t binary_size;     /* parameters.binary_data_size, when binary */
     int binary;
+    int borrowed;           /* t.data points into shm's region, not an owned block */
+    struct kserve_shm shm;
 };
 
 struct kserve_output {
     char *name;
     int binary;             /* parameters.binary_data; -1 = not said (request default) */
     int classification;     /* parameters.classification: top-k; 0 = off */
+    struct kserve_shm shm;  /* the answer goes into this region instead of the message */
 };
 
 /* What a request holds in itself: one input and short names need no
@@ -61,9 +76,11 @@ struct kserve_request {
 };
 
 /* Parses a request body. On error, r is left cleared. A tensor's element
- * count is bounded by what the body holds. */
+ * count is bounded by what the body holds. An input in shared memory is
+ * left without data (t.data NULL) for the core to resolve. */
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len);
+/* Frees what r owns and drops its shared-memory references. */
 void kserve_request_clear(struct kserve_request *r);
 
 /* Parses the Inference-Header-Content-Length header value (a non-negative

@@ -228,9 +228,12 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_INVALID, "model '%s' version %lld: config.json: %s", name, (long long)ver, e2);
         goto fail;
     }
+    const char *be = r->backend;
+    if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
     struct model_params mp = {.path = path,
                               .fp16 = v->config.precision_fp16,
-                              .cuda_graphs = v->config.cuda_graphs ? 1 : -1};
+                              .cuda_graphs = v->config.cuda_graphs ? 1 : -1,
+                              .cpu_only = strcmp(be, "cpu") == 0};
     v->model = model_load(&mp, e2, sizeof e2);
     if (!v->model) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
@@ -246,6 +249,18 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     }
     for (int i = 0; i < ni; i++) ins[i] = *model_input(v->model, i);
     for (int i = 0; i < no; i++) outs[i] = *model_output(v->model, i);
+    /* A tensor that crosses the protocol needs a KServe datatype: float8,
+     * float4 and the 4- and 2-bit integers have none (in Triton neither). */
+    for (int i = 0; i < ni + no; i++) {
+        const struct model_io *io = i < ni ? &ins[i] : &outs[i - ni];
+        if (dtype_kserve_name(io->dtype)) continue;
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s '%s' has element type %s, which no KServe datatype carries; "
+            "only the graph's inside may use it (cast to or from a KServe type at the model's edge)", name,
+            (long long)ver, i < ni ? "input" : "output", io->name, dtype_name(io->dtype));
+        free(ins);
+        free(outs);
+        goto fail;
+    }
     int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
     free(ins);
@@ -261,9 +276,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
             log_warn("model '%s' version %lld: input '%s' has no shape in the ONNX file or config.json; clients see "
                      "shape [] and any shape is accepted: give its dims in config.json", name, (long long)ver,
                      v->config.inputs[i].name);
-    const char *be = r->backend;
-    if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
-    else if (strcmp(v->config.instance_kind, "KIND_GPU") == 0 && strcmp(be, "cuda") != 0) {
+    if (strcmp(v->config.instance_kind, "KIND_GPU") == 0 && strcmp(be, "cuda") != 0) {
         ERR(STATUS_UNAVAILABLE, "model '%s': instance_group kind KIND_GPU needs the CUDA backend (kiln runs on %s)",
             name, be);
         goto fail;

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 # and makes a .venv holding tritonclient alone: the gRPC messages are
 # generated from the descriptors inside it (tools/grpc_descriptors.py).
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
-libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev \
+libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev libpcre2-dev \
 libnghttp2-dev python3-venv"
 TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl"
 DEBS="$BUILD_DEBS"

@@ -46,6 +46,18 @@ int dnnl_util_isa_avx2(void) {
            (isa & dnnl_cpu_isa_avx512_mic) != dnnl_cpu_isa_avx512_mic;
 }
 
+int dnnl_util_isa_level(void) {
+    static _Atomic int level; /* 0 until first asked; oneDNN fixes its ISA at its first use */
+    int l = atomic_load_explicit(&level, memory_order_relaxed);
+    if (l) return l;
+    unsigned isa = (unsigned)dnnl_get_effective_cpu_isa();
+    l = (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core ? 4
+        : (isa & dnnl_cpu_isa_avx2) == dnnl_cpu_isa_avx2             ? 3
+                                                                     : 2;
+    atomic_store_explicit(&level, l, memory_order_relaxed);
+    return l;
+}
+
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s) {
     op_error(c, "oneDNN call failed (%s): %s", dnnl_status2str(s), call);
     return s == dnnl_unimplemented ? STATUS_UNSUPPORTED : s == dnnl_out_of_memory ? STATUS_NOMEM : STATUS_INTERNAL;
@@ -292,8 +304,9 @@ static struct weights_entry *weights_find(const void *src, const dnnl_memory_des
     return NULL;
 }
 
-void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
-                                const dnnl_memory_desc_t *dst_md) {
+void *dnnl_util_shared_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                               const dnnl_memory_desc_t *dst_md, void *(*make)(struct op_call *c, void *arg),
+                               void *arg) {
     pthread_mutex_lock(&g_weights_lock);
     struct weights_entry *e = weights_find(src, src_md, dst_md);
     if (e) {
@@ -302,8 +315,8 @@ void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src
         return e->buf;
     }
     pthread_mutex_unlock(&g_weights_lock);
-    /* Reorder outside the lock: it can take a while for large weights. */
-    void *buf = dnnl_util_reorder_alloc(c, src_md, src, dst_md);
+    /* Made outside the lock: it can take a while for large weights. */
+    void *buf = make(c, arg);
     if (!buf) return NULL;
     struct weights_entry *ne = calloc(1, sizeof *ne);
     if (!ne) {
@@ -328,6 +341,22 @@ void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src
     g_weights = ne;
     pthread_mutex_unlock(&g_weights_lock);
     return buf;
+}
+
+struct reorder_args {
+    const dnnl_memory_desc_t *src_md, *dst_md;
+    const void *src;
+};
+
+static void *reorder_make(struct op_call *c, void *arg) {
+    const struct reorder_args *r = arg;
+    return dnnl_util_reorder_alloc(c, r->src_md, r->src, r->dst_md);
+}
+
+void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                                const dnnl_memory_desc_t *dst_md) {
+    struct reorder_args r = {src_md, dst_md, src};
+    return dnnl_util_shared_acquire(c, src_md, src, dst_md, reorder_make, &r);
 }
 
 void dnnl_util_weights_release(void *buf) {

@@ -39,6 +39,12 @@ void dnnl_util_set_threads(int n);
  * last bit. */
 int dnnl_util_isa_avx2(void);
 
+/* The x86-64 level kiln's own vector loops may use, as oneDNN's: 4 (AVX-512
+ * F/BW/DQ/VL), 3 (AVX2, FMA) or 2 (SSE4.2, the build's baseline), capped by
+ * ONEDNN_MAX_CPU_ISA like oneDNN's code, so the narrower paths are tested
+ * on a wide CPU. */
+int dnnl_util_isa_level(void);
+
 /* Reports a failed oneDNN call through op_error (naming the call and
  * oneDNN's status) and returns a negative status. */
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);
@@ -100,7 +106,14 @@ void *dnnl_util_reorder_alloc(struct op_call *c, const dnnl_memory_desc_t *src_m
  * holder lives, as graph constants do. Thread-safe. NULL after op_error. */
 void *dnnl_util_weights_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
                                 const dnnl_memory_desc_t *dst_md);
-/* Drops one hold of a buffer from dnnl_util_weights_acquire; NULL is a no-op. */
+/* The same sharing for a buffer made another way from constant src (a
+ * dequantization): on a miss make(c, arg) returns a new buffer (freed with
+ * free()) or NULL after op_error; src, src_md and dst_md are the key. */
+void *dnnl_util_shared_acquire(struct op_call *c, const dnnl_memory_desc_t *src_md, const void *src,
+                               const dnnl_memory_desc_t *dst_md, void *(*make)(struct op_call *c, void *arg),
+                               void *arg);
+/* Drops one hold of a buffer from dnnl_util_weights_acquire or
+ * dnnl_util_shared_acquire; NULL is a no-op. */
 void dnnl_util_weights_release(void *buf);
 
 /* Rounds n up to a multiple of 64 (scratch sub-allocation). */

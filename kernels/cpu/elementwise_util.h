@@ -106,24 +106,33 @@ static inline void ew_bcast_row(const struct ew_bcast *b, int64_t r, int64_t *of
     }
 }
 
-/* e^x for float, branch-free so that loops over it vectorize (libm's expf
- * is an opaque call): 2^n * e^r with |r| <= ln2/2 and Cephes' degree-6
- * polynomial; within 1 ulp of expf over the normal range, 0 below -104,
- * inf above ln(FLT_MAX), NaN propagates. */
-static inline float ew_exp_f(float x) {
-    float xc = x > -104.0f ? x : -104.0f;
-    xc = xc < 88.72283935546875f ? xc : 88.72283935546875f;
-    float t = xc * 1.44269504088896341f + 12582912.0f;
-    float n = t - 12582912.0f;
-    float r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
+/* e^r for |r| <= ln2/2: Cephes' degree-6 polynomial. */
+static inline float ew_exp_poly(float r) {
     float p = 1.9875691500E-4f;
     p = p * r + 1.3981999507E-3f;
     p = p * r + 8.3334519073E-3f;
     p = p * r + 4.1665795894E-2f;
     p = p * r + 1.6666665459E-1f;
     p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
+    return p * r * r + r + 1.0f;
+}
+
+/* Splits x = n ln2 + r, n rounded to nearest (the 1.5 * 2^23 trick: plain
+ * arithmetic that vectorizes); returns r, n in *n. */
+static inline float ew_exp_split(float x, float *n) {
+    float t = x * 1.44269504088896341f + 12582912.0f;
+    *n = t - 12582912.0f;
+    return x - *n * 0.693359375f - *n * -2.12194440e-4f;
+}
+
+/* e^x for float, branch-free so that loops over it vectorize (libm's expf
+ * is an opaque call): 2^n * e^r with |r| <= ln2/2; within 1 ulp of expf
+ * over the normal range, 0 below -104, inf above ln(FLT_MAX), NaN
+ * propagates. */
+static inline float ew_exp_f(float x) {
+    float xc = x > -104.0f ? x : -104.0f;
+    xc = xc < 88.72283935546875f ? xc : 88.72283935546875f;
+    float n, p = ew_exp_poly(ew_exp_split(xc, &n));
     /* 2^n as two factors so that neither leaves the normal range */
     int32_t ni = (int32_t)n, n1 = ni >> 1;
     union { int32_t i; float f; } s1, s2;
@@ -133,6 +142,18 @@ static inline float ew_exp_f(float x) {
     y = x > -104.0f ? y : 0.0f;
     y = x < 88.72283935546875f ? y : __builtin_inff();
     return x == x ? y : x;
+}
+
+/* e^x for x <= 0 where tiny results may be 0 (a softmax's shifted
+ * scores): 0 below -87.3, where e^x would leave the normal floats. Masked
+ * scores (the float minimum, -inf) land there, and denormal arithmetic
+ * costs far more. */
+static inline float ew_exp_neg_f(float x) {
+    float xc = x > -87.3f ? x : -87.3f;
+    float n, p = ew_exp_poly(ew_exp_split(xc, &n));
+    union { int32_t i; float f; } s;
+    s.i = ((int32_t)n + 127) << 23;
+    return x > -87.3f ? p * s.f : 0.0f;
 }
 static inline float ew_sigmoid_f(float x) { return 1.0f / (1.0f + ew_exp_f(-x)); }
 /* tanh: Cephes' odd polynomial near 0 (no cancellation), 1 - 2/(e^2|x| + 1)

@@ -704,6 +704,10 @@ static double load_d(const void *p, enum dtype dt) {
     case DT_UINT16: return *(const uint16_t *)p;
     case DT_UINT32: return *(const uint32_t *)p;
     case DT_UINT64: return (double)*(const uint64_t *)p;
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        return fp8_to_fp32(*(const uint8_t *)p, dt);
+    case DT_INT4: case DT_INT2: return *(const int8_t *)p;
+    case DT_UINT4: case DT_UINT2: return *(const uint8_t *)p;
     default: return 0;
     }
 }
@@ -715,8 +719,15 @@ static int64_t sat_i64(double v, int64_t lo, int64_t hi) {
     return (int64_t)v;
 }
 
-static void store_d(void *p, enum dtype dt, double v) {
+/* Stores v as dt: integers saturate (NaN gives 0), except the 4- and 2-bit
+ * ones, which keep v's low bits as ONNX's Cast does; float8 saturates as
+ * saturate says. */
+static void store_d_sat(void *p, enum dtype dt, double v, int saturate) {
     switch (dt) {
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1:
+        *(uint8_t *)p = fp8_from_double(v, dt, saturate);
+        break;
+    case DT_INT4: case DT_UINT4: case DT_INT2: case DT_UINT2: *(uint8_t *)p = lowbit_from_double(v, dt); break;
     case DT_FP32: *(float *)p = (float)v; break;
     case DT_FP64: *(double *)p = v; break;
     case DT_FP16: *(uint16_t *)p = fp32_to_fp16((float)v); break;
@@ -735,6 +746,8 @@ static void store_d(void *p, enum dtype dt, double v) {
     default: break;
     }
 }
+
+static void store_d(void *p, enum dtype dt, double v) { store_d_sat(p, dt, v, 1); }
 
 static void k_pow_mixed(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {
     size_t ea = dtype_size(a->in_dt[0]), eb = dtype_size(a->in_dt[1]), eo = dtype_size(a->out_dt);
@@ -1099,6 +1112,11 @@ static int run_where(struct op_call *c) {
 
 typedef void (*cast_fn)(const void *src, void *dst, int64_t n);
 
+struct cast_params {
+    int saturate;
+    enum e8m0_round round; /* to float8e8m0 */
+};
+
 #define DEF_TOINT(D, T, LO, HI)                                                                                     \
     static inline T fto_##D(double v) {                                                                             \
         return v != v ? (T)0 : v <= (double)(LO) ? (T)(LO) : v >= (double)(HI) ? (T)(HI) : (T)v;                    \
@@ -1176,13 +1194,41 @@ static cast_fn cast_pick(enum dtype s, enum dtype d) {
     }
 }
 
+/* The float8 (float8e8m0 included), float4 and 4- and 2-bit integer dtypes. */
+static int cast_lowprec(enum dtype dt) { return dt >= DT_FP8E4M3FN && dt <= DT_INT2 && dtype_size(dt); }
+static int cast_lowbit_int(enum dtype dt) {
+    return dt == DT_INT4 || dt == DT_UINT4 || dt == DT_INT2 || dt == DT_UINT2;
+}
+
+/* Casts from or to a low-precision dtype, element by element through
+ * double (exact for every source but 64-bit integers beyond 2^53, which no
+ * low-precision dtype distinguishes): one rounding to the target. An
+ * integer going to a 4- or 2-bit integer keeps its low bits. */
+static void cast_lowprec_run(const struct tensor *x, struct tensor *o, int64_t n, const struct cast_params *p) {
+    const int saturate = p->saturate;
+    const size_t es = dtype_size(x->dtype), eo = dtype_size(o->dtype);
+    const int int_to_int = cast_lowbit_int(o->dtype) && (ew_is_int(x->dtype) || x->dtype == DT_BOOL ||
+                                                         cast_lowbit_int(x->dtype));
+    const char *src = x->data;
+    char *dst = o->data;
+    for (int64_t i = 0; i < n; i++) {
+        if (o->dtype == DT_FP8E8M0) /* from float32's bits, as ONNX's reference rounds */
+            dst[i] = (char)fp8e8m0_from_float((float)load_d(src + (size_t)i * es, x->dtype), saturate, p->round);
+        else if (int_to_int)
+            dst[i] = (char)lowbit_from_int(cast_lowbit_int(x->dtype) ? lowbit_value(((const uint8_t *)src)[i], x->dtype)
+                                                                     : op_int_at(x, i), o->dtype);
+        else
+            store_d_sat(dst + (size_t)i * eo, o->dtype, load_d(src + (size_t)i * es, x->dtype), saturate);
+    }
+}
+
 static int cast_check(struct op_call *c, enum dtype from, enum dtype to) {
     if (from == DT_STRING || to == DT_STRING) {
         op_error(c, "Cast between string and %s is not supported", dtype_name(from == DT_STRING ? to : from));
         return STATUS_UNSUPPORTED;
     }
     if (from == to) return 0;
-    if (!cast_pick(from, to)) {
+    if (!cast_pick(from, to) && !cast_lowprec(from) && !cast_lowprec(to)) {
         op_error(c, "Cast from %s to %s is not supported", dtype_name(from), dtype_name(to));
         return STATUS_UNSUPPORTED;
     }
@@ -1204,6 +1250,11 @@ static int cast_run_to(struct op_call *c) {
     if (n <= 0) return 0;
     if (x->dtype == o->dtype) {
         if (o->data != x->data) memcpy(o->data, x->data, (size_t)n * dtype_size(x->dtype));
+        return 0;
+    }
+    if (cast_lowprec(x->dtype) || cast_lowprec(o->dtype)) {
+        static const struct cast_params dflt = {1, E8M0_ROUND_UP};
+        cast_lowprec_run(x, o, n, c->state ? (const struct cast_params *)c->state : &dflt);
         return 0;
     }
     cast_fn fn = cast_pick(x->dtype, o->dtype);
@@ -1236,6 +1287,20 @@ static int infer_castlike(struct op_call *c) {
     int rc = need_in(c, 1, "target_type");
     if (rc) return rc;
     return cast_infer_to(c, c->in[1]->dtype);
+}
+
+/* saturate (Cast and CastLike since opset 19) matters for float8 targets
+ * only, round_mode (since 24) for float8e8m0 only. */
+static int prepare_cast(struct op_call *c, void **state, size_t *scratch) {
+    struct cast_params p = {.saturate = node_attr_int(c->node, "saturate", 1) != 0, .round = E8M0_ROUND_UP};
+    const struct graph_attr *rm = node_attr(c->node, "round_mode");
+    if (rm && rm->type == ATTR_STRING) {
+        if (!strcmp(rm->s, "up")) p.round = E8M0_ROUND_UP;
+        else if (!strcmp(rm->s, "down")) p.round = E8M0_ROUND_DOWN;
+        else if (!strcmp(rm->s, "nearest")) p.round = E8M0_ROUND_NEAREST;
+        else return op_error(c, "attribute 'round_mode' is '%s'; it must be 'up', 'down' or 'nearest'", rm->s);
+    }
+    return params_keep(c, &p, sizeof p, state);
 }
 
 /* ------------------------------------------------------------------------
@@ -1480,8 +1545,74 @@ static int norm_infer(struct op_call *c, int rms) {
             norm_row_##suf(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL,                            \
                            inv ? inv + r : NULL, n, eps, rms);                                                      \
     }
-DEF_NORM(f32, float)
 DEF_NORM(f64, double)
+
+/* Float rows sum in float across the vector's lanes (the generic row's
+ * double sums halve the width and convert every element), and are built
+ * for AVX-512, AVX2 and the baseline, the CPU's pick (dnnl_util_isa_level)
+ * taken per call: normalization is a transformer's busiest op after its
+ * products. */
+typedef void (*norm_row_f32_fn)(const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr,
+                                float *mean, float *inv, int64_t n, float eps, int rms);
+
+static inline __attribute__((always_inline)) void norm_row_f32_body(const float *xr, const float *sc, int64_t nsc,
+                                                                    const float *b, int64_t nb, float *yr, float *mean,
+                                                                    float *inv, int64_t n, float eps, int rms) {
+    float mu = 0, var = 0;
+    if (!rms) {
+        _Pragma("omp simd reduction(+ : mu)") for (int64_t j = 0; j < n; j++) mu += xr[j];
+        mu /= (float)n;
+    }
+    _Pragma("omp simd reduction(+ : var)") for (int64_t j = 0; j < n; j++) {
+        float d = xr[j] - mu;
+        var += d * d;
+    }
+    var /= (float)n;
+    float s = 1.0f / sqrtf(var + eps);
+    if (nsc == n && b && nb == n) {
+        _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * s * sc[j] + b[j];
+    } else if (nsc == n && !b) {
+        _Pragma("omp simd") for (int64_t j = 0; j < n; j++) yr[j] = (xr[j] - mu) * s * sc[j];
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            float v = (xr[j] - mu) * s * sc[nsc == 1 ? 0 : j];
+            yr[j] = b ? v + b[nb == 1 ? 0 : j] : v;
+        }
+    }
+    if (mean) *mean = mu;
+    if (inv) *inv = s;
+}
+
+#define NORM_ROW_ARGS                                                                                               \
+    const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr, float *mean, float *inv, \
+        int64_t n, float eps, int rms
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void norm_row_f32_v4(NORM_ROW_ARGS) {
+    norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+}
+__attribute__((target("arch=x86-64-v3"))) static void norm_row_f32_v3(NORM_ROW_ARGS) {
+    norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+}
+#endif
+static void norm_row_f32_v2(NORM_ROW_ARGS) { norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms); }
+
+static void norm_f32(const float *x, const float *sc, int64_t nsc, const float *b, int64_t nb, float *y, float *mean,
+                     float *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {
+    norm_row_f32_fn row = norm_row_f32_v2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    row = level >= 4 ? norm_row_f32_v4 : level == 3 ? norm_row_f32_v3 : norm_row_f32_v2;
+#endif
+    float e = (float)eps;
+    if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {
+        for (int64_t r = 0; r < outer; r++)
+            row(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL, inv ? inv + r : NULL, n, e, rms);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int64_t r = 0; r < outer; r++)
+        row(x + r * n, sc, nsc, b, nb, y + r * n, mean ? mean + r : NULL, inv ? inv + r : NULL, n, e, rms);
+}
 
 /* A normalization's rows (before axis) and row length (from axis on),
  * and its epsilon, decoded at prepare. */
@@ -1532,19 +1663,37 @@ static int run_rmsnorm(struct op_call *c) { return norm_run(c, 1); }
 
 /* ------------------------------------------------------------------------
  * QuantizeLinear, DequantizeLinear (per tensor, per axis, blocked) and
- * DynamicQuantizeLinear, for 8- and 16-bit integers. Rounding is half to
- * even and quantized values saturate, as ONNX specifies.
+ * DynamicQuantizeLinear: 16-, 8-, 4- and 2-bit integers, float8 and
+ * float4e2m1. Integers round half to even and saturate, as ONNX specifies;
+ * float8 rounds once to the target and saturates as 'saturate' says (a
+ * float8 zero point is 0 by definition and is ignored); float4e2m1 adds its
+ * zero point before the one rounding and always saturates.
  * ------------------------------------------------------------------------ */
 
 static int q_int_dtype(enum dtype dt) {
-    return dt == DT_UINT8 || dt == DT_INT8 || dt == DT_UINT16 || dt == DT_INT16;
+    return dt == DT_UINT8 || dt == DT_INT8 || dt == DT_UINT16 || dt == DT_INT16 || cast_lowbit_int(dt);
 }
 
 static double q_lo(enum dtype dt) {
-    return dt == DT_INT8 ? INT8_MIN : dt == DT_INT16 ? INT16_MIN : 0;
+    switch (dt) {
+    case DT_INT8: return INT8_MIN;
+    case DT_INT16: return INT16_MIN;
+    case DT_INT4: return -8;
+    case DT_INT2: return -2;
+    default: return 0;
+    }
 }
 static double q_hi(enum dtype dt) {
-    return dt == DT_INT8 ? INT8_MAX : dt == DT_INT16 ? INT16_MAX : dt == DT_UINT8 ? UINT8_MAX : UINT16_MAX;
+    switch (dt) {
+    case DT_INT8: return INT8_MAX;
+    case DT_INT16: return INT16_MAX;
+    case DT_UINT8: return UINT8_MAX;
+    case DT_INT4: return 7;
+    case DT_UINT4: return 15;
+    case DT_INT2: return 1;
+    case DT_UINT2: return 3;
+    default: return UINT16_MAX;
+    }
 }
 
 /* Where scale/zero point element for data element (outer o, axis a, inner i) lives. */
@@ -1553,6 +1702,7 @@ struct q_geom {
     int64_t block;             /* 0: per tensor or per axis */
     int per_tensor;
     int64_t nblocks;
+    int saturate; /* QuantizeLinear to float8 */
 };
 
 static int q_geometry(struct op_call *c, const struct tensor *x, const struct tensor *scale, struct q_geom *g) {
@@ -1613,8 +1763,9 @@ static int infer_quant(struct op_call *c) {
         return op_error(c, "y_scale has dtype %s; it must be float or x's dtype", dtype_name(scale->dtype));
     enum dtype out = zp ? zp->dtype : (enum dtype)node_attr_int(c->node, "output_dtype", 0);
     if (out == DT_UNDEFINED) out = DT_UINT8;
-    if (!q_int_dtype(out)) {
-        op_error(c, "quantizing to %s is not supported (uint8, int8, uint16, int16 are)", dtype_name(out));
+    if (!q_int_dtype(out) && !dtype_is_minifloat(out)) {
+        op_error(c, "quantizing to %s is not supported (8-, 16-, 4- and 2-bit integers, float8 and float4e2m1 are)",
+                 dtype_name(out));
         return STATUS_UNSUPPORTED;
     }
     struct q_geom g;
@@ -1628,6 +1779,7 @@ static int infer_quant(struct op_call *c) {
 static int prepare_q(struct op_call *c, void **state, size_t *scratch) {
     struct q_geom g;
     int rc = q_geometry(c, c->in[0], c->in[1], &g);
+    g.saturate = node_attr_int(c->node, "saturate", 1) != 0;
     return rc ? rc : params_keep(c, &g, sizeof g, state);
 }
 
@@ -1636,6 +1788,7 @@ static int run_quant(struct op_call *c) {
     struct tensor *y = c->out[0];
     const struct q_geom g = *(const struct q_geom *)c->state;
     const double lo = q_lo(y->dtype), hi = q_hi(y->dtype);
+    const int mf = dtype_is_minifloat(y->dtype);
     unsigned char *yp = y->data;
     const size_t ye = dtype_size(y->dtype);
     for (int64_t o = 0; o < g.outer; o++)
@@ -1646,6 +1799,11 @@ static int run_quant(struct op_call *c) {
                            load_d((const char *)scale->data + si * dtype_size(scale->dtype), scale->dtype);
                 /* the quotient in the scale's precision: halves must round as they do in float */
                 if (scale->dtype != DT_FP64) v = (float)v;
+                if (mf) {
+                    if (zp && y->dtype == DT_FP4E2M1) v += load_d((const uint8_t *)zp->data + si, DT_FP4E2M1);
+                    store_d_sat(yp + e, y->dtype, v, g.saturate);
+                    continue;
+                }
                 v = nearbyint(v);
                 if (zp) v += (double)op_int_at(zp, si);
                 v = v != v ? 0 : v < lo ? lo : v > hi ? hi : v;
@@ -1658,8 +1816,9 @@ static int infer_dequant(struct op_call *c) {
     int rc;
     if ((rc = need_in(c, 0, "x")) || (rc = need_in(c, 1, "x_scale")) || (rc = need_out(c))) return rc;
     const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
-    if (!q_int_dtype(x->dtype) && x->dtype != DT_INT32) {
-        op_error(c, "dequantizing %s is not supported (uint8, int8, uint16, int16, int32 are)", dtype_name(x->dtype));
+    if (!q_int_dtype(x->dtype) && x->dtype != DT_INT32 && !dtype_is_minifloat(x->dtype)) {
+        op_error(c, "dequantizing %s is not supported (8-, 16-, 32-, 4- and 2-bit integers, float8 and float4e2m1 are)",
+                 dtype_name(x->dtype));
         return STATUS_UNSUPPORTED;
     }
     if (!ew_is_float(scale->dtype)) return unsupported_dtype(c, scale->dtype);
@@ -1678,13 +1837,16 @@ static int run_dequant(struct op_call *c) {
     const struct tensor *x = c->in[0], *scale = c->in[1], *zp = in_opt(c, 2);
     struct tensor *y = c->out[0];
     const struct q_geom g = *(const struct q_geom *)c->state;
+    const int mf = dtype_is_minifloat(x->dtype);
     unsigned char *yp = y->data;
     const size_t ye = dtype_size(y->dtype);
     for (int64_t o = 0; o < g.outer; o++)
         for (int64_t a = 0; a < g.len; a++)
             for (int64_t i = 0; i < g.inner; i++) {
                 const int64_t e = (o * g.len + a) * g.inner + i, si = q_sidx(&g, o, a, i);
-                double v = (double)op_int_at(x, e) - (zp ? (double)op_int_at(zp, si) : 0);
+                /* a float8 or float4 zero point is 0 (ONNX's reference ignores it) */
+                double v = mf ? load_d((const uint8_t *)x->data + e, x->dtype)
+                              : (double)op_int_at(x, e) - (zp ? (double)op_int_at(zp, si) : 0);
                 v *= load_d((const char *)scale->data + si * dtype_size(scale->dtype), scale->dtype);
                 store_d(yp + (size_t)e * ye, y->dtype, v);
             }
@@ -1802,8 +1964,8 @@ const struct op_def op_defs_elementwise[] = {
     OPDEF_P("IsInf", isinf, 0),
     OPDEF_P("Clip", clip, 0),
     OPDEF("Where", where, 0),
-    {"Cast", "", infer_cast, NULL, cast_run_to, NULL, 0},
-    {"CastLike", "", infer_castlike, NULL, cast_run_to, NULL, 0},
+    {"Cast", "", infer_cast, prepare_cast, cast_run_to, op_params_free, 0},
+    {"CastLike", "", infer_castlike, prepare_cast, cast_run_to, op_params_free, 0},
     {"Softmax", "", infer_smax, prepare_smax, run_softmax, release_smax, 0},
     {"LogSoftmax", "", infer_smax, prepare_smax, run_logsoftmax, release_smax, 0},
     {"Hardmax", "", infer_smax, prepare_smax, run_hardmax, release_smax, 0},
@@ -1812,5 +1974,9 @@ const struct op_def op_defs_elementwise[] = {
     {"QuantizeLinear", "", infer_quant, prepare_q, run_quant, op_params_free, 0},
     {"DequantizeLinear", "", infer_dequant, prepare_q, run_dequant, op_params_free, 0},
     OPDEF("DynamicQuantizeLinear", dynquant, 0),
+    /* onnxruntime's contrib copies, which its quantization tools write for
+     * 16-bit types before ONNX had them (same inputs and axis) */
+    {"QuantizeLinear", "com.microsoft", infer_quant, prepare_q, run_quant, op_params_free, 0},
+    {"DequantizeLinear", "com.microsoft", infer_dequant, prepare_q, run_dequant, op_params_free, 0},
     {0},
 };

@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
 /* ==== shared helpers ==================================================== */
@@ -703,21 +704,8 @@ static int ctr_run(struct op_call *c) {
 
 /* ==== MatMul and Gemm =================================================== */
 
-/* Both run as a oneDNN matmul primitive: dst = alpha * (A x B) [+ bias]
- * [+ beta * dst] then the fused activation. */
-struct mm_state {
-    struct dnnl_prim *prim;
-    void *wbuf;         /* B in the primitive's layout (shared), or NULL */
-    float *bias;        /* Gemm: beta * C precomputed (owned), or NULL */
-    int act_after;
-    int nargs;
-    int fill_c;         /* Gemm: dst starts as beta * broadcast(C), summed into */
-    float beta;         /* Gemm's beta, for fill_c */
-    int64_t m, n;
-};
-
-static void mm_release(void *st) {
-    struct mm_state *s = st;
+void cpu_mm_release(void *st) {
+    struct cpu_mm_state *s = st;
     if (!s) return;
     dnnl_prim_free(s->prim);
     dnnl_util_weights_release(s->wbuf);
@@ -727,7 +715,7 @@ static void mm_release(void *st) {
 
 /* Builds the matmul for src/weights/bias/dst descriptors; B constant gets
  * oneDNN's preferred layout and is reordered once. */
-static int mm_build(struct op_call *c, struct mm_state *s, const dnnl_memory_desc_t *a_md,
+int cpu_mm_build(struct op_call *c, struct cpu_mm_state *s, const dnnl_memory_desc_t *a_md,
                     const dnnl_memory_desc_t *b_md, const void *b_const, const dnnl_memory_desc_t *bias_md,
                     const dnnl_memory_desc_t *dst_md, float alpha, int with_sum, size_t *scratch_size) {
     dnnl_memory_desc_t b_any;
@@ -767,14 +755,7 @@ static int mm_build(struct op_call *c, struct mm_state *s, const dnnl_memory_des
     return rc;
 }
 
-/* numpy matmul shapes: a 1-D A is [1,K] and a 1-D B is [K,1], their extra
- * dim dropped from the result; batch dims broadcast. */
-struct mm_shape {
-    int r;                                    /* rank of the padded operands */
-    int64_t a[TENSOR_MAX_DIMS], b[TENSOR_MAX_DIMS], y[TENSOR_MAX_DIMS];
-};
-
-static int mm_shapes(struct op_call *c, const struct tensor *a, const struct tensor *b, struct mm_shape *sh,
+int cpu_mm_shapes(struct op_call *c, const struct tensor *a, const struct tensor *b, struct cpu_mm_shape *sh,
                      struct tensor *y) {
     if (a->ndim < 1 || b->ndim < 1) return op_error(c, "MatMul operands must have rank >= 1");
     int64_t ad[TENSOR_MAX_DIMS], bd[TENSOR_MAX_DIMS];
@@ -821,8 +802,8 @@ static int matmul_infer(struct op_call *c) {
     const struct tensor *a = c->in[0], *b = c->in[1], *bias = opt_in(c, 2);
     int rc;
     if ((rc = need_f32(c, a, "A")) || (rc = need_f32(c, b, "B"))) return rc;
-    struct mm_shape sh;
-    if ((rc = mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
+    struct cpu_mm_shape sh;
+    if ((rc = cpu_mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
     if (bias && ((rc = need_f32(c, bias, "bias")) || bias->ndim != 1 || bias->dims[0] != sh.y[sh.r - 1]))
         return rc ? rc : op_error(c, "fused bias must be 1-D of %lld values", (long long)sh.y[sh.r - 1]);
     return 0;
@@ -830,10 +811,10 @@ static int matmul_infer(struct op_call *c) {
 
 static int matmul_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     const struct tensor *a = c->in[0], *b = c->in[1], *bias = opt_in(c, 2);
-    struct mm_shape sh;
-    int rc = mm_shapes(c, a, b, &sh, NULL);
+    struct cpu_mm_shape sh;
+    int rc = cpu_mm_shapes(c, a, b, &sh, NULL);
     if (rc) return rc;
-    struct mm_state *s = calloc(1, sizeof *s);
+    struct cpu_mm_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     dnnl_memory_desc_t a_md, b_md, y_md, bias_md;
     int64_t bd[TENSOR_MAX_DIMS];
@@ -847,9 +828,9 @@ static int matmul_prepare(struct op_call *c, void **state, size_t *scratch_size)
     int b_batch = 0;
     for (int i = 0; i < sh.r - 2; i++) b_batch |= sh.b[i] != 1;
     const void *b_const = b->data && !b_batch ? b->data : NULL;
-    rc = mm_build(c, s, &a_md, &b_md, b_const, bias ? &bias_md : NULL, &y_md, 1.0f, 0, scratch_size);
+    rc = cpu_mm_build(c, s, &a_md, &b_md, b_const, bias ? &bias_md : NULL, &y_md, 1.0f, 0, scratch_size);
     if (rc) {
-        mm_release(s);
+        cpu_mm_release(s);
         return rc;
     }
     *state = s;
@@ -857,7 +838,7 @@ static int matmul_prepare(struct op_call *c, void **state, size_t *scratch_size)
 }
 
 static int matmul_run(struct op_call *c) {
-    struct mm_state *s = c->state;
+    struct cpu_mm_state *s = c->state;
     const struct tensor *bias = opt_in(c, 2);
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
@@ -913,7 +894,7 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     if (rc || (C && (rc = gemm_c_dims(c, C, m, n, cd)))) return rc;
     float alpha = node_attr_float(c->node, "alpha", 1.0f), beta = node_attr_float(c->node, "beta", 1.0f);
     int ta = node_attr_int(c->node, "transA", 0) != 0, tb = node_attr_int(c->node, "transB", 0) != 0;
-    struct mm_state *s = calloc(1, sizeof *s);
+    struct cpu_mm_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     s->m = m;
     s->n = n;
@@ -934,7 +915,7 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
             if (beta != 1.0f) {
                 s->bias = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)n));
                 if (!s->bias) {
-                    mm_release(s);
+                    cpu_mm_release(s);
                     return op_error(c, "out of memory"), STATUS_NOMEM;
                 }
                 for (int64_t j = 0; j < n; j++) s->bias[j] = beta * ((const float *)C->data)[j];
@@ -944,9 +925,9 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
             s->beta = beta;
         }
     }
-    rc = mm_build(c, s, &a_md, &b_md, b->data, use_bias ? &bias_md : NULL, &y_md, alpha, s->fill_c, scratch_size);
+    rc = cpu_mm_build(c, s, &a_md, &b_md, b->data, use_bias ? &bias_md : NULL, &y_md, alpha, s->fill_c, scratch_size);
     if (rc) {
-        mm_release(s);
+        cpu_mm_release(s);
         return rc;
     }
     *state = s;
@@ -954,7 +935,7 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
 }
 
 static int gemm_run(struct op_call *c) {
-    struct mm_state *s = c->state;
+    struct cpu_mm_state *s = c->state;
     const struct tensor *C = opt_in(c, 2);
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
@@ -989,10 +970,10 @@ static int gemm_run(struct op_call *c) {
  * scratch, then summed by vectorizable loops: exact and parallel, without
  * the int8 GEMM kernels a quantized-model workload would want. */
 
-static int is_q8(enum dtype t) { return t == DT_UINT8 || t == DT_INT8; }
+int cpu_is_q8(enum dtype t) { return t == DT_UINT8 || t == DT_INT8; }
 
-static int need_q8(struct op_call *c, const struct tensor *t, const char *what) {
-    if (!t || !is_q8(t->dtype)) {
+int cpu_need_q8(struct op_call *c, const struct tensor *t, const char *what) {
+    if (!t || !cpu_is_q8(t->dtype)) {
         op_error(c, "%s must be uint8 or int8 (got %s)", what, t ? dtype_name(t->dtype) : "nothing");
         return STATUS_UNSUPPORTED;
     }
@@ -1000,19 +981,19 @@ static int need_q8(struct op_call *c, const struct tensor *t, const char *what) 
 }
 
 /* A zero point or scale: absent (0 / 1), one value, or one per index. */
-static int qparam_ok(struct op_call *c, const struct tensor *t, int64_t per, const char *what) {
+int cpu_qparam_ok(struct op_call *c, const struct tensor *t, int64_t per, const char *what) {
     if (!t) return 0;
     int64_t n = tensor_numel(t);
     if (n != 1 && n != per) return op_error(c, "%s must hold 1 or %lld values (got %lld)", what, (long long)per, (long long)n);
     return 0;
 }
-static double qparam_at(const struct tensor *t, int64_t i, double def) {
+double cpu_qparam_at(const struct tensor *t, int64_t i, double def) {
     if (!t) return def;
     return op_double_at(t, tensor_numel(t) == 1 ? 0 : i);
 }
 
 /* Requantizes an int32 sum the way ONNX's reference does. */
-static void q8_store(void *y, enum dtype dt, int64_t i, double v) {
+void cpu_q8_store(void *y, enum dtype dt, int64_t i, double v) {
     double r = nearbyint(v);
     if (dt == DT_UINT8) ((uint8_t *)y)[i] = (uint8_t)(r < 0 ? 0 : r > 255 ? 255 : r);
     else ((int8_t *)y)[i] = (int8_t)(r < -128 ? -128 : r > 127 ? 127 : r);
@@ -1021,22 +1002,22 @@ static void q8_store(void *y, enum dtype dt, int64_t i, double v) {
 /* Widens an 8-bit tensor to int32 minus its zero point; zp is indexed by
  * (i / zp_div) % zp_mod (rows of A: div K, mod M; columns of B: div 1,
  * mod N; channels of W: div per-channel size). */
-static void q8_widen(const struct tensor *t, const struct tensor *zp, int64_t zp_div, int64_t zp_mod, int32_t *out) {
+void cpu_q8_widen(const struct tensor *t, const struct tensor *zp, int64_t zp_div, int64_t zp_mod, int32_t *out) {
     int64_t n = tensor_numel(t);
     int scalar = !zp || tensor_numel(zp) == 1;
-    int32_t z0 = (int32_t)qparam_at(zp, 0, 0);
+    int32_t z0 = (int32_t)cpu_qparam_at(zp, 0, 0);
     if (t->dtype == DT_UINT8) {
         const uint8_t *p = t->data;
-        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)qparam_at(zp, (i / zp_div) % zp_mod, 0));
+        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)cpu_qparam_at(zp, (i / zp_div) % zp_mod, 0));
     } else {
         const int8_t *p = t->data;
-        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)qparam_at(zp, (i / zp_div) % zp_mod, 0));
+        for (int64_t i = 0; i < n; i++) out[i] = (int32_t)p[i] - (scalar ? z0 : (int32_t)cpu_qparam_at(zp, (i / zp_div) % zp_mod, 0));
     }
 }
 
 /* int32 batched matmul with numpy broadcasting over operands already
  * shifted by their zero points. */
-static void imm_run(const struct mm_shape *sh, const int32_t *a, const int32_t *b, int32_t *acc, int nthreads) {
+void cpu_imm_run(const struct cpu_mm_shape *sh, const int32_t *a, const int32_t *b, int32_t *acc, int nthreads) {
     int r = sh->r;
     int64_t M = sh->a[r - 2], K = sh->a[r - 1], N = sh->b[r - 1], nb = prod(sh->y, r - 2);
 #pragma omp parallel for collapse(2) if (nb * M * N * K > 65536) num_threads(nthreads > 0 ? nthreads : 1)
@@ -1065,33 +1046,33 @@ static void imm_run(const struct mm_shape *sh, const int32_t *a, const int32_t *
 }
 
 /* Scratch of the integer matmuls: widened A and B, then (QLinear) the sums. */
-static size_t imm_scratch(const struct tensor *a, const struct tensor *b, const struct tensor *y, int with_acc) {
+size_t cpu_imm_scratch(const struct tensor *a, const struct tensor *b, const struct tensor *y, int with_acc) {
     return dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(a)) + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(b)) +
            (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
 }
 
-static int imm_widened(struct op_call *c, const struct mm_shape *sh, const struct tensor *a, const struct tensor *za,
+int cpu_imm_widened(struct op_call *c, const struct cpu_mm_shape *sh, const struct tensor *a, const struct tensor *za,
                        const struct tensor *b, const struct tensor *zb, int32_t **a32, int32_t **b32, int32_t **acc) {
-    size_t need = imm_scratch(a, b, c->out[0], acc != NULL);
+    size_t need = cpu_imm_scratch(a, b, c->out[0], acc != NULL);
     if (c->scratch_size < need) return op_error(c, "internal: scratch too small");
     char *p = c->scratch;
     *a32 = (int32_t *)p;
     *b32 = (int32_t *)(p + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(a)));
     if (acc) *acc = (int32_t *)((char *)*b32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(b)));
     int64_t M = sh->a[sh->r - 2], K = sh->a[sh->r - 1], N = sh->b[sh->r - 1];
-    q8_widen(a, za, K, M, *a32);
-    q8_widen(b, zb, 1, N, *b32);
+    cpu_q8_widen(a, za, K, M, *a32);
+    cpu_q8_widen(b, zb, 1, N, *b32);
     return 0;
 }
 
 static int mmi_infer(struct op_call *c) {
     const struct tensor *a = c->in[0], *b = c->in[1];
     int rc;
-    if ((rc = need_q8(c, a, "A")) || (rc = need_q8(c, b, "B"))) return rc;
-    struct mm_shape sh;
-    if ((rc = mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
-    if ((rc = qparam_ok(c, opt_in(c, 2), sh.a[sh.r - 2], "a_zero_point")) ||
-        (rc = qparam_ok(c, opt_in(c, 3), sh.b[sh.r - 1], "b_zero_point")))
+    if ((rc = cpu_need_q8(c, a, "A")) || (rc = cpu_need_q8(c, b, "B"))) return rc;
+    struct cpu_mm_shape sh;
+    if ((rc = cpu_mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
+    if ((rc = cpu_qparam_ok(c, opt_in(c, 2), sh.a[sh.r - 2], "a_zero_point")) ||
+        (rc = cpu_qparam_ok(c, opt_in(c, 3), sh.b[sh.r - 1], "b_zero_point")))
         return rc;
     c->out[0]->dtype = DT_INT32;
     return 0;
@@ -1099,16 +1080,16 @@ static int mmi_infer(struct op_call *c) {
 
 static int mmi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     *state = NULL;
-    *scratch_size = imm_scratch(c->in[0], c->in[1], c->out[0], 0);
+    *scratch_size = cpu_imm_scratch(c->in[0], c->in[1], c->out[0], 0);
     return 0;
 }
 
 static int mmi_run(struct op_call *c) {
-    struct mm_shape sh;
+    struct cpu_mm_shape sh;
     int32_t *a32, *b32;
-    int rc = mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
-    if (rc || (rc = imm_widened(c, &sh, c->in[0], opt_in(c, 2), c->in[1], opt_in(c, 3), &a32, &b32, NULL))) return rc;
-    imm_run(&sh, a32, b32, c->out[0]->data, c->nthreads);
+    int rc = cpu_mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
+    if (rc || (rc = cpu_imm_widened(c, &sh, c->in[0], opt_in(c, 2), c->in[1], opt_in(c, 3), &a32, &b32, NULL))) return rc;
+    cpu_imm_run(&sh, a32, b32, c->out[0]->data, c->nthreads);
     return 0;
 }
 
@@ -1118,41 +1099,41 @@ static int qmm_infer(struct op_call *c) {
     if (c->nin < 8) return op_error(c, "needs 8 inputs, got %d", c->nin);
     const struct tensor *a = c->in[0], *b = c->in[3], *yz = c->in[7];
     int rc;
-    if ((rc = need_q8(c, a, "a")) || (rc = need_q8(c, b, "b"))) return rc;
+    if ((rc = cpu_need_q8(c, a, "a")) || (rc = cpu_need_q8(c, b, "b"))) return rc;
     if (!c->in[1] || !c->in[4] || !c->in[6]) return op_error(c, "a_scale, b_scale and y_scale are required");
-    struct mm_shape sh;
-    if ((rc = mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
+    struct cpu_mm_shape sh;
+    if ((rc = cpu_mm_shapes(c, a, b, &sh, c->out[0]))) return rc;
     int64_t M = sh.a[sh.r - 2], N = sh.b[sh.r - 1];
-    if ((rc = qparam_ok(c, c->in[1], M, "a_scale")) || (rc = qparam_ok(c, c->in[2], M, "a_zero_point")) ||
-        (rc = qparam_ok(c, c->in[4], N, "b_scale")) || (rc = qparam_ok(c, c->in[5], N, "b_zero_point")) ||
-        (rc = qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = qparam_ok(c, yz, 1, "y_zero_point")))
+    if ((rc = cpu_qparam_ok(c, c->in[1], M, "a_scale")) || (rc = cpu_qparam_ok(c, c->in[2], M, "a_zero_point")) ||
+        (rc = cpu_qparam_ok(c, c->in[4], N, "b_scale")) || (rc = cpu_qparam_ok(c, c->in[5], N, "b_zero_point")) ||
+        (rc = cpu_qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = cpu_qparam_ok(c, yz, 1, "y_zero_point")))
         return rc;
     c->out[0]->dtype = yz ? yz->dtype : a->dtype;
-    if (!is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
+    if (!cpu_is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
     return 0;
 }
 
 static int qmm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     *state = NULL;
-    *scratch_size = imm_scratch(c->in[0], c->in[3], c->out[0], 1);
+    *scratch_size = cpu_imm_scratch(c->in[0], c->in[3], c->out[0], 1);
     return 0;
 }
 
 static int qmm_run(struct op_call *c) {
-    struct mm_shape sh;
-    int rc = mm_shapes(c, c->in[0], c->in[3], &sh, NULL);
+    struct cpu_mm_shape sh;
+    int rc = cpu_mm_shapes(c, c->in[0], c->in[3], &sh, NULL);
     if (rc) return rc;
     struct tensor *y = c->out[0];
     int64_t ny = tensor_numel(y), M = sh.a[sh.r - 2], N = sh.b[sh.r - 1];
     int32_t *a32, *b32, *acc;
-    if ((rc = imm_widened(c, &sh, c->in[0], c->in[2], c->in[3], c->in[5], &a32, &b32, &acc))) return rc;
-    imm_run(&sh, a32, b32, acc, c->nthreads);
-    float ys = (float)qparam_at(c->in[6], 0, 1.0);
-    double yz = qparam_at(c->in[7], 0, 0.0);
+    if ((rc = cpu_imm_widened(c, &sh, c->in[0], c->in[2], c->in[3], c->in[5], &a32, &b32, &acc))) return rc;
+    cpu_imm_run(&sh, a32, b32, acc, c->nthreads);
+    float ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
+    double yz = cpu_qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
         int64_t m = (i / N) % M, n = i % N;
-        float mult = (float)qparam_at(c->in[1], m, 1.0) * (float)qparam_at(c->in[4], n, 1.0) / ys;
-        q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
+        float mult = (float)cpu_qparam_at(c->in[1], m, 1.0) * (float)cpu_qparam_at(c->in[4], n, 1.0) / ys;
+        cpu_q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
     }
     return 0;
 }
@@ -1170,8 +1151,8 @@ static void iconv_run(struct op_call *c, const struct tensor *x, const struct te
     }
     int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
-    q8_widen(x, xz, 1, 1, x32);
-    q8_widen(w, wz, cg * ksz, M, w32);
+    cpu_q8_widen(x, xz, 1, 1, x32);
+    cpu_q8_widen(w, wz, cg * ksz, M, w32);
 #pragma omp parallel for collapse(2) if (N * M * osz * cg * ksz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t nn = 0; nn < N; nn++)
         for (int64_t m = 0; m < M; m++) {
@@ -1216,7 +1197,7 @@ static size_t iconv_scratch(const struct tensor *x, const struct tensor *w, cons
 static int iconv_geom(struct op_call *c, int wi, struct conv_geom *g) {
     const struct tensor *x = c->in[0], *w = opt_in(c, wi);
     int rc;
-    if ((rc = need_q8(c, x, "x")) || (rc = need_q8(c, w, "w"))) return rc;
+    if ((rc = cpu_need_q8(c, x, "x")) || (rc = cpu_need_q8(c, w, "w"))) return rc;
     if (w->ndim != x->ndim) return op_error(c, "w has rank %d, x has rank %d", w->ndim, x->ndim);
     if ((rc = conv_geom_read(c, x, w, g))) return rc;
     if (x->dims[1] != w->dims[1] * g->group || w->dims[0] % g->group)
@@ -1256,7 +1237,7 @@ static int iconv_prepare(struct op_call *c, int wi, int with_acc, void **state, 
 static int convi_infer(struct op_call *c) {
     int rc = iconv_shape(c, 1);
     if (rc) return rc;
-    if ((rc = qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
+    if ((rc = cpu_qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = cpu_qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
         return rc;
     c->out[0]->dtype = DT_INT32;
     return 0;
@@ -1282,13 +1263,13 @@ static int qconv_infer(struct op_call *c) {
     int64_t M = c->in[3]->dims[0];
     const struct tensor *b = opt_in(c, 8), *yz = c->in[7];
     if (!c->in[1] || !c->in[4] || !c->in[6]) return op_error(c, "x_scale, w_scale and y_scale are required");
-    if ((rc = qparam_ok(c, c->in[1], 1, "x_scale")) || (rc = qparam_ok(c, c->in[2], 1, "x_zero_point")) ||
-        (rc = qparam_ok(c, c->in[4], M, "w_scale")) || (rc = qparam_ok(c, c->in[5], M, "w_zero_point")) ||
-        (rc = qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = qparam_ok(c, yz, 1, "y_zero_point")))
+    if ((rc = cpu_qparam_ok(c, c->in[1], 1, "x_scale")) || (rc = cpu_qparam_ok(c, c->in[2], 1, "x_zero_point")) ||
+        (rc = cpu_qparam_ok(c, c->in[4], M, "w_scale")) || (rc = cpu_qparam_ok(c, c->in[5], M, "w_zero_point")) ||
+        (rc = cpu_qparam_ok(c, c->in[6], 1, "y_scale")) || (rc = cpu_qparam_ok(c, yz, 1, "y_zero_point")))
         return rc;
     if (b && (b->dtype != DT_INT32 || tensor_numel(b) != M)) return op_error(c, "B must be int32 with %lld values", (long long)M);
     c->out[0]->dtype = yz ? yz->dtype : c->in[0]->dtype;
-    if (!is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
+    if (!cpu_is_q8(c->out[0]->dtype)) return op_error(c, "y_zero_point must be uint8 or int8"), STATUS_UNSUPPORTED;
     return 0;
 }
 
@@ -1304,12 +1285,12 @@ static int qconv_run(struct op_call *c) {
     int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
     int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
     iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), c->state, x32, w32, acc);
-    float xs = (float)qparam_at(c->in[1], 0, 1.0), ys = (float)qparam_at(c->in[6], 0, 1.0);
-    double yz = qparam_at(c->in[7], 0, 0.0);
+    float xs = (float)cpu_qparam_at(c->in[1], 0, 1.0), ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
+    double yz = cpu_qparam_at(c->in[7], 0, 0.0);
     for (int64_t i = 0; i < ny; i++) {
         int64_t m = (i / osz) % M;
-        float mult = xs * (float)qparam_at(c->in[4], m, 1.0) / ys;
-        q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
+        float mult = xs * (float)cpu_qparam_at(c->in[4], m, 1.0) / ys;
+        cpu_q8_store(y->data, y->dtype, i, (double)acc[i] * mult + yz);
     }
     return 0;
 }
@@ -2362,8 +2343,8 @@ const struct op_def op_defs_nn[] = {
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
-    {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
-    {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, mm_release, OP_FUSE_ACT},
+    {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, cpu_mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},
+    {"Gemm", "", gemm_infer, gemm_prepare, gemm_run, cpu_mm_release, OP_FUSE_ACT},
     {"MaxPool", "", maxpool_infer, maxpool_prepare, pool_run, pool_release, 0},
     {"AveragePool", "", avgpool_infer, avgpool_prepare, pool_run, pool_release, 0},
     {"LpPool", "", lppool_infer, lppool_prepare, pool_run, pool_release, 0},

@@ -177,6 +177,21 @@ static int identity_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, x->dims);
 }
 
+/* Optional values: kiln has none, but a tensor is an optional that holds
+ * one and an absent input an optional that holds none, which covers the
+ * graphs whose optionals are plain tensor inputs. */
+static int optional_get_infer(struct op_call *c) {
+    if (!in_opt(c, 0)) return op_error(c, "the optional input holds no value");
+    return identity_infer(c);
+}
+
+static int optional_has_infer(struct op_call *c) { return set_shape(c, c->out[0], DT_BOOL, 0, NULL); }
+
+static int optional_has_run(struct op_call *c) {
+    *(uint8_t *)c->out[0]->data = in_opt(c, 0) != NULL;
+    return 0;
+}
+
 static int dropout_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     const struct tensor *ratio = in_opt(c, 1), *train = in_opt(c, 2);
@@ -2223,6 +2238,8 @@ const struct op_def op_defs_shape[] = {
     {"Squeeze", "", squeeze_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Unsqueeze", "", unsqueeze_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
     {"Identity", "", identity_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
+    {"OptionalGetElement", "", optional_get_infer, NULL, run_copy0, NULL, OP_ALIAS_INPUT0},
+    {"OptionalHasElement", "", optional_has_infer, NULL, optional_has_run, NULL, OP_SHAPE_ONLY},
     {"Dropout", "", dropout_infer, NULL, dropout_run, NULL, OP_ALIAS_INPUT0},
     {"Shape", "", shape_infer, shape_prepare, shape_run, op_params_free, OP_SHAPE_ONLY},
     {"Size", "", size_infer, NULL, size_run, NULL, OP_SHAPE_ONLY},

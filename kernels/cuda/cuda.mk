@@ -6,7 +6,8 @@
 CUDA_ARCHS ?= 75 80 86 89 90
 CUDA_PTX ?= 90
 CUDA_KERNELS = $(wildcard kernels/cuda/k_*.cu)
-CUDA_HOST_SRCS = kernels/cuda/dispatch.cpp kernels/cuda/backend.cpp kernels/cuda/blas.cpp kernels/cuda/doctor_gpu.cpp
+CUDA_HOST_SRCS = kernels/cuda/dispatch.cpp kernels/cuda/backend.cpp kernels/cuda/blas.cpp kernels/cuda/doctor_gpu.cpp \
+	kernels/cuda/ipc.cpp
 CUDA_PLUGIN = $(BUILD)/libkiln_cuda.so
 
 CUDA_DEFS = -DKILN_CUDA_ARCHS='"$(CUDA_ARCHS)"' -DKILN_CUDA_PTX=$(CUDA_PTX)

@@ -1185,6 +1185,12 @@ static int kd_check_io(struct kd_builder *b) {
     for (int k = 0; k < c->nin; k++)
         if (c->in[k] && (c->in[k]->dtype == DT_STRING || c->in[k]->ndim > KC_MAX_DIMS))
             return kd_no(b, "string or high-rank input");
+    /* float8, float4 and the 4- and 2-bit integers run on the CPU. */
+    for (int k = 0; k < c->nin + c->nout; k++) {
+        const struct tensor *t = k < c->nin ? c->in[k] : c->out[k - c->nin];
+        if (t && t->dtype >= DT_FP8E4M3FN && t->dtype < DT_MAX_)
+            return kd_no(b, "%s tensors run on the CPU only", dtype_name(t->dtype));
+    }
     if (b->n->act != ACT_NONE && !kd_is_float(b->y->dtype)) return kd_no(b, "fused activation on a non-float output");
     return 0;
 }

@@ -37,6 +37,7 @@
 #include "common/tensor.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "models/control.h"
 #include "models/model.h"
 #include "models/onnx_load.h"
 #include "onnx/onnx.pb-c.h"
@@ -152,8 +153,32 @@ static int io_reason(const Onnx__ValueInfoProto *vi, char *why, size_t cap) {
     return 0;
 }
 
+/* Lists the ops of gp and of its subgraphs (If, Loop, Scan bodies) that
+ * kiln does not have into why. */
+static void graph_ops_reason(const Onnx__GraphProto *gp, char *why, size_t cap, size_t *used, int *r, int count_ops,
+                             int depth) {
+    if (depth > 16) return;
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        const char *dom = np->domain ? np->domain : "";
+        for (size_t a = 0; a < np->n_attribute; a++) {
+            const Onnx__AttributeProto *ap = np->attribute[a];
+            if (ap->g) graph_ops_reason(ap->g, why, cap, used, r, count_ops, depth + 1);
+            for (size_t k = 0; k < ap->n_graphs; k++) graph_ops_reason(ap->graphs[k], why, cap, used, r, count_ops, depth + 1);
+        }
+        if (!np->op_type || control_op_find(dom, np->op_type) || op_find(dom, np->op_type)) continue;
+        char tag[160];
+        snprintf(tag, sizeof tag, "%s%s%s", *dom ? dom : "", *dom ? "." : "", np->op_type);
+        if (strstr(why, tag)) continue; /* list each op once */
+        if (!*r) *used = (size_t)snprintf(why, cap, "unsupported op %s", tag);
+        else if (*used < cap) *used += (size_t)snprintf(why + *used, cap - *used, ", %s", tag);
+        if (count_ops) want_op(tag);
+        *r = 1;
+    }
+}
+
 /* Returns 1 and a reason when the model uses something kiln does not have:
- * an unknown op, a subgraph, a non-tensor or exotic-dtype input/output. */
+ * an unknown op (in the graph or its subgraphs), a non-tensor or exotic-dtype input/output. */
 static int unsupported_reason(const char *model_path, char *why, size_t cap, int count_ops) {
     FILE *f = fopen(model_path, "rb");
     if (!f) {
@@ -181,27 +206,7 @@ static int unsupported_reason(const char *model_path, char *why, size_t cap, int
     int r = 0;
     size_t used = 0;
     why[0] = 0;
-    for (size_t i = 0; i < gp->n_node; i++) {
-        const Onnx__NodeProto *np = gp->node[i];
-        const char *dom = np->domain ? np->domain : "";
-        if (!np->op_type || op_find(dom, np->op_type)) continue;
-        char tag[160];
-        snprintf(tag, sizeof tag, "%s%s%s", *dom ? dom : "", *dom ? "." : "", np->op_type);
-        if (strstr(why, tag)) continue; /* list each op once */
-        if (!r) used = (size_t)snprintf(why, cap, "unsupported op %s", tag);
-        else if (used < cap) used += (size_t)snprintf(why + used, cap - used, ", %s", tag);
-        if (count_ops) want_op(tag);
-        r = 1;
-    }
-    for (size_t i = 0; !r && i < gp->n_node; i++)
-        for (size_t a = 0; a < gp->node[i]->n_attribute; a++) {
-            const Onnx__AttributeProto *ap = gp->node[i]->attribute[a];
-            if (ap->g || ap->n_graphs) {
-                snprintf(why, cap, "node %s has a subgraph (not supported)", gp->node[i]->op_type);
-                r = 1;
-                break;
-            }
-        }
+    graph_ops_reason(gp, why, cap, &used, &r, count_ops, 0);
     for (size_t i = 0; !r && i < gp->n_input; i++) r = io_reason(gp->input[i], why, cap);
     for (size_t i = 0; !r && i < gp->n_output; i++) r = io_reason(gp->output[i], why, cap);
     onnx__model_proto__free_unpacked(mp, NULL);
@@ -216,6 +221,8 @@ static double elem_as_double(const struct tensor *t, int64_t i) {
     case DT_FP64: return ((const double *)t->data)[i];
     case DT_FP16: return fp16_to_fp32(((const uint16_t *)t->data)[i]);
     case DT_BF16: return bf16_to_fp32(((const uint16_t *)t->data)[i]);
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        return fp8_to_fp32(((const uint8_t *)t->data)[i], t->dtype);
     default: return 0;
     }
 }
@@ -224,7 +231,8 @@ static int64_t elem_as_i64(const struct tensor *t, int64_t i, uint64_t *u) {
     *u = 0;
     switch (t->dtype) {
     case DT_UINT8: case DT_BOOL: return ((const uint8_t *)t->data)[i];
-    case DT_INT8: return ((const int8_t *)t->data)[i];
+    case DT_INT8: case DT_INT4: case DT_INT2: return ((const int8_t *)t->data)[i];
+    case DT_UINT4: case DT_UINT2: return ((const uint8_t *)t->data)[i];
     case DT_UINT16: return ((const uint16_t *)t->data)[i];
     case DT_INT16: return ((const int16_t *)t->data)[i];
     case DT_INT32: return ((const int32_t *)t->data)[i];
@@ -239,6 +247,9 @@ static void tolerances(enum dtype dt, double *rtol, double *atol) {
     switch (dt) {
     case DT_FP16: *rtol = 1e-2; *atol = 1e-3; break;
     case DT_BF16: *rtol = 2e-2; *atol = 1e-2; break;
+    /* float8 and float4 results are one rounding of the exact value: bit-exact (NaN matches NaN) */
+    case DT_FP8E4M3FN: case DT_FP8E4M3FNUZ: case DT_FP8E5M2: case DT_FP8E5M2FNUZ: case DT_FP4E2M1: case DT_FP8E8M0:
+        *rtol = 0; *atol = 0; break;
     default: *rtol = 1e-3; *atol = 1e-5; break;
     }
 }
@@ -277,7 +288,7 @@ static int compare(const char *name, const struct tensor *got, const struct tens
     int64_t bad = 0, first = -1;
     char detail[256] = "";
     enum dtype dt = want->dtype;
-    if (dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16) {
+    if (dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16 || dtype_is_minifloat(dt) || dt == DT_FP8E8M0) {
         double rtol, atol, worst = 0;
         tolerances(dt, &rtol, &atol);
         rtol *= rtol_scale;
@@ -377,7 +388,7 @@ static const char *g_backend = "cpu";
 static int run_model_test(const char *model_path, struct tensor *in, char **in_names, int nin, struct tensor *want,
                           int nwant, int threads, double rtol_scale, char *msg, size_t cap) {
     char err[MSG_MAX];
-    struct model_params p = {.path = model_path};
+    struct model_params p = {.path = model_path, .cpu_only = 1};
     struct model *m = model_load(&p, err, sizeof err);
     if (!m) {
         snprintf(msg, cap, "load: %s", err);

@@ -28,6 +28,19 @@ KILN = Path(os.environ.get("KILN_BIN", ROOT / "build" / "kiln"))
 DIGITS = ROOT / "model_repository" / "digits"
 
 
+def kiln_run(model_path, feeds, out_names, tmp_path):
+    """Runs a model once through `kiln run` with feeds saved as .npy files;
+    returns the outputs named out_names, read back from tmp_path."""
+    args = [str(KILN), "run", str(model_path), "--output-dir", str(tmp_path), "--quiet"]
+    for name, arr in feeds.items():
+        f = tmp_path / f"in_{name}.npy"
+        np.save(f, arr)
+        args += ["--input", f"{name}={f}"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [np.load(tmp_path / (n.replace("/", "_") + ".npy"), allow_pickle=False) for n in out_names]
+
+
 def save_model(root, name, graph, version=1, config=None, opset=17):
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8

@@ -86,3 +86,22 @@ def test_help_documents_the_options():
     for opt in ("--concurrency", "--rate", "--poisson", "--latency-budget", "--csv", "--json", "--input-data",
                 "--json-data", "-b, --batch-size", "--protocol http|grpc", "--grpc-url"):
         assert opt in r.stdout, opt
+
+
+def test_shared_memory_mode(server, client, tmp_path):
+    """--shared-memory: the inputs travel in registered shared-memory objects,
+    every request succeeds, and nothing is left registered or in /dev/shm."""
+    import os
+    before = success_count(client, "tiny")
+    out = tmp_path / "r.json"
+    r = bench(server, "-m", "tiny", "-b", "2", "-c", "2", "-n", "200", "--warmup", "0", "--unique", "3",
+              "--shared-memory", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shared-memory requests" in r.stdout
+    lv = json.loads(out.read_text())["levels"][0]
+    assert lv["errors"] == 0 and lv["requests"] >= 200
+    assert success_count(client, "tiny") - before == lv["requests"]
+    assert client.get_system_shared_memory_status() == []
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("kiln_bench_")]
+    r = bench(server, "-m", "tiny", "--shared-memory", "--json-data", "-n", "1")
+    assert r.returncode == 2 and "exclude each other" in r.stderr

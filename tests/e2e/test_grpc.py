@@ -260,7 +260,7 @@ def test_malformed_protobuf(server):
         with pytest.raises(grpc.RpcError) as e:
             call(b"\x0a\xff\xff\xff\x0f garbage")
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
-    call = channel.unary_unary("/inference.GRPCInferenceService/SystemSharedMemoryStatus")
+    call = channel.unary_unary("/inference.GRPCInferenceService/TraceSetting")
     with pytest.raises(grpc.RpcError) as e:
         call(b"")
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED

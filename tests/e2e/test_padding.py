@@ -136,3 +136,24 @@ def test_bad_padding_config_refused(make_server, tmp_path):
     assert index["bert"]["state"] == "UNAVAILABLE"
     assert "sequence_padding" in index["bert"]["reason"]
     assert index["distilbert"]["state"] == "READY"
+
+
+def test_threads_follow_runs_not_plan_builds(make_server, tmp_path):
+    """An instance moves to all the cores when its runs are long (padded
+    batches of long sequences), not because runs of new shapes built plans:
+    forty single requests of forty lengths, unpadded, each build a plan
+    (milliseconds) around a run of a fraction of one, and leave the thread
+    count alone; batches of eight 128-token sequences move it."""
+    cores = __import__("os").cpu_count() or 1
+    if cores < 2:
+        pytest.skip("one core: nothing to move to")
+    moved = "model 'bert' instance 0: a batch took"
+    s = make_server(make_repo(tmp_path / "plain", padding=False))
+    for length in range(8, 48):
+        infer(s.url, "bert", requests(1, seed=length, lo=length, hi=length)[0])
+    assert moved not in s.text(), s.text()[-3000:]
+    p = make_server(make_repo(tmp_path / "padded", padding=True))
+    reqs = [{k: v[:1] for k, v in r.items()} for r in requests(96, seed=7, lo=128, hi=128)]
+    with cf.ThreadPoolExecutor(16) as ex:
+        list(ex.map(lambda r: infer(p.url, "bert", r), reqs))
+    assert moved in p.text(), p.text()[-3000:]

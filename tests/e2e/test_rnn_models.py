@@ -8,7 +8,6 @@ Two kinds of model:
 - PyTorch's nn.LSTM, nn.GRU and nn.RNN as torch.onnx.export writes them,
   made by tests/models/make_rnn_models.py and kept in tests/data/rnn/
   (small; torch is not a test dependency, so the files are in the tree)."""
-import subprocess
 import zlib
 from pathlib import Path
 
@@ -19,22 +18,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto as TP
 
-from conftest import KILN
+from conftest import kiln_run
 
 ROOT = Path(__file__).resolve().parents[2]
 GENERATED = ROOT / "tests" / "data" / "rnn"
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}
-
-
-def kiln_run(model_path, feeds, out_names, tmp_path):
-    args = [str(KILN), "run", str(model_path), "--output-dir", str(tmp_path), "--quiet"]
-    for name, arr in feeds.items():
-        f = tmp_path / f"in_{name}.npy"
-        np.save(f, arr)
-        args += ["--input", f"{name}={f}"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return [np.load(tmp_path / (n.replace("/", "_") + ".npy"), allow_pickle=False) for n in out_names]
 
 
 def ort_run(model_path, feeds):

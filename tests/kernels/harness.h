@@ -105,6 +105,10 @@ static inline void tn_strs(struct tnode *t, const char *name, int n, char **v) {
     a->n = n;
 }
 
+/* The string pool of tn_call (kernels/ops.h): the strings a kernel made
+ * stay readable until the next tn_call. */
+static struct op_strpool *g_tn_strings;
+
 /* Runs node n as a plan does: infer, allocate the outputs (zeroed; NULL
  * entries are absent optional outputs), prepare with 64-byte aligned
  * scratch, run, release. Returns the first failing status with g_err set;
@@ -118,6 +122,9 @@ static inline int tn_call(const struct graph_node *n, const struct tensor *const
     c.nin = nin;
     c.nout = nout;
     g_err[0] = 0;
+    if (!g_tn_strings) g_tn_strings = op_strpool_create();
+    op_strpool_reset(g_tn_strings);
+    c.strings = g_tn_strings;
     struct tensor hidden[OP_MAX_IO];
     for (int i = 0; i < nin; i++) {
         c.in[i] = in[i];
@@ -146,6 +153,21 @@ static inline int tn_call(const struct graph_node *n, const struct tensor *const
     free(c.scratch);
     if (d->release) d->release(state);
     return rc;
+}
+
+/* Runs n as tn_call does and expects a failure whose message contains
+ * want; frees whatever outputs the call allocated. */
+static inline void tn_expect_error(const struct graph_node *n, const struct tensor *const *in, int nin,
+                                   struct tensor *const *out, int nout, const char *want) {
+    for (int i = 0; i < nout; i++)
+        if (out[i]) out[i]->data = NULL;
+    if (tn_call(n, in, nin, out, nout, 1) == 0) fail_msg("%s: succeeded, expected an error with \"%s\"", n->op_type, want);
+    if (!strstr(g_err, want)) fail_msg("%s: error \"%s\" does not say \"%s\"", n->op_type, g_err, want);
+    for (int i = 0; i < nout; i++)
+        if (out[i]) {
+            free(out[i]->data);
+            out[i]->data = NULL;
+        }
 }
 
 #endif

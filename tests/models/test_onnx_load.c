@@ -3,6 +3,7 @@
  * Models are built with protobuf-c in memory, packed, and loaded from a
  * buffer or a temporary folder (for external data). Broken inputs must fail
  * with a message naming the tensor or node, never crash. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,8 +19,11 @@
 
 #include "common/status.h"
 #include "graph/graph.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
 #include "models/onnx_load.h"
+#include "models/passes.h"
+#include "models/plan.h"
 #include "onnx/onnx.pb-c.h"
 
 /* ---- building protobufs ------------------------------------------------
@@ -313,6 +317,36 @@ static void test_typed_fields(void **state) {
     assert_string_equal(((char **)t.data)[2], "xyz");
     onnx_tensor_clear(&t);
 
+    /* The 4- and 2-bit dtypes are packed in the file (element 0 low), one
+     * byte each in memory; float8 takes an int32 per element. */
+    int64_t d5[1] = {5};
+    uint8_t packed[3] = {0x87, 0xA9, 0x0B};
+    Onnx__TensorProto *t4 = tensor_raw("i4", DT_INT4, 1, d5, packed, 3);
+    assert_int_equal(onnx_tensor_from_proto(t4, NULL, &t, err, sizeof err), 0);
+    int8_t w4[5] = {7, -8, -7, -6, -5};
+    assert_memory_equal(t.data, w4, 5);
+    onnx_tensor_clear(&t);
+    Onnx__TensorProto *u2 = tensor_raw("u2", DT_UINT2, 1, d5, NULL, 0);
+    int32_t p2[2] = {0xE4, 0x01};
+    u2->n_int32_data = 2;
+    u2->int32_data = p2;
+    assert_int_equal(onnx_tensor_from_proto(u2, NULL, &t, err, sizeof err), 0);
+    uint8_t w2[5] = {0, 1, 2, 3, 1};
+    assert_memory_equal(t.data, w2, 5);
+    onnx_tensor_clear(&t);
+    u2->n_int32_data = 5; /* one int32 per element is not ONNX's packing */
+    assert_int_not_equal(onnx_tensor_from_proto(u2, NULL, &t, err, sizeof err), 0);
+    assert_non_null(strstr(err, "packed"));
+    Onnx__TensorProto *f8 = tensor_raw("f8", DT_FP8E4M3FN, 1, d3, NULL, 0);
+    int32_t c8[3] = {0x38, 0x7E, 0xFF};
+    f8->n_int32_data = 3;
+    f8->int32_data = c8;
+    assert_int_equal(onnx_tensor_from_proto(f8, NULL, &t, err, sizeof err), 0);
+    assert_true(fp8_to_fp32(((uint8_t *)t.data)[0], DT_FP8E4M3FN) == 1.0f);
+    assert_true(fp8_to_fp32(((uint8_t *)t.data)[1], DT_FP8E4M3FN) == 448.0f);
+    assert_true(isnan(fp8_to_fp32(((uint8_t *)t.data)[2], DT_FP8E4M3FN)));
+    onnx_tensor_clear(&t);
+
     /* A scalar float and an empty tensor: an empty constant still has data. */
     Onnx__TensorProto *sc = tensor_raw("scalar", DT_FP32, 0, NULL, NULL, 0);
     float one = 1.5f;
@@ -600,8 +634,148 @@ static void test_subgraph(void **state) {
     node_add_attr(b.g.node[1], a);
     char err[512];
     assert_null(mb_load(&b, err, sizeof err));
-    assert_non_null(strstr(err, "subgraphs (If/Loop/Scan) are not supported"));
+    assert_non_null(strstr(err, "subgraph 'then_branch'"));
+    assert_non_null(strstr(err, "declares no graph outputs"));
     assert_non_null(strstr(err, "'tr'"));
+    tfree_all();
+}
+
+/* A graph of its own for a subgraph attribute: nodes given, one output. */
+static Onnx__GraphProto *subgraph(const char *name, Onnx__NodeProto **nodes, int nn, const char *out) {
+    Onnx__GraphProto *g = tcalloc(1, sizeof *g);
+    onnx__graph_proto__init(g);
+    g->name = tstr(name);
+    g->n_node = (size_t)nn;
+    g->node = tcalloc((size_t)nn, sizeof *g->node);
+    for (int i = 0; i < nn; i++) g->node[i] = nodes[i];
+    g->n_output = 1;
+    g->output = tcalloc(1, sizeof *g->output);
+    g->output[0] = value_info(out, DT_FP32, 0, NULL);
+    return g;
+}
+
+static void add_branches(Onnx__NodeProto *n, Onnx__GraphProto *then_g, Onnx__GraphProto *else_g) {
+    Onnx__AttributeProto *a = attr("then_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
+    a->g = then_g;
+    node_add_attr(n, a);
+    a = attr("else_branch", ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
+    a->g = else_g;
+    node_add_attr(n, a);
+}
+
+/* y = If(c) { If(c) { x + w } else { x } } else { -x }: the inner branches
+ * read x and w two scopes out, and c one scope out. With c_const, c is an
+ * initializer (true) instead of an input. */
+static void build_nested_if(struct mb *b, int c_const) {
+    mb_init(b, 8, 13);
+    int64_t d2[1] = {2};
+    float w[2] = {10, 20};
+    uint8_t one = 1;
+    mb_input(b, value_info("x", DT_FP32, 1, d2));
+    if (c_const) mb_init_tensor(b, tensor_raw("c", DT_BOOL, 0, NULL, &one, 1));
+    else mb_input(b, value_info("c", DT_BOOL, 0, NULL));
+    mb_init_tensor(b, tensor_raw("w", DT_FP32, 1, d2, w, sizeof w));
+    const char *xw[] = {"x", "w"}, *x1[] = {"x"}, *c1[] = {"c"};
+    Onnx__NodeProto *add = node("add", "Add", 2, xw, 1, (const char *[]){"t2"});
+    Onnx__NodeProto *idn = node("idn", "Identity", 1, x1, 1, (const char *[]){"e2"});
+    Onnx__NodeProto *inner = node("inner", "If", 1, c1, 1, (const char *[]){"i1"});
+    add_branches(inner, subgraph("T2", &add, 1, "t2"), subgraph("E2", &idn, 1, "e2"));
+    Onnx__NodeProto *neg = node("neg", "Neg", 1, x1, 1, (const char *[]){"e1"});
+    Onnx__NodeProto *outer = node("outer", "If", 1, c1, 1, (const char *[]){"y"});
+    add_branches(outer, subgraph("T1", &inner, 1, "i1"), subgraph("E1", &neg, 1, "e1"));
+    mb_node(b, outer);
+    mb_output(b, value_info("y", DT_FP32, 1, d2));
+}
+
+static const struct graph *branch_of(const struct graph_node *n, const char *name) {
+    const struct graph *g = node_attr_graph(n, name);
+    assert_non_null(g);
+    return g;
+}
+
+/* Runs g on x (and c when it is an input) on the CPU. */
+static void run_graph(const struct graph *g, const float *x, uint8_t c, float *y) {
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 1, .dims = {2}, .data = (void *)x},
+                           {.dtype = DT_BOOL, .ndim = 0, .data = &c}};
+    char err[512];
+    struct plan *p = NULL;
+    int rc = plan_build(g, in, 0, NULL, 1, &p, err, sizeof err);
+    if (rc) fail_msg("%s", err);
+    struct backend *be = backend_cpu_create(&(struct backend_params){.device = -1, .nthreads = 1});
+    struct plan_exec *px = plan_exec_create(be, 1);
+    struct tensor out;
+    rc = plan_exec_run(px, p, in, &out, err, sizeof err);
+    if (rc) fail_msg("%s", err);
+    memcpy(y, out.data, 2 * sizeof *y);
+    tensor_free_data(&out);
+    plan_exec_free(px);
+    plan_release(p);
+    backend_free(be);
+}
+
+static void test_subgraph_outer_scope(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 0);
+    char err[512];
+    struct graph *g = mb_load(&b, err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    assert_int_equal(g->nnodes, 1);
+    const struct graph_node *outer = &g->nodes[0];
+    /* c (its own condition) and x, w for the branches, each once. */
+    assert_int_equal(outer->nin, 3);
+    assert_int_equal(outer->in[1], graph_find_value(g, "x"));
+    assert_int_equal(outer->in[2], graph_find_value(g, "w"));
+    const struct graph *t1 = branch_of(outer, "then_branch"), *e1 = branch_of(outer, "else_branch");
+    assert_int_equal(t1->ncaptured, 3);
+    assert_int_equal(graph_nformal(t1), 0);
+    assert_int_equal(e1->ncaptured, 1);
+    assert_int_equal(e1->capture_in[0], 1);
+    const struct graph_node *inner = &t1->nodes[0];
+    assert_int_equal(inner->nin, 3);
+    const struct graph *t2 = branch_of(inner, "then_branch");
+    assert_int_equal(t2->ncaptured, 2);
+    assert_int_equal(inner->in[t2->capture_in[0]], graph_find_value(t1, "x"));
+    assert_int_equal(inner->in[t2->capture_in[1]], graph_find_value(t1, "w"));
+    float x[2] = {1, 2}, y[2];
+    run_graph(g, x, 1, y);
+    assert_float_equal(y[0], 11, 0);
+    assert_float_equal(y[1], 22, 0);
+    run_graph(g, x, 0, y);
+    assert_float_equal(y[0], -1, 0);
+    assert_float_equal(y[1], -2, 0);
+    graph_free(g);
+    tfree_all();
+}
+
+/* A constant condition: both levels of If are replaced by their taken
+ * branches at load, and the result is the same. */
+static void test_if_constant_inlined(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 1);
+    char err[512];
+    struct graph *g = mb_load(&b, err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    if (passes_run(g, err, sizeof err)) fail_msg("%s", err);
+    for (int i = 0; i < g->nnodes; i++) assert_string_not_equal(g->nodes[i].op_type, "If");
+    float x[2] = {1, 2}, y[2];
+    run_graph(g, x, 1, y);
+    assert_float_equal(y[0], 11, 0);
+    assert_float_equal(y[1], 22, 0);
+    graph_free(g);
+    tfree_all();
+}
+
+/* A name no scope defines fails at the top with the name. */
+static void test_subgraph_undefined_name(void **state) {
+    (void)state;
+    struct mb b;
+    build_nested_if(&b, 0);
+    b.g.node[0]->attribute[1]->g->node[0]->input[0] = tstr("nowhere");
+    char err[512];
+    assert_null(mb_load(&b, err, sizeof err));
+    assert_non_null(strstr(err, "'nowhere'"));
     tfree_all();
 }
 
@@ -633,7 +807,9 @@ static void test_absurd_tensors(void **state) {
     typed->n_int64_data = 1;
     typed->int64_data = &one;
     expect_bad_initializer(typed, "int64_data");
-    expect_bad_initializer(tensor_raw("f8", 17, 1, (int64_t[]){6}, f, 6), "float8e4m3fn");
+    expect_bad_initializer(tensor_raw("c64", 14, 1, (int64_t[]){6}, f, sizeof f), "complex64");
+    /* five int4 take three packed bytes, not two */
+    expect_bad_initializer(tensor_raw("i4", DT_INT4, 1, (int64_t[]){5}, f, 2), "3 bytes");
     expect_bad_initializer(tensor_raw("notype", 0, 1, (int64_t[]){6}, f, sizeof f), "no data type");
     tfree_all();
 }
@@ -649,9 +825,9 @@ static void test_absurd_input_dims(void **state) {
     tfree_all();
 
     build_simple(&b);
-    b.g.input[0]->type->tensor_type->elem_type = 23;
+    b.g.input[0]->type->tensor_type->elem_type = 15;
     assert_null(mb_load(&b, err, sizeof err));
-    assert_non_null(strstr(err, "float4e2m1"));
+    assert_non_null(strstr(err, "complex128"));
     tfree_all();
 
     build_simple(&b);
@@ -748,6 +924,9 @@ int main(void) {
         cmocka_unit_test(test_node_overwrites_initializer),
         cmocka_unit_test(test_unknown_op),
         cmocka_unit_test(test_subgraph),
+        cmocka_unit_test(test_subgraph_outer_scope),
+        cmocka_unit_test(test_if_constant_inlined),
+        cmocka_unit_test(test_subgraph_undefined_name),
         cmocka_unit_test(test_absurd_tensors),
         cmocka_unit_test(test_absurd_input_dims),
         cmocka_unit_test(test_deep_nesting),

@@ -373,6 +373,117 @@ static void test_conv_bn_relu_fusion(void **state) {
     graph_free(g);
 }
 
+/* Scores [2,2,3,40] -> Mul(1/8) -> Add(mask [2,1,3,40]) -> Softmax(-1) ->
+ * Where(IsNaN(p), 0, p), the softmax of exported attention: with the CPU's
+ * fusions one MaskedSoftmax node. The mask masks with the float minimum, and
+ * one row entirely with -inf (NaN, then zeros); one row of x holds a NaN. */
+static struct graph *masked_softmax(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {2, 2, 3, 40}, md[4] = {2, 1, 3, 40}, sd[0] = {};
+    add_input(g, "x", DT_FP32, 4, xd);
+    static float mask[240];
+    for (int i = 0; i < 240; i++) mask[i] = i % 7 == 3 ? -3.4028234663852886e38f : 0.0f;
+    for (int j = 0; j < 40; j++) mask[120 + 40 + j] = -INFINITY; /* batch 1, row 1 */
+    float scale = 0.125f, zero = 0;
+    add_const_f(g, "mask", 4, md, mask);
+    add_const_f(g, "scale", 0, sd, &scale);
+    add_const_f(g, "zero", 0, sd, &zero);
+    node(g, "Mul", (const char *[]){"x", "scale"}, 2, (const char *[]){"s"}, 1);
+    node(g, "Add", (const char *[]){"s", "mask"}, 2, (const char *[]){"a"}, 1);
+    int sm = node(g, "Softmax", (const char *[]){"a"}, 1, (const char *[]){"p"}, 1);
+    attr_int(g, sm, "axis", -1);
+    node(g, "IsNaN", (const char *[]){"p"}, 1, (const char *[]){"bad"}, 1);
+    node(g, "Where", (const char *[]){"bad", "zero", "p"}, 3, (const char *[]){"y"}, 1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_masked_softmax_fusion(void **state) {
+    (void)state;
+    float xd[480];
+    unsigned s = 21;
+    for (int i = 0; i < 480; i++) xd[i] = frand(&s) * 30;
+    xd[2 * 40 + 5] = NAN; /* batch 0, head 0, row 2 */
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {2, 2, 3, 40}, .data = xd}, y1, y2;
+    struct graph *ref = masked_softmax();
+    char err[256];
+    assert_int_equal(passes_run_for(ref, 0, err, sizeof err), 0);
+    assert_int_equal(ref->nnodes, 5); /* without the CPU's fusions: as written */
+    float *r = run1(ref, &in, &y1);
+    struct graph *g = masked_softmax();
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    assert_int_equal(g->nnodes, 1);
+    assert_string_equal(g->nodes[0].op_type, "MaskedSoftmax");
+    float *f = run1(g, &in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    int zeros = 0;
+    for (int i = 0; i < 480; i++) {
+        assert_false(isnan(f[i]));
+        assert_float_equal(f[i], r[i], 1e-6);
+        zeros += f[i] == 0;
+    }
+    assert_true(zeros >= 3 * 40); /* the NaN row and the two -inf rows (one per head) */
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
+/* Q [2,4,6] and K^T [2,6,4] each scaled by a scalar (as SDPA exports write
+ * it) -> MatMul -> Add(mask [4,4]) -> Softmax: the factors move into the
+ * MaskedSoftmax, which leaves the MatMul on the unscaled operands. */
+static struct graph *scaled_scores(void) {
+    struct graph *g = graph_create();
+    int64_t qd[3] = {2, 4, 6}, kd[3] = {2, 6, 4}, md[2] = {4, 4}, sd[0] = {};
+    add_input(g, "q", DT_FP32, 3, qd);
+    add_input(g, "k", DT_FP32, 3, kd);
+    static float mask[16];
+    for (int i = 0; i < 16; i++) mask[i] = i % 4 > i / 4 ? -1e9f : 0.0f; /* causal */
+    float c1 = 0.5f, c2 = 0.25f;
+    add_const_f(g, "mask", 2, md, mask);
+    add_const_f(g, "c1", 0, sd, &c1);
+    add_const_f(g, "c2", 0, sd, &c2);
+    node(g, "Mul", (const char *[]){"q", "c1"}, 2, (const char *[]){"qs"}, 1);
+    node(g, "Mul", (const char *[]){"c2", "k"}, 2, (const char *[]){"ks"}, 1);
+    node(g, "MatMul", (const char *[]){"qs", "ks"}, 2, (const char *[]){"s"}, 1);
+    node(g, "Add", (const char *[]){"s", "mask"}, 2, (const char *[]){"a"}, 1);
+    int sm = node(g, "Softmax", (const char *[]){"a"}, 1, (const char *[]){"y"}, 1);
+    attr_int(g, sm, "axis", -1);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+static void test_masked_softmax_takes_scales(void **state) {
+    (void)state;
+    float qd[48], kd[48];
+    unsigned s = 8;
+    for (int i = 0; i < 48; i++) qd[i] = frand(&s) * 4;
+    for (int i = 0; i < 48; i++) kd[i] = frand(&s) * 4;
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 3, .dims = {2, 4, 6}, .data = qd},
+                           {.dtype = DT_FP32, .ndim = 3, .dims = {2, 6, 4}, .data = kd}},
+                  y1, y2;
+    struct graph *ref = scaled_scores(), *g = scaled_scores();
+    float *r = run1(ref, in, &y1);
+    char err[256];
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    int mm = -1, ms = -1;
+    for (int i = 0; i < g->nnodes; i++) {
+        if (strcmp(g->nodes[i].op_type, "MatMul") == 0) mm = i;
+        if (strcmp(g->nodes[i].op_type, "MaskedSoftmax") == 0) ms = i;
+    }
+    assert_true(mm >= 0 && ms >= 0);
+    assert_int_equal(g->nnodes, 2);
+    assert_float_equal(node_attr_float(&g->nodes[ms], "scale", 0), 0.125f, 1e-7);
+    float *f = run1(g, in, &y2);
+    for (int i = 0; i < 32; i++) assert_float_equal(f[i], r[i], 1e-6);
+    free(r);
+    free(f);
+    graph_free(ref);
+    graph_free(g);
+}
+
 /* MatMul -> Add(bias [1,N]) -> Clip(0, 6): one MatMul with a bias input and
  * a fused Clip, same numbers. */
 static struct graph *mlp(void) {
@@ -1004,6 +1115,8 @@ int main(void) {
         cmocka_unit_test(test_view_extends_lifetime),
         cmocka_unit_test(test_conv_bn_relu_fusion),
         cmocka_unit_test(test_matmul_bias_clip_fusion),
+        cmocka_unit_test(test_masked_softmax_fusion),
+        cmocka_unit_test(test_masked_softmax_takes_scales),
         cmocka_unit_test(test_fold_constants_and_dead_nodes),
         cmocka_unit_test(test_plan_cache_lru),
         cmocka_unit_test(test_bound_input_values),

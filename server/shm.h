@@ -1,0 +1,113 @@
+/* shm.h - registered shared-memory regions (Triton's system and CUDA shared
+ * memory extensions), shared by every transport.
+ *
+ * A client creates a POSIX shared-memory object (shm_open), writes tensors
+ * into it, and registers a region of it under a name: key (the object's
+ * shm_open name), offset and byte_size within the object. Requests then name
+ * the region instead of carrying the bytes (server/infer_shm.h). Registering
+ * maps [offset, offset + byte_size) of the object once; each request that
+ * uses a region takes a reference (shm_acquire) and drops it when it is
+ * answered (shm_region_release), so unregistering while requests use the
+ * region only takes it out of the registry: the mapping goes with the last
+ * reference, never under a request that reads or writes it.
+ *
+ * Every check is against what the kernel says: register refuses a key with no
+ * object, an offset or size outside the object's real size (fstat), a
+ * byte_size of 0 and a name already registered; shm_acquire refuses an
+ * [offset, offset + byte_size) that is not inside the region, and an object
+ * that shrank since it was registered.
+ *
+ * Threads: every function is thread-safe (one mutex around the table; the
+ * references are atomic). I/O threads register and acquire, instance threads
+ * never touch the registry. */
+#ifndef KILN_SHM_H
+#define KILN_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct shm_registry shm_registry_t;
+typedef struct cJSON cJSON;
+struct shm_region;
+
+shm_registry_t *shm_registry_create(void);
+/* Unregisters every region; mappings still referenced by requests go with
+ * their last reference. NULL is a no-op. */
+void shm_registry_free(shm_registry_t *reg);
+
+/* Maps [offset, offset + byte_size) of the shared-memory object key under
+ * name. 0, or STATUS_INVALID (a name already registered, an empty name or
+ * key, no such object, a size of 0, a range outside the object) or
+ * STATUS_INTERNAL (mmap failed), with err naming the region and why. */
+int shm_register(shm_registry_t *reg, const char *name, const char *key, uint64_t offset, uint64_t byte_size,
+                 char *err, size_t err_len);
+/* Takes the system region name out of the registry; a name that is not
+ * registered is not an error (as Triton). */
+void shm_unregister(shm_registry_t *reg, const char *name);
+void shm_unregister_all(shm_registry_t *reg);
+/* Regions registered now, of both kinds. */
+int shm_count(shm_registry_t *reg);
+
+/* Triton's status body: an array of {"name", "key", "offset", "byte_size"},
+ * every region (name NULL or "") or the one named. NULL with *status
+ * STATUS_NOT_FOUND and err set when the named one is not registered, or
+ * STATUS_NOMEM. */
+cJSON *shm_status_json(shm_registry_t *reg, const char *name, int *status, char *err, size_t err_len);
+
+/* A reference to region name and the address of [offset, offset + byte_size)
+ * inside it (*addr), for a tensor of a request. NULL with err set (the
+ * request's error: STATUS_INVALID) when the name is not registered, the
+ * range is not inside the region or the object shrank under it. what names
+ * the tensor in the message ("input 'x'"). */
+struct shm_region *shm_acquire(shm_registry_t *reg, const char *name, uint64_t offset, uint64_t byte_size,
+                               const char *what, void **addr, char *err, size_t err_len);
+/* Drops a reference from shm_acquire; the last one unmaps. NULL is a no-op.
+ * Any thread. */
+void shm_region_release(struct shm_region *r);
+
+/* ==== CUDA shared memory (Triton's cuda_shared_memory extension) ==========
+ *
+ * A client allocates device memory, exports a CUDA IPC handle of it
+ * (cudaIpcGetMemHandle: SHM_CUDA_HANDLE_SIZE opaque bytes) and registers it
+ * under a name with the device it lives on and its byte_size. The server
+ * opens the handle through the CUDA plugin (kernels/plugin.h) and keeps the
+ * region in the same registry as system regions, with the same references,
+ * range checks and messages: names are unique across both kinds, and
+ * shm_acquire finds either. A CUDA region's address is a device pointer:
+ * read and write it only through shm_region_read / shm_region_write, which
+ * copy through the plugin (synchronous cudaMemcpy, on the caller's thread:
+ * the request's I/O thread). The handle is closed with the last reference.
+ *
+ * Without the plugin or a usable GPU, register is STATUS_UNSUPPORTED with
+ * err saying why (the plugin's probe: no driver, no GPU...), and nothing is
+ * ever registered. The checks that need no GPU come first: a handle that is
+ * not SHM_CUDA_HANDLE_SIZE bytes (or not base64, _b64), a byte_size of 0, a
+ * negative device_id, a name already registered (STATUS_INVALID). */
+#define SHM_CUDA_HANDLE_SIZE 64
+
+int shm_cuda_register(shm_registry_t *reg, const char *name, const void *handle, size_t handle_len,
+                      int64_t device_id, uint64_t byte_size, char *err, size_t err_len);
+/* The same with the handle in base64, as the HTTP body carries it. */
+int shm_cuda_register_b64(shm_registry_t *reg, const char *name, const char *handle_b64, int64_t device_id,
+                          uint64_t byte_size, char *err, size_t err_len);
+/* As shm_unregister / shm_unregister_all, for CUDA regions only (a system
+ * region of that name stays). */
+void shm_cuda_unregister(shm_registry_t *reg, const char *name);
+void shm_cuda_unregister_all(shm_registry_t *reg);
+/* Triton's status body: an array of {"name", "device_id", "byte_size"}; NULL
+ * with *status STATUS_NOT_FOUND when the named CUDA region is not registered. */
+cJSON *shm_cuda_status_json(shm_registry_t *reg, const char *name, int *status, char *err, size_t err_len);
+
+/* 1 when CUDA regions can be registered (the plugin is loaded and sees a
+ * GPU); probed once per process. */
+int shm_cuda_usable(void);
+
+/* 1 when r's bytes are host memory that may be read and written in place. */
+int shm_region_on_host(const struct shm_region *r);
+/* n bytes at addr (from shm_acquire on r) into dst, and src into addr: a
+ * memcpy for system regions, a device copy for CUDA ones. 0, or
+ * STATUS_INTERNAL with err naming the region and CUDA's message. */
+int shm_region_read(const struct shm_region *r, const void *addr, void *dst, size_t n, char *err, size_t err_len);
+int shm_region_write(const struct shm_region *r, void *addr, const void *src, size_t n, char *err, size_t err_len);
+
+#endif
