@@ -11,6 +11,7 @@ without data is removed, so the report never shows an old picture):
   batching.png          throughput and p99 per batching mode and concurrency
   engine.png            kiln vs onnxruntime median latency per model and batch
   hash.png              hash throughput by input size
+  modelset.png          kiln / onnxruntime latency ratio per model of the real-model set
 """
 import argparse
 import csv
@@ -218,6 +219,32 @@ def plot_hash(data, out):
     save(fig, out, "hash.png")
 
 
+def plot_modelset(data, out):
+    rows = [r for r in (read(data, "modelset.csv") or []) if r["status"] == "ok"]
+    if not rows:
+        return drop(out, "modelset.png")
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    threads = sorted({r["threads"] for r in rows}, key=int)
+    by = {(r["model"], r["threads"]): float(r["ratio"]) for r in rows}
+    kind = {r["model"]: r["kind"] for r in rows}
+    fig, ax = plt.subplots(figsize=(10, 0.32 * len(models) + 1.5))
+    h = 0.8 / len(threads)
+    for i, t in enumerate(threads):
+        ys = [k + (i - (len(threads) - 1) / 2) * h for k in range(len(models))]
+        ax.barh(ys, [by.get((m, t), 0) for m in models], height=h, label=f"{t} thread{'s' if t != '1' else ''}")
+    ax.set_yticks(range(len(models)))
+    ax.set_yticklabels([m + (" (INT8)" if kind[m] == "int8" else "") for m in models], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.axvline(1, color="black", lw=0.8)
+    ax.axvline(1.25, color="gray", lw=0.8, ls="--")
+    ax.set_xlabel("kiln / onnxruntime median latency (log; < 1: kiln faster; dashed: 1.25)")
+    ax.grid(True, axis="x", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Engine on the real-model set: kiln CPU / onnxruntime CPU, same threads")
+    save(fig, out, "modelset.png")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="build/bench", help="folder of the bench CSVs")
@@ -227,7 +254,8 @@ def main():
         sys.exit(f"plots: no data folder {a.data}")
     os.makedirs(a.out, exist_ok=True)
     failed = 0
-    for f in (plot_mlserver, plot_cache, plot_http, plot_batching, plot_engine, plot_hash):
+    for f in (plot_mlserver, plot_cache, plot_http, plot_batching, plot_engine, plot_hash,
+              plot_modelset):
         try:
             f(a.data, a.out)
         except (KeyError, ValueError, IndexError) as e:

@@ -13,8 +13,10 @@
 #   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
 #   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
+#   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
 # A section that fails is reported as failed (with the end of its log) and
-# makes this script exit non-zero; none is skipped.
+# makes this script exit non-zero. Only modelset may skip itself, with its
+# reason in the report, when torch (its generator's) is not installed.
 #
 # Environment: DURATION (s per measured level, default 8; the batching script
 # sets its own and BATCHING_ROUNDS=3, the http section runs HTTP_ROUNDS=3 alternating rounds, the cache
@@ -29,7 +31,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm modelset"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -72,6 +74,7 @@ TITLE[hash]="Cache key: hash throughput"
 TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
+TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -113,6 +116,7 @@ run_grpc() { ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh >"$OUT/grpc.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
 run_shm() { ROUNDS=${SHM_ROUNDS:-3} DURATION=${SHM_DURATION:-5} bench/shm.sh >"$OUT/shm.log" 2>&1; }
+run_modelset() { ROUNDS=${MODELSET_ROUNDS:-3} bench/modelset.sh >"$OUT/modelset.log" 2>&1; }
 run_mlserver() { bench/mlserver.sh >"$OUT/mlserver.log" 2>&1; }
 # Five interleaved rounds of 5 s per configuration: its ratios are the
 # tightest targets here (0.8x, 5%), so it trades run length for rounds.
@@ -427,6 +431,7 @@ PY
         cache) plot latency_cache.png "cache configurations: latency percentiles vs throughput" ;;
         http) plot http.png "kiln vs ceiling (wrk)" ;;
         hash) plot hash.png "hash throughput" ;;
+        modelset) plot modelset.png "kiln / onnxruntime latency ratio per model" ;;
         esac
     done
     echo

@@ -769,9 +769,22 @@ static int infer_pow(struct op_call *c) {
     return 0;
 }
 
+/* x^2 and x^3 on float as products: exporters write RMSNorm's square and
+ * GELU's cube as Pow by a constant, and powf costs tens of cycles. */
+UN_KERNEL(k_square_f32, float, float, x * x)
+UN_KERNEL(k_cube_f32, float, float, x * x * x)
+
 static int run_pow(struct op_call *c) {
     struct ew_args a = {0};
     const struct tensor *in[2] = {c->in[0], c->in[1]};
+    if (in[0]->dtype == DT_FP32 && tensor_numel(in[1]) == 1 && in[1]->data && ew_is_number(in[1]->dtype)) {
+        double y = load_d(in[1]->data, in[1]->dtype);
+        ew_fn fn = y == 2.0 ? k_square_f32 : y == 3.0 ? k_cube_f32 : NULL;
+        if (fn) {
+            ew_drive(c, fn, &a, in, 1, c->out[0]);
+            return 0;
+        }
+    }
     ew_fn fn = NULL;
     if (in[0]->dtype == in[1]->dtype) fn = ew_pick(tbl_pow, in[0]->dtype, &a);
     if (!fn) fn = k_pow_mixed;

@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""kiln CPU vs onnxruntime CPU on the real-model set (bench/models/make_set.py).
+
+For each model and each thread count, alternating rounds of kiln (`kiln run
+--backend cpu --iterations N`, the engine alone: its own p50 over the timed
+calls, loading and planning excluded) and onnxruntime (InferenceSession.run()
+in this process, same intra-op thread count, sequential execution), both on
+the model's saved seeded inputs; the median over rounds of each side's p50.
+The first kiln round also writes kiln's outputs, compared with the saved
+onnxruntime outputs (the largest absolute difference), so a wrong or refused
+model shows in the same table.
+
+    .venv/bin/python bench/modelset.py --set build/modelset --kiln build/kiln
+        [--threads 1,2] [--rounds 3] [--budget-ms 300] [--only NAME,...]
+        [--csv OUT.csv] > OUT.md
+
+--budget-ms sizes each side's timed loop (iterations = budget / one call's
+time, 5 to 200). Prints markdown: the table, then the summary (median ratio
+over the float models, the worst, the INT8 models apart).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnxruntime as ort
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from engine_vs_ort import ort_p50  # noqa: E402  (one timing loop for both engine benchmarks)
+
+
+def load(folder):
+    with open(os.path.join(folder, "meta.json")) as f:
+        meta = json.load(f)
+    meta["feeds"] = {k: np.load(os.path.join(folder, "inputs", f"{k}.npy")) for k in meta["inputs"]}
+    meta["model"] = os.path.join(folder, "model.onnx")
+    meta["folder"] = folder
+    return meta
+
+
+def kiln_run(kiln, meta, threads, iterations, outdir=None):
+    """kiln's p50 in ms, or raises RuntimeError with kiln's message."""
+    args = [kiln, "run", meta["model"], "--backend", "cpu", "--threads", str(threads), "--quiet",
+            "--iterations", str(iterations)]
+    for k in meta["inputs"]:
+        args += ["--input", f"{k}={os.path.join(meta['folder'], 'inputs', k + '.npy')}"]
+    if outdir:
+        args += ["--output-dir", outdir]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    text = (r.stdout + r.stderr).strip()
+    m = re.search(r"p50\s+([0-9.]+)\s*ms", text)
+    if r.returncode != 0 or not m:
+        raise RuntimeError(" ".join(text.splitlines()[-3:]) or f"exit {r.returncode}")
+    return float(m.group(1))
+
+
+def ort_session(meta, threads):
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.log_severity_level = 3
+    return ort.InferenceSession(meta["model"], so, providers=["CPUExecutionProvider"])
+
+
+def max_error(meta, outdir):
+    worst = 0.0
+    for k in meta["outputs"]:
+        ref = np.load(os.path.join(meta["folder"], "outputs", f"{k}.npy"))
+        got = np.load(os.path.join(outdir, k.replace("/", "_") + ".npy"))
+        if got.shape != ref.shape:
+            raise RuntimeError(f"output {k}: shape {list(got.shape)}, onnxruntime {list(ref.shape)}")
+        worst = max(worst, float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max()))
+    return worst
+
+
+def bench_model(a, meta, threads):
+    """One row: the medians over rounds, or the error kiln gave."""
+    sess = ort_session(meta, threads)
+    feeds = meta["feeds"]
+    a0 = time.perf_counter()
+    sess.run(None, feeds)
+    one = (time.perf_counter() - a0) * 1e3
+    iters = int(min(200, max(5, a.budget_ms / max(one, 1e-3))))
+    ks, os_ = [], []
+    err = None
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            # Alternate which side goes first, so a neighbour's burst costs both.
+            sides = ("kiln", "ort") if r % 2 == 0 else ("ort", "kiln")
+            for s in sides:
+                if s == "ort":
+                    os_.append(ort_p50(sess, feeds, iters))
+                else:
+                    ks.append(kiln_run(a.kiln, meta, threads, iters, tmp if r == 0 else None))
+                    if r == 0:
+                        err = max_error(meta, tmp)
+    return statistics.median(ks), statistics.median(os_), err, iters
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", default=os.path.join(ROOT, "build", "modelset"))
+    ap.add_argument("--kiln", default=os.path.join(ROOT, "build", "kiln"))
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget-ms", type=float, default=300)
+    ap.add_argument("--only", default="")
+    ap.add_argument("--csv", default="")
+    a = ap.parse_args()
+    names = [n for n in a.only.split(",") if n] or sorted(
+        n for n in os.listdir(a.set) if os.path.exists(os.path.join(a.set, n, "outputs")))
+    if not names:
+        sys.exit(f"modelset: no built models in {a.set} (bench/models/make_set.py)")
+    threads = [int(t) for t in a.threads.split(",")]
+    rows = []
+    print(f"threads={a.threads} rounds={a.rounds} budget_ms={a.budget_ms:g} cpu_count={os.cpu_count()} "
+          f"onnxruntime={ort.__version__}", file=sys.stderr)
+    for n in names:
+        meta = load(os.path.join(a.set, n))
+        for t in threads:
+            row = {"model": n, "kind": meta["kind"], "family": meta["family"], "threads": t,
+                   "mb": os.path.getsize(meta["model"]) / 1e6}
+            try:
+                k, o, err, iters = bench_model(a, meta, t)
+                row.update(kiln=k, ort=o, ratio=k / o, err=err, iters=iters, status="ok")
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                row.update(status=str(e).replace("|", "/"))
+            print(f"modelset: {n} threads={t}: {row.get('ratio', row['status'])}", file=sys.stderr, flush=True)
+            rows.append(row)
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write("model,kind,family,threads,kiln_p50_ms,ort_p50_ms,ratio,max_abs_err,iterations,status\n")
+            for r in rows:
+                ok = r["status"] == "ok"
+                f.write(",".join([r["model"], r["kind"], r["family"], str(r["threads"]),
+                                  f"{r['kiln']:.4f}" if ok else "", f"{r['ort']:.4f}" if ok else "",
+                                  f"{r['ratio']:.4f}" if ok else "", f"{r['err']:.3g}" if ok else "",
+                                  str(r.get("iters", "")), "ok" if ok else "failed"]) + "\n")
+    report(rows, threads)
+
+
+def report(rows, threads):
+    cols = "| model | kind | family | MB |" + "".join(
+        f" kiln {t}T ms | ORT {t}T ms | ratio {t}T |" for t in threads) + " max abs diff vs ORT |"
+    print(cols)
+    print("|---|---|---|---:|" + "---:|" * (3 * len(threads)) + "---:|")
+    by = {(r["model"], r["threads"]): r for r in rows}
+    failed = {}
+    for n in dict.fromkeys(r["model"] for r in rows):
+        first = by[(n, threads[0])]
+        line = f"| {n} | {first['kind']} | {first['family']} | {first['mb']:.1f} |"
+        errs = []
+        for t in threads:
+            r = by[(n, t)]
+            if r["status"] == "ok":
+                line += f" {r['kiln']:.2f} | {r['ort']:.2f} | {r['ratio']:.2f} |"
+                errs.append(r["err"])
+            else:
+                line += " failed | | |"
+                failed[n] = r["status"]
+        line += f" {max(errs):.2g} |" if errs else " - |"
+        print(line)
+    print()
+    for kind, label in (("float", "float models"), ("int8", "INT8 models")):
+        for t in threads:
+            ok = [r for r in rows if r["kind"] == kind and r["threads"] == t and r["status"] == "ok"]
+            if not ok:
+                continue
+            worst = max(ok, key=lambda r: r["ratio"])
+            best = min(ok, key=lambda r: r["ratio"])
+            print(f"- {label}, {t} thread{'s' if t > 1 else ''}: median kiln / onnxruntime "
+                  f"**{statistics.median(r['ratio'] for r in ok):.2f}** over {len(ok)}; worst "
+                  f"{worst['ratio']:.2f} ({worst['model']}), best {best['ratio']:.2f} ({best['model']}); "
+                  f"{sum(r['ratio'] <= 1.25 for r in ok)} of {len(ok)} within 1.25x.")
+    if failed:
+        print()
+        print("Models kiln did not run:")
+        print()
+        for n, msg in failed.items():
+            print(f"- {n}: `{msg}`")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# modelset.sh - kiln's CPU engine against onnxruntime on the real-model set:
+# torchvision and timm CNNs and vision transformers, transformers text,
+# decoder and audio models (small configs), INT8 variants from
+# onnxruntime.quantization; see bench/models/make_set.py. For each model and
+# thread count (1 and 2), alternating rounds of `kiln run --backend cpu` and
+# onnxruntime in one process (bench/modelset.py), medians of each side's p50.
+# Writes $OUT/modelset.csv and $OUT/modelset.md.
+#
+# The set is built once into MODELSET (default build/modelset) by the
+# generator, which needs torch, torchvision, timm and transformers:
+#     python3 -m venv .venv-models
+#     .venv-models/bin/pip install -r bench/models/requirements.txt
+# MODELS_PY (default .venv-models/bin/python) names that Python. Without it
+# and without a built set the section writes why it was skipped and succeeds,
+# so `make bench` does not fail for want of torch.
+# Environment: MODELSET, MODELS_PY, THREADS ("1,2"), ROUNDS (3), BUDGET_MS
+# (timed loop per side and round, 300), ONLY (comma-separated model names).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-build/bench}
+PY=${PY:-$ROOT/.venv/bin/python}
+KILN=${KILN:-build/kiln}
+MODELSET=${MODELSET:-build/modelset}
+MODELS_PY=${MODELS_PY:-.venv-models/bin/python}
+mkdir -p "$OUT"
+
+skip() {
+    {
+        echo "**Skipped**: $1"
+        echo
+        echo "To run it: \`python3 -m venv .venv-models && .venv-models/bin/pip install -r bench/models/requirements.txt\`,"
+        echo "then \`make bench\` again (or \`MODELS_PY=/path/to/python\` naming a Python with those packages)."
+    } >"$OUT/modelset.md"
+    rm -f "$OUT/modelset.csv"
+    echo "modelset.sh: skipped: $1" >&2
+    exit 0
+}
+
+# Build what is missing (make_set.py keeps models already built by its version).
+made=""
+if "$MODELS_PY" -c 'import torch, torchvision, timm, transformers, onnx' 2>/dev/null; then
+    if ! "$MODELS_PY" bench/models/make_set.py --out "$MODELSET" --ort-python "$PY" >"$OUT/modelset_make.log" 2>&1; then
+        # Benchmark what was built; the report names what was not.
+        made=$(grep -E '^make_set: .*(failed|missing)' "$OUT/modelset_make.log" | sed 's/^make_set: /- /')
+        echo "modelset.sh: make_set.py reported failures; see $OUT/modelset_make.log" >&2
+    fi
+elif ! compgen -G "$MODELSET/*/outputs" >/dev/null; then
+    skip "the model set is not built ($MODELSET) and the generator's packages (torch, torchvision, timm, transformers) are missing for $MODELS_PY."
+else
+    echo "modelset.sh: no generator at $MODELS_PY; using the models already in $MODELSET" >&2
+fi
+
+"$PY" bench/modelset.py --set "$MODELSET" --kiln "$KILN" --threads "${THREADS:-1,2}" --rounds "${ROUNDS:-3}" \
+    --budget-ms "${BUDGET_MS:-300}" ${ONLY:+--only "$ONLY"} --csv "$OUT/modelset.csv" >"$OUT/modelset.txt"
+{
+    echo "Command: \`bench/modelset.sh\` (\`kiln run --backend cpu --iterations N\` vs onnxruntime's"
+    echo "InferenceSession.run() on the same seeded inputs, same intra-op threads, ${ROUNDS:-3} alternating rounds,"
+    echo "median of each side's p50; the models from bench/models/make_set.py with seeded random weights)."
+    echo "Ratio = kiln / onnxruntime (lower is better for kiln); the last column compares kiln's outputs with"
+    echo "onnxruntime's. onnxruntime's time includes Python's call overhead (a few microseconds), which counts"
+    echo "only for the sub-millisecond models. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo
+    cat "$OUT/modelset.txt"
+    if [ -n "$made" ]; then
+        echo
+        echo "Models the generator could not build (bench/models/make_set.py, log in $OUT/modelset_make.log):"
+        echo
+        echo "$made"
+    fi
+} >"$OUT/modelset.md"
+cat "$OUT/modelset.md"
