@@ -49,3 +49,12 @@ wrk_row() {
     errs=$(awk '/Non-2xx or 3xx responses:/ { n += $NF } /Socket errors:/ { gsub(/,/, ""); n += $4 + $6 + $8 + $10 } END { print n + 0 }' "$f")
     echo "${rps:-0} $p50 $p99 $errs"
 }
+
+# alternate ROUND FN A B ARGS...: FN ROUND A ARGS... and FN ROUND B ARGS...,
+# B first in even rounds, so that neither side always runs first.
+alternate() {
+    local r=$1 fn=$2 a=$3 b=$4
+    shift 4
+    if [ $((r % 2)) = 1 ]; then "$fn" "$r" "$a" "$@"; "$fn" "$r" "$b" "$@"
+    else "$fn" "$r" "$b" "$@"; "$fn" "$r" "$a" "$@"; fi
+}

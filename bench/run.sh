@@ -5,6 +5,7 @@
 # Sections (each a script writing a markdown section and a CSV under $OUT):
 #   engine    bench/engine_vs_ort.py  kiln CPU engine vs onnxruntime
 #   http      bench/http.sh           HTTP front end vs the libevent ceiling, wrk
+#   grpc      bench/grpc.sh           gRPC front end beside HTTP, kiln bench, binary tensors
 #   batching  bench/batching.sh       dynamic batching off/on/delay/budget
 #   mlserver  bench/mlserver.sh       kiln vs MLServer, kiln bench with JSON
 #   cache     bench/cache.sh          result cache tiers vs ceiling
@@ -19,7 +20,7 @@
 #
 # Environment: DURATION (s per measured level, default 8; the batching script
 # sets its own and BATCHING_ROUNDS=3, the http section runs HTTP_ROUNDS=3 alternating rounds, the cache
-# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5), OUT (work folder,
+# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5, the grpc section GRPC_ROUNDS=3), OUT (work folder,
 # default build/bench), SECTIONS (default all, e.g. "http cache"),
 # REPORT (default docs/benchmarks.md), IMG (default docs/img).
 set -uo pipefail
@@ -30,7 +31,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http batching mlserver cache hash fds padding shm modelset"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm modelset"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -65,6 +66,7 @@ t_start=$(date +%s)
 declare -A TITLE RC SECS
 TITLE[engine]="Engine: kiln CPU vs onnxruntime CPU"
 TITLE[http]="HTTP front end: kiln vs the minimal libevent ceiling (wrk)"
+TITLE[grpc]="gRPC front end beside HTTP (digits, binary tensors, kiln bench)"
 TITLE[batching]="Dynamic batching on the CPU"
 TITLE[mlserver]="kiln vs MLServer (digits, JSON, kiln bench)"
 TITLE[cache]="Result cache"
@@ -110,6 +112,7 @@ PY
 # default: the front-end comparison runs the model for every request (the
 # cache path has its own section), so the cache is off here.
 run_http() { KILN_CACHE_SIZE=0 ROUNDS=${HTTP_ROUNDS:-3} bench/http.sh >"$OUT/http.log" 2>&1; }
+run_grpc() { ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh >"$OUT/grpc.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
 run_shm() { ROUNDS=${SHM_ROUNDS:-3} DURATION=${SHM_DURATION:-5} bench/shm.sh >"$OUT/shm.log" 2>&1; }
@@ -276,6 +279,19 @@ def http_p50():
 target("HTTP", "kiln >= 0.7x the ceiling's throughput at concurrency 64", http_tp)
 target("HTTP", "kiln p50 at concurrency 1 <= 2x the ceiling's", http_p50)
 
+def grpc_p50():
+    r = {(x["protocol"], x["concurrency"]): x for x in rows("grpc")}
+    lo = str(min(int(x[1]) for x in r))
+    g, h = float(r[("grpc", lo)]["p50_ms"]), float(r[("http", lo)]["p50_ms"])
+    return f"gRPC {g:.3f} vs HTTP {h:.3f} ms (c={lo})", yes(g <= h)
+def grpc_tp():
+    r = {(x["protocol"], x["concurrency"]): x for x in rows("grpc")}
+    top = str(max(int(x[1]) for x in r))
+    g, h = float(r[("grpc", top)]["throughput"]), float(r[("http", top)]["throughput"])
+    return f"gRPC {g:.0f} vs HTTP {h:.0f}/s = {g / h:.2f}x (c={top})", yes(g >= 0.9 * h)
+target("gRPC", "gRPC p50 at concurrency 1 <= HTTP's (same server, model and tensors)", grpc_p50)
+target("gRPC", "gRPC throughput at concurrency 64 >= 0.9x HTTP's", grpc_tp)
+
 def batching(model, factor):
     def f():
         r = rows("batching")
@@ -400,6 +416,7 @@ PY
         case $s in
         engine) echo "Command: \`.venv/bin/python bench/engine_vs_ort.py --threads 1 --iterations 20 --rounds 3\`" ;;
         http) echo "Command: \`KILN_CACHE_SIZE=0 ROUNDS=${HTTP_ROUNDS:-3} bench/http.sh\` (wrk, JSON body, keep-alive; concurrency = connections; kiln's result cache off so every request runs the model)" ;;
+        grpc) echo "Command: \`ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh\` (\`kiln bench -i http|grpc\` against one kiln, binary tensors: HTTP's binary extension, gRPC's raw_input_contents; result cache off)" ;;
         batching) echo "Command: \`ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh\` (\`kiln bench\`, binary-extension bodies; mean batch from the server's statistics)" ;;
         mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;

@@ -1,7 +1,8 @@
-/* bench.c - `kiln bench`: a load generator for KServe v2 HTTP servers that
- * answers "does this model meet p99 <= X ms at Y requests/s?".
+/* bench.c - `kiln bench`: a load generator for KServe v2 servers, over HTTP
+ * or gRPC, that answers "does this model meet p99 <= X ms at Y requests/s?".
  *
- * One libevent loop drives keep-alive connections. Closed loop: each of C
+ * One libevent loop drives keep-alive connections (HTTP/1.1, or one HTTP/2
+ * connection per client for gRPC: bench_grpc.h). Closed loop: each of C
  * connections sends its next request when the last one answers. Open loop:
  * requests are scheduled at a fixed or Poisson rate and their latency counts
  * from the scheduled time (see bench_schedule.h), so stalls reach the tail.
@@ -24,6 +25,7 @@
 #include "common/hist.h"
 #include "common/tensor.h"
 #include "commands/commands.h"
+#include "commands/bench_grpc.h"
 #include "commands/bench_schedule.h"
 #include "commands/bench_shm.h"
 
@@ -62,6 +64,9 @@ struct opts {
     uint64_t seed;
     char shape_override[MAX_INPUTS][128];
     int nshape_override;
+    int grpc;               /* inference over gRPC (ModelInfer) */
+    const char *grpc_host;
+    int grpc_port;
 };
 
 static void usage(FILE *f) {
@@ -72,7 +77,12 @@ static void usage(FILE *f) {
             "and checks latency budgets. Requests are built from the model's metadata and config.\n"
             "\n"
             "target:\n"
-            "  -u, --url HOST:PORT          server address (default 127.0.0.1:8000)\n"
+            "  -u, --url HOST:PORT          server address (default 127.0.0.1:8000); metadata, config and\n"
+            "                               statistics are read there over HTTP whatever the protocol\n"
+            "  -i, --protocol http|grpc     how requests go (default http); grpc: ModelInfer calls of\n"
+            "                               Triton's GRPCInferenceService, tensors in raw_input_contents,\n"
+            "                               one HTTP/2 connection per concurrent client\n"
+            "      --grpc-url HOST:PORT     the gRPC address (default: -u's host, port 8001)\n"
             "  -m, --model NAME             model to infer (required)\n"
             "  -x, --model-version V        version (default: the server's choice)\n"
             "requests:\n"
@@ -84,7 +94,7 @@ static void usage(FILE *f) {
             "                               input with the same range (e.g. a token count)\n"
             "      --unique N               distinct random request bodies to cycle (default 64;\n"
             "                               1 sends one body, e.g. to measure cache hits)\n"
-            "      --json-data              send JSON tensors instead of the binary extension\n"
+            "      --json-data              send JSON tensors instead of the binary extension (HTTP)\n"
             "      --shared-memory          put the inputs in POSIX shared memory registered with the server\n"
             "                               (system shared-memory extension; the server must be local)\n"
             "load:\n"
@@ -240,36 +250,60 @@ static void draw_lengths(const struct input_desc *in, int nin, uint64_t *rng, in
     }
 }
 
-/* Builds one request body; random data from rng unless an input is fixed.
+/* One request's tensors: shapes drawn, data from the input's file or random. */
+static int make_tensors(const struct input_desc *in, int nin, int zero, uint64_t *rng, struct tensor *t) {
+    int64_t dims[MAX_INPUTS][TENSOR_MAX_DIMS];
+    draw_lengths(in, nin, rng, dims);
+    for (int i = 0; i < nin; i++) {
+        t[i] = (struct tensor){.dtype = in[i].dtype, .ndim = in[i].ndim};
+        memcpy(t[i].dims, dims[i], sizeof t[i].dims);
+        size_t nb = tensor_nbytes(&t[i]);
+        if (in[i].fixed && in[i].fixed_len != nb) {
+            fprintf(stderr, "kiln bench: input '%s' needs %zu bytes, its file has %zu\n", in[i].name, nb,
+                    in[i].fixed_len);
+            for (int k = 0; k < i; k++) free(t[k].data);
+            return -1;
+        }
+        t[i].data = malloc(nb ? nb : 1);
+        if (in[i].fixed) memcpy(t[i].data, in[i].fixed, nb);
+        else fill_random(t[i].data, in[i].dtype, tensor_numel(&t[i]), rng, zero);
+    }
+    return 0;
+}
+
+/* A gRPC body: the framed ModelInferRequest. */
+static int build_grpc_body(const struct opts *o, const struct input_desc *in, int nin, int zero, uint64_t *rng,
+                           struct body *out) {
+    struct tensor t[MAX_INPUTS];
+    const char *names[MAX_INPUTS];
+    if (make_tensors(in, nin, zero, rng, t) < 0) return -1;
+    for (int i = 0; i < nin; i++) names[i] = in[i].name;
+    out->data = (char *)bench_grpc_infer_request(o->model, o->version, names, t, nin, &out->len);
+    out->header_len = 0;
+    for (int i = 0; i < nin; i++) free(t[i].data);
+    return out->data ? 0 : -1;
+}
+
+/* Builds one HTTP request body; random data from rng unless an input is fixed.
  * With shm, the inputs go into a new shared-memory object (shm, number
  * index) and the body is the JSON header naming it. */
 static int build_body(const struct input_desc *in, int nin, int json, int zero, uint64_t *rng, struct body *out,
                       struct bench_shm *shm, int index) {
+    struct tensor t[MAX_INPUTS];
+    if (make_tensors(in, nin, zero, rng, t) < 0) return -1;
     cJSON *root = cJSON_CreateObject();
     cJSON *inputs = cJSON_AddArrayToObject(root, "inputs");
     void *bufs[MAX_INPUTS];
     size_t lens[MAX_INPUTS];
-    int64_t dims[MAX_INPUTS][TENSOR_MAX_DIMS];
-    draw_lengths(in, nin, rng, dims);
     for (int i = 0; i < nin; i++) {
-        struct tensor t = {.dtype = in[i].dtype, .ndim = in[i].ndim};
-        memcpy(t.dims, dims[i], sizeof t.dims);
-        int64_t n = tensor_numel(&t);
-        size_t nb = tensor_nbytes(&t);
-        if (in[i].fixed && in[i].fixed_len != nb) {
-            fprintf(stderr, "kiln bench: input '%s' needs %zu bytes, its file has %zu\n", in[i].name, nb,
-                    in[i].fixed_len);
-            cJSON_Delete(root);
-            return -1;
-        }
-        bufs[i] = malloc(nb ? nb : 1);
+        int64_t n = tensor_numel(&t[i]);
+        size_t nb = tensor_nbytes(&t[i]);
+        bufs[i] = t[i].data;
         lens[i] = nb;
-        if (in[i].fixed) memcpy(bufs[i], in[i].fixed, nb);
-        else fill_random(bufs[i], in[i].dtype, n, rng, zero);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", in[i].name);
         cJSON *shape = cJSON_AddArrayToObject(o, "shape");
-        for (int d = 0; d < in[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t.dims[d]));
+        for (int d = 0; d < in[i].ndim; d++) cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t[i].dims[d]));
         cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(in[i].dtype));
         if (shm) {
             cJSON *params = cJSON_AddObjectToObject(o, "parameters");
@@ -480,6 +514,7 @@ struct run;
 struct conn {
     struct run *run;
     struct evhttp_connection *c;
+    bench_grpc_conn_t *g;      /* with --protocol grpc, instead of c */
     int busy;
     uint64_t sched_ns;
 };
@@ -506,7 +541,7 @@ struct run {
     uint64_t inflight;
 };
 
-static void count_status(struct level_result *r, int code, struct evhttp_request *req) {
+static void count_status(struct level_result *r, int code, const char *msg, size_t msg_len) {
     for (int i = 0; i < r->nstatus; i++)
         if (r->status_code[i] == code) {
             r->status_count[i]++;
@@ -514,14 +549,11 @@ static void count_status(struct level_result *r, int code, struct evhttp_request
         }
     if (r->nstatus < MAX_STATUS) {
         char *m = r->status_msg[r->nstatus];
-        m[0] = 0;
-        struct evbuffer *b = req && code ? evhttp_request_get_input_buffer(req) : NULL;
-        if (b) {
-            ev_ssize_t n = evbuffer_copyout(b, m, sizeof r->status_msg[0] - 1);
-            m[n > 0 ? n : 0] = 0;
-            for (char *c = m; *c; c++)
-                if (*c == '\n' || *c == '\r') *c = ' ';
-        }
+        size_t n = msg && code ? (msg_len < sizeof r->status_msg[0] - 1 ? msg_len : sizeof r->status_msg[0] - 1) : 0;
+        memcpy(m, msg ? msg : "", n);
+        m[n] = 0;
+        for (char *c = m; *c; c++)
+            if (*c == '\n' || *c == '\r') *c = ' ';
         r->status_code[r->nstatus] = code;
         r->status_count[r->nstatus++] = 1;
     }
@@ -535,20 +567,22 @@ static int wants_more(struct run *r) {
     return 1;
 }
 
-static void on_response(struct evhttp_request *req, void *arg) {
-    struct conn *c = arg;
+/* A request's end: ok, or failed with code (an HTTP status, a gRPC status
+ * + GRPC_CODE_BASE, 0 for a connection error) and the server's message. */
+#define GRPC_CODE_BASE 1000
+
+static void request_done(struct conn *c, int ok, int code, const char *msg, size_t msg_len) {
     struct run *r = c->run;
     uint64_t t = clock_now_ns();
     c->busy = 0;
     r->inflight--;
-    int code = req ? evhttp_request_get_response_code(req) : 0;
     if (r->phase >= 1 && c->sched_ns >= r->measure_start) {
-        if (code == 200) {
+        if (ok) {
             r->res->ok++;
             hist_record(r->res->h, (t - c->sched_ns) / 1000);
         } else {
             r->res->failed++;
-            count_status(r->res, code, req);
+            count_status(r->res, code, msg, msg_len);
         }
     }
     if (r->o->rate > 0) {
@@ -564,9 +598,41 @@ static void on_response(struct evhttp_request *req, void *arg) {
     if (r->phase == 2 && r->inflight == 0) event_base_loopbreak(r->base);
 }
 
+static void on_response(struct evhttp_request *req, void *arg) {
+    int code = req ? evhttp_request_get_response_code(req) : 0;
+    struct evbuffer *b = req && code != 200 ? evhttp_request_get_input_buffer(req) : NULL;
+    size_t n = b ? evbuffer_get_length(b) : 0;
+    request_done(arg, code == 200, code, b ? (const char *)evbuffer_pullup(b, (ev_ssize_t)(n < 199 ? n : 199)) : NULL,
+                 n < 199 ? n : 199);
+}
+
+static void on_grpc_response(void *arg, int status, const char *msg) {
+    request_done(arg, status == 0, status < 0 ? 0 : GRPC_CODE_BASE + status, msg, strlen(msg));
+}
+
+/* A request that could not be sent: counted as a connection error. */
+static void send_failed(struct conn *c) {
+    struct run *r = c->run;
+    c->busy = 0;
+    r->inflight--;
+    if (r->phase == 1) {
+        r->res->failed++;
+        count_status(r->res, 0, NULL, 0);
+    }
+}
+
 static void send_on(struct conn *c, uint64_t sched_ns) {
     struct run *r = c->run;
     struct body *b = &r->bodies[r->next_body++ % (uint64_t)r->nbodies];
+    if (r->o->grpc) {
+        c->busy = 1;
+        c->sched_ns = sched_ns;
+        r->inflight++;
+        if (r->phase == 1) r->measured_sent++;
+        if (!c->g || bench_grpc_call(c->g, r->path, (const uint8_t *)b->data, b->len, on_grpc_response, c) != 0)
+            send_failed(c);
+        return;
+    }
     struct evhttp_request *req = evhttp_request_new(on_response, c);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Host", r->hostport);
@@ -581,15 +647,7 @@ static void send_on(struct conn *c, uint64_t sched_ns) {
     c->sched_ns = sched_ns;
     r->inflight++;
     if (r->phase == 1) r->measured_sent++;
-    if (evhttp_make_request(c->c, req, EVHTTP_REQ_POST, r->path) != 0) {
-        /* libevent frees req on failure. */
-        c->busy = 0;
-        r->inflight--;
-        if (r->phase == 1) {
-            r->res->failed++;
-            count_status(r->res, 0, NULL);
-        }
-    }
+    if (evhttp_make_request(c->c, req, EVHTTP_REQ_POST, r->path) != 0) send_failed(c); /* libevent frees req */
 }
 
 static struct conn *free_conn(struct run *r) {
@@ -702,6 +760,10 @@ static void run_level(struct run *r, int concurrency, struct level_result *res) 
     r->conns = calloc((size_t)r->nconns, sizeof *r->conns);
     for (int i = 0; i < r->nconns; i++) {
         r->conns[i].run = r;
+        if (o->grpc) {
+            r->conns[i].g = bench_grpc_connect(r->base, o->grpc_host, o->grpc_port, o->timeout_ms);
+            continue;
+        }
         r->conns[i].c = evhttp_connection_base_new(r->base, NULL, o->host, (unsigned short)o->port);
         struct timeval tv = {o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000};
         evhttp_connection_set_timeout_tv(r->conns[i].c, &tv);
@@ -742,7 +804,10 @@ static void run_level(struct run *r, int concurrency, struct level_result *res) 
         res->server_compute_us = (double)(k1 - k0) / 1000.0 / (double)(c1 - c0);
     }
     evhttp_connection_free(ctl);
-    for (int i = 0; i < r->nconns; i++) evhttp_connection_free(r->conns[i].c);
+    for (int i = 0; i < r->nconns; i++) {
+        if (r->conns[i].c) evhttp_connection_free(r->conns[i].c);
+        bench_grpc_free(r->conns[i].g);
+    }
     free(r->conns);
     r->conns = NULL;
     res->budget_ok = res->failed == 0 && res->dropped == 0 && res->ok > 0;
@@ -915,7 +980,10 @@ static void print_level(const struct level_result *r, const struct opts *o) {
     if (o->nbudgets) printf("  %s", r->budget_ok ? "met" : "NOT MET");
     printf("\n");
     for (int i = 0; i < r->nstatus; i++)
-        if (r->status_code[i])
+        if (r->status_code[i] >= GRPC_CODE_BASE)
+            printf("           %llu failed with grpc-status %d%s%s\n", (unsigned long long)r->status_count[i],
+                   r->status_code[i] - GRPC_CODE_BASE, r->status_msg[i][0] ? ": " : "", r->status_msg[i]);
+        else if (r->status_code[i])
             printf("           %llu failed with HTTP %d%s%s\n", (unsigned long long)r->status_count[i],
                    r->status_code[i], r->status_msg[i][0] ? ": " : "", r->status_msg[i]);
         else
@@ -951,7 +1019,7 @@ static void write_json(const char *path, const struct level_result *res, int n, 
     cJSON *root = cJSON_CreateObject();
     cJSON_AddStringToObject(root, "model", o->model);
     cJSON_AddNumberToObject(root, "batch_size", o->batch);
-    cJSON_AddStringToObject(root, "protocol", o->json ? "json" : "binary");
+    cJSON_AddStringToObject(root, "protocol", o->grpc ? "grpc" : o->json ? "json" : "binary");
     cJSON_AddBoolToObject(root, "budget_met", met);
     cJSON *levels = cJSON_AddArrayToObject(root, "levels");
     for (int i = 0; i < n; i++) {
@@ -994,6 +1062,21 @@ static void write_json(const char *path, const struct level_result *res, int n, 
     cJSON_Delete(root);
 }
 
+/* HOST:PORT (an http:// prefix and a path are ignored) into buf: *host and,
+ * when given, *port. */
+static void parse_url(const char *u, char *buf, size_t len, const char **host, int *port) {
+    if (strncmp(u, "http://", 7) == 0) u += 7;
+    snprintf(buf, len, "%s", u);
+    char *slash = strchr(buf, '/');
+    if (slash) *slash = 0;
+    char *colon = strrchr(buf, ':');
+    if (colon) {
+        *colon = 0;
+        *port = atoi(colon + 1);
+    }
+    *host = buf;
+}
+
 /* Registers (or unregisters) the n regions of --shared-memory at the server. */
 static int shm_regions(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
                        int n, int reg) {
@@ -1025,13 +1108,13 @@ static void shm_cleanup(struct event_base *base, const struct opts *o, const cha
 }
 
 int cmd_bench(int argc, char **argv) {
-    struct opts o = {.host = "127.0.0.1", .port = 8000, .batch = 1, .duration_s = 10, .warmup_s = 1,
+    struct opts o = {.host = "127.0.0.1", .port = 8000, .grpc_port = 8001, .batch = 1, .duration_s = 10, .warmup_s = 1,
                      .input_data = "random", .unique = 64, .max_conns = 512, .timeout_ms = 30000, .seed = 1};
     o.levels[0] = 1;
     o.nlevels = 1;
     o.progress = isatty(2);
     enum { O_POISSON = 256, O_WARMUP, O_INPUT, O_JSONDATA, O_UNIQUE, O_BUDGET, O_CSV, O_JSON, O_NOPROG, O_MAXC, O_TMO,
-           O_SEED, O_SHAPE, O_SHM };
+           O_SEED, O_SHAPE, O_SHM, O_GRPC_URL };
     static const struct option lo[] = {
         {"url", 1, 0, 'u'}, {"model", 1, 0, 'm'}, {"model-version", 1, 0, 'x'}, {"batch-size", 1, 0, 'b'},
         {"concurrency", 1, 0, 'c'}, {"rate", 1, 0, 'r'}, {"duration", 1, 0, 'd'}, {"requests", 1, 0, 'n'},
@@ -1039,26 +1122,22 @@ int cmd_bench(int argc, char **argv) {
         {"json-data", 0, 0, O_JSONDATA}, {"unique", 1, 0, O_UNIQUE}, {"latency-budget", 1, 0, O_BUDGET},
         {"csv", 1, 0, O_CSV}, {"json", 1, 0, O_JSON}, {"no-progress", 0, 0, O_NOPROG},
         {"max-connections", 1, 0, O_MAXC}, {"timeout-ms", 1, 0, O_TMO}, {"seed", 1, 0, O_SEED},
-        {"shape", 1, 0, O_SHAPE}, {"shared-memory", 0, 0, O_SHM}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    static char hostbuf[256];
+        {"shape", 1, 0, O_SHAPE}, {"shared-memory", 0, 0, O_SHM}, {"protocol", 1, 0, 'i'},
+        {"grpc-url", 1, 0, O_GRPC_URL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    static char hostbuf[256], grpcbuf[256];
     int ch;
     optind = 1;
-    while ((ch = getopt_long(argc, argv, "u:m:x:b:c:r:d:n:h", lo, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "u:m:x:b:c:r:d:n:i:h", lo, NULL)) != -1) {
         switch (ch) {
-        case 'u': {
-            const char *u = optarg;
-            if (strncmp(u, "http://", 7) == 0) u += 7;
-            snprintf(hostbuf, sizeof hostbuf, "%s", u);
-            char *slash = strchr(hostbuf, '/');
-            if (slash) *slash = 0;
-            char *colon = strrchr(hostbuf, ':');
-            if (colon) {
-                *colon = 0;
-                o.port = atoi(colon + 1);
+        case 'u': parse_url(optarg, hostbuf, sizeof hostbuf, &o.host, &o.port); break;
+        case O_GRPC_URL: parse_url(optarg, grpcbuf, sizeof grpcbuf, &o.grpc_host, &o.grpc_port); break;
+        case 'i':
+            if (strcmp(optarg, "grpc") != 0 && strcmp(optarg, "http") != 0) {
+                fprintf(stderr, "kiln bench: --protocol '%s': expected http or grpc\n", optarg);
+                return 2;
             }
-            o.host = hostbuf;
+            o.grpc = strcmp(optarg, "grpc") == 0;
             break;
-        }
         case 'm': o.model = optarg; break;
         case 'x': o.version = optarg; break;
         case 'b': o.batch = atoi(optarg); break;
@@ -1110,7 +1189,7 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     if (o.batch < 1 || o.duration_s <= 0 || o.unique < 1 || o.max_conns < 1 || o.timeout_ms < 1 || o.port <= 0 ||
-        o.port > 65535 || o.rate < 0) {
+        o.port > 65535 || o.grpc_port <= 0 || o.grpc_port > 65535 || o.rate < 0) {
         fprintf(stderr, "kiln bench: a numeric option is out of range (batch, duration, unique, rate, port)\n");
         return 2;
     }
@@ -1139,7 +1218,14 @@ int cmd_bench(int argc, char **argv) {
     }
     struct run r = {.base = base, .o = &o};
     snprintf(r.hostport, sizeof r.hostport, "%s", hostport);
-    if (o.version) snprintf(r.path, sizeof r.path, "/v2/models/%s/versions/%s/infer", o.model, o.version);
+    if (!o.grpc_host) o.grpc_host = o.host;
+    if (o.grpc && (o.json || o.shared_memory)) {
+        fprintf(stderr, "kiln bench: --%s is for HTTP: gRPC requests carry raw_input_contents\n",
+                o.json ? "json-data" : "shared-memory");
+        return 2;
+    }
+    if (o.grpc) snprintf(r.path, sizeof r.path, "/inference.GRPCInferenceService/ModelInfer");
+    else if (o.version) snprintf(r.path, sizeof r.path, "/v2/models/%s/versions/%s/infer", o.model, o.version);
     else snprintf(r.path, sizeof r.path, "/v2/models/%s/infer", o.model);
     int fixed = 1;
     for (int i = 0; i < nin; i++) fixed &= in[i].fixed != NULL;
@@ -1148,9 +1234,10 @@ int cmd_bench(int argc, char **argv) {
     struct bench_shm *shms = o.shared_memory ? calloc((size_t)r.nbodies, sizeof *shms) : NULL;
     uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
     int built = 0;
+    int zero = strcmp(o.input_data, "zero") == 0;
     for (; built < r.nbodies; built++)
-        if (build_body(in, nin, o.json, strcmp(o.input_data, "zero") == 0, &rng, &r.bodies[built],
-                       shms ? &shms[built] : NULL, built) < 0)
+        if ((o.grpc ? build_grpc_body(&o, in, nin, zero, &rng, &r.bodies[built])
+                    : build_body(in, nin, o.json, zero, &rng, &r.bodies[built], shms ? &shms[built] : NULL, built)) < 0)
             break;
     if (built < r.nbodies || (shms && shm_regions(base, &o, hostport, shms, r.nbodies, 1) < 0)) {
         shm_cleanup(base, &o, hostport, shms, built);
@@ -1158,8 +1245,12 @@ int cmd_bench(int argc, char **argv) {
     }
     int nlev = o.rate > 0 ? 1 : o.nlevels;
     struct level_result *res = calloc((size_t)nlev, sizeof *res);
-    printf("kiln bench: model '%s' at http://%s, %s requests of %zu bytes, batch %d, %s\n", o.model, hostport,
-           o.shared_memory ? "shared-memory" : o.json ? "JSON" : "binary", r.bodies[0].len, o.batch,
+    char target[300];
+    if (o.grpc) snprintf(target, sizeof target, "grpc://%s:%d", o.grpc_host, o.grpc_port);
+    else snprintf(target, sizeof target, "http://%s", hostport);
+    printf("kiln bench: model '%s' at %s, %s requests of %zu bytes, batch %d, %s\n", o.model, target,
+           o.grpc ? "gRPC (raw_input_contents)" : o.shared_memory ? "shared-memory" : o.json ? "JSON" : "binary",
+           r.bodies[0].len, o.batch,
            o.rate > 0 ? (o.poisson ? "open loop (Poisson)" : "open loop (constant rate)") : "closed loop");
     printf("%-10s %10s %9s %9s %9s %9s %9s %9s %8s   %17s%s\n", "load", "infer/s", "p50 ms", "p90 ms", "p95 ms",
            "p99 ms", "p99.9 ms", "max ms", "errors", "server queue/comp", o.nbudgets ? "  budget" : "");

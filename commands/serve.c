@@ -160,6 +160,7 @@ int cmd_serve(int argc, char **argv) {
         }
     }
     http_server_begin_drain(srv);
+    grpc_server_begin_drain(grpc);
     uint64_t deadline = mono_ms() + (uint64_t)cfg.exit_timeout_secs * 1000, idle_since = 0;
     for (;;) {
         int inflight = http_server_inflight(srv), pending = repository_pending(repo);

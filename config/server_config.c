@@ -35,6 +35,7 @@ static const struct opt g_opts[] = {
     {"allow-grpc", OPT_BOOL, "", "true", "serve the KServe v2 gRPC protocol (Triton's inference.GRPCInferenceService) too"},
     {"grpc-address", OPT_STR, "ADDR", "--http-address", "address the gRPC front end listens on"},
     {"grpc-port", OPT_INT, "PORT", "8001", "gRPC port (0 = any free port, printed at start)"},
+    {"grpc-max-message-size", OPT_SIZE, "BYTES", "--max-request-size", "largest gRPC request message (suffixes K, M, G); larger gets RESOURCE_EXHAUSTED"},
     {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
     {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP connection (no byte read or written)"},
     {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive; slower clients get 408"},
@@ -205,6 +206,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         if (strcmp(n, "max-request-size") == 0) {
             if (sz < 1024) return BAD("expected at least 1024 bytes");
             c->max_request_size = sz;
+        } else if (strcmp(n, "grpc-max-message-size") == 0) {
+            if (sz < 1024) return BAD("expected at least 1024 bytes");
+            c->grpc_max_message_size = sz;
         } else c->cache_size = sz;
         return 0;
     }

@@ -28,6 +28,7 @@ struct server_config {
     int allow_grpc;              /* 1 = serve gRPC too (default) */
     char *grpc_address;          /* NULL = http_address */
     int grpc_port;               /* 0 = any free port */
+    int64_t grpc_max_message_size; /* bytes of one gRPC request message; 0 = max_request_size */
     int http_threads;            /* 0 = number of cores */
     char *backend;               /* "auto", "cpu", "cuda" */
     char *log_level;             /* "error", "warn", "info", "debug" */

@@ -681,16 +681,26 @@ static void *timer_main(void *arg) {
         uint64_t now = now_ns(b);
         while (b->heap_n > 0 && b->heap[0]->q_.deadline_ns <= now) {
             struct batcher_request *r = b->heap[0];
-            if (b->p.default_queue_policy.timeout_action == BATCHER_TIMEOUT_DELAY) {
+            /* Nobody waits for a request past its client's deadline: it is
+             * dropped whatever the policy's action. */
+            int client = r->deadline_ns && r->deadline_ns <= now;
+            if (!client && b->p.default_queue_policy.timeout_action == BATCHER_TIMEOUT_DELAY) {
                 /* Not rejected: served after every request still in time. */
                 heap_remove(b, r);
                 fifo_remove(&b->q[r->q_.level], r);
                 r->q_.level = b->nlevels;
                 fifo_push(&b->q[r->q_.level], r);
                 b->st.delayed++;
+                /* Its client's deadline still holds (no room for it: it runs anyway). */
+                if (r->deadline_ns) {
+                    r->q_.deadline_ns = r->deadline_ns;
+                    (void)heap_push(b, r);
+                }
             } else {
                 b->st.rejected_timeout++;
-                fail_queued(b, r, STATUS_UNAVAILABLE, "Request timeout expired");
+                fail_queued(b, r, STATUS_UNAVAILABLE,
+                            client ? "Request timeout expired: the client's deadline passed while the request was queued"
+                                   : "Request timeout expired");
             }
         }
         if (b->finished.head) {
@@ -923,8 +933,12 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
         tmo = r->timeout_us;
     r->q_.level = level - 1;
     r->q_.state = REQ_QUEUED;
-    if (tmo) {
-        r->q_.deadline_ns = now + tmo * 1000ull;
+    /* The earlier of the queue policy's timeout and the client's deadline. */
+    uint64_t deadline = tmo ? now + tmo * 1000ull : 0;
+    if (r->deadline_ns && (!deadline || r->deadline_ns < deadline))
+        deadline = r->deadline_ns;
+    if (deadline) {
+        r->q_.deadline_ns = deadline;
         if (heap_push(b, r)) {
             pthread_mutex_unlock(&b->mu);
             return status_set(r->err, sizeof r->err, STATUS_NOMEM, "out of memory queueing a request");

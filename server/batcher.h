@@ -78,6 +78,12 @@ struct batcher_request {
     int64_t rows;
     int priority;                  /* 0 = default level, 1 = highest */
     uint64_t timeout_us;           /* 0 = the queue policy's default */
+    /* The client's own deadline (a gRPC call's grpc-timeout), on the
+     * batcher's clock (CLOCK_MONOTONIC ns, clock_now_ns); 0 = none. Still
+     * queued when it passes, the request is dropped with STATUS_UNAVAILABLE
+     * "Request timeout expired: ..." whatever the policy's timeout action,
+     * and counted in rejected_timeout. A running request completes. */
+    uint64_t deadline_ns;
     atomic_int cancelled;          /* set by batcher_cancel() */
     void (*done)(struct batcher_request *r);
     void *user;

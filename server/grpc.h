@@ -16,6 +16,7 @@
 #define KILN_GRPC_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "config/server_config.h"
 #include "server/http.h"
@@ -29,11 +30,20 @@ struct grpc_server_params {
     http_server_t *http;                /* borrowed: its I/O threads, core and drain state */
 };
 
+/* One gRPC message on the wire: a protobuf-c message packed after its
+ * 5-byte prefix (uncompressed flag, big-endian length). malloc'd; NULL when
+ * out of memory. For the server's answers and kiln bench's requests. */
+struct ProtobufCMessage;
+uint8_t *grpc_frame(const struct ProtobufCMessage *m, size_t *len);
+
 /* Binds --grpc-address:--grpc-port and starts listening on every I/O
  * thread. NULL with err set on failure. */
 grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err, size_t err_len);
 /* The port actually bound (useful with --grpc-port 0). */
 int grpc_server_port(const grpc_server_t *s);
+/* After http_server_begin_drain: health Watch calls are told NOT_SERVING
+ * (on their loops, in the background). NULL is a no-op. */
+void grpc_server_begin_drain(grpc_server_t *s);
 /* Closes the listeners and every connection (from their own threads, and
  * waits for them). Requests still in the core answer nobody. NULL is a no-op. */
 void grpc_server_free(grpc_server_t *s);

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/buffer.h>
@@ -27,6 +28,7 @@
 #include <event2/listener.h>
 #include <nghttp2/nghttp2.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "server/grpc_impl.h"
@@ -39,6 +41,22 @@
 #define STREAM_WINDOW (1 << 20)
 #define CONN_WINDOW (16 << 20)
 #define MAX_HEADER_LIST (64 * 1024)
+/* Flood limits (nghttp2's options): SETTINGS and PING frames whose ACKs
+ * wait unsent, entries in one SETTINGS frame, CONTINUATION frames of one
+ * header block, and streams a client may reset (a token bucket: a burst,
+ * then so many a second). Past one the connection gets GOAWAY. */
+#define MAX_OUTBOUND_ACK 256
+#define MAX_SETTINGS 32
+#define MAX_CONTINUATIONS 8
+#define RESET_BURST 1000
+#define RESET_RATE 100
+/* Request bytes one connection may hold across its streams, in messages of
+ * --grpc-max-message-size: nghttp2 reopens the flow-control window as bytes
+ * arrive, so without it 128 streams could each hold a message's worth. */
+#define CONN_BUFFERED_MESSAGES 4
+/* How long an aborted connection waits for its GOAWAY to leave, then for
+ * the client to close its side. */
+#define CONN_ABORT_SECS 5
 
 struct grpc_conn {
     struct grpc_loop *loop;
@@ -47,6 +65,8 @@ struct grpc_conn {
     struct grpc_stream *streams;
     int busy;      /* inside nghttp2_session_mem_recv: send and close wait */
     int dead;      /* close when no longer busy */
+    int closing;   /* aborted: 1 while its GOAWAY is on its way out, 2 after (lingering) */
+    size_t in_bytes; /* request bytes held in its streams' in buffers */
     struct grpc_conn *next, *prev;
 };
 
@@ -68,9 +88,15 @@ static void conn_close(struct grpc_conn *c);
 
 static void stream_free(struct grpc_stream *st) {
     grpc_infer_detach(st);
-    if (st->in) evbuffer_free(st->in);
+    grpc_control_detach(st);
+    grpc_health_detach(st);
+    if (st->in) {
+        if (st->conn) st->conn->in_bytes -= evbuffer_get_length(st->in);
+        evbuffer_free(st->in);
+    }
     if (st->out) evbuffer_free(st->out);
     free(st->path);
+    free(st->authorization);
     free(st->message);
     free(st);
 }
@@ -85,11 +111,54 @@ static void stream_unlink(struct grpc_conn *c, struct grpc_stream *st) {
  * neither side has anything left to say, or on a protocol error. */
 static void conn_flush(struct grpc_conn *c) {
     if (c->busy) return;
+    if (c->closing && !c->dead) {
+        /* The GOAWAY left: half-close and read (and drop) what the client
+         * still sends until it closes too. Closing with its bytes unread
+         * would reset the connection, and a reset may discard the GOAWAY
+         * before the client reads it. */
+        if (c->closing == 1 && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
+            c->closing = 2;
+            shutdown(bufferevent_getfd(c->bev), SHUT_WR);
+            struct timeval tv = {CONN_ABORT_SECS, 0};
+            bufferevent_set_timeouts(c->bev, &tv, NULL);
+            bufferevent_enable(c->bev, EV_READ);
+        }
+        return;
+    }
     if (!c->dead && nghttp2_session_send(c->h2) != 0) c->dead = 1;
     if (!c->dead && !nghttp2_session_want_read(c->h2) && !nghttp2_session_want_write(c->h2) &&
         evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
         c->dead = 1;
     if (c->dead) conn_close(c);
+}
+
+/* Frees the connection's streams; their calls in the core answer nobody
+ * and those still queued are dropped. */
+static void streams_free(struct grpc_conn *c) {
+    while (c->streams) {
+        struct grpc_stream *st = c->streams;
+        stream_unlink(c, st);
+        nghttp2_session_set_stream_user_data(c->h2, st->id, NULL);
+        stream_free(st);
+    }
+}
+
+/* A fatal error in what the client sent, which nghttp2 reports without a
+ * GOAWAY of its own (a SETTINGS, PING or CONTINUATION flood, too many
+ * resets): the GOAWAY is written here, since the session takes no more
+ * calls, the streams go at once, and the connection closes once the frame
+ * left and the client closed too. */
+static void conn_abort(struct grpc_conn *c, uint32_t code) {
+    uint32_t last = (uint32_t)nghttp2_session_get_last_proc_stream_id(c->h2);
+    uint8_t f[17] = {0, 0, 8, NGHTTP2_GOAWAY, 0, 0, 0, 0, 0,
+                     (uint8_t)(last >> 24), (uint8_t)(last >> 16), (uint8_t)(last >> 8), (uint8_t)last,
+                     (uint8_t)(code >> 24), (uint8_t)(code >> 16), (uint8_t)(code >> 8), (uint8_t)code};
+    streams_free(c);
+    c->closing = 1;
+    bufferevent_disable(c->bev, EV_READ);
+    struct timeval tv = {CONN_ABORT_SECS, 0};
+    bufferevent_set_timeouts(c->bev, NULL, &tv);
+    if (evbuffer_add(bufferevent_get_output(c->bev), f, sizeof f)) c->dead = 1;
 }
 
 /* Frees the connection and its streams; their calls in the core answer nobody. */
@@ -98,12 +167,7 @@ static void conn_close(struct grpc_conn *c) {
         c->dead = 1;
         return;
     }
-    while (c->streams) {
-        struct grpc_stream *st = c->streams;
-        stream_unlink(c, st);
-        nghttp2_session_set_stream_user_data(c->h2, st->id, NULL);
-        stream_free(st);
-    }
+    streams_free(c);
     nghttp2_session_del(c->h2);
     bufferevent_free(c->bev);
     struct grpc_loop *l = c->loop;
@@ -117,13 +181,19 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
     struct grpc_conn *c = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
     size_t n = evbuffer_get_length(in);
+    if (c->closing) {
+        evbuffer_drain(in, n);
+        return;
+    }
     unsigned char *data = evbuffer_pullup(in, -1);
     c->busy = 1;
     ssize_t used = nghttp2_session_mem_recv(c->h2, data, n);
     c->busy = 0;
     if (used < 0) {
         log_debug("grpc: closing a connection: %s", nghttp2_strerror((int)used));
-        c->dead = 1;
+        conn_abort(c, used == NGHTTP2_ERR_FLOODED || used == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS
+                          ? NGHTTP2_ENHANCE_YOUR_CALM
+                          : NGHTTP2_PROTOCOL_ERROR);
     } else evbuffer_drain(in, (size_t)used);
     conn_flush(c);
 }
@@ -138,7 +208,7 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
 static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
     struct grpc_conn *c = calloc(1, sizeof *c);
     if (c) c->bev = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (!c || !c->bev || nghttp2_session_server_new(&c->h2, l->srv->h2_callbacks, c) != 0) {
+    if (!c || !c->bev || nghttp2_session_server_new2(&c->h2, l->srv->h2_callbacks, c, l->srv->h2_options) != 0) {
         log_error("grpc: out of memory accepting a connection");
         if (c && c->bev) bufferevent_free(c->bev);
         else close(fd);
@@ -164,20 +234,6 @@ static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
 grpc_server_t *grpc_stream_server(const struct grpc_stream *st) { return st->conn->loop->srv; }
 
 struct grpc_loop *grpc_stream_loop(const struct grpc_stream *st) { return st->conn->loop; }
-
-uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len) {
-    size_t n = protobuf_c_message_get_packed_size(m);
-    uint8_t *buf = n <= UINT32_MAX ? malloc(n + 5) : NULL;
-    if (!buf) return NULL;
-    buf[0] = 0; /* not compressed */
-    buf[1] = (uint8_t)(n >> 24);
-    buf[2] = (uint8_t)(n >> 16);
-    buf[3] = (uint8_t)(n >> 8);
-    buf[4] = (uint8_t)n;
-    protobuf_c_message_pack(m, buf + 5);
-    *len = n + 5;
-    return buf;
-}
 
 /* nghttp2 pulls a stream's answer from here; trailers go after the last
  * byte once the status is known, and an empty queue defers the stream. */
@@ -225,6 +281,13 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len) {
 
 void grpc_stream_flush(struct grpc_stream *st) { conn_flush(st->conn); }
 
+void grpc_loop_flush(struct grpc_loop *l) {
+    for (struct grpc_conn *c = l->conns, *next; c; c = next) {
+        next = c->next; /* conn_flush may free c, and only c */
+        conn_flush(c);
+    }
+}
+
 /* grpc-message is percent-encoded: bytes outside printable ASCII, and '%'. */
 static char *percent_encode(const char *msg) {
     size_t n = strlen(msg);
@@ -241,6 +304,10 @@ void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char 
     if (st->finished) return;
     st->finished = 1;
     st->code = code;
+    /* What the client sent and nobody will read no longer counts against the connection. */
+    size_t unread = evbuffer_get_length(st->in);
+    evbuffer_drain(st->in, unread);
+    st->conn->in_bytes -= unread;
     st->message = msg && *msg ? percent_encode(msg) : NULL;
     if (!st->started && code != GRPC_OK) {
         /* Trailers-Only: the status in the one HEADERS frame. */
@@ -293,7 +360,7 @@ static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
     }
     if (n > max) {
         grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
-                           "the request message has %zu bytes, more than --max-request-size (%zu bytes)", n, max);
+                           "the request message has %zu bytes, more than --grpc-max-message-size (%zu bytes)", n, max);
         return -1;
     }
     if (evbuffer_get_length(st->in) < n + 5) return 0;
@@ -304,6 +371,7 @@ static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
     }
     evbuffer_drain(st->in, 5);
     evbuffer_remove(st->in, *msg, n);
+    st->conn->in_bytes -= n + 5;
     *len = n;
     return 1;
 }
@@ -336,7 +404,8 @@ static void stream_end(struct grpc_stream *st) {
     if (rc < 0) return;
     if (rc == 0 || evbuffer_get_length(st->in)) {
         if (rc) free(msg);
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s takes exactly one request message", st->method->name);
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s takes exactly one request message",
+                           strrchr(st->method->name, '/') + 1);
         return;
     }
     st->method->handle(st, msg, len);
@@ -347,6 +416,11 @@ static void stream_end(struct grpc_stream *st) {
 static void stream_check(struct grpc_stream *st) {
     if (st->bad_request) {
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "not a gRPC request: content-type must be application/grpc");
+        return;
+    }
+    if (st->deadline_ns == UINT64_MAX) {
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT,
+                           "grpc-timeout must be 1 to 8 digits and a unit (H, M, S, m, u or n)");
         return;
     }
     st->method = st->path ? grpc_method_find(st->path) : NULL;
@@ -386,11 +460,39 @@ static int begin_headers_cb(nghttp2_session *h2, const nghttp2_frame *frame, voi
     return 0;
 }
 
+/* grpc-timeout: "<1 to 8 digits><unit>", H M S for hours, minutes,
+ * seconds, m u n for milli-, micro-, nanoseconds. The deadline, from now on
+ * the monotonic clock; UINT64_MAX when the value is malformed. */
+static uint64_t parse_timeout(const uint8_t *v, size_t n) {
+    static const char units[] = "HMSmun";
+    static const uint64_t ns[] = {3600000000000ull, 60000000000ull, 1000000000ull, 1000000ull, 1000ull, 1ull};
+    if (n < 2 || n > 9) return UINT64_MAX;
+    uint64_t x = 0;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return UINT64_MAX;
+        x = x * 10 + (uint64_t)(v[i] - '0');
+    }
+    const char *u = v[n - 1] ? memchr(units, v[n - 1], sizeof units - 1) : NULL;
+    if (!u) return UINT64_MAX;
+    /* 99999999 hours overflows 64 bits of nanoseconds: such a deadline is none. */
+    uint64_t unit = ns[u - units];
+    if (x > (UINT64_MAX / 2) / unit) return 0;
+    uint64_t d = clock_now_ns() + x * unit;
+    return d ? d : 1;
+}
+
 static int header_cb(nghttp2_session *h2, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
     if (!st || frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    /* The limit this side advertised (SETTINGS_MAX_HEADER_LIST_SIZE), as
+     * RFC 9113 counts it: a header block past it resets the stream. */
+    st->header_bytes += namelen + valuelen + 32;
+    if (st->header_bytes > MAX_HEADER_LIST) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     if (namelen == 5 && memcmp(name, ":path", 5) == 0 && !st->path) st->path = strndup((const char *)value, valuelen);
+    else if (namelen == 12 && memcmp(name, "grpc-timeout", 12) == 0) st->deadline_ns = parse_timeout(value, valuelen);
+    else if (namelen == 13 && memcmp(name, "authorization", 13) == 0 && !st->authorization)
+        st->authorization = strndup((const char *)value, valuelen);
     else if (namelen == 7 && memcmp(name, ":method", 7) == 0) st->bad_request |= valuelen != 4 || memcmp(value, "POST", 4);
     else if (namelen == 12 && memcmp(name, "content-type", 12) == 0)
         st->bad_request |= valuelen < 16 || memcmp(value, "application/grpc", 16) != 0;
@@ -401,16 +503,25 @@ static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const u
                          void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
     if (!st || st->finished || !st->method) return 0; /* answered already: the rest is dropped */
+    struct grpc_conn *c = st->conn;
+    size_t max = grpc_stream_server(st)->max_message;
+    if (c->in_bytes + len > CONN_BUFFERED_MESSAGES * (max + 5)) {
+        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                           "the connection holds more than %d x --grpc-max-message-size (%zu bytes) of unfinished "
+                           "request messages: finish or cancel its other calls first",
+                           CONN_BUFFERED_MESSAGES, max);
+        return 0;
+    }
     if (evbuffer_add(st->in, data, len)) {
         grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
         return 0;
     }
+    c->in_bytes += len;
     /* A unary call's message must not grow past the limit while it arrives. */
-    size_t max = grpc_stream_server(st)->max_message;
     if (st->method->streaming) stream_messages(st);
     else if (evbuffer_get_length(st->in) > max + 5)
         grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
-                           "the request message has more than --max-request-size (%zu bytes)", max);
+                           "the request message has more than --grpc-max-message-size (%zu bytes)", max);
     return 0;
 }
 
@@ -443,6 +554,16 @@ static nghttp2_session_callbacks *callbacks_new(void) {
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, frame_recv_cb);
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, stream_close_cb);
     return cb;
+}
+
+static nghttp2_option *options_new(void) {
+    nghttp2_option *o;
+    if (nghttp2_option_new(&o)) return NULL;
+    nghttp2_option_set_max_outbound_ack(o, MAX_OUTBOUND_ACK);
+    nghttp2_option_set_max_settings(o, MAX_SETTINGS);
+    nghttp2_option_set_max_continuations(o, MAX_CONTINUATIONS);
+    nghttp2_option_set_stream_reset_rate_limit(o, RESET_BURST, RESET_RATE);
+    return o;
 }
 
 /* ==== listeners and the loops' jobs ====================================== */
@@ -492,9 +613,18 @@ static void loop_listen(void *arg) {
  * buffers (the loop had not written them yet). GOAWAY, then what the socket
  * takes at once; a client too slow to take it loses it. */
 static void conn_shutdown(struct grpc_conn *c) {
-    nghttp2_session_terminate_session(c->h2, NGHTTP2_NO_ERROR);
-    if (!c->dead) nghttp2_session_send(c->h2);
-    evbuffer_write(bufferevent_get_output(c->bev), bufferevent_getfd(c->bev));
+    if (!c->closing) {
+        nghttp2_session_terminate_session(c->h2, NGHTTP2_NO_ERROR);
+        if (!c->dead) nghttp2_session_send(c->h2);
+    }
+    evutil_socket_t fd = bufferevent_getfd(c->bev);
+    evbuffer_write(bufferevent_get_output(c->bev), fd);
+    /* A FIN after the answers, and what the client sent meanwhile read and
+     * dropped: closing with unread bytes would reset the connection, and a
+     * reset may discard the answers before the client reads them. */
+    shutdown(fd, SHUT_WR);
+    char sink[4096];
+    for (int i = 0; i < 16 && recv(fd, sink, sizeof sink, MSG_DONTWAIT) > 0; i++) {}
     conn_close(c);
 }
 
@@ -518,14 +648,16 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     s->repo = p->repo;
     s->http = p->http;
     s->core = http_server_core(p->http);
-    s->max_message = (size_t)p->config->max_request_size;
+    s->max_message = (size_t)(p->config->grpc_max_message_size > 0 ? p->config->grpc_max_message_size
+                                                                    : p->config->max_request_size);
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     const char *addr = p->config->grpc_address ? p->config->grpc_address : p->config->http_address;
     int n = http_server_threads(p->http), port = p->config->grpc_port;
     s->loops = calloc((size_t)n, sizeof *s->loops);
     s->h2_callbacks = callbacks_new();
-    if (!s->loops || !s->h2_callbacks) {
+    s->h2_options = options_new();
+    if (!s->loops || !s->h2_callbacks || !s->h2_options) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         goto fail;
     }
@@ -555,12 +687,21 @@ fail:
 
 int grpc_server_port(const grpc_server_t *s) { return s->port; }
 
+static void loop_drain(void *arg) { grpc_health_notify(arg); }
+
+void grpc_server_begin_drain(grpc_server_t *s) {
+    if (!s) return;
+    /* Not waited for: grpc_server_free's jobs come after these on each loop. */
+    for (int i = 0; i < s->nloops; i++) http_server_post(s->http, i, loop_drain, &s->loops[i]);
+}
+
 void grpc_server_free(grpc_server_t *s) {
     if (!s) return;
     if (s->nloops) run_on_loops(s, loop_close);
     for (int i = 0; i < s->nloops; i++)
         if (s->loops[i].fd >= 0) close(s->loops[i].fd);
     if (s->h2_callbacks) nghttp2_session_callbacks_del(s->h2_callbacks);
+    if (s->h2_options) nghttp2_option_del(s->h2_options);
     free(s->loops);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);

@@ -1,7 +1,8 @@
 /* grpc_impl.h - private to the gRPC transport: grpc_conn.c (listeners,
- * HTTP/2 connections and streams, gRPC framing), grpc_service.c (the method
- * table and the read-only RPCs), grpc_infer.c (ModelInfer and
- * ModelStreamInfer through the inference core) and grpc_json.c (protobuf
+ * HTTP/2 connections and streams), grpc_service.c (the method table and
+ * the RPCs other than inference), grpc_infer.c (ModelInfer and
+ * ModelStreamInfer through the inference core), grpc_codec.c (messages:
+ * inference requests and responses, framing) and grpc_json.c (protobuf
  * messages built from the JSON bodies HTTP serves).
  *
  * Everything here runs on the I/O thread that owns the connection. */
@@ -32,11 +33,13 @@ enum grpc_code {
     GRPC_OK = 0,
     GRPC_CANCELLED = 1,
     GRPC_INVALID_ARGUMENT = 3,
+    GRPC_DEADLINE_EXCEEDED = 4,
     GRPC_NOT_FOUND = 5,
     GRPC_RESOURCE_EXHAUSTED = 8,
     GRPC_UNIMPLEMENTED = 12,
     GRPC_INTERNAL = 13,
     GRPC_UNAVAILABLE = 14,
+    GRPC_UNAUTHENTICATED = 16,
 };
 
 /* Triton's mapping of a kiln status (common/status.h) to a gRPC code. */
@@ -44,6 +47,7 @@ enum grpc_code grpc_code_of(int status);
 
 struct grpc_conn;
 struct grpc_infer;
+struct grpc_control;
 
 struct grpc_loop {
     grpc_server_t *srv;
@@ -52,6 +56,7 @@ struct grpc_loop {
     struct evconnlistener *lev;
     int fd;
     struct grpc_conn *conns;     /* open connections, for the close at exit */
+    struct grpc_stream *watchers; /* grpc.health.v1 Watch calls, linked by wnext/wprev */
 };
 
 struct grpc_server {
@@ -60,10 +65,11 @@ struct grpc_server {
     http_server_t *http;
     infer_core_t *core;
     int port;
-    size_t max_message;          /* --max-request-size: the largest request message */
+    size_t max_message;          /* --grpc-max-message-size: the largest request message */
     int nloops;
     struct grpc_loop *loops;
     void *h2_callbacks;          /* nghttp2_session_callbacks *, shared by every connection */
+    void *h2_options;            /* nghttp2_option *: the flood limits, shared too */
     pthread_mutex_t lock;        /* run_on_loops: loops still to finish the job */
     pthread_cond_t cond;
     int pending;
@@ -75,6 +81,9 @@ struct grpc_stream {
     int32_t id;
     const struct grpc_method *method;
     char *path;
+    char *authorization;         /* the "authorization" header, for load and unload */
+    uint64_t deadline_ns;        /* from grpc-timeout (clock_now_ns); 0 = none */
+    size_t header_bytes;         /* of the request's header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts */
     int bad_request;             /* a header made the call unanswerable except by an error */
     struct evbuffer *in;         /* request bytes not yet taken as messages */
     struct evbuffer *out;        /* framed answers nghttp2 has not taken yet */
@@ -85,6 +94,9 @@ struct grpc_stream {
     int remote_done;             /* the client half-closed the stream */
     struct grpc_infer *calls;    /* inference requests in the core */
     int ncalls;
+    struct grpc_control *control; /* a load or unload on the control thread */
+    int watch_status;            /* a Watch call's last status sent; 0 = not watching */
+    struct grpc_stream *wnext, *wprev;
     struct grpc_stream *next, *prev;
 };
 
@@ -112,8 +124,8 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len);
  * gone), freeing st: the calls that send (this, finish, reply, errorf) come
  * last in their caller's use of st. */
 void grpc_stream_flush(struct grpc_stream *st);
-/* Packs m with its prefix: malloc'd, NULL when out of memory. */
-uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len);
+/* Sends what every connection of the loop queued (each may close). */
+void grpc_loop_flush(struct grpc_loop *l);
 /* Ends the call: grpc-status code and grpc-message msg (NULL = none) in the
  * trailers, after what was queued. Once per stream. */
 void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg);
@@ -122,6 +134,39 @@ void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m);
 /* Ends the call with code and a message formatted like printf. */
 void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* ---- grpc_service.c ---- */
+/* The stream is going away: a load or unload still running answers nobody,
+ * and a health Watch stops. */
+void grpc_control_detach(struct grpc_stream *st);
+void grpc_health_detach(struct grpc_stream *st);
+/* The serving status changed (the drain began): the loop's Watch calls
+ * hear it. On the loop's thread. */
+void grpc_health_notify(struct grpc_loop *l);
+
+/* ---- grpc_codec.c: messages, no connection ---- */
+struct Inference__ModelInferRequest;
+struct kserve_request;
+/* Allocations freed together (a reply's message tree). */
+struct grpc_pool {
+    void *blocks;
+};
+void *grpc_pool_alloc(struct grpc_pool *p, size_t size); /* zeroed; NULL when out of memory */
+char *grpc_pool_strdup(struct grpc_pool *p, const char *s);
+void grpc_pool_free(struct grpc_pool *p);
+/* Fills r (zeroed; the caller clears it) from q: the inputs' bytes copied
+ * into their tensors, the outputs asked for, the parameters kiln knows.
+ * Errors name the field, as HTTP's do (STATUS_INVALID, err set). */
+int grpc_infer_request_decode(struct kserve_request *r, const struct Inference__ModelInferRequest *q, char *err,
+                              size_t err_len);
+/* The ModelInferResponse for res, framed, in a ModelStreamInferResponse when
+ * streaming: *out malloc'd; the message tree in pool (the caller frees it). */
+int grpc_infer_response_encode(const struct infer_result *res, int streaming, struct grpc_pool *pool, uint8_t **out,
+                               size_t *out_len, char *err, size_t err_len);
+/* grpc.health.v1.HealthCheckRequest's service field, decoded without
+ * generated code (the message is one string): 0 with *service pointing into
+ * msg (not NUL-terminated, *len bytes), or -1 when msg is not that message. */
+int grpc_health_request_service(const uint8_t *msg, size_t len, const uint8_t **service, size_t *service_len);
 
 /* ---- grpc_infer.c ---- */
 void grpc_model_infer(struct grpc_stream *st, const uint8_t *msg, size_t len);
@@ -133,13 +178,6 @@ void grpc_infer_detach(struct grpc_stream *st);
 void grpc_infer_stream_done(struct grpc_stream *st);
 
 /* ---- grpc_json.c ---- */
-/* Allocations freed together (a reply's message tree). */
-struct grpc_pool {
-    void *blocks;
-};
-void *grpc_pool_alloc(struct grpc_pool *p, size_t size); /* zeroed; NULL when out of memory */
-char *grpc_pool_strdup(struct grpc_pool *p, const char *s);
-void grpc_pool_free(struct grpc_pool *p);
 /* The message of type d whose fields are j's members (proto field names, as
  * Triton's JSON uses them): objects become messages or map entries, arrays
  * repeated fields, strings enum values by name. Members with no field are

@@ -5,41 +5,13 @@
  * walk over a message's descriptor fills it from the JSON: metadata,
  * statistics, the model configuration and the repository index are built
  * once, and the two transports cannot disagree about them. The message tree
- * lives in a pool freed as a whole after packing. */
+ * lives in a pool (grpc_codec.c) freed as a whole after packing. */
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
 #include "server/grpc_impl.h"
-
-struct pool_block {
-    struct pool_block *next;
-    max_align_t data[];
-};
-
-void *grpc_pool_alloc(struct grpc_pool *p, size_t size) {
-    struct pool_block *b = calloc(1, sizeof *b + size);
-    if (!b) return NULL;
-    b->next = p->blocks;
-    p->blocks = b;
-    return b->data;
-}
-
-char *grpc_pool_strdup(struct grpc_pool *p, const char *s) {
-    size_t n = strlen(s) + 1;
-    char *d = grpc_pool_alloc(p, n);
-    if (d) memcpy(d, s, n);
-    return d;
-}
-
-void grpc_pool_free(struct grpc_pool *p) {
-    for (struct pool_block *b = p->blocks, *n; b; b = n) {
-        n = b->next;
-        free(b);
-    }
-    p->blocks = NULL;
-}
 
 static size_t field_size(ProtobufCType t) {
     switch (t) {

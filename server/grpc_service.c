@@ -1,17 +1,20 @@
-/* grpc_service.c - inference.GRPCInferenceService's method table and its
- * read-only RPCs: health, metadata, configuration, statistics and the
- * repository index; and the shared-memory extension's RPCs (server/shm.h).
+/* grpc_service.c - the method table of inference.GRPCInferenceService (and
+ * of grpc.health.v1.Health) and the RPCs other than inference: health,
+ * metadata, configuration, statistics, the repository index, load and
+ * unload, and the shared-memory extension's RPCs (server/shm.h).
  *
  * Their answers are the JSON bodies HTTP serves (http_bodies.c,
  * model_config_to_json, repository_index) turned into the protobuf message
  * (grpc_json.c), and their errors carry the same messages. Inference is in
  * grpc_infer.c. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "server/grpc_impl.h"
 #include "server/http_bodies.h"
@@ -19,6 +22,7 @@
 #include "triton/grpc_service.pb-c.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
+#define HEALTH "/grpc.health.v1.Health/"
 
 /* A request message that does not parse is the client's error. */
 #define UNPACK(type, fn, st, msg, len)                                                                      \
@@ -142,6 +146,205 @@ static void repository_index_rpc(struct grpc_stream *st, const uint8_t *msg, siz
     inference__repository_index_request__free_unpacked(req, NULL);
 }
 
+/* ==== load and unload ==================================================== */
+
+/* A load or unload: it runs on the HTTP server's control thread (it may
+ * take seconds), and its answer comes back to the stream's loop. The stream
+ * may be gone by then (the client cancelled): st is NULL and the answer is
+ * dropped; the load itself is not undone, as over HTTP. */
+struct grpc_control {
+    struct grpc_stream *st;
+    grpc_server_t *srv;
+    int loop;
+    char name[256];
+    char *config;  /* load parameter "config": JSON text replacing config.json */
+    int load;
+    int status;
+    char err[512];
+};
+
+void grpc_control_detach(struct grpc_stream *st) {
+    if (st->control) st->control->st = NULL;
+    st->control = NULL;
+}
+
+static void control_answer(void *arg) {
+    struct grpc_control *c = arg;
+    struct grpc_stream *st = c->st;
+    if (st) {
+        st->control = NULL;
+        if (c->status) grpc_stream_finish(st, grpc_code_of(c->status), c->err);
+        else if (c->load) {
+            Inference__RepositoryModelLoadResponse res = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
+            grpc_stream_reply(st, &res.base);
+        } else {
+            Inference__RepositoryModelUnloadResponse res = INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
+            grpc_stream_reply(st, &res.base);
+        }
+    }
+    free(c->config);
+    free(c);
+}
+
+static void control_run(void *arg) {
+    struct grpc_control *c = arg;
+    repository_t *repo = c->srv->repo;
+    if (c->load) c->status = repository_load_with_config(repo, c->name, c->config, c->err, sizeof c->err);
+    else {
+        c->status = repository_unload(repo, c->name, c->err, sizeof c->err);
+        if (!c->status) log_info("unload of model '%s' requested", c->name);
+    }
+    http_server_post(c->srv->http, c->loop, control_answer, c);
+}
+
+/* What HTTP's load and unload check first: the control mode, the token,
+ * the drain. 0 when the call may go on; otherwise the error is sent. */
+static int control_allowed(struct grpc_stream *st) {
+    grpc_server_t *s = grpc_stream_server(st);
+    if (s->cfg->model_control_mode != SERVER_CONTROL_EXPLICIT) {
+        grpc_stream_errorf(st, GRPC_UNAVAILABLE,
+                           "explicit model load / unload is not allowed: start kiln with --model-control-mode explicit");
+        return -1;
+    }
+    if (!http_server_control_token_ok(s->http, st->authorization)) {
+        grpc_stream_errorf(st, GRPC_UNAUTHENTICATED,
+                           "load and unload need the metadata 'authorization: Bearer <control token>'");
+        return -1;
+    }
+    if (http_server_draining(s->http)) {
+        grpc_stream_errorf(st, GRPC_UNAVAILABLE, "the server is shutting down");
+        return -1;
+    }
+    return 0;
+}
+
+/* Sends the control job to the control thread; takes config. */
+static void control_start(struct grpc_stream *st, const char *name, char *config, int load) {
+    struct grpc_control *c = calloc(1, sizeof *c);
+    if (!c) {
+        free(config);
+        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        return;
+    }
+    grpc_server_t *s = grpc_stream_server(st);
+    *c = (struct grpc_control){.st = st, .srv = s, .loop = grpc_stream_loop(st)->index, .config = config, .load = load};
+    snprintf(c->name, sizeof c->name, "%s", name);
+    st->control = c;
+    http_server_control_post(s->http, control_run, c);
+}
+
+/* The model's name: required, as HTTP's path segment is. */
+static int control_name(struct grpc_stream *st, const char *name) {
+    if (name && *name && strlen(name) < sizeof ((struct grpc_control *)0)->name) return 0;
+    grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "model_name must name a model (1 to 255 bytes)");
+    return -1;
+}
+
+static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__RepositoryModelLoadRequest, inference__repository_model_load_request__unpack, st, msg, len);
+    const char *bad = NULL;
+    const char *config = NULL;
+    for (size_t i = 0; i < req->n_parameters && !bad; i++) {
+        const char *k = req->parameters[i]->key;
+        const Inference__ModelRepositoryParameter *p = req->parameters[i]->value;
+        if (k && strncmp(k, "file:", 5) == 0)
+            bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
+        else if (k && strcmp(k, "config") == 0) {
+            if (!p || p->parameter_choice_case != INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
+                bad = "parameters.config must be a string_param holding the model configuration JSON";
+            else config = p->string_param;
+        }
+    }
+    if (bad) grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s", bad);
+    else if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) {
+        char *cfg = config ? strdup(config) : NULL;
+        if (config && !cfg) grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        else control_start(st, req->model_name, cfg, 1);
+    }
+    inference__repository_model_load_request__free_unpacked(req, NULL);
+}
+
+static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__RepositoryModelUnloadRequest, inference__repository_model_unload_request__unpack, st, msg, len);
+    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) control_start(st, req->model_name, NULL, 0);
+    inference__repository_model_unload_request__free_unpacked(req, NULL);
+}
+
+/* ==== grpc.health.v1.Health ============================================== */
+
+/* The serving status of the services Check and Watch answer for. */
+static int health_status(struct grpc_stream *st) { return http_server_draining(grpc_stream_server(st)->http) ? 2 : 1; }
+
+/* HealthCheckResponse {status = 1: enum}, framed: 7 bytes. */
+static void health_send(struct grpc_stream *st, int status) {
+    uint8_t *buf = malloc(7);
+    if (!buf) return;
+    /* The gRPC prefix (uncompressed, 2 bytes), then field 1 = SERVING (1) or NOT_SERVING (2). */
+    memcpy(buf, "\0\0\0\0\2\x08", 6);
+    buf[6] = (uint8_t)status;
+    grpc_stream_queue(st, buf, 7);
+}
+
+/* The request names the whole server ("") or the inference service: 0;
+ * otherwise the call is answered (INVALID_ARGUMENT or NOT_FOUND) and -1. */
+static int health_request(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    static const char inference[] = "inference.GRPCInferenceService";
+    const uint8_t *svc;
+    size_t n;
+    if (grpc_health_request_service(msg, len, &svc, &n)) {
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid HealthCheckRequest message");
+        return -1;
+    }
+    if (n && !(n == sizeof inference - 1 && memcmp(svc, inference, n) == 0)) {
+        grpc_stream_errorf(st, GRPC_NOT_FOUND, "unknown service '%.*s': kiln serves '' and '%s'",
+                           (int)(n > 200 ? 200 : n), (const char *)svc, inference);
+        return -1;
+    }
+    return 0;
+}
+
+/* Check: SERVING for the whole server ("") and for the inference service,
+ * NOT_SERVING once the drain began; NOT_FOUND for another service. The
+ * answer is HealthCheckResponse {status = 1: enum}, two bytes. */
+static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    if (health_request(st, msg, len)) return;
+    health_send(st, health_status(st));
+    grpc_stream_finish(st, GRPC_OK, NULL);
+}
+
+/* Watch: the status now, then each change, until the client cancels or the
+ * server exits. The drain is the one change there is
+ * (grpc_server_begin_drain). */
+void grpc_health_detach(struct grpc_stream *st) {
+    if (!st->watch_status) return;
+    struct grpc_loop *l = grpc_stream_loop(st);
+    if (st->wprev) st->wprev->wnext = st->wnext;
+    else l->watchers = st->wnext;
+    if (st->wnext) st->wnext->wprev = st->wprev;
+    st->watch_status = 0;
+}
+
+void grpc_health_notify(struct grpc_loop *l) {
+    for (struct grpc_stream *st = l->watchers; st; st = st->wnext) {
+        int now = health_status(st);
+        if (now != st->watch_status) {
+            st->watch_status = now;
+            health_send(st, now);
+        }
+    }
+    grpc_loop_flush(l); /* after the walk: a flush may free streams */
+}
+
+static void health_watch(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    if (health_request(st, msg, len)) return;
+    struct grpc_loop *l = grpc_stream_loop(st);
+    st->watch_status = health_status(st);
+    st->wnext = l->watchers;
+    if (l->watchers) l->watchers->wprev = st;
+    l->watchers = st;
+    health_send(st, st->watch_status);
+}
+
 /* ==== shared memory ====================================================== */
 
 /* Triton's status array as the gRPC message's map: {"regions": {name: status}}. */
@@ -231,28 +434,30 @@ static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size
 
 static const struct grpc_method methods[] = {
     /* Inference first: it is most of the traffic. */
-    {"ModelInfer", 0, grpc_model_infer},
-    {"ModelStreamInfer", 1, grpc_model_stream_infer},
-    {"ServerLive", 0, server_live},
-    {"ServerReady", 0, server_ready},
-    {"ModelReady", 0, model_ready},
-    {"ServerMetadata", 0, server_metadata},
-    {"ModelMetadata", 0, model_metadata},
-    {"ModelConfig", 0, model_config},
-    {"ModelStatistics", 0, model_statistics},
-    {"RepositoryIndex", 0, repository_index_rpc},
-    {"SystemSharedMemoryStatus", 0, system_shm_status},
-    {"SystemSharedMemoryRegister", 0, system_shm_register},
-    {"SystemSharedMemoryUnregister", 0, system_shm_unregister},
-    {"CudaSharedMemoryStatus", 0, cuda_shm_status},
-    {"CudaSharedMemoryRegister", 0, cuda_shm_register},
-    {"CudaSharedMemoryUnregister", 0, cuda_shm_unregister},
+    {SERVICE "ModelInfer", 0, grpc_model_infer},
+    {SERVICE "ModelStreamInfer", 1, grpc_model_stream_infer},
+    {SERVICE "ServerLive", 0, server_live},
+    {SERVICE "ServerReady", 0, server_ready},
+    {SERVICE "ModelReady", 0, model_ready},
+    {SERVICE "ServerMetadata", 0, server_metadata},
+    {SERVICE "ModelMetadata", 0, model_metadata},
+    {SERVICE "ModelConfig", 0, model_config},
+    {SERVICE "ModelStatistics", 0, model_statistics},
+    {SERVICE "RepositoryIndex", 0, repository_index_rpc},
+    {SERVICE "RepositoryModelLoad", 0, model_load},
+    {SERVICE "RepositoryModelUnload", 0, model_unload},
+    {HEALTH "Check", 0, health_check},
+    {HEALTH "Watch", 0, health_watch},
+    {SERVICE "SystemSharedMemoryStatus", 0, system_shm_status},
+    {SERVICE "SystemSharedMemoryRegister", 0, system_shm_register},
+    {SERVICE "SystemSharedMemoryUnregister", 0, system_shm_unregister},
+    {SERVICE "CudaSharedMemoryStatus", 0, cuda_shm_status},
+    {SERVICE "CudaSharedMemoryRegister", 0, cuda_shm_register},
+    {SERVICE "CudaSharedMemoryUnregister", 0, cuda_shm_unregister},
 };
 
 const struct grpc_method *grpc_method_find(const char *path) {
-    size_t n = strlen(SERVICE);
-    if (strncmp(path, SERVICE, n) != 0) return NULL;
     for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
-        if (strcmp(path + n, methods[i].name) == 0) return &methods[i];
+        if (strcmp(path, methods[i].name) == 0) return &methods[i];
     return NULL;
 }

@@ -559,10 +559,9 @@ static void control_run(void *arg) {
     io_post(c->io, control_reply_cb, c);
 }
 
-static int check_token(http_server_t *s, struct evhttp_request *req) {
+int http_server_control_token_ok(const http_server_t *s, const char *auth) {
     const char *tok = s->cfg->control_token;
     if (!tok) return 1;
-    const char *auth = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
     if (!auth || strncmp(auth, "Bearer ", 7) != 0) return 0;
     auth += 7;
     size_t a = strlen(auth), b = strlen(tok);
@@ -579,7 +578,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
                                         "--model-control-mode explicit");
         return;
     }
-    if (!check_token(s, req)) {
+    if (!http_server_control_token_ok(s, evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"))) {
         evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
         reply_error(s, req, 401, "load and unload need the header 'Authorization: Bearer <control token>'");
         return;
@@ -1132,6 +1131,8 @@ struct event_base *http_server_loop_base(http_server_t *s, int i) { return s->io
 struct cache_redis *http_server_loop_redis(http_server_t *s, int i) { return s->io[i].redis; }
 
 void http_server_post(http_server_t *s, int i, void (*fn)(void *), void *arg) { io_post(&s->io[i], fn, arg); }
+
+void http_server_control_post(http_server_t *s, void (*fn)(void *), void *arg) { control_post(s, fn, arg); }
 
 struct infer_core *http_server_core(http_server_t *s) { return s->core; }
 

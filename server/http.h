@@ -58,6 +58,13 @@ struct cache_redis *http_server_loop_redis(http_server_t *s, int i);
 /* Runs fn(arg) on I/O thread i, from any thread (infer_reply_i.post). */
 void http_server_post(http_server_t *s, int i, void (*fn)(void *), void *arg);
 struct infer_core *http_server_core(http_server_t *s);
+/* Runs fn(arg) on the control thread, where repository load/unload may
+ * block; fn posts its answer back to its I/O thread. Any thread. */
+void http_server_control_post(http_server_t *s, void (*fn)(void *), void *arg);
+/* 1 when a load/unload request with this Authorization value ("Bearer
+ * TOKEN", NULL when absent) may run: --control-token matches (compared in
+ * constant time) or none is set. */
+int http_server_control_token_ok(const http_server_t *s, const char *authorization);
 /* 1 once http_server_begin_drain ran. Any thread. */
 int http_server_draining(const http_server_t *s);
 

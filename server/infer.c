@@ -177,6 +177,8 @@ void infer_request_drop(struct infer_request *r) {
     request_end(r);
 }
 
+void infer_request_set_deadline(struct infer_request *r, uint64_t deadline_ns) { r->br.deadline_ns = deadline_ns; }
+
 void infer_request_cancel(struct infer_request *r) { batcher_cancel(r->v->batcher, &r->br); }
 
 static void infer_complete_cb(void *arg) {

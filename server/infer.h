@@ -112,6 +112,10 @@ void infer_request_fail(struct infer_request *r, int status, const char *msg);
 /* The same, but the transport answers itself (an HTTP status of its own):
  * counted as an invalid request, reply is not called, r is freed. */
 void infer_request_drop(struct infer_request *r);
+/* The client stops waiting at deadline_ns (clock_now_ns; 0 = never): a
+ * request still queued then is dropped and answered STATUS_UNAVAILABLE
+ * ("Request timeout expired: ...", counted as a timeout). Before start. */
+void infer_request_set_deadline(struct infer_request *r, uint64_t deadline_ns);
 /* The client went away: a request still queued is dropped before it runs
  * (answered STATUS_CANCELLED later, never inside this call). Harmless before
  * infer_request_start and until send. */

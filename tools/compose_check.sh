@@ -6,7 +6,8 @@
 # addresses mapped to loopback and a fresh Redis password in
 # KILN_REDIS_PASSWORD. Checks: Redis refuses clients without the password,
 # ready, inference, the result landing in Redis and coming back from it,
-# metrics, and a clean drain on SIGTERM.
+# metrics, gRPC on its port (grpc.health.v1 Check over HTTP/2 with curl),
+# and a clean drain on SIGTERM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv-deploy
@@ -26,13 +27,13 @@ echo "compose-check: CPU image recipe (tools/image_cpu.sh runtime-deps, build)"
 tools/image_cpu.sh runtime-deps
 tools/image_cpu.sh build "$work/opt/kiln" >/dev/null
 
-redis_port=$(free_port); kiln_port=$(free_port)
+redis_port=$(free_port); kiln_port=$(free_port); grpc_port=$(free_port)
 # The services' settings, read from compose.yml itself.
 KILN_REDIS_PASSWORD=$(python3 -c 'import secrets; print(secrets.token_hex(24))')
 export KILN_REDIS_PASSWORD
-$V/bin/python - "$work" "$redis_port" "$kiln_port" "$PWD/model_repository" <<'PY'
+$V/bin/python - "$work" "$redis_port" "$kiln_port" "$grpc_port" "$PWD/model_repository" <<'PY'
 import os, re, shlex, sys, yaml
-work, redis_port, kiln_port, models = sys.argv[1:]
+work, redis_port, kiln_port, grpc_port, models = sys.argv[1:]
 
 
 def expand(x):
@@ -52,6 +53,10 @@ env = {k: expand(v) for k, v in c["services"]["kiln"]["environment"].items()}
 env["KILN_MODEL_REPOSITORY"] = models
 env["KILN_HTTP_ADDRESS"] = "127.0.0.1"
 env["KILN_HTTP_PORT"] = kiln_port
+# compose publishes the gRPC port it sets: the same one inside the container.
+if env.get("KILN_GRPC_PORT") != "8001" or "8001:8001" not in c["services"]["kiln"]["ports"]:
+    sys.exit("compose-check: compose.yml must set KILN_GRPC_PORT 8001 and publish 8001:8001")
+env["KILN_GRPC_PORT"] = grpc_port
 env["KILN_REDIS_URL"] = env["KILN_REDIS_URL"].replace("redis:6379", "127.0.0.1:" + redis_port)
 with open(work + "/kiln.env", "w") as f:
     for k, v in env.items():
@@ -89,8 +94,12 @@ second=$(curl -fsS "$base/v2/models/digits/infer" -d "$body")
 [ "$first" = "$second" ] || { echo "compose-check: cached answer differs"; exit 1; }
 metrics=$(curl -fsS "$base/metrics")
 grep -q '^kiln_cache_redis_stores_total [1-9]' <<<"$metrics" || { echo "compose-check: no Redis stores in /metrics"; exit 1; }
+# gRPC: a grpc.health.v1 Check (an empty request message) answers SERVING (field 1 = 1).
+health=$(printf '\0\0\0\0\0' | curl -fsS --http2-prior-knowledge -H 'content-type: application/grpc' -H 'te: trailers' \
+    --data-binary @- "http://127.0.0.1:$grpc_port/grpc.health.v1.Health/Check" | od -An -tx1 | tr -d ' \n')
+[ "$health" = 00000000020801 ] || { cat "$work/kiln.log"; echo "compose-check: gRPC health answered '$health'"; exit 1; }
 kill -TERM "$kiln_pid"
 rc=0; wait "$kiln_pid" || rc=$?
 kiln_pid=""
 [ "$rc" = 0 ] || { cat "$work/kiln.log"; echo "compose-check: kiln exited $rc on SIGTERM"; exit 1; }
-echo "compose-check: kiln + Redis from compose.yml: ready, infer, Redis tier, metrics, drain: ok"
+echo "compose-check: kiln + Redis from compose.yml: ready, infer, Redis tier, metrics, gRPC, drain: ok"

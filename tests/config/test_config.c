@@ -170,6 +170,27 @@ static void test_model_bounds_flags(void **state) {
     server_config_clear(&c);
 }
 
+/* The gRPC message limit: --max-request-size's unless set (0 here means
+ * "the same"), with size suffixes, from a flag or the environment. */
+static void test_grpc_max_message_size(void **state) {
+    struct server_config c;
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_int_equal(c.grpc_max_message_size, 0);
+    server_config_clear(&c);
+    char *set[] = {"serve", "--grpc-max-message-size", "8M"};
+    assert_int_equal(load(&c, 3, set), 0);
+    assert_int_equal(c.grpc_max_message_size, 8 << 20);
+    assert_int_equal(c.max_request_size, 64 << 20);
+    server_config_clear(&c);
+    setenv("KILN_GRPC_MAX_MESSAGE_SIZE", "100", 1);
+    assert_int_equal(load(&c, 1, none), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "KILN_GRPC_MAX_MESSAGE_SIZE"));
+    assert_non_null(strstr(g_err, "1024"));
+    unsetenv("KILN_GRPC_MAX_MESSAGE_SIZE");
+    server_config_clear(&c);
+}
+
 static void test_model_config_parse_and_json(void **state) {
     struct model_config c;
     model_config_init(&c, "m");
@@ -340,6 +361,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_the_source),
         cmocka_unit_test(test_control_auth),
         cmocka_unit_test(test_model_bounds_flags),
+        cmocka_unit_test(test_grpc_max_message_size),
         cmocka_unit_test(test_model_config_parse_and_json),
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),

@@ -205,6 +205,15 @@ def client(server):
 
 
 @pytest.fixture()
+def small_repo(tmp_path):
+    """tiny and typed, for the tests that load and unload."""
+    root = tmp_path / "repo"
+    save_model(root, "tiny", tiny_graph())
+    save_model(root, "typed", typed_graph())
+    return root
+
+
+@pytest.fixture()
 def make_server(tmp_path):
     """Starts extra servers for one test and stops them after it."""
     started = []
@@ -232,3 +241,48 @@ def raw_request(url, method, path, body=None, headers=None):
         return r.status, dict(r.getheaders()), r.read()
     finally:
         conn.close()
+
+
+def reload_under_traffic(root, model, load, open_client, infer, close_client, nthreads=6):
+    """Inference on `model` from nthreads clients (open_client(i) makes
+    thread i's, infer(c) answers the model version that served it) while
+    load() reloads it five times in place, then once more after version 2
+    was added to the repository. Returns (answers, failures, versions)."""
+    import threading
+    stop = threading.Event()
+    results = {"ok": 0, "fail": [], "versions": set()}
+    lock = threading.Lock()
+
+    def traffic(i):
+        c = open_client(i)
+        while not stop.is_set():
+            try:
+                v = infer(c)
+                with lock:
+                    results["ok"] += 1
+                    results["versions"].add(v)
+            except Exception as e:  # noqa: BLE001 - any failure is the test's failure
+                with lock:
+                    results["fail"].append(repr(e))
+        close_client(c)
+
+    threads = [threading.Thread(target=traffic, args=(i,)) for i in range(nthreads)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.3)
+        for _ in range(5):
+            load()  # reload in place
+            time.sleep(0.1)
+        # A new version appears: a reload swaps to it, in-flight requests finish on the old one.
+        save_model(root, model, tiny_graph(1), version=2)
+        load()
+        time.sleep(0.3)
+        before = results["ok"]
+        time.sleep(0.3)
+        assert results["ok"] > before, "no answers after the last reload"
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    return results["ok"], results["fail"], results["versions"]

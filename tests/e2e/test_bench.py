@@ -1,6 +1,7 @@
 """`kiln bench` against the real kiln: the counts it reports match the server's
 own statistics, a budget that cannot be met exits 1, one that is met exits 0,
-and the open loop measures from the schedule."""
+the open loop measures from the schedule, and --protocol grpc drives the same
+model through ModelInfer."""
 import json
 import subprocess
 
@@ -34,6 +35,29 @@ def test_counts_match_server_statistics(server, client, tmp_path):
     assert "p99" in r.stdout and "c=4" in r.stdout
 
 
+def test_grpc_counts_match_server_statistics(server, client, tmp_path):
+    before = success_count(client, "tiny")
+    out = tmp_path / "g.json"
+    r = bench(server, "-i", "grpc", "--grpc-url", server.grpc_url(), "-m", "tiny", "-b", "2", "-c", "1,8",
+              "-d", "1.5", "--warmup", "0", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "grpc://" in r.stdout
+    rep = json.loads(out.read_text())
+    assert rep["protocol"] == "grpc"
+    levels = rep["levels"]
+    assert all(lv["errors"] == 0 and lv["requests"] > 0 for lv in levels)
+    sent = sum(lv["requests"] for lv in levels)
+    assert success_count(client, "tiny") - before == sent
+    # A request the server refuses is a failure with its grpc-status and message.
+    r = bench(server, "-i", "grpc", "--grpc-url", server.grpc_url(), "-m", "tiny", "-x", "1", "--shape", "x:1,5",
+              "-c", "1", "-n", "5", "--warmup", "0")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "failed with grpc-status 3" in r.stdout and "shape" in r.stdout
+    # Nobody listening: connection errors, and the run ends.
+    r = bench(server, "-i", "grpc", "--grpc-url", "127.0.0.1:1", "-m", "tiny", "-c", "2", "-d", "1", "--warmup", "0")
+    assert r.returncode == 1 and "connection error" in r.stdout, r.stdout + r.stderr
+
+
 def test_latency_budget_gate(server):
     r = bench(server, "-m", "tiny", "-c", "2", "-d", "1", "--warmup", "0", "--latency-budget", "p50=1ns")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -60,7 +84,7 @@ def test_help_documents_the_options():
     r = subprocess.run([str(KILN), "bench", "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0
     for opt in ("--concurrency", "--rate", "--poisson", "--latency-budget", "--csv", "--json", "--input-data",
-                "--json-data", "-b, --batch-size"):
+                "--json-data", "-b, --batch-size", "--protocol http|grpc", "--grpc-url"):
         assert opt in r.stdout, opt
 
 

@@ -1,8 +1,10 @@
 """The gRPC front end through the real tritonclient.grpc (and its generated
-stub for what the client cannot send: typed contents, malformed messages):
-health, metadata, configuration, statistics, the repository index, inference
-with raw and typed contents, streaming, errors with HTTP's messages, limits,
-many requests at once, and HTTP still answering beside it."""
+stub for what the client cannot send: typed contents, malformed messages;
+and raw HTTP/2 frames for hostile clients): health, metadata, configuration,
+statistics, the repository index, load and unload, inference with raw and
+typed contents, streaming, errors with HTTP's messages, deadlines,
+cancellation, limits and floods, many requests at once, and HTTP still
+answering beside it."""
 import queue
 import signal
 import subprocess
@@ -18,7 +20,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import KILN, save_model, tiny_graph
+import h2frames
+from conftest import KILN, raw_request, reload_under_traffic, save_model, slow_graph, tiny_graph
 
 
 @pytest.fixture(scope="module")
@@ -266,14 +269,23 @@ def test_malformed_protobuf(server):
 
 
 def test_message_limit(make_server, repo):
-    s = make_server(repo, "--max-request-size", "64K")
-    c = grpcclient.InferenceServerClient(s.grpc_url())
     big = np.ones((5000, 4), np.float32)  # 80 000 bytes of tensor
-    e = grpc_error(c.infer, "tiny", [fp32_input("x", big)])
-    assert e.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--max-request-size" in e.message()
-    r = c.infer("tiny", [fp32_input("x", np.ones((2, 4), np.float32))])
-    assert r.as_numpy("probs").shape == (2, 3)
-    c.close()
+    # --grpc-max-message-size, or else --max-request-size, bounds a message.
+    for args in (("--max-request-size", "64K"), ("--grpc-max-message-size", "64K")):
+        s = make_server(repo, *args)
+        c = grpcclient.InferenceServerClient(s.grpc_url())
+        e = grpc_error(c.infer, "tiny", [fp32_input("x", big)])
+        assert e.status() == "StatusCode.RESOURCE_EXHAUSTED", args
+        assert "--grpc-max-message-size (65536 bytes)" in e.message()
+        r = c.infer("tiny", [fp32_input("x", np.ones((2, 4), np.float32))])
+        assert r.as_numpy("probs").shape == (2, 3)
+        c.close()
+    # HTTP keeps its own limit (64M): the body is read, and only the batch size is wrong.
+    h = httpclient.InferenceServerClient(s.url)
+    hi = httpclient.InferInput("x", list(big.shape), "FP32")
+    hi.set_data_from_numpy(big)
+    assert "max_batch_size 32" in http_error(h.infer, "tiny", [hi])
+    h.close()
 
 
 # ---- streaming -----------------------------------------------------------
@@ -462,3 +474,379 @@ def test_settings_from_file_and_environment(make_server, tmp_path):
     assert p.returncode == 2 and "grpc-port" in p.stderr and "0-65535" in p.stderr
     help_text = subprocess.run([str(KILN), "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
     assert "--grpc-port" in help_text and "--grpc-address" in help_text and "--allow-grpc" in help_text
+    assert "--grpc-max-message-size" in help_text
+
+
+# ---- grpc.health.v1.Health -----------------------------------------------
+
+def test_health_service(server):
+    channel = grpc.insecure_channel(server.grpc_url())
+    check = channel.unary_unary("/grpc.health.v1.Health/Check")
+    serving = b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+    assert check(b"") == serving
+    name = b"inference.GRPCInferenceService"
+    assert check(b"\x0a" + bytes([len(name)]) + name) == serving
+    with pytest.raises(grpc.RpcError) as e:
+        check(b"\x0a\x05other")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "other" in e.value.details()
+    with pytest.raises(grpc.RpcError) as e:
+        check(b"\x0a\x7f")  # a string longer than the message
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.RpcError) as e:
+        channel.unary_unary("/grpc.health.v1.Health/Nope")(b"")
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    channel.close()
+
+
+def test_health_watch_sees_the_drain(make_server, tmp_path):
+    """Watch: SERVING at once, NOT_SERVING when the drain begins (requests are
+    still running then), and the stream ends when the server exits."""
+    root = tmp_path / "repo"
+    save_model(root, "slower", slow_graph(depth=300, width=512))
+    s = make_server(root)
+    url = s.grpc_url()
+    channel = grpc.insecure_channel(url)
+    watch = channel.unary_stream("/grpc.health.v1.Health/Watch")(b"")
+    assert next(watch) == b"\x08\x01"
+    other = channel.unary_stream("/grpc.health.v1.Health/Watch")(b"\x0a\x05other")
+    with pytest.raises(grpc.RpcError) as e:
+        next(other)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    req = service_pb2.ModelInferRequest(model_name="slower")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
+    busy = [stub.ModelInfer.future(req) for _ in range(20)]  # the drain waits for them
+    deadline = time.monotonic() + 10
+    while pending(s, "slower") < 10 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    s.signal(signal.SIGTERM)
+    assert next(watch) == b"\x08\x02"  # NOT_SERVING
+    with pytest.raises((StopIteration, grpc.RpcError)):
+        next(watch)
+    assert s.proc.wait(timeout=60) == 0
+    # Calls accepted before the drain are answered; later ones are refused.
+    done = 0
+    for f in busy:
+        try:
+            done += len(f.result(timeout=60).raw_output_contents) == 1
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in e.details()
+    assert done >= 10
+    channel.close()
+
+
+# ---- load and unload -----------------------------------------------------
+
+def test_load_unload(make_server, small_repo):
+    s = make_server(small_repo, "--model-control-mode", "explicit", "--load-model", "tiny")
+    c = grpcclient.InferenceServerClient(s.grpc_url())
+    h = httpclient.InferenceServerClient(s.url)
+    assert c.is_model_ready("tiny") and not c.is_model_ready("typed")
+    c.load_model("typed")
+    assert c.is_model_ready("typed") and h.is_model_ready("typed")
+    index = {m["name"]: m for m in c.get_model_repository_index(as_json=True)["models"]}
+    assert index["typed"]["state"] == "READY"
+    c.unload_model("tiny")
+    assert not c.is_model_ready("tiny")
+    e = grpc_error(c.infer, "tiny", [fp32_input("x", np.ones((1, 4), np.float32))])
+    assert e.status() == "StatusCode.UNAVAILABLE" and "not ready" in e.message()
+    # A configuration in the request replaces config.json, as over HTTP.
+    c.load_model("tiny", config='{"max_batch_size": 4}')
+    assert c.get_model_config("tiny", as_json=True)["config"]["max_batch_size"] == 4
+    assert c.infer("tiny", [fp32_input("x", np.ones((2, 4), np.float32))]).as_numpy("probs").shape == (2, 3)
+    # Errors carry HTTP's messages.
+    e = grpc_error(c.load_model, "no_such_model")
+    assert e.status() == "StatusCode.NOT_FOUND" or e.status() == "StatusCode.INVALID_ARGUMENT"
+    assert e.message() == http_error(h.load_model, "no_such_model")
+    e = grpc_error(c.load_model, "tiny", config="{not json")
+    assert e.message() == http_error(h.load_model, "tiny", config="{not json")
+    e = grpc_error(c.load_model, "tiny", files={"file:1/model.onnx": b"x"})
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "file:" in e.message()
+    e = grpc_error(c.unload_model, "")
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "model_name" in e.message()
+    assert c.is_model_ready("tiny")
+    c.close()
+    h.close()
+    assert "unload of model 'tiny' requested" in s.text()
+
+
+def test_load_refused(make_server, small_repo, server):
+    c = grpcclient.InferenceServerClient(server.grpc_url())
+    e = grpc_error(c.load_model, "tiny")
+    assert e.status() == "StatusCode.UNAVAILABLE" and "--model-control-mode explicit" in e.message()
+    e = grpc_error(c.unload_model, "tiny")
+    assert e.status() == "StatusCode.UNAVAILABLE"
+    c.close()
+    s = make_server(small_repo, "--model-control-mode", "explicit", env={"KILN_CONTROL_TOKEN": "s3cret"})
+    c = grpcclient.InferenceServerClient(s.grpc_url())
+    e = grpc_error(c.load_model, "tiny")
+    assert e.status() == "StatusCode.UNAUTHENTICATED" and "authorization" in e.message()
+    e = grpc_error(c.load_model, "tiny", headers={"authorization": "Bearer wrong"})
+    assert e.status() == "StatusCode.UNAUTHENTICATED"
+    assert not c.is_model_ready("tiny")
+    c.load_model("tiny", headers={"authorization": "Bearer s3cret"})
+    assert c.is_model_ready("tiny")
+    c.unload_model("tiny", headers={"authorization": "Bearer s3cret"})
+    assert not c.is_model_ready("tiny")
+    c.close()
+
+
+class StreamClient:
+    """A tritonclient.grpc client whose calls go over ModelStreamInfer."""
+
+    def __init__(self, url):
+        self.c = grpcclient.InferenceServerClient(url)
+        self.got = queue.Queue()
+        self.c.start_stream(callback=lambda result, error: self.got.put((result, error)))
+
+    def infer(self, model, inputs):
+        self.c.async_stream_infer(model, inputs)
+        r, e = self.got.get(timeout=30)
+        if e is not None:
+            raise e
+        return r
+
+    def close(self):
+        self.c.stop_stream()
+        self.c.close()
+
+
+def test_reload_under_grpc_traffic_no_failures(make_server, tmp_path):
+    """Reloads while unary and streaming calls go on: not one fails."""
+    root = tmp_path / "repo"
+    save_model(root, "hot", tiny_graph(0), version=1)
+    s = make_server(root, "--model-control-mode", "explicit", "--load-model", "hot")
+    url = s.grpc_url()
+    ctl = grpcclient.InferenceServerClient(url)
+    x = np.ones((1, 4), np.float32)
+    ok, fail, versions = reload_under_traffic(
+        root, "hot", lambda: ctl.load_model("hot"),
+        lambda i: StreamClient(url) if i % 2 else grpcclient.InferenceServerClient(url),
+        lambda c: c.infer("hot", [fp32_input("x", x)]).get_response().model_version, lambda c: c.close())
+    assert fail == [], "\n".join(fail)
+    assert ok > 50
+    assert versions == {"1", "2"}
+    assert ctl.get_model_metadata("hot", as_json=True)["versions"] == ["2"]
+    ctl.close()
+
+
+# ---- deadlines and cancellation of queued work ---------------------------
+
+def metric(server, key):
+    status, _, body = raw_request(server.url, "GET", "/metrics")
+    assert status == 200
+    line = next((l for l in body.decode().splitlines() if l.startswith(key + " ")), None)
+    return int(float(line.split()[-1])) if line else 0
+
+
+def failures(server, model, reason):
+    return metric(server, f'kiln_inference_request_failure{{model="{model}",version="1",reason="{reason}"}}')
+
+
+def pending(server, model):
+    return metric(server, f'kiln_inference_pending_request_count{{model="{model}",version="1"}}')
+
+
+def slow_request():
+    req = service_pb2.ModelInferRequest(model_name="slow")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
+    return req.SerializeToString()
+
+
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def test_deadline_while_queued(server):
+    """A call whose grpc-timeout passes while it waits in the queue is
+    dropped before it runs and answered DEADLINE_EXCEEDED by the server
+    (a raw client: it does not cancel at its deadline itself)."""
+    before = failures(server, "slow", "timeout")
+    c = h2frames.Conn(server.grpc_url())
+    body = slow_request()
+    for sid in range(1, 121, 2):  # 60 calls ahead of it, without deadlines
+        c.call(sid, INFER, body)
+    c.call(121, INFER, body, extra=[("grpc-timeout", "2m")])
+    assert c.wait(lambda fr: c.ended(121), timeout=60)
+    trailers = [f for f in c.frames if f[2] == 121 and f[0] == h2frames.HEADERS]
+    # grpc-status 4 (DEADLINE_EXCEEDED): a one-byte literal, never Huffman-coded.
+    assert b"\x014" in trailers[-1][3]
+    assert not any(f[2] == 121 and f[0] == h2frames.DATA and f[3] for f in c.frames)
+    assert c.wait(lambda fr: all(c.ended(sid) for sid in range(1, 121, 2)), timeout=60)
+    c.close()
+    assert failures(server, "slow", "timeout") == before + 1
+    # A malformed grpc-timeout is the client's error.
+    c = h2frames.Conn(server.grpc_url())
+    c.call(1, INFER, body, extra=[("grpc-timeout", "soon")])
+    assert c.wait(lambda fr: c.ended(1))
+    c.close()
+
+
+def test_deadline_with_tritonclient(make_server, tmp_path):
+    """tritonclient's client_timeout: DEADLINE_EXCEEDED for a call stuck in
+    the queue, and the server drops it (cancelled or timed out, whichever
+    side saw the deadline first) instead of running it."""
+    root = tmp_path / "repo"
+    save_model(root, "slower", slow_graph(depth=300, width=512))
+    server = make_server(root)
+    channel = grpc.insecure_channel(server.grpc_url())
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    req = service_pb2.ModelInferRequest(model_name="slower")
+    req.inputs.add(name="x", datatype="FP32", shape=[1, 512])
+    req.raw_input_contents.append(np.ones((1, 512), np.float32).tobytes())
+    ahead = [stub.ModelInfer.future(req) for _ in range(100)]
+    deadline = time.monotonic() + 10
+    while pending(server, "slower") < 50 and time.monotonic() < deadline:  # a queue ahead of the call
+        time.sleep(0.001)
+    c = grpcclient.InferenceServerClient(server.grpc_url())
+    e = grpc_error(c.infer, "slower", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=0.02)
+    assert e.status() == "StatusCode.DEADLINE_EXCEEDED"
+    for f in ahead:
+        f.result(timeout=60)
+    assert c.infer("slower", [fp32_input("x", np.ones((1, 512), np.float32))], client_timeout=60)
+    # It never ran: the server ran the 100 ahead and the last one, and
+    # counted the dropped call (unless the client's reset came before the
+    # server had read the call at all).
+    stats = c.get_inference_statistics("slower", as_json=True)["model_stats"][0]["inference_stats"]
+    assert int(stats["success"]["count"]) == 101
+    assert failures(server, "slower", "timeout") + failures(server, "slower", "cancelled") <= 1
+    c.close()
+    channel.close()
+
+
+def test_cancelled_and_closed_drop_queued_work(server, gclient):
+    """RST_STREAM from the client, or its connection closing, drops the
+    calls still queued: counted as cancelled, never run."""
+    body = slow_request()
+    before = failures(server, "slow", "cancelled")
+    c = h2frames.Conn(server.grpc_url())
+    sids = list(range(1, 81, 2))
+    for sid in sids:
+        c.call(sid, INFER, body)
+    c.send(b"".join(h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08") for sid in sids[10:]))
+    assert c.wait(lambda fr: all(c.ended(sid) for sid in sids[:10]), timeout=60)
+    c.close()
+    time.sleep(0.5)
+    reset = failures(server, "slow", "cancelled") - before
+    assert 0 < reset <= 30
+    c = h2frames.Conn(server.grpc_url())
+    for sid in range(1, 241, 2):
+        c.call(sid, INFER, body)
+    time.sleep(0.02)
+    c.close()  # the connection goes with most of its 120 calls queued
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and failures(server, "slow", "cancelled") - before - reset == 0:
+        time.sleep(0.1)
+    assert failures(server, "slow", "cancelled") - before - reset > 0
+    assert gclient.infer("slow", [fp32_input("x", np.ones((1, 512), np.float32))]).as_numpy("y").shape == (1, 512)
+
+
+# ---- hostile clients: streams, floods, malformed frames ------------------
+
+def still_serving(gclient):
+    assert gclient.is_server_live()
+    assert gclient.infer("tiny", [fp32_input("x", np.ones((1, 4), np.float32))]).as_numpy("probs").shape == (1, 3)
+
+
+def test_max_concurrent_streams(server, gclient):
+    c = h2frames.Conn(server.grpc_url())
+    block = h2frames.header_block(h2frames.grpc_headers("/inference.GRPCInferenceService/ServerLive"))
+    # 200 calls open at once (no END_STREAM): past SETTINGS_MAX_CONCURRENT_STREAMS (128) they are refused.
+    c.send(b"".join(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, sid, block) for sid in range(1, 401, 2)))
+    refused = lambda fr: [f for f in fr if f[0] == h2frames.RST_STREAM and
+                          int.from_bytes(f[3], "big") == h2frames.REFUSED_STREAM]
+    assert c.wait(lambda fr: len(refused(fr)) >= 72)
+    assert len(refused(c.frames)) == 72 and min(f[2] for f in refused(c.frames)) == 257
+    # The open ones still answer when their message comes.
+    c.send(h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 1, h2frames.grpc_message(b"")))
+    assert c.wait(lambda fr: any(f[2] == 1 and f[0] == h2frames.DATA and f[3] for f in fr))
+    c.close()
+    still_serving(gclient)
+
+
+@pytest.mark.parametrize("flood", ["settings", "ping", "continuation", "reset"])
+def test_floods_get_goaway(server, gclient, flood):
+    c = h2frames.Conn(server.grpc_url())
+    if flood == "settings":
+        c.send(h2frames.frame(h2frames.SETTINGS, 0, 0) * 20000)
+    elif flood == "ping":
+        # PINGs whose ACKs the client never reads: once the socket is full,
+        # the ACKs wait in the server, and past a bound the connection goes.
+        def pings():
+            try:
+                for _ in range(40):
+                    c.send(h2frames.frame(h2frames.PING, 0, 0, b"12345678") * 10000)
+            except OSError:
+                pass  # the server stopped reading: it gave up on this client
+        sender = threading.Thread(target=pings)
+        sender.start()
+        sender.join(timeout=3)
+    elif flood == "continuation":
+        c.send(h2frames.frame(h2frames.HEADERS, 0, 1, h2frames.header_block([(":method", "POST")])))
+        c.send(b"".join(h2frames.frame(h2frames.CONTINUATION, 0, 1, h2frames.header_block([("x", "y")]))
+                        for _ in range(100)))
+    else:  # rapid reset: open a stream and cancel it, over and over
+        block = h2frames.header_block(h2frames.grpc_headers(INFER))
+        c.send(b"".join(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, sid, block) +
+                        h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08")
+                        for sid in range(1, 6001, 2)))
+    code = c.goaway(timeout=30)
+    assert code is not None and code != 0, (flood, code)
+    assert c.wait(lambda fr: False, timeout=5) is False and c.closed
+    c.close()
+    still_serving(gclient)
+
+
+def test_header_list_too_large(server, gclient):
+    c = h2frames.Conn(server.grpc_url())
+    # 80 KiB of headers, over SETTINGS_MAX_HEADER_LIST_SIZE (64 KiB), in HEADERS + CONTINUATIONs.
+    block = h2frames.header_block(h2frames.grpc_headers("/inference.GRPCInferenceService/ServerLive",
+                                                        [(f"x-pad-{i}", "v" * 1000) for i in range(80)]))
+    parts = [block[i:i + 16000] for i in range(0, len(block), 16000)]
+    c.send(h2frames.frame(h2frames.HEADERS, 0, 1, parts[0]) +
+           b"".join(h2frames.frame(h2frames.CONTINUATION, h2frames.END_HEADERS if i == len(parts) - 1 else 0, 1, p)
+                    for i, p in enumerate(parts[1:], 1)))
+    assert c.wait(lambda fr: any(f[0] == h2frames.RST_STREAM and f[2] == 1 for f in fr))
+    # The connection itself goes on.
+    c.call(3, "/inference.GRPCInferenceService/ServerLive", b"")
+    assert c.wait(lambda fr: any(f[2] == 3 and f[0] == h2frames.DATA and f[3] for f in fr))
+    c.close()
+    still_serving(gclient)
+
+
+def test_connection_buffer_bound(make_server, repo):
+    """Calls whose messages never finish hold at most 4 messages' worth of
+    bytes on one connection: the call past it gets RESOURCE_EXHAUSTED, the
+    others and the connection go on."""
+    s = make_server(repo, "--grpc-max-message-size", "64K")
+    c = h2frames.Conn(s.grpc_url())
+    block = h2frames.header_block(h2frames.grpc_headers(INFER))
+    part = b"\x00" + (60000).to_bytes(4, "big") + b"\x0a" * 14995  # the start of a 60000-byte message
+    for sid in range(1, 11, 2):
+        c.send(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, sid, block))
+        for k in range(4):  # 60 000 bytes in 15 000-byte DATA frames, no END_STREAM
+            c.send(h2frames.frame(h2frames.DATA, 0, sid, part if k == 0 else b"\x0a" * 15000))
+    assert c.wait(lambda fr: c.ended(9))
+    block9 = [f for f in c.frames if f[2] == 9 and f[0] == h2frames.HEADERS][-1][3]
+    assert b"\x018" in block9  # grpc-status 8, RESOURCE_EXHAUSTED
+    assert not any(c.ended(sid) for sid in (1, 3, 5, 7))
+    c.send(b"".join(h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08") for sid in (1, 3, 5, 7)))
+    c.call(11, "/inference.GRPCInferenceService/ServerLive", b"")
+    assert c.wait(lambda fr: any(f[2] == 11 and f[0] == h2frames.DATA and f[3] for f in fr))
+    c.close()
+
+
+@pytest.mark.parametrize("bad", ["settings_length", "data_on_stream_0", "window_zero", "garbage", "even_stream"])
+def test_malformed_frames_get_goaway(server, gclient, bad):
+    c = h2frames.Conn(server.grpc_url())
+    c.send({"settings_length": h2frames.frame(h2frames.SETTINGS, 0, 0, b"\x00" * 5),
+            "data_on_stream_0": h2frames.frame(h2frames.DATA, 0, 0, b"xx"),
+            "window_zero": h2frames.frame(h2frames.WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"),
+            "garbage": b"\xff" * 64,
+            "even_stream": h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, 2,
+                                          h2frames.header_block(h2frames.grpc_headers(INFER)))}[bad])
+    code = c.goaway()
+    assert code is not None and code != 0, (bad, code)
+    c.close()
+    still_serving(gclient)

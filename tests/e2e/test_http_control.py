@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import raw_request, save_model, tiny_graph, typed_graph
+from conftest import raw_request, reload_under_traffic, save_model, tiny_graph
 
 
 def infer_tiny(c, model="tiny", version=""):
@@ -18,14 +18,6 @@ def infer_tiny(c, model="tiny", version=""):
     i = httpclient.InferInput("x", [1, 4], "FP32")
     i.set_data_from_numpy(x)
     return c.infer(model, [i], model_version=version)
-
-
-@pytest.fixture()
-def small_repo(tmp_path):
-    root = tmp_path / "repo"
-    save_model(root, "tiny", tiny_graph())
-    save_model(root, "typed", typed_graph())
-    return root
 
 
 def test_explicit_load_unload(make_server, small_repo):
@@ -107,48 +99,14 @@ def test_reload_under_traffic_no_failures(make_server, tmp_path):
     root = tmp_path / "repo"
     save_model(root, "hot", tiny_graph(0), version=1)
     s = make_server(root, "--model-control-mode", "explicit", "--load-model", "hot")
-    stop = threading.Event()
-    results = {"ok": 0, "fail": [], "versions": set()}
-    lock = threading.Lock()
-
-    def traffic():
-        c = httpclient.InferenceServerClient(s.url)
-        while not stop.is_set():
-            try:
-                r = infer_tiny(c, "hot")
-                with lock:
-                    results["ok"] += 1
-                    results["versions"].add(r.get_response()["model_version"])
-            except Exception as e:  # any failure is a test failure
-                with lock:
-                    results["fail"].append(repr(e))
-        c.close()
-
-    threads = [threading.Thread(target=traffic) for _ in range(6)]
-    for t in threads:
-        t.start()
     ctl = httpclient.InferenceServerClient(s.url)
-    try:
-        time.sleep(0.3)
-        for _ in range(5):
-            ctl.load_model("hot")  # reload in place
-            time.sleep(0.1)
-        # A new version appears: a reload swaps to it, in-flight requests finish on the old one.
-        save_model(root, "hot", tiny_graph(1), version=2)
-        ctl.load_model("hot")
-        time.sleep(0.3)
-        before = results["ok"]
-        time.sleep(0.3)
-        assert results["ok"] > before
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert results["fail"] == []
-    assert results["ok"] > 50
-    assert results["versions"] == {"1", "2"}
+    ok, fail, versions = reload_under_traffic(
+        root, "hot", lambda: ctl.load_model("hot"), lambda i: httpclient.InferenceServerClient(s.url),
+        lambda c: infer_tiny(c, "hot").get_response()["model_version"], lambda c: c.close())
+    assert fail == []
+    assert ok > 50
+    assert versions == {"1", "2"}
     assert ctl.get_model_metadata("hot")["versions"] == ["2"]
-    ctl.close()
 
 
 def test_unload_other_model_under_traffic(make_server, small_repo):

@@ -679,6 +679,48 @@ static void test_timeout_delay_action(void **state) {
         treq_release(&t[i]);
 }
 
+/* A client's deadline (gRPC's grpc-timeout) drops a queued request even
+ * where the policy delays rather than rejects, and even with no queue
+ * timeout at all; the earlier of the two applies. */
+static void test_client_deadline(void **state) {
+    (void)state;
+    ex_reset();
+    struct batcher_params p = base_params();
+    p.default_queue_policy.timeout_action = BATCHER_TIMEOUT_DELAY;
+    p.default_queue_policy.default_timeout_us = 100;
+    batcher_t *b = make(&p);
+    static struct treq t[4];
+    for (int i = 0; i < 4; i++) {
+        treq_init(&t[i], 1, 1, (float)(i * 10));
+        t[i].r.rows = 0;
+    }
+    uint64_t now = atomic_load(&fake_clock);
+    t[1].r.deadline_ns = now + 50000;    /* before the policy's 100 us */
+    t[2].r.deadline_ns = now + 1000000;  /* after it: delayed first, then dropped */
+    gate_close();
+    assert_int_equal(batcher_submit(b, &t[0].r), 0);
+    WAIT_FOR(ex_blocked() == 1);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(batcher_submit(b, &t[i].r), 0);
+    advance_us(60);
+    WAIT_FOR(atomic_load(&t[1].ndone) == 1);
+    assert_int_equal(t[1].r.status, STATUS_UNAVAILABLE);
+    assert_non_null(strstr(t[1].r.err, "client's deadline"));
+    advance_us(100);
+    settle();
+    assert_int_equal(atomic_load(&t[2].ndone), 0); /* delayed by the policy, still in its client's time */
+    advance_us(1000);
+    WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    assert_int_equal(t[2].r.status, STATUS_UNAVAILABLE);
+    assert_non_null(strstr(t[2].r.err, "client's deadline"));
+    gate_open();
+    batcher_free(b);
+    treq_check_ok(&t[0]);
+    treq_check_ok(&t[3]); /* no deadline of its own: delayed, then served */
+    treq_release(&t[0]);
+    treq_release(&t[3]);
+}
+
 static void test_priorities_highest_first(void **state) {
     (void)state;
     ex_reset();
@@ -1337,6 +1379,7 @@ int main(void) {
         cmocka_unit_test(test_timeout_rejects_at_deadline),
         cmocka_unit_test(test_timeout_override_not_allowed),
         cmocka_unit_test(test_timeout_delay_action),
+        cmocka_unit_test(test_client_deadline),
         cmocka_unit_test(test_priorities_highest_first),
         cmocka_unit_test(test_priority_batches_fill_in_priority_order),
         cmocka_unit_test(test_cancel_queued),
