@@ -1425,9 +1425,8 @@ static int is_nonzero(const struct tensor *t, int64_t i) {
 static int nonzero_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
-        op_error(c, "NonZero's output shape depends on its input's values, which are only known at run time; "
-                    "kiln supports NonZero on constant inputs only");
-        return STATUS_UNSUPPORTED;
+        op_error(c, "NonZero's output shape depends on its input's values, which are computed at run time");
+        return STATUS_DATA_DEPENDENT;
     }
     int rc = need_bytes_dtype(c, x, "input");
     if (rc) return rc;
@@ -2017,8 +2016,8 @@ static void unique_view(const struct tensor *x, int axis, struct unique_ctx *u) 
 static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
-        op_error(c, "Unique's output shape depends on its input's values; the input must be known when the plan is built");
-        return STATUS_UNSUPPORTED;
+        op_error(c, "Unique's output shape depends on its input's values, which are computed at run time");
+        return STATUS_DATA_DEPENDENT;
     }
     int rc = need_bytes_dtype(c, x, "input");
     if (rc) return rc;
