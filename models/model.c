@@ -19,6 +19,7 @@
 #include "models/valrun.h"
 
 struct model {
+    char *path; /* for logs */
     struct graph *g;
     struct model_io *ins, *outs;
     struct plan_cache *plans; /* host plans, shared by every CPU execution context */
@@ -87,6 +88,10 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
         status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
         return NULL;
     }
+    if (!(m->path = strdup(p->path))) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+        goto fail;
+    }
     m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
     m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
     m->fp16 = p->fp16 != 0;
@@ -119,6 +124,7 @@ void model_free(struct model *m) {
     if (!m) return;
     plan_cache_free(m->plans);
     graph_free(m->g);
+    free(m->path);
     free(m->ins);
     free(m->outs);
     free(m);
@@ -293,8 +299,7 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
     if (built) x->builds++;
     if (rc == STATUS_DATA_DEPENDENT) {
         if (!atomic_exchange(&m->value_driven, 1))
-            log_info("model %s runs node by node on the CPU, without plans or batching: %s",
-                     g->name ? g->name : "", err);
+            log_info("%s runs node by node on the CPU, without plans or batching: %s", m->path, err);
         return valrun_graph(g, inputs, outputs, err, err_len);
     }
     if (rc) return rc;
