@@ -13,6 +13,7 @@ const char *status_str(int status) {
     case STATUS_INTERNAL: return "INTERNAL";
     case STATUS_NOMEM: return "NOMEM";
     case STATUS_CANCELLED: return "CANCELLED";
+    case STATUS_DATA_DEPENDENT: return "DATA_DEPENDENT";
     default: return "UNKNOWN";
     }
 }
@@ -24,6 +25,7 @@ int status_http_code(int status) {
     case STATUS_NOT_FOUND: return 404;
     case STATUS_UNAVAILABLE: return 503;
     case STATUS_UNSUPPORTED: return 501;
+    case STATUS_DATA_DEPENDENT: return 501;
     case STATUS_CANCELLED: return 499;
     default: return 500;
     }

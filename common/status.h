@@ -2,7 +2,7 @@
  *
  * Every function that can fail returns 0 (STATUS_OK) or a negative status.
  * The HTTP edge maps them to Triton's codes: INVALID 400, NOT_FOUND 404,
- * UNAVAILABLE 503, UNSUPPORTED 501, everything else 500. Messages travel
+ * UNAVAILABLE 503, UNSUPPORTED and DATA_DEPENDENT 501, everything else 500. Messages travel
  * separately, in a caller-provided buffer (char *err, size_t err_len). */
 #ifndef KILN_STATUS_H
 #define KILN_STATUS_H
@@ -18,6 +18,11 @@ enum status {
     STATUS_INTERNAL = -5,    /* a bug or a vendor failure: 500 */
     STATUS_NOMEM = -6,       /* allocation failed or a limit was hit: 500 */
     STATUS_CANCELLED = -7,   /* the client went away */
+    /* A node's output shape depends on values computed at run time (NonZero,
+     * NonMaxSuppression, TopK of a computed K): no plan per input shape can
+     * hold it; the model runs such requests node by node (models/valrun.h).
+     * 501 if it ever reaches a client. */
+    STATUS_DATA_DEPENDENT = -8,
 };
 
 /* Returns a constant name such as "INVALID". */

@@ -101,7 +101,12 @@ static int sub_plan(struct op_call *c, struct sub *s, struct plan **out) {
             rc = 0;
         }
     }
-    if (rc) return op_error(c, "subgraph '%s': %s", g->name ? g->name : "", err);
+    if (rc) {
+        /* A shape that depends on computed values keeps its status: the
+         * enclosing model then runs node by node (models/valrun.h). */
+        int e = op_error(c, "subgraph '%s': %s", g->name ? g->name : "", err);
+        return rc == STATUS_DATA_DEPENDENT ? rc : e;
+    }
     if (s->nplans == SUB_MAX_PLANS) {
         plan_release(s->plans[s->next]);
         s->plans[s->next] = p;
@@ -211,10 +216,10 @@ static int if_plan(struct op_call *c, struct if_state *st, int set_shapes) {
             if (p[b]) t[b] = sub_out_shape(&st->br[b], p[b], o);
         if (p[0] && p[1] && !same_shape(&t[0], &t[1])) {
             char a[128], bb[128];
-            return op_error(c, "output %d is %s %s in then_branch and %s %s in else_branch, and the condition is "
-                            "only known at run time; kiln needs branches of one shape or a condition known when "
-                            "the model is planned", o, tensor_shape_str(&t[0], a, sizeof a), dtype_name(t[0].dtype),
-                            tensor_shape_str(&t[1], bb, sizeof bb), dtype_name(t[1].dtype));
+            op_error(c, "output %d is %s %s in then_branch and %s %s in else_branch, and the condition is "
+                        "computed at run time", o, tensor_shape_str(&t[0], a, sizeof a), dtype_name(t[0].dtype),
+                     tensor_shape_str(&t[1], bb, sizeof bb), dtype_name(t[1].dtype));
+            return STATUS_DATA_DEPENDENT;
         }
         const struct tensor *r = p[0] ? &t[0] : &t[1];
         if ((rc = no_strings(c, r))) return rc;

@@ -16,8 +16,10 @@
 #include "models/lower_fp16.h"
 #include "models/passes.h"
 #include "models/plan.h"
+#include "models/valrun.h"
 
 struct model {
+    char *path; /* for logs */
     struct graph *g;
     struct model_io *ins, *outs;
     struct plan_cache *plans; /* host plans, shared by every CPU execution context */
@@ -27,6 +29,14 @@ struct model {
      * by the caller): learned on the first plan that cannot be built
      * without them; from then on their values are part of the signature. */
     _Atomic uint64_t bind_values;
+    /* 1 once a plan could not be built because a shape depends on values
+     * computed at run time: from then on every request runs node by node
+     * on the CPU (models/valrun.h), on no plan. */
+    _Atomic int value_driven;
+    /* The graph has an op whose output shape follows its input's values
+     * (NonZero, NonMaxSuppression, Unique) on a computed input: its output
+     * shapes may differ per request, so it is not batched. */
+    int shapes_follow_values;
     int fp16;        /* device contexts build FP16 plans */
     int cuda_graphs; /* device contexts capture and replay */
 };
@@ -49,6 +59,25 @@ static void io_from_value(struct model_io *io, const struct graph_value *v) {
     for (int d = 0; d < TENSOR_MAX_DIMS; d++) io->dim_param[d] = d < v->t.ndim ? v->dim_param[d] : NULL;
 }
 
+/* 1 if g or a subgraph of it has a node whose output shape follows the
+ * values of an input that is not a constant of the graph. */
+static int graph_shapes_follow_values(const struct graph *g) {
+    static const char *const ops[] = {"NonZero", "NonMaxSuppression", "Unique"};
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        for (size_t k = 0; !n->domain[0] && k < sizeof ops / sizeof ops[0]; k++)
+            if (strcmp(n->op_type, ops[k]) == 0 && n->nin > 0 && n->in[0] >= 0 && !g->values[n->in[0]].t.data)
+                return 1;
+        for (int a = 0; a < n->nattr; a++) {
+            const struct graph_attr *at = &n->attrs[a];
+            if (at->type != ATTR_GRAPH && at->type != ATTR_GRAPHS) continue;
+            for (int j = 0; j < at->n; j++)
+                if (at->graphs && at->graphs[j] && graph_shapes_follow_values(at->graphs[j])) return 1;
+        }
+    }
+    return 0;
+}
+
 struct model *model_load(const struct model_params *p, char *err, size_t err_len) {
     if (!p || !p->path) {
         status_set(err, err_len, STATUS_INVALID, "no model path given");
@@ -58,6 +87,10 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     if (!m) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
         return NULL;
+    }
+    if (!(m->path = strdup(p->path))) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+        goto fail;
     }
     m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
     m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
@@ -77,6 +110,8 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     for (int i = 0; i < g->ninputs; i++) io_from_value(&m->ins[i], &g->values[g->inputs[i]]);
     for (int i = 0; i < g->noutputs; i++) io_from_value(&m->outs[i], &g->values[g->outputs[i]]);
     atomic_init(&m->bind_values, 0);
+    atomic_init(&m->value_driven, 0);
+    m->shapes_follow_values = graph_shapes_follow_values(g);
     log_debug("loaded %s: %d nodes after passes, %d inputs, %d outputs", p->path, g->nnodes, g->ninputs,
               g->noutputs);
     return m;
@@ -89,6 +124,7 @@ void model_free(struct model *m) {
     if (!m) return;
     plan_cache_free(m->plans);
     graph_free(m->g);
+    free(m->path);
     free(m->ins);
     free(m->outs);
     free(m);
@@ -118,6 +154,9 @@ int model_find_output(const struct model *m, const char *name) {
 }
 
 int model_node_count(const struct model *m) { return m->g->nnodes; }
+int model_shapes_follow_values(const struct model *m) {
+    return m->shapes_follow_values || atomic_load_explicit(&m->value_driven, memory_order_relaxed);
+}
 
 int model_grow_plans(struct model *m, int max_plans) {
     if (max_plans <= m->max_plans) return 0;
@@ -232,6 +271,8 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
         plan_cache_touch(cache, p);
         return plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     }
+    if (atomic_load_explicit(&m->value_driven, memory_order_relaxed))
+        return valrun_graph(g, inputs, outputs, err, err_len);
     uint64_t bind = atomic_load(&m->bind_values);
     int built = 0;
     int rc = plan_cache_get(cache, g, inputs, bind, x->be, plan_exec_nthreads(x->pe), &p, &built, err, err_len);
@@ -256,6 +297,11 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
         }
     }
     if (built) x->builds++;
+    if (rc == STATUS_DATA_DEPENDENT) {
+        if (!atomic_exchange(&m->value_driven, 1))
+            log_info("%s runs node by node on the CPU, without plans or batching: %s", m->path, err);
+        return valrun_graph(g, inputs, outputs, err, err_len);
+    }
     if (rc) return rc;
     rc = plan_exec_run(x->pe, p, inputs, outputs, err, err_len);
     plan_release(p);

@@ -56,6 +56,11 @@ int model_find_input(const struct model *m, const char *name);
 int model_find_output(const struct model *m, const char *name);
 /* Graph facts for logs and metadata: node count, opset, producer. */
 int model_node_count(const struct model *m);
+/* 1 if the model's output shapes may depend on its input values, not only
+ * on their shapes (NonZero, NonMaxSuppression on computed values), or if
+ * its requests run node by node because a plan could not hold such a shape
+ * (models/valrun.h): requests of such a model must not be batched. */
+int model_shapes_follow_values(const struct model *m);
 const char *model_producer(const struct model *m);
 
 /* An execution context on a backend (NULL = a CPU backend made for it, using

@@ -77,6 +77,7 @@ enum grpc_code grpc_code_of(int status) {
     case STATUS_NOT_FOUND: return GRPC_NOT_FOUND;
     case STATUS_UNAVAILABLE: return GRPC_UNAVAILABLE;
     case STATUS_UNSUPPORTED: return GRPC_UNIMPLEMENTED;
+    case STATUS_DATA_DEPENDENT: return GRPC_UNIMPLEMENTED;
     case STATUS_CANCELLED: return GRPC_CANCELLED;
     default: return GRPC_INTERNAL;
     }

@@ -301,6 +301,11 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
         goto fail;
     }
+    /* Output shapes that follow input values differ per request: one
+     * batch's rows could not share them. */
+    int follow_values = model_shapes_follow_values(v->model);
+    if (follow_values && c->dynamic_batching)
+        log_info("model '%s': output shapes depend on input values; dynamic batching is off", name);
     struct instances_params ip = {
         .model = v->model,
         .model_name = v->name,
@@ -314,7 +319,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         .model_name = v->name,
         .pad = padded ? &v->pad : NULL,
         .max_batch_size = c->max_batch_size,
-        .dynamic_batching = c->dynamic_batching,
+        .dynamic_batching = c->dynamic_batching && !follow_values,
         .npreferred = c->npreferred,
         .max_queue_delay_us = c->max_queue_delay_us,
         .latency_budget_us = c->latency_budget_us,

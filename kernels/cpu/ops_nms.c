@@ -38,22 +38,36 @@ static void nms_corners(const float *bx, int center, float *y0, float *x0, float
     }
 }
 
-static int nms_suppress(const float *a, const float *b, int center, float iou_th) {
-    float ay0, ax0, ay1, ax1, by0, bx0, by1, bx1;
-    nms_corners(a, center, &ay0, &ax0, &ay1, &ax1);
-    nms_corners(b, center, &by0, &bx0, &by1, &bx1);
-    float ix0 = fmaxf(ax0, bx0), ix1 = fminf(ax1, bx1), iy0 = fmaxf(ay0, by0), iy1 = fminf(ay1, by1);
+/* A kept box as the overlap test reads it: corners and area, computed once
+ * (the test runs for every candidate against every kept box). */
+struct nms_box {
+    float y0, x0, y1, x1, area;
+};
+
+static struct nms_box nms_box_of(const float *bx, int center) {
+    struct nms_box b;
+    nms_corners(bx, center, &b.y0, &b.x0, &b.y1, &b.x1);
+    b.area = (b.x1 - b.x0) * (b.y1 - b.y0);
+    return b;
+}
+
+static inline float nms_max(float a, float b) { return a > b ? a : b; }
+static inline float nms_min(float a, float b) { return a < b ? a : b; }
+
+static int nms_suppress(const struct nms_box *a, const struct nms_box *b, float iou_th) {
+    float ix0 = nms_max(a->x0, b->x0), ix1 = nms_min(a->x1, b->x1), iy0 = nms_max(a->y0, b->y0),
+          iy1 = nms_min(a->y1, b->y1);
     if (ix1 <= ix0 || iy1 <= iy0) return 0;
-    float inter = (ix1 - ix0) * (iy1 - iy0), area_a = (ax1 - ax0) * (ay1 - ay0), area_b = (bx1 - bx0) * (by1 - by0);
-    float uni = area_a + area_b - inter;
-    if (inter <= 0 || area_a <= 0 || area_b <= 0 || uni <= 0) return 0;
+    float inter = (ix1 - ix0) * (iy1 - iy0), uni = a->area + b->area - inter;
+    if (inter <= 0 || a->area <= 0 || b->area <= 0 || uni <= 0) return 0;
     return inter / uni > iou_th;
 }
 
-/* Runs the selection, with boxes as center_point_box says; writes
- * triples to out (if non-NULL) and returns the count, or a negative
- * status. items/sel: scratch of num_boxes entries. */
-static int64_t nms_select(struct op_call *c, int center, int64_t *out, struct nms_item *items, int64_t *sel) {
+/* Runs the selection, with boxes as center_point_box says; writes the
+ * first cap triples to out (if non-NULL) and returns the count, or a
+ * negative status. items/kept: scratch of num_boxes entries. */
+static int64_t nms_select(struct op_call *c, int center, int64_t *out, int64_t cap, struct nms_item *items,
+                          struct nms_box *kept) {
     const struct tensor *boxes = c->in[0], *scores = c->in[1];
     const struct tensor *mo = in_opt(c, 2), *iou = in_opt(c, 3), *sth = in_opt(c, 4);
     int64_t nb = boxes->dims[0], nbox = boxes->dims[1], ncls = scores->dims[1];
@@ -72,12 +86,12 @@ static int64_t nms_select(struct op_call *c, int center, int64_t *out, struct nm
                 if (!has_sth || s[i] > s_th) items[n++] = (struct nms_item){s[i], i};
             qsort(items, (size_t)n, sizeof *items, nms_cmp);
             for (int64_t i = 0; i < n && ns < maxo; i++) {
-                const float *cand = bx + (b * nbox + items[i].idx) * 4;
+                struct nms_box cand = nms_box_of(bx + (b * nbox + items[i].idx) * 4, center);
                 int keep = 1;
-                for (int64_t j = 0; j < ns && keep; j++) keep = !nms_suppress(cand, bx + (b * nbox + sel[j]) * 4, center, iou_th);
+                for (int64_t j = 0; j < ns && keep; j++) keep = !nms_suppress(&cand, &kept[j], iou_th);
                 if (!keep) continue;
-                sel[ns++] = items[i].idx;
-                if (out) {
+                kept[ns++] = cand;
+                if (out && total < cap) {
                     out[total * 3] = b;
                     out[total * 3 + 1] = k;
                     out[total * 3 + 2] = items[i].idx;
@@ -107,11 +121,11 @@ static int nms_infer(struct op_call *c) {
     if (rc) return rc;
     int64_t nbox = c->in[0]->dims[1] > 0 ? c->in[0]->dims[1] : 1;
     struct nms_item *items = malloc(sizeof *items * (size_t)nbox);
-    int64_t *sel = malloc(sizeof *sel * (size_t)nbox);
+    struct nms_box *kept = malloc(sizeof *kept * (size_t)nbox);
     int center = (int)node_attr_int(c->node, "center_point_box", 0);
-    int64_t n = items && sel ? nms_select(c, center, NULL, items, sel) : STATUS_NOMEM;
+    int64_t n = items && kept ? nms_select(c, center, NULL, 0, items, kept) : STATUS_NOMEM;
     free(items);
-    free(sel);
+    free(kept);
     if (n < 0) return (int)n;
     int64_t d[2] = {n, 3};
     return set_shape(c, c->out[0], DT_INT64, 2, d);
@@ -125,21 +139,22 @@ struct nms_params {
 static int nms_prepare(struct op_call *c, void **state, size_t *scratch) {
     int rc = nms_check(c);
     if (rc) return rc;
-    *scratch = (size_t)(c->in[0]->dims[1] + 1) * (sizeof(struct nms_item) + sizeof(int64_t));
+    *scratch = (size_t)(c->in[0]->dims[1] + 1) * (sizeof(struct nms_item) + sizeof(struct nms_box));
     struct nms_params p = {(int)node_attr_int(c->node, "center_point_box", 0)};
     return params_keep(c, &p, sizeof p, state);
 }
 
 static int nms_run(struct op_call *c) {
     int64_t nbox = c->in[0]->dims[1];
-    if (c->scratch_size < (size_t)(nbox + 1) * (sizeof(struct nms_item) + sizeof(int64_t))) return op_error(c, "scratch buffer too small");
+    if (c->scratch_size < (size_t)(nbox + 1) * (sizeof(struct nms_item) + sizeof(struct nms_box)))
+        return op_error(c, "scratch buffer too small");
     struct nms_item *items = c->scratch;
-    int64_t *sel = (int64_t *)(void *)(items + nbox + 1);
-    /* Count first: the output was sized at plan time from the same inputs. */
+    struct nms_box *kept = (struct nms_box *)(void *)(items + nbox + 1);
+    /* The output was sized by infer from the same inputs: one pass writes
+     * it, and a different count means they changed since. */
     int center = ((const struct nms_params *)c->state)->center;
-    int64_t n = nms_select(c, center, NULL, items, sel);
+    int64_t n = nms_select(c, center, c->out[0]->data, c->out[0]->dims[0], items, kept);
     if (n != c->out[0]->dims[0]) return op_error(c, "the inputs changed since the plan was built");
-    nms_select(c, center, c->out[0]->data, items, sel);
     return 0;
 }
 

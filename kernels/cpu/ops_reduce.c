@@ -74,9 +74,8 @@ static int red_axes(struct op_call *c, const struct tensor *x, struct red_geom *
                 return op_error(c, "axes must be int64, got %s", dtype_name(t->dtype));
             int64_t m = tensor_numel(t);
             if (m > 0 && !t->data) {
-                op_error(c, "input 1 (axes) must be a constant known when the plan is built; kiln does not "
-                            "support output shapes that depend on values computed at run time");
-                return STATUS_UNSUPPORTED;
+                op_error(c, "input 1 (axes) is computed at run time, and the output's shape depends on it");
+                return STATUS_DATA_DEPENDENT;
             }
             if (m < 0 || m > x->ndim)
                 return op_error(c, "axes has %lld values for an input of rank %d", (long long)m, x->ndim);

@@ -1425,9 +1425,8 @@ static int is_nonzero(const struct tensor *t, int64_t i) {
 static int nonzero_infer(struct op_call *c) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
-        op_error(c, "NonZero's output shape depends on its input's values, which are only known at run time; "
-                    "kiln supports NonZero on constant inputs only");
-        return STATUS_UNSUPPORTED;
+        op_error(c, "NonZero's output shape depends on its input's values, which are computed at run time");
+        return STATUS_DATA_DEPENDENT;
     }
     int rc = need_bytes_dtype(c, x, "input");
     if (rc) return rc;
@@ -1701,6 +1700,39 @@ TOPK_CMP(topk_i_small, i, <)
 TOPK_CMP(topk_u_large, u, >)
 TOPK_CMP(topk_u_small, u, <)
 
+/* Sifts h[i] down the heap h[0..n) whose root is its last item in cmp's
+ * order (the one the next better candidate replaces). */
+static void topk_sift(struct topk_item *h, int64_t n, int64_t i, int (*cmp)(const void *, const void *)) {
+    for (;;) {
+        int64_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && cmp(&h[l], &h[m]) > 0) m = l;
+        if (r < n && cmp(&h[r], &h[m]) > 0) m = r;
+        if (m == i) return;
+        struct topk_item t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The first k of it[0..n) in cmp's order, in it[0..k): the whole row
+ * sorted, or for a few of many (detectors' candidates: 1000 of millions) a
+ * heap of the k best so far, which most items leave after one comparison. */
+static void topk_select(struct topk_item *it, int64_t n, int64_t k, int (*cmp)(const void *, const void *)) {
+    if (k == 0) return;
+    if (k * 8 > n) {
+        qsort(it, (size_t)n, sizeof *it, cmp);
+        return;
+    }
+    for (int64_t i = k / 2 - 1; i >= 0; i--) topk_sift(it, k, i, cmp);
+    for (int64_t j = k; j < n; j++) {
+        if (cmp(&it[j], &it[0]) >= 0) continue;
+        it[0] = it[j];
+        topk_sift(it, k, 0, cmp);
+    }
+    qsort(it, (size_t)k, sizeof *it, cmp);
+}
+
 static int topk_k(struct op_call *c, int64_t *k) {
     if (c->node->opset < 10) {
         *k = node_attr_int(c->node, "k", -1);
@@ -1769,7 +1801,7 @@ static int topk_run(struct op_call *c) {
                 else it[j].v.u = ((const uint64_t *)x->data)[at];
                 it[j].idx = j;
             }
-            qsort(it, (size_t)n, sizeof *it, cmp);
+            topk_select(it, n, k, cmp);
             for (int64_t j = 0; j < k; j++) {
                 int64_t at = (p * k + j) * inner + q;
                 memcpy(vals + at * (int64_t)es, (const char *)x->data + ((p * n + it[j].idx) * inner + q) * (int64_t)es, es);
@@ -2017,8 +2049,8 @@ static void unique_view(const struct tensor *x, int axis, struct unique_ctx *u) 
 static int unique_ctx(struct op_call *c, struct unique_ctx *u, int *axis) {
     const struct tensor *x = c->in[0];
     if (!x->data) {
-        op_error(c, "Unique's output shape depends on its input's values; the input must be known when the plan is built");
-        return STATUS_UNSUPPORTED;
+        op_error(c, "Unique's output shape depends on its input's values, which are computed at run time");
+        return STATUS_DATA_DEPENDENT;
     }
     int rc = need_bytes_dtype(c, x, "input");
     if (rc) return rc;

@@ -129,15 +129,15 @@ static inline int need_input(struct op_call *c, int i, const char *what) {
     return 0;
 }
 
-/* Fails unless input i is present and its values are known now. */
+/* Fails unless input i is present and its values are known now: when they
+ * are computed at run time, with STATUS_DATA_DEPENDENT (the model then runs
+ * node by node, every value known). */
 static inline int need_const(struct op_call *c, int i, const char *what) {
     int rc = need_input(c, i, what);
     if (rc) return rc;
     if (!c->in[i]->data) {
-        op_error(c, "input %d (%s) must be a constant known when the plan is built; kiln does not support "
-                    "output shapes that depend on values computed at run time",
-                 i, what);
-        return STATUS_UNSUPPORTED;
+        op_error(c, "input %d (%s) is computed at run time, and the output's shape depends on its values", i, what);
+        return STATUS_DATA_DEPENDENT;
     }
     return 0;
 }

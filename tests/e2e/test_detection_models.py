@@ -11,7 +11,17 @@ batches of one and three, then the detections a client makes of them (the
 best class and its score per anchor, the highest-scoring anchors): the same
 labels and boxes as from onnxruntime's outputs. Concurrent single images
 are batched by the dynamic batcher and each gets its own answer. Bad
-requests get a 400 naming what was wrong, and the server keeps serving."""
+requests get a 400 naming what was wrong, and the server keeps serving.
+
+The full export (make_detection_models.py --full, ssdlite_full.onnx) has
+the postprocessing too: images [1,3,320,320] -> boxes [D,4], scores [D],
+labels [D], D the detections kept. Per class a score threshold (NonZero,
+GatherND) and a TopK of at most 300 candidates, the 90 classes' results
+concatenated, an If on whether any box is left, and batched NMS: shapes
+that follow the scores, which no plan per input shape holds, so the model
+runs node by node (models/valrun.h). Its detections must be onnxruntime's,
+box for box, for single and concurrent requests, and bad requests get a
+400 while the server keeps serving."""
 import json
 import shutil
 import threading
@@ -26,6 +36,7 @@ from conftest import raw_request
 
 ROOT = Path(__file__).resolve().parents[2]
 SSD = ROOT / "tests" / "data" / "detection" / "ssdlite_heads.onnx"
+FULL = ROOT / "tests" / "data" / "detection" / "ssdlite_full.onnx"
 OUTPUTS = ("bbox_regression", "cls_logits", "boxes", "scores")
 TOL = {"bbox_regression": (1e-4, 1e-4), "cls_logits": (1e-4, 1e-4), "boxes": (1e-4, 2e-3), "scores": (1e-4, 1e-6)}
 
@@ -36,6 +47,8 @@ def ssd_server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("detection") / "repo"
     (repo / "ssdlite" / "1").mkdir(parents=True)
     shutil.copy(SSD, repo / "ssdlite" / "1" / "model.onnx")
+    (repo / "ssdlite_full" / "1").mkdir(parents=True)
+    shutil.copy(FULL, repo / "ssdlite_full" / "1" / "model.onnx")
     (repo / "ssdlite_batch" / "1").mkdir(parents=True)
     shutil.copy(SSD, repo / "ssdlite_batch" / "1" / "model.onnx")
     (repo / "ssdlite_batch" / "config.json").write_text(json.dumps({
@@ -65,11 +78,11 @@ def images(seed, n):
     return x
 
 
-def infer(client, x, model="ssdlite"):
+def infer(client, x, model="ssdlite", outputs=OUTPUTS):
     i = httpclient.InferInput("images", list(x.shape), "FP32")
     i.set_data_from_numpy(x, binary_data=True)
-    r = client.infer(model, [i], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in OUTPUTS])
-    return {n: r.as_numpy(n) for n in OUTPUTS}
+    r = client.infer(model, [i], outputs=[httpclient.InferRequestedOutput(n, binary_data=True) for n in outputs])
+    return {n: r.as_numpy(n) for n in outputs}
 
 
 def detections(boxes, scores, k=20):
@@ -141,22 +154,22 @@ def test_ssdlite_concurrent_images_batched(ssd_server, ort_session):
     print(f"{n} concurrent images ran in {executions} executions")
 
 
+def assert_rejected(client, model, x, datatype):
+    """x as input 'images' of model is a 400 whose message names the input."""
+    i = httpclient.InferInput("images", list(x.shape), datatype)
+    i.set_data_from_numpy(x, binary_data=True)
+    with pytest.raises(httpclient.InferenceServerException) as e:
+        client.infer(model, [i])
+    assert "400" in str(e.value.status()), e.value
+    assert "images" in e.value.message(), e.value.message()
+
+
 def test_ssdlite_bad_requests(ssd_server, ort_session):
     client = httpclient.InferenceServerClient(ssd_server.url)
     url = ssd_server.url
     for shape in ([1, 3, 300, 300], [1, 1, 320, 320], [3, 320, 320]):
-        x = np.zeros(shape, dtype=np.float32)
-        i = httpclient.InferInput("images", shape, "FP32")
-        i.set_data_from_numpy(x, binary_data=True)
-        with pytest.raises(httpclient.InferenceServerException) as e:
-            client.infer("ssdlite", [i])
-        assert "400" in str(e.value.status()), e.value
-        assert "images" in e.value.message(), e.value.message()
-    i = httpclient.InferInput("images", [1, 3, 320, 320], "INT64")
-    i.set_data_from_numpy(np.zeros((1, 3, 320, 320), dtype=np.int64), binary_data=True)
-    with pytest.raises(httpclient.InferenceServerException) as e:
-        client.infer("ssdlite", [i])
-    assert "400" in str(e.value.status()) and "images" in e.value.message(), e.value.message()
+        assert_rejected(client, "ssdlite", np.zeros(shape, dtype=np.float32), "FP32")
+    assert_rejected(client, "ssdlite", np.zeros((1, 3, 320, 320), dtype=np.int64), "INT64")
     # A body whose tensor is shorter than its shape says.
     status, _, body = raw_request(url, "POST", "/v2/models/ssdlite/infer",
                                   b'{"inputs": [{"name": "images", "shape": [1, 3, 320, 320], "datatype": "FP32", '
@@ -169,3 +182,85 @@ def test_ssdlite_bad_requests(ssd_server, ort_session):
     got = infer(client, x)
     want = ort_session.run(["cls_logits"], {"images": x})[0]
     np.testing.assert_allclose(got["cls_logits"], want, rtol=1e-4, atol=1e-4)
+
+
+# ---- the full detector, postprocessing included ---------------------------------
+
+FULL_OUTPUTS = ("boxes", "scores", "labels")
+
+
+@pytest.fixture(scope="module")
+def ort_full():
+    return ort.InferenceSession(str(FULL), providers=["CPUExecutionProvider"])
+
+
+def check_same_detections(got, want):
+    """The same detections in the same order, up to swaps of detections
+    whose scores tie within the two engines' rounding (their scores differ
+    by up to about 1.5e-6, and a few neighbours in onnxruntime's ranking
+    are closer than that)."""
+    d = len(want["scores"])
+    assert got["boxes"].shape == (d, 4) and got["scores"].shape == (d,) and got["labels"].shape == (d,)
+    assert got["labels"].dtype == np.int64
+    np.testing.assert_allclose(got["scores"], want["scores"], rtol=1e-5, atol=2e-6)
+    tie = 2e-6 + 1e-5 * np.abs(want["scores"])
+    swapped = 0
+    for i in range(d):
+        if got["labels"][i] == want["labels"][i] and np.allclose(got["boxes"][i], want["boxes"][i], rtol=1e-4, atol=2e-3):
+            continue
+        near = np.flatnonzero(np.abs(want["scores"] - want["scores"][i]) <= tie[i])
+        match = [j for j in near if got["labels"][i] == want["labels"][j]
+                 and np.allclose(got["boxes"][i], want["boxes"][j], rtol=1e-4, atol=2e-3)]
+        assert match, f"detection {i}: label {got['labels'][i]} box {got['boxes'][i]} score {got['scores'][i]} " \
+                      f"is not onnxruntime's (label {want['labels'][i]} box {want['boxes'][i]}) nor a tie of it"
+        swapped += 1
+    assert swapped <= 4, f"{swapped} detections differ by ties"
+
+
+@pytest.mark.parametrize("seed", [0, 2, 5, 29])
+def test_full_ssdlite_matches_onnxruntime(ssd_server, ort_full, seed):
+    client = httpclient.InferenceServerClient(ssd_server.url)
+    x = images(seed, 1)
+    got = infer(client, x, "ssdlite_full", FULL_OUTPUTS)
+    want = dict(zip(FULL_OUTPUTS, ort_full.run(list(FULL_OUTPUTS), {"images": x})))
+    assert len(want["scores"]) > 0
+    check_same_detections(got, want)
+    # Detections come best first, inside the image, with real classes.
+    assert (np.diff(got["scores"]) <= 0).all()
+    assert got["boxes"].min() >= 0 and got["boxes"].max() <= 320
+    assert got["labels"].min() >= 1 and got["labels"].max() <= 90
+
+
+def test_full_ssdlite_concurrent_images(ssd_server, ort_full):
+    """Two instances' worth of requests at once: each image gets its own
+    detections (the values of one run never leak into another)."""
+    n = 3
+    xs = [images(20 + k, 1) for k in range(n)]
+    want = [dict(zip(FULL_OUTPUTS, ort_full.run(list(FULL_OUTPUTS), {"images": x}))) for x in xs]
+    results = [None] * n
+    go = threading.Barrier(n)
+
+    def one(k):
+        go.wait()
+        results[k] = infer(httpclient.InferenceServerClient(ssd_server.url), xs[k], "ssdlite_full", FULL_OUTPUTS)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for k in range(n):
+        assert results[k] is not None, f"image {k} got no answer"
+        check_same_detections(results[k], want[k])
+
+
+def test_full_ssdlite_bad_requests(ssd_server, ort_full):
+    client = httpclient.InferenceServerClient(ssd_server.url)
+    for shape in ([1, 3, 300, 300], [2, 3, 320, 320], [3, 320, 320]):
+        assert_rejected(client, "ssdlite_full", np.zeros(shape, dtype=np.float32), "FP32")
+    assert_rejected(client, "ssdlite_full", np.zeros((1, 3, 320, 320), dtype=np.float64), "FP64")
+    # Still serving, and still right.
+    assert client.is_model_ready("ssdlite_full")
+    x = images(7, 1)
+    want = dict(zip(FULL_OUTPUTS, ort_full.run(list(FULL_OUTPUTS), {"images": x})))
+    check_same_detections(infer(client, x, "ssdlite_full", FULL_OUTPUTS), want)

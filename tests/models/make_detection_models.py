@@ -19,14 +19,18 @@ backbone, so it is assembled here from the same parts: reduced tail, the
 builder's BatchNorm, its normal init, its extractor, anchors and head), 91
 classes, so the file stays small (about 5.5 MB).
 
+  ssdlite_full   the whole detector (--full), postprocessing included:
+                 images [1,3,320,320] -> boxes [D,4], scores [D], labels [D],
+                 D the detections kept (about 5.9 MB).
+
 The full model's postprocessing (score threshold, per-class top-k, batched
 NMS) is exported as NonZero, GatherND, TopK and an If on the number of boxes
 left, with a Concat of 90 per-class results: shapes that depend on the
-scores, which kiln's plans, sized per input shape, do not run. The heads
-model stops before it. --full also writes that model (not kept in the tree).
+scores, which no plan per input shape holds; kiln runs it node by node
+(models/valrun.h).
 
-The file is kept in tests/data/detection/ so that the tests need no torch;
-run this again (pip install torch torchvision) to remake it.
+The files are kept in tests/data/detection/ so that the tests need no torch;
+run this again (pip install torch torchvision) to remake them.
 
 Usage: make_detection_models.py [--out tests/data/detection] [--full]
 """

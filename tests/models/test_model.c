@@ -328,6 +328,55 @@ static void test_squeezenet(void **state) {
     model_free(m);
 }
 
+/* torchvision's full SSDlite export: NonZero on computed scores, so no plan
+ * holds it. The model says its shapes follow values (digits' do not); the
+ * first run finds out, caches no plan and runs node by node, and a second
+ * run of the same image, on that path from the start, answers the same. */
+static void test_value_driven_model(void **state) {
+    (void)state;
+    struct model *digits = load(DIGITS, 0);
+    assert_int_equal(model_shapes_follow_values(digits), 0);
+    model_free(digits);
+    struct model *m = load("tests/data/detection/ssdlite_full.onnx", 0);
+    assert_int_equal(model_shapes_follow_values(m), 1);
+    assert_int_equal(atomic_load(&m->value_driven), 0);
+    struct model_exec *x = model_exec_create(m, NULL, 2);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {1, 3, 320, 320}};
+    int64_t n = tensor_numel(&in);
+    float *data = malloc((size_t)n * sizeof(float));
+    unsigned seed = 7;
+    for (int64_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        data[i] = (float)(seed >> 8) / 16777216.0f;
+    }
+    in.data = data;
+    struct tensor out[2][3];
+    char err[512];
+    for (int r = 0; r < 2; r++)
+        if (model_run(x, &in, 1, out[r], 3, err, sizeof err)) fail_msg("run %d: %s", r, err);
+    assert_int_equal(atomic_load(&m->value_driven), 1);
+    assert_int_equal(plan_cache_size(m->plans), 0);
+    int64_t d = out[0][1].dims[0];
+    assert_true(d > 0 && d <= 300);
+    assert_int_equal(out[0][0].ndim, 2);
+    assert_int_equal(out[0][0].dims[0], d);
+    assert_int_equal(out[0][0].dims[1], 4);
+    assert_int_equal(out[0][2].dtype, DT_INT64);
+    for (int o = 0; o < 3; o++) {
+        assert_true(tensor_same_shape(&out[0][o], &out[1][o]));
+        assert_memory_equal(out[0][o].data, out[1][o].data, tensor_nbytes(&out[0][o]));
+    }
+    for (int r = 0; r < 2; r++)
+        for (int o = 0; o < 3; o++) tensor_free_data(&out[r][o]);
+    /* A wrong input is still refused with its name. */
+    in.dims[2] = 300;
+    assert_int_equal(model_run(x, &in, 1, out[0], 3, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "images"));
+    free(data);
+    model_exec_free(x);
+    model_free(m);
+}
+
 static void test_load_errors(void **state) {
     (void)state;
     char err[512] = "";
@@ -382,6 +431,7 @@ int main(void) {
         cmocka_unit_test(test_plans_per_thread_count),
         cmocka_unit_test(test_threads_share_a_model),
         cmocka_unit_test(test_squeezenet),
+        cmocka_unit_test(test_value_driven_model),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_backend_registry),
     };
