@@ -153,8 +153,8 @@ def main():
                 iters = a.iterations * 100 if name == "mlp" else a.iterations
                 sess, feeds = ort_session(path, b, a.threads)
                 inputs = []  # the same inputs on both sides
-                for k, v in feeds.items():
-                    inputs.append((k, os.path.join(tmp, f"{k}.npy")))
+                for i, (k, v) in enumerate(feeds.items()):  # input names may hold '/': files by index
+                    inputs.append((k, os.path.join(tmp, f"input{i}.npy")))
                     np.save(inputs[-1][1], v)
                 ks, os_ = [], []
                 for _ in range(a.rounds):
