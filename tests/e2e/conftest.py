@@ -187,13 +187,37 @@ def repo(tmp_path_factory):
     return build_repository(tmp_path_factory.mktemp("repo"))
 
 
-@pytest.fixture(scope="session")
-def server(repo):
-    s = KilnServer(repo)
+def serving(repo, *args):
+    """For a fixture: a KilnServer on repo (repo_path set), then its stop,
+    checked for a sanitizer report and a clean exit."""
+    s = KilnServer(repo, *args)
+    s.repo_path = repo
     yield s
     rc = s.stop()
     assert s.sanitizer_report() is None, s.sanitizer_report()
     assert rc == 0, f"kiln exited with {rc}:\n{s.text()}"
+
+
+def shm_clients(kind, srv, cuda=False):
+    """For a fixture: (module, client) of tritonclient's http or grpc on srv;
+    afterwards every system (and with cuda, CUDA) shared-memory region is
+    unregistered and the client closed."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    if kind == "http":
+        mod, c = httpclient, httpclient.InferenceServerClient(srv.url)
+    else:
+        mod, c = grpcclient, grpcclient.InferenceServerClient(srv.grpc_url())
+    yield mod, c
+    if cuda:
+        c.unregister_cuda_shared_memory()
+    c.unregister_system_shared_memory()
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def server(repo):
+    yield from serving(repo)
 
 
 @pytest.fixture()

@@ -14,38 +14,24 @@ import uuid
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as sysshm
 from tritonclient.utils import InferenceServerException
 
-from conftest import KilnServer, build_repository, raw_request
+from conftest import build_repository, raw_request, serving, shm_clients
 
 HANDLE = base64.b64encode(bytes(64))  # well formed; no process's allocation
 
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    repo = build_repository(tmp_path_factory.mktemp("cudashmrepo"))
-    s = KilnServer(repo)
-    s.repo_path = repo
-    yield s
-    rc = s.stop()
-    assert s.sanitizer_report() is None, s.sanitizer_report()
-    assert rc == 0, s.text()
+    yield from serving(build_repository(tmp_path_factory.mktemp("cudashmrepo")))
 
 
 @pytest.fixture(params=["http", "grpc"])
 def proto(request, srv):
     """(module, client) for each protocol; every region is unregistered after the test."""
-    if request.param == "http":
-        mod, c = httpclient, httpclient.InferenceServerClient(srv.url)
-    else:
-        mod, c = grpcclient, grpcclient.InferenceServerClient(srv.grpc_url())
-    yield mod, c
-    c.unregister_cuda_shared_memory()
-    c.unregister_system_shared_memory()
-    c.close()
+    yield from shm_clients(request.param, srv, cuda=True)
 
 
 def err_of(fn, *a, **kw):

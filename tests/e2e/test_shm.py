@@ -13,12 +13,11 @@ import uuid
 import numpy as np
 import onnxruntime as ort
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from conftest import KilnServer, build_repository, raw_request, save_model, tiny_graph
+from conftest import build_repository, raw_request, save_model, serving, shm_clients, tiny_graph
 
 CACHED = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enable": true}}'
 
@@ -27,24 +26,13 @@ CACHED = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enab
 def srv(tmp_path_factory):
     repo = build_repository(tmp_path_factory.mktemp("shmrepo"))
     save_model(repo, "cached", tiny_graph(), config=CACHED)
-    s = KilnServer(repo, "--cache-size", "1M")
-    s.repo_path = repo
-    yield s
-    rc = s.stop()
-    assert s.sanitizer_report() is None, s.sanitizer_report()
-    assert rc == 0, s.text()
+    yield from serving(repo, "--cache-size", "1M")
 
 
 @pytest.fixture(params=["http", "grpc"])
 def proto(request, srv):
     """(module, client) for each protocol; every region is unregistered after the test."""
-    if request.param == "http":
-        mod, c = httpclient, httpclient.InferenceServerClient(srv.url)
-    else:
-        mod, c = grpcclient, grpcclient.InferenceServerClient(srv.grpc_url())
-    yield mod, c
-    c.unregister_system_shared_memory()
-    c.close()
+    yield from shm_clients(request.param, srv)
 
 
 @pytest.fixture()
