@@ -191,4 +191,12 @@ static inline float ew_erf_f(float x) {
     return x == x ? p / q : x;
 }
 
+/* One row of LayerNormalization (rms 0) or RMSNormalization (rms 1) on
+ * float: y = (x - mean) / sqrt(var + eps) * scale + b, scale and b full
+ * (nsc, nb == n) or one value (b may be NULL); mean and inv (NULL: not
+ * wanted) get the row's mean (0 with rms) and 1/sqrt(var + eps). Built for
+ * the CPU's vector width (ops_elementwise.c). */
+void ew_norm_row_f32(const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr, float *mean,
+                     float *inv, int64_t n, float eps, int rms);
+
 #endif

@@ -76,32 +76,14 @@ struct norm_row {
 };
 
 static void norm_row_run(const struct norm_row *r, int64_t n, double eps, int simplified) {
-    float *t = r->sum ? r->sum : r->y;
-    double mu = 0;
-    for (int64_t j = 0; j < n; j++) {
-        float v = r->x[j];
-        if (r->skip) v += r->skip[j];
-        if (r->bias) v += r->bias[j];
-        t[j] = v;
-        mu += v;
+    const float *t = r->x;
+    if (r->skip || r->bias || r->sum) { /* the sum normalized, kept when asked for */
+        float *u = r->sum ? r->sum : r->y;
+        for (int64_t j = 0; j < n; j++)
+            u[j] = r->x[j] + (r->skip ? r->skip[j] : 0.0f) + (r->bias ? r->bias[j] : 0.0f);
+        t = u;
     }
-    mu = simplified ? 0 : mu / (double)n;
-    double var = 0;
-    for (int64_t j = 0; j < n; j++) {
-        double d = t[j] - mu;
-        var += d * d;
-    }
-    double is = 1.0 / sqrt(var / (double)n + eps);
-    float m = (float)mu, s = (float)is;
-    if (r->beta) {
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) r->y[j] = (t[j] - m) * s * r->gamma[j] + r->beta[j];
-    } else {
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) r->y[j] = (t[j] - m) * s * r->gamma[j];
-    }
-    if (r->mean) *r->mean = m;
-    if (r->inv) *r->inv = s;
+    ew_norm_row_f32(t, r->gamma, n, r->beta, r->beta ? n : 0, r->y, r->mean, r->inv, n, (float)eps, simplified);
 }
 
 /* Decoded at prepare: where each input and output sits, the row geometry

@@ -1609,13 +1609,23 @@ __attribute__((target("arch=x86-64-v3"))) static void norm_row_f32_v3(NORM_ROW_A
 #endif
 static void norm_row_f32_v2(NORM_ROW_ARGS) { norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms); }
 
-static void norm_f32(const float *x, const float *sc, int64_t nsc, const float *b, int64_t nb, float *y, float *mean,
-                     float *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {
-    norm_row_f32_fn row = norm_row_f32_v2;
+static norm_row_f32_fn norm_row_f32_pick(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     int level = dnnl_util_isa_level();
-    row = level >= 4 ? norm_row_f32_v4 : level == 3 ? norm_row_f32_v3 : norm_row_f32_v2;
+    return level >= 4 ? norm_row_f32_v4 : level == 3 ? norm_row_f32_v3 : norm_row_f32_v2;
+#else
+    return norm_row_f32_v2;
 #endif
+}
+
+void ew_norm_row_f32(const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr, float *mean,
+                     float *inv, int64_t n, float eps, int rms) {
+    norm_row_f32_pick()(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+}
+
+static void norm_f32(const float *x, const float *sc, int64_t nsc, const float *b, int64_t nb, float *y, float *mean,
+                     float *inv, int64_t outer, int64_t n, double eps, int rms, int nt) {
+    norm_row_f32_fn row = norm_row_f32_pick();
     float e = (float)eps;
     if (outer * n < EW_PAR_MIN || nt <= 1 || outer < 2) {
         for (int64_t r = 0; r < outer; r++)
