@@ -1508,8 +1508,13 @@ static int run_steps(struct plan_exec *x, struct plan *p, double *times, char *e
     return 0;
 }
 
-/* Whole timed runs per configuration of the measured steps. */
+/* Whole timed runs per configuration of the measured steps, at most, and
+ * the time they may take together (the plan's first run pays it, once per
+ * input shape): a large model gets fewer runs, or none when one run takes
+ * more than half of it, and then its measured steps keep all the threads
+ * (the static choice). */
 #define TIMING_RUNS 5
+#define TIMING_BUDGET_MS 100.0
 
 enum step_config { MEASURED_ALL = 0, MEASURED_ONE = 1, MEASURED_CHOSEN = 2 };
 
@@ -1558,7 +1563,12 @@ static int timed_runs(struct plan_exec *x, struct plan *p, enum step_config cfg,
  * of the three wins; one that uses more threads must be 3% faster than one
  * that uses fewer (within the noise, a thread left idle serves other
  * instances and requests). */
-static int choose_threads(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, char *err, size_t err_len) {
+    if (2 * first_ms > TIMING_BUDGET_MS) {
+        log_debug("one run takes %.1f ms: the %d measured steps keep %d threads untimed", first_ms, p->nmeasured,
+                  p->nthreads);
+        return 0;
+    }
     int ns = p->nsteps > 0 ? p->nsteps : 1;
     double *times = malloc((size_t)ns * 3 * sizeof *times);
     if (!times) return status_set(err, err_len, STATUS_NOMEM, "out of memory timing the plan's steps");
@@ -1566,9 +1576,9 @@ static int choose_threads(struct plan_exec *x, struct plan *p, char *err, size_t
     for (int si = 0; si < ns; si++) best_all[si] = best_one[si] = 1e300;
     int profile = x->profile; /* these runs are not the caller's */
     x->profile = 0;
-    double all_ms = 0, one_ms = 0, chosen_ms = 0;
+    double all_ms = 0, one_ms = 0, chosen_ms = 0, t0 = now_ms();
     int rc = 0, nall = 0;
-    for (int r = 0; r < TIMING_RUNS && !rc; r++) {
+    for (int r = 0; r < TIMING_RUNS && !rc && (r == 0 || now_ms() - t0 + all_ms + one_ms <= TIMING_BUDGET_MS); r++) {
         double ms;
         rc = timed_runs(x, p, MEASURED_ALL, 1, times, best_all, &ms, err, err_len);
         if (!rc) all_ms = r ? (ms < all_ms ? ms : all_ms) : ms;
@@ -1586,7 +1596,11 @@ static int choose_threads(struct plan_exec *x, struct plan *p, char *err, size_t
                   best_one[si] * 1e3, nt);
     }
     int mixed = nall > 0 && nall < p->nmeasured;
-    if (!rc && mixed) rc = timed_runs(x, p, MEASURED_CHOSEN, TIMING_RUNS, times, NULL, &chosen_ms, err, err_len);
+    if (!rc && mixed) {
+        double left = TIMING_BUDGET_MS - (now_ms() - t0), run = all_ms < one_ms ? all_ms : one_ms;
+        int n = left > run * TIMING_RUNS ? TIMING_RUNS : left > run ? (int)(left / run) : 1;
+        rc = timed_runs(x, p, MEASURED_CHOSEN, n, times, NULL, &chosen_ms, err, err_len);
+    }
     x->profile = profile;
     free(times);
     if (rc) return rc;
@@ -1636,8 +1650,9 @@ static int run_host_measured(struct plan_exec *x, struct plan *p, char *err, siz
         if (st == 2) {
             bind_choices(x, p);
         } else if (st == 0 && atomic_compare_exchange_strong(&p->timed, &st, 1)) {
+            double t0 = now_ms();
             int rc = run_steps(x, p, NULL, err, err_len);
-            if (!rc) rc = choose_threads(x, p, err, err_len);
+            if (!rc) rc = choose_threads(x, p, now_ms() - t0, err, err_len);
             atomic_store_explicit(&p->timed, rc ? 0 : 2, memory_order_release);
             if (rc) return rc;
             x->choices_bound = 1;
