@@ -1510,9 +1510,11 @@ static int run_steps(struct plan_exec *x, struct plan *p, double *times, char *e
 
 /* Whole timed runs per configuration of the measured steps, at most, and
  * the time they may take together (the plan's first run pays it, once per
- * input shape): a large model gets fewer runs, or none when one run takes
- * more than half of it, and then its measured steps keep all the threads
- * (the static choice). */
+ * input shape): a large model gets fewer runs (at least one each), and none
+ * when the plan's first run alone took longer, and then its measured steps
+ * keep all the threads (the static choice). The first run is cold (page
+ * faults in a new arena, caches), often ten times a warm one: a small
+ * model's first run does not exclude it. */
 #define TIMING_RUNS 5
 #define TIMING_BUDGET_MS 100.0
 
@@ -1564,7 +1566,7 @@ static int timed_runs(struct plan_exec *x, struct plan *p, enum step_config cfg,
  * that uses fewer (within the noise, a thread left idle serves other
  * instances and requests). */
 static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, char *err, size_t err_len) {
-    if (2 * first_ms > TIMING_BUDGET_MS) {
+    if (first_ms > TIMING_BUDGET_MS) {
         log_debug("one run takes %.1f ms: the %d measured steps keep %d threads untimed", first_ms, p->nmeasured,
                   p->nthreads);
         return 0;
