@@ -759,8 +759,8 @@ static void call_device_tensors(const struct plan *p, const struct graph_node *n
  * step on all the threads. */
 
 /* Work (elements read and written, or multiply-adds) below which a node runs
- * on one thread, and above which on all: a few microseconds of work at most,
- * and more than a hundred. */
+ * on one thread, and above which on all without timing: a few microseconds
+ * of work at most, and milliseconds. */
 #define STEP_WORK_ONE 8192.0
 #define STEP_WORK_ALL 67108864.0
 
