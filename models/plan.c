@@ -1515,7 +1515,7 @@ static int run_steps(struct plan_exec *x, struct plan *p, double *times, char *e
  * keep all the threads (the static choice). The first run is cold (page
  * faults in a new arena, caches), often ten times a warm one: a small
  * model's first run does not exclude it. */
-#define TIMING_RUNS 5
+#define TIMING_RUNS 9
 #define TIMING_BUDGET_MS 100.0
 
 enum step_config { MEASURED_ALL = 0, MEASURED_ONE = 1, MEASURED_CHOSEN = 2 };
