@@ -79,6 +79,14 @@ int plan_nfp16(const struct plan *p);
 /* Steps of a device plan that run on the CPU; 1 if step i is one of them. */
 int plan_nfallback(const struct plan *p);
 int plan_step_on_host(const struct plan *p, int i);
+/* Threads step i runs with: host plans give a small step one thread and a
+ * large one all of the plan's; a step in between is "measured": timed both
+ * ways on the plan's first run, which fixes its count (until then it runs
+ * on all). KILN_STEP_THREADS=0 keeps every step on all the threads, =static
+ * skips the timing. plan_nmeasured counts the measured steps. */
+int plan_step_threads(const struct plan *p, int i);
+int plan_step_measured(const struct plan *p, int i);
+int plan_nmeasured(const struct plan *p);
 
 enum plan_value_kind {
     PLAN_VALUE_UNUSED = 0,
