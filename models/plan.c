@@ -93,6 +93,7 @@ struct plan {
     size_t mirror_size;    /* bytes of the host mirror CPU fallback steps use */
     int nmeasured;         /* steps whose thread count the first run measures */
     atomic_int timed;      /* 0: not yet, 1: one executor is timing them, 2: done */
+    atomic_int pick;       /* plan_threads_pick(): 1 + the step_config kept once timed, -1 inherited */
 };
 
 /* Widens n FP16 values at p to FP32 in place (the buffer holds 4n bytes):
@@ -1105,6 +1106,8 @@ int plan_step_node(const struct plan *p, int i) { return i >= 0 && i < p->nsteps
 int plan_nfp16(const struct plan *p) { return p->fp16 ? p->nfp16 : 0; }
 int plan_nfallback(const struct plan *p) { return p->nfallback; }
 int plan_step_on_host(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].on_host : 0; }
+int plan_threads_pick(const struct plan *p) { return atomic_load_explicit(&((struct plan *)p)->pick, memory_order_relaxed); }
+
 int plan_nmeasured(const struct plan *p) { return p->nmeasured; }
 int plan_step_measured(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].measured : 0; }
 
@@ -1620,6 +1623,7 @@ static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, 
     log_debug("measured steps all on %d threads: %.3f ms a run; all on 1: %.3f ms; %d of %d on %d: %.3f ms; "
               "runs %s", p->nthreads, all_ms, one_ms, nall, p->nmeasured, p->nthreads, mixed ? chosen_ms : 0.0,
               pick == MEASURED_ALL ? "all on all" : pick == MEASURED_ONE ? "all on 1" : "each on its own");
+    atomic_store_explicit(&p->pick, 1 + (int)pick, memory_order_relaxed);
     atomic_thread_fence(memory_order_release);
     bind_choices(x, p);
     /* The caller's outputs come from the configuration kept, as the next
@@ -1828,6 +1832,33 @@ static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct te
     return NULL;
 }
 
+/* Timing a new plan's thread counts costs a few of its runs (up to
+ * TIMING_BUDGET_MS), once per input shape: a model fed many shapes (text of
+ * every length) would pay it over and over as its plans are evicted and
+ * rebuilt. Once this many of the cache's plans were timed, a new plan takes
+ * what most of them kept for their measured steps, all on one thread or all
+ * on all, untimed (lock held). */
+#define TIMED_PLANS_ENOUGH 4
+
+static void inherit_threads(struct plan_cache *c, struct plan *np) {
+    if (!np->nmeasured) return;
+    int n = 0, one = 0, all = 0;
+    for (int i = 0; i < c->n; i++) {
+        int pk = atomic_load_explicit(&c->plans[i]->pick, memory_order_relaxed);
+        n += pk > 0;
+        one += pk == 1 + MEASURED_ONE;
+        all += pk == 1 + MEASURED_ALL;
+    }
+    if (n < TIMED_PLANS_ENOUGH || one == all) return;
+    for (int si = 0; si < np->nsteps; si++)
+        if (np->steps[si].measured)
+            atomic_store_explicit(&np->steps[si].chosen, one > all ? 1 : np->steps[si].nthreads, memory_order_relaxed);
+    atomic_store_explicit(&np->pick, -1, memory_order_relaxed);
+    atomic_store_explicit(&np->timed, 2, memory_order_release);
+    log_debug("plan threads: %d of the model's %d timed plans keep their measured steps on %s: a new plan does, "
+              "untimed", one > all ? one : all, n, one > all ? "1 thread" : "all threads");
+}
+
 int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
                    struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len) {
     uint64_t h = plan_signature_hash(inputs, g->ninputs, bind_values);
@@ -1864,6 +1895,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
         c->plans[lru] = c->plans[--c->n];
         c->evictions++;
     }
+    inherit_threads(c, np);
     atomic_store(&np->last_used, atomic_fetch_add(&c->tick, 1) + 1);
     plan_retain(np); /* the cache's reference */
     c->plans[c->n++] = np;

@@ -87,6 +87,10 @@ int plan_step_on_host(const struct plan *p, int i);
 int plan_step_threads(const struct plan *p, int i);
 int plan_step_measured(const struct plan *p, int i);
 int plan_nmeasured(const struct plan *p);
+/* How a plan's measured steps got their thread counts: 0 not yet, 1 timed
+ * and all on one thread kept, 2 timed and all on all kept, 3 timed and each
+ * its own, -1 taken untimed from the plans of its cache (plan_cache_get). */
+int plan_threads_pick(const struct plan *p);
 
 enum plan_value_kind {
     PLAN_VALUE_UNUSED = 0,

@@ -1450,6 +1450,72 @@ static void test_step_threads(void **state) {
     graph_free(g);
 }
 
+/* A model fed many shapes: once enough of the cache's plans were timed, a
+ * new plan takes what most of them kept instead of timing again, and its
+ * results stay those of a plan built alone. */
+static void test_step_threads_inherited(void **state) {
+    (void)state;
+    char err[512];
+    struct graph *g = onnx_load_file("tests/data/modelset/bert_s/model.onnx", err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    struct backend *be = backend_cpu_create(&(struct backend_params){.device = -1, .nthreads = 2});
+    assert_non_null(be);
+    struct plan_cache *c = plan_cache_create(16);
+    struct plan_exec *x = plan_exec_create(be, 2);
+    assert_non_null(c);
+    assert_non_null(x);
+    int64_t ids[96], mask[96];
+    for (int i = 0; i < 96; i++) ids[i] = (i * 37) % 1000, mask[i] = 1;
+    int timed = 0, one = 0, all = 0, inherited = 0;
+    for (int len = 4; len <= 26; len += 2) {
+        struct tensor in[2] = {{.dtype = DT_INT64, .ndim = 2, .dims = {1, len}, .data = ids},
+                               {.dtype = DT_INT64, .ndim = 2, .dims = {1, len}, .data = mask}};
+        struct plan *p = NULL;
+        int built = 0;
+        if (plan_cache_get(c, g, in, 0, be, 2, &p, &built, err, sizeof err)) fail_msg("plan_cache_get: %s", err);
+        assert_true(built);
+        /* Would the cache have passed its choice on? */
+        int agree = timed >= 4 && one != all;
+        struct tensor out[2], ref[2];
+        if (plan_exec_run(x, p, in, out, err, sizeof err)) fail_msg("plan_exec_run: %s", err);
+        int pick = plan_threads_pick(p);
+        if (plan_nmeasured(p)) {
+            if (agree) assert_int_equal(pick, -1);
+            else assert_true(pick >= 0);
+        }
+        if (pick == -1) {
+            inherited++;
+            for (int i = 0; i < plan_nsteps(p); i++)
+                if (plan_step_measured(p, i)) assert_int_equal(plan_step_threads(p, i), one > all ? 1 : 2);
+        }
+        timed += pick > 0;
+        one += pick == 2; /* 1 + MEASURED_ONE */
+        all += pick == 1; /* 1 + MEASURED_ALL */
+        /* The same results as a plan of this shape alone on one thread. */
+        struct plan *q = NULL;
+        if (plan_build(g, in, 0, NULL, 1, &q, err, sizeof err)) fail_msg("plan_build: %s", err);
+        struct plan_exec *y = plan_exec_create(be, 1);
+        if (plan_exec_run(y, q, in, ref, err, sizeof err)) fail_msg("plan_exec_run: %s", err);
+        for (int o = 0; o < 2; o++) {
+            const float *a = out[o].data, *w = ref[o].data;
+            for (int64_t i = 0, n = tensor_numel(&ref[o]); i < n; i++)
+                if (fabsf(a[i] - w[i]) > 1e-5f * fabsf(w[i]) + 1e-6f) fail_msg("len %d output %d [%lld]: %g vs %g", len, o, (long long)i, a[i], w[i]);
+            tensor_free_data(&ref[o]);
+            tensor_free_data(&out[o]);
+        }
+        plan_exec_free(y);
+        plan_release(q);
+        plan_release(p);
+    }
+    print_message("bert_s, 12 shapes: %d plans timed (%d all on 1, %d all on 2), %d inherited\n", timed, one, all,
+                  inherited);
+    plan_exec_free(x);
+    plan_cache_free(c);
+    backend_free(be);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -1477,6 +1543,7 @@ int main(void) {
         cmocka_unit_test(test_device_constants_shared),
         cmocka_unit_test(test_value_driven_run),
         cmocka_unit_test(test_step_threads),
+        cmocka_unit_test(test_step_threads_inherited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
