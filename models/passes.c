@@ -1128,6 +1128,71 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
     return pass_run(&masked_softmax_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- unmasked attention (CPU) ------------------------------------------------------------------ */
+
+/* Attention as exporters write it without a mask (audio and vision
+ * encoders),
+ *   MatMul(A, B) -> [Mul/Div by a scalar] -> Softmax(last axis) -> MatMul(., V),
+ * with nothing else reading the scores, becomes one kiln.SoftmaxAttention
+ * node (kernels/cpu/ops_attention.c) that never writes the scores to
+ * memory. Matched at the second MatMul. */
+static int softmax_attention_node(struct pass *ps, int mi2) {
+    struct graph *g = ps->g;
+    const struct graph_node *m2 = &g->nodes[mi2];
+    if (ps->dead[mi2] || !is_op(m2, "MatMul") || m2->nin != 2 || m2->nout != 1 || m2->act != ACT_NONE ||
+        m2->in[1] < 0 || m2->out[0] < 0)
+        return 0;
+    int si = sole_producer(ps, m2->in[0], "Softmax");
+    if (si < 0) return 0;
+    const struct graph_node *sm = &g->nodes[si];
+    if (sm->opset < 13 || sm->nin != 1 || sm->in[0] < 0 || node_attr_int(sm, "axis", -1) != -1) return 0;
+    struct softmax_feed f;
+    softmax_feed(ps, sm->in[0], &f);
+    if (f.addi >= 0) return 0; /* masked: kiln.MaskedSoftmax's */
+    int mi = sole_producer(ps, f.x, "MatMul");
+    if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return 0;
+    int a = f.mm_in[0], b = f.mm_in[1], v = m2->in[1];
+    if (a < 0 || b < 0 || known_dtype(g, a, 0) != DT_FP32 || known_dtype(g, b, 0) != DT_FP32 ||
+        known_dtype(g, v, 0) != DT_FP32)
+        return 0;
+    struct graph_node *n = &g->nodes[mi2];
+    struct graph_attr *at = calloc(1, sizeof *at);
+    char *an = strdup("scale"), *op = strdup("SoftmaxAttention"), *dom = strdup("kiln");
+    if (!at || !an || !op || !dom || set_nin(n, 3)) {
+        free(at);
+        free(an);
+        free(op);
+        free(dom);
+        return pass_nomem(ps);
+    }
+    at[0] = (struct graph_attr){.name = an, .type = ATTR_FLOAT, .f = f.scale};
+    for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
+    free(n->attrs);
+    n->attrs = at;
+    n->nattr = 1;
+    free(n->op_type);
+    free(n->domain);
+    n->op_type = op;
+    n->domain = dom;
+    n->opset = 1;
+    n->op = op_find("kiln", "SoftmaxAttention");
+    n->in[0] = a;
+    n->in[1] = b;
+    n->in[2] = v;
+    n->nin = 3;
+    ps->dead[si] = ps->dead[mi] = 1;
+    for (int k = 0; k < 3; k++)
+        if (f.scale_node[k] >= 0) ps->dead[f.scale_node[k]] = 1;
+    log_debug("attention at '%s' without a mask: one SoftmaxAttention node", g->nodes[si].name);
+    return 1;
+}
+
+static const struct pass_def softmax_attention_pass = {"fusing unmasked attention", softmax_attention_node, 0};
+
+int passes_fuse_softmax_attention(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&softmax_attention_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- QDQ to integer operators (CPU) -------------------------------------------------------- */
 
 /* onnxruntime.quantization's QDQ format writes a quantized model as its float
@@ -1458,7 +1523,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1477,11 +1542,13 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     int nhwc = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc);
+              "bias, %d GELU, %d activations, %d masked softmaxes and %d unmasked attentions fused, %d quantized operators, %d "
+              "on NHWC)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, sattn, qdq, nhwc);
     return 0;
 }

@@ -61,6 +61,10 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
 /* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
+/* MatMul -> [scalar factor] -> Softmax(last axis) -> MatMul with no mask
+ * and nothing else reading the scores: one kiln.SoftmaxAttention node
+ * (kernels/cpu/ops_attention.c). CPU only. */
+int passes_fuse_softmax_attention(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* DequantizeLinear -> op -> QuantizeLinear, as onnxruntime.quantization's
  * QDQ format writes a quantized model, becomes the integer op on the 8-bit

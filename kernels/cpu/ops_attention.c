@@ -22,12 +22,14 @@
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
 
@@ -117,9 +119,12 @@ static void attn_mask_row(const struct attn_core *a, int64_t b, int64_t h, int64
 }
 
 /* Softmax of one row in place, with an optional extra logit. A row with
- * every key masked out to -inf becomes NaN, as the formula gives. */
-static void attn_softmax_row(float *row, int64_t T, int has_sink, float sink) {
+ * every key masked out to -inf becomes NaN, as the formula gives. Built for
+ * the CPU's vector width, picked by the ISA oneDNN runs (the row loops are
+ * most of unmasked attention's time outside its two products). */
+static inline __attribute__((always_inline)) void attn_softmax_row_body(float *row, int64_t T, int has_sink, float sink) {
     float mx = has_sink ? sink : -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int64_t t = 0; t < T; t++) mx = row[t] > mx ? row[t] : mx;
     if (mx == -INFINITY) {
         for (int64_t t = 0; t < T; t++) row[t] = NAN;
@@ -135,6 +140,26 @@ static void attn_softmax_row(float *row, int64_t T, int has_sink, float sink) {
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t t = 0; t < T; t++) row[t] *= inv;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void attn_softmax_row_v4(float *row, int64_t T, int has_sink,
+                                                                          float sink) {
+    attn_softmax_row_body(row, T, has_sink, sink);
+}
+__attribute__((target("arch=x86-64-v3"))) static void attn_softmax_row_v3(float *row, int64_t T, int has_sink,
+                                                                          float sink) {
+    attn_softmax_row_body(row, T, has_sink, sink);
+}
+#endif
+
+static void attn_softmax_row(float *row, int64_t T, int has_sink, float sink) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    int l = dnnl_util_isa_level();
+    if (l >= 4) return attn_softmax_row_v4(row, T, has_sink, sink);
+    if (l == 3) return attn_softmax_row_v3(row, T, has_sink, sink);
+#endif
+    attn_softmax_row_body(row, T, has_sink, sink);
 }
 
 static void attn_keep_qk(const struct attn_core *a, int stage, int64_t bh, const float *scores) {
@@ -1213,6 +1238,226 @@ static int gqa_body(struct op_call *c, void *scratch) {
 
 static int gqa_run(struct op_call *c) { return attn_run_staged(c, gqa_body); }
 
+/* ---- kiln.SoftmaxAttention: exported attention without a mask ---------- */
+
+/* Y = softmax(scale * A B) V over the last axis, as models/passes.c fuses
+ * MatMul -> [Mul/Div by a scalar] -> Softmax -> MatMul when nothing else
+ * reads the scores: A [..., S, D], B [..., D, T] (the keys transposed, as
+ * exporters write them), V [..., T, Dv], leading axes broadcast as MatMul
+ * does; Y [..., S, Dv]. The scores ([S, T] per head, 9 MB for 1500 audio
+ * frames) never reach memory: blocks of query rows whose scores fit the
+ * core's cache go through both products and the softmax in turn. */
+#define SA_BLOCK_FLOATS (64 * 1024) /* 256 KiB of scores per block */
+
+struct sa_shape {
+    int nd;                         /* leading axes */
+    int64_t lead[TENSOR_MAX_DIMS];  /* Y's */
+    int64_t sa[TENSOR_MAX_DIMS], sb[TENSOR_MAX_DIMS], sv[TENSOR_MAX_DIMS]; /* element strides, 0 broadcast */
+    int64_t nbatch, S, D, T, Dv, rb; /* rb: query rows a block */
+};
+
+static int sa_shape(struct op_call *c, struct sa_shape *sh) {
+    const struct tensor *a = c->in[0], *b = c->in[1], *v = c->in[2];
+    const struct tensor *t3[3] = {a, b, v};
+    static const char *const names[3] = {"A", "B", "V"};
+    for (int i = 0; i < 3; i++)
+        if (t3[i]->dtype != DT_FP32 || t3[i]->ndim < 2)
+            return op_error(c, "%s must be a float tensor of rank 2 or more", names[i]);
+    sh->S = a->dims[a->ndim - 2], sh->D = a->dims[a->ndim - 1];
+    sh->T = b->dims[b->ndim - 1], sh->Dv = v->dims[v->ndim - 1];
+    if (b->dims[b->ndim - 2] != sh->D || v->dims[v->ndim - 2] != sh->T)
+        return op_error(c, "A [.., %lld, %lld], B [.., %lld, %lld] and V [.., %lld, %lld] do not chain",
+                        (long long)sh->S, (long long)sh->D, (long long)b->dims[b->ndim - 2], (long long)sh->T,
+                        (long long)v->dims[v->ndim - 2], (long long)sh->Dv);
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim;
+    nd = (nd > v->ndim ? nd : v->ndim) - 2;
+    sh->nd = nd;
+    sh->nbatch = 1;
+    int64_t mat[3] = {sh->S * sh->D, sh->D * sh->T, sh->T * sh->Dv};
+    int64_t acc[3] = {mat[0], mat[1], mat[2]};
+    for (int i = nd - 1; i >= 0; i--) {
+        int64_t d = 1;
+        for (int k = 0; k < 3; k++) {
+            int j = t3[k]->ndim - 2 - nd + i;
+            int64_t dk = j >= 0 ? t3[k]->dims[j] : 1;
+            if (dk != 1 && d != 1 && dk != d) return op_error(c, "the leading axes of A, B and V do not broadcast");
+            if (dk != 1) d = dk;
+        }
+        int64_t *st[3] = {sh->sa, sh->sb, sh->sv};
+        for (int k = 0; k < 3; k++) {
+            int j = t3[k]->ndim - 2 - nd + i;
+            int64_t dk = j >= 0 ? t3[k]->dims[j] : 1;
+            st[k][i] = dk == 1 ? 0 : acc[k];
+            acc[k] *= dk;
+        }
+        sh->lead[i] = d;
+        sh->nbatch *= d;
+    }
+    int64_t rb = sh->T > 0 ? SA_BLOCK_FLOATS / sh->T : sh->S;
+    if (rb < 8) rb = 8;
+    sh->rb = rb < sh->S ? rb : sh->S;
+    return 0;
+}
+
+static int sa_infer(struct op_call *c) {
+    struct sa_shape sh;
+    int rc = sa_shape(c, &sh);
+    if (rc) return rc;
+    struct tensor *y = c->out[0];
+    y->dtype = DT_FP32;
+    y->ndim = sh.nd + 2;
+    for (int i = 0; i < sh.nd; i++) y->dims[i] = sh.lead[i];
+    y->dims[sh.nd] = sh.S;
+    y->dims[sh.nd + 1] = sh.Dv;
+    return 0;
+}
+
+/* Keys under this many, the scores of a head stay in the core's cache
+ * anyway: the two products run as oneDNN matmul primitives over every head
+ * at once (faster on small matrices than a call per head and block), and
+ * the softmax between them over all the rows. */
+#define SA_BLOCKED_MIN_KEYS 512
+
+struct sa_state {
+    int small;
+    struct cpu_mm_state *mm1, *mm2; /* small: scale * A B, then P V */
+    struct dnnl_prim *smax;         /* small: oneDNN's softmax over the rows of the scores, in place */
+    size_t off1, off2, off3;        /* small: scratch offsets of the primitives' scratch (the scores at 0) */
+};
+
+static void sa_release(void *st) {
+    struct sa_state *s = st;
+    if (!s) return;
+    cpu_mm_release(s->mm1);
+    cpu_mm_release(s->mm2);
+    dnnl_prim_free(s->smax);
+    free(s);
+}
+
+/* The small path's two primitives: plain layouts, numpy broadcasting. */
+static int sa_build_small(struct op_call *c, struct sa_state *s, const struct sa_shape *sh, size_t *scratch_size) {
+    struct tensor scores = {.dtype = DT_FP32};
+    struct cpu_mm_shape m1, m2;
+    int rc = cpu_mm_shapes(c, c->in[0], c->in[1], &m1, &scores);
+    if (!rc) rc = cpu_mm_shapes(c, &scores, c->in[2], &m2, NULL);
+    if (rc) return rc;
+    dnnl_memory_desc_t a_md, b_md, y_md, p_md, v_md, o_md;
+    dnnl_util_plain_md(&a_md, m1.r, m1.a);
+    dnnl_util_plain_md(&b_md, m1.r, m1.b);
+    dnnl_util_plain_md(&y_md, m1.r, m1.y);
+    dnnl_util_plain_md(&p_md, m2.r, m2.a);
+    dnnl_util_plain_md(&v_md, m2.r, m2.b);
+    dnnl_util_plain_md(&o_md, m2.r, m2.y);
+    size_t s1 = 0, s2 = 0;
+    float scale = node_attr_float(c->node, "scale", 1.0f);
+    if (!(s->mm1 = calloc(1, sizeof *s->mm1)) || !(s->mm2 = calloc(1, sizeof *s->mm2)))
+        return op_error(c, "out of memory"), STATUS_NOMEM;
+    if ((rc = cpu_mm_build(c, s->mm1, &a_md, &b_md, NULL, NULL, &y_md, scale, 0, &s1)) ||
+        (rc = cpu_mm_build(c, s->mm2, &p_md, &v_md, NULL, NULL, &o_md, 1.0f, 0, &s2)))
+        return rc;
+    int64_t sd[3] = {sh->nbatch * sh->S, sh->T, 1};
+    size_t s3 = 0;
+    dnnl_memory_desc_t md;
+    dnnl_softmax_v2_desc_t d;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = dnnl_util_attr();
+    dnnl_status_t st = attr && dnnl_util_plain_md(&md, 3, sd) == 0
+                           ? dnnl_softmax_v2_forward_desc_init(&d, dnnl_forward_inference, dnnl_softmax_accurate, &md,
+                                                               &md, 1)
+                           : dnnl_out_of_memory;
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &d, attr, dnnl_util_engine(), NULL);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st == dnnl_success) { /* else the rows below do it */
+        int ids[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
+        s->smax = dnnl_prim_create(c, pd, 2, ids, &s3);
+        dnnl_primitive_desc_destroy(pd);
+    }
+    s->off1 = dnnl_util_align(sizeof(float) * (size_t)(sh->nbatch * sh->S * sh->T > 0 ? sh->nbatch * sh->S * sh->T : 1));
+    s->off2 = s->off1 + dnnl_util_align(s1);
+    s->off3 = s->off2 + dnnl_util_align(s2);
+    *scratch_size = s->off3 + dnnl_util_align(s3);
+    return 0;
+}
+
+static int sa_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct sa_shape sh;
+    int rc = sa_shape(c, &sh);
+    if (rc) return rc;
+    struct sa_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    s->small = sh.T < SA_BLOCKED_MIN_KEYS;
+    if (s->small) rc = sa_build_small(c, s, &sh, scratch_size);
+    else
+        *scratch_size = dnnl_util_align(sizeof(float) * (size_t)(sh.rb * sh.T > 0 ? sh.rb * sh.T : 1)) *
+                        (size_t)attn_threads(c);
+    if (rc) {
+        sa_release(s);
+        return rc;
+    }
+    *state = s;
+    return 0;
+}
+
+static int sa_run_small(struct op_call *c, const struct sa_state *s, const struct sa_shape *sh) {
+    float *scores = c->scratch;
+    void *a1[4] = {c->in[0]->data, c->in[1]->data, scores, NULL};
+    void *a2[4] = {scores, c->in[2]->data, c->out[0]->data, NULL};
+    int rc = dnnl_prim_exec(c, s->mm1->prim, a1, (char *)c->scratch + s->off1);
+    if (rc) return rc;
+    int64_t rows = sh->nbatch * sh->S, T = sh->T;
+    if (s->smax) {
+        void *p[2] = {scores, scores};
+        if ((rc = dnnl_prim_exec(c, s->smax, p, (char *)c->scratch + s->off3))) return rc;
+    } else {
+#pragma omp parallel for num_threads(attn_threads(c)) if (rows * T >= 65536)
+        for (int64_t r = 0; r < rows; r++) attn_softmax_row(scores + r * T, T, 0, 0.0f);
+    }
+    return dnnl_prim_exec(c, s->mm2->prim, a2, (char *)c->scratch + s->off2);
+}
+
+static int sa_run(struct op_call *c) {
+    struct sa_shape sh;
+    int rc = sa_shape(c, &sh);
+    if (rc) return rc;
+    const float *a = c->in[0]->data, *b = c->in[1]->data, *v = c->in[2]->data;
+    float *y = c->out[0]->data;
+    float scale = node_attr_float(c->node, "scale", 1.0f);
+    int64_t S = sh.S, T = sh.T, D = sh.D, Dv = sh.Dv, rb = sh.rb;
+    if (sh.nbatch == 0 || S == 0 || Dv == 0) return 0;
+    if (T == 0) { /* the softmax of no scores */
+        for (int64_t i = 0, n = tensor_numel(c->out[0]); i < n; i++) y[i] = NAN;
+        return 0;
+    }
+    const struct sa_state *st = c->state;
+    if (st->small) return sa_run_small(c, st, &sh);
+    int64_t nblk = (S + rb - 1) / rb, n = sh.nbatch * nblk;
+    size_t per = dnnl_util_align(sizeof(float) * (size_t)(rb * T));
+    int nt = attn_threads(c), failed = 0;
+    if (n < nt) nt = (int)n;
+    dnnl_util_set_threads(c->nthreads);
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) reduction(| : failed)
+    for (int64_t w = 0; w < n; w++) {
+        int64_t bi = w / nblk, r0 = (w % nblk) * rb, rows = S - r0 < rb ? S - r0 : rb;
+        int64_t oa = 0, ob = 0, ov = 0, rest = bi;
+        for (int i = sh.nd - 1; i >= 0; i--) {
+            int64_t k = rest % sh.lead[i];
+            rest /= sh.lead[i];
+            oa += k * sh.sa[i], ob += k * sh.sb[i], ov += k * sh.sv[i];
+        }
+        float *buf = (float *)(void *)((char *)c->scratch + per * (size_t)omp_get_thread_num());
+        const float *ap = a + oa + r0 * D;
+        float *yp = y + bi * S * Dv + r0 * Dv;
+        if (dnnl_sgemm('N', 'N', rows, T, D, scale, ap, D, b + ob, T, 0.0f, buf, T) != dnnl_success) {
+            failed = 1;
+            continue;
+        }
+        for (int64_t r = 0; r < rows; r++) attn_softmax_row(buf + r * T, T, 0, 0.0f);
+        failed |= dnnl_sgemm('N', 'N', rows, Dv, T, 1.0f, buf, T, v + ov, Dv, 0.0f, yp, Dv) != dnnl_success;
+    }
+    if (failed) return op_error(c, "oneDNN's sgemm failed");
+    return 0;
+}
+
 const struct op_def op_defs_attention[] = {
     {"Attention", "", onnx_attn_infer, onnx_attn_prepare, onnx_attn_run, op_params_free, 0},
     {"RotaryEmbedding", "", rope_infer, rope_prepare, rope_run, op_params_free, 0},
@@ -1220,5 +1465,6 @@ const struct op_def op_defs_attention[] = {
     {"MultiHeadAttention", "com.microsoft", mha_infer, mha_prepare, ms_attn_run, op_params_free, 0},
     {"GroupQueryAttention", "com.microsoft", gqa_infer, gqa_prepare, gqa_run, op_params_free, 0},
     {"RotaryEmbedding", "com.microsoft", rope_ms_infer, rope_ms_prepare, rope_run, op_params_free, 0},
+    {"SoftmaxAttention", "kiln", sa_infer, sa_prepare, sa_run, sa_release, 0},
     {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -115,7 +115,7 @@ static ew_fn ew_pick(const ew_fn *tbl, enum dtype dt, struct ew_args *a) {
 /* A fused activation over n floats in place: one loop per kind, on the
  * branch-free exp, tanh and erf above, so that each vectorizes (libm's
  * expf, tanhf and erff are opaque calls, 5-15x slower per value). */
-static inline void act_f32_body(float *x, int64_t n, enum act_kind act, float a, float b) {
+static inline __attribute__((always_inline)) void act_f32_body(float *x, int64_t n, enum act_kind act, float a, float b) {
     switch (act) {
     case ACT_NONE: return;
     case ACT_RELU: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; return;

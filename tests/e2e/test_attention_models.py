@@ -325,3 +325,49 @@ def test_bert_fused_attention_served(make_server, tmp_path):
     with pytest.raises(httpclient.InferenceServerException):
         c.infer("bert_attn", [bad])
     assert c.is_model_ready("bert_attn")
+
+
+# ---- unmasked attention as exporters write it ------------------------------
+
+def exported_attention(q_shape, k_shape, v_shape, scale_on):
+    """MatMul(Q, K^T) -> Mul or Div by a scalar (on the scores or on Q) ->
+    Softmax -> MatMul(., V), as torch exports audio and vision encoders'
+    attention: kiln fuses it into one SoftmaxAttention node."""
+    nodes = [oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2])]
+    inits = [onnx.numpy_helper.from_array(np.array(0.125, np.float32), "c")]
+    if scale_on == "q":
+        nodes += [oh.make_node("Mul", ["q", "c"], ["qs"]), oh.make_node("MatMul", ["qs", "kt"], ["s"])]
+        scores = "s"
+    else:
+        nodes += [oh.make_node("MatMul", ["q", "kt"], ["s0"]), oh.make_node("Div", ["s0", "c"], ["s"])]
+        scores = "s"
+    nodes += [oh.make_node("Softmax", [scores], ["p"], axis=-1), oh.make_node("MatMul", ["p", "v"], ["y"])]
+    ins = [oh.make_tensor_value_info(n, TP.FLOAT, s) for n, s in (("q", q_shape), ("k", k_shape), ("v", v_shape))]
+    graph = oh.make_graph(nodes, "attn", ins, [oh.make_tensor_value_info("y", TP.FLOAT, None)], initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("case", [
+    # (Q, K, V shapes, where the scale is): long keys run in blocks of
+    # query rows, short ones as two oneDNN products around a softmax.
+    ((1, 2, 700, 16), (1, 2, 600, 16), (1, 2, 600, 24), "scores"),
+    ((2, 3, 37, 8), (2, 3, 45, 8), (2, 3, 45, 8), "q"),
+    ((1, 2, 530, 8), (1, 1, 530, 8), (1, 1, 530, 8), "scores"),  # keys and values shared by the heads
+    ((1, 1, 5, 4), (1, 1, 1, 4), (1, 1, 1, 4), "q"),
+])
+def test_unmasked_attention_fused(case, tmp_path):
+    qs, ks, vs, scale_on = case
+    rng = rng_for("sa", case)
+    feeds = {"q": f32(rng, *qs) * 3, "k": f32(rng, *ks) * 3, "v": f32(rng, *vs)}
+    model = exported_attention(qs, ks, vs, scale_on)
+    check(model, feeds, tmp_path)
+    # The scores never became a tensor of the plan: one fused node ran.
+    args = [str(KILN), "run", str(tmp_path / "m.onnx"), "--iterations", "1", "--backend", "cpu"]
+    for name, arr in feeds.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+        args += ["--input", f"{name}={tmp_path / (name + '.npy')}"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env={"KILN_PROFILE": "1"})
+    assert r.returncode == 0, r.stderr
+    assert "SoftmaxAttention" in r.stderr + r.stdout and " Softmax " not in r.stderr + r.stdout, r.stderr
