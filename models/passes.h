@@ -69,6 +69,13 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
  * (com.microsoft), and MaxPool, Flatten, Reshape between equal scales run on
  * the 8-bit values. Within one quantization step of the float graph. */
 int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
+/* DynamicQuantizeLinear -> MatMulInteger (constant 2-D weights) -> Cast ->
+ * Mul(x_scale * w_scale) [-> Add(bias)], as onnxruntime.quantization's
+ * quantize_dynamic writes a MatMul, becomes one com.microsoft
+ * MatMulIntegerToFloat (CPU), or DynamicQuantizeMatMul when the
+ * DynamicQuantizeLinear serves that product alone (passes_dynq.c). The
+ * same integer sums and float operations: the same results. */
+int passes_fuse_dynq(struct graph *g, int *nfused, char *err, size_t err_len);
 /* After passes_fuse_qdq: the 8-bit activations that flow only between
  * 2-D QLinearConvs and QLinearAdds are stored NHWC (oneDNN's int8 layout),
  * their dims unchanged; the nodes' kiln_layout attribute says so. Returns

@@ -33,6 +33,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
 
@@ -1911,21 +1912,8 @@ static int infer_dynquant(struct op_call *c) {
 }
 
 static int run_dynquant(struct op_call *c) {
-    const float *x = c->in[0]->data;
-    uint8_t *y = c->out[0]->data;
-    int64_t n = tensor_numel(c->in[0]);
-    float mn = 0, mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
-    }
-    float scale = (mx - mn) / 255.0f;
-    double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
-    uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
-    for (int64_t i = 0; i < n; i++) {
-        double v = scale > 0 ? nearbyint((double)(x[i] / scale)) + zp : 0;
-        y[i] = (uint8_t)(v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v);
-    }
+    uint8_t zp;
+    float scale = cpu_dynquant_u8(c->in[0]->data, tensor_numel(c->in[0]), c->out[0]->data, &zp);
     struct tensor *s = out_opt(c, 1), *z = out_opt(c, 2);
     if (s) *(float *)s->data = scale;
     if (z) *(uint8_t *)z->data = zp;

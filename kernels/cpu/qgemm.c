@@ -1,0 +1,260 @@
+/* qgemm.c - the exact 8-bit matrix product of MatMulInteger and the
+ * dynamic-quantization operators on oneDNN's int8 matmul, and the
+ * vectorised DynamicQuantizeLinear of A.
+ *
+ * oneDNN 2.6 multiplies uint8 A by int8 B into int32 sums (VNNI where the
+ * CPU has it). Everything else an ONNX product allows is brought to that
+ * form once, algebraically, so the sums stay exact:
+ *  - an int8 A is shifted by +128 into uint8 (its zero point too);
+ *  - a uint8 B is shifted by -128 into int8 when the plan is built (its
+ *    zero point too);
+ *  - the zero points leave the product:
+ *      sum_k (a - za)(b - zb[n]) = sum_k a b - za colsum(b)[n]
+ *                                  - zb[n] rowsum(a)[m] + K za zb[n],
+ *    with B's column sums computed when the plan is built.
+ * Without VNNI oneDNN sums pairs of u8 x s8 products in int16 with
+ * saturation (vpmaddubsw): there A runs as two 4-bit halves, whose pair
+ * sums (at most 2 * 15 * 128) cannot saturate, and the two products are
+ * joined as 16 hi + lo. Integer sums wrap like ONNX's int32 (unsigned
+ * arithmetic below). */
+
+#include <math.h>
+#include <nmmintrin.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/matmul_util.h"
+
+/* ---- constant B ---------------------------------------------------------- */
+
+struct qgemm_make_args {
+    const struct tensor *b;
+    const dnnl_memory_desc_t *b_md, *w_md; /* B as int8 [K, N] row-major; the primitive's layout */
+};
+
+/* B - 128 as int8 (a uint8 B), then reordered into the primitive's layout. */
+static void *qgemm_make_weights(struct op_call *c, void *arg) {
+    const struct qgemm_make_args *m = arg;
+    int64_t n = tensor_numel(m->b);
+    const void *src = m->b->data;
+    int8_t *shifted = NULL;
+    if (m->b->dtype == DT_UINT8) {
+        if (!(shifted = malloc((size_t)(n > 0 ? n : 1)))) return op_error(c, "out of memory"), NULL;
+        const uint8_t *u = m->b->data;
+        for (int64_t i = 0; i < n; i++) shifted[i] = (int8_t)(u[i] ^ 0x80);
+        src = shifted;
+    }
+    void *buf = dnnl_util_reorder_alloc(c, m->b_md, src, m->w_md);
+    free(shifted);
+    return buf;
+}
+
+void cpu_qgemm_free(struct cpu_qgemm *q) {
+    if (!q) return;
+    dnnl_prim_free(q->prim);
+    dnnl_util_weights_release(q->wbuf);
+    free(q->colsum);
+    free(q->zb);
+    memset(q, 0, sizeof *q);
+}
+
+int cpu_qgemm_usable(const struct tensor *b, const struct tensor *zb) {
+    if (!b || !b->data || !cpu_is_q8(b->dtype) || b->ndim != 2 || (zb && (!zb->data || !cpu_is_q8(zb->dtype))))
+        return 0;
+    return !zb || tensor_numel(zb) == 1 || tensor_numel(zb) == b->dims[1];
+}
+
+int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
+                    const struct tensor *zb, size_t *scratch_size) {
+    memset(q, 0, sizeof *q);
+    const int64_t k = b->dims[0], n = b->dims[1];
+    q->m = m;
+    q->k = k;
+    q->n = n;
+    q->a_s8 = a_dt == DT_INT8;
+    q->split = !dnnl_util_isa_vnni();
+    q->colsum = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    q->zb = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    if (!q->colsum || !q->zb) {
+        cpu_qgemm_free(q);
+        return op_error(c, "out of memory"), STATUS_NOMEM;
+    }
+    /* b' = b - 128 for uint8 B, its zero point likewise. */
+    const int32_t shift = b->dtype == DT_UINT8 ? 128 : 0;
+    for (int64_t j = 0; j < n; j++) {
+        q->zb[j] = (int32_t)cpu_qparam_at(zb, j, 0) - shift;
+        q->colsum[j] = 0;
+    }
+    for (int64_t t = 0; t < k; t++)
+        for (int64_t j = 0; j < n; j++)
+            q->colsum[j] += (int32_t)op_int_at(b, t * n + j) - shift;
+
+    dnnl_util_set_threads(c->nthreads);
+    if (!dnnl_util_engine()) {
+        cpu_qgemm_free(q);
+        return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
+    }
+    dnnl_dims_t ad = {m, k}, bd = {k, n}, yd = {m, n};
+    dnnl_memory_desc_t a_md, b_md, b_any, y_md;
+    dnnl_primitive_attr_t attr = dnnl_util_attr();
+    dnnl_matmul_desc_t md;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_status_t st = attr ? dnnl_success : dnnl_out_of_memory;
+    if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&a_md, 2, ad, dnnl_u8, dnnl_ab);
+    if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_s8, dnnl_ab);
+    if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b_any, 2, bd, dnnl_s8, dnnl_format_tag_any);
+    if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&y_md, 2, yd, dnnl_s32, dnnl_ab);
+    if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a_md, &b_any, NULL, &y_md);
+    if (st == dnnl_success) st = dnnl_primitive_desc_create(&pd, &md, attr, dnnl_util_engine(), NULL);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (st != dnnl_success) {
+        cpu_qgemm_free(q);
+        return dnnl_util_fail(c, "int8 matmul primitive descriptor", st);
+    }
+    int ids[3] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    size_t dnnl_scratch = 0;
+    q->prim = dnnl_prim_create(c, pd, 3, ids, &dnnl_scratch);
+    int rc = q->prim ? 0 : STATUS_INTERNAL;
+    if (!rc) {
+        /* The key names B's own bytes: a uint8 B and an int8 B never share. */
+        dnnl_memory_desc_t key = b_md;
+        key.data_type = b->dtype == DT_UINT8 ? dnnl_u8 : dnnl_s8;
+        const dnnl_memory_desc_t *w_md = dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        struct qgemm_make_args args = {b, &b_md, w_md};
+        q->wbuf = dnnl_util_shared_acquire(c, &key, b->data, w_md, qgemm_make_weights, &args);
+        if (!q->wbuf) rc = STATUS_INTERNAL;
+        else dnnl_prim_bind(q->prim, 1, q->wbuf);
+    }
+    dnnl_primitive_desc_destroy(pd);
+    if (rc) {
+        cpu_qgemm_free(q);
+        return rc;
+    }
+    q->dnnl_scratch = dnnl_util_align(dnnl_scratch);
+    *scratch_size = cpu_qgemm_scratch(q);
+    return 0;
+}
+
+/* oneDNN's scratchpad, then A shifted (int8 A) or its two halves and the
+ * low half's sums (no VNNI). */
+size_t cpu_qgemm_scratch(const struct cpu_qgemm *q) {
+    size_t mk = dnnl_util_align((size_t)(q->m * q->k)), mn = dnnl_util_align(sizeof(int32_t) * (size_t)(q->m * q->n));
+    return q->dnnl_scratch + (q->split ? 2 * mk + mn : q->a_s8 ? mk : 0);
+}
+
+/* ---- running ------------------------------------------------------------- */
+
+/* The sum of a row of A as uint8 (flip 0x80: an int8 A shifted by +128).
+ * The loops here say "omp simd": -O2 vectorises only loops whose trip
+ * count is a multiple of the vector width. */
+static uint32_t qgemm_rowsum(const uint8_t *a, int64_t k, uint8_t flip) {
+    uint32_t s = 0;
+#pragma omp simd reduction(+ : s)
+    for (int64_t t = 0; t < k; t++) s += (uint8_t)(a[t] ^ flip);
+    return s;
+}
+
+int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, enum dtype a_dt, int32_t za,
+                  int32_t *y) {
+    const int64_t m = q->m, k = q->k, n = q->n;
+    if (c->scratch_size < cpu_qgemm_scratch(q)) return op_error(c, "internal: scratch too small");
+    if ((a_dt == DT_INT8) != q->a_s8) return op_error(c, "internal: A's type differs from the plan's");
+    char *scratch = c->scratch, *ws = scratch + q->dnnl_scratch;
+    const size_t mk = dnnl_util_align((size_t)(m * k));
+    const uint8_t *a8 = a, flip = q->a_s8 ? 0x80 : 0;
+    za += q->a_s8 ? 128 : 0;
+    dnnl_util_set_threads(c->nthreads);
+    int rc;
+    if (!q->split) {
+        const uint8_t *au = a8;
+        if (q->a_s8) {
+            uint8_t *sh = (uint8_t *)ws;
+#pragma omp simd
+            for (int64_t i = 0; i < m * k; i++) sh[i] = a8[i] ^ 0x80;
+            au = sh;
+        }
+        void *args[3] = {(void *)au, NULL, y};
+        if ((rc = dnnl_prim_exec(c, q->prim, args, scratch))) return rc;
+    } else {
+        uint8_t *hi = (uint8_t *)ws, *lo = hi + mk;
+        int32_t *ylo = (int32_t *)(lo + mk);
+#pragma omp simd
+        for (int64_t i = 0; i < m * k; i++) {
+            uint8_t v = a8[i] ^ flip;
+            hi[i] = v >> 4;
+            lo[i] = v & 15;
+        }
+        void *args_hi[3] = {hi, NULL, y}, *args_lo[3] = {lo, NULL, ylo};
+        if ((rc = dnnl_prim_exec(c, q->prim, args_hi, scratch)) || (rc = dnnl_prim_exec(c, q->prim, args_lo, scratch)))
+            return rc;
+#pragma omp simd
+        for (int64_t i = 0; i < m * n; i++) y[i] = (int32_t)(((uint32_t)y[i] << 4) + (uint32_t)ylo[i]);
+    }
+    /* The zero points: - za colsum[n] - zb[n] rowsum[m] + K za zb[n]. */
+    const uint32_t uza = (uint32_t)za, uk = (uint32_t)k;
+    const uint32_t *restrict zb = (const uint32_t *)q->zb, *restrict cs = (const uint32_t *)q->colsum;
+#pragma omp parallel for if (m * n > 65536) num_threads(c->nthreads)
+    for (int64_t i = 0; i < m; i++) {
+        const uint32_t rs = qgemm_rowsum(a8 + i * k, k, flip);
+        uint32_t *restrict yr = (uint32_t *)(y + i * n);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] += (uk * uza - rs) * zb[j] - uza * cs[j];
+    }
+    return 0;
+}
+
+/* ---- DynamicQuantizeLinear ----------------------------------------------- */
+
+float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
+    /* min and max with 0 included, four lanes at a time (SSE4.1, the build's
+     * baseline); _mm_min_ps keeps its second operand on NaN, as the scalar
+     * "x < mn ? x : mn" does. */
+    __m128 vmn = _mm_setzero_ps(), vmx = _mm_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        __m128 v = _mm_loadu_ps(x + i);
+        vmn = _mm_min_ps(v, vmn);
+        vmx = _mm_max_ps(v, vmx);
+    }
+    float lmn[4], lmx[4];
+    _mm_storeu_ps(lmn, vmn);
+    _mm_storeu_ps(lmx, vmx);
+    float mn = 0, mx = 0;
+    for (int l = 0; l < 4; l++) {
+        mn = lmn[l] < mn ? lmn[l] : mn;
+        mx = lmx[l] > mx ? lmx[l] : mx;
+    }
+    for (; i < n; i++) {
+        mn = x[i] < mn ? x[i] : mn;
+        mx = x[i] > mx ? x[i] : mx;
+    }
+    float scale = (mx - mn) / 255.0f;
+    double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
+    uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
+    if (!(scale > 0)) {
+        memset(y, 0, (size_t)n);
+    } else {
+        /* round(x / scale) half to even, plus zp, saturated; NaN gives 0
+         * (_mm_max_ps keeps its second operand). An integer-valued float
+         * plus zp rounds only beyond 2^24, far outside [0, 255]. */
+        const __m128 vs = _mm_set1_ps(scale), vz = _mm_set1_ps((float)zp), v0 = _mm_setzero_ps(),
+                     v255 = _mm_set1_ps(255.0f);
+        for (i = 0; i + 16 <= n; i += 16) {
+            __m128i q[4];
+            for (int l = 0; l < 4; l++) {
+                __m128 v = _mm_div_ps(_mm_loadu_ps(x + i + 4 * l), vs);
+                v = _mm_add_ps(_mm_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
+                v = _mm_min_ps(_mm_max_ps(v, v0), v255);
+                q[l] = _mm_cvtps_epi32(v);
+            }
+            __m128i w0 = _mm_packs_epi32(q[0], q[1]), w1 = _mm_packs_epi32(q[2], q[3]);
+            _mm_storeu_si128((__m128i *)(y + i), _mm_packus_epi16(w0, w1));
+        }
+        for (; i < n; i++) {
+            double v = nearbyint((double)(x[i] / scale)) + zp;
+            y[i] = (uint8_t)(v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v);
+        }
+    }
+    *zp_out = zp;
+    return scale;
+}
