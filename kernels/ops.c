@@ -46,19 +46,11 @@ int op_error(struct op_call *c, const char *fmt, ...) {
 }
 
 void op_apply_act(const struct graph_node *node, float *x, int64_t n) {
-    enum act_kind act = node->act;
-    float a = node->act_alpha, b = node->act_beta;
-    switch (act) {
-    case ACT_NONE: return;
-    case ACT_RELU:
-#pragma omp parallel for simd if (n > 65536)
-        for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
-        return;
-    default:
-#pragma omp parallel for if (n > 16384)
-        for (int64_t i = 0; i < n; i++) x[i] = act_apply(act, x[i], a, b);
-        return;
-    }
+    if (node->act == ACT_NONE) return;
+    const int64_t chunk = 4096;
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; i += chunk)
+        op_act_span(x + i, n - i < chunk ? n - i : chunk, node->act, node->act_alpha, node->act_beta);
 }
 
 int op_broadcast_shape(struct op_call *c, const struct tensor *a, const struct tensor *b, struct tensor *out) {

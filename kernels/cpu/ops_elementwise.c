@@ -113,12 +113,50 @@ static ew_fn ew_pick(const ew_fn *tbl, enum dtype dt, struct ew_args *a) {
     return NULL;
 }
 
-static void ew_act(float *o, int64_t n, enum act_kind act, float aa, float ab) {
-    if (act == ACT_RELU) {
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) o[i] = o[i] > 0 ? o[i] : 0;
-    } else {
-        for (int64_t i = 0; i < n; i++) o[i] = act_apply(act, o[i], aa, ab);
+/* Fused activations. The transcendental ones take the branch-free float
+ * forms of elementwise_util.h that the standalone Sigmoid, Tanh and Gelu
+ * kernels use (libm's are opaque calls, several times slower), so a fused
+ * activation gives the bits the unfused one would; built for AVX-512,
+ * AVX2 and the baseline like the normalization rows below (without FMA
+ * contraction, so every width gives the same bits). */
+static inline __attribute__((always_inline)) void act_span_body(float *x, int64_t n, enum act_kind act, float a,
+                                                                float b) {
+    switch (act) {
+    case ACT_NONE: return;
+    case ACT_RELU:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
+        return;
+    case ACT_SIGMOID:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]);
+        return;
+    case ACT_TANH:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]);
+        return;
+    case ACT_GELU:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
+            x[i] = 0.5f * x[i] * (1.0f + ew_erf_f(x[i] * 0.70710678118654752440f));
+        }
+        return;
+    default:
+        for (int64_t i = 0; i < n; i++) x[i] = act_apply(act, x[i], a, b);
+        return;
     }
+}
+
+#define ACT_SPAN_ARGS float *x, int64_t n, enum act_kind act, float a, float b
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void act_span_v4(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
+__attribute__((target("arch=x86-64-v3"))) static void act_span_v3(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
+#endif
+static void act_span_v2(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
+
+void op_act_span(float *x, int64_t n, enum act_kind act, float a, float b) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    (level >= 4 ? act_span_v4 : level == 3 ? act_span_v3 : act_span_v2)(x, n, act, a, b);
+#else
+    act_span_v2(x, n, act, a, b);
+#endif
 }
 
 static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a, const void *const *base,
@@ -129,7 +167,7 @@ static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a,
     for (int k = 0; k < b->nin; k++) p[k] = (const char *)base[k] + (size_t)(off[k] + i0 * b->istr[k]) * esz[k];
     char *o = out + (size_t)(row * b->inner + i0) * oesz;
     fn(p, b->istr, o, n, a);
-    if (a->act != ACT_NONE) ew_act((float *)o, n, a->act, a->act_a, a->act_b);
+    if (a->act != ACT_NONE) op_act_span((float *)o, n, a->act, a->act_a, a->act_b);
 }
 
 /* Computes out from the nin inputs with kernel fn over the broadcast walk,
