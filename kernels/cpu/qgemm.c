@@ -25,6 +25,12 @@
 
 #include "kernels/cpu/matmul_util.h"
 
+/* Nothing here reads the floating-point exception flags; without this GCC
+ * keeps the clamps of the quantization as branches, and its loop scalar. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math", "no-math-errno")
+#endif
+
 /* ---- constant B ---------------------------------------------------------- */
 
 struct qgemm_make_args {
@@ -205,6 +211,47 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
 
 /* ---- DynamicQuantizeLinear ----------------------------------------------- */
 
+/* round(x / scale) half to even, plus zp, saturated to [0, 255]; NaN
+ * gives 0. An integer-valued float plus zp rounds only beyond 2^24, far
+ * outside [0, 255], so this is the double arithmetic of ONNX's reference.
+ * The division (not a product by 1 / scale, which rounds differently)
+ * bounds it: built for AVX-512, AVX2 and the baseline, the CPU's pick
+ * (dnnl_util_isa_level). */
+static inline __attribute__((always_inline)) void dynquant_body(const float *x, int64_t n, float scale, float zp,
+                                                                uint8_t *y) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) {
+        float v = nearbyintf(x[i] / scale) + zp;
+        v = v > 0 ? v : 0;
+        v = v < 255 ? v : 255;
+        y[i] = (uint8_t)(int32_t)v;
+    }
+}
+
+typedef void (*dynquant_fn)(const float *x, int64_t n, float scale, float zp, uint8_t *y);
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void dynquant_v4(const float *x, int64_t n, float scale, float zp,
+                                                                  uint8_t *y) {
+    dynquant_body(x, n, scale, zp, y);
+}
+__attribute__((target("arch=x86-64-v3"))) static void dynquant_v3(const float *x, int64_t n, float scale, float zp,
+                                                                  uint8_t *y) {
+    dynquant_body(x, n, scale, zp, y);
+}
+#endif
+static void dynquant_v2(const float *x, int64_t n, float scale, float zp, uint8_t *y) {
+    dynquant_body(x, n, scale, zp, y);
+}
+
+static dynquant_fn dynquant_pick(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    return level >= 4 ? dynquant_v4 : level == 3 ? dynquant_v3 : dynquant_v2;
+#else
+    return dynquant_v2;
+#endif
+}
+
 float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
     /* min and max with 0 included, four lanes at a time (SSE4.1, the build's
      * baseline); _mm_min_ps keeps its second operand on NaN, as the scalar
@@ -231,30 +278,8 @@ float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
     float scale = (mx - mn) / 255.0f;
     double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
     uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
-    if (!(scale > 0)) {
-        memset(y, 0, (size_t)n);
-    } else {
-        /* round(x / scale) half to even, plus zp, saturated; NaN gives 0
-         * (_mm_max_ps keeps its second operand). An integer-valued float
-         * plus zp rounds only beyond 2^24, far outside [0, 255]. */
-        const __m128 vs = _mm_set1_ps(scale), vz = _mm_set1_ps((float)zp), v0 = _mm_setzero_ps(),
-                     v255 = _mm_set1_ps(255.0f);
-        for (i = 0; i + 16 <= n; i += 16) {
-            __m128i q[4];
-            for (int l = 0; l < 4; l++) {
-                __m128 v = _mm_div_ps(_mm_loadu_ps(x + i + 4 * l), vs);
-                v = _mm_add_ps(_mm_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), vz);
-                v = _mm_min_ps(_mm_max_ps(v, v0), v255);
-                q[l] = _mm_cvtps_epi32(v);
-            }
-            __m128i w0 = _mm_packs_epi32(q[0], q[1]), w1 = _mm_packs_epi32(q[2], q[3]);
-            _mm_storeu_si128((__m128i *)(y + i), _mm_packus_epi16(w0, w1));
-        }
-        for (; i < n; i++) {
-            double v = nearbyint((double)(x[i] / scale)) + zp;
-            y[i] = (uint8_t)(v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v);
-        }
-    }
+    if (!(scale > 0)) memset(y, 0, (size_t)n);
+    else dynquant_pick()(x, n, scale, (float)zp, y);
     *zp_out = zp;
     return scale;
 }
