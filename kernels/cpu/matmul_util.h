@@ -95,11 +95,24 @@ int cpu_qgemm_usable(const struct tensor *b, const struct tensor *zb);
 int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
                     const struct tensor *zb, size_t *scratch_size);
 size_t cpu_qgemm_scratch(const struct cpu_qgemm *q);
+/* The float epilogue of the dynamic-quantization operators: y =
+ * act((float)sum * (a_scale * b_scale[n]) + bias[n]), the float
+ * operations of quantize_dynamic's Cast, Mul and Add. */
+struct cpu_qgemm_epi {
+    float a_scale;
+    const float *b_scale; /* 1 value, or n (b_scale_per) */
+    int b_scale_per;
+    const float *bias;    /* n values, or NULL */
+    enum act_kind act;
+    float act_a, act_b;
+};
+
 /* Y = the product of A (m x k, row-major, a_dt as built) with zero point
- * za and q's B, into y (m x n int32); uses c->scratch (cpu_qgemm_scratch
- * bytes). Safe from several threads at once on different scratch. */
+ * za and q's B, into y (m x n int32; with epi, the float results of the
+ * epilogue in the same bytes); uses c->scratch (cpu_qgemm_scratch bytes).
+ * Safe from several threads at once on different scratch. */
 int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, enum dtype a_dt, int32_t za,
-                  int32_t *y);
+                  int32_t *y, const struct cpu_qgemm_epi *epi);
 void cpu_qgemm_free(struct cpu_qgemm *q);
 
 /* DynamicQuantizeLinear of n floats: y = saturate(round(x / scale) + zp)

@@ -384,29 +384,17 @@ static int iq_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     return 0;
 }
 
-/* y = (float)acc * (a_scale * b_scale[n]) + bias[n], in place (acc and y
- * may be the same bytes): the float operations of the graph that
- * onnxruntime's quantize_dynamic writes (Cast, Mul by the product of the
- * scales, Add). */
-static void iq_scale(const int32_t *acc, float *y, int64_t m, int64_t n, float a_scale, const struct tensor *bs,
-                     const struct tensor *bias) {
-    const float *bsd = bs->data, *bd = bias ? bias->data : NULL;
-    const int per = tensor_numel(bs) != 1;
+/* The exact loop's sums through the epilogue (struct cpu_qgemm_epi) that
+ * the oneDNN path runs per row: the same float operations. */
+static void iq_scale(const int32_t *acc, float *y, int64_t m, int64_t n, const struct cpu_qgemm_epi *e) {
     for (int64_t i = 0; i < m; i++) {
         const int32_t *ar = acc + i * n;
         float *yr = y + i * n;
-        if (per) {
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) yr[j] = (float)ar[j] * (a_scale * bsd[j]);
-        } else {
-            const float mult = a_scale * bsd[0];
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) yr[j] = (float)ar[j] * mult;
+        for (int64_t j = 0; j < n; j++) {
+            yr[j] = (float)ar[j] * (e->a_scale * e->b_scale[e->b_scale_per ? j : 0]);
+            if (e->bias) yr[j] += e->bias[j];
         }
-        if (bd) {
-#pragma omp simd
-            for (int64_t j = 0; j < n; j++) yr[j] += bd[j];
-        }
+        op_act_span(yr, n, e->act, e->act_a, e->act_b);
     }
 }
 
@@ -434,17 +422,15 @@ static int iq_run(struct op_call *c) {
     sub.scratch_size -= qa;
     const struct tensor *za = kind == IQ_DYNAMIC ? &azp : in_idx(c, l.a_zp);
     const int64_t n = sh.b[sh.r - 1], m = tensor_numel(c->out[0]) / (n > 0 ? n : 1);
-    int32_t *acc;
-    if (c->state) {
-        acc = c->out[0]->data; /* int32 and float32 have one size: scaled in place */
-        if ((rc = cpu_qgemm_run(&sub, c->state, a.data, a.dtype, (int32_t)cpu_qparam_at(za, 0, 0), acc))) return rc;
-    } else {
-        int32_t *a32, *b32;
-        if ((rc = cpu_imm_widened(&sub, &sh, &a, za, c->in[1], in_idx(c, l.b_zp), &a32, &b32, &acc))) return rc;
-        cpu_imm_run(&sh, a32, b32, acc, c->nthreads);
-    }
-    iq_scale(acc, c->out[0]->data, m, n, a_scale, in_idx(c, l.b_scale), in_idx(c, l.bias));
-    op_apply_act(c->node, c->out[0]->data, tensor_numel(c->out[0]));
+    const struct tensor *bs = in_idx(c, l.b_scale), *bias = in_idx(c, l.bias);
+    const struct cpu_qgemm_epi epi = {a_scale, bs->data, tensor_numel(bs) != 1, bias ? bias->data : NULL,
+                                      c->node->act, c->node->act_alpha, c->node->act_beta};
+    if (c->state) /* the epilogue in the product's pass over each row */
+        return cpu_qgemm_run(&sub, c->state, a.data, a.dtype, (int32_t)cpu_qparam_at(za, 0, 0), c->out[0]->data, &epi);
+    int32_t *a32, *b32, *acc;
+    if ((rc = cpu_imm_widened(&sub, &sh, &a, za, c->in[1], in_idx(c, l.b_zp), &a32, &b32, &acc))) return rc;
+    cpu_imm_run(&sh, a32, b32, acc, c->nthreads);
+    iq_scale(acc, c->out[0]->data, m, n, &epi);
     return 0;
 }
 

@@ -1113,7 +1113,7 @@ static int mmi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
 static int mmi_run(struct op_call *c) {
     if (c->state)
         return cpu_qgemm_run(c, c->state, c->in[0]->data, c->in[0]->dtype, (int32_t)cpu_qparam_at(opt_in(c, 2), 0, 0),
-                             c->out[0]->data);
+                             c->out[0]->data, NULL);
     struct cpu_mm_shape sh;
     int32_t *a32, *b32;
     int rc = cpu_mm_shapes(c, c->in[0], c->in[1], &sh, NULL);

@@ -150,18 +150,86 @@ size_t cpu_qgemm_scratch(const struct cpu_qgemm *q) {
 
 /* ---- running ------------------------------------------------------------- */
 
-/* The sum of a row of A as uint8 (flip 0x80: an int8 A shifted by +128).
- * The loops here say "omp simd": -O2 vectorises only loops whose trip
- * count is a multiple of the vector width. */
-static uint32_t qgemm_rowsum(const uint8_t *a, int64_t k, uint8_t flip) {
-    uint32_t s = 0;
-#pragma omp simd reduction(+ : s)
-    for (int64_t t = 0; t < k; t++) s += (uint8_t)(a[t] ^ flip);
-    return s;
+/* Which build of a loop runs: 0 the baseline, 1 AVX2, 2 AVX-512, as
+ * oneDNN's effective ISA allows (dnnl_util_isa_level). */
+static int isa_slot(void) {
+    int level = dnnl_util_isa_level();
+    return level >= 4 ? 2 : level == 3 ? 1 : 0;
 }
 
+/* One row of the result after oneDNN's sums: the halves joined (no
+ * VNNI), the zero points' terms added, and with an epilogue the float
+ * scaling, bias and activation, in place (int32 and float32 have one
+ * size), while the row is in cache. The loops say "omp simd": -O2
+ * vectorises only loops whose trip count is a multiple of the vector
+ * width. Built for AVX-512, AVX2 and the baseline (no FMA contraction:
+ * the same bits on each). */
+struct qgemm_rows {
+    const uint8_t *a;
+    int64_t k, n;
+    uint8_t flip;        /* 0x80: an int8 A, shifted by +128 */
+    uint32_t uza, kza;   /* za and K za, wrapping */
+    const uint32_t *zb, *cs;
+    const int32_t *lo;   /* the low halves' sums, or NULL */
+    const struct cpu_qgemm_epi *epi;
+};
+
+static inline __attribute__((always_inline)) void qgemm_row_body(const struct qgemm_rows *r, int64_t i, int32_t *y) {
+    const int64_t k = r->k, n = r->n;
+    const uint8_t *ar = r->a + i * k, flip = r->flip;
+    uint32_t rs = 0;
+#pragma omp simd reduction(+ : rs)
+    for (int64_t t = 0; t < k; t++) rs += (uint8_t)(ar[t] ^ flip);
+    /* + K za zb[n] - zb[n] rowsum - za colsum[n] */
+    const uint32_t kr = r->kza - rs, uza = r->uza, *restrict zb = r->zb, *restrict cs = r->cs;
+    uint32_t *restrict yr = (uint32_t *)(y + i * n);
+    if (r->lo) {
+        const uint32_t *restrict lo = (const uint32_t *)(r->lo + i * n);
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] = (yr[j] << 4) + lo[j];
+    }
+    const struct cpu_qgemm_epi *e = r->epi;
+    if (!e) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yr[j] += kr * zb[j] - uza * cs[j];
+        return;
+    }
+    float *yf = (float *)yr;
+    const float as = e->a_scale, *restrict bs = e->b_scale, *restrict bias = e->bias;
+    if (e->b_scale_per) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yf[j] = (float)(int32_t)(yr[j] + kr * zb[j] - uza * cs[j]) * (as * bs[j]);
+    } else {
+        const float mult = as * bs[0];
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yf[j] = (float)(int32_t)(yr[j] + kr * zb[j] - uza * cs[j]) * mult;
+    }
+    if (bias) {
+#pragma omp simd
+        for (int64_t j = 0; j < n; j++) yf[j] += bias[j];
+    }
+    op_act_span(yf, n, e->act, e->act_a, e->act_b);
+}
+
+typedef void (*qgemm_rows_fn)(const struct qgemm_rows *r, int64_t i0, int64_t i1, int32_t *y);
+#define QGEMM_ROWS(SUF, ATTR)                                                                                       \
+    ATTR static void qgemm_rows_##SUF(const struct qgemm_rows *r, int64_t i0, int64_t i1, int32_t *y) {             \
+        for (int64_t i = i0; i < i1; i++) qgemm_row_body(r, i, y);                                                   \
+    }
+#if defined(__x86_64__) && defined(__GNUC__)
+QGEMM_ROWS(v4, __attribute__((target("arch=x86-64-v4"))))
+QGEMM_ROWS(v3, __attribute__((target("arch=x86-64-v3"))))
+#endif
+QGEMM_ROWS(v2, )
+
+#if defined(__x86_64__) && defined(__GNUC__)
+static const qgemm_rows_fn qgemm_rows_fns[3] = {qgemm_rows_v2, qgemm_rows_v3, qgemm_rows_v4};
+#else
+static const qgemm_rows_fn qgemm_rows_fns[3] = {qgemm_rows_v2, qgemm_rows_v2, qgemm_rows_v2};
+#endif
+
 int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, enum dtype a_dt, int32_t za,
-                  int32_t *y) {
+                  int32_t *y, const struct cpu_qgemm_epi *epi) {
     const int64_t m = q->m, k = q->k, n = q->n;
     if (c->scratch_size < cpu_qgemm_scratch(q)) return op_error(c, "internal: scratch too small");
     if ((a_dt == DT_INT8) != q->a_s8) return op_error(c, "internal: A's type differs from the plan's");
@@ -171,6 +239,7 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
     za += q->a_s8 ? 128 : 0;
     dnnl_util_set_threads(c->nthreads);
     int rc;
+    const int32_t *lo = NULL;
     if (!q->split) {
         const uint8_t *au = a8;
         if (q->a_s8) {
@@ -182,30 +251,29 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
         void *args[3] = {(void *)au, NULL, y};
         if ((rc = dnnl_prim_exec(c, q->prim, args, scratch))) return rc;
     } else {
-        uint8_t *hi = (uint8_t *)ws, *lo = hi + mk;
-        int32_t *ylo = (int32_t *)(lo + mk);
+        uint8_t *hi = (uint8_t *)ws, *lo8 = hi + mk;
+        int32_t *ylo = (int32_t *)(lo8 + mk);
 #pragma omp simd
         for (int64_t i = 0; i < m * k; i++) {
             uint8_t v = a8[i] ^ flip;
             hi[i] = v >> 4;
-            lo[i] = v & 15;
+            lo8[i] = v & 15;
         }
-        void *args_hi[3] = {hi, NULL, y}, *args_lo[3] = {lo, NULL, ylo};
+        void *args_hi[3] = {hi, NULL, y}, *args_lo[3] = {lo8, NULL, ylo};
         if ((rc = dnnl_prim_exec(c, q->prim, args_hi, scratch)) || (rc = dnnl_prim_exec(c, q->prim, args_lo, scratch)))
             return rc;
-#pragma omp simd
-        for (int64_t i = 0; i < m * n; i++) y[i] = (int32_t)(((uint32_t)y[i] << 4) + (uint32_t)ylo[i]);
+        lo = ylo;
     }
-    /* The zero points: - za colsum[n] - zb[n] rowsum[m] + K za zb[n]. */
-    const uint32_t uza = (uint32_t)za, uk = (uint32_t)k;
-    const uint32_t *restrict zb = (const uint32_t *)q->zb, *restrict cs = (const uint32_t *)q->colsum;
-#pragma omp parallel for if (m * n > 65536) num_threads(c->nthreads)
-    for (int64_t i = 0; i < m; i++) {
-        const uint32_t rs = qgemm_rowsum(a8 + i * k, k, flip);
-        uint32_t *restrict yr = (uint32_t *)(y + i * n);
-#pragma omp simd
-        for (int64_t j = 0; j < n; j++) yr[j] += (uk * uza - rs) * zb[j] - uza * cs[j];
+    const struct qgemm_rows r = {a8, k, n, flip, (uint32_t)za, (uint32_t)k * (uint32_t)za,
+                                 (const uint32_t *)q->zb, (const uint32_t *)q->colsum, lo, epi};
+    qgemm_rows_fn rows = qgemm_rows_fns[isa_slot()];
+    const int nt = m * n > 65536 && c->nthreads > 1 ? c->nthreads : 1;
+    if (nt == 1) {
+        rows(&r, 0, m, y);
+        return 0;
     }
+#pragma omp parallel for num_threads(nt)
+    for (int64_t i = 0; i < m; i++) rows(&r, i, i + 1, y);
     return 0;
 }
 
@@ -243,14 +311,11 @@ static void dynquant_v2(const float *x, int64_t n, float scale, float zp, uint8_
     dynquant_body(x, n, scale, zp, y);
 }
 
-static dynquant_fn dynquant_pick(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    int level = dnnl_util_isa_level();
-    return level >= 4 ? dynquant_v4 : level == 3 ? dynquant_v3 : dynquant_v2;
+static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v3, dynquant_v4};
 #else
-    return dynquant_v2;
+static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v2, dynquant_v2};
 #endif
-}
 
 float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
     /* min and max with 0 included, four lanes at a time (SSE4.1, the build's
@@ -279,7 +344,7 @@ float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
     double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
     uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
     if (!(scale > 0)) memset(y, 0, (size_t)n);
-    else dynquant_pick()(x, n, scale, (float)zp, y);
+    else dynquant_fns[isa_slot()](x, n, scale, (float)zp, y);
     *zp_out = zp;
     return scale;
 }

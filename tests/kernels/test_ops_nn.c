@@ -631,15 +631,25 @@ static void test_dynamic_quantized_matmul(void **st) {
         struct tensor *in_f[7] = {&aq, &b, &as, &bs, &az, &zb, &bias}, *in_d[5] = {&x, &b, &bs, &zb, &bias};
         struct tensor **in = op ? in_d : in_f;
         const int nin = op ? 5 : 7;
-        struct tensor y[2] = {{0}, {0}};
+        struct tensor y[2] = {{0}, {0}}, g[2] = {{0}, {0}};
         for (int runtime_b = 0; runtime_b < 2; runtime_b++) {
-            struct tensor *o[1] = {&y[runtime_b]};
+            struct tensor *o[1] = {&y[runtime_b]}, *og[1] = {&g[runtime_b]};
             g_runtime_inputs = runtime_b ? 2 : 0;
             int rc = run_node(&t.n, in, nin, o, 1, 1);
+            t.n.act = ACT_GELU; /* fused by the activation pass */
+            if (!rc) rc = run_node(&t.n, in, nin, og, 1, 1);
+            t.n.act = ACT_NONE;
             g_runtime_inputs = 0;
             assert_int_equal_msg_impl(rc, 0, g_err);
         }
         assert_memory_equal(y[0].data, y[1].data, sizeof(float) * (size_t)(M * N));
+        assert_memory_equal(g[0].data, g[1].data, sizeof(float) * (size_t)(M * N));
+        for (int64_t i = 0; i < M * N; i++) {
+            float v = ((float *)y[0].data)[i], want = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+            if (fabsf(((float *)g[0].data)[i] - want) > 1e-6f * (1.0f + fabsf(want)))
+                fail_msg("%s: gelu of %g is %g, expected %g", t.n.op_type, v, ((float *)g[0].data)[i], want);
+        }
+        free(g[0].data), free(g[1].data);
         if (!op) /* the definition, from the exact sums */
             for (int64_t m = 0; m < M; m++)
                 for (int64_t n = 0; n < N; n++) {
