@@ -19,7 +19,6 @@
  * arithmetic below). */
 
 #include <math.h>
-#include <nmmintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,72 +278,64 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
 
 /* ---- DynamicQuantizeLinear ----------------------------------------------- */
 
-/* round(x / scale) half to even, plus zp, saturated to [0, 255]; NaN
- * gives 0. An integer-valued float plus zp rounds only beyond 2^24, far
- * outside [0, 255], so this is the double arithmetic of ONNX's reference.
- * The division (not a product by 1 / scale, which rounds differently)
- * bounds it: built for AVX-512, AVX2 and the baseline, the CPU's pick
- * (dnnl_util_isa_level). */
-static inline __attribute__((always_inline)) void dynquant_body(const float *x, int64_t n, float scale, float zp,
-                                                                uint8_t *y) {
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] / scale) + zp;
-        v = v > 0 ? v : 0;
-        v = v < 255 ? v : 255;
-        y[i] = (uint8_t)(int32_t)v;
-    }
-}
-
-typedef void (*dynquant_fn)(const float *x, int64_t n, float scale, float zp, uint8_t *y);
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void dynquant_v4(const float *x, int64_t n, float scale, float zp,
-                                                                  uint8_t *y) {
-    dynquant_body(x, n, scale, zp, y);
-}
-__attribute__((target("arch=x86-64-v3"))) static void dynquant_v3(const float *x, int64_t n, float scale, float zp,
-                                                                  uint8_t *y) {
-    dynquant_body(x, n, scale, zp, y);
-}
-#endif
-static void dynquant_v2(const float *x, int64_t n, float scale, float zp, uint8_t *y) {
-    dynquant_body(x, n, scale, zp, y);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v3, dynquant_v4};
-#else
-static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v2, dynquant_v2};
-#endif
-
-float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp_out) {
-    /* min and max with 0 included, four lanes at a time (SSE4.1, the build's
-     * baseline); _mm_min_ps keeps its second operand on NaN, as the scalar
-     * "x < mn ? x : mn" does. */
-    __m128 vmn = _mm_setzero_ps(), vmx = _mm_setzero_ps();
+/* DynamicQuantizeLinear. min and max (with 0) in 16 lanes, so that the
+ * vector min/max chains run side by side: "x < m ? x : m" keeps m on NaN
+ * and never picks -0, so the lanes' order does not matter. Then round(x /
+ * scale) half to even, plus zp, saturated to [0, 255]; NaN gives 0. An
+ * integer-valued float plus zp rounds only beyond 2^24, far outside [0,
+ * 255], so this is the double arithmetic of ONNX's reference. The division
+ * (not a product by 1 / scale, which rounds differently) bounds it: built
+ * for AVX-512, AVX2 and the baseline, the CPU's pick. */
+static inline __attribute__((always_inline)) float dynquant_body(const float *x, int64_t n, uint8_t *y,
+                                                                 uint8_t *zp_out) {
+    float mn16[16] = {0}, mx16[16] = {0};
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        __m128 v = _mm_loadu_ps(x + i);
-        vmn = _mm_min_ps(v, vmn);
-        vmx = _mm_max_ps(v, vmx);
+    for (; i + 16 <= n; i += 16) {
+#pragma omp simd
+        for (int j = 0; j < 16; j++) {
+            mn16[j] = x[i + j] < mn16[j] ? x[i + j] : mn16[j];
+            mx16[j] = x[i + j] > mx16[j] ? x[i + j] : mx16[j];
+        }
     }
-    float lmn[4], lmx[4];
-    _mm_storeu_ps(lmn, vmn);
-    _mm_storeu_ps(lmx, vmx);
     float mn = 0, mx = 0;
-    for (int l = 0; l < 4; l++) {
-        mn = lmn[l] < mn ? lmn[l] : mn;
-        mx = lmx[l] > mx ? lmx[l] : mx;
+    for (int j = 0; j < 16; j++) {
+        mn = mn16[j] < mn ? mn16[j] : mn;
+        mx = mx16[j] > mx ? mx16[j] : mx;
     }
     for (; i < n; i++) {
         mn = x[i] < mn ? x[i] : mn;
         mx = x[i] > mx ? x[i] : mx;
     }
-    float scale = (mx - mn) / 255.0f;
+    const float scale = (mx - mn) / 255.0f;
     double zpd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
-    uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
+    const uint8_t zp = (uint8_t)(zpd < 0 ? 0 : zpd > 255 ? 255 : zpd);
+    const float zf = (float)zp;
     if (!(scale > 0)) memset(y, 0, (size_t)n);
-    else dynquant_fns[isa_slot()](x, n, scale, (float)zp, y);
+    else {
+#pragma omp simd
+        for (int64_t t = 0; t < n; t++) {
+            float v = nearbyintf(x[t] / scale) + zf;
+            v = v > 0 ? v : 0;
+            v = v < 255 ? v : 255;
+            y[t] = (uint8_t)(int32_t)v;
+        }
+    }
     *zp_out = zp;
     return scale;
 }
+
+typedef float (*dynquant_fn)(const float *x, int64_t n, uint8_t *y, uint8_t *zp);
+#define DYNQUANT(SUF, ATTR)                                                                                         \
+    ATTR static float dynquant_##SUF(const float *x, int64_t n, uint8_t *y, uint8_t *zp) {                          \
+        return dynquant_body(x, n, y, zp);                                                                          \
+    }
+DYNQUANT(v2, )
+#if defined(__x86_64__) && defined(__GNUC__)
+DYNQUANT(v4, __attribute__((target("arch=x86-64-v4"))))
+DYNQUANT(v3, __attribute__((target("arch=x86-64-v3"))))
+static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v3, dynquant_v4};
+#else
+static const dynquant_fn dynquant_fns[3] = {dynquant_v2, dynquant_v2, dynquant_v2};
+#endif
+
+float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp) { return dynquant_fns[isa_slot()](x, n, y, zp); }
