@@ -26,10 +26,12 @@ static int other_of(const struct graph_node *n, int v) {
     return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
 }
 
-/* A float32 constant of 1 or n values (a scale) or, 1-D, of n (a bias). */
+/* A float32 constant of rank 0 or 1 holding 1 or n values (a scale) or,
+ * 1-D, n (a bias): what broadcasts over the product's columns without
+ * changing its shape. */
 static int f32_const(const struct graph *g, int v, int64_t n, int bias) {
     const struct tensor *t = pass_const_of(g, v);
-    if (!t || t->dtype != DT_FP32) return 0;
+    if (!t || t->dtype != DT_FP32 || t->ndim > 1) return 0;
     return bias ? t->ndim == 1 && t->dims[0] == n : tensor_numel(t) == 1 || tensor_numel(t) == n;
 }
 
@@ -43,7 +45,7 @@ static int dynq_node(struct pass *ps, int mi) {
     if (di < 0 || ps->dead[di]) return 0;
     const struct graph_node *d = &g->nodes[di];
     if (!pass_is_op(d, "DynamicQuantizeLinear") || d->nout != 3 || d->out[0] != m->in[0] || d->out[1] < 0 ||
-        m->nin < 3 || m->in[2] != d->out[2])
+        d->out[2] < 0 || m->nin < 3 || m->in[2] != d->out[2])
         return 0;
     /* constant 2-D weights: N columns */
     const struct tensor *w = pass_const_of(g, m->in[1]);

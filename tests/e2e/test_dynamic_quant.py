@@ -28,7 +28,7 @@ import onnx
 import pytest
 import tritonclient.http as httpclient
 from onnx import numpy_helper
-from tritonclient.utils import np_to_triton_dtype
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from conftest import onnx_reference
 
@@ -128,3 +128,22 @@ def test_dynamic_quantized_models_match_reference(make_server, tmp_path, isa):
     counts = sorted(int(c) for c in re.findall(r"(\d+) dynamically quantized products", s.text()))
     assert 13 in counts and 3 in counts, counts
     assert 0 in counts, counts
+
+
+def test_wrong_inner_dim_is_refused_and_serving_goes_on(make_server, tmp_path):
+    """An activation whose last dim does not meet the quantized weights is a
+    400 that says so; the next, correct request is answered."""
+    d = tmp_path / "repo" / "mlp" / "1"
+    d.mkdir(parents=True)
+    (d / "model.onnx").write_bytes((DYNQ / "mlp_dyn_u8.onnx").read_bytes())
+    s = make_server(tmp_path / "repo", "--cache-size", "0")
+    client = httpclient.InferenceServerClient(s.url)
+    with pytest.raises(InferenceServerException) as e:
+        infer(client, "mlp", {"x": np.ones((1, 3, 63), np.float32)}, ["y"])
+    assert e.value.status() == "400", e.value
+    assert "input 'x'" in str(e.value) and "[1,3,63]" in str(e.value), e.value
+    x = np.random.default_rng(1).standard_normal((1, 3, 64)).astype(np.float32)
+    got = infer(client, "mlp", {"x": x}, ["y"])["y"]
+    want = onnx_reference(onnx.load(str(DYNQ / "mlp_dyn_u8.onnx")), {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(1.0, float(np.abs(want).max())))
+    client.close()
