@@ -30,6 +30,13 @@
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 #endif
 
+/* Below this many multiply-adds (some 50 us on one core with VNNI) a
+ * product runs on one thread: oneDNN forks a team per execution, and
+ * waking the other threads cost more than they saved on BERT's and
+ * GPT-2's products (64 x 128 x 128 to 64 x 128 x 1000) at 2 threads on a
+ * shared 2-core machine (0.90 -> 0.52 ms per BERT run). */
+#define QGEMM_PAR_MACS ((int64_t)1 << 24)
+
 /* ---- constant B ---------------------------------------------------------- */
 
 struct qgemm_make_args {
@@ -94,7 +101,8 @@ int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtyp
         for (int64_t j = 0; j < n; j++)
             q->colsum[j] += (int32_t)op_int_at(b, t * n + j) - shift;
 
-    dnnl_util_set_threads(c->nthreads);
+    q->nthreads = m * k * n >= QGEMM_PAR_MACS ? c->nthreads : 1;
+    dnnl_util_set_threads(q->nthreads);
     if (!dnnl_util_engine()) {
         cpu_qgemm_free(q);
         return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
@@ -236,7 +244,7 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
     const size_t mk = dnnl_util_align((size_t)(m * k));
     const uint8_t *a8 = a, flip = q->a_s8 ? 0x80 : 0;
     za += q->a_s8 ? 128 : 0;
-    dnnl_util_set_threads(c->nthreads);
+    dnnl_util_set_threads(q->nthreads);
     int rc;
     const int32_t *lo = NULL;
     if (!q->split) {
@@ -266,7 +274,7 @@ int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, e
     const struct qgemm_rows r = {a8, k, n, flip, (uint32_t)za, (uint32_t)k * (uint32_t)za,
                                  (const uint32_t *)q->zb, (const uint32_t *)q->colsum, lo, epi};
     qgemm_rows_fn rows = qgemm_rows_fns[isa_slot()];
-    const int nt = m * n > 65536 && c->nthreads > 1 ? c->nthreads : 1;
+    const int nt = m * n > 65536 ? q->nthreads : 1;
     if (nt == 1) {
         rows(&r, 0, m, y);
         return 0;
