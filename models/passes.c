@@ -858,6 +858,9 @@ static int next_op(struct pass *ps, int i, const char *op) {
 }
 
 int pass_next_op(struct pass *ps, int i, const char *op) { return next_op(ps, i, op); }
+int pass_other_input(const struct graph *g, const struct graph_node *n, int v, double want) {
+    return other_input(g, n, v, want);
+}
 
 /* Exact GELU as exporters write it, x * 0.5 * (1 + erf(x / sqrt(2))), in
  * either order of the products (Div by sqrt(2) or Mul by 1/sqrt(2)),
@@ -1444,7 +1447,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, dynq = 0, rc;
+        removed2 = 0, qdq = 0, dynq = 0, gelu_tanh = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1462,14 +1465,16 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     int nhwc = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC, %d "
-              "dynamically quantized products)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc, dynq);
+              "bias, %d GELU, %d tanh GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d "
+              "on NHWC, %d dynamically quantized products)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, attn, qdq, nhwc,
+              dynq);
     return 0;
 }

@@ -46,6 +46,10 @@ const struct tensor *pass_const_of(const struct graph *g, int v);
 /* The sole live reader of node i's output 0 that is op (that output no
  * graph output), or -1. */
 int pass_next_op(struct pass *ps, int i, const char *op);
+/* For a binary node n reading v: its other input when that is a scalar
+ * FP32/FP64 constant within 1e-4 of want (either order), else -1 (-2: n
+ * does not read v). */
+int pass_other_input(const struct graph *g, const struct graph_node *n, int v, double want);
 /* Turns node ni into op_type (domain) with inputs in[0..nin) (copied),
  * keeping its attributes when keep_attrs. 1, 0 when no kernel has that
  * op, or STATUS_NOMEM after pass_nomem. */
