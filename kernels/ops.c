@@ -1,5 +1,7 @@
 #include "kernels/ops.h"
 
+#include "kernels/cpu/elementwise_util.h"
+
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -47,10 +49,11 @@ int op_error(struct op_call *c, const char *fmt, ...) {
 
 void op_apply_act(const struct graph_node *node, float *x, int64_t n) {
     if (node->act == ACT_NONE) return;
-    const int64_t chunk = 4096;
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; i += chunk)
-        op_act_span(x + i, n - i < chunk ? n - i : chunk, node->act, node->act_alpha, node->act_beta);
+    /* Blocks of 16K values, on the team when there are several. */
+    const int64_t blk = 16384, nb = (n + blk - 1) / blk;
+#pragma omp parallel for if (nb > 1)
+    for (int64_t k = 0; k < nb; k++)
+        ew_act_f32(x + k * blk, k == nb - 1 ? n - k * blk : blk, node->act, node->act_alpha, node->act_beta);
 }
 
 int op_broadcast_shape(struct op_call *c, const struct tensor *a, const struct tensor *b, struct tensor *out) {

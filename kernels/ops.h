@@ -131,13 +131,8 @@ static inline float act_apply(enum act_kind act, float x, float a, float b) {
     return x;
 }
 
-/* Applies node->act to n floats in place (no-op for ACT_NONE), in
- * parallel when n is large. */
+/* Applies node->act to n floats in place (no-op for ACT_NONE). */
 void op_apply_act(const struct graph_node *node, float *x, int64_t n);
-/* The same on one thread for act with parameters a, b; Sigmoid, Tanh and
- * Gelu in the vectorised forms of the standalone kernels (act_apply's
- * libm calls are the reference they are tested against). */
-void op_act_span(float *x, int64_t n, enum act_kind act, float a, float b);
 
 /* Helpers for infer(): numpy-style broadcast of a and b into out (dims and
  * ndim only); returns 0 or op_error. */

@@ -67,6 +67,7 @@ struct grpc_conn {
     int dead;      /* close when no longer busy */
     int closing;   /* aborted: 1 while its GOAWAY is on its way out, 2 after (lingering) */
     size_t in_bytes; /* request bytes held in its streams' in buffers */
+    struct evbuffer *pend; /* frames nghttp2 made since the last flush */
     struct grpc_conn *next, *prev;
 };
 
@@ -108,6 +109,24 @@ static void stream_unlink(struct grpc_conn *c, struct grpc_stream *st) {
     if (st->next) st->next->prev = st->prev;
 }
 
+/* Moves the frames nghttp2 made to the bufferevent's output, behind what
+ * it still holds. */
+static void conn_out_move(struct grpc_conn *c) {
+    if (evbuffer_get_length(c->pend) && evbuffer_add_buffer(bufferevent_get_output(c->bev), c->pend)) c->dead = 1;
+}
+
+/* The frames nghttp2 made go to the socket now when nothing waits before
+ * them, rather than through the bufferevent, whose writable event costs
+ * another epoll round per answer: an answer leaves as soon as it is made,
+ * as HTTP's do. What the kernel does not take, and any error, go to the
+ * bufferevent. */
+static size_t conn_write_now(struct grpc_conn *c) {
+    size_t n = evbuffer_get_length(c->pend);
+    if (n && !evbuffer_get_length(bufferevent_get_output(c->bev))) (void)evbuffer_write(c->pend, bufferevent_getfd(c->bev));
+    conn_out_move(c);
+    return n;
+}
+
 /* Hands nghttp2's pending frames to the socket; closes the connection when
  * neither side has anything left to say, or on a protocol error. */
 static void conn_flush(struct grpc_conn *c) {
@@ -126,7 +145,14 @@ static void conn_flush(struct grpc_conn *c) {
         }
         return;
     }
-    if (!c->dead && nghttp2_session_send(c->h2) != 0) c->dead = 1;
+    /* nghttp2 stops at the output's high-water mark; when the socket then
+     * took everything, no writable event follows to resume it: go on here. */
+    for (int more = 1; more && !c->dead;) {
+        if (nghttp2_session_send(c->h2) != 0) c->dead = 1;
+        else
+            more = conn_write_now(c) && !evbuffer_get_length(bufferevent_get_output(c->bev)) &&
+                   nghttp2_session_want_write(c->h2);
+    }
     if (!c->dead && !nghttp2_session_want_read(c->h2) && !nghttp2_session_want_write(c->h2) &&
         evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
         c->dead = 1;
@@ -155,6 +181,7 @@ static void conn_abort(struct grpc_conn *c, uint32_t code) {
                      (uint8_t)(last >> 24), (uint8_t)(last >> 16), (uint8_t)(last >> 8), (uint8_t)last,
                      (uint8_t)(code >> 24), (uint8_t)(code >> 16), (uint8_t)(code >> 8), (uint8_t)code};
     streams_free(c);
+    conn_out_move(c); /* what nghttp2 made before the error goes first */
     c->closing = 1;
     bufferevent_disable(c->bev, EV_READ);
     struct timeval tv = {CONN_ABORT_SECS, 0};
@@ -171,6 +198,7 @@ static void conn_close(struct grpc_conn *c) {
     streams_free(c);
     nghttp2_session_del(c->h2);
     bufferevent_free(c->bev);
+    evbuffer_free(c->pend);
     struct grpc_loop *l = c->loop;
     if (c->prev) c->prev->next = c->next;
     else l->conns = c->next;
@@ -209,10 +237,13 @@ static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
 static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
     struct grpc_conn *c = calloc(1, sizeof *c);
     if (c) c->bev = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE);
-    if (!c || !c->bev || nghttp2_session_server_new2(&c->h2, l->srv->h2_callbacks, c, l->srv->h2_options) != 0) {
+    if (c) c->pend = evbuffer_new();
+    if (!c || !c->bev || !c->pend ||
+        nghttp2_session_server_new2(&c->h2, l->srv->h2_callbacks, c, l->srv->h2_options) != 0) {
         log_error("grpc: out of memory accepting a connection");
         if (c && c->bev) bufferevent_free(c->bev);
         else close(fd);
+        if (c && c->pend) evbuffer_free(c->pend);
         free(c);
         return;
     }
@@ -434,9 +465,9 @@ static void stream_check(struct grpc_stream *st) {
 
 static ssize_t send_cb(nghttp2_session *h2, const uint8_t *data, size_t len, int flags, void *user) {
     struct grpc_conn *c = user;
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    if (evbuffer_get_length(out) >= CONN_OUT_HIGH) return NGHTTP2_ERR_WOULDBLOCK;
-    if (evbuffer_add(out, data, len)) return NGHTTP2_ERR_CALLBACK_FAILURE;
+    if (evbuffer_get_length(bufferevent_get_output(c->bev)) + evbuffer_get_length(c->pend) >= CONN_OUT_HIGH)
+        return NGHTTP2_ERR_WOULDBLOCK;
+    if (evbuffer_add(c->pend, data, len)) return NGHTTP2_ERR_CALLBACK_FAILURE;
     return (ssize_t)len;
 }
 
@@ -618,6 +649,7 @@ static void conn_shutdown(struct grpc_conn *c) {
         nghttp2_session_terminate_session(c->h2, NGHTTP2_NO_ERROR);
         if (!c->dead) nghttp2_session_send(c->h2);
     }
+    conn_out_move(c);
     evutil_socket_t fd = bufferevent_getfd(c->bev);
     evbuffer_write(bufferevent_get_output(c->bev), fd);
     /* A FIN after the answers, and what the client sent meanwhile read and

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "common/tensor.h"
+#include "graph/graph.h"
 
 #define EW_MAX_IN 3
 
@@ -190,6 +191,11 @@ static inline float ew_erf_f(float x) {
     q = q * x2 + -1.42647390514189e-02f;
     return x == x ? p / q : x;
 }
+
+/* Applies a fused activation (graph/graph.h) to n floats in place, built
+ * for the CPU's vector width (ops_elementwise.c); the values equal
+ * act_apply()'s within the few ulp of the branch-free exp, tanh and erf. */
+void ew_act_f32(float *x, int64_t n, enum act_kind act, float a, float b);
 
 /* One row of LayerNormalization (rms 0) or RMSNormalization (rms 1) on
  * float: y = (x - mean) / sqrt(var + eps) * scale + b, scale and b full

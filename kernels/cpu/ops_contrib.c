@@ -514,8 +514,11 @@ static int fused_run(struct op_call *c) {
     const int64_t n = tensor_numel(c->out[0]);
     const enum act_kind act = st->act;
     const float a = st->a, b = st->b;
-#pragma omp parallel for if (n >= EW_PAR_MIN) num_threads(c->nthreads)
-    for (int64_t i = 0; i < n; i++) y[i] = act_apply(act, zd ? y[i] + zd[i] : y[i], a, b);
+    if (zd) {
+#pragma omp parallel for simd if (n >= EW_PAR_MIN) num_threads(c->nthreads)
+        for (int64_t i = 0; i < n; i++) y[i] += zd[i];
+    }
+    ew_act_f32(y, n, act, a, b);
     return 0;
 }
 

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -394,7 +395,7 @@ static void iq_scale(const int32_t *acc, float *y, int64_t m, int64_t n, const s
             yr[j] = (float)ar[j] * (e->a_scale * e->b_scale[e->b_scale_per ? j : 0]);
             if (e->bias) yr[j] += e->bias[j];
         }
-        op_act_span(yr, n, e->act, e->act_a, e->act_b);
+        ew_act_f32(yr, n, e->act, e->act_a, e->act_b);
     }
 }
 

@@ -113,35 +113,64 @@ static ew_fn ew_pick(const ew_fn *tbl, enum dtype dt, struct ew_args *a) {
     return NULL;
 }
 
-/* Fused activations. The transcendental ones take the branch-free float
- * forms of elementwise_util.h that the standalone Sigmoid, Tanh and Gelu
- * kernels use (libm's are opaque calls, several times slower), so a fused
- * activation gives the bits the unfused one would; built for AVX-512,
- * AVX2 and the baseline like the normalization rows below (without FMA
- * contraction, so every width gives the same bits). */
-static inline __attribute__((always_inline)) void act_span_body(float *x, int64_t n, enum act_kind act, float a,
-                                                                float b) {
+/* A fused activation over n floats in place: one loop per kind, on the
+ * branch-free exp, tanh and erf above, so that each vectorizes (libm's
+ * expf, tanhf and erff are opaque calls, 5-15x slower per value). */
+static inline void act_f32_body(float *x, int64_t n, enum act_kind act, float a, float b) {
     switch (act) {
     case ACT_NONE: return;
-    case ACT_RELU:
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0;
+    case ACT_RELU: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0 ? x[i] : 0; return;
+    case ACT_LEAKY_RELU:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] >= 0 ? x[i] : a * x[i];
         return;
-    case ACT_SIGMOID:
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]);
+    case ACT_CLIP:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] < a ? a : (x[i] > b ? b : x[i]);
         return;
-    case ACT_TANH:
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]);
-        return;
+    case ACT_SIGMOID: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]); return;
+    case ACT_TANH: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]); return;
     case ACT_GELU:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] =
+            0.5f * x[i] * (1.0f + ew_erf_f(x[i] * 0.70710678118654752f));
+        return;
+    case ACT_HARD_SIGMOID:
         _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
-            x[i] = 0.5f * x[i] * (1.0f + ew_erf_f(x[i] * 0.70710678118654752440f));
+            float y = a * x[i] + b;
+            x[i] = y < 0 ? 0 : (y > 1 ? 1 : y);
         }
         return;
-    default:
-        for (int64_t i = 0; i < n; i++) x[i] = act_apply(act, x[i], a, b);
+    case ACT_HARD_SWISH:
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
+            float y = x[i] / 6.0f + 0.5f;
+            x[i] = x[i] * (y < 0 ? 0 : (y > 1 ? 1 : y));
+        }
         return;
     }
 }
+
+typedef void (*act_f32_fn)(float *x, int64_t n, enum act_kind act, float a, float b);
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void act_f32_v4(float *x, int64_t n, enum act_kind act, float a,
+                                                                 float b) {
+    act_f32_body(x, n, act, a, b);
+}
+__attribute__((target("arch=x86-64-v3"))) static void act_f32_v3(float *x, int64_t n, enum act_kind act, float a,
+                                                                 float b) {
+    act_f32_body(x, n, act, a, b);
+}
+#endif
+static void act_f32_v2(float *x, int64_t n, enum act_kind act, float a, float b) { act_f32_body(x, n, act, a, b); }
+
+void ew_act_f32(float *x, int64_t n, enum act_kind act, float a, float b) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    act_f32_fn fn = level >= 4 ? act_f32_v4 : level == 3 ? act_f32_v3 : act_f32_v2;
+#else
+    act_f32_fn fn = act_f32_v2;
+#endif
+    fn(x, n, act, a, b);
+}
+
+static void ew_act(float *o, int64_t n, enum act_kind act, float aa, float ab) { ew_act_f32(o, n, act, aa, ab); }
 
 /* The standalone Gelu on float32 (either form), y = gelu(x), through the
  * same per-ISA builds: the table kernel below runs at the baseline's four
@@ -160,32 +189,21 @@ static inline __attribute__((always_inline)) void gelu_span_body(const float *x,
     }
 }
 
-#define ACT_SPAN_ARGS float *x, int64_t n, enum act_kind act, float a, float b
 #define GELU_SPAN_ARGS const float *x, float *y, int64_t n, int tanh_form
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void act_span_v4(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
-__attribute__((target("arch=x86-64-v3"))) static void act_span_v3(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
 __attribute__((target("arch=x86-64-v4"))) static void gelu_span_v4(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
 __attribute__((target("arch=x86-64-v3"))) static void gelu_span_v3(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
 #endif
-static void act_span_v2(ACT_SPAN_ARGS) { act_span_body(x, n, act, a, b); }
 static void gelu_span_v2(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
 
-/* The build of a per-ISA loop that runs: 0 the baseline, 1 AVX2, 2 AVX-512,
- * as oneDNN's effective ISA allows (dnnl_util_isa_level). */
-static int isa_slot(void) {
-    int level = dnnl_util_isa_level();
-    return level >= 4 ? 2 : level == 3 ? 1 : 0;
-}
+static void gelu_span(GELU_SPAN_ARGS) {
 #if defined(__x86_64__) && defined(__GNUC__)
-static void (*const act_span_fns[3])(ACT_SPAN_ARGS) = {act_span_v2, act_span_v3, act_span_v4};
-static void (*const gelu_span_fns[3])(GELU_SPAN_ARGS) = {gelu_span_v2, gelu_span_v3, gelu_span_v4};
+    int level = dnnl_util_isa_level();
+    (level >= 4 ? gelu_span_v4 : level == 3 ? gelu_span_v3 : gelu_span_v2)(x, y, n, tanh_form);
 #else
-static void (*const act_span_fns[3])(ACT_SPAN_ARGS) = {act_span_v2, act_span_v2, act_span_v2};
-static void (*const gelu_span_fns[3])(GELU_SPAN_ARGS) = {gelu_span_v2, gelu_span_v2, gelu_span_v2};
+    gelu_span_v2(x, y, n, tanh_form);
 #endif
-
-void op_act_span(float *x, int64_t n, enum act_kind act, float a, float b) { act_span_fns[isa_slot()](x, n, act, a, b); }
+}
 
 static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a, const void *const *base,
                     const size_t *esz, char *out, size_t oesz, int64_t row, int64_t i0, int64_t n) {
@@ -195,7 +213,7 @@ static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a,
     for (int k = 0; k < b->nin; k++) p[k] = (const char *)base[k] + (size_t)(off[k] + i0 * b->istr[k]) * esz[k];
     char *o = out + (size_t)(row * b->inner + i0) * oesz;
     fn(p, b->istr, o, n, a);
-    if (a->act != ACT_NONE) op_act_span((float *)o, n, a->act, a->act_a, a->act_b);
+    if (a->act != ACT_NONE) ew_act((float *)o, n, a->act, a->act_a, a->act_b);
 }
 
 /* Computes out from the nin inputs with kernel fn over the broadcast walk,
@@ -1035,13 +1053,12 @@ static int run_gelu(struct op_call *c) {
     float *y = c->out[0]->data;
     const int64_t n = tensor_numel(c->out[0]), chunk = 4096;
     const int tanh_form = p->tbl == tbl_gelu_tanh;
-    void (*span)(GELU_SPAN_ARGS) = gelu_span_fns[isa_slot()];
     if (n < EW_PAR_MIN || c->nthreads <= 1) {
-        span(x, y, n, tanh_form);
+        gelu_span(x, y, n, tanh_form);
         return 0;
     }
 #pragma omp parallel for num_threads(c->nthreads)
-    for (int64_t i = 0; i < n; i += chunk) span(x + i, y + i, n - i < chunk ? n - i : chunk, tanh_form);
+    for (int64_t i = 0; i < n; i += chunk) gelu_span(x + i, y + i, n - i < chunk ? n - i : chunk, tanh_form);
     return 0;
 }
 

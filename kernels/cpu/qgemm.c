@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/matmul_util.h"
 
 /* Nothing here reads the floating-point exception flags; without this GCC
@@ -215,7 +216,7 @@ static inline __attribute__((always_inline)) void qgemm_row_body(const struct qg
 #pragma omp simd
         for (int64_t j = 0; j < n; j++) yf[j] += bias[j];
     }
-    op_act_span(yf, n, e->act, e->act_a, e->act_b);
+    ew_act_f32(yf, n, e->act, e->act_a, e->act_b);
 }
 
 typedef void (*qgemm_rows_fn)(const struct qgemm_rows *r, int64_t i0, int64_t i1, int32_t *y);

@@ -288,6 +288,29 @@ def test_message_limit(make_server, repo):
     h.close()
 
 
+def test_large_answers_concurrently(make_server, tmp_path):
+    # Answers of 12 MB, far over what the server queues for a connection
+    # at once (1 MiB): sending resumes as the socket drains, for each of
+    # several calls in flight on one channel, and every byte arrives.
+    from onnx import TensorProto as TP, helper as oh
+    g = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["y"])], "double",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["N"])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["N"])],
+                      [oh.make_tensor("two", TP.FLOAT, [], [2.0])])
+    save_model(tmp_path / "repo", "double", g, config='{"max_batch_size": 0}')
+    s = make_server(tmp_path / "repo", "--grpc-max-message-size", "64M")
+    c = grpcclient.InferenceServerClient(s.grpc_url())
+    xs = [np.random.default_rng(k).standard_normal(3 << 20).astype(np.float32) for k in range(4)]
+    got = queue.Queue()
+    for k, x in enumerate(xs):
+        c.async_infer("double", [fp32_input("x", x)], callback=lambda result, error, k=k: got.put((k, result, error)))
+    for _ in xs:
+        k, r, e = got.get(timeout=120)
+        assert e is None, e
+        np.testing.assert_array_equal(r.as_numpy("y"), xs[k] * 2)
+    c.close()
+
+
 # ---- streaming -----------------------------------------------------------
 
 def test_stream_many_in_flight(server, repo):
