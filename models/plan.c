@@ -52,6 +52,14 @@ struct pstep {
     unsigned char on_host;  /* device plan: this node falls back to the CPU */
     size_t scratch_off, scratch_size;
     size_t hscratch_off;    /* on_host steps: scratch offset in the host mirror */
+    /* Threads the step's kernel was prepared for and runs with (see
+     * "threads per step"). A measured step is prepared for one thread as
+     * well (state_one) and, once timed, runs with the faster: chosen is 0
+     * until then, afterwards 1 or nthreads. */
+    int nthreads;
+    unsigned char measured, prepared_one;
+    void *state_one;
+    atomic_int chosen;
 };
 
 struct plan {
@@ -83,6 +91,9 @@ struct plan {
     int fp16;              /* device plan storing FP32 values as FP16 */
     int nfp16;             /* values stored as FP16 */
     size_t mirror_size;    /* bytes of the host mirror CPU fallback steps use */
+    int nmeasured;         /* steps whose thread count the first run measures */
+    atomic_int timed;      /* 0: not yet, 1: one executor is timing them, 2: done */
+    atomic_int pick;       /* plan_threads_pick(): 1 + the step_config kept once timed, -1 inherited */
 };
 
 /* Widens n FP16 values at p to FP32 in place (the buffer holds 4n bytes):
@@ -109,6 +120,16 @@ static size_t dev_nbytes(const struct pval *pv) {
 
 /* ---- helpers --------------------------------------------------------------- */
 
+/* The kernel state step s runs with now, and its thread count. */
+static void *step_state(const struct pstep *s, int *nthreads) {
+    if (s->measured && atomic_load_explicit(&s->chosen, memory_order_acquire) == 1) {
+        *nthreads = 1;
+        return s->state_one;
+    }
+    *nthreads = s->nthreads;
+    return s->state;
+}
+
 /* ---- building ---------------------------------------------------------------- */
 
 static void plan_free(struct plan *p) {
@@ -117,6 +138,7 @@ static void plan_free(struct plan *p) {
         struct pstep *s = &p->steps[i];
         if (!s->prepared) continue;
         const struct graph_node *n = &p->g->nodes[s->node];
+        if (s->prepared_one && n->op->release) n->op->release(s->state_one);
         if (p->host || s->on_host) {
             if (n->op->release) n->op->release(s->state);
         } else if (p->be->iface->release_node) {
@@ -720,16 +742,122 @@ static void call_device_tensors(const struct plan *p, const struct graph_node *n
     }
 }
 
+/* ---- building: threads per step ----------------------------------------------
+ * Starting an OpenMP team for a parallel region costs microseconds (more on a
+ * busy machine, where the sleeping thread must be woken), as much as a small
+ * node's whole work: at two threads every node of a small model paid it and
+ * the model ran slower than on one. So each step of a host plan gets its own
+ * thread count, fixed before its kernel is prepared (oneDNN sizes a
+ * primitive's work split for the threads in force at its creation). A node
+ * with little work runs on the calling thread alone; one with much work on
+ * all the plan's threads; one in between is prepared both ways and timed on
+ * the plan's first run, with that run's real inputs, and keeps the faster
+ * (choose_threads: measured, so it holds on every CPU whatever its vector
+ * width or core count, and on a machine other work shares).
+ *
+ * KILN_STEP_THREADS: unset or "measure" as above; "static" decides by the
+ * estimate alone (a step in between keeps all the threads); "0" runs every
+ * step on all the threads. */
+
+/* Work (elements read and written, or multiply-adds) below which a node runs
+ * on one thread, and above which on all without timing: a few microseconds
+ * of work at most, and milliseconds. */
+#define STEP_WORK_ONE 8192.0
+#define STEP_WORK_ALL 67108864.0
+
+enum step_threads_mode { STEP_THREADS_OFF, STEP_THREADS_STATIC, STEP_THREADS_MEASURE };
+
+static enum step_threads_mode step_threads_mode(void) {
+    const char *e = getenv("KILN_STEP_THREADS");
+    if (!e || !*e || !strcmp(e, "measure")) return STEP_THREADS_MEASURE;
+    if (!strcmp(e, "static")) return STEP_THREADS_STATIC;
+    if (!strcmp(e, "0") || !strcmp(e, "off")) return STEP_THREADS_OFF;
+    log_warn("KILN_STEP_THREADS=%s: expected measure, static or 0; measuring", e);
+    return STEP_THREADS_MEASURE;
+}
+
+static double value_numel(const struct plan *p, int v) {
+    return v >= 0 ? (double)tensor_numel(&p->vals[v].t) : 0;
+}
+
+/* A rough size of node n's work: the elements it reads and writes, or for a
+ * node that contracts a dimension (MatMul, Gemm, convolutions and their
+ * fused and quantized forms) its multiply-adds, whichever is larger. */
+static double step_work(const struct plan *p, const struct graph_node *n) {
+    double elems = 0, macs = 0;
+    for (int k = 0; k < n->nin; k++) elems += value_numel(p, n->in[k]);
+    for (int k = 0; k < n->nout; k++) elems += value_numel(p, n->out[k]);
+    double out = n->nout > 0 ? value_numel(p, n->out[0]) : 0;
+    const struct tensor *x = n->nin > 0 && n->in[0] >= 0 ? &p->vals[n->in[0]].t : NULL;
+    const struct tensor *w = n->nin > 1 && n->in[1] >= 0 ? &p->vals[n->in[1]].t : NULL;
+    if (strstr(n->op_type, "Conv") && w && w->ndim >= 3 && w->dims[0] > 0)
+        macs = out * ((double)tensor_numel(w) / (double)w->dims[0]);
+    else if ((strstr(n->op_type, "MatMul") || strstr(n->op_type, "Gemm")) && x && x->ndim >= 1)
+        macs = out * (double)x->dims[x->ndim - 1];
+    return macs > elems ? macs : elems;
+}
+
+/* Nodes whose work does not show in their tensors: subgraphs (If, Loop,
+ * Scan) and the ai.onnx.ml models, whose trees and vectors are attributes. */
+static int work_hidden(const struct graph_node *n) {
+    if (n->domain && !strcmp(n->domain, "ai.onnx.ml")) return 1;
+    for (int a = 0; a < n->nattr; a++)
+        if (n->attrs[a].graphs) return 1;
+    return 0;
+}
+
+/* Decides step s's thread count (and whether it is measured) before its
+ * kernel is prepared. Device plans and one-thread plans keep the plan's. */
+static void step_threads(struct plan *p, struct pstep *s, enum step_threads_mode mode) {
+    s->nthreads = p->nthreads;
+    s->measured = 0;
+    if (!p->host || p->nthreads < 2 || mode == STEP_THREADS_OFF) return;
+    const struct graph_node *n = &p->g->nodes[s->node];
+    double work = step_work(p, n);
+    if (work >= STEP_WORK_ALL) return;
+    if (work < STEP_WORK_ONE && !work_hidden(n)) s->nthreads = 1;
+    else if (mode == STEP_THREADS_MEASURE) s->measured = 1;
+}
+
+/* Prepares the kernel of the node in c for c->nthreads threads, where the
+ * step runs: on the plan's backend, or on the CPU for host steps of a
+ * plan built without one and for a device plan's fallback steps. */
+static int prepare_kernel(struct plan *p, const struct pstep *s, struct op_call *c, void **state, size_t *scratch,
+                          unsigned char *prepared) {
+    struct backend *be = p->be;
+    const struct graph_node *n = c->node;
+    int rc = 0;
+    *state = NULL;
+    *scratch = 0;
+    if (p->host && be && be->iface->prepare_node) {
+        rc = be->iface->prepare_node(be, c, state, scratch);
+        *prepared = !rc;
+    } else if (p->host || s->on_host) {
+        if (n->op->prepare) {
+            /* What the CPU backend's prepare_node does first: a oneDNN
+             * primitive must not be made for fewer threads than it runs on. */
+            if (omp_get_max_threads() != c->nthreads) omp_set_num_threads(c->nthreads);
+            rc = n->op->prepare(c, state, scratch);
+            *prepared = !rc;
+        }
+    } else if (be->iface->prepare_node) {
+        rc = be->iface->prepare_node(be, c, state, scratch);
+        *prepared = !rc;
+    }
+    return rc;
+}
+
 /* Prepares step s once: chooses where it runs (a device plan falls back to
  * the CPU for a node the device refuses, in FP32, converted at the copies)
- * and learns its state and scratch size. */
-static int prepare_step(struct build *b, struct pstep *s) {
+ * and on how many threads, and learns its state and scratch size. */
+static int prepare_step(struct build *b, struct pstep *s, enum step_threads_mode mode) {
     struct plan *p = b->p;
     struct backend *be = p->be;
     const struct graph_node *n = &b->g->nodes[s->node];
     struct op_call c;
     struct tensor din[OP_MAX_IO], dout[OP_MAX_IO];
-    op_call_init(&c, n, p->nthreads, b->err, b->err_len); /* oneDNN sizes its split when the primitive is made */
+    step_threads(p, s, mode);
+    op_call_init(&c, n, s->nthreads, b->err, b->err_len);
     call_host_tensors(b, n, &c);
     if (p->fp16) call_device_tensors(p, n, &c, din, dout);
     if (!p->host && be->iface->supports_op && !be->iface->supports_op(be, &c)) {
@@ -738,34 +866,31 @@ static int prepare_step(struct build *b, struct pstep *s) {
         call_host_tensors(b, n, &c);
     }
     if (b->err && b->err_len) b->err[0] = 0;
-    void *state = NULL;
-    size_t scratch = 0;
-    int rc = 0;
-    if (p->host && be && be->iface->prepare_node) {
-        rc = be->iface->prepare_node(be, &c, &state, &scratch);
-        s->prepared = !rc;
-    } else if (p->host || s->on_host) {
-        if (n->op->prepare) {
-            rc = n->op->prepare(&c, &state, &scratch);
-            s->prepared = !rc;
+    void *state = NULL, *state_one = NULL;
+    size_t scratch = 0, scratch_one = 0;
+    int rc = prepare_kernel(p, s, &c, &state, &scratch, &s->prepared);
+    if (!rc) s->state = state;
+    if (!rc && s->measured) {
+        c.nthreads = 1;
+        rc = prepare_kernel(p, s, &c, &state_one, &scratch_one, &s->prepared_one);
+        if (!rc) {
+            s->state_one = state_one;
+            p->nmeasured++;
         }
-    } else if (be->iface->prepare_node) {
-        rc = be->iface->prepare_node(be, &c, &state, &scratch);
-        s->prepared = !rc;
     }
     if (rc) {
         if (b->err && b->err_len && !b->err[0])
             status_set(b->err, b->err_len, rc, "node '%s' (%s): preparing the kernel failed", n->name, n->op_type);
         return rc;
     }
-    s->state = state;
-    s->scratch_size = scratch;
+    s->scratch_size = scratch > scratch_one ? scratch : scratch_one;
     return 0;
 }
 
 static int prepare_steps(struct build *b) {
+    enum step_threads_mode mode = step_threads_mode();
     for (int si = 0; si < b->p->nsteps; si++) {
-        int rc = prepare_step(b, &b->p->steps[si]);
+        int rc = prepare_step(b, &b->p->steps[si], mode);
         if (rc) return rc;
     }
     return 0;
@@ -981,6 +1106,17 @@ int plan_step_node(const struct plan *p, int i) { return i >= 0 && i < p->nsteps
 int plan_nfp16(const struct plan *p) { return p->fp16 ? p->nfp16 : 0; }
 int plan_nfallback(const struct plan *p) { return p->nfallback; }
 int plan_step_on_host(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].on_host : 0; }
+int plan_threads_pick(const struct plan *p) { return atomic_load_explicit(&((struct plan *)p)->pick, memory_order_relaxed); }
+
+int plan_nmeasured(const struct plan *p) { return p->nmeasured; }
+int plan_step_measured(const struct plan *p, int i) { return i >= 0 && i < p->nsteps ? p->steps[i].measured : 0; }
+
+int plan_step_threads(const struct plan *p, int i) {
+    if (i < 0 || i >= p->nsteps) return 0;
+    int nt;
+    step_state(&p->steps[i], &nt);
+    return nt;
+}
 
 enum plan_value_kind plan_value_info(const struct plan *p, int v, struct tensor *shape, size_t *offset,
                                      size_t *size, int *first_step, int *last_step) {
@@ -1055,6 +1191,7 @@ struct plan_exec {
     int graph_off;  /* capture failed or is not possible for the bound plan */
     int graphs_disabled; /* optimization.cuda_graphs false: never capture */
     struct op_strpool *strings; /* strings kernels make during a run (kernels/ops.h) */
+    int choices_bound; /* calls[] follow the bound plan's timed thread choices */
     void *stage;    /* FP16 plans: host staging for inputs converted to FP16 */
     size_t stage_cap;
     /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */
@@ -1068,6 +1205,7 @@ struct prof_entry {
     const char *op_type;
     double ms;
     int64_t calls;
+    int64_t calls_one; /* of them on one thread (see "threads per step") */
 };
 
 static double now_ms(void) {
@@ -1076,17 +1214,18 @@ static double now_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-static void prof_add(struct plan_exec *x, const char *op_type, double ms) {
+static void prof_add(struct plan_exec *x, const char *op_type, double ms, int nthreads) {
     for (int i = 0; i < x->nprof; i++)
         if (strcmp(x->prof[i].op_type, op_type) == 0) {
             x->prof[i].ms += ms;
             x->prof[i].calls++;
+            x->prof[i].calls_one += nthreads == 1;
             return;
         }
     struct prof_entry *np = realloc(x->prof, (size_t)(x->nprof + 1) * sizeof *np);
     if (!np) return;
     x->prof = np;
-    x->prof[x->nprof++] = (struct prof_entry){op_type, ms, 1};
+    x->prof[x->nprof++] = (struct prof_entry){op_type, ms, 1, nthreads == 1};
 }
 
 static int prof_cmp(const void *a, const void *b) {
@@ -1101,8 +1240,9 @@ static void prof_dump(struct plan_exec *x) {
     for (int i = 0; i < x->nprof; i++) total += x->prof[i].ms;
     log_info("profile over %llu runs: %.3f ms per run in kernels", (unsigned long long)x->nruns, total / (double)x->nruns);
     for (int i = 0; i < x->nprof; i++)
-        log_info("  %-24s %9.3f ms/run %5.1f%% %6lld calls", x->prof[i].op_type, x->prof[i].ms / (double)x->nruns,
-                 100.0 * x->prof[i].ms / (total > 0 ? total : 1), (long long)x->prof[i].calls);
+        log_info("  %-24s %9.3f ms/run %5.1f%% %6lld calls, %6lld on 1 thread", x->prof[i].op_type,
+                 x->prof[i].ms / (double)x->nruns, 100.0 * x->prof[i].ms / (total > 0 ? total : 1),
+                 (long long)x->prof[i].calls, (long long)x->prof[i].calls_one);
 }
 
 struct plan_exec *plan_exec_create(struct backend *be, int nthreads) {
@@ -1162,7 +1302,7 @@ void plan_exec_set_cuda_graphs(struct plan_exec *x, int on) {
 }
 
 static void fill_call(struct op_call *c, const struct plan *p, const struct pstep *s, struct tensor *tv,
-                      char *base, size_t scratch_off, int nthreads, struct op_strpool *strings) {
+                      char *base, size_t scratch_off, struct op_strpool *strings) {
     const struct graph_node *n = &p->g->nodes[s->node];
     memset(c, 0, sizeof *c);
     c->node = n;
@@ -1170,11 +1310,17 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
     c->nout = n->nout;
     for (int k = 0; k < n->nin; k++) c->in[k] = n->in[k] >= 0 ? &tv[n->in[k]] : NULL;
     for (int k = 0; k < n->nout; k++) c->out[k] = n->out[k] >= 0 ? &tv[n->out[k]] : NULL;
-    c->state = s->state;
+    c->state = step_state(s, &c->nthreads);
     c->scratch = s->scratch_size ? base + scratch_off : NULL;
     c->scratch_size = s->scratch_size;
-    c->nthreads = nthreads;
     c->strings = strings;
+}
+
+/* Points the calls of measured steps at the variant their timing chose. */
+static void bind_choices(struct plan_exec *x, const struct plan *p) {
+    for (int si = 0; si < p->nsteps; si++)
+        if (p->steps[si].measured) x->calls[si].state = step_state(&p->steps[si], &x->calls[si].nthreads);
+    x->choices_bound = 1;
 }
 
 /* Points the executor's tensors and call records at p and the arena. Done
@@ -1240,7 +1386,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
     for (int si = 0; si < p->nsteps; si++) {
         const struct pstep *s = &p->steps[si];
         fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base,
-                  s->on_host ? s->hscratch_off : s->scratch_off, x->nthreads, x->strings);
+                  s->on_host ? s->hscratch_off : s->scratch_off, x->strings);
         const struct graph_node *n = &p->g->nodes[s->node];
         for (int k = 0; k < n->nout; k++) /* absent optional outputs still get somewhere to be described */
             if (n->out[k] < 0) {
@@ -1249,6 +1395,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
                 x->calls[si].out[k] = d;
             }
     }
+    x->choices_bound = !p->nmeasured || atomic_load_explicit(&p->timed, memory_order_acquire) == 2;
     plan_retain(p);
     x->bound = p;
     return 0;
@@ -1327,12 +1474,14 @@ fail:
     return status_set(err, err_len, rc, "node '%s' (%s): copying between host and device failed", n->name, n->op_type);
 }
 
-static int run_steps(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+/* Runs the plan's steps. times (if not NULL) gets each host step's time in
+ * milliseconds, the kernel and its activation. */
+static int run_steps(struct plan_exec *x, struct plan *p, double *times, char *err, size_t err_len) {
     const struct backend_i *be = x->be->iface;
     int rc;
     for (int si = 0; si < p->nsteps; si++) {
         struct op_call *c = &x->calls[si];
-        double t0 = x->profile ? now_ms() : 0;
+        double t0 = x->profile || times ? now_ms() : 0;
         if (!x->host && p->steps[si].on_host) rc = run_device_fallback(x, p, si, err, err_len);
         else {
             c->err = err;
@@ -1341,7 +1490,7 @@ static int run_steps(struct plan_exec *x, struct plan *p, char *err, size_t err_
         }
         if (x->profile) {
             if (!x->host && be->synchronize) be->synchronize(x->be);
-            prof_add(x, c->node->op_type, now_ms() - t0);
+            prof_add(x, c->node->op_type, now_ms() - t0, c->nthreads);
         }
         if (rc) {
             if (err && err_len && !err[0])
@@ -1357,8 +1506,174 @@ static int run_steps(struct plan_exec *x, struct plan *p, char *err, size_t err_
             an.act_beta = s->act_b;
             op_apply_act(&an, c->out[0]->data, tensor_numel(c->out[0]));
         }
+        if (times) times[si] = now_ms() - t0;
     }
     return 0;
+}
+
+/* Whole timed runs per configuration of the measured steps, at most, and
+ * the time they may take together (the plan's first run pays it, once per
+ * input shape): a large model gets fewer runs (at least one each), and none
+ * when the plan's first run alone took longer, and then its measured steps
+ * keep all the threads (the static choice). The first run is cold (page
+ * faults in a new arena, caches), often ten times a warm one: a small
+ * model's first run does not exclude it. */
+#define TIMING_RUNS 9
+#define TIMING_BUDGET_MS 100.0
+
+enum step_config { MEASURED_ALL = 0, MEASURED_ONE = 1, MEASURED_CHOSEN = 2 };
+
+/* Points the calls of the measured steps at the variant for all the
+ * threads, for one, or at the one each chose. */
+static void configure_measured(struct plan_exec *x, const struct plan *p, enum step_config cfg) {
+    for (int si = 0; si < p->nsteps; si++) {
+        const struct pstep *s = &p->steps[si];
+        if (!s->measured) continue;
+        int one = cfg == MEASURED_ONE ||
+                  (cfg == MEASURED_CHOSEN && atomic_load_explicit(&s->chosen, memory_order_relaxed) == 1);
+        x->calls[si].state = one ? s->state_one : s->state;
+        x->calls[si].nthreads = one ? 1 : s->nthreads;
+    }
+}
+
+/* Runs the plan n times more in configuration cfg (every step recomputes
+ * its outputs from its inputs, so the results stay those of this run),
+ * keeping each step's fastest time in best[] (if not NULL) and returning
+ * the fastest whole run in *run_ms. */
+static int timed_runs(struct plan_exec *x, struct plan *p, enum step_config cfg, int n, double *times, double *best,
+                      double *run_ms, char *err, size_t err_len) {
+    configure_measured(x, p, cfg);
+    *run_ms = 1e300;
+    for (int r = 0; r < n; r++) {
+        double t0 = now_ms();
+        int rc = run_steps(x, p, times, err, err_len);
+        if (rc) return rc;
+        double ms = now_ms() - t0;
+        if (ms < *run_ms) *run_ms = ms;
+        for (int si = 0; best && si < p->nsteps; si++)
+            if (times[si] < best[si]) best[si] = times[si];
+    }
+    return 0;
+}
+
+/* Chooses the thread count of each measured step by timing whole runs of
+ * the plan on this run's inputs: the measured steps all on all threads, all
+ * on one, and each on its own best count (all threads where they took at
+ * most 85% of its time on one). Whole runs, not one step again and again,
+ * because a step's cost depends on its neighbours: a step reads its input
+ * from the other cores' caches when the step before ran on other threads,
+ * and the team's threads sleep, or lose their cores on a busy machine, over
+ * a long stretch on one. So a plan of large tensors may do best with every
+ * step on all threads and a small plan with every step on one. The fastest
+ * of the three wins; one that uses more threads must be 3% faster than one
+ * that uses fewer (within the noise, a thread left idle serves other
+ * instances and requests). */
+static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, char *err, size_t err_len) {
+    if (first_ms > TIMING_BUDGET_MS) {
+        log_debug("one run takes %.1f ms: the %d measured steps keep %d threads untimed", first_ms, p->nmeasured,
+                  p->nthreads);
+        return 0;
+    }
+    int ns = p->nsteps > 0 ? p->nsteps : 1;
+    double *times = malloc((size_t)ns * 3 * sizeof *times);
+    if (!times) return status_set(err, err_len, STATUS_NOMEM, "out of memory timing the plan's steps");
+    double *best_all = times + ns, *best_one = times + 2 * ns;
+    for (int si = 0; si < ns; si++) best_all[si] = best_one[si] = 1e300;
+    int profile = x->profile; /* these runs are not the caller's */
+    x->profile = 0;
+    double all_ms = 0, one_ms = 0, chosen_ms = 0, t0 = now_ms();
+    int rc = 0, nall = 0;
+    for (int r = 0; r < TIMING_RUNS && !rc && (r == 0 || now_ms() - t0 + all_ms + one_ms <= TIMING_BUDGET_MS); r++) {
+        double ms;
+        rc = timed_runs(x, p, MEASURED_ALL, 1, times, best_all, &ms, err, err_len);
+        if (!rc) all_ms = r ? (ms < all_ms ? ms : all_ms) : ms;
+        if (!rc) rc = timed_runs(x, p, MEASURED_ONE, 1, times, best_one, &ms, err, err_len);
+        if (!rc) one_ms = r ? (ms < one_ms ? ms : one_ms) : ms;
+    }
+    for (int si = 0; si < p->nsteps && !rc; si++) {
+        struct pstep *s = &p->steps[si];
+        if (!s->measured) continue;
+        int nt = best_all[si] <= 0.85 * best_one[si] ? s->nthreads : 1;
+        nall += nt > 1;
+        atomic_store_explicit(&s->chosen, nt, memory_order_relaxed);
+        log_debug("step %d '%s' (%s): %.1f us on %d threads, %.1f us on 1: runs on %d", si,
+                  p->g->nodes[s->node].name, p->g->nodes[s->node].op_type, best_all[si] * 1e3, s->nthreads,
+                  best_one[si] * 1e3, nt);
+    }
+    int mixed = nall > 0 && nall < p->nmeasured;
+    if (!rc && mixed) {
+        double left = TIMING_BUDGET_MS - (now_ms() - t0), run = all_ms < one_ms ? all_ms : one_ms;
+        int n = left > run * TIMING_RUNS ? TIMING_RUNS : left > run ? (int)(left / run) : 1;
+        rc = timed_runs(x, p, MEASURED_CHOSEN, n, times, NULL, &chosen_ms, err, err_len);
+    }
+    x->profile = profile;
+    free(times);
+    if (rc) return rc;
+    enum step_config pick = MEASURED_ONE;
+    double pick_ms = one_ms;
+    if (mixed && chosen_ms < 0.97 * pick_ms) {
+        pick = MEASURED_CHOSEN;
+        pick_ms = chosen_ms;
+    }
+    if (all_ms < 0.97 * pick_ms) pick = MEASURED_ALL;
+    for (int si = 0; si < p->nsteps && pick != MEASURED_CHOSEN; si++)
+        if (p->steps[si].measured)
+            atomic_store_explicit(&p->steps[si].chosen, pick == MEASURED_ALL ? p->steps[si].nthreads : 1,
+                                  memory_order_relaxed);
+    log_debug("measured steps all on %d threads: %.3f ms a run; all on 1: %.3f ms; %d of %d on %d: %.3f ms; "
+              "runs %s", p->nthreads, all_ms, one_ms, nall, p->nmeasured, p->nthreads, mixed ? chosen_ms : 0.0,
+              pick == MEASURED_ALL ? "all on all" : pick == MEASURED_ONE ? "all on 1" : "each on its own");
+    atomic_store_explicit(&p->pick, 1 + (int)pick, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    bind_choices(x, p);
+    /* The caller's outputs come from the configuration kept, as the next
+     * runs' will: oneDNN's AVX2 GEMM rounds differently per thread count. */
+    if (pick != (mixed ? MEASURED_CHOSEN : MEASURED_ONE)) {
+        x->profile = 0;
+        rc = run_steps(x, p, NULL, err, err_len);
+        x->profile = profile;
+    }
+    return rc;
+}
+
+/* Logs how a plan's steps divide between one thread and all of them: at
+ * info level under KILN_PROFILE, with the profile. */
+static void log_threads(const struct plan *p, int profile) {
+    if (!profile && !log_enabled(LOG_DEBUG)) return;
+    int one = 0, timed_one = 0;
+    for (int si = 0; si < p->nsteps; si++) {
+        int nt;
+        step_state(&p->steps[si], &nt);
+        one += nt == 1;
+        timed_one += p->steps[si].measured && nt == 1;
+    }
+    log_write(profile ? LOG_INFO : LOG_DEBUG, __func__,
+              "plan threads: %d of %d steps on 1 thread, %d on %d; %d measured (%d of them on 1)", one, p->nsteps,
+              p->nsteps - one, p->nthreads, p->nmeasured, timed_one);
+}
+
+/* Host plans with measured steps: the first executor to run the plan runs
+ * it, then times it again on the same inputs to choose their thread counts
+ * (choose_threads: a few milliseconds of a small model's first run, a few
+ * whole runs of a large one's); another executor running the plan meanwhile
+ * uses all the threads for them, and the choices once made. */
+static int run_host_measured(struct plan_exec *x, struct plan *p, char *err, size_t err_len) {
+    if (!x->choices_bound) {
+        int st = atomic_load_explicit(&p->timed, memory_order_acquire);
+        if (st == 2) {
+            bind_choices(x, p);
+        } else if (st == 0 && atomic_compare_exchange_strong(&p->timed, &st, 1)) {
+            double t0 = now_ms();
+            int rc = run_steps(x, p, NULL, err, err_len);
+            if (!rc) rc = choose_threads(x, p, now_ms() - t0, err, err_len);
+            atomic_store_explicit(&p->timed, rc ? 0 : 2, memory_order_release);
+            if (rc) return rc;
+            x->choices_bound = 1;
+            log_threads(p, x->profile);
+            return 0;
+        }
+    }
+    return run_steps(x, p, NULL, err, err_len);
 }
 
 int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
@@ -1422,12 +1737,12 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
             if ((rc = be->graph_replay(x->be, x->graph)))
                 return status_set(err, err_len, rc, "replaying the captured device graph failed");
         } else if (x->graph_runs++ == 0) {
-            if ((rc = run_steps(x, p, err, err_len))) return rc;
+            if ((rc = run_steps(x, p, NULL, err, err_len))) return rc;
         } else if (be->graph_begin(x->be) != 0) {
             x->graph_off = 1;
-            if ((rc = run_steps(x, p, err, err_len))) return rc;
+            if ((rc = run_steps(x, p, NULL, err, err_len))) return rc;
         } else {
-            rc = run_steps(x, p, err, err_len);
+            rc = run_steps(x, p, NULL, err, err_len);
             void *gr = NULL;
             int erc = be->graph_end(x->be, &gr);
             if (rc || erc || !gr) {
@@ -1435,14 +1750,15 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
                 x->graph_off = 1;
                 if (rc) return rc;
                 log_debug("device graph capture failed; running node by node");
-                if ((rc = run_steps(x, p, err, err_len))) return rc;
+                if ((rc = run_steps(x, p, NULL, err, err_len))) return rc;
             } else {
                 x->graph = gr;
                 if ((rc = be->graph_replay(x->be, x->graph)))
                     return status_set(err, err_len, rc, "replaying the captured device graph failed");
             }
         }
-    } else if ((rc = run_steps(x, p, err, err_len))) {
+    } else if ((rc = x->host && p->nmeasured ? run_host_measured(x, p, err, err_len)
+                                             : run_steps(x, p, NULL, err, err_len))) {
         return rc;
     }
     if (!x->host && be->synchronize && (rc = be->synchronize(x->be)))
@@ -1516,6 +1832,33 @@ static struct plan *cache_find(struct plan_cache *c, uint64_t h, const struct te
     return NULL;
 }
 
+/* Timing a new plan's thread counts costs a few of its runs (up to
+ * TIMING_BUDGET_MS), once per input shape: a model fed many shapes (text of
+ * every length) would pay it over and over as its plans are evicted and
+ * rebuilt. Once this many of the cache's plans were timed, a new plan takes
+ * what most of them kept for their measured steps, all on one thread or all
+ * on all, untimed (lock held). */
+#define TIMED_PLANS_ENOUGH 4
+
+static void inherit_threads(struct plan_cache *c, struct plan *np) {
+    if (!np->nmeasured) return;
+    int n = 0, one = 0, all = 0;
+    for (int i = 0; i < c->n; i++) {
+        int pk = atomic_load_explicit(&c->plans[i]->pick, memory_order_relaxed);
+        n += pk > 0;
+        one += pk == 1 + MEASURED_ONE;
+        all += pk == 1 + MEASURED_ALL;
+    }
+    if (n < TIMED_PLANS_ENOUGH || one == all) return;
+    for (int si = 0; si < np->nsteps; si++)
+        if (np->steps[si].measured)
+            atomic_store_explicit(&np->steps[si].chosen, one > all ? 1 : np->steps[si].nthreads, memory_order_relaxed);
+    atomic_store_explicit(&np->pick, -1, memory_order_relaxed);
+    atomic_store_explicit(&np->timed, 2, memory_order_release);
+    log_debug("plan threads: %d of the model's %d timed plans keep their measured steps on %s: a new plan does, "
+              "untimed", one > all ? one : all, n, one > all ? "1 thread" : "all threads");
+}
+
 int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
                    struct backend *be, int nthreads, struct plan **out, int *built, char *err, size_t err_len) {
     uint64_t h = plan_signature_hash(inputs, g->ninputs, bind_values);
@@ -1552,6 +1895,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
         c->plans[lru] = c->plans[--c->n];
         c->evictions++;
     }
+    inherit_threads(c, np);
     atomic_store(&np->last_used, atomic_fetch_add(&c->tick, 1) + 1);
     plan_retain(np); /* the cache's reference */
     c->plans[c->n++] = np;

@@ -79,6 +79,18 @@ int plan_nfp16(const struct plan *p);
 /* Steps of a device plan that run on the CPU; 1 if step i is one of them. */
 int plan_nfallback(const struct plan *p);
 int plan_step_on_host(const struct plan *p, int i);
+/* Threads step i runs with: host plans give a small step one thread and a
+ * large one all of the plan's; a step in between is "measured": timed both
+ * ways on the plan's first run, which fixes its count (until then it runs
+ * on all). KILN_STEP_THREADS=0 keeps every step on all the threads, =static
+ * skips the timing. plan_nmeasured counts the measured steps. */
+int plan_step_threads(const struct plan *p, int i);
+int plan_step_measured(const struct plan *p, int i);
+int plan_nmeasured(const struct plan *p);
+/* How a plan's measured steps got their thread counts: 0 not yet, 1 timed
+ * and all on one thread kept, 2 timed and all on all kept, 3 timed and each
+ * its own, -1 taken untimed from the plans of its cache (plan_cache_get). */
+int plan_threads_pick(const struct plan *p);
 
 enum plan_value_kind {
     PLAN_VALUE_UNUSED = 0,

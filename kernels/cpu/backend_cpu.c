@@ -14,9 +14,14 @@ struct cpu_ctx {
     int nthreads;
 };
 
-/* OpenMP's thread count is a per-thread setting: set it on the calling
- * thread only when it differs from what this thread used last. */
-static _Thread_local int tl_nthreads;
+/* OpenMP's thread count is a per-thread setting (reading it is cheap): set
+ * it on the calling thread only when it differs. A plan gives each step its
+ * own count (models/plan.c: a small node runs on one thread, without waking
+ * the team), so the count follows the call. */
+static void use_threads(int n) {
+    if (n < 1) n = 1;
+    if (omp_get_max_threads() != n) omp_set_num_threads(n);
+}
 
 static void cpu_free(struct backend *be) {
     free(be->context);
@@ -50,15 +55,15 @@ static int cpu_prepare_node(struct backend *be, struct op_call *c, void **state,
     *state = NULL;
     *workspace = 0;
     const struct op_def *op = c->node->op;
+    /* oneDNN fixes a primitive's work split (and its scratchpad) for the
+     * thread count in force when it is created: the step runs with that one. */
+    use_threads(c->nthreads);
     return op->prepare ? op->prepare(c, state, workspace) : 0;
 }
 
 static int cpu_run_node(struct backend *be, struct op_call *c) {
     struct cpu_ctx *ctx = be->context;
-    if (tl_nthreads != ctx->nthreads) {
-        omp_set_num_threads(ctx->nthreads);
-        tl_nthreads = ctx->nthreads;
-    }
+    use_threads(c->nthreads < ctx->nthreads ? c->nthreads : ctx->nthreads);
     return c->node->op->run(c);
 }
 

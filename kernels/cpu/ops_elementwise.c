@@ -336,6 +336,25 @@ static void ew_drive(const struct op_call *c, ew_fn fn, struct ew_args *a, const
         }                                                                                                           \
     }
 #define DEF_UN(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, T, OP(T, x))
+/* The same built three times, for AVX-512, AVX2 and the baseline, picked
+ * per call by the ISA oneDNN runs (dnnl_util_isa_level: ONEDNN_MAX_CPU_ISA
+ * caps both): the transcendental kernels (exp, tanh, sigmoid, erf) are
+ * compute-bound and run 2-4x faster per added vector width. The results
+ * do not depend on the width: no reductions, and no FMA contraction in
+ * ISO C mode. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define UN_KERNEL_ISA(NAME, T, TO, EXPR)                                                                            \
+    UN_KERNEL(NAME##_v2, T, TO, EXPR)                                                                               \
+    __attribute__((target("arch=x86-64-v4"))) UN_KERNEL(NAME##_v4, T, TO, EXPR)                                     \
+    __attribute__((target("arch=x86-64-v3"))) UN_KERNEL(NAME##_v3, T, TO, EXPR)                                     \
+    static void NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) {      \
+        int l = dnnl_util_isa_level();                                                                              \
+        (l >= 4 ? NAME##_v4 : l == 3 ? NAME##_v3 : NAME##_v2)(in, s, out, n, a);                                    \
+    }
+#else
+#define UN_KERNEL_ISA UN_KERNEL
+#endif
+#define DEF_UN_ISA(OP, suf, T) UN_KERNEL_ISA(k_##OP##_##suf, T, T, OP(T, x))
 #define DEF_UNB(OP, suf, T) UN_KERNEL(k_##OP##_##suf, T, uint8_t, OP(T, x))
 
 /* ------------------------------------------------------------------------
@@ -506,7 +525,7 @@ static inline double sigmoid_d(double x) { return x >= 0 ? 1 / (1 + exp(-x)) : e
 /* IsInf: alpha and beta carry detect_positive and detect_negative. */
 #define U_ISINF(T, x) (isinf(x) && (((x) > 0 && A != 0) || ((x) < 0 && B != 0)))
 
-#define FLT_UN(NAME, OP) LIST_FLT(DEF_UN, OP) static const ew_fn tbl_##NAME[DT_MAX_] = {LIST_FLT(ENT, OP)};
+#define FLT_UN(NAME, OP) LIST_FLT(DEF_UN_ISA, OP) static const ew_fn tbl_##NAME[DT_MAX_] = {LIST_FLT(ENT, OP)};
 FLT_UN(sqrt, U_SQRT)
 FLT_UN(exp, U_EXP)
 FLT_UN(log, U_LOG)

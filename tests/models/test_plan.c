@@ -1349,6 +1349,173 @@ static void test_value_driven_run(void **state) {
     graph_free(g);
 }
 
+/* ---- threads per step ------------------------------------------------------------
+ * A real exported model (tests/data/modelset/bert_s, transformers' BERT with
+ * a small config) at two threads: its small steps get one thread, those in
+ * between are timed on the plan's first run and each keeps a count, and the
+ * outputs are the same bytes as with every step on both threads
+ * (KILN_STEP_THREADS=0), as without the timing, and as on one thread
+ * (within float rounding under oneDNN's AVX2 GEMM). */
+
+struct threads_run {
+    struct tensor out[2];
+    int nsteps, one, measured;
+};
+
+static void run_with_step_threads(const struct graph *g, struct backend *be, const struct tensor *in, int nthreads,
+                                  const char *mode, struct threads_run *r) {
+    char err[512] = "";
+    setenv("KILN_STEP_THREADS", mode, 1);
+    struct plan *p = NULL;
+    if (plan_build(g, in, 0, be, nthreads, &p, err, sizeof err)) fail_msg("plan_build: %s", err);
+    unsetenv("KILN_STEP_THREADS");
+    struct plan_exec *x = plan_exec_create(be, nthreads);
+    assert_non_null(x);
+    for (int k = 0; k < 3; k++) { /* the first run times, the others use the choices */
+        struct tensor out[2];
+        if (plan_exec_run(x, p, in, out, err, sizeof err)) fail_msg("plan_exec_run (%s): %s", mode, err);
+        if (k == 0) memcpy(r->out, out, sizeof out);
+        for (int o = 0; o < 2 && k > 0; o++) {
+            assert_int_equal(tensor_nbytes(&out[o]), tensor_nbytes(&r->out[o]));
+            assert_memory_equal(out[o].data, r->out[o].data, tensor_nbytes(&out[o]));
+            tensor_free_data(&out[o]);
+        }
+    }
+    r->nsteps = plan_nsteps(p);
+    r->one = r->measured = 0;
+    for (int i = 0; i < r->nsteps; i++) {
+        int nt = plan_step_threads(p, i);
+        if (nt != 1 && nt != nthreads) fail_msg("step %d: %d threads (plan: %d)", i, nt, nthreads);
+        r->one += nt == 1;
+        r->measured += plan_step_measured(p, i);
+    }
+    assert_int_equal(r->measured, plan_nmeasured(p));
+    plan_exec_free(x);
+    plan_release(p);
+}
+
+static void test_step_threads(void **state) {
+    (void)state;
+    char err[512];
+    struct graph *g = onnx_load_file("tests/data/modelset/bert_s/model.onnx", err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    int64_t ids[64], mask[64];
+    uint64_t seed = 7;
+    for (int i = 0; i < 64; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        ids[i] = (int64_t)(seed >> 33) % 1000; /* the vocabulary's size */
+        mask[i] = i < 48;
+    }
+    struct tensor in[2] = {{.dtype = DT_INT64, .ndim = 2, .dims = {1, 64}, .data = ids},
+                           {.dtype = DT_INT64, .ndim = 2, .dims = {1, 64}, .data = mask}};
+    struct backend *be = backend_cpu_create(&(struct backend_params){.device = -1, .nthreads = 2});
+    assert_non_null(be);
+    struct threads_run all, fixed, timed, single;
+    run_with_step_threads(g, be, in, 2, "0", &all);
+    run_with_step_threads(g, be, in, 2, "static", &fixed);
+    run_with_step_threads(g, be, in, 2, "measure", &timed);
+    run_with_step_threads(g, be, in, 1, "measure", &single);
+    assert_true(all.nsteps > 20);
+    assert_int_equal(all.one, 0); /* every step on both threads */
+    assert_int_equal(all.measured, 0);
+    assert_true(fixed.one > 0 && fixed.one < fixed.nsteps); /* the small steps on one */
+    assert_int_equal(fixed.measured, 0);
+    assert_true(timed.measured > 0); /* the steps in between were timed */
+    assert_true(timed.one >= fixed.one);
+    assert_int_equal(single.one, single.nsteps);
+    assert_int_equal(single.measured, 0);
+    /* oneDNN's AVX2 GEMM rounds the columns a thread's block leaves over
+     * differently (kernels/cpu/dnnl_util.h): its bits depend on the thread
+     * count, so there the runs agree to float rounding. */
+    const struct threads_run *runs[3] = {&fixed, &timed, &single};
+    for (int r = 0; r < 3; r++)
+        for (int o = 0; o < 2; o++) {
+            assert_int_equal(tensor_nbytes(&runs[r]->out[o]), tensor_nbytes(&all.out[o]));
+            if (!dnnl_util_isa_avx2()) {
+                assert_memory_equal(runs[r]->out[o].data, all.out[o].data, tensor_nbytes(&all.out[o]));
+                continue;
+            }
+            const float *a = runs[r]->out[o].data, *w = all.out[o].data;
+            for (int64_t i = 0, n = tensor_numel(&all.out[o]); i < n; i++)
+                if (fabsf(a[i] - w[i]) > 1e-5f * fabsf(w[i]) + 1e-6f) fail_msg("output %d [%lld]: %g vs %g", o, (long long)i, a[i], w[i]);
+        }
+    for (int o = 0; o < 2; o++) {
+        tensor_free_data(&all.out[o]);
+        tensor_free_data(&fixed.out[o]);
+        tensor_free_data(&timed.out[o]);
+        tensor_free_data(&single.out[o]);
+    }
+    backend_free(be);
+    graph_free(g);
+}
+
+/* A model fed many shapes: once enough of the cache's plans were timed, a
+ * new plan takes what most of them kept instead of timing again, and its
+ * results stay those of a plan built alone. */
+static void test_step_threads_inherited(void **state) {
+    (void)state;
+    char err[512];
+    struct graph *g = onnx_load_file("tests/data/modelset/bert_s/model.onnx", err, sizeof err);
+    if (!g) fail_msg("%s", err);
+    assert_int_equal(passes_run(g, err, sizeof err), 0);
+    struct backend *be = backend_cpu_create(&(struct backend_params){.device = -1, .nthreads = 2});
+    assert_non_null(be);
+    struct plan_cache *c = plan_cache_create(16);
+    struct plan_exec *x = plan_exec_create(be, 2);
+    assert_non_null(c);
+    assert_non_null(x);
+    int64_t ids[96], mask[96];
+    for (int i = 0; i < 96; i++) ids[i] = (i * 37) % 1000, mask[i] = 1;
+    int timed = 0, one = 0, all = 0, inherited = 0;
+    for (int len = 4; len <= 26; len += 2) {
+        struct tensor in[2] = {{.dtype = DT_INT64, .ndim = 2, .dims = {1, len}, .data = ids},
+                               {.dtype = DT_INT64, .ndim = 2, .dims = {1, len}, .data = mask}};
+        struct plan *p = NULL;
+        int built = 0;
+        if (plan_cache_get(c, g, in, 0, be, 2, &p, &built, err, sizeof err)) fail_msg("plan_cache_get: %s", err);
+        assert_true(built);
+        /* Would the cache have passed its choice on? */
+        int agree = timed >= 4 && one != all;
+        struct tensor out[2], ref[2];
+        if (plan_exec_run(x, p, in, out, err, sizeof err)) fail_msg("plan_exec_run: %s", err);
+        int pick = plan_threads_pick(p);
+        if (plan_nmeasured(p)) {
+            if (agree) assert_int_equal(pick, -1);
+            else assert_true(pick >= 0);
+        }
+        if (pick == -1) {
+            inherited++;
+            for (int i = 0; i < plan_nsteps(p); i++)
+                if (plan_step_measured(p, i)) assert_int_equal(plan_step_threads(p, i), one > all ? 1 : 2);
+        }
+        timed += pick > 0;
+        one += pick == 2; /* 1 + MEASURED_ONE */
+        all += pick == 1; /* 1 + MEASURED_ALL */
+        /* The same results as a plan of this shape alone on one thread. */
+        struct plan *q = NULL;
+        if (plan_build(g, in, 0, NULL, 1, &q, err, sizeof err)) fail_msg("plan_build: %s", err);
+        struct plan_exec *y = plan_exec_create(be, 1);
+        if (plan_exec_run(y, q, in, ref, err, sizeof err)) fail_msg("plan_exec_run: %s", err);
+        for (int o = 0; o < 2; o++) {
+            const float *a = out[o].data, *w = ref[o].data;
+            for (int64_t i = 0, n = tensor_numel(&ref[o]); i < n; i++)
+                if (fabsf(a[i] - w[i]) > 1e-5f * fabsf(w[i]) + 1e-6f) fail_msg("len %d output %d [%lld]: %g vs %g", len, o, (long long)i, a[i], w[i]);
+            tensor_free_data(&ref[o]);
+            tensor_free_data(&out[o]);
+        }
+        plan_exec_free(y);
+        plan_release(q);
+        plan_release(p);
+    }
+    print_message("bert_s, 12 shapes: %d plans timed (%d all on 1, %d all on 2), %d inherited\n", timed, one, all,
+                  inherited);
+    plan_exec_free(x);
+    plan_cache_free(c);
+    backend_free(be);
+    graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_diamond_results_and_memory),
@@ -1375,6 +1542,8 @@ int main(void) {
         cmocka_unit_test(test_long_chain_linear_scan),
         cmocka_unit_test(test_device_constants_shared),
         cmocka_unit_test(test_value_driven_run),
+        cmocka_unit_test(test_step_threads),
+        cmocka_unit_test(test_step_threads_inherited),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
