@@ -85,7 +85,7 @@ struct cpu_qgemm {
     int64_t m, k, n;
     int a_s8;            /* A is int8: shifted by +128 at run time */
     int split;           /* no VNNI: A runs as two 4-bit halves */
-    int nthreads;        /* the call's, or 1 for a small product */
+    int nthreads;        /* the threads it was built for (and runs on) */
     size_t dnnl_scratch;
 };
 

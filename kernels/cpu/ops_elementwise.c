@@ -172,39 +172,6 @@ void ew_act_f32(float *x, int64_t n, enum act_kind act, float a, float b) {
 
 static void ew_act(float *o, int64_t n, enum act_kind act, float aa, float ab) { ew_act_f32(o, n, act, aa, ab); }
 
-/* The standalone Gelu on float32 (either form), y = gelu(x), through the
- * same per-ISA builds: the table kernel below runs at the baseline's four
- * lanes, and tanh's form costs GPT-2 as much as a product there. The
- * formulas are U_GELU's and U_GELU_TANH's, so the bits are the same. */
-static inline __attribute__((always_inline)) void gelu_span_body(const float *x, float *y, int64_t n, int tanh_form) {
-    if (tanh_form) {
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
-            const float v = x[i];
-            y[i] = 0.5f * v * (1.0f + ew_tanh_f(0.79788456080286535588f * (v + 0.044715f * v * v * v)));
-        }
-    } else {
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
-            y[i] = 0.5f * x[i] * (1.0f + ew_erf_f(x[i] * 0.70710678118654752440f));
-        }
-    }
-}
-
-#define GELU_SPAN_ARGS const float *x, float *y, int64_t n, int tanh_form
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void gelu_span_v4(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
-__attribute__((target("arch=x86-64-v3"))) static void gelu_span_v3(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
-#endif
-static void gelu_span_v2(GELU_SPAN_ARGS) { gelu_span_body(x, y, n, tanh_form); }
-
-static void gelu_span(GELU_SPAN_ARGS) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    int level = dnnl_util_isa_level();
-    (level >= 4 ? gelu_span_v4 : level == 3 ? gelu_span_v3 : gelu_span_v2)(x, y, n, tanh_form);
-#else
-    gelu_span_v2(x, y, n, tanh_form);
-#endif
-}
-
 static void ew_item(const struct ew_bcast *b, ew_fn fn, const struct ew_args *a, const void *const *base,
                     const size_t *esz, char *out, size_t oesz, int64_t row, int64_t i0, int64_t n) {
     int64_t off[EW_MAX_IN];
@@ -1065,21 +1032,7 @@ static int prepare_gelu(struct op_call *c, void **state, size_t *scratch) {
     struct ew_args a = {0};
     return tbl_keep(c, gelu_tbl(c), &a, state);
 }
-static int run_gelu(struct op_call *c) {
-    const struct tbl_params *p = c->state;
-    if (c->in[0]->dtype != DT_FP32 || c->out[0]->dtype != DT_FP32) return run_unary_params(c);
-    const float *x = c->in[0]->data;
-    float *y = c->out[0]->data;
-    const int64_t n = tensor_numel(c->out[0]), chunk = 4096;
-    const int tanh_form = p->tbl == tbl_gelu_tanh;
-    if (n < EW_PAR_MIN || c->nthreads <= 1) {
-        gelu_span(x, y, n, tanh_form);
-        return 0;
-    }
-#pragma omp parallel for num_threads(c->nthreads)
-    for (int64_t i = 0; i < n; i += chunk) gelu_span(x + i, y + i, n - i < chunk ? n - i : chunk, tanh_form);
-    return 0;
-}
+static int run_gelu(struct op_call *c) { return run_unary_params(c); }
 
 /* ------------------------------------------------------------------------
  * Clip: bounds are attributes before opset 11 and optional scalar inputs

@@ -31,13 +31,6 @@
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 #endif
 
-/* Below this many multiply-adds (some 50 us on one core with VNNI) a
- * product runs on one thread: oneDNN forks a team per execution, and
- * waking the other threads cost more than they saved on BERT's and
- * GPT-2's products (64 x 128 x 128 to 64 x 128 x 1000) at 2 threads on a
- * shared 2-core machine (0.90 -> 0.52 ms per BERT run). */
-#define QGEMM_PAR_MACS ((int64_t)1 << 24)
-
 /* ---- constant B ---------------------------------------------------------- */
 
 struct qgemm_make_args {
@@ -102,7 +95,7 @@ int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtyp
         for (int64_t j = 0; j < n; j++)
             q->colsum[j] += (int32_t)op_int_at(b, t * n + j) - shift;
 
-    q->nthreads = m * k * n >= QGEMM_PAR_MACS ? c->nthreads : 1;
+    q->nthreads = c->nthreads;
     dnnl_util_set_threads(q->nthreads);
     if (!dnnl_util_engine()) {
         cpu_qgemm_free(q);

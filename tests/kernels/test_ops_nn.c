@@ -566,7 +566,7 @@ static void test_matmulinteger_int8_gemm(void **st) {
     (void)st;
     static const int64_t shapes[][4] = {/* batch, M, K, N */
                                         {1, 1, 1, 1}, {1, 3, 5, 4}, {2, 7, 33, 17}, {1, 64, 128, 130}, {1, 5, 300, 3},
-                                        /* past qgemm.c's threshold: threads share the product and the rows */
+                                        /* big enough that two threads share the product and the rows */
                                         {1, 300, 256, 260}};
     static const enum dtype dts[2] = {DT_UINT8, DT_INT8};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
