@@ -123,7 +123,7 @@ static int set_nin(struct graph_node *n, int nin) {
 
 /* ---- the pass runner ------------------------------------------------------------- */
 
-/* The runner and the helpers that passes in files of their own take
+/* The runner and the functions that passes in files of their own take
  * (passes_util.h). */
 int pass_nomem(struct pass *ps) {
     return status_set(ps->err, ps->err_len, STATUS_NOMEM, "out of memory %s", ps->what);
