@@ -15,6 +15,7 @@
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/ops.h"
 #include "models/eval.h"
+#include "models/passes_util.h"
 
 /* ---- helpers ----------------------------------------------------------------- */
 
@@ -122,40 +123,13 @@ static int set_nin(struct graph_node *n, int nin) {
 
 /* ---- the pass runner ------------------------------------------------------------- */
 
-/* What a pass's rewrite of one node sees: the graph; how many nodes (and
- * graph outputs, which is_out marks) read each value when the pass began;
- * the nodes removed so far, dropped from the graph when the pass ends; and
- * the pass's own state. */
-struct pass {
-    struct graph *g;
-    int *nuse;
-    unsigned char *is_out;
-    unsigned char *dead;
-    void *ctx;
-    const char *what;
-    char *err;
-    size_t err_len;
-};
-
-/* A rewrite of node i: 1 if it changed the graph (marking dead the nodes it
- * replaced), 0 if not, or a negative status with its message. */
-typedef int (*pass_node_fn)(struct pass *ps, int i);
-
-struct pass_def {
-    const char *what;      /* its out-of-memory message: "out of memory <what>" */
-    pass_node_fn rewrite;
-    int backwards;         /* last node first: a value's readers are seen before its producer */
-};
-
-static int pass_nomem(struct pass *ps) {
+/* The runner and the functions that passes in files of their own take
+ * (passes_util.h). */
+int pass_nomem(struct pass *ps) {
     return status_set(ps->err, ps->err_len, STATUS_NOMEM, "out of memory %s", ps->what);
 }
 
-/* Runs def's rewrite on every node, then removes the nodes it marked dead
- * (the others keep their order, so the graph stays sorted). *ndone, if
- * non-NULL, gets the number of rewrites; it stays 0 when the pass fails, and
- * then nothing is removed. */
-static int pass_run(const struct pass_def *def, struct graph *g, void *ctx, int *ndone, char *err, size_t err_len) {
+int pass_run(const struct pass_def *def, struct graph *g, void *ctx, int *ndone, char *err, size_t err_len) {
     struct pass ps = {.g = g, .ctx = ctx, .what = def->what, .err = err, .err_len = err_len};
     if (ndone) *ndone = 0;
     ps.nuse = count_uses(g, &ps.is_out);
@@ -184,6 +158,10 @@ static void take_output(struct pass *ps, int pi, int ai) {
     g->values[v].producer = pi;
     ps->dead[ai] = 1;
 }
+
+void pass_take_output(struct pass *ps, int pi, int ai) { take_output(ps, pi, ai); }
+int pass_is_op(const struct graph_node *n, const char *op_type) { return is_op(n, op_type); }
+const struct tensor *pass_const_of(const struct graph *g, int v) { return const_of(g, v); }
 
 /* ---- constant folding ------------------------------------------------------------ */
 
@@ -879,6 +857,11 @@ static int next_op(struct pass *ps, int i, const char *op) {
     return r >= 0 && is_op(&ps->g->nodes[r], op) ? r : -1;
 }
 
+int pass_next_op(struct pass *ps, int i, const char *op) { return next_op(ps, i, op); }
+int pass_other_input(const struct graph *g, const struct graph_node *n, int v, double want) {
+    return other_input(g, n, v, want);
+}
+
 /* Exact GELU as exporters write it, x * 0.5 * (1 + erf(x / sqrt(2))), in
  * either order of the products (Div by sqrt(2) or Mul by 1/sqrt(2)),
  * becomes one Gelu node, which the activation pass then fuses into x's
@@ -1290,13 +1273,9 @@ static int dq_bias(struct pass *ps, int v, int64_t m, float xs, const struct ten
     return d->in[0];
 }
 
-/* Turns node n into op_type (domain) with inputs in[0..nin), keeping its
- * attributes when keep_attrs; its output becomes that of the QuantizeLinear
- * qi, which goes (with the activation ai, if any) when the pass ends. */
-static int become_qop(struct pass *ps, int ni, const char *domain, const char *op_type, const int *in, int nin,
-                      int keep_attrs, int ai, int qi) {
-    struct graph *g = ps->g;
-    struct graph_node *n = &g->nodes[ni];
+int pass_become(struct pass *ps, int ni, const char *domain, const char *op_type, const int *in, int nin,
+                int keep_attrs) {
+    struct graph_node *n = &ps->g->nodes[ni];
     const struct op_def *op = op_find(domain, op_type);
     if (!op) return 0;
     char *t = strdup(op_type), *dm = strdup(domain);
@@ -1321,9 +1300,19 @@ static int become_qop(struct pass *ps, int ni, const char *domain, const char *o
         n->nattr = 0;
     }
     if (domain[0]) n->opset = 1;
+    return 1;
+}
+
+/* Turns node n into op_type (domain) with inputs in[0..nin), keeping its
+ * attributes when keep_attrs; its output becomes that of the QuantizeLinear
+ * qi, which goes (with the activation ai, if any) when the pass ends. */
+static int become_qop(struct pass *ps, int ni, const char *domain, const char *op_type, const int *in, int nin,
+                      int keep_attrs, int ai, int qi) {
+    int rc = pass_become(ps, ni, domain, op_type, in, nin, keep_attrs);
+    if (rc <= 0) return rc;
     if (ai >= 0) ps->dead[ai] = 1;
     take_output(ps, ni, qi);
-    log_debug("QDQ: %s '%s' runs on 8-bit values", op_type, n->name);
+    log_debug("QDQ: %s '%s' runs on 8-bit values", op_type, ps->g->nodes[ni].name);
     return 1;
 }
 
@@ -1523,7 +1512,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1536,10 +1525,12 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
         more = inl > 0;
     }
     if ((rc = passes_eliminate_dead(g, &removed))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
+    if (cpu_only && (rc = passes_fuse_dynq(g, &dynq, err, err_len))) return rc;
     if ((rc = passes_fold_conv_bn(g, &bn, err, err_len))) return rc;
     if ((rc = passes_fold_affine(g, &affine, err, err_len))) return rc;
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
@@ -1547,8 +1538,9 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int nhwc = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations, %d masked softmaxes and %d unmasked attentions fused, %d quantized operators, %d "
-              "on NHWC)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, sattn, qdq, nhwc);
+              "bias, %d GELU, %d tanh GELU, %d activations, %d masked softmaxes and %d unmasked attentions fused, %d "
+              "quantized operators, %d on NHWC, %d dynamically quantized products)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, attn, sattn, qdq,
+              nhwc, dynq);
     return 0;
 }

@@ -58,6 +58,10 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 /* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
 int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+/* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) as GPT-2's
+ * exports write it (Pow, four Muls, two Adds, Tanh) -> one Gelu with
+ * approximate="tanh" (CPU; passes_gelu_tanh.c). */
+int passes_fuse_gelu_tanh(struct graph *g, int *nfused, char *err, size_t err_len);
 /* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
@@ -73,6 +77,13 @@ int passes_fuse_softmax_attention(struct graph *g, int *nfused, char *err, size_
  * (com.microsoft), and MaxPool, Flatten, Reshape between equal scales run on
  * the 8-bit values. Within one quantization step of the float graph. */
 int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
+/* DynamicQuantizeLinear -> MatMulInteger (constant 2-D weights) -> Cast ->
+ * Mul(x_scale * w_scale) [-> Add(bias)], as onnxruntime.quantization's
+ * quantize_dynamic writes a MatMul, becomes one com.microsoft
+ * MatMulIntegerToFloat (CPU), or DynamicQuantizeMatMul when the
+ * DynamicQuantizeLinear serves that product alone (passes_dynq.c). The
+ * same integer sums and float operations: the same results. */
+int passes_fuse_dynq(struct graph *g, int *nfused, char *err, size_t err_len);
 /* After passes_fuse_qdq: the 8-bit activations that flow only between
  * 2-D QLinearConvs and QLinearAdds are stored NHWC (oneDNN's int8 layout),
  * their dims unchanged; the nodes' kiln_layout attribute says so. Returns

@@ -69,4 +69,56 @@ size_t cpu_imm_scratch(const struct tensor *a, const struct tensor *b, const str
 int cpu_imm_widened(struct op_call *c, const struct cpu_mm_shape *sh, const struct tensor *a, const struct tensor *za,
                     const struct tensor *b, const struct tensor *zb, int32_t **a32, int32_t **b32, int32_t **acc);
 
+/* ---- the exact 8-bit product on oneDNN (qgemm.c) ---- */
+
+/* Y[M, N] (int32) = sum_k (A[m, k] - za) (B[k, n] - zb[n]) for a constant
+ * 2-D B (uint8 or int8) and zero point zb (absent, one value or N), A of
+ * either 8-bit type with one zero point given at run time: oneDNN's u8 x s8
+ * int32 matmul with the zero points and type shifts taken out
+ * algebraically (see qgemm.c), exact on every ISA. Built in prepare, freed
+ * by cpu_qgemm_free (which zeroes it; a zeroed one is a no-op). */
+struct cpu_qgemm {
+    struct dnnl_prim *prim;
+    void *wbuf;          /* B (- 128) as int8 in the primitive's layout (shared) */
+    int32_t *colsum;     /* per column: sum_k B'[k, n] */
+    int32_t *zb;         /* per column: zb[n] (- 128) */
+    int64_t m, k, n;
+    int a_s8;            /* A is int8: shifted by +128 at run time */
+    int split;           /* no VNNI: A runs as two 4-bit halves */
+    int nthreads;        /* the threads it was built for (and runs on) */
+    size_t dnnl_scratch;
+};
+
+/* Whether B and zb allow cpu_qgemm: constant, 2-D, 8-bit. */
+int cpu_qgemm_usable(const struct tensor *b, const struct tensor *zb);
+/* Builds q for A of m rows and type a_dt; sets *scratch_size (the run's
+ * scratch). 0, or a negative status after op_error (q then zeroed). */
+int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
+                    const struct tensor *zb, size_t *scratch_size);
+size_t cpu_qgemm_scratch(const struct cpu_qgemm *q);
+/* The float epilogue of the dynamic-quantization operators: y =
+ * act((float)sum * (a_scale * b_scale[n]) + bias[n]), the float
+ * operations of quantize_dynamic's Cast, Mul and Add. */
+struct cpu_qgemm_epi {
+    float a_scale;
+    const float *b_scale; /* 1 value, or n (b_scale_per) */
+    int b_scale_per;
+    const float *bias;    /* n values, or NULL */
+    enum act_kind act;
+    float act_a, act_b;
+};
+
+/* Y = the product of A (m x k, row-major, a_dt as built) with zero point
+ * za and q's B, into y (m x n int32; with epi, the float results of the
+ * epilogue in the same bytes); uses c->scratch (cpu_qgemm_scratch bytes).
+ * Safe from several threads at once on different scratch. */
+int cpu_qgemm_run(struct op_call *c, const struct cpu_qgemm *q, const void *a, enum dtype a_dt, int32_t za,
+                  int32_t *y, const struct cpu_qgemm_epi *epi);
+void cpu_qgemm_free(struct cpu_qgemm *q);
+
+/* DynamicQuantizeLinear of n floats: y = saturate(round(x / scale) + zp)
+ * over [min(0, min x), max(0, max x)] mapped onto [0, 255], as ONNX's
+ * reference computes it; returns the scale and sets *zp. */
+float cpu_dynquant_u8(const float *x, int64_t n, uint8_t *y, uint8_t *zp);
+
 #endif

@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -349,34 +350,53 @@ static int iq_infer(struct op_call *c) {
     return 0;
 }
 
-/* Scratch: A as uint8 (DynamicQuantizeMatMul), then the widened operands and sums. */
+/* A constant 2-D B runs on oneDNN's int8 matmul (struct cpu_qgemm, the
+ * int32 sums written into y and scaled there); anything else on the exact
+ * loops of matmul_util.h (state NULL). Scratch: A as uint8
+ * (DynamicQuantizeMatMul), then the product's. */
+static void iq_release(void *st) {
+    cpu_qgemm_free(st);
+    free(st);
+}
+
+static size_t iq_qa_bytes(struct op_call *c) {
+    return iq_kind(c) == IQ_DYNAMIC ? dnnl_util_align((size_t)tensor_numel(c->in[0])) : 0;
+}
+
 static int iq_prepare(struct op_call *c, void **state, size_t *scratch_size) {
+    struct iq_layout l = iq_layout(iq_kind(c));
     struct cpu_mm_shape sh;
     int rc = cpu_mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
     if (rc) return rc;
     *state = NULL;
-    *scratch_size = cpu_imm_scratch(c->in[0], c->in[1], c->out[0], 1);
-    if (iq_kind(c) == IQ_DYNAMIC) *scratch_size += dnnl_util_align((size_t)tensor_numel(c->in[0]));
+    const struct tensor *a = c->in[0], *b = c->in[1];
+    if (cpu_qgemm_usable(b, in_idx(c, l.b_zp)) && tensor_numel(a) > 0 && b->dims[1] > 0) {
+        struct cpu_qgemm *q = calloc(1, sizeof *q);
+        if (!q) return op_error(c, "out of memory"), STATUS_NOMEM;
+        enum dtype a_dt = iq_kind(c) == IQ_DYNAMIC ? DT_UINT8 : a->dtype;
+        if (!cpu_qgemm_build(c, q, tensor_numel(a) / b->dims[0], a_dt, b, in_idx(c, l.b_zp), scratch_size)) {
+            *scratch_size += iq_qa_bytes(c);
+            *state = q;
+            return 0;
+        }
+        free(q);
+    }
+    *scratch_size = cpu_imm_scratch(c->in[0], c->in[1], c->out[0], 1) + iq_qa_bytes(c);
     return 0;
 }
 
-/* Quantizes x to uint8 over [min(0, min x), max(0, max x)] as onnxruntime's
- * dynamic quantization does; returns the scale and sets *zp. */
-static float iq_quantize_u8(const float *x, int64_t n, uint8_t *q, uint8_t *zp) {
-    float mn = 0, mx = 0;
-    for (int64_t i = 0; i < n; i++) {
-        mn = x[i] < mn ? x[i] : mn;
-        mx = x[i] > mx ? x[i] : mx;
+/* The exact loop's sums through the epilogue (struct cpu_qgemm_epi) that
+ * the oneDNN path runs per row: the same float operations. */
+static void iq_scale(const int32_t *acc, float *y, int64_t m, int64_t n, const struct cpu_qgemm_epi *e) {
+    for (int64_t i = 0; i < m; i++) {
+        const int32_t *ar = acc + i * n;
+        float *yr = y + i * n;
+        for (int64_t j = 0; j < n; j++) {
+            yr[j] = (float)ar[j] * (e->a_scale * e->b_scale[e->b_scale_per ? j : 0]);
+            if (e->bias) yr[j] += e->bias[j];
+        }
+        ew_act_f32(yr, n, e->act, e->act_a, e->act_b);
     }
-    float scale = mx == mn ? 1.0f : (mx - mn) / 255.0f;
-    float z0 = 0.0f - mn / scale;
-    z0 = z0 < 0 ? 0 : z0 > 255 ? 255 : z0;
-    *zp = (uint8_t)nearbyintf(z0);
-    for (int64_t i = 0; i < n; i++) {
-        float v = nearbyintf(x[i] / scale) + (float)*zp;
-        q[i] = (uint8_t)(v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v);
-    }
-    return scale;
 }
 
 static int iq_run(struct op_call *c) {
@@ -389,29 +409,29 @@ static int iq_run(struct op_call *c) {
     uint8_t zp8 = 0;
     float a_scale;
     struct op_call sub = *c;
+    const size_t qa = iq_qa_bytes(c);
+    if (c->scratch_size < qa) return op_error(c, "internal: scratch too small");
     if (kind == IQ_DYNAMIC) {
-        size_t qa = dnnl_util_align((size_t)tensor_numel(&a));
-        a_scale = iq_quantize_u8(c->in[0]->data, tensor_numel(&a), c->scratch, &zp8);
+        a_scale = cpu_dynquant_u8(c->in[0]->data, tensor_numel(&a), c->scratch, &zp8);
         a.dtype = DT_UINT8;
         a.data = c->scratch;
         azp.data = &zp8;
-        sub.scratch = (char *)c->scratch + qa;
-        sub.scratch_size -= qa;
     } else {
         a_scale = (float)cpu_qparam_at(in_idx(c, l.a_scale), 0, 1.0);
     }
+    sub.scratch = (char *)c->scratch + qa;
+    sub.scratch_size -= qa;
     const struct tensor *za = kind == IQ_DYNAMIC ? &azp : in_idx(c, l.a_zp);
+    const int64_t n = sh.b[sh.r - 1], m = tensor_numel(c->out[0]) / (n > 0 ? n : 1);
+    const struct tensor *bs = in_idx(c, l.b_scale), *bias = in_idx(c, l.bias);
+    const struct cpu_qgemm_epi epi = {a_scale, bs->data, tensor_numel(bs) != 1, bias ? bias->data : NULL,
+                                      c->node->act, c->node->act_alpha, c->node->act_beta};
+    if (c->state) /* the epilogue in the product's pass over each row */
+        return cpu_qgemm_run(&sub, c->state, a.data, a.dtype, (int32_t)cpu_qparam_at(za, 0, 0), c->out[0]->data, &epi);
     int32_t *a32, *b32, *acc;
     if ((rc = cpu_imm_widened(&sub, &sh, &a, za, c->in[1], in_idx(c, l.b_zp), &a32, &b32, &acc))) return rc;
     cpu_imm_run(&sh, a32, b32, acc, c->nthreads);
-    const struct tensor *bs = in_idx(c, l.b_scale), *bias = in_idx(c, l.bias);
-    const int64_t ny = tensor_numel(c->out[0]), n = sh.b[sh.r - 1];
-    float *y = c->out[0]->data;
-    for (int64_t i = 0; i < ny; i++) {
-        int64_t j = i % n;
-        y[i] = (float)acc[i] * (a_scale * (float)cpu_qparam_at(bs, j, 1.0));
-        if (bias) y[i] += ((const float *)bias->data)[j];
-    }
+    iq_scale(acc, c->out[0]->data, m, n, &epi);
     return 0;
 }
 
@@ -529,8 +549,8 @@ static int qgemm_run(struct op_call *c) {
 const struct op_def op_defs_contrib_matmul[] = {
     {"FusedMatMul", MS, fmm_infer, fmm_prepare, fmm_run, cpu_mm_release, 0},
     {"MatMulNBits", MS, nbits_infer, nbits_prepare, nbits_run, nbits_release, 0},
-    {"DynamicQuantizeMatMul", MS, iq_infer, iq_prepare, iq_run, NULL, 0},
-    {"MatMulIntegerToFloat", MS, iq_infer, iq_prepare, iq_run, NULL, 0},
+    {"DynamicQuantizeMatMul", MS, iq_infer, iq_prepare, iq_run, iq_release, OP_FUSE_ACT},
+    {"MatMulIntegerToFloat", MS, iq_infer, iq_prepare, iq_run, iq_release, OP_FUSE_ACT},
     {"QGemm", MS, qgemm_infer, qgemm_prepare, qgemm_run, op_params_free, 0},
     {0},
 };

@@ -1086,13 +1086,34 @@ static int mmi_infer(struct op_call *c) {
     return 0;
 }
 
+/* oneDNN's int8 matmul (qgemm.c) for a constant 2-D B and one zero
+ * point of A; the loop above otherwise (state NULL). */
+static void mmi_release(void *st) {
+    cpu_qgemm_free(st);
+    free(st);
+}
+
 static int mmi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     *state = NULL;
+    const struct tensor *a = c->in[0], *b = c->in[1], *za = opt_in(c, 2);
+    if (cpu_qgemm_usable(b, opt_in(c, 3)) && (!za || tensor_numel(za) == 1) && tensor_numel(a) > 0 && b->dims[1] > 0) {
+        struct cpu_qgemm *q = calloc(1, sizeof *q);
+        if (!q) return op_error(c, "out of memory"), STATUS_NOMEM;
+        if (!cpu_qgemm_build(c, q, tensor_numel(a) / b->dims[0], a->dtype, b, opt_in(c, 3), scratch_size)) {
+            *state = q;
+            return 0;
+        }
+        log_debug("MatMulInteger '%s': no oneDNN int8 matmul (%s), the exact loop runs", c->node->name, c->err ? c->err : "");
+        free(q);
+    }
     *scratch_size = cpu_imm_scratch(c->in[0], c->in[1], c->out[0], 0);
     return 0;
 }
 
 static int mmi_run(struct op_call *c) {
+    if (c->state)
+        return cpu_qgemm_run(c, c->state, c->in[0]->data, c->in[0]->dtype, (int32_t)cpu_qparam_at(opt_in(c, 2), 0, 0),
+                             c->out[0]->data, NULL);
     struct cpu_mm_shape sh;
     int32_t *a32, *b32;
     int rc = cpu_mm_shapes(c, c->in[0], c->in[1], &sh, NULL);
@@ -2567,7 +2588,7 @@ const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
     {"ConvInteger", "", convi_infer, convi_prepare, convi_run, op_params_free, 0},
     {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, conv_release, 0},
-    {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, NULL, 0},
+    {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, mmi_release, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},
     {"ConvTranspose", "", ctr_infer, ctr_prepare, ctr_run, conv_release, OP_FUSE_ACT},
     {"MatMul", "", matmul_infer, matmul_prepare, matmul_run, cpu_mm_release, OP_FUSE_ACT | OP_BIAS_INPUT},

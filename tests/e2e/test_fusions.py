@@ -1,7 +1,8 @@
 """Patterns exporters write that kiln fuses: exact GELU, x * 0.5 * (1 + erf(x
-/ sqrt(2))) in its two product orders (and Mul by 1/sqrt(2)), after a MatMul
-with bias. The answer equals onnxruntime's and no Erf runs (KILN_PROFILE
-lists the op types that ran); a near-miss constant is left as it is."""
+/ sqrt(2))) in its two product orders (and Mul by 1/sqrt(2)), and GPT-2's
+tanh GELU, after a MatMul with bias. The answer equals onnxruntime's and no
+Erf (or Pow) runs (KILN_PROFILE lists the op types that ran); a near-miss
+constant is left as it is."""
 import os
 import subprocess
 
@@ -15,24 +16,29 @@ from onnx import TensorProto as TP, numpy_helper as nh
 from conftest import KILN
 
 
-def gelu_model(path, order, div=True, sqrt2=1.4142135623730951):
-    rng = np.random.default_rng(0)
+def save_after_linear(path, name, nodes, consts, seed):
+    """A model y = nodes(h) with h = x @ W + B (x [4, 16], y [4, 32]) and
+    float scalar constants consts, saved at path."""
+    rng = np.random.default_rng(seed)
     w = nh.from_array(rng.standard_normal((16, 32)).astype(np.float32), "W")
     b = nh.from_array(rng.standard_normal(32).astype(np.float32), "B")
-    c = lambda name, v: nh.from_array(np.array(v, np.float32), name)
-    nodes = [oh.make_node("MatMul", ["x", "W"], ["mm"]), oh.make_node("Add", ["mm", "B"], ["h"]),
-             oh.make_node("Div" if div else "Mul", ["h", "s"], ["d"]), oh.make_node("Erf", ["d"], ["e"]),
+    head = [oh.make_node("MatMul", ["x", "W"], ["mm"]), oh.make_node("Add", ["mm", "B"], ["h"])]
+    g = oh.make_graph(head + nodes, name, [oh.make_tensor_value_info("x", TP.FLOAT, [4, 16])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [4, 32])],
+                      [w, b] + [nh.from_array(np.array(v, np.float32), k) for k, v in consts.items()])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def gelu_model(path, order, div=True, sqrt2=1.4142135623730951):
+    nodes = [oh.make_node("Div" if div else "Mul", ["h", "s"], ["d"]), oh.make_node("Erf", ["d"], ["e"]),
              oh.make_node("Add", ["one", "e"], ["a"])]
     if order == "x_a_half":
         nodes += [oh.make_node("Mul", ["h", "a"], ["m"]), oh.make_node("Mul", ["m", "half"], ["y"])]
     else:
         nodes += [oh.make_node("Mul", ["h", "half"], ["m"]), oh.make_node("Mul", ["a", "m"], ["y"])]
-    g = oh.make_graph(nodes, "gelu", [oh.make_tensor_value_info("x", TP.FLOAT, [4, 16])],
-                      [oh.make_tensor_value_info("y", TP.FLOAT, [4, 32])],
-                      [w, b, c("s", sqrt2 if div else 1 / sqrt2), c("one", 1.0), c("half", 0.5)])
-    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    save_after_linear(path, "gelu", nodes, {"s": sqrt2 if div else 1 / sqrt2, "one": 1.0, "half": 0.5}, 0)
 
 
 @pytest.mark.parametrize("order,div,sqrt2,fused", [("x_a_half", True, 1.4142135623730951, True),
@@ -48,5 +54,37 @@ def test_gelu_fused(tmp_path, order, div, sqrt2, fused):
                        env={**os.environ, "KILN_PROFILE": "1"}, timeout=60)
     assert r.returncode == 0, r.stderr
     assert (" Erf " not in r.stderr) == fused, r.stderr
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), want, rtol=1e-5, atol=1e-5)
+
+
+def gelu_tanh_model(path, order, cube_coef=0.044715):
+    """GPT-2's NewGELU after a MatMul with bias, as torch.onnx writes it:
+    0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))."""
+    nodes = [oh.make_node("Pow", ["h", "three"], ["p"]), oh.make_node("Mul", ["coef", "p"], ["q"]),
+             oh.make_node("Add", ["h", "q"], ["s"]), oh.make_node("Mul", ["k", "s"], ["u"]),
+             oh.make_node("Tanh", ["u"], ["t"]), oh.make_node("Add", ["one", "t"], ["a"])]
+    if order == "x_a_half":
+        nodes += [oh.make_node("Mul", ["h", "a"], ["m"]), oh.make_node("Mul", ["m", "half"], ["y"])]
+    else:
+        nodes += [oh.make_node("Mul", ["half", "h"], ["m"]), oh.make_node("Mul", ["m", "a"], ["y"])]
+    save_after_linear(path, "gelu_tanh", nodes, {"three": 3.0, "coef": cube_coef, "k": 0.7978845608028654,
+                                                 "one": 1.0, "half": 0.5}, 2)
+
+
+@pytest.mark.parametrize("order,coef,fused", [("x_a_half", 0.044715, True), ("half_first", 0.044715, True),
+                                              ("half_first", 0.05, False)])
+def test_gelu_tanh_fused(tmp_path, order, coef, fused):
+    """The tanh form becomes one Gelu(approximate="tanh"): no Tanh or Pow
+    runs, the answer is onnxruntime's within float32 rounding (x * x * x for
+    the cube); a near-miss constant is left as it is."""
+    gelu_tanh_model(tmp_path / "m.onnx", order, coef)
+    x = (3 * np.random.default_rng(1).standard_normal((4, 16))).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([str(KILN), "run", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+                        "--output-dir", str(tmp_path / "out"), "--quiet"], capture_output=True, text=True,
+                       env={**os.environ, "KILN_PROFILE": "1"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (" Pow " not in r.stderr and " Gelu " in r.stderr) == fused, r.stderr
     want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
     np.testing.assert_allclose(np.load(tmp_path / "out" / "y.npy"), want, rtol=1e-5, atol=1e-5)

@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 import pytest
 import tritonclient.http as httpclient
+from conftest import onnx_reference
 from onnx import numpy_helper
-from onnx.reference import ReferenceEvaluator
 
 ROOT = Path(__file__).resolve().parents[2]
 QUANT = ROOT / "tests" / "data" / "quant"  # tests/models/make_int8_cnn_models.py
@@ -42,14 +42,7 @@ def quantize(src, dst, act, per_channel):
 
 
 def reference(model, x):
-    # The reference evaluator implements DequantizeLinear from opset 19; the
-    # ops of these graphs mean the same at opset 17 and 21.
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for o in m.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            o.version = 21
-    return ReferenceEvaluator(m).run(None, {"input": x})[0]
+    return onnx_reference(model, {"input": x})[0]
 
 
 @pytest.mark.parametrize("isa", ["default", "AVX2"])

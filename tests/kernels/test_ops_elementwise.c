@@ -576,6 +576,51 @@ static void test_pow_mixed(void **state) {
 
 /* ---- quantization -------------------------------------------------------- */
 
+/* DynamicQuantizeLinear's vector loops (every ISA under `make isa`) against
+ * ONNX's definition computed here in double, one element at a time: odd
+ * lengths for the tails, exact halves that round to even, values past
+ * either end, NaN (0), all-zero input (scale 0). */
+static void test_dynamic_quantize(void **state) {
+    (void)state;
+    static const int64_t lens[] = {1, 3, 17, 64, 1001};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++)
+        for (int kind = 0; kind < 3; kind++) { /* random, halves and specials, zeros */
+            int64_t n = lens[li];
+            struct tensor x = mk(DT_FP32, 1, &n), y = {0}, ys = {0}, yz = {0};
+            float *xv = x.data;
+            for (int64_t i = 0; i < n; i++) xv[i] = kind == 2 ? 0.0f : frand() * 3.0f;
+            if (kind == 1 && n >= 3) {
+                xv[0] = -1.0f;         /* min */
+                xv[n - 1] = 1.55f;     /* max: scale 2.55 / 255 */
+                for (int64_t i = 1; i + 1 < n; i++) xv[i] = (float)((i % 40) - 20) * 0.005f; /* halves of a step */
+                xv[n / 2] = NAN;
+            }
+            struct tnode tn;
+            tn_init(&tn, "DynamicQuantizeLinear", 11);
+            const struct tensor *in[1] = {&x};
+            struct tensor *out[3] = {&y, &ys, &yz};
+            assert_int_equal(call(&tn, in, 1, out, 3, 1), 0);
+            float mn = 0, mx = 0;
+            for (int64_t i = 0; i < n; i++) {
+                mn = xv[i] < mn ? xv[i] : mn;
+                mx = xv[i] > mx ? xv[i] : mx;
+            }
+            float scale = (mx - mn) / 255.0f;
+            double zd = scale > 0 ? nearbyint(0.0 - (double)(mn / scale)) : 0;
+            zd = zd < 0 ? 0 : zd > 255 ? 255 : zd;
+            assert_true(*(float *)ys.data == scale);
+            assert_int_equal(*(uint8_t *)yz.data, (int)zd);
+            for (int64_t i = 0; i < n; i++) {
+                double v = scale > 0 ? nearbyint((double)(xv[i] / scale)) + zd : 0;
+                v = v != v ? 0 : v < 0 ? 0 : v > 255 ? 255 : v;
+                if (((uint8_t *)y.data)[i] != (uint8_t)v)
+                    fail_msg("n %lld kind %d: y[%lld] = %d for x %g, expected %d", (long long)n, kind, (long long)i,
+                             ((uint8_t *)y.data)[i], xv[i], (int)v);
+            }
+            free(x.data), free(y.data), free(ys.data), free(yz.data);
+        }
+}
+
 static void test_quantize(void **state) {
     (void)state;
     /* per axis (axis 1 of [2, 3]) with zero points; halves round to even; saturation */
@@ -739,7 +784,7 @@ int main(void) {
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_softmax_opsets),
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
-        cmocka_unit_test(test_quantize),           cmocka_unit_test(test_fused_activation),
+        cmocka_unit_test(test_quantize), cmocka_unit_test(test_dynamic_quantize),           cmocka_unit_test(test_fused_activation),
         cmocka_unit_test(test_sweep_all_ops),
     };
     g_run_without_attrs = 1;

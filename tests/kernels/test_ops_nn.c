@@ -554,6 +554,120 @@ static void test_quantized_matmul(void **st) {
     free(y.data), free(a.data), free(b.data), free(za.data), free(zb.data);
 }
 
+/* MatMulInteger with constant weights runs on oneDNN's int8 matmul
+ * (kernels/cpu/qgemm.c), with the zero points and type shifts taken out
+ * algebraically and, without VNNI, A in two 4-bit halves: every type
+ * pairing, zero points absent, scalar or per column, odd shapes and a
+ * batch, extremes that would saturate vpmaddubsw's int16 pair sums, one
+ * and two threads; the int32 sums must equal the definition exactly (and
+ * so the exact loop that runs B given at run time). `make isa` runs this
+ * under AVX2 (no VNNI) and SSE4.1 too. */
+static void test_matmulinteger_int8_gemm(void **st) {
+    (void)st;
+    static const int64_t shapes[][4] = {/* batch, M, K, N */
+                                        {1, 1, 1, 1}, {1, 3, 5, 4}, {2, 7, 33, 17}, {1, 64, 128, 130}, {1, 5, 300, 3},
+                                        /* big enough that two threads share the product and the rows */
+                                        {1, 300, 256, 260}};
+    static const enum dtype dts[2] = {DT_UINT8, DT_INT8};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++)
+                for (int zk = 0; zk < 3; zk++) { /* b_zero_point: none, one, per column */
+                    if (si == 5 && !((ta == 0 && tb == 1 && zk == 2) || (ta == 1 && tb == 0 && zk == 1))) continue;
+                    const int64_t nb = shapes[si][0], M = shapes[si][1], K = shapes[si][2], N = shapes[si][3];
+                    const int64_t ad3[3] = {nb, M, K}, bd[2] = {K, N}, one = 1;
+                    struct tensor a = mk_q(dts[ta], nb > 1 ? 3 : 2, nb > 1 ? ad3 : ad3 + 1), b = mk_q(dts[tb], 2, bd);
+                    struct tensor za = mk_q(dts[ta], 1, &one), zb = mk_q(dts[tb], 1, zk == 2 ? &N : &one);
+                    if (si == 4) { /* extremes: every product pair past int16 */
+                        for (int64_t i = 0; i < tensor_numel(&a); i++)
+                            ta ? (((int8_t *)a.data)[i] = -128) : (((uint8_t *)a.data)[i] = 255);
+                        for (int64_t i = 0; i < tensor_numel(&b); i++)
+                            tb ? (((int8_t *)b.data)[i] = (int8_t)(i % 2 ? 127 : -128))
+                               : (((uint8_t *)b.data)[i] = (uint8_t)(i % 2 ? 255 : 0));
+                    }
+                    struct tnode t;
+                    tn_init(&t, "MatMulInteger", 0);
+                    struct tensor *in[4] = {&a, &b, &za, zk ? &zb : NULL};
+                    for (int threads = 1; threads <= 2; threads++)
+                        for (int runtime_b = 0; runtime_b < 2; runtime_b++) {
+                            struct tensor y = {0}, *o[1] = {&y};
+                            g_runtime_inputs = runtime_b ? 2 : 0;
+                            int rc = run_node(&t.n, in, 4, o, 1, threads);
+                            g_runtime_inputs = 0;
+                            assert_int_equal_msg_impl(rc, 0, g_err);
+                            for (int64_t bi = 0; bi < nb; bi++)
+                                for (int64_t m = 0; m < M; m++)
+                                    for (int64_t n = 0; n < N; n++) {
+                                        int64_t acc = 0;
+                                        for (int64_t k = 0; k < K; k++)
+                                            acc += ((int64_t)q_at(&a, (bi * M + m) * K + k) - (int64_t)q_at(&za, 0)) *
+                                                   ((int64_t)q_at(&b, k * N + n) - (zk ? (int64_t)q_at(&zb, zk == 2 ? n : 0) : 0));
+                                        int32_t got = ((int32_t *)y.data)[(bi * M + m) * N + n];
+                                        if (got != (int32_t)acc)
+                                            fail_msg("shape %zu A %s B %s zero point %d, %d threads, B %s: [%lld,%lld,%lld] "
+                                                     "is %d, expected %lld",
+                                                     si, dtype_name(dts[ta]), dtype_name(dts[tb]), zk, threads,
+                                                     runtime_b ? "at run time" : "constant", (long long)bi, (long long)m,
+                                                     (long long)n, got, (long long)acc);
+                                    }
+                            free(y.data);
+                        }
+                    free(a.data), free(b.data), free(za.data), free(zb.data);
+                }
+}
+
+/* MatMulIntegerToFloat and DynamicQuantizeMatMul (what the dynamic
+ * quantization pass makes) give the same bits with constant weights
+ * (oneDNN's int8 matmul) as with weights at run time (the exact loop):
+ * one set of int32 sums, one float epilogue; and the float result is
+ * (float)sum * (a_scale * b_scale[n]) + bias[n]. */
+static void test_dynamic_quantized_matmul(void **st) {
+    (void)st;
+    const int64_t M = 9, K = 70, N = 33, ad[2] = {M, K}, bd[2] = {K, N}, one = 1;
+    struct tensor x = tn_rand_f32(2, ad), b = mk_q(DT_INT8, 2, bd), zb = mk_q(DT_INT8, 1, &N);
+    struct tensor bs = tn_rand_f32(1, &N), bias = tn_rand_f32(1, &N);
+    struct tensor aq = mk_q(DT_UINT8, 2, ad), as = {DT_FP32, 1, {1}, (float[]){0.0123f}}, az = mk_q(DT_UINT8, 1, &one);
+    (void)one;
+    for (int op = 0; op < 2; op++) {
+        struct tnode t;
+        tn_init_domain(&t, "com.microsoft", op ? "DynamicQuantizeMatMul" : "MatMulIntegerToFloat", 1);
+        struct tensor *in_f[7] = {&aq, &b, &as, &bs, &az, &zb, &bias}, *in_d[5] = {&x, &b, &bs, &zb, &bias};
+        struct tensor **in = op ? in_d : in_f;
+        const int nin = op ? 5 : 7;
+        struct tensor y[2] = {{0}, {0}}, g[2] = {{0}, {0}};
+        for (int runtime_b = 0; runtime_b < 2; runtime_b++) {
+            struct tensor *o[1] = {&y[runtime_b]}, *og[1] = {&g[runtime_b]};
+            g_runtime_inputs = runtime_b ? 2 : 0;
+            int rc = run_node(&t.n, in, nin, o, 1, 1);
+            t.n.act = ACT_GELU; /* fused by the activation pass */
+            if (!rc) rc = run_node(&t.n, in, nin, og, 1, 1);
+            t.n.act = ACT_NONE;
+            g_runtime_inputs = 0;
+            assert_int_equal_msg_impl(rc, 0, g_err);
+        }
+        assert_memory_equal(y[0].data, y[1].data, sizeof(float) * (size_t)(M * N));
+        assert_memory_equal(g[0].data, g[1].data, sizeof(float) * (size_t)(M * N));
+        for (int64_t i = 0; i < M * N; i++) {
+            float v = ((float *)y[0].data)[i], want = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+            if (fabsf(((float *)g[0].data)[i] - want) > 1e-6f * (1.0f + fabsf(want)))
+                fail_msg("%s: gelu of %g is %g, expected %g", t.n.op_type, v, ((float *)g[0].data)[i], want);
+        }
+        free(g[0].data), free(g[1].data);
+        if (!op) /* the definition, from the exact sums */
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t n = 0; n < N; n++) {
+                    int32_t acc = 0;
+                    for (int64_t k = 0; k < K; k++)
+                        acc += ((int32_t)q_at(&aq, m * K + k) - (int32_t)q_at(&az, 0)) *
+                               ((int32_t)q_at(&b, k * N + n) - (int32_t)q_at(&zb, n));
+                    float want = (float)acc * (0.0123f * ((float *)bs.data)[n]) + ((float *)bias.data)[n];
+                    assert_memory_equal(&((float *)y[0].data)[m * N + n], &want, sizeof want);
+                }
+        free(y[0].data), free(y[1].data);
+    }
+    free(x.data), free(b.data), free(zb.data), free(bs.data), free(bias.data), free(aq.data), free(az.data);
+}
+
 static void test_quantized_conv(void **st) {
     (void)st;
     int64_t xd[4] = {1, 2, 5, 5}, wd[4] = {3, 2, 3, 3}, three = 3;
@@ -1277,7 +1391,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_cases),      cmocka_unit_test(test_conv_errors),
         cmocka_unit_test(test_conv_identical_filters),
-        cmocka_unit_test(test_conv_transpose),  cmocka_unit_test(test_quantized_matmul),
+        cmocka_unit_test(test_conv_transpose),  cmocka_unit_test(test_quantized_matmul), cmocka_unit_test(test_matmulinteger_int8_gemm),
+        cmocka_unit_test(test_dynamic_quantized_matmul),
         cmocka_unit_test(test_quantized_conv),
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
