@@ -1401,21 +1401,6 @@ static int nhwc_readers_ok(const struct graph *g, const unsigned char *nhwc, int
     return 1;
 }
 
-static int set_int_attr(struct graph_node *n, const char *name, int64_t v) {
-    for (int k = 0; k < n->nattr; k++)
-        if (strcmp(n->attrs[k].name, name) == 0) {
-            n->attrs[k].i = v;
-            return 0;
-        }
-    struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
-    if (!at) return -1;
-    n->attrs = at;
-    char *nm = strdup(name);
-    if (!nm) return -1;
-    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
-    return 0;
-}
-
 int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
     unsigned char *nhwc = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
     if (!nhwc) return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
@@ -1442,7 +1427,7 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
         if (is_qconv_2d(g, n)) lay = (nhwc[n->in[0]] ? 1 : 0) | (nhwc[n->out[0]] ? 2 : 0);
         else if (is_qlinear_add(n) && nhwc[n->out[0]]) lay = 3;
         if (!lay) continue;
-        if (set_int_attr(n, "kiln_layout", lay)) {
+        if (node_set_attr_int(n, "kiln_layout", lay)) {
             free(nhwc);
             return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
         }
@@ -1478,10 +1463,11 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
-    int nhwc = 0;
+    int nhwc = 0, nlayout = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc);
+              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC, %d float nodes on channels-last)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc, nlayout);
     return 0;
 }

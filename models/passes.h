@@ -75,6 +75,14 @@ int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
  * the number of nodes marked through *nnhwc. */
 int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len);
 
+/* CPU only, last: float activations between 2-D Convs and the operators
+ * that can carry them (activations, Add/Mul/Sub/Div, pools, channel
+ * Concat, spatial Resize) are stored channels-last, their dims unchanged;
+ * the nodes' kiln_layout attribute says so (see passes_layout.c). Returns
+ * the number of nodes marked through *nmarked. KILN_LAYOUT=plain turns it
+ * off (for measurements). */
+int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len);
+
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact
  * Gelu), with its kind and parameters; 0 otherwise. */

@@ -350,6 +350,15 @@ static int conv_desc_init(struct conv_desc *d, const struct tensor *x, const str
     return 0;
 }
 
+/* X (bit 1 of lay, the node's kiln_layout) and Y (bit 2) stored
+ * channels-last (passes_layout, passes_qdq_layout): src_plain and
+ * dst_plain describe them so, and the primitive takes them as they are. */
+static int conv_desc_layout(struct conv_desc *d, const struct tensor *x, const struct tensor *y, int64_t lay) {
+    if ((lay & 1) && (x->ndim != 4 || dnnl_util_nhwc_md(&d->src_plain, x->dims, d->src_plain.data_type))) return -1;
+    if ((lay & 2) && (y->ndim != 4 || dnnl_util_nhwc_md(&d->dst_plain, y->dims, d->dst_plain.data_type))) return -1;
+    return 0;
+}
+
 /* A reorder between a plain layout and the primitive's (into the
  * primitive's when to_prim), or none when they are the same; *bytes is
  * the scratch the primitive-side buffer takes, *scr the reorder's
@@ -420,8 +429,8 @@ static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t gro
  * and oneDNN has a kernel, else direct, on the blocked or the plain
  * layouts (conv_use_blocked); weights known at plan time take the
  * primitive's own layout. */
-static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t batch,
-                   dnnl_primitive_desc_t *pd) {
+static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t lay,
+                   int64_t batch, dnnl_primitive_desc_t *pd) {
     dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
     if (!attr) return STATUS_INTERNAL;
     const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
@@ -433,12 +442,21 @@ static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_de
                                                         d->pl, d->pr);
         if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
     }
-    if (st != dnnl_success) { /* direct: always available */
+    /* Direct: always available. Channels-last ends are taken as they are
+     * unless oneDNN has only its reference loop for them (grouped
+     * convolutions of a few channels per group), ~50x slower than
+     * reordering to the layout its kernels want. */
+    for (int64_t keep = lay, tries = lay ? 2 : 1; st != dnnl_success && tries > 0; keep = 0, tries--) {
         st = dnnl_dilated_convolution_forward_desc_init(
-            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &d->src_any : &d->src_plain,
-            s->const_weights || blocked ? &d->w_any : &d->w_user, b, blocked ? &d->dst_any : &d->dst_plain,
-            d->strides, d->dil, d->pl, d->pr);
+            &cd, dnnl_forward_inference, dnnl_convolution_direct,
+            blocked && !(keep & 1) ? &d->src_any : &d->src_plain, s->const_weights || blocked ? &d->w_any : &d->w_user,
+            b, blocked && !(keep & 2) ? &d->dst_any : &d->dst_plain, d->strides, d->dil, d->pl, d->pr);
         if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+        if (st == dnnl_success && keep && tries > 1 && dnnl_util_is_ref(*pd)) {
+            dnnl_primitive_desc_destroy(*pd);
+            *pd = NULL;
+            st = dnnl_unimplemented;
+        }
     }
     dnnl_primitive_attr_destroy(attr);
     return st == dnnl_success ? 0 : dnnl_util_fail(c, "convolution primitive descriptor", st);
@@ -451,11 +469,15 @@ static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_s
     s->const_weights = w->data != NULL;
     dnnl_memory_desc_t w_user;
     struct conv_desc d;
-    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win))
+    int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
+    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win) ||
+        conv_desc_layout(&d, x, c->out[0], lay))
         return op_error(c, "could not describe the tensors to oneDNN");
-    int blocked = conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
+    /* A channels-last end takes the primitive's layouts (the other end's
+     * "any" then lets oneDNN match it). */
+    int blocked = lay || conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
     dnnl_primitive_desc_t pd = NULL;
-    int rc = conv_pd(c, s, &d, blocked, x->dims[0], &pd);
+    int rc = conv_pd(c, s, &d, blocked, lay, x->dims[0], &pd);
     if (!rc) rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
     if (pd) dnnl_primitive_desc_destroy(pd);
     return rc;
@@ -1349,14 +1371,6 @@ static dnnl_primitive_attr_t qconv_attr(struct op_call *c) {
     return attr;
 }
 
-/* An 8-bit 4-D tensor of t's dims stored NHWC. */
-static int qconv_nhwc_md(dnnl_memory_desc_t *md, const struct tensor *t) {
-    dnnl_dims_t d;
-    if (t->ndim != 4) return -1;
-    for (int i = 0; i < 4; i++) d[i] = t->dims[i];
-    return dnnl_memory_desc_init_by_tag(md, 4, d, q8_dnnl(t->dtype), dnnl_acdb) == dnnl_success ? 0 : -1;
-}
-
 /* Builds s's int8 convolution; nonzero when oneDNN has none for it. */
 static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
     const struct tensor *x = c->in[0], *w = c->in[3], *b = opt_in(c, 8);
@@ -1371,11 +1385,8 @@ static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_
     d.src_plain.data_type = d.src_any.data_type = q8_dnnl(x->dtype);
     d.dst_plain.data_type = d.dst_any.data_type = q8_dnnl(c->out[0]->dtype);
     d.b.data_type = dnnl_s32;
-    /* x and y stored NHWC (see passes_qdq_layout): the primitive takes them
-     * as they are, without reorders. */
     int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
-    if (((lay & 1) && qconv_nhwc_md(&d.src_plain, x)) || ((lay & 2) && qconv_nhwc_md(&d.dst_plain, c->out[0])))
-        return -1;
+    if (conv_desc_layout(&d, x, c->out[0], lay)) return -1;
     if (lay & 1) d.src_any = d.src_plain;
     if (lay & 2) d.dst_any = d.dst_plain;
     dnnl_primitive_attr_t attr = qconv_attr(c);
