@@ -109,9 +109,25 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
     if (x->dtype != DT_FP32 || !rank4(x) || !rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
     if (is_op(n, "Conv")) return n->nin >= 2 && n->in[1] >= 0 && rank4(&t[n->in[1]]) ? ROLE_CONV : ROLE_NONE;
     if (is_one_of(n, unary_ops) || is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    /* oneDNN pools channels-last (the C loop on plain copies where it
+     * refuses a shape); no Indices output. */
+    if (is_op(n, "MaxPool") || is_op(n, "AveragePool"))
+        return n->nout == 1 || n->out[1] < 0 ? ROLE_FOLLOW : ROLE_NONE;
+    if (is_op(n, "GlobalAveragePool") || is_op(n, "GlobalMaxPool")) return ROLE_GLOBAL;
+    if (is_op(n, "Concat")) {
+        int64_t a = node_attr_int(n, "axis", 0);
+        return a == 1 || a == -3 ? ROLE_FOLLOW : ROLE_NONE;
+    }
+    /* Resize of H and W only; roi, scales and sizes are constants. */
+    if (is_op(n, "Resize") && n->opset >= 11)
+        return y->dims[0] == x->dims[0] && y->dims[1] == x->dims[1] ? ROLE_FOLLOW : ROLE_NONE;
     (void)g;
     return ROLE_NONE;
 }
+
+/* The inputs of a follower that carry its layout (the others are
+ * parameters). */
+static int nspatial(const struct graph_node *n) { return is_op(n, "Resize") ? 1 : n->nin; }
 
 /* ---- the planner --------------------------------------------------------------------------------- */
 
@@ -147,7 +163,7 @@ static int reader_ok(const struct lay *L, const struct graph_node *n, int ni, in
 /* A follower's output stays channels-last only if each of its inputs is
  * channels-last or neutral. */
 static int follow_ok(const struct lay *L, const struct graph_node *n) {
-    for (int k = 0; k < n->nin; k++) {
+    for (int k = 0; k < nspatial(n); k++) {
         int v = n->in[k];
         if (v >= 0 && !L->cl[v] && !L->neu[v]) return 0;
     }

@@ -33,6 +33,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
 
@@ -564,20 +565,6 @@ static int infer_nary(struct op_call *c, const ew_fn *tbl, enum dtype out_dt_or_
     return 0;
 }
 
-/* t's NCHW dims (right-aligned to rank 4) in the order of channels-last
- * memory, [N,H,W,C]: what a channels-last tensor is, and what a
- * layout-neutral one ([N,C,1,1], one channel, a scalar) is too. */
-static void nhwc_view(struct tensor *v, const struct tensor *t) {
-    int64_t d[4] = {1, 1, 1, 1};
-    for (int i = 0; i < t->ndim && i < 4; i++) d[4 - t->ndim + i] = t->dims[i];
-    *v = *t;
-    v->ndim = 4;
-    v->dims[0] = d[0];
-    v->dims[1] = d[2];
-    v->dims[2] = d[3];
-    v->dims[3] = d[1];
-}
-
 static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
     struct ew_args a = {0};
     int rc = fused_act(c, &a);
@@ -586,14 +573,13 @@ static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
     if (!fn) return unsupported_dtype(c, c->in[0]->dtype);
     const struct tensor *in[2] = {c->in[0], c->in[1]};
     struct tensor *out = c->out[0], view[3];
-    /* Channels-last operands (passes_layout): broadcast over memory order.
-     * The lookup is one string compare on these attribute-less nodes. */
-    if (c->node->nattr && node_attr_int(c->node, "kiln_layout", 0) == 3 && out->ndim == 4) {
+    /* Channels-last operands (passes_layout): broadcast over memory order. */
+    if (layout_of(c->node) == 3 && out->ndim == 4) {
         for (int k = 0; k < 2; k++) {
-            nhwc_view(&view[k], in[k]);
+            layout_nhwc_view(&view[k], in[k]);
             in[k] = &view[k];
         }
-        nhwc_view(&view[2], out);
+        layout_nhwc_view(&view[2], out);
         out = &view[2];
     }
     ew_drive(c, fn, &a, in, 2, out);

@@ -26,6 +26,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
@@ -1478,6 +1479,7 @@ struct pool_state {
     enum pool_kind kind;
     int include_pad;
     int col_major;          /* MaxPool storage_order = 1 */
+    int nhwc;               /* X and Y channels-last (kiln_layout 3) */
     float p;                /* LpPool */
 };
 
@@ -1521,7 +1523,7 @@ static void pool_release(void *st) {
     free(s);
 }
 
-static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
+static int pool_prepare_any(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
     struct pool_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int rc = pool_read(c, kind, &s->win, &s->include_pad, &s->col_major);
@@ -1530,6 +1532,7 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
         return rc;
     }
     s->kind = kind;
+    s->nhwc = layout_of(c->node) == 3 && c->in[0]->ndim == 4 && c->in[0]->dtype == DT_FP32;
     s->p = (float)node_attr_int(c->node, "p", 2);
     *state = s;
     *scratch_size = 0;
@@ -1558,8 +1561,13 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     if (!use_dnnl || !dnnl_util_engine()) return 0;
     dnnl_util_set_threads(c->nthreads);
     dnnl_memory_desc_t x_md, y_md;
-    dnnl_util_plain_md(&x_md, c->in[0]->ndim, c->in[0]->dims);
-    dnnl_util_plain_md(&y_md, c->out[0]->ndim, c->out[0]->dims);
+    if (s->nhwc) {
+        dnnl_util_nhwc_md(&x_md, c->in[0]->dims, dnnl_f32);
+        dnnl_util_nhwc_md(&y_md, c->out[0]->dims, dnnl_f32);
+    } else {
+        dnnl_util_plain_md(&x_md, c->in[0]->ndim, c->in[0]->dims);
+        dnnl_util_plain_md(&y_md, c->out[0]->ndim, c->out[0]->dims);
+    }
     dnnl_dims_t st, k, dl, pl, pr;
     for (int i = 0; i < w->nsp; i++) {
         st[i] = w->s[i];
@@ -1585,6 +1593,17 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     if (!s->prim) *scratch_size = 0;
     return 0;
 }
+/* Channels-last pools that oneDNN does not run take the C loop on plain
+ * copies in scratch. */
+static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
+    int rc = pool_prepare_any(c, kind, state, scratch_size);
+    const struct pool_state *s = rc ? NULL : *state;
+    if (s && s->nhwc && !s->prim)
+        *scratch_size = dnnl_util_align(sizeof(float) * (size_t)tensor_numel(c->in[0])) +
+                        sizeof(float) * (size_t)tensor_numel(c->out[0]);
+    return rc;
+}
+
 static int maxpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_MAX, st, ss); }
 static int avgpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_AVG, st, ss); }
 static int lppool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_LP, st, ss); }
@@ -1720,6 +1739,16 @@ static int pool_run(struct op_call *c) {
         return dnnl_prim_exec(c, s->prim, args, c->scratch);
     }
     int64_t *idx = has_out(c, 1) ? c->out[1]->data : NULL;
+    if (s->nhwc) {
+        const struct tensor *x = c->in[0];
+        struct tensor xf = *x;
+        float *yf = (float *)((char *)c->scratch + dnnl_util_align(sizeof(float) * (size_t)tensor_numel(x)));
+        xf.data = c->scratch;
+        layout_nchw_from_nhwc(xf.data, x->data, x->dims[0], x->dims[1], x->dims[2] * x->dims[3]);
+        pool_loop(s, &xf, yf, NULL);
+        layout_nhwc_from_nchw(y->data, yf, y->dims[0], y->dims[1], y->dims[2] * y->dims[3]);
+        return 0;
+    }
     if (c->in[0]->dtype == DT_FP32) {
         pool_loop(s, c->in[0], y->data, idx);
         return 0;
@@ -1844,10 +1873,35 @@ static int global_pool_infer(struct op_call *c) {
     return 0;
 }
 
+/* X channels-last (kiln_layout 1): each image's pixels are rows of C
+ * values, summed or maxed into Y's [N,C,1,1] (the same bytes either way). */
+static void global_pool_nhwc(const struct tensor *x, float *y, int is_max) {
+    int64_t n = x->dims[0], ch = x->dims[1], sp = x->dims[2] * x->dims[3];
+    const float *xd = x->data;
+    for (int64_t b = 0; b < n; b++) {
+        float *yb = y + b * ch;
+        for (int64_t k = 0; k < ch; k++) yb[k] = sp > 0 ? (is_max ? xd[b * sp * ch + k] : 0.0f) : 0.0f;
+        for (int64_t p = is_max ? 1 : 0; p < sp; p++) {
+            const float *row = xd + (b * sp + p) * ch;
+            if (is_max)
+                for (int64_t k = 0; k < ch; k++) yb[k] = row[k] > yb[k] ? row[k] : yb[k];
+            else
+#pragma omp simd
+                for (int64_t k = 0; k < ch; k++) yb[k] += row[k];
+        }
+        if (!is_max && sp > 0)
+            for (int64_t k = 0; k < ch; k++) yb[k] /= (float)sp;
+    }
+}
+
 static int global_pool_run(struct op_call *c, int is_max) {
     const struct tensor *x = c->in[0];
     float *y = c->out[0]->data;
     const float *xd = x->data;
+    if (x->ndim == 4 && (layout_of(c->node) & 1)) {
+        global_pool_nhwc(x, y, is_max);
+        return 0;
+    }
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {

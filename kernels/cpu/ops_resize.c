@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -32,6 +33,7 @@ struct resize_params {
     enum resize_round nearest;
     double cubic_a, extrapolation;
     int exclude_outside, antialias;
+    int nhwc; /* X and Y channels-last (kiln_layout 3): the per-axis fields above are in NHWC order */
 };
 
 static int resize_read_floats(struct op_call *c, int i, const char *what, double *v, int max) {
@@ -264,9 +266,32 @@ static void resize_taps(const struct resize_params *p, int a, int64_t in, int64_
 
 /* Scratch: two double buffers of the largest intermediate, then the taps
  * of the largest axis. */
+/* X's dims in memory order. */
+static void resize_in_dims(const struct tensor *x, const struct resize_params *p, int64_t *cur) {
+    struct tensor v = *x;
+    if (p->nhwc) layout_nhwc_view(&v, x);
+    memcpy(cur, v.dims, sizeof v.dims);
+}
+
+/* Channels-last X and Y (passes_layout) resize only H and W: the per-axis
+ * parameters are permuted into memory order, [N,H,W,C]. */
+static void resize_to_nhwc(struct resize_params *p) {
+    static const int perm[4] = {0, 2, 3, 1};
+    struct resize_params q = *p;
+    for (int i = 0; i < 4; i++) {
+        q.out[i] = p->out[perm[i]];
+        q.scale[i] = p->scale[perm[i]];
+        q.roi0[i] = p->roi0[perm[i]];
+        q.roi1[i] = p->roi1[perm[i]];
+        q.active[i] = p->active[perm[i]];
+    }
+    q.nhwc = 1;
+    *p = q;
+}
+
 static size_t resize_scratch(const struct tensor *x, const struct resize_params *p, int64_t *maxel) {
     int64_t cur[TENSOR_MAX_DIMS], big = tensor_numel(x), taps = 0;
-    memcpy(cur, x->dims, sizeof cur);
+    resize_in_dims(x, p, cur);
     for (int a = 0; a < p->r; a++) {
         if (!p->active[a]) continue;
         cur[a] = p->out[a];
@@ -286,6 +311,7 @@ static int resize_prepare(struct op_call *c, void **state, size_t *scratch) {
     int64_t big;
     int rc = resize_params(c, &p);
     if (rc) return rc;
+    if (layout_of(c->node) == 3 && p.r == 4 && !p.active[0] && !p.active[1]) resize_to_nhwc(&p);
     *scratch = resize_scratch(c->in[0], &p, &big);
     return params_keep(c, &p, sizeof p, state);
 }
@@ -306,7 +332,7 @@ static int resize_run(struct op_call *c) {
     int64_t n = tensor_numel(x);
     for (int64_t i = 0; i < n; i++) b0[i] = op_double_at(x, i);
     int64_t cur[TENSOR_MAX_DIMS];
-    memcpy(cur, x->dims, sizeof cur);
+    resize_in_dims(x, &p, cur);
     double *src = b0, *dst = b1;
     for (int a = 0; a < p.r; a++) {
         if (!p.active[a]) continue;
