@@ -67,6 +67,7 @@ enum act_kind {
     ACT_GELU,       /* exact (erf) form */
     ACT_HARD_SIGMOID, /* alpha, beta */
     ACT_HARD_SWISH,
+    ACT_SILU,         /* x * sigmoid(x) (CPU only: passes_fuse_silu) */
 };
 
 struct graph_node {

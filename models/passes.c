@@ -964,6 +964,49 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
     return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- SiLU (CPU) ---------------------------------------------------------------------------- */
+
+/* x * Sigmoid(x), SiLU as exporters write it, where x is the output of
+ * node pi (OP_FUSE_ACT) that the Sigmoid and the Mul alone read: pi takes
+ * the activation (oneDNN's swish post-op on a Conv) and the Mul's output.
+ * EfficientNet's convolutions all end so. */
+static int silu_node(struct pass *ps, int pi) {
+    struct graph *g = ps->g;
+    struct graph_node *p = &g->nodes[pi];
+    if (ps->dead[pi] || !p->op || !(p->op->flags & OP_FUSE_ACT) || p->act != ACT_NONE || p->nout != 1) return 0;
+    int x = p->out[0];
+    if (x < 0 || ps->nuse[x] != 2 || ps->is_out[x] || !produces_fp32(g, p)) return 0;
+    int si = -1, mi = -1;
+    for (int i = pi + 1; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if (ps->dead[i]) continue;
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] == x) {
+                if (is_op(n, "Sigmoid") && si < 0) si = i;
+                else if (is_op(n, "Mul") && n->nin == 2 && mi < 0) mi = i;
+                else return 0;
+                break;
+            }
+    }
+    if (si < 0 || mi < 0) return 0;
+    const struct graph_node *s = &g->nodes[si], *m = &g->nodes[mi];
+    int sv = s->nout == 1 ? s->out[0] : -1;
+    if (sv < 0 || ps->nuse[sv] != 1 || ps->is_out[sv] || m->nout != 1 || m->out[0] < 0) return 0;
+    if (!((m->in[0] == x && m->in[1] == sv) || (m->in[0] == sv && m->in[1] == x))) return 0;
+    p->act = ACT_SILU;
+    p->act_alpha = p->act_beta = 0;
+    take_output(ps, pi, mi);
+    ps->dead[si] = 1;
+    log_debug("fused SiLU ('%s', '%s') into %s '%s'", s->name, m->name, p->op_type, p->name);
+    return 1;
+}
+
+static const struct pass_def fuse_silu_pass = {"fusing SiLU", silu_node, 0};
+
+int passes_fuse_silu(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&fuse_silu_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- masked softmax (CPU) ------------------------------------------------------------------ */
 
 /* The producer of v when it is an op node whose output only one reader
@@ -1443,7 +1486,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, rc;
+        removed2 = 0, qdq = 0, silu = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1461,13 +1504,16 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     int nhwc = 0, nlayout = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d activations and %d masked softmaxes fused, %d quantized operators, %d on NHWC, %d float nodes on channels-last)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, attn, qdq, nhwc, nlayout);
+              "bias, %d GELU, %d activations, %d SiLU and %d masked softmaxes fused, %d quantized operators, %d on "
+              "NHWC, %d float nodes on channels-last)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, act, silu, attn, qdq, nhwc,
+              nlayout);
     return 0;
 }

@@ -58,6 +58,10 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 /* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
 int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+/* CPU only: x * Sigmoid(x) (SiLU) where x, the output of a Conv, Gemm or
+ * MatMul, is read by the Sigmoid and the Mul alone: ACT_SILU on x's
+ * producer, which takes the Mul's output. */
+int passes_fuse_silu(struct graph *g, int *nfused, char *err, size_t err_len);
 /* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);

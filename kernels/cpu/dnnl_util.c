@@ -99,6 +99,7 @@ int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b
     case ACT_HARD_SWISH: /* x * relu6(x + 3) / 6, the same as ONNX HardSwish */
         s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
         break;
+    case ACT_SILU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, 1.0f, 0.0f); break;
     default: return 0;
     }
     return s == dnnl_success ? 1 : -1;
