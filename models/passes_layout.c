@@ -118,6 +118,10 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
         int64_t a = node_attr_int(n, "axis", 0);
         return a == 1 || a == -3 ? ROLE_FOLLOW : ROLE_NONE;
     }
+    /* Inference BatchNormalization (DenseNet's, between a Concat and a
+     * Conv, which no Conv absorbs): a per-channel affine. */
+    if (is_op(n, "BatchNormalization"))
+        return n->nout == 1 && !node_attr_int(n, "training_mode", 0) ? ROLE_FOLLOW : ROLE_NONE;
     /* Resize of H and W only; roi, scales and sizes are constants. */
     if (is_op(n, "Resize") && n->opset >= 11)
         return y->dims[0] == x->dims[0] && y->dims[1] == x->dims[1] ? ROLE_FOLLOW : ROLE_NONE;
@@ -127,7 +131,9 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
 
 /* The inputs of a follower that carry its layout (the others are
  * parameters). */
-static int nspatial(const struct graph_node *n) { return is_op(n, "Resize") ? 1 : n->nin; }
+static int nspatial(const struct graph_node *n) {
+    return is_op(n, "Resize") || is_op(n, "BatchNormalization") ? 1 : n->nin;
+}
 
 /* ---- the planner --------------------------------------------------------------------------------- */
 

@@ -1957,6 +1957,7 @@ static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
 struct bn_state {
     float *ab; /* 2*C values when every parameter is constant, else NULL */
     int training;
+    int nhwc;  /* X and Y channels-last (kiln_layout 3; inference only) */
     float eps, momentum;
 };
 
@@ -2047,6 +2048,7 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int64_t C = c->in[0]->dims[1];
     s->training = bn_training(c);
+    s->nhwc = !s->training && layout_of(c->node) == 3 && c->in[0]->ndim == 4;
     s->eps = node_attr_float(c->node, "epsilon", 1e-5f);
     s->momentum = node_attr_float(c->node, "momentum", 0.9f);
     int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !s->training;
@@ -2091,6 +2093,16 @@ static int bn_run(struct op_call *c) {
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
     float *y = c->out[0]->data;
+    if (s->nhwc) { /* pixels are rows of C values */
+#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+        for (int64_t p = 0; p < n * sp; p++) {
+            const float *xp = xd + p * C;
+            float *yp = y + p * C;
+#pragma omp simd
+            for (int64_t ch = 0; ch < C; ch++) yp[ch] = xp[ch] * ab[ch] + ab[C + ch];
+        }
+        return 0;
+    }
 #pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < n * C; p++) {
         float a = ab[p % C], b = ab[C + p % C];
