@@ -18,25 +18,46 @@
  * A value is layout-neutral when its NCHW and NHWC memory are the same
  * bytes: one channel, or a 1x1 map ([N,C,1,1], a squeeze-excite scale).
  * Those are never marked and read the same either way. Shapes come from
- * a probe of the graph's shape rules with its symbolic dims made concrete
- * (twice with different sizes where it has any, a value counting as
- * neutral only if it is in both). */
+ * a probe of the graph's shape rules with its symbolic dims made concrete,
+ * the shape computations of a dynamic batch (Shape, Gather, Concat into a
+ * Reshape) evaluated on the way; twice with different sizes where the
+ * inputs have symbolic dims, a value counting as neutral only if it is in
+ * both. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
 #include "common/status.h"
 #include "kernels/ops.h"
+#include "models/eval.h"
 #include "models/passes.h"
 
 /* ---- the shape probe --------------------------------------------------------------------------- */
 
+/* A shape computation (Shape, Gather, Concat of a few integers...) whose
+ * value a Reshape needs: small integer outputs of a node whose inputs are
+ * known, or of a shape-only op. */
+static int probe_computes(const struct graph_node *n, const struct op_call *c) {
+    int shape_only = (n->op->flags & OP_SHAPE_ONLY) != 0;
+    for (int k = 0; k < n->nin && !shape_only; k++)
+        if (c->in[k] && !c->in[k]->data) return 0;
+    for (int k = 0; k < n->nout; k++) {
+        const struct tensor *o = c->out[k];
+        if (o->dtype != DT_INT64 && o->dtype != DT_INT32) return 0;
+        if (o->ndim < 0 || tensor_numel(o) > 64) return 0;
+    }
+    return n->op->run != NULL;
+}
+
 /* Every value's shape with the symbolic dims of the inputs set: dim 0 to
- * batch, the others to other. Values whose shape rule fails (a Reshape
- * whose target is computed at run time, say) keep rank -1. */
-static void probe_shapes(const struct graph *g, struct tensor *t, int64_t batch, int64_t other, int *dynamic) {
+ * batch, the others to other, shape computations evaluated on the way
+ * (their data owned by the probe: owned[v], freed by probe_free). Values
+ * whose shape rule fails keep rank -1. */
+static void probe_shapes(const struct graph *g, struct tensor *t, unsigned char *owned, int64_t batch, int64_t other,
+                         int *dynamic) {
     for (int v = 0; v < g->nvalues; v++) {
         t[v] = g->values[v].t;
+        owned[v] = 0;
         if (t[v].data) continue;
         if (g->values[v].flags & VALUE_INPUT) {
             for (int d = 0; d < t[v].ndim; d++)
@@ -66,9 +87,27 @@ static void probe_shapes(const struct graph *g, struct tensor *t, int64_t batch,
             memset(o, 0, sizeof *o);
             c.out[k] = o;
         }
-        if (n->op->infer(&c))
+        if (n->op->infer(&c)) {
             for (int k = 0; k < n->nout; k++) c.out[k]->ndim = -1;
+            continue;
+        }
+        if (!probe_computes(n, &c)) continue;
+        struct tensor res[OP_MAX_IO];
+        if (eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, 4096, NULL, 0) != 0) continue;
+        for (int k = 0; k < n->nout; k++) {
+            if (n->out[k] < 0) {
+                tensor_free_data(&res[k]);
+                continue;
+            }
+            t[n->out[k]] = res[k];
+            owned[n->out[k]] = 1;
+        }
     }
+}
+
+static void probe_free(const struct graph *g, struct tensor *t, unsigned char *owned) {
+    for (int v = 0; t && owned && v < g->nvalues; v++)
+        if (owned[v]) tensor_free_data(&t[v]), owned[v] = 0;
 }
 
 /* ---- which nodes can work channels-last --------------------------------------------------------- */
@@ -106,9 +145,12 @@ static int rank4(const struct tensor *t) { return t->ndim == 4; }
 static enum lay_role role_of(const struct graph *g, const struct graph_node *n, const struct tensor *t) {
     if (n->nout < 1 || n->out[0] < 0 || n->nin < 1 || n->in[0] < 0) return ROLE_NONE;
     const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
-    if (x->dtype != DT_FP32 || !rank4(x) || !rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
+    if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
+    /* Either operand may be the broadcast one ([C,1,1] * x). */
+    if (is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    if (x->dtype != DT_FP32 || !rank4(x)) return ROLE_NONE;
     if (is_op(n, "Conv")) return n->nin >= 2 && n->in[1] >= 0 && rank4(&t[n->in[1]]) ? ROLE_CONV : ROLE_NONE;
-    if (is_one_of(n, unary_ops) || is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    if (is_one_of(n, unary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
     /* oneDNN pools channels-last (the C loop on plain copies where it
      * refuses a shape); no Indices output. */
     if (is_op(n, "MaxPool") || is_op(n, "AveragePool"))
@@ -122,8 +164,10 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
      * Conv, which no Conv absorbs): a per-channel affine. */
     if (is_op(n, "BatchNormalization"))
         return n->nout == 1 && !node_attr_int(n, "training_mode", 0) ? ROLE_FOLLOW : ROLE_NONE;
-    /* Resize of H and W only; roi, scales and sizes are constants. */
-    if (is_op(n, "Resize") && n->opset >= 11)
+    /* Resize of H and W only (a crop could move along N or C); roi,
+     * scales and sizes are constants. */
+    if (is_op(n, "Resize") && n->opset >= 11 &&
+        strcmp(node_attr_str(n, "coordinate_transformation_mode", ""), "tf_crop_and_resize") != 0)
         return y->dims[0] == x->dims[0] && y->dims[1] == x->dims[1] ? ROLE_FOLLOW : ROLE_NONE;
     (void)g;
     return ROLE_NONE;
@@ -210,17 +254,19 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
     if (e && strcmp(e, "plain") == 0) return 0;
     size_t nv = (size_t)(g->nvalues > 0 ? g->nvalues : 1), nn = (size_t)(g->nnodes > 0 ? g->nnodes : 1);
     struct tensor *t = malloc(nv * sizeof *t), *t2 = malloc(nv * sizeof *t2);
+    unsigned char *owned = calloc(nv, 1), *owned2 = calloc(nv, 1);
     struct lay L = {.g = g, .t = t, .role = calloc(nn, 1), .cl = calloc(nv, 1), .neu = calloc(nv, 1)};
     int rc = 0, dynamic = 0;
-    if (!t || !t2 || !L.role || !L.cl || !L.neu) {
+    if (!t || !t2 || !owned || !owned2 || !L.role || !L.cl || !L.neu) {
         rc = status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
         goto done;
     }
-    probe_shapes(g, t, 1, 224, &dynamic);
+    probe_shapes(g, t, owned, 1, 224, &dynamic);
     for (int v = 0; v < g->nvalues; v++) L.neu[v] = neutral(&t[v]);
     if (dynamic) { /* neutral at both sizes, or not at all */
-        probe_shapes(g, t2, 2, 97, &dynamic);
+        probe_shapes(g, t2, owned2, 2, 97, &dynamic);
         for (int v = 0; v < g->nvalues; v++) L.neu[v] &= neutral(&t2[v]) && t2[v].ndim == t[v].ndim;
+        probe_free(g, t2, owned2);
     }
     int nconv = 0;
     for (int i = 0; i < g->nnodes; i++) {
@@ -244,6 +290,9 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
         log_debug("layout: %d values channels-last, %d nodes marked, %d of %d Conv change layout", ncl, *nmarked,
                   nchange, nconv);
 done:
+    probe_free(g, t, owned);
+    free(owned);
+    free(owned2);
     free(t);
     free(t2);
     free(L.role);

@@ -361,7 +361,11 @@ static int resize_prepare(struct op_call *c, void **state, size_t *scratch) {
     int64_t big;
     int rc = resize_params(c, &p);
     if (rc) return rc;
-    if (layout_of(c->node) == 3 && p.r == 4 && !p.active[0] && !p.active[1]) resize_to_nhwc(&p);
+    if (layout_of(c->node) == 3) {
+        if (p.r != 4 || p.active[0] || p.active[1])
+            return op_error(c, "a channels-last input can be resized along H and W only");
+        resize_to_nhwc(&p);
+    }
     *scratch = resize_scratch(c->in[0], &p, &big);
     return params_keep(c, &p, sizeof p, state);
 }
