@@ -343,6 +343,14 @@ static void resize_2d(struct op_call *c, const struct resize_params *p, const in
         const float *r0 = src + (q * ih + iy[2 * y]) * iw * inner, *r1 = src + (q * ih + iy[2 * y + 1]) * iw * inner;
         float wy0 = (float)wy[2 * y], wy1 = (float)wy[2 * y + 1];
         float *d = dst + (q * oh + y) * ow * inner;
+        if (inner == 1) { /* plain NCHW: rows of single values */
+            for (int64_t xo = 0; xo < ow; xo++) {
+                int64_t x0 = ix[2 * xo], x1 = ix[2 * xo + 1];
+                float a = (float)wx[2 * xo], b = (float)wx[2 * xo + 1];
+                d[xo] = wy0 * (a * r0[x0] + b * r0[x1]) + wy1 * (a * r1[x0] + b * r1[x1]);
+            }
+            continue;
+        }
         for (int64_t xo = 0; xo < ow; xo++) {
             int64_t x0 = ix[2 * xo] * inner, x1 = ix[2 * xo + 1] * inner;
             float w00 = wy0 * (float)wx[2 * xo], w01 = wy0 * (float)wx[2 * xo + 1];
