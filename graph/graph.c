@@ -378,6 +378,27 @@ int64_t node_attr_int(const struct graph_node *n, const char *name, int64_t def)
     return def;
 }
 
+int node_set_attr_int(struct graph_node *n, const char *name, int64_t v) {
+    for (int k = 0; k < n->nattr; k++)
+        if (strcmp(n->attrs[k].name, name) == 0) {
+            graph_attr_clear(&n->attrs[k]);
+            char *nm = strdup(name);
+            if (!nm) return -1;
+            n->attrs[k] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+            return 0;
+        }
+    char *nm = strdup(name);
+    if (!nm) return -1;
+    struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
+    if (!at) {
+        free(nm);
+        return -1;
+    }
+    n->attrs = at;
+    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+    return 0;
+}
+
 float node_attr_float(const struct graph_node *n, const char *name, float def) {
     const struct graph_attr *a = node_attr(n, name);
     if (!a) return def;

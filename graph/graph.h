@@ -67,6 +67,7 @@ enum act_kind {
     ACT_GELU,       /* exact (erf) form */
     ACT_HARD_SIGMOID, /* alpha, beta */
     ACT_HARD_SWISH,
+    ACT_SILU,         /* x * sigmoid(x) (CPU only: passes_fuse_silu) */
 };
 
 struct graph_node {
@@ -144,6 +145,9 @@ const char *node_attr_str(const struct graph_node *n, const char *name, const ch
 int node_attr_ints(const struct graph_node *n, const char *name, const int64_t **out);
 int node_attr_floats(const struct graph_node *n, const char *name, const float **out);
 const struct tensor *node_attr_tensor(const struct graph_node *n, const char *name);
+/* Sets an integer attribute (a kiln-internal decision a pass records for
+ * the kernel), replacing one of that name; 0, or -1 out of memory. */
+int node_set_attr_int(struct graph_node *n, const char *name, int64_t v);
 /* The subgraph held by an ATTR_GRAPH attribute, or NULL. */
 const struct graph *node_attr_graph(const struct graph_node *n, const char *name);
 /* Inputs of a subgraph that its op defines (the others are captured). */

@@ -127,6 +127,7 @@ static inline float act_apply(enum act_kind act, float x, float a, float b) {
     case ACT_GELU: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case ACT_HARD_SIGMOID: { float y = a * x + b; return y < 0 ? 0 : (y > 1 ? 1 : y); }
     case ACT_HARD_SWISH: { float y = x / 6.0f + 0.5f; return x * (y < 0 ? 0 : (y > 1 ? 1 : y)); }
+    case ACT_SILU: return x / (1.0f + expf(-x));
     }
     return x;
 }

@@ -947,6 +947,49 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
     return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- SiLU (CPU) ---------------------------------------------------------------------------- */
+
+/* x * Sigmoid(x), SiLU as exporters write it, where x is the output of
+ * node pi (OP_FUSE_ACT) that the Sigmoid and the Mul alone read: pi takes
+ * the activation (oneDNN's swish post-op on a Conv) and the Mul's output.
+ * EfficientNet's convolutions all end so. */
+static int silu_node(struct pass *ps, int pi) {
+    struct graph *g = ps->g;
+    struct graph_node *p = &g->nodes[pi];
+    if (ps->dead[pi] || !p->op || !(p->op->flags & OP_FUSE_ACT) || p->act != ACT_NONE || p->nout != 1) return 0;
+    int x = p->out[0];
+    if (x < 0 || ps->nuse[x] != 2 || ps->is_out[x] || !produces_fp32(g, p)) return 0;
+    int si = -1, mi = -1;
+    for (int i = pi + 1; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if (ps->dead[i]) continue;
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] == x) {
+                if (is_op(n, "Sigmoid") && si < 0) si = i;
+                else if (is_op(n, "Mul") && n->nin == 2 && mi < 0) mi = i;
+                else return 0;
+                break;
+            }
+    }
+    if (si < 0 || mi < 0) return 0;
+    const struct graph_node *s = &g->nodes[si], *m = &g->nodes[mi];
+    int sv = s->nout == 1 ? s->out[0] : -1;
+    if (sv < 0 || ps->nuse[sv] != 1 || ps->is_out[sv] || m->nout != 1 || m->out[0] < 0) return 0;
+    if (!((m->in[0] == x && m->in[1] == sv) || (m->in[0] == sv && m->in[1] == x))) return 0;
+    p->act = ACT_SILU;
+    p->act_alpha = p->act_beta = 0;
+    take_output(ps, pi, mi);
+    ps->dead[si] = 1;
+    log_debug("fused SiLU ('%s', '%s') into %s '%s'", s->name, m->name, p->op_type, p->name);
+    return 1;
+}
+
+static const struct pass_def fuse_silu_pass = {"fusing SiLU", silu_node, 0};
+
+int passes_fuse_silu(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&fuse_silu_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- masked softmax (CPU) ------------------------------------------------------------------ */
 
 /* The producer of v when it is an op node whose output only one reader
@@ -1455,21 +1498,6 @@ static int nhwc_readers_ok(const struct graph *g, const unsigned char *nhwc, int
     return 1;
 }
 
-static int set_int_attr(struct graph_node *n, const char *name, int64_t v) {
-    for (int k = 0; k < n->nattr; k++)
-        if (strcmp(n->attrs[k].name, name) == 0) {
-            n->attrs[k].i = v;
-            return 0;
-        }
-    struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
-    if (!at) return -1;
-    n->attrs = at;
-    char *nm = strdup(name);
-    if (!nm) return -1;
-    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
-    return 0;
-}
-
 int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
     unsigned char *nhwc = calloc((size_t)(g->nvalues > 0 ? g->nvalues : 1), 1);
     if (!nhwc) return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
@@ -1496,7 +1524,7 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
         if (is_qconv_2d(g, n)) lay = (nhwc[n->in[0]] ? 1 : 0) | (nhwc[n->out[0]] ? 2 : 0);
         else if (is_qlinear_add(n) && nhwc[n->out[0]]) lay = 3;
         if (!lay) continue;
-        if (set_int_attr(n, "kiln_layout", lay)) {
+        if (node_set_attr_int(n, "kiln_layout", lay)) {
             free(nhwc);
             return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
         }
@@ -1512,7 +1540,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, silu = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1532,15 +1560,18 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
-    int nhwc = 0;
+    int nhwc = 0, nlayout = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d tanh GELU, %d activations, %d masked softmaxes and %d unmasked attentions fused, %d "
-              "quantized operators, %d on NHWC, %d dynamically quantized products)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, attn, sattn, qdq,
-              nhwc, dynq);
+              "bias, %d GELU, %d tanh GELU, %d activations, %d SiLU, %d masked softmaxes and %d unmasked attentions "
+              "fused, %d quantized operators, %d on NHWC, %d dynamically quantized products, %d float nodes on "
+              "channels-last)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, silu, attn, sattn,
+              qdq, nhwc, dynq, nlayout);
     return 0;
 }

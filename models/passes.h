@@ -62,6 +62,10 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
  * exports write it (Pow, four Muls, two Adds, Tanh) -> one Gelu with
  * approximate="tanh" (CPU; passes_gelu_tanh.c). */
 int passes_fuse_gelu_tanh(struct graph *g, int *nfused, char *err, size_t err_len);
+/* CPU only: x * Sigmoid(x) (SiLU) where x, the output of a Conv, Gemm or
+ * MatMul, is read by the Sigmoid and the Mul alone: ACT_SILU on x's
+ * producer, which takes the Mul's output. */
+int passes_fuse_silu(struct graph *g, int *nfused, char *err, size_t err_len);
 /* [scale] -> [Add mask] -> Softmax -> [Where(IsNaN)], the softmax of exported
  * attention, into one kiln.MaskedSoftmax node (CPU). */
 int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t err_len);
@@ -89,6 +93,14 @@ int passes_fuse_dynq(struct graph *g, int *nfused, char *err, size_t err_len);
  * their dims unchanged; the nodes' kiln_layout attribute says so. Returns
  * the number of nodes marked through *nnhwc. */
 int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len);
+
+/* CPU only, last: float activations between 2-D Convs and the operators
+ * that can carry them (activations, Add/Mul/Sub/Div, pools, channel
+ * Concat, spatial Resize) are stored channels-last, their dims unchanged;
+ * the nodes' kiln_layout attribute says so (see passes_layout.c). Returns
+ * the number of nodes marked through *nmarked. KILN_LAYOUT=plain turns it
+ * off (for measurements). */
+int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len);
 
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact

@@ -99,9 +99,16 @@ int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b
     case ACT_HARD_SWISH: /* x * relu6(x + 3) / 6, the same as ONNX HardSwish */
         s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
         break;
+    case ACT_SILU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, 1.0f, 0.0f); break;
     default: return 0;
     }
     return s == dnnl_success ? 1 : -1;
+}
+
+int dnnl_util_is_ref(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) return 0;
+    return strncmp(impl, "ref", 3) == 0;
 }
 
 int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
@@ -113,6 +120,12 @@ int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
         stride *= dims[i] > 0 ? dims[i] : 1;
     }
     return dnnl_memory_desc_init_by_strides(md, ndim, d, dnnl_f32, st) == dnnl_success ? 0 : -1;
+}
+
+int dnnl_util_nhwc_md(dnnl_memory_desc_t *md, const int64_t *dims, dnnl_data_type_t dt) {
+    dnnl_dims_t d;
+    for (int i = 0; i < 4; i++) d[i] = dims[i];
+    return dnnl_memory_desc_init_by_tag(md, 4, d, dt, dnnl_acdb) == dnnl_success ? 0 : -1;
 }
 
 int dnnl_util_any_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {

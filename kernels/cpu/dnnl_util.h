@@ -71,10 +71,15 @@ int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);
 int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b);
 
 /* Fills a plain (dense, row-major) f32 descriptor of the given dims. */
+/* 1 if oneDNN implements pd with its reference (scalar) loop. */
+int dnnl_util_is_ref(const_dnnl_primitive_desc_t pd);
 int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
 /* Fills an f32 descriptor of the given dims whose layout ("any") the
  * primitive that takes it chooses. */
 int dnnl_util_any_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
+/* A 4-D tensor of these (NCHW) dims stored channels-last (NHWC, oneDNN's
+ * acdb), of data type dt; 0 or -1. */
+int dnnl_util_nhwc_md(dnnl_memory_desc_t *md, const int64_t *dims, dnnl_data_type_t dt);
 
 /* Creates a primitive attribute in user scratchpad mode (NULL on failure). */
 dnnl_primitive_attr_t dnnl_util_attr(void);

@@ -33,6 +33,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -127,6 +128,7 @@ static inline __attribute__((always_inline)) void act_f32_body(float *x, int64_t
         _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] < a ? a : (x[i] > b ? b : x[i]);
         return;
     case ACT_SIGMOID: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]); return;
+    case ACT_SILU: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] * ew_sigmoid_f(x[i]); return;
     case ACT_TANH: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]); return;
     case ACT_GELU:
         _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] =
@@ -642,7 +644,17 @@ static int run_binary_tbl(struct op_call *c, const ew_fn *tbl) {
     ew_fn fn = ew_pick(tbl, c->in[0]->dtype, &a);
     if (!fn) return unsupported_dtype(c, c->in[0]->dtype);
     const struct tensor *in[2] = {c->in[0], c->in[1]};
-    ew_drive(c, fn, &a, in, 2, c->out[0]);
+    struct tensor *out = c->out[0], view[3];
+    /* Channels-last operands (passes_layout): broadcast over memory order. */
+    if (layout_of(c->node) == 3 && out->ndim == 4) {
+        for (int k = 0; k < 2; k++) {
+            layout_nhwc_view(&view[k], in[k]);
+            in[k] = &view[k];
+        }
+        layout_nhwc_view(&view[2], out);
+        out = &view[2];
+    }
+    ew_drive(c, fn, &a, in, 2, out);
     return 0;
 }
 

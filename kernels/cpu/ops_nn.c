@@ -26,6 +26,7 @@
 
 #include "common/log.h"
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
@@ -350,6 +351,15 @@ static int conv_desc_init(struct conv_desc *d, const struct tensor *x, const str
     return 0;
 }
 
+/* X (bit 1 of lay, the node's kiln_layout) and Y (bit 2) stored
+ * channels-last (passes_layout, passes_qdq_layout): src_plain and
+ * dst_plain describe them so, and the primitive takes them as they are. */
+static int conv_desc_layout(struct conv_desc *d, const struct tensor *x, const struct tensor *y, int64_t lay) {
+    if ((lay & 1) && (x->ndim != 4 || dnnl_util_nhwc_md(&d->src_plain, x->dims, d->src_plain.data_type))) return -1;
+    if ((lay & 2) && (y->ndim != 4 || dnnl_util_nhwc_md(&d->dst_plain, y->dims, d->dst_plain.data_type))) return -1;
+    return 0;
+}
+
 /* A reorder between a plain layout and the primitive's (into the
  * primitive's when to_prim), or none when they are the same; *bytes is
  * the scratch the primitive-side buffer takes, *scr the reorder's
@@ -420,8 +430,8 @@ static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t gro
  * and oneDNN has a kernel, else direct, on the blocked or the plain
  * layouts (conv_use_blocked); weights known at plan time take the
  * primitive's own layout. */
-static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t batch,
-                   dnnl_primitive_desc_t *pd) {
+static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t lay,
+                   int64_t batch, dnnl_primitive_desc_t *pd) {
     dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
     if (!attr) return STATUS_INTERNAL;
     const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
@@ -433,12 +443,21 @@ static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_de
                                                         d->pl, d->pr);
         if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
     }
-    if (st != dnnl_success) { /* direct: always available */
+    /* Direct: always available. Channels-last ends are taken as they are
+     * unless oneDNN has only its reference loop for them (grouped
+     * convolutions of a few channels per group), ~50x slower than
+     * reordering to the layout its kernels want. */
+    for (int64_t keep = lay, tries = lay ? 2 : 1; st != dnnl_success && tries > 0; keep = 0, tries--) {
         st = dnnl_dilated_convolution_forward_desc_init(
-            &cd, dnnl_forward_inference, dnnl_convolution_direct, blocked ? &d->src_any : &d->src_plain,
-            s->const_weights || blocked ? &d->w_any : &d->w_user, b, blocked ? &d->dst_any : &d->dst_plain,
-            d->strides, d->dil, d->pl, d->pr);
+            &cd, dnnl_forward_inference, dnnl_convolution_direct,
+            blocked && !(keep & 1) ? &d->src_any : &d->src_plain, s->const_weights || blocked ? &d->w_any : &d->w_user,
+            b, blocked && !(keep & 2) ? &d->dst_any : &d->dst_plain, d->strides, d->dil, d->pl, d->pr);
         if (st == dnnl_success) st = dnnl_primitive_desc_create(pd, &cd, attr, dnnl_util_engine(), NULL);
+        if (st == dnnl_success && keep && tries > 1 && dnnl_util_is_ref(*pd)) {
+            dnnl_primitive_desc_destroy(*pd);
+            *pd = NULL;
+            st = dnnl_unimplemented;
+        }
     }
     dnnl_primitive_attr_destroy(attr);
     return st == dnnl_success ? 0 : dnnl_util_fail(c, "convolution primitive descriptor", st);
@@ -451,11 +470,15 @@ static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_s
     s->const_weights = w->data != NULL;
     dnnl_memory_desc_t w_user;
     struct conv_desc d;
-    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win))
+    int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
+    if (conv_w_md(&w_user, w, s->g.group) || conv_desc_init(&d, x, c->out[0], opt_in(c, 2), &w_user, &s->g.win) ||
+        conv_desc_layout(&d, x, c->out[0], lay))
         return op_error(c, "could not describe the tensors to oneDNN");
-    int blocked = conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
+    /* A channels-last end takes the primitive's layouts (the other end's
+     * "any" then lets oneDNN match it). */
+    int blocked = lay || conv_use_blocked(&s->g.win, x->dims[1], w->dims[0]);
     dnnl_primitive_desc_t pd = NULL;
-    int rc = conv_pd(c, s, &d, blocked, x->dims[0], &pd);
+    int rc = conv_pd(c, s, &d, blocked, lay, x->dims[0], &pd);
     if (!rc) rc = conv_finish(c, s, pd, &d, w->data, scratch_size);
     if (pd) dnnl_primitive_desc_destroy(pd);
     return rc;
@@ -1370,14 +1393,6 @@ static dnnl_primitive_attr_t qconv_attr(struct op_call *c) {
     return attr;
 }
 
-/* An 8-bit 4-D tensor of t's dims stored NHWC. */
-static int qconv_nhwc_md(dnnl_memory_desc_t *md, const struct tensor *t) {
-    dnnl_dims_t d;
-    if (t->ndim != 4) return -1;
-    for (int i = 0; i < 4; i++) d[i] = t->dims[i];
-    return dnnl_memory_desc_init_by_tag(md, 4, d, q8_dnnl(t->dtype), dnnl_acdb) == dnnl_success ? 0 : -1;
-}
-
 /* Builds s's int8 convolution; nonzero when oneDNN has none for it. */
 static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_size) {
     const struct tensor *x = c->in[0], *w = c->in[3], *b = opt_in(c, 8);
@@ -1392,11 +1407,8 @@ static int qconv_build(struct op_call *c, struct conv_state *s, size_t *scratch_
     d.src_plain.data_type = d.src_any.data_type = q8_dnnl(x->dtype);
     d.dst_plain.data_type = d.dst_any.data_type = q8_dnnl(c->out[0]->dtype);
     d.b.data_type = dnnl_s32;
-    /* x and y stored NHWC (see passes_qdq_layout): the primitive takes them
-     * as they are, without reorders. */
     int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
-    if (((lay & 1) && qconv_nhwc_md(&d.src_plain, x)) || ((lay & 2) && qconv_nhwc_md(&d.dst_plain, c->out[0])))
-        return -1;
+    if (conv_desc_layout(&d, x, c->out[0], lay)) return -1;
     if (lay & 1) d.src_any = d.src_plain;
     if (lay & 2) d.dst_any = d.dst_plain;
     dnnl_primitive_attr_t attr = qconv_attr(c);
@@ -1488,6 +1500,7 @@ struct pool_state {
     enum pool_kind kind;
     int include_pad;
     int col_major;          /* MaxPool storage_order = 1 */
+    int nhwc;               /* X and Y channels-last (kiln_layout 3) */
     float p;                /* LpPool */
 };
 
@@ -1531,7 +1544,7 @@ static void pool_release(void *st) {
     free(s);
 }
 
-static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
+static int pool_prepare_any(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
     struct pool_state *s = calloc(1, sizeof *s);
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int rc = pool_read(c, kind, &s->win, &s->include_pad, &s->col_major);
@@ -1540,6 +1553,7 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
         return rc;
     }
     s->kind = kind;
+    s->nhwc = layout_of(c->node) == 3 && c->in[0]->ndim == 4 && c->in[0]->dtype == DT_FP32;
     s->p = (float)node_attr_int(c->node, "p", 2);
     *state = s;
     *scratch_size = 0;
@@ -1568,8 +1582,13 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     if (!use_dnnl || !dnnl_util_engine()) return 0;
     dnnl_util_set_threads(c->nthreads);
     dnnl_memory_desc_t x_md, y_md;
-    dnnl_util_plain_md(&x_md, c->in[0]->ndim, c->in[0]->dims);
-    dnnl_util_plain_md(&y_md, c->out[0]->ndim, c->out[0]->dims);
+    if (s->nhwc) {
+        dnnl_util_nhwc_md(&x_md, c->in[0]->dims, dnnl_f32);
+        dnnl_util_nhwc_md(&y_md, c->out[0]->dims, dnnl_f32);
+    } else {
+        dnnl_util_plain_md(&x_md, c->in[0]->ndim, c->in[0]->dims);
+        dnnl_util_plain_md(&y_md, c->out[0]->ndim, c->out[0]->dims);
+    }
     dnnl_dims_t st, k, dl, pl, pr;
     for (int i = 0; i < w->nsp; i++) {
         st[i] = w->s[i];
@@ -1595,6 +1614,17 @@ static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, si
     if (!s->prim) *scratch_size = 0;
     return 0;
 }
+/* Channels-last pools that oneDNN does not run take the C loop on plain
+ * copies in scratch. */
+static int pool_prepare(struct op_call *c, enum pool_kind kind, void **state, size_t *scratch_size) {
+    int rc = pool_prepare_any(c, kind, state, scratch_size);
+    const struct pool_state *s = rc ? NULL : *state;
+    if (s && s->nhwc && !s->prim)
+        *scratch_size = dnnl_util_align(sizeof(float) * (size_t)tensor_numel(c->in[0])) +
+                        sizeof(float) * (size_t)tensor_numel(c->out[0]);
+    return rc;
+}
+
 static int maxpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_MAX, st, ss); }
 static int avgpool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_AVG, st, ss); }
 static int lppool_prepare(struct op_call *c, void **st, size_t *ss) { return pool_prepare(c, POOL_LP, st, ss); }
@@ -1730,6 +1760,16 @@ static int pool_run(struct op_call *c) {
         return dnnl_prim_exec(c, s->prim, args, c->scratch);
     }
     int64_t *idx = has_out(c, 1) ? c->out[1]->data : NULL;
+    if (s->nhwc) {
+        const struct tensor *x = c->in[0];
+        struct tensor xf = *x;
+        float *yf = (float *)((char *)c->scratch + dnnl_util_align(sizeof(float) * (size_t)tensor_numel(x)));
+        xf.data = c->scratch;
+        layout_nchw_from_nhwc(xf.data, x->data, x->dims[0], x->dims[1], x->dims[2] * x->dims[3]);
+        pool_loop(s, &xf, yf, NULL);
+        layout_nhwc_from_nchw(y->data, yf, y->dims[0], y->dims[1], y->dims[2] * y->dims[3]);
+        return 0;
+    }
     if (c->in[0]->dtype == DT_FP32) {
         pool_loop(s, c->in[0], y->data, idx);
         return 0;
@@ -1854,10 +1894,35 @@ static int global_pool_infer(struct op_call *c) {
     return 0;
 }
 
+/* X channels-last (kiln_layout 1): each image's pixels are rows of C
+ * values, summed or maxed into Y's [N,C,1,1] (the same bytes either way). */
+static void global_pool_nhwc(const struct tensor *x, float *y, int is_max) {
+    int64_t n = x->dims[0], ch = x->dims[1], sp = x->dims[2] * x->dims[3];
+    const float *xd = x->data;
+    for (int64_t b = 0; b < n; b++) {
+        float *yb = y + b * ch;
+        for (int64_t k = 0; k < ch; k++) yb[k] = sp > 0 ? (is_max ? xd[b * sp * ch + k] : 0.0f) : 0.0f;
+        for (int64_t p = is_max ? 1 : 0; p < sp; p++) {
+            const float *row = xd + (b * sp + p) * ch;
+            if (is_max)
+                for (int64_t k = 0; k < ch; k++) yb[k] = row[k] > yb[k] ? row[k] : yb[k];
+            else
+#pragma omp simd
+                for (int64_t k = 0; k < ch; k++) yb[k] += row[k];
+        }
+        if (!is_max && sp > 0)
+            for (int64_t k = 0; k < ch; k++) yb[k] /= (float)sp;
+    }
+}
+
 static int global_pool_run(struct op_call *c, int is_max) {
     const struct tensor *x = c->in[0];
     float *y = c->out[0]->data;
     const float *xd = x->data;
+    if (x->ndim == 4 && (layout_of(c->node) & 1)) {
+        global_pool_nhwc(x, y, is_max);
+        return 0;
+    }
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
 #pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < nc; p++) {
@@ -1913,6 +1978,7 @@ static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
 struct bn_state {
     float *ab; /* 2*C values when every parameter is constant, else NULL */
     int training;
+    int nhwc;  /* X and Y channels-last (kiln_layout 3; inference only) */
     float eps, momentum;
 };
 
@@ -2003,6 +2069,7 @@ static int bn_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     int64_t C = c->in[0]->dims[1];
     s->training = bn_training(c);
+    s->nhwc = !s->training && layout_of(c->node) == 3 && c->in[0]->ndim == 4;
     s->eps = node_attr_float(c->node, "epsilon", 1e-5f);
     s->momentum = node_attr_float(c->node, "momentum", 0.9f);
     int all_const = c->in[1]->data && c->in[2]->data && c->in[3]->data && c->in[4]->data && !s->training;
@@ -2047,6 +2114,16 @@ static int bn_run(struct op_call *c) {
     int64_t n = x->dims[0], sp = prod(x->dims + 2, x->ndim - 2);
     const float *xd = x->data;
     float *y = c->out[0]->data;
+    if (s->nhwc) { /* pixels are rows of C values */
+#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+        for (int64_t p = 0; p < n * sp; p++) {
+            const float *xp = xd + p * C;
+            float *yp = y + p * C;
+#pragma omp simd
+            for (int64_t ch = 0; ch < C; ch++) yp[ch] = xp[ch] * ab[ch] + ab[C + ch];
+        }
+        return 0;
+    }
 #pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t p = 0; p < n * C; p++) {
         float a = ab[p % C], b = ab[C + p % C];

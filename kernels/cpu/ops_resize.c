@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -32,6 +33,7 @@ struct resize_params {
     enum resize_round nearest;
     double cubic_a, extrapolation;
     int exclude_outside, antialias;
+    int nhwc; /* X and Y channels-last (kiln_layout 3): the per-axis fields above are in NHWC order */
 };
 
 static int resize_read_floats(struct op_call *c, int i, const char *what, double *v, int max) {
@@ -264,9 +266,32 @@ static void resize_taps(const struct resize_params *p, int a, int64_t in, int64_
 
 /* Scratch: two double buffers of the largest intermediate, then the taps
  * of the largest axis. */
+/* X's dims in memory order. */
+static void resize_in_dims(const struct tensor *x, const struct resize_params *p, int64_t *cur) {
+    struct tensor v = *x;
+    if (p->nhwc) layout_nhwc_view(&v, x);
+    memcpy(cur, v.dims, sizeof v.dims);
+}
+
+/* Channels-last X and Y (passes_layout) resize only H and W: the per-axis
+ * parameters are permuted into memory order, [N,H,W,C]. */
+static void resize_to_nhwc(struct resize_params *p) {
+    static const int perm[4] = {0, 2, 3, 1};
+    struct resize_params q = *p;
+    for (int i = 0; i < 4; i++) {
+        q.out[i] = p->out[perm[i]];
+        q.scale[i] = p->scale[perm[i]];
+        q.roi0[i] = p->roi0[perm[i]];
+        q.roi1[i] = p->roi1[perm[i]];
+        q.active[i] = p->active[perm[i]];
+    }
+    q.nhwc = 1;
+    *p = q;
+}
+
 static size_t resize_scratch(const struct tensor *x, const struct resize_params *p, int64_t *maxel) {
     int64_t cur[TENSOR_MAX_DIMS], big = tensor_numel(x), taps = 0;
-    memcpy(cur, x->dims, sizeof cur);
+    resize_in_dims(x, p, cur);
     for (int a = 0; a < p->r; a++) {
         if (!p->active[a]) continue;
         cur[a] = p->out[a];
@@ -276,7 +301,65 @@ static size_t resize_scratch(const struct tensor *x, const struct resize_params 
         taps = t > taps ? t : taps;
     }
     *maxel = big;
-    return (size_t)(2 * big + 2 * taps + p->r + 8) * sizeof(double) + (size_t)(taps + 64);
+    int64_t outs = 0; /* resize_2d's taps of every axis */
+    for (int a = 0; a < p->r; a++) outs += 2 * p->out[a];
+    return (size_t)(2 * big + 2 * taps + p->r + 8 + 2 * outs) * sizeof(double) + (size_t)(taps + outs + 64);
+}
+
+/* The axis a such that only a and a + 1 may be resized, for the float
+ * path below; -1 when another is, or the taps are not two per output
+ * (cubic, antialiased) or can fall outside (tf_crop_and_resize). */
+static int resize_2d_axis(const struct tensor *x, const struct resize_params *p) {
+    if (x->dtype != DT_FP32 || p->mode == RZ_CUBIC || p->antialias || p->ctm == CT_TF_CROP_AND_RESIZE || p->r < 2)
+        return -1;
+    int first = -1, last = -1;
+    for (int a = 0; a < p->r; a++)
+        if (p->active[a]) {
+            if (first < 0) first = a;
+            last = a;
+        }
+    if (first < 0 || last - first > 1) return -1;
+    return first + 1 < p->r ? first : first - 1;
+}
+
+/* Float Resize of two adjacent axes (H and W, in either layout) with two
+ * taps per output along each: one pass, each output a weighted sum of four
+ * inputs, over memory viewed as [outer, H, W, inner] (inner: the channels
+ * of a channels-last tensor). The separable double passes below give the
+ * same values to float rounding. */
+static void resize_2d(struct op_call *c, const struct resize_params *p, const int64_t *cur, int a, double *buf) {
+    int64_t ih = cur[a], iw = cur[a + 1], oh = p->out[a], ow = p->out[a + 1];
+    int64_t outer = prod(cur, 0, a), inner = prod(cur, a + 2, p->r);
+    double *wy = buf, *wx = wy + 2 * oh;
+    int64_t *iy = (int64_t *)(void *)(wx + 2 * ow), *ix = iy + 2 * oh;
+    char *ext = (char *)(ix + 2 * ow);
+    resize_taps(p, a, ih, iy, wy, ext);
+    resize_taps(p, a + 1, iw, ix, wx, ext);
+    const float *src = c->in[0]->data;
+    float *dst = c->out[0]->data;
+#pragma omp parallel for if (outer * oh * ow * inner > 16384) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t qy = 0; qy < outer * oh; qy++) {
+        int64_t q = qy / oh, y = qy % oh;
+        const float *r0 = src + (q * ih + iy[2 * y]) * iw * inner, *r1 = src + (q * ih + iy[2 * y + 1]) * iw * inner;
+        float wy0 = (float)wy[2 * y], wy1 = (float)wy[2 * y + 1];
+        float *d = dst + (q * oh + y) * ow * inner;
+        if (inner == 1) { /* plain NCHW: rows of single values */
+            for (int64_t xo = 0; xo < ow; xo++) {
+                int64_t x0 = ix[2 * xo], x1 = ix[2 * xo + 1];
+                float a = (float)wx[2 * xo], b = (float)wx[2 * xo + 1];
+                d[xo] = wy0 * (a * r0[x0] + b * r0[x1]) + wy1 * (a * r1[x0] + b * r1[x1]);
+            }
+            continue;
+        }
+        for (int64_t xo = 0; xo < ow; xo++) {
+            int64_t x0 = ix[2 * xo] * inner, x1 = ix[2 * xo + 1] * inner;
+            float w00 = wy0 * (float)wx[2 * xo], w01 = wy0 * (float)wx[2 * xo + 1];
+            float w10 = wy1 * (float)wx[2 * xo], w11 = wy1 * (float)wx[2 * xo + 1];
+            float *dd = d + xo * inner;
+            for (int64_t i = 0; i < inner; i++)
+                dd[i] = w00 * r0[x0 + i] + w01 * r0[x1 + i] + w10 * r1[x0 + i] + w11 * r1[x1 + i];
+        }
+    }
 }
 
 /* The parameters (attributes, and the constant roi, scales and sizes)
@@ -286,6 +369,11 @@ static int resize_prepare(struct op_call *c, void **state, size_t *scratch) {
     int64_t big;
     int rc = resize_params(c, &p);
     if (rc) return rc;
+    if (layout_of(c->node) == 3) {
+        if (p.r != 4 || p.active[0] || p.active[1])
+            return op_error(c, "a channels-last input can be resized along H and W only");
+        resize_to_nhwc(&p);
+    }
     *scratch = resize_scratch(c->in[0], &p, &big);
     return params_keep(c, &p, sizeof p, state);
 }
@@ -303,10 +391,15 @@ static int resize_run(struct op_call *c) {
         if (p.active[a] && p.out[a] * resize_ntaps(&p, a) > maxtaps) maxtaps = p.out[a] * resize_ntaps(&p, a);
     int64_t *idx = (int64_t *)(void *)(w + maxtaps);
     char *ext = (char *)(idx + maxtaps);
+    int64_t cur[TENSOR_MAX_DIMS];
+    resize_in_dims(x, &p, cur);
+    int a2 = resize_2d_axis(x, &p);
+    if (a2 >= 0) {
+        resize_2d(c, &p, cur, a2, b0);
+        return 0;
+    }
     int64_t n = tensor_numel(x);
     for (int64_t i = 0; i < n; i++) b0[i] = op_double_at(x, i);
-    int64_t cur[TENSOR_MAX_DIMS];
-    memcpy(cur, x->dims, sizeof cur);
     double *src = b0, *dst = b1;
     for (int a = 0; a < p.r; a++) {
         if (!p.active[a]) continue;

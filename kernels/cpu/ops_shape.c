@@ -28,6 +28,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -720,10 +721,22 @@ static int concat_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct concat_params *p = op_params_alloc(c, sizeof *p);
     if (!p) return STATUS_NOMEM;
     size_t es = dtype_size(o->dtype);
-    p->outer = prod(o->dims, 0, a);
-    p->orow = prod(o->dims, a, o->ndim) * (int64_t)es;
+    /* Channels-last (passes_layout): the channels are the last axis of
+     * memory. */
+    struct tensor ov = *o, iv;
+    int cl = layout_of(c->node) == 3 && o->ndim == 4 && a == 1;
+    if (cl) {
+        layout_nhwc_view(&ov, o);
+        a = 3;
+    }
+    p->outer = prod(ov.dims, 0, a);
+    p->orow = prod(ov.dims, a, ov.ndim) * (int64_t)es;
     p->off[0] = 0;
-    for (int i = 0; i < c->nin; i++) p->off[i + 1] = p->off[i] + prod(c->in[i]->dims, a, o->ndim) * (int64_t)es;
+    for (int i = 0; i < c->nin; i++) {
+        iv = *c->in[i];
+        if (cl) layout_nhwc_view(&iv, c->in[i]);
+        p->off[i + 1] = p->off[i] + prod(iv.dims, a, ov.ndim) * (int64_t)es;
+    }
     *state = p;
     return 0;
 }

@@ -48,6 +48,7 @@ __device__ __forceinline__ float kc_act_apply(int kind, float x, float a, float 
     case 6: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     case 7: { float y = a * x + b; return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y); }
     case 8: { float y = x / 6.0f + 0.5f; return x * (y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y)); }
+    case 9: return x / (1.0f + expf(-x));
     }
     return x;
 }

@@ -19,6 +19,7 @@
 #include <cmocka.h>
 
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/ops.h"
 #include "tests/kernels/harness.h"
 
@@ -867,6 +868,86 @@ static void test_global_pools(void **st) {
     free(x.data);
 }
 
+/* Runs node t on NCHW x (and the constant inputs rest) plain, then with
+ * kiln_layout = lay, and expects the same values: x is channels-last when
+ * lay has bit 1, the output when it has bit 2 (3: both). */
+static void expect_layout_same(struct tnode *t, int64_t lay, const struct tensor *x, struct tensor **rest, int nrest,
+                               const char *what) {
+    struct tensor *in[6] = {(struct tensor *)x}, y1 = {0}, y2 = {0}, *o1[1] = {&y1}, *o2[1] = {&y2};
+    for (int i = 0; i < nrest; i++) in[1 + i] = rest[i];
+    assert_int_equal_msg_impl(run_node(&t->n, in, 1 + nrest, o1, 1, 1), 0, g_err);
+    struct tensor xc = *x;
+    xc.data = malloc(tensor_nbytes(x));
+    if (lay & 1) layout_nhwc_from_nchw(xc.data, x->data, x->dims[0], x->dims[1], x->dims[2] * x->dims[3]);
+    else memcpy(xc.data, x->data, tensor_nbytes(x));
+    tn_int(t, "kiln_layout", lay);
+    in[0] = &xc;
+    assert_int_equal_msg_impl(run_node(&t->n, in, 1 + nrest, o2, 1, 2), 0, g_err);
+    float *got = y2.data, *plain = NULL;
+    if ((lay & 2) && y2.ndim == 4) {
+        plain = malloc(tensor_nbytes(&y2));
+        layout_nchw_from_nhwc(plain, y2.data, y2.dims[0], y2.dims[1], y2.dims[2] * y2.dims[3]);
+        got = plain;
+    }
+    assert_true(tensor_same_shape(&y1, &y2));
+    expect_close(got, y1.data, tensor_numel(&y1), 1e-5f, what);
+    free(plain);
+    free(xc.data);
+    free(y1.data);
+    free(y2.data);
+}
+
+/* The kernels that take channels-last activations (models/passes_layout.c)
+ * give the plain layout's values: oneDNN's pooling and the C loop on plain
+ * copies (an including-pad average whose ceil-mode window hangs past the
+ * padding), the global pools, BatchNormalization, and Conv with either end
+ * channels-last, a grouped one of 2 channels per group too (which oneDNN
+ * would run with its reference loop on channels-last memory). */
+static void test_channels_last_kernels(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 6, 9, 7};
+    struct tensor x = mk(4, xd, 1);
+    int64_t k2[2] = {2, 2}, k3[2] = {3, 3}, s2[2] = {2, 2}, p1[4] = {1, 1, 1, 1}, p0[4] = {0, 0, 0, 0};
+    for (int avg = 0; avg < 2; avg++) { /* 2x2 windows over 9 rows: the fifth hangs past the end */
+        struct tnode t;
+        tn_init(&t, avg ? "AveragePool" : "MaxPool", 11);
+        tn_ints(&t, "kernel_shape", 2, avg ? k2 : k3);
+        tn_ints(&t, "strides", 2, s2);
+        tn_ints(&t, "pads", 4, avg ? p0 : p1);
+        if (avg) tn_int(&t, "count_include_pad", 1), tn_int(&t, "ceil_mode", 1);
+        expect_layout_same(&t, 3, &x, NULL, 0, avg ? "AveragePool (C loop)" : "MaxPool");
+    }
+    for (int mx = 0; mx < 2; mx++) {
+        struct tnode t;
+        tn_init(&t, mx ? "GlobalMaxPool" : "GlobalAveragePool", 1);
+        expect_layout_same(&t, 1, &x, NULL, 0, "global pool");
+    }
+    int64_t cd[1] = {6};
+    struct tensor sc = mk(1, cd, 1), bi = mk(1, cd, 1), mu = mk(1, cd, 1), var = mk(1, cd, 1);
+    for (int i = 0; i < 6; i++) ((float *)var.data)[i] += 1.0f;
+    struct tensor *bn[4] = {&sc, &bi, &mu, &var};
+    struct tnode t;
+    tn_init(&t, "BatchNormalization", 15);
+    expect_layout_same(&t, 3, &x, bn, 4, "BatchNormalization");
+    for (int group = 1; group <= 3; group += 2) {
+        int64_t wd[4] = {12, 6 / group, 3, 3}, bd[1] = {12};
+        struct tensor w = mk(4, wd, 1), b = mk(1, bd, 1);
+        struct tensor *wb[2] = {&w, &b};
+        for (int64_t lay = 1; lay <= 3; lay++) {
+            tn_init(&t, "Conv", 11);
+            tn_ints(&t, "pads", 4, p1);
+            tn_int(&t, "group", group);
+            char what[64];
+            snprintf(what, sizeof what, "Conv group %d kiln_layout %lld", group, (long long)lay);
+            expect_layout_same(&t, lay, &x, wb, 2, what);
+        }
+        free(w.data);
+        free(b.data);
+    }
+    for (int i = 0; i < 4; i++) free(bn[i]->data);
+    free(x.data);
+}
+
 static void test_lp_pools(void **st) {
     (void)st;
     int64_t xd[4] = {1, 2, 4, 5};
@@ -1403,6 +1484,7 @@ int main(void) {
         cmocka_unit_test(test_deform_conv),     cmocka_unit_test(test_roialign),
         cmocka_unit_test(test_weights_shared),  cmocka_unit_test(test_concurrent_runs),
         cmocka_unit_test(test_decoded_at_prepare),
+        cmocka_unit_test(test_channels_last_kernels),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

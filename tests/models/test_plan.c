@@ -513,6 +513,77 @@ static void test_qdq_nhwc_between_convs(void **state) {
     graph_free(g);
 }
 
+/* The kiln_layout the planner gave the only node of this op type whose
+ * output feeds an op of type next (NULL: the first of its type). */
+static int64_t layout_of_op(const struct graph *g, const char *op, const char *next) {
+    for (int i = 0; i < g->nnodes; i++) {
+        if (strcmp(g->nodes[i].op_type, op) != 0) continue;
+        if (!next) return node_attr_int(&g->nodes[i], "kiln_layout", 0);
+        for (int j = 0; j < g->nnodes; j++)
+            for (int k = 0; k < g->nodes[j].nin; k++)
+                if (g->nodes[j].in[k] == g->nodes[i].out[0] && strcmp(g->nodes[j].op_type, next) == 0)
+                    return node_attr_int(&g->nodes[i], "kiln_layout", 0);
+    }
+    fail_msg("no %s before %s", op, next ? next : "-");
+    return -1;
+}
+
+/* tests/data/layout/cnn_mix.onnx (tests/models/make_layout_models.py):
+ * after the CPU's passes the activations stay channels-last from the stem
+ * Conv's output to the last Conv's input, through the squeeze-excite Mul,
+ * SiLU, the residual Add, MaxPool, Concat and Resize; the squeeze-excite
+ * branch's 1x1 maps are left alone (either layout), the graph's input is
+ * read plain and the last Conv writes plain for the AveragePool whose
+ * output is a graph output. The result equals the plain-layout graph's at
+ * batch 1 and 3. */
+static void test_layout_cnn_mix(void **state) {
+    (void)state;
+    char err[512] = "";
+    struct graph *g = onnx_load_file("tests/data/layout/cnn_mix.onnx", err, sizeof err);
+    struct graph *ref = onnx_load_file("tests/data/layout/cnn_mix.onnx", err, sizeof err);
+    if (!g || !ref) fail_msg("load: %s", err);
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    assert_int_equal(passes_run_for(ref, 0, err, sizeof err), 0);
+    /* Convs by kiln_layout: 0 the squeeze-excite pair (1x1 maps), 1 the
+     * last (plain out), 2 the stem (plain in), 3 depthwise, pointwise and
+     * both branches. */
+    int by_lay[4] = {0}, marked = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        int64_t lay = node_attr_int(&g->nodes[i], "kiln_layout", 0);
+        marked += lay != 0;
+        if (strcmp(g->nodes[i].op_type, "Conv") == 0 && lay >= 0 && lay < 4) by_lay[lay]++;
+    }
+    assert_int_equal(by_lay[0], 2);
+    assert_int_equal(by_lay[1], 1);
+    assert_int_equal(by_lay[2], 1);
+    assert_int_equal(by_lay[3], 4);
+    assert_int_equal(layout_of_op(g, "Conv", "AveragePool"), 1);
+    assert_int_equal(layout_of_op(g, "GlobalAveragePool", NULL), 1);
+    assert_int_equal(layout_of_op(g, "Mul", "Conv"), 3);          /* the squeeze-excite scale */
+    assert_int_equal(count_op(g, "Sigmoid"), 0);                  /* SiLU: the pointwise Conv's swish */
+    assert_int_equal(layout_of_op(g, "Add", NULL), 3);
+    assert_int_equal(layout_of_op(g, "MaxPool", NULL), 3);
+    assert_int_equal(layout_of_op(g, "Concat", NULL), 3);
+    assert_int_equal(layout_of_op(g, "Resize", NULL), 3);
+    assert_int_equal(layout_of_op(g, "AveragePool", NULL), 0);    /* its output is a graph output */
+    assert_int_equal(layout_of_op(g, "Gemm", NULL), 0);
+    assert_true(marked >= 12);
+    for (int n = 1; n <= 3; n += 2) {
+        float *xd = malloc(sizeof(float) * (size_t)n * 3 * 32 * 32);
+        unsigned s = 5;
+        for (int i = 0; i < n * 3 * 32 * 32; i++) xd[i] = frand(&s);
+        struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {n, 3, 32, 32}, .data = xd}, y1, y2;
+        float *r = run1(ref, &in, &y1), *f = run1(g, &in, &y2);
+        assert_true(tensor_same_shape(&y1, &y2));
+        for (int64_t i = 0; i < tensor_numel(&y1); i++) assert_true(fabsf(f[i] - r[i]) <= 1e-4f * (1 + fabsf(r[i])));
+        free(r);
+        free(f);
+        free(xd);
+    }
+    graph_free(g);
+    graph_free(ref);
+}
+
 /* Scores [2,2,3,40] -> Mul(1/8) -> Add(mask [2,1,3,40]) -> Softmax(-1) ->
  * Where(IsNaN(p), 0, p), the softmax of exported attention: with the CPU's
  * fusions one MaskedSoftmax node. The mask masks with the float minimum, and
@@ -1544,6 +1615,7 @@ int main(void) {
         cmocka_unit_test(test_value_driven_run),
         cmocka_unit_test(test_step_threads),
         cmocka_unit_test(test_step_threads_inherited),
+        cmocka_unit_test(test_layout_cnn_mix),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,302 @@
+/* passes_layout.c - channels-last activations between float convolutions
+ * on the CPU (passes_layout in passes.h).
+ *
+ * oneDNN's fast convolutions (brgemm 1x1, depthwise, the direct kernels)
+ * work on channels-last (NHWC, oneDNN's acdb) memory; ONNX's tensors are
+ * NCHW, so each Conv would reorder its input in and its output back, and
+ * on MobileNet-class models those reorders cost as much as the
+ * convolutions. Here a value a 2-D Conv produces is stored channels-last
+ * instead, its dims still NCHW, when every node that reads it can take it
+ * so; the nodes downstream of it that only move it along (activations,
+ * residual Adds, squeeze-excite Muls, pools, channel Concats, Resizes)
+ * keep it so in turn. The node attribute kiln_layout tells the kernels:
+ * on Conv, bit 1 says X is channels-last and bit 2 says Y is; on the
+ * other ops that honour it, 3 says that the op runs on channels-last
+ * memory (every 4-D operand the planner did not find layout-neutral is
+ * channels-last, its output too), 1 (global pools) that only X is.
+ *
+ * A value is layout-neutral when its NCHW and NHWC memory are the same
+ * bytes: one channel, or a 1x1 map ([N,C,1,1], a squeeze-excite scale).
+ * Those are never marked and read the same either way. Shapes come from
+ * a probe of the graph's shape rules with its symbolic dims made concrete,
+ * the shape computations of a dynamic batch (Shape, Gather, Concat into a
+ * Reshape) evaluated on the way; twice with different sizes where the
+ * inputs have symbolic dims, a value counting as neutral only if it is in
+ * both. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "kernels/ops.h"
+#include "models/eval.h"
+#include "models/passes.h"
+
+/* ---- the shape probe --------------------------------------------------------------------------- */
+
+/* A shape computation (Shape, Gather, Concat of a few integers...) whose
+ * value a Reshape needs: small integer outputs of a node whose inputs are
+ * known, or of a shape-only op. */
+static int probe_computes(const struct graph_node *n, const struct op_call *c) {
+    int shape_only = (n->op->flags & OP_SHAPE_ONLY) != 0;
+    for (int k = 0; k < n->nin && !shape_only; k++)
+        if (c->in[k] && !c->in[k]->data) return 0;
+    for (int k = 0; k < n->nout; k++) {
+        const struct tensor *o = c->out[k];
+        if (o->dtype != DT_INT64 && o->dtype != DT_INT32) return 0;
+        if (o->ndim < 0 || tensor_numel(o) > 64) return 0;
+    }
+    return n->op->run != NULL;
+}
+
+/* Every value's shape with the symbolic dims of the inputs set: dim 0 to
+ * batch, the others to other, shape computations evaluated on the way
+ * (their data owned by the probe: owned[v], freed by probe_free). Values
+ * whose shape rule fails keep rank -1. */
+static void probe_shapes(const struct graph *g, struct tensor *t, unsigned char *owned, int64_t batch, int64_t other,
+                         int *dynamic) {
+    for (int v = 0; v < g->nvalues; v++) {
+        t[v] = g->values[v].t;
+        owned[v] = 0;
+        if (t[v].data) continue;
+        if (g->values[v].flags & VALUE_INPUT) {
+            for (int d = 0; d < t[v].ndim; d++)
+                if (t[v].dims[d] < 0) {
+                    t[v].dims[d] = d == 0 ? batch : other;
+                    *dynamic = 1;
+                }
+        } else {
+            t[v].ndim = -1;
+        }
+    }
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        if (!n->op || !n->op->infer || n->nin > OP_MAX_IO || n->nout > OP_MAX_IO) continue;
+        struct op_call c;
+        struct tensor dummy[OP_MAX_IO];
+        op_call_init(&c, n, 1, NULL, 0);
+        int known = 1;
+        for (int k = 0; k < n->nin; k++) {
+            if (n->in[k] < 0) continue;
+            c.in[k] = &t[n->in[k]];
+            if (t[n->in[k]].ndim < 0) known = 0;
+        }
+        if (!known) continue;
+        for (int k = 0; k < n->nout; k++) {
+            struct tensor *o = n->out[k] >= 0 ? &t[n->out[k]] : &dummy[k];
+            memset(o, 0, sizeof *o);
+            c.out[k] = o;
+        }
+        if (n->op->infer(&c)) {
+            for (int k = 0; k < n->nout; k++) c.out[k]->ndim = -1;
+            continue;
+        }
+        if (!probe_computes(n, &c)) continue;
+        struct tensor res[OP_MAX_IO];
+        if (eval_node(n, (const struct tensor *const *)c.in, n->nin, res, n->nout, 4096, NULL, 0) != 0) continue;
+        for (int k = 0; k < n->nout; k++) {
+            if (n->out[k] < 0) {
+                tensor_free_data(&res[k]);
+                continue;
+            }
+            t[n->out[k]] = res[k];
+            owned[n->out[k]] = 1;
+        }
+    }
+}
+
+static void probe_free(const struct graph *g, struct tensor *t, unsigned char *owned) {
+    for (int v = 0; t && owned && v < g->nvalues; v++)
+        if (owned[v]) tensor_free_data(&t[v]), owned[v] = 0;
+}
+
+/* ---- which nodes can work channels-last --------------------------------------------------------- */
+
+enum lay_role {
+    ROLE_NONE = 0, /* reads its inputs plain */
+    ROLE_CONV,     /* 2-D Conv: X and Y each either way */
+    ROLE_FOLLOW,   /* output channels-last exactly when its spatial inputs are */
+    ROLE_GLOBAL,   /* global pool: X either way, output [N,C,1,1] (neutral) */
+};
+
+static int is_op(const struct graph_node *n, const char *op) {
+    return n->domain[0] == 0 && strcmp(n->op_type, op) == 0;
+}
+
+static int is_one_of(const struct graph_node *n, const char *const *ops) {
+    for (; *ops; ops++)
+        if (is_op(n, *ops)) return 1;
+    return 0;
+}
+
+/* Float elementwise operators that treat every element alike: memory order
+ * is theirs to ignore. */
+static const char *const unary_ops[] = {"Relu",     "LeakyRelu", "Clip",  "Sigmoid", "HardSigmoid", "HardSwish",
+                                        "Tanh",     "Elu",       "Selu",  "Celu",    "Softplus",    "Softsign",
+                                        "Mish",     "Gelu",      "Erf",   "Exp",     "Neg",         "Abs",
+                                        "Sqrt",     "Reciprocal", "Floor", "Ceil",   "Round",       "ThresholdedRelu",
+                                        NULL};
+/* Binary operators with numpy broadcasting (ops_elementwise.c honours
+ * kiln_layout by broadcasting over the channels-last order). */
+static const char *const binary_ops[] = {"Add", "Sub", "Mul", "Div", NULL};
+
+static int rank4(const struct tensor *t) { return t->ndim == 4; }
+
+static enum lay_role role_of(const struct graph *g, const struct graph_node *n, const struct tensor *t) {
+    if (n->nout < 1 || n->out[0] < 0 || n->nin < 1 || n->in[0] < 0) return ROLE_NONE;
+    const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
+    if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
+    /* Either operand may be the broadcast one ([C,1,1] * x). */
+    if (is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    if (x->dtype != DT_FP32 || !rank4(x)) return ROLE_NONE;
+    if (is_op(n, "Conv")) return n->nin >= 2 && n->in[1] >= 0 && rank4(&t[n->in[1]]) ? ROLE_CONV : ROLE_NONE;
+    if (is_one_of(n, unary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    /* oneDNN pools channels-last (the C loop on plain copies where it
+     * refuses a shape); no Indices output. */
+    if (is_op(n, "MaxPool") || is_op(n, "AveragePool"))
+        return n->nout == 1 || n->out[1] < 0 ? ROLE_FOLLOW : ROLE_NONE;
+    if (is_op(n, "GlobalAveragePool") || is_op(n, "GlobalMaxPool")) return ROLE_GLOBAL;
+    if (is_op(n, "Concat")) {
+        int64_t a = node_attr_int(n, "axis", 0);
+        return a == 1 || a == -3 ? ROLE_FOLLOW : ROLE_NONE;
+    }
+    /* Inference BatchNormalization (DenseNet's, between a Concat and a
+     * Conv, which no Conv absorbs): a per-channel affine. */
+    if (is_op(n, "BatchNormalization"))
+        return n->nout == 1 && !node_attr_int(n, "training_mode", 0) ? ROLE_FOLLOW : ROLE_NONE;
+    /* Resize of H and W only (a crop could move along N or C); roi,
+     * scales and sizes are constants. */
+    if (is_op(n, "Resize") && n->opset >= 11 &&
+        strcmp(node_attr_str(n, "coordinate_transformation_mode", ""), "tf_crop_and_resize") != 0)
+        return y->dims[0] == x->dims[0] && y->dims[1] == x->dims[1] ? ROLE_FOLLOW : ROLE_NONE;
+    (void)g;
+    return ROLE_NONE;
+}
+
+/* The inputs of a follower that carry its layout (the others are
+ * parameters). */
+static int nspatial(const struct graph_node *n) {
+    return is_op(n, "Resize") || is_op(n, "BatchNormalization") ? 1 : n->nin;
+}
+
+/* ---- the planner --------------------------------------------------------------------------------- */
+
+/* 1 if t is known to be the same bytes in either layout. */
+static int neutral(const struct tensor *t) {
+    if (t->ndim < 0 || t->ndim > 4) return 0;
+    int64_t d[4] = {1, 1, 1, 1};
+    for (int i = 0; i < t->ndim; i++) d[4 - t->ndim + i] = t->dims[i];
+    for (int i = 1; i < 4; i++)
+        if (d[i] < 0) return 0;
+    return d[1] == 1 || d[2] * d[3] == 1;
+}
+
+struct lay {
+    const struct graph *g;
+    const struct tensor *t;
+    unsigned char *role; /* per node: enum lay_role */
+    unsigned char *cl;   /* per value: stored channels-last */
+    unsigned char *neu;  /* per value: layout-neutral */
+};
+
+/* 1 if node n can read its input k channels-last, given the marks so far. */
+static int reader_ok(const struct lay *L, const struct graph_node *n, int ni, int k) {
+    switch ((enum lay_role)L->role[ni]) {
+    case ROLE_CONV: return k == 0;
+    case ROLE_GLOBAL: return k == 0;
+    case ROLE_FOLLOW: return L->cl[n->out[0]];
+    case ROLE_NONE: break;
+    }
+    return 0;
+}
+
+/* A follower's output stays channels-last only if each of its inputs is
+ * channels-last or neutral. */
+static int follow_ok(const struct lay *L, const struct graph_node *n) {
+    for (int k = 0; k < nspatial(n); k++) {
+        int v = n->in[k];
+        if (v >= 0 && !L->cl[v] && !L->neu[v]) return 0;
+    }
+    return 1;
+}
+
+static int demote_pass(struct lay *L) {
+    const struct graph *g = L->g;
+    int changed = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        for (int k = 0; k < n->nin; k++) {
+            int v = n->in[k];
+            if (v >= 0 && L->cl[v] && !reader_ok(L, n, i, k)) L->cl[v] = 0, changed = 1;
+        }
+        if (L->role[i] == ROLE_FOLLOW && L->cl[n->out[0]] && !follow_ok(L, n)) L->cl[n->out[0]] = 0, changed = 1;
+    }
+    return changed;
+}
+
+static int mark_nodes(struct lay *L, struct graph *g, int *nmarked) {
+    for (int i = 0; i < g->nnodes; i++) {
+        struct graph_node *n = &g->nodes[i];
+        int64_t lay = 0;
+        if (L->role[i] == ROLE_CONV) lay = (L->cl[n->in[0]] ? 1 : 0) | (L->cl[n->out[0]] ? 2 : 0);
+        else if (L->role[i] == ROLE_FOLLOW && L->cl[n->out[0]]) lay = 3;
+        else if (L->role[i] == ROLE_GLOBAL && L->cl[n->in[0]]) lay = 1;
+        if (!lay) continue;
+        if (node_set_attr_int(n, "kiln_layout", lay)) return -1;
+        (*nmarked)++;
+    }
+    return 0;
+}
+
+int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
+    *nmarked = 0;
+    const char *e = getenv("KILN_LAYOUT");
+    if (e && strcmp(e, "plain") == 0) return 0;
+    size_t nv = (size_t)(g->nvalues > 0 ? g->nvalues : 1), nn = (size_t)(g->nnodes > 0 ? g->nnodes : 1);
+    struct tensor *t = malloc(nv * sizeof *t), *t2 = malloc(nv * sizeof *t2);
+    unsigned char *owned = calloc(nv, 1), *owned2 = calloc(nv, 1);
+    struct lay L = {.g = g, .t = t, .role = calloc(nn, 1), .cl = calloc(nv, 1), .neu = calloc(nv, 1)};
+    int rc = 0, dynamic = 0;
+    if (!t || !t2 || !owned || !owned2 || !L.role || !L.cl || !L.neu) {
+        rc = status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+        goto done;
+    }
+    probe_shapes(g, t, owned, 1, 224, &dynamic);
+    for (int v = 0; v < g->nvalues; v++) L.neu[v] = neutral(&t[v]);
+    if (dynamic) { /* neutral at both sizes, or not at all */
+        probe_shapes(g, t2, owned2, 2, 97, &dynamic);
+        for (int v = 0; v < g->nvalues; v++) L.neu[v] &= neutral(&t2[v]) && t2[v].ndim == t[v].ndim;
+        probe_free(g, t2, owned2);
+    }
+    int nconv = 0;
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *n = &g->nodes[i];
+        L.role[i] = (unsigned char)role_of(g, n, t);
+        if (L.role[i] == ROLE_CONV) nconv++;
+        if ((L.role[i] == ROLE_CONV || L.role[i] == ROLE_FOLLOW) && !L.neu[n->out[0]]) L.cl[n->out[0]] = 1;
+    }
+    for (int o = 0; o < g->noutputs; o++) L.cl[g->outputs[o]] = 0;
+    while (demote_pass(&L)) {
+    }
+    int ncl = 0, nchange = 0;
+    for (int v = 0; v < g->nvalues; v++) ncl += L.cl[v];
+    for (int i = 0; i < g->nnodes; i++)
+        if (L.role[i] == ROLE_CONV) nchange += L.cl[g->nodes[i].in[0]] != L.cl[g->nodes[i].out[0]];
+    if (mark_nodes(&L, g, nmarked)) {
+        rc = status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
+        goto done;
+    }
+    if (nconv)
+        log_debug("layout: %d values channels-last, %d nodes marked, %d of %d Conv change layout", ncl, *nmarked,
+                  nchange, nconv);
+done:
+    probe_free(g, t, owned);
+    free(owned);
+    free(owned2);
+    free(t);
+    free(t2);
+    free(L.role);
+    free(L.cl);
+    free(L.neu);
+    return rc;
+}
