@@ -1623,8 +1623,9 @@ static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, 
     log_debug("measured steps all on %d threads: %.3f ms a run; all on 1: %.3f ms; %d of %d on %d: %.3f ms; "
               "runs %s", p->nthreads, all_ms, one_ms, nall, p->nmeasured, p->nthreads, mixed ? chosen_ms : 0.0,
               pick == MEASURED_ALL ? "all on all" : pick == MEASURED_ONE ? "all on 1" : "each on its own");
+    /* Other executors read the choices after p->timed's release store
+     * (run_host_measured), which publishes them. */
     atomic_store_explicit(&p->pick, 1 + (int)pick, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
     bind_choices(x, p);
     /* The caller's outputs come from the configuration kept, as the next
      * runs' will: oneDNN's AVX2 GEMM rounds differently per thread count. */
