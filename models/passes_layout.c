@@ -151,6 +151,14 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
     if (x->dtype != DT_FP32 || !rank4(x)) return ROLE_NONE;
     if (is_op(n, "Conv")) return n->nin >= 2 && n->in[1] >= 0 && rank4(&t[n->in[1]]) ? ROLE_CONV : ROLE_NONE;
     if (is_one_of(n, unary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    /* Sum (ResNet's residual joins in older exports) of operands all of the
+     * output's shape: elementwise in any layout, so its kernel needs no
+     * marks. Broadcasting ones stay plain. */
+    if (is_op(n, "Sum")) {
+        for (int k = 0; k < n->nin; k++)
+            if (n->in[k] < 0 || !tensor_same_shape(&t[n->in[k]], y) || t[n->in[k]].dtype != DT_FP32) return ROLE_NONE;
+        return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    }
     /* oneDNN pools channels-last (the C loop on plain copies where it
      * refuses a shape); no Indices output. */
     if (is_op(n, "MaxPool") || is_op(n, "AveragePool"))

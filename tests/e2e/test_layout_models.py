@@ -46,3 +46,49 @@ def test_layout_matches_onnxruntime(tmp_path, isa, batch):
     plain, _ = kiln_run(tmp_path, x, {**env, "KILN_LAYOUT": "plain"})
     for k in want:
         np.testing.assert_allclose(got[k], plain[k], rtol=1e-4, atol=1e-5)
+
+
+def residual_sum_model(path, ch):
+    """A ResNet block as older exports write it (ONNX's light ResNet-50):
+    1x1 Conv -> Relu -> 3x3 stride-1 Conv (oneDNN's Winograd kernels on
+    AVX-512, on their blocked layout between channels-last ends) -> Relu ->
+    1x1 Conv, joined to the block's input by Sum, which carries
+    channels-last values; ch channels, 24 not a multiple of the blocks."""
+    import onnx
+    import onnx.helper as oh
+    from onnx import TensorProto as TP
+    rng = np.random.default_rng(ch)
+
+    def w(name, o, i, k):
+        return onnx.numpy_helper.from_array((rng.standard_normal((o, i, k, k)) * 0.2).astype(np.float32), name)
+
+    nodes = [oh.make_node("Conv", ["x", "w0"], ["a"]), oh.make_node("Relu", ["a"], ["ar"]),
+             oh.make_node("Conv", ["ar", "w1"], ["b"], pads=[1, 1, 1, 1]), oh.make_node("Relu", ["b"], ["br"]),
+             oh.make_node("Conv", ["br", "w2"], ["c"]), oh.make_node("Sum", ["c", "ar"], ["s"]),
+             oh.make_node("Relu", ["s"], ["sr"]), oh.make_node("Conv", ["sr", "w3"], ["y"])]
+    graph = oh.make_graph(nodes, "block", [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 20, 20])],
+                          [oh.make_tensor_value_info("y", TP.FLOAT, None)],
+                          [w("w0", ch, 3, 1), w("w1", ch, ch, 3), w("w2", ch, ch, 1), w("w3", 5, ch, 1)])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, path)
+
+
+@pytest.mark.parametrize("ch", [24, 32])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_residual_sum_and_winograd_blocks(tmp_path, ch, batch):
+    path = tmp_path / "block.onnx"
+    residual_sum_model(path, ch)
+    x = np.random.default_rng(batch).standard_normal((batch, 3, 20, 20)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    outs = {}
+    for mode in ("", "plain"):
+        out = tmp_path / f"out{mode}"
+        r = subprocess.run([str(KILN), "run", str(path), "--backend", "cpu", "--input", f"x={tmp_path / 'x.npy'}",
+                            "--output-dir", str(out), "--quiet"], capture_output=True, text=True,
+                           env={**os.environ, "KILN_LAYOUT": mode, "KILN_LOG_LEVEL": "debug"}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs[mode] = np.load(out / "y.npy")
+        np.testing.assert_allclose(outs[mode], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(outs[""], outs["plain"], rtol=1e-5, atol=1e-5)
