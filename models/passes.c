@@ -1069,6 +1069,24 @@ static void softmax_feed(struct pass *ps, int x, struct softmax_feed *f) {
     }
 }
 
+/* Makes n the kiln-domain operator op (kernels/cpu), its inputs and
+ * attributes left to the caller; -1 out of memory. */
+static int to_kiln_op(struct graph_node *n, const char *op) {
+    char *o = strdup(op), *d = strdup("kiln");
+    if (!o || !d) {
+        free(o);
+        free(d);
+        return -1;
+    }
+    free(n->op_type);
+    free(n->domain);
+    n->op_type = o;
+    n->domain = d;
+    n->opset = 1;
+    n->op = op_find("kiln", op);
+    return 0;
+}
+
 /* Sets node n's attributes to scale and nan_to_zero. */
 static int masked_softmax_attrs(struct graph_node *n, float scale, int nan_to_zero) {
     struct graph_attr *at = calloc(2, sizeof *at);
@@ -1120,18 +1138,8 @@ static int masked_softmax_node(struct pass *ps, int si) {
     if (mask < 0 && wh < 0) return 0; /* a plain softmax: oneDNN's */
     int keep = wh >= 0 ? wh : si; /* the node that becomes the fused one, keeping its output */
     struct graph_node *n = &g->nodes[keep];
-    char *op = strdup("MaskedSoftmax"), *dom = strdup("kiln");
-    if (!op || !dom || set_nin(n, 2) || masked_softmax_attrs(n, f.scale, wh >= 0)) {
-        free(op);
-        free(dom);
+    if (set_nin(n, 2) || masked_softmax_attrs(n, f.scale, wh >= 0) || to_kiln_op(n, "MaskedSoftmax"))
         return pass_nomem(ps);
-    }
-    free(n->op_type);
-    free(n->domain);
-    n->op_type = op;
-    n->domain = dom;
-    n->opset = 1;
-    n->op = op_find("kiln", "MaskedSoftmax");
     n->in[0] = x;
     n->in[1] = mask;
     n->nin = mask >= 0 ? 2 : 1;
@@ -1183,12 +1191,10 @@ static int softmax_attention_node(struct pass *ps, int mi2) {
         return 0;
     struct graph_node *n = &g->nodes[mi2];
     struct graph_attr *at = calloc(1, sizeof *at);
-    char *an = strdup("scale"), *op = strdup("SoftmaxAttention"), *dom = strdup("kiln");
-    if (!at || !an || !op || !dom || set_nin(n, 3)) {
+    char *an = strdup("scale");
+    if (!at || !an || set_nin(n, 3) || to_kiln_op(n, "SoftmaxAttention")) {
         free(at);
         free(an);
-        free(op);
-        free(dom);
         return pass_nomem(ps);
     }
     at[0] = (struct graph_attr){.name = an, .type = ATTR_FLOAT, .f = f.scale};
@@ -1196,12 +1202,6 @@ static int softmax_attention_node(struct pass *ps, int mi2) {
     free(n->attrs);
     n->attrs = at;
     n->nattr = 1;
-    free(n->op_type);
-    free(n->domain);
-    n->op_type = op;
-    n->domain = dom;
-    n->opset = 1;
-    n->op = op_find("kiln", "SoftmaxAttention");
     n->in[0] = a;
     n->in[1] = b;
     n->in[2] = v;
