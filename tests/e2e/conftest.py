@@ -10,6 +10,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,29 @@ from onnx import TensorProto as TP
 # Every server the tests start (many at once) takes a free gRPC port, as
 # --http-port 0 does for HTTP; test_grpc.py reads it from the log.
 os.environ.setdefault("KILN_GRPC_PORT", "0")
+
+# tritonclient.http runs on gevent, which gives every thread that uses it a
+# hub holding two descriptors (its epoll and its wakeup) that outlive the
+# thread: the 512-client batching test alone left 1024 open in this process,
+# and later tests failed in select() or would run out of descriptors. Each
+# thread frees its hub as it ends.
+_thread_run = threading.Thread.run
+
+
+def _run_then_free_hub(self):
+    try:
+        _thread_run(self)
+    finally:
+        try:
+            from gevent._hub_local import get_hub_if_exists
+        except ImportError:
+            get_hub_if_exists = None
+        hub = get_hub_if_exists() if get_hub_if_exists else None
+        if hub is not None:
+            hub.destroy(destroy_loop=True)
+
+
+threading.Thread.run = _run_then_free_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 KILN = Path(os.environ.get("KILN_BIN", ROOT / "build" / "kiln"))
