@@ -24,6 +24,7 @@ struct model {
     struct model_io *ins, *outs;
     struct plan_cache *plans; /* host plans, shared by every CPU execution context */
     int max_plans;
+    int plans_limit; /* the plan caches may grow to this many when plans are rebuilt */
     int64_t max_dim;
     /* Inputs whose values decide shapes (a Reshape's shape or TopK's K fed
      * by the caller): learned on the first plan that cannot be built
@@ -93,6 +94,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
         goto fail;
     }
     m->max_plans = p->max_plans > 0 ? p->max_plans : 16;
+    m->plans_limit = p->max_plans > 0 ? p->max_plans : MODEL_PLANS_LIMIT;
     m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
     m->fp16 = p->fp16 != 0;
     m->cuda_graphs = p->cuda_graphs >= 0;
@@ -103,6 +105,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
     m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);
     m->plans = plan_cache_create(m->max_plans);
+    if (m->plans) plan_cache_set_limit(m->plans, m->plans_limit);
     if (!m->ins || !m->outs || !m->plans) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
         goto fail;
@@ -162,6 +165,7 @@ int model_grow_plans(struct model *m, int max_plans) {
     if (max_plans <= m->max_plans) return 0;
     int rc = plan_cache_grow(m->plans, max_plans);
     if (!rc) m->max_plans = max_plans;
+    if (!rc && m->plans_limit < max_plans) m->plans_limit = max_plans;
     return rc;
 }
 const char *model_producer(const struct model *m) { return m->g->producer_name ? m->g->producer_name : ""; }
@@ -186,6 +190,7 @@ struct model_exec *model_exec_create(struct model *m, struct backend *be, int nt
     if (!x->be->host_memory) {
         x->dev_plans = plan_cache_create(m->max_plans);
         if (!x->dev_plans) goto nomem;
+        plan_cache_set_limit(x->dev_plans, m->plans_limit);
         plan_cache_set_fp16(x->dev_plans, m->fp16);
         plan_exec_set_cuda_graphs(x->pe, m->cuda_graphs);
     }

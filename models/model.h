@@ -3,7 +3,9 @@
  * model_load parses the file, checks it, runs the load-time passes (constant
  * folding, Conv+BatchNorm folding, activation/bias fusion) and keeps the graph.
  * A plan (kernels, memory offsets, workspaces) is built on first use of each
- * input shape signature and kept in an LRU of max_plans entries.
+ * input shape signature and kept in an LRU of max_plans entries; by default
+ * the LRU doubles, up to MODEL_PLANS_LIMIT, when plans are evicted and soon
+ * rebuilt (a model fed more shapes than it holds).
  *
  * Threads: a struct model is shared and immutable after load except for its
  * plan cache, which has its own lock. A struct model_exec (arena, backend
@@ -16,13 +18,15 @@
 #include "common/model_io.h"
 #include "common/tensor.h"
 
+#define MODEL_PLANS_LIMIT 256
+
 struct model;
 struct model_exec;
 struct backend;
 
 struct model_params {
     const char *path;     /* model.onnx; external data files are read beside it */
-    int max_plans;        /* LRU bound on cached plans; 0 = 16 */
+    int max_plans;        /* LRU bound on cached plans, fixed; 0 = 16, growing to MODEL_PLANS_LIMIT */
     int max_dim;          /* largest accepted value of any input dim; 0 = MODEL_MAX_DIM */
     /* The model's optimization settings, for device backends (the CPU runs
      * FP32 and has no graphs): fp16 = 1 stores weights and activations as

@@ -158,7 +158,13 @@ void plan_cache_touch(struct plan_cache *c, struct plan *p);
 void plan_cache_set_fp16(struct plan_cache *c, int on);
 /* Raises the bound to max_plans (never lowers it). 0 or STATUS_NOMEM. */
 int plan_cache_grow(struct plan_cache *c, int max_plans);
-/* Number of plans in the cache; number of builds and evictions so far. */
+/* Lets the bound double, up to limit, each time half as many plans as it
+ * holds were rebuilt after their eviction (default: no growth). */
+void plan_cache_set_limit(struct plan_cache *c, int limit);
+int plan_cache_max(struct plan_cache *c);
+uint64_t plan_cache_rebuilds(struct plan_cache *c);
+/* Number of plans in the cache; number of builds and evictions so far
+ * (plan_cache_rebuilds: builds of a recently evicted plan). */
 int plan_cache_size(struct plan_cache *c);
 uint64_t plan_cache_builds(struct plan_cache *c);
 uint64_t plan_cache_evictions(struct plan_cache *c);

@@ -157,3 +157,33 @@ def test_threads_follow_runs_not_plan_builds(make_server, tmp_path):
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(lambda r: infer(p.url, "bert", r), reqs))
     assert moved in p.text(), p.text()[-3000:]
+
+
+def test_unpadded_lengths_keep_their_plans(make_server, tmp_path):
+    """Without padding every length is its own plan: 40 lengths, sent twice,
+    outgrow the 16 plans a model starts with. The cache doubles as evicted
+    plans come back, and the second pass builds nothing."""
+    root = tmp_path / "repo"
+    d = root / "distilbert" / "1"
+    d.mkdir(parents=True)
+    shutil.copy(DATA / "distilbert.onnx", d / "model.onnx")
+    (root / "distilbert" / "config.json").write_text(json.dumps({"max_batch_size": 4}))
+    s = make_server(root, "--log-level", "debug")
+    sess = ort.InferenceSession(str(DATA / "distilbert.onnx"))
+    lengths = list(range(8, 48))
+
+    def one(length):
+        rng = np.random.default_rng(length)
+        req = {"input_ids": rng.integers(1, 1000, (1, length)).astype(np.int64),
+               "attention_mask": np.ones((1, length), np.int64)}
+        return req, infer(s.url, "distilbert", req)
+
+    for rnd in range(3):
+        for length in lengths:
+            req, out = one(length)
+            want = sess.run(None, req)
+            np.testing.assert_allclose(out["last_hidden_state"], want[0], atol=1e-4, rtol=1e-4)
+        if rnd == 1:
+            builds = s.text().count("plan for ")
+    assert "it holds 32 now" in s.text() and "it holds 64 now" in s.text(), s.text()[-2000:]
+    assert s.text().count("plan for ") == builds, "the third pass rebuilt plans"

@@ -821,6 +821,46 @@ static void test_plan_cache_lru(void **state) {
     graph_free(g);
 }
 
+/* Shapes cycled through a cache too small for them: the plans it evicts
+ * come back, so it doubles (up to its limit) and stops rebuilding them. */
+static void test_plan_cache_grows_on_rebuilds(void **state) {
+    (void)state;
+    struct graph *g = diamond();
+    struct plan_cache *c = plan_cache_create(2);
+    plan_cache_set_limit(c, 8);
+    struct backend *be = backend_cpu_create(NULL);
+    char err[256];
+    float xd[5 * 4] = {0};
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {1, 5}, .data = xd};
+    struct plan *p;
+    int built;
+    for (int round = 0; round < 3; round++)
+        for (int b = 1; b <= 4; b++) {
+            in.dims[0] = b;
+            assert_int_equal(plan_cache_get(c, g, &in, 0, be, 1, &p, &built, err, sizeof err), 0);
+            assert_int_equal(built, round == 0 || (round == 1 && b <= 2));
+            plan_release(p);
+        }
+    assert_int_equal(plan_cache_max(c), 4);
+    assert_int_equal(plan_cache_size(c), 4);
+    assert_int_equal(plan_cache_builds(c), 6);
+    assert_int_equal(plan_cache_rebuilds(c), 2);
+    /* Without a limit above its bound, a cache never grows. */
+    struct plan_cache *fixed = plan_cache_create(2);
+    for (int round = 0; round < 2; round++)
+        for (int b = 1; b <= 4; b++) {
+            in.dims[0] = b;
+            assert_int_equal(plan_cache_get(fixed, g, &in, 0, be, 1, &p, &built, err, sizeof err), 0);
+            plan_release(p);
+        }
+    assert_int_equal(plan_cache_max(fixed), 2);
+    assert_int_equal(plan_cache_builds(fixed), 8);
+    plan_cache_free(fixed);
+    backend_free(be);
+    plan_cache_free(c);
+    graph_free(g);
+}
+
 /* An input that decides a shape: bound by value, a new plan per value. */
 static void test_bound_input_values(void **state) {
     (void)state;
@@ -1601,6 +1641,7 @@ int main(void) {
         cmocka_unit_test(test_qdq_nhwc_between_convs),
         cmocka_unit_test(test_fold_constants_and_dead_nodes),
         cmocka_unit_test(test_plan_cache_lru),
+        cmocka_unit_test(test_plan_cache_grows_on_rebuilds),
         cmocka_unit_test(test_bound_input_values),
         cmocka_unit_test(test_kernel_error_propagates),
         cmocka_unit_test(test_squeezenet_memory_plan),
