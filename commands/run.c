@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/tensor.h"
 #include "kernels/backend.h"
@@ -374,7 +375,7 @@ static void list_op(const struct op_def *op, void *arg) {
 static void usage(FILE *f) {
     fprintf(f, "usage: kiln run MODEL [--input [NAME=]FILE.pb|FILE.npy ...] [--batch N] [--iterations N]\n"
                "                      [--output-dir DIR] [--threads N] [--seed S] [--quiet]\n"
-               "                      [--backend auto|cpu|cuda]\n"
+               "                      [--backend auto|cpu|cuda] [--log-level error|warn|info|debug]\n"
                "       kiln run --list-ops\n"
                "MODEL is a .onnx file or a model repository folder (highest version).\n"
                "Inputs not given get seeded random data; symbolic dims become --batch (first axis) or 1.\n");
@@ -435,13 +436,23 @@ int cmd_run(int argc, char **argv) {
                 goto done;
             }
         } else if (!v && (!strcmp(a, "--input") || !strcmp(a, "--batch") || !strcmp(a, "--iterations") ||
-                          !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--output-dir"))) {
+                          !strcmp(a, "--threads") || !strcmp(a, "--seed") || !strcmp(a, "--output-dir") ||
+                          !strcmp(a, "--log-level"))) {
             fprintf(stderr, "kiln run: %s needs a value\n", a);
             rc = 2;
             goto done;
         }
         else if (!strcmp(a, "--output-dir") && v) out_dir = argv[++i];
         else if (!strcmp(a, "--quiet")) quiet = 1;
+        else if (!strcmp(a, "--log-level") && v) {
+            int lv = log_level_parse(argv[++i]);
+            if (lv < 0) {
+                fprintf(stderr, "kiln run: --log-level must be error, warn, info or debug, not '%s'\n", argv[i]);
+                rc = 2;
+                goto done;
+            }
+            log_set_level((enum log_level)lv);
+        }
         else if (!strcmp(a, "--backend") && v) {
             backend_name = argv[++i];
             if (strcmp(backend_name, "auto") && strcmp(backend_name, "cpu") && strcmp(backend_name, "cuda")) {

@@ -1585,9 +1585,9 @@ static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, 
     int rc = 0, nall = 0;
     for (int r = 0; r < TIMING_RUNS && !rc && (r == 0 || now_ms() - t0 + all_ms + one_ms <= TIMING_BUDGET_MS); r++) {
         double ms;
-        rc = timed_runs(x, p, MEASURED_ALL, 1, times, best_all, &ms, err, err_len);
+        rc = timed_runs(x, p, MEASURED_ALL, 2, times, best_all, &ms, err, err_len);
         if (!rc) all_ms = r ? (ms < all_ms ? ms : all_ms) : ms;
-        if (!rc) rc = timed_runs(x, p, MEASURED_ONE, 1, times, best_one, &ms, err, err_len);
+        if (!rc) rc = timed_runs(x, p, MEASURED_ONE, 2, times, best_one, &ms, err, err_len);
         if (!rc) one_ms = r ? (ms < one_ms ? ms : one_ms) : ms;
     }
     for (int si = 0; si < p->nsteps && !rc; si++) {
