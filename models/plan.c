@@ -1567,7 +1567,10 @@ static int timed_runs(struct plan_exec *x, struct plan *p, enum step_config cfg,
  * step on all threads and a small plan with every step on one. The fastest
  * of the three wins; one that uses more threads must be 3% faster than one
  * that uses fewer (within the noise, a thread left idle serves other
- * instances and requests). */
+ * instances and requests). Each configuration runs twice in a row and keeps
+ * its faster run: the first after the other configuration pays for data in
+ * the other core's cache and sleeping workers (efficientnet_b0 on 2 threads
+ * timed 9.0-9.4 ms so, 7.6-7.9 in steady runs, and lost to one thread). */
 static int choose_threads(struct plan_exec *x, struct plan *p, double first_ms, char *err, size_t err_len) {
     if (first_ms > TIMING_BUDGET_MS) {
         log_debug("one run takes %.1f ms: the %d measured steps keep %d threads untimed", first_ms, p->nmeasured,
