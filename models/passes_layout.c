@@ -142,9 +142,32 @@ static const char *const binary_ops[] = {"Add", "Sub", "Mul", "Div", NULL};
 
 static int rank4(const struct tensor *t) { return t->ndim == 4; }
 
+/* QuantizeLinear and DequantizeLinear with one scale and zero point (a QDQ
+ * model run in float, where oneDNN has no exact integer kernel: AVX2)
+ * between two Convs: elementwise, so the Convs keep channels-last across
+ * them instead of reordering on both sides of each (QDQ MobileNet V2 under
+ * ONEDNN_MAX_CPU_ISA=AVX2: 111 reorders a run). */
+static int per_tensor_qdq(const struct graph_node *n, const struct tensor *t) {
+    if (!is_op(n, "QuantizeLinear") && !is_op(n, "DequantizeLinear")) return 0;
+    if (n->nout != 1 || n->nin < 2 || n->in[1] < 0 || tensor_numel(&t[n->in[1]]) != 1) return 0;
+    if (n->nin > 2 && n->in[2] >= 0 && tensor_numel(&t[n->in[2]]) != 1) return 0;
+    const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
+    if (!rank4(x) || !rank4(y)) return 0;
+    for (int i = 0; i < 4; i++)
+        if (x->dims[i] != y->dims[i]) return 0;
+    return
+           (is_op(n, "QuantizeLinear") ? x->dtype == DT_FP32 : y->dtype == DT_FP32);
+}
+
 static enum lay_role role_of(const struct graph *g, const struct graph_node *n, const struct tensor *t) {
     if (n->nout < 1 || n->out[0] < 0 || n->nin < 1 || n->in[0] < 0) return ROLE_NONE;
     const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
+    if (per_tensor_qdq(n, t)) return ROLE_FOLLOW;
+    /* The residual sums of such a model, fused on 8-bit values: elementwise
+     * when both operands have the output's shape (its kernel checks). */
+    if (!strcmp(n->domain, "com.microsoft") && !strcmp(n->op_type, "QLinearAdd") && n->nin >= 8 && n->nout == 1 &&
+        n->in[3] >= 0 && rank4(y) && tensor_same_shape(x, y) && tensor_same_shape(&t[n->in[3]], y))
+        return ROLE_FOLLOW;
     if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
     /* Either operand may be the broadcast one ([C,1,1] * x). */
     if (is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
@@ -184,7 +207,10 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
 /* The inputs of a follower that carry its layout (the others are
  * parameters). */
 static int nspatial(const struct graph_node *n) {
-    return is_op(n, "Resize") || is_op(n, "BatchNormalization") ? 1 : n->nin;
+    return is_op(n, "Resize") || is_op(n, "BatchNormalization") || is_op(n, "QuantizeLinear") ||
+                   is_op(n, "DequantizeLinear")
+               ? 1
+               : n->nin;
 }
 
 /* ---- the planner --------------------------------------------------------------------------------- */
