@@ -1474,10 +1474,6 @@ int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len) {
  * (2) are NHWC, and on a QLinearAdd (3) that its inputs and output are. A
  * graph output, or a value any other node reads, stays NCHW. */
 
-static int is_qlinear_add(const struct graph_node *n) {
-    return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearAdd") == 0 && n->nin >= 8;
-}
-
 static int is_qconv_2d(const struct graph *g, const struct graph_node *n) {
     const struct tensor *w = n->nin > 3 ? const_of(g, n->in[3]) : NULL;
     return is_op(n, "QLinearConv") && w && w->ndim == 4;

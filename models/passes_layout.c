@@ -31,6 +31,7 @@
 #include "kernels/ops.h"
 #include "models/eval.h"
 #include "models/passes.h"
+#include "models/passes_util.h"
 
 /* ---- the shape probe --------------------------------------------------------------------------- */
 
@@ -148,15 +149,13 @@ static int rank4(const struct tensor *t) { return t->ndim == 4; }
  * them instead of reordering on both sides of each (QDQ MobileNet V2 under
  * ONEDNN_MAX_CPU_ISA=AVX2: 111 reorders a run). */
 static int per_tensor_qdq(const struct graph_node *n, const struct tensor *t) {
-    if (!is_op(n, "QuantizeLinear") && !is_op(n, "DequantizeLinear")) return 0;
+    int q = is_op(n, "QuantizeLinear");
+    if (!q && !is_op(n, "DequantizeLinear")) return 0;
     if (n->nout != 1 || n->nin < 2 || n->in[1] < 0 || tensor_numel(&t[n->in[1]]) != 1) return 0;
     if (n->nin > 2 && n->in[2] >= 0 && tensor_numel(&t[n->in[2]]) != 1) return 0;
     const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
-    if (!rank4(x) || !rank4(y)) return 0;
-    for (int i = 0; i < 4; i++)
-        if (x->dims[i] != y->dims[i]) return 0;
-    return
-           (is_op(n, "QuantizeLinear") ? x->dtype == DT_FP32 : y->dtype == DT_FP32);
+    if (!rank4(x) || !rank4(y) || memcmp(x->dims, y->dims, 4 * sizeof *x->dims) != 0) return 0;
+    return (q ? x : y)->dtype == DT_FP32;
 }
 
 static enum lay_role role_of(const struct graph *g, const struct graph_node *n, const struct tensor *t) {
@@ -165,8 +164,8 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
     if (per_tensor_qdq(n, t)) return ROLE_FOLLOW;
     /* The residual sums of such a model, fused on 8-bit values: elementwise
      * when both operands have the output's shape (its kernel checks). */
-    if (!strcmp(n->domain, "com.microsoft") && !strcmp(n->op_type, "QLinearAdd") && n->nin >= 8 && n->nout == 1 &&
-        n->in[3] >= 0 && rank4(y) && tensor_same_shape(x, y) && tensor_same_shape(&t[n->in[3]], y))
+    if (is_qlinear_add(n) && n->nout == 1 && n->in[3] >= 0 && rank4(y) && tensor_same_shape(x, y) &&
+        tensor_same_shape(&t[n->in[3]], y))
         return ROLE_FOLLOW;
     if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
     /* Either operand may be the broadcast one ([C,1,1] * x). */

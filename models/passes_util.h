@@ -4,8 +4,15 @@
 #define KILN_PASSES_UTIL_H
 
 #include <stddef.h>
+#include <string.h>
 
 #include "graph/graph.h"
+
+/* onnxruntime's QLinearAdd (com.microsoft) with its eight inputs, as the
+ * QDQ fusion leaves residual sums of 8-bit values. */
+static inline int is_qlinear_add(const struct graph_node *n) {
+    return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearAdd") == 0 && n->nin >= 8;
+}
 
 /* What a pass's rewrite of one node sees: the graph; how many nodes (and
  * graph outputs, which is_out marks) read each value when the pass began;

@@ -1870,6 +1870,16 @@ static void inherit_threads(struct plan_cache *c, struct plan *np) {
               "untimed", one > all ? one : all, n, one > all ? "1 thread" : "all threads");
 }
 
+/* Raises the bound to max_plans (lock held): 0 or STATUS_NOMEM. */
+static int cache_resize(struct plan_cache *c, int max_plans) {
+    struct plan **p = realloc(c->plans, (size_t)max_plans * sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    c->plans = p;
+    c->max = max_plans;
+    if (c->limit < max_plans) c->limit = max_plans;
+    return 0;
+}
+
 /* A model fed more input shapes than the cache holds (text of every length,
  * unpadded) evicts plans it soon needs again and rebuilds them on every
  * other request: BERT fed 121 lengths served a third fewer requests a second
@@ -1882,13 +1892,10 @@ static void cache_note_rebuild(struct plan_cache *c, uint64_t h) {
     if (!hit) return;
     c->rebuilds++;
     if (++c->rebuilt_since_growth < (c->max + 1) / 2 || c->max >= c->limit) return;
-    int want = c->max * 2 < c->limit ? c->max * 2 : c->limit;
-    struct plan **np = realloc(c->plans, (size_t)want * sizeof *np);
-    if (!np) return; /* stays as it is: rebuilding is slower, not wrong */
+    int want = c->max * 2 < c->limit ? c->max * 2 : c->limit, was = c->max;
+    if (cache_resize(c, want)) return; /* stays as it is: rebuilding is slower, not wrong */
     log_info("plan cache: %d plans rebuilt after eviction since it held %d; it holds %d now (at most %d)",
-             c->rebuilt_since_growth, c->max, want, c->limit);
-    c->plans = np;
-    c->max = want;
+             c->rebuilt_since_growth, was, want, c->limit);
     c->rebuilt_since_growth = 0;
 }
 
@@ -1945,17 +1952,7 @@ void plan_cache_set_fp16(struct plan_cache *c, int on) { c->fp16 = on; }
 
 int plan_cache_grow(struct plan_cache *c, int max_plans) {
     pthread_mutex_lock(&c->mu);
-    int rc = 0;
-    if (max_plans > c->max) {
-        struct plan **p = realloc(c->plans, (size_t)max_plans * sizeof *p);
-        if (p) {
-            c->plans = p;
-            c->max = max_plans;
-            if (c->limit < max_plans) c->limit = max_plans;
-        } else {
-            rc = STATUS_NOMEM;
-        }
-    }
+    int rc = max_plans > c->max ? cache_resize(c, max_plans) : 0;
     pthread_mutex_unlock(&c->mu);
     return rc;
 }

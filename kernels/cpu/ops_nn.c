@@ -476,7 +476,7 @@ static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_de
  * it would take negative padding), 1 when cut, <0 on error. */
 static int conv_crop(struct op_call *c, struct conv_state *s, const struct tensor *w, struct tensor *wc) {
     struct win *win = &s->g.win;
-    int64_t t0[WIN_MAX], t1[WIN_MAX], kn[WIN_MAX];
+    int64_t t0[WIN_MAX], t1[WIN_MAX], kn[WIN_MAX], npl[WIN_MAX], npr[WIN_MAX];
     int cut = 0;
     if (!w->data) return 0;
     for (int i = 0; i < win->nsp; i++) {
@@ -488,8 +488,9 @@ static int conv_crop(struct op_call *c, struct conv_state *s, const struct tenso
         while (t1[i] >= t0[i] && t1[i] * d - pl >= in) t1[i]--;
         if (t0[i] > t1[i]) return 0;
         kn[i] = t1[i] - t0[i] + 1;
-        int64_t npl = pl - t0[i] * d, npr = (o - 1) * st + (kn[i] - 1) * d + 1 - in - npl;
-        if (npl < 0 || npr < 0) return 0;
+        npl[i] = pl - t0[i] * d;
+        npr[i] = (o - 1) * st + (kn[i] - 1) * d + 1 - in - npl[i];
+        if (npl[i] < 0 || npr[i] < 0) return 0;
         cut |= kn[i] != k;
     }
     if (!cut) return 0;
@@ -517,9 +518,8 @@ static int conv_crop(struct op_call *c, struct conv_state *s, const struct tenso
         }
     wc->data = s->wcrop;
     for (int i = 0; i < win->nsp; i++) {
-        int64_t d = win->d[i];
-        win->pl[i] -= t0[i] * d;
-        win->pr[i] = (win->out[i] - 1) * win->s[i] + (kn[i] - 1) * d + 1 - win->in[i] - win->pl[i];
+        win->pl[i] = npl[i];
+        win->pr[i] = npr[i];
         win->k[i] = kn[i];
         if (kn[i] == 1) win->d[i] = 1;
     }

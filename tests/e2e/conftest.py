@@ -29,6 +29,8 @@ os.environ.setdefault("KILN_GRPC_PORT", "0")
 # thread: the 512-client batching test alone left 1024 open in this process,
 # and later tests failed in select() or would run out of descriptors. Each
 # thread frees its hub as it ends.
+from gevent._hub_local import get_hub_if_exists  # noqa: E402 (tritonclient.http's own dependency)
+
 _thread_run = threading.Thread.run
 
 
@@ -36,11 +38,7 @@ def _run_then_free_hub(self):
     try:
         _thread_run(self)
     finally:
-        try:
-            from gevent._hub_local import get_hub_if_exists
-        except ImportError:
-            get_hub_if_exists = None
-        hub = get_hub_if_exists() if get_hub_if_exists else None
+        hub = get_hub_if_exists()
         if hub is not None:
             hub.destroy(destroy_loop=True)
 
