@@ -183,6 +183,11 @@ $(BUILD)/ceiling: bench/ceiling.c
 	@mkdir -p $(BUILD)
 	$(CC) $(CPPFLAGS) $(CFLAGS) -o $@ $< -levent -lpthread
 
+# An AVX2-only CPU for one process tree (bench/cpuid_avx2.c, LD_PRELOAD).
+$(BUILD)/libcpuid_avx2.so: bench/cpuid_avx2.c
+	@mkdir -p $(BUILD)
+	$(CC) -D_GNU_SOURCE -std=c11 $(WARN) -O2 -shared -fPIC -o $@ $<
+
 # Cache key candidates (bench/hash.c); OpenSSL's SHA-256 is measured too when libcrypto is there.
 HASH_OPENSSL := $(shell pkg-config --exists libcrypto 2>/dev/null && echo 1)
 $(BUILD)/hash_bench: bench/hash.c

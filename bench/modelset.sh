@@ -5,7 +5,7 @@
 # onnxruntime.quantization; see bench/models/make_set.py. For each model and
 # thread count (1 and 2), alternating rounds of `kiln run --backend cpu` and
 # onnxruntime in one process (bench/modelset.py), medians of each side's p50.
-# Writes $OUT/modelset.csv and $OUT/modelset.md.
+# Writes $OUT/modelset.csv and $OUT/modelset.md (CPU=avx2: modelset_avx2.*).
 #
 # The set is built once into MODELSET (default build/modelset) by the
 # generator, which needs torch, torchvision, timm and transformers:
@@ -15,7 +15,9 @@
 # and without a built set the section writes why it was skipped and succeeds,
 # so `make bench` does not fail for want of torch.
 # Environment: MODELSET, MODELS_PY, THREADS ("1,2"), ROUNDS (3), BUDGET_MS
-# (timed loop per side and round, 300), ONLY (comma-separated model names).
+# (timed loop per side and round, 300), ONLY (comma-separated model names),
+# CPU (native, or avx2: both sides, and everything else in the process, see
+# an AVX2-only CPU through bench/cpuid_avx2.c; writes modelset_avx2.*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -52,8 +54,20 @@ else
     echo "modelset.sh: no generator at $MODELS_PY; using the models already in $MODELSET" >&2
 fi
 
-"$PY" bench/modelset.py --set "$MODELSET" --kiln "$KILN" --threads "${THREADS:-1,2}" --rounds "${ROUNDS:-3}" \
-    --budget-ms "${BUDGET_MS:-300}" ${ONLY:+--only "$ONLY"} --csv "$OUT/modelset.csv" >"$OUT/modelset.txt"
+name=modelset
+cpu_env=()
+if [ "${CPU:-native}" = avx2 ]; then
+    name=modelset_avx2
+    make --no-print-directory build/libcpuid_avx2.so >/dev/null
+    # CPUID answered without AVX-512, VNNI and AMX for Python, onnxruntime and
+    # kiln alike; glibc's own string functions capped by its tunables.
+    cpu_env=(env LD_AUDIT="$ROOT/build/libcpuid_avx2.so"
+             GLIBC_TUNABLES=glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512DQ,-AVX512CD,-AVX_VNNI)
+    "${cpu_env[@]}" "$PY" -c 'import numpy' || { echo "modelset.sh: CPU=avx2 needs CPUID faulting (cpuid_fault)" >&2; exit 1; }
+fi
+
+"${cpu_env[@]}" "$PY" bench/modelset.py --set "$MODELSET" --kiln "$KILN" --threads "${THREADS:-1,2}" --rounds "${ROUNDS:-3}" \
+    --budget-ms "${BUDGET_MS:-300}" ${ONLY:+--only "$ONLY"} --csv "$OUT/$name.csv" >"$OUT/$name.txt"
 {
     echo "Command: \`bench/modelset.sh\` (\`kiln run --backend cpu --iterations N\` vs onnxruntime's"
     echo "InferenceSession.run() on the same seeded inputs, same intra-op threads, ${ROUNDS:-3} alternating rounds,"
@@ -61,13 +75,18 @@ fi
     echo "Ratio = kiln / onnxruntime (lower is better for kiln); the last column compares kiln's outputs with"
     echo "onnxruntime's. onnxruntime's time includes Python's call overhead (a few microseconds), which counts"
     echo "only for the sub-millisecond models. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    if [ "$name" = modelset_avx2 ]; then
+        echo
+        echo "CPU: this machine seen as AVX2-only by both sides (\`CPU=avx2\`: bench/cpuid_avx2.c answers CPUID"
+        echo "without AVX-512, VNNI and AMX), so onnxruntime's MLAS and kiln's oneDNN both run their AVX2 code."
+    fi
     echo
-    cat "$OUT/modelset.txt"
+    cat "$OUT/$name.txt"
     if [ -n "$made" ]; then
         echo
         echo "Models the generator could not build (bench/models/make_set.py, log in $OUT/modelset_make.log):"
         echo
         echo "$made"
     fi
-} >"$OUT/modelset.md"
-cat "$OUT/modelset.md"
+} >"$OUT/$name.md"
+cat "$OUT/$name.md"

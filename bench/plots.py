@@ -12,6 +12,7 @@ without data is removed, so the report never shows an old picture):
   engine.png            kiln vs onnxruntime median latency per model and batch
   hash.png              hash throughput by input size
   modelset.png          kiln / onnxruntime latency ratio per model of the real-model set
+  modelset_avx2.png     the same, with the CPU seen as AVX2-only by both engines
 """
 import argparse
 import csv
@@ -219,10 +220,10 @@ def plot_hash(data, out):
     save(fig, out, "hash.png")
 
 
-def plot_modelset(data, out):
-    rows = [r for r in (read(data, "modelset.csv") or []) if r["status"] == "ok"]
+def plot_modelset(data, out, name="modelset", cpu=""):
+    rows = [r for r in (read(data, name + ".csv") or []) if r["status"] == "ok"]
     if not rows:
-        return drop(out, "modelset.png")
+        return drop(out, name + ".png")
     models = list(dict.fromkeys(r["model"] for r in rows))
     threads = sorted({r["threads"] for r in rows}, key=int)
     by = {(r["model"], r["threads"]): float(r["ratio"]) for r in rows}
@@ -241,8 +242,12 @@ def plot_modelset(data, out):
     ax.set_xlabel("kiln / onnxruntime median latency (log; < 1: kiln faster; dashed: 1.25)")
     ax.grid(True, axis="x", which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title("Engine on the real-model set: kiln CPU / onnxruntime CPU, same threads")
-    save(fig, out, "modelset.png")
+    ax.set_title("Engine on the real-model set: kiln CPU / onnxruntime CPU, same threads" + cpu)
+    save(fig, out, name + ".png")
+
+
+def plot_modelset_avx2(data, out):
+    plot_modelset(data, out, "modelset_avx2", ", AVX2-only CPU")
 
 
 def main():
@@ -255,7 +260,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     failed = 0
     for f in (plot_mlserver, plot_cache, plot_http, plot_batching, plot_engine, plot_hash,
-              plot_modelset):
+              plot_modelset, plot_modelset_avx2):
         try:
             f(a.data, a.out)
         except (KeyError, ValueError, IndexError) as e:
