@@ -68,6 +68,8 @@ enum act_kind {
     ACT_HARD_SIGMOID, /* alpha, beta */
     ACT_HARD_SWISH,
     ACT_SILU,         /* x * sigmoid(x) (CPU only: passes_fuse_silu) */
+    ACT_QDQ,          /* alpha = scale, beta = lo: scale * clip(round(x / scale), lo, lo + 255), an 8-bit
+                         QuantizeLinear and its DequantizeLinear (CPU only: passes_fuse_fake_quant) */
 };
 
 struct graph_node {

@@ -128,6 +128,7 @@ static inline float act_apply(enum act_kind act, float x, float a, float b) {
     case ACT_HARD_SIGMOID: { float y = a * x + b; return y < 0 ? 0 : (y > 1 ? 1 : y); }
     case ACT_HARD_SWISH: { float y = x / 6.0f + 0.5f; return x * (y < 0 ? 0 : (y > 1 ? 1 : y)); }
     case ACT_SILU: return x / (1.0f + expf(-x));
+    case ACT_QDQ: { float q = nearbyintf(x / a); return a * (q < b ? b : (q > b + 255.0f ? b + 255.0f : q)); }
     }
     return x;
 }

@@ -1464,6 +1464,45 @@ int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len) {
     return pass_run(&qdq_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- QuantizeLinear -> DequantizeLinear after a float Conv (CPU) --------------------------- */
+
+/* Where QDQ convolutions stay float (no VNNI), each activation is written
+ * by the Conv, read and written 8-bit by QuantizeLinear, read and written
+ * float by DequantizeLinear: on QDQ MobileNetV2 with AVX2, 4 ms of 11. The
+ * pair is the elementwise scale * clip(round(x / scale), qmin - zp, qmax -
+ * zp) (integers throughout: round(x / s) + zp clipped, then minus zp), which
+ * the Conv applies as its activation (ACT_QDQ, oneDNN post-ops). The Conv's
+ * own Relu or Clip commutes with the rounding (both are monotonic) and goes
+ * when the quantization clips at least as tightly; otherwise nothing fuses. */
+static int fake_quant_node(struct pass *ps, int ci) {
+    struct graph *g = ps->g;
+    struct graph_node *c = &g->nodes[ci];
+    if (ps->dead[ci] || !is_op(c, "Conv") || c->nout != 1 || !produces_fp32(g, c)) return 0;
+    if (c->act != ACT_NONE && c->act != ACT_RELU && c->act != ACT_CLIP) return 0;
+    int qi = q_reader(ps, ci), di = qi >= 0 ? next_op(ps, qi, "DequantizeLinear") : -1;
+    if (di < 0 || !q_scalar_params(g, &g->nodes[di]) || !same_qparams(g, &g->nodes[qi], &g->nodes[di])) return 0;
+    const struct tensor *st = const_of(g, g->nodes[qi].in[1]), *zt = const_of(g, g->nodes[qi].in[2]);
+    const float s = (float)op_double_at(st, 0);
+    const float lo = (zt->dtype == DT_UINT8 ? 0.0f : -128.0f) - (float)op_double_at(zt, 0), hi = lo + 255.0f;
+    if (!isfinite(s) || !isfinite(1.0f / s)) return 0;
+    if (c->act == ACT_RELU && lo < 0.0f) return 0;
+    if (c->act == ACT_CLIP && !(nearbyintf(c->act_alpha / s) <= lo && nearbyintf(c->act_beta / s) >= hi)) return 0;
+    c->act = ACT_QDQ;
+    c->act_alpha = s;
+    c->act_beta = lo;
+    take_output(ps, ci, di);
+    ps->dead[qi] = 1;
+    log_debug("QDQ: QuantizeLinear '%s' and DequantizeLinear '%s' run in Conv '%s'", g->nodes[qi].name,
+              g->nodes[di].name, c->name);
+    return 1;
+}
+
+static const struct pass_def fake_quant_pass = {"fusing quantization into convolutions", fake_quant_node, 0};
+
+int passes_fuse_fake_quant(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&fake_quant_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- NHWC between integer convolutions (CPU) ------------------------------------------------ */
 
 /* oneDNN's int8 convolutions work on NHWC; ONNX tensors are NCHW, so each
@@ -1536,7 +1575,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, silu = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, silu = 0, fq = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1557,6 +1596,7 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_fake_quant(g, &fq, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
@@ -1565,9 +1605,9 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
               "bias, %d GELU, %d tanh GELU, %d activations, %d SiLU, %d masked softmaxes and %d unmasked attentions "
-              "fused, %d quantized operators, %d on NHWC, %d dynamically quantized products, %d float nodes on "
-              "channels-last)",
+              "fused, %d quantized operators, %d quantization round trips in float convolutions, %d on NHWC, %d "
+              "dynamically quantized products, %d float nodes on channels-last)",
               before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, silu, attn, sattn,
-              qdq, nhwc, dynq, nlayout);
+              qdq, fq, nhwc, dynq, nlayout);
     return 0;
 }

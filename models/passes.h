@@ -81,6 +81,14 @@ int passes_fuse_softmax_attention(struct graph *g, int *nfused, char *err, size_
  * (com.microsoft), and MaxPool, Flatten, Reshape between equal scales run on
  * the 8-bit values. Within one quantization step of the float graph. */
 int passes_fuse_qdq(struct graph *g, int *nfused, char *err, size_t err_len);
+/* CPU only, after passes_fuse_activations: a float Conv whose output only
+ * an 8-bit per-tensor QuantizeLinear reads, whose output only a
+ * DequantizeLinear of the same scale and zero point reads (the QDQ models
+ * where oneDNN has no exact int8 convolution: AVX2) -> ACT_QDQ on the Conv,
+ * which takes the DequantizeLinear's output: one pass over the activation
+ * where there were three. A fused Relu or Clip goes when the quantization's
+ * own clip contains it. */
+int passes_fuse_fake_quant(struct graph *g, int *nfused, char *err, size_t err_len);
 /* DynamicQuantizeLinear -> MatMulInteger (constant 2-D weights) -> Cast ->
  * Mul(x_scale * w_scale) [-> Add(bias)], as onnxruntime.quantization's
  * quantize_dynamic writes a MatMul, becomes one com.microsoft

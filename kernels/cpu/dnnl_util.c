@@ -100,6 +100,18 @@ int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b
         s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_hardswish, 0.0f, 0.0f);
         break;
     case ACT_SILU: s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_swish, 1.0f, 0.0f); break;
+    case ACT_QDQ:
+        /* x / a rounded half to even, clipped to the 256 steps, times a
+         * (the clip's scale: oneDNN 2.6's jit convolutions apply a second
+         * linear post-op with the first one's alpha). oneDNN multiplies by
+         * 1 / a where QuantizeLinear divides: the quotients differ by at
+         * most one unit in the last place, which moves a value one step only
+         * where it lies that close to a half (within the one-step tolerance
+         * of the integer convolutions). */
+        s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, 1.0f / a, 0.0f);
+        if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_round, 0.0f, 0.0f);
+        if (s == dnnl_success) s = dnnl_post_ops_append_eltwise(po, a, dnnl_eltwise_clip_v2, b, b + 255.0f);
+        break;
     default: return 0;
     }
     return s == dnnl_success ? 1 : -1;

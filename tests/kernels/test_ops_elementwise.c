@@ -687,14 +687,15 @@ static void test_fused_activation(void **state) {
     assert_true(d->flags & OP_FUSE_ACT);
     int64_t big[] = {64, 1024}, row[] = {1024};
     struct tensor a = mkf(2, big), b = mkf(1, row);
-    enum act_kind acts[] = {ACT_RELU, ACT_LEAKY_RELU, ACT_CLIP, ACT_SIGMOID};
-    for (int k = 0; k < 4; k++)
+    enum act_kind acts[] = {ACT_RELU, ACT_LEAKY_RELU, ACT_CLIP, ACT_SIGMOID, ACT_QDQ};
+    for (int k = 0; k < 5; k++)
         for (int threads = 1; threads <= 4; threads += 3) {
             struct tnode tn;
             tn_init(&tn, "Add", 14);
             tn.n.act = acts[k];
-            tn.n.act_alpha = acts[k] == ACT_CLIP ? -0.25f : 0.1f;
-            tn.n.act_beta = 0.5f;
+            tn.n.act_alpha = acts[k] == ACT_CLIP ? -0.25f : acts[k] == ACT_QDQ ? 0.0125f : 0.1f;
+            /* ACT_QDQ: 256 steps of 0.0125 from -1.25 (int8, zero point -28): both clips reached */
+            tn.n.act_beta = acts[k] == ACT_QDQ ? -100.0f : 0.5f;
             struct tensor o = {0};
             const struct tensor *in[2] = {&a, &b};
             struct tensor *out[1] = {&o};
