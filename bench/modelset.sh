@@ -27,18 +27,27 @@ KILN=${KILN:-build/kiln}
 MODELSET=${MODELSET:-build/modelset}
 MODELS_PY=${MODELS_PY:-.venv-models/bin/python}
 mkdir -p "$OUT"
+name=modelset
+[ "${CPU:-native}" != avx2 ] || name=modelset_avx2
 
-skip() {
+skip() { # WHY [HOW-TO-RUN-IT]
     {
         echo "**Skipped**: $1"
         echo
-        echo "To run it: \`python3 -m venv .venv-models && .venv-models/bin/pip install -r bench/models/requirements.txt\`,"
-        echo "then \`make bench\` again (or \`MODELS_PY=/path/to/python\` naming a Python with those packages)."
-    } >"$OUT/modelset.md"
-    rm -f "$OUT/modelset.csv"
+        echo "${2:-To run it: \`python3 -m venv .venv-models && .venv-models/bin/pip install -r bench/models/requirements.txt\`,
+then \`make bench\` again (or \`MODELS_PY=/path/to/python\` naming a Python with those packages).}"
+    } >"$OUT/$name.md"
+    rm -f "$OUT/$name.csv"
     echo "modelset.sh: skipped: $1" >&2
     exit 0
 }
+
+# An AVX2-only view of this CPU needs CPUID faulting (bench/cpuid_avx2.c):
+# without it onnxruntime would run its AVX-512 code against kiln's AVX2.
+if [ "$name" = modelset_avx2 ] && ! grep -qw cpuid_fault /proc/cpuinfo; then
+    skip "this CPU ($(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')) or its kernel cannot make CPUID fault (no \`cpuid_fault\` in /proc/cpuinfo), so onnxruntime cannot be shown an AVX2-only CPU here and a comparison would set kiln's AVX2 code against onnxruntime's AVX-512." \
+        "Run it on an AVX2-only machine as the native section, or on one whose /proc/cpuinfo lists \`cpuid_fault\` (most Intel CPUs since Ivy Bridge under Linux)."
+fi
 
 # Build what is missing (make_set.py keeps models already built by its version).
 made=""
@@ -54,10 +63,8 @@ else
     echo "modelset.sh: no generator at $MODELS_PY; using the models already in $MODELSET" >&2
 fi
 
-name=modelset
 cpu_env=()
-if [ "${CPU:-native}" = avx2 ]; then
-    name=modelset_avx2
+if [ "$name" = modelset_avx2 ]; then
     make --no-print-directory build/libcpuid_avx2.so >/dev/null
     # CPUID answered without AVX-512, VNNI and AMX for Python, onnxruntime and
     # kiln alike; glibc's own string functions capped by its tunables.

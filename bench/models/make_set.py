@@ -6,7 +6,7 @@ seeded inputs and onnxruntime's outputs saved beside it as the reference.
 Nothing is downloaded: every model is built from its architecture's code with
 torch.manual_seed(0).
 
-    /work/venv-models/bin/python bench/models/make_set.py [--out build/modelset]
+    .venv-models/bin/python bench/models/make_set.py [--out build/modelset]
         [--only NAME,NAME] [--force] [--ort-python .venv/bin/python]
 
 Packages (bench/models/requirements.txt): torch, torchvision, timm,
