@@ -1508,14 +1508,30 @@ int passes_fuse_fake_quant(struct graph *g, int *nfused, char *err, size_t err_l
 /* oneDNN's int8 convolutions work on NHWC; ONNX tensors are NCHW, so each
  * QLinearConv would reorder its input in and its output back. Where an
  * 8-bit activation only flows between QLinearConvs (as their input x) and
- * same-shape QLinearAdds, it is stored NHWC instead, its dims still NCHW:
- * the node attribute kiln_layout says which of a QLinearConv's x (1) and y
- * (2) are NHWC, and on a QLinearAdd (3) that its inputs and output are. A
- * graph output, or a value any other node reads, stays NCHW. */
+ * same-shape QLinearAdds, 8-bit MaxPools and QLinearGlobalAveragePools,
+ * it is stored NHWC instead, its dims still NCHW: the node attribute
+ * kiln_layout says which of a QLinearConv's x (1) and y (2) are NHWC, on a
+ * QLinearAdd or MaxPool (3) that its inputs and output are, on a
+ * QLinearGlobalAveragePool (1) that its x is. A graph output, or a value
+ * any other node reads, stays NCHW. */
 
 static int is_qconv_2d(const struct graph *g, const struct graph_node *n) {
     const struct tensor *w = n->nin > 3 ? const_of(g, n->in[3]) : NULL;
     return is_op(n, "QLinearConv") && w && w->ndim == 4;
+}
+
+/* An 8-bit MaxPool over 2 spatial dims without Indices, which pools NHWC
+ * bytes (kiln_layout 3) as well; its input's type is known only from its
+ * producer here, so ask that it be a QLinearConv, QLinearAdd or another
+ * such MaxPool (what passes_qdq_layout stores NHWC). */
+static int is_qmaxpool_2d(const struct graph *g, const struct graph_node *n) {
+    if (!is_op(n, "MaxPool") || n->nin < 1 || n->in[0] < 0 || (n->nout > 1 && n->out[1] >= 0)) return 0;
+    const int64_t *ks = NULL;
+    if (node_attr_ints(n, "kernel_shape", &ks) != 2) return 0;
+    int p = g->values[n->in[0]].producer;
+    if (p < 0) return 0;
+    const struct graph_node *src = &g->nodes[p];
+    return is_qconv_2d(g, src) || is_qlinear_add(src) || is_qmaxpool_2d(g, src);
 }
 
 /* 1 if every reader of v can take it NHWC, given the marks so far. */
@@ -1527,6 +1543,8 @@ static int nhwc_readers_ok(const struct graph *g, const unsigned char *nhwc, int
             if (is_qconv_2d(g, n) && k == 0) continue;
             if (is_qlinear_add(n) && (k == 0 || k == 3) && nhwc[n->in[0]] && nhwc[n->in[3]] && nhwc[n->out[0]])
                 continue;
+            if (is_qmaxpool_2d(g, n) && k == 0 && nhwc[n->out[0]]) continue;
+            if (is_qgap_nchw(n) && k == 0) continue;
             return 0;
         }
     }
@@ -1539,7 +1557,8 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
     *nnhwc = 0;
     for (int i = 0; i < g->nnodes; i++) {
         const struct graph_node *n = &g->nodes[i];
-        if ((is_qconv_2d(g, n) || is_qlinear_add(n)) && n->nout == 1 && n->out[0] >= 0) nhwc[n->out[0]] = 1;
+        if ((is_qconv_2d(g, n) || is_qlinear_add(n) || is_qmaxpool_2d(g, n)) && n->nout >= 1 && n->out[0] >= 0)
+            nhwc[n->out[0]] = 1;
     }
     for (int o = 0; o < g->noutputs; o++) nhwc[g->outputs[o]] = 0;
     for (int more = 1; more;) { /* demote until stable */
@@ -1552,13 +1571,20 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
             int a = n->in[0], b = n->in[3], y = n->out[0];
             if (nhwc[y] && !(nhwc[a] && nhwc[b])) nhwc[y] = 0, more = 1;
         }
+        for (int i = 0; i < g->nnodes; i++) {
+            const struct graph_node *n = &g->nodes[i];
+            if (is_qmaxpool_2d(g, n) && nhwc[n->out[0]] && !nhwc[n->in[0]]) nhwc[n->out[0]] = 0, more = 1;
+        }
     }
     for (int i = 0; i < g->nnodes; i++) {
         struct graph_node *n = &g->nodes[i];
         int64_t lay = 0;
         if (is_qconv_2d(g, n)) lay = (nhwc[n->in[0]] ? 1 : 0) | (nhwc[n->out[0]] ? 2 : 0);
-        else if (is_qlinear_add(n) && nhwc[n->out[0]]) lay = 3;
+        else if ((is_qlinear_add(n) || is_qmaxpool_2d(g, n)) && nhwc[n->out[0]]) lay = 3;
+        else if (is_qgap_nchw(n) && n->nin > 0 && n->in[0] >= 0 && nhwc[n->in[0]]) lay = 1;
         if (!lay) continue;
+        if (!is_qconv_2d(g, n) && !is_qlinear_add(n))
+            log_debug("QDQ: %s '%s' reads NHWC bytes", n->op_type, n->name);
         if (node_set_attr_int(n, "kiln_layout", lay)) {
             free(nhwc);
             return status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");

@@ -167,6 +167,11 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
     if (is_qlinear_add(n) && n->nout == 1 && n->in[3] >= 0 && rank4(y) && tensor_same_shape(x, y) &&
         tensor_same_shape(&t[n->in[3]], y))
         return ROLE_FOLLOW;
+    /* Their 8-bit pools: MaxPool on channels-last bytes (no Indices), the
+     * global average reading them. */
+    if (is_op(n, "MaxPool") && rank4(x) && rank4(y) && (x->dtype == DT_UINT8 || x->dtype == DT_INT8))
+        return n->nout == 1 || n->out[1] < 0 ? ROLE_FOLLOW : ROLE_NONE;
+    if (is_qgap_nchw(n) && rank4(x)) return ROLE_GLOBAL;
     if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
     /* Either operand may be the broadcast one ([C,1,1] * x). */
     if (is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;

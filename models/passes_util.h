@@ -14,6 +14,14 @@ static inline int is_qlinear_add(const struct graph_node *n) {
     return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearAdd") == 0 && n->nin >= 8;
 }
 
+/* QLinearGlobalAveragePool of an x in ONNX's layout (channels_last 0): it
+ * reads NHWC bytes too (kiln_layout 1); its [N, C, 1, 1] output is the
+ * same either way. */
+static inline int is_qgap_nchw(const struct graph_node *n) {
+    return strcmp(n->domain, "com.microsoft") == 0 && strcmp(n->op_type, "QLinearGlobalAveragePool") == 0 &&
+           !node_attr_int(n, "channels_last", 0);
+}
+
 /* What a pass's rewrite of one node sees: the graph; how many nodes (and
  * graph outputs, which is_out marks) read each value when the pass began;
  * the nodes removed so far, dropped from the graph when the pass ends; and

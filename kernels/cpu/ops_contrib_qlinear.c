@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -244,7 +245,7 @@ static int qconcat_run(struct op_call *c) {
 #define QPOOL_MAX_SP (TENSOR_MAX_DIMS - 2)
 
 struct qpool_params {
-    int nsp, channels_last, include_pad;
+    int nsp, channels_last, include_pad, global;
     int64_t n, ch;
     int64_t in[QPOOL_MAX_SP], out[QPOOL_MAX_SP], k[QPOOL_MAX_SP], s[QPOOL_MAX_SP], pl[QPOOL_MAX_SP], pr[QPOOL_MAX_SP];
 };
@@ -260,6 +261,7 @@ static int qpool_geom(struct op_call *c, struct qpool_params *p) {
     p->n = x->dims[0];
     p->ch = x->dims[p->channels_last ? x->ndim - 1 : 1];
     const int global = strcmp(c->node->op_type, "QLinearGlobalAveragePool") == 0;
+    p->global = global;
     const int64_t *ks = NULL, *ss = NULL, *pads = NULL;
     int nk = global ? 0 : node_attr_ints(c->node, "kernel_shape", &ks);
     int ns = global ? -1 : node_attr_ints(c->node, "strides", &ss);
@@ -314,7 +316,55 @@ static int qpool_infer(struct op_call *c) {
 static int qpool_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct qpool_params p;
     int rc = qpool_geom(c, &p);
+    if (p.global) *scratch = sizeof(int32_t) * (size_t)(p.ch > 0 ? p.ch : 1);
     return rc ? rc : params_keep(c, &p, sizeof p, state);
+}
+
+/* The global pool's integer sums: per channel over the map, for channels-last
+ * bytes (rows of ch values, summed as rows: vectorized) or planes. */
+#define QGAP_SUMS(T)                                                                                          \
+    static void qgap_sums_##T(const T *x, int64_t ch, int64_t sp, int cl, int32_t *restrict acc) {            \
+        if (cl) {                                                                                             \
+            for (int64_t k = 0; k < ch; k++) acc[k] = 0;                                                      \
+            for (int64_t s = 0; s < sp; s++) {                                                                \
+                const T *restrict r = x + s * ch;                                                             \
+                for (int64_t k = 0; k < ch; k++) acc[k] += r[k];                                              \
+            }                                                                                                 \
+            return;                                                                                           \
+        }                                                                                                     \
+        for (int64_t k = 0; k < ch; k++) {                                                                    \
+            const T *restrict r = x + k * sp;                                                                 \
+            int32_t a = 0;                                                                                    \
+            for (int64_t s = 0; s < sp; s++) a += r[s];                                                       \
+            acc[k] = a;                                                                                       \
+        }                                                                                                     \
+    }
+QGAP_SUMS(uint8_t)
+QGAP_SUMS(int8_t)
+
+/* QLinearGlobalAveragePool: X channels-last when its channels_last says so
+ * or the layout planner stored it so (kiln_layout 1: dims NCHW, bytes NHWC);
+ * Y is [N, C, 1...] either way, the same bytes. The arithmetic of the
+ * general loop below: the sum of x - zp (exact integers), divided by the
+ * map's size, scaled. */
+static void qgap_run(struct op_call *c, const struct qpool_params *p, int64_t isp) {
+    const struct tensor *x = c->in[0];
+    struct tensor *y = c->out[0];
+    const enum dtype dt = x->dtype;
+    const struct qp qx = qp_at(c, 1, 2), qy = qp_at(c, 3, 4);
+    const int cl = p->channels_last || (layout_of(c->node) & 1);
+    const float mult = qx.scale / qy.scale;
+    int32_t *acc = c->scratch;
+    for (int64_t b = 0; b < p->n; b++) {
+        const int64_t off = b * p->ch * isp;
+        if (dt == DT_UINT8) qgap_sums_uint8_t((const uint8_t *)x->data + off, p->ch, isp, cl, acc);
+        else qgap_sums_int8_t((const int8_t *)x->data + off, p->ch, isp, cl, acc);
+        const int64_t zsum = isp * (int64_t)qx.zp;
+        for (int64_t k = 0; k < p->ch; k++) {
+            float v = isp > 0 ? (float)((int64_t)acc[k] - zsum) / (float)isp : 0.0f;
+            q_store(y->data, dt, b * p->ch + k, v * mult + qy.zp);
+        }
+    }
 }
 
 static int qpool_run(struct op_call *c) {
@@ -327,6 +377,10 @@ static int qpool_run(struct op_call *c) {
     for (int i = 0; i < p->nsp; i++) {
         isp *= p->in[i];
         osp *= p->out[i];
+    }
+    if (p->global && c->scratch_size >= sizeof(int32_t) * (size_t)p->ch && isp < ((int64_t)1 << 23)) {
+        qgap_run(c, p, isp);
+        return 0;
     }
     /* element strides of a spatial step and of a channel, in X and Y */
     const int64_t xc = p->channels_last ? 1 : isp, xs = p->channels_last ? p->ch : 1;

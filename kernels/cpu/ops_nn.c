@@ -1568,6 +1568,7 @@ struct pool_state {
     int include_pad;
     int col_major;          /* MaxPool storage_order = 1 */
     int nhwc;               /* X and Y channels-last (kiln_layout 3) */
+    int nhwc8;              /* the same for an 8-bit MaxPool (its own loop) */
     float p;                /* LpPool */
 };
 
@@ -1621,6 +1622,8 @@ static int pool_prepare_any(struct op_call *c, enum pool_kind kind, void **state
     }
     s->kind = kind;
     s->nhwc = layout_of(c->node) == 3 && c->in[0]->ndim == 4 && c->in[0]->dtype == DT_FP32;
+    s->nhwc8 = layout_of(c->node) == 3 && c->in[0]->ndim == 4 && c->in[0]->dtype != DT_FP32 && kind == POOL_MAX &&
+               !has_out(c, 1);
     s->p = (float)node_attr_int(c->node, "p", 2);
     *state = s;
     *scratch_size = 0;
@@ -1818,6 +1821,42 @@ static void pool_loop(const struct pool_state *s, const struct tensor *x, float 
 POOL_MAX_Q8(uint8_t)
 POOL_MAX_Q8(int8_t)
 
+/* The same on channels-last memory (kiln_layout 3 from the layout planners:
+ * dims NCHW, bytes NHWC), 2 spatial dims: each output pixel the max of its
+ * taps' channel rows, a loop over the channels the compiler vectorizes.
+ * A pixel with no tap inside is 0, as above. */
+#define POOL_MAX_Q8_NHWC(T)                                                                                   \
+    static void pool_max_nhwc_##T(const struct win *w, int64_t nb, int64_t ch, const T *xd, T *yd, int nt) {  \
+        const int64_t ih = w->in[0], iw = w->in[1], oh = w->out[0], ow = w->out[1];                          \
+        const int64_t k0 = w->k[0], k1 = w->k[1], s0 = w->s[0], s1 = w->s[1], d0 = w->d[0], d1 = w->d[1];    \
+        const int64_t p0 = w->pl[0], p1 = w->pl[1];                                                           \
+        const T lowest = (T)((T)-1 < 0 ? -128 : 0);                                                           \
+        _Pragma("omp parallel for collapse(2) if (nb * oh * ow * ch >= 65536) num_threads(nt)")               \
+        for (int64_t b = 0; b < nb; b++)                                                                      \
+            for (int64_t y0 = 0; y0 < oh; y0++)                                                               \
+                for (int64_t x0 = 0; x0 < ow; x0++) {                                                         \
+                    T *restrict yr = yd + ((b * oh + y0) * ow + x0) * ch;                                     \
+                    int any = 0;                                                                              \
+                    _Pragma("omp simd")                                                                       \
+                    for (int64_t c = 0; c < ch; c++) yr[c] = lowest;                                          \
+                    for (int64_t t0 = 0; t0 < k0; t0++) {                                                     \
+                        const int64_t i0 = y0 * s0 - p0 + t0 * d0;                                            \
+                        if (i0 < 0 || i0 >= ih) continue;                                                     \
+                        for (int64_t t1 = 0; t1 < k1; t1++) {                                                 \
+                            const int64_t i1 = x0 * s1 - p1 + t1 * d1;                                        \
+                            if (i1 < 0 || i1 >= iw) continue;                                                 \
+                            const T *restrict xr = xd + ((b * ih + i0) * iw + i1) * ch;                       \
+                            _Pragma("omp simd")                                                               \
+                            for (int64_t c = 0; c < ch; c++) yr[c] = xr[c] > yr[c] ? xr[c] : yr[c];           \
+                            any = 1;                                                                          \
+                        }                                                                                     \
+                    }                                                                                         \
+                    if (!any) memset(yr, 0, (size_t)ch);                                                      \
+                }                                                                                             \
+    }
+POOL_MAX_Q8_NHWC(uint8_t)
+POOL_MAX_Q8_NHWC(int8_t)
+
 static int pool_run(struct op_call *c) {
     struct pool_state *s = c->state;
     struct tensor *y = c->out[0];
@@ -1842,6 +1881,12 @@ static int pool_run(struct op_call *c) {
         return 0;
     }
     int64_t nx = tensor_numel(c->in[0]), ny = tensor_numel(y);
+    if (!idx && s->kind == POOL_MAX && s->nhwc8) {
+        const int64_t *d = c->in[0]->dims;
+        if (y->dtype == DT_UINT8) pool_max_nhwc_uint8_t(&s->win, d[0], d[1], c->in[0]->data, y->data, c->nthreads);
+        else pool_max_nhwc_int8_t(&s->win, d[0], d[1], c->in[0]->data, y->data, c->nthreads);
+        return 0;
+    }
     if (!idx && s->kind == POOL_MAX) {
         int64_t nc = c->in[0]->dims[0] * c->in[0]->dims[1];
         if (y->dtype == DT_UINT8) pool_max_uint8_t(&s->win, nc, c->in[0]->data, y->data);

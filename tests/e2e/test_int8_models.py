@@ -63,6 +63,14 @@ def test_qdq_cnn_matches_reference(make_server, tmp_path, name, act, per_channel
         # QuantizeLinear -> DequantizeLinear becomes its activation.
         m = re.search(r"(\d+) quantization round trips in float convolutions", s.text())
         assert m and int(m.group(1)) > 0, s.text()[-3000:]
+    m = re.search(r"(\d+) on NHWC", s.text())
+    if m and int(m.group(1)) > 0:
+        # Integer convolutions on NHWC: the pools between and after them
+        # read those bytes as they are (no reorder to NCHW).
+        ops = set(re.findall(r"QDQ: (\w+) '[^']*' reads NHWC bytes", s.text()))
+        assert "QLinearGlobalAveragePool" in ops, s.text()[-3000:]
+        if name == "resnet_tiny":
+            assert "MaxPool" in ops, s.text()[-3000:]
     client = httpclient.InferenceServerClient(s.url)
     # The logits are dequantized from the last QuantizeLinear: its scale is
     # one step.
