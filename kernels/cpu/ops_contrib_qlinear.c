@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
@@ -83,6 +84,64 @@ static int qbin_infer(struct op_call *c) {
     return 0;
 }
 
+/* The same-shape QLinearAdd (a residual connection): the broadcasting
+ * loop's arithmetic without the broadcasting, vectorized and built for
+ * AVX-512, AVX2 and the baseline as oneDNN's effective ISA allows (no FMA
+ * contraction under -std=c11: the same bits on each). */
+struct qadd_args {
+    const void *a, *b;
+    void *y;
+    float za, ra, zb, rb, zc;
+};
+
+#define QADD_SAME_BODY(T, LO, HI)                                                                             \
+    static inline __attribute__((always_inline)) void qadd_same_##T(const struct qadd_args *q, int64_t i0,     \
+                                                                     int64_t i1) {                             \
+        const T *restrict a = q->a, *restrict b = q->b;                                                       \
+        T *restrict y = q->y;                                                                                 \
+        const float za = q->za, ra = q->ra, zb = q->zb, rb = q->rb, zc = q->zc;                               \
+        _Pragma("omp simd")                                                                                   \
+        for (int64_t i = i0; i < i1; i++) {                                                                   \
+            float v = nearbyintf(((float)a[i] - za) * ra + ((float)b[i] - zb) * rb + zc);                      \
+            y[i] = (T)(int32_t)(v < LO ? LO : v > HI ? HI : v == v ? v : 0.0f); /* NaN: 0, as q_store */         \
+        }                                                                                                     \
+    }
+QADD_SAME_BODY(uint8_t, 0.0f, 255.0f)
+QADD_SAME_BODY(int8_t, -128.0f, 127.0f)
+
+typedef void (*qadd_fn)(const struct qadd_args *q, int64_t i0, int64_t i1);
+#define QADD_SAME(SUF, ATTR)                                                                                  \
+    ATTR static void qadd_u8_##SUF(const struct qadd_args *q, int64_t i0, int64_t i1) {                       \
+        qadd_same_uint8_t(q, i0, i1);                                                                         \
+    }                                                                                                         \
+    ATTR static void qadd_s8_##SUF(const struct qadd_args *q, int64_t i0, int64_t i1) {                       \
+        qadd_same_int8_t(q, i0, i1);                                                                          \
+    }
+QADD_SAME(v2, )
+#if defined(__x86_64__) && defined(__GNUC__)
+QADD_SAME(v4, __attribute__((target("arch=x86-64-v4"))))
+QADD_SAME(v3, __attribute__((target("arch=x86-64-v3"))))
+static const qadd_fn qadd_fns[2][3] = {{qadd_u8_v2, qadd_u8_v3, qadd_u8_v4}, {qadd_s8_v2, qadd_s8_v3, qadd_s8_v4}};
+#else
+static const qadd_fn qadd_fns[2][3] = {{qadd_u8_v2, qadd_u8_v2, qadd_u8_v2}, {qadd_s8_v2, qadd_s8_v2, qadd_s8_v2}};
+#endif
+
+static void qadd_same(const struct qadd_args *q, enum dtype dt, int64_t n, int nthreads) {
+    const int level = dnnl_util_isa_level();
+    const qadd_fn f = qadd_fns[dt == DT_INT8][level >= 4 ? 2 : level == 3 ? 1 : 0];
+    const int nt = n >= 4 * EW_PAR_MIN && nthreads > 1 ? nthreads : 1;
+    if (nt == 1) {
+        f(q, 0, n);
+        return;
+    }
+    const int64_t chunk = (n / nt + 63) & ~(int64_t)63;
+#pragma omp parallel for num_threads(nt)
+    for (int t = 0; t < nt; t++) {
+        int64_t i0 = t * chunk, i1 = i0 + chunk < n ? i0 + chunk : n;
+        if (i0 < i1) f(q, i0, i1);
+    }
+}
+
 static int qbin_run(struct op_call *c) {
     const int mul = strcmp(c->node->op_type, "QLinearMul") == 0;
     const struct tensor *ins[2] = {c->in[0], c->in[3]};
@@ -93,16 +152,9 @@ static int qbin_run(struct op_call *c) {
     ew_bcast_init(&w, y, ins, 2);
     const float ra = qa.scale / qc.scale, rb = qb.scale / qc.scale, rm = qa.scale * qb.scale / qc.scale;
     int64_t n = tensor_numel(y);
-    if (!mul && dt == DT_UINT8 && tensor_numel(ins[0]) == n && tensor_numel(ins[1]) == n) {
-        /* Same shapes (a residual connection): the loop below without the
-         * broadcasting, vectorized. */
-        const uint8_t *a = ins[0]->data, *b = ins[1]->data;
-        uint8_t *yd = y->data;
-#pragma omp simd
-        for (int64_t i = 0; i < n; i++) {
-            float v = nearbyintf(((float)a[i] - qa.zp) * ra + ((float)b[i] - qb.zp) * rb + qc.zp);
-            yd[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
-        }
+    if (!mul && tensor_numel(ins[0]) == n && tensor_numel(ins[1]) == n) {
+        const struct qadd_args q = {ins[0]->data, ins[1]->data, y->data, qa.zp, ra, qb.zp, rb, qc.zp};
+        qadd_same(&q, dt, n, c->nthreads);
         return 0;
     }
 #pragma omp parallel for if (w.outer * w.inner >= EW_PAR_MIN && w.outer > 1) num_threads(c->nthreads)
