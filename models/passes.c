@@ -1565,15 +1565,12 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len) {
         more = 0;
         for (int v = 0; v < g->nvalues; v++)
             if (nhwc[v] && !nhwc_readers_ok(g, nhwc, v)) nhwc[v] = 0, more = 1;
-        for (int i = 0; i < g->nnodes; i++) {
+        for (int i = 0; i < g->nnodes; i++) { /* a follower's output only with its inputs */
             const struct graph_node *n = &g->nodes[i];
-            if (!is_qlinear_add(n)) continue;
-            int a = n->in[0], b = n->in[3], y = n->out[0];
-            if (nhwc[y] && !(nhwc[a] && nhwc[b])) nhwc[y] = 0, more = 1;
-        }
-        for (int i = 0; i < g->nnodes; i++) {
-            const struct graph_node *n = &g->nodes[i];
-            if (is_qmaxpool_2d(g, n) && nhwc[n->out[0]] && !nhwc[n->in[0]]) nhwc[n->out[0]] = 0, more = 1;
+            int add = is_qlinear_add(n);
+            if (!add && !is_qmaxpool_2d(g, n)) continue;
+            int y = n->out[0];
+            if (nhwc[y] && !(nhwc[n->in[0]] && (!add || nhwc[n->in[3]]))) nhwc[y] = 0, more = 1;
         }
     }
     for (int i = 0; i < g->nnodes; i++) {

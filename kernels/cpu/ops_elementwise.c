@@ -130,10 +130,7 @@ static inline __attribute__((always_inline)) void act_f32_body(float *x, int64_t
     case ACT_SIGMOID: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_sigmoid_f(x[i]); return;
     case ACT_SILU: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = x[i] * ew_sigmoid_f(x[i]); return;
     case ACT_QDQ: /* QuantizeLinear's quotient, then DequantizeLinear's product: the unfused pair's bits */
-        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {
-            float q = nearbyintf(x[i] / a);
-            x[i] = a * (q < b ? b : (q > b + 255.0f ? b + 255.0f : q));
-        }
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = act_apply(ACT_QDQ, x[i], a, b);
         return;
     case ACT_TANH: _Pragma("omp simd") for (int64_t i = 0; i < n; i++) x[i] = ew_tanh_f(x[i]); return;
     case ACT_GELU:
