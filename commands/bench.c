@@ -526,6 +526,7 @@ struct run {
     char path[512];
     struct body *bodies;
     int nbodies;
+    struct bench_shm *shms;     /* --shared-memory: the bodies' objects, else NULL */
     uint64_t next_body;
     struct conn *conns;
     int nconns;
@@ -748,6 +749,9 @@ static int server_stats(struct event_base *base, struct evhttp_connection *conn,
     return rc;
 }
 
+static int shm_regions(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
+                       int n, int reg, struct evhttp_connection *on);
+
 static void run_level(struct run *r, int concurrency, struct level_result *res) {
     const struct opts *o = r->o;
     memset(res, 0, sizeof *res);
@@ -768,6 +772,7 @@ static void run_level(struct run *r, int concurrency, struct level_result *res) 
         struct timeval tv = {o->timeout_ms / 1000, (o->timeout_ms % 1000) * 1000};
         evhttp_connection_set_timeout_tv(r->conns[i].c, &tv);
         evhttp_connection_set_retries(r->conns[i].c, 0);
+        if (r->shms) shm_regions(r->base, o, r->hostport, r->shms, r->nbodies, 1, r->conns[i].c);
     }
     struct evhttp_connection *ctl = evhttp_connection_base_new(r->base, NULL, o->host, (unsigned short)o->port);
     uint64_t c0 = 0, q0 = 0, k0 = 0, c1 = 0, q1 = 0, k1 = 0;
@@ -1077,10 +1082,14 @@ static void parse_url(const char *u, char *buf, size_t len, const char **host, i
     *host = buf;
 }
 
-/* Registers (or unregisters) the n regions of --shared-memory at the server. */
+/* Registers (or unregisters) the n regions of --shared-memory at the server,
+ * on conn (NULL: a connection of its own, closed after). A server sees a
+ * region only on the connection that registered it (or with the control
+ * token), so each connection of a level registers them all. */
 static int shm_regions(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
-                       int n, int reg) {
-    struct evhttp_connection *conn = evhttp_connection_base_new(base, NULL, o->host, (unsigned short)o->port);
+                       int n, int reg, struct evhttp_connection *on) {
+    struct evhttp_connection *conn =
+        on ? on : evhttp_connection_base_new(base, NULL, o->host, (unsigned short)o->port);
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         char path[200], *send = reg ? bench_shm_register_body(&shms[i]) : NULL, *body = NULL;
@@ -1094,7 +1103,7 @@ static int shm_regions(struct event_base *base, const struct opts *o, const char
         free(send);
         free(body);
     }
-    evhttp_connection_free(conn);
+    if (!on) evhttp_connection_free(conn);
     return rc;
 }
 
@@ -1102,7 +1111,7 @@ static int shm_regions(struct event_base *base, const struct opts *o, const char
 static void shm_cleanup(struct event_base *base, const struct opts *o, const char *hostport, struct bench_shm *shms,
                         int n) {
     if (!shms) return;
-    shm_regions(base, o, hostport, shms, n, 0);
+    shm_regions(base, o, hostport, shms, n, 0, NULL);
     for (int i = 0; i < n; i++) bench_shm_destroy(&shms[i]);
     free(shms);
 }
@@ -1239,7 +1248,10 @@ int cmd_bench(int argc, char **argv) {
         if ((o.grpc ? build_grpc_body(&o, in, nin, zero, &rng, &r.bodies[built])
                     : build_body(in, nin, o.json, zero, &rng, &r.bodies[built], shms ? &shms[built] : NULL, built)) < 0)
             break;
-    if (built < r.nbodies || (shms && shm_regions(base, &o, hostport, shms, r.nbodies, 1) < 0)) {
+    /* Registered once here to report a refusal before any load; the
+     * connections of each level register them again for themselves. */
+    r.shms = shms;
+    if (built < r.nbodies || (shms && shm_regions(base, &o, hostport, shms, r.nbodies, 1, NULL) < 0)) {
         shm_cleanup(base, &o, hostport, shms, built);
         return 2;
     }

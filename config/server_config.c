@@ -57,6 +57,11 @@ static const struct opt g_opts[] = {
     {"redis-url", OPT_STR, "URL", "", "redis://[user:password@]host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
     {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash and of its Redis values' MAC (set it to share Redis entries between servers)"},
+    {"allow-client-shm", OPT_BOOL, "", "false", "let clients register system and CUDA shared-memory regions (Triton's shared memory extensions); off, registering is refused"},
+    {"shm-key-prefix", OPT_STR, "PREFIX", "", "only shared-memory objects whose names start with PREFIX may be registered (empty = any of the server user's objects)"},
+    {"shm-max-regions", OPT_INT, "N", "1024", "shared-memory regions registered in the server at once"},
+    {"shm-max-regions-per-client", OPT_INT, "N", "64", "shared-memory regions one connection (or the control token's holders) may register"},
+    {"shm-max-bytes", OPT_SIZE, "BYTES", "RAM / 2", "bytes of system shared-memory regions registered at once (suffixes K, M, G)"},
     {"config", OPT_FLAGONLY, "FILE", "", "JSON file with any of these settings (keys like \"http_port\")"},
 };
 #define NOPTS (int)(sizeof g_opts / sizeof g_opts[0])
@@ -98,6 +103,7 @@ void server_config_clear(struct server_config *c) {
     free(c->redis_url);
     free(c->cache_secret);
     free(c->config_file);
+    free(c->shm_key_prefix);
     memset(c, 0, sizeof *c);
 }
 
@@ -185,7 +191,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
             if (x < 1) return BAD("expected at least 1");
             c->repository_poll_secs = (int)x;
         } else if (strcmp(n, "cache-ttl-secs") == 0) c->cache_ttl_secs = (int)x;
-        else if (strcmp(n, "max-model-instances") == 0 || strcmp(n, "max-intra-op-threads") == 0) {
+        else if (strcmp(n, "shm-max-regions") == 0 || strcmp(n, "shm-max-regions-per-client") == 0) {
+            if (x < 1 || x > 1000000) return BAD("expected 1-1000000");
+            if (strcmp(n, "shm-max-regions") == 0) c->shm_max_regions = (int)x;
+            else c->shm_max_regions_per_client = (int)x;
+        } else if (strcmp(n, "max-model-instances") == 0 || strcmp(n, "max-intra-op-threads") == 0) {
             if (x < 1 || x > 1024) return BAD("expected 1-1024");
             if (strcmp(n, "max-model-instances") == 0) c->max_model_instances = (int)x;
             else c->max_intra_op_threads = (int)x;
@@ -199,6 +209,7 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         else return BAD("expected true or false");
         if (strcmp(n, "allow-unauthenticated-control") == 0) c->allow_unauthenticated_control = b;
         else if (strcmp(n, "allow-grpc") == 0) c->allow_grpc = b;
+        else if (strcmp(n, "allow-client-shm") == 0) c->allow_client_shm = b;
         return 0;
     }
     if (o->kind == OPT_SIZE) {
@@ -209,6 +220,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         } else if (strcmp(n, "grpc-max-message-size") == 0) {
             if (sz < 1024) return BAD("expected at least 1024 bytes");
             c->grpc_max_message_size = sz;
+        } else if (strcmp(n, "shm-max-bytes") == 0) {
+            if (sz < 1) return BAD("expected at least 1 byte");
+            c->shm_max_bytes = sz;
         } else c->cache_size = sz;
         return 0;
     }
@@ -267,6 +281,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         set_str(&c->redis_url, v);
     } else if (strcmp(n, "cache-secret") == 0) set_str(&c->cache_secret, v);
     else if (strcmp(n, "config") == 0) set_str(&c->config_file, v);
+    else if (strcmp(n, "shm-key-prefix") == 0) {
+        if (strchr(v + (v[0] == '/'), '/'))
+            return BAD("a prefix of shared memory object names cannot hold '/' after the first byte");
+        set_str(&c->shm_key_prefix, v);
+    }
     return 0;
 #undef BAD
 }

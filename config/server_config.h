@@ -53,6 +53,12 @@ struct server_config {
     int cache_ttl_secs;
     char *cache_secret;          /* key for the keyed hash; NULL = random per start */
     char *config_file;           /* the --config path, if any */
+    /* Client shared memory (server/shm.h). */
+    int allow_client_shm;        /* 1 = clients may register shared-memory regions; off by default */
+    char *shm_key_prefix;        /* NULL = any key; else keys must start with it */
+    int shm_max_regions;         /* regions in the server; 0 = 1024 */
+    int shm_max_regions_per_client; /* regions of one connection (or of the control token); 0 = 64 */
+    int64_t shm_max_bytes;       /* bytes of system regions registered in all; 0 = half the physical memory */
 };
 
 /* Fills the defaults. */

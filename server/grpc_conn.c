@@ -203,6 +203,7 @@ static void conn_close(struct grpc_conn *c) {
     if (c->prev) c->prev->next = c->next;
     else l->conns = c->next;
     if (c->next) c->next->prev = c->prev;
+    shm_drop_owner(infer_core_shm(l->srv->core), shm_owner_of(c)); /* its shared-memory regions go with it */
     free(c);
 }
 

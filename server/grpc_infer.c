@@ -143,6 +143,7 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     st->calls = c;
     st->ncalls++;
     infer_request_set_deadline(c->r, c->deadline_ns);
+    infer_request_set_shm_owner(c->r, http_server_shm_owner(s->http, st->authorization, shm_owner_of(st->conn)));
     int rc = grpc_infer_request_decode(infer_request_decoded(c->r), q, err, sizeof err);
     inference__model_infer_request__free_unpacked(q, NULL);
     if (rc) infer_request_fail(c->r, rc, err);

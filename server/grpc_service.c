@@ -362,21 +362,40 @@ static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescr
     if (!regions) cJSON_Delete(o);
 }
 
+/* The access check of every shared-memory RPC (http_server_shm_access, the
+ * one HTTP's routes make): 1 with *owner the caller's scope, or 0 once the
+ * refusal is sent. Off is UNAVAILABLE, as Triton answers an RPC its
+ * restricted-protocol settings refuse. */
+static int shm_call_allowed(struct grpc_stream *st, shm_owner_t *owner) {
+    char err[300];
+    switch (http_server_shm_access(grpc_stream_server(st)->http, st->authorization, shm_owner_of(st->conn), owner, err,
+                                   sizeof err)) {
+    case HTTP_SHM_OK: return 1;
+    case HTTP_SHM_NO_TOKEN: grpc_stream_finish(st, GRPC_UNAUTHENTICATED, err); return 0;
+    default: grpc_stream_finish(st, GRPC_UNAVAILABLE, err); return 0;
+    }
+}
+
 static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryStatusRequest, inference__system_shared_memory_status_request__unpack, st, msg,
            len);
     char err[512];
     int status = 0;
-    cJSON *arr = shm_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err, sizeof err);
+    cJSON *arr =
+        shm_status_json(infer_core_shm(grpc_stream_server(st)->core), owner, req->name, &status, err, sizeof err);
     reply_shm_status(st, &inference__system_shared_memory_status_response__descriptor, arr, status, err);
     inference__system_shared_memory_status_request__free_unpacked(req, NULL);
 }
 
 static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryRegisterRequest, inference__system_shared_memory_register_request__unpack, st,
            msg, len);
     char err[600];
-    int rc = shm_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->key, req->offset,
+    int rc = shm_register(infer_core_shm(grpc_stream_server(st)->core), owner, req->name, req->key, req->offset,
                           req->byte_size, err, sizeof err);
     inference__system_shared_memory_register_request__free_unpacked(req, NULL);
     Inference__SystemSharedMemoryRegisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
@@ -385,21 +404,25 @@ static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size
 }
 
 static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryUnregisterRequest, inference__system_shared_memory_unregister_request__unpack,
            st, msg, len);
     shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
-    if (req->name && *req->name) shm_unregister(reg, req->name);
-    else shm_unregister_all(reg);
+    if (req->name && *req->name) shm_unregister(reg, owner, req->name);
+    else shm_unregister_all(reg, owner);
     inference__system_shared_memory_unregister_request__free_unpacked(req, NULL);
     Inference__SystemSharedMemoryUnregisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
     grpc_stream_reply(st, &res.base);
 }
 
 static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryStatusRequest, inference__cuda_shared_memory_status_request__unpack, st, msg, len);
     char err[512];
     int status = 0;
-    cJSON *arr = shm_cuda_status_json(infer_core_shm(grpc_stream_server(st)->core), req->name, &status, err,
+    cJSON *arr = shm_cuda_status_json(infer_core_shm(grpc_stream_server(st)->core), owner, req->name, &status, err,
                                       sizeof err);
     reply_shm_status(st, &inference__cuda_shared_memory_status_response__descriptor, arr, status, err);
     inference__cuda_shared_memory_status_request__free_unpacked(req, NULL);
@@ -408,10 +431,12 @@ static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t l
 /* raw_handle carries the cudaIpcMemHandle_t's bytes (tritonclient decodes
  * its base64 before sending). */
 static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryRegisterRequest, inference__cuda_shared_memory_register_request__unpack, st, msg,
            len);
     char err[900];
-    int rc = shm_cuda_register(infer_core_shm(grpc_stream_server(st)->core), req->name, req->raw_handle.data,
+    int rc = shm_cuda_register(infer_core_shm(grpc_stream_server(st)->core), owner, req->name, req->raw_handle.data,
                                req->raw_handle.len, req->device_id, req->byte_size, err, sizeof err);
     inference__cuda_shared_memory_register_request__free_unpacked(req, NULL);
     Inference__CudaSharedMemoryRegisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
@@ -420,11 +445,13 @@ static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t
 }
 
 static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    shm_owner_t owner;
+    if (!shm_call_allowed(st, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryUnregisterRequest, inference__cuda_shared_memory_unregister_request__unpack, st,
            msg, len);
     shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
-    if (req->name && *req->name) shm_cuda_unregister(reg, req->name);
-    else shm_cuda_unregister_all(reg);
+    if (req->name && *req->name) shm_cuda_unregister(reg, owner, req->name);
+    else shm_cuda_unregister_all(reg, owner);
     inference__cuda_shared_memory_unregister_request__free_unpacked(req, NULL);
     Inference__CudaSharedMemoryUnregisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
     grpc_stream_reply(st, &res.base);

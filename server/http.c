@@ -464,6 +464,16 @@ static void infer_send(void *arg, int status, const char *msg) {
 
 static const struct infer_reply_i http_infer_reply = {io_post_any, infer_encode, infer_send};
 
+static const char *authorization(struct evhttp_request *req) {
+    return evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+}
+
+/* A connection's shared-memory scope: its bufferevent, the one
+ * http_conn.c made for it, which drops the scope's regions when it goes. */
+static shm_owner_t conn_shm_owner(struct evhttp_connection *conn) {
+    return shm_owner_of(evhttp_connection_get_bufferevent(conn));
+}
+
 /* Decodes an inference request and hands it to the core. */
 static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *model,
                          int64_t version) {
@@ -488,6 +498,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         free(c);
         return;
     }
+    infer_request_set_shm_owner(c->r, http_server_shm_owner(s, authorization(req), conn_shm_owner(c->conn)));
     const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
     int64_t header_len = -1;
     if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
@@ -567,6 +578,25 @@ int http_server_control_token_ok(const http_server_t *s, const char *auth) {
     size_t a = strlen(auth), b = strlen(tok);
     /* Constant time in the token's content. */
     return a == b && sodium_memcmp(auth, tok, b) == 0;
+}
+
+shm_owner_t http_server_shm_owner(const http_server_t *s, const char *auth, shm_owner_t conn) {
+    return s->cfg->control_token && http_server_control_token_ok(s, auth) ? SHM_OWNER_TOKEN : conn;
+}
+
+enum http_shm_access http_server_shm_access(const http_server_t *s, const char *auth, shm_owner_t conn,
+                                            shm_owner_t *owner, char *err, size_t err_len) {
+    if (!shm_allowed(infer_core_shm(s->core))) {
+        snprintf(err, err_len, "%s", SHM_DISABLED_MSG);
+        return HTTP_SHM_OFF;
+    }
+    if (!http_server_control_token_ok(s, auth)) {
+        snprintf(err, err_len, "shared memory register, status and unregister need the control token: "
+                               "'Authorization: Bearer <control token>'");
+        return HTTP_SHM_NO_TOKEN;
+    }
+    *owner = http_server_shm_owner(s, auth, conn);
+    return HTTP_SHM_OK;
 }
 
 static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *name,
@@ -702,11 +732,29 @@ static int json_uint(const cJSON *v) {
            v->valuedouble <= 1.8e19;
 }
 
+/* The access check of every shared-memory route (http_server_shm_access):
+ * 1 with *owner the caller's scope, or 0 once the refusal is answered. */
+static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
+    char err[300];
+    const char *auth = authorization(c->req);
+    switch (http_server_shm_access(c->srv, auth, conn_shm_owner(evhttp_request_get_connection(c->req)), owner, err,
+                                   sizeof err)) {
+    case HTTP_SHM_OK: return 1;
+    case HTTP_SHM_NO_TOKEN:
+        evhttp_add_header(evhttp_request_get_output_headers(c->req), "WWW-Authenticate", "Bearer");
+        reply_error(c->srv, c->req, 401, err);
+        return 0;
+    default: reply_error(c->srv, c->req, 400, err); return 0;
+    }
+}
+
 /* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
 static void route_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[600];
     int code;
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
     cJSON *j = read_json_body(c, &code, err, sizeof err);
     if (code) {
         reply_error(s, c->req, code, err);
@@ -728,7 +776,7 @@ static void route_shm_register(const struct http_call *c) {
         snprintf(err, sizeof err, "the register request for shared memory region '%.200s': 'offset' must be an "
                  "integer >= 0", c->region);
     else
-        rc = shm_register(infer_core_shm(s->core), c->region, key->valuestring,
+        rc = shm_register(infer_core_shm(s->core), owner, c->region, key->valuestring,
                           off ? (uint64_t)off->valuedouble : 0, (uint64_t)size->valuedouble, err, sizeof err);
     cJSON_Delete(j);
     if (rc) reply_status(s, c->req, rc, err);
@@ -736,15 +784,19 @@ static void route_shm_register(const struct http_call *c) {
 }
 
 static void route_shm_unregister(const struct http_call *c) {
-    if (c->region) shm_unregister(infer_core_shm(c->srv->core), c->region);
-    else shm_unregister_all(infer_core_shm(c->srv->core));
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
+    if (c->region) shm_unregister(infer_core_shm(c->srv->core), owner, c->region);
+    else shm_unregister_all(infer_core_shm(c->srv->core), owner);
     reply_empty(c->srv, c->req, 200);
 }
 
 static void route_shm_status(const struct http_call *c) {
     char err[512];
     int status = 0;
-    cJSON *o = shm_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
+    cJSON *o = shm_status_json(infer_core_shm(c->srv->core), owner, c->region, &status, err, sizeof err);
     if (o) reply_json(c->srv, c->req, 200, o);
     else reply_status(c->srv, c->req, status, err);
 }
@@ -755,6 +807,8 @@ static void route_cuda_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[900];
     int code;
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
     cJSON *j = read_json_body(c, &code, err, sizeof err);
     if (code) {
         reply_error(s, c->req, code, err);
@@ -778,23 +832,27 @@ static void route_cuda_shm_register(const struct http_call *c) {
         snprintf(err, sizeof err, "the register request for cuda shared memory region '%.200s' has no integer "
                  "'byte_size' >= 0", c->region);
     else
-        rc = shm_cuda_register_b64(infer_core_shm(s->core), c->region, b64->valuestring, (int64_t)dev->valuedouble,
-                                   (uint64_t)size->valuedouble, err, sizeof err);
+        rc = shm_cuda_register_b64(infer_core_shm(s->core), owner, c->region, b64->valuestring,
+                                   (int64_t)dev->valuedouble, (uint64_t)size->valuedouble, err, sizeof err);
     cJSON_Delete(j);
     if (rc) reply_status(s, c->req, rc, err);
     else reply_empty(s, c->req, 200);
 }
 
 static void route_cuda_shm_unregister(const struct http_call *c) {
-    if (c->region) shm_cuda_unregister(infer_core_shm(c->srv->core), c->region);
-    else shm_cuda_unregister_all(infer_core_shm(c->srv->core));
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
+    if (c->region) shm_cuda_unregister(infer_core_shm(c->srv->core), owner, c->region);
+    else shm_cuda_unregister_all(infer_core_shm(c->srv->core), owner);
     reply_empty(c->srv, c->req, 200);
 }
 
 static void route_cuda_shm_status(const struct http_call *c) {
     char err[512];
     int status = 0;
-    cJSON *o = shm_cuda_status_json(infer_core_shm(c->srv->core), c->region, &status, err, sizeof err);
+    shm_owner_t owner;
+    if (!shm_route_allowed(c, &owner)) return;
+    cJSON *o = shm_cuda_status_json(infer_core_shm(c->srv->core), owner, c->region, &status, err, sizeof err);
     if (o) reply_json(c->srv, c->req, 200, o);
     else reply_status(c->srv, c->req, status, err);
 }

@@ -37,6 +37,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "server/http_impl.h"
+#include "server/infer.h"
 #include "server/kserve.h"
 
 
@@ -341,6 +342,8 @@ static void conn_kick_cb(evutil_socket_t fd, short what, void *arg) {
 
 static void conn_free(void *arg) {
     struct http_conn *c = arg;
+    /* The connection's shared-memory regions go with it (server/shm.h). */
+    shm_drop_owner(infer_core_shm(c->io->srv->core), shm_owner_of(c->filter));
     event_free(c->timer);
     event_free(c->kick);
     if (c->writable) event_free(c->writable);

@@ -44,6 +44,7 @@ struct infer_request {
     struct tensor *outputs;
     struct batcher_request br;
     uint64_t t0;
+    shm_owner_t shm_owner;       /* whose shared-memory regions the request may name */
     int cached;                  /* the result cache is consulted for this request */
     int hit;                     /* and answered it */
     struct infer_cache_op cop;
@@ -58,13 +59,18 @@ infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, si
         return NULL;
     }
     core->repo = p->repo;
-    core->shm = shm_registry_create();
+    const struct server_config *cfg = p->config;
+    struct shm_params sp = {.allow = cfg->allow_client_shm,
+                            .key_prefix = cfg->shm_key_prefix,
+                            .max_regions = cfg->shm_max_regions,
+                            .max_regions_per_owner = cfg->shm_max_regions_per_client,
+                            .max_bytes = cfg->shm_max_bytes > 0 ? (uint64_t)cfg->shm_max_bytes : 0};
+    core->shm = shm_registry_create(&sp);
     if (!core->shm) {
         free(core);
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         return NULL;
     }
-    const struct server_config *cfg = p->config;
     if (cfg->cache_size > 0 || (cfg->redis_url && *cfg->redis_url)) {
         struct cache_params cp = {.lru_bytes = (size_t)cfg->cache_size,
                                   .secret = cfg->cache_secret,
@@ -177,6 +183,8 @@ void infer_request_drop(struct infer_request *r) {
     request_end(r);
 }
 
+void infer_request_set_shm_owner(struct infer_request *r, shm_owner_t owner) { r->shm_owner = owner; }
+
 void infer_request_set_deadline(struct infer_request *r, uint64_t deadline_ns) { r->br.deadline_ns = deadline_ns; }
 
 void infer_request_cancel(struct infer_request *r) { batcher_cancel(r->v->batcher, &r->br); }
@@ -225,7 +233,7 @@ void infer_request_start(struct infer_request *r) {
     int ni = r->v->config.ninputs;
     r->ordered = calloc((size_t)(ni + r->v->config.noutputs) + 1, sizeof *r->ordered);
     r->outputs = r->ordered ? r->ordered + ni : NULL;
-    int rc = r->ordered ? infer_shm_resolve(&r->kr, r->core->shm, err, sizeof err)
+    int rc = r->ordered ? infer_shm_resolve(&r->kr, r->core->shm, r->shm_owner, err, sizeof err)
                         : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     if (!rc) rc = kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err);
     if (rc) {

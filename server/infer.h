@@ -116,6 +116,9 @@ void infer_request_drop(struct infer_request *r);
  * request still queued then is dropped and answered STATUS_UNAVAILABLE
  * ("Request timeout expired: ...", counted as a timeout). Before start. */
 void infer_request_set_deadline(struct infer_request *r, uint64_t deadline_ns);
+/* The caller's shared-memory scope (server/shm.h): the regions its tensors
+ * may name. Before start; a request that names none needs no call. */
+void infer_request_set_shm_owner(struct infer_request *r, shm_owner_t owner);
 /* The client went away: a request still queued is dropped before it runs
  * (answered STATUS_CANCELLED later, never inside this call). Harmless before
  * infer_request_start and until send. */

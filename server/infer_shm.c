@@ -11,7 +11,7 @@
 
 /* Input in: its bytes from the region it names, checked against its shape
  * and data type before any is read. */
-static int resolve_input(struct kserve_input *in, shm_registry_t *reg, char *err, size_t err_len) {
+static int resolve_input(struct kserve_input *in, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len) {
     char what[300], sh[128];
     snprintf(what, sizeof what, "input '%s'", in->name);
     struct kserve_shm *s = &in->shm;
@@ -24,7 +24,7 @@ static int resolve_input(struct kserve_input *in, shm_registry_t *reg, char *err
                            (unsigned long long)s->byte_size, tensor_shape_str(t, sh, sizeof sh),
                            dtype_kserve_name(t->dtype), need);
     }
-    s->ref = shm_acquire(reg, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
+    s->ref = shm_acquire(reg, owner, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
     if (!s->ref) return STATUS_INVALID;
     if (t->dtype == DT_STRING) {
         /* Parsed from a private copy: the client may write the region while
@@ -45,29 +45,27 @@ static int resolve_input(struct kserve_input *in, shm_registry_t *reg, char *err
                            s->region, why);
         return rc;
     }
-    if (shm_region_on_host(s->ref) && (uintptr_t)s->addr % INFER_SHM_VIEW_ALIGN == 0) {
-        t->data = s->addr;
-        in->borrowed = 1;
-        return 0;
-    }
+    /* Always copied, never used in place: the model's reads of the client's
+     * mapping would be outside the SIGBUS guard (a truncated object would
+     * kill the server), and the client could change the bytes while the
+     * model reads them. The request owns the copy, and either backend takes
+     * it as any input; a CUDA region is copied from the device the same way. */
     if (tensor_alloc_data(t)) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-    /* Device memory (a CUDA region) always lands here: the request owns the
-     * host copy, and either backend takes it as any input. */
     return shm_region_read(s->ref, s->addr, t->data, (size_t)s->byte_size, err, err_len);
 }
 
-int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, char *err, size_t err_len) {
+int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len) {
     char what[300];
     for (int i = 0; i < r->ninputs; i++) {
         if (!r->inputs[i].shm.region) continue;
-        int rc = resolve_input(&r->inputs[i], reg, err, err_len);
+        int rc = resolve_input(&r->inputs[i], reg, owner, err, err_len);
         if (rc) return rc;
     }
     for (int i = 0; i < r->noutputs; i++) {
         struct kserve_shm *s = &r->outputs[i].shm;
         if (!s->region) continue;
         snprintf(what, sizeof what, "output '%s'", r->outputs[i].name);
-        s->ref = shm_acquire(reg, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
+        s->ref = shm_acquire(reg, owner, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
         if (!s->ref) return STATUS_INVALID;
     }
     return 0;
@@ -90,9 +88,7 @@ int infer_shm_write_outputs(const struct kserve_request *r, const struct model_c
         if (t->dtype != DT_STRING) {
             int rc = shm_region_write(o->shm.ref, o->shm.addr, t->data, n, err, err_len);
             if (rc) return rc;
-        } else if (shm_region_on_host(o->shm.ref))
-            tensor_strings_prefixed_write(t, o->shm.addr);
-        else {
+        } else { /* laid out apart, then copied in under the guard (shm.h) */
             void *buf = malloc(n ? n : 1);
             if (!buf) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
             tensor_strings_prefixed_write(t, buf);

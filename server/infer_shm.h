@@ -11,8 +11,9 @@
  * infer_shm_write_outputs runs once the outputs are known (computed or from
  * the result cache) and copies each into its region.
  *
- * Errors are the request's (STATUS_INVALID) and name the tensor: a region
- * that is not registered, a range outside it, a byte size that does not
+ * Errors are the request's (STATUS_INVALID) and name the tensor: client
+ * shared memory off (--allow-client-shm), a region that the caller did not
+ * register, a range outside it, an object truncated during the copy, a byte size that does not
  * match the input's shape and data type, an output larger than its range.
  *
  * Threads: on the request's thread, like the rest of its life. */
@@ -26,12 +27,10 @@
 #include "server/kserve.h"
 #include "server/shm.h"
 
-/* An input's bytes are used where they are (t.data points into the region)
- * when they start on this boundary, as an owned block would; otherwise they
- * are copied into one, so that no kernel sees a less aligned tensor. */
-#define INFER_SHM_VIEW_ALIGN 64
-
-int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, char *err, size_t err_len);
+/* Regions are looked up among owner's (the caller's: server/shm.h). An
+ * input's bytes are copied out of its region into a block the request owns
+ * (never used in place), under the region's SIGBUS guard. */
+int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len);
 /* outputs[mc->noutputs], in the model's order. */
 int infer_shm_write_outputs(const struct kserve_request *r, const struct model_config *mc,
                             const struct tensor *outputs, char *err, size_t err_len);

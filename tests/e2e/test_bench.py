@@ -88,10 +88,17 @@ def test_help_documents_the_options():
         assert opt in r.stdout, opt
 
 
-def test_shared_memory_mode(server, client, tmp_path):
-    """--shared-memory: the inputs travel in registered shared-memory objects,
-    every request succeeds, and nothing is left registered or in /dev/shm."""
+def test_shared_memory_mode(server, make_server, tmp_path):
+    """--shared-memory: the inputs travel in registered shared-memory objects
+    (each connection registers them for itself), every request succeeds, and
+    nothing is left registered or in /dev/shm. A server without
+    --allow-client-shm refuses, and bench says so."""
     import os
+    import tritonclient.http as httpclient
+    r = bench(server, "-m", "tiny", "-n", "1", "--shared-memory")
+    assert r.returncode == 2 and "--allow-client-shm" in r.stderr, r.stderr
+    server = make_server(server.repo_path, "--allow-client-shm")
+    client = httpclient.InferenceServerClient(server.url)
     before = success_count(client, "tiny")
     out = tmp_path / "r.json"
     r = bench(server, "-m", "tiny", "-b", "2", "-c", "2", "-n", "200", "--warmup", "0", "--unique", "3",
@@ -105,3 +112,4 @@ def test_shared_memory_mode(server, client, tmp_path):
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("kiln_bench_")]
     r = bench(server, "-m", "tiny", "--shared-memory", "--json-data", "-n", "1")
     assert r.returncode == 2 and "exclude each other" in r.stderr
+    client.close()

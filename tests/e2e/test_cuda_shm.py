@@ -25,7 +25,7 @@ HANDLE = base64.b64encode(bytes(64))  # well formed; no process's allocation
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    yield from serving(build_repository(tmp_path_factory.mktemp("cudashmrepo")))
+    yield from serving(build_repository(tmp_path_factory.mktemp("cudashmrepo")), "--allow-client-shm")
 
 
 @pytest.fixture(params=["http", "grpc"])

@@ -26,7 +26,7 @@ CACHED = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enab
 def srv(tmp_path_factory):
     repo = build_repository(tmp_path_factory.mktemp("shmrepo"))
     save_model(repo, "cached", tiny_graph(), config=CACHED)
-    yield from serving(repo, "--cache-size", "1M")
+    yield from serving(repo, "--cache-size", "1M", "--allow-client-shm")
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -307,24 +307,29 @@ def test_http_input_with_data_and_region(srv):
     assert code == 400 and b"shared_memory_byte_size is missing" in out
 
 
-def test_unregister_during_traffic(proto, regions, srv):
+def test_unregister_during_traffic(proto, regions, srv, make_server):
     """Requests keep their region mapped while they use it: unregistering and
     registering again under load answers every request with the right result
-    or with a clear error, and the server keeps serving."""
-    mod, c = proto
+    or with a clear error, and the server keeps serving. The clients share
+    the region through the control token (a region registered without it is
+    its connection's alone)."""
+    mod = proto[0]
+    tok = make_server(srv.repo_path, "--allow-client-shm", "--control-token", "tok")
+    auth = {"authorization": "Bearer tok"}  # gRPC metadata keys are lower case
+    url = tok.url if mod is httpclient else tok.grpc_url()
+    c = mod.InferenceServerClient(url)
     x = np.random.default_rng(9).standard_normal((8, 4)).astype(np.float32)
     want = ort_run(srv.repo_path, "tiny", {"x": x})["probs"]
     h = regions(x.nbytes)
     shm.set_shared_memory_region(h, [x])
-    c.register_system_shared_memory(name_of(h), key_of(h), x.nbytes)
+    c.register_system_shared_memory(name_of(h), key_of(h), x.nbytes, headers=auth)
     stop, errors, oks, bad = threading.Event(), [], [0], []
-    url = srv.url if mod is httpclient else srv.grpc_url()
 
     def worker():
         wc = mod.InferenceServerClient(url)
         while not stop.is_set():
             try:
-                r = wc.infer("tiny", [x_input(mod, x, h)])
+                r = wc.infer("tiny", [x_input(mod, x, h)], headers=auth)
                 if not np.allclose(r.as_numpy("probs"), want, rtol=1e-5, atol=1e-6):
                     bad.append(r.as_numpy("probs"))
                 oks[0] += 1
@@ -335,9 +340,12 @@ def test_unregister_during_traffic(proto, regions, srv):
     threads = [threading.Thread(target=worker) for _ in range(3)]
     for t in threads:
         t.start()
-    for _ in range(150):
-        c.unregister_system_shared_memory(name_of(h))
-        c.register_system_shared_memory(name_of(h), key_of(h), x.nbytes)
+    for i in range(150):
+        c.unregister_system_shared_memory(name_of(h), headers=auth)
+        c.register_system_shared_memory(name_of(h), key_of(h), x.nbytes, headers=auth)
+        if i == 100:  # let the workers through at least once before the end
+            while oks[0] == 0 and all(t.is_alive() for t in threads):
+                threading.Event().wait(0.01)
     stop.set()
     for t in threads:
         t.join()
@@ -345,6 +353,8 @@ def test_unregister_during_traffic(proto, regions, srv):
     assert oks[0] > 0
     assert all("is not registered" in e for e in errors), errors[:3]
     assert c.is_server_live()
+    c.unregister_system_shared_memory(headers=auth)
+    c.close()
 
 
 def _fds_and_maps(pid, key):
