@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +249,24 @@ def shm_clients(kind, srv, cuda=False):
         c.unregister_cuda_shared_memory()
     c.unregister_system_shared_memory()
     c.close()
+
+
+@pytest.fixture()
+def regions():
+    """Creates shared-memory objects (tritonclient.utils.shared_memory) with
+    unique keys, prefix + a random tag; destroys them after the test."""
+    import tritonclient.utils.shared_memory as shm
+    made = []
+
+    def make(size, name=None, prefix="/kiln_test_"):
+        tag = uuid.uuid4().hex[:12]
+        h = shm.create_shared_memory_region(name or f"r{tag}", f"{prefix}{tag}", size)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        shm.destroy_shared_memory_region(h)
 
 
 @pytest.fixture(scope="session")

@@ -35,22 +35,6 @@ def proto(request, srv):
     yield from shm_clients(request.param, srv)
 
 
-@pytest.fixture()
-def regions():
-    """Creates shared-memory objects with unique keys; destroys them after the test."""
-    made = []
-
-    def make(size, name=None):
-        tag = uuid.uuid4().hex[:12]
-        h = shm.create_shared_memory_region(name or f"r{tag}", f"/kiln_test_{tag}", size)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        shm.destroy_shared_memory_region(h)
-
-
 def key_of(h):
     return h._shm_key
 
