@@ -38,7 +38,7 @@ echo '{"max_batch_size": 0}' >"$W/repo/sum1m/config.json"
 
 port=$(free_port)
 "$KILN" serve --model-repository "$W/repo" --http-address 127.0.0.1 --http-port "$port" --cache-size 0 \
-    --max-request-size 64M >"$W/kiln.log" 2>&1 &
+    --max-request-size 64M --allow-client-shm >"$W/kiln.log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 wait_ready "http://127.0.0.1:$port" "$pid" "$W/kiln.log"
