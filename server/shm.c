@@ -93,7 +93,13 @@ shm_registry_t *shm_registry_create(const struct shm_params *p) {
                                                            : SHM_DEFAULT_MAX_REGIONS_PER_OWNER;
     reg->max_bytes = p && p->max_bytes > 0 ? p->max_bytes : default_max_bytes();
     /* Once, at start: no region is mapped before the guard is in place. */
-    if (reg->allow) guard_install();
+    if (reg->allow) {
+        guard_install();
+        log_info("client shared memory on: keys %s%s%s, at most %d regions (%d per client) and %llu bytes",
+                 reg->key_prefix ? "starting with '" : "of any name", reg->key_prefix ? reg->key_prefix : "",
+                 reg->key_prefix ? "'" : "", reg->max_regions, reg->max_per_owner,
+                 (unsigned long long)reg->max_bytes);
+    }
     pthread_mutex_init(&reg->lock, NULL);
     return reg;
 }
