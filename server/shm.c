@@ -230,6 +230,18 @@ static int region_insert(shm_registry_t *reg, struct shm_region *r, char *err, s
     return rc;
 }
 
+/* A region's name: not empty, at most SHM_NAME_MAX bytes (it is kept, and
+ * echoed by status). 0 or STATUS_INVALID. */
+static int name_check(const char *name, int cuda, char *err, size_t err_len) {
+    if (!name || !*name)
+        return status_set(err, err_len, STATUS_INVALID, "a %sshared memory region needs a name to be registered",
+                          cuda ? "cuda " : "");
+    if (strnlen(name, SHM_NAME_MAX + 1) > SHM_NAME_MAX)
+        return status_set(err, err_len, STATUS_INVALID, "%sshared memory region '%.100s...': the name is longer than "
+                          "%d bytes", cuda ? "cuda " : "", name, SHM_NAME_MAX);
+    return 0;
+}
+
 /* A key is one shm_open name: "/name" or "name", no other '/', not "." or
  * "..", at most SHM_KEY_MAX bytes. 0 or STATUS_INVALID. */
 static int key_check(const char *region, const char *key, char *err, size_t err_len) {
@@ -299,13 +311,12 @@ static int region_map(shm_registry_t *reg, struct shm_region *r, char *err, size
 int shm_register(shm_registry_t *reg, shm_owner_t owner, const char *name, const char *key, uint64_t offset,
                  uint64_t byte_size, char *err, size_t err_len) {
     if (!reg->allow) return not_allowed(err, err_len);
-    if (!name || !*name)
-        return status_set(err, err_len, STATUS_INVALID, "a shared memory region needs a name to be registered");
+    int rc = name_check(name, 0, err, err_len);
+    if (rc) return rc;
     if (!key || !*key)
         return status_set(err, err_len, STATUS_INVALID,
                           "shared memory region '%.200s': 'key' must name a shared memory object", name);
-    int rc = key_check(name, key, err, err_len);
-    if (rc) return rc;
+    if ((rc = key_check(name, key, err, err_len))) return rc;
     if (byte_size == 0)
         return status_set(err, err_len, STATUS_INVALID, "shared memory region '%.200s': byte_size must be more than 0",
                           name);
@@ -587,8 +598,8 @@ int shm_cuda_register_b64(shm_registry_t *reg, shm_owner_t owner, const char *na
 int shm_cuda_register(shm_registry_t *reg, shm_owner_t owner, const char *name, const void *handle,
                       size_t handle_len, int64_t device_id, uint64_t byte_size, char *err, size_t err_len) {
     if (!reg->allow) return not_allowed(err, err_len);
-    if (!name || !*name)
-        return status_set(err, err_len, STATUS_INVALID, "a cuda shared memory region needs a name to be registered");
+    int rc = name_check(name, 1, err, err_len);
+    if (rc) return rc;
     if (handle_len != SHM_CUDA_HANDLE_SIZE)
         return status_set(err, err_len, STATUS_INVALID,
                           "cuda shared memory region '%.200s': raw_handle is %zu bytes, but a CUDA IPC handle "
@@ -608,7 +619,7 @@ int shm_cuda_register(shm_registry_t *reg, shm_owner_t owner, const char *name, 
     /* A name in use or a bound reached is refused before any device is
      * touched; the insert below checks again under the lock. */
     pthread_mutex_lock(&reg->lock);
-    int rc = insert_refused(reg, r, err, err_len);
+    rc = insert_refused(reg, r, err, err_len);
     pthread_mutex_unlock(&reg->lock);
     if (rc) {
         region_free(r);

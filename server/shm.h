@@ -64,6 +64,8 @@ static inline shm_owner_t shm_owner_of(const void *conn) { return (shm_owner_t)(
 
 /* The longest key, its leading '/' included (NAME_MAX of /dev/shm). */
 #define SHM_KEY_MAX 255
+/* The longest region name. */
+#define SHM_NAME_MAX 1024
 #define SHM_DEFAULT_MAX_REGIONS 1024
 /* What every refusal says while client shared memory is off. */
 #define SHM_DISABLED_MSG "client shared memory is disabled: the server was started without --allow-client-shm"
@@ -89,7 +91,8 @@ uint64_t shm_max_bytes(const shm_registry_t *reg);
 
 /* Maps [offset, offset + byte_size) of the shared-memory object key under
  * name for owner. 0, or STATUS_INVALID (client shared memory off, a name the
- * owner already registered, an empty name, a key that is not one name, an
+ * owner already registered, an empty name or one over SHM_NAME_MAX bytes,
+ * a key that is not one name, an
  * object the server may not open, a size of 0, a range outside the object,
  * a bound reached) or STATUS_INTERNAL (mmap failed), with err naming the
  * region and why. */

@@ -518,6 +518,14 @@ static void test_what_may_be_opened(void **state) {
         assert_int_equal(shm_register(reg, ME, "r", bad[i], 0, 16, err, sizeof err), STATUS_INVALID);
         assert_non_null(strstr(err, "is not a shared memory object name"));
     }
+    char longname[SHM_NAME_MAX + 2];
+    memset(longname, 'n', sizeof longname - 1);
+    longname[sizeof longname - 1] = 0;
+    assert_int_equal(shm_register(reg, ME, longname, key, 0, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "the name is longer than 1024 bytes"));
+    longname[SHM_NAME_MAX] = 0; /* 1024: fine */
+    assert_int_equal(shm_register(reg, ME, longname, key, 0, 16, err, sizeof err), 0);
+    shm_unregister(reg, ME, longname);
     char longkey[SHM_KEY_MAX + 8];
     memset(longkey, 'k', sizeof longkey - 1);
     longkey[sizeof longkey - 1] = 0;
