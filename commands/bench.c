@@ -1253,6 +1253,10 @@ int cmd_bench(int argc, char **argv) {
     r.shms = shms;
     if (built < r.nbodies || (shms && shm_regions(base, &o, hostport, shms, r.nbodies, 1, NULL) < 0)) {
         shm_cleanup(base, &o, hostport, shms, built);
+        for (int i = 0; i < built; i++) free(r.bodies[i].data);
+        free(r.bodies);
+        for (int i = 0; i < nin; i++) free(in[i].fixed);
+        event_base_free(base);
         return 2;
     }
     int nlev = o.rate > 0 ? 1 : o.nlevels;
