@@ -191,6 +191,44 @@ static void test_grpc_max_message_size(void **state) {
     server_config_clear(&c);
 }
 
+/* Client shared memory: off by default; the flag, KILN_ALLOW_CLIENT_SHM and
+ * the JSON key turn it on; the bounds and the key prefix are checked. */
+static void test_client_shm_flags(void **state) {
+    struct server_config c;
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_false(c.allow_client_shm);
+    assert_null(c.shm_key_prefix);
+    assert_int_equal(c.shm_max_regions, 0); /* 0: the registry's defaults */
+    assert_int_equal(c.shm_max_bytes, 0);
+    server_config_clear(&c);
+    char *set[] = {"serve", "--allow-client-shm", "--shm-key-prefix", "/app_", "--shm-max-regions=10",
+                   "--shm-max-regions-per-client", "3", "--shm-max-bytes", "2G"};
+    assert_int_equal(load(&c, 9, set), 0);
+    assert_true(c.allow_client_shm);
+    assert_string_equal(c.shm_key_prefix, "/app_");
+    assert_int_equal(c.shm_max_regions, 10);
+    assert_int_equal(c.shm_max_regions_per_client, 3);
+    assert_int_equal(c.shm_max_bytes, 2ll << 30);
+    server_config_clear(&c);
+    setenv("KILN_ALLOW_CLIENT_SHM", "true", 1);
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_true(c.allow_client_shm);
+    unsetenv("KILN_ALLOW_CLIENT_SHM");
+    server_config_clear(&c);
+    assert_int_equal(server_config_set(&c, "allow_client_shm", "1", "kiln.json", g_err, sizeof g_err), 0);
+    assert_true(c.allow_client_shm);
+    server_config_clear(&c);
+    char *slash[] = {"serve", "--shm-key-prefix", "a/b"};
+    assert_int_equal(load(&c, 3, slash), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "cannot hold '/' after the first byte"));
+    server_config_clear(&c);
+    char *zero[] = {"serve", "--shm-max-regions-per-client", "0"};
+    assert_int_equal(load(&c, 3, zero), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "shm-max-regions-per-client"));
+    server_config_clear(&c);
+}
+
 static void test_model_config_parse_and_json(void **state) {
     struct model_config c;
     model_config_init(&c, "m");
@@ -362,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_control_auth),
         cmocka_unit_test(test_model_bounds_flags),
         cmocka_unit_test(test_grpc_max_message_size),
+        cmocka_unit_test(test_client_shm_flags),
         cmocka_unit_test(test_model_config_parse_and_json),
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),
