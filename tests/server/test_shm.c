@@ -544,8 +544,7 @@ static void test_what_may_be_opened(void **state) {
         strstr(want, "cannot open shared memory object 'K': it does not exist or is not the server's to open"));
     /* Outside the prefix (an object that exists). */
     char other[64];
-    make_object(other, sizeof other, "x", 4096);
-    memcpy(other + 1, "kiln_UNIT", 9); /* same length, another prefix */
+    snprintf(other, sizeof other, "/kiln_UNIT_x_%d", (int)getpid()); /* another prefix */
     int fd = shm_open(other, O_CREAT | O_RDWR, 0600);
     assert_true(fd >= 0 && ftruncate(fd, 4096) == 0);
     close(fd);
