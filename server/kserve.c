@@ -9,6 +9,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/buf.h"
 #include "common/jsonnum.h"
 #include "common/status.h"
 #include "config/model_config.h"
@@ -16,53 +17,17 @@
 #include "server/shm.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
+
+/* kserve_set_max_request_memory's bound; 0 = none. */
+static size_t kserve_max_request_memory;
+
+void kserve_set_max_request_memory(size_t bytes) { kserve_max_request_memory = bytes; }
 #define KSERVE_MAX_TENSORS 1024
 #define KSERVE_MAX_JSON_DEPTH 64
 
 /* ---- buffers ------------------------------------------------------------ */
 
-static int buf_reserve(struct kserve_buf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + extra) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (!d) return -1;
-    b->data = d;
-    b->cap = cap;
-    return 0;
-}
-
-static void buf_add(struct kserve_buf *b, const void *p, size_t n) {
-    if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-static void buf_str(struct kserve_buf *b, const char *s) { buf_add(b, s, strlen(s)); }
-
-static void buf_printf(struct kserve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(struct kserve_buf *b, const char *fmt, ...) {
-    if (buf_reserve(b, 64)) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= b->cap - b->len) {
-        if (buf_reserve(b, (size_t)n + 1)) return;
-        va_start(ap, fmt);
-        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-    }
-    b->len += (size_t)n;
-}
-
-void kserve_buf_free(struct kserve_buf *b) {
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
-void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n) {
+void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_reserve(b, n * 6 + 3)) return;
     char *o = b->data + b->len;
@@ -80,7 +45,7 @@ void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n) {
     b->len = (size_t)(o - b->data);
 }
 
-void kserve_error_body(struct kserve_buf *b, const char *msg) {
+void kserve_error_body(struct buf *b, const char *msg) {
     buf_str(b, "{\"error\":");
     kserve_buf_json_string(b, msg, strlen(msg));
     buf_str(b, "}");
@@ -1114,22 +1079,22 @@ static double elem_as_double(const struct tensor *t, int64_t i) {
 /* Non-finite values as tritonclient writes them (python-rapidjson reads them
  * back); float-sized values as the shortest text that reads back as the same
  * float (jsonnum), doubles with all 17 digits. */
-static void put_double(struct kserve_buf *b, double v, int fp32) {
+static void put_double(struct buf *b, double v, int fp32) {
     if (isnan(v)) buf_str(b, "NaN");
     else if (isinf(v)) buf_str(b, v > 0 ? "Infinity" : "-Infinity");
     else if (!fp32) buf_printf(b, "%.17g", v);
     else if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_float((float)v, b->data + b->len);
 }
 
-static void put_i64(struct kserve_buf *b, int64_t v) {
+static void put_i64(struct buf *b, int64_t v) {
     if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_i64(v, b->data + b->len);
 }
 
-static void put_u64(struct kserve_buf *b, uint64_t v) {
+static void put_u64(struct buf *b, uint64_t v) {
     if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_u64(v, b->data + b->len);
 }
 
-static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
+static void put_data_json(struct buf *b, const struct tensor *t) {
     int64_t n = tensor_numel(t);
     buf_str(b, "[");
     for (int64_t i = 0; i < n; i++) {
@@ -1157,7 +1122,7 @@ static size_t binary_size(const struct tensor *t) {
     return t->dtype == DT_STRING ? tensor_strings_prefixed_size(t) : tensor_nbytes(t);
 }
 
-static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
+static void put_data_binary(struct buf *b, const struct tensor *t) {
     size_t n = binary_size(t);
     if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
     if (t->dtype == DT_STRING) tensor_strings_prefixed_write(t, b->data + b->len);
@@ -1165,7 +1130,63 @@ static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
     b->len += n;
 }
 
-/* Top-k per row as BYTES "value:index[:label]", Triton's classification. */
+/* ---- classification ------------------------------------------------------
+ *
+ * Triton's classification extension: each row's top k as BYTES
+ * "value:index[:label]", highest value first. It runs on the I/O thread, so
+ * it must stay linear in the output: a min-heap of the k best so far (its
+ * root the worst of them) takes each element in O(log k), then the k are
+ * sorted. Equal values keep the lower index first (NaN ranks below every
+ * number), so the order is the same whatever the selection's path. */
+
+struct top {
+    double v;
+    int64_t i;
+};
+
+/* a ranks before b. */
+static int top_before(const struct top *a, const struct top *b) {
+    if (isnan(a->v) || isnan(b->v)) {
+        if (isnan(a->v) != isnan(b->v)) return !isnan(a->v);
+    } else if (a->v != b->v) return a->v > b->v;
+    return a->i < b->i;
+}
+
+/* Restores the heap (the root ranks last) below slot at. */
+static void top_sift(struct top *h, int64_t n, int64_t at) {
+    for (;;) {
+        int64_t c = 2 * at + 1;
+        if (c >= n) return;
+        if (c + 1 < n && top_before(&h[c], &h[c + 1])) c++;
+        if (!top_before(&h[at], &h[c])) return;
+        struct top t = h[at];
+        h[at] = h[c];
+        h[c] = t;
+        at = c;
+    }
+}
+
+/* The k best of row[0, per) into h, best first. */
+static void top_k(const struct tensor *in, int64_t base, int64_t per, int64_t k, struct top *h) {
+    if (k <= 0) return;
+    for (int64_t i = 0; i < k; i++) h[i] = (struct top){elem_as_double(in, base + i), i};
+    for (int64_t i = k / 2; i-- > 0;) top_sift(h, k, i);
+    for (int64_t i = k; i < per; i++) {
+        struct top e = {elem_as_double(in, base + i), i};
+        if (top_before(&e, &h[0])) {
+            h[0] = e;
+            top_sift(h, k, 0);
+        }
+    }
+    /* Heap sort: the worst goes last, then the next worst... */
+    for (int64_t n = k; n > 1; n--) {
+        struct top t = h[0];
+        h[0] = h[n - 1];
+        h[n - 1] = t;
+        top_sift(h, n - 1, 0);
+    }
+}
+
 static int classify(const struct tensor *in, int k, int batched, const struct model_config_io *io, struct tensor *out) {
     int64_t n = tensor_numel(in);
     int64_t nrows = batched && in->ndim > 0 ? in->dims[0] : 1;
@@ -1176,33 +1197,58 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     out->ndim = 0;
     if (batched) out->dims[out->ndim++] = nrows;
     out->dims[out->ndim++] = k;
-    char **s = calloc((size_t)(nrows * k) + 1, sizeof *s);
-    int64_t *idx = malloc(sizeof *idx * (size_t)(per + 1));
-    int rc = s && idx ? 0 : STATUS_NOMEM;
+    /* The strings one after another, NUL-terminated, in one buffer; then
+     * packed into the tensor's one block. */
+    struct buf text = {0};
+    size_t *at = malloc(sizeof *at * (size_t)(nrows * k + 1));
+    const char **s = malloc(sizeof *s * (size_t)(nrows * k + 1));
+    struct top *h = malloc(sizeof *h * (size_t)(k + 1));
+    int rc = at && s && h ? 0 : STATUS_NOMEM;
     int fp = in->dtype == DT_FP32 || in->dtype == DT_FP64 || in->dtype == DT_FP16 || in->dtype == DT_BF16;
-    for (int64_t r = 0; r < nrows; r++) {
-        for (int64_t i = 0; i < per; i++) idx[i] = i;
-        /* Partial selection sort: k is small. Ties keep the lower index first. */
+    for (int64_t r = 0; r < nrows && !rc; r++) {
+        top_k(in, r * per, per, k, h);
         for (int j = 0; j < k; j++) {
-            int64_t best = j;
-            for (int64_t i = j + 1; i < per; i++)
-                if (elem_as_double(in, r * per + idx[i]) > elem_as_double(in, r * per + idx[best])) best = i;
-            int64_t t = idx[j]; idx[j] = idx[best]; idx[best] = t;
-            double v = elem_as_double(in, r * per + idx[j]);
-            char buf[1200];
-            int len = fp ? snprintf(buf, sizeof buf, "%f:%lld", v, (long long)idx[j])
-                         : snprintf(buf, sizeof buf, "%lld:%lld", (long long)v, (long long)idx[j]);
-            if (io && idx[j] < io->nlabels)
-                snprintf(buf + len, sizeof buf - (size_t)len, ":%s", io->labels[idx[j]]);
-            if (!rc && !(s[r * k + j] = strdup(buf))) rc = STATUS_NOMEM;
+            at[r * k + j] = text.len;
+            if (fp) buf_printf(&text, "%f:%lld", h[j].v, (long long)h[j].i);
+            else buf_printf(&text, "%lld:%lld", (long long)h[j].v, (long long)h[j].i);
+            if (io && h[j].i < io->nlabels) buf_printf(&text, ":%s", io->labels[h[j].i]);
+            buf_add(&text, "", 1);
+        }
+        if (text.failed) rc = STATUS_NOMEM;
+    }
+    for (int64_t i = 0; !rc && i < nrows * k; i++) s[i] = text.data + at[i];
+    if (!rc) rc = tensor_strings_pack(out, s, NULL);
+    buf_free(&text);
+    free(at);
+    free(s);
+    free(h);
+    return rc;
+}
+
+/* The JSON text of an output's data takes at least two bytes an element (a
+ * digit and a comma): an answer whose outputs cannot fit in the request's
+ * memory budget that way is refused before any of it is written, naming the
+ * largest output. The buffer's limit bounds the rest. */
+static int check_answer_size(const struct kserve_request *r, const char *const *names, const struct tensor *send,
+                             const int *bin, int nsel, char *err, size_t err_len) {
+    if (!kserve_max_request_memory) return 0;
+    uint64_t total = 0, big = 0;
+    int bi = 0;
+    for (int i = 0; i < nsel; i++) {
+        if (r->noutputs && r->outputs[i].shm.region) continue;
+        uint64_t n = bin[i] ? binary_size(&send[i]) : 2 * (uint64_t)tensor_numel(&send[i]);
+        total += n;
+        if (n > big) {
+            big = n;
+            bi = i;
         }
     }
-    /* Built string by string, then packed into the tensor's one block. */
-    if (!rc) rc = tensor_strings_pack(out, (const char *const *)s, NULL);
-    for (int64_t i = 0; s && i < nrows * k; i++) free(s[i]);
-    free(s);
-    free(idx);
-    return rc;
+    if (total <= kserve_max_request_memory) return 0;
+    return status_set(err, err_len, STATUS_INVALID,
+                      "the answer needs more than %llu bytes (output '%s' alone %llu%s), over the server's "
+                      "--max-request-memory of %zu bytes", (unsigned long long)total, names[bi],
+                      (unsigned long long)big, bin[bi] ? "" : " as JSON text: ask for binary_data",
+                      kserve_max_request_memory);
 }
 
 /* The model's index of the i-th output the response carries (-1: none). */
@@ -1214,7 +1260,7 @@ static int output_index(const struct kserve_request *r, const struct model_confi
  * bytes are the wire's (not BYTES, not a classification) is listed in sp
  * while there is room, the rest copied into body. */
 static void put_binary_parts(const struct kserve_request *r, const struct model_config *mc, const struct tensor *send,
-                             const int *bin, const uint8_t *owned, int nsel, struct kserve_buf *body,
+                             const int *bin, const uint8_t *owned, int nsel, struct buf *body,
                              struct kserve_splice *sp, int max, int *nsp) {
     for (int i = 0; i < nsel; i++) {
         if (!bin[i]) continue;
@@ -1231,7 +1277,7 @@ int kserve_classify(const struct tensor *in, int k, const struct model_config *m
 
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
-                           const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                           const struct tensor *outputs, struct buf *body, size_t *json_len,
                            char *err, size_t err_len) {
     int n = 0;
     return kserve_response_encode_spliced(r, mc, model_name, model_version, outputs, body, json_len, NULL, 0, &n,
@@ -1240,7 +1286,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
 
 int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
                                    const char *model_name, const char *model_version,
-                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   const struct tensor *outputs, struct buf *body, size_t *json_len,
                                    struct kserve_splice *splices, int max_splices, int *nsplices,
                                    char *err, size_t err_len) {
     *nsplices = 0;
@@ -1277,6 +1323,8 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
         } else send[i] = outputs[k];
         any_bin |= bin[i];
     }
+    if ((rc = check_answer_size(r, names, send, bin, nsel, err, err_len))) goto out;
+    if (kserve_max_request_memory && !body->limit) body->limit = kserve_max_request_memory;
     buf_str(body, "{\"model_name\":");
     kserve_buf_json_string(body, model_name, strlen(model_name));
     buf_str(body, ",\"model_version\":");
@@ -1322,7 +1370,12 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
     buf_str(body, "]}");
     *json_len = body->len;
     if (any_bin) put_binary_parts(r, mc, send, bin, owned, nsel, body, splices, max_splices, nsplices);
-    if (!body->data) rc = STATUS_NOMEM;
+    if (body->failed == BUF_OVER_LIMIT)
+        rc = status_set(err, err_len, STATUS_INVALID,
+                        "the answer takes more than %zu bytes, the server's --max-request-memory: ask for binary_data "
+                        "outputs, fewer outputs or a smaller batch", body->limit);
+    else if (body->failed)
+        rc = status_set(err, err_len, STATUS_NOMEM, "out of memory encoding the answer (%zu bytes so far)", body->len);
 out:
     for (int i = 0; send && i < nsel; i++)
         if (owned && owned[i]) tensor_free_data(&send[i]);

@@ -206,11 +206,11 @@ static void test_bind_batch_and_dim_bounds(void **state) {
 }
 
 /* body with each spliced output's block put back at its place. */
-static struct kserve_buf join_splices(const struct kserve_buf *body, const struct kserve_splice *sp, int n,
+static struct buf join_splices(const struct buf *body, const struct kserve_splice *sp, int n,
                                       const struct tensor *outs) {
     size_t total = body->len;
     for (int i = 0; i < n; i++) total += sp[i].len;
-    struct kserve_buf j = {.data = malloc(total), .cap = total};
+    struct buf j = {.data = malloc(total), .cap = total};
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         memcpy(j.data + j.len, body->data + at, sp[i].at - at);
@@ -239,7 +239,7 @@ static void test_encode_spliced_same_bytes(void **state) {
     int64_t label[2] = {1, 0};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf plain = {0}, body = {0}, joined;
+    struct buf plain = {0}, body = {0}, joined;
     size_t jl_plain, jl;
     struct kserve_splice sp[2];
     int n = -1;
@@ -248,7 +248,7 @@ static void test_encode_spliced_same_bytes(void **state) {
                                                     sizeof g_err), 0);
     assert_int_equal(n, 0);
     assert_int_equal(body.len, plain.len);
-    kserve_buf_free(&body);
+    buf_free(&body);
     assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 2, &n, g_err,
                                                     sizeof g_err), 0);
     assert_int_equal(jl, jl_plain);
@@ -258,9 +258,9 @@ static void test_encode_spliced_same_bytes(void **state) {
     joined = join_splices(&body, sp, n, outs);
     assert_int_equal(joined.len, plain.len);
     assert_memory_equal(joined.data, plain.data, plain.len);
-    kserve_buf_free(&plain);
-    kserve_buf_free(&body);
-    kserve_buf_free(&joined);
+    buf_free(&plain);
+    buf_free(&body);
+    buf_free(&joined);
     kserve_request_clear(&r);
     model_config_clear(&c);
 }
@@ -282,7 +282,7 @@ static void test_encode_json_binary_classification(void **state) {
     int64_t label[2] = {1, 0};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     size_t jl;
     assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &b, &jl, g_err, sizeof g_err), 0);
     assert_int_equal(b.len, jl + 16);
@@ -293,7 +293,7 @@ static void test_encode_json_binary_classification(void **state) {
     assert_non_null(strstr(json, "\"datatype\":\"BYTES\",\"shape\":[2,2]"));
     assert_non_null(strstr(json, "\"0.700000:1\",\"0.200000:2\",\"0.500000:0\",\"0.300000:2\""));
     free(json);
-    kserve_buf_free(&b);
+    buf_free(&b);
     kserve_request_clear(&r);
     model_config_clear(&c);
 }
@@ -575,14 +575,14 @@ static void test_encode_floats_round_trip(void **state) {
     int64_t label[2] = {INT64_MIN, 9007199254740993LL};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     size_t jl;
     assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &b, &jl, g_err, sizeof g_err), 0);
     char *json = strndup(b.data, jl);
     assert_non_null(strstr(json, "\"shape\":[2,3],\"data\":[0.1,0.33333334,1e-30,-0,NaN,-Infinity]"));
     assert_non_null(strstr(json, "\"shape\":[2],\"data\":[-9223372036854775808,9007199254740993]"));
     free(json);
-    kserve_buf_free(&b);
+    buf_free(&b);
     kserve_request_clear(&r);
     model_config_clear(&c);
 }
