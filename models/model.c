@@ -13,6 +13,7 @@
 #include "graph/graph.h"
 #include "kernels/backend.h"
 #include "models/onnx_load.h"
+#include "models/eval.h"
 #include "models/lower_fp16.h"
 #include "models/passes.h"
 #include "models/plan.h"
@@ -40,6 +41,7 @@ struct model {
     int shapes_follow_values;
     int fp16;        /* device contexts build FP16 plans */
     int cuda_graphs; /* device contexts capture and replay */
+    size_t max_run_bytes; /* model_params.max_run_bytes */
 };
 
 struct model_exec {
@@ -98,6 +100,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
     m->fp16 = p->fp16 != 0;
     m->cuda_graphs = p->cuda_graphs >= 0;
+    m->max_run_bytes = p->max_run_bytes;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
     if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
@@ -264,9 +267,23 @@ static int check_outputs(const struct model_exec *x, struct tensor *outputs, int
     return 0;
 }
 
-/* Runs checked inputs on the plan for their shapes (built on first use). */
+static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                       char *err, size_t err_len);
+
+/* The run, under the model's bound on what it may allocate (eval.h's
+ * per-thread bound reaches plan building and node-by-node runs). */
 static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
                     char *err, size_t err_len) {
+    size_t prev = eval_max_bytes();
+    eval_set_max_bytes(x->m->max_run_bytes);
+    int rc = run_plan_in(x, inputs, ninputs, outputs, err, err_len);
+    eval_set_max_bytes(prev);
+    return rc;
+}
+
+/* Runs checked inputs on the plan for their shapes (built on first use). */
+static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                       char *err, size_t err_len) {
     struct model *m = x->m;
     const struct graph *g = m->g;
     struct plan_cache *cache = x->dev_plans ? x->dev_plans : m->plans;

@@ -38,6 +38,10 @@ struct model_params {
      * graph may take fusions into operators only the CPU kernels have (a
      * device plan would run those on the host). */
     int cpu_only;
+    /* Bytes one run may make the engine allocate (a tensor, or a plan's
+     * arena with the outputs): larger is STATUS_INVALID naming the node or
+     * output, before the allocation. 0 = only EVAL_MAX_TENSOR_BYTES. */
+    size_t max_run_bytes;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and
