@@ -1429,6 +1429,15 @@ static int check_answer_size(const struct kserve_request *r, const char *const *
                       kserve_max_request_memory);
 }
 
+/* The outputs stay alive while their answer is written: the answer's text
+ * gets the bound less their bytes, and at least half of it. */
+static size_t answer_limit(const struct kserve_request *r, const struct tensor *send, int nsel) {
+    size_t held = 0, max = kserve_max_request_memory;
+    for (int i = 0; i < nsel; i++)
+        if (!(r->noutputs && r->outputs[i].shm.region)) held += binary_size(&send[i]);
+    return held < max / 2 ? max - held : max / 2;
+}
+
 /* The model's index of the i-th output the response carries (-1: none). */
 static int output_index(const struct kserve_request *r, const struct model_config *mc, int i) {
     return r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
@@ -1502,7 +1511,7 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
         any_bin |= bin[i];
     }
     if ((rc = check_answer_size(r, names, send, bin, nsel, err, err_len))) goto out;
-    if (kserve_max_request_memory && !body->limit) body->limit = kserve_max_request_memory;
+    if (kserve_max_request_memory && !body->limit) body->limit = answer_limit(r, send, nsel);
     buf_str(body, "{\"model_name\":");
     kserve_buf_json_string(body, model_name, strlen(model_name));
     buf_str(body, ",\"model_version\":");
