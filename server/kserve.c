@@ -30,6 +30,27 @@ static int parse_charge(size_t n);
 
 /* ---- buffers ------------------------------------------------------------ */
 
+/* The length of the valid UTF-8 sequence at s (n bytes left), or 0 when it
+ * is not one (a stray continuation, an overlong form, a surrogate, past
+ * U+10FFFF, cut short). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    unsigned char lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < len; k++)
+        if (s[k] < 0x80 || s[k] > 0xBF) return 0;
+    return len;
+}
+
+/* Names and ids come from clients, and any byte may be in them: a byte
+ * that is not part of valid UTF-8 is written as U+FFFD, so the answer (an
+ * error message that quotes a name included) is always valid JSON. */
 void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_reserve(b, n * 6 + 3)) return;
@@ -42,7 +63,18 @@ void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
         else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
         else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
         else if (c < 0x20) { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
-        else *o++ = (char)c;
+        else if (c < 0x80) *o++ = (char)c;
+        else {
+            size_t len = utf8_seq((const unsigned char *)s + i, n - i);
+            if (!len) {
+                memcpy(o, "\\ufffd", 6);
+                o += 6;
+                continue;
+            }
+            memcpy(o, s + i, len);
+            o += len;
+            i += len - 1;
+        }
     }
     *o++ = '"';
     b->len = (size_t)(o - b->data);
@@ -204,7 +236,14 @@ static int fill_number(struct fill *f, double d) {
                               f->in->name, (long long)i, d);
         ((float *)t->data)[i] = (float)d;
         break;
-    case DT_FP64: ((double *)t->data)[i] = d; break;
+    case DT_FP64:
+        /* A JSON number past the double range (1e999) reads as infinity:
+         * refused as for FP32; "Infinity" as a string is the way to send one. */
+        if (!isfinite(d))
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP64",
+                              f->in->name, (long long)i, d);
+        ((double *)t->data)[i] = d;
+        break;
     case DT_FP16:
         /* tritonclient writes an FP16 tensor's exact values; past 65504 is infinity. */
         if (fabs(d) > 65504)

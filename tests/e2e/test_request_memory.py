@@ -44,6 +44,9 @@ def mem_repo(tmp_path_factory):
     save_model(root, "grow", grow_graph())
     save_model(root, "ident", ident_graph())
     save_model(root, "tiny", tiny_graph())
+    save_model(root, "ident64", oh.make_graph(
+        [oh.make_node("Identity", ["x"], ["y"])], "ident64",
+        [oh.make_tensor_value_info("x", TP.DOUBLE, [2])], [oh.make_tensor_value_info("y", TP.DOUBLE, [2])]))
     return root
 
 
@@ -190,3 +193,22 @@ def test_failed_answer_allocation_is_a_500_then_kiln_serves(make_server, mem_rep
     status, data = infer_raw(s, "ident", body)
     assert status == 200, data
     assert len(json.loads(data)["outputs"][0]["data"]) == 1000
+
+
+def test_fp64_refuses_numbers_past_the_double_range(srv):
+    body = b'{"inputs":[{"name":"x","shape":[2],"datatype":"FP64","data":[1,1e999]}]}'
+    status, data = infer_raw(srv, "ident64", body)
+    assert status == 400, data
+    assert json.loads(data)["error"] == "input 'x': data[1] = inf is out of range for FP64"
+    # Infinity as tritonclient writes it (a bare token) is still an FP64 value.
+    status, data = infer_raw(srv, "ident64", b'{"inputs":[{"name":"x","shape":[2],"datatype":"FP64","data":[1,-Infinity]}]}')
+    assert status == 200, data
+
+
+@pytest.mark.parametrize("name", [b"\xff\xfe", b"a\xc3", b"\xed\xa0\x80", b"\xc0\xaf"])
+def test_names_that_are_not_utf8_give_a_json_error(srv, name):
+    body = b'{"id":"' + name + b'","inputs":[{"name":"' + name + b'","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}'
+    status, data = infer_raw(srv, "tiny", body)
+    assert status == 400, data
+    err = json.loads(data.decode("utf-8"))["error"]  # valid UTF-8 and valid JSON
+    assert "unexpected inference input" in err and "\ufffd" in err, err
