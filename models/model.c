@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,7 @@ struct model_exec {
     /* Device plans hold device constants of this backend: cached per context. */
     struct plan_cache *dev_plans;
     uint64_t builds; /* plans built for this context's runs */
+    int requests;    /* model_exec_set_requests; 0 = 1 */
 };
 
 static void io_from_value(struct model_io *io, const struct graph_value *v) {
@@ -274,8 +276,8 @@ static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ni
  * per-thread bound reaches plan building and node-by-node runs). */
 static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
                     char *err, size_t err_len) {
-    size_t prev = eval_max_bytes();
-    eval_set_max_bytes(x->m->max_run_bytes);
+    size_t prev = eval_max_bytes(), max = x->m->max_run_bytes, n = x->requests > 1 ? (size_t)x->requests : 1;
+    eval_set_max_bytes(max > SIZE_MAX / n ? SIZE_MAX : max * n);
     int rc = run_plan_in(x, inputs, ninputs, outputs, err, err_len);
     eval_set_max_bytes(prev);
     return rc;
@@ -331,6 +333,8 @@ static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ni
 }
 
 uint64_t model_exec_builds(const struct model_exec *x) { return x ? x->builds : 0; }
+
+void model_exec_set_requests(struct model_exec *x, int n) { x->requests = n; }
 
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
               int noutputs, char *err, size_t err_len) {
