@@ -28,6 +28,7 @@
 #include "commands/commands.h"
 #include "server/grpc.h"
 #include "server/http.h"
+#include "server/kserve.h"
 
 static uint64_t mono_ms(void) { return clock_now_ns() / 1000000; }
 
@@ -122,7 +123,9 @@ int cmd_serve(int argc, char **argv) {
     struct repository_params rp = {.root = cfg.model_repository,
                                    .backend = backend,
                                    .max_instances = cfg.max_model_instances,
-                                   .max_intra_op_threads = cfg.max_intra_op_threads};
+                                   .max_intra_op_threads = cfg.max_intra_op_threads,
+                                   .max_request_memory = (size_t)server_config_max_request_memory(&cfg)};
+    kserve_set_max_request_memory(rp.max_request_memory);
     repo = repository_create(&rp, err, sizeof err);
     if (!repo) {
         log_error("%s", err);

@@ -8,6 +8,7 @@
  * with one of zero_data, random_data (true) or input_data_file (a file name
  * in the model's warmup/ folder) per input. count 0 means once. Running the
  * samples is the server's (server/warmup.c). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +24,11 @@
 /* Samples in one configuration, and inputs in one sample. */
 #define WARMUP_MAX_SAMPLES 256
 #define WARMUP_MAX_COUNT 1000
+/* The bytes of every sample's inputs together (batch included): the server
+ * builds and fills them on its control thread before the model serves, so
+ * dims whose product is unbounded would hold it (and the memory) for
+ * minutes. A sample of this size already takes seconds to fill. */
+#define WARMUP_MAX_BYTES ((uint64_t)1 << 30)
 
 void model_warmup_clear(struct model_config *c) {
     for (int i = 0; i < c->nwarmup; i++) {
@@ -139,7 +145,23 @@ static int check_input(const struct model_warmup_input *in, const struct model_c
     return 0;
 }
 
+/* The bytes a sample's inputs take (a string element counted as 32), at
+ * most limit + 1 (no overflow, whatever the dims). */
+static uint64_t sample_bytes(const struct model_warmup *w, uint64_t limit) {
+    uint64_t total = 0;
+    for (int k = 0; k < w->ninputs; k++) {
+        const struct model_warmup_input *in = &w->inputs[k];
+        uint64_t n = (uint64_t)w->batch_size * (in->dtype == DT_STRING ? 32 : dtype_size(in->dtype));
+        for (int d = 0; d < in->ndim && n; d++)
+            n = in->dims[d] && n > limit / (uint64_t)in->dims[d] ? limit + 1 : n * (uint64_t)in->dims[d];
+        total = n > limit - total ? limit + 1 : total + n;
+        if (total > limit) break;
+    }
+    return total;
+}
+
 int model_warmup_check(const struct model_config *c, char *err, size_t err_len) {
+    uint64_t total = 0;
     for (int i = 0; i < c->nwarmup; i++) {
         const struct model_warmup *w = &c->warmup[i];
         char where[160];
@@ -161,6 +183,11 @@ int model_warmup_check(const struct model_config *c, char *err, size_t err_len) 
                 return INVALID("%s input '%s' of the model is %s", where, c->inputs[k].name,
                                named ? "named more than once" : "not given");
         }
+        uint64_t n = sample_bytes(w, WARMUP_MAX_BYTES - total);
+        if (n > WARMUP_MAX_BYTES - total)
+            return INVALID("%s its inputs (dims times batch_size %d) bring the samples' inputs over %llu bytes, the "
+                           "most a warm-up may build", where, w->batch_size, (unsigned long long)WARMUP_MAX_BYTES);
+        total += n;
     }
     return 0;
 }

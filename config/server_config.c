@@ -5,6 +5,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include <arpa/inet.h>
@@ -45,6 +46,7 @@ static const struct opt g_opts[] = {
     {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", OPT_STR, "text|json", "text", "log line format"},
     {"max-request-size", OPT_SIZE, "BYTES", "64M", "largest request body (suffixes K, M, G); larger gets 413"},
+    {"max-request-memory", OPT_SIZE, "BYTES", "RAM / 4, at most 4G", "most memory one request may make kiln allocate: its JSON parse, input copies, the tensors a model sizes from the request (shapes and values), the answer's encoding; over it a 400 naming the tensor or node, before the allocation (suffixes K, M, G; at least 1M)"},
     {"exit-timeout-secs", OPT_INT, "S", "30", "on SIGTERM/SIGINT, longest wait for in-flight requests before a forced exit"},
     {"model-control-mode", OPT_STR, "none|explicit|poll", "none", "none: load all at start; explicit: load/unload through the API; poll: reload on change"},
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
@@ -223,6 +225,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         } else if (strcmp(n, "shm-max-bytes") == 0) {
             if (sz < 1) return BAD("expected at least 1 byte");
             c->shm_max_bytes = sz;
+        } else if (strcmp(n, "max-request-memory") == 0) {
+            if (sz < (1 << 20)) return BAD("expected at least 1M");
+            c->max_request_memory = sz;
         } else c->cache_size = sz;
         return 0;
     }
@@ -467,4 +472,16 @@ void server_config_usage(FILE *f) {
             "requests get 503), lets accepted requests finish and exits 0; a second\n"
             "signal, or --exit-timeout-secs, forces the exit.\n",
             "-h, --help", "this text");
+}
+
+int64_t server_config_max_request_memory(const struct server_config *c) {
+    if (c->max_request_memory > 0) return c->max_request_memory;
+    /* A quarter of the machine leaves room for the models and for other
+     * requests; past a few GiB one request is an attack, not a workload. */
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    int64_t ram = pages > 0 && page > 0 ? (int64_t)pages * page : 4LL << 30;
+    int64_t m = ram / 4;
+    if (m > (4LL << 30)) m = 4LL << 30;
+    if (m < (64LL << 20)) m = 64LL << 20;
+    return m;
 }

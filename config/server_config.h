@@ -34,6 +34,7 @@ struct server_config {
     char *log_level;             /* "error", "warn", "info", "debug" */
     char *log_format;            /* "text", "json" */
     int64_t max_request_size;    /* bytes; larger bodies get 413 */
+    int64_t max_request_memory;  /* bytes one request may make kiln allocate; 0 = from the machine */
     int exit_timeout_secs;       /* drain limit on SIGTERM */
     int http_timeout_secs;       /* idle read/write timeout of a connection */
     int http_header_timeout_secs; /* total time a request's header may take to arrive */
@@ -82,6 +83,10 @@ int server_config_set(struct server_config *c, const char *name, const char *val
                       const char *source, char *err, size_t err_len);
 
 void server_config_usage(FILE *f);
+
+/* --max-request-memory, or its default from the machine: a quarter of the
+ * physical memory, at most 4 GiB and at least 64 MiB. */
+int64_t server_config_max_request_memory(const struct server_config *c);
 
 /* 1 when addr is a loopback address (127.0.0.0/8, ::1, localhost). */
 int server_config_is_loopback(const char *addr);

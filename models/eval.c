@@ -12,6 +12,11 @@
 /* Scratch alignment, as a plan's arena gives its kernels. */
 #define EVAL_ALIGN 64
 
+static _Thread_local size_t eval_budget;
+
+void eval_set_max_bytes(size_t bytes) { eval_budget = bytes; }
+size_t eval_max_bytes(void) { return eval_budget; }
+
 int eval_check_shape(const struct graph_node *n, const struct tensor *t, const char *vname, char *err,
                        size_t err_len) {
     if (t->dtype <= DT_UNDEFINED || t->dtype >= DT_MAX_ || dtype_size(t->dtype) == 0)
@@ -28,8 +33,15 @@ int eval_check_shape(const struct graph_node *n, const struct tensor *t, const c
         if (t->dims[d] && numel > INT64_MAX / t->dims[d]) numel = INT64_MAX;
         else numel *= t->dims[d];
     }
-    if (numel != INT64_MAX && (uint64_t)numel <= EVAL_MAX_TENSOR_BYTES / dtype_size(t->dtype)) return 0;
     char s[160];
+    if (numel != INT64_MAX && eval_budget && (uint64_t)numel > eval_budget / dtype_size(t->dtype) &&
+        (uint64_t)numel <= EVAL_MAX_TENSOR_BYTES / dtype_size(t->dtype))
+        return status_set(err, err_len, STATUS_INVALID,
+                          "node '%s' (%s): output '%s' of shape %s needs %llu bytes, over the %zu bytes one request "
+                          "may use (--max-request-memory)", n->name, n->op_type, vname,
+                          tensor_shape_str(t, s, sizeof s), (unsigned long long)numel * dtype_size(t->dtype),
+                          eval_budget);
+    if (numel != INT64_MAX && (uint64_t)numel <= EVAL_MAX_TENSOR_BYTES / dtype_size(t->dtype)) return 0;
     return status_set(err, err_len, STATUS_INVALID, "node '%s' (%s): output '%s' of shape %s is too large",
                       n->name, n->op_type, vname, tensor_shape_str(t, s, sizeof s));
 }

@@ -15,9 +15,18 @@
  * hostile shape must fail with a message, not an allocation. */
 #define EVAL_MAX_TENSOR_BYTES ((size_t)1 << 34)
 
+/* The calling thread's bound on one tensor while it serves a request (the
+ * server's --max-request-memory, set by model_run around a run): a shape
+ * that needs more is refused before anything is allocated, naming the node.
+ * 0 = EVAL_MAX_TENSOR_BYTES alone. Per thread, so plans and node-by-node
+ * runs of one model see their request's bound without it in every call. */
+void eval_set_max_bytes(size_t bytes);
+size_t eval_max_bytes(void);
+
 /* 0 if t, the inferred shape of node n's output vname, has a datatype, a
- * known rank and dims, and at most EVAL_MAX_TENSOR_BYTES; otherwise a
- * negative status with a message naming the node and the output. */
+ * known rank and dims, and at most EVAL_MAX_TENSOR_BYTES (and the thread's
+ * eval_max_bytes); otherwise a negative status with a message naming the
+ * node and the output. */
 int eval_check_shape(const struct graph_node *n, const struct tensor *t, const char *vname, char *err,
                      size_t err_len);
 

@@ -4,6 +4,7 @@
 
 #include <omp.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "graph/graph.h"
 #include "kernels/backend.h"
 #include "models/onnx_load.h"
+#include "models/eval.h"
 #include "models/lower_fp16.h"
 #include "models/passes.h"
 #include "models/plan.h"
@@ -40,6 +42,7 @@ struct model {
     int shapes_follow_values;
     int fp16;        /* device contexts build FP16 plans */
     int cuda_graphs; /* device contexts capture and replay */
+    size_t max_run_bytes; /* model_params.max_run_bytes */
 };
 
 struct model_exec {
@@ -50,6 +53,7 @@ struct model_exec {
     /* Device plans hold device constants of this backend: cached per context. */
     struct plan_cache *dev_plans;
     uint64_t builds; /* plans built for this context's runs */
+    int requests;    /* model_exec_set_requests; 0 = 1 */
 };
 
 static void io_from_value(struct model_io *io, const struct graph_value *v) {
@@ -98,6 +102,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->max_dim = p->max_dim > 0 ? p->max_dim : MODEL_MAX_DIM;
     m->fp16 = p->fp16 != 0;
     m->cuda_graphs = p->cuda_graphs >= 0;
+    m->max_run_bytes = p->max_run_bytes;
     m->g = onnx_load_file(p->path, err, err_len);
     if (!m->g) goto fail;
     if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
@@ -264,9 +269,23 @@ static int check_outputs(const struct model_exec *x, struct tensor *outputs, int
     return 0;
 }
 
-/* Runs checked inputs on the plan for their shapes (built on first use). */
+static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                       char *err, size_t err_len);
+
+/* The run, under the model's bound on what it may allocate (eval.h's
+ * per-thread bound reaches plan building and node-by-node runs). */
 static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
                     char *err, size_t err_len) {
+    size_t prev = eval_max_bytes(), max = x->m->max_run_bytes, n = x->requests > 1 ? (size_t)x->requests : 1;
+    eval_set_max_bytes(max > SIZE_MAX / n ? SIZE_MAX : max * n);
+    int rc = run_plan_in(x, inputs, ninputs, outputs, err, err_len);
+    eval_set_max_bytes(prev);
+    return rc;
+}
+
+/* Runs checked inputs on the plan for their shapes (built on first use). */
+static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
+                       char *err, size_t err_len) {
     struct model *m = x->m;
     const struct graph *g = m->g;
     struct plan_cache *cache = x->dev_plans ? x->dev_plans : m->plans;
@@ -314,6 +333,8 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
 }
 
 uint64_t model_exec_builds(const struct model_exec *x) { return x ? x->builds : 0; }
+
+void model_exec_set_requests(struct model_exec *x, int n) { x->requests = n; }
 
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
               int noutputs, char *err, size_t err_len) {

@@ -38,6 +38,10 @@ struct model_params {
      * graph may take fusions into operators only the CPU kernels have (a
      * device plan would run those on the host). */
     int cpu_only;
+    /* Bytes one run may make the engine allocate (a tensor, or a plan's
+     * arena with the outputs): larger is STATUS_INVALID naming the node or
+     * output, before the allocation. 0 = only EVAL_MAX_TENSOR_BYTES. */
+    size_t max_run_bytes;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and
@@ -90,5 +94,8 @@ int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int n
 /* Plans this context has built so far: a run that raised it paid for a plan
  * (a new shape), so its time says little about the next run of its size. */
 uint64_t model_exec_builds(const struct model_exec *x);
+/* The requests the next runs serve together (a batch of n): their bound is
+ * n times model_params.max_run_bytes, each request's. 1 until set. */
+void model_exec_set_requests(struct model_exec *x, int n);
 
 #endif

@@ -947,6 +947,30 @@ static int place_mirror(struct plan *p, struct item *items, int n) {
     return 0;
 }
 
+/* A request's run takes the arena and a copy of each output: refused when
+ * together they pass the thread's request bound (eval_max_bytes), before
+ * the executor allocates anything, naming the largest output. */
+static int check_budget(const struct plan *p, char *err, size_t err_len) {
+    size_t max = eval_max_bytes();
+    if (!max) return 0;
+    const struct graph *g = p->g;
+    size_t total = p->arena_size, big = 0;
+    int bo = -1;
+    for (int o = 0; o < g->noutputs; o++) {
+        size_t nb = tensor_nbytes(&p->vals[g->outputs[o]].t);
+        total += nb;
+        if (nb >= big) {
+            big = nb;
+            bo = o;
+        }
+    }
+    if (total <= max) return 0;
+    return status_set(err, err_len, STATUS_INVALID,
+                      "these inputs need %zu bytes (an arena of %zu, output '%s' %zu), over the %zu bytes one "
+                      "request may use (--max-request-memory)", total, p->arena_size,
+                      bo >= 0 ? g->values[g->outputs[bo]].name : "", big, max);
+}
+
 /* Memory: one arena, best-fit over live ranges; views take their root's
  * bytes and range. */
 static int place_memory(struct plan *p, char *err, size_t err_len) {
@@ -960,6 +984,7 @@ static int place_memory(struct plan *p, char *err, size_t err_len) {
     }
     free(items);
     if (rc) return build_nomem(err, err_len);
+    if ((rc = check_budget(p, err, err_len))) return rc;
     for (int v = 0; v < p->nvals; v++) {
         struct pval *pv = &p->vals[v];
         if (pv->root != v && pv->kind == PLAN_VALUE_ARENA) {

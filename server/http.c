@@ -165,7 +165,7 @@ static void reply_json(http_server_t *s, struct evhttp_request *req, int code, c
 }
 
 static void reply_error(http_server_t *s, struct evhttp_request *req, int code, const char *msg) {
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     kserve_error_body(&b, msg);
     reply_raw(s, req, code, "application/json", b.data, b.len);
 }
@@ -388,13 +388,13 @@ static void io_post_any(void *io, void (*fn)(void *), void *arg) { io_post(io, f
 /* The core's encode: the KServe response, binary outputs after the JSON. */
 static int infer_encode(void *arg, const struct infer_result *res, char *err, size_t err_len) {
     struct http_infer *c = arg;
-    struct kserve_buf body = {0};
+    struct buf body = {0};
     size_t json_len = 0;
     int rc = kserve_response_encode_spliced(res->request, res->config, res->model_name, res->model_version,
                                             res->outputs, &body, &json_len, c->parts, HTTP_INFER_PARTS, &c->nparts,
                                             err, err_len);
     if (rc) {
-        kserve_buf_free(&body);
+        buf_free(&body);
         return rc;
     }
     for (int i = 0; i < c->nparts; i++) {

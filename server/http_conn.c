@@ -171,7 +171,7 @@ static void conn_linger_event_cb(struct bufferevent *bev, short what, void *arg)
  * client still sends, on the socket's bufferevent, which stops feeding evhttp. */
 static void conn_emit(struct http_conn *c) {
     c->state = CONN_LINGER;
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     kserve_error_body(&b, c->msg);
     char head[256];
     int hl = snprintf(head, sizeof head,
@@ -194,7 +194,7 @@ static void conn_emit(struct http_conn *c) {
             c->wrote = 1;
         }
     }
-    kserve_buf_free(&b);
+    buf_free(&b);
     if (w < 0) {
         conn_finish(c);
         return;

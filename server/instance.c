@@ -210,6 +210,7 @@ static int execute(struct instances *s, struct instance *inst, int index, const 
     int no = s->noutputs, nin = bt->reqs[0]->ninputs, alone = bt->n == 1 && !inst->padded;
     struct tensor *out = alone ? bt->reqs[0]->outputs : inst->out;
     memset(out, 0, sizeof(struct tensor) * (size_t)no);
+    if (!s->p.execute) model_exec_set_requests(inst->x, bt->n);
     int rc = s->p.execute ? s->p.execute(s->p.execute_arg, index, inst->in, nin, out, no, err, err_len)
                           : model_run_unchecked(inst->x, inst->in, nin, out, no, err, err_len);
     if (rc || alone)

@@ -1,6 +1,7 @@
 #include "server/kserve.h"
 
 #include <float.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "common/buf.h"
 #include "common/jsonnum.h"
 #include "common/status.h"
 #include "config/model_config.h"
@@ -16,53 +18,40 @@
 #include "server/shm.h"
 
 #define INVALID(...) status_set(err, err_len, STATUS_INVALID, __VA_ARGS__)
+
+/* kserve_set_max_request_memory's bound; 0 = none. */
+static size_t kserve_max_request_memory;
+
+void kserve_set_max_request_memory(size_t bytes) { kserve_max_request_memory = bytes; }
+
+static int parse_charge(size_t n);
 #define KSERVE_MAX_TENSORS 1024
 #define KSERVE_MAX_JSON_DEPTH 64
 
 /* ---- buffers ------------------------------------------------------------ */
 
-static int buf_reserve(struct kserve_buf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + extra) cap *= 2;
-    char *d = realloc(b->data, cap);
-    if (!d) return -1;
-    b->data = d;
-    b->cap = cap;
-    return 0;
+/* The length of the valid UTF-8 sequence at s (n bytes left), or 0 when it
+ * is not one (a stray continuation, an overlong form, a surrogate, past
+ * U+10FFFF, cut short). */
+static size_t utf8_seq(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    if (!len || len > n) return 0;
+    unsigned char lo = 0x80, hi = 0xBF; /* the second byte's range */
+    if (c == 0xE0) lo = 0xA0;
+    else if (c == 0xED) hi = 0x9F;
+    else if (c == 0xF0) lo = 0x90;
+    else if (c == 0xF4) hi = 0x8F;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < len; k++)
+        if (s[k] < 0x80 || s[k] > 0xBF) return 0;
+    return len;
 }
 
-static void buf_add(struct kserve_buf *b, const void *p, size_t n) {
-    if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-static void buf_str(struct kserve_buf *b, const char *s) { buf_add(b, s, strlen(s)); }
-
-static void buf_printf(struct kserve_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void buf_printf(struct kserve_buf *b, const char *fmt, ...) {
-    if (buf_reserve(b, 64)) return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-    va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= b->cap - b->len) {
-        if (buf_reserve(b, (size_t)n + 1)) return;
-        va_start(ap, fmt);
-        vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-    }
-    b->len += (size_t)n;
-}
-
-void kserve_buf_free(struct kserve_buf *b) {
-    free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
-void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n) {
+/* Names and ids come from clients, and any byte may be in them: a byte
+ * that is not part of valid UTF-8 is written as U+FFFD, so the answer (an
+ * error message that quotes a name included) is always valid JSON. */
+void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_reserve(b, n * 6 + 3)) return;
     char *o = b->data + b->len;
@@ -74,13 +63,24 @@ void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n) {
         else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }
         else if (c == '\t') { *o++ = '\\'; *o++ = 't'; }
         else if (c < 0x20) { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
-        else *o++ = (char)c;
+        else if (c < 0x80) *o++ = (char)c;
+        else {
+            size_t len = utf8_seq((const unsigned char *)s + i, n - i);
+            if (!len) {
+                memcpy(o, "\\ufffd", 6);
+                o += 6;
+                continue;
+            }
+            memcpy(o, s + i, len);
+            o += len;
+            i += len - 1;
+        }
     }
     *o++ = '"';
     b->len = (size_t)(o - b->data);
 }
 
-void kserve_error_body(struct kserve_buf *b, const char *msg) {
+void kserve_error_body(struct buf *b, const char *msg) {
     buf_str(b, "{\"error\":");
     kserve_buf_json_string(b, msg, strlen(msg));
     buf_str(b, "}");
@@ -236,7 +236,14 @@ static int fill_number(struct fill *f, double d) {
                               f->in->name, (long long)i, d);
         ((float *)t->data)[i] = (float)d;
         break;
-    case DT_FP64: ((double *)t->data)[i] = d; break;
+    case DT_FP64:
+        /* A JSON number past the double range (1e999) reads as infinity:
+         * refused as for FP32; "Infinity" as a string is the way to send one. */
+        if (!isfinite(d))
+            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP64",
+                              f->in->name, (long long)i, d);
+        ((double *)t->data)[i] = d;
+        break;
     case DT_FP16:
         /* tritonclient writes an FP16 tensor's exact values; past 65504 is infinity. */
         if (fabs(d) > 65504)
@@ -300,7 +307,16 @@ static int fill_rec(struct fill *f, const cJSON *a) {
  * document it finds invalid (cJSON then reports the error, or reads
  * tritonclient's bare NaN), an escaped key where the lookups happen (cJSON
  * would compare it unescaped), an array holding anything but numbers (read
- * by cJSON as before), a copy cJSON refuses. */
+ * by cJSON as before), a copy cJSON refuses.
+ *
+ * The copy also leaves out what the request's reader never looks at, so
+ * that cJSON builds no nodes for it (a node is 64 bytes: a 60 MB array of
+ * numbers under an unknown key took 2.6 GB): the value of a key that is not
+ * one the reader looks up, at the top level, in its 'parameters', in an
+ * input or in an input's 'parameters' (and of a later duplicate of one that
+ * is, as cJSON's lookups find the first), becomes 0 padded with spaces.
+ * And the entries of an 'inputs' or 'outputs' array past the first that
+ * the reader refuses are left out. */
 #define KSERVE_FAST_INPUTS 16 /* inputs beyond this many are read by cJSON */
 #define KSERVE_FAST_DEPTH 32  /* so are data arrays nested deeper (count_leaves refuses past 64) */
 /* Set only by tests, to compare against cJSON reading every number. */
@@ -316,6 +332,7 @@ struct fast_data {
     double *vals;
     size_t nvals, cap;
     double local[256];
+    struct buf skips;       /* scan_skip's (start, end, whole) of size_t: what the reader ignores */
 };
 
 static void fast_data_init(struct fast_data *fd) {
@@ -323,10 +340,12 @@ static void fast_data_init(struct fast_data *fd) {
     fd->vals = fd->local;
     fd->nvals = 0;
     fd->cap = sizeof fd->local / sizeof fd->local[0];
+    memset(&fd->skips, 0, sizeof fd->skips);
 }
 
 static void fast_data_free(struct fast_data *fd) {
     if (fd->vals != fd->local) free(fd->vals);
+    buf_free(&fd->skips);
     fast_data_init(fd);
 }
 
@@ -340,7 +359,34 @@ static const double *fast_find(const struct fast_data *fd, int idx, int64_t *cou
     return NULL;
 }
 
-enum { SCAN_ANY, SCAN_ROOT, SCAN_INPUTS, SCAN_INPUT };
+enum { SCAN_ANY, SCAN_ROOT, SCAN_INPUTS, SCAN_INPUT, SCAN_OUTPUTS, SCAN_PARAMS, SCAN_INPUT_PARAMS };
+
+/* The keys the request's reader looks up in an object of each kind (parse_doc,
+ * parse_input, parse_shm); NULL: any object, whose keys are all kept. */
+static const char *const *scan_keys(int ctx) {
+    static const char *const root[] = {"id", "parameters", "inputs", "outputs", NULL};
+    static const char *const params[] = {"priority", "timeout", "binary_data_output", "cache", NULL};
+    static const char *const input[] = {"name", "datatype", "shape", "parameters", "data", NULL};
+    static const char *const iparams[] = {"binary_data_size", "shared_memory_region", "shared_memory_byte_size",
+                                          "shared_memory_offset", NULL};
+    switch (ctx) {
+    case SCAN_ROOT: return root;
+    case SCAN_PARAMS: return params;
+    case SCAN_INPUT: return input;
+    case SCAN_INPUT_PARAMS: return iparams;
+    default: return NULL;
+    }
+}
+
+/* Index of the key [k, k + n) in keys, or -1. */
+static int scan_key_index(const char *const *keys, const char *k, size_t n) {
+    for (int i = 0; keys[i]; i++)
+        if (strlen(keys[i]) == n && !memcmp(keys[i], k, n)) return i;
+    return -1;
+}
+
+/* A value the reader ignores: short ones stay (blanking them saves nothing). */
+#define KSERVE_SKIP_MIN 16
 
 struct scan {
     const char *base, *p, *end;
@@ -350,6 +396,34 @@ struct scan {
 
 static void scan_ws(struct scan *s) {
     while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+}
+
+/* The 4 hex digits at p (before end) as a number, or -1. */
+static long scan_hex4(const char *p, const char *end) {
+    if (end - p < 4) return -1;
+    long v = 0;
+    for (int i = 0; i < 4; i++) {
+        int c = (unsigned char)p[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                       : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v * 16 + d;
+    }
+    return v;
+}
+
+/* The escape after the backslash at p is one cJSON reads (a skipped value
+ * must be one cJSON would have accepted): its length after the backslash,
+ * or -1. A UTF-16 surrogate must come as a pair. */
+static int scan_escape(const char *p, const char *end) {
+    if (end - p < 2) return -1;
+    if (strchr("\"\\/bfnrt", p[1]) && p[1]) return 1;
+    if (p[1] != 'u') return -1;
+    long u = scan_hex4(p + 2, end);
+    if (u < 0 || (u >= 0xDC00 && u <= 0xDFFF)) return -1;
+    if (u < 0xD800 || u > 0xDBFF) return 5;
+    if (end - p < 12 || p[6] != '\\' || p[7] != 'u') return -1;
+    long lo = scan_hex4(p + 8, end);
+    return lo >= 0xDC00 && lo <= 0xDFFF ? 11 : -1;
 }
 
 /* A string at s->p: its raw bytes in [*k, *k + *n), *esc when it has escapes. */
@@ -367,9 +441,10 @@ static int scan_string(struct scan *s, const char **k, size_t *n, int *esc) {
         }
         if (c < 0x20) return -1;
         if (c == '\\') {
-            if (s->end - s->p < 2) return -1;
+            int e = scan_escape(s->p, s->end);
+            if (e < 0) return -1;
             *esc = 1;
-            s->p++;
+            s->p += e;
         }
         s->p++;
     }
@@ -394,6 +469,7 @@ static int scan_fast_array(struct scan *s, int depth) {
         } else {
             if (fd->nvals == fd->cap) {
                 size_t cap = fd->cap * 2;
+                if (parse_charge(fd->cap * sizeof *fd->vals)) return -1;
                 double *v = fd->vals == fd->local ? malloc(cap * sizeof *v) : realloc(fd->vals, cap * sizeof *v);
                 if (!v) return -1;
                 if (fd->vals == fd->local) memcpy(v, fd->local, sizeof fd->local);
@@ -415,6 +491,13 @@ static int scan_fast_array(struct scan *s, int depth) {
 }
 
 static int scan_value(struct scan *s, int ctx, int idx);
+
+/* Bytes [a, b) of the body that cJSON need not see: a value (becomes 0 and
+ * spaces) or, with whole, array entries (all spaces). */
+static void scan_skip(struct scan *s, const char *a, const char *b, int whole) {
+    size_t span[3] = {(size_t)(a - s->base), (size_t)(b - s->base), (size_t)whole};
+    buf_add(&s->fd->skips, span, sizeof span);
+}
 
 /* The value of an input's first "data" key. */
 static int scan_data(struct scan *s, int idx) {
@@ -446,7 +529,8 @@ static int scan_object(struct scan *s, int ctx, int idx) {
         s->depth--;
         return 0;
     }
-    int seen = 0;
+    const char *const *keys = scan_keys(ctx);
+    unsigned seen = 0;
     for (;;) {
         const char *k;
         size_t n;
@@ -456,13 +540,24 @@ static int scan_object(struct scan *s, int ctx, int idx) {
         scan_ws(s);
         if (s->p >= s->end || *s->p++ != ':') return -1;
         scan_ws(s);
-        if (ctx == SCAN_ROOT && !seen && n == 6 && !memcmp(k, "inputs", 6)) {
-            seen = 1;
-            rc = scan_value(s, SCAN_INPUTS, 0);
-        } else if (ctx == SCAN_INPUT && !seen && n == 4 && !memcmp(k, "data", 4)) {
-            seen = 1;
-            rc = scan_data(s, idx);
-        } else rc = scan_value(s, SCAN_ANY, 0);
+        int ki = keys ? scan_key_index(keys, k, n) : -1;
+        const char *v = s->p;
+        if (ki >= 0 && !(seen >> ki & 1)) {
+            seen |= 1u << ki;
+            const char *key = keys[ki];
+            if (ctx == SCAN_ROOT && !strcmp(key, "inputs")) rc = scan_value(s, SCAN_INPUTS, 0);
+            else if (ctx == SCAN_ROOT && !strcmp(key, "outputs")) rc = scan_value(s, SCAN_OUTPUTS, 0);
+            else if (ctx == SCAN_ROOT && !strcmp(key, "parameters")) rc = scan_value(s, SCAN_PARAMS, 0);
+            else if (ctx == SCAN_INPUT && !strcmp(key, "parameters")) rc = scan_value(s, SCAN_INPUT_PARAMS, 0);
+            else if (ctx == SCAN_INPUT && !strcmp(key, "data")) rc = scan_data(s, idx);
+            else rc = scan_value(s, SCAN_ANY, 0);
+        } else {
+            rc = scan_value(s, SCAN_ANY, 0);
+            if (!rc && keys && s->p - v >= KSERVE_SKIP_MIN) {
+                scan_skip(s, v, s->p, 0);
+                if (s->fd->skips.failed) return -1;
+            }
+        }
         if (rc) return -1;
         scan_ws(s);
         if (s->p >= s->end) return -1;
@@ -485,15 +580,22 @@ static int scan_array(struct scan *s, int ctx) {
         s->depth--;
         return 0;
     }
+    /* Past KSERVE_MAX_TENSORS + 1 entries of 'inputs' or 'outputs' the
+     * reader refuses the request, whatever the rest holds: the rest is left
+     * out (spaces), so that its error comes without a node per entry. */
+    int tensors = ctx == SCAN_INPUTS || ctx == SCAN_OUTPUTS;
+    const char *cut = NULL;
     for (int i = 0;; i++) {
         if (scan_value(s, ctx == SCAN_INPUTS ? SCAN_INPUT : SCAN_ANY, i)) return -1;
         scan_ws(s);
         if (s->p >= s->end) return -1;
         if (*s->p == ']') {
+            if (cut) scan_skip(s, cut, s->p, 1);
             s->p++;
             s->depth--;
-            return 0;
+            return s->fd->skips.failed ? -1 : 0;
         }
+        if (tensors && i == KSERVE_MAX_TENSORS && !cut) cut = s->p;
         if (*s->p++ != ',') return -1;
         scan_ws(s);
     }
@@ -512,8 +614,8 @@ static int scan_value(struct scan *s, int ctx, int idx) {
     int esc;
     double d;
     switch (*s->p) {
-    case '{': return scan_object(s, ctx == SCAN_ROOT || ctx == SCAN_INPUT ? ctx : SCAN_ANY, idx);
-    case '[': return scan_array(s, ctx == SCAN_INPUTS ? ctx : SCAN_ANY);
+    case '{': return scan_object(s, scan_keys(ctx) ? ctx : SCAN_ANY, idx);
+    case '[': return scan_array(s, ctx == SCAN_INPUTS || ctx == SCAN_OUTPUTS ? ctx : SCAN_ANY);
     case '"': return scan_string(s, &k, &n, &esc);
     case 't': return scan_literal(s, "true", 4);
     case 'f': return scan_literal(s, "false", 5);
@@ -532,7 +634,8 @@ static char *prescan(const char *text, size_t len, struct fast_data *fd, char *l
     int rc = s.p < s.end && *s.p == '{' ? scan_object(&s, SCAN_ROOT, 0) : -1;
     if (!rc) scan_ws(&s);
     char *copy = NULL;
-    if (!rc && s.p == s.end && fd->nspans > 0) copy = len <= local_len ? local : malloc(len);
+    if (!rc && s.p == s.end && (fd->nspans > 0 || fd->skips.len))
+        copy = len <= local_len ? local : parse_charge(len) ? NULL : malloc(len);
     if (!copy) {
         fast_data_free(fd);
         return NULL;
@@ -544,6 +647,13 @@ static char *prescan(const char *text, size_t len, struct fast_data *fd, char *l
         copy[a + 1] = ']';
         memset(copy + a + 2, ' ', b - a - 2);
     }
+    const size_t *sk = (const size_t *)(void *)fd->skips.data;
+    for (size_t i = 0; i < fd->skips.len / (3 * sizeof *sk); i++) {
+        size_t a = sk[3 * i], b = sk[3 * i + 1];
+        memset(copy + a, ' ', b - a);
+        if (!sk[3 * i + 2]) copy[a] = '0';
+    }
+    buf_free(&fd->skips);
     return copy;
 }
 
@@ -573,6 +683,15 @@ static int parse_shm(struct kserve_request *r, const cJSON *params, struct kserv
     if (!rc) rc = param_u64(params, "shared_memory_offset", 9e15, &s->offset, what, n, err, err_len);
     if (!rc && !(s->region = keep_string(r, region->valuestring))) rc = STATUS_NOMEM;
     return rc;
+}
+
+/* An input's copy, counted with the parse against the request's bound. */
+static int charge_input(const struct kserve_input *in, size_t bytes, char *err, size_t err_len) {
+    if (!parse_charge(bytes)) return 0;
+    char sh[128];
+    return INVALID("input '%s' of shape %s: its %zu bytes pass the %zu bytes one request may use "
+                   "(--max-request-memory)", in->name, tensor_shape_str(&in->t, sh, sizeof sh), bytes,
+                   kserve_max_request_memory);
 }
 
 static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const struct fast_data *fd, char *err,
@@ -617,6 +736,7 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
                        region ? "parameters.shared_memory_region" : "parameters.binary_data_size");
     if (region) return parse_shm(r, params, &in->shm, "input", n, err, err_len);
     int64_t numel = tensor_numel(&in->t);
+    int rc;
     if (bds) {
         if (!cJSON_IsNumber(bds) || bds->valuedouble < 0 || bds->valuedouble != floor(bds->valuedouble) ||
             bds->valuedouble > 9e15)
@@ -645,11 +765,13 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
     /* Strings are gathered as pointers into the JSON tree, then packed into
      * the tensor's own block. */
     const char **strs = NULL;
+    if ((rc = charge_input(in, (size_t)numel * (in->t.dtype == DT_STRING ? 2 * sizeof *strs : dtype_size(in->t.dtype)),
+                           err, err_len)))
+        return rc;
     if (in->t.dtype == DT_STRING) in->t.data = strs = calloc((size_t)numel + 1, sizeof *strs);
     else tensor_alloc_data(&in->t);
     if (!in->t.data) return STATUS_NOMEM;
     struct fill f = {in, 0, err, err_len};
-    int rc = 0;
     if (!vals) rc = fill_rec(&f, data);
     for (int64_t i = 0; vals && i < count && !rc; i++) rc = fill_number(&f, vals[i]);
     if (!rc && strs && (rc = tensor_strings_pack(&in->t, strs, NULL)) == 0) free(strs);
@@ -669,6 +791,8 @@ static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, 
             return INVALID("input '%s': parameters.binary_data_size is %zu but shape %s of %s needs %zu bytes", n,
                            in->binary_size, tensor_shape_str(&in->t, sh, sizeof sh), dtype_kserve_name(in->t.dtype),
                            numel == INT64_MAX ? SIZE_MAX : need);
+        int rc = charge_input(in, need, err, err_len);
+        if (rc) return rc;
         if (tensor_alloc_data(&in->t)) return STATUS_NOMEM;
         memcpy(in->t.data, p, need);
         return 0;
@@ -842,33 +966,35 @@ static char *quote_nonfinite(const char *p, size_t n, size_t *out_len) {
 static _Thread_local struct {
     int active;
     size_t used, last;
+    /* What this parse made kiln hold (parse tree, copies of the body, input
+     * tensors), counted against kserve_max_request_memory: a block freed
+     * right after it was made (cJSON's number scratch) is taken back, the
+     * rest counts until the parse ends, so this bounds its peak. */
+    size_t charged;
+    void *latest;       /* the latest block from malloc, and its size */
+    size_t latest_n;
+    int over;           /* a charge was refused */
     _Alignas(16) unsigned char mem[KSERVE_ARENA_BYTES];
 } parse_arena;
 
-__attribute__((unused)) static void *arena_malloc(size_t n) {
-    if (parse_arena.active) {
-        size_t a = (n + 15) & ~(size_t)15;
-        if (a >= n && a <= KSERVE_ARENA_BYTES - parse_arena.used) {
-            parse_arena.last = parse_arena.used;
-            parse_arena.used += a;
-            return parse_arena.mem + parse_arena.last;
-        }
+/* n more bytes for this thread's parse: 0, or -1 (over set) past the bound. */
+static int parse_charge(size_t n) {
+    if (!parse_arena.active) return 0;
+    size_t max = kserve_max_request_memory;
+    if (max && (parse_arena.charged > max || n > max - parse_arena.charged)) {
+        parse_arena.over = 1;
+        return -1;
     }
-    return malloc(n);
+    parse_arena.charged += n;
+    return 0;
 }
 
-__attribute__((unused)) static void arena_free(void *p) {
-    unsigned char *b = p;
-    if (b >= parse_arena.mem && b < parse_arena.mem + KSERVE_ARENA_BYTES) {
-        if (b == parse_arena.mem + parse_arena.last && parse_arena.last < parse_arena.used)
-            parse_arena.used = parse_arena.last; /* the latest block: reuse its room */
-        return;
-    }
-    free(p);
+static void parse_uncharge(size_t n) {
+    if (parse_arena.active) parse_arena.charged -= n < parse_arena.charged ? n : parse_arena.charged;
 }
 
 /* AddressSanitizer builds (GCC's macro, clang's feature test) keep plain
- * malloc, so it still sees every block. */
+ * malloc, so it still sees every block; they count it all the same. */
 #if defined(__SANITIZE_ADDRESS__)
 #define KSERVE_ASAN 1
 #elif defined(__has_feature)
@@ -876,22 +1002,66 @@ __attribute__((unused)) static void arena_free(void *p) {
 #define KSERVE_ASAN 1
 #endif
 #endif
+
+static void *arena_malloc(size_t n) {
+    if (!parse_arena.active) return malloc(n);
+    size_t a = (n + 15) & ~(size_t)15;
+    if (a < n || parse_charge(a)) return NULL; /* cJSON then fails the parse */
 #ifndef KSERVE_ASAN
+    if (a <= KSERVE_ARENA_BYTES - parse_arena.used) {
+        parse_arena.last = parse_arena.used;
+        parse_arena.used += a;
+        return parse_arena.mem + parse_arena.last;
+    }
+#endif
+    void *p = malloc(n);
+    if (!p) {
+        parse_uncharge(a);
+        return NULL;
+    }
+    parse_arena.latest = p;
+    parse_arena.latest_n = a;
+    return p;
+}
+
+static void arena_free(void *p) {
+    unsigned char *b = p;
+    if (b >= parse_arena.mem && b < parse_arena.mem + KSERVE_ARENA_BYTES) {
+        if (b == parse_arena.mem + parse_arena.last && parse_arena.last < parse_arena.used) {
+            parse_uncharge(parse_arena.used - parse_arena.last);
+            parse_arena.used = parse_arena.last; /* the latest block: reuse its room */
+        }
+        return;
+    }
+    if (p && p == parse_arena.latest) {
+        parse_uncharge(parse_arena.latest_n);
+        parse_arena.latest = NULL;
+    }
+    free(p);
+}
+
 __attribute__((constructor)) static void kserve_hooks_init(void) {
     cJSON_Hooks h = {.malloc_fn = arena_malloc, .free_fn = arena_free};
     cJSON_InitHooks(&h);
 }
-#endif
 
-/* Starts carving parse trees from this thread's buffer. */
+/* Starts carving parse trees from this thread's buffer, and counting. */
 static void arena_begin(void) {
     parse_arena.active = 1;
     parse_arena.used = parse_arena.last = 0;
+    parse_arena.charged = 0;
+    parse_arena.latest = NULL;
+    parse_arena.over = 0;
 }
 
 /* Every tree from the buffer has been deleted: later cJSON calls on this
  * thread allocate with malloc again. */
 static void arena_end(void) { parse_arena.active = 0; }
+
+/* A parse that held more than this gives the freed memory back to the
+ * system (glibc keeps it in the thread's heap otherwise: 20M empty objects
+ * left 1.7 GB resident after their request). */
+#define KSERVE_TRIM_BYTES ((size_t)64 << 20)
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len);
@@ -900,8 +1070,15 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
                          char *err, size_t err_len) {
     arena_begin();
     int rc = request_parse(r, body, len, header_len, err, err_len);
+    size_t held = parse_arena.charged;
     arena_end();
+    if (held > KSERVE_TRIM_BYTES) malloc_trim(0);
     return rc;
+}
+
+static int over_budget(char *err, size_t err_len) {
+    return INVALID("reading the request's JSON takes more than the %zu bytes one request may use "
+                   "(--max-request-memory): send large tensors as binary data", kserve_max_request_memory);
 }
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
@@ -933,6 +1110,7 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
         }
         if (blanked != local) free(blanked);
         if (!root) fast_data_free(&fd); /* cJSON reads the body as sent below, and names what is wrong */
+        if (parse_arena.over) return over_budget(err, err_len);
     }
     if (!root) {
         const char *end = NULL, *text = (const char *)p;
@@ -949,6 +1127,10 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
                 text_len = json_len;
                 cJSON_Delete(cJSON_ParseWithLengthOpts(text, text_len, &end, 0));
             }
+        }
+        if (!root && parse_arena.over) {
+            free(quoted);
+            return over_budget(err, err_len);
         }
         if (!root) {
             size_t off = end && end >= text ? (size_t)(end - text) : 0;
@@ -1114,22 +1296,22 @@ static double elem_as_double(const struct tensor *t, int64_t i) {
 /* Non-finite values as tritonclient writes them (python-rapidjson reads them
  * back); float-sized values as the shortest text that reads back as the same
  * float (jsonnum), doubles with all 17 digits. */
-static void put_double(struct kserve_buf *b, double v, int fp32) {
+static void put_double(struct buf *b, double v, int fp32) {
     if (isnan(v)) buf_str(b, "NaN");
     else if (isinf(v)) buf_str(b, v > 0 ? "Infinity" : "-Infinity");
     else if (!fp32) buf_printf(b, "%.17g", v);
     else if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_float((float)v, b->data + b->len);
 }
 
-static void put_i64(struct kserve_buf *b, int64_t v) {
+static void put_i64(struct buf *b, int64_t v) {
     if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_i64(v, b->data + b->len);
 }
 
-static void put_u64(struct kserve_buf *b, uint64_t v) {
+static void put_u64(struct buf *b, uint64_t v) {
     if (!buf_reserve(b, JSONNUM_BUF)) b->len += jsonnum_format_u64(v, b->data + b->len);
 }
 
-static void put_data_json(struct kserve_buf *b, const struct tensor *t) {
+static void put_data_json(struct buf *b, const struct tensor *t) {
     int64_t n = tensor_numel(t);
     buf_str(b, "[");
     for (int64_t i = 0; i < n; i++) {
@@ -1157,7 +1339,7 @@ static size_t binary_size(const struct tensor *t) {
     return t->dtype == DT_STRING ? tensor_strings_prefixed_size(t) : tensor_nbytes(t);
 }
 
-static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
+static void put_data_binary(struct buf *b, const struct tensor *t) {
     size_t n = binary_size(t);
     if (buf_reserve(b, n + 1)) return; /* the caller checks b->data after encoding */
     if (t->dtype == DT_STRING) tensor_strings_prefixed_write(t, b->data + b->len);
@@ -1165,7 +1347,63 @@ static void put_data_binary(struct kserve_buf *b, const struct tensor *t) {
     b->len += n;
 }
 
-/* Top-k per row as BYTES "value:index[:label]", Triton's classification. */
+/* ---- classification ------------------------------------------------------
+ *
+ * Triton's classification extension: each row's top k as BYTES
+ * "value:index[:label]", highest value first. It runs on the I/O thread, so
+ * it must stay linear in the output: a min-heap of the k best so far (its
+ * root the worst of them) takes each element in O(log k), then the k are
+ * sorted. Equal values keep the lower index first (NaN ranks below every
+ * number), so the order is the same whatever the selection's path. */
+
+struct top {
+    double v;
+    int64_t i;
+};
+
+/* a ranks before b. */
+static int top_before(const struct top *a, const struct top *b) {
+    if (isnan(a->v) || isnan(b->v)) {
+        if (isnan(a->v) != isnan(b->v)) return !isnan(a->v);
+    } else if (a->v != b->v) return a->v > b->v;
+    return a->i < b->i;
+}
+
+/* Restores the heap (the root ranks last) below slot at. */
+static void top_sift(struct top *h, int64_t n, int64_t at) {
+    for (;;) {
+        int64_t c = 2 * at + 1;
+        if (c >= n) return;
+        if (c + 1 < n && top_before(&h[c], &h[c + 1])) c++;
+        if (!top_before(&h[at], &h[c])) return;
+        struct top t = h[at];
+        h[at] = h[c];
+        h[c] = t;
+        at = c;
+    }
+}
+
+/* The k best of row[0, per) into h, best first. */
+static void top_k(const struct tensor *in, int64_t base, int64_t per, int64_t k, struct top *h) {
+    if (k <= 0) return;
+    for (int64_t i = 0; i < k; i++) h[i] = (struct top){elem_as_double(in, base + i), i};
+    for (int64_t i = k / 2; i-- > 0;) top_sift(h, k, i);
+    for (int64_t i = k; i < per; i++) {
+        struct top e = {elem_as_double(in, base + i), i};
+        if (top_before(&e, &h[0])) {
+            h[0] = e;
+            top_sift(h, k, 0);
+        }
+    }
+    /* Heap sort: the worst goes last, then the next worst... */
+    for (int64_t n = k; n > 1; n--) {
+        struct top t = h[0];
+        h[0] = h[n - 1];
+        h[n - 1] = t;
+        top_sift(h, n - 1, 0);
+    }
+}
+
 static int classify(const struct tensor *in, int k, int batched, const struct model_config_io *io, struct tensor *out) {
     int64_t n = tensor_numel(in);
     int64_t nrows = batched && in->ndim > 0 ? in->dims[0] : 1;
@@ -1176,33 +1414,67 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     out->ndim = 0;
     if (batched) out->dims[out->ndim++] = nrows;
     out->dims[out->ndim++] = k;
-    char **s = calloc((size_t)(nrows * k) + 1, sizeof *s);
-    int64_t *idx = malloc(sizeof *idx * (size_t)(per + 1));
-    int rc = s && idx ? 0 : STATUS_NOMEM;
+    /* The strings one after another, NUL-terminated, in one buffer; then
+     * packed into the tensor's one block. */
+    struct buf text = {0};
+    size_t *at = malloc(sizeof *at * (size_t)(nrows * k + 1));
+    const char **s = malloc(sizeof *s * (size_t)(nrows * k + 1));
+    struct top *h = malloc(sizeof *h * (size_t)(k + 1));
+    int rc = at && s && h ? 0 : STATUS_NOMEM;
     int fp = in->dtype == DT_FP32 || in->dtype == DT_FP64 || in->dtype == DT_FP16 || in->dtype == DT_BF16;
-    for (int64_t r = 0; r < nrows; r++) {
-        for (int64_t i = 0; i < per; i++) idx[i] = i;
-        /* Partial selection sort: k is small. Ties keep the lower index first. */
+    for (int64_t r = 0; r < nrows && !rc; r++) {
+        top_k(in, r * per, per, k, h);
         for (int j = 0; j < k; j++) {
-            int64_t best = j;
-            for (int64_t i = j + 1; i < per; i++)
-                if (elem_as_double(in, r * per + idx[i]) > elem_as_double(in, r * per + idx[best])) best = i;
-            int64_t t = idx[j]; idx[j] = idx[best]; idx[best] = t;
-            double v = elem_as_double(in, r * per + idx[j]);
-            char buf[1200];
-            int len = fp ? snprintf(buf, sizeof buf, "%f:%lld", v, (long long)idx[j])
-                         : snprintf(buf, sizeof buf, "%lld:%lld", (long long)v, (long long)idx[j]);
-            if (io && idx[j] < io->nlabels)
-                snprintf(buf + len, sizeof buf - (size_t)len, ":%s", io->labels[idx[j]]);
-            if (!rc && !(s[r * k + j] = strdup(buf))) rc = STATUS_NOMEM;
+            at[r * k + j] = text.len;
+            if (fp) buf_printf(&text, "%f:%lld", h[j].v, (long long)h[j].i);
+            else buf_printf(&text, "%lld:%lld", (long long)h[j].v, (long long)h[j].i);
+            if (io && h[j].i < io->nlabels) buf_printf(&text, ":%s", io->labels[h[j].i]);
+            buf_add(&text, "", 1);
+        }
+        if (text.failed) rc = STATUS_NOMEM;
+    }
+    for (int64_t i = 0; !rc && i < nrows * k; i++) s[i] = text.data + at[i];
+    if (!rc) rc = tensor_strings_pack(out, s, NULL);
+    buf_free(&text);
+    free(at);
+    free(s);
+    free(h);
+    return rc;
+}
+
+/* The JSON text of an output's data takes at least two bytes an element (a
+ * digit and a comma): an answer whose outputs cannot fit in the request's
+ * memory budget that way is refused before any of it is written, naming the
+ * largest output. The buffer's limit bounds the rest. */
+static int check_answer_size(const struct kserve_request *r, const char *const *names, const struct tensor *send,
+                             const int *bin, int nsel, char *err, size_t err_len) {
+    if (!kserve_max_request_memory) return 0;
+    uint64_t total = 0, big = 0;
+    int bi = 0;
+    for (int i = 0; i < nsel; i++) {
+        if (r->noutputs && r->outputs[i].shm.region) continue;
+        uint64_t n = bin[i] ? binary_size(&send[i]) : 2 * (uint64_t)tensor_numel(&send[i]);
+        total += n;
+        if (n > big) {
+            big = n;
+            bi = i;
         }
     }
-    /* Built string by string, then packed into the tensor's one block. */
-    if (!rc) rc = tensor_strings_pack(out, (const char *const *)s, NULL);
-    for (int64_t i = 0; s && i < nrows * k; i++) free(s[i]);
-    free(s);
-    free(idx);
-    return rc;
+    if (total <= kserve_max_request_memory) return 0;
+    return status_set(err, err_len, STATUS_INVALID,
+                      "the answer needs more than %llu bytes (output '%s' alone %llu%s), over the server's "
+                      "--max-request-memory of %zu bytes", (unsigned long long)total, names[bi],
+                      (unsigned long long)big, bin[bi] ? "" : " as JSON text: ask for binary_data",
+                      kserve_max_request_memory);
+}
+
+/* The outputs stay alive while their answer is written: the answer's text
+ * gets the bound less their bytes, and at least half of it. */
+static size_t answer_limit(const struct kserve_request *r, const struct tensor *send, int nsel) {
+    size_t held = 0, max = kserve_max_request_memory;
+    for (int i = 0; i < nsel; i++)
+        if (!(r->noutputs && r->outputs[i].shm.region)) held += binary_size(&send[i]);
+    return held < max / 2 ? max - held : max / 2;
 }
 
 /* The model's index of the i-th output the response carries (-1: none). */
@@ -1214,7 +1486,7 @@ static int output_index(const struct kserve_request *r, const struct model_confi
  * bytes are the wire's (not BYTES, not a classification) is listed in sp
  * while there is room, the rest copied into body. */
 static void put_binary_parts(const struct kserve_request *r, const struct model_config *mc, const struct tensor *send,
-                             const int *bin, const uint8_t *owned, int nsel, struct kserve_buf *body,
+                             const int *bin, const uint8_t *owned, int nsel, struct buf *body,
                              struct kserve_splice *sp, int max, int *nsp) {
     for (int i = 0; i < nsel; i++) {
         if (!bin[i]) continue;
@@ -1231,7 +1503,7 @@ int kserve_classify(const struct tensor *in, int k, const struct model_config *m
 
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
-                           const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                           const struct tensor *outputs, struct buf *body, size_t *json_len,
                            char *err, size_t err_len) {
     int n = 0;
     return kserve_response_encode_spliced(r, mc, model_name, model_version, outputs, body, json_len, NULL, 0, &n,
@@ -1240,7 +1512,7 @@ int kserve_response_encode(const struct kserve_request *r, const struct model_co
 
 int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
                                    const char *model_name, const char *model_version,
-                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   const struct tensor *outputs, struct buf *body, size_t *json_len,
                                    struct kserve_splice *splices, int max_splices, int *nsplices,
                                    char *err, size_t err_len) {
     *nsplices = 0;
@@ -1255,7 +1527,7 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
     int *bin = heap ? calloc((size_t)nsel + 1, sizeof *bin) : memset(bin_l, 0, sizeof bin_l);
     uint8_t *owned = heap ? calloc((size_t)nsel + 1, 1) : memset(owned_l, 0, sizeof owned_l);
     const char **names = heap ? calloc((size_t)nsel + 1, sizeof *names) : memset(names_l, 0, sizeof names_l);
-    int rc = 0, any_bin = 0;
+    int rc = 0, any_bin = 0, failed_at = -1;
     if (!send || !bin || !owned || !names) {
         rc = STATUS_NOMEM;
         goto out;
@@ -1277,6 +1549,8 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
         } else send[i] = outputs[k];
         any_bin |= bin[i];
     }
+    if ((rc = check_answer_size(r, names, send, bin, nsel, err, err_len))) goto out;
+    if (kserve_max_request_memory && !body->limit) body->limit = answer_limit(r, send, nsel);
     buf_str(body, "{\"model_name\":");
     kserve_buf_json_string(body, model_name, strlen(model_name));
     buf_str(body, ",\"model_version\":");
@@ -1318,11 +1592,18 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
             put_data_json(body, t);
             buf_str(body, "}");
         }
+        if (body->failed && failed_at < 0) failed_at = i;
     }
     buf_str(body, "]}");
     *json_len = body->len;
     if (any_bin) put_binary_parts(r, mc, send, bin, owned, nsel, body, splices, max_splices, nsplices);
-    if (!body->data) rc = STATUS_NOMEM;
+    if (body->failed == BUF_OVER_LIMIT)
+        rc = status_set(err, err_len, STATUS_INVALID,
+                        "output '%s': the answer passes %zu bytes, the most one request may use "
+                        "(--max-request-memory): ask for binary_data outputs, fewer outputs or a smaller batch",
+                        names[failed_at >= 0 ? failed_at : nsel - 1], body->limit);
+    else if (body->failed)
+        rc = status_set(err, err_len, STATUS_NOMEM, "out of memory encoding the answer (%zu bytes so far)", body->len);
 out:
     for (int i = 0; send && i < nsel; i++)
         if (owned && owned[i]) tensor_free_data(&send[i]);

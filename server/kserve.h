@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/buf.h"
 #include "common/tensor.h"
 
 struct model_config;
@@ -96,12 +97,6 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
 
-/* A growable byte buffer. */
-struct kserve_buf {
-    char *data;
-    size_t len, cap;
-};
-void kserve_buf_free(struct kserve_buf *b);
 
 /* Encodes the response for r given every model output (outputs[mc->noutputs],
  * in the model's order). body receives the JSON header followed by the binary
@@ -109,7 +104,7 @@ void kserve_buf_free(struct kserve_buf *b);
  * no binary output (the response is then plain application/json). */
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
-                           const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                           const struct tensor *outputs, struct buf *body, size_t *json_len,
                            char *err, size_t err_len);
 
 /* A binary output that kserve_response_encode_spliced left out of the body:
@@ -127,7 +122,7 @@ struct kserve_splice {
  * so that a transport can send them from the tensors themselves. */
 int kserve_response_encode_spliced(const struct kserve_request *r, const struct model_config *mc,
                                    const char *model_name, const char *model_version,
-                                   const struct tensor *outputs, struct kserve_buf *body, size_t *json_len,
+                                   const struct tensor *outputs, struct buf *body, size_t *json_len,
                                    struct kserve_splice *splices, int max_splices, int *nsplices,
                                    char *err, size_t err_len);
 
@@ -136,9 +131,15 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
  * owned tensor (tensor_free_data). 0 or STATUS_NOMEM. */
 int kserve_classify(const struct tensor *in, int k, const struct model_config *mc, int index, struct tensor *out);
 
+/* The most one request may make the codec hold: its JSON parse tree and
+ * input copies while parsing, an answer while encoding (a larger one is
+ * refused, STATUS_INVALID naming the output). 0 = no bound (the default).
+ * Set once at start, before any I/O thread runs. */
+void kserve_set_max_request_memory(size_t bytes);
+
 /* Appends s to b as a JSON string literal (quotes included). */
-void kserve_buf_json_string(struct kserve_buf *b, const char *s, size_t n);
+void kserve_buf_json_string(struct buf *b, const char *s, size_t n);
 /* {"error": msg} */
-void kserve_error_body(struct kserve_buf *b, const char *msg);
+void kserve_error_body(struct buf *b, const char *msg);
 
 #endif

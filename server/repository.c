@@ -37,6 +37,7 @@ struct repository {
     char *backend;
     int max_versions;
     int max_instances, max_intra_op_threads;
+    size_t max_request_memory;
 
     pthread_rwlock_t lock;          /* guards entries */
     struct entry *entries;
@@ -233,7 +234,8 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     struct model_params mp = {.path = path,
                               .fp16 = v->config.precision_fp16,
                               .cuda_graphs = v->config.cuda_graphs ? 1 : -1,
-                              .cpu_only = strcmp(be, "cpu") == 0};
+                              .cpu_only = strcmp(be, "cpu") == 0,
+                              .max_run_bytes = r->max_request_memory};
     v->model = model_load(&mp, e2, sizeof e2);
     if (!v->model) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
@@ -780,6 +782,7 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
     for (size_t n = r->root ? strlen(r->root) : 0; n > 1 && r->root[n - 1] == '/'; n--) r->root[n - 1] = 0;
     r->max_instances = p->max_instances;
     r->max_intra_op_threads = p->max_intra_op_threads;
+    r->max_request_memory = p->max_request_memory;
     r->backend = strdup(p->backend ? p->backend : "cpu");
     r->max_versions = p->max_versions > 0 ? p->max_versions : 64;
     pthread_rwlock_init(&r->lock, NULL);

@@ -229,6 +229,28 @@ static void test_client_shm_flags(void **state) {
     server_config_clear(&c);
 }
 
+/* --max-request-memory: the machine's default (a quarter of RAM within
+ * [64M, 4G]) unless set; at least 1M. */
+static void test_max_request_memory(void **state) {
+    struct server_config c;
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_int_equal(c.max_request_memory, 0);
+    int64_t d = server_config_max_request_memory(&c);
+    assert_true(d >= (64LL << 20) && d <= (4LL << 30));
+    server_config_clear(&c);
+    char *set[] = {"serve", "--max-request-memory", "256M"};
+    assert_int_equal(load(&c, 3, set), 0);
+    assert_int_equal(server_config_max_request_memory(&c), 256LL << 20);
+    server_config_clear(&c);
+    setenv("KILN_MAX_REQUEST_MEMORY", "1000", 1);
+    assert_int_equal(load(&c, 1, none), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "KILN_MAX_REQUEST_MEMORY"));
+    assert_non_null(strstr(g_err, "at least 1M"));
+    unsetenv("KILN_MAX_REQUEST_MEMORY");
+    server_config_clear(&c);
+}
+
 static void test_model_config_parse_and_json(void **state) {
     struct model_config c;
     model_config_init(&c, "m");
@@ -407,6 +429,7 @@ int main(void) {
         cmocka_unit_test(test_model_config_optimization),
         cmocka_unit_test(test_model_config_parameters),
         cmocka_unit_test(test_version_policy_latest),
+        cmocka_unit_test(test_max_request_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

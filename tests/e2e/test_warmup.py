@@ -97,6 +97,9 @@ BAD = [
      "'short.bin' has 8 bytes; one row of the input is 16"),
     ("not an array", {"model_warmup": {"name": "w"}}, "must be an array"),
     ("bad count", {"model_warmup": [warm("w", x_input(zero_data=True), count=-1)]}, "count must be an integer"),
+    # 70 samples of 2^20 rows of 16 bytes: over the 1 GiB all samples may take, refused before any is built.
+    ("too large", {"max_batch_size": 1 << 20, "model_warmup": [warm("w", x_input(zero_data=True), batch_size=1 << 20)] * 70},
+     "over 1073741824 bytes, the most a warm-up may build"),
 ]
 
 

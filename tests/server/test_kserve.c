@@ -206,11 +206,11 @@ static void test_bind_batch_and_dim_bounds(void **state) {
 }
 
 /* body with each spliced output's block put back at its place. */
-static struct kserve_buf join_splices(const struct kserve_buf *body, const struct kserve_splice *sp, int n,
+static struct buf join_splices(const struct buf *body, const struct kserve_splice *sp, int n,
                                       const struct tensor *outs) {
     size_t total = body->len;
     for (int i = 0; i < n; i++) total += sp[i].len;
-    struct kserve_buf j = {.data = malloc(total), .cap = total};
+    struct buf j = {.data = malloc(total), .cap = total};
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         memcpy(j.data + j.len, body->data + at, sp[i].at - at);
@@ -239,7 +239,7 @@ static void test_encode_spliced_same_bytes(void **state) {
     int64_t label[2] = {1, 0};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf plain = {0}, body = {0}, joined;
+    struct buf plain = {0}, body = {0}, joined;
     size_t jl_plain, jl;
     struct kserve_splice sp[2];
     int n = -1;
@@ -248,7 +248,7 @@ static void test_encode_spliced_same_bytes(void **state) {
                                                     sizeof g_err), 0);
     assert_int_equal(n, 0);
     assert_int_equal(body.len, plain.len);
-    kserve_buf_free(&body);
+    buf_free(&body);
     assert_int_equal(kserve_response_encode_spliced(&r, &c, "tiny", "1", outs, &body, &jl, sp, 2, &n, g_err,
                                                     sizeof g_err), 0);
     assert_int_equal(jl, jl_plain);
@@ -258,9 +258,9 @@ static void test_encode_spliced_same_bytes(void **state) {
     joined = join_splices(&body, sp, n, outs);
     assert_int_equal(joined.len, plain.len);
     assert_memory_equal(joined.data, plain.data, plain.len);
-    kserve_buf_free(&plain);
-    kserve_buf_free(&body);
-    kserve_buf_free(&joined);
+    buf_free(&plain);
+    buf_free(&body);
+    buf_free(&joined);
     kserve_request_clear(&r);
     model_config_clear(&c);
 }
@@ -282,7 +282,7 @@ static void test_encode_json_binary_classification(void **state) {
     int64_t label[2] = {1, 0};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     size_t jl;
     assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &b, &jl, g_err, sizeof g_err), 0);
     assert_int_equal(b.len, jl + 16);
@@ -293,7 +293,7 @@ static void test_encode_json_binary_classification(void **state) {
     assert_non_null(strstr(json, "\"datatype\":\"BYTES\",\"shape\":[2,2]"));
     assert_non_null(strstr(json, "\"0.700000:1\",\"0.200000:2\",\"0.500000:0\",\"0.300000:2\""));
     free(json);
-    kserve_buf_free(&b);
+    buf_free(&b);
     kserve_request_clear(&r);
     model_config_clear(&c);
 }
@@ -575,16 +575,91 @@ static void test_encode_floats_round_trip(void **state) {
     int64_t label[2] = {INT64_MIN, 9007199254740993LL};
     struct tensor outs[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {2, 3}, .data = probs},
                              {.dtype = DT_INT64, .ndim = 1, .dims = {2}, .data = label}};
-    struct kserve_buf b = {0};
+    struct buf b = {0};
     size_t jl;
     assert_int_equal(kserve_response_encode(&r, &c, "tiny", "1", outs, &b, &jl, g_err, sizeof g_err), 0);
     char *json = strndup(b.data, jl);
     assert_non_null(strstr(json, "\"shape\":[2,3],\"data\":[0.1,0.33333334,1e-30,-0,NaN,-Infinity]"));
     assert_non_null(strstr(json, "\"shape\":[2],\"data\":[-9223372036854775808,9007199254740993]"));
     free(json);
-    kserve_buf_free(&b);
+    buf_free(&b);
     kserve_request_clear(&r);
     model_config_clear(&c);
+}
+
+/* A body of n copies of item (joined by commas) at the %s of fmt. */
+static char *repeat_body(const char *fmt, const char *item, size_t n, size_t *len) {
+    size_t il = strlen(item), cap = strlen(fmt) + n * (il + 1) + 1;
+    char *many = malloc(n * (il + 1) + 1), *body = malloc(cap);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (i) many[k++] = ',';
+        memcpy(many + k, item, il);
+        k += il;
+    }
+    many[k] = 0;
+    *len = (size_t)snprintf(body, cap, fmt, many);
+    free(many);
+    return body;
+}
+
+/* The request memory bound: values the reader ignores cost no tree (their
+ * body parses within a bound it could not build nodes for), values it reads
+ * stop at the bound with an error that names it, and so do input copies. */
+static void test_request_memory_bound(void **state) {
+    kserve_set_max_request_memory(1 << 20);
+    struct kserve_request r;
+    size_t len;
+    char *body = repeat_body("{\"junk\":[%s],\"parameters\":{\"x\":[[1,2,3]],\"priority\":3},\"inputs\":[{\"name\":\"x\","
+                             "\"shape\":[1],\"datatype\":\"FP32\",\"data\":[1],\"parameters\":{\"other\":\"a long ignored "
+                             "string\"}}]}", "{\"a\":[1,2,3]}", 35000, &len);
+    assert_true(len < (1 << 20) / 2); /* its tree would take over 10 MB */
+    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), 0);
+    assert_int_equal(r.priority, 3);
+    assert_int_equal(r.ninputs, 1);
+    kserve_request_clear(&r);
+    /* The same body read by cJSON whole would pass the bound. */
+    kserve_prescan_off = 1;
+    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), STATUS_INVALID);
+    kserve_prescan_off = 0;
+    assert_non_null(strstr(g_err, "--max-request-memory"));
+    free(body);
+    body = repeat_body("{\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[%s]}]}", "{}", 100000, &len);
+    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "--max-request-memory"));
+    free(body);
+    /* 300k FP64 values: 2.4 MB as a tensor from a 600 KB body. */
+    body = repeat_body("{\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP64\",\"shape\":[300000],\"data\":[%s]}]}", "1",
+                       300000, &len);
+    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "--max-request-memory"));
+    free(body);
+    /* More inputs than the reader takes: refused by count, as before. */
+    body = repeat_body("{\"inputs\":[%s]}", "{}", 2000, &len);
+    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), STATUS_INVALID);
+    assert_string_equal(g_err, "field 'inputs' has more than 1024 entries");
+    free(body);
+    kserve_set_max_request_memory(0);
+}
+
+/* Bytes that are not UTF-8 are written as U+FFFD; valid sequences pass. */
+static void test_json_string_replaces_bad_utf8(void **state) {
+    static const struct { const char *in, *out; } cases[] = {
+        {"ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "\"ok \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\""},
+        {"\xff", "\"\\ufffd\""},
+        {"a\xc3", "\"a\\ufffd\""},
+        {"\xc0\xaf", "\"\\ufffd\\ufffd\""},
+        {"\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\""},
+        {"\xf4\x90\x80\x80", "\"\\ufffd\\ufffd\\ufffd\\ufffd\""},
+        {"\x80q\"", "\"\\ufffdq\\\"\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct buf b = {0};
+        kserve_buf_json_string(&b, cases[i].in, strlen(cases[i].in));
+        assert_int_equal(b.len, strlen(cases[i].out));
+        assert_memory_equal(b.data, cases[i].out, b.len);
+        buf_free(&b);
+    }
 }
 
 int main(void) {
@@ -601,6 +676,8 @@ int main(void) {
         cmocka_unit_test(test_prescan_large_tensor),
         cmocka_unit_test(test_prescan_long_mantissa_long_exponent),
         cmocka_unit_test(test_encode_floats_round_trip),
+        cmocka_unit_test(test_request_memory_bound),
+        cmocka_unit_test(test_json_string_replaces_bad_utf8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
