@@ -42,10 +42,13 @@
 
 /* After its answer, a refused connection is drained so the client reads the
  * answer rather than a reset: a 413's client is typically still sending the
- * whole body (up to --max-request-size, at most 10 s); others get 1 s, and
- * a shed connection 200 ms for its first request. */
+ * whole body (clients such as Python's http.client read only once it is all
+ * sent): up to 4 x --max-request-size or 64 MiB, whichever is more, for at
+ * most 10 s; others get 1 s, and a shed connection 200 ms for its first
+ * request. */
 #define CONN_LINGER_413_MS 10000
-#define CONN_LINGER_413_MIN_BYTES (16u << 20)
+#define CONN_LINGER_413_MIN_BYTES (64u << 20)
+#define CONN_LINGER_413_LIMITS 4
 #define CONN_LINGER_MS 1000
 #define CONN_LINGER_BYTES (1u << 20)
 #define CONN_SHED_LINGER_MS 200
@@ -198,7 +201,7 @@ static void conn_emit(struct http_conn *c) {
         conn_finish(c);
         return;
     }
-    uint64_t mrs = (uint64_t)c->io->srv->cfg->max_request_size;
+    uint64_t mrs = CONN_LINGER_413_LIMITS * (uint64_t)c->io->srv->cfg->max_request_size;
     int ms = c->shed ? CONN_SHED_LINGER_MS : c->status == 413 ? CONN_LINGER_413_MS : CONN_LINGER_MS;
     c->discard_max = c->shed ? CONN_SHED_LINGER_BYTES
                      : c->status == 413 ? (mrs > CONN_LINGER_413_MIN_BYTES ? mrs : CONN_LINGER_413_MIN_BYTES)
