@@ -55,16 +55,38 @@ def goaway_of(frames):
     return (int.from_bytes(g[3][4:8], "big"), g[3][8:].decode()) if g else None
 
 
-def got_settings(sock, timeout=15):
-    """Whether the server's SETTINGS arrived (what every accepted connection gets first)."""
+def read_frame(sock, timeout=15):
+    """One whole frame (type, flags, stream, payload), or None at the close."""
     sock.settimeout(timeout)
     buf = b""
-    while len(buf) < 9:
-        b = sock.recv(9 - len(buf))
+    while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+        try:
+            b = sock.recv(9 + int.from_bytes(buf[:3], "big") - len(buf) if len(buf) >= 9 else 9 - len(buf))
+        except ConnectionResetError:
+            b = b""
         if not b:
-            return False
+            return None
         buf += b
-    return buf[3] == h2frames.SETTINGS
+    return parse_frames(buf)[0]
+
+
+def got_settings(sock, timeout=15):
+    """Whether the server's SETTINGS arrived (what every accepted connection gets first)."""
+    f = read_frame(sock, timeout)
+    return f is not None and f[0] == h2frames.SETTINGS
+
+
+def admitted(sock):
+    """After its SETTINGS, whether the connection was kept: one refused gets
+    its GOAWAY at once, then the close; one kept hears nothing more than a
+    WINDOW_UPDATE before 0.5 s of silence."""
+    while True:
+        try:
+            f = read_frame(sock, timeout=0.5)
+        except socket.timeout:
+            return True
+        if f is None or f[0] == h2frames.GOAWAY:
+            return False
 
 
 def grpc_port(s):
@@ -108,9 +130,16 @@ def test_max_connections_counts_grpc_too(make_server, repo):
                     "--http-header-timeout-secs", "300")
     addr = grpc_port(s)
     assert health(s) == 200
-    held = [socket.create_connection(addr, timeout=10) for _ in range(24)]
-    for c in held:
-        assert got_settings(c)  # accepted, and silent from here on: it never sends a byte
+    # Until 24 are held (a connection of the health check may still hold a
+    # slot for a moment): each gets SETTINGS, then never sends a byte.
+    held = []
+    while len(held) < 24:
+        c = socket.create_connection(addr, timeout=10)
+        assert got_settings(c)
+        if admitted(c):
+            held.append(c)
+        else:
+            c.close()
     assert health(s) == 503  # every connection is taken, by gRPC ones
     for _ in range(40):
         extra = socket.create_connection(addr, timeout=10)
