@@ -8,7 +8,7 @@
  * answers; nghttp2's callbacks; listeners and the loops' jobs; the server.
  *
  * Limits: a connection takes one of --max-connections (shared with HTTP;
- * one past them gets SETTINGS and GOAWAY and is closed); it has the HTTP
+ * see conn_open for one past them); it has the HTTP
  * front end's deadlines (see conn_deadlines); and the request bytes its
  * calls hold before their messages are whole are capped per connection
  * (--grpc-max-buffered-bytes) and for the server (--grpc-max-buffered-total).
@@ -59,7 +59,7 @@
 #define RESET_RATE 100
 /* How long an aborted connection waits for its GOAWAY to leave, then for
  * the client to close its side; one refused at --max-connections waits less,
- * since it holds a descriptor outside the count. */
+ * and lives at most that long, since it holds a descriptor outside the count. */
 #define CONN_ABORT_SECS 5
 #define CONN_SHED_SECS 1
 /* A stream's input buffer: the first block, the size from which blocks are
@@ -78,6 +78,7 @@ struct grpc_conn {
     int dead;      /* close when no longer busy */
     int closing;   /* aborted: 1 while its GOAWAY is on its way out, 2 after (lingering) */
     int counted;   /* holds one of --max-connections */
+    int shed;      /* past --max-connections: its calls are refused, then it closes */
     int got_request; /* the preface and a first request's headers arrived */
     uint64_t opened_ns, last_io_ns; /* accepted; a byte last read or written */
     size_t in_bytes; /* request bytes held in its streams' in buffers (their capacity) */
@@ -400,17 +401,20 @@ static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
     nghttp2_session_set_local_window_size(c->h2, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
-    c->counted = http_server_conn_admit(l->srv->http, "gRPC, sent GOAWAY");
-    if (!c->counted) {
-        /* The server's SETTINGS, then GOAWAY with no stream processed: the
-         * client may retry elsewhere or later. */
-        char why[160];
-        snprintf(why, sizeof why, "the server has --max-connections (%d) connections open: try again later",
-                 http_server_max_connections(l->srv->http));
-        if (nghttp2_session_send(c->h2) != 0) c->dead = 1;
-        conn_abort(c, NGHTTP2_ENHANCE_YOUR_CALM, why);
-    } else conn_arm(c);
+    /* One past --max-connections is not closed at once: a GOAWAY before
+     * any call would have gRPC clients retry the call on a new connection at
+     * once, again and again. Its first call is answered UNAVAILABLE, saying
+     * why, as HTTP answers 503, with a GOAWAY after it (stream_check); one
+     * that sends no call within CONN_SHED_SECS gets the GOAWAY alone. */
+    c->counted = http_server_conn_admit(l->srv->http, "gRPC, calls answered UNAVAILABLE");
+    c->shed = !c->counted;
+    conn_arm(c);
     conn_flush(c);
+}
+
+static void shed_reason(const struct grpc_conn *c, char *why, size_t len) {
+    snprintf(why, len, "the server has --max-connections (%d) connections open: try again later",
+             http_server_max_connections(c->loop->srv->http));
 }
 
 /* ==== deadlines ========================================================== */
@@ -443,6 +447,11 @@ static uint64_t conn_deadlines(struct grpc_conn *c, int expire) {
     uint64_t hdr = (uint64_t)s->header_secs * 1000000000ull, body = (uint64_t)s->body_secs * 1000000000ull;
     char why[200];
     int open = 0;
+    if (c->shed && passed(c->opened_ns + CONN_SHED_SECS * 1000000000ull, expire, due, &next)) {
+        shed_reason(c, why, sizeof why);
+        conn_abort(c, NGHTTP2_ENHANCE_YOUR_CALM, why);
+        return 0;
+    }
     if (!c->got_request && hdr && passed(c->opened_ns + hdr, expire, due, &next)) {
         snprintf(why, sizeof why, "the connection preface and a request's headers did not arrive within "
                  "--http-header-timeout-secs (%d s)", s->header_secs);
@@ -679,6 +688,14 @@ static void stream_end(struct grpc_stream *st) {
 
 /* The request headers arrived: is this a call kiln can answer? */
 static void stream_check(struct grpc_stream *st) {
+    if (st->conn->shed) {
+        char why[160];
+        shed_reason(st->conn, why, sizeof why);
+        grpc_stream_errorf(st, GRPC_UNAVAILABLE, "%s", why);
+        nghttp2_submit_goaway(st->conn->h2, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR, (const uint8_t *)why,
+                              strlen(why));
+        return;
+    }
     if (st->bad_request) {
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "not a gRPC request: content-type must be application/grpc");
         return;

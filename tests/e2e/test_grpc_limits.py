@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 import h2frames
 from conftest import KILN, raw_request
@@ -123,9 +124,11 @@ def wait_for(pred, timeout=30):
 
 def test_max_connections_counts_grpc_too(make_server, repo):
     """Idle gRPC sockets take from the same --max-connections as HTTP: past it
-    a gRPC connection gets SETTINGS and GOAWAY (ENHANCE_YOUR_CALM, saying
-    why) and is closed at once, HTTP is answered 503 rather than left
-    waiting, and both serve again once connections close."""
+    a gRPC connection's call is answered UNAVAILABLE naming the limit (not a
+    bare GOAWAY, which clients retry on a new connection at once), one that
+    sends nothing gets GOAWAY (ENHANCE_YOUR_CALM, saying why) and is closed,
+    HTTP is answered 503 rather than left waiting, and both serve again once
+    connections close."""
     s = make_server(repo, "--max-connections", "24", "--http-timeout-secs", "300",
                     "--http-header-timeout-secs", "300")
     addr = grpc_port(s)
@@ -141,13 +144,18 @@ def test_max_connections_counts_grpc_too(make_server, repo):
         else:
             c.close()
     assert health(s) == 503  # every connection is taken, by gRPC ones
-    for _ in range(40):
-        extra = socket.create_connection(addr, timeout=10)
-        frames = read_until_closed(extra)
-        extra.close()
+    extra = [socket.create_connection(addr, timeout=10) for _ in range(20)]
+    for c in extra:
+        frames = read_until_closed(c)
+        c.close()
         assert frames is not None, "a connection past --max-connections was left open"
         code, why = goaway_of(frames)
         assert code == h2frames.ENHANCE_YOUR_CALM and "--max-connections (24)" in why
+    client = grpcclient.InferenceServerClient(s.grpc_url())
+    with pytest.raises(InferenceServerException) as e:
+        client.is_server_live()
+    assert e.value.status() == "StatusCode.UNAVAILABLE" and "--max-connections (24)" in e.value.message()
+    client.close()
     for c in held[:12]:
         c.close()
     assert wait_for(lambda: health(s) == 200)
