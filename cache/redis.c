@@ -282,6 +282,58 @@ static void on_disconnect(const redisAsyncContext *ac, int status) {
     schedule_reconnect(r);
 }
 
+/* hiredis 0.14's reader buffers a reply until it is whole, whatever length
+ * its header announces (it has no bulk length limit; maxbuf only trims its
+ * spare buffer): a server announcing "$1073741824" would be buffered up to
+ * 1 GiB. Replies are therefore read through on_readable rather than the
+ * libevent adapter's callback: after hiredis took what the socket had (16
+ * KiB a read), the reply still incomplete in its buffer is looked at, and
+ * one longer than any reply kiln asks for (a GETRANGE of at most the largest
+ * cached value, sealed) drops the connection: the lookups waiting on it are
+ * misses, and it reconnects as after any failure. */
+static int reply_too_long(const redisReader *rd, size_t limit) {
+    size_t n = rd->len - rd->pos;
+    if (n > limit) return 1;
+    /* A bulk string whose type byte ('$') the reader took: its length follows. */
+    if (rd->ridx < 0 || rd->rstack[rd->ridx].type != REDIS_REPLY_STRING) return 0;
+    const char *p = rd->buf + rd->pos;
+    unsigned long long len = 0;
+    for (size_t i = 0; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+        if ((len = len * 10 + (unsigned long long)(p[i] - '0')) > limit) return 1;
+    return 0;
+}
+
+static void on_readable(evutil_socket_t fd, short what, void *arg) {
+    struct cache_redis *r = arg;
+    redisAsyncContext *ac = r->ac;
+    (void)fd;
+    (void)what;
+    if (!ac) return;
+    redisAsyncHandleRead(ac);
+    if (r->ac != ac) return; /* it went, its callbacks ran */
+    size_t limit = r->c->max_value_bytes + CACHE_MAC_BYTES + 32; /* and the reply's "$<length>" and CRLFs */
+    if (!ac->c.reader || !reply_too_long(ac->c.reader, limit)) return;
+    log_warn("redis cache: %s:%d sent a reply longer than any kiln asks for (values are at most %zu bytes): "
+             "dropping the connection", r->c->redis.host, r->c->redis.port, r->c->max_value_bytes);
+    STAT_ADD(r, redis_rejected, 1);
+    breaker_failure(r);
+    redisAsyncFree(ac); /* the waiting lookups' callbacks (misses), then on_disconnect */
+    if (r->ac == ac) { /* not connected yet: no on_disconnect */
+        r->ac = NULL;
+        schedule_reconnect(r);
+    }
+}
+
+/* Replaces the adapter's read event with on_readable. */
+static void guard_reads(struct cache_redis *r, redisAsyncContext *ac) {
+    redisLibeventEvents *e = ac->ev.data;
+    struct event *rev = e ? event_new(r->base, ac->c.fd, EV_READ, on_readable, r) : NULL;
+    if (!rev) return;
+    event_free(e->rev);
+    e->rev = rev;
+    event_add(rev, NULL);
+}
+
 static void connect_ip(struct cache_redis *r) {
     redisAsyncContext *ac = redisAsyncConnect(r->ip, r->c->redis.port);
     if (!ac || ac->err) {
@@ -297,6 +349,7 @@ static void connect_ip(struct cache_redis *r) {
     ac->data = r;
     r->ac = ac;
     redisLibeventAttach(ac, r->base);
+    guard_reads(r, ac);
     redisAsyncSetConnectCallback(ac, on_connect);
     redisAsyncSetDisconnectCallback(ac, on_disconnect);
     arm_ms(r->connect_ev, REDIS_CONNECT_MS);

@@ -37,11 +37,13 @@ static const struct opt g_opts[] = {
     {"grpc-address", OPT_STR, "ADDR", "--http-address", "address the gRPC front end listens on"},
     {"grpc-port", OPT_INT, "PORT", "8001", "gRPC port (0 = any free port, printed at start)"},
     {"grpc-max-message-size", OPT_SIZE, "BYTES", "--max-request-size", "largest gRPC request message (suffixes K, M, G); larger gets RESOURCE_EXHAUSTED"},
+    {"grpc-max-buffered-bytes", OPT_SIZE, "BYTES", "2 x --grpc-max-message-size", "unfinished request bytes one gRPC connection may hold across its calls; the call that passes it gets RESOURCE_EXHAUSTED"},
+    {"grpc-max-buffered-total", OPT_SIZE, "BYTES", "8 x --grpc-max-message-size", "unfinished request bytes all gRPC connections together may hold; the call that passes it gets RESOURCE_EXHAUSTED"},
     {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
-    {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP connection (no byte read or written)"},
-    {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive; slower clients get 408"},
-    {"http-body-timeout-secs", OPT_INT, "S", "60", "total time a request's body may take to arrive; slower clients get 408"},
-    {"max-connections", OPT_INT, "N", "fd limit - 64", "open HTTP connections; a connection beyond them gets 503 and is closed"},
+    {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP or gRPC connection (no byte read or written; a gRPC connection with a call open is not idle)"},
+    {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive (408); for gRPC, the connection preface and first call's headers (GOAWAY)"},
+    {"http-body-timeout-secs", OPT_INT, "S", "60", "total time a request's body may take to arrive (408); for gRPC, each request message once begun (DEADLINE_EXCEEDED)"},
+    {"max-connections", OPT_INT, "N", "fd limit - 64", "open HTTP and gRPC connections together; one beyond them gets 503 (gRPC: UNAVAILABLE, then GOAWAY) and is closed"},
     {"backend", OPT_STR, "auto|cpu|cuda", "auto", "where models run; auto uses CUDA when a GPU is usable, else the CPU"},
     {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", OPT_STR, "text|json", "text", "log line format"},
@@ -228,6 +230,10 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         } else if (strcmp(n, "max-request-memory") == 0) {
             if (sz < (1 << 20)) return BAD("expected at least 1M");
             c->max_request_memory = sz;
+        } else if (strcmp(n, "grpc-max-buffered-bytes") == 0 || strcmp(n, "grpc-max-buffered-total") == 0) {
+            if (sz < 1024) return BAD("expected at least 1024 bytes");
+            if (strcmp(n, "grpc-max-buffered-bytes") == 0) c->grpc_max_buffered_bytes = sz;
+            else c->grpc_max_buffered_total = sz;
         } else c->cache_size = sz;
         return 0;
     }

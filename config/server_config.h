@@ -29,6 +29,8 @@ struct server_config {
     char *grpc_address;          /* NULL = http_address */
     int grpc_port;               /* 0 = any free port */
     int64_t grpc_max_message_size; /* bytes of one gRPC request message; 0 = max_request_size */
+    int64_t grpc_max_buffered_bytes; /* unfinished request bytes of one gRPC connection; 0 = 2 x the message size */
+    int64_t grpc_max_buffered_total; /* unfinished request bytes of all gRPC connections; 0 = 8 x the message size */
     int http_threads;            /* 0 = number of cores */
     char *backend;               /* "auto", "cpu", "cuda" */
     char *log_level;             /* "error", "warn", "info", "debug" */
@@ -39,7 +41,7 @@ struct server_config {
     int http_timeout_secs;       /* idle read/write timeout of a connection */
     int http_header_timeout_secs; /* total time a request's header may take to arrive */
     int http_body_timeout_secs;  /* total time a request's body may take to arrive */
-    int max_connections;         /* open HTTP connections; more are shed with 503; 0 = from the fd limit */
+    int max_connections;         /* open HTTP and gRPC connections; more are shed; 0 = from the fd limit */
     enum server_control_mode model_control_mode;
     int repository_poll_secs;
     char *load_model[SERVER_CONFIG_MAX_LOAD]; /* names; "*" = all */

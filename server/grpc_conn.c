@@ -4,8 +4,14 @@
  * big-endian length, the protobuf bytes) and of statuses (grpc-status and
  * grpc-message trailers).
  *
- * Sections: listeners and the loops' jobs; connections; streams and their
- * answers; nghttp2's callbacks; the server.
+ * Sections: request buffers; connections; deadlines; streams and their
+ * answers; nghttp2's callbacks; listeners and the loops' jobs; the server.
+ *
+ * Limits: a connection takes one of --max-connections (shared with HTTP;
+ * see conn_open for one past them); it has the HTTP
+ * front end's deadlines (see conn_deadlines); and the request bytes its
+ * calls hold before their messages are whole are capped per connection
+ * (--grpc-max-buffered-bytes) and for the server (--grpc-max-buffered-total).
  *
  * nghttp2 may not be driven (nghttp2_session_send) from inside its own
  * callbacks, and a handler may answer inside one (an error, a cache hit):
@@ -19,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -50,23 +57,31 @@
 #define MAX_CONTINUATIONS 8
 #define RESET_BURST 1000
 #define RESET_RATE 100
-/* Request bytes one connection may hold across its streams, in messages of
- * --grpc-max-message-size: nghttp2 reopens the flow-control window as bytes
- * arrive, so without it 128 streams could each hold a message's worth. */
-#define CONN_BUFFERED_MESSAGES 4
 /* How long an aborted connection waits for its GOAWAY to leave, then for
- * the client to close its side. */
+ * the client to close its side; one refused at --max-connections waits less,
+ * and lives at most that long, since it holds a descriptor outside the count. */
 #define CONN_ABORT_SECS 5
+#define CONN_SHED_SECS 1
+/* A stream's input buffer: the first block, the size from which blocks are
+ * mmap'd, and the most an idle streaming call keeps between messages. */
+#define INBUF_MIN (16u << 10)
+#define INBUF_MMAP_MIN (256u << 10)
+#define INBUF_KEEP (64u << 10)
 
 struct grpc_conn {
     struct grpc_loop *loop;
     struct bufferevent *bev;
     nghttp2_session *h2;
     struct grpc_stream *streams;
+    struct event *timer; /* the next of its deadlines (see conn_arm) */
     int busy;      /* inside nghttp2_session_mem_recv: send and close wait */
     int dead;      /* close when no longer busy */
     int closing;   /* aborted: 1 while its GOAWAY is on its way out, 2 after (lingering) */
-    size_t in_bytes; /* request bytes held in its streams' in buffers */
+    int counted;   /* holds one of --max-connections */
+    int shed;      /* past --max-connections: its calls are refused, then it closes */
+    int got_request; /* the preface and a first request's headers arrived */
+    uint64_t opened_ns, last_io_ns; /* accepted; a byte last read or written */
+    size_t in_bytes; /* request bytes held in its streams' in buffers (their capacity) */
     struct evbuffer *pend; /* frames nghttp2 made since the last flush */
     struct grpc_conn *next, *prev;
 };
@@ -84,18 +99,126 @@ enum grpc_code grpc_code_of(int status) {
     }
 }
 
+/* ==== request buffers ==================================================== */
+
+/* Moves reserved bytes between nothing and the stream: growth that would
+ * pass the connection's limit (-1) or the server's (-2) is refused and
+ * counted nowhere. */
+static int inbuf_account(struct grpc_stream *st, size_t old_cap, size_t new_cap) {
+    struct grpc_conn *c = st->conn;
+    grpc_server_t *s = c->loop->srv;
+    if (new_cap <= old_cap) {
+        c->in_bytes -= old_cap - new_cap;
+        atomic_fetch_sub(&s->buffered, old_cap - new_cap);
+        return 0;
+    }
+    size_t d = new_cap - old_cap;
+    if (c->in_bytes + d > s->max_buffered) return -1;
+    if (atomic_fetch_add(&s->buffered, d) + d > s->max_buffered_total) {
+        atomic_fetch_sub(&s->buffered, d);
+        return -2;
+    }
+    c->in_bytes += d;
+    return 0;
+}
+
+/* A block of cap bytes holding old's first keep bytes (old is given up). A
+ * large block is its own mapping, so freeing it returns it to the system. */
+static uint8_t *inbuf_block(uint8_t *old, size_t old_cap, size_t keep, size_t cap) {
+    if (cap < INBUF_MMAP_MIN) return realloc(old, cap);
+    if (old_cap >= INBUF_MMAP_MIN) {
+        void *p = mremap(old, old_cap, cap, MREMAP_MAYMOVE);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    void *p = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (keep) memcpy(p, old, keep);
+    free(old);
+    return p;
+}
+
+static void inbuf_release(struct grpc_stream *st) {
+    struct grpc_inbuf *b = &st->in;
+    if (b->cap >= INBUF_MMAP_MIN) munmap(b->data, b->cap);
+    else free(b->data);
+    if (b->cap) inbuf_account(st, b->cap, 0);
+    *b = (struct grpc_inbuf){0};
+}
+
+/* The length a gRPC message prefix (5 bytes) announces. */
+static size_t prefix_len(const uint8_t *h) {
+    return (size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4];
+}
+
+/* Appends a DATA frame's bytes to the stream's input. The block grows by
+ * doubling, but not past the message in progress, so a whole message of
+ * the largest size fits the default per-connection limit twice. 0, or -1
+ * with the call ended (a limit, out of memory). */
+static int inbuf_append(struct grpc_stream *st, const uint8_t *data, size_t len) {
+    struct grpc_inbuf *b = &st->in;
+    if (b->off) {
+        memmove(b->data, b->data + b->off, b->len - b->off);
+        b->len -= b->off;
+        b->off = 0;
+    }
+    if (b->len + len > b->cap) {
+        size_t need = b->len + len, cap = b->cap * 2 > INBUF_MIN ? b->cap * 2 : INBUF_MIN;
+        if (b->len >= 5 && cap > prefix_len(b->data) + 5) cap = prefix_len(b->data) + 5;
+        if (cap < need) cap = need;
+        if (cap >= INBUF_MMAP_MIN) cap = (cap + 4095) & ~(size_t)4095;
+        grpc_server_t *s = grpc_stream_server(st);
+        int rc = inbuf_account(st, b->cap, cap);
+        if (rc == -1) {
+            grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                               "the connection holds more than --grpc-max-buffered-bytes (%zu bytes) of unfinished "
+                               "request messages: finish or cancel its other calls first", s->max_buffered);
+            return -1;
+        }
+        if (rc == -2) {
+            grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+                               "the server holds more than --grpc-max-buffered-total (%zu bytes) of unfinished "
+                               "request messages: try again later", s->max_buffered_total);
+            return -1;
+        }
+        uint8_t *p = inbuf_block(b->data, b->cap, b->len, cap);
+        if (!p) {
+            inbuf_account(st, cap, b->cap);
+            grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+            return -1;
+        }
+        b->data = p;
+        b->cap = cap;
+    }
+    if (b->len == 0) b->since_ns = clock_now_ns();
+    memcpy(b->data + b->len, data, len);
+    b->len += len;
+    return 0;
+}
+
+/* A message of n bytes (and its prefix) was taken: what follows, if any,
+ * is the next message begun; an emptied large block is given back. */
+static void inbuf_consume(struct grpc_stream *st, size_t n) {
+    struct grpc_inbuf *b = &st->in;
+    b->off += n;
+    if (b->off < b->len) {
+        b->since_ns = clock_now_ns();
+        return;
+    }
+    b->off = b->len = 0;
+    b->since_ns = 0;
+    if (b->cap > INBUF_KEEP) inbuf_release(st);
+}
+
 /* ==== connections ======================================================== */
 
 static void conn_close(struct grpc_conn *c);
+static void conn_arm(struct grpc_conn *c);
 
 static void stream_free(struct grpc_stream *st) {
     grpc_infer_detach(st);
     grpc_control_detach(st);
     grpc_health_detach(st);
-    if (st->in) {
-        if (st->conn) st->conn->in_bytes -= evbuffer_get_length(st->in);
-        evbuffer_free(st->in);
-    }
+    if (st->conn) inbuf_release(st);
     if (st->out) evbuffer_free(st->out);
     free(st->path);
     free(st->authorization);
@@ -122,7 +245,8 @@ static void conn_out_move(struct grpc_conn *c) {
  * bufferevent. */
 static size_t conn_write_now(struct grpc_conn *c) {
     size_t n = evbuffer_get_length(c->pend);
-    if (n && !evbuffer_get_length(bufferevent_get_output(c->bev))) (void)evbuffer_write(c->pend, bufferevent_getfd(c->bev));
+    if (n && !evbuffer_get_length(bufferevent_get_output(c->bev)) && evbuffer_write(c->pend, bufferevent_getfd(c->bev)) > 0)
+        c->last_io_ns = clock_now_ns();
     conn_out_move(c);
     return n;
 }
@@ -139,7 +263,7 @@ static void conn_flush(struct grpc_conn *c) {
         if (c->closing == 1 && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0) {
             c->closing = 2;
             shutdown(bufferevent_getfd(c->bev), SHUT_WR);
-            struct timeval tv = {CONN_ABORT_SECS, 0};
+            struct timeval tv = {c->counted ? CONN_ABORT_SECS : CONN_SHED_SECS, 0};
             bufferevent_set_timeouts(c->bev, &tv, NULL);
             bufferevent_enable(c->bev, EV_READ);
         }
@@ -170,23 +294,27 @@ static void streams_free(struct grpc_conn *c) {
     }
 }
 
-/* A fatal error in what the client sent, which nghttp2 reports without a
+/* Ends the connection with a GOAWAY whose debug data is why (NULL: none):
+ * a fatal error in what the client sent, which nghttp2 reports without a
  * GOAWAY of its own (a SETTINGS, PING or CONTINUATION flood, too many
- * resets): the GOAWAY is written here, since the session takes no more
- * calls, the streams go at once, and the connection closes once the frame
- * left and the client closed too. */
-static void conn_abort(struct grpc_conn *c, uint32_t code) {
+ * resets), a deadline, or --max-connections. The GOAWAY is written here,
+ * since the session may take no more calls, the streams go at once, and
+ * the connection closes once the frame left and the client closed too. */
+static void conn_abort(struct grpc_conn *c, uint32_t code, const char *why) {
     uint32_t last = (uint32_t)nghttp2_session_get_last_proc_stream_id(c->h2);
-    uint8_t f[17] = {0, 0, 8, NGHTTP2_GOAWAY, 0, 0, 0, 0, 0,
+    size_t dlen = why ? strlen(why) : 0;
+    uint8_t f[17] = {0, (uint8_t)((8 + dlen) >> 8), (uint8_t)(8 + dlen), NGHTTP2_GOAWAY, 0, 0, 0, 0, 0,
                      (uint8_t)(last >> 24), (uint8_t)(last >> 16), (uint8_t)(last >> 8), (uint8_t)last,
                      (uint8_t)(code >> 24), (uint8_t)(code >> 16), (uint8_t)(code >> 8), (uint8_t)code};
     streams_free(c);
     conn_out_move(c); /* what nghttp2 made before the error goes first */
     c->closing = 1;
+    evtimer_del(c->timer);
     bufferevent_disable(c->bev, EV_READ);
-    struct timeval tv = {CONN_ABORT_SECS, 0};
+    struct timeval tv = {c->counted ? CONN_ABORT_SECS : CONN_SHED_SECS, 0};
     bufferevent_set_timeouts(c->bev, NULL, &tv);
-    if (evbuffer_add(bufferevent_get_output(c->bev), f, sizeof f)) c->dead = 1;
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (evbuffer_add(out, f, sizeof f) || (dlen && evbuffer_add(out, why, dlen))) c->dead = 1;
 }
 
 /* Frees the connection and its streams; their calls in the core answer nobody. */
@@ -199,6 +327,8 @@ static void conn_close(struct grpc_conn *c) {
     nghttp2_session_del(c->h2);
     bufferevent_free(c->bev);
     evbuffer_free(c->pend);
+    event_free(c->timer);
+    if (c->counted) http_server_conn_release(c->loop->srv->http);
     struct grpc_loop *l = c->loop;
     if (c->prev) c->prev->next = c->next;
     else l->conns = c->next;
@@ -216,6 +346,7 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
         return;
     }
     unsigned char *data = evbuffer_pullup(in, -1);
+    c->last_io_ns = clock_now_ns();
     c->busy = 1;
     ssize_t used = nghttp2_session_mem_recv(c->h2, data, n);
     c->busy = 0;
@@ -223,32 +354,44 @@ static void conn_read_cb(struct bufferevent *bev, void *arg) {
         log_debug("grpc: closing a connection: %s", nghttp2_strerror((int)used));
         conn_abort(c, used == NGHTTP2_ERR_FLOODED || used == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS
                           ? NGHTTP2_ENHANCE_YOUR_CALM
-                          : NGHTTP2_PROTOCOL_ERROR);
-    } else evbuffer_drain(in, (size_t)used);
+                          : NGHTTP2_PROTOCOL_ERROR, NULL);
+    } else {
+        evbuffer_drain(in, (size_t)used);
+        if (!c->dead) conn_arm(c);
+    }
     conn_flush(c);
 }
 
 /* The socket took everything queued: nghttp2 may have more for it. */
-static void conn_write_cb(struct bufferevent *bev, void *arg) { conn_flush(arg); }
+static void conn_write_cb(struct bufferevent *bev, void *arg) {
+    struct grpc_conn *c = arg;
+    c->last_io_ns = clock_now_ns();
+    conn_flush(c);
+}
 
 static void conn_event_cb(struct bufferevent *bev, short what, void *arg) {
     if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) conn_close(arg);
 }
 
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg);
+
 static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
     struct grpc_conn *c = calloc(1, sizeof *c);
     if (c) c->bev = bufferevent_socket_new(l->base, fd, BEV_OPT_CLOSE_ON_FREE);
     if (c) c->pend = evbuffer_new();
-    if (!c || !c->bev || !c->pend ||
+    if (c) c->timer = evtimer_new(l->base, conn_timer_cb, c);
+    if (!c || !c->bev || !c->pend || !c->timer ||
         nghttp2_session_server_new2(&c->h2, l->srv->h2_callbacks, c, l->srv->h2_options) != 0) {
         log_error("grpc: out of memory accepting a connection");
         if (c && c->bev) bufferevent_free(c->bev);
         else close(fd);
         if (c && c->pend) evbuffer_free(c->pend);
+        if (c && c->timer) event_free(c->timer);
         free(c);
         return;
     }
     c->loop = l;
+    c->opened_ns = c->last_io_ns = clock_now_ns();
     c->next = l->conns;
     if (l->conns) l->conns->prev = c;
     l->conns = c;
@@ -259,6 +402,106 @@ static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
     nghttp2_session_set_local_window_size(c->h2, NGHTTP2_FLAG_NONE, 0, CONN_WINDOW);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    /* One past --max-connections is not closed at once: a GOAWAY before
+     * any call would have gRPC clients retry the call on a new connection at
+     * once, again and again. Its first call is answered UNAVAILABLE, saying
+     * why, as HTTP answers 503, with a GOAWAY after it (stream_check); one
+     * that sends no call within CONN_SHED_SECS gets the GOAWAY alone. */
+    c->counted = http_server_conn_admit(l->srv->http, "gRPC, calls answered UNAVAILABLE");
+    c->shed = !c->counted;
+    conn_arm(c);
+    conn_flush(c);
+}
+
+static void shed_reason(const struct grpc_conn *c, char *why, size_t len) {
+    snprintf(why, len, "the server has --max-connections (%d) connections open: try again later",
+             http_server_max_connections(c->loop->srv->http));
+}
+
+/* ==== deadlines ========================================================== */
+
+/* The connection's deadlines, those of HTTP (a slow client holds a
+ * descriptor and buffers as long as it likes otherwise):
+ * - the connection preface and a first call's headers within
+ *   --http-header-timeout-secs of the accept, and any header block, once
+ *   begun, whole within it (nothing else may come between its frames);
+ * - a unary call's request within --http-body-timeout-secs of its headers,
+ *   and each message of a streaming call within it of its first byte;
+ * - with no call open (one waiting for its answer, or a streaming call, is
+ *   open), a byte read or written within --http-timeout-secs.
+ * Returns the next one to come (clock_now_ns time; 0 = none). With expire,
+ * those passed first take effect: the connection is closed with a GOAWAY
+ * (header deadlines, idle), or the call ends with DEADLINE_EXCEEDED and its
+ * buffer is freed; the caller holds c->busy and flushes after. */
+/* Whether deadline d takes effect now (expire, and it passed); else it
+ * is a candidate for *next. */
+static int passed(uint64_t d, int expire, uint64_t due, uint64_t *next) {
+    if (expire && d <= due) return 1;
+    if (d < *next) *next = d;
+    return 0;
+}
+
+static uint64_t conn_deadlines(struct grpc_conn *c, int expire) {
+    const grpc_server_t *s = c->loop->srv;
+    /* The timer fires at the armed time, not before, but not to the nanosecond either. */
+    uint64_t now = clock_now_ns(), due = now + 1000000, next = UINT64_MAX;
+    uint64_t hdr = (uint64_t)s->header_secs * 1000000000ull, body = (uint64_t)s->body_secs * 1000000000ull;
+    char why[200];
+    int open = 0;
+    if (c->shed && passed(c->opened_ns + CONN_SHED_SECS * 1000000000ull, expire, due, &next)) {
+        shed_reason(c, why, sizeof why);
+        conn_abort(c, NGHTTP2_ENHANCE_YOUR_CALM, why);
+        return 0;
+    }
+    if (!c->got_request && hdr && passed(c->opened_ns + hdr, expire, due, &next)) {
+        snprintf(why, sizeof why, "the connection preface and a request's headers did not arrive within "
+                 "--http-header-timeout-secs (%d s)", s->header_secs);
+        conn_abort(c, NGHTTP2_ENHANCE_YOUR_CALM, why);
+        return 0;
+    }
+    for (struct grpc_stream *st = c->streams, *nx; st; st = nx) {
+        nx = st->next;
+        if (!st->headers_done && hdr && passed(st->opened_ns + hdr, expire, due, &next)) {
+            snprintf(why, sizeof why, "a request's header block was not whole within --http-header-timeout-secs (%d s)",
+                     s->header_secs);
+            conn_abort(c, NGHTTP2_ENHANCE_YOUR_CALM, why);
+            return 0;
+        }
+        if (st->finished || !st->headers_done) continue;
+        open = 1;
+        uint64_t since = !st->method ? 0 : !st->method->streaming ? (st->remote_done ? 0 : st->opened_ns) : st->in.since_ns;
+        if (since && body && passed(since + body, expire, due, &next))
+            grpc_stream_errorf(st, GRPC_DEADLINE_EXCEEDED,
+                               "the request message did not arrive within --http-body-timeout-secs (%d s)", s->body_secs);
+    }
+    if (!open && s->idle_secs > 0 &&
+        passed(c->last_io_ns + (uint64_t)s->idle_secs * 1000000000ull, expire, due, &next)) {
+        snprintf(why, sizeof why, "idle for --http-timeout-secs (%d s)", s->idle_secs);
+        conn_abort(c, NGHTTP2_NO_ERROR, why);
+        return 0;
+    }
+    return next == UINT64_MAX ? 0 : next;
+}
+
+/* Sets the timer to the next deadline. */
+static void conn_arm(struct grpc_conn *c) {
+    uint64_t next = conn_deadlines(c, 0);
+    if (!next) {
+        evtimer_del(c->timer);
+        return;
+    }
+    uint64_t now = clock_now_ns(), wait = next > now ? next - now : 0;
+    struct timeval tv = {(time_t)(wait / 1000000000ull), (suseconds_t)(wait % 1000000000ull / 1000)};
+    evtimer_add(c->timer, &tv);
+}
+
+static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
+    struct grpc_conn *c = arg;
+    if (c->closing || c->dead) return;
+    c->busy = 1;
+    conn_deadlines(c, 1);
+    c->busy = 0;
+    if (!c->closing && !c->dead) conn_arm(c);
     conn_flush(c);
 }
 
@@ -337,10 +580,9 @@ void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char 
     if (st->finished) return;
     st->finished = 1;
     st->code = code;
-    /* What the client sent and nobody will read no longer counts against the connection. */
-    size_t unread = evbuffer_get_length(st->in);
-    evbuffer_drain(st->in, unread);
-    st->conn->in_bytes -= unread;
+    /* What the client sent and nobody will read no longer counts against
+     * the limits (a handler still reading its message frees it after). */
+    if (!st->handling) inbuf_release(st);
     st->message = msg && *msg ? percent_encode(msg) : NULL;
     if (!st->started && code != GRPC_OK) {
         /* Trailers-Only: the status in the one HEADERS frame. */
@@ -356,7 +598,9 @@ void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char 
          * into INTERNAL. What it still sends is dropped as it arrives. */
         nghttp2_submit_response(st->conn->h2, st->id, hdrs, st->message ? 4 : 3, NULL);
     } else stream_start(st);
-    conn_flush(st->conn);
+    struct grpc_conn *c = st->conn;
+    if (!c->busy) conn_arm(c); /* the last open call ended: the idle deadline may apply (else done after the read) */
+    conn_flush(c);
 }
 
 void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m) {
@@ -379,13 +623,14 @@ void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char 
     grpc_stream_finish(st, code, msg);
 }
 
-/* Takes the next whole message out of st->in: 1 with *msg (malloc'd) and
- * *len, 0 when it has not all arrived, -1 when the call was ended (too
- * large, or compressed). */
-static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
-    uint8_t h[5];
-    if (evbuffer_copyout(st->in, h, 5) < 5) return 0;
-    size_t n = (size_t)h[1] << 24 | (size_t)h[2] << 16 | (size_t)h[3] << 8 | h[4];
+/* The next whole message in st->in: 1 with *msg (in the buffer, valid
+ * until stream_handle consumes it) and *len, 0 when it has not all
+ * arrived, -1 when the call was ended (too large, or compressed). */
+static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len) {
+    const struct grpc_inbuf *b = &st->in;
+    if (b->len - b->off < 5) return 0;
+    const uint8_t *h = b->data + b->off;
+    size_t n = prefix_len(h);
     size_t max = grpc_stream_server(st)->max_message;
     if (h[0] != 0) {
         grpc_stream_errorf(st, GRPC_UNIMPLEMENTED, "compressed messages are not supported: send them uncompressed");
@@ -396,28 +641,27 @@ static int next_message(struct grpc_stream *st, uint8_t **msg, size_t *len) {
                            "the request message has %zu bytes, more than --grpc-max-message-size (%zu bytes)", n, max);
         return -1;
     }
-    if (evbuffer_get_length(st->in) < n + 5) return 0;
-    *msg = malloc(n ? n : 1);
-    if (!*msg) {
-        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
-        return -1;
-    }
-    evbuffer_drain(st->in, 5);
-    evbuffer_remove(st->in, *msg, n);
-    st->conn->in_bytes -= n + 5;
+    if (b->len - b->off < n + 5) return 0;
+    *msg = h + 5;
     *len = n;
     return 1;
 }
 
+/* Runs the method's handler on a message from next_message, then takes it
+ * out of the buffer (or frees the buffer, when the call ended). */
+static void stream_handle(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    st->handling = 1;
+    st->method->handle(st, msg, len);
+    st->handling = 0;
+    if (st->finished) inbuf_release(st);
+    else inbuf_consume(st, len + 5);
+}
+
 /* A streaming method takes each message as it arrives. */
 static void stream_messages(struct grpc_stream *st) {
-    uint8_t *msg;
+    const uint8_t *msg;
     size_t len;
-    int rc;
-    while (!st->finished && (rc = next_message(st, &msg, &len)) > 0) {
-        st->method->handle(st, msg, len);
-        free(msg);
-    }
+    while (!st->finished && next_message(st, &msg, &len) > 0) stream_handle(st, msg, len);
 }
 
 /* The client half-closed: a unary call runs with its one message. */
@@ -426,27 +670,33 @@ static void stream_end(struct grpc_stream *st) {
     if (st->finished) return;
     if (st->method->streaming) {
         stream_messages(st);
-        if (!st->finished && evbuffer_get_length(st->in))
+        if (!st->finished && st->in.len > st->in.off)
             grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the stream ended inside a message");
         if (!st->finished) grpc_infer_stream_done(st);
         return;
     }
-    uint8_t *msg;
+    const uint8_t *msg;
     size_t len;
     int rc = next_message(st, &msg, &len);
     if (rc < 0) return;
-    if (rc == 0 || evbuffer_get_length(st->in)) {
-        if (rc) free(msg);
+    if (rc == 0 || st->in.len - st->in.off > len + 5) {
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s takes exactly one request message",
                            strrchr(st->method->name, '/') + 1);
         return;
     }
-    st->method->handle(st, msg, len);
-    free(msg);
+    stream_handle(st, msg, len);
 }
 
 /* The request headers arrived: is this a call kiln can answer? */
 static void stream_check(struct grpc_stream *st) {
+    if (st->conn->shed) {
+        char why[160];
+        shed_reason(st->conn, why, sizeof why);
+        grpc_stream_errorf(st, GRPC_UNAVAILABLE, "%s", why);
+        nghttp2_submit_goaway(st->conn->h2, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR, (const uint8_t *)why,
+                              strlen(why));
+        return;
+    }
     if (st->bad_request) {
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "not a gRPC request: content-type must be application/grpc");
         return;
@@ -476,16 +726,14 @@ static int begin_headers_cb(nghttp2_session *h2, const nghttp2_frame *frame, voi
     struct grpc_conn *c = user;
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
     struct grpc_stream *st = calloc(1, sizeof *st);
-    if (st) {
-        st->in = evbuffer_new();
-        st->out = evbuffer_new();
-    }
-    if (!st || !st->in || !st->out) {
+    if (st) st->out = evbuffer_new();
+    if (!st || !st->out) {
         if (st) stream_free(st);
         return NGHTTP2_ERR_CALLBACK_FAILURE;
     }
     st->conn = c;
     st->id = frame->hd.stream_id;
+    st->opened_ns = clock_now_ns();
     st->next = c->streams;
     if (c->streams) c->streams->prev = st;
     c->streams = st;
@@ -536,23 +784,11 @@ static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const u
                          void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
     if (!st || st->finished || !st->method) return 0; /* answered already: the rest is dropped */
-    struct grpc_conn *c = st->conn;
     size_t max = grpc_stream_server(st)->max_message;
-    if (c->in_bytes + len > CONN_BUFFERED_MESSAGES * (max + 5)) {
-        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
-                           "the connection holds more than %d x --grpc-max-message-size (%zu bytes) of unfinished "
-                           "request messages: finish or cancel its other calls first",
-                           CONN_BUFFERED_MESSAGES, max);
-        return 0;
-    }
-    if (evbuffer_add(st->in, data, len)) {
-        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
-        return 0;
-    }
-    c->in_bytes += len;
+    if (inbuf_append(st, data, len)) return 0;
     /* A unary call's message must not grow past the limit while it arrives. */
     if (st->method->streaming) stream_messages(st);
-    else if (evbuffer_get_length(st->in) > max + 5)
+    else if (st->in.len - st->in.off > max + 5)
         grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
                            "the request message has more than --grpc-max-message-size (%zu bytes)", max);
     return 0;
@@ -562,8 +798,25 @@ static int frame_recv_cb(nghttp2_session *h2, const nghttp2_frame *frame, void *
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
     if (!st) return 0;
-    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) stream_check(st);
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+        st->headers_done = 1;
+        st->conn->got_request = 1;
+        stream_check(st);
+    }
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) stream_end(st);
+    return 0;
+}
+
+/* An answer that ended before its request did (an error, a message over a
+ * limit, a deadline): once it is out, RST_STREAM NO_ERROR asks the client
+ * to stop sending the rest (RFC 9113, 8.1) and frees the stream, which
+ * would otherwise stay open for as long as the client likes. */
+static int frame_send_cb(nghttp2_session *h2, const nghttp2_frame *frame, void *user) {
+    if ((frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) ||
+        !(frame->hd.flags & NGHTTP2_FLAG_END_STREAM))
+        return 0;
+    struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
+    if (st && !st->remote_done) nghttp2_submit_rst_stream(h2, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR);
     return 0;
 }
 
@@ -585,6 +838,7 @@ static nghttp2_session_callbacks *callbacks_new(void) {
     nghttp2_session_callbacks_set_on_header_callback(cb, header_cb);
     nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, data_chunk_cb);
     nghttp2_session_callbacks_set_on_frame_recv_callback(cb, frame_recv_cb);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cb, frame_send_cb);
     nghttp2_session_callbacks_set_on_stream_close_callback(cb, stream_close_cb);
     return cb;
 }
@@ -682,8 +936,14 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     s->repo = p->repo;
     s->http = p->http;
     s->core = http_server_core(p->http);
-    s->max_message = (size_t)(p->config->grpc_max_message_size > 0 ? p->config->grpc_max_message_size
-                                                                    : p->config->max_request_size);
+    const struct server_config *cfg = p->config;
+    s->max_message = (size_t)(cfg->grpc_max_message_size > 0 ? cfg->grpc_max_message_size : cfg->max_request_size);
+    s->max_buffered = cfg->grpc_max_buffered_bytes > 0 ? (size_t)cfg->grpc_max_buffered_bytes : 2 * (s->max_message + 5);
+    s->max_buffered_total =
+        cfg->grpc_max_buffered_total > 0 ? (size_t)cfg->grpc_max_buffered_total : 8 * (s->max_message + 5);
+    s->idle_secs = cfg->http_timeout_secs > 0 ? cfg->http_timeout_secs : 60; /* as evhttp_set_timeout is given */
+    s->header_secs = cfg->http_header_timeout_secs;
+    s->body_secs = cfg->http_body_timeout_secs;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
     const char *addr = p->config->grpc_address ? p->config->grpc_address : p->config->http_address;

@@ -10,6 +10,7 @@
 #define KILN_GRPC_IMPL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -66,6 +67,10 @@ struct grpc_server {
     infer_core_t *core;
     int port;
     size_t max_message;          /* --grpc-max-message-size: the largest request message */
+    size_t max_buffered;         /* --grpc-max-buffered-bytes: one connection's unfinished request bytes */
+    size_t max_buffered_total;   /* --grpc-max-buffered-total: every connection's together */
+    atomic_size_t buffered;      /* unfinished request bytes held now, all loops (buffer capacity) */
+    int idle_secs, header_secs, body_secs; /* the HTTP front end's deadlines (0 = none) */
     int nloops;
     struct grpc_loop *loops;
     void *h2_callbacks;          /* nghttp2_session_callbacks *, shared by every connection */
@@ -73,6 +78,16 @@ struct grpc_server {
     pthread_mutex_t lock;        /* run_on_loops: loops still to finish the job */
     pthread_cond_t cond;
     int pending;
+};
+
+/* A stream's request bytes not yet taken as messages: one block, malloc'd
+ * while small and mmap'd once large, so that what a slow or abandoned call
+ * held goes back to the system when it is released rather than staying in
+ * the allocator's arenas. */
+struct grpc_inbuf {
+    uint8_t *data;
+    size_t off, len, cap;        /* data[off..len) unread; cap bytes reserved (counted against the limits) */
+    uint64_t since_ns;           /* when the message in progress began (clock_now_ns); 0 = none */
 };
 
 /* One RPC: an HTTP/2 stream. */
@@ -85,7 +100,10 @@ struct grpc_stream {
     uint64_t deadline_ns;        /* from grpc-timeout (clock_now_ns); 0 = none */
     size_t header_bytes;         /* of the request's header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts */
     int bad_request;             /* a header made the call unanswerable except by an error */
-    struct evbuffer *in;         /* request bytes not yet taken as messages */
+    struct grpc_inbuf in;        /* request bytes not yet taken as messages */
+    uint64_t opened_ns;          /* its HEADERS began (clock_now_ns) */
+    int headers_done;            /* the request's header block arrived whole */
+    int handling;                /* a handler is reading a message in in: it stays until it returns */
     struct evbuffer *out;        /* framed answers nghttp2 has not taken yet */
     int started;                 /* response headers submitted */
     int finished;                /* grpc-status decided: trailers follow the data */

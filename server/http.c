@@ -33,12 +33,12 @@
 #include <event2/listener.h>
 #include <event2/thread.h>
 #include <sodium.h>
-#include <zlib.h>
 
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "server/http_bodies.h"
+#include "server/http_coding.h"
 #include "server/http_impl.h"
 #include "server/infer.h"
 #include "server/kserve.h"
@@ -196,59 +196,11 @@ static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, si
         *len = n;
         return raw;
     }
-    int window;
-    if (strcasecmp(enc, "gzip") == 0 || strcasecmp(enc, "x-gzip") == 0) window = 15 + 16;
-    else if (strcasecmp(enc, "deflate") == 0) window = 15 + 32; /* zlib-wrapped (RFC 9110), raw tried below */
-    else {
-        *code = 415;
-        snprintf(err, err_len, "Content-Encoding '%s' is not supported (use gzip or deflate)", enc);
-        return NULL;
-    }
-    size_t limit = (size_t)s->cfg->max_request_size;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        z_stream zs;
-        memset(&zs, 0, sizeof zs);
-        if (inflateInit2(&zs, attempt ? -15 : window) != Z_OK) break;
-        size_t cap = n * 4 + 4096 < limit ? n * 4 + 4096 : limit, used = 0;
-        unsigned char *out = malloc(cap + 1);
-        zs.next_in = raw;
-        zs.avail_in = (uInt)n;
-        int rc = Z_OK;
-        while (out) {
-            if (used == cap) {
-                if (cap >= limit) { rc = Z_MEM_ERROR; break; }
-                size_t nc = cap * 2 < limit ? cap * 2 : limit;
-                unsigned char *no = realloc(out, nc + 1);
-                if (!no) { rc = Z_MEM_ERROR; break; }
-                out = no;
-                cap = nc;
-            }
-            zs.next_out = out + used;
-            zs.avail_out = (uInt)(cap - used);
-            rc = inflate(&zs, Z_NO_FLUSH);
-            used = cap - zs.avail_out;
-            if (rc == Z_STREAM_END) break;
-            if (rc != Z_OK && rc != Z_BUF_ERROR) break;
-            if (rc == Z_BUF_ERROR && zs.avail_in == 0 && used < cap) break; /* truncated */
-        }
-        inflateEnd(&zs);
-        if (rc == Z_STREAM_END && out) {
-            *owned = 1;
-            *len = used;
-            return out;
-        }
-        free(out);
-        if (rc == Z_MEM_ERROR && used >= limit) {
-            *code = 413;
-            snprintf(err, err_len, "the decompressed request body exceeds --max-request-size (%lld bytes)",
-                     (long long)limit);
-            return NULL;
-        }
-        if (window != 15 + 32) break; /* only deflate has a raw fallback */
-    }
-    *code = 400;
-    snprintf(err, err_len, "the request body is not valid %s data (Content-Encoding)", enc);
-    return NULL;
+    unsigned char *out;
+    *code = http_coding_inflate(enc, raw, n, (size_t)s->cfg->max_request_size, &out, len, err, err_len);
+    if (*code) return NULL;
+    *owned = 1;
+    return out;
 }
 
 /* A NUL byte in the JSON of a request: cJSON reads a string or a number up
@@ -267,39 +219,19 @@ static int json_has_nul(const unsigned char *json, size_t len, char *err, size_t
  * Inference-Header-Content-Length header keeps the uncompressed JSON length,
  * as Triton does. On any failure the body goes out uncompressed. */
 static void compress_reply(struct evhttp_request *req, struct evbuffer *body) {
-    const char *ae = evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding");
-    size_t len = evbuffer_get_length(body);
-    if (!ae || len == 0) return;
-    int window;
-    const char *name;
-    if (strstr(ae, "gzip")) { window = 15 + 16; name = "gzip"; }
-    else if (strstr(ae, "deflate")) { window = 15; name = "deflate"; }
-    else return;
-    z_stream zs;
-    memset(&zs, 0, sizeof zs);
-    if (deflateInit2(&zs, 1, Z_DEFLATED, window, 8, Z_DEFAULT_STRATEGY) != Z_OK) return;
-    size_t cap = deflateBound(&zs, (uLong)len);
-    char *out = malloc(cap);
+    enum http_coding coding =
+        http_coding_accepted(evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding"));
+    size_t len = evbuffer_get_length(body), n;
+    if (coding == HTTP_CODING_IDENTITY || len == 0) return;
     /* The answer's pieces (outputs sent by reference) made one block. */
-    unsigned char *in = out ? evbuffer_pullup(body, -1) : NULL;
-    if (!in) {
-        free(out);
-        deflateEnd(&zs);
-        return;
-    }
-    zs.next_in = in;
-    zs.avail_in = (uInt)len;
-    zs.next_out = (Bytef *)out;
-    zs.avail_out = (uInt)cap;
-    int rc = deflate(&zs, Z_FINISH);
-    size_t n = cap - zs.avail_out;
-    deflateEnd(&zs);
-    if (rc != Z_STREAM_END || evbuffer_drain(body, len) != 0) {
+    unsigned char *in = evbuffer_pullup(body, -1), *out;
+    if (!in || http_coding_deflate(coding, in, len, &out, &n)) return;
+    if (evbuffer_drain(body, len) != 0) {
         free(out);
         return;
     }
     evbuffer_add_reference(body, out, n, free_cb, out);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Encoding", name);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Encoding", http_coding_name(coding));
 }
 
 /* ==== inference ========================================================== */
@@ -514,7 +446,15 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         free(c);
         return;
     }
-    size_t json_len = header_len >= 0 && (uint64_t)header_len < len ? (size_t)header_len : len;
+    if (header_len >= 0 && (uint64_t)header_len > len) {
+        /* Else the NUL check below would read binary data as JSON and blame a NUL byte. */
+        snprintf(err, sizeof err, "Inference-Header-Content-Length (%lld) exceeds the request body (%zu bytes%s)",
+                 (long long)header_len, len, owned ? ", decompressed" : "");
+        if (owned) free(body);
+        infer_request_fail(c->r, STATUS_INVALID, err);
+        return;
+    }
+    size_t json_len = header_len >= 0 ? (size_t)header_len : len;
     int nul = json_has_nul(body, json_len, err, sizeof err);
     if (nul && header_len < 0) /* most likely binary tensor data sent without its header's length */
         snprintf(err + strlen(err), sizeof err - strlen(err),

@@ -81,5 +81,13 @@ enum http_shm_access http_server_shm_access(const http_server_t *s, const char *
                                             shm_owner_t *owner, char *err, size_t err_len);
 /* 1 once http_server_begin_drain ran. Any thread. */
 int http_server_draining(const http_server_t *s);
+/* --max-connections counts both front ends' connections: 1 when a new
+ * connection takes one of them (give it back with http_server_conn_release
+ * when it closes), 0 when all are taken (the refusal is logged, at most one
+ * line every 10 s; front says which transport and how it refused). Any thread. */
+int http_server_conn_admit(http_server_t *s, const char *front);
+void http_server_conn_release(http_server_t *s);
+/* The --max-connections in force (held below the open file limit). */
+int http_server_max_connections(const http_server_t *s);
 
 #endif

@@ -43,10 +43,13 @@
 
 /* After its answer, a refused connection is drained so the client reads the
  * answer rather than a reset: a 413's client is typically still sending the
- * whole body (up to --max-request-size, at most 10 s); others get 1 s, and
- * a shed connection 200 ms for its first request. */
+ * whole body (clients such as Python's http.client read only once it is all
+ * sent): up to 4 x --max-request-size or 64 MiB, whichever is more, for at
+ * most 10 s; others get 1 s, and a shed connection 200 ms for its first
+ * request. */
 #define CONN_LINGER_413_MS 10000
-#define CONN_LINGER_413_MIN_BYTES (16u << 20)
+#define CONN_LINGER_413_MIN_BYTES (64u << 20)
+#define CONN_LINGER_413_LIMITS 4
 #define CONN_LINGER_MS 1000
 #define CONN_LINGER_BYTES (1u << 20)
 #define CONN_SHED_LINGER_MS 200
@@ -199,7 +202,7 @@ static void conn_emit(struct http_conn *c) {
         conn_finish(c);
         return;
     }
-    uint64_t mrs = (uint64_t)c->io->srv->cfg->max_request_size;
+    uint64_t mrs = CONN_LINGER_413_LIMITS * (uint64_t)c->io->srv->cfg->max_request_size;
     int ms = c->shed ? CONN_SHED_LINGER_MS : c->status == 413 ? CONN_LINGER_413_MS : CONN_LINGER_MS;
     c->discard_max = c->shed ? CONN_SHED_LINGER_BYTES
                      : c->status == 413 ? (mrs > CONN_LINGER_413_MIN_BYTES ? mrs : CONN_LINGER_413_MIN_BYTES)
@@ -347,9 +350,23 @@ static void conn_free(void *arg) {
     event_free(c->timer);
     event_free(c->kick);
     if (c->writable) event_free(c->writable);
-    if (c->counted) atomic_fetch_sub(&c->io->srv->conns, 1);
+    if (c->counted) http_server_conn_release(c->io->srv);
     free(c);
 }
+
+int http_server_conn_admit(http_server_t *s, const char *front) {
+    if (atomic_fetch_add(&s->conns, 1) < s->max_conns) return 1;
+    atomic_fetch_sub(&s->conns, 1);
+    unsigned n;
+    if (ratelog_due(&shed_log, &n))
+        log_warn("shed %u connection%s in the last %llu s (the last: %s): %d open, --max-connections %d", n,
+                 n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, front, atomic_load(&s->conns), s->max_conns);
+    return 0;
+}
+
+void http_server_conn_release(http_server_t *s) { atomic_fetch_sub(&s->conns, 1); }
+
+int http_server_max_connections(const http_server_t *s) { return s->max_conns; }
 
 /* evhttp's bevcb: the bufferevent of a connection just accepted (its socket
  * is set by evhttp right after). Over --max-connections the connection is
@@ -387,13 +404,8 @@ struct bufferevent *http_conn_new(struct event_base *base, void *arg) {
     void *farg;
     bufferevent_getcb(c->sock, &rcb, NULL, &ecb, &farg);
     bufferevent_setcb(c->sock, rcb, NULL, ecb, farg);
-    if (atomic_fetch_add(&s->conns, 1) >= s->max_conns) {
-        atomic_fetch_sub(&s->conns, 1);
+    if (!http_server_conn_admit(s, "HTTP, answered 503")) {
         c->shed = 1;
-        unsigned n;
-        if (ratelog_due(&shed_log, &n))
-            log_warn("shed %u connection%s with 503 in the last %llu s: %d open, --max-connections %d", n,
-                     n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, atomic_load(&s->conns), s->max_conns);
         char msg[200];
         snprintf(msg, sizeof msg, "the server has --max-connections (%d) connections open: try again later", s->max_conns);
         conn_fail(c, 503, msg);

@@ -634,3 +634,80 @@ def test_more_than_256_inputs_all_keyed(make_server, wide_repo):
     assert run(2.0)[299] == 2.0
     st = stats(s.url, "wide")
     assert st["exec"] == 2 and st["hit"] == 1
+
+
+class HostileRedis:
+    """A fake Redis that answers GETRANGE with a bulk reply announced as 1 GiB
+    and then trickles its bytes: it records, per connection, the bytes it got
+    out before kiln closed the connection (None while open)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.sent_before_close = []
+        self.stopping = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopping:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            i = len(self.sent_before_close)
+            self.sent_before_close.append(None)
+            threading.Thread(target=self._serve, args=(c, i), daemon=True).start()
+
+    def _serve(self, c, i):
+        import select
+        got, sent = b"", 0
+        c.settimeout(30)
+        try:
+            while b"GETRANGE" not in got:
+                b = c.recv(65536)
+                if not b:
+                    self.sent_before_close[i] = sent
+                    return
+                got += b
+            c.sendall(b"$1073741824\r\n")
+            while not self.stopping and sent < (64 << 20):
+                r, _, _ = select.select([c], [], [], 0.02)
+                if r and not c.recv(65536, socket.MSG_PEEK):
+                    break  # kiln closed it
+                if r:
+                    c.recv(65536)  # a later command (SET): never answered
+                c.sendall(b"x" * 4096)
+                sent += 4096
+        except OSError:
+            pass
+        self.sent_before_close[i] = sent
+        c.close()
+
+    def close(self):
+        self.stopping = True
+        self.sock.close()
+
+
+def test_hostile_redis_bulk_reply_is_not_buffered(make_server, cache_repo):
+    """A Redis server that announces a 1 GiB bulk reply: kiln drops the
+    connection at the announcement (no more than its largest value is ever
+    buffered), answers the request itself (fail open) and keeps serving."""
+    fake = HostileRedis()
+    try:
+        s = make_server(cache_repo, "--cache-size", "0", "--redis-url", f"redis://127.0.0.1:{fake.port}")
+        wait_connected(s)
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(n is not None for n in fake.sent_before_close):
+            time.sleep(0.05)
+        closed = [n for n in fake.sent_before_close if n is not None]
+        assert closed, "kiln kept reading a 1 GiB bulk reply"
+        assert max(closed) < (1 << 20), closed  # dropped at the announcement, not after the bytes
+        assert "sent a reply longer than any kiln asks for" in s.text()
+        np.testing.assert_array_equal(infer(s.url, "double", x + 1), 2 * (x + 1))
+        assert s.proc.poll() is None
+    finally:
+        fake.close()

@@ -839,9 +839,9 @@ def test_header_list_too_large(server, gclient):
 
 
 def test_connection_buffer_bound(make_server, repo):
-    """Calls whose messages never finish hold at most 4 messages' worth of
-    bytes on one connection: the call past it gets RESOURCE_EXHAUSTED, the
-    others and the connection go on."""
+    """Calls whose messages never finish hold at most --grpc-max-buffered-bytes
+    (by default 2 messages' worth) on one connection: the call past it gets
+    RESOURCE_EXHAUSTED and a RST_STREAM, the others and the connection go on."""
     s = make_server(repo, "--grpc-max-message-size", "64K")
     c = h2frames.Conn(s.grpc_url())
     block = h2frames.header_block(h2frames.grpc_headers(INFER))
@@ -850,11 +850,13 @@ def test_connection_buffer_bound(make_server, repo):
         c.send(h2frames.frame(h2frames.HEADERS, h2frames.END_HEADERS, sid, block))
         for k in range(4):  # 60 000 bytes in 15 000-byte DATA frames, no END_STREAM
             c.send(h2frames.frame(h2frames.DATA, 0, sid, part if k == 0 else b"\x0a" * 15000))
-    assert c.wait(lambda fr: c.ended(9))
-    block9 = [f for f in c.frames if f[2] == 9 and f[0] == h2frames.HEADERS][-1][3]
-    assert b"\x018" in block9  # grpc-status 8, RESOURCE_EXHAUSTED
-    assert not any(c.ended(sid) for sid in (1, 3, 5, 7))
-    c.send(b"".join(h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08") for sid in (1, 3, 5, 7)))
+    assert c.wait(lambda fr: all(c.ended(sid) for sid in (5, 7, 9)))
+    block5 = [f for f in c.frames if f[2] == 5 and f[0] == h2frames.HEADERS][-1][3]
+    assert b"\x018" in block5  # grpc-status 8, RESOURCE_EXHAUSTED (7 and 9 repeat it from the HPACK table)
+    for sid in (5, 7, 9):
+        assert any(f[2] == sid and f[0] == h2frames.RST_STREAM and f[3] == b"\x00\x00\x00\x00" for f in c.frames)
+    assert not any(c.ended(sid) for sid in (1, 3))
+    c.send(b"".join(h2frames.frame(h2frames.RST_STREAM, 0, sid, b"\x00\x00\x00\x08") for sid in (1, 3)))
     c.call(11, "/inference.GRPCInferenceService/ServerLive", b"")
     assert c.wait(lambda fr: any(f[2] == 11 and f[0] == h2frames.DATA and f[3] for f in fr))
     c.close()

@@ -360,3 +360,72 @@ def test_fd_exhaustion_stays_bounded(tmp_path, repo, max_connections, monkeypatc
         rc = s.stop()
     assert s.sanitizer_report() is None, s.sanitizer_report()
     assert rc == 0, s.text()
+
+
+GOOD_INFER = b'{"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}'
+
+
+@pytest.mark.parametrize("accept, coding", [
+    ("gzip", "gzip"), ("gzip;q=0", None), ("GZIP; Q=0.000", None), ("deflate", "deflate"),
+    ("gzip;q=0.1, deflate;q=0.5", "deflate"), ("deflate;q=0.5, gzip;q=0.5", "gzip"), ("*", "gzip"),
+    ("gzip;q=0, *", "deflate"), ("*;q=0", None), ("identity;q=0", None), ("identity", None),
+    ("br, gzip;q=0.2", "gzip"), ("gzip;q=2", None), ("gzip;q=abc, deflate", "deflate"), ("", None),
+])
+def test_accept_encoding_q_values(server, accept, coding):
+    """Accept-Encoding is read with its q-values (RFC 9110 12.5.3): a coding
+    at q=0 is refused, the highest acceptable one wins (gzip on a tie), and
+    with none acceptable the answer goes out uncompressed."""
+    import gzip as gz
+    import zlib as zl
+    status, headers, raw = raw_request(server.url, "POST", "/v2/models/tiny/infer", GOOD_INFER,
+                                       {"Content-Type": "application/json", "Accept-Encoding": accept})
+    assert status == 200
+    assert headers.get("Content-Encoding") == coding, (accept, headers)
+    body = gz.decompress(raw) if coding == "gzip" else zl.decompress(raw) if coding == "deflate" else raw
+    assert json.loads(body)["outputs"][0]["name"] == "probs"
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+def test_bytes_after_compressed_body_refused(server, coding):
+    """A request body with bytes after the end of its gzip member or zlib
+    stream (another member, garbage) is a 400 that says so, not a body
+    read short."""
+    import gzip as gz
+    import zlib as zl
+    pack = gz.compress if coding == "gzip" else zl.compress
+    headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+    for tail in (b"junk", pack(b" ")):
+        status, _, raw = raw_request(server.url, "POST", "/v2/models/tiny/infer", pack(GOOD_INFER) + tail, headers)
+        assert status == 400, raw
+        msg = json.loads(raw)["error"]
+        assert f"{len(tail)} bytes after the end of its {coding} data" in msg, msg
+    status, _, _ = raw_request(server.url, "POST", "/v2/models/tiny/infer", pack(GOOD_INFER), headers)
+    assert status == 200
+
+
+def test_header_length_past_the_body_named(server):
+    """An Inference-Header-Content-Length larger than the body is reported as
+    such, not as a NUL byte in the JSON."""
+    body = GOOD_INFER + b"\0\0\0\0"
+    for hl in (len(body) + 1, 1 << 40):
+        status, _, raw = raw_request(server.url, "POST", "/v2/models/tiny/infer", body,
+                                     {"Content-Type": "application/octet-stream",
+                                      "Inference-Header-Content-Length": str(hl)})
+        assert status == 400
+        msg = json.loads(raw)["error"]
+        assert f"Inference-Header-Content-Length ({hl}) exceeds the request body ({len(body)} bytes)" in msg, msg
+        assert "NUL" not in msg
+    assert_serves(server)
+
+
+def test_413_reaches_http_client_after_the_whole_body(make_server, repo):
+    """Python's http.client sends the whole body before it reads: a body far
+    over --max-request-size (here 40 MiB against 64 KiB) is read and dropped
+    after the 413 (up to 4 x the limit or 64 MiB), so the client reads the
+    413 instead of a broken pipe."""
+    s = make_server(repo, "--max-request-size", "65536")
+    status, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", b"[" * (40 << 20),
+                                 {"Content-Type": "application/json"})
+    assert status == 413
+    assert "max-request-size" in json.loads(raw)["error"]
+    assert_serves(s)
