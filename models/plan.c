@@ -1138,10 +1138,9 @@ uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs, uint64_t 
             h = (h ^ (uint64_t)inputs[i].dims[d]) * 1099511628211ull;
         if (i < 64 && (bind_values >> i & 1) && inputs[i].data && inputs[i].dtype == DT_STRING) {
             const struct tensor_str *sv = tensor_strs(&inputs[i]);
-            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++) {
-                for (size_t k = 0; k < sv[e].len; k++) h = (h ^ (unsigned char)sv[e].p[k]) * 1099511628211ull;
-                h = (h ^ (0x100 + sv[e].len)) * 1099511628211ull; /* the end of a string: "ab","c" differs from "a","bc" */
-            }
+            /* Each element's bytes and length: "ab","c" differs from "a","bc", "a\0" from "a". */
+            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++)
+                h = ((h ^ tensor_str_hash(sv[e])) * 1099511628211ull ^ sv[e].len) * 1099511628211ull;
         } else if (i < 64 && (bind_values >> i & 1) && inputs[i].data) {
             const unsigned char *b = inputs[i].data;
             size_t nb = tensor_nbytes(&inputs[i]);

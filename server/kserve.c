@@ -198,7 +198,8 @@ static int64_t count_leaves(const cJSON *a, int depth) {
  * request whose JSON holds a NUL (escaped, or raw where the transport lets
  * one through) is therefore rewritten before cJSON reads it so that no
  * string decodes to a NUL: inside strings a NUL becomes the bytes 0x01 '0'
- * and a 0x01 becomes 0x01 0x01 (written as escapes). After the parse
+ * and a 0x01 becomes 0x01 0x01 (escaped ones as escapes, raw ones raw, which
+ * cJSON copies as they are: the text at most doubles). After the parse
  * json_nul_decode undoes that in place, keeps each string's length in the
  * node's valuedouble (which cJSON leaves 0 in a string node) and refuses a
  * NUL anywhere but in the strings of a 'data' array (BYTES elements): in a
@@ -206,7 +207,8 @@ static int64_t count_leaves(const cJSON *a, int depth) {
  * nearly all, skip both steps; in those that have one, a JSON error's byte
  * offset counts the rewritten text. */
 
-static const char nul_as[] = "\\u00010", one_as[] = "\\u0001\\u0001";
+static const char nul_as[] = "\\u00010", one_as[] = "\\u0001\\u0001", raw_nul_as[] = "\x01" "0",
+                  raw_one_as[] = "\x01\x01";
 
 static int json_may_hold_nul(const void *text, size_t len) {
     return memchr(text, 0, len) || memmem(text, len, "\\u0000", 6);
@@ -232,7 +234,7 @@ static char *nul_escape(const char *text, size_t len, const void *tail, size_t t
                 rep = text[i + 5] == '0' ? nul_as : one_as;
                 adv = 6;
             } else if (c == '\\') adv = len - i >= 2 ? 2 : 1; /* any other escape is copied whole */
-            else if (c <= 1) rep = c ? one_as : nul_as;
+            else if (c <= 1) rep = c ? raw_one_as : raw_nul_as;
             size_t n = rep ? strlen(rep) : adv;
             if (out) memcpy(out + o, rep ? rep : text + i, n);
             o += n;

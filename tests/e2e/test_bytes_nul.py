@@ -76,12 +76,20 @@ def _text_graph():
         [oh.make_tensor("c_admin", TP.STRING, [], [b"admin"])])
 
 
+def _split_graph():
+    return oh.make_graph(
+        [oh.make_node("StringSplit", ["s"], ["pieces", "count"], delimiter=",")],
+        "split", [oh.make_tensor_value_info("s", TP.STRING, ["C"])],
+        [oh.make_tensor_value_info("pieces", TP.STRING, ["C", "P"]), oh.make_tensor_value_info("count", TP.INT64, ["C"])])
+
+
 @pytest.fixture(scope="module")
 def nul_repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("nul_repo")
     _save(root, "nul", _nul_graph(), BATCHED, opset=20)
     _save(root, "nul_cached", _nul_graph(), CACHED, opset=20)
     _save(root, "text", _text_graph(), {"max_batch_size": 0}, opset=20)
+    _save(root, "split", _split_graph(), {"max_batch_size": 0}, opset=20)
     return root
 
 
@@ -350,6 +358,24 @@ def test_string_ops_compare_every_byte(nul_server):
         assert res.as_numpy("word").tolist() == [re.fullmatch("[a-zA-Z]+", w) is not None for w in words]
         assert res.as_numpy("dotted").tolist() == [re.fullmatch("a.b", w) is not None for w in words]
         assert res.as_numpy("admin").tolist() == [w == "admin" for w in words]
+    finally:
+        c.close()
+
+
+def test_split_plans_are_per_value_every_byte(nul_server):
+    """StringSplit's output shape depends on the input's values, so kiln
+    builds a plan per value: values that differ only after a NUL get plans
+    of their own, and each answer is Python's split of the bytes sent."""
+    c = httpclient.InferenceServerClient(nul_server.url)
+    try:
+        for words in ([b"a,b\x00,c", b"x"], [b"a,b", b"x"], [b"a,b\x00", b"x"], [b"a,b\x00,c", b"x"], [b"\x00,", b""]):
+            i = httpclient.InferInput("s", [len(words)], "BYTES")
+            i.set_data_from_numpy(np.array(words, dtype=np.object_), binary_data=True)
+            res = c.infer("split", [i])
+            parts = [w.split(b",") if w else [b""] for w in words]
+            width = max(len(p) for p in parts)
+            assert res.as_numpy("count").tolist() == [len(p) for p in parts]
+            assert [_as_bytes(r) for r in res.as_numpy("pieces")] == [p + [b""] * (width - len(p)) for p in parts]
     finally:
         c.close()
 
