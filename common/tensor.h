@@ -37,8 +37,10 @@
  * its executor's string pool (kernels/ops.h), which lives until the outputs
  * are copied out: such a view is never freed and leaves the plan only as a
  * copy made by tensor_strings_pack. Copying the struct copies a borrowed
- * view; tensor_copy_rows and tensor_strings_pack make owned copies. An
- * element's p may be NULL only when its len is 0.
+ * view; tensor_copy_rows and tensor_strings_pack make owned copies. In a
+ * view a string need not be followed by a NUL (StringSplit's pieces point
+ * into their input's bytes), and an element's p may be NULL when its len is
+ * 0: only an owned block promises the NUL.
  *
  * On the wire (KServe's binary tensor extension) and in cache values, strings
  * are length-prefixed: per element a 4-byte little-endian length and that

@@ -441,6 +441,7 @@ static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
     return -1;
 }
 
+/* grpc_strings_nul over [p, end), messages nested at most 64 deep. */
 static const char *strings_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth) {
     while (p < end && depth < 64) {
         uint64_t key, n;
@@ -451,7 +452,8 @@ static const char *strings_nul(const ProtobufCMessageDescriptor *d, const uint8_
         case 5: if (end - p < 4) return NULL; p += 4; break;
         case 2: {
             if (read_varint(&p, end, &n) || n > (uint64_t)(end - p)) return NULL;
-            const ProtobufCFieldDescriptor *f = key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+            const ProtobufCFieldDescriptor *f =
+                key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
             if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n)) return f->name;
             if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
                 const char *bad = strings_nul(f->descriptor, p, p + n, depth + 1);

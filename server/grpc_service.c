@@ -24,8 +24,9 @@
 #define SERVICE "/inference.GRPCInferenceService/"
 #define HEALTH "/grpc.health.v1.Health/"
 
-/* A request message that does not parse is the client's error. */
-/* A string field with a NUL would be read up to it (grpc_strings_nul). */
+/* A request message that does not parse is the client's error; so is one
+ * whose string fields hold a NUL, which protobuf-c would read up to it
+ * (grpc_strings_nul): "tiny\0x" must not name model tiny. */
 #define UNPACK(type, fn, st, msg, len)                                                                      \
     type *req = fn(NULL, len, msg);                                                                          \
     if (!req) {                                                                                              \

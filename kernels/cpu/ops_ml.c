@@ -1071,8 +1071,7 @@ static struct tensor_str le_default_str(const struct graph_node *nd) {
 /* Finds the keys and values of any opset's attribute spelling; string
  * attributes come back in *kc / *vc with the tensor's data NULL. */
 static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals, const struct graph_attr **kc,
-                    const struct graph_attr **vc,
-                    unsigned char *dflt) {
+                    const struct graph_attr **vc, unsigned char *dflt) {
     const struct graph_node *nd = c->node;
     const struct graph_attr *a;
     memset(keys, 0, sizeof *keys);
