@@ -18,7 +18,7 @@ static const struct {
     [DT_INT16] = {2, "INT16", "TYPE_INT16", "int16"},
     [DT_INT32] = {4, "INT32", "TYPE_INT32", "int32"},
     [DT_INT64] = {8, "INT64", "TYPE_INT64", "int64"},
-    [DT_STRING] = {sizeof(char *), "BYTES", "TYPE_STRING", "string"},
+    [DT_STRING] = {sizeof(struct tensor_str), "BYTES", "TYPE_STRING", "string"},
     [DT_BOOL] = {1, "BOOL", "TYPE_BOOL", "bool"},
     [DT_FP16] = {2, "FP16", "TYPE_FP16", "float16"},
     [DT_FP64] = {8, "FP64", "TYPE_FP64", "double"},
@@ -114,9 +114,11 @@ static void *alloc_block(size_t n) {
 
 static size_t add_sat(size_t a, size_t b) { return a > SIZE_MAX - b ? SIZE_MAX : a + b; }
 
-static size_t strings_size(char *const *s, int64_t n) {
-    size_t total = (uint64_t)n > SIZE_MAX / sizeof(char *) ? SIZE_MAX : (size_t)n * sizeof(char *);
-    for (int64_t i = 0; i < n && total != SIZE_MAX; i++) total = add_sat(total, (s[i] ? strlen(s[i]) : 0) + 1);
+/* Bytes of n elements and their strings, each with its NUL. */
+static size_t strings_size(const struct tensor_str *s, int64_t n) {
+    const size_t es = sizeof(struct tensor_str);
+    size_t total = (uint64_t)n > SIZE_MAX / es ? SIZE_MAX : (size_t)n * es;
+    for (int64_t i = 0; i < n && total != SIZE_MAX; i++) total = add_sat(total, add_sat(s[i].len, 1));
     return total;
 }
 
@@ -124,7 +126,7 @@ size_t tensor_data_size(const struct tensor *t) {
     if (t->dtype != DT_STRING) return tensor_nbytes(t);
     int64_t n = tensor_numel(t);
     if (n < 0 || n == INT64_MAX) return SIZE_MAX;
-    return strings_size(t->data, n);
+    return strings_size(tensor_strs(t), n);
 }
 
 int tensor_alloc_data(struct tensor *t) {
@@ -138,32 +140,40 @@ void tensor_free_data(struct tensor *t) {
     t->data = NULL;
 }
 
-/* Fills block (n pointers, then room for the bytes) with s[0..n); returns
- * the end of the bytes written. */
-static char *strings_write(char **block, const char *const *s, const size_t *len, int64_t n) {
-    char *w = (char *)(block + n);
+int tensor_str_cmp(struct tensor_str a, struct tensor_str b) {
+    size_t n = a.len < b.len ? a.len : b.len;
+    int c = n ? memcmp(a.p, b.p, n) : 0;
+    if (c) return c;
+    return a.len < b.len ? -1 : a.len > b.len;
+}
+
+uint64_t tensor_str_hash(struct tensor_str s) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < s.len; i++) h = (h ^ (uint8_t)s.p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* Writes s[0..n) as elements at el, their bytes (each with a NUL) from w;
+ * returns the end of the bytes written. */
+static char *strings_write(struct tensor_str *el, char *w, const struct tensor_str *s, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
-        const char *x = s[i] ? s[i] : "";
-        size_t l = len ? strnlen(x, len[i]) : strlen(x);
-        memcpy(w, x, l);
+        size_t l = s[i].len;
+        if (l) memcpy(w, s[i].p, l);
         w[l] = 0;
-        block[i] = w;
+        el[i].p = w;
+        el[i].len = l;
         w += l + 1;
     }
     return w;
 }
 
-int tensor_strings_pack(struct tensor *t, const char *const *s, const size_t *len) {
+int tensor_strings_pack(struct tensor *t, const struct tensor_str *s) {
     int64_t n = tensor_numel(t);
-    if (n < 0 || n == INT64_MAX || (uint64_t)n > SIZE_MAX / sizeof(char *)) return STATUS_NOMEM;
-    size_t total = (size_t)n * sizeof(char *);
-    for (int64_t i = 0; i < n; i++) {
-        const char *x = s[i] ? s[i] : "";
-        total = add_sat(total, (len ? strnlen(x, len[i]) : strlen(x)) + 1);
-    }
-    char **block = total == SIZE_MAX ? NULL : alloc_block(total);
+    if (n < 0 || n == INT64_MAX) return STATUS_NOMEM;
+    size_t total = strings_size(s, n);
+    struct tensor_str *block = total == SIZE_MAX ? NULL : alloc_block(total);
     if (!block) return STATUS_NOMEM;
-    strings_write(block, s, len, n);
+    strings_write(block, (char *)(block + n), s, n);
     t->data = block;
     return 0;
 }
@@ -187,7 +197,7 @@ size_t tensor_rows_size(const struct tensor_rows *src, int n) {
         if (!rows_valid(r)) return SIZE_MAX;
         int64_t e = row_elems(r->t);
         if (r->t->dtype == DT_STRING)
-            total = add_sat(total, strings_size((char *const *)r->t->data + r->first * e, r->count * e));
+            total = add_sat(total, strings_size(tensor_strs(r->t) + r->first * e, r->count * e));
         else
             total = add_sat(total, (size_t)(r->count * e) * dtype_size(r->t->dtype));
     }
@@ -204,21 +214,13 @@ int tensor_rows_write(struct tensor *dst, void *buf, size_t cap, const struct te
     for (int k = 0; k < n; k++) d.dims[0] += src[k].count;
     int64_t e = row_elems(t0);
     if (t0->dtype == DT_STRING) {
-        char **block = buf;
-        int64_t total = d.dims[0] * e;
-        /* Strings go after all the pointers, so each range's are written at
+        struct tensor_str *el = buf;
+        /* Strings go after all the elements, so each range's are written at
          * the end of the previous range's bytes. */
-        char **ptr = block;
-        char *w = (char *)(block + total);
+        char *w = (char *)(el + d.dims[0] * e);
         for (int k = 0; k < n; k++) {
-            char *const *s = (char *const *)src[k].t->data + src[k].first * e;
-            for (int64_t i = 0; i < src[k].count * e; i++) {
-                size_t l = s[i] ? strlen(s[i]) : 0;
-                if (l) memcpy(w, s[i], l);
-                w[l] = 0;
-                *ptr++ = w;
-                w += l + 1;
-            }
+            w = strings_write(el, w, tensor_strs(src[k].t) + src[k].first * e, src[k].count * e);
+            el += src[k].count * e;
         }
     } else {
         char *w = buf;
@@ -288,13 +290,13 @@ int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *use
 int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, char *err, size_t err_len) {
     t->data = NULL;
     int64_t n = tensor_numel(t);
-    if (n < 0 || n == INT64_MAX || (uint64_t)n > SIZE_MAX / sizeof(char *))
+    if (n < 0 || n == INT64_MAX || (uint64_t)n > SIZE_MAX / sizeof(struct tensor_str))
         return status_set(err, err_len, STATUS_INVALID, "a string tensor of %lld elements is too large", (long long)n);
     int rc = tensor_strings_check(buf, len, n, NULL, err, err_len);
     if (rc) return rc;
-    /* Pointers, then each element's bytes and a NUL: len + n bytes hold them. */
-    size_t total = add_sat((size_t)n * sizeof(char *), add_sat(len, (size_t)n));
-    char **block = total == SIZE_MAX ? NULL : alloc_block(total);
+    /* Elements, then each element's bytes and a NUL: len + n bytes hold them. */
+    size_t total = add_sat((size_t)n * sizeof(struct tensor_str), add_sat(len, (size_t)n));
+    struct tensor_str *block = total == SIZE_MAX ? NULL : alloc_block(total);
     if (!block) return status_set(err, err_len, STATUS_NOMEM, "out of memory for %lld strings", (long long)n);
     const uint8_t *p = buf;
     char *w = (char *)(block + n);
@@ -303,7 +305,8 @@ int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, 
         p += 4;
         if (l) memcpy(w, p, l);
         w[l] = 0;
-        block[i] = w;
+        block[i].p = w;
+        block[i].len = l;
         p += l;
         w += l + 1;
     }
@@ -314,27 +317,26 @@ int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, 
 size_t tensor_strings_prefixed_size(const struct tensor *t) {
     int64_t n = tensor_numel(t);
     if (n < 0 || n == INT64_MAX) return SIZE_MAX;
-    char *const *s = t->data;
+    const struct tensor_str *s = tensor_strs(t);
     size_t total = 0;
     for (int64_t i = 0; i < n; i++) {
-        size_t l = s[i] ? strlen(s[i]) : 0;
-        if (l > UINT32_MAX) return SIZE_MAX;
-        total = add_sat(total, 4 + l);
+        if (s[i].len > UINT32_MAX) return SIZE_MAX;
+        total = add_sat(total, 4 + s[i].len);
     }
     return total;
 }
 
 void tensor_strings_prefixed_write(const struct tensor *t, void *out) {
     int64_t n = tensor_numel(t);
-    char *const *s = t->data;
+    const struct tensor_str *s = tensor_strs(t);
     uint8_t *w = out;
     for (int64_t i = 0; i < n; i++) {
-        uint32_t l = s[i] ? (uint32_t)strlen(s[i]) : 0;
+        uint32_t l = (uint32_t)s[i].len;
         w[0] = (uint8_t)l;
         w[1] = (uint8_t)(l >> 8);
         w[2] = (uint8_t)(l >> 16);
         w[3] = (uint8_t)(l >> 24);
-        if (l) memcpy(w + 4, s[i], l);
+        if (l) memcpy(w + 4, s[i].p, l);
         w += 4 + l;
     }
 }

@@ -22,18 +22,25 @@
  *   Transpose, Gather, batching rows...) addresses whole bytes. The KServe
  *   protocol has no datatype for any of them: they live inside a graph only.
  *
- *   DT_STRING: numel pointers (char *), then the strings' bytes, each
- *   NUL-terminated, in element order; pointer i points into the same block
- *   at string i. A string's length is strlen(): a BYTES element ends at its
- *   first NUL byte. tensor_data_size() gives the block's size.
+ *   DT_STRING: numel struct tensor_str {p, len} elements, then the
+ *   strings' bytes in element order, each followed by a NUL; element i's p
+ *   points into the same block at string i. A BYTES element is len bytes of
+ *   any value, NUL included: the length is the truth and the NUL after it
+ *   only spares a consumer that wants a C string a copy (it never ends a
+ *   string early). tensor_data_size() gives the block's size.
  *
- * Every reader of a string tensor sees a char *[numel]. A string tensor in a
- * plan's arena (a kernel's output) is that pointer array alone, pointing at
- * strings owned by constants, attributes or inputs that outlive it, or made
- * by the kernel in its executor's string pool (kernels/ops.h), which lives
- * until the outputs are copied out: such a view is never freed and leaves the plan only as a copy made by
- * tensor_strings_pack. Copying the struct copies a borrowed view;
- * tensor_copy_rows and tensor_strings_pack make owned copies.
+ * Every reader of a string tensor sees a struct tensor_str[numel]
+ * (tensor_strs) and compares, hashes and copies len bytes; nothing calls
+ * strlen on tensor data. A string tensor in a plan's arena (a kernel's
+ * output) is that element array alone, pointing at strings owned by
+ * constants, attributes or inputs that outlive it, or made by the kernel in
+ * its executor's string pool (kernels/ops.h), which lives until the outputs
+ * are copied out: such a view is never freed and leaves the plan only as a
+ * copy made by tensor_strings_pack. Copying the struct copies a borrowed
+ * view; tensor_copy_rows and tensor_strings_pack make owned copies. In a
+ * view a string need not be followed by a NUL (StringSplit's pieces point
+ * into their input's bytes), and an element's p may be NULL when its len is
+ * 0: only an owned block promises the NUL.
  *
  * On the wire (KServe's binary tensor extension) and in cache values, strings
  * are length-prefixed: per element a 4-byte little-endian length and that
@@ -44,6 +51,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define TENSOR_MAX_DIMS 8
 
@@ -56,7 +64,7 @@ enum dtype {
     DT_INT16 = 5,
     DT_INT32 = 6,
     DT_INT64 = 7,
-    DT_STRING = 8, /* char *[numel] then the strings, in one block: see "data layout" below */
+    DT_STRING = 8, /* struct tensor_str[numel] then the strings, in one block: see "data layout" above */
     DT_BOOL = 9,   /* one byte, 0 or 1 */
     DT_FP16 = 10,
     DT_FP64 = 11,
@@ -83,7 +91,32 @@ struct tensor {
     void *data;
 };
 
-/* Size of one element in bytes; 0 for DT_UNDEFINED, sizeof(char *) for DT_STRING. */
+/* One DT_STRING element: len bytes at p, any byte values. */
+struct tensor_str {
+    const char *p;
+    size_t len;
+};
+
+/* The elements of a DT_STRING tensor. */
+static inline const struct tensor_str *tensor_strs(const struct tensor *t) {
+    return (const struct tensor_str *)t->data;
+}
+static inline struct tensor_str *tensor_strs_mut(struct tensor *t) { return (struct tensor_str *)t->data; }
+/* A C string (a literal, an attribute, a name) as an element. */
+static inline struct tensor_str tensor_str_of(const char *s) {
+    struct tensor_str r = {s ? s : "", s ? strlen(s) : 0};
+    return r;
+}
+/* 1 if a and b hold the same bytes. */
+static inline int tensor_str_eq(struct tensor_str a, struct tensor_str b) {
+    return a.len == b.len && (a.len == 0 || memcmp(a.p, b.p, a.len) == 0);
+}
+/* Byte-wise order (as unsigned bytes), a shorter prefix first: <0, 0, >0. */
+int tensor_str_cmp(struct tensor_str a, struct tensor_str b);
+/* FNV-1a over the bytes: equal strings hash equal, NULs included. */
+uint64_t tensor_str_hash(struct tensor_str s);
+
+/* Size of one element in bytes; 0 for DT_UNDEFINED, sizeof(struct tensor_str) for DT_STRING. */
 size_t dtype_size(enum dtype dt);
 /* Bits per element in ONNX's serialized form: 4 for int4, uint4 and
  * float4e2m1, 2 for int2 and uint2, 8 * dtype_size otherwise (0 if unknown). */
@@ -112,7 +145,7 @@ int tensor_same_shape(const struct tensor *a, const struct tensor *b);
  * All functions here are thread-safe (they touch only their arguments). */
 
 /* Bytes of t's data block in the layout above: tensor_nbytes() for
- * fixed-size dtypes; for DT_STRING (t->data must be set) the pointers plus
+ * fixed-size dtypes; for DT_STRING (t->data must be set) the elements plus
  * every string with its NUL. SIZE_MAX on overflow. */
 size_t tensor_data_size(const struct tensor *t);
 
@@ -126,12 +159,10 @@ int tensor_alloc_data(struct tensor *t);
 void tensor_free_data(struct tensor *t);
 
 /* Makes t->data a new owned block of strings s[0..numel) (numel from t's
- * dims; t->dtype must be DT_STRING). len[i] is s[i]'s length, or with len
- * NULL strlen(s[i]); a NULL s[i] is "". The bytes are copied up to len[i] or
- * their first NUL, whichever comes first. The previous t->data is not freed
- * (it may be the borrowed pointer array being packed). 0, or STATUS_NOMEM
- * with t->data unchanged. */
-int tensor_strings_pack(struct tensor *t, const char *const *s, const size_t *len);
+ * dims; t->dtype must be DT_STRING): each element's len bytes are copied,
+ * NULs included. The previous t->data is not freed (it may be the borrowed
+ * element array being packed). 0, or STATUS_NOMEM with t->data unchanged. */
+int tensor_strings_pack(struct tensor *t, const struct tensor_str *s);
 
 /* Rows [first, first + count) of t along dims[0]. */
 struct tensor_rows {
@@ -144,7 +175,7 @@ struct tensor_rows {
 size_t tensor_rows_size(const struct tensor_rows *src, int n);
 
 /* Writes the n ranges one after the other into buf (cap bytes, at least
- * tensor_rows_size; suitably aligned for pointers) as one block in the
+ * tensor_rows_size; suitably aligned for pointers and size_t) as one block in the
  * layout above, and describes it in dst: dtype and dims of src[0].t with
  * dims[0] the total count, data = buf. dst does not own buf unless buf came
  * from malloc and the caller says so. STATUS_INVALID if cap is short or a

@@ -62,6 +62,7 @@ void graph_attr_clear(struct graph_attr *a) {
     if (a->strings)
         for (int i = 0; i < a->n; i++) free(a->strings[i]);
     free(a->strings);
+    free(a->lens);
     if (a->t) {
         tensor_free_data(a->t);
         free(a->t);

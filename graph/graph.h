@@ -36,7 +36,8 @@ struct graph_attr {
     int n;            /* element count for FLOATS / INTS / STRINGS */
     int64_t *ints;
     float *floats;
-    char **strings;
+    char **strings;   /* ATTR_STRINGS: each NUL-terminated, but lens says where it ends */
+    size_t *lens;     /* ATTR_STRINGS: each string's bytes (a NUL may be one); NULL: up to its NUL */
     struct tensor *t; /* ATTR_TENSOR: owned, data owned */
     /* ATTR_GRAPH (n = 1) and ATTR_GRAPHS (n graphs): owned subgraphs (If's
      * branches, Loop's and Scan's body). */
@@ -134,6 +135,14 @@ int graph_add_node(struct graph *g, const char *name, const char *op_type, const
 /* Reorders nodes topologically and sets each value's producer. Fails with a
  * message naming a node on a cycle, or a value that nothing produces. */
 int graph_toposort(struct graph *g, char *err, size_t err_len);
+
+/* String i of an ATTR_STRINGS attribute as a DT_STRING element: its
+ * counted bytes (ONNX's attribute strings are bytes, NULs included). */
+static inline struct tensor_str graph_attr_str(const struct graph_attr *a, int i) {
+    if (!a->lens) return tensor_str_of(a->strings[i]);
+    struct tensor_str s = {a->strings[i], a->lens[i]};
+    return s;
+}
 
 /* Frees what an attribute owns (its name, strings, arrays, tensor). */
 void graph_attr_clear(struct graph_attr *a);

@@ -99,7 +99,7 @@ void *op_params_alloc(struct op_call *c, size_t size);
 void op_params_free(void *params);
 
 /* Strings a kernel makes at run time (StringConcat, StringSplit, a case
- * change) for a string output, which is a pointer array (common/tensor.h):
+ * change) for a string output, which is an array of {pointer, length} (common/tensor.h):
  * the caller of run() gives each call the pool of its executor, and the
  * strings live until that executor's next run, when the pool is emptied
  * (op_strpool_reset) after its outputs were copied out. The pool keeps its

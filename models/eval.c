@@ -107,13 +107,13 @@ int eval_node(const struct graph_node *n, const struct tensor *const *in, int ni
     rc = op->run(&c);
     if (rc && err && err_len && !err[0])
         status_set(err, err_len, rc, "node '%s' (%s): kernel failed (%s)", n->name, n->op_type, status_str(rc));
-    /* A kernel writes a string output as pointers to strings its inputs,
+    /* A kernel writes a string output as elements pointing at strings its inputs,
      * attributes, state or string pool own: the result gets its own block
      * (common/tensor.h) before the state and the pool are released. */
     for (int i = 0; i < nout && !rc; i++) {
         if (out[i].dtype != DT_STRING) continue;
-        char **view = out[i].data;
-        if (tensor_strings_pack(&out[i], (const char *const *)view, NULL))
+        struct tensor_str *view = out[i].data;
+        if (tensor_strings_pack(&out[i], view))
             rc = status_set(err, err_len, STATUS_NOMEM, "node '%s' (%s): out of memory", n->name, n->op_type);
         else free(view);
     }

@@ -329,18 +329,13 @@ int onnx_tensor_from_proto(const Onnx__TensorProto *tp, const char *base_dir, st
 
     if (d == DT_STRING) {
         if (tp->n_string_data != n) return count_mismatch(name, numel, d, tp->n_string_data, "string_data", err, err_len);
-        /* ONNX strings are counted bytes: gathered as (pointer, length)
-         * pairs, then packed into the tensor's one block. */
-        const char **s = calloc(n ? n : 1, sizeof *s);
-        size_t *len = calloc(n ? n : 1, sizeof *len);
-        if (s && len)
-            for (size_t i = 0; i < n; i++) {
-                s[i] = (const char *)tp->string_data[i].data;
-                len[i] = tp->string_data[i].len;
-            }
-        rc = s && len ? tensor_strings_pack(&t, s, len) : STATUS_NOMEM;
+        /* ONNX strings are counted bytes (NULs included): gathered as
+         * elements, then packed into the tensor's one block. */
+        struct tensor_str *s = calloc(n ? n : 1, sizeof *s);
+        if (s)
+            for (size_t i = 0; i < n; i++) s[i] = (struct tensor_str){(const char *)tp->string_data[i].data, tp->string_data[i].len};
+        rc = s ? tensor_strings_pack(&t, s) : STATUS_NOMEM;
         free(s);
-        free(len);
         if (rc) return status_set(err, err_len, STATUS_NOMEM, "tensor '%s': out of memory", name);
         *out = t;
         return 0;
@@ -490,13 +485,15 @@ static int convert_attr(const Onnx__AttributeProto *ap, struct graph_attr *a, st
     case ATTR_STRINGS:
         if (ap->n_strings > INT_MAX) return status_set(err, err_len, STATUS_INVALID, "attribute '%s' too long", an);
         a->strings = calloc(ap->n_strings ? ap->n_strings : 1, sizeof(char *));
-        if (!a->strings) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        a->lens = calloc(ap->n_strings ? ap->n_strings : 1, sizeof(size_t));
+        if (!a->strings || !a->lens) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
         for (size_t i = 0; i < ap->n_strings; i++) {
             a->strings[i] = malloc(ap->strings[i].len + 1);
             if (!a->strings[i]) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
             a->n = (int)i + 1; /* so that graph_free sees every string made so far */
             if (ap->strings[i].len) memcpy(a->strings[i], ap->strings[i].data, ap->strings[i].len);
             a->strings[i][ap->strings[i].len] = 0;
+            a->lens[i] = ap->strings[i].len;
         }
         a->n = (int)ap->n_strings;
         break;

@@ -431,7 +431,7 @@ static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bin
         if (i < 64 && (bind_values >> i & 1)) {
             size_t nb = tensor_nbytes(&pv->t);
             if (pv->t.dtype == DT_STRING) {
-                if (tensor_strings_pack(&pv->t, inputs[i].data, NULL)) return build_nomem(err, err_len);
+                if (tensor_strings_pack(&pv->t, tensor_strs(&inputs[i]))) return build_nomem(err, err_len);
             } else {
                 pv->t.data = malloc(nb ? nb : 1);
                 if (!pv->t.data) return build_nomem(err, err_len);
@@ -1162,11 +1162,10 @@ uint64_t plan_signature_hash(const struct tensor *inputs, int ninputs, uint64_t 
         for (int d = 0; d < inputs[i].ndim && d < TENSOR_MAX_DIMS; d++)
             h = (h ^ (uint64_t)inputs[i].dims[d]) * 1099511628211ull;
         if (i < 64 && (bind_values >> i & 1) && inputs[i].data && inputs[i].dtype == DT_STRING) {
-            char *const *sv = inputs[i].data;
-            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++) {
-                for (const unsigned char *b = (const unsigned char *)sv[e]; *b; b++) h = (h ^ *b) * 1099511628211ull;
-                h = (h ^ 0x100) * 1099511628211ull; /* the end of a string: "ab","c" differs from "a","bc" */
-            }
+            const struct tensor_str *sv = tensor_strs(&inputs[i]);
+            /* Each element's bytes and length: "ab","c" differs from "a","bc", "a\0" from "a". */
+            for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++)
+                h = ((h ^ tensor_str_hash(sv[e])) * 1099511628211ull ^ sv[e].len) * 1099511628211ull;
         } else if (i < 64 && (bind_values >> i & 1) && inputs[i].data) {
             const unsigned char *b = inputs[i].data;
             size_t nb = tensor_nbytes(&inputs[i]);
@@ -1185,9 +1184,9 @@ int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs)
         if (!p->sig[i].data) continue;
         if (!inputs[i].data) return 0;
         if (inputs[i].dtype == DT_STRING) {
-            char *const *a = inputs[i].data, *const *b = p->sig[i].data;
+            const struct tensor_str *a = tensor_strs(&inputs[i]), *b = tensor_strs(&p->sig[i]);
             for (int64_t e = 0, ne = tensor_numel(&inputs[i]); e < ne; e++)
-                if (strcmp(a[e], b[e])) return 0;
+                if (!tensor_str_eq(a[e], b[e])) return 0;
         } else if (memcmp(inputs[i].data, p->sig[i].data, tensor_nbytes(&inputs[i]))) {
             return 0;
         }
@@ -1440,10 +1439,10 @@ static int copy_output(struct plan_exec *x, struct plan *p, int o, struct tensor
     else if (pv->kind == PLAN_VALUE_INPUT) from = inputs[pv->input].data;
     else if (pv->kind == PLAN_VALUE_ARENA && x->host) from = src->data;
     if (pv->t.dtype == DT_STRING) {
-        /* The arena holds pointers to strings owned elsewhere: the output
-         * gets its own block (common/tensor.h). */
+        /* The arena holds elements pointing at strings owned elsewhere:
+         * the output gets its own block (common/tensor.h). */
         if (!from) return status_set(err, err_len, STATUS_UNSUPPORTED, "output '%s': strings on a device backend", g->values[v].name);
-        if (tensor_strings_pack(dst, from, NULL))
+        if (tensor_strings_pack(dst, from))
             return status_set(err, err_len, STATUS_NOMEM, "out of memory for output '%s'", g->values[v].name);
         return 0;
     }

@@ -53,7 +53,7 @@ static int vr_init(struct vr *r, const struct graph *g, const struct tensor *inp
 static int copy_owned(struct tensor *dst, const struct tensor *src) {
     *dst = *src;
     dst->data = NULL;
-    if (src->dtype == DT_STRING) return tensor_strings_pack(dst, (const char *const *)src->data, NULL);
+    if (src->dtype == DT_STRING) return tensor_strings_pack(dst, tensor_strs(src));
     if (tensor_alloc_data(dst)) return STATUS_NOMEM;
     size_t nb = tensor_nbytes(src);
     if (nb) memcpy(dst->data, src->data, nb);

@@ -138,15 +138,11 @@ static int decode_typed(struct kserve_input *in, const contents_pb *c, char *err
         return INVALID("input '%s': contents.%s has %zu elements but shape %s needs %lld", in->name, field, n,
                        tensor_shape_str(t, sh, sizeof sh), (long long)numel);
     if (t->dtype == DT_STRING) {
-        const char **s = calloc(n + 1, sizeof *s);
-        size_t *len = calloc(n + 1, sizeof *len);
-        for (size_t i = 0; s && len && i < n; i++) {
-            s[i] = (const char *)c->bytes_contents[i].data;
-            len[i] = c->bytes_contents[i].len;
-        }
-        int rc = s && len ? tensor_strings_pack(t, s, len) : STATUS_NOMEM;
+        struct tensor_str *s = calloc(n + 1, sizeof *s);
+        for (size_t i = 0; s && i < n; i++)
+            s[i] = (struct tensor_str){(const char *)c->bytes_contents[i].data, c->bytes_contents[i].len};
+        int rc = s ? tensor_strings_pack(t, s) : STATUS_NOMEM;
         free(s);
-        free(len);
         return rc;
     }
     if (tensor_alloc_data(t)) return STATUS_NOMEM;
@@ -443,6 +439,37 @@ static int read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
         if (!(b & 0x80)) return 0;
     }
     return -1;
+}
+
+/* grpc_strings_nul over [p, end), messages nested at most 64 deep. */
+static const char *strings_nul(const ProtobufCMessageDescriptor *d, const uint8_t *p, const uint8_t *end, int depth) {
+    while (p < end && depth < 64) {
+        uint64_t key, n;
+        if (read_varint(&p, end, &key)) return NULL;
+        switch (key & 7) {
+        case 0: if (read_varint(&p, end, &n)) return NULL; break;
+        case 1: if (end - p < 8) return NULL; p += 8; break;
+        case 5: if (end - p < 4) return NULL; p += 4; break;
+        case 2: {
+            if (read_varint(&p, end, &n) || n > (uint64_t)(end - p)) return NULL;
+            const ProtobufCFieldDescriptor *f =
+                key >> 3 <= UINT32_MAX ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3)) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n)) return f->name;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                const char *bad = strings_nul(f->descriptor, p, p + n, depth + 1);
+                if (bad) return bad;
+            }
+            p += n;
+            break;
+        }
+        default: return NULL; /* groups and reserved wire types: the unpack refuses them */
+        }
+    }
+    return NULL;
+}
+
+const char *grpc_strings_nul(const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len) {
+    return strings_nul(d, msg, msg + len, 0);
 }
 
 int grpc_health_request_service(const uint8_t *msg, size_t len, const uint8_t **service, size_t *service_len) {

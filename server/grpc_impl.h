@@ -185,6 +185,12 @@ int grpc_infer_response_encode(const struct infer_result *res, int streaming, st
  * generated code (the message is one string): 0 with *service pointing into
  * msg (not NUL-terminated, *len bytes), or -1 when msg is not that message. */
 int grpc_health_request_service(const uint8_t *msg, size_t len, const uint8_t **service, size_t *service_len);
+/* The name of the first string field (of message type d, nested messages
+ * and map entries included) whose bytes in msg hold a NUL, or NULL. protobuf-c
+ * ends each string at its length with a NUL and keeps no length, so a name
+ * "x\0junk" would read as "x": such a request is refused before it is
+ * unpacked. A malformed msg gives NULL (the unpack refuses it). */
+const char *grpc_strings_nul(const ProtobufCMessageDescriptor *d, const uint8_t *msg, size_t len);
 
 /* ---- grpc_infer.c ---- */
 void grpc_model_infer(struct grpc_stream *st, const uint8_t *msg, size_t len);

@@ -100,6 +100,14 @@ static const struct infer_reply_i grpc_infer_reply = {infer_post, infer_encode, 
 
 static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int streaming) {
     grpc_server_t *s = grpc_stream_server(st);
+    const char *nul = grpc_strings_nul(&inference__model_infer_request__descriptor, msg, len);
+    if (nul) {
+        char e[160];
+        snprintf(e, sizeof e, "the request's string field '%s' holds a NUL byte: names and parameters may not", nul);
+        if (streaming) stream_error(st, e);
+        else grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s", e);
+        return;
+    }
     Inference__ModelInferRequest *q = inference__model_infer_request__unpack(NULL, len, msg);
     if (!q) {
         if (streaming) stream_error(st, "the request is not a valid ModelInferRequest message");

@@ -24,11 +24,20 @@
 #define SERVICE "/inference.GRPCInferenceService/"
 #define HEALTH "/grpc.health.v1.Health/"
 
-/* A request message that does not parse is the client's error. */
+/* A request message that does not parse is the client's error; so is one
+ * whose string fields hold a NUL, which protobuf-c would read up to it
+ * (grpc_strings_nul): "tiny\0x" must not name model tiny. */
 #define UNPACK(type, fn, st, msg, len)                                                                      \
     type *req = fn(NULL, len, msg);                                                                          \
     if (!req) {                                                                                              \
         grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid %s message", #type + 11); \
+        return;                                                                                              \
+    }                                                                                                        \
+    const char *nul_in_ = grpc_strings_nul(req->base.descriptor, msg, len);                                  \
+    if (nul_in_) {                                                                                           \
+        protobuf_c_message_free_unpacked(&req->base, NULL);                                                  \
+        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request's string field '%s' holds a NUL byte",     \
+                           nul_in_);                                                                         \
         return;                                                                                              \
     }
 

@@ -44,8 +44,8 @@ int infer_cache_key(cache_t *c, const char *model, int64_t version, const struct
         if (t->dtype == DT_STRING) {
             cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, NULL, 0);
             int64_t cnt = tensor_numel(t);
-            char *const *sv = t->data;
-            for (int64_t j = 0; j < cnt; j++) cache_key_add_input(&s, "", DT_STRING, NULL, 0, sv[j], strlen(sv[j]));
+            const struct tensor_str *sv = tensor_strs(t); /* every byte: "a\0b" and "a" are two keys */
+            for (int64_t j = 0; j < cnt; j++) cache_key_add_input(&s, "", DT_STRING, NULL, 0, sv[j].p, sv[j].len);
         } else {
             cache_key_add_input(&s, mc->inputs[order[k]].name, t->dtype, t->dims, t->ndim, t->data, tensor_nbytes(t));
         }

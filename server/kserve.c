@@ -30,27 +30,30 @@ static int parse_charge(size_t n);
 
 /* ---- buffers ------------------------------------------------------------ */
 
-/* The length of the valid UTF-8 sequence at s (n bytes left), or 0 when it
- * is not one (a stray continuation, an overlong form, a surrogate, past
- * U+10FFFF, cut short). */
-static size_t utf8_seq(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t len = c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
-    if (!len || len > n) return 0;
-    unsigned char lo = 0x80, hi = 0xBF; /* the second byte's range */
-    if (c == 0xE0) lo = 0xA0;
-    else if (c == 0xED) hi = 0x9F;
-    else if (c == 0xF0) lo = 0x90;
-    else if (c == 0xF4) hi = 0x8F;
-    if (s[1] < lo || s[1] > hi) return 0;
-    for (size_t k = 2; k < len; k++)
-        if (s[k] < 0x80 || s[k] > 0xBF) return 0;
-    return len;
+/* The UTF-8 sequence at s (avail > 0 bytes left): its length when valid
+ * (no overlong forms, no surrogates, nothing past U+10FFFF), else minus
+ * the bytes of its longest valid start (at least 1), which become one
+ * U+FFFD, as Unicode's "maximal subpart" practice and Python's decoder do. */
+static int utf8_seq(const unsigned char *s, size_t avail) {
+    unsigned c = s[0];
+    int n = c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+    if (!n) return -1;
+    for (int k = 1; k < n; k++) {
+        if ((size_t)k >= avail) return -k;
+        unsigned lo = 0x80, hi = 0xbf;
+        if (k == 1 && c == 0xe0) lo = 0xa0;
+        if (k == 1 && c == 0xed) hi = 0x9f;
+        if (k == 1 && c == 0xf0) lo = 0x90;
+        if (k == 1 && c == 0xf4) hi = 0x8f;
+        if (s[k] < lo || s[k] > hi) return -k;
+    }
+    return n;
 }
 
-/* Names and ids come from clients, and any byte may be in them: a byte
- * that is not part of valid UTF-8 is written as U+FFFD, so the answer (an
- * error message that quotes a name included) is always valid JSON. */
+/* Names, ids and BYTES come from clients, and any byte may be in them. Every byte of s goes out: control bytes (NUL included) as escapes, and a
+ * byte that is not part of valid UTF-8 as U+FFFD, so that the answer stays
+ * valid JSON whatever a BYTES element holds (JSON carries text; the binary
+ * tensor extension carries any bytes exactly). */
 void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_reserve(b, n * 6 + 3)) return;
@@ -65,15 +68,11 @@ void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
         else if (c < 0x20) { memcpy(o, "\\u00", 4); o += 4; *o++ = hex[c >> 4]; *o++ = hex[c & 15]; }
         else if (c < 0x80) *o++ = (char)c;
         else {
-            size_t len = utf8_seq((const unsigned char *)s + i, n - i);
-            if (!len) {
-                memcpy(o, "\\ufffd", 6);
-                o += 6;
-                continue;
-            }
-            memcpy(o, s + i, len);
-            o += len;
-            i += len - 1;
+            int k = utf8_seq((const unsigned char *)s + i, n - i);
+            if (k > 0) memcpy(o, s + i, (size_t)k);
+            else memcpy(o, "\xef\xbf\xbd", 3);
+            o += k > 0 ? k : 3;
+            i += (size_t)(k > 0 ? k : -k) - 1;
         }
     }
     *o++ = '"';
@@ -159,6 +158,105 @@ static int64_t count_leaves(const cJSON *a, int depth) {
     return n;
 }
 
+/* ---- NUL in JSON strings ------------------------------------------------
+ *
+ * cJSON decodes "\u0000" to a NUL byte inside valuestring but keeps no
+ * length, so every reader would stop at it: the BYTES element "ab\u0000cd"
+ * would become "ab", an input named "x\u0000junk" would bind to x. A
+ * request whose JSON holds a NUL (escaped, or raw where the transport lets
+ * one through) is therefore rewritten before cJSON reads it so that no
+ * string decodes to a NUL: inside strings a NUL becomes the bytes 0x01 '0'
+ * and a 0x01 becomes 0x01 0x01 (escaped ones as escapes, raw ones raw, which
+ * cJSON copies as they are: the text at most doubles). After the parse
+ * json_nul_decode undoes that in place, keeps each string's length in the
+ * node's valuedouble (which cJSON leaves 0 in a string node) and refuses a
+ * NUL anywhere but in the strings of a 'data' array (BYTES elements): in a
+ * name, an id, a key or a parameter it is an error. Requests without a NUL,
+ * nearly all, skip both steps; in those that have one, a JSON error's byte
+ * offset counts the rewritten text. */
+
+static const char nul_as[] = "\\u00010", one_as[] = "\\u0001\\u0001", raw_nul_as[] = "\x01" "0",
+                  raw_one_as[] = "\x01\x01";
+
+static int json_may_hold_nul(const void *text, size_t len) {
+    return memchr(text, 0, len) || memmem(text, len, "\\u0000", 6);
+}
+
+/* The JSON text[0..len) rewritten as above, followed by the tail bytes
+ * (binary tensor data) unchanged; *out_len is the JSON's new length. NULL
+ * when out of memory. */
+static char *nul_escape(const char *text, size_t len, const void *tail, size_t tail_len, size_t *out_len) {
+    char *out = NULL;
+    size_t o = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int in_str = 0;
+        o = 0;
+        for (size_t i = 0; i < len;) {
+            unsigned char c = (unsigned char)text[i];
+            const char *rep = NULL;
+            size_t adv = 1;
+            if (!in_str) in_str = c == '"';
+            else if (c == '"') in_str = 0;
+            else if (c == '\\' && len - i >= 6 && text[i + 1] == 'u' && !memcmp(text + i + 2, "000", 3) &&
+                     (text[i + 5] == '0' || text[i + 5] == '1')) {
+                rep = text[i + 5] == '0' ? nul_as : one_as;
+                adv = 6;
+            } else if (c == '\\') adv = len - i >= 2 ? 2 : 1; /* any other escape is copied whole */
+            else if (c <= 1) rep = c ? raw_one_as : raw_nul_as;
+            size_t n = rep ? strlen(rep) : adv;
+            if (out) memcpy(out + o, rep ? rep : text + i, n);
+            o += n;
+            i += adv;
+        }
+        if (!pass && !(out = malloc(o + tail_len + 1))) return NULL;
+    }
+    if (tail_len) memcpy(out + o, tail, tail_len);
+    *out_len = o;
+    return out;
+}
+
+/* Undoes nul_escape in the C string s, in place; its length in bytes. */
+static size_t nul_unescape(char *s) {
+    char *w = s;
+    for (const char *r = s; *r; r++) {
+        if (r[0] == 1 && (r[1] == '0' || r[1] == 1)) *w++ = *++r == '0' ? 0 : 1;
+        else *w++ = *r;
+    }
+    *w = 0;
+    return (size_t)(w - s);
+}
+
+/* Decodes every key and string under node (see above); in_data: node is a
+ * 'data' array or nested in one. key names node's field for errors. */
+static int json_nul_decode(cJSON *node, const char *key, int in_data, char *err, size_t err_len) {
+    for (cJSON *c = node->child; c; c = c->next) {
+        const char *k = key;
+        if (c->string) {
+            if (nul_unescape(c->string) != strlen(c->string))
+                return INVALID("a JSON key holds a NUL byte (\\u0000) after '%s' (in '%s'): names may not hold NUL",
+                               c->string, key ? key : "the request");
+            k = c->string;
+        }
+        if (cJSON_IsString(c) && c->valuestring) {
+            size_t n = nul_unescape(c->valuestring);
+            if (n != strlen(c->valuestring) && !in_data)
+                return INVALID("field '%s' holds a NUL byte (\\u0000): names, ids and parameters may not; only BYTES "
+                               "data may", k ? k : "?");
+            c->valuedouble = (double)n + 1;
+        }
+        int data = cJSON_IsArray(c) && (c->string ? !strcmp(c->string, "data") : in_data);
+        int rc = c->child ? json_nul_decode(c, k, data, err, err_len) : 0;
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The byte length of string node v: json_nul_decode's count when the
+ * request held a NUL, else its C string's (which then has none inside). */
+static size_t json_str_len(const cJSON *v) {
+    return v->valuedouble >= 1 ? (size_t)v->valuedouble - 1 : strlen(v->valuestring);
+}
+
 struct fill {
     struct kserve_input *in;
     int64_t i;
@@ -178,7 +276,7 @@ static int fill_leaf(struct fill *f, const cJSON *v) {
             return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
                               f->in->name, (long long)i);
         /* Borrowed from the JSON tree until parse_input packs the strings. */
-        ((const char **)t->data)[i] = v->valuestring;
+        tensor_strs_mut(t)[i] = (struct tensor_str){v->valuestring, json_str_len(v)};
         return 0;
     }
     if (t->dtype == DT_BOOL) {
@@ -762,9 +860,9 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
         return INVALID("input '%s': 'data' has %lld elements but shape %s needs %lld", n, (long long)count,
                        tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
     }
-    /* Strings are gathered as pointers into the JSON tree, then packed into
-     * the tensor's own block. */
-    const char **strs = NULL;
+    /* Strings are gathered as elements pointing into the JSON tree, then
+     * packed into the tensor's own block. */
+    struct tensor_str *strs = NULL;
     if ((rc = charge_input(in, (size_t)numel * (in->t.dtype == DT_STRING ? 2 * sizeof *strs : dtype_size(in->t.dtype)),
                            err, err_len)))
         return rc;
@@ -774,7 +872,7 @@ static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const 
     struct fill f = {in, 0, err, err_len};
     if (!vals) rc = fill_rec(&f, data);
     for (int64_t i = 0; vals && i < count && !rc; i++) rc = fill_number(&f, vals[i]);
-    if (!rc && strs && (rc = tensor_strings_pack(&in->t, strs, NULL)) == 0) free(strs);
+    if (!rc && strs && (rc = tensor_strings_pack(&in->t, strs)) == 0) free(strs);
     return rc;
 }
 
@@ -1064,14 +1162,29 @@ static void arena_end(void) { parse_arena.active = 0; }
 #define KSERVE_TRIM_BYTES ((size_t)64 << 20)
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         char *err, size_t err_len);
+                         int nul_escaped, char *err, size_t err_len);
+static int over_budget(char *err, size_t err_len);
 
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len) {
+    size_t json_len = header_len >= 0 && (uint64_t)header_len <= len ? (size_t)header_len : len;
+    char *esc = NULL;
+    if ((header_len < 0 || (uint64_t)header_len <= len) && json_may_hold_nul(body, json_len)) {
+        size_t esc_len;
+        esc = nul_escape(body, json_len, (const char *)body + json_len, len - json_len, &esc_len);
+        if (!esc) return status_set(err, err_len, STATUS_NOMEM, "out of memory for the request's JSON");
+        len = esc_len + (len - json_len);
+        if (header_len >= 0) header_len = (int64_t)esc_len;
+        body = esc;
+    }
     arena_begin();
-    int rc = request_parse(r, body, len, header_len, err, err_len);
+    /* The rewritten copy of a body with NULs counts against the request's
+     * memory as the parse tree does. */
+    int rc = esc && parse_charge(len) ? over_budget(err, err_len)
+                                      : request_parse(r, body, len, header_len, esc != NULL, err, err_len);
     size_t held = parse_arena.charged;
     arena_end();
+    free(esc);
     if (held > KSERVE_TRIM_BYTES) malloc_trim(0);
     return rc;
 }
@@ -1082,7 +1195,7 @@ static int over_budget(char *err, size_t err_len) {
 }
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         char *err, size_t err_len) {
+                         int nul_escaped, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
     const uint8_t *p = body;
     size_t json_len = len;
@@ -1147,7 +1260,8 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
                            header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
         }
     }
-    int rc = parse_doc(r, root, &fd, err, err_len);
+    int rc = nul_escaped ? json_nul_decode(root, NULL, 0, err, err_len) : 0;
+    if (!rc) rc = parse_doc(r, root, &fd, err, err_len);
     cJSON_Delete(root);
     fast_data_free(&fd);
     if (rc) {
@@ -1323,12 +1437,7 @@ static void put_data_json(struct buf *b, const struct tensor *t) {
         case DT_BOOL: buf_str(b, ((const uint8_t *)t->data)[i] ? "true" : "false"); break;
         case DT_INT64: put_i64(b, ((const int64_t *)t->data)[i]); break;
         case DT_UINT64: put_u64(b, ((const uint64_t *)t->data)[i]); break;
-        case DT_STRING: {
-            const char *s = ((char *const *)t->data)[i];
-            if (!s) s = "";
-            kserve_buf_json_string(b, s, strlen(s));
-            break;
-        }
+        case DT_STRING: kserve_buf_json_string(b, tensor_strs(t)[i].p, tensor_strs(t)[i].len); break;
         default: put_i64(b, (int64_t)elem_as_double(t, i)); break; /* 8- to 32-bit integers: exact */
         }
     }
@@ -1414,11 +1523,11 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
     out->ndim = 0;
     if (batched) out->dims[out->ndim++] = nrows;
     out->dims[out->ndim++] = k;
-    /* The strings one after another, NUL-terminated, in one buffer; then
-     * packed into the tensor's one block. */
+    /* The strings one after another in one buffer (at[i] is where string i
+     * starts, at[n] the end); then packed into the tensor's one block. */
     struct buf text = {0};
     size_t *at = malloc(sizeof *at * (size_t)(nrows * k + 1));
-    const char **s = malloc(sizeof *s * (size_t)(nrows * k + 1));
+    struct tensor_str *s = malloc(sizeof *s * (size_t)(nrows * k + 1));
     struct top *h = malloc(sizeof *h * (size_t)(k + 1));
     int rc = at && s && h ? 0 : STATUS_NOMEM;
     int fp = in->dtype == DT_FP32 || in->dtype == DT_FP64 || in->dtype == DT_FP16 || in->dtype == DT_BF16;
@@ -1429,12 +1538,15 @@ static int classify(const struct tensor *in, int k, int batched, const struct mo
             if (fp) buf_printf(&text, "%f:%lld", h[j].v, (long long)h[j].i);
             else buf_printf(&text, "%lld:%lld", (long long)h[j].v, (long long)h[j].i);
             if (io && h[j].i < io->nlabels) buf_printf(&text, ":%s", io->labels[h[j].i]);
-            buf_add(&text, "", 1);
         }
         if (text.failed) rc = STATUS_NOMEM;
     }
-    for (int64_t i = 0; !rc && i < nrows * k; i++) s[i] = text.data + at[i];
-    if (!rc) rc = tensor_strings_pack(out, s, NULL);
+    if (!rc) at[nrows * k] = text.len;
+    for (int64_t i = 0; !rc && i < nrows * k; i++) {
+        s[i].p = text.data ? text.data + at[i] : "";
+        s[i].len = at[i + 1] - at[i];
+    }
+    if (!rc) rc = tensor_strings_pack(out, s);
     buf_free(&text);
     free(at);
     free(s);

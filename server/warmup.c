@@ -48,14 +48,14 @@ static void fill_random(struct tensor *t, uint64_t *seed) {
 static int strings_row(struct tensor *t, uint64_t *seed) {
     int64_t n = tensor_numel(t);
     char(*buf)[9] = calloc((size_t)(n ? n : 1), sizeof *buf);
-    const char **s = calloc((size_t)(n ? n : 1), sizeof *s);
+    struct tensor_str *s = calloc((size_t)(n ? n : 1), sizeof *s);
     int rc = buf && s ? 0 : STATUS_NOMEM;
     for (int64_t i = 0; !rc && seed && i < n; i++) {
         int len = 1 + (int)(next_random(seed) % 8);
         for (int k = 0; k < len; k++) buf[i][k] = (char)('0' + next_random(seed) % 10);
-        s[i] = buf[i];
+        s[i] = (struct tensor_str){buf[i], (size_t)len};
     }
-    if (!rc) rc = tensor_strings_pack(t, s, NULL);
+    if (!rc) rc = tensor_strings_pack(t, s);
     free(buf);
     free(s);
     return rc;

@@ -417,13 +417,14 @@ static const ew_fn tbl_xor[DT_MAX_] = {[DT_BOOL] = k_LXOR_b};
 #define CMP_GT(T, x, y) ((x) > (y))
 #define CMP_LE(T, x, y) ((x) <= (y))
 #define CMP_GE(T, x, y) ((x) >= (y))
-#define CMP_STR(T, x, y) (strcmp((x) ? (x) : "", (y) ? (y) : "") == 0)
+/* Strings are equal when their lengths and bytes are: "admin\0x" is not "admin". */
+#define CMP_STR(T, x, y) tensor_str_eq((x), (y))
 
 #define DEF_CMPS(X, OP) LIST_FLT(X, OP) LIST_INT(X, OP)
 DEF_CMPS(DEF_CMP, CMP_EQ) DEF_CMPS(DEF_CMP, CMP_LT) DEF_CMPS(DEF_CMP, CMP_GT) DEF_CMPS(DEF_CMP, CMP_LE)
 DEF_CMPS(DEF_CMP, CMP_GE)
-typedef const char *ew_cstr;
-BIN_KERNEL(k_CMP_STR, ew_cstr, ew_cstr, uint8_t, CMP_STR(T, x, y))
+typedef struct tensor_str ew_str;
+BIN_KERNEL(k_CMP_STR, ew_str, ew_str, uint8_t, CMP_STR(T, x, y))
 
 static const ew_fn tbl_eq[DT_MAX_] = {DEF_CMPS(ENT, CMP_EQ)[DT_BOOL] = k_CMP_EQ_u8, [DT_STRING] = k_CMP_STR};
 static const ew_fn tbl_lt[DT_MAX_] = {DEF_CMPS(ENT, CMP_LT)};

@@ -291,14 +291,14 @@ static void ml_linear(const struct tensor *x, int64_t n, int64_t f, const float 
 struct ml_labels {
     int n;
     const int64_t *ints;
-    char **strs;
+    const struct graph_attr *strs; /* classlabels_strings */
 };
 
 static void ml_get_labels(const struct graph_node *nd, const char *ints_name, struct ml_labels *l) {
     const struct graph_attr *a = node_attr(nd, "classlabels_strings");
     memset(l, 0, sizeof *l);
     if (a && a->type == ATTR_STRINGS) {
-        l->strs = a->strings;
+        l->strs = a;
         l->n = a->n;
     } else {
         l->n = node_attr_ints(nd, ints_name, &l->ints);
@@ -308,8 +308,7 @@ static void ml_get_labels(const struct graph_node *nd, const char *ints_name, st
 
 /* Writes label k, or for k < 0 the binary default ("0"/"1", 0/1) of -k-1. */
 static void ml_put_label(struct tensor *y, int64_t r, const struct ml_labels *l, int64_t k) {
-    static char s0[] = "0", s1[] = "1";
-    if (l->strs) ((char **)y->data)[r] = k >= 0 ? l->strs[k] : (k == -1 ? s0 : s1);
+    if (l->strs) tensor_strs_mut(y)[r] = k >= 0 ? graph_attr_str(l->strs, (int)k) : tensor_str_of(k == -1 ? "0" : "1");
     else ((int64_t *)y->data)[r] = k >= 0 ? l->ints[k] : -k - 1;
 }
 
@@ -1033,16 +1032,17 @@ static int te5_run(struct op_call *c) {
  * LabelEncoder
  * ------------------------------------------------------------------------ */
 
-/* A key/value table sorted by key for binary search; keys are strings,
- * int64 or double, values are raw bytes of the output dtype. */
+/* A key/value table sorted by key for binary search; keys are strings
+ * (compared by length and bytes), int64 or double, values are raw bytes of
+ * the output dtype (a struct tensor_str for strings). */
 struct le_state {
     enum dtype kdt, vdt;
     int64_t n;
-    char **skeys;
+    struct tensor_str *skeys;
     int64_t *ikeys;
     double *fkeys;
     unsigned char *vals;
-    unsigned char dflt[16];
+    unsigned char dflt[16]; /* one value: up to a struct tensor_str */
 };
 
 static void le_release(void *p) {
@@ -1055,12 +1055,28 @@ static void le_release(void *p) {
     free(s);
 }
 
-/* Finds the keys and values of any opset's attribute spelling. */
-static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals, unsigned char *dflt) {
+/* Element i of keys or values: from a strings attribute (sa set) or a
+ * keys_tensor / values_tensor, counted bytes either way. */
+static struct tensor_str le_str(const struct tensor *t, const struct graph_attr *sa, int64_t i) {
+    return sa ? graph_attr_str(sa, (int)i) : tensor_strs(t)[i];
+}
+
+/* default_string as counted bytes ("_Unused" when absent). */
+static struct tensor_str le_default_str(const struct graph_node *nd) {
+    const struct graph_attr *a = node_attr(nd, "default_string");
+    if (a && a->type == ATTR_STRING && a->s) return (struct tensor_str){a->s, a->s_len};
+    return tensor_str_of("_Unused");
+}
+
+/* Finds the keys and values of any opset's attribute spelling; string
+ * attributes come back in *kc / *vc with the tensor's data NULL. */
+static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals, const struct graph_attr **kc,
+                    const struct graph_attr **vc, unsigned char *dflt) {
     const struct graph_node *nd = c->node;
     const struct graph_attr *a;
     memset(keys, 0, sizeof *keys);
     memset(vals, 0, sizeof *vals);
+    *kc = *vc = NULL;
     keys->ndim = vals->ndim = 1;
     if (nd->opset < 2) {
         if (!(a = node_attr(nd, "classes_strings")) || a->type != ATTR_STRINGS)
@@ -1070,15 +1086,15 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
         memset(dflt, 0, 16);
         if (c->in[0]->dtype == DT_STRING) {
             keys->dtype = DT_STRING;
-            keys->data = a->strings;
+            *kc = a;
             vals->dtype = DT_INT64;
             int64_t d = node_attr_int(nd, "default_int64", -1);
             memcpy(dflt, &d, 8);
         } else {
             keys->dtype = DT_INT64;
             vals->dtype = DT_STRING;
-            vals->data = a->strings;
-            const char *d = node_attr_str(nd, "default_string", "_Unused");
+            *vc = a;
+            struct tensor_str d = le_default_str(nd);
             memcpy(dflt, &d, sizeof d);
         }
         keys->dims[0] = vals->dims[0] = a->n;
@@ -1089,7 +1105,7 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
     else if ((a = node_attr(nd, "keys_strings")) && a->type == ATTR_STRINGS) {
         keys->dtype = DT_STRING;
         keys->dims[0] = a->n;
-        keys->data = a->strings;
+        *kc = a;
     } else if ((a = node_attr(nd, "keys_int64s")) && a->type == ATTR_INTS) {
         keys->dtype = DT_INT64;
         keys->dims[0] = a->n;
@@ -1105,7 +1121,7 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
     else if ((a = node_attr(nd, "values_strings")) && a->type == ATTR_STRINGS) {
         vals->dtype = DT_STRING;
         vals->dims[0] = a->n;
-        vals->data = a->strings;
+        *vc = a;
     }
     else if ((a = node_attr(nd, "values_int64s")) && a->type == ATTR_INTS) {
         vals->dtype = DT_INT64;
@@ -1119,7 +1135,8 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
         return op_error(c, "no values attribute (values_strings, values_int64s, values_floats, values_tensor)");
     }
     if (tensor_numel(keys) != tensor_numel(vals)) return op_error(c, "keys and values differ in length");
-    if (!dtype_size(vals->dtype) || dtype_size(vals->dtype) > 8) return op_error(c, "unsupported value dtype %s", dtype_name(vals->dtype));
+    /* A value (a string element the largest) fits the 16-byte default. */
+    if (!dtype_size(vals->dtype) || dtype_size(vals->dtype) > 16) return op_error(c, "unsupported value dtype %s", dtype_name(vals->dtype));
     memset(dflt, 0, 16);
     if ((t = node_attr_tensor(nd, "default_tensor"))) {
         if (t->dtype != vals->dtype || tensor_numel(t) < 1) return op_error(c, "default_tensor must hold one %s", dtype_name(vals->dtype));
@@ -1132,7 +1149,7 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
         memcpy(dflt, &d, 4);
     } else if (vals->dtype == DT_STRING) {
         /* the attribute's own storage, or a literal: both outlive every run */
-        const char *d = node_attr_str(nd, "default_string", "_Unused");
+        struct tensor_str d = le_default_str(nd);
         memcpy(dflt, &d, sizeof d);
     }
     enum dtype in = c->in[0]->dtype;
@@ -1144,23 +1161,25 @@ static int le_attrs(struct op_call *c, struct tensor *keys, struct tensor *vals,
 
 static int le_infer(struct op_call *c) {
     struct tensor k, v;
+    const struct graph_attr *kc, *vc;
     unsigned char d[16];
-    int rc = le_attrs(c, &k, &v, d);
+    int rc = le_attrs(c, &k, &v, &kc, &vc, d);
     return rc ? rc : ml_set(c, c->out[0], v.dtype, c->in[0]->ndim, c->in[0]->dims);
 }
 
 static int le_cmp_idx(const void *pa, const void *pb, void *arg) {
     int64_t a = *(const int64_t *)pa, b = *(const int64_t *)pb;
     const struct le_state *s = arg;
-    if (s->skeys) return strcmp(s->skeys[a], s->skeys[b]);
+    if (s->skeys) return tensor_str_cmp(s->skeys[a], s->skeys[b]);
     if (s->ikeys) return s->ikeys[a] < s->ikeys[b] ? -1 : (s->ikeys[a] > s->ikeys[b]);
     return s->fkeys[a] < s->fkeys[b] ? -1 : (s->fkeys[a] > s->fkeys[b]);
 }
 
 static int le_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct tensor k, v;
+    const struct graph_attr *kc, *vc;
     unsigned char d[16];
-    int rc = le_attrs(c, &k, &v, d);
+    int rc = le_attrs(c, &k, &v, &kc, &vc, d);
     if (rc) return rc;
     int64_t n = tensor_numel(&k);
     size_t es = dtype_size(v.dtype);
@@ -1171,27 +1190,30 @@ static int le_prepare(struct op_call *c, void **state, size_t *scratch) {
     s->vdt = v.dtype;
     s->n = n;
     memcpy(s->dflt, d, sizeof d);
-    if (k.dtype == DT_STRING) s->skeys = calloc((size_t)(n ? n : 1), sizeof(char *));
+    if (k.dtype == DT_STRING) s->skeys = calloc((size_t)(n ? n : 1), sizeof *s->skeys);
     else if (k.dtype == DT_FP32 || k.dtype == DT_FP64) s->fkeys = calloc((size_t)(n ? n : 1), sizeof(double));
     else s->ikeys = calloc((size_t)(n ? n : 1), sizeof(int64_t));
     s->vals = calloc((size_t)(n ? n : 1), es);
     if ((!s->skeys && !s->fkeys && !s->ikeys) || !s->vals) goto nomem;
     for (int64_t i = 0; i < n; i++) {
         ord[i] = i;
-        if (s->skeys) s->skeys[i] = ((char **)k.data)[i];
+        if (s->skeys) s->skeys[i] = le_str(&k, kc, i);
         else if (s->fkeys) s->fkeys[i] = op_double_at(&k, i);
         else s->ikeys[i] = k.data ? op_int_at(&k, i) : i;
     }
     qsort_r(ord, (size_t)n, sizeof *ord, le_cmp_idx, s);
     /* Rewrite keys and values in sorted order. */
-    void *sorted_keys = calloc((size_t)(n ? n : 1), 8);
+    void *sorted_keys = calloc((size_t)(n ? n : 1), sizeof(struct tensor_str));
     if (!sorted_keys) goto nomem;
     for (int64_t i = 0; i < n; i++) {
         int64_t j = ord[i];
-        if (s->skeys) ((char **)sorted_keys)[i] = ((char **)k.data)[j];
+        if (s->skeys) ((struct tensor_str *)sorted_keys)[i] = s->skeys[j];
         else if (s->fkeys) ((double *)sorted_keys)[i] = op_double_at(&k, j);
         else ((int64_t *)sorted_keys)[i] = k.data ? op_int_at(&k, j) : j;
-        if (v.data) memcpy(s->vals + i * (int64_t)es, (const char *)v.data + j * (int64_t)es, es);
+        if (vc) {
+            struct tensor_str vs = le_str(&v, vc, j);
+            memcpy(s->vals + i * (int64_t)es, &vs, es);
+        } else if (v.data) memcpy(s->vals + i * (int64_t)es, (const char *)v.data + j * (int64_t)es, es);
         else memcpy(s->vals + i * (int64_t)es, &j, es); /* opset 1: the class position */
     }
     if (s->skeys) {
@@ -1223,12 +1245,12 @@ static int le_run(struct op_call *c) {
     char *o = c->out[0]->data;
     for (int64_t i = 0; i < n; i++) {
         int64_t lo = 0, hi = s->n - 1, hit = -1;
-        const char *ks = s->skeys ? ((char **)x->data)[i] : NULL;
+        struct tensor_str ks = s->skeys ? tensor_strs(x)[i] : (struct tensor_str){0};
         double kf = s->fkeys ? op_double_at(x, i) : 0;
         int64_t ki = s->ikeys ? op_int_at(x, i) : 0;
         while (lo <= hi) {
             int64_t mid = lo + (hi - lo) / 2;
-            int cmp = s->skeys ? strcmp(ks ? ks : "", s->skeys[mid])
+            int cmp = s->skeys ? tensor_str_cmp(ks, s->skeys[mid])
                       : s->fkeys ? (kf < s->fkeys[mid] ? -1 : (kf > s->fkeys[mid]))
                                  : (ki < s->ikeys[mid] ? -1 : (ki > s->ikeys[mid]));
             if (!cmp) {

@@ -71,7 +71,7 @@ static int imputer_run(struct op_call *c) {
 /* The categories, and for strings an index sorted by value for lookups. */
 struct onehot_params {
     const int64_t *ints;
-    char **strs;
+    const struct graph_attr *strs; /* cats_strings */
     int ncats;
     int zeros;          /* 1: an unknown category is a row of zeros; 0: an error */
     int *order;         /* strings: category indices sorted by their string */
@@ -102,8 +102,8 @@ static int onehot_infer(struct op_call *c) {
 }
 
 static int cmp_cat(const void *a, const void *b, void *strs) {
-    char **s = strs;
-    return strcmp(s[*(const int *)a], s[*(const int *)b]);
+    const struct graph_attr *s = strs;
+    return tensor_str_cmp(graph_attr_str(s, *(const int *)a), graph_attr_str(s, *(const int *)b));
 }
 
 static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
@@ -111,7 +111,7 @@ static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
     p.ncats = node_attr_ints(c->node, "cats_int64s", &p.ints);
     if (p.ncats <= 0) {
         const struct graph_attr *s = node_attr(c->node, "cats_strings");
-        p.strs = s->strings;
+        p.strs = s;
         p.ncats = s->n;
         p.ints = NULL;
     }
@@ -120,7 +120,7 @@ static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
         p.order = malloc((size_t)p.ncats * sizeof *p.order);
         if (!p.order) return op_error(c, "out of memory");
         for (int i = 0; i < p.ncats; i++) p.order[i] = i;
-        qsort_r(p.order, (size_t)p.ncats, sizeof *p.order, cmp_cat, p.strs);
+        qsort_r(p.order, (size_t)p.ncats, sizeof *p.order, cmp_cat, (void *)p.strs);
     }
     int rc = params_keep(c, &p, sizeof p, state);
     if (rc) free(p.order);
@@ -130,10 +130,10 @@ static int onehot_prepare(struct op_call *c, void **state, size_t *scratch) {
 /* The category index of element i, or -1. */
 static int onehot_find(const struct onehot_params *p, const struct tensor *x, int64_t i) {
     if (p->strs) {
-        const char *v = ((char *const *)x->data)[i];
+        struct tensor_str v = tensor_strs(x)[i]; /* every byte counts: "a\0b" is not "a" */
         int lo = 0, hi = p->ncats - 1;
         while (lo <= hi) {
-            int mid = (lo + hi) / 2, cmp = strcmp(v, p->strs[p->order[mid]]);
+            int mid = (lo + hi) / 2, cmp = tensor_str_cmp(v, graph_attr_str(p->strs, p->order[mid]));
             if (!cmp) return p->order[mid];
             if (cmp < 0) hi = mid - 1;
             else lo = mid + 1;

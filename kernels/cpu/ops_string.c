@@ -32,17 +32,24 @@ static int need_strings(struct op_call *c, const struct tensor *t, const char *w
     return 0;
 }
 
-static inline const char *str_at(const struct tensor *t, int64_t i) { return ((char *const *)t->data)[i]; }
-static inline void str_set(struct tensor *t, int64_t i, const char *s) { ((const char **)t->data)[i] = s; }
+/* Elements are (bytes, length): a NUL inside a string is one of its bytes. */
+static inline struct tensor_str str_at(const struct tensor *t, int64_t i) {
+    struct tensor_str s = tensor_strs(t)[i];
+    if (!s.p) s.p = "";
+    return s;
+}
+static inline void str_set(struct tensor *t, int64_t i, const char *s, size_t len) {
+    tensor_strs_mut(t)[i] = (struct tensor_str){s, len};
+}
 
 /* ---- UTF-8 ------------------------------------------------------------------- */
 
-/* Decodes the code point at s into *cp; its length in bytes, or -1 when
- * s does not start with a valid UTF-8 sequence. */
-static int utf8_decode(const unsigned char *s, unsigned *cp) {
+/* Decodes the code point at s (avail > 0 bytes left) into *cp; its length
+ * in bytes, or -1 when s does not start with a valid UTF-8 sequence. */
+static int utf8_decode(const unsigned char *s, size_t avail, unsigned *cp) {
     if (s[0] < 0x80) return *cp = s[0], 1;
     int n = s[0] >= 0xf0 && s[0] < 0xf5 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 && s[0] < 0xe0 ? 2 : 0;
-    if (!n) return -1;
+    if (!n || (size_t)n > avail) return -1;
     unsigned v = s[0] & (0x7f >> n);
     for (int k = 1; k < n; k++) {
         if ((s[k] & 0xc0) != 0x80) return -1;
@@ -103,13 +110,12 @@ static int concat_run(struct op_call *c) {
             ia += ik * sa[k];
             ib += ik * sb[k];
         }
-        const char *x1 = str_at(a, ia), *x2 = str_at(b, ib);
-        size_t l1 = strlen(x1), l2 = strlen(x2);
-        char *s = op_string_alloc(c, l1 + l2);
+        struct tensor_str x1 = str_at(a, ia), x2 = str_at(b, ib);
+        char *s = op_string_alloc(c, x1.len + x2.len);
         if (!s) return STATUS_NOMEM;
-        memcpy(s, x1, l1);
-        memcpy(s + l1, x2, l2);
-        str_set(y, i, s);
+        memcpy(s, x1.p, x1.len);
+        memcpy(s + x1.len, x2.p, x2.len);
+        str_set(y, i, s, x1.len + x2.len);
     }
     return 0;
 }
@@ -127,37 +133,36 @@ struct split_params {
 };
 
 static void split_decode(const struct graph_node *n, struct split_params *p) {
-    const char *d = node_attr_str(n, "delimiter", NULL);
-    p->delim = d && *d ? d : NULL;
-    p->dlen = p->delim ? strlen(p->delim) : 0;
+    const struct graph_attr *d = node_attr(n, "delimiter"); /* counted bytes: a NUL may be the delimiter */
+    p->delim = d && d->type == ATTR_STRING && d->s && d->s_len ? d->s : NULL;
+    p->dlen = p->delim ? d->s_len : 0;
     p->maxsplit = node_attr_int(n, "maxsplit", -1);
 }
 
 static int is_space(char ch) { return ch == ' ' || (ch >= '\t' && ch <= '\r') || (ch >= 0x1c && ch <= 0x1f); }
 
 /* Calls emit(arg, start, len) for each piece of s; returns the count. */
-static int64_t split_one(const struct split_params *p, const char *s,
+static int64_t split_one(const struct split_params *p, struct tensor_str s,
                          int (*emit)(void *arg, int64_t k, const char *start, size_t len), void *arg, int *rc) {
     int64_t k = 0;
+    const char *at = s.p, *stop = s.p + s.len;
     if (p->delim) {
-        const char *at = s;
         for (;;) {
-            const char *hit = p->maxsplit < 0 || k < p->maxsplit ? strstr(at, p->delim) : NULL;
-            size_t len = hit ? (size_t)(hit - at) : strlen(at);
+            const char *hit = p->maxsplit < 0 || k < p->maxsplit ? memmem(at, (size_t)(stop - at), p->delim, p->dlen) : NULL;
+            size_t len = hit ? (size_t)(hit - at) : (size_t)(stop - at);
             if (emit && (*rc = emit(arg, k, at, len))) return -1;
             k++;
             if (!hit) return k;
             at = hit + p->dlen;
         }
     }
-    const char *at = s;
     for (;;) {
-        while (*at && is_space(*at)) at++;
-        if (!*at) return k;
+        while (at < stop && is_space(*at)) at++;
+        if (at == stop) return k;
         const char *end = at;
-        if (p->maxsplit >= 0 && k >= p->maxsplit) end += strlen(end);
+        if (p->maxsplit >= 0 && k >= p->maxsplit) end = stop;
         else
-            while (*end && !is_space(*end)) end++;
+            while (end < stop && !is_space(*end)) end++;
         if (emit && (*rc = emit(arg, k, at, (size_t)(end - at)))) return -1;
         k++;
         at = end;
@@ -203,7 +208,7 @@ static int split_emit(void *arg, int64_t k, const char *start, size_t len) {
     struct split_row *r = arg;
     char *s = op_string_new(r->c, start, len);
     if (!s) return STATUS_NOMEM;
-    str_set(r->y, r->base + k, s);
+    str_set(r->y, r->base + k, s, len);
     return 0;
 }
 
@@ -218,7 +223,7 @@ static int split_run(struct op_call *c) {
         int64_t k = split_one(p, str_at(x, i), split_emit, &r, &rc);
         if (rc) return rc;
         if (k > most) return op_error(c, "element %lld splits into %lld pieces, more than the %lld planned", (long long)i, (long long)k, (long long)most);
-        for (int64_t j = k; j < most; j++) str_set(y, i * most + j, "");
+        for (int64_t j = k; j < most; j++) str_set(y, i * most + j, "", 0);
         if (z && z->data) ((int64_t *)z->data)[i] = k;
     }
     return 0;
@@ -239,6 +244,7 @@ struct norm_params {
     enum case_action action;
     int sensitive;
     char **stops; /* the stopwords; lower-cased when !sensitive */
+    size_t *stop_lens;
     int nstops;
     locale_t loc;
 };
@@ -247,6 +253,7 @@ struct norm_params {
 static void norm_clear(struct norm_params *p) {
     for (int i = 0; i < p->nstops; i++) free(p->stops[i]);
     free(p->stops);
+    free(p->stop_lens);
     if (p->loc) freelocale(p->loc);
     memset(p, 0, sizeof *p);
 }
@@ -264,12 +271,12 @@ static unsigned map_case(const struct norm_params *p, enum case_action a, unsign
 
 /* The case-mapped copy of s into out (NULL: only measure); its length, or
  * -1 when s is not valid UTF-8. */
-static int64_t case_copy(const struct norm_params *p, enum case_action a, const char *s, char *out) {
+static int64_t case_copy(const struct norm_params *p, enum case_action a, struct tensor_str s, char *out) {
     int64_t len = 0;
-    const unsigned char *u = (const unsigned char *)s;
-    while (*u) {
+    const unsigned char *u = (const unsigned char *)s.p, *end = u + s.len;
+    while (u < end) {
         unsigned cp;
-        int n = utf8_decode(u, &cp);
+        int n = utf8_decode(u, (size_t)(end - u), &cp);
         if (n < 0) return -1;
         u += n;
         char buf[4];
@@ -280,24 +287,26 @@ static int64_t case_copy(const struct norm_params *p, enum case_action a, const 
     return len;
 }
 
-/* 1 when s equals the (already folded) stopword w after folding s. */
-static int folded_eq(const struct norm_params *p, const char *s, const char *w) {
-    if (p->sensitive) return strcmp(s, w) == 0;
-    const unsigned char *a = (const unsigned char *)s, *b = (const unsigned char *)w;
-    while (*a && *b) {
+/* 1 when s equals the (already folded) stopword w after folding s; every
+ * byte counts, a NUL too. */
+static int folded_eq(const struct norm_params *p, struct tensor_str s, struct tensor_str w) {
+    if (p->sensitive) return tensor_str_eq(s, w);
+    const unsigned char *a = (const unsigned char *)s.p, *b = (const unsigned char *)w.p;
+    const unsigned char *ae = a + s.len, *be = b + w.len;
+    while (a < ae && b < be) {
         unsigned ca, cb;
-        int na = utf8_decode(a, &ca), nb = utf8_decode(b, &cb);
+        int na = utf8_decode(a, (size_t)(ae - a), &ca), nb = utf8_decode(b, (size_t)(be - b), &cb);
         if (na < 0 || nb < 0) return 0;
         if (map_case(p, CASE_LOWER, ca) != cb) return 0;
         a += na;
         b += nb;
     }
-    return !*a && !*b;
+    return a == ae && b == be;
 }
 
-static int is_stop(const struct norm_params *p, const char *s) {
+static int is_stop(const struct norm_params *p, struct tensor_str s) {
     for (int i = 0; i < p->nstops; i++)
-        if (folded_eq(p, s, p->stops[i])) return 1;
+        if (folded_eq(p, s, (struct tensor_str){p->stops[i], p->stop_lens[i]})) return 1;
     return 0;
 }
 
@@ -323,19 +332,22 @@ static int norm_build(struct op_call *c, struct norm_params *p) {
     if (!p->loc) return op_error(c, "the C.UTF-8 locale is not available for case mapping");
     const struct graph_attr *sw = node_attr(c->node, "stopwords");
     if (!sw || sw->type != ATTR_STRINGS || sw->n <= 0) return 0;
-    if (!(p->stops = calloc((size_t)sw->n, sizeof *p->stops))) goto nomem;
+    p->stops = calloc((size_t)sw->n, sizeof *p->stops);
+    p->stop_lens = calloc((size_t)sw->n, sizeof *p->stop_lens);
+    if (!p->stops || !p->stop_lens) goto nomem;
     p->nstops = sw->n;
     for (int k = 0; k < sw->n; k++) {
-        const char *w = sw->strings[k];
-        int64_t len = p->sensitive ? (int64_t)strlen(w) : case_copy(p, CASE_LOWER, w, NULL);
+        struct tensor_str w = graph_attr_str(sw, k);
+        int64_t len = p->sensitive ? (int64_t)w.len : case_copy(p, CASE_LOWER, w, NULL);
         if (len < 0) {
             norm_clear(p);
             return op_error(c, "stopword %d is not valid UTF-8", k);
         }
         if (!(p->stops[k] = malloc((size_t)len + 1))) goto nomem;
-        if (p->sensitive) memcpy(p->stops[k], w, (size_t)len);
+        if (p->sensitive) memcpy(p->stops[k], w.p, (size_t)len);
         else case_copy(p, CASE_LOWER, w, p->stops[k]);
         p->stops[k][len] = 0;
+        p->stop_lens[k] = (size_t)len;
     }
     return 0;
 nomem:
@@ -380,7 +392,7 @@ static int norm_run(struct op_call *c) {
     struct tensor *y = c->out[0];
     int64_t cap = y->dims[y->ndim - 1], k = 0;
     for (int64_t i = 0, n = tensor_numel(x); i < n; i++) {
-        const char *s = str_at(x, i);
+        struct tensor_str s = str_at(x, i);
         if (p->nstops && is_stop(p, s)) continue;
         if (k >= cap) return op_error(c, "more elements are kept than the %lld planned", (long long)cap);
         if (p->action != CASE_NONE) {
@@ -389,11 +401,11 @@ static int norm_run(struct op_call *c) {
             char *o = op_string_alloc(c, (size_t)len);
             if (!o) return STATUS_NOMEM;
             case_copy(p, p->action, s, o);
-            s = o;
+            s = (struct tensor_str){o, (size_t)len};
         }
-        str_set(y, k++, s);
+        str_set(y, k++, s.p, s.len);
     }
-    if (k == 0 && cap == 1) str_set(y, k++, "");
+    if (k == 0 && cap == 1) str_set(y, k++, "", 0);
     if (k != cap) return op_error(c, "%lld elements are kept, %lld were planned", (long long)k, (long long)cap);
     return 0;
 }
@@ -451,8 +463,8 @@ static int regex_run(struct op_call *c) {
     if (!md) return op_error(c, "out of memory for regex match data");
     int rc = 0;
     for (int64_t i = 0; i < n && !rc; i++) {
-        const char *s = str_at(x, i);
-        int m = pcre2_match(p->code, (PCRE2_SPTR)s, strlen(s), 0, 0, md, NULL);
+        struct tensor_str s = str_at(x, i);
+        int m = pcre2_match(p->code, (PCRE2_SPTR)s.p, s.len, 0, 0, md, NULL);
         if (m >= 0) y[i] = 1;
         else if (m == PCRE2_ERROR_NOMATCH) y[i] = 0;
         else {
@@ -481,7 +493,7 @@ struct tok_params {
     pcre2_code *re;
     int mark;
     int64_t mincharnum;
-    const char *pad;
+    struct tensor_str pad;
 };
 
 static void tok_clear(struct tok_params *p) {
@@ -497,7 +509,8 @@ static void tok_free(void *state) {
 static int tok_build(struct op_call *c, struct tok_params *p) {
     p->mark = node_attr_int(c->node, "mark", 0) != 0;
     p->mincharnum = node_attr_int(c->node, "mincharnum", 1);
-    p->pad = node_attr_str(c->node, "pad_value", "#");
+    const struct graph_attr *pad = node_attr(c->node, "pad_value");
+    p->pad = pad && pad->type == ATTR_STRING && pad->s ? (struct tensor_str){pad->s, pad->s_len} : tensor_str_of("#");
     const char *exp = node_attr_str(c->node, "tokenexp", NULL);
     const struct graph_attr *seps = node_attr(c->node, "separators");
     int nseps = seps && seps->type == ATTR_STRINGS ? seps->n : 0;
@@ -559,16 +572,17 @@ static int tok_emit(const struct tok_params *p, const char *s, size_t len, int64
 
 /* Tokenizes s, emitting each token (no marks, no padding); the count, or
  * a negative status after op_error. */
-static int64_t tok_one(struct op_call *c, const struct tok_params *p, pcre2_match_data *md, const char *s,
+static int64_t tok_one(struct op_call *c, const struct tok_params *p, pcre2_match_data *md, struct tensor_str str,
                        int (*emit)(void *arg, int64_t k, const char *start, size_t len), void *arg) {
     int64_t k = 0;
-    size_t len = strlen(s), at = 0, prev = 0;
+    const char *s = str.p;
+    size_t len = str.len, at = 0, prev = 0;
     int rc = 0;
     if (p->mode == TOK_CHARS) {
         while (at < len && !rc) {
             unsigned cp;
-            int n = utf8_decode((const unsigned char *)s + at, &cp);
-            if (n < 0) return op_error(c, "'%s' is not valid UTF-8", s);
+            int n = utf8_decode((const unsigned char *)s + at, len - at, &cp);
+            if (n < 0) return op_error(c, "'%.*s' is not valid UTF-8", (int)(len < 64 ? len : 64), s);
             rc = tok_emit(p, s + at, (size_t)n, &k, emit, arg);
             at += (size_t)n;
         }
@@ -580,7 +594,7 @@ static int64_t tok_one(struct op_call *c, const struct tok_params *p, pcre2_matc
         if (m < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(m, msg, sizeof msg);
-            return op_error(c, "tokenizing '%s' failed: %s", s, (const char *)msg);
+            return op_error(c, "tokenizing '%.*s' failed: %s", (int)(len < 64 ? len : 64), s, (const char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t b = ov[0], e = ov[1];
@@ -643,13 +657,13 @@ static int tok_run(struct op_call *c) {
         struct split_row r = {c, y, base + p->mark};
         int64_t k = tok_one(c, p, md, str_at(x, i), split_emit, &r);
         if (k < 0) rc = (int)k;
-        else if (k > room) rc = op_error(c, "'%s' has %lld tokens, more than the %lld planned", str_at(x, i), (long long)k, (long long)room);
+        else if (k > room) rc = op_error(c, "element %lld has %lld tokens, more than the %lld planned", (long long)i, (long long)k, (long long)room);
         else {
             if (p->mark) {
-                str_set(y, base, "\x02");
-                str_set(y, base + 1 + k, "\x03");
+                str_set(y, base, "\x02", 1);
+                str_set(y, base + 1 + k, "\x03", 1);
             }
-            for (int64_t j = 2 * p->mark + k; j < width; j++) str_set(y, base + j, p->pad);
+            for (int64_t j = 2 * p->mark + k; j < width; j++) str_set(y, base + j, p->pad.p, p->pad.len);
         }
     }
     pcre2_match_data_free(md);
@@ -686,7 +700,7 @@ struct tfidf_params {
     int64_t out_size;
     int min_n, max_n, max_skip;
     enum tfidf_mode mode;
-    char **strs; /* strings: the pool sorted, unique; a token is an index into it */
+    struct tensor_str *strs; /* strings: the pool sorted, unique; a token is an index into it */
     int nstrs;
 };
 
@@ -695,7 +709,7 @@ struct tfidf_pool {
     const int64_t *counts;
     int ncounts;
     const int64_t *ints;
-    char **strs;
+    const struct graph_attr *strs; /* pool_strings */
     int n;
 };
 
@@ -755,13 +769,16 @@ static int cmp_edge(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+static int cmp_str(const void *a, const void *b) {
+    return tensor_str_cmp(*(const struct tensor_str *)a, *(const struct tensor_str *)b);
+}
 
-/* The token of a string: its index in the sorted pool, or -1. */
-static int64_t str_token(const struct tfidf_params *p, const char *s) {
+/* The token of a string: its index in the sorted pool, or -1. Every byte
+ * counts: "a\0b" is not the pool's "a". */
+static int64_t str_token(const struct tfidf_params *p, struct tensor_str s) {
     int lo = 0, hi = p->nstrs - 1;
     while (lo <= hi) {
-        int mid = (lo + hi) / 2, cmp = strcmp(s, p->strs[mid]);
+        int mid = (lo + hi) / 2, cmp = tensor_str_cmp(s, p->strs[mid]);
         if (!cmp) return mid;
         if (cmp < 0) hi = mid - 1;
         else lo = mid + 1;
@@ -793,7 +810,7 @@ static int tfidf_attrs(struct op_call *c, struct tfidf_params *p, struct tfidf_p
     const struct graph_attr *ps = node_attr(c->node, "pool_strings");
     int ns = ps && ps->type == ATTR_STRINGS ? ps->n : -1;
     if ((ni >= 0) == (ns >= 0)) return op_error(c, "exactly one of pool_int64s and pool_strings must be given");
-    pool->strs = ns >= 0 ? ps->strings : NULL;
+    pool->strs = ns >= 0 ? ps : NULL;
     pool->n = ns >= 0 ? ns : ni;
     if ((x->dtype == DT_STRING) != (pool->strs != NULL))
         return op_error(c, "a %s input needs %s", dtype_name(x->dtype), x->dtype == DT_STRING ? "pool_strings" : "pool_int64s");
@@ -827,17 +844,17 @@ static int tfidf_infer(struct op_call *c) {
 }
 
 static int tfidf_build(struct op_call *c, struct tfidf_params *p, const struct tfidf_pool *pool) {
-    char **strs = pool->strs;
+    const struct graph_attr *strs = pool->strs;
     const int64_t *counts = pool->counts, *ints = pool->ints;
     int ncounts = pool->ncounts, npool = pool->n;
     if (strs) {
         p->strs = malloc((size_t)(npool ? npool : 1) * sizeof *p->strs);
         if (!p->strs) return op_error(c, "out of memory");
-        memcpy(p->strs, strs, (size_t)npool * sizeof *strs);
-        qsort(p->strs, (size_t)npool, sizeof *p->strs, cmp_str);
+        for (int i = 0; i < npool; i++) p->strs[i] = graph_attr_str(strs, i);
+        if (npool > 1) qsort(p->strs, (size_t)npool, sizeof *p->strs, cmp_str);
         int u = 0;
         for (int i = 0; i < npool; i++)
-            if (!u || strcmp(p->strs[u - 1], p->strs[i])) p->strs[u++] = p->strs[i];
+            if (!u || !tensor_str_eq(p->strs[u - 1], p->strs[i])) p->strs[u++] = p->strs[i];
         p->nstrs = u;
     }
     if (!(p->nodes = grow(NULL, &p->cap, 0, sizeof *p->nodes, 64))) return op_error(c, "out of memory");
@@ -856,7 +873,7 @@ static int tfidf_build(struct op_call *c, struct tfidf_params *p, const struct t
             int node = 0;
             for (int k = 0; k < size; k++) {
                 int64_t e = start + g * size + k;
-                int64_t token = strs ? str_token(p, strs[e]) : ints[e];
+                int64_t token = strs ? str_token(p, graph_attr_str(strs, (int)e)) : ints[e];
                 if ((node = trie_child(p, node, token)) < 0) return op_error(c, "out of memory");
             }
             if (id > p->nindexes)

@@ -182,8 +182,7 @@ static void test_mac_seals_value_to_key_and_secret(void **state) {
  * that does not match the shape, or dims whose product overflows: refused. */
 static void test_decode_checks_strings_and_counts(void **state) {
     (void)state;
-    char s0[] = "ab", s1[] = "cde";
-    char *sv[2] = {s0, s1};
+    struct tensor_str sv[2] = {{"ab", 2}, {"cde", 3}};
     struct tensor t = {.dtype = DT_STRING, .ndim = 1, .dims = {2}, .data = sv};
     const char *n = "s";
     struct cache_value *v = cache_value_encode(&t, &n, 1);

@@ -313,12 +313,14 @@ static int compare(const char *name, const struct tensor *got, const struct tens
             snprintf(detail + l, sizeof detail - l, "; largest |diff| %.3g", worst);
         }
     } else if (dt == DT_STRING) {
-        char **a = got->data, **b = want->data;
+        const struct tensor_str *a = tensor_strs(got), *b = tensor_strs(want);
         for (int64_t i = 0; i < n; i++)
-            if (!a[i] || strcmp(a[i], b[i]) != 0) {
+            if (!tensor_str_eq(a[i], b[i])) {
                 if (first < 0) {
                     first = i;
-                    snprintf(detail, sizeof detail, "got \"%.60s\", expected \"%.60s\"", a[i] ? a[i] : "(null)", b[i]);
+                    snprintf(detail, sizeof detail, "got \"%.*s\" (%zu bytes), expected \"%.*s\" (%zu bytes)",
+                             (int)(a[i].len < 60 ? a[i].len : 60), a[i].p ? a[i].p : "", a[i].len,
+                             (int)(b[i].len < 60 ? b[i].len : 60), b[i].p ? b[i].p : "", b[i].len);
                 }
                 bad++;
             }

@@ -38,9 +38,9 @@ CACHED = {"max_batch_size": 16, "dynamic_batching": {"max_queue_delay_microsecon
           "response_cache": {"enable": True}}
 
 
-def _save(root, name, graph, config):
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("ai.onnx.ml", 2)])
-    model.ir_version = 8
+def _save(root, name, graph, config, opset=17):
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset), oh.make_opsetid("ai.onnx.ml", 2)])
+    model.ir_version = 8 if opset < 19 else 9
     d = root / name / "1"
     d.mkdir(parents=True)
     onnx.save(model, str(d / "model.onnx"))

@@ -65,9 +65,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         volatile uint8_t sink = 0;
         for (int i = 0; i < mc->noutputs; i++) {
             if (outs[i].dtype == DT_STRING) {
-                char **sv = outs[i].data;
+                const struct tensor_str *sv = tensor_strs(&outs[i]);
                 for (int64_t k = 0; k < tensor_numel(&outs[i]); k++)
-                    for (const char *p = sv[k]; *p; p++) sink ^= (uint8_t)*p;
+                    for (size_t j = 0; j < sv[k].len; j++) sink ^= (uint8_t)sv[k].p[j];
             } else {
                 const uint8_t *b = outs[i].data;
                 for (size_t k = 0; k < tensor_nbytes(&outs[i]); k++) sink ^= b[k];

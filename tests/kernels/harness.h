@@ -98,11 +98,24 @@ static inline void tn_floats(struct tnode *t, const char *name, int n, const flo
     a->floats = t->floats[k];
     a->n = n;
 }
+/* A string literal as a DT_STRING element (an initializer), every byte of
+ * it: TN_STR("a\0b") is three bytes. */
+#define TN_STR(lit) {(lit), sizeof(lit) - 1}
+/* Element e holds exactly the bytes of the C string want (cmocka's assert). */
+static inline int tn_str_is(struct tensor_str e, const char *want) { return tensor_str_eq(e, tensor_str_of(want)); }
+#define assert_tstr(e, want) assert_true(tn_str_is((e), (want)))
+
 /* The strings are referenced, not copied: v must outlive the node. */
 static inline void tn_strs(struct tnode *t, const char *name, int n, char **v) {
     struct graph_attr *a = tn_add(t, name, ATTR_STRINGS);
     a->strings = v;
     a->n = n;
+}
+/* The same with each string's length (ONNX's attribute strings are
+ * counted bytes: a NUL may be one of them); lens must outlive the node. */
+static inline void tn_strs_len(struct tnode *t, const char *name, int n, char **v, size_t *lens) {
+    tn_strs(t, name, n, v);
+    t->n.attrs[t->n.nattr - 1].lens = lens;
 }
 
 /* The string pool of tn_call (kernels/ops.h): the strings a kernel made

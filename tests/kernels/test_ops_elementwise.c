@@ -726,7 +726,7 @@ static void test_fused_activation(void **state) {
 static void sweep_table(const struct op_def *table) {
     static const enum dtype dts[] = {DT_FP32, DT_FP64, DT_FP16, DT_BF16, DT_INT8,  DT_INT16, DT_INT32,
                                      DT_INT64, DT_UINT8, DT_UINT16, DT_UINT32, DT_UINT64, DT_BOOL, DT_STRING};
-    static char *strs[6] = {"a", "b", "", "abc", "b", "a"};
+    static const struct tensor_str strs[6] = {TN_STR("a"), TN_STR("b"), TN_STR(""), TN_STR("abc"), TN_STR("b"), TN_STR("a\0")};
     int64_t d23[] = {2, 3}, d3[] = {3};
     int ran = 0, refused = 0;
     for (const struct op_def *op = table; op->op_type; op++)
@@ -737,7 +737,7 @@ static void sweep_table(const struct op_def *table) {
                     for (int i = 0; i < nin; i++) {
                         in[i] = mk(dts[k], i == 1 ? 1 : 2, i == 1 ? d3 : d23);
                         if (dts[k] == DT_STRING) {
-                            memcpy(in[i].data, strs, sizeof(char *) * (size_t)tensor_numel(&in[i]));
+                            memcpy(in[i].data, strs, sizeof strs[0] * (size_t)tensor_numel(&in[i]));
                         } else {
                             unsigned char *b = in[i].data;
                             for (size_t j = 0; j < tensor_nbytes(&in[i]); j++) b[j] = (unsigned char)(frand() * 127);

@@ -253,8 +253,8 @@ static void test_string_labels(void **st) {
     struct tensor *out[2] = {&Y, &Z};
     assert_int_equal(call(&tn, in, 1, out, 2), 0);
     assert_int_equal(Y.dtype, DT_STRING);
-    assert_string_equal(((char **)Y.data)[0], "cat");
-    assert_string_equal(((char **)Y.data)[1], "dog");
+    assert_tstr(tensor_strs(&Y)[0], "cat");
+    assert_tstr(tensor_strs(&Y)[1], "dog");
     free(Y.data);
     free(Z.data);
 
@@ -267,9 +267,9 @@ static void test_string_labels(void **st) {
     const struct tensor *in2[1] = {&XI};
     struct tensor *out2[1] = {&L};
     assert_int_equal(call(&tn, in2, 1, out2, 1), 0);
-    assert_string_equal(((char **)L.data)[0], "dog");
-    assert_string_equal(((char **)L.data)[1], "none");
-    assert_string_equal(((char **)L.data)[2], "cat");
+    assert_tstr(tensor_strs(&L)[0], "dog");
+    assert_tstr(tensor_strs(&L)[1], "none");
+    assert_tstr(tensor_strs(&L)[2], "cat");
     free(L.data);
 }
 

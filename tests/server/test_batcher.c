@@ -308,17 +308,18 @@ static int string_execute(void *arg, int instance, const struct tensor *in, int 
     if (nin < 1 || in[0].dtype != DT_STRING)
         return status_set(err, err_len, STATUS_INVALID, "test executor wants STRING");
     int64_t n = tensor_numel(&in[0]);
-    char **tmp = calloc((size_t)n + 1, sizeof *tmp);
+    struct tensor_str *tmp = calloc((size_t)n + 1, sizeof *tmp);
     for (int64_t i = 0; i < n; i++) {
-        const char *x = ((char *const *)in[0].data)[i];
-        tmp[i] = malloc(strlen(x) + 2);
-        strcpy(tmp[i], x);
-        strcat(tmp[i], "!");
+        struct tensor_str x = tensor_strs(&in[0])[i];
+        char *s = malloc(x.len + 1);
+        memcpy(s, x.p, x.len);
+        s[x.len] = '!';
+        tmp[i] = (struct tensor_str){s, x.len + 1};
     }
     out[0] = in[0];
-    int rc = tensor_strings_pack(&out[0], (const char *const *)tmp, NULL);
+    int rc = tensor_strings_pack(&out[0], tmp);
     for (int64_t i = 0; i < n; i++)
-        free(tmp[i]);
+        free((char *)tmp[i].p);
     free(tmp);
     for (int o = 1; o < nout; o++)
         memset(&out[o], 0, sizeof out[o]);
@@ -338,14 +339,15 @@ static void test_strings_batched_and_scattered(void **state) {
     const int64_t rows[3] = {1, 3, 2};
     for (int k = 0; k < 3; k++) {
         treq_init(&t[k], rows[k], 2, 0);
+        /* A NUL inside each element: the batch carries every byte. */
         char words[6][32];
-        const char *w[6];
+        struct tensor_str w[6];
         for (int i = 0; i < rows[k] * 2; i++) {
-            snprintf(words[i], sizeof words[i], "request %d element %d", k, i);
-            w[i] = words[i];
+            int len = snprintf(words[i], sizeof words[i], "request %d%celement %d", k, 0, i);
+            w[i] = (struct tensor_str){words[i], (size_t)len};
         }
         t[k].in.dtype = DT_STRING;
-        assert_int_equal(tensor_strings_pack(&t[k].in, w, NULL), 0);
+        assert_int_equal(tensor_strings_pack(&t[k].in, w), 0);
         assert_int_equal(batcher_submit(b, &t[k].r), 0);
     }
     advance_us(1000);
@@ -360,8 +362,10 @@ static void test_strings_batched_and_scattered(void **state) {
         assert_int_equal(y->dims[1], 2);
         for (int i = 0; i < rows[k] * 2; i++) {
             char want[40];
-            snprintf(want, sizeof want, "request %d element %d!", k, i);
-            assert_string_equal(((char *const *)y->data)[i], want);
+            int len = snprintf(want, sizeof want, "request %d%celement %d!", k, 0, i);
+            struct tensor_str got = tensor_strs(y)[i];
+            assert_int_equal(got.len, (size_t)len);
+            assert_memory_equal(got.p, want, (size_t)len);
         }
     }
     struct batcher_stats st;
