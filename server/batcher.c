@@ -627,7 +627,7 @@ static void *instance_main(void *arg) {
         b->st.inferences += (uint64_t)inst->rows;
         b->st.requests += (uint64_t)inst->nsel;
         b->st.exec_ns_total += exec_ns;
-        b->st.batch_hist[inst->rows < 64 ? inst->rows : 64]++;
+        b->st.batch_hist[inst->rows < METRICS_MAX_BATCH ? inst->rows : METRICS_MAX_BATCH]++;
         if (b->p.pad) {
             struct batcher_pad_stats *ps = &b->st.pad[inst->bi];
             ps->batches++;
@@ -775,8 +775,8 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
         return NULL;
     }
     const char *name = p->model_name ? p->model_name : "?";
-    if (p->max_batch_size < 0 || p->priority_levels < 0 || p->priority_levels > BATCHER_MAX_PRIORITIES ||
-        p->npreferred < 0 || p->npreferred > BATCHER_MAX_PREFERRED || p->default_queue_policy.max_queue_size < 0) {
+    if (p->max_batch_size < 0 || p->priority_levels < 0 || p->priority_levels > MODEL_CONFIG_MAX_PRIORITIES ||
+        p->npreferred < 0 || p->npreferred > MODEL_CONFIG_MAX_PREFERRED || p->default_queue_policy.max_queue_size < 0) {
         executor_free(&ex);
         status_set(err, err_len, STATUS_INVALID, "model '%s': batcher parameters out of range", name);
         return NULL;
@@ -995,7 +995,7 @@ void batcher_get_stats(batcher_t *b, struct batcher_stats *out) {
     out->queued = (uint64_t)b->queued;
     for (int64_t n = 1; n <= b->cap_rows; n++)
         if (b->profile[n])
-            out->profile_ns[n < 64 ? n : 64] = b->profile[n];
+            out->profile_ns[n < METRICS_MAX_BATCH ? n : METRICS_MAX_BATCH] = b->profile[n];
     if (b->p.pad) {
         out->npad = b->p.pad->nbuckets + 1;
         for (int i = 0; i < b->p.pad->nbuckets; i++)
