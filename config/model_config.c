@@ -176,8 +176,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         rc = INVALID("config field 'backend' is '%s': kiln serves ONNX models (onnxruntime)", v->valuestring);
         goto out;
     }
-    int r = config_get_int(root, "max_batch_size", 0, 1 << 20, &x);
-    if (r < 0) { rc = INVALID("config field 'max_batch_size' must be an integer from 0 to %d", 1 << 20); goto out; }
+    int r = config_get_int(root, "max_batch_size", 0, MODEL_CONFIG_MAX_BATCH_SIZE, &x);
+    if (r < 0) {
+        rc = INVALID("config field 'max_batch_size' must be an integer from 0 to %d", MODEL_CONFIG_MAX_BATCH_SIZE);
+        goto out;
+    }
     if (r) { c->max_batch_size = (int)x; c->max_batch_size_set = 1; }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "input")) && (rc = parse_io(v, "input", &c->inputs, &c->ninputs, err, err_len)))
         goto out;
@@ -231,12 +234,13 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         c->dynamic_batching = 1;
         const cJSON *pb = cJSON_GetObjectItemCaseSensitive(v, "preferred_batch_size"), *e;
         if (pb) {
-            if (!cJSON_IsArray(pb) || cJSON_GetArraySize(pb) > 16) {
-                rc = INVALID("config field 'dynamic_batching.preferred_batch_size' must be an array of at most 16 sizes");
+            if (!cJSON_IsArray(pb) || cJSON_GetArraySize(pb) > MODEL_CONFIG_MAX_PREFERRED) {
+                rc = INVALID("config field 'dynamic_batching.preferred_batch_size' must be an array of at most %d sizes",
+                             MODEL_CONFIG_MAX_PREFERRED);
                 goto out;
             }
             cJSON_ArrayForEach(e, pb) {
-                if (!cJSON_IsNumber(e) || e->valuedouble < 1 || e->valuedouble > (1 << 20)) {
+                if (!cJSON_IsNumber(e) || e->valuedouble < 1 || e->valuedouble > MODEL_CONFIG_MAX_BATCH_SIZE) {
                     rc = INVALID("config field 'dynamic_batching.preferred_batch_size' must hold integers >= 1");
                     goto out;
                 }
@@ -255,12 +259,14 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             rc = INVALID("config field 'dynamic_batching.preserve_ordering' must be true or false");
             goto out;
         }
-        if ((r = config_get_int(v, "priority_levels", 0, 16, &x)) < 0) {
-            rc = INVALID("config field 'dynamic_batching.priority_levels' must be an integer 0-16");
+        if ((r = config_get_int(v, "priority_levels", 0, MODEL_CONFIG_MAX_PRIORITIES, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.priority_levels' must be an integer 0-%d",
+                         MODEL_CONFIG_MAX_PRIORITIES);
             goto out;
         } else if (r) c->priority_levels = (int)x;
-        if ((r = config_get_int(v, "default_priority_level", 0, 16, &x)) < 0) {
-            rc = INVALID("config field 'dynamic_batching.default_priority_level' must be an integer 0-16");
+        if ((r = config_get_int(v, "default_priority_level", 0, MODEL_CONFIG_MAX_PRIORITIES, &x)) < 0) {
+            rc = INVALID("config field 'dynamic_batching.default_priority_level' must be an integer 0-%d",
+                         MODEL_CONFIG_MAX_PRIORITIES);
             goto out;
         } else if (r) c->default_priority_level = (int)x;
         const cJSON *qp = cJSON_GetObjectItemCaseSensitive(v, "default_queue_policy");

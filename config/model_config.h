@@ -24,6 +24,14 @@ typedef struct cJSON cJSON;
 /* max_batch_size given to a model whose first dims are symbolic and whose
  * config does not say (Triton's auto-complete uses the same idea). */
 #define MODEL_CONFIG_DEFAULT_MAX_BATCH 32
+/* Limits on dynamic batching, checked here and relied on by the batcher
+ * (server/batcher.h): max_batch_size (and so every batch size: preferred
+ * sizes, warmup batch sizes) at most MODEL_CONFIG_MAX_BATCH_SIZE; at most
+ * MODEL_CONFIG_MAX_PREFERRED preferred sizes; priority_levels and
+ * default_priority_level at most MODEL_CONFIG_MAX_PRIORITIES. */
+#define MODEL_CONFIG_MAX_BATCH_SIZE (1 << 20)
+#define MODEL_CONFIG_MAX_PREFERRED 16
+#define MODEL_CONFIG_MAX_PRIORITIES 16
 
 struct model_config_io {
     char *name;
@@ -112,7 +120,7 @@ struct model_config {
     int nversions;
 
     int dynamic_batching;           /* 1 if the section is present */
-    int preferred_batch_size[16];
+    int preferred_batch_size[MODEL_CONFIG_MAX_PREFERRED];
     int npreferred;
     uint64_t max_queue_delay_us;
     uint64_t latency_budget_us;     /* kiln's dynamic_batching.latency_budget_microseconds; 0 = off */

@@ -90,7 +90,7 @@ static int parse_sample(const cJSON *e, int index, struct model_warmup *w, char 
     w->name = strdup(name->valuestring);
     snprintf(where, sizeof where, "config field 'model_warmup[%d]' ('%.64s'):", index, name->valuestring);
     int64_t x;
-    int r = config_get_int(e, "batch_size", 1, 1 << 20, &x);
+    int r = config_get_int(e, "batch_size", 1, MODEL_CONFIG_MAX_BATCH_SIZE, &x);
     if (r < 0) return INVALID("%s batch_size must be an integer >= 1", where);
     w->batch_size = r ? (int)x : 1;
     r = config_get_int(e, "count", 0, WARMUP_MAX_COUNT, &x);

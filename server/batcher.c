@@ -8,7 +8,9 @@
  *
  * Threads:
  *   - instance threads (instance_count): each waits for work, forms a batch
- *     under the lock (the policy: batch_decide), runs it and calls done() for
+ *     under the lock (the policy, server/batch_policy.h: batch_decide, a pure
+ *     function of the queue, the profile, the configuration and the time,
+ *     which this file calls with its lock held), runs it and calls done() for
  *     its requests. Only a free instance forms a batch, so batches grow while
  *     every instance is busy ("natural" batching) and, with a delay or a
  *     latency budget, while a free instance chooses to wait.
@@ -31,41 +33,13 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/batch_policy.h"
 
 enum { REQ_NEW = 0, REQ_QUEUED = 1, REQ_RUNNING = 2, REQ_DONE = 3 };
 
-/* How many queued requests one batch formation may look at: bounds the
- * cost of skipping requests whose shapes differ from the head's. */
-#define BATCHER_SCAN_LIMIT 4096
 /* With an injected clock the threads cannot sleep until a deadline in that
  * clock's time; they re-check it this often instead (ns of real time). */
 #define BATCHER_POLL_NS 1000000ull
-/* The latency budget aims to finish this fraction (1/N) of it early. */
-#define BATCHER_BUDGET_SLACK 10
-/* Under a latency budget, a free instance waits for a larger batch only
- * when running batches of the current size would keep the instances at
- * least this busy (execution time per request over the time between
- * requests): below it, they keep up without waiting. */
-#define BATCHER_BUDGET_BUSY 0.5
-/* A batch size whose profiled run time (runs that built a plan and single
- * stalled runs left out) is at least BATCHER_HEAVY_NS per request and
- * BATCHER_HEAVY_RUN_NS per run marks the model heavy: the I/O threads then
- * need a small fraction of a core (a request costs them tens of
- * microseconds), and a run is long enough to pay for an OpenMP team's
- * fork and join at each of its operators, so instances whose thread count
- * kiln chose move to every core (see batcher_create). A BERT-class model of
- * 2 layers, hidden 128, on 2 cores: batches of 8-16 padded sequences (0.3-
- * 0.5 ms a request, runs of 3 ms and more) served 1.4x the requests on 2
- * threads; single sequences (runs under 1 ms) 1.35x on 1. */
-#define BATCHER_HEAVY_NS 250000ull
-#define BATCHER_HEAVY_RUN_NS 2000000ull
-/* Weight of a new sample in the execution-time profile. */
-#define BATCHER_EWMA_NEW 0.25
-
-struct fifo {
-    struct batcher_request *head, *tail;
-    int n;
-};
 
 /* An instance's thread: it forms batches under the policy and hands each
  * to the executor for its instance. */
@@ -95,25 +69,25 @@ struct batcher {
     pthread_cond_t order_cv;  /* preserve_ordering: next batch to deliver */
     pthread_cond_t warm_cv;   /* batcher_warmup: a warmup request is done */
 
-    struct fifo *q;           /* nlevels + 1 FIFOs */
+    struct batch_fifo *q;     /* nlevels + 1 FIFOs: the policy's queue view */
     int queued;               /* requests in all FIFOs */
     int running;              /* requests taken by instances, done() pending */
     int idle;                 /* instances waiting for work */
     struct batcher_request **heap; /* min-heap on q_.deadline_ns */
     int heap_n, heap_cap;
-    struct fifo finished;     /* cancelled, done() to be called by the timer */
+    struct batch_fifo finished; /* cancelled, done() to be called by the timer */
 
     int admitting;
     int draining;             /* batcher_free: send at once, then exit */
     int timer_exit;
     uint64_t next_seq, deliver_seq;
 
-    uint64_t *profile;        /* EWMA exec ns by length bucket and rows: [bucket][0..cap_rows] */
-    uint32_t *profile_n;      /* samples taken, the same way */
-    int nprof;                /* buckets profiled: 1, or the padding's buckets + 1 (longer) */
-    uint64_t last_arrival_ns; /* of the last admitted request */
-    uint64_t gap_ewma_ns;     /* running mean of the gaps between arrivals */
-    uint64_t late_ewma_ns;    /* high-end lateness of instances' timed wake-ups */
+    /* The policy's inputs besides the queue (server/batch_policy.h): its
+     * configuration, the execution profile by length bucket and rows, and
+     * what was learnt of arrivals and wake-ups. */
+    struct batch_config cfg;
+    struct batch_profile prof;
+    struct batch_rates rates;
     struct batcher_stats st;
 
     struct worker *inst;
@@ -146,30 +120,6 @@ static void cond_wait_until(batcher_t *b, pthread_cond_t *cv, uint64_t deadline)
 }
 
 /* ---- queues ------------------------------------------------------------ */
-
-static void fifo_push(struct fifo *f, struct batcher_request *r) {
-    r->q_.next = NULL;
-    r->q_.prev = f->tail;
-    if (f->tail)
-        f->tail->q_.next = r;
-    else
-        f->head = r;
-    f->tail = r;
-    f->n++;
-}
-
-static void fifo_remove(struct fifo *f, struct batcher_request *r) {
-    if (r->q_.prev)
-        r->q_.prev->q_.next = r->q_.next;
-    else
-        f->head = r->q_.next;
-    if (r->q_.next)
-        r->q_.next->q_.prev = r->q_.prev;
-    else
-        f->tail = r->q_.prev;
-    r->q_.prev = r->q_.next = NULL;
-    f->n--;
-}
 
 static void heap_swap(batcher_t *b, int i, int j) {
     struct batcher_request *t = b->heap[i];
@@ -235,7 +185,7 @@ static void heap_remove(batcher_t *b, struct batcher_request *r) {
 
 /* Takes r out of its FIFO and the heap (lock held). */
 static void unqueue(batcher_t *b, struct batcher_request *r) {
-    fifo_remove(&b->q[r->q_.level], r);
+    batch_fifo_remove(&b->q[r->q_.level], r);
     heap_remove(b, r);
     b->queued--;
 }
@@ -248,111 +198,8 @@ static void fail_queued(batcher_t *b, struct batcher_request *r, int status, con
     snprintf(r->err, sizeof r->err, "%s", msg);
     r->noutputs = 0;
     r->q_.state = REQ_DONE;
-    fifo_push(&b->finished, r);
+    batch_fifo_push(&b->finished, r);
     pthread_cond_signal(&b->timer_cv);
-}
-
-/* ---- policy -------------------------------------------------------------- */
-
-/* 1 if a and b may share a batch: same inputs, dtypes, ranks and non-batch
- * dims (the batch dim is dims[0] when batching); with padding, padded dims
- * in one length bucket (server/padding.h). */
-static int compatible(const batcher_t *b, const struct batcher_request *a,
-                      const struct batcher_request *c) {
-    if (a->ninputs != c->ninputs)
-        return 0;
-    if (b->p.pad)
-        return pad_compatible(b->p.pad, a->inputs, c->inputs, a->ninputs);
-    int first = b->p.max_batch_size > 0 ? 1 : 0;
-    for (int i = 0; i < a->ninputs; i++) {
-        const struct tensor *x = &a->inputs[i], *y = &c->inputs[i];
-        if (x->dtype != y->dtype || x->ndim != y->ndim)
-            return 0;
-        for (int d = first; d < x->ndim; d++)
-            if (x->dims[d] != y->dims[d])
-                return 0;
-    }
-    return 1;
-}
-
-/* Predicted execution time of a batch of n rows from the profile. Time
- * grows with rows, so any size >= n seen bounds it: the smallest running
- * mean over sizes >= n (a size that ran slow once cannot block itself and
- * every smaller one). Else, from the two largest smaller sizes seen, their
- * line; from one, its time scaled by rows (pessimistic); else 0 (nothing
- * learnt yet). */
-static uint64_t predict_ns(const batcher_t *b, int bi, int64_t n) {
-    const uint64_t *profile = b->profile + (size_t)bi * (size_t)(b->cap_rows + 1);
-    if (n > b->cap_rows)
-        n = b->cap_rows;
-    if (n < 1)
-        n = 1;
-    uint64_t up = 0;
-    for (int64_t k = n; k <= b->cap_rows; k++)
-        if (profile[k] && (!up || profile[k] < up))
-            up = profile[k];
-    if (up)
-        return up;
-    int64_t k1 = 0, k0 = 0;
-    for (int64_t k = n - 1; k >= 1 && !k0; k--)
-        if (profile[k]) {
-            if (!k1)
-                k1 = k;
-            else
-                k0 = k;
-        }
-    if (!k1)
-        return 0;
-    if (!k0)
-        return (uint64_t)((double)profile[k1] * (double)n / (double)k1);
-    /* The line through the two largest sizes seen: a fixed cost per batch
-     * plus a cost per row (never negative). */
-    double slope = ((double)profile[k1] - (double)profile[k0]) / (double)(k1 - k0);
-    if (slope < 0)
-        slope = 0;
-    return (uint64_t)((double)profile[k1] + slope * (double)(n - k1));
-}
-
-/* The first run of a batch size usually builds its plan (kernels, memory):
- * the second sample replaces the first when lower. Later samples count at
- * most twice the running mean, so that a run the scheduler stalled does not
- * shrink batches for the next many runs; a real slowdown still shows, in a
- * few runs. */
-static void profile_add(batcher_t *b, int bi, int64_t rows, uint64_t ns) {
-    if (rows < 1 || rows > b->cap_rows)
-        return;
-    if (!ns)
-        ns = 1;
-    uint64_t *profile = b->profile + (size_t)bi * (size_t)(b->cap_rows + 1);
-    uint32_t *profile_n = b->profile_n + (size_t)bi * (size_t)(b->cap_rows + 1);
-    uint64_t old = profile[rows];
-    uint32_t n = profile_n[rows]++;
-    if (n >= 2 && ns > 2 * old)
-        ns = 2 * old;
-    if (n == 0 || (n == 1 && ns < old))
-        profile[rows] = ns;
-    else
-        profile[rows] = (uint64_t)((1.0 - BATCHER_EWMA_NEW) * (double)old + BATCHER_EWMA_NEW * (double)ns);
-}
-
-/* When r must finish under the latency budget: a margin early, a tenth of
- * the budget plus twice the usual lateness of the instances' timed
- * wake-ups, which a busy machine makes long. */
-static uint64_t budget_due(const batcher_t *b, const struct batcher_request *r) {
-    uint64_t budget = b->p.latency_budget_us * 1000ull;
-    uint64_t margin = budget / BATCHER_BUDGET_SLACK + 2 * b->late_ewma_ns;
-    if (margin > budget / 2)
-        margin = budget / 2;
-    return r->enqueue_ns + budget - margin;
-}
-
-/* r's length bucket: the profile's row for batches it leads. */
-static int req_bucket(const batcher_t *b, const struct batcher_request *r) {
-    const struct pad_spec *p = b->p.pad;
-    if (!p)
-        return 0;
-    const struct tensor *t = &r->inputs[p->in[0].input];
-    return p->in[0].axis < t->ndim ? pad_bucket_index(p, t->dims[p->in[0].axis]) : 0;
 }
 
 static struct batcher_request *queue_head(batcher_t *b) {
@@ -362,190 +209,28 @@ static struct batcher_request *queue_head(batcher_t *b) {
     return NULL;
 }
 
-enum { DECIDE_IDLE = 0, DECIDE_WAIT = 1, DECIDE_SEND = 2 };
+/* ---- policy ------------------------------------------------------------- */
 
-/* The batching policy (lock held). Selects into inst->sel the requests of
- * the next batch: the oldest request of the highest non-empty priority
- * level, then compatible requests in priority then arrival order while the
- * rows fit. Returns DECIDE_SEND to run them now, DECIDE_WAIT with *wake set
- * to the clock time at which to decide again (earlier if a request
- * arrives), or DECIDE_IDLE when nothing is queued. Requests already marked
- * cancelled are dropped here, before they can run. */
-static int batch_select(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
-    struct batcher_request *h;
-    inst->nsel = 0;
-    inst->rows = 0;
-    *wake = 0;
-    for (;;) {
-        h = queue_head(b);
-        if (!h)
-            return DECIDE_IDLE;
-        if (!atomic_load(&h->cancelled))
-            break;
-        b->st.cancelled++;
-        fail_queued(b, h, STATUS_CANCELLED, "request cancelled: the client went away");
-    }
-    inst->sel[inst->nsel++] = h;
-    inst->rows = h->rows;
-    inst->bi = req_bucket(b, h);
-    if (b->p.max_batch_size <= 0 || !b->p.dynamic_batching)
-        return DECIDE_SEND;
-
-    /* Fill in order; stop at the first compatible request that does not fit
-     * so that a large request is not starved by smaller later ones. */
-    int best_pref_n = 0;
-    for (int k = 0; k < b->p.npreferred; k++)
-        if (b->p.preferred_batch_size[k] == inst->rows)
-            best_pref_n = 1;
-    int scanned = 0, full = 0;
-    for (int l = h->q_.level; l <= b->nlevels && !full; l++) {
-        struct batcher_request *r = l == h->q_.level ? h->q_.next : b->q[l].head;
-        while (r && !full && scanned++ < BATCHER_SCAN_LIMIT) {
-            struct batcher_request *next = r->q_.next;
-            if (atomic_load(&r->cancelled)) {
-                b->st.cancelled++;
-                fail_queued(b, r, STATUS_CANCELLED, "request cancelled: the client went away");
-            } else if (compatible(b, h, r)) {
-                if (inst->rows + r->rows > b->cap_rows) {
-                    full = 1;
-                    break;
-                }
-                inst->sel[inst->nsel++] = r;
-                inst->rows += r->rows;
-                for (int k = 0; k < b->p.npreferred; k++)
-                    if (b->p.preferred_batch_size[k] == inst->rows)
-                        best_pref_n = inst->nsel;
-                if (inst->rows == b->cap_rows)
-                    full = 1;
-            }
-            r = next;
+/* Asks the policy (server/batch_policy.h) for the worker's next batch (lock
+ * held): BATCH_SEND with inst->sel/nsel/rows/bi set, BATCH_WAIT with *wake
+ * set, or BATCH_IDLE. Requests it found cancelled are failed here, before
+ * they can run. */
+static int worker_decide(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
+    struct batch_queue q = {.fifo = b->q, .nfifo = b->nlevels + 1, .draining = b->draining};
+    struct batch_decision d = {.sel = inst->sel};
+    int a;
+    do {
+        a = batch_decide(&b->cfg, &b->prof, &b->rates, &q, now, &d);
+        for (int k = 0; k < d.ndrop; k++) {
+            b->st.cancelled++;
+            fail_queued(b, d.drop[k], STATUS_CANCELLED, "request cancelled: the client went away");
         }
-    }
-    if (full || b->draining)
-        return DECIDE_SEND;
-
-    if (b->p.latency_budget_us) {
-        /* Latest start for the head to finish within its budget with the
-         * batch we have; wait for more rows only while a larger batch could
-         * still make it. */
-        uint64_t due = budget_due(b, h);
-        /* Already too late for all of it: the largest prefix that still
-         * makes it, if what is cut off can make it after that batch too;
-         * else everything (shrinking would only make the rest late). */
-        if (inst->nsel > 1 && now + predict_ns(b, inst->bi, inst->rows) > due) {
-            int n = inst->nsel;
-            int64_t rows = inst->rows;
-            while (n > 1 && now + predict_ns(b, inst->bi, rows) > due)
-                rows -= inst->sel[--n]->rows;
-            if (now + predict_ns(b, inst->bi, rows) <= due &&
-                now + predict_ns(b, inst->bi, rows) + predict_ns(b, inst->bi, inst->rows - rows) <=
-                    budget_due(b, inst->sel[n])) {
-                inst->nsel = n;
-                inst->rows = rows;
-            }
-            return DECIDE_SEND;
-        }
-        uint64_t exec_now = predict_ns(b, inst->bi, inst->rows);
-        uint64_t exec_more = predict_ns(b, inst->bi, inst->rows + 1);
-        if (now + exec_more > due || now + exec_now >= due)
-            return DECIDE_SEND;
-        uint64_t latest = due - exec_more;
-        /* Waiting pays only if another request is likely to come before
-         * the latest start: at a low rate, go now instead of spending the
-         * budget on waiting. Nor does it pay while the instances keep up
-         * with arrivals at this batch size with room to spare: batches
-         * then grow by themselves whenever the instances are busy, and
-         * waiting would only add its time to every request's latency (and
-         * cut throughput in a closed loop). */
-        if (b->gap_ewma_ns) {
-            double load = (double)exec_now / ((double)inst->nsel * (double)b->gap_ewma_ns * (double)b->ninst);
-            if (load < BATCHER_BUDGET_BUSY)
-                return DECIDE_SEND;
-            uint64_t next = b->last_arrival_ns + b->gap_ewma_ns;
-            if (next < now)
-                next = now;
-            if (next > latest)
-                return DECIDE_SEND;
-        }
-        *wake = latest;
-        return DECIDE_WAIT;
-    }
-
-    int64_t target = b->cap_rows;
-    if (b->p.npreferred > 0) {
-        int64_t maxp = 0;
-        for (int k = 0; k < b->p.npreferred; k++)
-            if (b->p.preferred_batch_size[k] > maxp)
-                maxp = b->p.preferred_batch_size[k];
-        if (maxp < target)
-            target = maxp;
-        if (best_pref_n > 0 && inst->rows >= target) {
-            while (inst->nsel > best_pref_n) {
-                inst->nsel--;
-                inst->rows -= inst->sel[inst->nsel]->rows;
-            }
-            return DECIDE_SEND;
-        }
-    }
-    if (inst->rows >= target || b->p.max_queue_delay_us == 0)
-        return DECIDE_SEND;
-    uint64_t due = h->enqueue_ns + b->p.max_queue_delay_us * 1000ull;
-    if (now >= due) {
-        /* The delay ran out: the largest preferred size we can form, if
-         * any, else everything we have. */
-        if (best_pref_n > 0)
-            while (inst->nsel > best_pref_n) {
-                inst->nsel--;
-                inst->rows -= inst->sel[inst->nsel]->rows;
-            }
-        return DECIDE_SEND;
-    }
-    *wake = due;
-    return DECIDE_WAIT;
-}
-
-/* 1 if a batch of n rows is one of the sizes batches are rounded down to:
- * the preferred sizes if any are configured, else the powers of two; and
- * max_batch_size itself. */
-static int is_bucket(const batcher_t *b, int64_t n) {
-    if (n == b->cap_rows)
-        return 1;
-    if (b->p.npreferred > 0) {
-        for (int k = 0; k < b->p.npreferred; k++)
-            if (b->p.preferred_batch_size[k] == n)
-                return 1;
-        return 0;
-    }
-    return n > 0 && (n & (n - 1)) == 0;
-}
-
-/* The policy plus rounding. The engine builds (and caches, a bounded
- * number of) plans per input shape: a batch of a new size costs a plan
- * build, hundreds of times a small model's run. So a batch about to go is
- * cut back to its longest prefix whose rows are a bucket size (at most
- * log2(max_batch_size) + 1 sizes); the requests cut off lead the next
- * batch, formed at once by this or another instance. any_batch_size turns
- * this off. */
-static int batch_decide(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
-    int d = batch_select(b, inst, now, wake);
-    if (d != DECIDE_SEND || inst->nsel < 2 || b->p.any_batch_size || is_bucket(b, inst->rows))
-        return d;
-    int64_t rows = inst->rows;
-    for (int k = inst->nsel - 1; k >= 1; k--) {
-        rows -= inst->sel[k]->rows;
-        if (is_bucket(b, rows)) {
-            /* Under a latency budget, only if what is cut off can still
-             * make its budget after this batch. */
-            if (b->p.latency_budget_us &&
-                now + predict_ns(b, inst->bi, rows) + predict_ns(b, inst->bi, inst->rows - rows) >
-                    budget_due(b, inst->sel[k]))
-                break;
-            inst->nsel = k;
-            inst->rows = rows;
-            break;
-        }
-    }
-    return d;
+    } while (a == BATCH_DROP);
+    inst->nsel = d.nsel;
+    inst->rows = d.rows;
+    inst->bi = d.bucket;
+    *wake = d.wake;
+    return a;
 }
 
 /* ---- execution ----------------------------------------------------------- */
@@ -585,23 +270,15 @@ static void *instance_main(void *arg) {
             continue;
         }
         uint64_t now = now_ns(b), wake = 0;
-        int d = batch_decide(b, inst, now, &wake);
-        if (d == DECIDE_IDLE && b->draining)
+        int d = worker_decide(b, inst, now, &wake);
+        if (d == BATCH_IDLE && b->draining)
             break;
-        if (d != DECIDE_SEND) {
+        if (d != BATCH_SEND) {
             b->idle++;
             cond_wait_until(b, &b->work_cv, wake);
             b->idle--;
-            if (wake && !b->p.now_ns) {
-                uint64_t t = now_ns(b);
-                /* Rises fast and decays slowly: tracks the high end of the
-                 * lateness, which is what a budget at p99 must allow for. */
-                uint64_t late = t >= wake ? t - wake : 0;
-                if (late > b->late_ewma_ns)
-                    b->late_ewma_ns += (late - b->late_ewma_ns) / 4;
-                else
-                    b->late_ewma_ns -= (b->late_ewma_ns - late) / 32;
-            }
+            if (wake && !b->p.now_ns)
+                batch_note_wakeup(&b->rates, wake, now_ns(b));
             continue;
         }
         for (int k = 0; k < inst->nsel; k++) {
@@ -627,7 +304,7 @@ static void *instance_main(void *arg) {
         b->st.inferences += (uint64_t)inst->rows;
         b->st.requests += (uint64_t)inst->nsel;
         b->st.exec_ns_total += exec_ns;
-        b->st.batch_hist[inst->rows < 64 ? inst->rows : 64]++;
+        b->st.batch_hist[inst->rows < METRICS_MAX_BATCH ? inst->rows : METRICS_MAX_BATCH]++;
         if (b->p.pad) {
             struct batcher_pad_stats *ps = &b->st.pad[inst->bi];
             ps->batches++;
@@ -639,14 +316,8 @@ static void *instance_main(void *arg) {
         if (inst->sel[0]->status) {
             b->st.failed += (uint64_t)inst->nsel;
         } else if (!bt.planned) {
-            profile_add(b, inst->bi, inst->rows, exec_ns);
-            /* From the profile, not this run: one run that the scheduler
-             * stalled must not move a small model to threads (where each
-             * tiny run then pays a fork-join). */
-            size_t at = (size_t)inst->bi * (size_t)(b->cap_rows + 1) + (size_t)inst->rows;
-            grow = b->p.executor.iface->heavy && b->profile_n[at] >= 2 &&
-                   b->profile[at] >= BATCHER_HEAVY_NS * (uint64_t)inst->nsel &&
-                   b->profile[at] >= BATCHER_HEAVY_RUN_NS;
+            batch_profile_add(&b->prof, inst->bi, inst->rows, exec_ns);
+            grow = b->p.executor.iface->heavy && batch_profile_heavy(&b->prof, inst->bi, inst->rows, inst->nsel);
         }
         if (b->p.preserve_ordering)
             while (b->deliver_seq != seq)
@@ -687,9 +358,9 @@ static void *timer_main(void *arg) {
             if (!client && b->p.default_queue_policy.timeout_action == BATCHER_TIMEOUT_DELAY) {
                 /* Not rejected: served after every request still in time. */
                 heap_remove(b, r);
-                fifo_remove(&b->q[r->q_.level], r);
+                batch_fifo_remove(&b->q[r->q_.level], r);
                 r->q_.level = b->nlevels;
-                fifo_push(&b->q[r->q_.level], r);
+                batch_fifo_push(&b->q[r->q_.level], r);
                 b->st.delayed++;
                 /* Its client's deadline still holds (no room for it: it runs anyway). */
                 if (r->deadline_ns) {
@@ -757,8 +428,7 @@ void batcher_free(batcher_t *b) {
     executor_free(&b->p.executor);
     free(b->q);
     free(b->heap);
-    free(b->profile);
-    free(b->profile_n);
+    batch_profile_release(&b->prof);
     pthread_cond_destroy(&b->work_cv);
     pthread_cond_destroy(&b->timer_cv);
     pthread_cond_destroy(&b->order_cv);
@@ -775,8 +445,8 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
         return NULL;
     }
     const char *name = p->model_name ? p->model_name : "?";
-    if (p->max_batch_size < 0 || p->priority_levels < 0 || p->priority_levels > BATCHER_MAX_PRIORITIES ||
-        p->npreferred < 0 || p->npreferred > BATCHER_MAX_PREFERRED || p->default_queue_policy.max_queue_size < 0) {
+    if (p->max_batch_size < 0 || p->priority_levels < 0 || p->priority_levels > MODEL_CONFIG_MAX_PRIORITIES ||
+        p->npreferred < 0 || p->npreferred > MODEL_CONFIG_MAX_PREFERRED || p->default_queue_policy.max_queue_size < 0) {
         executor_free(&ex);
         status_set(err, err_len, STATUS_INVALID, "model '%s': batcher parameters out of range", name);
         return NULL;
@@ -826,11 +496,18 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
     pthread_condattr_destroy(&ca);
 
     b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
-    b->nprof = b->p.pad ? b->p.pad->nbuckets + 1 : 1;
-    b->profile = calloc((size_t)b->nprof * (size_t)(b->cap_rows + 1), sizeof *b->profile);
-    b->profile_n = calloc((size_t)b->nprof * (size_t)(b->cap_rows + 1), sizeof *b->profile_n);
+    b->cfg = (struct batch_config){.max_batch_size = p->max_batch_size,
+                                   .dynamic_batching = p->dynamic_batching,
+                                   .npreferred = p->npreferred,
+                                   .max_queue_delay_us = p->max_queue_delay_us,
+                                   .latency_budget_us = p->latency_budget_us,
+                                   .any_batch_size = p->any_batch_size,
+                                   .instances = ex.instances,
+                                   .pad = p->pad};
+    memcpy(b->cfg.preferred_batch_size, p->preferred_batch_size, sizeof b->cfg.preferred_batch_size);
+    int prof_rc = batch_profile_init(&b->prof, b->p.pad ? b->p.pad->nbuckets + 1 : 1, b->cap_rows);
     b->inst = calloc((size_t)b->ninst, sizeof *b->inst);
-    if (!b->q || !b->profile || !b->profile_n || !b->inst) {
+    if (!b->q || prof_rc || !b->inst) {
         status_set(err, err_len, STATUS_NOMEM, "out of memory");
         goto fail;
     }
@@ -923,11 +600,7 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     }
     uint64_t now = now_ns(b);
     r->enqueue_ns = now;
-    if (b->last_arrival_ns) {
-        uint64_t gap = now - b->last_arrival_ns;
-        b->gap_ewma_ns = b->gap_ewma_ns ? (b->gap_ewma_ns * 7 + gap) / 8 : (gap ? gap : 1);
-    }
-    b->last_arrival_ns = now;
+    batch_note_arrival(&b->rates, now);
     uint64_t tmo = qp->default_timeout_us;
     if (qp->allow_timeout_override && r->timeout_us)
         tmo = r->timeout_us;
@@ -946,7 +619,7 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
         if (r->q_.heap_idx == 0)
             pthread_cond_signal(&b->timer_cv);
     }
-    fifo_push(&b->q[r->q_.level], r);
+    batch_fifo_push(&b->q[r->q_.level], r);
     b->queued++;
     int wake = b->idle > 0;
     pthread_mutex_unlock(&b->mu);
@@ -994,8 +667,8 @@ void batcher_get_stats(batcher_t *b, struct batcher_stats *out) {
     *out = b->st;
     out->queued = (uint64_t)b->queued;
     for (int64_t n = 1; n <= b->cap_rows; n++)
-        if (b->profile[n])
-            out->profile_ns[n < 64 ? n : 64] = b->profile[n];
+        if (b->prof.ns[n])
+            out->profile_ns[n < METRICS_MAX_BATCH ? n : METRICS_MAX_BATCH] = b->prof.ns[n];
     if (b->p.pad) {
         out->npad = b->p.pad->nbuckets + 1;
         for (int i = 0; i < b->p.pad->nbuckets; i++)

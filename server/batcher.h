@@ -21,12 +21,10 @@
 
 #include "common/tensor.h"
 #include "server/instance.h"
+#include "server/metrics.h"
 #include "server/padding.h"
 
 typedef struct batcher batcher_t;
-
-#define BATCHER_MAX_PREFERRED 16
-#define BATCHER_MAX_PRIORITIES 16
 
 enum batcher_timeout_action { BATCHER_TIMEOUT_REJECT = 0, BATCHER_TIMEOUT_DELAY = 1 };
 
@@ -45,7 +43,7 @@ struct batcher_params {
     const char *model_name;        /* for logs */
     int max_batch_size;            /* 0: no batching, inputs have no batch dim */
     int dynamic_batching;          /* 0: every request is its own batch */
-    int preferred_batch_size[BATCHER_MAX_PREFERRED];
+    int preferred_batch_size[MODEL_CONFIG_MAX_PREFERRED];
     int npreferred;
     uint64_t max_queue_delay_us;
     uint64_t latency_budget_us;    /* kiln's own: 0 = off (use max_queue_delay_us) */
@@ -118,13 +116,14 @@ struct batcher_stats {
     uint64_t inferences;           /* rows run */
     uint64_t rejected_queue_full, rejected_timeout, cancelled, failed;
     uint64_t queue_ns_total;
-    uint64_t batch_hist[65];       /* [n] = batches of n rows (64+ in [64]) */
+    uint64_t batch_hist[METRICS_MAX_BATCH + 1]; /* [n] = batches of n rows (METRICS_MAX_BATCH
+                                                   and more in [METRICS_MAX_BATCH]) */
     uint64_t requests;             /* requests run (ok or failed by the model) */
     uint64_t exec_ns_total;        /* time executing (the executor's exec_ns), summed over batches */
     uint64_t delayed;              /* timeouts with action DELAY (not rejected) */
     uint64_t rejected_invalid;     /* requests that broke batcher_submit's contract */
-    uint64_t profile_ns[65];       /* running mean (EWMA) of a batch's execution
-                                      time by rows (64+ in [64]); 0 = not seen */
+    uint64_t profile_ns[METRICS_MAX_BATCH + 1]; /* running mean (EWMA) of a batch's execution
+                                                   time by rows, as batch_hist; 0 = not seen */
     /* Padded batching: per length bucket ([npad - 1]: longer than every
      * bucket, run at their own length), batches and rows run, and the
      * elements of the first padded input: the requests' own and the

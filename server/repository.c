@@ -333,7 +333,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                                  .allow_timeout_override = c->allow_timeout_override,
                                  .max_queue_size = c->max_queue_size},
     };
-    for (int i = 0; i < c->npreferred && i < BATCHER_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
+    for (int i = 0; i < c->npreferred && i < MODEL_CONFIG_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
     v->batcher = instances_create(&ip, &bp.executor, e2, sizeof e2) ? NULL : batcher_create(&bp, e2, sizeof e2);
     if (!v->batcher) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);

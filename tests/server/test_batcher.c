@@ -968,8 +968,10 @@ static void test_concurrent_storm(void **state) {
     assert_int_equal(seen, rows);
 }
 
-/* The policy itself, with the instance held busy so the test owns the
- * queue: latency budget decisions against a known profile. */
+/* The policy as the batcher calls it (worker_decide, on its own queues),
+ * with the instance held busy so the test owns the queue: latency budget
+ * decisions against a known profile. The policy alone, on tables of queue
+ * states, is tests/server/test_batch_policy.c. */
 static void test_latency_budget_decisions(void **state) {
     (void)state;
     ex_reset();
@@ -996,13 +998,13 @@ static void test_latency_budget_decisions(void **state) {
 
     pthread_mutex_lock(&b->mu);
     /* Deadline arithmetic alone: no arrival rate known. */
-    b->gap_ewma_ns = 0;
-    b->profile[1] = 100000;
-    b->profile[2] = 150000;
-    b->profile[4] = 250000;
-    b->profile[8] = 400000;
-    assert_int_equal(predict_ns(b, 0, 3), 250000); /* the next size seen above */
-    assert_int_equal(predict_ns(b, 0, 8), 400000);
+    b->rates.gap_ewma_ns = 0;
+    b->prof.ns[1] = 100000;
+    b->prof.ns[2] = 150000;
+    b->prof.ns[4] = 250000;
+    b->prof.ns[8] = 400000;
+    assert_int_equal(batch_predict_ns(&b->prof, 0, 3), 250000); /* the next size seen above */
+    assert_int_equal(batch_predict_ns(&b->prof, 0, 8), 400000);
     struct worker scratch;
     memset(&scratch, 0, sizeof scratch);
     struct batcher_request *sel[8];
@@ -1010,51 +1012,51 @@ static void test_latency_budget_decisions(void **state) {
     uint64_t wake = 0;
     /* The plan is to finish 100 us (a tenth) early: by t0+900 us. 3 rows
      * queued at t0; a 4th would need 250 us: wait until t0+650 us. */
-    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
+    assert_int_equal(worker_decide(b, &scratch, t0, &wake), BATCH_WAIT);
     assert_int_equal(scratch.rows, 3);
     assert_int_equal(wake, t0 + 650000);
-    assert_int_equal(batch_decide(b, &scratch, t0 + 649000, &wake), DECIDE_WAIT);
-    assert_int_equal(batch_decide(b, &scratch, t0 + 650000, &wake), DECIDE_SEND);
+    assert_int_equal(worker_decide(b, &scratch, t0 + 649000, &wake), BATCH_WAIT);
+    assert_int_equal(worker_decide(b, &scratch, t0 + 650000, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 3);
     /* At t0+700 us 2 rows would make it (700+150 <= 900) and 3 not, but
      * the third, cut off, could not run after them in time (+100 > 900):
      * all three go. */
-    assert_int_equal(batch_decide(b, &scratch, t0 + 700000, &wake), DECIDE_SEND);
+    assert_int_equal(worker_decide(b, &scratch, t0 + 700000, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 3);
     /* Were the third younger (enqueued at t0+300 us), it could: 2 go. */
     scratch.sel[2]->enqueue_ns = t0 + 300000;
-    assert_int_equal(batch_decide(b, &scratch, t0 + 700000, &wake), DECIDE_SEND);
+    assert_int_equal(worker_decide(b, &scratch, t0 + 700000, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 2);
     scratch.sel[2]->enqueue_ns = t0;
     /* Too late even for the head alone (880+100 > 900): all three go. */
-    assert_int_equal(batch_decide(b, &scratch, t0 + 880000, &wake), DECIDE_SEND);
+    assert_int_equal(worker_decide(b, &scratch, t0 + 880000, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 3);
     /* With requests arriving every 800 us (the last at t0), the next is
      * due after the latest start (t0+650 us): waiting would not pay. */
-    b->gap_ewma_ns = 800000;
-    b->last_arrival_ns = t0;
-    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_SEND);
+    b->rates.gap_ewma_ns = 800000;
+    b->rates.last_arrival_ns = t0;
+    assert_int_equal(worker_decide(b, &scratch, t0, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 3);
     /* Every 100 us: one is due by t0+100 us, and batches of 3 (250 us
      * for 300 us of arrivals) would keep the instance busy: wait. */
-    b->gap_ewma_ns = 100000;
-    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
+    b->rates.gap_ewma_ns = 100000;
+    assert_int_equal(worker_decide(b, &scratch, t0, &wake), BATCH_WAIT);
     assert_int_equal(wake, t0 + 650000);
     /* Every 200 us: one is due before the latest start, but the instance
      * would be busy 250 us out of every 600 us (under half): it keeps up
      * without waiting, so the batch goes now. */
-    b->gap_ewma_ns = 200000;
-    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_SEND);
+    b->rates.gap_ewma_ns = 200000;
+    assert_int_equal(worker_decide(b, &scratch, t0, &wake), BATCH_SEND);
     assert_int_equal(scratch.rows, 3);
     /* The same rate with a slower model (400 us for 3 rows): wait. */
-    b->profile[4] = 400000;
-    assert_int_equal(batch_decide(b, &scratch, t0, &wake), DECIDE_WAIT);
-    b->profile[4] = 250000;
+    b->prof.ns[4] = 400000;
+    assert_int_equal(worker_decide(b, &scratch, t0, &wake), BATCH_WAIT);
+    b->prof.ns[4] = 250000;
     /* A size that once ran slow is bounded by a faster larger size. */
-    b->profile[2] = 900000;
-    assert_int_equal(predict_ns(b, 0, 2), 250000);
-    b->profile[2] = 150000;
-    b->gap_ewma_ns = 0;
+    b->prof.ns[2] = 900000;
+    assert_int_equal(batch_predict_ns(&b->prof, 0, 2), 250000);
+    b->prof.ns[2] = 150000;
+    b->rates.gap_ewma_ns = 0;
     pthread_mutex_unlock(&b->mu);
 
     /* Let the instance go (its batch takes no fake time): whenever it looks
@@ -1135,13 +1137,13 @@ static void test_profile_ignores_outliers(void **state) {
     p.dynamic_batching = 1;
     batcher_t *b = make(&p);
     pthread_mutex_lock(&b->mu);
-    profile_add(b, 0, 4, 5000000); /* first run: builds the plan */
-    profile_add(b, 0, 4, 100000);
-    assert_int_equal(b->profile[4], 100000);
-    profile_add(b, 0, 4, 40000000); /* stalled: counted as 200 us */
-    assert_int_equal(b->profile[4], 125000);
-    profile_add(b, 0, 4, 100000);
-    assert_true(b->profile[4] < 125000);
+    batch_profile_add(&b->prof, 0, 4, 5000000); /* first run: builds the plan */
+    batch_profile_add(&b->prof, 0, 4, 100000);
+    assert_int_equal(b->prof.ns[4], 100000);
+    batch_profile_add(&b->prof, 0, 4, 40000000); /* stalled: counted as 200 us */
+    assert_int_equal(b->prof.ns[4], 125000);
+    batch_profile_add(&b->prof, 0, 4, 100000);
+    assert_true(b->prof.ns[4] < 125000);
     pthread_mutex_unlock(&b->mu);
     batcher_free(b);
 }
@@ -1353,10 +1355,10 @@ static void test_padded_batches(void **state) {
     assert_int_equal(st.pad[2].real, 10);
     /* One profile per bucket: bucket 1's times do not predict bucket 0's. */
     pthread_mutex_lock(&b->mu);
-    assert_true(predict_ns(b, 0, 4) > 0);
-    profile_add(b, 1, 4, 999999);
-    assert_true(predict_ns(b, 0, 4) != 999999);
-    assert_int_equal(predict_ns(b, 1, 4), 999999);
+    assert_true(batch_predict_ns(&b->prof, 0, 4) > 0);
+    batch_profile_add(&b->prof, 1, 4, 999999);
+    assert_true(batch_predict_ns(&b->prof, 0, 4) != 999999);
+    assert_int_equal(batch_predict_ns(&b->prof, 1, 4), 999999);
     pthread_mutex_unlock(&b->mu);
     batcher_free(b);
     inst.pad = NULL;
