@@ -43,7 +43,7 @@ static const struct opt g_opts[] = {
     {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP or gRPC connection (no byte read or written; a gRPC connection with a call open is not idle)"},
     {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive (408); for gRPC, the connection preface and first call's headers (GOAWAY)"},
     {"http-body-timeout-secs", OPT_INT, "S", "60", "total time a request's body may take to arrive (408); for gRPC, each request message once begun (DEADLINE_EXCEEDED)"},
-    {"max-connections", OPT_INT, "N", "fd limit - 64", "open HTTP and gRPC connections together; one beyond them gets 503 (gRPC: UNAVAILABLE, then GOAWAY) and is closed"},
+    {"max-connections", OPT_INT, "N", "fd limit less 1/8 (32-4096)", "open HTTP and gRPC connections together; one beyond them gets 503 (gRPC: UNAVAILABLE, then GOAWAY) and is closed"},
     {"backend", OPT_STR, "auto|cpu|cuda", "auto", "where models run; auto uses CUDA when a GPU is usable, else the CPU"},
     {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", OPT_STR, "text|json", "text", "log line format"},
