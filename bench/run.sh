@@ -13,6 +13,7 @@
 #   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
 #   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
+#   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 # A section that fails is reported as failed (with the end of its log) and
@@ -32,7 +33,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm modelset modelset_avx2"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -75,6 +76,7 @@ TITLE[hash]="Cache key: hash throughput"
 TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
+TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
 
@@ -162,6 +164,17 @@ print(f"- Target: under 10% of a core, log under 1 KB/s, a request served within
       f"in every mode: **{'met' if ok else 'NOT met'}**.")
 PY
     } >"$OUT/fds.md"
+}
+
+# Each probe on a fresh server, with its defaults and with a 256 MiB bound.
+run_limits() {
+    "$PY" bench/limits_probe.py --kiln "$KILN" --max-request-memory 256M --max-request-memory default \
+        >"$OUT/limits.txt" 2>"$OUT/limits.log" || return
+    {
+        echo "Peak RSS is the kiln process's VmHWM on a server started for that probe alone."
+        echo
+        cat "$OUT/limits.txt"
+    } >"$OUT/limits.md"
 }
 
 failed=""
