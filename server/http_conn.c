@@ -36,6 +36,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "server/http_impl.h"
 #include "server/infer.h"
 #include "server/kserve.h"
@@ -96,20 +97,6 @@ static int ratelog_due(struct ratelog *r, unsigned *n) {
     if (!atomic_compare_exchange_strong(&r->last_ns, &last, now)) return 0;
     *n = atomic_exchange(&r->count, 0);
     return 1;
-}
-
-static const char *conn_reason(int code) {
-    switch (code) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 417: return "Expectation Failed";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
 }
 
 /* evhttp still holds the connection. Between evhttp freeing it and the
@@ -179,7 +166,7 @@ static void conn_emit(struct http_conn *c) {
     char head[256];
     int hl = snprintf(head, sizeof head,
                       "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                      c->status, conn_reason(c->status), b.len);
+                      c->status, status_http_phrase(c->status), b.len);
     struct iovec iov[2] = {{head, (size_t)hl}, {b.data, b.len}};
     evutil_socket_t fd = bufferevent_getfd(c->sock);
     evbuffer_drain(bufferevent_get_input(c->sock), evbuffer_get_length(bufferevent_get_input(c->sock)));
