@@ -182,8 +182,8 @@ static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) 
 
 /* The body as one contiguous buffer, inflated when Content-Encoding says
  * gzip or deflate. *owned is set when the caller must free the result.
- * Returns NULL with *code and err set on failure. */
-static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *code,
+ * Returns NULL with *status and err set on failure. */
+static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *status,
                                 char *err, size_t err_len) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t n = evbuffer_get_length(in);
@@ -195,8 +195,8 @@ static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, si
         return raw;
     }
     unsigned char *out;
-    *code = http_coding_inflate(enc, raw, n, (size_t)s->cfg->max_request_size, &out, len, err, err_len);
-    if (*code) return NULL;
+    *status = http_coding_inflate(enc, raw, n, (size_t)s->cfg->max_request_size, &out, len, err, err_len);
+    if (*status) return NULL;
     *owned = 1;
     return out;
 }
@@ -436,11 +436,11 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         return;
     }
     size_t len;
-    int owned, code = 400;
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    int owned;
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
         infer_request_drop(c->r);
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         free(c);
         return;
     }
@@ -530,11 +530,11 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
     snprintf(c->name, sizeof c->name, "%s", name);
     /* Body: {"parameters": {"config": "<model config JSON>", "unload_dependents": bool}}. */
     size_t len;
-    int owned, code = 400;
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    int owned, status;
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
         free(c);
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         return;
     }
     if (len && json_has_nul(body, len, err, sizeof err)) {
@@ -570,11 +570,11 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
 static void handle_index(http_server_t *s, struct evhttp_request *req) {
     int ready_only = 0;
     size_t len;
-    int owned, code = 400;
+    int owned, status;
     char err[256];
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         return;
     }
     if (len && json_has_nul(body, len, err, sizeof err)) {
@@ -613,15 +613,14 @@ struct http_call {
 
 /* ==== shared memory ====================================================== */
 
-/* The request's body as JSON, or NULL: when it cannot be read, *code is
- * the status to answer with err; when it is empty or not JSON, *code is 0. */
-static cJSON *read_json_body(const struct http_call *c, int *code, char *err, size_t err_len) {
+/* The request's body as JSON, or NULL: when it cannot be read, *status is
+ * the status to answer with err; when it is empty or not JSON, *status is 0. */
+static cJSON *read_json_body(const struct http_call *c, int *status, char *err, size_t err_len) {
     size_t len;
     int owned;
-    *code = 400;
-    unsigned char *body = read_body(c->srv, c->req, &len, &owned, code, err, err_len);
+    unsigned char *body = read_body(c->srv, c->req, &len, &owned, status, err, err_len);
     if (!body) return NULL;
-    *code = 0;
+    *status = 0;
     cJSON *j = len && !json_has_nul(body, len, err, err_len) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
     if (owned) free(body);
     return j;
@@ -651,12 +650,12 @@ static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
 static void route_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[600];
-    int code;
+    int status;
     shm_owner_t owner;
     if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &code, err, sizeof err);
-    if (code) {
-        reply_error(s, c->req, code, err);
+    cJSON *j = read_json_body(c, &status, err, sizeof err);
+    if (status) {
+        reply_status(s, c->req, status, err);
         return;
     }
     const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
@@ -705,12 +704,12 @@ static void route_shm_status(const struct http_call *c) {
 static void route_cuda_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[900];
-    int code;
+    int status;
     shm_owner_t owner;
     if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &code, err, sizeof err);
-    if (code) {
-        reply_error(s, c->req, code, err);
+    cJSON *j = read_json_body(c, &status, err, sizeof err);
+    if (status) {
+        reply_status(s, c->req, status, err);
         return;
     }
     const cJSON *handle = cJSON_GetObjectItemCaseSensitive(j, "raw_handle");
