@@ -31,13 +31,13 @@
 #define UNPACK(type, fn, st, msg, len)                                                                      \
     type *req = fn(NULL, len, msg);                                                                          \
     if (!req) {                                                                                              \
-        grpc_stream_errorf(st, STATUS_INVALID, "the request is not a valid %s message", #type + 11); \
+        grpc_stream_errorf(st, STATUS_INVALID, "the request is not a valid %s message", #type + 11);         \
         return;                                                                                              \
     }                                                                                                        \
     const char *nul_in_ = grpc_strings_nul(req->base.descriptor, msg, len);                                  \
     if (nul_in_) {                                                                                           \
         protobuf_c_message_free_unpacked(&req->base, NULL);                                                  \
-        grpc_stream_errorf(st, STATUS_INVALID, "the request's string field '%s' holds a NUL byte",     \
+        grpc_stream_errorf(st, STATUS_INVALID, "the request's string field '%s' holds a NUL byte",           \
                            nul_in_);                                                                         \
         return;                                                                                              \
     }
