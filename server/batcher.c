@@ -369,7 +369,7 @@ static void *timer_main(void *arg) {
                 }
             } else {
                 b->st.rejected_timeout++;
-                fail_queued(b, r, STATUS_UNAVAILABLE,
+                fail_queued(b, r, client ? STATUS_DEADLINE : STATUS_TIMEOUT,
                             client ? "Request timeout expired: the client's deadline passed while the request was queued"
                                    : "Request timeout expired");
             }
@@ -596,7 +596,7 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     if (qp->max_queue_size > 0 && b->q[level - 1].n >= qp->max_queue_size) {
         b->st.rejected_queue_full++;
         pthread_mutex_unlock(&b->mu);
-        return status_set(r->err, sizeof r->err, STATUS_UNAVAILABLE, "Exceeds maximum queue size");
+        return status_set(r->err, sizeof r->err, STATUS_QUEUE_FULL, "Exceeds maximum queue size");
     }
     uint64_t now = now_ns(b);
     r->enqueue_ns = now;

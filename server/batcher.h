@@ -78,7 +78,7 @@ struct batcher_request {
     uint64_t timeout_us;           /* 0 = the queue policy's default */
     /* The client's own deadline (a gRPC call's grpc-timeout), on the
      * batcher's clock (CLOCK_MONOTONIC ns, clock_now_ns); 0 = none. Still
-     * queued when it passes, the request is dropped with STATUS_UNAVAILABLE
+     * queued when it passes, the request is dropped with STATUS_DEADLINE
      * "Request timeout expired: ..." whatever the policy's timeout action,
      * and counted in rejected_timeout. A running request completes. */
     uint64_t deadline_ns;
@@ -139,7 +139,7 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
 /* Finishes queued work (drain) and joins the threads; NULL is a no-op. */
 void batcher_free(batcher_t *b);
 /* Returns 0 (done() will be called) or a negative status with r->err set and
- * done() never called: STATUS_UNAVAILABLE "Exceeds maximum queue size",
+ * done() never called: STATUS_QUEUE_FULL "Exceeds maximum queue size",
  * STATUS_INVALID for a request with another input count than the
  * executor's, or rows outside 1..max_batch_size (a caller's bug: shapes are
  * the submitter's to check). */

@@ -86,19 +86,6 @@ struct grpc_conn {
     struct grpc_conn *next, *prev;
 };
 
-enum grpc_code grpc_code_of(int status) {
-    switch (status) {
-    case STATUS_OK: return GRPC_OK;
-    case STATUS_INVALID: return GRPC_INVALID_ARGUMENT;
-    case STATUS_NOT_FOUND: return GRPC_NOT_FOUND;
-    case STATUS_UNAVAILABLE: return GRPC_UNAVAILABLE;
-    case STATUS_UNSUPPORTED: return GRPC_UNIMPLEMENTED;
-    case STATUS_DATA_DEPENDENT: return GRPC_UNIMPLEMENTED;
-    case STATUS_CANCELLED: return GRPC_CANCELLED;
-    default: return GRPC_INTERNAL;
-    }
-}
-
 /* ==== request buffers ==================================================== */
 
 /* Moves reserved bytes between nothing and the stream: growth that would
@@ -169,13 +156,13 @@ static int inbuf_append(struct grpc_stream *st, const uint8_t *data, size_t len)
         grpc_server_t *s = grpc_stream_server(st);
         int rc = inbuf_account(st, b->cap, cap);
         if (rc == -1) {
-            grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+            grpc_stream_errorf(st, STATUS_EXHAUSTED,
                                "the connection holds more than --grpc-max-buffered-bytes (%zu bytes) of unfinished "
                                "request messages: finish or cancel its other calls first", s->max_buffered);
             return -1;
         }
         if (rc == -2) {
-            grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+            grpc_stream_errorf(st, STATUS_EXHAUSTED,
                                "the server holds more than --grpc-max-buffered-total (%zu bytes) of unfinished "
                                "request messages: try again later", s->max_buffered_total);
             return -1;
@@ -183,7 +170,7 @@ static int inbuf_append(struct grpc_stream *st, const uint8_t *data, size_t len)
         uint8_t *p = inbuf_block(b->data, b->cap, b->len, cap);
         if (!p) {
             inbuf_account(st, cap, b->cap);
-            grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+            grpc_stream_errorf(st, STATUS_NOMEM, "out of memory");
             return -1;
         }
         b->data = p;
@@ -471,7 +458,7 @@ static uint64_t conn_deadlines(struct grpc_conn *c, int expire) {
         open = 1;
         uint64_t since = !st->method ? 0 : !st->method->streaming ? (st->remote_done ? 0 : st->opened_ns) : st->in.since_ns;
         if (since && body && passed(since + body, expire, due, &next))
-            grpc_stream_errorf(st, GRPC_DEADLINE_EXCEEDED,
+            grpc_stream_errorf(st, STATUS_IO_TIMEOUT,
                                "the request message did not arrive within --http-body-timeout-secs (%d s)", s->body_secs);
     }
     if (!open && s->idle_secs > 0 &&
@@ -576,8 +563,9 @@ static char *percent_encode(const char *msg) {
     return out;
 }
 
-void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg) {
+void grpc_stream_finish(struct grpc_stream *st, int status, const char *msg) {
     if (st->finished) return;
+    enum grpc_code code = status_grpc(status);
     st->finished = 1;
     st->code = code;
     /* What the client sent and nobody will read no longer counts against
@@ -607,20 +595,20 @@ void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m) {
     size_t len;
     uint8_t *buf = grpc_frame(m, &len);
     if (!buf) {
-        grpc_stream_finish(st, GRPC_INTERNAL, "out of memory");
+        grpc_stream_finish(st, STATUS_NOMEM, "out of memory");
         return;
     }
     grpc_stream_queue(st, buf, len);
-    grpc_stream_finish(st, GRPC_OK, NULL);
+    grpc_stream_finish(st, STATUS_OK, NULL);
 }
 
-void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...) {
+void grpc_stream_errorf(struct grpc_stream *st, int status, const char *fmt, ...) {
     char msg[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    grpc_stream_finish(st, code, msg);
+    grpc_stream_finish(st, status, msg);
 }
 
 /* The next whole message in st->in: 1 with *msg (in the buffer, valid
@@ -633,11 +621,11 @@ static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len
     size_t n = prefix_len(h);
     size_t max = grpc_stream_server(st)->max_message;
     if (h[0] != 0) {
-        grpc_stream_errorf(st, GRPC_UNIMPLEMENTED, "compressed messages are not supported: send them uncompressed");
+        grpc_stream_errorf(st, STATUS_MEDIA_TYPE, "compressed messages are not supported: send them uncompressed");
         return -1;
     }
     if (n > max) {
-        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+        grpc_stream_errorf(st, STATUS_TOO_LARGE,
                            "the request message has %zu bytes, more than --grpc-max-message-size (%zu bytes)", n, max);
         return -1;
     }
@@ -671,7 +659,7 @@ static void stream_end(struct grpc_stream *st) {
     if (st->method->streaming) {
         stream_messages(st);
         if (!st->finished && st->in.len > st->in.off)
-            grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the stream ended inside a message");
+            grpc_stream_errorf(st, STATUS_INVALID, "the stream ended inside a message");
         if (!st->finished) grpc_infer_stream_done(st);
         return;
     }
@@ -680,7 +668,7 @@ static void stream_end(struct grpc_stream *st) {
     int rc = next_message(st, &msg, &len);
     if (rc < 0) return;
     if (rc == 0 || st->in.len - st->in.off > len + 5) {
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s takes exactly one request message",
+        grpc_stream_errorf(st, STATUS_INVALID, "%s takes exactly one request message",
                            strrchr(st->method->name, '/') + 1);
         return;
     }
@@ -692,23 +680,23 @@ static void stream_check(struct grpc_stream *st) {
     if (st->conn->shed) {
         char why[160];
         shed_reason(st->conn, why, sizeof why);
-        grpc_stream_errorf(st, GRPC_UNAVAILABLE, "%s", why);
+        grpc_stream_errorf(st, STATUS_UNAVAILABLE, "%s", why);
         nghttp2_submit_goaway(st->conn->h2, NGHTTP2_FLAG_NONE, st->id, NGHTTP2_NO_ERROR, (const uint8_t *)why,
                               strlen(why));
         return;
     }
     if (st->bad_request) {
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "not a gRPC request: content-type must be application/grpc");
+        grpc_stream_errorf(st, STATUS_INVALID, "not a gRPC request: content-type must be application/grpc");
         return;
     }
     if (st->deadline_ns == UINT64_MAX) {
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT,
+        grpc_stream_errorf(st, STATUS_INVALID,
                            "grpc-timeout must be 1 to 8 digits and a unit (H, M, S, m, u or n)");
         return;
     }
     st->method = st->path ? grpc_method_find(st->path) : NULL;
     if (!st->method)
-        grpc_stream_errorf(st, GRPC_UNIMPLEMENTED, "unknown or unsupported method %.300s",
+        grpc_stream_errorf(st, STATUS_UNSUPPORTED, "unknown or unsupported method %.300s",
                            st->path ? st->path : "(no :path)");
 }
 
@@ -789,7 +777,7 @@ static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const u
     /* A unary call's message must not grow past the limit while it arrives. */
     if (st->method->streaming) stream_messages(st);
     else if (st->in.len - st->in.off > max + 5)
-        grpc_stream_errorf(st, GRPC_RESOURCE_EXHAUSTED,
+        grpc_stream_errorf(st, STATUS_TOO_LARGE,
                            "the request message has more than --grpc-max-message-size (%zu bytes)", max);
     return 0;
 }

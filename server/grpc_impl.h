@@ -16,6 +16,7 @@
 
 #include <protobuf-c/protobuf-c.h>
 
+#include "common/status.h"
 #include "server/grpc.h"
 #include "server/infer.h"
 
@@ -28,23 +29,6 @@ typedef struct cJSON cJSON;
 
 /* Streams one connection may have open at once (SETTINGS_MAX_CONCURRENT_STREAMS). */
 #define GRPC_MAX_STREAMS 128
-
-/* gRPC status codes (grpc/doc/statuscodes.md). */
-enum grpc_code {
-    GRPC_OK = 0,
-    GRPC_CANCELLED = 1,
-    GRPC_INVALID_ARGUMENT = 3,
-    GRPC_DEADLINE_EXCEEDED = 4,
-    GRPC_NOT_FOUND = 5,
-    GRPC_RESOURCE_EXHAUSTED = 8,
-    GRPC_UNIMPLEMENTED = 12,
-    GRPC_INTERNAL = 13,
-    GRPC_UNAVAILABLE = 14,
-    GRPC_UNAUTHENTICATED = 16,
-};
-
-/* Triton's mapping of a kiln status (common/status.h) to a gRPC code. */
-enum grpc_code grpc_code_of(int status);
 
 struct grpc_conn;
 struct grpc_infer;
@@ -144,13 +128,13 @@ void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len);
 void grpc_stream_flush(struct grpc_stream *st);
 /* Sends what every connection of the loop queued (each may close). */
 void grpc_loop_flush(struct grpc_loop *l);
-/* Ends the call: grpc-status code and grpc-message msg (NULL = none) in the
- * trailers, after what was queued. Once per stream. */
-void grpc_stream_finish(struct grpc_stream *st, enum grpc_code code, const char *msg);
+/* Ends the call: the gRPC code of status (common/status.h) and grpc-message
+ * msg (NULL = none) in the trailers, after what was queued. Once per stream. */
+void grpc_stream_finish(struct grpc_stream *st, int status, const char *msg);
 /* Sends m and ends the call with OK. */
 void grpc_stream_reply(struct grpc_stream *st, const ProtobufCMessage *m);
-/* Ends the call with code and a message formatted like printf. */
-void grpc_stream_errorf(struct grpc_stream *st, enum grpc_code code, const char *fmt, ...)
+/* Ends the call with status and a message formatted like printf. */
+void grpc_stream_errorf(struct grpc_stream *st, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* ---- grpc_service.c ---- */

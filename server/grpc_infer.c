@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/clock.h"
 #include "common/status.h"
+#include "server/access.h"
 #include "server/grpc_impl.h"
 #include "triton/grpc_service.pb-c.h"
 
@@ -23,7 +23,6 @@ struct grpc_infer {
     struct grpc_loop *loop;
     struct infer_request *r;
     int streaming;
-    uint64_t deadline_ns;        /* the stream's grpc-timeout; 0 = none */
     uint8_t *reply;              /* the framed answer, between encode and send */
     size_t reply_len;
     struct grpc_infer *next, *prev;
@@ -68,8 +67,6 @@ static void infer_send(void *ctx, int status, const char *msg) {
     uint8_t *reply = c->reply;
     size_t len = c->reply_len;
     int streaming = c->streaming;
-    /* Dropped in the queue at the client's deadline: Triton's DEADLINE_EXCEEDED. */
-    int late = status == STATUS_UNAVAILABLE && c->deadline_ns && clock_now_ns() >= c->deadline_ns;
     if (st) call_unlink(c);
     free(c);
     if (!st) {
@@ -79,18 +76,18 @@ static void infer_send(void *ctx, int status, const char *msg) {
     if (!streaming) {
         if (status) {
             free(reply);
-            grpc_stream_finish(st, late ? GRPC_DEADLINE_EXCEEDED : grpc_code_of(status), msg);
+            grpc_stream_finish(st, status, msg);
             return;
         }
         grpc_stream_queue(st, reply, len);
-        grpc_stream_finish(st, GRPC_OK, NULL);
+        grpc_stream_finish(st, STATUS_OK, NULL);
         return;
     }
     if (status) {
         free(reply);
         stream_error(st, msg);
     } else grpc_stream_queue(st, reply, len);
-    if (st->remote_done && st->ncalls == 0) grpc_stream_finish(st, GRPC_OK, NULL);
+    if (st->remote_done && st->ncalls == 0) grpc_stream_finish(st, STATUS_OK, NULL);
     else grpc_stream_flush(st);
 }
 
@@ -105,13 +102,13 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
         char e[160];
         snprintf(e, sizeof e, "the request's string field '%s' holds a NUL byte: names and parameters may not", nul);
         if (streaming) stream_error(st, e);
-        else grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s", e);
+        else grpc_stream_errorf(st, STATUS_INVALID, "%s", e);
         return;
     }
     Inference__ModelInferRequest *q = inference__model_infer_request__unpack(NULL, len, msg);
     if (!q) {
         if (streaming) stream_error(st, "the request is not a valid ModelInferRequest message");
-        else grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid ModelInferRequest message");
+        else grpc_stream_errorf(st, STATUS_INVALID, "the request is not a valid ModelInferRequest message");
         return;
     }
     char err[512];
@@ -132,7 +129,7 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     if (!status && !c) status = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     struct grpc_loop *l = grpc_stream_loop(st);
     if (c) {
-        *c = (struct grpc_infer){.st = st, .loop = l, .streaming = streaming, .deadline_ns = st->deadline_ns};
+        *c = (struct grpc_infer){.st = st, .loop = l, .streaming = streaming};
         c->r = infer_request_begin(s->core, q->model_name ? q->model_name : "", version, &grpc_infer_reply, c, l,
                                    http_server_loop_redis(s->http, l->index), &status, err, sizeof err);
         if (!c->r) {
@@ -143,15 +140,15 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     if (!c) {
         inference__model_infer_request__free_unpacked(q, NULL);
         if (streaming) stream_error(st, err);
-        else grpc_stream_finish(st, grpc_code_of(status), err);
+        else grpc_stream_finish(st, status, err);
         return;
     }
     c->next = st->calls;
     if (st->calls) st->calls->prev = c;
     st->calls = c;
     st->ncalls++;
-    infer_request_set_deadline(c->r, c->deadline_ns);
-    infer_request_set_shm_owner(c->r, http_server_shm_owner(s->http, st->authorization, shm_owner_of(st->conn)));
+    infer_request_set_deadline(c->r, st->deadline_ns);
+    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, st->authorization, shm_owner_of(st->conn)));
     int rc = grpc_infer_request_decode(infer_request_decoded(c->r), q, err, sizeof err);
     inference__model_infer_request__free_unpacked(q, NULL);
     if (rc) infer_request_fail(c->r, rc, err);
@@ -163,7 +160,7 @@ void grpc_model_infer(struct grpc_stream *st, const uint8_t *msg, size_t len) { 
 void grpc_model_stream_infer(struct grpc_stream *st, const uint8_t *msg, size_t len) { start(st, msg, len, 1); }
 
 void grpc_infer_stream_done(struct grpc_stream *st) {
-    if (st->ncalls == 0) grpc_stream_finish(st, GRPC_OK, NULL);
+    if (st->ncalls == 0) grpc_stream_finish(st, STATUS_OK, NULL);
 }
 
 void grpc_infer_detach(struct grpc_stream *st) {

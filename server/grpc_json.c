@@ -139,7 +139,7 @@ void grpc_stream_reply_json(struct grpc_stream *st, const ProtobufCMessageDescri
     struct grpc_pool pool = {0};
     ProtobufCMessage *m = j ? build(d, j, &pool) : NULL;
     if (m) grpc_stream_reply(st, m);
-    else grpc_stream_finish(st, GRPC_INTERNAL, "out of memory");
+    else grpc_stream_finish(st, STATUS_NOMEM, "out of memory");
     grpc_pool_free(&pool);
     cJSON_Delete(j);
 }

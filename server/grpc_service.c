@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/status.h"
+#include "server/access.h"
 #include "server/grpc_impl.h"
 #include "server/http_bodies.h"
 #include "server/shm.h"
@@ -30,13 +31,13 @@
 #define UNPACK(type, fn, st, msg, len)                                                                      \
     type *req = fn(NULL, len, msg);                                                                          \
     if (!req) {                                                                                              \
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid %s message", #type + 11); \
+        grpc_stream_errorf(st, STATUS_INVALID, "the request is not a valid %s message", #type + 11);         \
         return;                                                                                              \
     }                                                                                                        \
     const char *nul_in_ = grpc_strings_nul(req->base.descriptor, msg, len);                                  \
     if (nul_in_) {                                                                                           \
         protobuf_c_message_free_unpacked(&req->base, NULL);                                                  \
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request's string field '%s' holds a NUL byte",     \
+        grpc_stream_errorf(st, STATUS_INVALID, "the request's string field '%s' holds a NUL byte",           \
                            nul_in_);                                                                         \
         return;                                                                                              \
     }
@@ -49,7 +50,7 @@ static int64_t request_version(struct grpc_stream *st, const char *model, const 
     errno = 0;
     long long x = strtoll(v, &end, 10);
     if (errno || *end || x < 1) {
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "version '%.100s' of model '%.200s' is not a positive integer", v,
+        grpc_stream_errorf(st, STATUS_INVALID, "version '%.100s' of model '%.200s' is not a positive integer", v,
                            model);
         return -1;
     }
@@ -62,7 +63,7 @@ static struct repo_version *acquire(struct grpc_stream *st, const char *model, c
     char err[512];
     int status = 0;
     struct repo_version *rv = repository_acquire(grpc_stream_server(st)->repo, model, v, &status, err, sizeof err);
-    if (!rv) grpc_stream_finish(st, grpc_code_of(status), err);
+    if (!rv) grpc_stream_finish(st, status, err);
     return rv;
 }
 
@@ -142,7 +143,7 @@ static void model_statistics(struct grpc_stream *st, const uint8_t *msg, size_t 
         int status = 0;
         cJSON *o = http_body_stats(grpc_stream_server(st)->repo, model, v, &status, err, sizeof err);
         if (o) grpc_stream_reply_json(st, &inference__model_statistics_response__descriptor, o);
-        else grpc_stream_finish(st, grpc_code_of(status), err);
+        else grpc_stream_finish(st, status, err);
     }
     inference__model_statistics_request__free_unpacked(req, NULL);
 }
@@ -182,7 +183,7 @@ static void control_answer(void *arg) {
     struct grpc_stream *st = c->st;
     if (st) {
         st->control = NULL;
-        if (c->status) grpc_stream_finish(st, grpc_code_of(c->status), c->err);
+        if (c->status) grpc_stream_finish(st, c->status, c->err);
         else if (c->load) {
             Inference__RepositoryModelLoadResponse res = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
             grpc_stream_reply(st, &res.base);
@@ -206,25 +207,16 @@ static void control_run(void *arg) {
     http_server_post(c->srv->http, c->loop, control_answer, c);
 }
 
-/* What HTTP's load and unload check first: the control mode, the token,
- * the drain. 0 when the call may go on; otherwise the error is sent. */
+/* What HTTP's load and unload check first: the permission (access_check),
+ * then the drain. 0 when the call may go on; otherwise the error is sent. */
 static int control_allowed(struct grpc_stream *st) {
     grpc_server_t *s = grpc_stream_server(st);
-    if (s->cfg->model_control_mode != SERVER_CONTROL_EXPLICIT) {
-        grpc_stream_errorf(st, GRPC_UNAVAILABLE,
-                           "explicit model load / unload is not allowed: start kiln with --model-control-mode explicit");
-        return -1;
-    }
-    if (!http_server_control_token_ok(s->http, st->authorization)) {
-        grpc_stream_errorf(st, GRPC_UNAUTHENTICATED,
-                           "load and unload need the metadata 'authorization: Bearer <control token>'");
-        return -1;
-    }
-    if (http_server_draining(s->http)) {
-        grpc_stream_errorf(st, GRPC_UNAVAILABLE, "the server is shutting down");
-        return -1;
-    }
-    return 0;
+    char err[300];
+    int rc = access_check(s->cfg, st->authorization, ACCESS_MODEL_CONTROL, ACCESS_VIA_GRPC, err, sizeof err);
+    if (!rc && http_server_draining(s->http))
+        rc = status_set(err, sizeof err, STATUS_UNAVAILABLE, "the server is shutting down");
+    if (rc) grpc_stream_finish(st, rc, err);
+    return rc;
 }
 
 /* Sends the control job to the control thread; takes config. */
@@ -232,7 +224,7 @@ static void control_start(struct grpc_stream *st, const char *name, char *config
     struct grpc_control *c = calloc(1, sizeof *c);
     if (!c) {
         free(config);
-        grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        grpc_stream_errorf(st, STATUS_NOMEM, "out of memory");
         return;
     }
     grpc_server_t *s = grpc_stream_server(st);
@@ -245,7 +237,7 @@ static void control_start(struct grpc_stream *st, const char *name, char *config
 /* The model's name: required, as HTTP's path segment is. */
 static int control_name(struct grpc_stream *st, const char *name) {
     if (name && *name && strlen(name) < sizeof ((struct grpc_control *)0)->name) return 0;
-    grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "model_name must name a model (1 to 255 bytes)");
+    grpc_stream_errorf(st, STATUS_INVALID, "model_name must name a model (1 to 255 bytes)");
     return -1;
 }
 
@@ -264,10 +256,10 @@ static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
             else config = p->string_param;
         }
     }
-    if (bad) grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "%s", bad);
+    if (bad) grpc_stream_errorf(st, STATUS_INVALID, "%s", bad);
     else if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) {
         char *cfg = config ? strdup(config) : NULL;
-        if (config && !cfg) grpc_stream_errorf(st, GRPC_INTERNAL, "out of memory");
+        if (config && !cfg) grpc_stream_errorf(st, STATUS_NOMEM, "out of memory");
         else control_start(st, req->model_name, cfg, 1);
     }
     inference__repository_model_load_request__free_unpacked(req, NULL);
@@ -301,11 +293,11 @@ static int health_request(struct grpc_stream *st, const uint8_t *msg, size_t len
     const uint8_t *svc;
     size_t n;
     if (grpc_health_request_service(msg, len, &svc, &n)) {
-        grpc_stream_errorf(st, GRPC_INVALID_ARGUMENT, "the request is not a valid HealthCheckRequest message");
+        grpc_stream_errorf(st, STATUS_INVALID, "the request is not a valid HealthCheckRequest message");
         return -1;
     }
     if (n && !(n == sizeof inference - 1 && memcmp(svc, inference, n) == 0)) {
-        grpc_stream_errorf(st, GRPC_NOT_FOUND, "unknown service '%.*s': kiln serves '' and '%s'",
+        grpc_stream_errorf(st, STATUS_NOT_FOUND, "unknown service '%.*s': kiln serves '' and '%s'",
                            (int)(n > 200 ? 200 : n), (const char *)svc, inference);
         return -1;
     }
@@ -318,7 +310,7 @@ static int health_request(struct grpc_stream *st, const uint8_t *msg, size_t len
 static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     if (health_request(st, msg, len)) return;
     health_send(st, health_status(st));
-    grpc_stream_finish(st, GRPC_OK, NULL);
+    grpc_stream_finish(st, STATUS_OK, NULL);
 }
 
 /* Watch: the status now, then each change, until the client cancels or the
@@ -360,7 +352,7 @@ static void health_watch(struct grpc_stream *st, const uint8_t *msg, size_t len)
 static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescriptor *d, cJSON *arr, int status,
                              const char *err) {
     if (!arr) {
-        grpc_stream_finish(st, grpc_code_of(status), err);
+        grpc_stream_finish(st, status, err);
         return;
     }
     cJSON *o = cJSON_CreateObject(), *regions = cJSON_AddObjectToObject(o, "regions");
@@ -371,18 +363,19 @@ static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescr
     if (!regions) cJSON_Delete(o);
 }
 
-/* The access check of every shared-memory RPC (http_server_shm_access, the
- * one HTTP's routes make): 1 with *owner the caller's scope, or 0 once the
- * refusal is sent. Off is UNAVAILABLE, as Triton answers an RPC its
- * restricted-protocol settings refuse. */
+/* The access check of every shared-memory RPC (access_check, the one
+ * HTTP's routes make): 1 with *owner the caller's scope, or 0 once the
+ * refusal is sent. */
 static int shm_call_allowed(struct grpc_stream *st, shm_owner_t *owner) {
+    grpc_server_t *s = grpc_stream_server(st);
     char err[300];
-    switch (http_server_shm_access(grpc_stream_server(st)->http, st->authorization, shm_owner_of(st->conn), owner, err,
-                                   sizeof err)) {
-    case HTTP_SHM_OK: return 1;
-    case HTTP_SHM_NO_TOKEN: grpc_stream_finish(st, GRPC_UNAUTHENTICATED, err); return 0;
-    default: grpc_stream_finish(st, GRPC_UNAVAILABLE, err); return 0;
+    int rc = access_check(s->cfg, st->authorization, ACCESS_SHM, ACCESS_VIA_GRPC, err, sizeof err);
+    if (rc) {
+        grpc_stream_finish(st, rc, err);
+        return 0;
     }
+    *owner = access_shm_owner(s->cfg, st->authorization, shm_owner_of(st->conn));
+    return 1;
 }
 
 static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
@@ -408,7 +401,7 @@ static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size
                           req->byte_size, err, sizeof err);
     inference__system_shared_memory_register_request__free_unpacked(req, NULL);
     Inference__SystemSharedMemoryRegisterResponse res = INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
-    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    if (rc) grpc_stream_finish(st, rc, err);
     else grpc_stream_reply(st, &res.base);
 }
 
@@ -449,7 +442,7 @@ static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t
                                req->raw_handle.len, req->device_id, req->byte_size, err, sizeof err);
     inference__cuda_shared_memory_register_request__free_unpacked(req, NULL);
     Inference__CudaSharedMemoryRegisterResponse res = INFERENCE__CUDA_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
-    if (rc) grpc_stream_finish(st, grpc_code_of(rc), err);
+    if (rc) grpc_stream_finish(st, rc, err);
     else grpc_stream_reply(st, &res.base);
 }
 

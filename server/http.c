@@ -37,6 +37,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/access.h"
 #include "server/http_bodies.h"
 #include "server/http_coding.h"
 #include "server/http_impl.h"
@@ -142,12 +143,7 @@ static void reply_send(http_server_t *s, struct evhttp_request *req, int code, c
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (ctype) evhttp_add_header(h, "Content-Type", ctype);
     if (atomic_load_explicit(&s->draining, memory_order_relaxed)) evhttp_add_header(h, "Connection", "close");
-    const char *reason = code == 200 ? "OK" : code == 400 ? "Bad Request" : code == 401 ? "Unauthorized"
-                         : code == 404 ? "Not Found" : code == 405 ? "Method Not Allowed"
-                         : code == 413 ? "Payload Too Large" : code == 415 ? "Unsupported Media Type"
-                         : code == 501 ? "Not Implemented"
-                         : code == 503 ? "Service Unavailable" : "Error";
-    evhttp_send_reply(req, code, reason, NULL);
+    evhttp_send_reply(req, code, status_http_phrase(code), NULL);
 }
 
 /* Sends body (taking ownership of a malloc'd buffer) with a status code. */
@@ -170,10 +166,12 @@ static void reply_error(http_server_t *s, struct evhttp_request *req, int code, 
     reply_raw(s, req, code, "application/json", b.data, b.len);
 }
 
+/* A failure with status: its HTTP code from the status table; a request
+ * without the control token is told which scheme to use. */
 static void reply_status(http_server_t *s, struct evhttp_request *req, int status, const char *msg) {
-    int code = status_http_code(status);
-    if (code == 499) code = 400;
-    reply_error(s, req, code, msg);
+    if (status == STATUS_UNAUTHENTICATED)
+        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+    reply_error(s, req, status_http(status), msg);
 }
 
 static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) {
@@ -184,8 +182,8 @@ static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) 
 
 /* The body as one contiguous buffer, inflated when Content-Encoding says
  * gzip or deflate. *owned is set when the caller must free the result.
- * Returns NULL with *code and err set on failure. */
-static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *code,
+ * Returns NULL with *status and err set on failure. */
+static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *status,
                                 char *err, size_t err_len) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t n = evbuffer_get_length(in);
@@ -197,8 +195,8 @@ static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, si
         return raw;
     }
     unsigned char *out;
-    *code = http_coding_inflate(enc, raw, n, (size_t)s->cfg->max_request_size, &out, len, err, err_len);
-    if (*code) return NULL;
+    *status = http_coding_inflate(enc, raw, n, (size_t)s->cfg->max_request_size, &out, len, err, err_len);
+    if (*status) return NULL;
     *owned = 1;
     return out;
 }
@@ -412,12 +410,12 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     char err[512];
     int status = 0;
     if (atomic_load(&s->draining)) {
-        reply_error(s, req, 503, "the server is shutting down: no new requests are accepted");
+        reply_status(s, req, STATUS_UNAVAILABLE, "the server is shutting down: no new requests are accepted");
         return;
     }
     struct http_infer *c = calloc(1, sizeof *c);
     if (!c) {
-        reply_error(s, req, 500, "out of memory");
+        reply_status(s, req, STATUS_NOMEM, "out of memory");
         return;
     }
     c->srv = s;
@@ -430,7 +428,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         free(c);
         return;
     }
-    infer_request_set_shm_owner(c->r, http_server_shm_owner(s, authorization(req), conn_shm_owner(c->conn)));
+    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, authorization(req), conn_shm_owner(c->conn)));
     const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
     int64_t header_len = -1;
     if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
@@ -438,11 +436,11 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         return;
     }
     size_t len;
-    int owned, code = 400;
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    int owned;
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
         infer_request_drop(c->r);
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         free(c);
         return;
     }
@@ -510,56 +508,19 @@ static void control_run(void *arg) {
     io_post(c->io, control_reply_cb, c);
 }
 
-int http_server_control_token_ok(const http_server_t *s, const char *auth) {
-    const char *tok = s->cfg->control_token;
-    if (!tok) return 1;
-    if (!auth || strncmp(auth, "Bearer ", 7) != 0) return 0;
-    auth += 7;
-    size_t a = strlen(auth), b = strlen(tok);
-    /* Constant time in the token's content. */
-    return a == b && sodium_memcmp(auth, tok, b) == 0;
-}
-
-shm_owner_t http_server_shm_owner(const http_server_t *s, const char *auth, shm_owner_t conn) {
-    return s->cfg->control_token && http_server_control_token_ok(s, auth) ? SHM_OWNER_TOKEN : conn;
-}
-
-enum http_shm_access http_server_shm_access(const http_server_t *s, const char *auth, shm_owner_t conn,
-                                            shm_owner_t *owner, char *err, size_t err_len) {
-    if (!shm_allowed(infer_core_shm(s->core))) {
-        snprintf(err, err_len, "%s", SHM_DISABLED_MSG);
-        return HTTP_SHM_OFF;
-    }
-    if (!http_server_control_token_ok(s, auth)) {
-        snprintf(err, err_len, "shared memory register, status and unregister need the control token: "
-                               "'Authorization: Bearer <control token>'");
-        return HTTP_SHM_NO_TOKEN;
-    }
-    *owner = http_server_shm_owner(s, auth, conn);
-    return HTTP_SHM_OK;
-}
-
 static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *name,
                            int load) {
-    if (s->cfg->model_control_mode != SERVER_CONTROL_EXPLICIT) {
-        reply_error(s, req, 400, load ? "explicit model load / unload is not allowed: start kiln with "
-                                        "--model-control-mode explicit"
-                                      : "explicit model load / unload is not allowed: start kiln with "
-                                        "--model-control-mode explicit");
-        return;
-    }
-    if (!http_server_control_token_ok(s, evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization"))) {
-        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
-        reply_error(s, req, 401, "load and unload need the header 'Authorization: Bearer <control token>'");
-        return;
-    }
-    if (atomic_load(&s->draining)) {
-        reply_error(s, req, 503, "the server is shutting down");
+    char err[300];
+    int rc = access_check(s->cfg, authorization(req), ACCESS_MODEL_CONTROL, ACCESS_VIA_HTTP, err, sizeof err);
+    if (!rc && atomic_load(&s->draining))
+        rc = status_set(err, sizeof err, STATUS_UNAVAILABLE, "the server is shutting down");
+    if (rc) {
+        reply_status(s, req, rc, err);
         return;
     }
     struct control_req *c = calloc(1, sizeof *c);
     if (!c) {
-        reply_error(s, req, 500, "out of memory");
+        reply_status(s, req, STATUS_NOMEM, "out of memory");
         return;
     }
     c->srv = s;
@@ -569,18 +530,17 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
     snprintf(c->name, sizeof c->name, "%s", name);
     /* Body: {"parameters": {"config": "<model config JSON>", "unload_dependents": bool}}. */
     size_t len;
-    int owned, code = 400;
-    char err[300];
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    int owned, status;
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
         free(c);
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         return;
     }
     if (len && json_has_nul(body, len, err, sizeof err)) {
         if (owned) free(body);
         free(c);
-        reply_error(s, req, 400, err);
+        reply_status(s, req, STATUS_INVALID, err);
         return;
     }
     if (len) {
@@ -600,7 +560,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
         if (owned) free(body);
         if (bad) {
             free(c);
-            reply_error(s, req, 400, bad);
+            reply_status(s, req, STATUS_INVALID, bad);
             return;
         }
     } else if (owned) free(body);
@@ -610,16 +570,16 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
 static void handle_index(http_server_t *s, struct evhttp_request *req) {
     int ready_only = 0;
     size_t len;
-    int owned, code = 400;
+    int owned, status;
     char err[256];
-    unsigned char *body = read_body(s, req, &len, &owned, &code, err, sizeof err);
+    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
     if (!body) {
-        reply_error(s, req, code, err);
+        reply_status(s, req, status, err);
         return;
     }
     if (len && json_has_nul(body, len, err, sizeof err)) {
         if (owned) free(body);
-        reply_error(s, req, 400, err);
+        reply_status(s, req, STATUS_INVALID, err);
         return;
     }
     if (len) {
@@ -627,7 +587,8 @@ static void handle_index(http_server_t *s, struct evhttp_request *req) {
         if (!cJSON_IsObject(j)) {
             cJSON_Delete(j);
             if (owned) free(body);
-            reply_error(s, req, 400, "the repository index request body must be a JSON object such as {\"ready\": true}");
+            reply_status(s, req, STATUS_INVALID,
+                         "the repository index request body must be a JSON object such as {\"ready\": true}");
             return;
         }
         cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "ready");
@@ -652,15 +613,14 @@ struct http_call {
 
 /* ==== shared memory ====================================================== */
 
-/* The request's body as JSON, or NULL: when it cannot be read, *code is
- * the status to answer with err; when it is empty or not JSON, *code is 0. */
-static cJSON *read_json_body(const struct http_call *c, int *code, char *err, size_t err_len) {
+/* The request's body as JSON, or NULL: when it cannot be read, *status is
+ * the status to answer with err; when it is empty or not JSON, *status is 0. */
+static cJSON *read_json_body(const struct http_call *c, int *status, char *err, size_t err_len) {
     size_t len;
     int owned;
-    *code = 400;
-    unsigned char *body = read_body(c->srv, c->req, &len, &owned, code, err, err_len);
+    unsigned char *body = read_body(c->srv, c->req, &len, &owned, status, err, err_len);
     if (!body) return NULL;
-    *code = 0;
+    *status = 0;
     cJSON *j = len && !json_has_nul(body, len, err, err_len) ? cJSON_ParseWithLength((const char *)body, len) : NULL;
     if (owned) free(body);
     return j;
@@ -672,32 +632,30 @@ static int json_uint(const cJSON *v) {
            v->valuedouble <= 1.8e19;
 }
 
-/* The access check of every shared-memory route (http_server_shm_access):
- * 1 with *owner the caller's scope, or 0 once the refusal is answered. */
+/* The access check of every shared-memory route (access_check): 1 with
+ * *owner the caller's scope, or 0 once the refusal is answered. */
 static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
     char err[300];
     const char *auth = authorization(c->req);
-    switch (http_server_shm_access(c->srv, auth, conn_shm_owner(evhttp_request_get_connection(c->req)), owner, err,
-                                   sizeof err)) {
-    case HTTP_SHM_OK: return 1;
-    case HTTP_SHM_NO_TOKEN:
-        evhttp_add_header(evhttp_request_get_output_headers(c->req), "WWW-Authenticate", "Bearer");
-        reply_error(c->srv, c->req, 401, err);
+    int rc = access_check(c->srv->cfg, auth, ACCESS_SHM, ACCESS_VIA_HTTP, err, sizeof err);
+    if (rc) {
+        reply_status(c->srv, c->req, rc, err);
         return 0;
-    default: reply_error(c->srv, c->req, 400, err); return 0;
     }
+    *owner = access_shm_owner(c->srv->cfg, auth, conn_shm_owner(evhttp_request_get_connection(c->req)));
+    return 1;
 }
 
 /* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
 static void route_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[600];
-    int code;
+    int status;
     shm_owner_t owner;
     if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &code, err, sizeof err);
-    if (code) {
-        reply_error(s, c->req, code, err);
+    cJSON *j = read_json_body(c, &status, err, sizeof err);
+    if (status) {
+        reply_status(s, c->req, status, err);
         return;
     }
     const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
@@ -746,12 +704,12 @@ static void route_shm_status(const struct http_call *c) {
 static void route_cuda_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[900];
-    int code;
+    int status;
     shm_owner_t owner;
     if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &code, err, sizeof err);
-    if (code) {
-        reply_error(s, c->req, code, err);
+    cJSON *j = read_json_body(c, &status, err, sizeof err);
+    if (status) {
+        reply_status(s, c->req, status, err);
         return;
     }
     const cJSON *handle = cJSON_GetObjectItemCaseSensitive(j, "raw_handle");
@@ -937,7 +895,7 @@ static void method_not_allowed(http_server_t *s, struct evhttp_request *req, con
     char msg[600];
     evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allowed);
     snprintf(msg, sizeof msg, "method not allowed for %.500s: use %s", path, allowed);
-    reply_error(s, req, 405, msg);
+    reply_status(s, req, STATUS_METHOD, msg);
 }
 
 /* Splits the path into percent-decoded segments (decoded[] owns those that
@@ -973,7 +931,7 @@ static void route(struct evhttp_request *req, void *arg) {
         char too[200];
         snprintf(too, sizeof too, "the request body has %zu bytes, more than --max-request-size (%lld bytes)", body_len,
                  (long long)s->cfg->max_request_size);
-        reply_error(s, req, 413, too);
+        reply_status(s, req, STATUS_TOO_LARGE, too);
         return;
     }
     char *segs[MAX_SEGS], *decoded[MAX_SEGS] = {0};
@@ -981,7 +939,7 @@ static void route(struct evhttp_request *req, void *arg) {
     int n;
     if (split_path(path, pathbuf, sizeof pathbuf, segs, decoded, &n)) {
         snprintf(msg, sizeof msg, "the path %.2000s holds an encoded NUL byte (%%00)", path);
-        reply_error(s, req, 400, msg);
+        reply_status(s, req, STATUS_INVALID, msg);
         goto out;
     }
     /* A model path with a version that is not one is a bad request, whatever follows. */
@@ -989,7 +947,7 @@ static void route(struct evhttp_request *req, void *arg) {
     if (n >= 5 && n <= MAX_SEGS && strcmp(segs[0], "v2") == 0 && strcmp(segs[1], "models") == 0 &&
         strcmp(segs[3], "versions") == 0 && parse_version(segs[4], &version)) {
         snprintf(msg, sizeof msg, "version '%.100s' of model '%.200s' is not a positive integer", segs[4], segs[2]);
-        reply_error(s, req, 400, msg);
+        reply_status(s, req, STATUS_INVALID, msg);
         goto out;
     }
     struct http_call call = {.srv = s, .io = io, .req = req};
@@ -1001,7 +959,7 @@ static void route(struct evhttp_request *req, void *arg) {
         goto out;
     }
     snprintf(msg, sizeof msg, "not found: %.2000s", path);
-    reply_error(s, req, 404, msg);
+    reply_status(s, req, STATUS_NOT_FOUND, msg);
 out:
     for (int i = 0; i < n && i < MAX_SEGS; i++) free(decoded[i]);
 }

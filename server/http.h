@@ -62,23 +62,6 @@ struct infer_core *http_server_core(http_server_t *s);
 /* Runs fn(arg) on the control thread, where repository load/unload may
  * block; fn posts its answer back to its I/O thread. Any thread. */
 void http_server_control_post(http_server_t *s, void (*fn)(void *), void *arg);
-/* 1 when a load/unload request with this Authorization value ("Bearer
- * TOKEN", NULL when absent) may run: --control-token matches (compared in
- * constant time) or none is set. */
-int http_server_control_token_ok(const http_server_t *s, const char *authorization);
-/* The shared-memory scope (server/shm.h) of a call on connection conn with
- * this Authorization value: SHM_OWNER_TOKEN when --control-token is set and
- * the call carries it, else the connection's own. */
-shm_owner_t http_server_shm_owner(const http_server_t *s, const char *authorization, shm_owner_t conn);
-/* The one check before a shared-memory register, status or unregister
- * (system or CUDA) of either transport: client shared memory must be on
- * (--allow-client-shm) and, with --control-token, the call must carry the
- * token, as load and unload. HTTP_SHM_OK with *owner the caller's scope, or
- * the refusal with err saying why; each transport answers it in its own
- * codes (HTTP 400 / 401, gRPC UNAVAILABLE / UNAUTHENTICATED). */
-enum http_shm_access { HTTP_SHM_OK, HTTP_SHM_OFF, HTTP_SHM_NO_TOKEN };
-enum http_shm_access http_server_shm_access(const http_server_t *s, const char *authorization, shm_owner_t conn,
-                                            shm_owner_t *owner, char *err, size_t err_len);
 /* 1 once http_server_begin_drain ran. Any thread. */
 int http_server_draining(const http_server_t *s);
 /* --max-connections counts both front ends' connections: 1 when a new

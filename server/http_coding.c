@@ -12,6 +12,8 @@
 
 #include <zlib.h>
 
+#include "common/status.h"
+
 #ifndef ZPIECE /* a unit test feeds zlib in small pieces */
 #define ZPIECE (1u << 30)
 #endif
@@ -127,7 +129,7 @@ int http_coding_inflate(const char *enc, const unsigned char *in, size_t n, size
     else if (strcasecmp(enc, "deflate") == 0) window = 15 + 32; /* zlib-wrapped (RFC 9110), raw tried below */
     else {
         snprintf(err, err_len, "Content-Encoding '%s' is not supported (use gzip or deflate)", enc);
-        return 415;
+        return STATUS_MEDIA_TYPE;
     }
     if (limit < 4096) limit = 4096;
     for (int attempt = 0; attempt < 2; attempt++) {
@@ -144,20 +146,20 @@ int http_coding_inflate(const char *enc, const unsigned char *in, size_t n, size
             snprintf(err, err_len,
                      "the request body has %zu bytes after the end of its %s data (one %s stream, nothing after it)",
                      extra, enc, window == 15 + 16 ? "gzip member" : "deflate");
-            return 400;
+            return STATUS_INVALID;
         }
         if (rc == Z_MEM_ERROR && used > limit) {
             snprintf(err, err_len, "the decompressed request body exceeds --max-request-size (%zu bytes)", limit);
-            return 413;
+            return STATUS_TOO_LARGE;
         }
         if (rc == Z_MEM_ERROR && !o) {
             snprintf(err, err_len, "out of memory decompressing the request body");
-            return 500;
+            return STATUS_NOMEM;
         }
         if (window != 15 + 32) break; /* only deflate has a raw fallback */
     }
     snprintf(err, err_len, "the request body is not valid %s data (Content-Encoding)", enc);
-    return 400;
+    return STATUS_INVALID;
 }
 
 /* ==== deflate ============================================================= */

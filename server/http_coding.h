@@ -23,9 +23,10 @@ const char *http_coding_name(enum http_coding c);
 /* Inflates in[0..n) of the given Content-Encoding value into *out (malloc'd,
  * one spare byte for a terminator, *out_len bytes), at most limit bytes.
  * deflate is the zlib format (RFC 9110), or raw deflate as some clients
- * send it. 0, or an HTTP status with err set: 415 for a coding other than
- * gzip, x-gzip or deflate, 413 past limit, 400 for data that is not that
- * coding or has bytes after its end. */
+ * send it. 0, or a status (common/status.h) with err set: MEDIA_TYPE (415)
+ * for a coding other than gzip, x-gzip or deflate, TOO_LARGE (413) past
+ * limit, INVALID (400) for data that is not that coding or has bytes after
+ * its end, NOMEM. */
 int http_coding_inflate(const char *encoding, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
                         size_t *out_len, char *err, size_t err_len);
 

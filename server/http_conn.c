@@ -36,6 +36,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/status.h"
 #include "server/http_impl.h"
 #include "server/infer.h"
 #include "server/kserve.h"
@@ -76,7 +77,7 @@ struct http_conn {
     int retry_ms;
     size_t cur_fwd;              /* bytes of the request in progress already given to evhttp */
     uint64_t discarded, discard_max;
-    int status;
+    int status;                  /* the refusal to answer (common/status.h) */
     char msg[300];
 };
 
@@ -96,20 +97,6 @@ static int ratelog_due(struct ratelog *r, unsigned *n) {
     if (!atomic_compare_exchange_strong(&r->last_ns, &last, now)) return 0;
     *n = atomic_exchange(&r->count, 0);
     return 1;
-}
-
-static const char *conn_reason(int code) {
-    switch (code) {
-    case 400: return "Bad Request";
-    case 408: return "Request Timeout";
-    case 413: return "Payload Too Large";
-    case 417: return "Expectation Failed";
-    case 431: return "Request Header Fields Too Large";
-    case 501: return "Not Implemented";
-    case 503: return "Service Unavailable";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Error";
-    }
 }
 
 /* evhttp still holds the connection. Between evhttp freeing it and the
@@ -170,6 +157,15 @@ static void conn_linger_write_cb(struct bufferevent *bev, void *arg) {
 
 static void conn_linger_event_cb(struct bufferevent *bev, short what, void *arg) { conn_finish(arg); }
 
+/* The head of a JSON error answer with status (its code and reason phrase
+ * from common/status.h's table) that closes the connection. */
+static int error_head(char *head, size_t len, int status, size_t body_len) {
+    int code = status_http(status);
+    return snprintf(head, len,
+                    "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+                    code, status_http_phrase(code), body_len);
+}
+
 /* Writes the pending error answer, shuts the write side and drains what the
  * client still sends, on the socket's bufferevent, which stops feeding evhttp. */
 static void conn_emit(struct http_conn *c) {
@@ -177,9 +173,7 @@ static void conn_emit(struct http_conn *c) {
     struct buf b = {0};
     kserve_error_body(&b, c->msg);
     char head[256];
-    int hl = snprintf(head, sizeof head,
-                      "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
-                      c->status, conn_reason(c->status), b.len);
+    int hl = error_head(head, sizeof head, c->status, b.len);
     struct iovec iov[2] = {{head, (size_t)hl}, {b.data, b.len}};
     evutil_socket_t fd = bufferevent_getfd(c->sock);
     evbuffer_drain(bufferevent_get_input(c->sock), evbuffer_get_length(bufferevent_get_input(c->sock)));
@@ -203,10 +197,11 @@ static void conn_emit(struct http_conn *c) {
         return;
     }
     uint64_t mrs = CONN_LINGER_413_LIMITS * (uint64_t)c->io->srv->cfg->max_request_size;
-    int ms = c->shed ? CONN_SHED_LINGER_MS : c->status == 413 ? CONN_LINGER_413_MS : CONN_LINGER_MS;
+    int big = c->status == STATUS_TOO_LARGE;
+    int ms = c->shed ? CONN_SHED_LINGER_MS : big ? CONN_LINGER_413_MS : CONN_LINGER_MS;
     c->discard_max = c->shed ? CONN_SHED_LINGER_BYTES
-                     : c->status == 413 ? (mrs > CONN_LINGER_413_MIN_BYTES ? mrs : CONN_LINGER_413_MIN_BYTES)
-                                        : CONN_LINGER_BYTES;
+                     : big   ? (mrs > CONN_LINGER_413_MIN_BYTES ? mrs : CONN_LINGER_413_MIN_BYTES)
+                             : CONN_LINGER_BYTES;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     bufferevent_enable(c->sock, EV_READ | EV_WRITE);
     evtimer_add(c->timer, &tv);
@@ -247,7 +242,7 @@ static void conn_timer_cb(evutil_socket_t fd, short what, void *arg) {
             snprintf(msg, sizeof msg, "the request body did not arrive within --http-body-timeout-secs (%d s)",
                      c->io->srv->cfg->http_body_timeout_secs);
         c->deadline = DEADLINE_NONE;
-        conn_fail(c, 408, msg);
+        conn_fail(c, STATUS_IO_TIMEOUT, msg);
         break;
     case CONN_FAILING: conn_try_answer(c); break;
     case CONN_LINGER: conn_finish(c); break;
@@ -408,7 +403,7 @@ struct bufferevent *http_conn_new(struct event_base *base, void *arg) {
         c->shed = 1;
         char msg[200];
         snprintf(msg, sizeof msg, "the server has --max-connections (%d) connections open: try again later", s->max_conns);
-        conn_fail(c, 503, msg);
+        conn_fail(c, STATUS_UNAVAILABLE, msg);
     } else c->counted = 1;
     return c->filter;
 }
@@ -437,8 +432,8 @@ static int accept_shed_one(struct evconnlistener *lev) {
     if (fd >= 0) {
         static const char body[] = "{\"error\":\"the server is out of file descriptors (open file limit): try again later\"}";
         char resp[320];
-        int n = snprintf(resp, sizeof resp, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                         "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+        int n = error_head(resp, sizeof resp, STATUS_UNAVAILABLE, sizeof body - 1);
+        n += snprintf(resp + n, sizeof resp - (size_t)n, "%s", body);
         (void)!send(fd, resp, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT);
         shutdown(fd, SHUT_WR);
         /* What the client already sent is read first: closing over unread

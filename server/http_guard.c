@@ -5,6 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/status.h"
+
 enum { HG_HEAD, HG_BODY, HG_CHUNK_SIZE, HG_CHUNK_DATA, HG_CHUNK_END, HG_TRAILER, HG_FAILED };
 
 /* The longest chunk-size line accepted: 16 hex digits and a CRLF. */
@@ -62,24 +64,24 @@ static ssize_t check_field(struct http_guard *g, const char *p, size_t n, const 
                            size_t *name_len, const char **value, size_t *value_len) {
     char ex[80];
     if (p[0] == ' ' || p[0] == '\t')
-        return fail(g, 400, "%s line '%s' starts with whitespace (obsolete line folding is not accepted)", what,
+        return fail(g, STATUS_INVALID, "%s line '%s' starts with whitespace (obsolete line folding is not accepted)", what,
                     excerpt(p, n < 40 ? n : 40, ex, sizeof ex));
     size_t i = 0;
     while (i < n && is_tchar((unsigned char)p[i])) i++;
     if (i == n || p[i] != ':') {
         if (i < n && (p[i] == ' ' || p[i] == '\t'))
-            return fail(g, 400, "%s '%s' has whitespace before its colon", what, excerpt(p, i < 60 ? i : 60, ex, sizeof ex));
-        if (i == n) return fail(g, 400, "%s line '%s' has no colon", what, excerpt(p, n < 60 ? n : 60, ex, sizeof ex));
-        return fail(g, 400, "%s name '%s' holds a character that is not allowed", what,
+            return fail(g, STATUS_INVALID, "%s '%s' has whitespace before its colon", what, excerpt(p, i < 60 ? i : 60, ex, sizeof ex));
+        if (i == n) return fail(g, STATUS_INVALID, "%s line '%s' has no colon", what, excerpt(p, n < 60 ? n : 60, ex, sizeof ex));
+        return fail(g, STATUS_INVALID, "%s name '%s' holds a character that is not allowed", what,
                     excerpt(p, i + 1 < 60 ? i + 1 : 60, ex, sizeof ex));
     }
-    if (i == 0) return fail(g, 400, "%s line with an empty name", what);
+    if (i == 0) return fail(g, STATUS_INVALID, "%s line with an empty name", what);
     *name = p;
     *name_len = i;
     size_t v = i + 1, e = n;
     for (size_t k = v; k < n; k++)
         if (!is_value_char((unsigned char)p[k]))
-            return fail(g, 400, "%s '%s' holds a control character (byte 0x%02x)", what, excerpt(p, i, ex, sizeof ex),
+            return fail(g, STATUS_INVALID, "%s '%s' holds a control character (byte 0x%02x)", what, excerpt(p, i, ex, sizeof ex),
                         (unsigned char)p[k]);
     while (v < e && (p[v] == ' ' || p[v] == '\t')) v++;
     while (e > v && (p[e - 1] == ' ' || p[e - 1] == '\t')) e--;
@@ -97,11 +99,11 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
     /* Request line: method SP request-target SP HTTP-version, nothing else. */
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)p[i] < 0x21 && p[i] != ' ')
-            return fail(g, 400, "the request line holds a control character (byte 0x%02x)", (unsigned char)p[i]);
+            return fail(g, STATUS_INVALID, "the request line holds a control character (byte 0x%02x)", (unsigned char)p[i]);
     const char *sp1 = memchr(p, ' ', len);
     const char *sp2 = sp1 ? memchr(sp1 + 1, ' ', len - (size_t)(sp1 + 1 - p)) : NULL;
     if (!sp1 || !sp2 || memchr(sp2 + 1, ' ', len - (size_t)(sp2 + 1 - p)) || sp1 == p || sp2 == sp1 + 1)
-        return fail(g, 400, "the request line '%s' is not 'METHOD /path HTTP/1.1'", excerpt(p, len < 60 ? len : 60, ex, sizeof ex));
+        return fail(g, STATUS_INVALID, "the request line '%s' is not 'METHOD /path HTTP/1.1'", excerpt(p, len < 60 ? len : 60, ex, sizeof ex));
     size_t mlen = (size_t)(sp1 - p);
     int method = -1;
     for (int i = 0; i < (int)(sizeof methods / sizeof methods[0]); i++)
@@ -109,17 +111,17 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
     if (method < 0) {
         for (size_t i = 0; i < mlen; i++)
             if (!is_tchar((unsigned char)p[i]))
-                return fail(g, 400, "the request method '%s' is not a token", excerpt(p, mlen < 40 ? mlen : 40, ex, sizeof ex));
-        return fail(g, 501, "method '%s' is not supported", excerpt(p, mlen < 40 ? mlen : 40, ex, sizeof ex));
+                return fail(g, STATUS_INVALID, "the request method '%s' is not a token", excerpt(p, mlen < 40 ? mlen : 40, ex, sizeof ex));
+        return fail(g, STATUS_UNSUPPORTED, "method '%s' is not supported", excerpt(p, mlen < 40 ? mlen : 40, ex, sizeof ex));
     }
     const char *target = sp1 + 1;
     size_t tlen = (size_t)(sp2 - target);
     for (size_t i = 0; i < tlen; i++)
         if ((unsigned char)target[i] > 0x7e)
-            return fail(g, 400, "the request target holds a byte that is not ASCII (0x%02x): percent-encode it",
+            return fail(g, STATUS_INVALID, "the request target holds a byte that is not ASCII (0x%02x): percent-encode it",
                         (unsigned char)target[i]);
     if (target[0] != '/' || (tlen > 1 && target[1] == '/'))
-        return fail(g, 400, "the request target '%s' is not a path starting with a single '/'",
+        return fail(g, STATUS_INVALID, "the request target '%s' is not a path starting with a single '/'",
                     excerpt(target, tlen < 60 ? tlen : 60, ex, sizeof ex));
     const char *ver = sp2 + 1;
     size_t vlen = len - (size_t)(ver - p);
@@ -127,8 +129,8 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
     if (equals_ci(ver, vlen, "HTTP/1.1") && memcmp(ver, "HTTP", 4) == 0) minor = 1;
     else if (equals_ci(ver, vlen, "HTTP/1.0") && memcmp(ver, "HTTP", 4) == 0) minor = 0;
     else if (vlen > 5 && memcmp(ver, "HTTP/", 5) == 0)
-        return fail(g, 505, "HTTP version '%s' is not supported: use HTTP/1.1", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
-    else return fail(g, 400, "the request line ends in '%s', not an HTTP version", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
+        return fail(g, STATUS_HTTP_VERSION, "HTTP version '%s' is not supported: use HTTP/1.1", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
+    else return fail(g, STATUS_INVALID, "the request line ends in '%s', not an HTTP version", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
 
     int n_cl = 0, n_te = 0, n_host = 0;
     uint64_t cl = 0;
@@ -139,39 +141,39 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
         len = line_len(line, end - at);
         at = end + 1;
         if (len == 0) break; /* the blank line */
-        if (memchr(line, '\r', len)) return fail(g, 400, "a header line holds a CR that does not end it");
+        if (memchr(line, '\r', len)) return fail(g, STATUS_INVALID, "a header line holds a CR that does not end it");
         const char *name, *value;
         size_t nlen, vlen2;
         if (check_field(g, line, len, "header", &name, &nlen, &value, &vlen2)) return -1;
         if (equals_ci(name, nlen, "Content-Length")) {
-            if (++n_cl > 1) return fail(g, 400, "more than one Content-Length header");
+            if (++n_cl > 1) return fail(g, STATUS_INVALID, "more than one Content-Length header");
             if (vlen2 == 0 || vlen2 > 18)
-                return fail(g, 400, "Content-Length '%s' is not a number of bytes", excerpt(value, vlen2 < 30 ? vlen2 : 30, ex, sizeof ex));
+                return fail(g, STATUS_INVALID, "Content-Length '%s' is not a number of bytes", excerpt(value, vlen2 < 30 ? vlen2 : 30, ex, sizeof ex));
             for (size_t k = 0; k < vlen2; k++) {
                 if (value[k] < '0' || value[k] > '9')
-                    return fail(g, 400, "Content-Length '%s' is not a number of bytes", excerpt(value, vlen2 < 30 ? vlen2 : 30, ex, sizeof ex));
+                    return fail(g, STATUS_INVALID, "Content-Length '%s' is not a number of bytes", excerpt(value, vlen2 < 30 ? vlen2 : 30, ex, sizeof ex));
                 cl = cl * 10 + (uint64_t)(value[k] - '0');
             }
         } else if (equals_ci(name, nlen, "Transfer-Encoding")) {
-            if (++n_te > 1) return fail(g, 400, "more than one Transfer-Encoding header");
+            if (++n_te > 1) return fail(g, STATUS_INVALID, "more than one Transfer-Encoding header");
             if (!equals_ci(value, vlen2, "chunked"))
-                return fail(g, 501, "Transfer-Encoding '%s' is not supported: send chunked or a Content-Length",
+                return fail(g, STATUS_UNSUPPORTED, "Transfer-Encoding '%s' is not supported: send chunked or a Content-Length",
                             excerpt(value, vlen2 < 40 ? vlen2 : 40, ex, sizeof ex));
         } else if (equals_ci(name, nlen, "Host")) {
-            if (++n_host > 1) return fail(g, 400, "more than one Host header");
+            if (++n_host > 1) return fail(g, STATUS_INVALID, "more than one Host header");
         } else if (equals_ci(name, nlen, "Expect")) {
             if (minor == 1 && !equals_ci(value, vlen2, "100-continue"))
-                return fail(g, 417, "Expect '%s' is not supported (only 100-continue)", excerpt(value, vlen2 < 40 ? vlen2 : 40, ex, sizeof ex));
+                return fail(g, STATUS_EXPECTATION, "Expect '%s' is not supported (only 100-continue)", excerpt(value, vlen2 < 40 ? vlen2 : 40, ex, sizeof ex));
         }
     }
-    if (n_cl && n_te) return fail(g, 400, "a request may not have both Content-Length and Transfer-Encoding");
-    if (minor == 1 && n_host == 0) return fail(g, 400, "an HTTP/1.1 request needs a Host header");
-    if (n_te && minor == 0) return fail(g, 400, "Transfer-Encoding needs HTTP/1.1");
+    if (n_cl && n_te) return fail(g, STATUS_INVALID, "a request may not have both Content-Length and Transfer-Encoding");
+    if (minor == 1 && n_host == 0) return fail(g, STATUS_INVALID, "an HTTP/1.1 request needs a Host header");
+    if (n_te && minor == 0) return fail(g, STATUS_INVALID, "Transfer-Encoding needs HTTP/1.1");
     /* evhttp reads no body for HEAD and TRACE: one would run as the next request. */
     if ((method == 2 || method == 6) && (n_te || cl > 0))
-        return fail(g, 400, "a %s request cannot have a body", methods[method]);
+        return fail(g, STATUS_INVALID, "a %s request cannot have a body", methods[method]);
     if (cl > g->lim.max_body)
-        return fail(g, 413, "the request body has %llu bytes, more than --max-request-size (%llu bytes)",
+        return fail(g, STATUS_TOO_LARGE, "the request body has %llu bytes, more than --max-request-size (%llu bytes)",
                     (unsigned long long)cl, (unsigned long long)g->lim.max_body);
     if (n_te) {
         g->state = HG_CHUNK_SIZE;
@@ -211,7 +213,7 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
                 if (!e) break;
                 size_t l = line_len(q + pos, e - 1 - pos);
                 if (l == 0) {
-                    if (pos == 0) return fail(g, 400, "the request starts with an empty line");
+                    if (pos == 0) return fail(g, STATUS_INVALID, "the request starts with an empty line");
                     head_end = e;
                     break;
                 }
@@ -220,14 +222,14 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
             }
             if (!head_end) {
                 if (pos > g->lim.max_header || avail > g->lim.max_header)
-                    return fail(g, 431, "the request header exceeds %zu bytes", g->lim.max_header);
+                    return fail(g, STATUS_HEADERS_TOO_LARGE, "the request header exceeds %zu bytes", g->lim.max_header);
                 for (size_t i = g->scanned; i < avail; i++)
-                    if (q[i] == 0) return fail(g, 400, "the request header holds a NUL byte");
+                    if (q[i] == 0) return fail(g, STATUS_INVALID, "the request header holds a NUL byte");
                 g->scanned = pos;
                 return (ssize_t)*atp;
             }
-            if (head_end > g->lim.max_header) return fail(g, 431, "the request header exceeds %zu bytes", g->lim.max_header);
-            if (memchr(q, 0, head_end)) return fail(g, 400, "the request header holds a NUL byte");
+            if (head_end > g->lim.max_header) return fail(g, STATUS_HEADERS_TOO_LARGE, "the request header exceeds %zu bytes", g->lim.max_header);
+            if (memchr(q, 0, head_end)) return fail(g, STATUS_INVALID, "the request header holds a NUL byte");
             g->scanned = 0;
             if (parse_head(g, q, head_end)) return -1;
             (*atp) += head_end;
@@ -247,26 +249,26 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
                     size_t k = 0;
                     while (k < avail && k < 40 && q[k] != '\r' && q[k] != '\n') k++;
                     const char *semi = memchr(q, ';', k);
-                    if (semi) return fail(g, 400, "chunk extensions ('%s') are not supported", excerpt(q, k, ex, sizeof ex));
-                    return fail(g, 400, "chunk size line '%s' is not a hexadecimal size", excerpt(q, k, ex, sizeof ex));
+                    if (semi) return fail(g, STATUS_INVALID, "chunk extensions ('%s') are not supported", excerpt(q, k, ex, sizeof ex));
+                    return fail(g, STATUS_INVALID, "chunk size line '%s' is not a hexadecimal size", excerpt(q, k, ex, sizeof ex));
                 }
                 return (ssize_t)*atp;
             }
             size_t l = line_len(q, e - 1);
             uint64_t size = 0;
-            if (l == 0 || l > 16) return fail(g, 400, "chunk size line '%s' is not a hexadecimal size", excerpt(q, l, ex, sizeof ex));
+            if (l == 0 || l > 16) return fail(g, STATUS_INVALID, "chunk size line '%s' is not a hexadecimal size", excerpt(q, l, ex, sizeof ex));
             for (size_t i = 0; i < l; i++) {
                 unsigned char c = (unsigned char)q[i];
                 int d = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
                 if (d < 0) {
-                    if (c == ';') return fail(g, 400, "chunk extensions ('%s') are not supported", excerpt(q, l, ex, sizeof ex));
-                    return fail(g, 400, "chunk size line '%s' is not a hexadecimal size", excerpt(q, l, ex, sizeof ex));
+                    if (c == ';') return fail(g, STATUS_INVALID, "chunk extensions ('%s') are not supported", excerpt(q, l, ex, sizeof ex));
+                    return fail(g, STATUS_INVALID, "chunk size line '%s' is not a hexadecimal size", excerpt(q, l, ex, sizeof ex));
                 }
                 if (size > (g->lim.max_body >> 4) + 1) size = g->lim.max_body + 1; /* saturate: over the limit anyway */
                 else size = size * 16 + (uint64_t)d;
             }
             if (size > g->lim.max_body || g->body + size > g->lim.max_body)
-                return fail(g, 413, "the chunked request body exceeds --max-request-size (%llu bytes)",
+                return fail(g, STATUS_TOO_LARGE, "the chunked request body exceeds --max-request-size (%llu bytes)",
                             (unsigned long long)g->lim.max_body);
             g->body += size;
             (*atp) += e;
@@ -281,28 +283,28 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
             if (q[0] == '\n') (*atp) += 1;
             else if (q[0] == '\r') {
                 if (avail < 2) return (ssize_t)*atp;
-                if (q[1] != '\n') return fail(g, 400, "chunk data is not followed by CRLF (the chunk size does not match its data)");
+                if (q[1] != '\n') return fail(g, STATUS_INVALID, "chunk data is not followed by CRLF (the chunk size does not match its data)");
                 (*atp) += 2;
-            } else return fail(g, 400, "chunk data is not followed by CRLF (the chunk size does not match its data)");
+            } else return fail(g, STATUS_INVALID, "chunk data is not followed by CRLF (the chunk size does not match its data)");
             g->state = HG_CHUNK_SIZE;
             break;
         case HG_TRAILER: {
             size_t lim = g->lim.max_header - g->trailer + 1;
             size_t e = find_line_end(q, avail < lim ? avail : lim, 0);
             if (!e) {
-                if (avail >= lim) return fail(g, 431, "the request trailer exceeds %zu bytes", g->lim.max_header);
+                if (avail >= lim) return fail(g, STATUS_HEADERS_TOO_LARGE, "the request trailer exceeds %zu bytes", g->lim.max_header);
                 return (ssize_t)*atp;
             }
             size_t l = line_len(q, e - 1);
             g->trailer += e;
-            if (g->trailer > g->lim.max_header) return fail(g, 431, "the request trailer exceeds %zu bytes", g->lim.max_header);
+            if (g->trailer > g->lim.max_header) return fail(g, STATUS_HEADERS_TOO_LARGE, "the request trailer exceeds %zu bytes", g->lim.max_header);
             (*atp) += e;
             if (l == 0) {
                 g->state = HG_HEAD;
                 g->requests++;
                 break;
             }
-            if (memchr(q, '\r', l) || memchr(q, 0, l)) return fail(g, 400, "a trailer line holds a CR or NUL byte");
+            if (memchr(q, '\r', l) || memchr(q, 0, l)) return fail(g, STATUS_INVALID, "a trailer line holds a CR or NUL byte");
             const char *name, *value;
             size_t nlen, vlen;
             if (check_field(g, q, l, "trailer", &name, &nlen, &value, &vlen)) return -1;

@@ -8,8 +8,8 @@
  * parser does and lets through only requests whose framing both read the same
  * way: a request line, header fields, then exactly the body the framing
  * declares (Content-Length bytes or chunks). Everything it accepts evhttp
- * parses identically; anything else is a violation with an HTTP status and a
- * message for the client.
+ * parses identically; anything else is a violation with a status (its HTTP
+ * code from common/status.h's table) and a message for the client.
  *
  * The guard copies nothing: http_guard_feed examines bytes and says how many
  * may go on to the parser; a header block or a chunk-size line that is not
@@ -42,7 +42,7 @@ struct http_guard {
     size_t scanned;      /* bytes of the pending header block / line known to hold no end */
     size_t trailer;      /* chunked: trailer bytes so far */
     uint64_t requests;   /* complete requests accepted */
-    int status;          /* after a violation: the HTTP status to answer */
+    int status;          /* after a violation: the status (common/status.h) to answer */
     char msg[240];       /* after a violation: what was wrong, for the client */
 };
 

@@ -101,15 +101,6 @@ int infer_core_inflight(const infer_core_t *core) { return atomic_load(&((infer_
 
 /* ==== a request ========================================================== */
 
-static enum metrics_fail_reason fail_reason(int status, const char *msg) {
-    switch (status) {
-    case STATUS_INVALID: case STATUS_NOT_FOUND: return METRICS_FAIL_INVALID;
-    case STATUS_CANCELLED: return METRICS_FAIL_CANCELLED;
-    case STATUS_UNAVAILABLE: return strstr(msg, "imeout") ? METRICS_FAIL_TIMEOUT : METRICS_FAIL_UNAVAILABLE;
-    default: return METRICS_FAIL_INTERNAL;
-    }
-}
-
 /* Uncounts r and frees it. */
 static void request_end(struct infer_request *r) {
     atomic_fetch_sub_explicit(&r->v->metrics->pending, 1, memory_order_relaxed);
@@ -171,7 +162,7 @@ static void infer_finish(struct infer_request *r, int status, const char *msg) {
                                    r->br.compute_infer_ns, r->br.compute_output_ns, r->br.rows, r->br.batch_size);
     }
     /* A request whose client left is still "answered": the transport drops it. */
-    if (status) metrics_record_failure(m, fail_reason(status, msg), clock_now_ns() - r->t0);
+    if (status) metrics_record_failure(m, status, clock_now_ns() - r->t0);
     r->reply->send(r->ctx, status, msg);
     request_end(r);
 }
@@ -179,7 +170,7 @@ static void infer_finish(struct infer_request *r, int status, const char *msg) {
 void infer_request_fail(struct infer_request *r, int status, const char *msg) { infer_finish(r, status, msg); }
 
 void infer_request_drop(struct infer_request *r) {
-    metrics_record_failure(r->v->metrics, METRICS_FAIL_INVALID, clock_now_ns() - r->t0);
+    metrics_record_failure(r->v->metrics, STATUS_INVALID, clock_now_ns() - r->t0);
     request_end(r);
 }
 

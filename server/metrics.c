@@ -108,8 +108,9 @@ void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64
     atomic_fetch_add_explicit(&m->batch_requests[b], 1, RLX);
 }
 
-void metrics_record_failure(struct metrics_model *m, enum metrics_fail_reason why, uint64_t request_ns) {
-    if (!m || (unsigned)why >= METRICS_FAIL_N_) return;
+void metrics_record_failure(struct metrics_model *m, int status, uint64_t request_ns) {
+    enum status_reason why = status_reason(status);
+    if (!m || why == STATUS_REASON_NONE) return;
     atomic_fetch_add_explicit(&m->fail[why], 1, RLX);
     dur_add(&m->d_fail, request_ns);
     hist_add(&m->h_request, request_ns);
@@ -191,7 +192,6 @@ static char *render_counter(char *buf, size_t *len, size_t *cap, const char *nam
 }
 
 char *metrics_render(char *(*extra)(void *arg, char *buf, size_t *len, size_t *cap), void *arg) {
-    static const char *reasons[METRICS_FAIL_N_] = {"invalid", "unavailable", "timeout", "cancelled", "internal"};
     char *buf = NULL;
     size_t len = 0, cap = 0;
 #define OFF(f) offsetof(struct metrics_model, f)
@@ -201,10 +201,10 @@ char *metrics_render(char *(*extra)(void *arg, char *buf, size_t *len, size_t *c
                           "# HELP kiln_inference_request_failure Inference requests that failed, by reason\n"
                           "# TYPE kiln_inference_request_failure counter\n");
     for (struct metrics_model *m = atomic_load(&g_head); m; m = m->next)
-        for (int r = 0; r < METRICS_FAIL_N_; r++)
+        for (int r = STATUS_REASON_NONE + 1; r < STATUS_REASON_N_; r++)
             buf = metrics_appendf(buf, &len, &cap,
                                   "kiln_inference_request_failure{model=\"%s\",version=\"%s\",reason=\"%s\"} %llu\n",
-                                  m->model_label, m->version_label, reasons[r], LOAD(m->fail[r]));
+                                  m->model_label, m->version_label, status_reason_str(r), LOAD(m->fail[r]));
     buf = render_counter(buf, &len, &cap, "kiln_inference_count", "counter",
                          "Inferences performed (a batch of n rows counts n)", OFF(inference_count), 1);
     buf = render_counter(buf, &len, &cap, "kiln_inference_request_duration_us", "counter",

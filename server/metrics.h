@@ -12,17 +12,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/status.h"
+
 #define METRICS_NBUCKETS 18
 #define METRICS_MAX_BATCH 64
-
-enum metrics_fail_reason {
-    METRICS_FAIL_INVALID = 0,     /* 400: bad request */
-    METRICS_FAIL_UNAVAILABLE,     /* 503: queue full, draining, not ready */
-    METRICS_FAIL_TIMEOUT,         /* 503: queue timeout */
-    METRICS_FAIL_CANCELLED,       /* the client went away */
-    METRICS_FAIL_INTERNAL,        /* 500 */
-    METRICS_FAIL_N_
-};
 
 struct metrics_hist {
     atomic_uint_fast64_t bucket[METRICS_NBUCKETS + 1]; /* last = +Inf */
@@ -36,7 +29,7 @@ struct metrics_duration {        /* Triton's {"count", "ns"} */
 struct metrics_model {
     char *model, *version;
     char *model_label, *version_label;        /* escaped for a Prometheus label value */
-    atomic_uint_fast64_t success, fail[METRICS_FAIL_N_];
+    atomic_uint_fast64_t success, fail[STATUS_REASON_N_]; /* by status_reason */
     atomic_uint_fast64_t inference_count;     /* rows */
     atomic_uint_fast64_t last_inference_ms;   /* wall clock, ms since the epoch */
     atomic_int_fast64_t pending;              /* accepted, not yet answered */
@@ -65,7 +58,9 @@ void metrics_record_success(struct metrics_model *m, uint64_t request_ns, uint64
  * rows as inferences) but not in the queue, compute or batch series, which
  * describe executions, as in Triton's statistics. */
 void metrics_record_cached(struct metrics_model *m, uint64_t request_ns, int64_t rows);
-void metrics_record_failure(struct metrics_model *m, enum metrics_fail_reason why, uint64_t request_ns);
+/* A request that failed with status, counted under its reason label
+ * (status_reason, common/status.h). */
+void metrics_record_failure(struct metrics_model *m, int status, uint64_t request_ns);
 void metrics_record_cache(struct metrics_model *m, int hit, uint64_t ns);
 void metrics_record_load(struct metrics_model *m, uint64_t load_ns);
 

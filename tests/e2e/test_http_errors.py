@@ -172,3 +172,42 @@ def test_errors_counted_in_metrics(server):
     line = next(l for l in body.decode().splitlines()
                 if l.startswith('kiln_inference_request_failure{model="tiny",version="1",reason="invalid"}'))
     assert float(line.split()[-1]) >= 1
+
+
+def status_line(server, request):
+    """The first line of the answer to one raw request (sent whole, Connection: close)."""
+    import socket
+    host, port = server.url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(request)
+        out = b""
+        while b"\r\n" not in out:
+            b = s.recv(4096)
+            if not b:
+                break
+            out += b
+    return out.split(b"\r\n", 1)[0].decode()
+
+
+# One per status kind, from the route layer (http.c) and the connection's own
+# guard (http_conn.c): code and reason phrase both come from the status table.
+STATUS_LINES = [
+    ("unknown path", b"GET /v2/nowhere HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "404 Not Found"),
+    ("method", b"DELETE /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", "405 Method Not Allowed"),
+    ("bad JSON", b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\n{",
+     "400 Bad Request"),
+    ("encoding", b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Encoding: br\r\nContent-Length: 2\r\n"
+     b"Connection: close\r\n\r\n{}", "415 Unsupported Media Type"),
+    ("load not enabled", b"POST /v2/repository/models/tiny/load HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+     b"Connection: close\r\n\r\n", "400 Bad Request"),
+    ("HTTP version", b"GET / HTTP/2.0\r\nHost: x\r\n\r\n", "505 HTTP Version Not Supported"),
+    ("Expect", b"GET / HTTP/1.1\r\nHost: x\r\nExpect: tea\r\n\r\n", "417 Expectation Failed"),
+    ("method not known", b"BREW / HTTP/1.1\r\nHost: x\r\n\r\n", "501 Not Implemented"),
+    ("header too large", b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
+     "431 Request Header Fields Too Large"),
+]
+
+
+@pytest.mark.parametrize("what,request_bytes,line", STATUS_LINES, ids=[c[0] for c in STATUS_LINES])
+def test_status_line_from_table(server, what, request_bytes, line):
+    assert status_line(server, request_bytes) == "HTTP/1.1 " + line

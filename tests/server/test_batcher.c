@@ -560,7 +560,7 @@ static void test_queue_full(void **state) {
     WAIT_FOR(ex_blocked() == 1); /* t0 is running, not queued */
     assert_int_equal(batcher_submit(b, &t[1].r), 0);
     assert_int_equal(batcher_submit(b, &t[2].r), 0);
-    assert_int_equal(batcher_submit(b, &t[3].r), STATUS_UNAVAILABLE);
+    assert_int_equal(batcher_submit(b, &t[3].r), STATUS_QUEUE_FULL);
     assert_string_equal(t[3].r.err, "Exceeds maximum queue size");
     struct batcher_stats st;
     batcher_get_stats(b, &st);
@@ -601,12 +601,13 @@ static void test_timeout_rejects_at_deadline(void **state) {
     /* The instance is still busy with t0: t1 fails now, not when it frees up. */
     WAIT_FOR(atomic_load(&t[1].ndone) == 1);
     assert_int_equal(ex_blocked(), 1);
-    assert_int_equal(t[1].r.status, STATUS_UNAVAILABLE);
+    assert_int_equal(t[1].r.status, STATUS_TIMEOUT);
     assert_string_equal(t[1].r.err, "Request timeout expired");
     assert_int_equal(t[1].r.noutputs, 0);
     assert_int_equal(atomic_load(&t[2].ndone), 0);
     advance_us(1500);
     WAIT_FOR(atomic_load(&t[2].ndone) == 1);
+    assert_int_equal(t[2].r.status, STATUS_TIMEOUT);
     assert_string_equal(t[2].r.err, "Request timeout expired");
     /* A request that is running is not timed out. */
     assert_int_equal(atomic_load(&t[0].ndone), 0);
@@ -708,14 +709,14 @@ static void test_client_deadline(void **state) {
         assert_int_equal(batcher_submit(b, &t[i].r), 0);
     advance_us(60);
     WAIT_FOR(atomic_load(&t[1].ndone) == 1);
-    assert_int_equal(t[1].r.status, STATUS_UNAVAILABLE);
+    assert_int_equal(t[1].r.status, STATUS_DEADLINE);
     assert_non_null(strstr(t[1].r.err, "client's deadline"));
     advance_us(100);
     settle();
     assert_int_equal(atomic_load(&t[2].ndone), 0); /* delayed by the policy, still in its client's time */
     advance_us(1000);
     WAIT_FOR(atomic_load(&t[2].ndone) == 1);
-    assert_int_equal(t[2].r.status, STATUS_UNAVAILABLE);
+    assert_int_equal(t[2].r.status, STATUS_DEADLINE);
     assert_non_null(strstr(t[2].r.err, "client's deadline"));
     gate_open();
     batcher_free(b);

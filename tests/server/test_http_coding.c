@@ -84,29 +84,29 @@ static void test_inflate(void **state) {
         assert_memory_equal(out, text, len);
         free(out);
         /* Truncated. */
-        assert_int_equal(http_coding_inflate(kinds[k].enc, z, n - 3, 1 << 20, &out, &len, err, sizeof err), 400);
+        assert_int_equal(http_coding_inflate(kinds[k].enc, z, n - 3, 1 << 20, &out, &len, err, sizeof err), STATUS_INVALID);
         assert_non_null(strstr(err, "not valid"));
     }
     /* Bytes after the end: refused, and counted. */
     n = pack(15 + 16, text, sizeof text, z, sizeof z);
     memcpy(z + n, "junk", 4);
-    assert_int_equal(http_coding_inflate("gzip", z, n + 4, 1 << 20, &out, &len, err, sizeof err), 400);
+    assert_int_equal(http_coding_inflate("gzip", z, n + 4, 1 << 20, &out, &len, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "4 bytes after the end of its gzip data"));
     n = pack(15, text, sizeof text, z, sizeof z);
     z[n] = 0;
-    assert_int_equal(http_coding_inflate("deflate", z, n + 1, 1 << 20, &out, &len, err, sizeof err), 400);
+    assert_int_equal(http_coding_inflate("deflate", z, n + 1, 1 << 20, &out, &len, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "1 bytes after the end of its deflate data"));
     /* Past the limit: 413; exactly the limit passes. */
     unsigned char *zeros = calloc(1, 100000), *big = malloc(100000);
     n = pack(15 + 16, zeros, 100000, big, 100000);
-    assert_int_equal(http_coding_inflate("gzip", big, n, 99999, &out, &len, err, sizeof err), 413);
+    assert_int_equal(http_coding_inflate("gzip", big, n, 99999, &out, &len, err, sizeof err), STATUS_TOO_LARGE);
     assert_non_null(strstr(err, "--max-request-size"));
     assert_int_equal(http_coding_inflate("gzip", big, n, 100000, &out, &len, err, sizeof err), 0);
     assert_int_equal(len, 100000);
     free(out);
     free(zeros);
     free(big);
-    assert_int_equal(http_coding_inflate("br", text, 4, 1 << 20, &out, &len, err, sizeof err), 415);
+    assert_int_equal(http_coding_inflate("br", text, 4, 1 << 20, &out, &len, err, sizeof err), STATUS_MEDIA_TYPE);
     assert_non_null(strstr(err, "'br'"));
 }
 

@@ -11,12 +11,14 @@
 
 #include <cmocka.h>
 
+#include "common/status.h"
 #include "server/http_guard.h"
 
 static const struct http_guard_limits LIM = {.max_header = 1024, .max_body = 100};
 
 /* Feeds s in pieces of step bytes as a connection would (leftovers offered
- * again); returns the bytes let through, or -1 with *status set. */
+ * again); returns the bytes let through, or -1 with *status the HTTP code
+ * of the refusal (the guard's status through common/status.h's table). */
 static long run(const char *s, size_t n, size_t step, int *status, uint64_t *requests, char *msg, size_t msg_len) {
     struct http_guard g;
     http_guard_init(&g, &LIM);
@@ -30,7 +32,7 @@ static long run(const char *s, size_t n, size_t step, int *status, uint64_t *req
         for (;;) {
             ssize_t r = http_guard_feed(&g, buf, have);
             if (r < 0) {
-                *status = g.status;
+                *status = status_http(g.status);
                 if (msg) snprintf(msg, msg_len, "%s", g.msg);
                 return -1;
             }
@@ -168,7 +170,7 @@ static void test_phases(void **state) {
     const char *two = "GET / HTTP/1.1\r\nHost: x\r\n\r\nBREW / HTTP/1.1\r\n\r\n";
     assert_int_equal(http_guard_feed(&g, two, strlen(two)), 27);
     assert_int_equal(http_guard_feed(&g, two + 27, strlen(two) - 27), -1);
-    assert_int_equal(g.status, 501);
+    assert_int_equal(g.status, STATUS_UNSUPPORTED);
 }
 
 int main(void) {

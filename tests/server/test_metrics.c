@@ -28,8 +28,8 @@ static void test_records_and_render(void **state) {
     assert_ptr_not_equal(metrics_model_get("m", "2"), m);
     metrics_record_success(m, 300000, 1000, 10, 200000, 20, 4, 8);    /* 0.3 ms */
     metrics_record_success(m, 30000000, 1000, 10, 200000, 20, 1, 8);  /* 30 ms */
-    metrics_record_failure(m, METRICS_FAIL_INVALID, 5000);
-    metrics_record_failure(m, METRICS_FAIL_TIMEOUT, 5000);
+    metrics_record_failure(m, STATUS_INVALID, 5000);
+    metrics_record_failure(m, STATUS_TIMEOUT, 5000);
     metrics_record_load(m, 1500000000ull);
     int x = 7;
     char *t = metrics_render(extra, &x);
