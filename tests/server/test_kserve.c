@@ -13,8 +13,8 @@
 #include "common/status.h"
 #include "config/model_config.h"
 #include "models/model.h"
-/* The codec itself, to reach the switch that turns the numeric prescan off. */
-#include "server/kserve.c"
+/* The reader itself, to reach the switch that turns the numeric prescan off. */
+#include "server/kserve_read.c"
 
 static char g_err[512];
 
