@@ -25,12 +25,12 @@ static void exercise(struct kserve_request *r, struct model_config *c) {
     struct tensor outs[2];
     char err[256];
     if (fuzz_bind(r, c, outs)) return;
-    struct kserve_buf body = {0};
+    struct buf body = {0};
     size_t json_len = 0;
     if (kserve_response_encode(r, c, "fuzz", "1", outs, &body, &json_len, err, sizeof err) == 0) {
         if (json_len > body.len) abort();
     }
-    kserve_buf_free(&body);
+    buf_free(&body);
     fuzz_outputs_free(outs);
 }
 
