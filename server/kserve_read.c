@@ -362,8 +362,6 @@ static int fill_rec(struct fill *f, const cJSON *a) {
  * the reader refuses are left out. */
 #define KSERVE_FAST_INPUTS 16 /* inputs beyond this many are read by cJSON */
 #define KSERVE_FAST_DEPTH 32  /* so are data arrays nested deeper (count_leaves refuses past 64) */
-/* Set only by tests, to compare against cJSON reading every number. */
-static int kserve_prescan_off;
 
 struct fast_data {
     int nspans;
@@ -1002,8 +1000,8 @@ static char *quote_nonfinite(const char *p, size_t n, size_t *out_len) {
  * latest block (cJSON frees each number's scratch copy right away). Blocks
  * that do not fit, and every cJSON allocation outside a parse (or on
  * another thread), go to malloc as before; the free hook tells them apart
- * by address. The hooks are installed before main, when no thread can be
- * using cJSON. */
+ * by address. kserve_global_init installs the hooks at start, before any
+ * thread can be using cJSON. */
 #define KSERVE_ARENA_BYTES (16 * 1024) /* a few hundred values; larger requests spill to malloc */
 
 static _Thread_local struct {
@@ -1083,7 +1081,7 @@ static void arena_free(void *p) {
     free(p);
 }
 
-__attribute__((constructor)) static void kserve_hooks_init(void) {
+void kserve_global_init(void) {
     cJSON_Hooks h = {.malloc_fn = arena_malloc, .free_fn = arena_free};
     cJSON_InitHooks(&h);
 }
@@ -1107,11 +1105,13 @@ static void arena_end(void) { parse_arena.active = 0; }
 #define KSERVE_TRIM_BYTES ((size_t)64 << 20)
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         int nul_escaped, char *err, size_t err_len);
+                         int nul_escaped, int use_prescan, char *err, size_t err_len);
 static int over_budget(char *err, size_t err_len);
 
-int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         char *err, size_t err_len) {
+/* kserve_request_parse, with the numeric prescan or without it (cJSON then
+ * reads every number: the tests compare the two). */
+static int parse_body(struct kserve_request *r, const void *body, size_t len, int64_t header_len, int use_prescan,
+                      char *err, size_t err_len) {
     size_t json_len = header_len >= 0 && (uint64_t)header_len <= len ? (size_t)header_len : len;
     char *esc = NULL;
     if ((header_len < 0 || (uint64_t)header_len <= len) && json_may_hold_nul(body, json_len)) {
@@ -1126,12 +1126,18 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
     /* The rewritten copy of a body with NULs counts against the request's
      * memory as the parse tree does. */
     int rc = esc && parse_charge(len) ? over_budget(err, err_len)
-                                      : request_parse(r, body, len, header_len, esc != NULL, err, err_len);
+                                      : request_parse(r, body, len, header_len, esc != NULL, use_prescan, err,
+                                                      err_len);
     size_t held = parse_arena.charged;
     arena_end();
     free(esc);
     if (held > KSERVE_TRIM_BYTES) malloc_trim(0);
     return rc;
+}
+
+int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
+                         char *err, size_t err_len) {
+    return parse_body(r, body, len, header_len, 1, err, err_len);
 }
 
 static int over_budget(char *err, size_t err_len) {
@@ -1140,7 +1146,7 @@ static int over_budget(char *err, size_t err_len) {
 }
 
 static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         int nul_escaped, char *err, size_t err_len) {
+                         int nul_escaped, int use_prescan, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
     const uint8_t *p = body;
     size_t json_len = len;
@@ -1155,7 +1161,7 @@ static int request_parse(struct kserve_request *r, const void *body, size_t len,
     fast_data_init(&fd);
     cJSON *root = NULL;
     char local[8192]; /* most JSON headers: no allocation for the copy */
-    char *blanked = kserve_prescan_off ? NULL : prescan((const char *)p, json_len, &fd, local, sizeof local);
+    char *blanked = use_prescan ? prescan((const char *)p, json_len, &fd, local, sizeof local) : NULL;
     if (blanked) {
         const char *bend = NULL;
         root = cJSON_ParseWithLengthOpts(blanked, json_len, &bend, 0);
