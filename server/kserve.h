@@ -102,11 +102,12 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
 
-
 /* Encodes the response for r given every model output (outputs[mc->noutputs],
- * in the model's order). body receives the JSON header followed by the binary
- * outputs; *json_len is the header's length, equal to body->len when there is
- * no binary output (the response is then plain application/json). */
+ * in the model's order). r is a request kserve_request_bind accepted for mc:
+ * the outputs it asks for are not checked again here. body receives the JSON
+ * header followed by the binary outputs; *json_len is the header's length,
+ * equal to body->len when there is no binary output (the response is then
+ * plain application/json). */
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct buf *body, size_t *json_len,

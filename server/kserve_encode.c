@@ -276,7 +276,8 @@ static size_t answer_limit(const struct kserve_request *r, const struct tensor *
     return held < max / 2 ? max - held : max / 2;
 }
 
-/* The model's index of the i-th output the response carries (-1: none). */
+/* The model's index of the i-th output the response carries: every name
+ * the request asked for is one of mc's (kserve_request_bind checked it). */
 static int output_index(const struct kserve_request *r, const struct model_config *mc, int i) {
     return r->noutputs ? model_config_find_output(mc, r->outputs[i].name) : i;
 }
@@ -333,11 +334,6 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
     }
     for (int i = 0; i < nsel; i++) {
         int k = output_index(r, mc, i);
-        if (k < 0) {
-            rc = status_set(err, err_len, STATUS_INVALID, "unexpected inference output '%s' for model '%s'",
-                            r->outputs[i].name, mc->name);
-            goto out;
-        }
         names[i] = mc->outputs[k].name;
         bin[i] = r->noutputs && r->outputs[i].binary >= 0 ? r->outputs[i].binary : r->binary_data_output;
         if (r->noutputs && r->outputs[i].shm.region) bin[i] = 0; /* in its region already */
