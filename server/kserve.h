@@ -15,9 +15,10 @@
  * Threads: no shared state; a request belongs to one thread at a time.
  *
  * Three files implement it: kserve_read.c (kserve_request_parse, _clear,
- * kserve_parse_header_length, kserve_global_init, the request memory bound), kserve_bind.c
- * (kserve_request_bind) and kserve_encode.c (the answer, kserve_classify,
- * the JSON string helpers); kserve_impl.h is what they share. */
+ * kserve_parse_header_length, kserve_global_init, the request memory
+ * bound), kserve_bind.c (kserve_request_bind) and kserve_encode.c (the
+ * answer, kserve_classify, the JSON string helpers); kserve_impl.h is what
+ * they share. */
 #ifndef KILN_KSERVE_H
 #define KILN_KSERVE_H
 
