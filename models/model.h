@@ -46,7 +46,7 @@ struct model_params {
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and
  * which the server's requests are checked against before they reach a model
- * (server/kserve.c). */
+ * (server/kserve_bind.c). */
 #define MODEL_MAX_DIM (1 << 24)
 
 struct model *model_load(const struct model_params *p, char *err, size_t err_len);

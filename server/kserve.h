@@ -12,7 +12,13 @@
  * with a message that names the field. Nothing here touches the network or
  * libevent, so the parser can be unit-tested and fuzzed alone.
  *
- * Threads: no shared state; a request belongs to one thread at a time. */
+ * Threads: no shared state; a request belongs to one thread at a time.
+ *
+ * Three files implement it: kserve_read.c (kserve_request_parse, _clear,
+ * kserve_parse_header_length, kserve_global_init, the request memory
+ * bound), kserve_bind.c (kserve_request_bind) and kserve_encode.c (the
+ * answer, kserve_classify, the JSON string helpers); kserve_impl.h is what
+ * they share. */
 #ifndef KILN_KSERVE_H
 #define KILN_KSERVE_H
 
@@ -97,11 +103,12 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
 
-
 /* Encodes the response for r given every model output (outputs[mc->noutputs],
- * in the model's order). body receives the JSON header followed by the binary
- * outputs; *json_len is the header's length, equal to body->len when there is
- * no binary output (the response is then plain application/json). */
+ * in the model's order). r is a request kserve_request_bind accepted for mc:
+ * the outputs it asks for are not checked again here. body receives the JSON
+ * header followed by the binary outputs; *json_len is the header's length,
+ * equal to body->len when there is no binary output (the response is then
+ * plain application/json). */
 int kserve_response_encode(const struct kserve_request *r, const struct model_config *mc,
                            const char *model_name, const char *model_version,
                            const struct tensor *outputs, struct buf *body, size_t *json_len,
@@ -130,6 +137,14 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
  * tensor is in: each row's top k as BYTES "value:index[:label]", in a new
  * owned tensor (tensor_free_data). 0 or STATUS_NOMEM. */
 int kserve_classify(const struct tensor *in, int k, const struct model_config *mc, int index, struct tensor *out);
+
+/* Installs the codec's cJSON allocation hooks, which are process-wide: a
+ * request's parse tree is carved from a per-thread arena and counted
+ * against the bound below; any other cJSON use still gets malloc. Call it
+ * once at start, before any thread uses cJSON, in every program that
+ * parses requests. Without it requests still parse, but the bound does not
+ * see their parse trees. */
+void kserve_global_init(void);
 
 /* The most one request may make the codec hold: its JSON parse tree and
  * input copies while parsing, an answer while encoding (a larger one is

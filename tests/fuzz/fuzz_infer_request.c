@@ -6,7 +6,7 @@
  * Input layout: the header value up to the first '\n' (empty = header absent),
  * then the body. Built by tools/fuzz.sh:
  */
-// fuzz-sources: common/*.c config/model_*.c server/kserve.c server/shm.c kernels/plugin.c
+// fuzz-sources: common/*.c config/model_*.c server/kserve*.c server/shm.c kernels/plugin.c
 // fuzz-corpus: tests/fuzz/corpus/infer_request/*
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,17 +25,18 @@ static void exercise(struct kserve_request *r, struct model_config *c) {
     struct tensor outs[2];
     char err[256];
     if (fuzz_bind(r, c, outs)) return;
-    struct kserve_buf body = {0};
+    struct buf body = {0};
     size_t json_len = 0;
     if (kserve_response_encode(r, c, "fuzz", "1", outs, &body, &json_len, err, sizeof err) == 0) {
         if (json_len > body.len) abort();
     }
-    kserve_buf_free(&body);
+    buf_free(&body);
     fuzz_outputs_free(outs);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_cfg.name) {
+        kserve_global_init();
         fuzz_config(&g_cfg, 1);
         fuzz_config(&g_cfg_fixed, 0);
     }

@@ -13,8 +13,8 @@
 #include "common/status.h"
 #include "config/model_config.h"
 #include "models/model.h"
-/* The codec itself, to reach the switch that turns the numeric prescan off. */
-#include "server/kserve.c"
+/* The reader itself, to reach parse_body, which can read without the numeric prescan. */
+#include "server/kserve_read.c"
 
 static char g_err[512];
 
@@ -534,9 +534,7 @@ static void test_prescan_matches_cjson(void **state) {
         struct kserve_request a, b;
         char ea[512] = "", eb[512] = "";
         int ra = kserve_request_parse(&a, body, t.n, -1, ea, sizeof ea);
-        kserve_prescan_off = 1;
-        int rb = kserve_request_parse(&b, body, t.n, -1, eb, sizeof eb);
-        kserve_prescan_off = 0;
+        int rb = parse_body(&b, body, t.n, -1, 0, eb, sizeof eb);
         if (ra != rb || strcmp(ea, eb)) fail_msg("%s\nprescan: %d '%s'\ncJSON: %d '%s'", body, ra, ea, rb, eb);
         if (ra == 0) {
             assert_same_request(&a, &b, body);
@@ -561,9 +559,7 @@ static void test_prescan_large_tensor(void **state) {
     n += (size_t)snprintf(body + n, cap - n, "]}]}");
     struct kserve_request a, b;
     assert_int_equal(kserve_request_parse(&a, body, n, -1, g_err, sizeof g_err), 0);
-    kserve_prescan_off = 1;
-    assert_int_equal(kserve_request_parse(&b, body, n, -1, g_err, sizeof g_err), 0);
-    kserve_prescan_off = 0;
+    assert_int_equal(parse_body(&b, body, n, -1, 0, g_err, sizeof g_err), 0);
     assert_same_request(&a, &b, "(5000 FP64 values)");
     assert_true(((double *)a.inputs[0].t.data)[4999] == 4999.0 / 3.0 - 50);
     kserve_request_clear(&a);
@@ -590,9 +586,7 @@ static void test_prescan_long_mantissa_long_exponent(void **state) {
         struct kserve_request a, b;
         char ea[512] = "", eb[512] = "";
         int ra = kserve_request_parse(&a, body, n, -1, ea, sizeof ea);
-        kserve_prescan_off = 1;
-        int rb = kserve_request_parse(&b, body, n, -1, eb, sizeof eb);
-        kserve_prescan_off = 0;
+        int rb = parse_body(&b, body, n, -1, 0, eb, sizeof eb);
         assert_int_equal(rb, cases[c].rc);
         assert_string_equal(eb, cases[c].err);
         assert_int_equal(ra, rb);
@@ -662,9 +656,7 @@ static void test_request_memory_bound(void **state) {
     assert_int_equal(r.ninputs, 1);
     kserve_request_clear(&r);
     /* The same body read by cJSON whole would pass the bound. */
-    kserve_prescan_off = 1;
-    assert_int_equal(kserve_request_parse(&r, body, len, -1, g_err, sizeof g_err), STATUS_INVALID);
-    kserve_prescan_off = 0;
+    assert_int_equal(parse_body(&r, body, len, -1, 0, g_err, sizeof g_err), STATUS_INVALID);
     assert_non_null(strstr(g_err, "--max-request-memory"));
     free(body);
     body = repeat_body("{\"inputs\":[{\"name\":\"x\",\"datatype\":\"FP32\",\"shape\":[%s]}]}", "{}", 100000, &len);
@@ -706,6 +698,7 @@ static void test_json_string_replaces_bad_utf8(void **state) {
 }
 
 int main(void) {
+    kserve_global_init(); /* the request memory bound sees the parse tree through its hooks */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_json_nested_and_flat),
         cmocka_unit_test(test_parse_binary_and_bytes),
