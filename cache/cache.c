@@ -595,30 +595,30 @@ static void encode_into(struct wbuf *w_, const struct tensor *outs, const char *
     *w_ = w;
 }
 
-int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max) {
+int cache_value_view(const struct cache_value *v, struct cache_view *view) {
     const uint8_t *p = v->data, *end = v->data + v->len;
     if (v->len < 12 || memcmp(p, CODEC_MAGIC, 4) != 0) return -1;
     uint32_t ver, n;
     memcpy(&ver, p + 4, 4);
     memcpy(&n, p + 8, 4);
     p += 12;
-    if (ver != CODEC_VERSION || max < 0 || n > (uint32_t)max) return -1;
+    if (ver != CODEC_VERSION || n > CACHE_MAX_OUTPUTS) return -1;
     for (uint32_t i = 0; i < n; i++) {
+        struct cache_view_output *o = &view->out[i];
         uint32_t nl, dt, nd;
         if ((size_t)(end - p) < 4) return -1;
         memcpy(&nl, p, 4);
         p += 4;
         if (nl == 0 || (size_t)(end - p) < (size_t)nl + 8 || p[nl - 1] != 0) return -1;
-        names[i] = (const char *)p;
+        o->name = (const char *)p;
         p += nl;
         memcpy(&dt, p, 4);
         memcpy(&nd, p + 4, 4);
         p += 8;
         if (dt >= DT_MAX_ || dtype_size((enum dtype)dt) == 0 || nd > TENSOR_MAX_DIMS) return -1;
         if ((size_t)(end - p) < (size_t)nd * 8 + 8) return -1;
-        struct tensor *t = &outs[i];
-        t->dtype = (enum dtype)dt;
-        t->ndim = (int)nd;
+        o->dtype = (enum dtype)dt;
+        o->ndim = (int)nd;
         /* The element count is bounded by the value's length before any
          * product can overflow: every element takes at least one byte (four
          * for a string's length). */
@@ -628,7 +628,7 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
             memcpy(&x, p, 8);
             p += 8;
             if (x > (uint64_t)INT32_MAX) return -1;
-            t->dims[d] = (int64_t)x;
+            o->dims[d] = (int64_t)x;
             if (numel && x > room / numel) numel = UINT64_MAX;
             else numel *= x;
         }
@@ -636,16 +636,19 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
         memcpy(&nb, p, 8);
         p += 8;
         if (nb > (uint64_t)(end - p)) return -1;
-        if (t->dtype == DT_STRING) {
+        if (o->dtype == DT_STRING) {
+            /* Exactly numel strings in nb bytes, none left over. */
             if (numel > nb / 4 || tensor_strings_check(p, nb, (int64_t)numel, NULL, NULL, 0)) return -1;
-        } else if (numel > nb || nb != numel * dtype_size(t->dtype)) {
+        } else if (numel > nb || nb != numel * dtype_size(o->dtype)) {
             return -1;
         }
-        t->data = (void *)p;
+        o->data = p;
+        o->len = (size_t)nb;
         p += nb;
     }
     if (p != end) return -1;
-    return (int)n;
+    view->n = (int)n;
+    return 0;
 }
 
 /* ---- the Redis form --------------------------------------------------------
@@ -669,14 +672,7 @@ struct cache_value *cache_value_open(const cache_t *c, const struct cache_key *k
     cache_value_mac(c, k, bytes, body, mac);
     /* Constant time: the comparison says nothing about how much matched. */
     if (sodium_memcmp(mac, (const uint8_t *)bytes + body, CACHE_MAC_BYTES) != 0) return NULL;
-    struct cache_value *v = cache_value_new(bytes, body);
-    struct tensor outs[CACHE_MAX_OUTPUTS];
-    const char *names[CACHE_MAX_OUTPUTS];
-    if (v && cache_value_decode(v, outs, names, CACHE_MAX_OUTPUTS) < 0) {
-        cache_value_unref(v);
-        v = NULL;
-    }
-    return v;
+    return cache_value_new(bytes, body);
 }
 
 /* ======================================================================

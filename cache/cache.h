@@ -102,15 +102,30 @@ void cache_lru_put(cache_t *c, const struct cache_key *k, struct cache_value *v)
  * shape and bytes (BYTES tensors as 4-byte-length-prefixed strings). */
 #define CACHE_MAX_OUTPUTS 64 /* tensors in one value */
 struct cache_value *cache_value_encode(const struct tensor *outs, const char *const *names, int n);
-/* Decodes into tensors whose data and names point into v (valid while v is
- * referenced); BYTES tensors decode to their raw length-prefixed form with
- * dtype DT_STRING and data pointing at it, checked by tensor_strings_check
- * (tensor_strings_from_prefixed turns it into a tensor). Every length is
- * checked against the value's bytes: a BYTES tensor holds exactly its
- * element count of strings, any other tensor exactly elements x dtype size.
- * Returns the count, or -1 if the value is malformed or truncated. Checks
- * nothing against a model: that is the caller's (infer_cache). */
-int cache_value_decode(const struct cache_value *v, struct tensor *outs, const char **names, int max);
+/* A checked value, decoded once: each output's name, dtype, shape and bytes,
+ * pointing into the value (valid while it is referenced). */
+struct cache_view_output {
+    const char *name; /* a C string */
+    enum dtype dtype;
+    int ndim;
+    int64_t dims[TENSOR_MAX_DIMS];
+    const void *data; /* the tensor's bytes; for BYTES its length-prefixed strings */
+    size_t len;       /* bytes at data: elements x dtype size, or exactly the
+                         element count of length-prefixed strings */
+};
+struct cache_view {
+    int n;
+    struct cache_view_output out[CACHE_MAX_OUTPUTS];
+};
+/* The one decoder of a value: checks all of it against its own bytes (magic,
+ * version, output count, every name, dtype and dim, each output's byte count
+ * against its element count, a BYTES output's string framing through
+ * tensor_strings_check, nothing left over) and fills view. 0, or -1 when the
+ * value is malformed or truncated (view is then not to be read). A Redis
+ * value's MAC is checked before it becomes a value (cache_value_open).
+ * Checks nothing against a model: that is the caller's (infer_cache), which
+ * reads the view without checking its bytes again. */
+int cache_value_view(const struct cache_value *v, struct cache_view *view);
 
 /* ---- the Redis form --------------------------------------------------------
  * What Redis holds under a key is the encoded value followed by
@@ -121,8 +136,9 @@ int cache_value_decode(const struct cache_value *v, struct tensor *outs, const c
 #define CACHE_MAC_BYTES 32
 void cache_value_mac(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len,
                      uint8_t mac[CACHE_MAC_BYTES]);
-/* Checks bytes (a value and its MAC) in constant time, then decodes it;
- * returns a new referenced value without the MAC, or NULL. */
+/* Checks the MAC at the end of bytes in constant time; returns a new
+ * referenced value without the MAC, or NULL. The value is decoded (and its
+ * structure checked) once, by its reader through cache_value_view. */
 struct cache_value *cache_value_open(const cache_t *c, const struct cache_key *k, const void *bytes, size_t len);
 /* Counts a Redis value the caller refused after cache_redis_get handed it
  * over (it does not fit the model): a rejection and a miss, not a hit. */

@@ -2,7 +2,7 @@
  *
  * Constant folding runs nodes whose inputs are all known: at load time
  * (models/passes.c) and at plan time for values a shape makes constant
- * (models/plan.c). Both use this, so neither calls into the other. */
+ * (models/plan_build.c). Both use this, so neither calls into the other. */
 #ifndef KILN_EVAL_H
 #define KILN_EVAL_H
 

@@ -64,11 +64,11 @@ int infer_cache_key(cache_t *c, const char *model, int64_t version, const struct
 
 /* ---- values ↔ outputs ------------------------------------------------------ */
 
-/* Whether a decoded tensor can be output cfg of a request with rows rows
+/* Whether a value's output can be output cfg of a request with rows rows
  * (rows < 0: the model takes no batch dim): its dtype, rank and every dim
- * the model fixes. The codec checked its byte counts already. */
-static int output_fits(const struct tensor *t, const struct model_config_io *cfg, const struct model_config *mc,
-                       int64_t rows) {
+ * the model fixes. cache_value_view checked its bytes already. */
+static int output_fits(const struct cache_view_output *t, const struct model_config_io *cfg,
+                       const struct model_config *mc, int64_t rows) {
     if (t->dtype != cfg->dtype) return 0;
     int lead = mc->max_batch_size > 0;
     if (lead && (t->ndim < 1 || (rows >= 0 && t->dims[0] != rows))) return 0;
@@ -81,34 +81,28 @@ static int output_fits(const struct tensor *t, const struct model_config_io *cfg
 
 /* Copies a cached value into o[mc->noutputs], one malloc'd block each (the
  * value may be evicted while the answer is encoded); -1, with no block left,
- * if the value does not hold every output of the model, each as the model
- * and the request (rows) make it. */
+ * if the value is malformed or does not hold every output of the model, each
+ * as the model and the request (rows) make it. The value is decoded and
+ * checked once, by cache_value_view; what it hands out is copied as it is. */
 static int value_to_outputs(const struct cache_value *v, const struct model_config *mc, int64_t rows,
                             struct tensor *o) {
-    struct tensor dec[CACHE_MAX_OUTPUTS];
-    const char *names[CACHE_MAX_OUTPUTS];
-    int n = cache_value_decode(v, dec, names, CACHE_MAX_OUTPUTS);
-    if (n != mc->noutputs) return -1;
+    struct cache_view view;
+    if (cache_value_view(v, &view) || view.n != mc->noutputs) return -1;
     memset(o, 0, sizeof *o * (size_t)mc->noutputs);
     for (int i = 0; i < mc->noutputs; i++) {
         int j = 0;
-        while (j < n && strcmp(names[j], mc->outputs[i].name) != 0) j++;
-        if (j == n || !output_fits(&dec[j], &mc->outputs[i], mc, rows)) goto fail;
-        o[i] = dec[j];
-        o[i].data = NULL;
-        if (dec[j].dtype == DT_STRING) {
-            /* The common check refuses length prefixes that run past the
-             * value or do not match the shape: such a value is a miss. */
-            const uint8_t *p = dec[j].data;
-            size_t used;
-            if (tensor_strings_check(p, (size_t)(v->data + v->len - p), tensor_numel(&dec[j]), &used, NULL, 0) ||
-                tensor_strings_from_prefixed(&o[i], p, used, NULL, 0))
-                goto fail;
+        while (j < view.n && strcmp(view.out[j].name, mc->outputs[i].name) != 0) j++;
+        if (j == view.n || !output_fits(&view.out[j], &mc->outputs[i], mc, rows)) goto fail;
+        const struct cache_view_output *vo = &view.out[j];
+        o[i].dtype = vo->dtype;
+        o[i].ndim = vo->ndim;
+        memcpy(o[i].dims, vo->dims, sizeof vo->dims);
+        if (vo->dtype == DT_STRING) {
+            if (tensor_strings_from_prefixed(&o[i], vo->data, vo->len, NULL, 0)) goto fail;
         } else {
-            size_t nb = tensor_nbytes(&dec[j]);
-            o[i].data = malloc(nb ? nb : 1);
+            o[i].data = malloc(vo->len ? vo->len : 1);
             if (!o[i].data) goto fail;
-            memcpy(o[i].data, dec[j].data, nb);
+            memcpy(o[i].data, vo->data, vo->len);
         }
     }
     return 0;

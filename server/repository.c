@@ -209,9 +209,15 @@ static uint64_t dir_signature(const char *dir, int depth) {
 
 /* ---- loading one version ------------------------------------------------ */
 
-static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
-                                         const char *cfg, size_t cfg_len, char *err, size_t err_len) {
-    uint64_t t0 = clock_now_ns();
+/* Loading a version runs in phases, each its own function: the version's
+ * identity (version_new); the load phase, which reads the files, parses the
+ * configuration and builds the model (version_read); the runtime around the
+ * model, instances, batcher and warm-up (version_start); and its admission
+ * to the repository's lifecycle (version_admit). load_locked then publishes
+ * the versions or retires them (versions_publish). Each phase returns 0 or
+ * -1 with err set; version_discard undoes whatever the phases made. */
+
+static struct repo_version *version_new(repository_t *r, const char *name, int64_t ver) {
     struct repo_version *v = calloc(1, sizeof *v);
     if (!v) return NULL;
     v->name_ = strdup(name);
@@ -221,13 +227,30 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     v->repo_ = r;
     atomic_init(&v->refs, 1);
     model_config_init(&v->config, name);
+    return v;
+}
 
+static void version_discard(struct repo_version *v) {
+    batcher_free(v->batcher); /* its instances use the model */
+    model_free(v->model);
+    model_config_clear(&v->config);
+    free(v->name_);
+    free(v);
+}
+
+/* The load phase: config.json (or the override) parsed, the ONNX file loaded
+ * for the backend the configuration picks (*be_out), the configuration
+ * completed with the model's inputs and outputs and its labels. */
+static int version_read(repository_t *r, struct repo_version *v, const char *mdir, const char *cfg, size_t cfg_len,
+                        const char **be_out, char *err, size_t err_len) {
+    const char *name = v->name;
+    int64_t ver = v->version;
     char path[4096], e2[512];
     snprintf(path, sizeof path, "%s/%lld/model.onnx", mdir, (long long)ver);
     /* The configuration first: its optimization settings shape the engine. */
     if (cfg && model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2)) {
         ERR(STATUS_INVALID, "model '%s' version %lld: config.json: %s", name, (long long)ver, e2);
-        goto fail;
+        return -1;
     }
     const char *be = r->backend;
     if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
@@ -239,7 +262,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     v->model = model_load(&mp, e2, sizeof e2);
     if (!v->model) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
-        goto fail;
+        return -1;
     }
     int ni = model_ninputs(v->model), no = model_noutputs(v->model);
     struct model_io *ins = calloc((size_t)ni + 1, sizeof *ins), *outs = calloc((size_t)no + 1, sizeof *outs);
@@ -247,7 +270,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
         free(ins);
         free(outs);
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
-        goto fail;
+        return -1;
     }
     for (int i = 0; i < ni; i++) ins[i] = *model_input(v->model, i);
     for (int i = 0; i < no; i++) outs[i] = *model_output(v->model, i);
@@ -261,7 +284,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
             (long long)ver, i < ni ? "input" : "output", io->name, dtype_name(io->dtype));
         free(ins);
         free(outs);
-        goto fail;
+        return -1;
     }
     int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
@@ -269,7 +292,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     free(outs);
     if (rc) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s%s", name, (long long)ver, cfg ? "config.json: " : "", e2);
-        goto fail;
+        return -1;
     }
     /* The KServe metadata has no way to say "any rank": such an input shows
      * shape [] to clients (and load generators build scalars from it). */
@@ -281,8 +304,9 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     if (strcmp(v->config.instance_kind, "KIND_GPU") == 0 && strcmp(be, "cuda") != 0) {
         ERR(STATUS_UNAVAILABLE, "model '%s': instance_group kind KIND_GPU needs the CUDA backend (kiln runs on %s)",
             name, be);
-        goto fail;
+        return -1;
     }
+    *be_out = be;
     if (v->config.precision_fp16 && strcmp(be, "cpu") == 0)
         log_info("model '%s': precision fp16 applies to the CUDA backend; the CPU runs FP32", name);
     else if (v->config.precision_fp16 || !v->config.cuda_graphs)
@@ -290,18 +314,29 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
                  v->config.precision_fp16 ? "fp16" : "fp32",
                  v->config.precision_fp16 ? " in FP16, FP32 accumulation; inputs and outputs FP32" : " in FP32",
                  v->config.cuda_graphs ? "on" : "off");
+    return 0;
+}
+
+/* The runtime around the model: the padding buckets and room for their
+ * plans, the instances on backend be and the batcher, warmed up before any
+ * request comes. */
+static int version_start(struct repo_version *v, const char *mdir, const char *be, char *err, size_t err_len) {
+    const char *name = v->name;
+    int64_t ver = v->version;
+    char e2[512];
+    int rc;
     const struct model_config *c = &v->config;
     int padded = pad_spec_make(&v->pad, c, e2, sizeof e2);
     if (padded < 0) {
         ERR(padded, "model '%s' version %lld: %s", name, (long long)ver, e2);
-        goto fail;
+        return -1;
     }
     /* Room for a plan per (bucket, batch size) besides the usual few, so
      * that padded batches never rebuild an evicted plan. */
     int sizes = c->npreferred > 0 ? c->npreferred + 1 : 2 + ilog2(c->max_batch_size);
     if (padded && model_grow_plans(v->model, 16 + v->pad.nbuckets * sizes)) {
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
-        goto fail;
+        return -1;
     }
     /* Output shapes that follow input values differ per request: one
      * batch's rows could not share them. */
@@ -337,17 +372,27 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     v->batcher = instances_create(&ip, &bp.executor, e2, sizeof e2) ? NULL : batcher_create(&bp, e2, sizeof e2);
     if (!v->batcher) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
-        goto fail;
+        return -1;
     }
     /* Before the model is ready: no request pays for a warmed shape's plan. */
     if ((rc = warmup_run(v->batcher, c, mdir, e2, sizeof e2)) ||
         (padded && c->padding.warmup && (rc = warmup_buckets(v->batcher, c, &v->pad, e2, sizeof e2)))) {
         ERR(rc, "model '%s' version %lld: %s", name, (long long)ver, e2);
-        goto fail;
+        return -1;
     }
+    return 0;
+}
+
+/* Admission to the repository's lifecycle: room for the reaper to retire the
+ * version later, its metrics and the load's log line (t0: when loading began). */
+static int version_admit(repository_t *r, struct repo_version *v, const char *be, uint64_t t0, char *err,
+                         size_t err_len) {
+    const char *name = v->name;
+    int64_t ver = v->version;
+    const struct model_config *c = &v->config;
     if (reserve_reap_slot(r)) {
         ERR(STATUS_NOMEM, "model '%s': out of memory", name);
-        goto fail;
+        return -1;
     }
     v->load_ns = clock_now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
@@ -355,14 +400,21 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
              (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
              c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    return 0;
+}
+
+static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
+                                         const char *cfg, size_t cfg_len, char *err, size_t err_len) {
+    uint64_t t0 = clock_now_ns();
+    struct repo_version *v = version_new(r, name, ver);
+    if (!v) return NULL;
+    const char *be = NULL;
+    if (version_read(r, v, mdir, cfg, cfg_len, &be, err, err_len) || version_start(v, mdir, be, err, err_len) ||
+        version_admit(r, v, be, t0, err, err_len)) {
+        version_discard(v);
+        return NULL;
+    }
     return v;
-fail:
-    batcher_free(v->batcher); /* its instances use the model */
-    model_free(v->model);
-    model_config_clear(&v->config);
-    free(v->name_);
-    free(v);
-    return NULL;
 }
 
 /* ---- the table ---------------------------------------------------------- */
@@ -427,6 +479,23 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
 }
 
 static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len);
+
+/* The lifecycle phase of a load: the versions loaded (nv[0..nw), rc 0)
+ * replace the entry's, which retire once their last request is done; after
+ * a failure (rc) the ones loaded are released and the old versions keep
+ * serving. Returns rc. */
+static int versions_publish(repository_t *r, const char *name, struct repo_version **nv, int nw, int rc,
+                            int was_ready, uint64_t sig, const char *err) {
+    if (rc) {
+        for (int i = 0; nv && i < nw; i++) repository_release(nv[i]);
+        free(nv);
+        /* A failed reload keeps the old versions serving. */
+        if (!was_ready) entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return rc;
+    }
+    entry_swap(r, name, nv, nw, ST_READY, "", sig);
+    return 0;
+}
 
 /* Every failed load is logged once, whatever step refused it (a missing version
  * folder or a bad config.json as much as a broken model file): the startup
@@ -519,15 +588,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
         if (!nv[i]) rc = STATUS_INVALID;
     }
     free(cfg);
-    if (rc) {
-        for (int i = 0; nv && i < nw; i++) repository_release(nv[i]);
-        free(nv);
-        /* A failed reload keeps the old versions serving. */
-        if (!was_ready) entry_set_state(r, name, ST_UNAVAILABLE, err);
-        return rc;
-    }
-    entry_swap(r, name, nv, nw, ST_READY, "", sig);
-    return 0;
+    return versions_publish(r, name, nv, nw, rc, was_ready, sig, err);
 }
 
 int repository_load(repository_t *r, const char *name, char *err, size_t err_len) {

@@ -125,21 +125,35 @@ static void test_codec_round_trip_and_corruption(void **state) {
     const char *names[2] = {"probabilities", "label"};
     struct cache_value *v = cache_value_encode(outs, names, 2);
     assert_non_null(v);
-    struct tensor dec[4];
-    const char *dn[4];
-    assert_int_equal(cache_value_decode(v, dec, dn, 4), 2);
-    assert_string_equal(dn[0], "probabilities");
-    assert_string_equal(dn[1], "label");
-    assert_int_equal(dec[0].dims[1], 3);
-    assert_memory_equal(dec[0].data, f, sizeof f);
-    assert_memory_equal(dec[1].data, l, sizeof l);
+    struct cache_view view;
+    assert_int_equal(cache_value_view(v, &view), 0);
+    assert_int_equal(view.n, 2);
+    assert_string_equal(view.out[0].name, "probabilities");
+    assert_string_equal(view.out[1].name, "label");
+    assert_int_equal(view.out[0].dtype, DT_FP32);
+    assert_int_equal(view.out[0].ndim, 2);
+    assert_int_equal(view.out[0].dims[1], 3);
+    assert_int_equal(view.out[0].len, sizeof f);
+    assert_memory_equal(view.out[0].data, f, sizeof f);
+    assert_int_equal(view.out[1].len, sizeof l);
+    assert_memory_equal(view.out[1].data, l, sizeof l);
     /* Every truncation is rejected by the codec alone. */
     for (size_t i = 0; i < v->len; i++) {
         struct cache_value *t = cache_value_new(v->data, i);
-        assert_int_equal(cache_value_decode(t, dec, dn, 4), -1);
+        assert_int_equal(cache_value_view(t, &view), -1);
         cache_value_unref(t);
     }
     cache_value_unref(v);
+}
+
+/* v's Redis form under c and k: its bytes and their MAC (malloc'd). */
+static uint8_t *seal(cache_t *c, const struct cache_key *k, const struct cache_value *v, size_t *len) {
+    *len = v->len + CACHE_MAC_BYTES;
+    uint8_t *wire = malloc(*len);
+    assert_non_null(wire);
+    memcpy(wire, v->data, v->len);
+    cache_value_mac(c, k, v->data, v->len, wire + v->len);
+    return wire;
 }
 
 /* The Redis form: value + MAC under the secret, over the key and the value.
@@ -155,10 +169,8 @@ static void test_mac_seals_value_to_key_and_secret(void **state) {
     const char *n = "y";
     struct cache_value *v = cache_value_encode(&t, &n, 1);
     struct cache_key k = {{1, 2, 3}}, k2 = {{1, 2, 4}};
-    size_t len = v->len + CACHE_MAC_BYTES;
-    uint8_t *wire = malloc(len);
-    memcpy(wire, v->data, v->len);
-    cache_value_mac(c, &k, v->data, v->len, wire + v->len);
+    size_t len;
+    uint8_t *wire = seal(c, &k, v, &len);
     struct cache_value *o = cache_value_open(c, &k, wire, len);
     assert_non_null(o);
     assert_int_equal(o->len, v->len);
@@ -186,22 +198,26 @@ static void test_decode_checks_strings_and_counts(void **state) {
     struct tensor t = {.dtype = DT_STRING, .ndim = 1, .dims = {2}, .data = sv};
     const char *n = "s";
     struct cache_value *v = cache_value_encode(&t, &n, 1);
-    struct tensor dec[2];
-    const char *dn[2];
-    assert_int_equal(cache_value_decode(v, dec, dn, 2), 1);
+    struct cache_view view;
+    assert_int_equal(cache_value_view(v, &view), 0);
+    assert_int_equal(view.n, 1);
+    assert_int_equal(view.out[0].dtype, DT_STRING);
+    /* The view's bytes are exactly the two strings, length-prefixed. */
+    assert_int_equal(view.out[0].len, 4 + 2 + 4 + 3);
+    assert_memory_equal((const char *)view.out[0].data + 4, "ab", 2);
     /* The first string's length prefix sits 13 bytes before the end. */
     size_t first = v->len - (4 + 2 + 4 + 3);
     uint32_t big = 1000;
     struct cache_value *w = cache_value_new(v->data, v->len);
     memcpy(w->data + first, &big, 4);
-    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    assert_int_equal(cache_value_view(w, &view), -1);
     cache_value_unref(w);
     /* Three strings claimed by the shape, two present. */
     w = cache_value_new(v->data, v->len);
     uint64_t three = 3;
     size_t dim0 = 12 + 4 + 2 + 8;
     memcpy(w->data + dim0, &three, 8);
-    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    assert_int_equal(cache_value_view(w, &view), -1);
     cache_value_unref(w);
     cache_value_unref(v);
     /* FP32 [65536 x 65536 x 65536 x 65536] claims 2^64 elements: no overflow to 0. */
@@ -211,8 +227,44 @@ static void test_decode_checks_strings_and_counts(void **state) {
     w = cache_value_new(v->data, v->len);
     uint64_t d = 65536;
     for (int i = 0; i < 4; i++) memcpy(w->data + 12 + 4 + 2 + 8 + 8 * i, &d, 8);
-    assert_int_equal(cache_value_decode(w, dec, dn, 2), -1);
+    assert_int_equal(cache_value_view(w, &view), -1);
     cache_value_unref(w);
+    cache_value_unref(v);
+}
+
+/* A value holds at most CACHE_MAX_OUTPUTS outputs: one claiming more is
+ * refused whole, however well formed, and one sealed with a good MAC is
+ * still checked by the view (the MAC says who wrote it, not that it is
+ * well formed). */
+static void test_view_refuses_too_many_outputs(void **state) {
+    (void)state;
+    enum { N = CACHE_MAX_OUTPUTS + 1 };
+    float f = 1;
+    struct tensor outs[N];
+    const char *names[N];
+    for (int i = 0; i < N; i++) {
+        outs[i] = (struct tensor){.dtype = DT_FP32, .ndim = 1, .dims = {1}, .data = &f};
+        names[i] = "y";
+    }
+    struct cache_value *v = cache_value_encode(outs, names, N);
+    assert_non_null(v);
+    struct cache_view view;
+    assert_int_equal(cache_value_view(v, &view), -1);
+    char err[256];
+    cache_t *c = cache_create(&(struct cache_params){.secret = "s1"}, err, sizeof err);
+    struct cache_key k = {{5}};
+    size_t len;
+    uint8_t *wire = seal(c, &k, v, &len);
+    struct cache_value *o = cache_value_open(c, &k, wire, len);
+    assert_non_null(o);
+    assert_int_equal(cache_value_view(o, &view), -1);
+    cache_value_unref(o);
+    free(wire);
+    cache_free(c);
+    cache_value_unref(v);
+    v = cache_value_encode(outs, names, CACHE_MAX_OUTPUTS);
+    assert_int_equal(cache_value_view(v, &view), 0);
+    assert_int_equal(view.n, CACHE_MAX_OUTPUTS);
     cache_value_unref(v);
 }
 
@@ -433,6 +485,7 @@ int main(void) {
         cmocka_unit_test(test_lru_hit_and_byte_bound),
         cmocka_unit_test(test_codec_round_trip_and_corruption),
         cmocka_unit_test(test_mac_seals_value_to_key_and_secret),
+        cmocka_unit_test(test_view_refuses_too_many_outputs),
         cmocka_unit_test(test_decode_checks_strings_and_counts),
         cmocka_unit_test(test_single_flight),
         cmocka_unit_test(test_bad_redis_urls),

@@ -1,4 +1,4 @@
-"""Threads per step (models/plan.c): at two threads a plan runs its small
+"""Threads per step (models/plan_threads.c): at two threads a plan runs its small
 steps on one thread and times the ones in between on its first run. `kiln
 run` with KILN_PROFILE=1 reports the split and, per op type, the calls on one
 thread; the outputs are the same bytes as with every step on both threads

@@ -1,6 +1,8 @@
 /* fuzz_cache_value.c - libFuzzer target for what kiln reads back from Redis:
- * the MAC check, the value codec (cache_value_decode) and the check and copy
- * of every output against a model (infer_cache's value_to_outputs).
+ * the MAC check (cache_value_open), the one decoder of a value
+ * (cache_value_view: every view it accepts is checked here against its own
+ * promises) and the check and copy of every output against a model
+ * (infer_cache's value_to_outputs, which reads that view).
  *
  * Input layout: one byte (bit 0: the model batches; bits 1-7: the request's
  * rows), then the value's bytes. The target seals them with a valid MAC under
@@ -59,6 +61,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct cache_value *v = cache_value_open(g_cache, &key, wire, len + CACHE_MAC_BYTES);
     free(wire);
     if (!v) return 0;
+    /* What the view promises its reader, who does not check again: names
+     * are C strings in the value, bytes lie inside it and match the shape,
+     * a BYTES output's bytes are exactly its strings. */
+    struct cache_view view;
+    if (cache_value_view(v, &view) == 0) {
+        const uint8_t *lo = v->data, *hi = v->data + v->len;
+        if (view.n < 0 || view.n > CACHE_MAX_OUTPUTS) abort();
+        for (int i = 0; i < view.n; i++) {
+            const struct cache_view_output *o = &view.out[i];
+            const uint8_t *d = o->data, *nm = (const uint8_t *)o->name;
+            if (nm < lo || nm + strlen(o->name) >= hi || d < lo || o->len > (size_t)(hi - d)) abort();
+            struct tensor t = {.dtype = o->dtype, .ndim = o->ndim};
+            memcpy(t.dims, o->dims, sizeof t.dims);
+            if (o->dtype == DT_STRING ? tensor_strings_check(d, o->len, tensor_numel(&t), NULL, NULL, 0) != 0
+                                      : tensor_nbytes(&t) != o->len)
+                abort();
+        }
+    }
     struct tensor outs[CACHE_MAX_OUTPUTS];
     if (value_to_outputs(v, mc, rows, outs) == 0) {
         /* Touch every byte handed out, as the response encoder would. */
