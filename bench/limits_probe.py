@@ -13,7 +13,7 @@ is given, sends the probe, and reads VmHWM and VmRSS from /proc:
   grpc-unfinished  6 connections x 4 calls, each announcing a 60 MiB message
                 and sending it without END_STREAM (--grpc-max-message-size 64M)
   topk          classification k = n = 1e6 on one client while a second sends
-                small requests: the second client's p50 / p99 / max
+                small requests to another model: the second client's p50 / p99 / max
 Prints a markdown table; exits non-zero if kiln died.
 """
 import argparse
@@ -53,8 +53,9 @@ def make_repo(root):
     save(root, "grow", [oh.make_node("ConstantOfShape", ["n"], ["y"], name="grow",
                                      value=oh.make_tensor("v", TP.FLOAT, [1], [1.25]))],
          [oh.make_tensor_value_info("n", TP.INT64, [1])], [oh.make_tensor_value_info("y", TP.FLOAT, ["M"])])
-    save(root, "ident", [oh.make_node("Identity", ["x"], ["y"])],
-         [oh.make_tensor_value_info("x", TP.FLOAT, [1, "N"])], [oh.make_tensor_value_info("y", TP.FLOAT, [1, "N"])])
+    for name in ("ident", "other"):
+        save(root, name, [oh.make_node("Identity", ["x"], ["y"])],
+             [oh.make_tensor_value_info("x", TP.FLOAT, [1, "N"])], [oh.make_tensor_value_info("y", TP.FLOAT, [1, "N"])])
 
 
 class Server:
@@ -169,7 +170,7 @@ def topk(s, n=1000000):
     times = []
     while len(times) < 200 or t.is_alive():
         t0 = time.monotonic()
-        small.infer("ident", [xi])
+        small.infer("other", [xi])
         times.append(time.monotonic() - t0)
     t.join()
     small.close()

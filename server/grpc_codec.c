@@ -341,7 +341,8 @@ static int select_outputs(const struct infer_result *res, const struct tensor **
         names[i] = mc->outputs[k].name;
         sel[i] = &res->outputs[k];
         int cls = r->noutputs ? r->outputs[i].classification : 0;
-        if (cls > 0) {
+        if (cls > 0 && r->outputs[i].classified.data) sel[i] = &r->outputs[i].classified;
+        else if (cls > 0) {
             int rc = kserve_classify(&res->outputs[k], cls, mc, k, &owned[i]);
             if (rc) return rc;
             sel[i] = &owned[i];

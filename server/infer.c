@@ -185,10 +185,28 @@ static void infer_complete_cb(void *arg) {
     infer_finish(r, r->br.status, r->br.err);
 }
 
+/* The outputs asked for with classification, classified here, on the
+ * instance thread that computed them: a top-k over many classes formats a
+ * string per class, work that would otherwise hold the request's I/O thread
+ * and every other client on it. A failure (out of memory) leaves the output
+ * to the encoder, which classifies it itself or reports why not. A cached
+ * answer is classified by the encoder: the cache keeps the model's outputs. */
+static void classify_outputs(struct infer_request *r) {
+    const struct model_config *mc = &r->v->config;
+    for (int i = 0; i < r->kr.noutputs; i++) {
+        struct kserve_output *o = &r->kr.outputs[i];
+        int k = o->classification > 0 ? model_config_find_output(mc, o->name) : -1;
+        if (k < 0 || !r->outputs[k].data) continue;
+        if (kserve_classify(&r->outputs[k], o->classification, mc, k, &o->classified))
+            memset(&o->classified, 0, sizeof o->classified);
+    }
+}
+
 /* On an instance thread (or the batcher's timer thread): hand back to the
  * request's thread and return at once. */
 static void infer_done(struct batcher_request *br) {
     struct infer_request *r = br->user;
+    if (!br->status) classify_outputs(r);
     r->reply->post(r->thread, infer_complete_cb, r);
 }
 

@@ -56,6 +56,11 @@ struct kserve_output {
     int binary;             /* parameters.binary_data; -1 = not said (request default) */
     int classification;     /* parameters.classification: top-k; 0 = off */
     struct kserve_shm shm;  /* the answer goes into this region instead of the message */
+    /* The classification already made (an owned BYTES tensor, data NULL
+     * when not): the inference core makes it on the instance thread that
+     * computed the output, so a large top-k does not hold the request's I/O
+     * thread; the encoders use it instead of classifying again. */
+    struct tensor classified;
 };
 
 /* What a request holds in itself: one input and short names need no

@@ -338,7 +338,8 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
         bin[i] = r->noutputs && r->outputs[i].binary >= 0 ? r->outputs[i].binary : r->binary_data_output;
         if (r->noutputs && r->outputs[i].shm.region) bin[i] = 0; /* in its region already */
         int cls = r->noutputs ? r->outputs[i].classification : 0;
-        if (cls > 0) {
+        if (cls > 0 && r->outputs[i].classified.data) send[i] = r->outputs[i].classified;
+        else if (cls > 0) {
             if ((rc = classify(&outputs[k], cls, mc->max_batch_size > 0, &mc->outputs[k], &send[i]))) goto out;
             owned[i] = 1;
         } else send[i] = outputs[k];

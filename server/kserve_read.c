@@ -66,6 +66,7 @@ void kserve_request_clear(struct kserve_request *r) {
     for (int i = 0; i < r->noutputs; i++) {
         drop_string(r, r->outputs[i].name);
         drop_shm(r, &r->outputs[i].shm);
+        tensor_free_data(&r->outputs[i].classified);
     }
     free(r->outputs);
     memset(r, 0, sizeof *r);

@@ -711,3 +711,35 @@ def test_hostile_redis_bulk_reply_is_not_buffered(make_server, cache_repo):
         assert s.proc.poll() is None
     finally:
         fake.close()
+
+
+def test_classification_computed_and_cached_alike(make_server, cache_repo):
+    """A computed answer is classified on the instance thread that ran the
+    model, a cached one by the encoder from the stored outputs: both give
+    the same bytes, batched or not, over HTTP and gRPC."""
+    import tritonclient.grpc as grpcclient
+    s = make_server(cache_repo)
+    x = np.array([[3, 1, 2, 9], [0, 5, 5, 1]], np.float32)
+    for model, k in (("double", 3), ("lin", 2)):
+        body = ('{"inputs":[{"name":"x","shape":[2,4],"datatype":"FP32","data":%s}],'
+                               '"outputs":[{"name":"y","parameters":{"classification":%d}}]}'
+                               % (x.flatten().tolist(), k)).encode()
+        st1, _, computed = raw_request(s.url, "POST", f"/v2/models/{model}/infer", body)
+        st2, _, cached = raw_request(s.url, "POST", f"/v2/models/{model}/infer", body)
+        assert st1 == st2 == 200, computed
+        assert computed == cached
+        assert stats(s.url, model)["hit"] >= 1
+    g = grpcclient.InferenceServerClient(s.grpc_url())
+    try:
+        answers = []
+        for _ in range(2):
+            i = grpcclient.InferInput("x", [2, 4], "FP32")
+            i.set_data_from_numpy(x)
+            r = g.infer("double", [i], outputs=[grpcclient.InferRequestedOutput("y", class_count=3)])
+            answers.append(r.as_numpy("y").tolist())
+    finally:
+        g.close()
+    assert answers[0] == answers[1]
+    # Without batching the whole [2, 4] tensor is one row: 2x = 6 2 4 18 0 10 10 2.
+    top = [v.decode().split(":") for v in np.array(answers[0]).reshape(-1)]
+    assert [int(i) for _, i in top] == [3, 5, 6] and float(top[0][0]) == 18.0
