@@ -198,6 +198,7 @@ def main():
                 s = Server(a.kiln, tmp, ["--max-request-memory", bound] if bound else [])
                 start = s.mem()["VmRSS"]
                 st, data = probe(s)
+                time.sleep(1)  # the answer's blocks are freed once libevent has written them
                 m = s.mem()
                 dead |= not s.stop()
                 print(f"| {name} | {bound or 'default'} | {st or 'no answer: ' + data.decode()[:40]} | "

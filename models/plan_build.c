@@ -323,6 +323,7 @@ static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bin
             }
             pv->kind = PLAN_VALUE_CONST;
             pv->owned = 1;
+            pv->from_client = 1;
             p->sig[i].data = pv->t.data;
             p->bind |= (uint64_t)1 << i;
         }
@@ -399,9 +400,12 @@ static int fold_node(struct plan *p, const struct graph_node *n, struct op_call 
                      size_t err_len) {
     const struct op_def *op = n->op;
     if (!(known || (op->flags & OP_SHAPE_ONLY)) || !op->run) return NODE_OPEN;
+    int from_client = 0;
+    for (int k = 0; k < n->nin; k++)
+        if (n->in[k] >= 0 && p->vals[n->in[k]].from_client) from_client = 1;
     struct tensor res[OP_MAX_IO];
-    int rc = eval_node(n, (const struct tensor *const *)c->in, n->nin, res, n->nout, EVAL_FOLD_MAX_BYTES, err,
-                       err_len);
+    int rc = eval_node(n, (const struct tensor *const *)c->in, n->nin, res, n->nout,
+                       from_client ? PLAN_CLIENT_FOLD_MAX_BYTES : EVAL_FOLD_MAX_BYTES, err, err_len);
     if (rc < 0) return rc;
     if (rc == 0) {
         for (int k = 0; k < n->nout; k++) {
@@ -413,6 +417,7 @@ static int fold_node(struct plan *p, const struct graph_node *n, struct op_call 
             p->vals[v].t = res[k];
             p->vals[v].kind = PLAN_VALUE_CONST;
             p->vals[v].owned = 1;
+            p->vals[v].from_client = (unsigned char)from_client;
         }
         p->nfolded++;
         return NODE_FOLDED;

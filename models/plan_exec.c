@@ -414,6 +414,12 @@ int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inpu
         if (!x->host && pv->kind == PLAN_VALUE_ARENA && pv->ddt != pv->t.dtype)
             widen_in_place(outputs[o].data, (size_t)tensor_numel(&pv->t));
     }
+    /* An arena that an input's value made large (ConstantOfShape of a
+     * client's number) goes back now that the outputs are copied out: one
+     * request must not leave the server holding what it asked for. Arenas
+     * sized by shapes alone stay, so a model's steady runs allocate nothing;
+     * the next run of this plan binds a new one. */
+    if (x->host && p->bind && x->arena_cap > PLAN_VALUE_ARENA_KEEP) arena_free(x);
     return 0;
 fail:
     for (int o = 0; o < g->noutputs; o++) {

@@ -21,6 +21,10 @@
 #include "models/plan.h"
 
 #define PLAN_ALIGN 64
+/* A host arena larger than this, sized by an input's value (a plan with
+ * bind set), is given back after its run (plan_exec_run). */
+#define PLAN_VALUE_ARENA_KEEP ((size_t)256 << 20)
+#define PLAN_CLIENT_FOLD_MAX_BYTES ((size_t)1 << 20)
 
 static inline size_t align_up(size_t n) { return (n + PLAN_ALIGN - 1) & ~(size_t)(PLAN_ALIGN - 1); }
 
@@ -33,6 +37,10 @@ struct pval {
     size_t size;     /* bytes, rounded to PLAN_ALIGN for arena roots */
     int first, last; /* live range of an arena root, in step indices */
     unsigned char owned; /* t.data was malloc'd by the plan (folded) */
+    /* Its bytes come from a request: a bound input's value, or folded from
+     * one. Folding such values stays small (PLAN_CLIENT_FOLD_MAX_BYTES): a
+     * client's number must not become a large constant the plan cache keeps. */
+    unsigned char from_client;
     void *dev;       /* device plans: a graph constant's copy in the executor's store */
     unsigned char is_step_out;
     /* Device plans: the datatype on the device. FP16 plans store every
