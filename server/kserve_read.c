@@ -125,7 +125,16 @@ static const char nul_as[] = "\\u00010", one_as[] = "\\u0001\\u0001", raw_nul_as
                   raw_one_as[] = "\x01\x01";
 
 static int json_may_hold_nul(const void *text, size_t len) {
-    return memchr(text, 0, len) || memmem(text, len, "\\u0000", 6);
+    if (memchr(text, 0, len)) return 1;
+    /* Backslash by backslash (a body of numbers has none: one memchr pass),
+     * not memmem's search at every byte. A backslash always starts a pair,
+     * so the byte after it is never the start of another escape. */
+    const char *p = text, *end = p + len;
+    while ((p = memchr(p, '\\', (size_t)(end - p)))) {
+        if (end - p >= 6 && !memcmp(p + 1, "u0000", 5)) return 1;
+        p += end - p >= 2 ? 2 : 1;
+    }
+    return 0;
 }
 
 /* The JSON text[0..len) rewritten as above, followed by the tail bytes

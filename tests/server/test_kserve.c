@@ -99,6 +99,25 @@ static void test_parse_binary_and_bytes(void **state) {
 /* BYTES in JSON carry \u0000 as a byte; the 0x01 bytes the decoder uses
  * to carry it through cJSON come back as sent; a NUL anywhere but in BYTES
  * data (a name, a key, an id) is refused, naming the field. */
+/* The check that sends a body through the NUL rewrite: no false negative
+ * whatever escapes come before a \u0000; an escaped backslash followed by
+ * the text u0000 is no NUL. */
+static void test_json_may_hold_nul(void **state) {
+    static const struct { const char *text; int nul; } cases[] = {
+        {"{\"data\":[1,2,3]}", 0},
+        {"[\"a\\u0000b\"]", 1},
+        {"[\"\\\\u0000\"]", 0},          /* \\ then the letters u0000 */
+        {"[\"\\\\\\u0000\"]", 1},      /* \\ then \u0000 */
+        {"[\"\\n\\u0001\\u0000\"]", 1},
+        {"[\"\\u000\"]", 0},
+        {"\\u0000", 1},
+        {"\\", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        assert_int_equal(json_may_hold_nul(cases[i].text, strlen(cases[i].text)), cases[i].nul);
+    assert_int_equal(json_may_hold_nul("ab\0c", 4), 1); /* a raw NUL byte */
+}
+
 static void test_parse_json_nul_bytes(void **state) {
     (void)state;
     struct kserve_request r;
@@ -703,6 +722,7 @@ int main(void) {
         cmocka_unit_test(test_parse_json_nested_and_flat),
         cmocka_unit_test(test_parse_binary_and_bytes),
         cmocka_unit_test(test_parse_json_nul_bytes),
+        cmocka_unit_test(test_json_may_hold_nul),
         cmocka_unit_test(test_parse_errors_name_the_field),
         cmocka_unit_test(test_parse_beyond_inline_room),
         cmocka_unit_test(test_bind),
