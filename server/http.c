@@ -646,18 +646,31 @@ static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
     return 1;
 }
 
+/* The start of either register call: access, then the JSON body into *j.
+ * 0 when the call is answered already (refused), 1 to go on. */
+static int shm_register_begin(const struct http_call *c, shm_owner_t *owner, cJSON **j, char *err, size_t err_len) {
+    int status;
+    if (!shm_route_allowed(c, owner)) return 0;
+    *j = read_json_body(c, &status, err, err_len);
+    if (!status) return 1;
+    reply_status(c->srv, c->req, status, err);
+    return 0;
+}
+
+/* The end of either register call: rc is the registration's status. */
+static void shm_register_end(const struct http_call *c, cJSON *j, int rc, const char *err) {
+    cJSON_Delete(j);
+    if (rc) reply_status(c->srv, c->req, rc, err);
+    else reply_empty(c->srv, c->req, 200);
+}
+
 /* POST /v2/systemsharedmemory/region/{region}/register: {"key", "offset", "byte_size"}. */
 static void route_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[600];
-    int status;
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &status, err, sizeof err);
-    if (status) {
-        reply_status(s, c->req, status, err);
-        return;
-    }
+    cJSON *j;
+    if (!shm_register_begin(c, &owner, &j, err, sizeof err)) return;
     const cJSON *key = cJSON_GetObjectItemCaseSensitive(j, "key");
     const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "offset");
     const cJSON *size = cJSON_GetObjectItemCaseSensitive(j, "byte_size");
@@ -676,9 +689,7 @@ static void route_shm_register(const struct http_call *c) {
     else
         rc = shm_register(infer_core_shm(s->core), owner, c->region, key->valuestring,
                           off ? (uint64_t)off->valuedouble : 0, (uint64_t)size->valuedouble, err, sizeof err);
-    cJSON_Delete(j);
-    if (rc) reply_status(s, c->req, rc, err);
-    else reply_empty(s, c->req, 200);
+    shm_register_end(c, j, rc, err);
 }
 
 static void route_shm_unregister(const struct http_call *c) {
@@ -704,14 +715,9 @@ static void route_shm_status(const struct http_call *c) {
 static void route_cuda_shm_register(const struct http_call *c) {
     http_server_t *s = c->srv;
     char err[900];
-    int status;
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
-    cJSON *j = read_json_body(c, &status, err, sizeof err);
-    if (status) {
-        reply_status(s, c->req, status, err);
-        return;
-    }
+    cJSON *j;
+    if (!shm_register_begin(c, &owner, &j, err, sizeof err)) return;
     const cJSON *handle = cJSON_GetObjectItemCaseSensitive(j, "raw_handle");
     const cJSON *b64 = cJSON_GetObjectItemCaseSensitive(handle, "b64");
     const cJSON *dev = cJSON_GetObjectItemCaseSensitive(j, "device_id");
@@ -732,9 +738,7 @@ static void route_cuda_shm_register(const struct http_call *c) {
     else
         rc = shm_cuda_register_b64(infer_core_shm(s->core), owner, c->region, b64->valuestring,
                                    (int64_t)dev->valuedouble, (uint64_t)size->valuedouble, err, sizeof err);
-    cJSON_Delete(j);
-    if (rc) reply_status(s, c->req, rc, err);
-    else reply_empty(s, c->req, 200);
+    shm_register_end(c, j, rc, err);
 }
 
 static void route_cuda_shm_unregister(const struct http_call *c) {

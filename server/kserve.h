@@ -47,7 +47,6 @@ struct kserve_input {
     struct tensor t;        /* dtype, shape and data (owned, common/tensor.h's layout) */
     size_t binary_size;     /* parameters.binary_data_size, when binary */
     int binary;
-    int borrowed;           /* t.data points into shm's region, not an owned block */
     struct kserve_shm shm;
 };
 

@@ -58,7 +58,6 @@ void kserve_request_clear(struct kserve_request *r) {
     for (int i = 0; i < r->ninputs; i++) {
         struct kserve_input *in = &r->inputs[i];
         drop_string(r, in->name);
-        if (in->borrowed) in->t.data = NULL; /* the region's bytes */
         tensor_free_data(&in->t);
         drop_shm(r, &in->shm);
     }
