@@ -124,6 +124,7 @@ int cmd_serve(int argc, char **argv) {
                                    .backend = backend,
                                    .max_instances = cfg.max_model_instances,
                                    .max_intra_op_threads = cfg.max_intra_op_threads,
+                                   .inline_max_us = (uint64_t)cfg.inline_max_us,
                                    .max_request_memory = (size_t)server_config_max_request_memory(&cfg)};
     kserve_global_init(); /* no thread runs yet */
     kserve_set_max_request_memory(rp.max_request_memory);

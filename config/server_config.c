@@ -57,6 +57,7 @@ static const struct opt g_opts[] = {
     {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address (logs a warning)"},
     {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instance_group[0].count; a load asking more gets 400"},
     {"max-intra-op-threads", OPT_INT, "N", "cores", "bound on a model's parameters.intra_op_thread_count; a load asking more gets 400"},
+    {"inline-max-us", OPT_INT, "US", "100", "a request to an idle CPU model that runs in at most this long on one thread runs on its I/O thread, without the hand-off to the instance's thread and back (0 = never)"},
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
     {"redis-url", OPT_STR, "URL", "", "redis://[user:password@]host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
@@ -86,6 +87,7 @@ void server_config_init(struct server_config *c) {
     c->log_format = strdup("text");
     c->max_request_size = 64LL << 20;
     c->exit_timeout_secs = 30;
+    c->inline_max_us = 100;
     c->http_timeout_secs = 60;
     c->http_header_timeout_secs = 10;
     c->http_body_timeout_secs = 60;
@@ -191,6 +193,10 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
             c->http_body_timeout_secs = (int)x;
         } else if (strcmp(n, "max-connections") == 0) c->max_connections = (int)x;
         else if (strcmp(n, "exit-timeout-secs") == 0) c->exit_timeout_secs = (int)x;
+        else if (strcmp(n, "inline-max-us") == 0) {
+            if (x < 0 || x > 1000000) return BAD("expected 0-1000000");
+            c->inline_max_us = (int)x;
+        }
         else if (strcmp(n, "repository-poll-secs") == 0) {
             if (x < 1) return BAD("expected at least 1");
             c->repository_poll_secs = (int)x;

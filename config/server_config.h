@@ -38,6 +38,7 @@ struct server_config {
     int64_t max_request_size;    /* bytes; larger bodies get 413 */
     int64_t max_request_memory;  /* bytes one request may make kiln allocate; 0 = from the machine */
     int exit_timeout_secs;       /* drain limit on SIGTERM */
+    int inline_max_us;           /* batcher_params.inline_max_ns, in us; 0 = off */
     int http_timeout_secs;       /* idle read/write timeout of a connection */
     int http_header_timeout_secs; /* total time a request's header may take to arrive */
     int http_body_timeout_secs;  /* total time a request's body may take to arrive */

@@ -334,6 +334,11 @@ static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ni
 
 uint64_t model_exec_builds(const struct model_exec *x) { return x ? x->builds : 0; }
 
+int model_exec_one_thread(const struct model_exec *x, const struct tensor *inputs, int ninputs) {
+    if (!x || atomic_load_explicit(&x->m->value_driven, memory_order_relaxed)) return 0;
+    return plan_exec_one_thread(x->pe, inputs, ninputs);
+}
+
 void model_exec_set_requests(struct model_exec *x, int n) { x->requests = n; }
 
 int model_run(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,

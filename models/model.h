@@ -94,6 +94,10 @@ int model_run_unchecked(struct model_exec *x, const struct tensor *inputs, int n
 /* Plans this context has built so far: a run that raised it paid for a plan
  * (a new shape), so its time says little about the next run of its size. */
 uint64_t model_exec_builds(const struct model_exec *x);
+/* 1 if a run of inputs on x would use the plan x ran last, on the host,
+ * every step on the calling thread alone: then any thread may run it
+ * without starting an OpenMP team (server/batcher.c's inline run). */
+int model_exec_one_thread(const struct model_exec *x, const struct tensor *inputs, int ninputs);
 /* The requests the next runs serve together (a batch of n): their bound is
  * n times model_params.max_run_bytes, each request's. 1 until set. */
 void model_exec_set_requests(struct model_exec *x, int n);

@@ -128,6 +128,10 @@ void plan_exec_set_cuda_graphs(struct plan_exec *x, int on);
  * On error nothing is left allocated in outputs. */
 int plan_exec_run(struct plan_exec *x, struct plan *p, const struct tensor *inputs, struct tensor *outputs,
                   char *err, size_t err_len);
+/* 1 if inputs would run on the plan x has bound, a host plan whose every
+ * step runs on the calling thread alone (no OpenMP team), its thread
+ * choices made: the plan's next run with such inputs needs no other thread. */
+int plan_exec_one_thread(const struct plan_exec *x, const struct tensor *inputs, int ninputs);
 
 /* ---- the plan cache ---------------------------------------------------------- */
 

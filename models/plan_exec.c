@@ -121,11 +121,23 @@ static void fill_call(struct op_call *c, const struct plan *p, const struct pste
     c->strings = strings;
 }
 
+/* Whether every call of the bound plan runs on the calling thread alone. */
+static void note_one_thread(struct plan_exec *x, const struct plan *p) {
+    int one = x->host && x->choices_bound;
+    for (int si = 0; one && si < p->nsteps; si++) one = x->calls[si].nthreads <= 1;
+    x->one_thread = one;
+}
+
 /* Points the calls of measured steps at the variant their timing chose. */
 void plan_exec_bind_choices(struct plan_exec *x, const struct plan *p) {
     for (int si = 0; si < p->nsteps; si++)
         if (p->steps[si].measured) x->calls[si].state = step_state(&p->steps[si], &x->calls[si].nthreads);
     x->choices_bound = 1;
+    note_one_thread(x, p);
+}
+
+int plan_exec_one_thread(const struct plan_exec *x, const struct tensor *inputs, int ninputs) {
+    return x->bound && x->one_thread && plan_matches(x->bound, inputs, ninputs);
 }
 
 /* Points the executor's tensors and call records at p and the arena. Done
@@ -201,6 +213,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
             }
     }
     x->choices_bound = !p->nmeasured || atomic_load_explicit(&p->timed, memory_order_acquire) == 2;
+    note_one_thread(x, p);
     plan_retain(p);
     x->bound = p;
     return 0;

@@ -196,6 +196,7 @@ struct plan_exec {
     int graphs_disabled; /* optimization.cuda_graphs false: never capture */
     struct op_strpool *strings; /* strings kernels make during a run (kernels/ops.h) */
     int choices_bound; /* calls[] follow the bound plan's timed thread choices */
+    int one_thread; /* host plan, choices bound, every call on one thread (plan_exec_one_thread) */
     void *stage;    /* FP16 plans: host staging for inputs converted to FP16 */
     size_t stage_cap;
     /* KILN_PROFILE=1: time per op type, logged when the executor is freed. */

@@ -14,6 +14,13 @@
  *     its requests. Only a free instance forms a batch, so batches grow while
  *     every instance is busy ("natural" batching) and, with a delay or a
  *     latency budget, while a free instance chooses to wait.
+ *   - the submitting thread (an I/O thread), sometimes: when a request finds
+ *     an instance waiting and nothing ahead of it, the policy would send it
+ *     alone at once, and the model runs it in little time on one thread
+ *     (inline_max_ns, and the executor's inline_ok), the submitter borrows
+ *     the waiting instance and runs the batch itself. Waking the instance's
+ *     thread and then the I/O thread back cost two context switches, more
+ *     than such a model's whole run. A borrowed instance's thread sleeps on.
  *   - the timer thread: sleeps until the earliest queue deadline and fails
  *     expired requests at that moment; it also delivers the done() of
  *     cancelled requests, so batcher_cancel never calls back into its caller.
@@ -53,6 +60,8 @@ struct worker {
     int64_t rows;
     int bi;              /* the batch's length bucket (padded batching), else 0 */
     struct batcher_request *warm; /* batcher_warmup's request for this instance */
+    int waiting;         /* its thread waits for work (under the lock) */
+    int borrowed;        /* a submitter runs a batch on it: its thread must not */
 };
 
 struct batcher {
@@ -73,6 +82,7 @@ struct batcher {
     int queued;               /* requests in all FIFOs */
     int running;              /* requests taken by instances, done() pending */
     int idle;                 /* instances waiting for work */
+    int nborrowed;            /* of them, borrowed by a submitter (inline run) */
     struct batcher_request **heap; /* min-heap on q_.deadline_ns */
     int heap_n, heap_cap;
     struct batch_fifo finished; /* cancelled, done() to be called by the timer */
@@ -260,84 +270,97 @@ static void run_warm(batcher_t *b, struct worker *inst) {
     inst->nsel = 0;
 }
 
+/* Runs the batch worker_decide selected for inst (lock held on entry and
+ * exit, released while the model runs and while done() is called): on the
+ * instance's thread, or on a submitter's that borrowed the instance. */
+static void run_selected(batcher_t *b, struct worker *inst, uint64_t now) {
+    for (int k = 0; k < inst->nsel; k++) {
+        struct batcher_request *r = inst->sel[k];
+        unqueue(b, r);
+        r->q_.state = REQ_RUNNING;
+        r->start_ns = now;
+        b->st.queue_ns_total += now - r->enqueue_ns;
+    }
+    b->running += inst->nsel;
+    uint64_t seq = b->next_seq++;
+    /* Others may form a batch from what is left. */
+    if (b->queued && b->idle > b->nborrowed)
+        pthread_cond_signal(&b->work_cv);
+    pthread_mutex_unlock(&b->mu);
+
+    struct executor_batch bt;
+    run_batch(b, inst, &bt);
+    uint64_t exec_ns = bt.exec_ns;
+
+    pthread_mutex_lock(&b->mu);
+    b->st.executions++;
+    b->st.inferences += (uint64_t)inst->rows;
+    b->st.requests += (uint64_t)inst->nsel;
+    b->st.exec_ns_total += exec_ns;
+    b->st.batch_hist[inst->rows < METRICS_MAX_BATCH ? inst->rows : METRICS_MAX_BATCH]++;
+    if (b->p.pad) {
+        struct batcher_pad_stats *ps = &b->st.pad[inst->bi];
+        ps->batches++;
+        ps->rows += (uint64_t)inst->rows;
+        ps->real += bt.pad_real;
+        ps->padded += bt.pad_total;
+    }
+    int grow = 0;
+    if (inst->sel[0]->status) {
+        b->st.failed += (uint64_t)inst->nsel;
+    } else if (!bt.planned) {
+        batch_profile_add(&b->prof, inst->bi, inst->rows, exec_ns);
+        grow = b->p.executor.iface->heavy && batch_profile_heavy(&b->prof, inst->bi, inst->rows, inst->nsel);
+    }
+    if (b->p.preserve_ordering)
+        while (b->deliver_seq != seq)
+            pthread_cond_wait(&b->order_cv, &b->mu);
+    for (int k = 0; k < inst->nsel; k++)
+        inst->sel[k]->q_.state = REQ_DONE;
+    pthread_mutex_unlock(&b->mu);
+
+    for (int k = 0; k < inst->nsel; k++)
+        inst->sel[k]->done(inst->sel[k]);
+    if (grow)
+        b->p.executor.iface->heavy(b->p.executor.ctx, inst->index, &bt);
+
+    pthread_mutex_lock(&b->mu);
+    b->running -= inst->nsel;
+    inst->nsel = 0;
+    if (b->p.preserve_ordering) {
+        b->deliver_seq++;
+        pthread_cond_broadcast(&b->order_cv);
+    }
+}
+
 static void *instance_main(void *arg) {
     struct worker *inst = arg;
     batcher_t *b = inst->b;
     pthread_mutex_lock(&b->mu);
     for (;;) {
-        if (inst->warm) {
+        if (inst->warm && !inst->borrowed) {
             run_warm(b, inst);
             continue;
         }
+        /* A submitter runs a batch on this instance (batcher_submit): sleep
+         * on, passing on a wake-up that was meant for a waiting instance. */
+        if (inst->borrowed && b->queued && b->idle > b->nborrowed - 1)
+            pthread_cond_signal(&b->work_cv);
         uint64_t now = now_ns(b), wake = 0;
-        int d = worker_decide(b, inst, now, &wake);
-        if (d == BATCH_IDLE && b->draining)
+        int d = inst->borrowed ? BATCH_IDLE : worker_decide(b, inst, now, &wake);
+        if (d == BATCH_IDLE && b->draining && !inst->borrowed)
             break;
         if (d != BATCH_SEND) {
             b->idle++;
+            inst->waiting = 1;
             cond_wait_until(b, &b->work_cv, wake);
+            inst->waiting = 0;
             b->idle--;
             if (wake && !b->p.now_ns)
                 batch_note_wakeup(&b->rates, wake, now_ns(b));
             continue;
         }
-        for (int k = 0; k < inst->nsel; k++) {
-            struct batcher_request *r = inst->sel[k];
-            unqueue(b, r);
-            r->q_.state = REQ_RUNNING;
-            r->start_ns = now;
-            b->st.queue_ns_total += now - r->enqueue_ns;
-        }
-        b->running += inst->nsel;
-        uint64_t seq = b->next_seq++;
-        /* Others may form a batch from what is left. */
-        if (b->queued && b->idle)
-            pthread_cond_signal(&b->work_cv);
-        pthread_mutex_unlock(&b->mu);
-
-        struct executor_batch bt;
-        run_batch(b, inst, &bt);
-        uint64_t exec_ns = bt.exec_ns;
-
-        pthread_mutex_lock(&b->mu);
-        b->st.executions++;
-        b->st.inferences += (uint64_t)inst->rows;
-        b->st.requests += (uint64_t)inst->nsel;
-        b->st.exec_ns_total += exec_ns;
-        b->st.batch_hist[inst->rows < METRICS_MAX_BATCH ? inst->rows : METRICS_MAX_BATCH]++;
-        if (b->p.pad) {
-            struct batcher_pad_stats *ps = &b->st.pad[inst->bi];
-            ps->batches++;
-            ps->rows += (uint64_t)inst->rows;
-            ps->real += bt.pad_real;
-            ps->padded += bt.pad_total;
-        }
-        int grow = 0;
-        if (inst->sel[0]->status) {
-            b->st.failed += (uint64_t)inst->nsel;
-        } else if (!bt.planned) {
-            batch_profile_add(&b->prof, inst->bi, inst->rows, exec_ns);
-            grow = b->p.executor.iface->heavy && batch_profile_heavy(&b->prof, inst->bi, inst->rows, inst->nsel);
-        }
-        if (b->p.preserve_ordering)
-            while (b->deliver_seq != seq)
-                pthread_cond_wait(&b->order_cv, &b->mu);
-        for (int k = 0; k < inst->nsel; k++)
-            inst->sel[k]->q_.state = REQ_DONE;
-        pthread_mutex_unlock(&b->mu);
-
-        for (int k = 0; k < inst->nsel; k++)
-            inst->sel[k]->done(inst->sel[k]);
-        if (grow)
-            b->p.executor.iface->heavy(b->p.executor.ctx, inst->index, &bt);
-
-        pthread_mutex_lock(&b->mu);
-        b->running -= inst->nsel;
-        inst->nsel = 0;
-        if (b->p.preserve_ordering) {
-            b->deliver_seq++;
-            pthread_cond_broadcast(&b->order_cv);
-        }
+        run_selected(b, inst, now);
     }
     pthread_mutex_unlock(&b->mu);
     return NULL;
@@ -559,6 +582,49 @@ static int check_contract(const batcher_t *b, struct batcher_request *r) {
     return 0;
 }
 
+/* The inline run (the file's opening comment): r, just queued, runs on the
+ * calling thread when an instance waits and no batch runs (under load the
+ * instances' threads run the model while the I/O threads read and write:
+ * an I/O thread running it would hold up its other clients, and measured
+ * at concurrency 64 that cost more than the hand-offs saved), the policy
+ * sends r alone now, the
+ * profile predicts at most inline_max_ns for it and the executor says its
+ * instance would run it on the calling thread alone. Returns 1 when r ran
+ * (its done() has been called), 0 to leave it to the instances. Lock held. */
+static int run_inline(batcher_t *b, struct batcher_request *r, uint64_t now) {
+    const struct executor_i *ex = b->p.executor.iface;
+    if (!b->p.inline_max_ns || !ex->inline_ok || b->p.pad || b->p.preserve_ordering || b->p.now_ns ||
+        b->idle <= b->nborrowed || b->queued != 1 || b->running || b->nborrowed)
+        return 0;
+    uint64_t predicted = batch_predict_ns(&b->prof, 0, r->rows);
+    if (!predicted || predicted > b->p.inline_max_ns)
+        return 0;
+    struct worker *w = NULL;
+    for (int i = 0; i < b->ninst && !w; i++)
+        if (b->inst[i].waiting && !b->inst[i].borrowed && !b->inst[i].warm)
+            w = &b->inst[i];
+    if (!w || !ex->inline_ok(b->p.executor.ctx, w->index, r))
+        return 0;
+    uint64_t wake = 0;
+    if (worker_decide(b, w, now, &wake) != BATCH_SEND || w->nsel != 1 || w->sel[0] != r) {
+        w->nsel = 0;
+        return 0;
+    }
+    w->borrowed = 1;
+    b->nborrowed++;
+    b->st.inline_runs++;
+    run_selected(b, w, now);
+    w->borrowed = 0;
+    b->nborrowed--;
+    /* What came meanwhile waits for an instance; an unloading batcher
+     * waits for this one's thread to leave. */
+    if (b->draining)
+        pthread_cond_broadcast(&b->work_cv);
+    else if (b->queued && b->idle > b->nborrowed)
+        pthread_cond_signal(&b->work_cv);
+    return 1;
+}
+
 int batcher_submit(batcher_t *b, struct batcher_request *r) {
     r->status = 0;
     r->err[0] = 0;
@@ -621,7 +687,11 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     }
     batch_fifo_push(&b->q[r->q_.level], r);
     b->queued++;
-    int wake = b->idle > 0;
+    if (run_inline(b, r, now)) {
+        pthread_mutex_unlock(&b->mu);
+        return 0;
+    }
+    int wake = b->idle > b->nborrowed;
     pthread_mutex_unlock(&b->mu);
     /* Signalled after the unlock: a waiter woken under the lock would run
      * only to block on it again (two more context switches per request). */

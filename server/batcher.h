@@ -63,6 +63,11 @@ struct batcher_params {
      * the engine builds and keeps few plans; the rest leads the next batch.
      * 1: run batches of whatever size they formed. */
     int any_batch_size;
+    /* A request the profile says runs in at most this long (ns), arriving
+     * to a waiting instance with nothing ahead of it, runs on the
+     * submitting thread (batcher.c: the inline run) when the executor's
+     * inline_ok agrees. 0: always on the instances' threads. */
+    uint64_t inline_max_ns;
 };
 
 struct batcher_request {
@@ -122,6 +127,7 @@ struct batcher_stats {
     uint64_t exec_ns_total;        /* time executing (the executor's exec_ns), summed over batches */
     uint64_t delayed;              /* timeouts with action DELAY (not rejected) */
     uint64_t rejected_invalid;     /* requests that broke batcher_submit's contract */
+    uint64_t inline_runs;          /* batches run on the submitting thread (inline_max_ns) */
     uint64_t profile_ns[METRICS_MAX_BATCH + 1]; /* running mean (EWMA) of a batch's execution
                                                    time by rows, as batch_hist; 0 = not seen */
     /* Padded batching: per length bucket ([npad - 1]: longer than every
@@ -138,7 +144,10 @@ struct batcher_stats {
 batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_len);
 /* Finishes queued work (drain) and joins the threads; NULL is a no-op. */
 void batcher_free(batcher_t *b);
-/* Returns 0 (done() will be called) or a negative status with r->err set and
+/* Returns 0 (done() will be called, and may already have been, on this
+ * thread: the inline run, batcher_params.inline_max_ns; either way r is the
+ * batcher's until done(), so the caller must not touch it after a 0) or a
+ * negative status with r->err set and
  * done() never called: STATUS_QUEUE_FULL "Exceeds maximum queue size",
  * STATUS_INVALID for a request with another input count than the
  * executor's, or rows outside 1..max_batch_size (a caller's bug: shapes are

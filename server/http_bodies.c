@@ -225,6 +225,11 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
         buf = metrics_appendf(buf, len, cap, "kiln_inference_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
                               model_label(all[i]), all[i]->version_str, (unsigned long long)st[i].executions);
     }
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_inline_exec_count Batches executed on the request's I/O thread "
+                                         "(--inline-max-us)\n# TYPE kiln_inline_exec_count counter\n");
+    for (int i = 0; st && i < n; i++)
+        buf = metrics_appendf(buf, len, cap, "kiln_inline_exec_count{model=\"%s\",version=\"%s\"} %llu\n",
+                              model_label(all[i]), all[i]->version_str, (unsigned long long)st[i].inline_runs);
     buf = metrics_appendf(buf, len, cap, "# HELP kiln_queue_size Requests waiting in the batcher's queue\n"
                                          "# TYPE kiln_queue_size gauge\n");
     for (int i = 0; st && i < n; i++)

@@ -250,6 +250,16 @@ static void instances_run(void *ctx, int index, struct executor_batch *bt) {
     }
 }
 
+/* Whether the instance would run r alone on the calling thread: a CPU
+ * model whose plan for r's shapes is bound and runs every step on one
+ * thread (the batcher's inline run; a test executor never). */
+static int instances_inline_ok(void *ctx, int index, const struct batcher_request *r) {
+    struct instances *s = ctx;
+    struct instance *inst = &s->inst[index];
+    return !s->p.execute && inst->x && !strcmp(s->backend, "cpu") &&
+           model_exec_one_thread(inst->x, r->inputs, r->ninputs);
+}
+
 /* ---- thread growth --------------------------------------------------------- */
 
 /* Moves a heavy model's instance to more threads: a new backend context
@@ -312,6 +322,7 @@ static void instances_free(void *ctx) {
 static const struct executor_i instances_iface = {
     .run = instances_run,
     .heavy = instances_heavy,
+    .inline_ok = instances_inline_ok,
     .free = instances_free,
 };
 

@@ -12,8 +12,10 @@
  * executor with an execute function of their own instead of the model, so
  * the policy is tested through the seam the real instances use.
  *
- * Threads: run and heavy are called for one instance from that instance's
- * thread only, one batch at a time; different instances run in parallel.
+ * Threads: run and heavy are called for one instance one batch at a time,
+ * from that instance's thread, or (run only, when inline_ok said so) from a
+ * request's submitting thread while the instance's own thread sleeps;
+ * different instances run in parallel.
  * create and free from one thread, with no batch running. */
 #ifndef KILN_INSTANCE_H
 #define KILN_INSTANCE_H
@@ -55,6 +57,12 @@ struct executor_i {
      * a run): the instance may move to more threads. Called after the
      * batch's done() calls. */
     void (*heavy)(void *ctx, int instance, const struct executor_batch *batch);
+    /* Optional (NULL: never). Whether instance `instance` would run r alone
+     * on the calling thread only (no thread team, no device), so that the
+     * batcher may run it on the submitter's thread instead of the
+     * instance's (batcher.c: the inline run). Called with the batcher's
+     * lock held and the instance idle: quick, and it must not block. */
+    int (*inline_ok)(void *ctx, int instance, const struct batcher_request *r);
     void (*free)(void *ctx);
 };
 

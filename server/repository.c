@@ -37,6 +37,7 @@ struct repository {
     char *backend;
     int max_versions;
     int max_instances, max_intra_op_threads;
+    uint64_t inline_max_us;
     size_t max_request_memory;
 
     pthread_rwlock_t lock;          /* guards entries */
@@ -318,9 +319,10 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
 }
 
 /* The runtime around the model: the padding buckets and room for their
- * plans, the instances on backend be and the batcher, warmed up before any
- * request comes. */
-static int version_start(struct repo_version *v, const char *mdir, const char *be, char *err, size_t err_len) {
+ * plans, the instances on backend be and the batcher (inline runs as rep
+ * says), warmed up before any request comes. */
+static int version_start(const repository_t *rep, struct repo_version *v, const char *mdir, const char *be, char *err,
+                         size_t err_len) {
     const char *name = v->name;
     int64_t ver = v->version;
     char e2[512];
@@ -360,6 +362,7 @@ static int version_start(struct repo_version *v, const char *mdir, const char *b
         .npreferred = c->npreferred,
         .max_queue_delay_us = c->max_queue_delay_us,
         .latency_budget_us = c->latency_budget_us,
+        .inline_max_ns = rep->inline_max_us * 1000,
         .preserve_ordering = c->preserve_ordering,
         .priority_levels = c->priority_levels,
         .default_priority_level = c->default_priority_level,
@@ -409,7 +412,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     struct repo_version *v = version_new(r, name, ver);
     if (!v) return NULL;
     const char *be = NULL;
-    if (version_read(r, v, mdir, cfg, cfg_len, &be, err, err_len) || version_start(v, mdir, be, err, err_len) ||
+    if (version_read(r, v, mdir, cfg, cfg_len, &be, err, err_len) || version_start(r, v, mdir, be, err, err_len) ||
         version_admit(r, v, be, t0, err, err_len)) {
         version_discard(v);
         return NULL;
@@ -843,6 +846,7 @@ repository_t *repository_create(const struct repository_params *p, char *err, si
     for (size_t n = r->root ? strlen(r->root) : 0; n > 1 && r->root[n - 1] == '/'; n--) r->root[n - 1] = 0;
     r->max_instances = p->max_instances;
     r->max_intra_op_threads = p->max_intra_op_threads;
+    r->inline_max_us = p->inline_max_us;
     r->max_request_memory = p->max_request_memory;
     r->backend = strdup(p->backend ? p->backend : "cpu");
     r->max_versions = p->max_versions > 0 ? p->max_versions : 64;

@@ -51,6 +51,7 @@ struct repository_params {
     int max_versions;            /* 0 = 64 */
     int max_instances;           /* bound on instance_group[0].count; 0 = none */
     int max_intra_op_threads;    /* bound on parameters.intra_op_thread_count; 0 = none */
+    uint64_t inline_max_us;      /* batcher_params.inline_max_ns, in us (0 = never) */
     size_t max_request_memory;   /* bytes one request may make a model allocate (model_params.max_run_bytes)
                                   * and a model's warm-up samples may take; 0 = none */
 };

@@ -407,3 +407,37 @@ def test_heavy_model_moves_to_all_cores(bserver):
         np.testing.assert_allclose(o, outs[0], rtol=1e-4, atol=1e-5)
     assert "model 'digits_tmo' instance" not in log
     assert cfg["parameters"] == {"intra_op_thread_count": {"string_value": "1"}}
+
+
+def _inline_count(url, model):
+    text = urllib.request.urlopen(f"http://{url}/metrics", timeout=10).read().decode()
+    line = next(l for l in text.splitlines() if l.startswith(f'kiln_inline_exec_count{{model="{model}",version="1"}}'))
+    return int(float(line.split()[-1]))
+
+
+def test_small_model_runs_inline_at_concurrency_one(tmp_path, make_server):
+    """One client at a time on a small CPU model: after the first runs the
+    I/O thread runs the model itself (kiln_inline_exec_count counts them);
+    with --inline-max-us 0 it never does. The answers are the same."""
+    from conftest import save_model, tiny_graph
+    root = tmp_path / "repo"
+    save_model(root, "tiny", tiny_graph())
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 7
+    answers = []
+    for flags, expect_inline in (((), True), (("--inline-max-us", "0"), False)):
+        srv = make_server(root, *flags)
+        c = tritonclient_http.InferenceServerClient(srv.url)
+        got = []
+        for _ in range(30):
+            inp = tritonclient_http.InferInput("x", x.shape, "FP32")
+            inp.set_data_from_numpy(x)
+            got.append(c.infer("tiny", [inp]).as_numpy("probs"))
+        c.close()
+        n = _inline_count(srv.url, "tiny")
+        if expect_inline:
+            assert n >= 20, n
+        else:
+            assert n == 0, n
+        assert all(np.array_equal(g, got[0]) for g in got)
+        answers.append(got[0])
+    np.testing.assert_array_equal(answers[0], answers[1])

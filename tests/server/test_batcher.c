@@ -129,6 +129,7 @@ struct treq {
     float data[64];
     atomic_int ndone;
     int done_order;
+    pthread_t done_thread;
 };
 
 static atomic_int done_counter;
@@ -136,6 +137,7 @@ static atomic_int done_counter;
 static void treq_done(struct batcher_request *r) {
     struct treq *t = r->user;
     t->done_order = atomic_fetch_add(&done_counter, 1);
+    t->done_thread = pthread_self();
     atomic_fetch_add(&t->ndone, 1);
 }
 
@@ -1178,13 +1180,19 @@ static void test_create_errors(void **state) {
  * on their own. */
 #define DIGITS_MODEL "model_repository/digits/1/model.onnx"
 
-static void test_real_model_digits(void **state) {
-    (void)state;
+static struct model *load_digits(void) {
     char err[256] = "";
     struct model_params mp = { .path = DIGITS_MODEL };
     struct model *m = model_load(&mp, err, sizeof err);
     if (!m)
         fail_msg("%s: %s (run from the repository root)", DIGITS_MODEL, err);
+    return m;
+}
+
+static void test_real_model_digits(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct model *m = load_digits();
     assert_int_equal(model_ninputs(m), 1);
     assert_int_equal(model_noutputs(m), 2);
 
@@ -1258,6 +1266,101 @@ static void test_real_model_digits(void **state) {
                 fail_msg("request %d prob %d: %g batched vs %g alone", i, k, pr[k], ref_prob[i][k]);
         treq_release(&t[i]);
     }
+    model_free(m);
+}
+
+/* One thread submitting a request and waiting for it before the next, as
+ * an I/O thread's client at concurrency 1 does; counts the requests whose
+ * done() ran on this thread (the inline run). */
+struct serial {
+    batcher_t *b;
+    struct treq *t;
+    int n;
+    const float *x;
+    int on_self;
+};
+
+static void *serial_main(void *arg) {
+    struct serial *s = arg;
+    for (int i = 0; i < s->n; i++) {
+        struct treq *t = &s->t[i];
+        treq_init(t, 1, 64, 0);
+        t->in.data = (float *)s->x;
+        if (batcher_submit(s->b, &t->r) != 0)
+            return NULL;
+        while (atomic_load(&t->ndone) == 0)
+            usleep(50);
+        s->on_self += pthread_equal(t->done_thread, pthread_self()) != 0;
+    }
+    return NULL;
+}
+
+/* A small model's request that finds its instance waiting and no batch
+ * running runs on the submitting thread, once the instance has run its
+ * shape (plan bound, every step on one thread, the time known); with
+ * inline_max_ns 0, never. Serial and from four threads at once, every
+ * answer is the model's own. */
+static void test_inline_runs_on_submitter(void **state) {
+    (void)state;
+    char err[256] = "";
+    struct model *m = load_digits();
+    static float x[64];
+    for (int k = 0; k < 64; k++)
+        x[k] = (float)(k % 17);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 2, .dims = {1, 64}, .data = x}, ref[2];
+    struct model_exec *solo = model_exec_create(m, NULL, 1);
+    assert_non_null(solo);
+    if (model_run(solo, &in, 1, ref, 2, err, sizeof err))
+        fail_msg("model_run: %s", err);
+    model_exec_free(solo);
+
+    enum { N = 40, THREADS = 4 };
+    static struct treq t[THREADS][N];
+    for (int mode = 0; mode < 3; mode++) {
+        struct batcher_params p;
+        memset(&p, 0, sizeof p);
+        inst = (struct instances_params){.model = m, .model_name = "digits", .count = 1, .threads = 1, .backend = "cpu"};
+        p.model_name = "digits";
+        p.max_batch_size = 16;
+        p.dynamic_batching = 1;
+        p.inline_max_ns = mode ? 1000000000ull : 0;
+        batcher_t *b = make(&p);
+        int nthreads = mode == 2 ? THREADS : 1, on_self = 0;
+        pthread_t th[THREADS];
+        struct serial s[THREADS];
+        for (int k = 0; k < nthreads; k++) {
+            s[k] = (struct serial){b, t[k], N, x, 0};
+            pthread_create(&th[k], NULL, serial_main, &s[k]);
+        }
+        for (int k = 0; k < nthreads; k++) {
+            pthread_join(th[k], NULL);
+            on_self += s[k].on_self;
+        }
+        struct batcher_stats st;
+        batcher_get_stats(b, &st);
+        batcher_free(b);
+        for (int k = 0; k < nthreads; k++)
+            for (int i = 0; i < N; i++) {
+                struct batcher_request *r = &t[k][i].r;
+                assert_int_equal(atomic_load(&t[k][i].ndone), 1);
+                if (r->status)
+                    fail_msg("mode %d request %d: %s", mode, i, r->err);
+                assert_int_equal(r->noutputs, 2);
+                assert_memory_equal(r->outputs[0].data, ref[0].data, sizeof(int64_t));
+                assert_memory_equal(r->outputs[1].data, ref[1].data, 10 * sizeof(float));
+                treq_release(&t[k][i]);
+            }
+        assert_int_equal(st.requests, (uint64_t)(nthreads * N));
+        assert_int_equal(st.inline_runs, (uint64_t)on_self);
+        if (mode == 0)
+            assert_int_equal(on_self, 0);
+        else if (mode == 1)
+            assert_true(on_self >= N - 5); /* all but the first runs (plan, profile) */
+        else
+            assert_true(on_self > 0);
+    }
+    free(ref[0].data);
+    free(ref[1].data);
     model_free(m);
 }
 
@@ -1399,6 +1502,7 @@ int main(void) {
         cmocka_unit_test(test_profile_ignores_outliers),
         cmocka_unit_test(test_create_errors),
         cmocka_unit_test(test_real_model_digits),
+        cmocka_unit_test(test_inline_runs_on_submitter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
