@@ -329,12 +329,13 @@ int shm_register(shm_registry_t *reg, shm_owner_t owner, const char *name, const
                           "shared memory region '%.200s': 'key' must name a shared memory object", name);
     if ((rc = key_check(name, key, err, err_len))) return rc;
     if (byte_size == 0)
-        return status_set(err, err_len, STATUS_INVALID, "shared memory region '%.200s': byte_size must be more than 0",
+        return status_set(err, err_len, STATUS_INVALID,
+                          "failed to register shared memory region '%.200s': invalid args: byte_size must be more than 0",
                           name);
     if (byte_size > SIZE_MAX / 2 || offset > UINT64_MAX - byte_size)
         return status_set(err, err_len, STATUS_INVALID,
-                          "shared memory region '%.200s': offset %llu + byte_size %llu is too large", name,
-                          (unsigned long long)offset, (unsigned long long)byte_size);
+                          "failed to register shared memory region '%.200s': invalid args: offset %llu + byte_size %llu "
+                          "is too large", name, (unsigned long long)offset, (unsigned long long)byte_size);
     struct shm_region *r = region_new(owner, name, key, offset, byte_size);
     if (!r) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
     /* Checked before the open too, so that a client at a bound does not

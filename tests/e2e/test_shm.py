@@ -107,7 +107,7 @@ def test_register_refusals(proto, regions):
     msg = err_of(c.register_system_shared_memory, "past", key_of(a), 8, offset=60)
     assert "outside shared memory object" in msg and "60" in msg and "64 bytes" in msg
     assert "outside" in err_of(c.register_system_shared_memory, "big", key_of(a), 65)
-    assert "byte_size must be more than 0" in err_of(c.register_system_shared_memory, "zero", key_of(a), 0)
+    assert "invalid args: byte_size must be more than 0" in err_of(c.register_system_shared_memory, "zero", key_of(a), 0)
     assert status_list(mod, c) == [(name_of(a), key_of(a), 0, 64)]
 
 
