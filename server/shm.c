@@ -441,9 +441,9 @@ struct shm_region *shm_acquire(shm_registry_t *reg, shm_owner_t owner, const cha
     }
     /* Three cases with Triton's words (clients match on them), then the numbers. */
     if (offset > r->byte_size || byte_size > r->byte_size - offset) {
-        if (offset > r->byte_size)
+        if (offset > r->byte_size || (offset == r->byte_size && byte_size))
             status_set(err, err_len, STATUS_INVALID,
-                       "%s: Invalid offset for shared memory region '%.200s': shared_memory_offset %llu is past its "
+                       "%s: Invalid offset for shared memory region '%.200s': shared_memory_offset %llu is at or past its "
                        "%llu bytes", what, name, (unsigned long long)offset, (unsigned long long)r->byte_size);
         else if (byte_size > UINT64_MAX - offset)
             status_set(err, err_len, STATUS_INVALID,

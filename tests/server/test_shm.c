@@ -141,6 +141,8 @@ static void test_acquire(void **state) {
     assert_null(shm_acquire(reg, ME, "r", 1, UINT64_MAX, "input 'x'", &addr, err, sizeof err));
     assert_non_null(strstr(err, "input 'x': Integer overflow detected: byte_size "));
     assert_non_null(shm_acquire(reg, ME, "r", 5000, 0, "input 'x'", &addr, err, sizeof err));
+    assert_null(shm_acquire(reg, ME, "r", 5000, 1, "input 'x'", &addr, err, sizeof err));
+    assert_non_null(strstr(err, "input 'x': Invalid offset for shared memory region 'r'"));
     shm_region_release(r); /* the empty one's reference */
     r = shm_acquire(reg, ME, "r", 0, 5000, "input 'x'", &addr, err, sizeof err);
     /* Unregistered while held: still mapped and readable, gone with the reference. */
