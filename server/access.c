@@ -21,8 +21,9 @@ int access_token_ok(const struct server_config *cfg, const char *auth) {
 
 int access_check(const struct server_config *cfg, const char *auth, enum access_action action, enum access_via via,
                  char *err, size_t err_len) {
-    if (action == ACCESS_SHM) {
-        if (!cfg->allow_client_shm) return status_set(err, err_len, STATUS_DISABLED, "%s", SHM_DISABLED_MSG);
+    if (action == ACCESS_SHM || action == ACCESS_SHM_STATUS) {
+        if (action == ACCESS_SHM && !cfg->allow_client_shm)
+            return status_set(err, err_len, STATUS_DISABLED, "%s", SHM_DISABLED_MSG);
         if (!access_token_ok(cfg, auth))
             return status_set(err, err_len, STATUS_UNAUTHENTICATED,
                               "shared memory register, status and unregister need the control token: "

@@ -19,7 +19,9 @@ struct server_config;
 
 enum access_action {
     ACCESS_MODEL_CONTROL, /* load, unload: --model-control-mode explicit and the token */
-    ACCESS_SHM,           /* shared-memory register, status, unregister: --allow-client-shm and the token */
+    ACCESS_SHM,           /* shared-memory register, unregister: --allow-client-shm and the token */
+    ACCESS_SHM_STATUS,    /* shared-memory status: the token (without --allow-client-shm the answer is
+                           * empty, as Triton's, so that a client may ask before registering) */
 };
 
 /* Where the caller's token travels, for the message that names it. */

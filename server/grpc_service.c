@@ -366,10 +366,10 @@ static void reply_shm_status(struct grpc_stream *st, const ProtobufCMessageDescr
 /* The access check of every shared-memory RPC (access_check, the one
  * HTTP's routes make): 1 with *owner the caller's scope, or 0 once the
  * refusal is sent. */
-static int shm_call_allowed(struct grpc_stream *st, shm_owner_t *owner) {
+static int shm_call_allowed(struct grpc_stream *st, enum access_action action, shm_owner_t *owner) {
     grpc_server_t *s = grpc_stream_server(st);
     char err[300];
-    int rc = access_check(s->cfg, st->authorization, ACCESS_SHM, ACCESS_VIA_GRPC, err, sizeof err);
+    int rc = access_check(s->cfg, st->authorization, action, ACCESS_VIA_GRPC, err, sizeof err);
     if (rc) {
         grpc_stream_finish(st, rc, err);
         return 0;
@@ -380,7 +380,7 @@ static int shm_call_allowed(struct grpc_stream *st, shm_owner_t *owner) {
 
 static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM_STATUS, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryStatusRequest, inference__system_shared_memory_status_request__unpack, st, msg,
            len);
     char err[512];
@@ -393,7 +393,7 @@ static void system_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t
 
 static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryRegisterRequest, inference__system_shared_memory_register_request__unpack, st,
            msg, len);
     char err[600];
@@ -407,7 +407,7 @@ static void system_shm_register(struct grpc_stream *st, const uint8_t *msg, size
 
 static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM, &owner)) return;
     UNPACK(Inference__SystemSharedMemoryUnregisterRequest, inference__system_shared_memory_unregister_request__unpack,
            st, msg, len);
     shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);
@@ -420,7 +420,7 @@ static void system_shm_unregister(struct grpc_stream *st, const uint8_t *msg, si
 
 static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM_STATUS, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryStatusRequest, inference__cuda_shared_memory_status_request__unpack, st, msg, len);
     char err[512];
     int status = 0;
@@ -434,7 +434,7 @@ static void cuda_shm_status(struct grpc_stream *st, const uint8_t *msg, size_t l
  * its base64 before sending). */
 static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryRegisterRequest, inference__cuda_shared_memory_register_request__unpack, st, msg,
            len);
     char err[900];
@@ -448,7 +448,7 @@ static void cuda_shm_register(struct grpc_stream *st, const uint8_t *msg, size_t
 
 static void cuda_shm_unregister(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     shm_owner_t owner;
-    if (!shm_call_allowed(st, &owner)) return;
+    if (!shm_call_allowed(st, ACCESS_SHM, &owner)) return;
     UNPACK(Inference__CudaSharedMemoryUnregisterRequest, inference__cuda_shared_memory_unregister_request__unpack, st,
            msg, len);
     shm_registry_t *reg = infer_core_shm(grpc_stream_server(st)->core);

@@ -634,10 +634,10 @@ static int json_uint(const cJSON *v) {
 
 /* The access check of every shared-memory route (access_check): 1 with
  * *owner the caller's scope, or 0 once the refusal is answered. */
-static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
+static int shm_route_allowed(const struct http_call *c, enum access_action action, shm_owner_t *owner) {
     char err[300];
     const char *auth = authorization(c->req);
-    int rc = access_check(c->srv->cfg, auth, ACCESS_SHM, ACCESS_VIA_HTTP, err, sizeof err);
+    int rc = access_check(c->srv->cfg, auth, action, ACCESS_VIA_HTTP, err, sizeof err);
     if (rc) {
         reply_status(c->srv, c->req, rc, err);
         return 0;
@@ -650,7 +650,7 @@ static int shm_route_allowed(const struct http_call *c, shm_owner_t *owner) {
  * 0 when the call is answered already (refused), 1 to go on. */
 static int shm_register_begin(const struct http_call *c, shm_owner_t *owner, cJSON **j, char *err, size_t err_len) {
     int status;
-    if (!shm_route_allowed(c, owner)) return 0;
+    if (!shm_route_allowed(c, ACCESS_SHM, owner)) return 0;
     *j = read_json_body(c, &status, err, err_len);
     if (!status) return 1;
     reply_status(c->srv, c->req, status, err);
@@ -694,7 +694,7 @@ static void route_shm_register(const struct http_call *c) {
 
 static void route_shm_unregister(const struct http_call *c) {
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
+    if (!shm_route_allowed(c, ACCESS_SHM, &owner)) return;
     if (c->region) shm_unregister(infer_core_shm(c->srv->core), owner, c->region);
     else shm_unregister_all(infer_core_shm(c->srv->core), owner);
     reply_empty(c->srv, c->req, 200);
@@ -704,7 +704,7 @@ static void route_shm_status(const struct http_call *c) {
     char err[512];
     int status = 0;
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
+    if (!shm_route_allowed(c, ACCESS_SHM_STATUS, &owner)) return;
     cJSON *o = shm_status_json(infer_core_shm(c->srv->core), owner, c->region, &status, err, sizeof err);
     if (o) reply_json(c->srv, c->req, 200, o);
     else reply_status(c->srv, c->req, status, err);
@@ -743,7 +743,7 @@ static void route_cuda_shm_register(const struct http_call *c) {
 
 static void route_cuda_shm_unregister(const struct http_call *c) {
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
+    if (!shm_route_allowed(c, ACCESS_SHM, &owner)) return;
     if (c->region) shm_cuda_unregister(infer_core_shm(c->srv->core), owner, c->region);
     else shm_cuda_unregister_all(infer_core_shm(c->srv->core), owner);
     reply_empty(c->srv, c->req, 200);
@@ -753,7 +753,7 @@ static void route_cuda_shm_status(const struct http_call *c) {
     char err[512];
     int status = 0;
     shm_owner_t owner;
-    if (!shm_route_allowed(c, &owner)) return;
+    if (!shm_route_allowed(c, ACCESS_SHM_STATUS, &owner)) return;
     cJSON *o = shm_cuda_status_json(infer_core_shm(c->srv->core), owner, c->region, &status, err, sizeof err);
     if (o) reply_json(c->srv, c->req, 200, o);
     else reply_status(c->srv, c->req, status, err);

@@ -188,7 +188,7 @@ static struct shm_region *region_new(shm_owner_t owner, const char *name, const 
 
 static int already_registered(const char *name, char *err, size_t err_len) {
     return status_set(err, err_len, STATUS_INVALID,
-                      "shared memory region '%.200s' is already registered: unregister it first", name);
+                      "shared memory region '%.200s' already in manager: unregister it first", name);
 }
 
 /* Why r cannot join the registry now (a name taken, a bound reached), as
@@ -242,18 +242,29 @@ static int name_check(const char *name, int cuda, char *err, size_t err_len) {
     return 0;
 }
 
+/* Triton keeps shared memory objects whose names start with this for its
+ * Python backend; a server in its place refuses them as it does, so that
+ * a repository moved between the two cannot reach the other's objects. */
+#define SHM_RESERVED_PREFIX "triton_python_backend_shm_region_"
+
 /* A key is one shm_open name: "/name" or "name", no other '/', not "." or
- * "..", at most SHM_KEY_MAX bytes. 0 or STATUS_INVALID. */
+ * "..", at most SHM_KEY_MAX bytes, not under SHM_RESERVED_PREFIX. 0 or
+ * STATUS_INVALID (Triton's words first: clients match on them). */
 static int key_check(const char *region, const char *key, char *err, size_t err_len) {
-    const char *name = key[0] == '/' ? key + 1 : key;
+    const char *name = key[0] == '/' ? key + 1 : key, *bare = key;
+    while (*bare == '/') bare++;
     size_t len = strnlen(key, SHM_KEY_MAX + 1);
     if (len > SHM_KEY_MAX)
         return status_set(err, err_len, STATUS_INVALID, "shared memory region '%.200s': 'key' is longer than %d bytes",
                           region, SHM_KEY_MAX);
+    if (strncmp(bare, SHM_RESERVED_PREFIX, sizeof SHM_RESERVED_PREFIX - 1) == 0)
+        return status_set(err, err_len, STATUS_INVALID,
+                          "cannot register shared memory region '%.200s' with key '%.200s' as the key contains the "
+                          "reserved prefix '" SHM_RESERVED_PREFIX "'", region, key);
     if (!*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
         return status_set(err, err_len, STATUS_INVALID,
-                          "shared memory region '%.200s': 'key' '%.200s' is not a shared memory object name "
-                          "(\"/name\", no other '/')", region, key);
+                          "cannot register shared memory region '%.200s' - invalid shm key '%.200s': not one shared "
+                          "memory object name (\"/name\", no other '/')", region, key);
     return 0;
 }
 
@@ -292,8 +303,8 @@ static int region_map(shm_registry_t *reg, struct shm_region *r, char *err, size
     uint64_t size = st.st_size > 0 ? (uint64_t)st.st_size : 0;
     if (r->offset > size || r->byte_size > size - r->offset)
         return status_set(err, err_len, STATUS_INVALID,
-                          "shared memory region '%.200s': offset %llu + byte_size %llu is outside shared memory object "
-                          "'%.200s' of %llu bytes", r->name, (unsigned long long)r->offset,
+                          "failed to register shared memory region '%.200s': invalid args: offset %llu + byte_size %llu "
+                          "is outside shared memory object '%.200s' of %llu bytes", r->name, (unsigned long long)r->offset,
                           (unsigned long long)r->byte_size, r->key, (unsigned long long)size);
     /* mmap takes page-aligned offsets only; a region may start anywhere. */
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
@@ -318,12 +329,13 @@ int shm_register(shm_registry_t *reg, shm_owner_t owner, const char *name, const
                           "shared memory region '%.200s': 'key' must name a shared memory object", name);
     if ((rc = key_check(name, key, err, err_len))) return rc;
     if (byte_size == 0)
-        return status_set(err, err_len, STATUS_INVALID, "shared memory region '%.200s': byte_size must be more than 0",
+        return status_set(err, err_len, STATUS_INVALID,
+                          "failed to register shared memory region '%.200s': invalid args: byte_size must be more than 0",
                           name);
     if (byte_size > SIZE_MAX / 2 || offset > UINT64_MAX - byte_size)
         return status_set(err, err_len, STATUS_INVALID,
-                          "shared memory region '%.200s': offset %llu + byte_size %llu is too large", name,
-                          (unsigned long long)offset, (unsigned long long)byte_size);
+                          "failed to register shared memory region '%.200s': invalid args: offset %llu + byte_size %llu "
+                          "is too large", name, (unsigned long long)offset, (unsigned long long)byte_size);
     struct shm_region *r = region_new(owner, name, key, offset, byte_size);
     if (!r) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
     /* Checked before the open too, so that a client at a bound does not
@@ -427,11 +439,21 @@ struct shm_region *shm_acquire(shm_registry_t *reg, shm_owner_t owner, const cha
         status_set(err, err_len, STATUS_INVALID, "%s: shared memory region '%.200s' is not registered", what, name);
         return NULL;
     }
+    /* Three cases with Triton's words (clients match on them), then the numbers. */
     if (offset > r->byte_size || byte_size > r->byte_size - offset) {
-        status_set(err, err_len, STATUS_INVALID,
-                   "%s: shared_memory_offset %llu + shared_memory_byte_size %llu is outside shared memory region "
-                   "'%.200s' of %llu bytes", what, (unsigned long long)offset, (unsigned long long)byte_size, name,
-                   (unsigned long long)r->byte_size);
+        if (offset > r->byte_size || (offset == r->byte_size && byte_size))
+            status_set(err, err_len, STATUS_INVALID,
+                       "%s: Invalid offset for shared memory region '%.200s': shared_memory_offset %llu is at or past its "
+                       "%llu bytes", what, name, (unsigned long long)offset, (unsigned long long)r->byte_size);
+        else if (byte_size > UINT64_MAX - offset)
+            status_set(err, err_len, STATUS_INVALID,
+                       "%s: Integer overflow detected: byte_size %llu + offset %llu for shared memory region "
+                       "'%.200s' passes 2^64", what, (unsigned long long)byte_size, (unsigned long long)offset, name);
+        else
+            status_set(err, err_len, STATUS_INVALID,
+                       "%s: Invalid offset + byte size for shared memory region '%.200s': shared_memory_offset %llu + "
+                       "shared_memory_byte_size %llu is outside its %llu bytes", what, name,
+                       (unsigned long long)offset, (unsigned long long)byte_size, (unsigned long long)r->byte_size);
         shm_region_release(r);
         return NULL;
     }

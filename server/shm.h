@@ -68,7 +68,7 @@ static inline shm_owner_t shm_owner_of(const void *conn) { return (shm_owner_t)(
 #define SHM_NAME_MAX 1024
 #define SHM_DEFAULT_MAX_REGIONS 1024
 /* What every refusal says while client shared memory is off. */
-#define SHM_DISABLED_MSG "client shared memory is disabled: the server was started without --allow-client-shm"
+#define SHM_DISABLED_MSG "Client shared memory is disabled: the server was started without --allow-client-shm"
 #define SHM_DEFAULT_MAX_REGIONS_PER_OWNER 64
 
 struct shm_params {

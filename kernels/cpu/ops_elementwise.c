@@ -26,8 +26,11 @@
 #pragma clang diagnostic ignored "-Wpass-failed"
 #endif
 
+#include <errno.h>
 #include <float.h>
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
 
@@ -1205,7 +1208,8 @@ static int run_where(struct op_call *c) {
 }
 
 /* ------------------------------------------------------------------------
- * Cast and CastLike: every pair of numeric dtypes, bool and the half types.
+ * Cast and CastLike: every pair of numeric dtypes, bool, the half types and
+ * strings.
  * Float to integer conversions saturate (NaN gives 0) instead of invoking
  * C's undefined behaviour on out-of-range values.
  * ------------------------------------------------------------------------ */
@@ -1322,12 +1326,134 @@ static void cast_lowprec_run(const struct tensor *x, struct tensor *o, int64_t n
     }
 }
 
-static int cast_check(struct op_call *c, enum dtype from, enum dtype to) {
-    if (from == DT_STRING || to == DT_STRING) {
-        op_error(c, "Cast between string and %s is not supported", dtype_name(from == DT_STRING ? to : from));
-        return STATUS_UNSUPPORTED;
+/* ---- Cast to and from strings -------------------------------------------
+ * As onnxruntime casts (ONNX leaves the text unspecified beyond "decimal"):
+ * an integer becomes its decimal digits, bool "1" or "0"; a floating value
+ * (every float dtype, widened to double) "%.8g", numpy's default
+ * precision, with NaN "NaN" whatever its sign and the infinities "INF" and
+ * "-INF". A string becomes a number as C's strtoll, strtoull and strtod read
+ * it in base 10: white space before it is skipped, a sign is read, and the
+ * bytes after the number are ignored ("12abc" is 12; "0x10" is 0 as an
+ * integer, 16 as a float). Signed integers go through int64 and unsigned
+ * ones and bool through uint64 ("-1" is 255 as a uint8), keeping the
+ * target's low bits; floats go through double, then float for every
+ * narrower float dtype (saturate and round_mode apply as for a float
+ * source), the 4- and 2-bit integers through double as from a float. A
+ * string with no number at its start, or one beyond int64, uint64 or double
+ * (ERANGE: too large, or too small to be a normal double), is an error
+ * naming the element, where onnxruntime throws. */
+
+static int cast_is_float(enum dtype dt) {
+    return dt == DT_FP32 || dt == DT_FP64 || dt == DT_FP16 || dt == DT_BF16 || dt == DT_FP8E8M0 ||
+           dtype_is_minifloat(dt);
+}
+
+/* Element i of x as text into buf (at least 32 bytes); its length. */
+static size_t cast_format(const struct tensor *x, int64_t i, char *buf, size_t cap) {
+    int n;
+    if (cast_is_float(x->dtype)) {
+        double v = load_d((const char *)x->data + (size_t)i * dtype_size(x->dtype), x->dtype);
+        n = v != v ? snprintf(buf, cap, "NaN") : isinf(v) ? snprintf(buf, cap, v < 0 ? "-INF" : "INF")
+                                                          : snprintf(buf, cap, "%.8g", v);
+    } else if (x->dtype == DT_UINT64) {
+        n = snprintf(buf, cap, "%llu", (unsigned long long)((const uint64_t *)x->data)[i]);
+    } else {
+        n = snprintf(buf, cap, "%lld", (long long)op_int_at(x, i));
     }
-    if (from == to) return 0;
+    return n > 0 ? (size_t)n : 0;
+}
+
+static int cast_to_string(struct op_call *c, const struct tensor *x, struct tensor *o, int64_t n) {
+    struct tensor_str *d = tensor_strs_mut(o);
+    for (int64_t i = 0; i < n; i++) {
+        char buf[40];
+        size_t len = cast_format(x, i, buf, sizeof buf);
+        const char *s = op_string_new(c, buf, len);
+        if (!s) return STATUS_NOMEM;
+        d[i] = (struct tensor_str){s, len};
+    }
+    return 0;
+}
+
+/* The first bytes of s for a message: printable ASCII as it is (quote and
+ * backslash escaped), other bytes as \xNN, "..." after 32 bytes. */
+static const char *cast_excerpt(struct tensor_str s, char *buf, size_t cap) {
+    size_t k = 0;
+    for (size_t j = 0; j < s.len && k + 8 < cap; j++) {
+        unsigned char ch = (unsigned char)s.p[j];
+        if (j == 32) {
+            k += (size_t)snprintf(buf + k, cap - k, "...");
+            break;
+        }
+        if (ch == '"' || ch == '\\') buf[k++] = '\\', buf[k++] = (char)ch;
+        else if (ch < 0x20 || ch >= 0x7f) k += (size_t)snprintf(buf + k, cap - k, "\\x%02x", ch);
+        else buf[k++] = (char)ch;
+    }
+    buf[k] = 0;
+    return buf;
+}
+
+/* Reads string element i into *p as dtype dt, or fails naming it. */
+static int cast_parse(struct op_call *c, struct tensor_str s, int64_t i, void *p, enum dtype dt,
+                      const struct cast_params *cp) {
+    /* strto* want a C string; a view's bytes need not end in a NUL. */
+    char small[128];
+    const char *z = small;
+    if (s.len < sizeof small) {
+        if (s.len) memcpy(small, s.p, s.len);
+        small[s.len] = 0;
+    } else if (!(z = op_string_new(c, s.p, s.len))) {
+        return STATUS_NOMEM;
+    }
+    const int is_signed = dt == DT_INT8 || dt == DT_INT16 || dt == DT_INT32 || dt == DT_INT64;
+    const int is_unsigned = dt == DT_UINT8 || dt == DT_UINT16 || dt == DT_UINT32 || dt == DT_UINT64 || dt == DT_BOOL;
+    char *end;
+    errno = 0;
+    long long sv = 0;
+    unsigned long long uv = 0;
+    double dv = 0;
+    if (is_signed) sv = strtoll(z, &end, 10);
+    else if (is_unsigned) uv = strtoull(z, &end, 10);
+    else dv = strtod(z, &end);
+    char ex[160];
+    if (end == z)
+        return op_error(c, "string element %lld \"%s\" is not a number", (long long)i,
+                        cast_excerpt(s, ex, sizeof ex));
+    if (errno == ERANGE)
+        return op_error(c, "string element %lld \"%s\" is out of the range of %s", (long long)i,
+                        cast_excerpt(s, ex, sizeof ex), is_signed ? "int64" : is_unsigned ? "uint64" : "double");
+    switch (dt) {
+    case DT_INT8: *(int8_t *)p = (int8_t)sv; break;
+    case DT_INT16: *(int16_t *)p = (int16_t)sv; break;
+    case DT_INT32: *(int32_t *)p = (int32_t)sv; break;
+    case DT_INT64: *(int64_t *)p = (int64_t)sv; break;
+    case DT_UINT8: *(uint8_t *)p = (uint8_t)uv; break;
+    case DT_UINT16: *(uint16_t *)p = (uint16_t)uv; break;
+    case DT_UINT32: *(uint32_t *)p = (uint32_t)uv; break;
+    case DT_UINT64: *(uint64_t *)p = (uint64_t)uv; break;
+    case DT_BOOL: *(uint8_t *)p = uv != 0; break;
+    case DT_FP64: *(double *)p = dv; break;
+    case DT_FP8E8M0: *(uint8_t *)p = fp8e8m0_from_float((float)dv, cp->saturate, cp->round); break;
+    default: store_d_sat(p, dt, cast_is_float(dt) ? (double)(float)dv : dv, cp->saturate); break;
+    }
+    return 0;
+}
+
+static int cast_from_string(struct op_call *c, const struct tensor *x, struct tensor *o, int64_t n,
+                            const struct cast_params *cp) {
+    const struct tensor_str *s = tensor_strs(x);
+    const size_t eo = dtype_size(o->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        struct tensor_str e = s[i];
+        if (!e.p) e.p = "";
+        int rc = cast_parse(c, e, i, (char *)o->data + (size_t)i * eo, o->dtype, cp);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int cast_check(struct op_call *c, enum dtype from, enum dtype to) {
+    if (from == to || from == DT_STRING || to == DT_STRING) return 0; /* every dtype reads and writes as text */
     if (!cast_pick(from, to) && !cast_lowprec(from) && !cast_lowprec(to)) {
         op_error(c, "Cast from %s to %s is not supported", dtype_name(from), dtype_name(to));
         return STATUS_UNSUPPORTED;
@@ -1352,9 +1478,12 @@ static int cast_run_to(struct op_call *c) {
         if (o->data != x->data) memcpy(o->data, x->data, (size_t)n * dtype_size(x->dtype));
         return 0;
     }
+    static const struct cast_params dflt = {1, E8M0_ROUND_UP};
+    const struct cast_params *cp = c->state ? (const struct cast_params *)c->state : &dflt;
+    if (o->dtype == DT_STRING) return cast_to_string(c, x, o, n);
+    if (x->dtype == DT_STRING) return cast_from_string(c, x, o, n, cp);
     if (cast_lowprec(x->dtype) || cast_lowprec(o->dtype)) {
-        static const struct cast_params dflt = {1, E8M0_ROUND_UP};
-        cast_lowprec_run(x, o, n, c->state ? (const struct cast_params *)c->state : &dflt);
+        cast_lowprec_run(x, o, n, cp);
         return 0;
     }
     cast_fn fn = cast_pick(x->dtype, o->dtype);

@@ -111,7 +111,7 @@ def test_register_refusals(proto, srv):
     try:
         c.register_system_shared_memory(f"s{tag}", f"/kiln_test_{tag}", 64)
         msg = err_of(c.register_cuda_shared_memory, f"s{tag}", HANDLE, 0, 64)
-        assert f"shared memory region 's{tag}' is already registered" in msg
+        assert f"shared memory region 's{tag}' already in manager" in msg
         c.unregister_cuda_shared_memory(f"s{tag}")  # a system region: left alone
         st = c.get_system_shared_memory_status(f"s{tag}")
         assert len(st if mod is httpclient else st.regions) == 1
@@ -189,7 +189,7 @@ def test_gpu_infer_inputs_and_outputs_in_cuda_shm(proto, srv):
         c.register_cuda_shared_memory(f"out{tag}", cudashm.get_raw_handle(hout), 0, 64)
         assert cuda_status(mod, c) == sorted([(f"in{tag}", 0, x.nbytes), (f"out{tag}", 0, 64)])
         assert cuda_status(mod, c, f"out{tag}") == [(f"out{tag}", 0, 64)]
-        assert "already registered" in err_of(c.register_cuda_shared_memory, f"in{tag}",
+        assert "already in manager" in err_of(c.register_cuda_shared_memory, f"in{tag}",
                                               cudashm.get_raw_handle(hin), 0, x.nbytes)
         out = mod.InferRequestedOutput("logits")
         n = want["logits"].nbytes

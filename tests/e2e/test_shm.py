@@ -100,14 +100,14 @@ def test_register_refusals(proto, regions):
     mod, c = proto
     a = regions(64)
     c.register_system_shared_memory(name_of(a), key_of(a), 64)
-    assert "already registered" in err_of(c.register_system_shared_memory, name_of(a), key_of(a), 64)
+    assert "already in manager" in err_of(c.register_system_shared_memory, name_of(a), key_of(a), 64)
     missing = "/kiln_test_missing_" + uuid.uuid4().hex[:8]
     msg = err_of(c.register_system_shared_memory, "nokey", missing, 64)
     assert "cannot open shared memory object" in msg and missing in msg
     msg = err_of(c.register_system_shared_memory, "past", key_of(a), 8, offset=60)
     assert "outside shared memory object" in msg and "60" in msg and "64 bytes" in msg
     assert "outside" in err_of(c.register_system_shared_memory, "big", key_of(a), 65)
-    assert "byte_size must be more than 0" in err_of(c.register_system_shared_memory, "zero", key_of(a), 0)
+    assert "invalid args: byte_size must be more than 0" in err_of(c.register_system_shared_memory, "zero", key_of(a), 0)
     assert status_list(mod, c) == [(name_of(a), key_of(a), 0, 64)]
 
 
@@ -259,19 +259,19 @@ def test_hostile_requests(proto, regions, srv):
     msg = bad_input("nosuchregion", 32)
     assert "input 'x'" in msg and "'nosuchregion' is not registered" in msg
     msg = bad_input(name_of(h), 32, offset=48)
-    assert "input 'x'" in msg and "outside shared memory region" in msg and "64 bytes" in msg
+    assert "input 'x'" in msg and "Invalid offset + byte size for shared memory region" in msg and "64 bytes" in msg
     msg = bad_input(name_of(h), 32, offset=1 << 40)
-    assert "outside shared memory region" in msg
+    assert "Invalid offset for shared memory region" in msg
     msg = bad_input(name_of(h), 16)
     assert "input 'x'" in msg and "shared_memory_byte_size is 16" in msg and "needs 32 bytes" in msg
     # A region of another tensor's size: 16 bytes named for a 32-byte input.
     msg = bad_input(name_of(small), 32)
-    assert "outside shared memory region '%s' of 16 bytes" % name_of(small) in msg
+    assert "Invalid offset + byte size for shared memory region '%s'" % name_of(small) in msg and "its 16 bytes" in msg
     # An output region too small for the output.
     msg = err_of(c.infer, "tiny", [x_input(mod, x)], outputs=[requested(mod, "probs", small, 16)])
     assert "output 'probs'" in msg and "needs 24 bytes" in msg
     msg = err_of(c.infer, "tiny", [x_input(mod, x)], outputs=[requested(mod, "probs", small, 24)])
-    assert "output 'probs'" in msg and "outside shared memory region" in msg
+    assert "output 'probs'" in msg and "Invalid offset + byte size for shared memory region" in msg
     if mod is httpclient:
         o = httpclient.InferRequestedOutput("probs", class_count=2)
         o._parameters.update(shared_memory_region=name_of(small), shared_memory_byte_size=16)

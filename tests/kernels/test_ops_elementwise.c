@@ -336,13 +336,145 @@ static void test_cast(void **state) {
     assert_int_equal(cast_to(&i64, DT_FP32, &o), 0);
     for (int i = 0; i < 6; i++) assert_float_equal(F(o)[i], i * 1000.0f - 2500, 0);
     free(o.data);
-    /* strings and unknown dtypes are refused with a message */
-    assert_int_equal(cast_to(&x, DT_STRING, &o), STATUS_UNSUPPORTED);
-    assert_non_null(strstr(g_err, "string"));
+    /* unknown dtypes are refused with a message */
     assert_int_equal(cast_to(&x, (enum dtype)14, &o), STATUS_UNSUPPORTED); /* complex64 */
     assert_non_null(strstr(g_err, "'to'"));
     free(x.data);
     free(i64.data);
+}
+
+/* Casts n numbers of dtype dt at v to strings and expects want[i] each. */
+static void expect_text(enum dtype dt, const void *v, int n, const char *const *want) {
+    int64_t d[] = {n};
+    struct tensor x = mk(dt, 1, d), o = {0};
+    memcpy(x.data, v, (size_t)n * dtype_size(dt));
+    assert_int_equal(cast_to(&x, DT_STRING, &o), 0);
+    assert_int_equal(o.dtype, DT_STRING);
+    for (int i = 0; i < n; i++)
+        if (!tn_str_is(tensor_strs(&o)[i], want[i]))
+            fail_msg("%s element %d: \"%.*s\", want \"%s\"", dtype_name(dt), i, (int)tensor_strs(&o)[i].len,
+                     tensor_strs(&o)[i].p, want[i]);
+    free(x.data);
+    free(o.data);
+}
+
+/* A string tensor of the n C strings s (borrowed). */
+static struct tensor strs_of(int n, const char *const *s, struct tensor_str *e) {
+    for (int i = 0; i < n; i++) e[i] = tensor_str_of(s[i]);
+    struct tensor t = {DT_STRING, 1, {n}, e};
+    return t;
+}
+
+/* The text onnxruntime writes and reads (the e2e test compares the two
+ * side by side on every dtype; these are the forms, spelled out). */
+static void test_cast_strings(void **state) {
+    (void)state;
+    float f[] = {0.1f, 1e20f, -0.0f, NAN, -NAN, INFINITY, -INFINITY, 1.0f / 3, 123456789.0f, 1e-45f};
+    const char *wf[] = {"0.1", "1e+20", "-0", "NaN", "NaN", "INF", "-INF", "0.33333334", "1.2345679e+08",
+                        "1.4012985e-45"};
+    expect_text(DT_FP32, f, 10, wf);
+    double dv[] = {0.1, 5e-324, 1.0 / 3};
+    const char *wd[] = {"0.1", "4.9406565e-324", "0.33333333"};
+    expect_text(DT_FP64, dv, 3, wd);
+    uint16_t h[] = {fp32_to_fp16(0.1f), fp32_to_fp16(65504.0f)}, bh[] = {fp32_to_bf16(0.1f)};
+    const char *wh[] = {"0.099975586", "65504"}, *wbh[] = {"0.10009766"};
+    expect_text(DT_FP16, h, 2, wh);
+    expect_text(DT_BF16, bh, 1, wbh);
+    int64_t i64[] = {INT64_MIN, INT64_MAX, 0, -1};
+    const char *wi64[] = {"-9223372036854775808", "9223372036854775807", "0", "-1"};
+    expect_text(DT_INT64, i64, 4, wi64);
+    uint64_t u64[] = {UINT64_MAX};
+    const char *wu64[] = {"18446744073709551615"};
+    expect_text(DT_UINT64, u64, 1, wu64);
+    int8_t i8[] = {-128, 127};
+    const char *wi8[] = {"-128", "127"};
+    expect_text(DT_INT8, i8, 2, wi8);
+    uint8_t b[] = {1, 0}, e4[] = {0x7e}; /* float8e4m3fn 0x7e is 448 */
+    const char *wb[] = {"1", "0"}, *we4[] = {"448"};
+    expect_text(DT_BOOL, b, 2, wb);
+    expect_text(DT_FP8E4M3FN, e4, 1, we4);
+    uint8_t e8[] = {0x7f, 0x80, 0x7d, 0xff}; /* float8e8m0: 2^(bits - 127), 0xff NaN */
+    const char *we8[] = {"1", "2", "0.25", "NaN"};
+    expect_text(DT_FP8E8M0, e8, 4, we8);
+    int8_t i4[] = {-8, 7}; /* int4, one byte each in memory */
+    const char *wi4[] = {"-8", "7"};
+    expect_text(DT_INT4, i4, 2, wi4);
+
+    /* strtoll/strtoull/strtod's reading: white space, signs, trailing bytes
+     * ignored, integers through int64 or uint64 keeping the low bits */
+    struct tensor_str e[8];
+    const char *si[] = {" 12", "+7", "-7", "0x10", "12abc", "3000000000", "-1", "1.9"};
+    struct tensor s = strs_of(8, si, e), o = {0};
+    assert_int_equal(cast_to(&s, DT_INT32, &o), 0);
+    int32_t w32[] = {12, 7, -7, 0, 12, -1294967296, -1, 1};
+    assert_memory_equal(o.data, w32, sizeof w32);
+    free(o.data);
+    assert_int_equal(cast_to(&s, DT_UINT8, &o), 0);
+    uint8_t wu8[] = {12, 7, 249, 0, 12, 0, 255, 1};
+    assert_memory_equal(o.data, wu8, sizeof wu8);
+    free(o.data);
+    assert_int_equal(cast_to(&s, DT_BOOL, &o), 0);
+    uint8_t wbool[] = {1, 1, 1, 0, 1, 1, 1, 1};
+    assert_memory_equal(o.data, wbool, sizeof wbool);
+    free(o.data);
+    const char *sf[] = {"0x1p-3", "-inf", "NaN", "1e39", "1e-50", "\t2\n", "1,5", "-0"};
+    s = strs_of(8, sf, e);
+    assert_int_equal(cast_to(&s, DT_FP32, &o), 0);
+    float wf32[] = {0.125f, -INFINITY, NAN, INFINITY, 0.0f, 2.0f, 1.0f, -0.0f};
+    for (int i = 0; i < 8; i++)
+        if (i == 2) assert_true(isnan(F(o)[i]));
+        else assert_memory_equal(&F(o)[i], &wf32[i], sizeof(float));
+    free(o.data);
+    assert_int_equal(cast_to(&s, DT_FP64, &o), 0);
+    assert_true(((double *)o.data)[4] == 1e-50); /* a double holds it */
+    free(o.data);
+    /* float8 from text saturates as the attribute says (default 1) */
+    const char *s8[] = {"1e20"};
+    s = strs_of(1, s8, e);
+    assert_int_equal(cast_to(&s, DT_FP8E4M3FN, &o), 0);
+    assert_int_equal(((uint8_t *)o.data)[0], 0x7e);
+    free(o.data);
+    const char *s4[] = {"0.3", "8", "1000", "-inf"}; /* as from a float (round_mode up for e8m0) */
+    s = strs_of(4, s4, e);
+    assert_int_equal(cast_to(&s, DT_FP8E8M0, &o), 0);
+    uint8_t we8m0[] = {0x7e, 0x82, 0x89, 0xff};
+    assert_memory_equal(o.data, we8m0, sizeof we8m0);
+    free(o.data);
+    assert_int_equal(cast_to(&s, DT_INT4, &o), 0);
+    int8_t wi4s[] = {0, -8, -8, 0}; /* 1000 keeps its low four bits: 8, as an int4 -8 */
+    assert_memory_equal(o.data, wi4s, sizeof wi4s);
+    free(o.data);
+
+    /* what onnxruntime refuses: no number, or beyond int64/uint64/double;
+     * the element is named and shown escaped */
+    const char *bad[] = {"1", "\x01x\"y"};
+    s = strs_of(2, bad, e);
+    assert_int_equal(cast_to(&s, DT_INT64, &o), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "node 'n0' (Cast): string element 1 \"\\x01x\\\"y\" is not a number"));
+    free(o.data);
+    const char *big[] = {"99999999999999999999", "", "1e309"};
+    s = strs_of(1, big, e);
+    assert_int_equal(cast_to(&s, DT_UINT64, &o), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "string element 0 \"99999999999999999999\" is out of the range of uint64"));
+    free(o.data);
+    s = strs_of(1, big + 1, e);
+    assert_int_equal(cast_to(&s, DT_FP32, &o), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "string element 0 \"\" is not a number"));
+    free(o.data);
+    s = strs_of(1, big + 2, e);
+    assert_int_equal(cast_to(&s, DT_FP16, &o), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "is out of the range of double"));
+    free(o.data);
+    /* a string longer than the stack copy, and one that is not NUL-terminated */
+    char longs[300];
+    memset(longs, ' ', sizeof longs);
+    memcpy(longs + 290, "42", 2);
+    struct tensor_str le[2] = {{longs, 292}, {"7123", 1}};
+    struct tensor ls = {DT_STRING, 1, {2}, le};
+    assert_int_equal(cast_to(&ls, DT_INT16, &o), 0);
+    int16_t w16[] = {42, 7};
+    assert_memory_equal(o.data, w16, sizeof w16);
+    free(o.data);
 }
 
 /* ---- softmax family --------------------------------------------------- */
@@ -782,7 +914,8 @@ int main(void) {
         cmocka_unit_test(test_int_arith),          cmocka_unit_test(test_mod_signs),
         cmocka_unit_test(test_fp16_add_and_max),   cmocka_unit_test(test_variadic),
         cmocka_unit_test(test_clip_by_opset),      cmocka_unit_test(test_where),
-        cmocka_unit_test(test_cast),               cmocka_unit_test(test_softmax_opsets),
+        cmocka_unit_test(test_cast),               cmocka_unit_test(test_cast_strings),
+        cmocka_unit_test(test_softmax_opsets),
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
         cmocka_unit_test(test_quantize), cmocka_unit_test(test_dynamic_quantize),           cmocka_unit_test(test_fused_activation),

@@ -61,6 +61,8 @@ static void test_shared_memory(void **state) {
     /* Off by default: DISABLED, token or not. */
     assert_int_equal(access_check(&c, "Bearer x", ACCESS_SHM, ACCESS_VIA_HTTP, err, sizeof err), STATUS_DISABLED);
     assert_string_equal(err, SHM_DISABLED_MSG);
+    /* Status is answered (empty: nothing can be registered), as Triton's. */
+    assert_int_equal(access_check(&c, NULL, ACCESS_SHM_STATUS, ACCESS_VIA_HTTP, err, sizeof err), STATUS_OK);
     set(&c, "allow-client-shm", "true");
     /* On without a token: anyone, each connection its own scope. */
     assert_int_equal(access_check(&c, NULL, ACCESS_SHM, ACCESS_VIA_GRPC, err, sizeof err), STATUS_OK);
@@ -71,6 +73,8 @@ static void test_shared_memory(void **state) {
                      STATUS_UNAUTHENTICATED);
     assert_non_null(strstr(err, "need the control token"));
     assert_int_equal(access_check(&c, NULL, ACCESS_SHM, ACCESS_VIA_HTTP, err, sizeof err), STATUS_UNAUTHENTICATED);
+    assert_int_equal(access_check(&c, NULL, ACCESS_SHM_STATUS, ACCESS_VIA_HTTP, err, sizeof err),
+                     STATUS_UNAUTHENTICATED);
     /* The token's holders share one scope across connections. */
     assert_int_equal(access_check(&c, "Bearer tok", ACCESS_SHM, ACCESS_VIA_HTTP, err, sizeof err), STATUS_OK);
     assert_int_equal(access_shm_owner(&c, "Bearer tok", conn), SHM_OWNER_TOKEN);

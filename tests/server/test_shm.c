@@ -73,7 +73,7 @@ static void test_register_refusals(void **state) {
     shm_registry_t *reg = shm_registry_create(&ALLOW);
     assert_int_equal(shm_register(reg, ME, "a", key, 0, 4096, err, sizeof err), 0);
     assert_int_equal(shm_register(reg, ME, "a", key, 0, 16, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "'a' is already registered"));
+    assert_non_null(strstr(err, "'a' already in manager"));
     assert_int_equal(shm_register(reg, ME, "b", "/kiln_unit_no_such_object", 0, 16, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "cannot open shared memory object '/kiln_unit_no_such_object'"));
     assert_int_equal(shm_register(reg, ME, "b", key, 4090, 16, err, sizeof err), STATUS_INVALID);
@@ -134,10 +134,15 @@ static void test_acquire(void **state) {
     assert_null(shm_acquire(reg, ME, "nope", 0, 1, "input 'x'", &addr, err, sizeof err));
     assert_non_null(strstr(err, "input 'x': shared memory region 'nope' is not registered"));
     assert_null(shm_acquire(reg, ME, "r", 4990, 11, "output 'y'", &addr, err, sizeof err));
-    assert_non_null(strstr(err, "output 'y': shared_memory_offset 4990 + shared_memory_byte_size 11 is outside"));
+    assert_non_null(strstr(err, "output 'y': Invalid offset + byte size for shared memory region 'r': "
+                                "shared_memory_offset 4990 + shared_memory_byte_size 11 is outside its 5000 bytes"));
     assert_null(shm_acquire(reg, ME, "r", UINT64_MAX, 2, "input 'x'", &addr, err, sizeof err));
+    assert_non_null(strstr(err, "input 'x': Invalid offset for shared memory region 'r'"));
     assert_null(shm_acquire(reg, ME, "r", 1, UINT64_MAX, "input 'x'", &addr, err, sizeof err));
+    assert_non_null(strstr(err, "input 'x': Integer overflow detected: byte_size "));
     assert_non_null(shm_acquire(reg, ME, "r", 5000, 0, "input 'x'", &addr, err, sizeof err));
+    assert_null(shm_acquire(reg, ME, "r", 5000, 1, "input 'x'", &addr, err, sizeof err));
+    assert_non_null(strstr(err, "input 'x': Invalid offset for shared memory region 'r'"));
     shm_region_release(r); /* the empty one's reference */
     r = shm_acquire(reg, ME, "r", 0, 5000, "input 'x'", &addr, err, sizeof err);
     /* Unregistered while held: still mapped and readable, gone with the reference. */
@@ -242,7 +247,7 @@ static void test_resolve_and_write(void **state) {
               "\"outputs\":[{\"name\":\"y\",\"parameters\":{\"shared_memory_region\":\"out\","
               "\"shared_memory_byte_size\":8,\"shared_memory_offset\":8}}]}");
     assert_null(r.inputs[0].t.data);
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), 0);
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), 0);
     assert_true(r.inputs[0].t.data != r.inputs[0].shm.addr);
     assert_true(r.inputs[1].t.data != r.inputs[1].shm.addr);
     assert_int_equal(((unsigned char *)r.inputs[0].t.data)[3], 3);
@@ -268,13 +273,14 @@ static void test_resolve_and_write(void **state) {
     assert_int_equal(shm_register(reg, ME, "in", key, 0, 16, err, sizeof err), 0);
     parse(&r, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"parameters\":"
               "{\"shared_memory_region\":\"in\",\"shared_memory_byte_size\":12}}]}");
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "input 'a': shared_memory_byte_size is 12 but shape [2,2] of FP32 needs 16 bytes"));
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "input byte size mismatch for input 'a' for model 'm'. Expected 16, got 12: "
+                                "shared_memory_byte_size is 12 but shape [2,2] of FP32 needs 16 bytes"));
     kserve_request_clear(&r);
     parse(&r, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"parameters\":"
               "{\"shared_memory_region\":\"in\",\"shared_memory_byte_size\":16,\"shared_memory_offset\":4}}]}");
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "input 'a': shared_memory_offset 4 + shared_memory_byte_size 16 is outside"));
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "input 'a': Invalid offset + byte size for shared memory region"));
     kserve_request_clear(&r);
     shm_registry_free(reg);
     assert_int_equal(mappings_of(key), 0);
@@ -356,7 +362,7 @@ static void test_cuda_register_refusals(void **state) {
     /* Names are unique across both kinds. */
     b64_zeros(b64, 64);
     assert_int_equal(shm_cuda_register_b64(reg, ME, "dup", b64, 0, 16, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "shared memory region 'dup' is already registered"));
+    assert_non_null(strstr(err, "shared memory region 'dup' already in manager"));
     /* A well-formed request: refused with the probe's reason without a GPU,
      * or (on a GPU machine) because 64 zero bytes are no process's handle. */
     char why[512] = "";
@@ -425,7 +431,7 @@ static void test_off_by_default(void **state) {
     assert_string_equal(err, SHM_DISABLED_MSG);
     void *addr;
     assert_null(shm_acquire(reg, ME, "a", 0, 16, "input 'x'", &addr, err, sizeof err));
-    assert_non_null(strstr(err, "input 'x' names shared memory region 'a', but client shared memory is disabled"));
+    assert_non_null(strstr(err, "input 'x' names shared memory region 'a', but Client shared memory is disabled"));
     assert_int_equal(mappings_of(key), 0);
     shm_registry_free(reg);
     shm_unlink(key);
@@ -515,7 +521,16 @@ static void test_what_may_be_opened(void **state) {
     static const char *bad[] = {"/a/b", "a/", "/", "/..", "."};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(shm_register(reg, ME, "r", bad[i], 0, 16, err, sizeof err), STATUS_INVALID);
-        assert_non_null(strstr(err, "is not a shared memory object name"));
+        assert_non_null(strstr(err, "cannot register shared memory region 'r' - invalid shm key"));
+    }
+    /* Triton's Python backend's prefix, behind any number of slashes. */
+    static const char *reserved[] = {"triton_python_backend_shm_region_x", "/triton_python_backend_shm_region_x",
+                                     "///triton_python_backend_shm_region_"};
+    for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++) {
+        assert_int_equal(shm_register(reg, ME, "r", reserved[i], 0, 16, err, sizeof err), STATUS_INVALID);
+        snprintf(want, sizeof want, "cannot register shared memory region 'r' with key '%s' as the key contains the "
+                 "reserved prefix 'triton_python_backend_shm_region_'", reserved[i]);
+        assert_string_equal(err, want);
     }
     char longname[SHM_NAME_MAX + 2];
     memset(longname, 'n', sizeof longname - 1);
