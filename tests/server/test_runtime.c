@@ -31,6 +31,11 @@ static runtime_t *make(int loops, int max_connections) {
     return rt;
 }
 
+static void unmake(runtime_t *rt) {
+    runtime_free(rt);
+    server_config_clear(&cfg);
+}
+
 /* ---- a job that records where and in what order it ran ---- */
 
 #define NJOBS 200
@@ -113,7 +118,7 @@ static void test_jobs_run_on_their_loop_in_order(void **state) {
         assert_false(pthread_equal(recs[i].ran_on, pthread_self()));
         assert_true(pthread_equal(recs[i].ran_on, recs[0].ran_on)); /* all on loop 1's one thread */
     }
-    runtime_free(rt);
+    unmake(rt);
     for (int i = 0; i < NJOBS; i++) assert_int_equal(atomic_load(&recs[i].drops), 0);
 }
 
@@ -130,7 +135,7 @@ static void test_jobs_left_are_dropped_at_free(void **state) {
     runtime_post(runtime_loop(rt, 0), &left[0].job);
     runtime_post(runtime_loop(rt, 0), &left[1].job);
     runtime_control_post(rt, &left[2].job);
-    runtime_free(rt);
+    unmake(rt);
     for (int i = 0; i < 3; i++) assert_int_equal(atomic_load(&left[i].runs), 0);
     assert_int_equal(atomic_load(&left[0].drops), 1);
     assert_int_equal(atomic_load(&left[1].drops), 0);
@@ -177,7 +182,7 @@ static void test_control_thread_answers_on_the_loop(void **state) {
     assert_false(pthread_equal(c.control_on, pthread_self()));
     assert_false(pthread_equal(c.answer_on, pthread_self()));
     assert_false(pthread_equal(c.control_on, c.answer_on));
-    runtime_free(rt);
+    unmake(rt);
 }
 
 /* ---- shared state ---- */
@@ -197,7 +202,7 @@ static void test_connections_and_drain_are_shared(void **state) {
     assert_int_equal(runtime_draining(rt), 1);
     assert_int_equal(runtime_accepting(rt, err, sizeof err), STATUS_UNAVAILABLE);
     assert_non_null(strstr(err, "shutting down"));
-    runtime_free(rt); /* never started: nothing to stop */
+    unmake(rt); /* never started: nothing to stop */
     runtime_free(NULL);
 }
 
