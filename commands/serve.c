@@ -1,6 +1,7 @@
 /* serve.c - `kiln serve`: configuration, backend choice, model repository,
- * HTTP and gRPC front ends (gRPC on HTTP's I/O threads), and the
- * signal-driven graceful shutdown.
+ * the inference core and the runtime (I/O loops, control thread), the HTTP
+ * and gRPC front ends attached to it as peers, and the signal-driven
+ * graceful shutdown.
  *
  * Signals are blocked in every thread and taken synchronously by the main
  * thread with sigtimedwait, so no handler runs inside libevent or a kernel.
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <sodium.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -28,7 +30,9 @@
 #include "commands/commands.h"
 #include "server/grpc.h"
 #include "server/http.h"
+#include "server/infer.h"
 #include "server/kserve.h"
+#include "server/runtime.h"
 
 static uint64_t mono_ms(void) { return clock_now_ns() / 1000000; }
 
@@ -110,6 +114,8 @@ int cmd_serve(int argc, char **argv) {
 
     int exit_code = 1;
     repository_t *repo = NULL;
+    infer_core_t *core = NULL;
+    runtime_t *rt = NULL;
     http_server_t *srv = NULL;
     grpc_server_t *grpc = NULL;
     const char *backend = choose_backend(cfg.backend);
@@ -127,6 +133,11 @@ int cmd_serve(int argc, char **argv) {
                                    .inline_max_us = (uint64_t)cfg.inline_max_us,
                                    .max_request_memory = (size_t)server_config_max_request_memory(&cfg)};
     kserve_global_init(); /* no thread runs yet */
+    /* Before the core: the result cache's keys and the token check use it. */
+    if (sodium_init() < 0) {
+        log_error("libsodium failed to initialize");
+        goto out;
+    }
     kserve_set_max_request_memory(rp.max_request_memory);
     repo = repository_create(&rp, err, sizeof err);
     if (!repo) {
@@ -142,33 +153,43 @@ int cmd_serve(int argc, char **argv) {
         log_warn("model repository %s holds no model folder (expected %s/<model>/1/model.onnx): no model to serve",
                  cfg.model_repository, cfg.model_repository);
     cJSON_Delete(index);
-    struct http_server_params hp = {.config = &cfg, .repo = repo, .backend = backend};
-    srv = http_server_create(&hp, err, sizeof err);
-    if (!srv) {
+    /* The core, then the runtime; the front ends attach to its loops before
+     * they run. */
+    struct infer_core_params ip = {.config = &cfg, .repo = repo};
+    core = infer_core_create(&ip, err, sizeof err);
+    struct runtime_params tp = {.config = &cfg, .core = core, .repo = repo};
+    rt = core ? runtime_create(&tp, err, sizeof err) : NULL;
+    struct http_server_params hp = {.config = &cfg, .runtime = rt, .repo = repo};
+    srv = rt ? http_server_create(&hp, err, sizeof err) : NULL;
+    struct grpc_server_params gp = {.config = &cfg, .repo = repo, .runtime = rt};
+    if (!srv || (cfg.allow_grpc && !(grpc = grpc_server_create(&gp, err, sizeof err))) ||
+        runtime_start(rt, err, sizeof err)) {
         log_error("%s", err);
         goto out;
     }
-    struct grpc_server_params gp = {.config = &cfg, .repo = repo, .http = srv};
-    if (cfg.allow_grpc && !(grpc = grpc_server_create(&gp, err, sizeof err))) {
-        log_error("%s", err);
-        goto out;
-    }
+    /* Only now: a client that read the line finds the server answering. */
+    int loops = runtime_loops(rt);
+    log_info("listening on http://%s:%d (%d I/O thread%s, backend %s)", cfg.http_address, http_server_port(srv), loops,
+             loops == 1 ? "" : "s", backend);
+    if (grpc)
+        log_info("listening on grpc://%s:%d (on the %d I/O thread%s)", cfg.grpc_address ? cfg.grpc_address : cfg.http_address,
+                 grpc_server_port(grpc), loops, loops == 1 ? "" : "s");
 
     struct timespec tick = {.tv_sec = 0, .tv_nsec = 20 * 1000 * 1000};
     for (;;) {
         int sig = sigwaitinfo(&sigs, NULL);
         if (sig == SIGTERM || sig == SIGINT) {
             log_info("received %s: draining (%d request%s in flight); a second signal forces the exit",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT", http_server_inflight(srv),
-                     http_server_inflight(srv) == 1 ? "" : "s");
+                     sig == SIGTERM ? "SIGTERM" : "SIGINT", infer_core_inflight(core),
+                     infer_core_inflight(core) == 1 ? "" : "s");
             break;
         }
     }
-    http_server_begin_drain(srv);
+    runtime_begin_drain(rt);
     grpc_server_begin_drain(grpc);
     uint64_t deadline = mono_ms() + (uint64_t)cfg.exit_timeout_secs * 1000, idle_since = 0;
     for (;;) {
-        int inflight = http_server_inflight(srv), pending = repository_pending(repo);
+        int inflight = infer_core_inflight(core), pending = repository_pending(repo);
         if (inflight == 0 && pending == 0) {
             /* Answered; wait for the bytes to be written (bounded: a reply to a
              * client that vanished mid-write never reports completion). */
@@ -189,8 +210,13 @@ int cmd_serve(int argc, char **argv) {
     log_info("drained: every accepted request was answered; exiting");
     exit_code = 0;
 out:
-    grpc_server_free(grpc); /* its connections live on the HTTP server's loops */
+    /* The loops stop first: then the front ends close their connections
+     * from here, and the jobs still queued are dropped with the runtime. */
+    runtime_stop(rt);
+    grpc_server_free(grpc);
     http_server_free(srv);
+    runtime_free(rt);
+    infer_core_free(core);
     repository_free(repo);
     server_config_clear(&cfg);
     return exit_code;

@@ -1,10 +1,13 @@
 #include "common/log.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "common/clock.h"
 
 static int g_level = LOG_INFO;
 static int g_json;
@@ -81,4 +84,13 @@ void log_write(enum log_level level, const char *func, const char *fmt, ...) {
     if (n > (int)sizeof line) n = (int)sizeof line;
     ssize_t w = write(2, line, (size_t)n);
     (void)w;
+}
+
+int log_every_due(struct log_every *r, unsigned long long interval_ns, unsigned *n) {
+    atomic_fetch_add(&r->count, 1);
+    unsigned long long now = clock_now_ns(), last = atomic_load(&r->last_ns);
+    if (last && now - last < interval_ns) return 0;
+    if (!atomic_compare_exchange_strong(&r->last_ns, &last, now)) return 0;
+    *n = atomic_exchange(&r->count, 0);
+    return 1;
 }

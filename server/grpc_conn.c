@@ -315,7 +315,7 @@ static void conn_close(struct grpc_conn *c) {
     bufferevent_free(c->bev);
     evbuffer_free(c->pend);
     event_free(c->timer);
-    if (c->counted) http_server_conn_release(c->loop->srv->http);
+    if (c->counted) runtime_conn_release(c->loop->srv->rt);
     struct grpc_loop *l = c->loop;
     if (c->prev) c->prev->next = c->next;
     else l->conns = c->next;
@@ -394,7 +394,7 @@ static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
      * once, again and again. Its first call is answered UNAVAILABLE, saying
      * why, as HTTP answers 503, with a GOAWAY after it (stream_check); one
      * that sends no call within CONN_SHED_SECS gets the GOAWAY alone. */
-    c->counted = http_server_conn_admit(l->srv->http, "gRPC, calls answered UNAVAILABLE");
+    c->counted = runtime_conn_admit(l->srv->rt, "gRPC, calls answered UNAVAILABLE");
     c->shed = !c->counted;
     conn_arm(c);
     conn_flush(c);
@@ -402,7 +402,7 @@ static void conn_open(struct grpc_loop *l, evutil_socket_t fd) {
 
 static void shed_reason(const struct grpc_conn *c, char *why, size_t len) {
     snprintf(why, len, "the server has --max-connections (%d) connections open: try again later",
-             http_server_max_connections(c->loop->srv->http));
+             runtime_max_connections(c->loop->srv->rt));
 }
 
 /* ==== deadlines ========================================================== */
@@ -845,7 +845,7 @@ static nghttp2_option *options_new(void) {
 
 static void accept_cb(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa, int salen, void *arg) {
     struct grpc_loop *l = arg;
-    if (http_server_draining(l->srv->http)) {
+    if (runtime_draining(l->srv->rt)) {
         close(fd); /* draining: clients go elsewhere */
         return;
     }
@@ -856,32 +856,13 @@ static void accept_error_cb(struct evconnlistener *lev, void *arg) {
     log_warn("grpc: accept failed: %s", strerror(errno));
 }
 
-/* Runs fn on every loop, each on its own thread, and waits for them all. */
-static void run_on_loops(grpc_server_t *s, void (*fn)(void *)) {
-    pthread_mutex_lock(&s->lock);
-    s->pending = s->nloops;
-    pthread_mutex_unlock(&s->lock);
-    for (int i = 0; i < s->nloops; i++) http_server_post(s->http, i, fn, &s->loops[i]);
-    pthread_mutex_lock(&s->lock);
-    while (s->pending) pthread_cond_wait(&s->cond, &s->lock);
-    pthread_mutex_unlock(&s->lock);
-}
-
-static void loop_job_done(grpc_server_t *s) {
-    pthread_mutex_lock(&s->lock);
-    s->pending--;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
-}
-
-static void loop_listen(void *arg) {
-    struct grpc_loop *l = arg;
+/* Before the loops run: nothing else touches the base yet. */
+static int loop_listen(struct grpc_loop *l) {
     l->lev = evconnlistener_new(l->base, accept_cb, l, LEV_OPT_CLOSE_ON_FREE, -1, l->fd);
-    if (l->lev) {
-        l->fd = -1; /* the listener owns it */
-        evconnlistener_set_error_cb(l->lev, accept_error_cb);
-    }
-    loop_job_done(l->srv);
+    if (!l->lev) return -1;
+    l->fd = -1; /* the listener owns it */
+    evconnlistener_set_error_cb(l->lev, accept_error_cb);
+    return 0;
 }
 
 /* At exit, after the drain: answers may still wait in a connection's
@@ -904,15 +885,16 @@ static void conn_shutdown(struct grpc_conn *c) {
     conn_close(c);
 }
 
-static void loop_close(void *arg) {
-    struct grpc_loop *l = arg;
+/* After the loops stopped (runtime_stop): from the freeing thread. */
+static void loop_close(struct grpc_loop *l) {
     if (l->lev) evconnlistener_free(l->lev);
     l->lev = NULL;
     while (l->conns) conn_shutdown(l->conns);
-    loop_job_done(l->srv);
 }
 
 /* ==== the server ========================================================= */
+
+static void loop_drain(void *arg) { grpc_health_notify(arg); }
 
 grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err, size_t err_len) {
     grpc_server_t *s = calloc(1, sizeof *s);
@@ -922,8 +904,8 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     }
     s->cfg = p->config;
     s->repo = p->repo;
-    s->http = p->http;
-    s->core = http_server_core(p->http);
+    s->rt = p->runtime;
+    s->core = runtime_core(p->runtime);
     const struct server_config *cfg = p->config;
     s->max_message = (size_t)(cfg->grpc_max_message_size > 0 ? cfg->grpc_max_message_size : cfg->max_request_size);
     s->max_buffered = cfg->grpc_max_buffered_bytes > 0 ? (size_t)cfg->grpc_max_buffered_bytes : 2 * (s->max_message + 5);
@@ -932,10 +914,8 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     s->idle_secs = cfg->http_timeout_secs > 0 ? cfg->http_timeout_secs : 60; /* as evhttp_set_timeout is given */
     s->header_secs = cfg->http_header_timeout_secs;
     s->body_secs = cfg->http_body_timeout_secs;
-    pthread_mutex_init(&s->lock, NULL);
-    pthread_cond_init(&s->cond, NULL);
     const char *addr = p->config->grpc_address ? p->config->grpc_address : p->config->http_address;
-    int n = http_server_threads(p->http), port = p->config->grpc_port;
+    int n = runtime_loops(p->runtime), port = p->config->grpc_port;
     s->loops = calloc((size_t)n, sizeof *s->loops);
     s->h2_callbacks = callbacks_new();
     s->h2_options = options_new();
@@ -948,19 +928,18 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     close(probe);
     for (int i = 0; i < n; i++) {
         struct grpc_loop *l = &s->loops[i];
-        *l = (struct grpc_loop){.srv = s, .index = i, .base = http_server_loop_base(p->http, i)};
+        struct runtime_loop *rl = runtime_loop(p->runtime, i);
+        *l = (struct grpc_loop){.srv = s, .rl = rl, .base = runtime_loop_base(rl)};
+        runtime_job_init(&l->drain, loop_drain, NULL, l);
         l->fd = listen_socket("grpc", addr, port, 0, &s->port, err, err_len);
         if (l->fd < 0) goto fail;
         s->nloops++;
         port = s->port; /* the others join the port the first one got */
-    }
-    run_on_loops(s, loop_listen);
-    for (int i = 0; i < n; i++)
-        if (!s->loops[i].lev) {
+        if (loop_listen(l)) {
             status_set(err, err_len, STATUS_INTERNAL, "libevent could not listen for gRPC on loop %d", i);
             goto fail;
         }
-    log_info("listening on grpc://%s:%d (on the %d I/O thread%s)", addr, s->port, n, n == 1 ? "" : "s");
+    }
     return s;
 fail:
     grpc_server_free(s);
@@ -969,23 +948,20 @@ fail:
 
 int grpc_server_port(const grpc_server_t *s) { return s->port; }
 
-static void loop_drain(void *arg) { grpc_health_notify(arg); }
-
 void grpc_server_begin_drain(grpc_server_t *s) {
     if (!s) return;
-    /* Not waited for: grpc_server_free's jobs come after these on each loop. */
-    for (int i = 0; i < s->nloops; i++) http_server_post(s->http, i, loop_drain, &s->loops[i]);
+    /* Not waited for: the loops run them before they stop. */
+    for (int i = 0; i < s->nloops; i++) runtime_post(s->loops[i].rl, &s->loops[i].drain);
 }
 
 void grpc_server_free(grpc_server_t *s) {
     if (!s) return;
-    if (s->nloops) run_on_loops(s, loop_close);
-    for (int i = 0; i < s->nloops; i++)
+    for (int i = 0; i < s->nloops; i++) {
+        loop_close(&s->loops[i]);
         if (s->loops[i].fd >= 0) close(s->loops[i].fd);
+    }
     if (s->h2_callbacks) nghttp2_session_callbacks_del(s->h2_callbacks);
     if (s->h2_options) nghttp2_option_del(s->h2_options);
     free(s->loops);
-    pthread_mutex_destroy(&s->lock);
-    pthread_cond_destroy(&s->cond);
     free(s);
 }

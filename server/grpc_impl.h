@@ -9,7 +9,6 @@
 #ifndef KILN_GRPC_IMPL_H
 #define KILN_GRPC_IMPL_H
 
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -36,8 +35,9 @@ struct grpc_control;
 
 struct grpc_loop {
     grpc_server_t *srv;
-    int index;                   /* the HTTP server's I/O thread */
-    struct event_base *base;
+    struct runtime_loop *rl;     /* the runtime's loop it runs on */
+    struct event_base *base;     /* the loop's */
+    struct runtime_job drain;    /* tells the Watch calls, once the drain began */
     struct evconnlistener *lev;
     int fd;
     struct grpc_conn *conns;     /* open connections, for the close at exit */
@@ -47,7 +47,7 @@ struct grpc_loop {
 struct grpc_server {
     const struct server_config *cfg;
     repository_t *repo;
-    http_server_t *http;
+    runtime_t *rt;
     infer_core_t *core;
     int port;
     size_t max_message;          /* --grpc-max-message-size: the largest request message */
@@ -59,9 +59,6 @@ struct grpc_server {
     struct grpc_loop *loops;
     void *h2_callbacks;          /* nghttp2_session_callbacks *, shared by every connection */
     void *h2_options;            /* nghttp2_option *: the flood limits, shared too */
-    pthread_mutex_t lock;        /* run_on_loops: loops still to finish the job */
-    pthread_cond_t cond;
-    int pending;
 };
 
 /* A stream's request bytes not yet taken as messages: one block, malloc'd

@@ -30,11 +30,6 @@ struct grpc_infer {
 
 /* ==== the reply interface ================================================ */
 
-static void infer_post(void *thread, void (*fn)(void *), void *arg) {
-    struct grpc_loop *l = thread;
-    http_server_post(l->srv->http, l->index, fn, arg);
-}
-
 static int infer_encode(void *ctx, const struct infer_result *res, char *err, size_t err_len) {
     struct grpc_infer *c = ctx;
     struct grpc_pool pool = {0};
@@ -91,7 +86,7 @@ static void infer_send(void *ctx, int status, const char *msg) {
     else grpc_stream_flush(st);
 }
 
-static const struct infer_reply_i grpc_infer_reply = {infer_post, infer_encode, infer_send};
+static const struct infer_reply_i grpc_infer_reply = {runtime_post_any, infer_encode, infer_send};
 
 /* ==== the RPCs =========================================================== */
 
@@ -122,16 +117,14 @@ static void start(struct grpc_stream *st, const uint8_t *msg, size_t len, int st
     if (version < 0)
         status = status_set(err, sizeof err, STATUS_INVALID, "version '%.100s' of model '%.200s' is not a positive integer",
                             q->model_version, q->model_name);
-    else if (http_server_draining(s->http))
-        status = status_set(err, sizeof err, STATUS_UNAVAILABLE,
-                            "the server is shutting down: no new requests are accepted");
+    else status = runtime_accepting(s->rt, err, sizeof err);
     struct grpc_infer *c = status ? NULL : calloc(1, sizeof *c);
     if (!status && !c) status = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     struct grpc_loop *l = grpc_stream_loop(st);
     if (c) {
         *c = (struct grpc_infer){.st = st, .loop = l, .streaming = streaming};
-        c->r = infer_request_begin(s->core, q->model_name ? q->model_name : "", version, &grpc_infer_reply, c, l,
-                                   http_server_loop_redis(s->http, l->index), &status, err, sizeof err);
+        c->r = infer_request_begin(s->core, q->model_name ? q->model_name : "", version, &grpc_infer_reply, c, l->rl,
+                                   runtime_loop_redis(l->rl), &status, err, sizeof err);
         if (!c->r) {
             free(c);
             c = NULL;

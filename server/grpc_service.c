@@ -19,6 +19,7 @@
 #include "server/access.h"
 #include "server/grpc_impl.h"
 #include "server/http_bodies.h"
+#include "server/model_control.h"
 #include "server/shm.h"
 #include "triton/grpc_service.pb-c.h"
 
@@ -81,7 +82,7 @@ static void server_ready(struct grpc_stream *st, const uint8_t *msg, size_t len)
     UNPACK(Inference__ServerReadyRequest, inference__server_ready_request__unpack, st, msg, len);
     inference__server_ready_request__free_unpacked(req, NULL);
     Inference__ServerReadyResponse res = INFERENCE__SERVER_READY_RESPONSE__INIT;
-    res.ready = !http_server_draining(grpc_stream_server(st)->http);
+    res.ready = !runtime_draining(grpc_stream_server(st)->rt);
     grpc_stream_reply(st, &res.base);
 }
 
@@ -95,7 +96,7 @@ static void model_ready(struct grpc_stream *st, const uint8_t *msg, size_t len) 
         int status;
         grpc_server_t *s = grpc_stream_server(st);
         struct repo_version *rv = repository_acquire(s->repo, req->name, v, &status, err, sizeof err);
-        res.ready = rv && !http_server_draining(s->http);
+        res.ready = rv && !runtime_draining(s->rt);
         repository_release(rv);
         grpc_stream_reply(st, &res.base);
     }
@@ -158,19 +159,14 @@ static void repository_index_rpc(struct grpc_stream *st, const uint8_t *msg, siz
 
 /* ==== load and unload ==================================================== */
 
-/* A load or unload: it runs on the HTTP server's control thread (it may
- * take seconds), and its answer comes back to the stream's loop. The stream
- * may be gone by then (the client cancelled): st is NULL and the answer is
- * dropped; the load itself is not undone, as over HTTP. */
+/* A load or unload (server/model_control.h): it runs on the runtime's
+ * control thread (it may take seconds), and its answer comes back to the
+ * stream's loop. The stream may be gone by then (the client cancelled): st
+ * is NULL and the answer is dropped; the load itself is not undone, as over
+ * HTTP. */
 struct grpc_control {
+    struct model_control mc;     /* first: the call is freed through it */
     struct grpc_stream *st;
-    grpc_server_t *srv;
-    int loop;
-    char name[256];
-    char *config;  /* load parameter "config": JSON text replacing config.json */
-    int load;
-    int status;
-    char err[512];
 };
 
 void grpc_control_detach(struct grpc_stream *st) {
@@ -178,13 +174,19 @@ void grpc_control_detach(struct grpc_stream *st) {
     st->control = NULL;
 }
 
-static void control_answer(void *arg) {
-    struct grpc_control *c = arg;
+/* The runtime went before the answer (exiting): the streams were closed. */
+static void control_free(struct model_control *mc) {
+    model_control_clear(mc);
+    free(mc);
+}
+
+static void control_done(struct model_control *mc) {
+    struct grpc_control *c = (struct grpc_control *)mc;
     struct grpc_stream *st = c->st;
     if (st) {
         st->control = NULL;
-        if (c->status) grpc_stream_finish(st, c->status, c->err);
-        else if (c->load) {
+        if (mc->status) grpc_stream_finish(st, mc->status, mc->err);
+        else if (mc->load) {
             Inference__RepositoryModelLoadResponse res = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
             grpc_stream_reply(st, &res.base);
         } else {
@@ -192,34 +194,20 @@ static void control_answer(void *arg) {
             grpc_stream_reply(st, &res.base);
         }
     }
-    free(c->config);
-    free(c);
+    control_free(mc);
 }
 
-static void control_run(void *arg) {
-    struct grpc_control *c = arg;
-    repository_t *repo = c->srv->repo;
-    if (c->load) c->status = repository_load_with_config(repo, c->name, c->config, c->err, sizeof c->err);
-    else {
-        c->status = repository_unload(repo, c->name, c->err, sizeof c->err);
-        if (!c->status) log_info("unload of model '%s' requested", c->name);
-    }
-    http_server_post(c->srv->http, c->loop, control_answer, c);
-}
-
-/* What HTTP's load and unload check first: the permission (access_check),
- * then the drain. 0 when the call may go on; otherwise the error is sent. */
+/* The checks HTTP's load and unload pass too (model_control_check). 0 when
+ * the call may go on; otherwise the error is sent. */
 static int control_allowed(struct grpc_stream *st) {
     grpc_server_t *s = grpc_stream_server(st);
     char err[300];
-    int rc = access_check(s->cfg, st->authorization, ACCESS_MODEL_CONTROL, ACCESS_VIA_GRPC, err, sizeof err);
-    if (!rc && http_server_draining(s->http))
-        rc = status_set(err, sizeof err, STATUS_UNAVAILABLE, "the server is shutting down");
+    int rc = model_control_check(s->rt, s->cfg, st->authorization, ACCESS_VIA_GRPC, err, sizeof err);
     if (rc) grpc_stream_finish(st, rc, err);
     return rc;
 }
 
-/* Sends the control job to the control thread; takes config. */
+/* Sends the call to the control thread; takes config. */
 static void control_start(struct grpc_stream *st, const char *name, char *config, int load) {
     struct grpc_control *c = calloc(1, sizeof *c);
     if (!c) {
@@ -228,15 +216,17 @@ static void control_start(struct grpc_stream *st, const char *name, char *config
         return;
     }
     grpc_server_t *s = grpc_stream_server(st);
-    *c = (struct grpc_control){.st = st, .srv = s, .loop = grpc_stream_loop(st)->index, .config = config, .load = load};
-    snprintf(c->name, sizeof c->name, "%s", name);
+    c->st = st;
+    c->mc = (struct model_control){.loop = grpc_stream_loop(st)->rl, .repo = s->repo, .config = config, .load = load,
+                                   .done = control_done, .release = control_free};
+    snprintf(c->mc.name, sizeof c->mc.name, "%s", name);
     st->control = c;
-    http_server_control_post(s->http, control_run, c);
+    model_control_start(s->rt, &c->mc);
 }
 
 /* The model's name: required, as HTTP's path segment is. */
 static int control_name(struct grpc_stream *st, const char *name) {
-    if (name && *name && strlen(name) < sizeof ((struct grpc_control *)0)->name) return 0;
+    if (name && *name && strlen(name) < sizeof ((struct model_control *)0)->name) return 0;
     grpc_stream_errorf(st, STATUS_INVALID, "model_name must name a model (1 to 255 bytes)");
     return -1;
 }
@@ -274,7 +264,7 @@ static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len)
 /* ==== grpc.health.v1.Health ============================================== */
 
 /* The serving status of the services Check and Watch answer for. */
-static int health_status(struct grpc_stream *st) { return http_server_draining(grpc_stream_server(st)->http) ? 2 : 1; }
+static int health_status(struct grpc_stream *st) { return runtime_draining(grpc_stream_server(st)->rt) ? 2 : 1; }
 
 /* HealthCheckResponse {status = 1: enum}, framed: 7 bytes. */
 static void health_send(struct grpc_stream *st, int status) {

@@ -1,10 +1,10 @@
 /* http.c - the HTTP transport: KServe v2 over libevent's evhttp.
  *
- * Sections: the I/O threads' completion queues and the control thread;
- * replies; request bodies (Content-Encoding) and response compression;
+ * Sections: replies; request bodies (Content-Encoding) and response compression;
  * inference, which decodes a request and hands it to the inference core
  * (server/infer.h) through the reply interface; the repository control
- * endpoints; the route table; the threads and sockets. Connections pass
+ * endpoints; the route table; attaching to the runtime's loops (sockets).
+ * Threads and job queues are the runtime's (server/runtime.h). Connections pass
  * through http_conn.c first; the read-only endpoints' bodies are built in
  * http_bodies.c. */
 #include "server/http.h"
@@ -15,7 +15,6 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,8 +30,6 @@
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <event2/listener.h>
-#include <event2/thread.h>
-#include <sodium.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -44,94 +41,7 @@
 #include "server/infer.h"
 #include "server/kserve.h"
 #include "server/listen.h"
-
-/* ==== threads and completion queues ====================================== */
-
-
-/* Runs fn(arg) on the I/O thread io, from any thread. */
-static void io_post(struct io_thread *io, void (*fn)(void *), void *arg) {
-    struct job *j = malloc(sizeof *j);
-    if (!j) {
-        log_error("out of memory posting to I/O thread %d", io->index);
-        abort(); /* a lost completion would hang a client and the drain forever */
-    }
-    j->fn = fn;
-    j->arg = arg;
-    j->next = NULL;
-    pthread_mutex_lock(&io->qlock);
-    if (io->qtail) io->qtail->next = j;
-    else io->qhead = j;
-    io->qtail = j;
-    pthread_mutex_unlock(&io->qlock);
-    /* Repeated activations before the loop runs merge into one callback. */
-    event_active(io->wake, EV_READ, 0);
-}
-
-static void io_wake_cb(evutil_socket_t fd, short what, void *arg) {
-    struct io_thread *io = arg;
-    pthread_mutex_lock(&io->qlock);
-    struct job *j = io->qhead;
-    io->qhead = io->qtail = NULL;
-    pthread_mutex_unlock(&io->qlock);
-    while (j) {
-        struct job *next = j->next;
-        j->fn(j->arg);
-        free(j);
-        j = next;
-    }
-}
-
-static void control_post(http_server_t *s, void (*fn)(void *), void *arg) {
-    struct job *j = malloc(sizeof *j);
-    if (!j) abort();
-    j->fn = fn;
-    j->arg = arg;
-    j->next = NULL;
-    pthread_mutex_lock(&s->clock);
-    if (s->ctail) s->ctail->next = j;
-    else s->chead = j;
-    s->ctail = j;
-    pthread_cond_signal(&s->ccond);
-    pthread_mutex_unlock(&s->clock);
-}
-
-static void *control_main(void *arg) {
-    http_server_t *s = arg;
-    uint64_t next_poll = clock_now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
-    pthread_mutex_lock(&s->clock);
-    for (;;) {
-        while (!s->chead && !s->cstop) {
-            if (s->cfg->model_control_mode == SERVER_CONTROL_POLL) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                uint64_t now = clock_now_ns();
-                if (now >= next_poll) break;
-                uint64_t wait = next_poll - now;
-                ts.tv_sec += (time_t)(wait / 1000000000ull);
-                ts.tv_nsec += (long)(wait % 1000000000ull);
-                if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-                pthread_cond_timedwait(&s->ccond, &s->clock, &ts);
-            } else pthread_cond_wait(&s->ccond, &s->clock);
-        }
-        if (s->cstop) break;
-        struct job *j = s->chead;
-        if (j) {
-            s->chead = j->next;
-            if (!s->chead) s->ctail = NULL;
-        }
-        pthread_mutex_unlock(&s->clock);
-        if (j) {
-            j->fn(j->arg);
-            free(j);
-        } else if (s->cfg->model_control_mode == SERVER_CONTROL_POLL && !atomic_load(&s->draining)) {
-            repository_poll(s->repo);
-            next_poll = clock_now_ns() + (uint64_t)s->cfg->repository_poll_secs * 1000000000ull;
-        }
-        pthread_mutex_lock(&s->clock);
-    }
-    pthread_mutex_unlock(&s->clock);
-    return NULL;
-}
+#include "server/model_control.h"
 
 /* ==== replies ============================================================ */
 
@@ -142,7 +52,7 @@ static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 static void reply_send(http_server_t *s, struct evhttp_request *req, int code, const char *ctype) {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (ctype) evhttp_add_header(h, "Content-Type", ctype);
-    if (atomic_load_explicit(&s->draining, memory_order_relaxed)) evhttp_add_header(h, "Connection", "close");
+    if (runtime_draining(s->rt)) evhttp_add_header(h, "Connection", "close");
     evhttp_send_reply(req, code, status_http_phrase(code), NULL);
 }
 
@@ -313,8 +223,6 @@ static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
     atomic_fetch_sub(&s->unflushed, 1);
 }
 
-static void io_post_any(void *io, void (*fn)(void *), void *arg) { io_post(io, fn, arg); }
-
 /* The core's encode: the KServe response, binary outputs after the JSON. */
 static int infer_encode(void *arg, const struct infer_result *res, char *err, size_t err_len) {
     struct http_infer *c = arg;
@@ -392,7 +300,7 @@ static void infer_send(void *arg, int status, const char *msg) {
     free(c);
 }
 
-static const struct infer_reply_i http_infer_reply = {io_post_any, infer_encode, infer_send};
+static const struct infer_reply_i http_infer_reply = {runtime_post_any, infer_encode, infer_send};
 
 static const char *authorization(struct evhttp_request *req) {
     return evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
@@ -409,8 +317,8 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
                          int64_t version) {
     char err[512];
     int status = 0;
-    if (atomic_load(&s->draining)) {
-        reply_status(s, req, STATUS_UNAVAILABLE, "the server is shutting down: no new requests are accepted");
+    if ((status = runtime_accepting(s->rt, err, sizeof err))) {
+        reply_status(s, req, status, err);
         return;
     }
     struct http_infer *c = calloc(1, sizeof *c);
@@ -422,7 +330,8 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     c->io = io;
     c->req = req;
     c->conn = evhttp_request_get_connection(req);
-    c->r = infer_request_begin(s->core, model, version, &http_infer_reply, c, io, io->redis, &status, err, sizeof err);
+    c->r = infer_request_begin(s->core, model, version, &http_infer_reply, c, io->loop, runtime_loop_redis(io->loop),
+                               &status, err, sizeof err);
     if (!c->r) {
         reply_status(s, req, status, err);
         free(c);
@@ -479,41 +388,30 @@ static void handle_metrics(http_server_t *s, struct evhttp_request *req) {
 
 /* ==== repository control ================================================= */
 
+/* A load or unload (server/model_control.h) and the request it answers. */
 struct control_req {
+    struct model_control mc;     /* first: the call is freed through it */
     http_server_t *srv;
-    struct io_thread *io;
     struct evhttp_request *req;
-    char name[256];
-    char *config;  /* load parameter "config": JSON text replacing config.json */
-    int load;
-    int status;
-    char err[512];
 };
 
-static void control_reply_cb(void *arg) {
-    struct control_req *c = arg;
-    if (c->status) reply_status(c->srv, c->req, c->status, c->err);
-    else reply_raw(c->srv, c->req, 200, "application/json", strdup("{}"), 2);
-    free(c->config);
-    free(c);
+/* The runtime went before the answer (exiting): evhttp frees the request. */
+static void control_free(struct model_control *mc) {
+    model_control_clear(mc);
+    free(mc);
 }
 
-static void control_run(void *arg) {
-    struct control_req *c = arg;
-    if (c->load) c->status = repository_load_with_config(c->srv->repo, c->name, c->config, c->err, sizeof c->err);
-    else {
-        c->status = repository_unload(c->srv->repo, c->name, c->err, sizeof c->err);
-        if (!c->status) log_info("unload of model '%s' requested", c->name);
-    }
-    io_post(c->io, control_reply_cb, c);
+static void control_done(struct model_control *mc) {
+    struct control_req *c = (struct control_req *)mc;
+    if (mc->status) reply_status(c->srv, c->req, mc->status, mc->err);
+    else reply_raw(c->srv, c->req, 200, "application/json", strdup("{}"), 2);
+    control_free(mc);
 }
 
 static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *name,
                            int load) {
     char err[300];
-    int rc = access_check(s->cfg, authorization(req), ACCESS_MODEL_CONTROL, ACCESS_VIA_HTTP, err, sizeof err);
-    if (!rc && atomic_load(&s->draining))
-        rc = status_set(err, sizeof err, STATUS_UNAVAILABLE, "the server is shutting down");
+    int rc = model_control_check(s->rt, s->cfg, authorization(req), ACCESS_VIA_HTTP, err, sizeof err);
     if (rc) {
         reply_status(s, req, rc, err);
         return;
@@ -524,10 +422,10 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
         return;
     }
     c->srv = s;
-    c->io = io;
     c->req = req;
-    c->load = load;
-    snprintf(c->name, sizeof c->name, "%s", name);
+    c->mc = (struct model_control){.loop = io->loop, .repo = s->repo, .load = load, .done = control_done,
+                                   .release = control_free};
+    snprintf(c->mc.name, sizeof c->mc.name, "%s", name);
     /* Body: {"parameters": {"config": "<model config JSON>", "unload_dependents": bool}}. */
     size_t len;
     int owned, status;
@@ -555,7 +453,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
         for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !bad; p = p->next)
             if (p->string && strncmp(p->string, "file:", 5) == 0)
                 bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
-        if (!bad && cfg) c->config = strdup(cfg->valuestring);
+        if (!bad && cfg) c->mc.config = strdup(cfg->valuestring);
         cJSON_Delete(j);
         if (owned) free(body);
         if (bad) {
@@ -564,7 +462,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
             return;
         }
     } else if (owned) free(body);
-    control_post(s, control_run, c);
+    model_control_start(s->rt, &c->mc);
 }
 
 static void handle_index(http_server_t *s, struct evhttp_request *req) {
@@ -778,7 +676,7 @@ static void route_server_metadata(const struct http_call *c) {
 static void route_live(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
 
 static void route_ready(const struct http_call *c) {
-    if (atomic_load(&c->srv->draining)) reply_error(c->srv, c->req, 400, "the server is shutting down");
+    if (runtime_draining(c->srv->rt)) reply_error(c->srv, c->req, 400, "the server is shutting down");
     else reply_empty(c->srv, c->req, 200);
 }
 
@@ -802,7 +700,7 @@ static void route_model_ready(const struct http_call *c) {
     char err[512];
     int status = 0;
     struct repo_version *v = repository_acquire(c->srv->repo, c->model, c->version, &status, err, sizeof err);
-    if (v && !atomic_load(&c->srv->draining)) reply_empty(c->srv, c->req, 200);
+    if (v && !runtime_draining(c->srv->rt)) reply_empty(c->srv, c->req, 200);
     else reply_error(c->srv, c->req, 400, v ? "the server is shutting down" : err);
     repository_release(v);
 }
@@ -930,14 +828,6 @@ static void route(struct evhttp_request *req, void *arg) {
     const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
     const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
     if (!path) path = "/";
-    size_t body_len = evbuffer_get_length(evhttp_request_get_input_buffer(req));
-    if (body_len > (size_t)s->cfg->max_request_size) {
-        char too[200];
-        snprintf(too, sizeof too, "the request body has %zu bytes, more than --max-request-size (%lld bytes)", body_len,
-                 (long long)s->cfg->max_request_size);
-        reply_status(s, req, STATUS_TOO_LARGE, too);
-        return;
-    }
     char *segs[MAX_SEGS], *decoded[MAX_SEGS] = {0};
     char pathbuf[2048], msg[2300];
     int n;
@@ -969,44 +859,26 @@ out:
 }
 
 
-/* ==== threads and sockets ================================================ */
-
-static void *io_main(void *arg) {
-    struct io_thread *io = arg;
-    http_conn_spare_open();
-    event_base_loop(io->base, EVLOOP_NO_EXIT_ON_EMPTY);
-    http_conn_spare_close();
-    return NULL;
-}
-
-static void io_stop_cb(void *arg) {
-    struct io_thread *io = arg;
-    event_base_loopbreak(io->base);
-}
+/* ==== the loops' sockets ================================================ */
 
 http_server_t *http_server_create(const struct http_server_params *p, char *err, size_t err_len) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, (void (*)(void))evthread_use_pthreads);
-    if (sodium_init() < 0) {
-        status_set(err, err_len, STATUS_INTERNAL, "libsodium failed to initialize");
+    http_server_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
         return NULL;
     }
-    http_server_t *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
     s->cfg = p->config;
     s->repo = p->repo;
-    snprintf(s->backend, sizeof s->backend, "%s", p->backend ? p->backend : "cpu");
-    s->nthreads = p->config->http_threads > 0 ? p->config->http_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (s->nthreads < 1) s->nthreads = 1;
-    pthread_mutex_init(&s->clock, NULL);
-    pthread_cond_init(&s->ccond, NULL);
+    s->rt = p->runtime;
+    s->core = runtime_core(p->runtime);
+    s->nthreads = runtime_loops(p->runtime);
     s->io = calloc((size_t)s->nthreads, sizeof *s->io);
-    if (!s->io) goto fail;
-    struct infer_core_params ip = {.config = p->config, .repo = p->repo};
-    s->core = infer_core_create(&ip, err, err_len);
-    if (!s->core) goto fail;
-    long long fd_limit;
-    s->max_conns = http_conn_max(p->config, &fd_limit);
+    if (!s->io) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        s->nthreads = 0;
+        goto fail;
+    }
+    for (int i = 0; i < s->nthreads; i++) s->io[i].fd = -1;
     s->guard = (struct http_guard_limits){.max_header = CONN_MAX_HEADER, .max_body = (uint64_t)p->config->max_request_size};
     int port = p->config->http_port;
     int probe = listen_socket("http", p->config->http_address, port, 1, &port, err, err_len);
@@ -1015,39 +887,31 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
     for (int i = 0; i < s->nthreads; i++) {
         struct io_thread *io = &s->io[i];
         io->srv = s;
-        io->index = i;
-        io->fd = -1;
-        pthread_mutex_init(&io->qlock, NULL);
+        io->loop = runtime_loop(p->runtime, i);
+        io->base = runtime_loop_base(io->loop);
         io->fd = listen_socket("http", p->config->http_address, port, 0, &s->port, err, err_len);
         if (io->fd < 0) goto fail;
         port = s->port; /* the others join the port the first one got */
-        /* The changelist merges the read/write toggles evhttp makes around an
-         * asynchronous reply into at most one epoll_ctl per loop iteration. */
-        struct event_config *ec = event_config_new();
-        if (ec) event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
-        io->base = ec ? event_base_new_with_config(ec) : NULL;
-        if (ec) event_config_free(ec);
-        if (!io->base) io->base = event_base_new();
-        io->http = io->base ? evhttp_new(io->base) : NULL;
-        io->wake = io->base ? event_new(io->base, -1, 0, io_wake_cb, io) : NULL;
-        if (!io->http || !io->wake) {
+        io->http = evhttp_new(io->base);
+        if (!io->http) {
             status_set(err, err_len, STATUS_INTERNAL, "libevent initialization failed");
             goto fail;
         }
         evhttp_set_allowed_methods(io->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
                                                  EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
                                                  EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-        /* The guard (conn_input) refuses a body over --max-request-size and a
-         * header over CONN_MAX_HEADER with a JSON answer before evhttp's own
-         * limits, which stay as a backstop. */
+        /* The guard (conn_input) is the one owner of the body and header
+         * limits: it refuses a body over --max-request-size and a header
+         * over CONN_MAX_HEADER with a JSON answer before evhttp reads them.
+         * evhttp's own limits stay only as a backstop, for a connection the
+         * guard could not be put on (out of memory). */
         int64_t mrs = p->config->max_request_size;
-        evhttp_set_max_body_size(io->http, (ev_ssize_t)(mrs > INT64_MAX - 1 ? INT64_MAX : mrs + 1));
+        evhttp_set_max_body_size(io->http, (ev_ssize_t)mrs);
         evhttp_set_max_headers_size(io->http, 2 * CONN_MAX_HEADER);
         evhttp_set_bevcb(io->http, http_conn_new, io);
         evhttp_set_default_content_type(io->http, "application/json");
         evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);
         evhttp_set_gencb(io->http, route, io);
-        io->redis = cache_redis_create(infer_core_cache(s->core), io->base); /* connects in the background */
         struct evhttp_bound_socket *bound = evhttp_accept_socket_with_handle(io->http, io->fd);
         if (!bound) {
             status_set(err, err_len, STATUS_INTERNAL, "evhttp_accept_socket failed");
@@ -1055,27 +919,6 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         }
         evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), http_conn_accept_error);
     }
-    for (int i = 0; i < s->nthreads; i++)
-        if (pthread_create(&s->io[i].tid, NULL, io_main, &s->io[i])) {
-            status_set(err, err_len, STATUS_INTERNAL, "cannot start I/O thread %d", i);
-            s->nthreads = i; /* join only what started */
-            goto fail;
-        }
-    /* Without it a load, an unload or a poll would wait forever. */
-    int prc = pthread_create(&s->control_tid, NULL, control_main, s);
-    if (prc) {
-        status_set(err, err_len, STATUS_INTERNAL, "cannot start the control thread (model load, unload and polling): %s", strerror(prc));
-        goto fail;
-    }
-    s->control_started = 1;
-    log_info("connections: at most %d open (%s; open file limit %lld)", s->max_conns,
-             p->config->max_connections > 0 ? "--max-connections" : "from the open file limit", fd_limit);
-    if (p->config->max_connections > s->max_conns)
-        log_warn("--max-connections %d is over what the open file limit (%lld) allows: at most %d connections are "
-                 "kept, more are answered 503 (raise ulimit -n for more)", p->config->max_connections, fd_limit,
-                 s->max_conns);
-    log_info("listening on http://%s:%d (%d I/O thread%s, backend %s)", p->config->http_address, s->port,
-             s->nthreads, s->nthreads == 1 ? "" : "s", s->backend);
     return s;
 fail:
     http_server_free(s);
@@ -1084,64 +927,15 @@ fail:
 
 int http_server_port(const http_server_t *s) { return s->port; }
 
-int http_server_threads(const http_server_t *s) { return s->nthreads; }
-
-struct event_base *http_server_loop_base(http_server_t *s, int i) { return s->io[i].base; }
-
-struct cache_redis *http_server_loop_redis(http_server_t *s, int i) { return s->io[i].redis; }
-
-void http_server_post(http_server_t *s, int i, void (*fn)(void *), void *arg) { io_post(&s->io[i], fn, arg); }
-
-void http_server_control_post(http_server_t *s, void (*fn)(void *), void *arg) { control_post(s, fn, arg); }
-
-struct infer_core *http_server_core(http_server_t *s) { return s->core; }
-
-int http_server_draining(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->draining); }
-
-void http_server_begin_drain(http_server_t *s) { atomic_store(&s->draining, 1); }
-
-int http_server_inflight(const http_server_t *s) { return infer_core_inflight(s->core); }
-
 int http_server_unflushed(const http_server_t *s) { return atomic_load(&((http_server_t *)s)->unflushed); }
 
 void http_server_free(http_server_t *s) {
     if (!s) return;
-    if (s->control_started) {
-        pthread_mutex_lock(&s->clock);
-        s->cstop = 1;
-        pthread_cond_signal(&s->ccond);
-        pthread_mutex_unlock(&s->clock);
-        pthread_join(s->control_tid, NULL);
-    }
-    for (int i = 0; s->io && i < s->nthreads; i++)
-        if (s->io[i].tid) {
-            io_post(&s->io[i], io_stop_cb, &s->io[i]);
-            pthread_join(s->io[i].tid, NULL);
-        }
     for (int i = 0; s->io && i < s->nthreads; i++) {
         struct io_thread *io = &s->io[i];
-        /* Jobs left (replies of requests that never finished) are dropped with the loop. */
-        for (struct job *j = io->qhead, *n; j; j = n) {
-            n = j->next;
-            free(j);
-        }
-        cache_redis_free(io->redis);
         if (io->http) evhttp_free(io->http); /* closes the listener and every connection */
         else if (io->fd >= 0) close(io->fd);
-        if (io->wake) event_free(io->wake);
-        if (io->base) event_base_free(io->base);
-        pthread_mutex_destroy(&io->qlock);
-    }
-    for (struct job *j = s->chead, *n; j; j = n) { /* control jobs never run: exiting */
-        n = j->next;
-        struct control_req *c = j->arg;
-        free(c->config);
-        free(c);
-        free(j);
     }
     free(s->io);
-    infer_core_free(s->core);
-    pthread_mutex_destroy(&s->clock);
-    pthread_cond_destroy(&s->ccond);
     free(s);
 }

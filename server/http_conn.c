@@ -18,12 +18,10 @@
  * evhttp's "reply written" (and a Connection: close) comes when the kernel
  * has the bytes, not when they moved between two buffers. */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -62,7 +60,9 @@ enum conn_state { CONN_OPEN, CONN_FAILING, CONN_LINGER, CONN_DONE };
 enum conn_deadline { DEADLINE_NONE, DEADLINE_HEADER, DEADLINE_BODY };
 
 struct http_conn {
-    struct io_thread *io;
+    struct io_thread *io;        /* not in conn_free: the base may finalize c after the server is freed */
+    runtime_t *rt;               /* for conn_free: they outlive the bases */
+    shm_registry_t *shm;
     struct bufferevent *filter;  /* evhttp's end */
     struct bufferevent *sock;    /* the socket's end */
     struct event *timer;         /* a deadline, the retry of a pending answer, the end of the linger */
@@ -81,23 +81,7 @@ struct http_conn {
     char msg[300];
 };
 
-/* A log line at most every RATELOG_NS for an event that may repeat fast. */
-struct ratelog {
-    _Atomic uint64_t last_ns;
-    atomic_uint count;
-};
-
-static struct ratelog accept_log, shed_log;
-
-/* Counts one event; true, with *n the events since the last line, when a line is due. */
-static int ratelog_due(struct ratelog *r, unsigned *n) {
-    atomic_fetch_add(&r->count, 1);
-    uint64_t now = clock_now_ns(), last = atomic_load(&r->last_ns);
-    if (last && now - last < RATELOG_NS) return 0;
-    if (!atomic_compare_exchange_strong(&r->last_ns, &last, now)) return 0;
-    *n = atomic_exchange(&r->count, 0);
-    return 1;
-}
+static struct log_every accept_log;
 
 /* evhttp still holds the connection. Between evhttp freeing it and the
  * filter's destructor (which frees c) the callbacks are already cleared. */
@@ -338,30 +322,18 @@ static void conn_kick_cb(evutil_socket_t fd, short what, void *arg) {
         bufferevent_flush(c->filter, EV_WRITE, BEV_NORMAL);
 }
 
+/* The filter's destructor. libevent may defer it to runtime_free's
+ * event_base_free, after http_server_free: c->io is gone by then. */
 static void conn_free(void *arg) {
     struct http_conn *c = arg;
     /* The connection's shared-memory regions go with it (server/shm.h). */
-    shm_drop_owner(infer_core_shm(c->io->srv->core), shm_owner_of(c->filter));
+    shm_drop_owner(c->shm, shm_owner_of(c->filter));
     event_free(c->timer);
     event_free(c->kick);
     if (c->writable) event_free(c->writable);
-    if (c->counted) http_server_conn_release(c->io->srv);
+    if (c->counted) runtime_conn_release(c->rt);
     free(c);
 }
-
-int http_server_conn_admit(http_server_t *s, const char *front) {
-    if (atomic_fetch_add(&s->conns, 1) < s->max_conns) return 1;
-    atomic_fetch_sub(&s->conns, 1);
-    unsigned n;
-    if (ratelog_due(&shed_log, &n))
-        log_warn("shed %u connection%s in the last %llu s (the last: %s): %d open, --max-connections %d", n,
-                 n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, front, atomic_load(&s->conns), s->max_conns);
-    return 0;
-}
-
-void http_server_conn_release(http_server_t *s) { atomic_fetch_sub(&s->conns, 1); }
-
-int http_server_max_connections(const http_server_t *s) { return s->max_conns; }
 
 /* evhttp's bevcb: the bufferevent of a connection just accepted (its socket
  * is set by evhttp right after). Over --max-connections the connection is
@@ -372,6 +344,8 @@ struct bufferevent *http_conn_new(struct event_base *base, void *arg) {
     struct http_conn *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     c->io = io;
+    c->rt = s->rt;
+    c->shm = infer_core_shm(s->core);
     http_guard_init(&c->g, &s->guard);
     c->sock = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
     c->timer = evtimer_new(base, conn_timer_cb, c);
@@ -399,35 +373,25 @@ struct bufferevent *http_conn_new(struct event_base *base, void *arg) {
     void *farg;
     bufferevent_getcb(c->sock, &rcb, NULL, &ecb, &farg);
     bufferevent_setcb(c->sock, rcb, NULL, ecb, farg);
-    if (!http_server_conn_admit(s, "HTTP, answered 503")) {
+    if (!runtime_conn_admit(s->rt, "HTTP, answered 503")) {
         c->shed = 1;
         char msg[200];
-        snprintf(msg, sizeof msg, "the server has --max-connections (%d) connections open: try again later", s->max_conns);
+        snprintf(msg, sizeof msg, "the server has --max-connections (%d) connections open: try again later",
+                 runtime_max_connections(s->rt));
         conn_fail(c, STATUS_UNAVAILABLE, msg);
     } else c->counted = 1;
     return c->filter;
 }
 
-/* Each I/O thread keeps one descriptor in reserve (on /dev/null): at the
- * open file limit it is given up for a moment to accept a waiting connection
- * and answer it 503, so the kernel's accept queue drains instead of holding
- * new clients behind ones that may never be served. */
-static __thread int spare_fd = -1;
-
-void http_conn_spare_open(void) {
-    if (spare_fd < 0) spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-}
-
 static void accept_resume_cb(evutil_socket_t fd, short what, void *arg) {
-    http_conn_spare_open();
+    runtime_spare_reserve();
     evconnlistener_enable(arg);
 }
 
 /* Accepts one waiting connection with the spare descriptor and answers it 503. */
 static int accept_shed_one(struct evconnlistener *lev) {
-    if (spare_fd < 0) return 0;
-    close(spare_fd);
-    spare_fd = -1;
+    /* The loop's spare descriptor (server/runtime.h) makes room for one. */
+    if (!runtime_spare_release()) return 0;
     int fd = accept4(evconnlistener_get_fd(lev), NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
         static const char body[] = "{\"error\":\"the server is out of file descriptors (open file limit): try again later\"}";
@@ -443,7 +407,7 @@ static int accept_shed_one(struct evconnlistener *lev) {
         }
         close(fd);
     }
-    http_conn_spare_open();
+    runtime_spare_reserve();
     return fd >= 0;
 }
 
@@ -456,7 +420,7 @@ void http_conn_accept_error(struct evconnlistener *lev, void *arg) {
     int err = EVUTIL_SOCKET_ERROR();
     /* The I/O threads share one descriptor table: another thread may have
      * taken the slot a spare gave up. It is taken back as soon as one frees. */
-    http_conn_spare_open();
+    runtime_spare_reserve();
     int shed = (err == EMFILE || err == ENFILE) && accept_shed_one(lev);
     if (!shed) {
         struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
@@ -465,36 +429,9 @@ void http_conn_accept_error(struct evconnlistener *lev, void *arg) {
             evconnlistener_enable(lev);
     }
     unsigned n;
-    if (ratelog_due(&accept_log, &n))
+    if (log_every_due(&accept_log, RATELOG_NS, &n))
         log_warn("accept failed: %s%s (%u time%s in the last %llu s; waiting connections are answered 503, or "
                  "accepting pauses %d ms)", strerror(err),
                  err == EMFILE || err == ENFILE ? " (the open file limit: raise ulimit -n or lower --max-connections)" : "",
                  n, n == 1 ? "" : "s", RATELOG_NS / 1000000000ull, ACCEPT_PAUSE_MS);
-}
-
-/* --max-connections, or what the open file limit leaves after room for
- * models, Redis, logs and connections being shed. An explicit value is held
- * below the limit too: connections that run the descriptors out leave new
- * clients queued in the kernel behind idle ones, where no 503 reaches them
- * (the spare descriptor is a fallback, and the I/O threads race for it). */
-int http_conn_max(const struct server_config *cfg, long long *fd_limit) {
-    struct rlimit rl;
-    long long lim = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? (long long)rl.rlim_cur : 1 << 20;
-    *fd_limit = lim;
-    if (cfg->max_connections > 0) {
-        long long cap = lim > 128 ? lim - HTTP_CONN_FD_RESERVE : lim / 2;
-        if (cap < 1) cap = 1;
-        return cfg->max_connections < cap ? cfg->max_connections : (int)(cap > INT32_MAX ? INT32_MAX : cap);
-    }
-    long long reserve = lim / 8;
-    if (reserve < 32) reserve = 32;
-    if (reserve > 4096) reserve = 4096;
-    long long n = lim > 2 * reserve ? lim - reserve : lim / 2;
-    if (n < 1) n = 1;
-    return n > INT32_MAX ? INT32_MAX : (int)n;
-}
-
-void http_conn_spare_close(void) {
-    if (spare_fd >= 0) close(spare_fd);
-    spare_fd = -1;
 }

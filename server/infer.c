@@ -48,6 +48,7 @@ struct infer_request {
     int cached;                  /* the result cache is consulted for this request */
     int hit;                     /* and answered it */
     struct infer_cache_op cop;
+    struct runtime_job done;     /* the batcher's answer, posted to the request's thread */
 };
 
 /* ==== the core =========================================================== */
@@ -207,7 +208,8 @@ static void classify_outputs(struct infer_request *r) {
 static void infer_done(struct batcher_request *br) {
     struct infer_request *r = br->user;
     if (!br->status) classify_outputs(r);
-    r->reply->post(r->thread, infer_complete_cb, r);
+    runtime_job_init(&r->done, infer_complete_cb, NULL, r);
+    r->reply->post(r->thread, &r->done);
 }
 
 static void infer_submit(struct infer_request *r) {

@@ -1,7 +1,7 @@
 /* infer.h - the inference core: one request's life, whatever transport
  * carried it.
  *
- * A transport (HTTP today) decodes a request into a struct kserve_request
+ * A transport (HTTP, gRPC) decodes a request into a struct kserve_request
  * and hands it to the core, which does the rest: checks it against the
  * model's configuration (kserve_request_bind: names, data types, shapes,
  * batch size) and orders the inputs as the model wants them, looks the
@@ -11,11 +11,14 @@
  * Nothing here knows libevent or HTTP.
  *
  * The reply interface (struct infer_reply_i) is three calls:
- *   post(thread, fn, arg)  runs fn(arg) on the transport thread that owns the
- *                          request, from any thread (an instance thread, the
- *                          batcher's timer, another I/O thread of a single
- *                          flight). It must not fail: a lost completion would
- *                          hang a client and a drain forever.
+ *   post(thread, job)      runs the job (server/runtime.h) on the transport
+ *                          thread that owns the request, from any thread (an
+ *                          instance thread, the batcher's timer, another I/O
+ *                          thread of a single flight). The job lives in the
+ *                          core's request, so posting allocates nothing and
+ *                          cannot fail (a lost completion would hang a client
+ *                          and a drain forever). A front end on the runtime's
+ *                          loops passes its loop as thread and runtime_post_any.
  *   encode(ctx, res, ...)  a request succeeded: prepare the answer from res
  *                          (borrowed for the call, except the output blocks
  *                          it takes: struct infer_result). Returns 0, or a negative
@@ -31,8 +34,9 @@
  *
  * A transport's part is: begin, decode into infer_request_decoded, start
  * (or fail/drop when its own decoding failed), infer_request_cancel when
- * its client goes away, and the three calls above. server/http.c is one;
- * tests/server/test_infer.c drives the core with a fake one.
+ * its client goes away, and the three calls above. server/http.c and
+ * server/grpc_infer.c are two; tests/server/test_infer.c drives the core
+ * with a fake one.
  *
  * Threads: infer_core_create/free from one thread; every other function on
  * the thread that owns the request, except infer_core_inflight (any). */
@@ -47,6 +51,7 @@
 #include "config/model_config.h"
 #include "config/server_config.h"
 #include "server/repository.h"
+#include "server/runtime.h"
 #include "server/kserve.h"
 #include "server/shm.h"
 
@@ -72,7 +77,7 @@ struct infer_result {
 };
 
 struct infer_reply_i {
-    void (*post)(void *thread, void (*fn)(void *arg), void *arg);
+    void (*post)(void *thread, struct runtime_job *job);
     int (*encode)(void *ctx, const struct infer_result *res, char *err, size_t err_len);
     void (*send)(void *ctx, int status, const char *msg);
 };

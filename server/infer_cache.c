@@ -138,7 +138,8 @@ static void follower_resume(void *arg) {
 static void on_flight(void *arg, struct cache_value *v) {
     struct infer_cache_op *op = arg;
     op->value = v;
-    op->post(op->io, follower_resume, op);
+    runtime_job_init(&op->job, follower_resume, NULL, op);
+    op->post(op->io, &op->job);
 }
 
 static void after_tiers(struct infer_cache_op *op) {

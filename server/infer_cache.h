@@ -18,6 +18,7 @@
 #include "cache/cache.h"
 #include "config/model_config.h"
 #include "server/kserve.h"
+#include "server/runtime.h"
 
 struct infer_cache_op {
     cache_t *cache;
@@ -34,8 +35,9 @@ struct infer_cache_op {
     struct cache_flight_node flight;        /* single-flight record or queue place, no malloc */
     void (*done)(void *arg, int hit);
     void *arg;
-    void (*post)(void *io, void (*fn)(void *), void *arg);
+    void (*post)(void *io, struct runtime_job *job);
     void *io;
+    struct runtime_job job;                 /* a follower's resume on its own thread */
 };
 
 /* Builds the key of a bound request: model name and version, each input in

@@ -53,8 +53,23 @@ static void test_json_escapes_control_characters(void **state) {
     assert_non_null(strstr(out, "x\\n2030-01-01T00:00:00.000Z error FORGED\\u001b[31m\\u000d\\u007f"));
 }
 
+/* The first event makes a line; the ones within the interval are counted
+ * into the next line, which the first event after it makes (here an
+ * interval of 0 stands for "the interval passed": no clock in the test). */
+static void test_every_counts_between_lines(void **state) {
+    static struct log_every every;
+    unsigned n = 0;
+    const unsigned long long hour = 3600ull * 1000000000ull;
+    assert_true(log_every_due(&every, hour, &n));
+    assert_int_equal(n, 1);
+    for (int i = 0; i < 5; i++) assert_false(log_every_due(&every, hour, &n));
+    assert_true(log_every_due(&every, 0, &n));
+    assert_int_equal(n, 6);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_text_escapes_control_characters),
-                                       cmocka_unit_test(test_json_escapes_control_characters)};
+                                       cmocka_unit_test(test_json_escapes_control_characters),
+                                       cmocka_unit_test(test_every_counts_between_lines)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,18 +27,15 @@
 static struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    void (*fn[MAX_JOBS])(void *);
-    void *arg[MAX_JOBS];
+    struct runtime_job *job[MAX_JOBS];
     int n;
 } io = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
-static void fake_post(void *thread, void (*fn)(void *), void *arg) {
+static void fake_post(void *thread, struct runtime_job *job) {
     assert_ptr_equal(thread, &io);
     pthread_mutex_lock(&io.mu);
     assert_true(io.n < MAX_JOBS);
-    io.fn[io.n] = fn;
-    io.arg[io.n] = arg;
-    io.n++;
+    io.job[io.n++] = job;
     pthread_cond_signal(&io.cv);
     pthread_mutex_unlock(&io.mu);
 }
@@ -79,13 +76,11 @@ static void pump(struct reply *r) {
     while (!r->sent) {
         pthread_mutex_lock(&io.mu);
         while (!io.n) pthread_cond_wait(&io.cv, &io.mu);
-        void (*fn)(void *) = io.fn[0];
-        void *arg = io.arg[0];
-        memmove(io.fn, io.fn + 1, sizeof io.fn[0] * (size_t)(io.n - 1));
-        memmove(io.arg, io.arg + 1, sizeof io.arg[0] * (size_t)(io.n - 1));
+        struct runtime_job *job = io.job[0];
+        memmove(io.job, io.job + 1, sizeof io.job[0] * (size_t)(io.n - 1));
         io.n--;
         pthread_mutex_unlock(&io.mu);
-        fn(arg);
+        job->run(job->arg);
     }
 }
 
