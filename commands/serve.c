@@ -125,7 +125,6 @@ int cmd_serve(int argc, char **argv) {
                                    .max_instances = cfg.max_model_instances,
                                    .max_intra_op_threads = cfg.max_intra_op_threads,
                                    .max_request_memory = (size_t)server_config_max_request_memory(&cfg)};
-    kserve_global_init(); /* no thread runs yet */
     kserve_set_max_request_memory(rp.max_request_memory);
     repo = repository_create(&rp, err, sizeof err);
     if (!repo) {

@@ -90,6 +90,26 @@ static int parse_slow(const char *p, const char *end, double *out) {
     return 0;
 }
 
+int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, const char **next) {
+    const char *s = p;
+    *neg = s < end && *s == '-';
+    s += *neg;
+    if (s >= end || *s < '0' || *s > '9') return -1;
+    uint64_t m = 0;
+    int big = 0;
+    if (*s == '0') s++;
+    else
+        for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            unsigned d = (unsigned)(*s - '0');
+            if (m > (UINT64_MAX - d) / 10) big = 1;
+            else m = m * 10 + d;
+        }
+    if (s < end && (*s == '.' || *s == 'e' || *s == 'E')) return JSONNUM_NOT_INT;
+    *mag = m;
+    *next = s;
+    return big ? JSONNUM_INT_BIG : JSONNUM_INT;
+}
+
 int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
     const char *s = p;
     int neg = 0;
