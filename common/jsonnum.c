@@ -137,14 +137,21 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
     if (s < end && *s == '.') {
         s++;
         if (s >= end || *s < '0' || *s > '9') return -1;
+        int try8 = 1;
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
             uint32_t v8;
-            if (nd > 0 && nd <= 11 && end - s >= 8 && eight_digits(s, &v8)) {
-                w = w * 100000000 + v8;
-                nd += 8;
-                e10 -= 8;
-                s += 7;
-                continue;
+            /* Eight at a time once the digits are significant: after the
+             * fraction's leading zeros, from its first other digit on. A
+             * run that fails holds the number's end: none is tried after. */
+            if (try8 && nd <= 11 && (nd > 0 || *s != '0') && end - s >= 8) {
+                if (eight_digits(s, &v8)) {
+                    w = w * 100000000 + v8;
+                    nd += 8;
+                    e10 -= 8;
+                    s += 7;
+                    continue;
+                }
+                try8 = 0;
             }
             if (nd == 0 && *s == '0') e10--; /* a leading zero of the fraction */
             else if (nd < 19) {
