@@ -74,9 +74,9 @@ struct kserve_request {
     uint64_t timeout_us;    /* parameters.timeout; 0 = none */
     int binary_data_output; /* parameters.binary_data_output */
     int no_cache;           /* parameters.cache == false: bypass the result cache */
-    int raw;                /* a raw binary request: inputs[0] is the body as one BYTES element */
     struct kserve_input *inputs;
     int ninputs;
+    int raw;                /* a raw binary request: inputs[0] is the body as one BYTES element */
     struct kserve_output *outputs; /* empty = every output */
     int noutputs;
     /* Room the fields above may point into (inputs, the names, id): a
