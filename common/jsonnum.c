@@ -138,6 +138,15 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
         s++;
         if (s >= end || *s < '0' || *s > '9') return -1;
         int try8 = 1;
+        uint32_t a8, b8;
+        /* The common case at once: sixteen significant digits right after
+         * "0." (how clients write a double or a float widened to one). */
+        if (nd == 0 && *s != '0' && end - s >= 16 && eight_digits(s, &a8) && eight_digits(s + 8, &b8)) {
+            w = (uint64_t)a8 * 100000000 + b8;
+            nd = 16;
+            e10 = -16;
+            s += 16;
+        }
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
             uint32_t v8;
             /* Eight at a time once the digits are significant: after the
@@ -217,17 +226,25 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
 /* ---- formatting --------------------------------------------------------- */
 
 size_t jsonnum_format_u64(uint64_t v, char *buf) {
-    char t[24];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++) buf[i] = t[n - 1 - i];
+    /* Two digits a step, written from the end of a local buffer. */
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                "8081828384858687888990919293949596979899";
+    char t[24], *e = t + sizeof t, *q = e;
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, pairs + 2 * v, 2);
+    } else *--q = (char)('0' + v);
+    size_t n = (size_t)(e - q);
+    memcpy(buf, q, n);
     buf[n] = 0;
     return n;
 }
-
 size_t jsonnum_format_i64(int64_t v, char *buf) {
     if (v >= 0) return jsonnum_format_u64((uint64_t)v, buf);
     buf[0] = '-';
