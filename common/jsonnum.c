@@ -110,7 +110,43 @@ int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, c
     return big ? JSONNUM_INT_BIG : JSONNUM_INT;
 }
 
+/* What JSON clients write for most floats in [0.1, 1), "0." and 16 or 17
+ * digits, read in straight-line code; the result is the general path's
+ * (the same w and exponent, the same conversions). 0, or -1 for any other
+ * text, left to the general path. */
+static int parse_frac17(const char *p, const char *end, double *out, const char **next) {
+#if JSONNUM_FAST
+    const char *q = p + (p < end && *p == '-');
+    uint32_t a8, b8;
+    if (end - q < 18 || q[0] != '0' || q[1] != '.' || q[2] == '0' || !eight_digits(q + 2, &a8) ||
+        !eight_digits(q + 10, &b8))
+        return -1;
+    uint64_t w = (uint64_t)a8 * 100000000 + b8;
+    const char *s = q + 18;
+    int e = 16;
+    if (s < end && *s >= '0' && *s <= '9') {
+        w = w * 10 + (uint64_t)(*s++ - '0');
+        e = 17;
+    }
+    if (s < end && ((*s >= '0' && *s <= '9') || *s == 'e' || *s == 'E')) return -1;
+    double v;
+    if (w <= TWO53) v = (double)w / p10[e];
+#if JSONNUM_X87
+    else if (parse_extended(w, -e, &v)) return -1;
+#else
+    else return -1;
+#endif
+    *out = q != p ? -v : v;
+    *next = s;
+    return 0;
+#else
+    (void)p, (void)end, (void)out, (void)next;
+    return -1;
+#endif
+}
+
 int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
+    if (!parse_frac17(p, end, out, next)) return 0;
     const char *s = p;
     int neg = 0;
     if (s < end && *s == '-') {
@@ -138,15 +174,6 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
         s++;
         if (s >= end || *s < '0' || *s > '9') return -1;
         int try8 = 1;
-        uint32_t a8, b8;
-        /* The common case at once: sixteen significant digits right after
-         * "0." (how clients write a double or a float widened to one). */
-        if (nd == 0 && *s != '0' && end - s >= 16 && eight_digits(s, &a8) && eight_digits(s + 8, &b8)) {
-            w = (uint64_t)a8 * 100000000 + b8;
-            nd = 16;
-            e10 = -16;
-            s += 16;
-        }
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
             uint32_t v8;
             /* Eight at a time once the digits are significant: after the
