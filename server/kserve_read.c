@@ -5,12 +5,13 @@
  *
  * The JSON reader is written here rather than taken from a library because
  * no library Debian 12 packages gives, in one pass, what a request needs:
- * 64-bit integers read exactly (cJSON and json-c read numbers as doubles,
- * exact only up to 2^53; jansson stops at INT64_MAX), the byte offset of a
- * syntax error, and strings that carry their length (a BYTES element may
- * hold NUL). yyjson would, but it is not in bookworm. cJSON still builds
- * the server's other JSON (metadata, configuration, statistics); no request
- * body goes through it.
+ * 64-bit integers read exactly, the byte offset of a syntax error, and
+ * strings that carry their length (a BYTES element may hold NUL). cJSON
+ * reads every number as a double (exact only up to 2^53) and keeps no
+ * string length; json-c and jansson build a tree of allocated values
+ * first (jansson's integers stop at INT64_MAX). yyjson would do, but it is
+ * not in bookworm. cJSON still builds the server's other JSON (metadata,
+ * configuration, statistics); no request body goes through it.
  *
  * One pass: each value is read where it stands and stored where it goes. A
  * 'data' array is decoded element by element into the input's own tensor,
