@@ -18,7 +18,7 @@ from conftest import KILN, raw_request, save_model, tiny_graph
 MiB = 1 << 20
 BUDGET = 256 * MiB
 # What kiln itself may add over the budget at its peak: the body as libevent
-# holds it and its contiguous copy, the prescan's copy, allocator slack.
+# holds it and its contiguous copy, allocator slack.
 SLACK = 3 * 64 * MiB
 # A sanitizer build's allocator pads and quarantines blocks: memory is not
 # measured there (the refusals still are).
