@@ -132,7 +132,6 @@ int cmd_serve(int argc, char **argv) {
                                    .max_intra_op_threads = cfg.max_intra_op_threads,
                                    .inline_max_us = (uint64_t)cfg.inline_max_us,
                                    .max_request_memory = (size_t)server_config_max_request_memory(&cfg)};
-    kserve_global_init(); /* no thread runs yet */
     /* Before the core: the result cache's keys and the token check use it. */
     if (sodium_init() < 0) {
         log_error("libsodium failed to initialize");

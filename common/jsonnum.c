@@ -90,7 +90,63 @@ static int parse_slow(const char *p, const char *end, double *out) {
     return 0;
 }
 
+int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, const char **next) {
+    const char *s = p;
+    *neg = s < end && *s == '-';
+    s += *neg;
+    if (s >= end || *s < '0' || *s > '9') return -1;
+    uint64_t m = 0;
+    int big = 0;
+    if (*s == '0') s++;
+    else
+        for (; s < end && *s >= '0' && *s <= '9'; s++) {
+            unsigned d = (unsigned)(*s - '0');
+            if (m > (UINT64_MAX - d) / 10) big = 1;
+            else m = m * 10 + d;
+        }
+    if (s < end && (*s == '.' || *s == 'e' || *s == 'E')) return JSONNUM_NOT_INT;
+    *mag = m;
+    *next = s;
+    return big ? JSONNUM_INT_BIG : JSONNUM_INT;
+}
+
+/* What JSON clients write for most floats in [0.1, 1), "0." and 16 or 17
+ * digits, read in straight-line code; the result is the general path's
+ * (the same w and exponent, the same conversions). 0, or -1 for any other
+ * text, left to the general path. */
+static int parse_frac17(const char *p, const char *end, double *out, const char **next) {
+#if JSONNUM_FAST
+    const char *q = p + (p < end && *p == '-');
+    uint32_t a8, b8;
+    if (end - q < 18 || q[0] != '0' || q[1] != '.' || q[2] == '0' || !eight_digits(q + 2, &a8) ||
+        !eight_digits(q + 10, &b8))
+        return -1;
+    uint64_t w = (uint64_t)a8 * 100000000 + b8;
+    const char *s = q + 18;
+    int e = 16;
+    if (s < end && *s >= '0' && *s <= '9') {
+        w = w * 10 + (uint64_t)(*s++ - '0');
+        e = 17;
+    }
+    if (s < end && ((*s >= '0' && *s <= '9') || *s == 'e' || *s == 'E')) return -1;
+    double v;
+    if (w <= TWO53) v = (double)w / p10[e];
+#if JSONNUM_X87
+    else if (parse_extended(w, -e, &v)) return -1;
+#else
+    else return -1;
+#endif
+    *out = q != p ? -v : v;
+    *next = s;
+    return 0;
+#else
+    (void)p, (void)end, (void)out, (void)next;
+    return -1;
+#endif
+}
+
 int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
+    if (!parse_frac17(p, end, out, next)) return 0;
     const char *s = p;
     int neg = 0;
     if (s < end && *s == '-') {
@@ -117,14 +173,21 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
     if (s < end && *s == '.') {
         s++;
         if (s >= end || *s < '0' || *s > '9') return -1;
+        int try8 = 1;
         for (; s < end && *s >= '0' && *s <= '9'; s++) {
             uint32_t v8;
-            if (nd > 0 && nd <= 11 && end - s >= 8 && eight_digits(s, &v8)) {
-                w = w * 100000000 + v8;
-                nd += 8;
-                e10 -= 8;
-                s += 7;
-                continue;
+            /* Eight at a time once the digits are significant: after the
+             * fraction's leading zeros, from its first other digit on. A
+             * run that fails holds the number's end: none is tried after. */
+            if (try8 && nd <= 11 && (nd > 0 || *s != '0') && end - s >= 8) {
+                if (eight_digits(s, &v8)) {
+                    w = w * 100000000 + v8;
+                    nd += 8;
+                    e10 -= 8;
+                    s += 7;
+                    continue;
+                }
+                try8 = 0;
             }
             if (nd == 0 && *s == '0') e10--; /* a leading zero of the fraction */
             else if (nd < 19) {
@@ -190,17 +253,25 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
 /* ---- formatting --------------------------------------------------------- */
 
 size_t jsonnum_format_u64(uint64_t v, char *buf) {
-    char t[24];
-    size_t n = 0;
-    do {
-        t[n++] = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    for (size_t i = 0; i < n; i++) buf[i] = t[n - 1 - i];
+    /* Two digits a step, written from the end of a local buffer. */
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                "8081828384858687888990919293949596979899";
+    char t[24], *e = t + sizeof t, *q = e;
+    while (v >= 100) {
+        q -= 2;
+        memcpy(q, pairs + 2 * (v % 100), 2);
+        v /= 100;
+    }
+    if (v >= 10) {
+        q -= 2;
+        memcpy(q, pairs + 2 * v, 2);
+    } else *--q = (char)('0' + v);
+    size_t n = (size_t)(e - q);
+    memcpy(buf, q, n);
     buf[n] = 0;
     return n;
 }
-
 size_t jsonnum_format_i64(int64_t v, char *buf) {
     if (v >= 0) return jsonnum_format_u64((uint64_t)v, buf);
     buf[0] = '-';

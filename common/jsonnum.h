@@ -30,6 +30,20 @@
  * Values beyond the double range read as +-HUGE_VAL, as with strtod. */
 int jsonnum_parse(const char *p, const char *end, double *out, const char **next);
 
+/* What jsonnum_parse_int found at p. */
+enum jsonnum_int {
+    JSONNUM_INT = 0,        /* a plain integer (-?digits): *neg and *mag hold it exactly */
+    JSONNUM_INT_BIG = 1,    /* a plain integer whose magnitude passes UINT64_MAX */
+    JSONNUM_NOT_INT = 2,    /* a number with a fraction or an exponent: read it with jsonnum_parse */
+};
+
+/* Reads the JSON integer starting at p (before end) exactly: its sign in
+ * *neg, its magnitude in *mag and the first byte after it in *next, and
+ * returns enum jsonnum_int; -1 when the text at p is not a JSON number
+ * (as far as its integer part shows). 64-bit values need this: a double
+ * holds integers exactly only up to 2^53. */
+int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, const char **next);
+
 /* Writes finite f to buf (JSONNUM_BUF bytes), NUL-terminated, in printf's %g
  * style ("0.25", "-3", "1.5e-07", "-0"), and returns its length. The text is
  * a valid JSON number that reads back as exactly f. f must be finite. */

@@ -15,8 +15,7 @@
  * Threads: no shared state; a request belongs to one thread at a time.
  *
  * Three files implement it: kserve_read.c (kserve_request_parse, _clear,
- * kserve_parse_header_length, kserve_global_init, the request memory
- * bound), kserve_bind.c (kserve_request_bind) and kserve_encode.c (the
+ * kserve_parse_header_length, the request memory bound), kserve_bind.c (kserve_request_bind) and kserve_encode.c (the
  * answer, kserve_classify, the JSON string helpers); kserve_impl.h is what
  * they share. */
 #ifndef KILN_KSERVE_H
@@ -77,6 +76,7 @@ struct kserve_request {
     int no_cache;           /* parameters.cache == false: bypass the result cache */
     struct kserve_input *inputs;
     int ninputs;
+    int raw;                /* a raw binary request: inputs[0] is the body as one BYTES element */
     struct kserve_output *outputs; /* empty = every output */
     int noutputs;
     /* Room the fields above may point into (inputs, the names, id): a
@@ -88,7 +88,15 @@ struct kserve_request {
 
 /* Parses a request body. On error, r is left cleared. A tensor's element
  * count is bounded by what the body holds. An input in shared memory is
- * left without data (t.data NULL) for the core to resolve. */
+ * left without data (t.data NULL) for the core to resolve. JSON numbers
+ * are read exactly: INT64 and UINT64 data over their whole range.
+ *
+ * header_len 0 is Triton's raw binary request: the whole body is the bytes
+ * of the model's one input, with no JSON; r->raw is set, inputs[0] holds
+ * the bytes as one BYTES element with no name, and kserve_request_bind
+ * gives them the model's input (its datatype; its shape, batch 1, with at
+ * most one variable dim found from the byte count; a BYTES input takes the
+ * body as its one element). Every output is then answered as binary. */
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len);
 /* Frees what r owns and drops its shared-memory references. */
@@ -99,7 +107,7 @@ void kserve_request_clear(struct kserve_request *r);
 int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len);
 
 /* Checks r against the model configuration (whose inputs and outputs are in
- * the model's order) and fills ordered[mc->ninputs] with borrowed views of
+ * the model's order; for a raw binary request, see above) and fills ordered[mc->ninputs] with borrowed views of
  * r's tensors and *rows with the batch size (1 when the model does not
  * batch). Also checks the requested outputs exist. This is the one check of
  * a request's inputs on the server's path: the batcher and the model take
@@ -142,16 +150,8 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
  * owned tensor (tensor_free_data). 0 or STATUS_NOMEM. */
 int kserve_classify(const struct tensor *in, int k, const struct model_config *mc, int index, struct tensor *out);
 
-/* Installs the codec's cJSON allocation hooks, which are process-wide: a
- * request's parse tree is carved from a per-thread arena and counted
- * against the bound below; any other cJSON use still gets malloc. Call it
- * once at start, before any thread uses cJSON, in every program that
- * parses requests. Without it requests still parse, but the bound does not
- * see their parse trees. */
-void kserve_global_init(void);
-
-/* The most one request may make the codec hold: its JSON parse tree and
- * input copies while parsing, an answer while encoding (a larger one is
+/* The most one request may make the codec hold: its input tensors and
+ * decoded strings while parsing, an answer while encoding (a larger one is
  * refused, STATUS_INVALID naming the output). 0 = no bound (the default).
  * Set once at start, before any I/O thread runs. */
 void kserve_set_max_request_memory(size_t bytes);

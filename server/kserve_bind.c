@@ -39,9 +39,54 @@ static int check_dims(const struct tensor *ordered, const struct model_config *m
     return 0;
 }
 
+/* A raw binary request's one input: the body's bytes (r->inputs[0], one
+ * BYTES element) as the model's one input, of batch 1 when it batches; at
+ * most one dim the configuration leaves open is found from the byte count,
+ * and a BYTES input takes the body as its one element (Triton's rules). */
+static int bind_raw(const struct kserve_request *r, const struct model_config *mc, struct tensor *ordered,
+                    int64_t *rows, char *err, size_t err_len) {
+    char msh[128];
+    if (mc->ninputs != 1)
+        return INVALID("a raw binary request (Inference-Header-Content-Length 0) needs a model with one input; "
+                       "model '%s' has %d", mc->name, mc->ninputs);
+    const struct model_config_io *io = &mc->inputs[0];
+    cfg_shape_str(mc, io, msh, sizeof msh);
+    if (io->ndim < 0)
+        return INVALID("a raw binary request cannot give input '%s' of model '%s' a shape: its configuration "
+                       "leaves the rank open", io->name, mc->name);
+    struct tensor v = {.dtype = io->dtype};
+    if (mc->max_batch_size > 0) v.dims[v.ndim++] = 1;
+    int open = -1;
+    for (int d = 0; d < io->ndim && v.ndim < TENSOR_MAX_DIMS; d++) {
+        if (io->dims[d] < 0 && open >= 0)
+            return INVALID("a raw binary request needs at most one variable dim, but input '%s' of model '%s' has "
+                           "shape %s", io->name, mc->name, msh);
+        if (io->dims[d] < 0) open = v.ndim;
+        v.dims[v.ndim++] = io->dims[d] < 0 ? 1 : io->dims[d];
+    }
+    struct tensor_str body = tensor_strs(&r->inputs[0].t)[0];
+    if (io->dtype == DT_STRING) {
+        if (tensor_numel(&v) != 1)
+            return INVALID("a raw binary request sends one BYTES element, but input '%s' of model '%s' has shape %s",
+                           io->name, mc->name, msh);
+        v.data = r->inputs[0].t.data;
+    } else {
+        size_t each = (size_t)tensor_numel(&v) * dtype_size(io->dtype);
+        if (open >= 0 && each && body.len % each == 0) v.dims[open] = (int64_t)(body.len / each);
+        else if (open >= 0 || body.len != each)
+            return INVALID("the raw binary request has %zu bytes, which input '%s' of model '%s' (%s, shape %s) "
+                           "cannot hold", body.len, io->name, mc->name, dtype_kserve_name(io->dtype), msh);
+        v.data = (void *)body.p;
+    }
+    ordered[0] = v;
+    *rows = 1;
+    return check_dims(ordered, mc, err, err_len);
+}
+
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len) {
     char names[512], sh[128], msh[128];
+    if (r->raw) return bind_raw(r, mc, ordered, rows, err, err_len);
     /* ndim -1 marks an input the request has not supplied yet. */
     for (int i = 0; i < mc->ninputs; i++) {
         memset(&ordered[i], 0, sizeof ordered[i]);

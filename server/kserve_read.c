@@ -1,7 +1,29 @@
-/* kserve_read.c - the KServe v2 request reader: the numeric prescan ahead
- * of cJSON, the JSON header into a struct kserve_request, the binary tensor
- * payloads after it, and the per-thread parse arena that bounds what one
- * request may make the server hold. The contract is server/kserve.h. */
+/* kserve_read.c - the KServe v2 request reader: the JSON header read in one
+ * pass straight into a struct kserve_request, the binary tensor payloads
+ * after it, Triton's raw binary request, and the bound on what one request
+ * may make the server hold. The contract is server/kserve.h.
+ *
+ * The JSON reader is written here rather than taken from a library because
+ * no library Debian 12 packages gives, in one pass, what a request needs:
+ * 64-bit integers read exactly, the byte offset of a syntax error, and
+ * strings that carry their length (a BYTES element may hold NUL). cJSON
+ * reads every number as a double (exact only up to 2^53) and keeps no
+ * string length; json-c and jansson build a tree of allocated values
+ * first (jansson's integers stop at INT64_MAX). yyjson would do, but it is
+ * not in bookworm. cJSON still builds the server's other JSON (metadata,
+ * configuration, statistics); no request body goes through it.
+ *
+ * One pass: each value is read where it stands and stored where it goes. A
+ * 'data' array is decoded element by element into the input's own tensor,
+ * of its datatype, while the text is read (a number is parsed once, with
+ * jsonnum's exact readers); keys the request does not use are checked for
+ * syntax and skipped without being kept. The one exception is an input
+ * whose 'data' comes before its 'name', 'datatype' or 'shape' (clients
+ * write it last): its array is checked when met and decoded when the
+ * input's object closes. A request error (a wrong type, a value out of
+ * range) is kept as the first one found and the reading goes on, so that a
+ * body that is not JSON at all is reported as such, with the byte where
+ * the JSON goes wrong. */
 #include "server/kserve.h"
 
 #include <float.h>
@@ -11,8 +33,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <cjson/cJSON.h>
 
 #include "common/buf.h"
 #include "common/jsonnum.h"
@@ -26,19 +46,30 @@ size_t kserve_max_request_memory;
 
 void kserve_set_max_request_memory(size_t bytes) { kserve_max_request_memory = bytes; }
 
-static int parse_charge(size_t n);
 #define KSERVE_MAX_TENSORS 1024
 #define KSERVE_MAX_JSON_DEPTH 64
 
+/* A parse that held more than this gives the freed memory back to the
+ * system (glibc keeps it in the thread's heap otherwise: 20M values left
+ * 1.7 GB resident after their request). So does a body past the second
+ * bound, whatever the parse held: it came in as many small buffers, freed
+ * when the transport made it one block, and glibc keeps those too (a 40 MB
+ * body of 20M ignored values left 120 MB resident). */
+#define KSERVE_TRIM_BYTES ((size_t)64 << 20)
+#define KSERVE_TRIM_BODY_BYTES ((size_t)32 << 20)
+
 /* ---- tensors ------------------------------------------------------------ */
 
-/* A copy of s in r's own room while it lasts (names and ids are short),
- * else strdup'd; NULL when out of memory. */
-static char *keep_string(struct kserve_request *r, const char *s) {
-    size_t n = strlen(s) + 1;
-    if (n > sizeof r->strings_l - r->strings_used) return strdup(s);
-    char *p = memcpy(r->strings_l + r->strings_used, s, n);
-    r->strings_used += n;
+/* A NUL-terminated copy of s[0..n) in r's own room while it lasts (names
+ * and ids are short), else malloc'd; NULL when out of memory. */
+static char *keep_string(struct kserve_request *r, const char *s, size_t n) {
+    char *p;
+    if (n + 1 <= sizeof r->strings_l - r->strings_used) {
+        p = r->strings_l + r->strings_used;
+        r->strings_used += n + 1;
+    } else if (!(p = malloc(n + 1))) return NULL;
+    memcpy(p, s, n);
+    p[n] = 0;
     return p;
 }
 
@@ -71,8 +102,6 @@ void kserve_request_clear(struct kserve_request *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* ---- request parsing ---------------------------------------------------- */
-
 int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len) {
     const char *p = value;
     while (*p == ' ' || *p == '\t') p++;
@@ -89,1165 +118,1032 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
     return 0;
 }
 
-/* Counts the leaves of a (possibly nested) JSON array; -1 if too deep. */
-static int64_t count_leaves(const cJSON *a, int depth) {
-    if (depth > KSERVE_MAX_JSON_DEPTH) return -1;
-    if (!cJSON_IsArray(a)) return 1;
-    int64_t n = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, a) {
-        int64_t k = count_leaves(e, depth + 1);
-        if (k < 0) return -1;
-        n += k;
-    }
-    return n;
-}
+/* ---- the reader's state and its errors ---------------------------------- */
 
-/* ---- NUL in JSON strings ------------------------------------------------
- *
- * cJSON decodes "\u0000" to a NUL byte inside valuestring but keeps no
- * length, so every reader would stop at it: the BYTES element "ab\u0000cd"
- * would become "ab", an input named "x\u0000junk" would bind to x. A
- * request whose JSON holds a NUL (escaped, or raw where the transport lets
- * one through) is therefore rewritten before cJSON reads it so that no
- * string decodes to a NUL: inside strings a NUL becomes the bytes 0x01 '0'
- * and a 0x01 becomes 0x01 0x01 (escaped ones as escapes, raw ones raw, which
- * cJSON copies as they are: the text at most doubles). After the parse
- * json_nul_decode undoes that in place, keeps each string's length in the
- * node's valuedouble (which cJSON leaves 0 in a string node) and refuses a
- * NUL anywhere but in the strings of a 'data' array (BYTES elements): in a
- * name, an id, a key or a parameter it is an error. Requests without a NUL,
- * nearly all, skip both steps; in those that have one, a JSON error's byte
- * offset counts the rewritten text. */
-
-static const char nul_as[] = "\\u00010", one_as[] = "\\u0001\\u0001", raw_nul_as[] = "\x01" "0",
-                  raw_one_as[] = "\x01\x01";
-
-static int json_may_hold_nul(const void *text, size_t len) {
-    if (memchr(text, 0, len)) return 1;
-    /* Backslash by backslash (a body of numbers has none: one memchr pass),
-     * not memmem's search at every byte. A backslash always starts a pair,
-     * so the byte after it is never the start of another escape. */
-    const char *p = text, *end = p + len;
-    while ((p = memchr(p, '\\', (size_t)(end - p)))) {
-        if (end - p >= 6 && !memcmp(p + 1, "u0000", 5)) return 1;
-        p += end - p >= 2 ? 2 : 1;
-    }
-    return 0;
-}
-
-/* The JSON text[0..len) rewritten as above, followed by the tail bytes
- * (binary tensor data) unchanged; *out_len is the JSON's new length. NULL
- * when out of memory. */
-static char *nul_escape(const char *text, size_t len, const void *tail, size_t tail_len, size_t *out_len) {
-    char *out = NULL;
-    size_t o = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int in_str = 0;
-        o = 0;
-        for (size_t i = 0; i < len;) {
-            unsigned char c = (unsigned char)text[i];
-            const char *rep = NULL;
-            size_t adv = 1;
-            if (!in_str) in_str = c == '"';
-            else if (c == '"') in_str = 0;
-            else if (c == '\\' && len - i >= 6 && text[i + 1] == 'u' && !memcmp(text + i + 2, "000", 3) &&
-                     (text[i + 5] == '0' || text[i + 5] == '1')) {
-                rep = text[i + 5] == '0' ? nul_as : one_as;
-                adv = 6;
-            } else if (c == '\\') adv = len - i >= 2 ? 2 : 1; /* any other escape is copied whole */
-            else if (c <= 1) rep = c ? raw_one_as : raw_nul_as;
-            size_t n = rep ? strlen(rep) : adv;
-            if (out) memcpy(out + o, rep ? rep : text + i, n);
-            o += n;
-            i += adv;
-        }
-        if (!pass && !(out = malloc(o + tail_len + 1))) return NULL;
-    }
-    if (tail_len) memcpy(out + o, tail, tail_len);
-    *out_len = o;
-    return out;
-}
-
-/* Undoes nul_escape in the C string s, in place; its length in bytes. */
-static size_t nul_unescape(char *s) {
-    char *w = s;
-    for (const char *r = s; *r; r++) {
-        if (r[0] == 1 && (r[1] == '0' || r[1] == 1)) *w++ = *++r == '0' ? 0 : 1;
-        else *w++ = *r;
-    }
-    *w = 0;
-    return (size_t)(w - s);
-}
-
-/* Decodes every key and string under node (see above); in_data: node is a
- * 'data' array or nested in one. key names node's field for errors. */
-static int json_nul_decode(cJSON *node, const char *key, int in_data, char *err, size_t err_len) {
-    for (cJSON *c = node->child; c; c = c->next) {
-        const char *k = key;
-        if (c->string) {
-            if (nul_unescape(c->string) != strlen(c->string))
-                return INVALID("a JSON key holds a NUL byte (\\u0000) after '%s' (in '%s'): names may not hold NUL",
-                               c->string, key ? key : "the request");
-            k = c->string;
-        }
-        if (cJSON_IsString(c) && c->valuestring) {
-            size_t n = nul_unescape(c->valuestring);
-            if (n != strlen(c->valuestring) && !in_data)
-                return INVALID("field '%s' holds a NUL byte (\\u0000): names, ids and parameters may not; only BYTES "
-                               "data may", k ? k : "?");
-            c->valuedouble = (double)n + 1;
-        }
-        int data = cJSON_IsArray(c) && (c->string ? !strcmp(c->string, "data") : in_data);
-        int rc = c->child ? json_nul_decode(c, k, data, err, err_len) : 0;
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/* The byte length of string node v: json_nul_decode's count when the
- * request held a NUL, else its C string's (which then has none inside). */
-static size_t json_str_len(const cJSON *v) {
-    return v->valuedouble >= 1 ? (size_t)v->valuedouble - 1 : strlen(v->valuestring);
-}
-
-struct fill {
-    struct kserve_input *in;
-    int64_t i;
+struct rd {
+    const char *base, *p, *end; /* the JSON text; p: the next byte to read */
+    int depth;                  /* objects and arrays open, 'data' arrays apart */
+    int failed;                 /* err holds the request's first error; later ones are not written */
+    int stop;                   /* reading stopped (malformed JSON, nesting, memory): err says why */
+    int status;                 /* the error's status */
+    int no_header;              /* no Inference-Header-Content-Length header */
+    int in_cap, out_cap;        /* room in r->inputs, r->outputs */
+    size_t charged;             /* what this request holds, against kserve_max_request_memory */
+    struct kserve_request *r;
+    struct buf tmp;             /* the latest string with escapes, decoded */
+    struct buf bytes;           /* a BYTES input's elements, decoded, until packed */
     char *err;
     size_t err_len;
 };
 
-static int fill_number(struct fill *f, double d);
-
-static int fill_leaf(struct fill *f, const cJSON *v) {
-    if (cJSON_IsNumber(v)) return fill_number(f, v->valuedouble);
-    struct tensor *t = &f->in->t;
-    int64_t i = f->i++;
-    const char *dn = dtype_kserve_name(t->dtype);
-    if (t->dtype == DT_STRING) {
-        if (!cJSON_IsString(v))
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
-                              f->in->name, (long long)i);
-        /* Borrowed from the JSON tree until parse_input packs the strings. */
-        tensor_strs_mut(t)[i] = (struct tensor_str){v->valuestring, json_str_len(v)};
-        return 0;
-    }
-    if (t->dtype == DT_BOOL) {
-        if (!cJSON_IsBool(v))
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be true or false (datatype BOOL)",
-                              f->in->name, (long long)i);
-        ((uint8_t *)t->data)[i] = cJSON_IsTrue(v) ? 1 : 0;
-        return 0;
-    }
-    double d;
-    if (cJSON_IsString(v) && (t->dtype == DT_FP32 || t->dtype == DT_FP64 || t->dtype == DT_FP16) &&
-        (!strcmp(v->valuestring, "NaN") || !strcmp(v->valuestring, "Infinity") || !strcmp(v->valuestring, "-Infinity"))) {
-        /* Non-finite floats as tritonclient writes them (see quote_nonfinite). */
-        d = v->valuestring[0] == 'N' ? NAN : v->valuestring[0] == '-' ? -INFINITY : INFINITY;
-        if (t->dtype == DT_FP32) ((float *)t->data)[i] = (float)d;
-        else if (t->dtype == DT_FP16) ((uint16_t *)t->data)[i] = fp32_to_fp16((float)d);
-        else ((double *)t->data)[i] = d;
-        return 0;
-    }
-    return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a number (datatype %s)",
-                      f->in->name, (long long)i, dn);
+/* A request error: kept when it is the first. */
+__attribute__((format(printf, 2, 3))) static void rd_fail(struct rd *d, const char *fmt, ...) {
+    if (d->failed) return;
+    d->failed = 1;
+    d->status = STATUS_INVALID;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, d->err_len, fmt, ap);
+    va_end(ap);
 }
 
-/* Stores the number d as data element f->i of the input's datatype, or says
- * why it cannot be one. */
-static int fill_number(struct fill *f, double d) {
-    struct tensor *t = &f->in->t;
-    int64_t i = f->i++;
-    const char *dn = dtype_kserve_name(t->dtype);
-    if (t->dtype == DT_STRING)
-        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be a string (datatype BYTES)",
-                          f->in->name, (long long)i);
-    if (t->dtype == DT_BOOL)
-        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] must be true or false (datatype BOOL)",
-                          f->in->name, (long long)i);
-    int integral = d == floor(d) && isfinite(d);
-#define RANGE(lo, hi)                                                                                          \
-    do {                                                                                                        \
-        if (!integral || d < (double)(lo) || d > (double)(hi))                                                  \
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is not a valid %s", \
-                              f->in->name, (long long)i, d, dn);                                                \
-    } while (0)
-#define BIG64(lo, hi)                                                                                          \
-    do {                                                                                                        \
-        if (d < (lo) || d > (hi))                                                                               \
-            return status_set(f->err, f->err_len, STATUS_INVALID,                                               \
-                              "input '%s': data[%lld] = %.17g is outside +-(2^53 - 1), where JSON numbers stop "  \
-                              "being exact: send %s values this large as binary data", f->in->name, (long long)i, d, dn); \
-    } while (0)
-    switch (t->dtype) {
-    case DT_FP32:
-        /* A finite JSON number beyond FLT_MAX would silently become infinity. */
-        if (fabs(d) > FLT_MAX)
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP32",
-                              f->in->name, (long long)i, d);
-        ((float *)t->data)[i] = (float)d;
-        break;
-    case DT_FP64:
-        /* A JSON number past the double range (1e999) reads as infinity:
-         * refused as for FP32; "Infinity" as a string is the way to send one. */
-        if (!isfinite(d))
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP64",
-                              f->in->name, (long long)i, d);
-        ((double *)t->data)[i] = d;
-        break;
-    case DT_FP16:
-        /* tritonclient writes an FP16 tensor's exact values; past 65504 is infinity. */
-        if (fabs(d) > 65504)
-            return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': data[%lld] = %g is out of range for FP16",
-                              f->in->name, (long long)i, d);
-        ((uint16_t *)t->data)[i] = fp32_to_fp16((float)d);
-        break;
-    case DT_INT8: RANGE(INT8_MIN, INT8_MAX); ((int8_t *)t->data)[i] = (int8_t)d; break;
-    case DT_UINT8: RANGE(0, UINT8_MAX); ((uint8_t *)t->data)[i] = (uint8_t)d; break;
-    case DT_INT16: RANGE(INT16_MIN, INT16_MAX); ((int16_t *)t->data)[i] = (int16_t)d; break;
-    case DT_UINT16: RANGE(0, UINT16_MAX); ((uint16_t *)t->data)[i] = (uint16_t)d; break;
-    case DT_INT32: RANGE(INT32_MIN, INT32_MAX); ((int32_t *)t->data)[i] = (int32_t)d; break;
-    case DT_UINT32: RANGE(0, UINT32_MAX); ((uint32_t *)t->data)[i] = (uint32_t)d; break;
-    /* JSON numbers are parsed as doubles: beyond 2^53 the value read may not be the
-     * value sent (9007199254740993 reads as ...992, like 2^53 itself), so such values are refused
-     * rather than silently changed; the binary extension carries any 64-bit value. */
-    case DT_INT64:
-        RANGE(-9223372036854775808.0, 9223372036854774784.0); /* 2^63 is the first double beyond int64 */
-        BIG64(-9007199254740991.0, 9007199254740991.0);
-        ((int64_t *)t->data)[i] = (int64_t)d;
-        break;
-    case DT_UINT64:
-        RANGE(0, 18446744073709549568.0);
-        BIG64(0, 9007199254740991.0);
-        ((uint64_t *)t->data)[i] = (uint64_t)d;
-        break;
-    default:
-        return status_set(f->err, f->err_len, STATUS_INVALID, "input '%s': datatype %s cannot be sent as JSON data", f->in->name, dn);
-    }
-#undef RANGE
-#undef BIG64
-    return 0;
-}
-
-static int fill_rec(struct fill *f, const cJSON *a) {
-    if (!cJSON_IsArray(a)) return fill_leaf(f, a);
-    const cJSON *e;
-    cJSON_ArrayForEach(e, a) {
-        int rc = fill_rec(f, e);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
-/* ---- numeric data arrays, read ahead of cJSON --------------------------
- *
- * cJSON reads each number by copying it, asking localeconv for the decimal
- * point and calling strtod: for a tensor sent as JSON that was most of the
- * request's parse time. So before cJSON sees the body, prescan walks it once
- * (strict JSON, no tree) and reads the 'data' arrays that hold only numbers
- * (nested or flat) with jsonnum_parse, which gives strtod's exact result.
- * cJSON then parses a copy of the body in which each such array is replaced
- * by "[]" padded with spaces to the same length, so every other byte, and
- * every error offset, is where it was; parse_input takes the values from
- * here instead of from the (empty) array.
- *
- * The prescan reads only what cJSON's lookups would find: the first
- * "inputs" key of the root object, and the first "data" key of each object
- * in that array (cJSON_GetObjectItemCaseSensitive returns the first match).
- * Anything it is unsure of leaves the body to cJSON alone, as before: a
- * document it finds invalid (cJSON then reports the error, or reads
- * tritonclient's bare NaN), an escaped key where the lookups happen (cJSON
- * would compare it unescaped), an array holding anything but numbers (read
- * by cJSON as before), a copy cJSON refuses.
- *
- * The copy also leaves out what the request's reader never looks at, so
- * that cJSON builds no nodes for it (a node is 64 bytes: a 60 MB array of
- * numbers under an unknown key took 2.6 GB): the value of a key that is not
- * one the reader looks up, at the top level, in its 'parameters', in an
- * input or in an input's 'parameters' (and of a later duplicate of one that
- * is, as cJSON's lookups find the first), becomes 0 padded with spaces.
- * And the entries of an 'inputs' or 'outputs' array past the first that
- * the reader refuses are left out. */
-#define KSERVE_FAST_INPUTS 16 /* inputs beyond this many are read by cJSON */
-#define KSERVE_FAST_DEPTH 32  /* so are data arrays nested deeper (count_leaves refuses past 64) */
-
-struct fast_data {
-    int nspans;
-    struct {
-        int input;          /* index in 'inputs' */
-        size_t start, end;  /* the array's bytes in the body */
-        size_t off, count;  /* its values in vals[] */
-    } spans[KSERVE_FAST_INPUTS];
-    double *vals;
-    size_t nvals, cap;
-    double local[256];
-    struct buf skips;       /* scan_skip's (start, end, whole) of size_t: what the reader ignores */
-};
-
-static void fast_data_init(struct fast_data *fd) {
-    fd->nspans = 0;
-    fd->vals = fd->local;
-    fd->nvals = 0;
-    fd->cap = sizeof fd->local / sizeof fd->local[0];
-    memset(&fd->skips, 0, sizeof fd->skips);
-}
-
-static void fast_data_free(struct fast_data *fd) {
-    if (fd->vals != fd->local) free(fd->vals);
-    buf_free(&fd->skips);
-    fast_data_init(fd);
-}
-
-/* The values read for input idx, or NULL when cJSON holds its data. */
-static const double *fast_find(const struct fast_data *fd, int idx, int64_t *count) {
-    for (int i = 0; fd && i < fd->nspans; i++)
-        if (fd->spans[i].input == idx) {
-            *count = (int64_t)fd->spans[i].count;
-            return fd->vals + fd->spans[i].off;
-        }
-    return NULL;
-}
-
-enum { SCAN_ANY, SCAN_ROOT, SCAN_INPUTS, SCAN_INPUT, SCAN_OUTPUTS, SCAN_PARAMS, SCAN_INPUT_PARAMS };
-
-/* The keys the request's reader looks up in an object of each kind (parse_doc,
- * parse_input, parse_shm); NULL: any object, whose keys are all kept. */
-static const char *const *scan_keys(int ctx) {
-    static const char *const root[] = {"id", "parameters", "inputs", "outputs", NULL};
-    static const char *const params[] = {"priority", "timeout", "binary_data_output", "cache", NULL};
-    static const char *const input[] = {"name", "datatype", "shape", "parameters", "data", NULL};
-    static const char *const iparams[] = {"binary_data_size", "shared_memory_region", "shared_memory_byte_size",
-                                          "shared_memory_offset", NULL};
-    switch (ctx) {
-    case SCAN_ROOT: return root;
-    case SCAN_PARAMS: return params;
-    case SCAN_INPUT: return input;
-    case SCAN_INPUT_PARAMS: return iparams;
-    default: return NULL;
-    }
-}
-
-/* Index of the key [k, k + n) in keys, or -1. */
-static int scan_key_index(const char *const *keys, const char *k, size_t n) {
-    for (int i = 0; keys[i]; i++)
-        if (strlen(keys[i]) == n && !memcmp(keys[i], k, n)) return i;
+/* An error that ends the reading (and replaces any kept one): -1. */
+__attribute__((format(printf, 3, 4))) static int stop(struct rd *d, int status, const char *fmt, ...) {
+    d->failed = d->stop = 1;
+    d->status = status;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(d->err, d->err_len, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
-/* A value the reader ignores: short ones stay (blanking them saves nothing). */
-#define KSERVE_SKIP_MIN 16
-
-struct scan {
-    const char *base, *p, *end;
-    int depth;
-    struct fast_data *fd;
-};
-
-static void scan_ws(struct scan *s) {
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) s->p++;
+static int bad_json(struct rd *d, const char *at) {
+    return stop(d, STATUS_INVALID, "malformed JSON in the request body at byte %zu%s", (size_t)(at - d->base),
+                d->no_header ? " (binary data needs the Inference-Header-Content-Length header)" : "");
 }
 
+static int no_memory(struct rd *d) { return stop(d, STATUS_NOMEM, "out of memory reading the request"); }
+
+static int over_budget(struct rd *d) {
+    return stop(d, STATUS_INVALID, "reading the request's JSON takes more than the %zu bytes one request may use "
+                "(--max-request-memory): send large tensors as binary data", kserve_max_request_memory);
+}
+
+/* n more bytes held for this request: 0, or -1 past the bound. */
+static int charge(struct rd *d, size_t n) {
+    size_t max = kserve_max_request_memory;
+    if (max && (d->charged > max || n > max - d->charged)) return -1;
+    d->charged += n;
+    return 0;
+}
+
+/* An input's copy, counted against the request's bound. */
+static int charge_input(struct rd *d, const struct kserve_input *in, size_t bytes) {
+    if (!charge(d, bytes)) return 0;
+    char sh[128];
+    return stop(d, STATUS_INVALID, "input '%s' of shape %s: its %zu bytes pass the %zu bytes one request may use "
+                "(--max-request-memory)", in->name, tensor_shape_str(&in->t, sh, sizeof sh), bytes,
+                kserve_max_request_memory);
+}
+
+/* b grew from cap0 bytes of room: counted, or an error. */
+static int charge_growth(struct rd *d, const struct buf *b, size_t cap0) {
+    if (b->failed) return no_memory(d);
+    return b->cap > cap0 && charge(d, b->cap - cap0) ? over_budget(d) : 0;
+}
+
+static void nul_error(struct rd *d, const char *key) {
+    rd_fail(d, "field '%s' holds a NUL byte (\\u0000): names, ids and parameters may not; only BYTES data may", key);
+}
+
+/* ---- JSON lexing -------------------------------------------------------- */
+
+static inline int peek(const struct rd *d) { return d->p < d->end ? (unsigned char)*d->p : -1; }
+
+/* The first byte at or after q that is not JSON whitespace. */
+static inline const char *ws_at(const char *q, const char *end) {
+    while (q < end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+    return q;
+}
+
+static inline void ws(struct rd *d) { d->p = ws_at(d->p, d->end); }
+
 /* The 4 hex digits at p (before end) as a number, or -1. */
-static long scan_hex4(const char *p, const char *end) {
+static long hex4(const char *p, const char *end) {
     if (end - p < 4) return -1;
     long v = 0;
     for (int i = 0; i < 4; i++) {
-        int c = (unsigned char)p[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+        int c = (unsigned char)p[i], x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
                                        : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-        if (d < 0) return -1;
-        v = v * 16 + d;
+        if (x < 0) return -1;
+        v = v * 16 + x;
     }
     return v;
 }
 
-/* The escape after the backslash at p is one cJSON reads (a skipped value
- * must be one cJSON would have accepted): its length after the backslash,
- * or -1. A UTF-16 surrogate must come as a pair. */
-static int scan_escape(const char *p, const char *end) {
-    if (end - p < 2) return -1;
-    if (strchr("\"\\/bfnrt", p[1]) && p[1]) return 1;
-    if (p[1] != 'u') return -1;
-    long u = scan_hex4(p + 2, end);
-    if (u < 0 || (u >= 0xDC00 && u <= 0xDFFF)) return -1;
-    if (u < 0xD800 || u > 0xDBFF) return 5;
-    if (end - p < 12 || p[6] != '\\' || p[7] != 'u') return -1;
-    long lo = scan_hex4(p + 8, end);
-    return lo >= 0xDC00 && lo <= 0xDFFF ? 11 : -1;
-}
-
-/* A string at s->p: its raw bytes in [*k, *k + *n), *esc when it has escapes. */
-static int scan_string(struct scan *s, const char **k, size_t *n, int *esc) {
-    if (s->p >= s->end || *s->p != '"') return -1;
-    const char *a = ++s->p;
-    *esc = 0;
-    while (s->p < s->end) {
-        unsigned char c = (unsigned char)*s->p;
-        if (c == '"') {
-            *k = a;
-            *n = (size_t)(s->p - a);
-            s->p++;
-            return 0;
-        }
-        if (c < 0x20) return -1;
-        if (c == '\\') {
-            int e = scan_escape(s->p, s->end);
-            if (e < 0) return -1;
-            *esc = 1;
-            s->p += e;
-        }
-        s->p++;
+/* Code point u as UTF-8 in o; its length. */
+static size_t utf8_put(long u, unsigned char *o) {
+    if (u < 0x80) { o[0] = (unsigned char)u; return 1; }
+    if (u < 0x800) { o[0] = (unsigned char)(0xC0 | u >> 6); o[1] = (unsigned char)(0x80 | (u & 0x3F)); return 2; }
+    if (u < 0x10000) {
+        o[0] = (unsigned char)(0xE0 | u >> 12);
+        o[1] = (unsigned char)(0x80 | (u >> 6 & 0x3F));
+        o[2] = (unsigned char)(0x80 | (u & 0x3F));
+        return 3;
     }
-    return -1;
+    o[0] = (unsigned char)(0xF0 | u >> 18);
+    o[1] = (unsigned char)(0x80 | (u >> 12 & 0x3F));
+    o[2] = (unsigned char)(0x80 | (u >> 6 & 0x3F));
+    o[3] = (unsigned char)(0x80 | (u & 0x3F));
+    return 4;
 }
 
-/* An array (at s->p) of numbers only, flat or nested: its values are
- * appended to fd->vals in order. -1 at anything else. */
-static int scan_fast_array(struct scan *s, int depth) {
-    if (depth > KSERVE_FAST_DEPTH) return -1;
-    s->p++; /* '[' */
-    scan_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
+/* The string at d->p (its opening quote): its bytes in [*s, *s + *n), in
+ * the body when it has no escape, else decoded into d->tmp (good until the
+ * next string); *nul says whether one of them is NUL. Bytes below 0x20 pass
+ * as they are, as cJSON let them; a UTF-16 surrogate must come as a pair. */
+static int rd_string(struct rd *d, const char **s, size_t *n, int *nul) {
+    const char *a = d->p + 1, *q = a, *end = d->end;
+    while (q < end && *q != '"' && *q != '\\' && *q) q++;
+    if (q < end && *q == '"') {
+        *s = a;
+        *n = (size_t)(q - a);
+        *nul = 0;
+        d->p = q + 1;
         return 0;
     }
-    struct fast_data *fd = s->fd;
-    for (;;) {
-        if (s->p >= s->end) return -1;
-        if (*s->p == '[') {
-            if (scan_fast_array(s, depth + 1)) return -1;
-        } else {
-            if (fd->nvals == fd->cap) {
-                size_t cap = fd->cap * 2;
-                if (parse_charge(fd->cap * sizeof *fd->vals)) return -1;
-                double *v = fd->vals == fd->local ? malloc(cap * sizeof *v) : realloc(fd->vals, cap * sizeof *v);
-                if (!v) return -1;
-                if (fd->vals == fd->local) memcpy(v, fd->local, sizeof fd->local);
-                fd->vals = v;
-                fd->cap = cap;
-            }
-            if (jsonnum_parse(s->p, s->end, &fd->vals[fd->nvals], &s->p)) return -1;
-            fd->nvals++;
+    size_t cap0 = d->tmp.cap;
+    d->tmp.len = 0;
+    *nul = 0;
+    for (q = a;;) {
+        const char *run = q;
+        while (q < end && *q != '"' && *q != '\\') q++;
+        if (q > run) {
+            if (memchr(run, 0, (size_t)(q - run))) *nul = 1;
+            buf_add(&d->tmp, run, (size_t)(q - run));
         }
-        scan_ws(s);
-        if (s->p >= s->end) return -1;
-        if (*s->p == ']') {
-            s->p++;
-            return 0;
+        if (q >= end) return bad_json(d, end);
+        if (*q == '"') break;
+        if (end - q < 2) return bad_json(d, q);
+        static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+        const char *e = q[1] ? strchr(from, q[1]) : NULL;
+        if (e) {
+            buf_add(&d->tmp, &to[e - from], 1);
+            q += 2;
+            continue;
         }
-        if (*s->p++ != ',') return -1;
-        scan_ws(s);
-    }
-}
-
-static int scan_value(struct scan *s, int ctx, int idx);
-
-/* Bytes [a, b) of the body that cJSON need not see: a value (becomes 0 and
- * spaces) or, with whole, array entries (all spaces). */
-static void scan_skip(struct scan *s, const char *a, const char *b, int whole) {
-    size_t span[3] = {(size_t)(a - s->base), (size_t)(b - s->base), (size_t)whole};
-    buf_add(&s->fd->skips, span, sizeof span);
-}
-
-/* The value of an input's first "data" key. */
-static int scan_data(struct scan *s, int idx) {
-    struct fast_data *fd = s->fd;
-    const char *start = s->p;
-    if (s->p < s->end && *s->p == '[' && fd->nspans < KSERVE_FAST_INPUTS) {
-        size_t mark = fd->nvals;
-        if (scan_fast_array(s, 0) == 0) {
-            int k = fd->nspans++;
-            fd->spans[k].input = idx;
-            fd->spans[k].start = (size_t)(start - s->base);
-            fd->spans[k].end = (size_t)(s->p - s->base);
-            fd->spans[k].off = mark;
-            fd->spans[k].count = fd->nvals - mark;
-            return 0;
+        long u = q[1] == 'u' ? hex4(q + 2, end) : -1;
+        if (u < 0 || (u >= 0xDC00 && u <= 0xDFFF)) return bad_json(d, q);
+        size_t adv = 6;
+        if (u >= 0xD800 && u <= 0xDBFF) {
+            long lo = end - q >= 12 && q[6] == '\\' && q[7] == 'u' ? hex4(q + 8, end) : -1;
+            if (lo < 0xDC00 || lo > 0xDFFF) return bad_json(d, q);
+            u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            adv = 12;
         }
-        s->p = start; /* not numbers only: cJSON reads it */
-        fd->nvals = mark;
+        if (!u) *nul = 1;
+        unsigned char o[4];
+        buf_add(&d->tmp, o, utf8_put(u, o));
+        q += adv;
     }
-    return scan_value(s, SCAN_ANY, 0);
-}
-
-static int scan_object(struct scan *s, int ctx, int idx) {
-    if (++s->depth > KSERVE_MAX_JSON_DEPTH) return -1;
-    s->p++; /* '{' */
-    scan_ws(s);
-    if (s->p < s->end && *s->p == '}') {
-        s->p++;
-        s->depth--;
-        return 0;
-    }
-    const char *const *keys = scan_keys(ctx);
-    unsigned seen = 0;
-    for (;;) {
-        const char *k;
-        size_t n;
-        int esc, rc;
-        if (scan_string(s, &k, &n, &esc)) return -1;
-        if (esc && ctx != SCAN_ANY) return -1;
-        scan_ws(s);
-        if (s->p >= s->end || *s->p++ != ':') return -1;
-        scan_ws(s);
-        int ki = keys ? scan_key_index(keys, k, n) : -1;
-        const char *v = s->p;
-        if (ki >= 0 && !(seen >> ki & 1)) {
-            seen |= 1u << ki;
-            const char *key = keys[ki];
-            if (ctx == SCAN_ROOT && !strcmp(key, "inputs")) rc = scan_value(s, SCAN_INPUTS, 0);
-            else if (ctx == SCAN_ROOT && !strcmp(key, "outputs")) rc = scan_value(s, SCAN_OUTPUTS, 0);
-            else if (ctx == SCAN_ROOT && !strcmp(key, "parameters")) rc = scan_value(s, SCAN_PARAMS, 0);
-            else if (ctx == SCAN_INPUT && !strcmp(key, "parameters")) rc = scan_value(s, SCAN_INPUT_PARAMS, 0);
-            else if (ctx == SCAN_INPUT && !strcmp(key, "data")) rc = scan_data(s, idx);
-            else rc = scan_value(s, SCAN_ANY, 0);
-        } else {
-            rc = scan_value(s, SCAN_ANY, 0);
-            if (!rc && keys && s->p - v >= KSERVE_SKIP_MIN) {
-                scan_skip(s, v, s->p, 0);
-                if (s->fd->skips.failed) return -1;
-            }
-        }
-        if (rc) return -1;
-        scan_ws(s);
-        if (s->p >= s->end) return -1;
-        if (*s->p == '}') {
-            s->p++;
-            s->depth--;
-            return 0;
-        }
-        if (*s->p++ != ',') return -1;
-        scan_ws(s);
-    }
-}
-
-static int scan_array(struct scan *s, int ctx) {
-    if (++s->depth > KSERVE_MAX_JSON_DEPTH) return -1;
-    s->p++; /* '[' */
-    scan_ws(s);
-    if (s->p < s->end && *s->p == ']') {
-        s->p++;
-        s->depth--;
-        return 0;
-    }
-    /* Past KSERVE_MAX_TENSORS + 1 entries of 'inputs' or 'outputs' the
-     * reader refuses the request, whatever the rest holds: the rest is left
-     * out (spaces), so that its error comes without a node per entry. */
-    int tensors = ctx == SCAN_INPUTS || ctx == SCAN_OUTPUTS;
-    const char *cut = NULL;
-    for (int i = 0;; i++) {
-        if (scan_value(s, ctx == SCAN_INPUTS ? SCAN_INPUT : SCAN_ANY, i)) return -1;
-        scan_ws(s);
-        if (s->p >= s->end) return -1;
-        if (*s->p == ']') {
-            if (cut) scan_skip(s, cut, s->p, 1);
-            s->p++;
-            s->depth--;
-            return s->fd->skips.failed ? -1 : 0;
-        }
-        if (tensors && i == KSERVE_MAX_TENSORS && !cut) cut = s->p;
-        if (*s->p++ != ',') return -1;
-        scan_ws(s);
-    }
-}
-
-static int scan_literal(struct scan *s, const char *lit, size_t n) {
-    if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n)) return -1;
-    s->p += n;
+    if (charge_growth(d, &d->tmp, cap0)) return -1;
+    *s = d->tmp.data ? d->tmp.data : "";
+    *n = d->tmp.len;
+    d->p = q + 1;
     return 0;
 }
 
-static int scan_value(struct scan *s, int ctx, int idx) {
-    if (s->p >= s->end) return -1;
-    const char *k;
+static int literal(struct rd *d, const char *lit, size_t n) {
+    if ((size_t)(d->end - d->p) < n || memcmp(d->p, lit, n)) return bad_json(d, d->p);
+    d->p += n;
+    return 0;
+}
+
+/* tritonclient (python-rapidjson) writes non-finite floats as the bare words
+ * NaN, Infinity and -Infinity: their length at p, and *v, or 0. */
+static size_t nonfinite(const char *p, const char *end, double *v) {
+    size_t n = (size_t)(end - p);
+    if (n >= 3 && !memcmp(p, "NaN", 3)) { *v = NAN; return 3; }
+    if (n >= 8 && !memcmp(p, "Infinity", 8)) { *v = INFINITY; return 8; }
+    if (n >= 9 && !memcmp(p, "-Infinity", 9)) { *v = -INFINITY; return 9; }
+    return 0;
+}
+
+/* A number (or one of the words above, *word then set) at d->p as a double. */
+static int rd_double(struct rd *d, double *v, int *word) {
+    size_t k = nonfinite(d->p, d->end, v);
+    *word = k != 0;
+    if (k) d->p += k;
+    else if (jsonnum_parse(d->p, d->end, v, &d->p)) return bad_json(d, d->p);
+    return 0;
+}
+
+/* Opens the object or array at d->p. */
+static int enter(struct rd *d) {
+    if (++d->depth > KSERVE_MAX_JSON_DEPTH)
+        return stop(d, STATUS_INVALID, "the request's JSON is nested deeper than %d", KSERVE_MAX_JSON_DEPTH);
+    d->p++;
+    ws(d);
+    return 0;
+}
+
+/* Between the items of an object or array (close is '}' or ']'; first:
+ * none read yet): 1 with d->p at the next item, 0 when the container
+ * closes here, -1 on an error. */
+static inline int next_item(struct rd *d, int first, int close) {
+    if (!first) {
+        ws(d);
+        if (peek(d) != close) {
+            if (peek(d) != ',') return bad_json(d, d->p);
+            d->p++;
+            ws(d);
+            return d->p < d->end ? 1 : bad_json(d, d->p);
+        }
+    } else if (peek(d) != close) return d->p < d->end ? 1 : bad_json(d, d->p);
+    d->p++;
+    d->depth--;
+    return 0;
+}
+
+/* The next member of the object being read (*count read so far, 0 right
+ * after enter): 1 with its key in [*k, *k + *kn) and d->p at its value, 0
+ * when the object closes here, -1 on an error. `in` names the object. */
+static int next_member(struct rd *d, int *count, const char **k, size_t *kn, const char *in) {
+    int rc = next_item(d, !*count, '}');
+    if (rc <= 0) return rc;
+    if (peek(d) != '"') return bad_json(d, d->p);
+    int nul;
+    if (rd_string(d, k, kn, &nul)) return -1;
+    if (nul) rd_fail(d, "a JSON key in '%s' holds a NUL byte (\\u0000): keys and names may not", in);
+    ws(d);
+    if (peek(d) != ':') return bad_json(d, d->p);
+    d->p++;
+    ws(d);
+    ++*count;
+    return 1;
+}
+
+/* The next element of the array being read: 1 with d->p at it, 0 when the
+ * array closes, -1 on an error. */
+static int next_elem(struct rd *d, int64_t *count) {
+    int rc = next_item(d, !*count, ']');
+    if (rc > 0) ++*count;
+    return rc;
+}
+
+#define KEY(k, kn, lit) ((kn) == sizeof(lit) - 1 && !memcmp((k), (lit), sizeof(lit) - 1))
+
+/* Reads past the value at d->p, checking its syntax; key names it in an
+ * error. A string holding NUL is an error unless nul_ok (BYTES data). */
+static int skip_value(struct rd *d, const char *key, int nul_ok) {
+    const char *s;
     size_t n;
-    int esc;
-    double d;
-    switch (*s->p) {
-    case '{': return scan_object(s, scan_keys(ctx) ? ctx : SCAN_ANY, idx);
-    case '[': return scan_array(s, ctx == SCAN_INPUTS || ctx == SCAN_OUTPUTS ? ctx : SCAN_ANY);
-    case '"': return scan_string(s, &k, &n, &esc);
-    case 't': return scan_literal(s, "true", 4);
-    case 'f': return scan_literal(s, "false", 5);
-    case 'n': return scan_literal(s, "null", 4);
-    default: return jsonnum_parse(s->p, s->end, &d, &s->p);
+    int nul, rc, word;
+    double v;
+    switch (peek(d)) {
+    case '{': {
+        if (enter(d)) return -1;
+        int c = 0;
+        while ((rc = next_member(d, &c, &s, &n, key)) == 1) {
+            char kb[48];
+            snprintf(kb, sizeof kb, "%.*s", (int)(n < 40 ? n : 40), s);
+            if (skip_value(d, kb, nul_ok)) return -1;
+        }
+        return rc;
+    }
+    case '[': {
+        if (enter(d)) return -1;
+        int64_t c = 0;
+        while ((rc = next_elem(d, &c)) == 1)
+            if (skip_value(d, key, nul_ok)) return -1;
+        return rc;
+    }
+    case '"':
+        if (rd_string(d, &s, &n, &nul)) return -1;
+        if (nul && !nul_ok) nul_error(d, key);
+        return 0;
+    case 't': return literal(d, "true", 4);
+    case 'f': return literal(d, "false", 5);
+    case 'n': return literal(d, "null", 4);
+    case -1: return bad_json(d, d->p);
+    default: return rd_double(d, &v, &word);
     }
 }
 
-/* Walks the JSON text; when it holds numeric data arrays, returns a copy
- * with each blanked to "[]" and spaces (fd then holds their values): in
- * local (local_len bytes) when it fits, else from malloc. NULL when cJSON
- * should read the text as it is. */
-static char *prescan(const char *text, size_t len, struct fast_data *fd, char *local, size_t local_len) {
-    struct scan s = {text, text, text + len, 0, fd};
-    scan_ws(&s);
-    int rc = s.p < s.end && *s.p == '{' ? scan_object(&s, SCAN_ROOT, 0) : -1;
-    if (!rc) scan_ws(&s);
-    char *copy = NULL;
-    if (!rc && s.p == s.end && (fd->nspans > 0 || fd->skips.len))
-        copy = len <= local_len ? local : parse_charge(len) ? NULL : malloc(len);
-    if (!copy) {
-        fast_data_free(fd);
-        return NULL;
-    }
-    memcpy(copy, text, len);
-    for (int i = 0; i < fd->nspans; i++) {
-        size_t a = fd->spans[i].start, b = fd->spans[i].end; /* b - a >= 2: "[...]" */
-        copy[a] = '[';
-        copy[a + 1] = ']';
-        memset(copy + a + 2, ' ', b - a - 2);
-    }
-    const size_t *sk = (const size_t *)(void *)fd->skips.data;
-    for (size_t i = 0; i < fd->skips.len / (3 * sizeof *sk); i++) {
-        size_t a = sk[3 * i], b = sk[3 * i + 1];
-        memset(copy + a, ' ', b - a);
-        if (!sk[3 * i + 2]) copy[a] = '0';
-    }
-    buf_free(&fd->skips);
-    return copy;
+/* Skips the value of a member the request does not use. */
+static int skip_member(struct rd *d, const char *k, size_t kn) {
+    char kb[48];
+    snprintf(kb, sizeof kb, "%.*s", (int)(kn < 40 ? kn : 40), k);
+    return skip_value(d, kb, 0);
 }
 
-/* An unsigned integer member of params, at most max: 0 and *out untouched
- * when absent. Errors name the tensor when what is set ("input", n). */
-static int param_u64(const cJSON *params, const char *key, double max, uint64_t *out, const char *what, const char *n,
-                     char *err, size_t err_len) {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(params, key);
-    if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > max) {
-        if (what) return INVALID("%s '%s': parameters.%s must be an integer >= 0", what, n, key);
-        return INVALID("parameters.%s must be an integer >= 0", key);
+/* An unsigned integer of at most max at d->p, exact for a plain integer (a
+ * double's for a number with a fraction or an exponent): *ok says whether
+ * the value is one; anything else is read past. */
+static int rd_uint(struct rd *d, const char *key, double max, uint64_t *out, int *ok) {
+    *ok = 0;
+    int c = peek(d);
+    if (c != '-' && (c < '0' || c > '9')) return skip_value(d, key, 0);
+    int neg;
+    uint64_t mag;
+    int k = jsonnum_parse_int(d->p, d->end, &neg, &mag, &d->p);
+    if (k == JSONNUM_INT) {
+        *ok = (!neg || !mag) && (double)mag <= max;
+        *out = neg ? 0 : mag;
+        return 0;
     }
-    *out = (uint64_t)v->valuedouble;
+    if (k == JSONNUM_INT_BIG) return 0;
+    double v;
+    int word;
+    if (rd_double(d, &v, &word)) return -1;
+    *ok = v >= 0 && v == floor(v) && v <= max;
+    if (*ok) *out = (uint64_t)v;
     return 0;
 }
 
-/* A tensor's shared-memory parameters (params has shared_memory_region). */
-static int parse_shm(struct kserve_request *r, const cJSON *params, struct kserve_shm *s, const char *what,
-                     const char *n, char *err, size_t err_len) {
-    const cJSON *region = cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region");
-    if (!cJSON_IsString(region) || !*region->valuestring)
-        return INVALID("%s '%s': parameters.shared_memory_region must be a non-empty string", what, n);
-    if (!cJSON_GetObjectItemCaseSensitive(params, "shared_memory_byte_size"))
-        return INVALID("%s '%s': parameters.shared_memory_byte_size is missing (shared memory needs it)", what, n);
-    int rc = param_u64(params, "shared_memory_byte_size", 9e15, &s->byte_size, what, n, err, err_len);
-    if (!rc) rc = param_u64(params, "shared_memory_offset", 9e15, &s->offset, what, n, err, err_len);
-    if (!rc && !(s->region = keep_string(r, region->valuestring))) rc = STATUS_NOMEM;
-    return rc;
+/* true or false at d->p: *ok says whether it is one. */
+static int rd_bool(struct rd *d, const char *key, int *out, int *ok) {
+    *ok = peek(d) == 't' || peek(d) == 'f';
+    if (!*ok) return skip_value(d, key, 0);
+    *out = peek(d) == 't';
+    return *out ? literal(d, "true", 4) : literal(d, "false", 5);
 }
 
-/* An input's copy, counted with the parse against the request's bound. */
-static int charge_input(const struct kserve_input *in, size_t bytes, char *err, size_t err_len) {
-    if (!parse_charge(bytes)) return 0;
-    char sh[128];
-    return INVALID("input '%s' of shape %s: its %zu bytes pass the %zu bytes one request may use "
-                   "(--max-request-memory)", in->name, tensor_shape_str(&in->t, sh, sizeof sh), bytes,
-                   kserve_max_request_memory);
+/* A string without NUL at d->p, copied into r: *out set, or left NULL
+ * when the value is not a non-empty string. */
+static int rd_name(struct rd *d, const char *key, char **out) {
+    if (peek(d) != '"') return skip_value(d, key, 0);
+    const char *s;
+    size_t n;
+    int nul;
+    if (rd_string(d, &s, &n, &nul)) return -1;
+    if (nul) nul_error(d, key);
+    else if (n && !(*out = keep_string(d->r, s, n))) return no_memory(d);
+    return 0;
 }
 
-static int parse_input(struct kserve_request *r, const cJSON *j, int idx, const struct fast_data *fd, char *err,
-                       size_t err_len) {
-    struct kserve_input *in = &r->inputs[idx];
-    if (!cJSON_IsObject(j)) return INVALID("field 'inputs[%d]' must be an object", idx);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
-    if (!cJSON_IsString(name) || !*name->valuestring)
-        return INVALID("field 'inputs[%d].name' must be a non-empty string", idx);
-    in->name = keep_string(r, name->valuestring);
-    if (!in->name) return STATUS_NOMEM;
-    const char *n = in->name;
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(j, "datatype");
-    if (!cJSON_IsString(dt)) return INVALID("input '%s': field 'datatype' is missing or not a string", n);
-    in->t.dtype = dtype_from_kserve(dt->valuestring);
-    if (in->t.dtype == DT_UNDEFINED)
-        return INVALID("input '%s': datatype '%.32s' is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, "
-                       "INT32, INT64, FP16, BF16, FP32, FP64, BYTES", n, dt->valuestring);
-    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
-    if (!cJSON_IsArray(shape)) return INVALID("input '%s': field 'shape' is missing or not an array", n);
-    if (cJSON_GetArraySize(shape) > TENSOR_MAX_DIMS)
-        return INVALID("input '%s': field 'shape' has more than %d dims", n, TENSOR_MAX_DIMS);
-    const cJSON *d;
-    cJSON_ArrayForEach(d, shape) {
-        if (!cJSON_IsNumber(d) || d->valuedouble < 0 || d->valuedouble != floor(d->valuedouble) || d->valuedouble > 9e15)
-            return INVALID("input '%s': shape[%d] must be an integer >= 0", n, in->t.ndim);
-        in->t.dims[in->t.ndim++] = (int64_t)d->valuedouble;
+/* ---- typed data --------------------------------------------------------- */
+
+/* A 'data' array being decoded into its input's tensor. */
+struct dfill {
+    struct kserve_input *in;
+    int64_t i;        /* elements read */
+    int64_t numel;    /* elements the shape needs */
+    int store;        /* decode (else count only: an error was found, or the shape cannot fit) */
+};
+
+/* The integer datatypes' bounds: the largest magnitude above and below zero. */
+static int int_range(enum dtype dt, uint64_t *pos, uint64_t *neg) {
+    switch (dt) {
+    case DT_INT8: *pos = INT8_MAX; *neg = 128; return 0;
+    case DT_UINT8: *pos = UINT8_MAX; *neg = 0; return 0;
+    case DT_INT16: *pos = INT16_MAX; *neg = 32768; return 0;
+    case DT_UINT16: *pos = UINT16_MAX; *neg = 0; return 0;
+    case DT_INT32: *pos = INT32_MAX; *neg = (uint64_t)INT32_MAX + 1; return 0;
+    case DT_UINT32: *pos = UINT32_MAX; *neg = 0; return 0;
+    case DT_INT64: *pos = INT64_MAX; *neg = (uint64_t)INT64_MAX + 1; return 0;
+    case DT_UINT64: *pos = UINT64_MAX; *neg = 0; return 0;
+    default: return -1;
     }
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-    const cJSON *bds = NULL, *region = NULL;
-    if (params) {
-        if (!cJSON_IsObject(params)) return INVALID("input '%s': field 'parameters' must be an object", n);
-        bds = cJSON_GetObjectItemCaseSensitive(params, "binary_data_size");
-        region = cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region");
+}
+
+static void type_error(struct rd *d, struct dfill *f, int64_t i) {
+    const struct kserve_input *in = f->in;
+    enum dtype dt = in->t.dtype;
+    f->store = 0;
+    if (dt == DT_STRING) rd_fail(d, "input '%s': data[%lld] must be a string (datatype BYTES)", in->name, (long long)i);
+    else if (dt == DT_BOOL)
+        rd_fail(d, "input '%s': data[%lld] must be true or false (datatype BOOL)", in->name, (long long)i);
+    else rd_fail(d, "input '%s': data[%lld] must be a number (datatype %s)", in->name, (long long)i, dtype_kserve_name(dt));
+}
+
+/* Element i of a floating-point input: v, read from a number or (word) from
+ * one of the non-finite words or strings. A finite number past the type's
+ * range would silently become infinity: refused; the words send one. */
+static void put_float(struct rd *d, struct dfill *f, int64_t i, double v, int word) {
+    struct tensor *t = &f->in->t;
+    double max = t->dtype == DT_FP32 ? FLT_MAX : t->dtype == DT_FP16 ? 65504 : DBL_MAX;
+    if (!word && !(fabs(v) <= max)) {
+        f->store = 0;
+        rd_fail(d, "input '%s': data[%lld] = %g is out of range for %s", f->in->name, (long long)i, v,
+             dtype_kserve_name(t->dtype));
+        return;
     }
-    const cJSON *data = cJSON_GetObjectItemCaseSensitive(j, "data");
-    if (!data && !bds && !region)
-        return INVALID("input '%s': has neither 'data' nor parameters.binary_data_size nor "
-                       "parameters.shared_memory_region", n);
-    if (!!data + !!bds + !!region > 1)
-        return INVALID("input '%s': has both %s and %s; send one", n, data ? "'data'" : "parameters.binary_data_size",
-                       region ? "parameters.shared_memory_region" : "parameters.binary_data_size");
-    if (region) return parse_shm(r, params, &in->shm, "input", n, err, err_len);
-    int64_t numel = tensor_numel(&in->t);
-    int rc;
-    if (bds) {
-        if (!cJSON_IsNumber(bds) || bds->valuedouble < 0 || bds->valuedouble != floor(bds->valuedouble) ||
-            bds->valuedouble > 9e15)
-            return INVALID("input '%s': parameters.binary_data_size must be an integer >= 0", n);
-        in->binary = 1;
-        in->binary_size = (size_t)bds->valuedouble;
+    if (t->dtype == DT_FP32) ((float *)t->data)[i] = (float)v;
+    else if (t->dtype == DT_FP64) ((double *)t->data)[i] = v;
+    else ((uint16_t *)t->data)[i] = fp32_to_fp16((float)v);
+}
+
+/* Element i of an integer input, -mag when neg: exact over the type's whole
+ * range (64 bits included); [a, b) is its text, for the error. */
+static void put_int(struct rd *d, struct dfill *f, int64_t i, int neg, uint64_t mag, int big, const char *a,
+                    const char *b) {
+    struct tensor *t = &f->in->t;
+    uint64_t pos, negmax;
+    int_range(t->dtype, &pos, &negmax);
+    if (big || mag > (neg ? negmax : pos)) {
+        f->store = 0;
+        rd_fail(d, "input '%s': data[%lld] = %.*s is out of range for %s", f->in->name, (long long)i,
+             (int)(b - a < 48 ? b - a : 48), a, dtype_kserve_name(t->dtype));
+        return;
+    }
+    uint64_t u = neg ? 0 - mag : mag; /* two's complement: the signed types take their bits */
+    switch (t->dtype) {
+    case DT_INT8: case DT_UINT8: ((uint8_t *)t->data)[i] = (uint8_t)u; break;
+    case DT_INT16: case DT_UINT16: ((uint16_t *)t->data)[i] = (uint16_t)u; break;
+    case DT_INT32: case DT_UINT32: ((uint32_t *)t->data)[i] = (uint32_t)u; break;
+    default: ((uint64_t *)t->data)[i] = u; break;
+    }
+}
+
+/* Element i of an integer input written with a fraction or an exponent
+ * ("2.0", "1e3"): its double must be integral, and for the 64-bit types
+ * within +-(2^53 - 1), where such a double stops being exact. */
+static void put_int_double(struct rd *d, struct dfill *f, int64_t i, double v) {
+    struct tensor *t = &f->in->t;
+    const char *dn = dtype_kserve_name(t->dtype);
+    uint64_t pos, negmax;
+    int_range(t->dtype, &pos, &negmax);
+    int wide = t->dtype == DT_INT64 || t->dtype == DT_UINT64;
+    if (v != floor(v) || !isfinite(v) || v < -(double)negmax || v > (double)pos) {
+        f->store = 0;
+        rd_fail(d, "input '%s': data[%lld] = %g is not a valid %s", f->in->name, (long long)i, v, dn);
+        return;
+    }
+    if (wide && fabs(v) > 9007199254740991.0) {
+        f->store = 0;
+        rd_fail(d, "input '%s': data[%lld] = %.17g is outside +-(2^53 - 1), where a number with a fraction or an "
+             "exponent stops being exact: write %s values this large as plain integers", f->in->name, (long long)i,
+             v, dn);
+        return;
+    }
+    put_int(d, f, i, v < 0, (uint64_t)fabs(v), 0, NULL, NULL);
+}
+
+/* A string element: a BYTES one (its bytes kept in d->bytes, in element
+ * order), or a floating-point one that names a non-finite value. */
+static int data_string(struct rd *d, struct dfill *f, int64_t i, int store) {
+    const char *s;
+    size_t n;
+    int nul;
+    if (rd_string(d, &s, &n, &nul)) return -1;
+    if (!store) return 0;
+    struct tensor *t = &f->in->t;
+    if (t->dtype == DT_STRING) {
+        size_t cap0 = d->bytes.cap;
+        buf_add(&d->bytes, s, n);
+        if (charge_growth(d, &d->bytes, cap0)) return -1;
+        ((struct tensor_str *)t->data)[i] = (struct tensor_str){NULL, n}; /* p set once the array ends */
         return 0;
     }
-    /* FP16 as JSON numbers, as tritonclient sends them; BF16 has no JSON
-     * form there (numpy has no bfloat16). */
-    if (in->t.dtype == DT_BF16)
-        return INVALID("input '%s': datatype %s cannot be sent as JSON data; use the binary tensor extension", n,
-                       dtype_kserve_name(in->t.dtype));
-    if (cJSON_IsNull(data) || cJSON_IsObject(data))
-        return INVALID("input '%s': 'data' must be an array of values (flat or nested), not %s", n,
-                       cJSON_IsNull(data) ? "null" : "an object");
-    int64_t count;
-    const double *vals = fast_find(fd, idx, &count);
-    if (!vals) count = count_leaves(data, 0);
-    if (count < 0) return INVALID("input '%s': 'data' is nested deeper than %d", n, KSERVE_MAX_JSON_DEPTH);
-    if (count != numel) {
-        char sh[128];
-        return INVALID("input '%s': 'data' has %lld elements but shape %s needs %lld", n, (long long)count,
-                       tensor_shape_str(&in->t, sh, sizeof sh), (long long)numel);
+    double v = 0;
+    if ((t->dtype == DT_FP32 || t->dtype == DT_FP64 || t->dtype == DT_FP16) && nonfinite(s, s + n, &v) == n)
+        put_float(d, f, i, v, 1);
+    else type_error(d, f, i);
+    return 0;
+}
+
+/* One element that is not an array. */
+static int data_leaf(struct rd *d, struct dfill *f) {
+    int64_t i = f->i++;
+    int store = f->store && i < f->numel;
+    struct tensor *t = &f->in->t;
+    int c = peek(d);
+    double v;
+    if (c == '"') return data_string(d, f, i, store);
+    if (c == 't' || c == 'f' || c == 'n' || c == '{') {
+        if (c == 't' ? literal(d, "true", 4) : c == 'f' ? literal(d, "false", 5) : skip_value(d, "data", 1)) return -1;
+        if (!store) return 0;
+        if (t->dtype == DT_BOOL && c != 'n' && c != '{') ((uint8_t *)t->data)[i] = c == 't';
+        else type_error(d, f, i);
+        return 0;
     }
-    /* Strings are gathered as elements pointing into the JSON tree, then
-     * packed into the tensor's own block. */
-    struct tensor_str *strs = NULL;
-    if ((rc = charge_input(in, (size_t)numel * (in->t.dtype == DT_STRING ? 2 * sizeof *strs : dtype_size(in->t.dtype)),
-                           err, err_len)))
-        return rc;
-    if (in->t.dtype == DT_STRING) in->t.data = strs = calloc((size_t)numel + 1, sizeof *strs);
-    else tensor_alloc_data(&in->t);
-    if (!in->t.data) return STATUS_NOMEM;
-    struct fill f = {in, 0, err, err_len};
-    if (!vals) rc = fill_rec(&f, data);
-    for (int64_t i = 0; vals && i < count && !rc; i++) rc = fill_number(&f, vals[i]);
-    if (!rc && strs && (rc = tensor_strings_pack(&in->t, strs)) == 0) free(strs);
+    int word;
+    uint64_t pos, negmax;
+    if (t->dtype != DT_BOOL && t->dtype != DT_STRING && !int_range(t->dtype, &pos, &negmax)) {
+        const char *a = d->p;
+        int neg;
+        uint64_t mag;
+        int k = jsonnum_parse_int(d->p, d->end, &neg, &mag, &d->p);
+        if (k == JSONNUM_INT || k == JSONNUM_INT_BIG) {
+            if (store) put_int(d, f, i, neg, mag, k == JSONNUM_INT_BIG, a, d->p);
+            return 0;
+        }
+        if (rd_double(d, &v, &word)) return -1;
+        if (!store) return 0;
+        if (word) type_error(d, f, i);
+        else put_int_double(d, f, i, v);
+        return 0;
+    }
+    if (rd_double(d, &v, &word)) return -1;
+    if (!store) return 0;
+    if (t->dtype == DT_FP32 || t->dtype == DT_FP64 || t->dtype == DT_FP16) put_float(d, f, i, v, word);
+    else type_error(d, f, i);
+    return 0;
+}
+
+/* The common case in a tight loop: the run of finite numbers that starts
+ * an FP32 array (d->p at its first element), stored as they are read. The
+ * count read, with d->p after the last; data_leaf takes anything else. */
+static int64_t fp32_run(struct rd *d, struct dfill *f) {
+    float *out = f->in->t.data;
+    const char *q = d->p, *next;
+    int64_t c = 0;
+    double v;
+    while (f->store && f->i < f->numel && !jsonnum_parse(q, d->end, &v, &next) && fabs(v) <= FLT_MAX) {
+        out[f->i++] = (float)v;
+        c++;
+        d->p = next;
+        q = ws_at(next, d->end);
+        if (q >= d->end || *q != ',') break;
+        q = ws_at(q + 1, d->end);
+    }
+    return c;
+}
+
+/* The array at d->p, nested `level` deep in 'data': its leaves in order. */
+static int data_array(struct rd *d, struct dfill *f, int level) {
+    if (level > KSERVE_MAX_JSON_DEPTH)
+        return stop(d, STATUS_INVALID, "input '%s': 'data' is nested deeper than %d", f->in->name, KSERVE_MAX_JSON_DEPTH);
+    d->p++;
+    d->depth++; /* closed by next_elem; 'data' has its own bound */
+    ws(d);
+    int64_t c = f->in->t.dtype == DT_FP32 ? fp32_run(d, f) : 0;
+    int rc;
+    while ((rc = next_elem(d, &c)) == 1)
+        if (peek(d) == '[' ? data_array(d, f, level + 1) : data_leaf(d, f)) return -1;
     return rc;
 }
 
-static int read_binary(struct kserve_input *in, const uint8_t *p, size_t avail, char *err, size_t err_len) {
+/* An input's 'data' (at d->p), flat or nested, decoded into in->t, whose
+ * name, datatype and shape are known. */
+static int read_data(struct rd *d, struct kserve_input *in) {
+    struct tensor *t = &in->t;
+    int64_t numel = tensor_numel(t);
+    int had = d->failed;
+    /* Each element takes at least two bytes of the text ("1,"): a shape
+     * that needs more elements than that is not what the array holds, and
+     * is not allocated; the array is only counted, for the error. */
+    int64_t room = (int64_t)((d->end - d->p) / 2 + 1);
+    struct dfill f = {.in = in, .numel = numel, .store = !had && numel >= 0 && numel <= room};
+    if (f.store) {
+        int str = t->dtype == DT_STRING;
+        if (charge_input(d, in, (size_t)numel * (str ? 2 * sizeof(struct tensor_str) : dtype_size(t->dtype))))
+            return -1;
+        if (str) t->data = calloc((size_t)numel + 1, sizeof(struct tensor_str));
+        else tensor_alloc_data(t);
+        if (!t->data) return no_memory(d);
+        d->bytes.len = 0;
+    }
+    if (peek(d) == '[' ? data_array(d, &f, 1) : data_leaf(d, &f)) return -1;
+    if (f.i != numel) {
+        char sh[128];
+        d->failed = had; /* a count that differs outweighs an element's error */
+        rd_fail(d, "input '%s': 'data' has %lld elements but shape %s needs %lld", in->name, (long long)f.i,
+             tensor_shape_str(t, sh, sizeof sh), (long long)numel);
+        return 0;
+    }
+    if (!f.store || t->dtype != DT_STRING) return 0;
+    /* The elements' bytes lie in d->bytes one after the other; the tensor
+     * gets its own block of them. */
+    struct tensor_str *strs = t->data;
+    const char *at = d->bytes.data;
+    for (int64_t k = 0; at && k < numel; k++) {
+        strs[k].p = at;
+        at += strs[k].len;
+    }
+    if (tensor_strings_pack(t, strs)) return no_memory(d);
+    free(strs);
+    return 0;
+}
+
+/* ---- inputs and outputs ------------------------------------------------- */
+
+/* A tensor's 'parameters', as read: each one's presence and whether its
+ * value is one the reader takes. The checks come once the tensor's object
+ * closes, in a fixed order, whatever order the keys came in. */
+struct tparams {
+    int seen, not_object;
+    int bds, bds_ok;        /* binary_data_size */
+    int region, region_ok;  /* shared_memory_region (kept in the tensor's kserve_shm) */
+    int size, size_ok;      /* shared_memory_byte_size */
+    int off, off_ok;        /* shared_memory_offset */
+    int bin, bin_ok, bin_v; /* binary_data */
+    int cls, cls_ok;        /* classification */
+    uint64_t bds_v, size_v, off_v, cls_v;
+};
+
+static int read_tparams(struct rd *d, struct kserve_shm *shm, struct tparams *tp) {
+    tp->seen = 1;
+    if (peek(d) != '{') {
+        tp->not_object = 1;
+        return skip_value(d, "parameters", 0);
+    }
+    if (enter(d)) return -1;
+    int c = 0, rc;
+    const char *k;
+    size_t kn;
+    while ((rc = next_member(d, &c, &k, &kn, "parameters")) == 1) {
+        if (KEY(k, kn, "binary_data_size") && !tp->bds++) rc = rd_uint(d, "binary_data_size", 9e15, &tp->bds_v, &tp->bds_ok);
+        else if (KEY(k, kn, "shared_memory_byte_size") && !tp->size++)
+            rc = rd_uint(d, "shared_memory_byte_size", 9e15, &tp->size_v, &tp->size_ok);
+        else if (KEY(k, kn, "shared_memory_offset") && !tp->off++)
+            rc = rd_uint(d, "shared_memory_offset", 9e15, &tp->off_v, &tp->off_ok);
+        else if (KEY(k, kn, "classification") && !tp->cls++) rc = rd_uint(d, "classification", 1e6, &tp->cls_v, &tp->cls_ok);
+        else if (KEY(k, kn, "binary_data") && !tp->bin++) rc = rd_bool(d, "binary_data", &tp->bin_v, &tp->bin_ok);
+        else if (KEY(k, kn, "shared_memory_region") && !tp->region++) {
+            rc = rd_name(d, "shared_memory_region", &shm->region);
+            tp->region_ok = shm->region != NULL;
+        } else rc = skip_member(d, k, kn);
+        if (rc) return -1;
+    }
+    return rc;
+}
+
+/* The shared-memory checks of a tensor whose parameters name a region. */
+static void check_shm(struct rd *d, const struct tparams *tp, struct kserve_shm *s, const char *what, const char *n) {
+    if (!tp->region_ok) rd_fail(d, "%s '%s': parameters.shared_memory_region must be a non-empty string", what, n);
+    else if (!tp->size) rd_fail(d, "%s '%s': parameters.shared_memory_byte_size is missing (shared memory needs it)", what, n);
+    else if (!tp->size_ok || (tp->off && !tp->off_ok))
+        rd_fail(d, "%s '%s': parameters.%s must be an integer >= 0", what, n,
+             tp->size_ok ? "shared_memory_offset" : "shared_memory_byte_size");
+    s->byte_size = tp->size_v;
+    s->offset = tp->off ? tp->off_v : 0;
+}
+
+/* What an input's object said about it, checked when it closes. */
+struct tdesc {
+    int dt;                 /* datatype: 0 absent, 1 read (in->t.dtype), 2 not a string */
+    char dt_text[40];
+    int shape;              /* shape: 0 absent, 1 read, 2 not an array */
+    int shape_over;         /* more than TENSOR_MAX_DIMS dims */
+    int bad_dim;            /* the first dim that is not an integer >= 0, or -1 */
+    const char *data;       /* where 'data' is, NULL when absent */
+    int data_read;
+    struct tparams tp;
+};
+
+static int read_shape(struct rd *d, struct kserve_input *in, struct tdesc *t) {
+    t->shape = 2;
+    if (peek(d) != '[') return skip_value(d, "shape", 0);
+    if (enter(d)) return -1;
+    t->shape = 1;
+    int64_t c = 0;
+    int rc;
+    while ((rc = next_elem(d, &c)) == 1) {
+        if (c > TENSOR_MAX_DIMS) {
+            t->shape_over = 1;
+            if (skip_value(d, "shape", 0)) return -1;
+            continue;
+        }
+        uint64_t v = 0;
+        int ok;
+        if (rd_uint(d, "shape", 9e15, &v, &ok)) return -1;
+        if (!ok && t->bad_dim < 0) t->bad_dim = (int)c - 1;
+        in->t.dims[in->t.ndim++] = (int64_t)v;
+    }
+    return rc;
+}
+
+/* Whether an input's 'data' can be decoded where it stands: what the
+ * checks at its end need is known and good. */
+static int data_ready(const struct rd *d, const struct kserve_input *in, const struct tdesc *t) {
+    int c = peek(d);
+    return !d->failed && in->name && t->dt == 1 && in->t.dtype != DT_UNDEFINED && in->t.dtype != DT_BF16 &&
+           t->shape == 1 && !t->shape_over && t->bad_dim < 0 && !t->tp.bds && !t->tp.region && c != 'n' && c != '{';
+}
+
+/* The checks at the end of input i's object, in the order they are made
+ * whatever order the keys came in; then its data when it is still unread. */
+static int finish_input(struct rd *d, struct kserve_input *in, int i, struct tdesc *t) {
+    const char *n = in->name;
+    const struct tparams *tp = &t->tp;
+    if (!n) {
+        rd_fail(d, "field 'inputs[%d].name' must be a non-empty string", i);
+        return 0;
+    }
+    if (t->dt != 1) rd_fail(d, "input '%s': field 'datatype' is missing or not a string", n);
+    else if (in->t.dtype == DT_UNDEFINED)
+        rd_fail(d, "input '%s': datatype '%.32s' is not one of BOOL, UINT8, UINT16, UINT32, UINT64, INT8, INT16, "
+             "INT32, INT64, FP16, BF16, FP32, FP64, BYTES", n, t->dt_text);
+    else if (t->shape != 1) rd_fail(d, "input '%s': field 'shape' is missing or not an array", n);
+    else if (t->shape_over) rd_fail(d, "input '%s': field 'shape' has more than %d dims", n, TENSOR_MAX_DIMS);
+    else if (t->bad_dim >= 0) rd_fail(d, "input '%s': shape[%d] must be an integer >= 0", n, t->bad_dim);
+    else if (tp->not_object) rd_fail(d, "input '%s': field 'parameters' must be an object", n);
+    else if (!t->data && !tp->bds && !tp->region)
+        rd_fail(d, "input '%s': has neither 'data' nor parameters.binary_data_size nor parameters.shared_memory_region", n);
+    else if (!!t->data + !!tp->bds + !!tp->region > 1)
+        rd_fail(d, "input '%s': has both %s and %s; send one", n, t->data ? "'data'" : "parameters.binary_data_size",
+             tp->region ? "parameters.shared_memory_region" : "parameters.binary_data_size");
+    else if (tp->region) check_shm(d, tp, &in->shm, "input", n);
+    else if (tp->bds && !tp->bds_ok) rd_fail(d, "input '%s': parameters.binary_data_size must be an integer >= 0", n);
+    else if (tp->bds) {
+        in->binary = 1;
+        in->binary_size = (size_t)tp->bds_v;
+    } else if (in->t.dtype == DT_BF16)
+        /* FP16 as JSON numbers, as tritonclient sends them; BF16 has no JSON
+         * form there (numpy has no bfloat16). */
+        rd_fail(d, "input '%s': datatype %s cannot be sent as JSON data; use the binary tensor extension", n,
+             dtype_kserve_name(in->t.dtype));
+    else if (*t->data == 'n' || *t->data == '{')
+        rd_fail(d, "input '%s': 'data' must be an array of values (flat or nested), not %s", n,
+             *t->data == 'n' ? "null" : "an object");
+    else if (!t->data_read && !d->failed) {
+        const char *resume = d->p;
+        int depth = d->depth;
+        d->p = t->data;
+        if (read_data(d, in)) return -1;
+        d->p = resume;
+        d->depth = depth;
+    }
+    return 0;
+}
+
+static int read_input(struct rd *d, struct kserve_input *in, int i) {
+    if (peek(d) != '{') {
+        rd_fail(d, "field 'inputs[%d]' must be an object", i);
+        return skip_value(d, "inputs", 0);
+    }
+    if (enter(d)) return -1;
+    struct tdesc t = {.bad_dim = -1};
+    int c = 0, rc;
+    const char *k;
+    size_t kn;
+    while ((rc = next_member(d, &c, &k, &kn, "inputs")) == 1) {
+        if (KEY(k, kn, "name") && !in->name) rc = rd_name(d, "name", &in->name);
+        else if (KEY(k, kn, "datatype") && !t.dt) {
+            const char *s;
+            size_t n;
+            int nul;
+            t.dt = 2;
+            if (peek(d) != '"') rc = skip_value(d, "datatype", 0);
+            else if (!(rc = rd_string(d, &s, &n, &nul))) {
+                t.dt = 1;
+                n = n < 32 ? n : 32;
+                memcpy(t.dt_text, s, n);
+                t.dt_text[n] = 0;
+                if (nul) nul_error(d, "datatype");
+                in->t.dtype = nul ? DT_UNDEFINED : dtype_from_kserve(t.dt_text);
+            }
+        } else if (KEY(k, kn, "shape") && !t.shape) rc = read_shape(d, in, &t);
+        else if (KEY(k, kn, "parameters") && !t.tp.seen) rc = read_tparams(d, &in->shm, &t.tp);
+        else if (KEY(k, kn, "data") && !t.data) {
+            t.data = d->p;
+            t.data_read = data_ready(d, in, &t);
+            rc = t.data_read ? read_data(d, in) : skip_value(d, "data", 1);
+        } else rc = skip_member(d, k, kn);
+        if (rc) return -1;
+    }
+    if (rc) return -1;
+    return finish_input(d, in, i, &t);
+}
+
+static int read_output(struct rd *d, struct kserve_output *o, int i) {
+    o->binary = -1;
+    if (peek(d) != '{') {
+        rd_fail(d, "field 'outputs[%d]' must be an object", i);
+        return skip_value(d, "outputs", 0);
+    }
+    if (enter(d)) return -1;
+    struct tparams tp = {0};
+    int c = 0, rc;
+    const char *k;
+    size_t kn;
+    while ((rc = next_member(d, &c, &k, &kn, "outputs")) == 1) {
+        if (KEY(k, kn, "name") && !o->name) rc = rd_name(d, "name", &o->name);
+        else if (KEY(k, kn, "parameters") && !tp.seen) rc = read_tparams(d, &o->shm, &tp);
+        else rc = skip_member(d, k, kn);
+        if (rc) return -1;
+    }
+    if (rc) return -1;
+    const char *n = o->name;
+    if (!n) rd_fail(d, "field 'outputs[%d].name' must be a non-empty string", i);
+    else if (tp.not_object) rd_fail(d, "output '%s': field 'parameters' must be an object", n);
+    else if (tp.bin && !tp.bin_ok) rd_fail(d, "output '%s': parameters.binary_data must be true or false", n);
+    else if (tp.cls && !tp.cls_ok) rd_fail(d, "output '%s': parameters.classification must be an integer >= 0", n);
+    if (d->failed) return 0;
+    if (tp.bin) o->binary = tp.bin_v;
+    if (tp.cls) o->classification = (int)tp.cls_v;
+    if (!tp.region) return 0;
+    if (o->classification)
+        rd_fail(d, "output '%s': parameters.shared_memory_region and parameters.classification cannot both be set", n);
+    else if (o->binary == 1)
+        rd_fail(d, "output '%s': parameters.shared_memory_region and parameters.binary_data true cannot both be set", n);
+    else check_shm(d, &tp, &o->shm, "output", n);
+    return 0;
+}
+
+/* One more entry in r->inputs (outputs): zeroed, and counted at once so
+ * that clear frees what reading it makes. */
+static void *add_tensor(struct rd *d, int outputs) {
+    struct kserve_request *r = d->r;
+    int *n = outputs ? &r->noutputs : &r->ninputs, *cap = outputs ? &d->out_cap : &d->in_cap;
+    size_t size = outputs ? sizeof *r->outputs : sizeof *r->inputs;
+    void **arr = outputs ? (void **)&r->outputs : (void **)&r->inputs;
+    if (*n == *cap) {
+        int c = *cap ? *cap * 2 : 4;
+        if (c > KSERVE_MAX_TENSORS) c = KSERVE_MAX_TENSORS;
+        int inline_room = *arr == (void *)r->inputs_l;
+        void *a = inline_room ? malloc((size_t)c * size) : realloc(*arr, (size_t)c * size);
+        if (!a) return NULL;
+        if (inline_room) memcpy(a, r->inputs_l, sizeof r->inputs_l);
+        *arr = a;
+        *cap = c;
+    }
+    char *e = (char *)*arr + (size_t)*n * size;
+    memset(e, 0, size);
+    ++*n;
+    return e;
+}
+
+/* 'inputs' or 'outputs'. */
+static int read_tensors(struct rd *d, int outputs) {
+    const char *what = outputs ? "outputs" : "inputs";
+    struct kserve_request *r = d->r;
+    if (peek(d) != '[') {
+        rd_fail(d, "field '%s' must be an array", what);
+        return skip_value(d, what, 0);
+    }
+    if (enter(d)) return -1;
+    int64_t c = 0;
+    int rc;
+    while ((rc = next_elem(d, &c)) == 1) {
+        if (c == KSERVE_MAX_TENSORS + 1) {
+            d->failed = 0; /* said first, as the count was checked first before */
+            rd_fail(d, "field '%s' has more than %d entries", what, KSERVE_MAX_TENSORS);
+        }
+        if (d->failed) {
+            if (skip_value(d, what, 1)) return -1;
+            continue;
+        }
+        void *e = add_tensor(d, outputs);
+        if (!e) return no_memory(d);
+        int i = (int)c - 1;
+        if (outputs ? read_output(d, e, i) : read_input(d, e, i)) return -1;
+        if (d->failed) continue;
+        const char *name = outputs ? r->outputs[i].name : r->inputs[i].name;
+        for (int k = 0; k < i; k++)
+            if (!strcmp(outputs ? r->outputs[k].name : r->inputs[k].name, name)) {
+                rd_fail(d, "%s '%s' appears twice in '%s'", outputs ? "output" : "input", name, what);
+                break;
+            }
+    }
+    if (rc) return -1;
+    if (!outputs && c == 0) rd_fail(d, "field 'inputs' is empty");
+    return 0;
+}
+
+/* The request's own 'parameters'. */
+static int read_params(struct rd *d) {
+    struct kserve_request *r = d->r;
+    if (peek(d) != '{') {
+        rd_fail(d, "field 'parameters' must be an object");
+        return skip_value(d, "parameters", 0);
+    }
+    if (enter(d)) return -1;
+    int c = 0, rc, ok, b;
+    unsigned seen = 0;
+    const char *k;
+    size_t kn;
+    uint64_t v;
+    static const char *const keys[] = {"priority", "timeout", "binary_data_output", "cache"};
+    while ((rc = next_member(d, &c, &k, &kn, "parameters")) == 1) {
+        int w = -1;
+        for (int j = 0; j < 4 && w < 0; j++)
+            if (kn == strlen(keys[j]) && !memcmp(k, keys[j], kn) && !(seen >> j & 1)) w = j;
+        if (w < 0) {
+            if (skip_member(d, k, kn)) return -1;
+            continue;
+        }
+        seen |= 1u << w;
+        if (w < 2 ? rd_uint(d, keys[w], 1.8e19, &v, &ok) : rd_bool(d, keys[w], &b, &ok)) return -1;
+        if (!ok) rd_fail(d, "parameters.%s must be %s", keys[w], w < 2 ? "an integer >= 0" : "true or false");
+        else if (w == 0) r->priority = (int64_t)(v > 1000000 ? 1000000 : v);
+        else if (w == 1) r->timeout_us = v;
+        else if (w == 2) r->binary_data_output = b;
+        else r->no_cache = !b;
+    }
+    return rc;
+}
+
+static int read_root(struct rd *d) {
+    ws(d);
+    if (peek(d) != '{') {
+        if (skip_value(d, "the request", 0)) return -1;
+        rd_fail(d, "the request body must be a JSON object");
+        return 0;
+    }
+    if (enter(d)) return -1;
+    int c = 0, rc;
+    unsigned seen = 0;
+    const char *k;
+    size_t kn;
+    while ((rc = next_member(d, &c, &k, &kn, "the request")) == 1) {
+        int w = KEY(k, kn, "id") ? 1 : KEY(k, kn, "parameters") ? 2 : KEY(k, kn, "inputs") ? 3 : KEY(k, kn, "outputs") ? 4 : 0;
+        if (!w || (seen >> w & 1)) rc = skip_member(d, k, kn);
+        else if (w == 1) {
+            const char *s;
+            size_t n;
+            int nul;
+            if (peek(d) != '"') {
+                rd_fail(d, "field 'id' must be a string");
+                rc = skip_value(d, "id", 0);
+            } else if (!(rc = rd_string(d, &s, &n, &nul))) {
+                if (nul) nul_error(d, "id");
+                else if (!(d->r->id = keep_string(d->r, s, n))) rc = no_memory(d);
+            }
+        } else if (w == 2) rc = read_params(d);
+        else rc = read_tensors(d, w == 4);
+        if (rc) return -1;
+        seen |= 1u << w;
+    }
+    if (rc) return -1;
+    if (!(seen >> 3 & 1)) rd_fail(d, "field 'inputs' is missing");
+    return 0;
+}
+
+/* ---- the body ----------------------------------------------------------- */
+
+static int read_binary(struct rd *d, struct kserve_input *in, const uint8_t *p, size_t avail) {
     const char *n = in->name;
     char sh[128];
     if (in->binary_size > avail)
-        return INVALID("input '%s': parameters.binary_data_size is %zu but only %zu bytes of binary data are left in the body",
-                       n, in->binary_size, avail);
+        return stop(d, STATUS_INVALID, "input '%s': parameters.binary_data_size is %zu but only %zu bytes of binary "
+                    "data are left in the body", n, in->binary_size, avail);
     int64_t numel = tensor_numel(&in->t);
     if (in->t.dtype != DT_STRING) {
         size_t need = tensor_nbytes(&in->t);
         if (numel == INT64_MAX || need != in->binary_size)
-            return INVALID("input '%s': parameters.binary_data_size is %zu but shape %s of %s needs %zu bytes", n,
-                           in->binary_size, tensor_shape_str(&in->t, sh, sizeof sh), dtype_kserve_name(in->t.dtype),
-                           numel == INT64_MAX ? SIZE_MAX : need);
-        int rc = charge_input(in, need, err, err_len);
-        if (rc) return rc;
-        if (tensor_alloc_data(&in->t)) return STATUS_NOMEM;
+            return stop(d, STATUS_INVALID, "input '%s': parameters.binary_data_size is %zu but shape %s of %s needs "
+                        "%zu bytes", n, in->binary_size, tensor_shape_str(&in->t, sh, sizeof sh),
+                        dtype_kserve_name(in->t.dtype), numel == INT64_MAX ? SIZE_MAX : need);
+        if (charge_input(d, in, need)) return -1;
+        if (tensor_alloc_data(&in->t)) return no_memory(d);
         memcpy(in->t.data, p, need);
         return 0;
     }
     char why[160];
     int rc = tensor_strings_from_prefixed(&in->t, p, in->binary_size, why, sizeof why);
-    if (rc == STATUS_INVALID) return INVALID("input '%s' of shape %s: %s", n, tensor_shape_str(&in->t, sh, sizeof sh), why);
-    return rc;
+    if (rc == STATUS_INVALID)
+        return stop(d, STATUS_INVALID, "input '%s' of shape %s: %s", n, tensor_shape_str(&in->t, sh, sizeof sh), why);
+    return rc ? no_memory(d) : 0;
 }
 
-static int parse_output(struct kserve_request *r, const cJSON *j, int idx, char *err, size_t err_len) {
-    struct kserve_output *o = &r->outputs[idx];
-    if (!cJSON_IsObject(j)) return INVALID("field 'outputs[%d]' must be an object", idx);
-    const cJSON *name = cJSON_GetObjectItemCaseSensitive(j, "name");
-    if (!cJSON_IsString(name) || !*name->valuestring)
-        return INVALID("field 'outputs[%d].name' must be a non-empty string", idx);
-    o->name = keep_string(r, name->valuestring);
-    if (!o->name) return STATUS_NOMEM;
-    o->binary = -1;
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(j, "parameters");
-    if (!params) return 0;
-    if (!cJSON_IsObject(params)) return INVALID("output '%s': field 'parameters' must be an object", o->name);
-    const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "binary_data");
-    if (b) {
-        if (!cJSON_IsBool(b)) return INVALID("output '%s': parameters.binary_data must be true or false", o->name);
-        o->binary = cJSON_IsTrue(b);
+/* The binary tensor data after the JSON header, input by input. */
+static int read_payloads(struct rd *d, const uint8_t *p, size_t json_len, size_t len, int64_t header_len) {
+    struct kserve_request *r = d->r;
+    size_t pos = json_len;
+    for (int i = 0; i < r->ninputs; i++) {
+        if (!r->inputs[i].binary) continue;
+        if (header_len < 0)
+            return stop(d, STATUS_INVALID, "input '%s' has parameters.binary_data_size but the request has no "
+                        "Inference-Header-Content-Length header", r->inputs[i].name);
+        if (read_binary(d, &r->inputs[i], p + pos, len - pos)) return -1;
+        pos += r->inputs[i].binary_size;
     }
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(params, "classification");
-    if (c) {
-        if (!cJSON_IsNumber(c) || c->valuedouble < 0 || c->valuedouble != floor(c->valuedouble) || c->valuedouble > 1e6)
-            return INVALID("output '%s': parameters.classification must be an integer >= 0", o->name);
-        o->classification = (int)c->valuedouble;
-    }
-    if (!cJSON_GetObjectItemCaseSensitive(params, "shared_memory_region")) return 0;
-    if (o->classification)
-        return INVALID("output '%s': parameters.shared_memory_region and parameters.classification cannot both be set",
-                       o->name);
-    if (o->binary == 1)
-        return INVALID("output '%s': parameters.shared_memory_region and parameters.binary_data true cannot both be set",
-                       o->name);
-    return parse_shm(r, params, &o->shm, "output", o->name, err, err_len);
-}
-
-static int parse_uint_param(const cJSON *params, const char *key, uint64_t *out, char *err, size_t err_len) {
-    return param_u64(params, key, 1.8e19, out, NULL, NULL, err, err_len);
-}
-
-static int parse_doc(struct kserve_request *r, const cJSON *root, const struct fast_data *fd, char *err,
-                     size_t err_len) {
-    if (!cJSON_IsObject(root)) return INVALID("the request body must be a JSON object");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(root, "id");
-    if (id) {
-        if (!cJSON_IsString(id)) return INVALID("field 'id' must be a string");
-        if (!(r->id = keep_string(r, id->valuestring))) return STATUS_NOMEM;
-    }
-    const cJSON *params = cJSON_GetObjectItemCaseSensitive(root, "parameters");
-    if (params) {
-        if (!cJSON_IsObject(params)) return INVALID("field 'parameters' must be an object");
-        uint64_t prio = 0;
-        int rc = parse_uint_param(params, "priority", &prio, err, err_len);
-        if (!rc) rc = parse_uint_param(params, "timeout", &r->timeout_us, err, err_len);
-        if (rc) return rc;
-        r->priority = (int64_t)(prio > 1000000 ? 1000000 : prio);
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(params, "binary_data_output");
-        if (b) {
-            if (!cJSON_IsBool(b)) return INVALID("parameters.binary_data_output must be true or false");
-            r->binary_data_output = cJSON_IsTrue(b);
-        }
-        const cJSON *cache = cJSON_GetObjectItemCaseSensitive(params, "cache");
-        if (cache) {
-            if (!cJSON_IsBool(cache)) return INVALID("parameters.cache must be true or false");
-            r->no_cache = cJSON_IsFalse(cache);
-        }
-    }
-    const cJSON *inputs = cJSON_GetObjectItemCaseSensitive(root, "inputs");
-    if (!inputs) return INVALID("field 'inputs' is missing");
-    if (!cJSON_IsArray(inputs)) return INVALID("field 'inputs' must be an array");
-    int n = cJSON_GetArraySize(inputs);
-    if (n == 0) return INVALID("field 'inputs' is empty");
-    if (n > KSERVE_MAX_TENSORS) return INVALID("field 'inputs' has more than %d entries", KSERVE_MAX_TENSORS);
-    r->inputs = n <= KSERVE_INLINE_INPUTS ? r->inputs_l : calloc((size_t)n, sizeof *r->inputs);
-    if (!r->inputs) return STATUS_NOMEM;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, inputs) {
-        int rc = parse_input(r, e, r->ninputs, fd, err, err_len);
-        r->ninputs++;
-        if (rc) return rc;
-        for (int k = 0; k < r->ninputs - 1; k++)
-            if (strcmp(r->inputs[k].name, r->inputs[r->ninputs - 1].name) == 0)
-                return INVALID("input '%s' appears twice in 'inputs'", r->inputs[k].name);
-    }
-    const cJSON *outputs = cJSON_GetObjectItemCaseSensitive(root, "outputs");
-    if (outputs) {
-        if (!cJSON_IsArray(outputs)) return INVALID("field 'outputs' must be an array");
-        n = cJSON_GetArraySize(outputs);
-        if (n > KSERVE_MAX_TENSORS) return INVALID("field 'outputs' has more than %d entries", KSERVE_MAX_TENSORS);
-        r->outputs = calloc((size_t)(n ? n : 1), sizeof *r->outputs);
-        if (!r->outputs) return STATUS_NOMEM;
-        cJSON_ArrayForEach(e, outputs) {
-            int rc = parse_output(r, e, r->noutputs, err, err_len);
-            r->noutputs++;
-            if (rc) return rc;
-            for (int k = 0; k < r->noutputs - 1; k++)
-                if (strcmp(r->outputs[k].name, r->outputs[r->noutputs - 1].name) == 0)
-                    return INVALID("output '%s' appears twice in 'outputs'", r->outputs[k].name);
-        }
-    }
+    if (pos != len)
+        return stop(d, STATUS_INVALID, "the body has %zu bytes of binary data after the JSON header but the inputs' "
+                    "parameters.binary_data_size add up to %zu", len - json_len, pos - json_len);
     return 0;
 }
 
-/* tritonclient (python-rapidjson) writes non-finite floats as the bare tokens
- * NaN, Infinity and -Infinity, which cJSON does not read. This copy of the
- * JSON text quotes them outside strings ("NaN"), and fill_leaf reads those
- * strings for floating-point inputs. NULL when there is nothing to quote. */
-static char *quote_nonfinite(const char *p, size_t n, size_t *out_len) {
-    static const char *toks[] = {"-Infinity", "Infinity", "NaN"};
-    size_t found = 0;
-    int in_str = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (in_str) {
-            if (p[i] == '\\') i++;
-            else if (p[i] == '"') in_str = 0;
-        } else if (p[i] == '"') in_str = 1;
-        else if (p[i] == 'N' || p[i] == 'I') found++;
+/* Triton's raw binary request (Inference-Header-Content-Length: 0): the
+ * body is the one input's bytes, with no JSON. They are kept as one BYTES
+ * element; kserve_request_bind gives them the model's input name, datatype
+ * and shape. Every output is answered as binary data. */
+static int read_raw(struct kserve_request *r, const void *body, size_t len, char *err, size_t err_len) {
+    if (kserve_max_request_memory && len > kserve_max_request_memory)
+        return INVALID("the raw binary request's %zu bytes pass the %zu bytes one request may use "
+                       "(--max-request-memory)", len, kserve_max_request_memory);
+    r->raw = 1;
+    r->binary_data_output = 1;
+    r->inputs = r->inputs_l;
+    r->ninputs = 1;
+    struct kserve_input *in = &r->inputs[0];
+    in->t = (struct tensor){.dtype = DT_STRING, .ndim = 1, .dims = {1}};
+    in->binary = 1;
+    in->binary_size = len;
+    struct tensor_str s = {len ? body : NULL, len};
+    if (tensor_strings_pack(&in->t, &s)) {
+        kserve_request_clear(r);
+        return status_set(err, err_len, STATUS_NOMEM, "out of memory for the raw binary request");
     }
-    if (!found) return NULL;
-    char *o = malloc(n + 2 * found + 1);
-    if (!o) return NULL;
-    size_t k = 0;
-    in_str = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (in_str) {
-            if (p[i] == '\\' && i + 1 < n) o[k++] = p[i++];
-            else if (p[i] == '"') in_str = 0;
-        } else if (p[i] == '"') {
-            in_str = 1;
-        } else {
-            int hit = 0;
-            for (int t = 0; t < 3 && !hit; t++) {
-                size_t L = strlen(toks[t]);
-                if (i + L <= n && memcmp(p + i, toks[t], L) == 0) {
-                    o[k++] = '"';
-                    memcpy(o + k, toks[t], L);
-                    k += L;
-                    o[k++] = '"';
-                    i += L - 1;
-                    hit = 1;
-                }
-            }
-            if (hit) continue;
-        }
-        o[k++] = p[i];
-    }
-    o[k] = 0;
-    *out_len = k;
-    return o;
-}
-
-/* cJSON allocates every node, key and string of a request, and a scratch
- * copy of every number, one malloc/free each: for a small tensor in JSON
- * that was a quarter of the request's CPU time on the I/O thread. The parse
- * tree never outlives kserve_request_parse, so it is carved from a
- * per-thread buffer instead: a bump allocator that also takes back the
- * latest block (cJSON frees each number's scratch copy right away). Blocks
- * that do not fit, and every cJSON allocation outside a parse (or on
- * another thread), go to malloc as before; the free hook tells them apart
- * by address. kserve_global_init installs the hooks at start, before any
- * thread can be using cJSON. */
-#define KSERVE_ARENA_BYTES (16 * 1024) /* a few hundred values; larger requests spill to malloc */
-
-static _Thread_local struct {
-    int active;
-    size_t used, last;
-    /* What this parse made kiln hold (parse tree, copies of the body, input
-     * tensors), counted against kserve_max_request_memory: a block freed
-     * right after it was made (cJSON's number scratch) is taken back, the
-     * rest counts until the parse ends, so this bounds its peak. */
-    size_t charged;
-    void *latest;       /* the latest block from malloc, and its size */
-    size_t latest_n;
-    int over;           /* a charge was refused */
-    _Alignas(16) unsigned char mem[KSERVE_ARENA_BYTES];
-} parse_arena;
-
-/* n more bytes for this thread's parse: 0, or -1 (over set) past the bound. */
-static int parse_charge(size_t n) {
-    if (!parse_arena.active) return 0;
-    size_t max = kserve_max_request_memory;
-    if (max && (parse_arena.charged > max || n > max - parse_arena.charged)) {
-        parse_arena.over = 1;
-        return -1;
-    }
-    parse_arena.charged += n;
     return 0;
-}
-
-static void parse_uncharge(size_t n) {
-    if (parse_arena.active) parse_arena.charged -= n < parse_arena.charged ? n : parse_arena.charged;
-}
-
-/* AddressSanitizer builds (GCC's macro, clang's feature test) keep plain
- * malloc, so it still sees every block; they count it all the same. */
-#if defined(__SANITIZE_ADDRESS__)
-#define KSERVE_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KSERVE_ASAN 1
-#endif
-#endif
-
-static void *arena_malloc(size_t n) {
-    if (!parse_arena.active) return malloc(n);
-    size_t a = (n + 15) & ~(size_t)15;
-    if (a < n || parse_charge(a)) return NULL; /* cJSON then fails the parse */
-#ifndef KSERVE_ASAN
-    if (a <= KSERVE_ARENA_BYTES - parse_arena.used) {
-        parse_arena.last = parse_arena.used;
-        parse_arena.used += a;
-        return parse_arena.mem + parse_arena.last;
-    }
-#endif
-    void *p = malloc(n);
-    if (!p) {
-        parse_uncharge(a);
-        return NULL;
-    }
-    parse_arena.latest = p;
-    parse_arena.latest_n = a;
-    return p;
-}
-
-static void arena_free(void *p) {
-    unsigned char *b = p;
-    if (b >= parse_arena.mem && b < parse_arena.mem + KSERVE_ARENA_BYTES) {
-        if (b == parse_arena.mem + parse_arena.last && parse_arena.last < parse_arena.used) {
-            parse_uncharge(parse_arena.used - parse_arena.last);
-            parse_arena.used = parse_arena.last; /* the latest block: reuse its room */
-        }
-        return;
-    }
-    if (p && p == parse_arena.latest) {
-        parse_uncharge(parse_arena.latest_n);
-        parse_arena.latest = NULL;
-    }
-    free(p);
-}
-
-void kserve_global_init(void) {
-    cJSON_Hooks h = {.malloc_fn = arena_malloc, .free_fn = arena_free};
-    cJSON_InitHooks(&h);
-}
-
-/* Starts carving parse trees from this thread's buffer, and counting. */
-static void arena_begin(void) {
-    parse_arena.active = 1;
-    parse_arena.used = parse_arena.last = 0;
-    parse_arena.charged = 0;
-    parse_arena.latest = NULL;
-    parse_arena.over = 0;
-}
-
-/* Every tree from the buffer has been deleted: later cJSON calls on this
- * thread allocate with malloc again. */
-static void arena_end(void) { parse_arena.active = 0; }
-
-/* A parse that held more than this gives the freed memory back to the
- * system (glibc keeps it in the thread's heap otherwise: 20M empty objects
- * left 1.7 GB resident after their request). */
-#define KSERVE_TRIM_BYTES ((size_t)64 << 20)
-
-static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         int nul_escaped, int use_prescan, char *err, size_t err_len);
-static int over_budget(char *err, size_t err_len);
-
-/* kserve_request_parse, with the numeric prescan or without it (cJSON then
- * reads every number: the tests compare the two). */
-static int parse_body(struct kserve_request *r, const void *body, size_t len, int64_t header_len, int use_prescan,
-                      char *err, size_t err_len) {
-    size_t json_len = header_len >= 0 && (uint64_t)header_len <= len ? (size_t)header_len : len;
-    char *esc = NULL;
-    if ((header_len < 0 || (uint64_t)header_len <= len) && json_may_hold_nul(body, json_len)) {
-        size_t esc_len;
-        esc = nul_escape(body, json_len, (const char *)body + json_len, len - json_len, &esc_len);
-        if (!esc) return status_set(err, err_len, STATUS_NOMEM, "out of memory for the request's JSON");
-        len = esc_len + (len - json_len);
-        if (header_len >= 0) header_len = (int64_t)esc_len;
-        body = esc;
-    }
-    arena_begin();
-    /* The rewritten copy of a body with NULs counts against the request's
-     * memory as the parse tree does. */
-    int rc = esc && parse_charge(len) ? over_budget(err, err_len)
-                                      : request_parse(r, body, len, header_len, esc != NULL, use_prescan, err,
-                                                      err_len);
-    size_t held = parse_arena.charged;
-    arena_end();
-    free(esc);
-    if (held > KSERVE_TRIM_BYTES) malloc_trim(0);
-    return rc;
 }
 
 int kserve_request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
                          char *err, size_t err_len) {
-    return parse_body(r, body, len, header_len, 1, err, err_len);
-}
-
-static int over_budget(char *err, size_t err_len) {
-    return INVALID("reading the request's JSON takes more than the %zu bytes one request may use "
-                   "(--max-request-memory): send large tensors as binary data", kserve_max_request_memory);
-}
-
-static int request_parse(struct kserve_request *r, const void *body, size_t len, int64_t header_len,
-                         int nul_escaped, int use_prescan, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
-    const uint8_t *p = body;
     size_t json_len = len;
     if (header_len >= 0) {
         if ((uint64_t)header_len > len)
             return INVALID("Inference-Header-Content-Length %lld is out of range: the body has %zu bytes",
                            (long long)header_len, len);
+        if (header_len == 0) {
+            int rc = read_raw(r, body, len, err, err_len);
+            if (len > KSERVE_TRIM_BODY_BYTES) malloc_trim(0);
+            return rc;
+        }
         json_len = (size_t)header_len;
     }
     if (json_len == 0) return INVALID("the request body is empty: expected a JSON inference request");
-    struct fast_data fd;
-    fast_data_init(&fd);
-    cJSON *root = NULL;
-    char local[8192]; /* most JSON headers: no allocation for the copy */
-    char *blanked = use_prescan ? prescan((const char *)p, json_len, &fd, local, sizeof local) : NULL;
-    if (blanked) {
-        const char *bend = NULL;
-        root = cJSON_ParseWithLengthOpts(blanked, json_len, &bend, 0);
-        size_t off = root ? (size_t)(bend - blanked) : 0;
-        while (off < json_len && (blanked[off] == ' ' || blanked[off] == '\n' || blanked[off] == '\r' || blanked[off] == '\t'))
-            off++;
-        if (root && off < json_len) {
-            cJSON_Delete(root);
-            root = NULL;
-        }
-        if (blanked != local) free(blanked);
-        if (!root) fast_data_free(&fd); /* cJSON reads the body as sent below, and names what is wrong */
-        if (parse_arena.over) return over_budget(err, err_len);
+    struct rd d = {.base = body, .p = body, .end = (const char *)body + json_len, .no_header = header_len < 0,
+                   .in_cap = KSERVE_INLINE_INPUTS, .r = r, .err = err, .err_len = err_len};
+    r->inputs = r->inputs_l;
+    if (!read_root(&d)) {
+        ws(&d);
+        if (d.p < d.end)
+            stop(&d, STATUS_INVALID, "unexpected bytes after the JSON header at byte %zu%s", (size_t)(d.p - d.base),
+                 d.no_header ? " (binary data needs the Inference-Header-Content-Length header)" : "");
     }
-    if (!root) {
-        const char *end = NULL, *text = (const char *)p;
-        size_t text_len = json_len;
-        root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
-        char *quoted = NULL;
-        if (!root && (quoted = quote_nonfinite(text, text_len, &text_len)) != NULL) {
-            text = quoted;
-            root = cJSON_ParseWithLengthOpts(text, text_len, &end, 0);
-            if (!root) { /* report the position in the text as sent */
-                free(quoted);
-                quoted = NULL;
-                text = (const char *)p;
-                text_len = json_len;
-                cJSON_Delete(cJSON_ParseWithLengthOpts(text, text_len, &end, 0));
-            }
-        }
-        if (!root && parse_arena.over) {
-            free(quoted);
-            return over_budget(err, err_len);
-        }
-        if (!root) {
-            size_t off = end && end >= text ? (size_t)(end - text) : 0;
-            /* cJSON reports the position where parsing stopped; name it. */
-            return INVALID("malformed JSON in the request body at byte %zu%s", off,
-                           header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
-        }
-        size_t off = (size_t)(end - text);
-        while (off < text_len && (text[off] == ' ' || text[off] == '\n' || text[off] == '\r' || text[off] == '\t')) off++;
-        free(quoted);
-        if (off < text_len) {
-            cJSON_Delete(root);
-            return INVALID("unexpected bytes after the JSON header at byte %zu%s", off,
-                           header_len < 0 ? " (binary data needs the Inference-Header-Content-Length header)" : "");
-        }
-    }
-    int rc = nul_escaped ? json_nul_decode(root, NULL, 0, err, err_len) : 0;
-    if (!rc) rc = parse_doc(r, root, &fd, err, err_len);
-    cJSON_Delete(root);
-    fast_data_free(&fd);
-    if (rc) {
+    buf_free(&d.tmp);
+    buf_free(&d.bytes);
+    if (!d.failed) read_payloads(&d, body, json_len, len, header_len);
+    if (d.charged > KSERVE_TRIM_BYTES || len > KSERVE_TRIM_BODY_BYTES) malloc_trim(0);
+    if (d.failed) {
         kserve_request_clear(r);
-        return rc;
-    }
-    size_t pos = json_len;
-    for (int i = 0; i < r->ninputs; i++) {
-        if (!r->inputs[i].binary) continue;
-        if (header_len < 0) {
-            rc = INVALID("input '%s' has parameters.binary_data_size but the request has no "
-                         "Inference-Header-Content-Length header", r->inputs[i].name);
-            kserve_request_clear(r);
-            return rc;
-        }
-        if ((rc = read_binary(&r->inputs[i], p + pos, len - pos, err, err_len))) {
-            kserve_request_clear(r);
-            return rc;
-        }
-        pos += r->inputs[i].binary_size;
-    }
-    if (pos != len) {
-        rc = INVALID("the body has %zu bytes of binary data after the JSON header but the inputs' "
-                     "parameters.binary_data_size add up to %zu", len - json_len, pos - json_len);
-        kserve_request_clear(r);
-        return rc;
+        return d.status;
     }
     return 0;
 }

@@ -287,8 +287,42 @@ static void test_format_integers(void **state) {
     }
 }
 
+/* jsonnum_parse_int: 64-bit integers exactly, at both ends of both types;
+ * past UINT64_MAX said so; a fraction or an exponent left to jsonnum_parse;
+ * what is not a number refused. */
+static void test_parse_int(void **state) {
+    static const struct { const char *s; int rc, neg; uint64_t mag; size_t len; } cases[] = {
+        {"0", JSONNUM_INT, 0, 0, 1},
+        {"-0", JSONNUM_INT, 1, 0, 2},
+        {"9223372036854775807", JSONNUM_INT, 0, 9223372036854775807ULL, 19},
+        {"-9223372036854775808", JSONNUM_INT, 1, 9223372036854775808ULL, 20},
+        {"18446744073709551615]", JSONNUM_INT, 0, 18446744073709551615ULL, 20},
+        {"9007199254740993,", JSONNUM_INT, 0, 9007199254740993ULL, 16},
+        {"18446744073709551616", JSONNUM_INT_BIG, 0, 0, 20},
+        {"-99999999999999999999999", JSONNUM_INT_BIG, 1, 0, 24},
+        {"01", JSONNUM_INT, 0, 0, 1}, /* the caller finds the 1 where a separator should be */
+        {"1.5", JSONNUM_NOT_INT, 0, 0, 0},
+        {"1e3", JSONNUM_NOT_INT, 0, 0, 0},
+        {"-", -1, 0, 0, 0},
+        {"+1", -1, 0, 0, 0},
+        {"-Infinity", -1, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *s = cases[i].s, *next = NULL;
+        int neg = -1;
+        uint64_t mag = 12345;
+        int rc = jsonnum_parse_int(s, s + strlen(s), &neg, &mag, &next);
+        if (rc != cases[i].rc) fail_msg("'%s': rc %d, expected %d", s, rc, cases[i].rc);
+        if (rc == JSONNUM_INT && (neg != cases[i].neg || mag != cases[i].mag || (size_t)(next - s) != cases[i].len))
+            fail_msg("'%s': %d %llu %td", s, neg, (unsigned long long)mag, next - s);
+        if (rc == JSONNUM_INT_BIG && (neg != cases[i].neg || (size_t)(next - s) != cases[i].len))
+            fail_msg("'%s': big, %d %td", s, neg, next - s);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_int),
         cmocka_unit_test(test_parse_edges),          cmocka_unit_test(test_parse_random),
         cmocka_unit_test(test_parse_refuses_non_json), cmocka_unit_test(test_format_edges),
         cmocka_unit_test(test_parse_long_mantissa_long_exponent),

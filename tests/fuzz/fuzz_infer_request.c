@@ -36,7 +36,6 @@ static void exercise(struct kserve_request *r, struct model_config *c) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!g_cfg.name) {
-        kserve_global_init();
         fuzz_config(&g_cfg, 1);
         fuzz_config(&g_cfg_fixed, 0);
     }

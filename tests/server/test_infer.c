@@ -240,7 +240,6 @@ static void test_cache_hit(void **state) {
 }
 
 int main(void) {
-    kserve_global_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unknown_model),
         cmocka_unit_test(test_computed_answer),

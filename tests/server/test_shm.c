@@ -643,7 +643,6 @@ static void test_truncated_during_copy(void **state) {
 }
 
 int main(void) {
-    kserve_global_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_register_refusals), cmocka_unit_test(test_status),
         cmocka_unit_test(test_acquire),           cmocka_unit_test(test_shrunk_object),
