@@ -353,7 +353,12 @@ static int scalar_value(struct lex *l, const ProtobufCFieldDescriptor *f, cJSON 
         return fail(l, &t, "fields of this type are not supported");
     }
     if (!*out) return STATUS_NOMEM;
-    return advance(l);
+    int rc = advance(l);
+    if (rc) {
+        cJSON_Delete(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 /* The value a map entry without one has: the value field's default. */
