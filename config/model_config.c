@@ -159,6 +159,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
     }
     free(c->warnings);
     c->warnings = NULL;
+    model_fields_snake_case(root);
     int rc = model_fields_check(root, &c->warnings, err, err_len);
     if (rc) goto out;
     int64_t x;

@@ -157,7 +157,8 @@ void model_config_clear(struct model_config *c);
 /* Parses config.json text into c (which model_config_init prepared). Every
  * field meets its fate first (config/model_fields.h): a refused or unknown
  * field is an error naming it, a warned one a line in c->warnings; known
- * keys of the wrong type are errors naming the key. */
+ * keys of the wrong type are errors naming the key. Keys may be protobuf's
+ * JSON names too (maxBatchSize, as json_format writes them). */
 int model_config_parse(struct model_config *c, const char *json, size_t len, char *err, size_t err_len);
 
 /* Completes c from the model's inputs and outputs and checks the two agree:

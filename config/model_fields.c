@@ -253,6 +253,48 @@ static int walk_message(struct walk *w, const ProtobufCMessageDescriptor *d, con
     return 0;
 }
 
+/* ---- protobuf's JSON names ------------------------------------------------ */
+
+/* protobuf's JSON mapping writes lowerCamelCase names (json_format's
+ * MessageToJson: maxBatchSize) and its parsers take either form; kiln's
+ * readers use the .proto's names. The descriptors say which keys are fields,
+ * so map keys (parameters' names) are never touched. */
+static void snake_case(cJSON *obj, const ProtobufCMessageDescriptor *d, int depth) {
+    if (!cJSON_IsObject(obj) || depth > 16) return;
+    for (cJSON *v = obj->child, *next; v; v = next) {
+        next = v->next;
+        const ProtobufCFieldDescriptor *f = protobuf_c_message_descriptor_get_field_by_name(d, v->string);
+        if (!f && v->string && strlen(v->string) < 100) {
+            char snake[256];
+            size_t n = 0;
+            for (const char *c = v->string; *c; c++) {
+                if (*c >= 'A' && *c <= 'Z') snake[n++] = '_', snake[n++] = (char)(*c - 'A' + 'a');
+                else snake[n++] = *c;
+            }
+            snake[n] = 0;
+            f = protobuf_c_message_descriptor_get_field_by_name(d, snake);
+            if (f && !cJSON_GetObjectItemCaseSensitive(obj, snake)) {
+                cJSON_DetachItemViaPointer(obj, v);
+                cJSON_AddItemToObject(obj, snake, v);
+            } else f = NULL;
+        }
+        if (!f || f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+        const ProtobufCMessageDescriptor *sub = f->descriptor;
+        if (pbtxt_is_map(f)) {
+            if (sub->fields[1].type != PROTOBUF_C_TYPE_MESSAGE) continue;
+            sub = sub->fields[1].descriptor;
+        }
+        if (cJSON_IsArray(v) || pbtxt_is_map(f)) {
+            cJSON *e;
+            cJSON_ArrayForEach(e, v) snake_case(e, sub, depth + 1);
+        } else snake_case(v, sub, depth + 1);
+    }
+}
+
+void model_fields_snake_case(cJSON *root) {
+    snake_case(root, model_fields_descriptor(), 0);
+}
+
 int model_fields_check(const cJSON *root, char **warnings, char *err, size_t err_len) {
     struct walk w = {.err = err, .err_len = err_len};
     int rc = cJSON_IsObject(root) ? walk_message(&w, model_fields_descriptor(), root, "") : 0;

@@ -44,6 +44,11 @@ const struct model_field *model_field_find(const char *path);
 /* ModelConfig's descriptor. */
 const ProtobufCMessageDescriptor *model_fields_descriptor(void);
 
+/* Renames root's keys written as protobuf's JSON names (lowerCamelCase,
+ * maxBatchSize) to the .proto's (max_batch_size), at every level, map keys
+ * untouched; a key already present in snake_case wins. */
+void model_fields_snake_case(cJSON *root);
+
 /* Walks the configuration root (the JSON tree of config.json or
  * config.pbtxt) against the table. A scalar at its default value (0,
  * false, "", an enum's zero value, []) says nothing and is passed over.

@@ -365,6 +365,28 @@ static void test_parse_keeps_warnings(void **state) {
     model_config_clear(&c);
 }
 
+/* protobuf's JSON names (json_format.MessageToJson) mean the .proto's names. */
+static void test_camel_case_json(void **state) {
+    struct model_config c;
+    model_config_init(&c, "m");
+    const char *j = "{\"maxBatchSize\": 4, \"dynamicBatching\": {\"maxQueueDelayMicroseconds\": \"700\", "
+                    "\"defaultQueuePolicy\": {\"maxQueueSize\": 3}}, \"instanceGroup\": [{\"count\": 2}], "
+                    "\"parameters\": {\"intra_op_thread_count\": {\"stringValue\": \"2\"}}}";
+    assert_int_equal(model_config_parse(&c, j, strlen(j), g_err, sizeof g_err), 0);
+    assert_int_equal(c.max_batch_size, 4);
+    assert_int_equal(c.max_queue_delay_us, 700);
+    assert_int_equal(c.max_queue_size, 3);
+    assert_int_equal(c.instance_count, 2);
+    assert_int_equal(c.intra_op_threads, 2);
+    assert_null(c.warnings);
+    /* A map's keys are names, not fields: left as they are (and warned). */
+    const char *k = "{\"parameters\": {\"intraOpThreadCount\": {\"stringValue\": \"2\"}}}";
+    assert_int_equal(model_config_parse(&c, k, strlen(k), g_err, sizeof g_err), 0);
+    assert_non_null(c.warnings);
+    assert_non_null(strstr(c.warnings, "'parameters.intraOpThreadCount'"));
+    model_config_clear(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scalars),
@@ -379,6 +401,7 @@ int main(void) {
         cmocka_unit_test(test_docs_list_every_field),
         cmocka_unit_test(test_fates_applied),
         cmocka_unit_test(test_parse_keeps_warnings),
+        cmocka_unit_test(test_camel_case_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-from google.protobuf import text_format
+from google.protobuf import json_format, text_format
 
 from conftest import raw_request, save_model, serving, tiny_graph
 
@@ -71,6 +71,15 @@ def srv(tmp_path_factory):
     yield from serving(root)
 
 
+def unnamed(cfg):
+    """A configuration without its names (the model's and the instance group's)."""
+    cfg = json.loads(json.dumps(cfg))
+    cfg.pop("name")
+    for gr in cfg["instance_group"]:
+        gr.pop("name")
+    return cfg
+
+
 def index(s):
     st, _, body = raw_request(s.url, "POST", "/v2/repository/index", "{}")
     assert st == 200
@@ -109,11 +118,7 @@ def test_pbtxt_and_json_give_the_same_configuration(srv):
         a, b = h.get_model_config("textual"), h.get_model_config("jsonic")
     finally:
         h.close()
-    for c in (a, b):
-        c.pop("name")
-        for gr in c["instance_group"]:
-            gr.pop("name")
-    assert a == b
+    assert unnamed(a) == unnamed(b)
 
 
 def test_a_folder_with_both_files_fails_naming_both(srv):
@@ -150,25 +155,33 @@ def test_a_warned_field_is_logged_once_and_the_model_served(srv):
 
 
 def test_served_configurations_load_back_the_same(srv, tmp_path, make_server):
-    """HTTP's JSON saved as config.json and gRPC's message printed as text
-    format saved as config.pbtxt each load back to what was served."""
+    """HTTP's JSON saved as config.json, gRPC's message printed as text format
+    saved as config.pbtxt, and as protobuf's JSON (camelCase names, 64-bit
+    integers as strings) saved as config.json, each load back to what was
+    served."""
     h = httpclient.InferenceServerClient(srv.url)
     g = grpcclient.InferenceServerClient(srv.grpc_url())
     try:
         served = {m: h.get_model_config(m) for m in ("textual", "jsonic")}
         as_text = text_format.MessageToString(g.get_model_config("jsonic").config)
+        msg = g.get_model_config("textual").config
+        msg.name = "camel"
+        as_proto_json = json_format.MessageToJson(msg)
     finally:
         h.close()
         g.close()
     assert "max_batch_size: 8" in as_text
+    assert '"maxBatchSize": 8' in as_proto_json and '"maxQueueDelayMicroseconds": "700"' in as_proto_json
     root = tmp_path / "again"
     save_model(root, "textual", tiny_graph(), config=json.dumps(served["textual"]))
     put_pbtxt(root, "jsonic", as_text)
+    save_model(root, "camel", tiny_graph(), config=as_proto_json)
     s = make_server(root)
     assert not [ln for ln in s.text().splitlines() if " warn " in ln and "model '" in ln], s.text()
     h = httpclient.InferenceServerClient(s.url)
     try:
         for m in ("textual", "jsonic"):
             assert h.get_model_config(m) == served[m], m
+        assert unnamed(h.get_model_config("camel")) == unnamed(served["textual"])
     finally:
         h.close()
