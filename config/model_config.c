@@ -12,6 +12,8 @@
 #include "common/model_io.h"
 #include "common/status.h"
 #include "config/config_json.h"
+#include "config/model_fields.h"
+#include "config/pbtxt.h"
 
 void model_config_init(struct model_config *c, const char *name) {
     memset(c, 0, sizeof *c);
@@ -44,6 +46,7 @@ void model_config_clear(struct model_config *c) {
     io_clear(c->outputs, c->noutputs);
     model_warmup_clear(c);
     model_padding_clear(c);
+    free(c->warnings);
     memset(c, 0, sizeof *c);
 }
 
@@ -154,7 +157,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         cJSON_Delete(root);
         return INVALID("the configuration is not a JSON object");
     }
-    int rc = 0;
+    free(c->warnings);
+    c->warnings = NULL;
+    model_fields_snake_case(root);
+    int rc = model_fields_check(root, &c->warnings, err, err_len);
+    if (rc) goto out;
     int64_t x;
     const cJSON *v;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "name"))) {
@@ -218,17 +225,6 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         }
     }
 
-    /* Triton fields whose meaning kiln cannot honour: serving the model as if
-     * they were absent would answer stateful or composed models wrongly. */
-    static const char *const unsupported[][2] = {
-        {"sequence_batching", "kiln has no sequence batcher (stateful models with correlation IDs)"},
-        {"ensemble_scheduling", "kiln does not run ensembles"},
-    };
-    for (size_t u = 0; u < sizeof unsupported / sizeof unsupported[0]; u++)
-        if (cJSON_GetObjectItemCaseSensitive(root, unsupported[u][0])) {
-            rc = INVALID("config field '%s' is not supported: %s", unsupported[u][0], unsupported[u][1]);
-            goto out;
-        }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "dynamic_batching"))) {
         if (!cJSON_IsObject(v)) { rc = INVALID("config field 'dynamic_batching' must be an object"); goto out; }
         c->dynamic_batching = 1;
@@ -374,6 +370,53 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
 out:
     cJSON_Delete(root);
     return rc;
+}
+
+/* ---- the model folder's file ------------------------------------------ */
+
+int model_config_read_file(const char *dir, char **json, size_t *len, const char **file, char *err, size_t err_len) {
+    static const char *const names[2] = {"config.json", "config.pbtxt"};
+    char *text[2] = {NULL, NULL};
+    size_t tlen[2] = {0, 0};
+    char path[4200];
+    *json = NULL;
+    *len = 0;
+    *file = names[0];
+    if (err_len) err[0] = 0;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        int rc = file_read_regular(path, MODEL_CONFIG_MAX_FILE_BYTES, &text[i], &tlen[i], err, err_len);
+        if (rc == STATUS_NOT_FOUND) {
+            if (err_len) err[0] = 0;
+            continue;
+        }
+        if (rc) {
+            free(text[0]);
+            *file = names[i];
+            return rc;
+        }
+    }
+    if (text[0] && text[1]) {
+        free(text[0]);
+        free(text[1]);
+        return INVALID("the model's folder has both config.json and config.pbtxt: keep one");
+    }
+    if (text[0]) {
+        *json = text[0];
+        *len = tlen[0];
+        return 0;
+    }
+    if (!text[1]) return STATUS_NOT_FOUND;
+    *file = names[1];
+    cJSON *root = NULL;
+    int rc = pbtxt_parse(model_fields_descriptor(), text[1], tlen[1], names[1], &root, err, err_len);
+    free(text[1]);
+    if (rc) return rc;
+    *json = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!*json) return status_set(err, err_len, STATUS_NOMEM, "config.pbtxt: out of memory");
+    *len = strlen(*json);
+    return 0;
 }
 
 /* ---- auto-complete ------------------------------------------------------ */

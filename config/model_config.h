@@ -146,14 +146,19 @@ struct model_config {
     struct model_warmup *warmup;    /* model_warmup samples, in the file's order */
     int nwarmup;
     struct model_padding padding;   /* sequence_padding */
+    /* Fields accepted but ignored (config/model_fields.h), one line each
+     * naming the field; NULL when none. Logged once at load. */
+    char *warnings;
 };
 
 void model_config_init(struct model_config *c, const char *name);
 void model_config_clear(struct model_config *c);
 
-/* Parses config.json text into c (which model_config_init prepared). Unknown
- * top-level keys are ignored (Triton has many); known keys of the wrong type
- * are errors naming the key. */
+/* Parses config.json text into c (which model_config_init prepared). Every
+ * field meets its fate first (config/model_fields.h): a refused or unknown
+ * field is an error naming it, a warned one a line in c->warnings; known
+ * keys of the wrong type are errors naming the key. Keys may be protobuf's
+ * JSON names too (maxBatchSize, as json_format writes them). */
 int model_config_parse(struct model_config *c, const char *json, size_t len, char *err, size_t err_len);
 
 /* Completes c from the model's inputs and outputs and checks the two agree:
@@ -164,6 +169,15 @@ int model_config_complete(struct model_config *c, const struct model_io *inputs,
 
 /* The largest config.json or label file read from a repository. */
 #define MODEL_CONFIG_MAX_FILE_BYTES ((int64_t)16 << 20)
+
+/* Reads a model folder's configuration: config.json, or config.pbtxt
+ * (protobuf text, config/pbtxt.h) turned into the same JSON. *json
+ * (malloc'd, NUL-terminated, *len bytes) is what model_config_parse takes;
+ * *file names the file read, for messages. Returns STATUS_NOT_FOUND when the
+ * folder has neither (err empty), STATUS_INVALID when it has both or the
+ * file is unreadable or malformed (err names the file, for config.pbtxt the
+ * line:column and field). */
+int model_config_read_file(const char *dir, char **json, size_t *len, const char **file, char *err, size_t err_len);
 
 /* Reads each output's label_filename from dir: regular files only, each of
  * at most MODEL_CONFIG_MAX_FILE_BYTES. */

@@ -239,10 +239,11 @@ static void version_discard(struct repo_version *v) {
     free(v);
 }
 
-/* The load phase: config.json (or the override) parsed, the ONNX file loaded
+/* The load phase: the configuration (cfg_file's JSON, or the override) parsed, the ONNX file loaded
  * for the backend the configuration picks (*be_out), the configuration
  * completed with the model's inputs and outputs and its labels. */
 static int version_read(repository_t *r, struct repo_version *v, const char *mdir, const char *cfg, size_t cfg_len,
+                        const char *cfg_file,
                         const char **be_out, char *err, size_t err_len) {
     const char *name = v->name;
     int64_t ver = v->version;
@@ -250,7 +251,7 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     snprintf(path, sizeof path, "%s/%lld/model.onnx", mdir, (long long)ver);
     /* The configuration first: its optimization settings shape the engine. */
     if (cfg && model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2)) {
-        ERR(STATUS_INVALID, "model '%s' version %lld: config.json: %s", name, (long long)ver, e2);
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s: %s", name, (long long)ver, cfg_file, e2);
         return -1;
     }
     const char *be = r->backend;
@@ -292,7 +293,8 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     free(ins);
     free(outs);
     if (rc) {
-        ERR(STATUS_INVALID, "model '%s' version %lld: %s%s", name, (long long)ver, cfg ? "config.json: " : "", e2);
+        ERR(STATUS_INVALID, "model '%s' version %lld: %s%s%s", name, (long long)ver, cfg ? cfg_file : "", cfg ? ": " : "",
+            e2);
         return -1;
     }
     /* The KServe metadata has no way to say "any rank": such an input shows
@@ -407,12 +409,14 @@ static int version_admit(repository_t *r, struct repo_version *v, const char *be
 }
 
 static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
-                                         const char *cfg, size_t cfg_len, char *err, size_t err_len) {
+                                         const char *cfg, size_t cfg_len, const char *cfg_file, char *err,
+                                         size_t err_len) {
     uint64_t t0 = clock_now_ns();
     struct repo_version *v = version_new(r, name, ver);
     if (!v) return NULL;
     const char *be = NULL;
-    if (version_read(r, v, mdir, cfg, cfg_len, &be, err, err_len) || version_start(r, v, mdir, be, err, err_len) ||
+    if (version_read(r, v, mdir, cfg, cfg_len, cfg_file, &be, err, err_len) ||
+        version_start(r, v, mdir, be, err, err_len) ||
         version_admit(r, v, be, t0, err, err_len)) {
         version_discard(v);
         return NULL;
@@ -540,16 +544,17 @@ static int load_checked(repository_t *r, const char *name, const char *override,
         return STATUS_INVALID;
     }
     size_t cfg_len = 0;
-    char cpath[4200], e2[4400];
-    snprintf(cpath, sizeof cpath, "%s/config.json", mdir);
+    char e2[4400];
     char *cfg = NULL;
+    const char *cfg_file = "parameters.config";
     if (override) {
         cfg = strdup(override);
         cfg_len = strlen(override);
     } else {
-        int frc = file_read_regular(cpath, MODEL_CONFIG_MAX_FILE_BYTES, &cfg, &cfg_len, e2, sizeof e2);
+        /* config.json or config.pbtxt, the latter as the same JSON. */
+        int frc = model_config_read_file(mdir, &cfg, &cfg_len, &cfg_file, e2, sizeof e2);
         if (frc && frc != STATUS_NOT_FOUND) {
-            ERR(STATUS_INVALID, "model '%s': config.json: %s", name, e2);
+            ERR(STATUS_INVALID, "model '%s': %s", name, e2);
             entry_set_state(r, name, ST_UNAVAILABLE, err);
             return STATUS_INVALID;
         }
@@ -558,11 +563,17 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     struct model_config pc;
     model_config_init(&pc, name);
     if (cfg && (model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2) || check_bounds(r, &pc, e2, sizeof e2))) {
-        ERR(STATUS_INVALID, "model '%s': %s: %s", name, override ? "parameters.config" : "config.json", e2);
+        ERR(STATUS_INVALID, "model '%s': %s: %s", name, cfg_file, e2);
         model_config_clear(&pc);
         free(cfg);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
         return STATUS_INVALID;
+    }
+    /* Fields accepted but ignored are said once per load, here. */
+    for (const char *w = pc.warnings; w && *w;) {
+        size_t n = strcspn(w, "\n");
+        log_warn("model '%s': %s: %.*s", name, cfg_file, (int)n, w);
+        w += n + (w[n] == '\n');
     }
     int64_t want[256];
     int nw = 0;
@@ -587,7 +598,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     struct repo_version **nv = calloc((size_t)nw, sizeof *nv);
     int rc = nv ? 0 : STATUS_NOMEM;
     for (int i = 0; !rc && i < nw; i++) {
-        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, err, err_len);
+        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, cfg_file, err, err_len);
         if (!nv[i]) rc = STATUS_INVALID;
     }
     free(cfg);

@@ -9,7 +9,7 @@
  * its own secret and key, as kiln would have, so every input reaches the
  * decoder; the same bytes unsealed must be refused. Built by tools/fuzz.sh:
  */
-// fuzz-sources: common/*.c config/model_*.c cache/*.c server/metrics.c
+// fuzz-sources: common/*.c config/model_*.c config/pbtxt.c cache/*.c server/metrics.c
 // fuzz-corpus: tests/fuzz/corpus/cache_value/*
 #include <stdint.h>
 #include <stdlib.h>

@@ -8,7 +8,7 @@
  *
  * Input layout: one selector byte, then the message. Built by tools/fuzz.sh:
  */
-// fuzz-sources: common/*.c config/model_*.c server/kserve*.c server/shm.c kernels/plugin.c server/grpc_codec.c
+// fuzz-sources: common/*.c config/model_*.c config/pbtxt.c server/kserve*.c server/shm.c kernels/plugin.c server/grpc_codec.c
 // fuzz-corpus: tests/fuzz/corpus/grpc_message/*
 #include <stdint.h>
 #include <stdlib.h>

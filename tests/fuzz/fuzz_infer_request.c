@@ -6,7 +6,7 @@
  * Input layout: the header value up to the first '\n' (empty = header absent),
  * then the body. Built by tools/fuzz.sh:
  */
-// fuzz-sources: common/*.c config/model_*.c server/kserve*.c server/shm.c kernels/plugin.c
+// fuzz-sources: common/*.c config/model_*.c config/pbtxt.c server/kserve*.c server/shm.c kernels/plugin.c
 // fuzz-corpus: tests/fuzz/corpus/infer_request/*
 #include <stdint.h>
 #include <stdlib.h>
