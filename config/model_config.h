@@ -38,6 +38,13 @@ struct model_config_io {
     enum dtype dtype;
     int ndim;                       /* -1 = not known yet */
     int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0; -1 = any */
+    /* Triton's reshape.shape: the shape the model takes or gives, where dims
+     * is the one clients send or see (same elements; without the batch dim
+     * when max_batch_size > 0; at most one -1 in each, worked out from the
+     * element count). -1 = no reshape; 0 = one value per row. */
+    int reshape_ndim;
+    int64_t reshape[TENSOR_MAX_DIMS];
+    int optional;                   /* inputs: a request may leave it out */
     char *label_filename;           /* outputs: labels for classification, one per line */
     char **labels;                  /* loaded by model_config_load_labels */
     int nlabels;
@@ -195,6 +202,10 @@ int model_padding_complete(struct model_config *c, const struct model_io *inputs
                            const struct model_io *outputs, int noutputs, char *err, size_t err_len);
 void model_padding_clear(struct model_config *c);
 cJSON *model_padding_to_json(const struct model_config *c);
+
+/* Shape out[0..ndim) from dims (at most one -1) holding count elements:
+ * 0, or -1 when no such shape holds them. */
+int model_config_fit_shape(const int64_t *dims, int ndim, int64_t count, int64_t *out);
 
 /* Index of the input/output with this name, or -1. */
 int model_config_find_input(const struct model_config *c, const char *name);

@@ -107,6 +107,10 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
 
+/* Turns each output that has a reshape in mc from the model's shape to the
+ * one clients see (the config's dims), in place: dims only, the data stays. */
+void kserve_reshape_outputs(const struct model_config *mc, struct tensor *outputs);
+
 /* Encodes the response for r given every model output (outputs[mc->noutputs],
  * in the model's order). r is a request kserve_request_bind accepted for mc:
  * the outputs it asks for are not checked again here. body receives the JSON
