@@ -108,6 +108,17 @@ int model_config_fit_shape(const int64_t *dims, int ndim, int64_t count, int64_t
     return 0;
 }
 
+int model_config_reshape(struct tensor *t, int skip, const int64_t *shape, int ndim) {
+    int64_t per = 1;
+    for (int d = skip; d < t->ndim; d++) per *= t->dims[d];
+    int64_t dims[TENSOR_MAX_DIMS];
+    if (skip + ndim > TENSOR_MAX_DIMS || model_config_fit_shape(shape, ndim, per, dims + skip)) return -1;
+    if (skip) dims[0] = t->dims[0];
+    t->ndim = skip + ndim;
+    memcpy(t->dims, dims, (size_t)t->ndim * sizeof *dims);
+    return 0;
+}
+
 /* An array of dims (integers >= -1, JSON numbers or, as protobuf's JSON
  * writes int64, strings) into out; field names it in messages. */
 static int parse_dims(const cJSON *arr, const char *what, int i, const char *name, const char *field, int64_t *out,

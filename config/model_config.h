@@ -45,6 +45,9 @@ struct model_config_io {
     int reshape_ndim;
     int64_t reshape[TENSOR_MAX_DIMS];
     int optional;                   /* inputs: a request may leave it out */
+    /* An optional input's default: the model's initializer for it, owned
+     * by the model (server/repository.c sets it); NULL: none. */
+    const struct tensor *dflt;
     char *label_filename;           /* outputs: labels for classification, one per line */
     char **labels;                  /* loaded by model_config_load_labels */
     int nlabels;
@@ -206,6 +209,11 @@ cJSON *model_padding_to_json(const struct model_config *c);
 /* Shape out[0..ndim) from dims (at most one -1) holding count elements:
  * 0, or -1 when no such shape holds them. */
 int model_config_fit_shape(const int64_t *dims, int ndim, int64_t count, int64_t *out);
+
+/* Gives t (its batch dim kept when skip) the shape, holding the same
+ * elements in the same order: a view, the data does not move. 0, or -1
+ * (t unchanged) when they do not fit. */
+int model_config_reshape(struct tensor *t, int skip, const int64_t *shape, int ndim);
 
 /* Index of the input/output with this name, or -1. */
 int model_config_find_input(const struct model_config *c, const char *name);

@@ -431,6 +431,17 @@ static void test_model_config_reshape(void **state) {
     assert_int_equal(model_config_fit_shape(fixed, 2, 6, out), 0);
     assert_int_equal(model_config_fit_shape(fixed, 2, 7, out), -1);
     assert_int_equal(model_config_fit_shape(fixed, 0, 1, out), 0); /* a scalar per row */
+    /* A view: [4, 6] -> [4, 2, 3] keeping the batch dim, [4, 1] -> [4]; a misfit leaves t as it was. */
+    struct tensor t = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 6}};
+    assert_int_equal(model_config_reshape(&t, 1, fixed, 2), 0);
+    assert_int_equal(t.ndim, 3);
+    assert_true(t.dims[0] == 4 && t.dims[1] == 2 && t.dims[2] == 3);
+    static const int64_t seven[] = {7};
+    assert_int_equal(model_config_reshape(&t, 1, seven, 1), -1);
+    assert_int_equal(t.ndim, 3);
+    struct tensor col = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 1}};
+    assert_int_equal(model_config_reshape(&col, 1, fixed, 0), 0);
+    assert_true(col.ndim == 1 && col.dims[0] == 4);
 }
 
 /* kiln's optimization object: defaults, values, the /config echo, and

@@ -93,7 +93,10 @@ def _reshape_repo(root):
         [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 2, 3])],
         [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 2, 3])]),
         config=json.dumps({"max_batch_size": 8, "input": [io("x", [6], {"reshape": {"shape": [2, 3]}})],
-                           "output": [io("y", [3, 2], {"reshape": {"shape": [2, 3]}})]}))
+                           "output": [io("y", [3, 2], {"reshape": {"shape": [2, 3]}})],
+                           # Warm-up samples have the clients' shape too.
+                           "model_warmup": [{"name": "w", "batch_size": 2, "inputs": {
+                               "x": {"data_type": "TYPE_FP32", "dims": [6], "zero_data": True}}}]}))
     one = oh.make_tensor("one", TP.FLOAT, [], [1.0])
     save_model(root, "scalar", oh.make_graph(
         [oh.make_node("Add", ["v", "one"], ["w"])], "scalar",
@@ -302,3 +305,70 @@ def test_instance_count_and_queue_delay(make_server, tmp_path):
     assert len(results) == 2
     st = c.get_inference_statistics("tuned")["model_stats"][0]
     assert st["inference_count"] == 2 and st["execution_count"] == 1, st
+
+
+# ---- optional inputs ---------------------------------------------------
+
+def _optional_repo(root):
+    # y = x * scale + bias; scale is an initializer the graph also lists as
+    # an input (a default a caller may override), bias a plain input.
+    scale = oh.make_tensor("scale", TP.FLOAT, [3], [2.0, 3.0, 4.0])
+    g = oh.make_graph(
+        [oh.make_node("Mul", ["x", "scale"], ["m"]), oh.make_node("Add", ["m", "bias"], ["y"])], "opt",
+        [oh.make_tensor_value_info("x", TP.FLOAT, [3]), oh.make_tensor_value_info("scale", TP.FLOAT, [3]),
+         oh.make_tensor_value_info("bias", TP.FLOAT, [3])],
+        [oh.make_tensor_value_info("y", TP.FLOAT, [3])], [scale])
+    save_model(root, "opt", g, config=json.dumps({
+        "input": [io("x", [3]), io("scale", [3], {"optional": True}), io("bias", [3], {"optional": True})],
+        "output": [io("y", [3])]}))
+    return g
+
+
+def test_optional_input_with_an_initializer_default(make_server, tmp_path):
+    """An optional input the request leaves out runs with the graph's
+    initializer for it; one it gives overrides it; an optional input the
+    graph needs and has no default for is an error naming it."""
+    root = tmp_path / "repo"
+    _optional_repo(root)
+    s = make_server(root)
+    h = httpclient.InferenceServerClient(s.url)
+    g = grpcclient.InferenceServerClient(s.grpc_url())
+    x, b = np.array([1, 2, 3], np.float32), np.array([10, 20, 30], np.float32)
+    md = h.get_model_metadata("opt")
+    assert [i["name"] for i in md["inputs"]] == ["x", "bias", "scale"]
+    assert [i.get("optional", False) for i in h.get_model_config("opt")["input"]] == [False, True, True]
+    for mod, c in ((httpclient, h), (grpcclient, g)):
+        y = c.infer("opt", [fp32("x", x, mod), fp32("bias", b, mod)]).as_numpy("y")
+        np.testing.assert_array_equal(y, x * [2, 3, 4] + b)
+        y = c.infer("opt", [fp32("x", x, mod), fp32("bias", b, mod), fp32("scale", np.ones(3, np.float32), mod)])
+        np.testing.assert_array_equal(y.as_numpy("y"), x + b)
+        with pytest.raises(InferenceServerException, match="optional input 'bias' of model 'opt' is missing"):
+            c.infer("opt", [fp32("x", x, mod)])
+        with pytest.raises(InferenceServerException, match="input 'x' is missing"):
+            c.infer("opt", [fp32("bias", b, mod)])
+
+
+def test_optional_input_the_graph_does_not_read(make_server, tmp_path):
+    """An optional input no node reads may be left out: the graph runs
+    without it (on zeros of its shape, which nothing looks at)."""
+    g = oh.make_graph([oh.make_node("Neg", ["x"], ["y"])], "unread",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, [3]), oh.make_tensor_value_info("extra", TP.FLOAT, ["K"])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, [3])])
+    save_model(tmp_path / "repo", "unread", g, config=json.dumps({
+        "input": [io("x", [3]), io("extra", [-1], {"optional": True})], "output": [io("y", [3])]}))
+    s = make_server(tmp_path / "repo")
+    c = httpclient.InferenceServerClient(s.url)
+    x = np.array([1, -2, 3], np.float32)
+    np.testing.assert_array_equal(c.infer("unread", [fp32("x", x)]).as_numpy("y"), -x)
+    y = c.infer("unread", [fp32("x", x), fp32("extra", np.ones(5, np.float32))]).as_numpy("y")
+    np.testing.assert_array_equal(y, -x)
+
+
+def test_optional_input_the_model_lacks_fails_the_load(make_server, tmp_path):
+    root = tmp_path / "repo"
+    _optional_repo(root)
+    s = make_server(root, "--model-control-mode", "explicit")
+    c = httpclient.InferenceServerClient(s.url)
+    cfg = {"input": [io("x", [3]), io("nope", [3], {"optional": True})], "output": [io("y", [3])]}
+    msg = load_error(c, "opt", json.dumps(cfg))
+    assert "'nope' is not a graph input" in msg, msg
