@@ -373,28 +373,46 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         }
     }
 
+    /* Triton runs every group's count instances (count defaults to 1 per
+     * group); kiln runs one kind per model, so groups must agree on it. */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "instance_group"))) {
-        const cJSON *g = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
-        if (!cJSON_IsArray(v) || (cJSON_GetArraySize(v) && !cJSON_IsObject(g))) {
+        if (!cJSON_IsArray(v)) {
             rc = INVALID("config field 'instance_group' must be an array of objects");
             goto out;
         }
-        if (g) {
-            if ((r = config_get_int(g, "count", 1, 256, &x)) < 0) {
-                rc = INVALID("config field 'instance_group[0].count' must be an integer 1-256");
+        int gi = 0, total = 0;
+        const cJSON *g;
+        cJSON_ArrayForEach(g, v) {
+            if (!cJSON_IsObject(g)) {
+                rc = INVALID("config field 'instance_group' must be an array of objects");
                 goto out;
-            } else if (r) c->instance_count = (int)x;
-            const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
-            if (k) {
-                if (!cJSON_IsString(k) || (strcmp(k->valuestring, "KIND_AUTO") && strcmp(k->valuestring, "KIND_CPU") &&
-                                           strcmp(k->valuestring, "KIND_GPU"))) {
-                    rc = INVALID("config field 'instance_group[0].kind' must be KIND_AUTO, KIND_CPU or KIND_GPU");
-                    goto out;
-                }
-                free(c->instance_kind);
-                c->instance_kind = strdup(k->valuestring);
             }
+            if ((r = config_get_int(g, "count", 1, 256, &x)) < 0) {
+                rc = INVALID("config field 'instance_group[%d].count' must be an integer 1-256", gi);
+                goto out;
+            }
+            total += r ? (int)x : 1;
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
+            const char *kind = cJSON_IsString(k) ? k->valuestring : "KIND_AUTO";
+            if ((k && !cJSON_IsString(k)) ||
+                (strcmp(kind, "KIND_AUTO") && strcmp(kind, "KIND_CPU") && strcmp(kind, "KIND_GPU"))) {
+                rc = INVALID("config field 'instance_group[%d].kind' must be KIND_AUTO, KIND_CPU or KIND_GPU", gi);
+                goto out;
+            }
+            if (gi > 0 && strcmp(kind, c->instance_kind)) {
+                rc = INVALID("config field 'instance_group[%d].kind' is %s but group 0's is %s: kiln runs one kind "
+                             "of instance per model", gi, kind, c->instance_kind);
+                goto out;
+            }
+            free(c->instance_kind);
+            c->instance_kind = strdup(kind);
+            gi++;
         }
+        if (total > 256) {
+            rc = INVALID("config field 'instance_group' asks for %d instances in all; at most 256", total);
+            goto out;
+        }
+        if (gi) c->instance_count = total;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "response_cache"))) {
         if (!cJSON_IsObject(v) || get_bool(v, "enable", &c->response_cache) < 0) {

@@ -142,7 +142,7 @@ struct model_config {
     int allow_timeout_override;
     int max_queue_size;
 
-    int instance_count;             /* instance_group[0].count; default 1 */
+    int instance_count;             /* every instance_group's count (1 each by default), summed; default 1 */
     char *instance_kind;            /* "KIND_AUTO", "KIND_CPU", "KIND_GPU" */
     int response_cache;             /* response_cache.enable */
     /* kiln's optimization object: {"precision": "fp32"|"fp16",

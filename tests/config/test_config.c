@@ -266,6 +266,14 @@ static void test_model_config_parse_and_json(void **state) {
     assert_int_equal(c.max_queue_size, 5);
     assert_int_equal(c.instance_count, 2);
     assert_true(c.response_cache);
+    /* Every group's instances, as Triton runs them (count 1 by default). */
+    struct model_config g;
+    model_config_init(&g, "m");
+    const char *groups = "{\"instance_group\":[{\"count\":2,\"kind\":\"KIND_CPU\"},{\"kind\":\"KIND_CPU\"}]}";
+    assert_int_equal(model_config_parse(&g, groups, strlen(groups), g_err, sizeof g_err), 0);
+    assert_int_equal(g.instance_count, 3);
+    assert_string_equal(g.instance_kind, "KIND_CPU");
+    model_config_clear(&g);
     int64_t present[] = {1, 2, 3};
     assert_true(model_config_version_wanted(&c, 1, present, 3));
     assert_false(model_config_version_wanted(&c, 2, present, 3));
@@ -322,6 +330,9 @@ static void test_model_config_errors(void **state) {
         {"{\"name\":\"other\"}", "'name'", 0},
         {"{\"platform\":\"tensorflow_savedmodel\"}", "platform", 0},
         {"{\"backend\":\"kiln\"}", "'backend' is 'kiln'", 0},
+        {"{\"instance_group\":[{\"kind\":\"KIND_CPU\"},{\"count\":2,\"kind\":\"KIND_GPU\"}]}", "one kind", 0},
+        {"{\"instance_group\":[{\"count\":1},{\"count\":\"x\"}]}", "instance_group[1].count", 0},
+        {"{\"instance_group\":[{\"count\":200},{\"count\":100}]}", "300 instances", 0},
         {"{\"platform\":\"kiln_onnx\"}", "'platform' is 'kiln_onnx'", 0},
         {"{\"input\":[{\"name\":\"x\",\"reshape\":{\"shape\":[4]}}]}", "needs dims", 0},
         {"{\"input\":[{\"name\":\"x\",\"dims\":[4],\"reshape\":{\"shape\":[3]}}]}", "3 elements but dims 4", 0},

@@ -281,8 +281,12 @@ def test_instance_count_and_queue_delay(make_server, tmp_path):
     save_model(root, "tuned", tiny_graph(), config=json.dumps({
         "max_batch_size": 8, "instance_group": [{"count": 2}],
         "dynamic_batching": {"max_queue_delay_microseconds": 2000000}}))
+    # Two groups: Triton runs each group's instances (count 1 by default).
+    save_model(root, "groups", tiny_graph(), config=json.dumps({"instance_group": [{"count": 2}, {}]}))
     s = make_server(root)
     c = httpclient.InferenceServerClient(s.url)
+    assert c.get_model_config("groups")["instance_group"][0]["count"] == 3
+    assert "model 'groups' version 1" in s.text() and "3 instances on cpu" in s.text()
     cfg = c.get_model_config("tuned")
     assert cfg["instance_group"][0]["count"] == 2
     assert cfg["dynamic_batching"]["max_queue_delay_microseconds"] == 2000000
