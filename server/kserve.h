@@ -100,8 +100,9 @@ int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_
 
 /* Checks r against the model configuration (whose inputs and outputs are in
  * the model's order) and fills ordered[mc->ninputs] with borrowed views of
- * r's tensors and *rows with the batch size (1 when the model does not
- * batch). Also checks the requested outputs exist. This is the one check of
+ * r's tensors (in the shape of the input's reshape where it has one; an
+ * optional input left out is a view of its default, mc's dflt) and *rows
+ * with the batch size (1 when the model does not batch). Also checks the requested outputs exist. This is the one check of
  * a request's inputs on the server's path: the batcher and the model take
  * what it accepts as it is (every dim within MODEL_MAX_DIM included). */
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
