@@ -126,7 +126,9 @@ def test_config_round_trip_through_get_model_config(make_server, tmp_path):
         "output": [{"name": "probs", "label_filename": "labels.txt"}]}))
     (root / "tuned" / "labels.txt").write_text("a\nb\nc\n")
     _reshape_repo(root)
-    names = ["nb", "auto", "multi", "tuned", "rs", "scalar", "rs_nb"]
+    _optional_repo(root)
+    save_model(root, "groups", tiny_graph(), config=json.dumps({"instance_group": [{"count": 2}, {}]}))
+    names = ["nb", "auto", "multi", "tuned", "rs", "scalar", "rs_nb", "opt", "groups"]
     s = make_server(root, "--model-control-mode", "explicit", *sum((["--load-model", n] for n in names), []))
     h = httpclient.InferenceServerClient(s.url)
     g = grpcclient.InferenceServerClient(s.grpc_url())
