@@ -302,8 +302,16 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     }
     int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
-    for (int i = 0; !rc && i < v->config.ninputs; i++) /* the config is in the model's order now */
-        v->config.inputs[i].dflt = v->config.inputs[i].optional ? model_input_default(v->model, i) : NULL;
+    for (int i = 0; !rc && i < v->config.ninputs; i++) { /* the config is in the model's order now */
+        struct model_config_io *in = &v->config.inputs[i];
+        in->dflt = in->optional ? model_input_default(v->model, i) : NULL;
+        /* A default is one request's value: batched rows would each need one. */
+        if (in->dflt && v->config.max_batch_size > 0)
+            rc = status_set(e2, sizeof e2, STATUS_INVALID, "config field 'input' of '%s': an optional input with a "
+                            "default (the graph's %s) cannot be left out of a batch; a model that batches (max_batch_size "
+                            "%d) needs it in every request: drop optional or batching", in->name,
+                            tensor_numel(in->dflt) ? "initializer" : "unread input", v->config.max_batch_size);
+    }
     free(ins);
     free(outs);
     if (rc) {

@@ -378,3 +378,12 @@ def test_optional_input_the_model_lacks_fails_the_load(make_server, tmp_path):
     cfg = {"input": [io("x", [3]), io("nope", [3], {"optional": True})], "output": [io("y", [3])]}
     msg = load_error(c, "opt", json.dumps(cfg))
     assert "'nope' is not a graph input" in msg, msg
+    # A batching model: a default has no rows of its own.
+    g = oh.make_graph([oh.make_node("Neg", ["x"], ["y"])], "unread",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 3]),
+                       oh.make_tensor_value_info("extra", TP.FLOAT, ["N", 2])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 3])])
+    save_model(root, "unread", g)
+    cfg = {"max_batch_size": 4, "input": [io("x", [3]), io("extra", [2], {"optional": True})], "output": [io("y", [3])]}
+    msg = load_error(c, "unread", json.dumps(cfg))
+    assert "config field 'input' of 'extra'" in msg and "max_batch_size 4" in msg, msg
