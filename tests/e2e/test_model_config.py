@@ -6,6 +6,7 @@ platform/backend, instance_group count and dynamic_batching's queue delay.
 Models are made here with onnx.helper; the real binary serves them and the
 real tritonclient (HTTP and gRPC) asks."""
 import json
+import shutil
 import threading
 
 import numpy as np
@@ -16,7 +17,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto as TP
 from tritonclient.utils import InferenceServerException
 
-from conftest import save_model, tiny_graph
+from conftest import DIGITS, save_model, tiny_graph
 
 
 def fp32(name, x, mod=httpclient):
@@ -129,6 +130,9 @@ def test_config_round_trip_through_get_model_config(make_server, tmp_path):
     _optional_repo(root)
     save_model(root, "groups", tiny_graph(), config=json.dumps({"instance_group": [{"count": 2}, {}]}))
     names = ["nb", "auto", "multi", "tuned", "rs", "scalar", "rs_nb", "opt", "groups"]
+    if DIGITS.exists():  # the example model as shipped
+        shutil.copytree(DIGITS, root / "digits")
+        names.append("digits")
     s = make_server(root, "--model-control-mode", "explicit", *sum((["--load-model", n] for n in names), []))
     h = httpclient.InferenceServerClient(s.url)
     g = grpcclient.InferenceServerClient(s.grpc_url())
