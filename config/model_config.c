@@ -79,6 +79,68 @@ static int get_bool(const cJSON *obj, const char *key, int *out) {
     return 1;
 }
 
+/* Elements in a shape, or -1 when a dim is -1. */
+static int64_t shape_count(const int64_t *dims, int ndim) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        if (dims[d] < 0) return -1;
+        n *= dims[d];
+    }
+    return n;
+}
+
+static int count_any(const int64_t *dims, int ndim) {
+    int n = 0;
+    for (int d = 0; d < ndim; d++) n += dims[d] < 0;
+    return n;
+}
+
+int model_config_fit_shape(const int64_t *dims, int ndim, int64_t count, int64_t *out) {
+    int64_t known = 1;
+    int any = -1;
+    for (int d = 0; d < ndim; d++) {
+        out[d] = dims[d];
+        if (dims[d] < 0) {
+            if (any >= 0) return -1;
+            any = d;
+        } else known *= dims[d];
+    }
+    if (any < 0) return known == count ? 0 : -1;
+    if (known == 0 ? count != 0 : count % known) return -1;
+    out[any] = known ? count / known : 0;
+    return 0;
+}
+
+int model_config_reshape(struct tensor *t, int skip, const int64_t *shape, int ndim) {
+    int64_t per = 1;
+    for (int d = skip; d < t->ndim; d++) per *= t->dims[d];
+    int64_t dims[TENSOR_MAX_DIMS];
+    if (skip + ndim > TENSOR_MAX_DIMS || model_config_fit_shape(shape, ndim, per, dims + skip)) return -1;
+    if (skip) dims[0] = t->dims[0];
+    t->ndim = skip + ndim;
+    memcpy(t->dims, dims, (size_t)t->ndim * sizeof *dims);
+    return 0;
+}
+
+/* An array of dims (integers >= -1, JSON numbers or, as protobuf's JSON
+ * writes int64, strings) into out; field names it in messages. */
+static int parse_dims(const cJSON *arr, const char *what, int i, const char *name, const char *field, int64_t *out,
+                      int *nout, char *err, size_t err_len) {
+    if (!cJSON_IsArray(arr) || cJSON_GetArraySize(arr) > TENSOR_MAX_DIMS)
+        return INVALID("config field '%s[%d].%s' of '%s' must be an array of at most %d integers", what, i, field,
+                       name, TENSOR_MAX_DIMS);
+    int n = 0;
+    const cJSON *d;
+    cJSON_ArrayForEach(d, arr) {
+        double v = cJSON_IsNumber(d) ? d->valuedouble : cJSON_IsString(d) ? strtod(d->valuestring, NULL) : -2;
+        if (v != (double)(int64_t)v || v < -1 || v > (double)(1LL << 40))
+            return INVALID("config field '%s[%d].%s' of '%s' must hold integers >= -1", what, i, field, name);
+        out[n++] = (int64_t)v;
+    }
+    *nout = n;
+    return 0;
+}
+
 static int parse_io(const cJSON *arr, const char *what, struct model_config_io **out, int *nout,
                     char *err, size_t err_len) {
     if (!cJSON_IsArray(arr)) return INVALID("config field '%s' must be an array", what);
@@ -105,24 +167,40 @@ static int parse_io(const cJSON *arr, const char *what, struct model_config_io *
             }
         }
         const cJSON *dims = cJSON_GetObjectItemCaseSensitive(e, "dims");
-        if (dims) {
-            if (!cJSON_IsArray(dims) || cJSON_GetArraySize(dims) > TENSOR_MAX_DIMS) {
-                rc = INVALID("config field '%s[%d].dims' of '%s' must be an array of at most %d integers",
-                             what, i - 1, x->name, TENSOR_MAX_DIMS);
+        if (dims && (rc = parse_dims(dims, what, i - 1, x->name, "dims", x->dims, &x->ndim, err, err_len))) break;
+        x->reshape_ndim = -1;
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "reshape");
+        if (rs) {
+            /* protobuf's JSON drops an empty shape: {} is shape []. */
+            const cJSON *sh = cJSON_IsObject(rs) ? cJSON_GetObjectItemCaseSensitive(rs, "shape") : NULL;
+            if (!cJSON_IsObject(rs)) {
+                rc = INVALID("config field '%s[%d].reshape' of '%s' must be {\"shape\": [...]}", what, i - 1, x->name);
                 break;
             }
-            x->ndim = 0;
-            const cJSON *d;
-            cJSON_ArrayForEach(d, dims) {
-                double v = cJSON_IsNumber(d) ? d->valuedouble
-                           : cJSON_IsString(d) ? strtod(d->valuestring, NULL) : -2;
-                if (v != (double)(int64_t)v || v < -1 || v > (double)(1LL << 40)) {
-                    rc = INVALID("config field '%s[%d].dims' of '%s' must hold integers >= -1", what, i - 1, x->name);
-                    break;
-                }
-                x->dims[x->ndim++] = (int64_t)v;
+            x->reshape_ndim = 0;
+            if (sh && (rc = parse_dims(sh, what, i - 1, x->name, "reshape.shape", x->reshape, &x->reshape_ndim, err,
+                                       err_len)))
+                break;
+            if (!dims) {
+                rc = INVALID("config field '%s[%d].reshape' of '%s' needs dims (the shape clients use)", what, i - 1,
+                             x->name);
+                break;
             }
-            if (rc) break;
+            if (count_any(x->dims, x->ndim) > 1 || count_any(x->reshape, x->reshape_ndim) > 1) {
+                rc = INVALID("config field '%s[%d]' of '%s': with reshape, dims and reshape.shape may each hold at "
+                             "most one -1", what, i - 1, x->name);
+                break;
+            }
+            int64_t a = shape_count(x->dims, x->ndim), b = shape_count(x->reshape, x->reshape_ndim);
+            if (a > 0 && b > 0 && a != b) {
+                rc = INVALID("config field '%s[%d].reshape' of '%s': shape holds %lld elements but dims %lld", what,
+                             i - 1, x->name, (long long)b, (long long)a);
+                break;
+            }
+        }
+        if (get_bool(e, "optional", &x->optional) < 0) {
+            rc = INVALID("config field '%s[%d].optional' of '%s' must be true or false", what, i - 1, x->name);
+            break;
         }
         const cJSON *lf = cJSON_GetObjectItemCaseSensitive(e, "label_filename");
         if (cJSON_IsString(lf) && *lf->valuestring) {
@@ -171,17 +249,18 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             goto out;
         }
     }
-    if ((v = cJSON_GetObjectItemCaseSensitive(root, "platform"))) {
-        if (!cJSON_IsString(v)) { rc = INVALID("config field 'platform' must be a string"); goto out; }
-        if (*v->valuestring && strcmp(v->valuestring, "onnxruntime_onnx") && strcmp(v->valuestring, "kiln_onnx")) {
-            rc = INVALID("config field 'platform' is '%s': kiln serves ONNX models (onnxruntime_onnx)", v->valuestring);
+    /* Triton picks the backend from these two; kiln is the onnxruntime
+     * backend's stand-in, and a model meant for another (TensorRT, Python,
+     * PyTorch) would be served wrongly, so any other value is refused. */
+    static const char *const served[][2] = {{"platform", "onnxruntime_onnx"}, {"backend", "onnxruntime"}};
+    for (size_t f = 0; f < sizeof served / sizeof served[0]; f++) {
+        if (!(v = cJSON_GetObjectItemCaseSensitive(root, served[f][0]))) continue;
+        if (!cJSON_IsString(v)) { rc = INVALID("config field '%s' must be a string", served[f][0]); goto out; }
+        if (*v->valuestring && strcmp(v->valuestring, served[f][1])) {
+            rc = INVALID("config field '%s' is '%s': kiln serves ONNX models, as Triton's '%s' %s", served[f][0],
+                         v->valuestring, served[f][1], served[f][0]);
             goto out;
         }
-    }
-    if ((v = cJSON_GetObjectItemCaseSensitive(root, "backend")) && cJSON_IsString(v) && *v->valuestring &&
-        strcmp(v->valuestring, "onnxruntime") && strcmp(v->valuestring, "kiln")) {
-        rc = INVALID("config field 'backend' is '%s': kiln serves ONNX models (onnxruntime)", v->valuestring);
-        goto out;
     }
     int r = config_get_int(root, "max_batch_size", 0, MODEL_CONFIG_MAX_BATCH_SIZE, &x);
     if (r < 0) {
@@ -290,28 +369,46 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         }
     }
 
+    /* Triton runs every group's count instances (count defaults to 1 per
+     * group); kiln runs one kind per model, so groups must agree on it. */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "instance_group"))) {
-        const cJSON *g = cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : NULL;
-        if (!cJSON_IsArray(v) || (cJSON_GetArraySize(v) && !cJSON_IsObject(g))) {
+        if (!cJSON_IsArray(v)) {
             rc = INVALID("config field 'instance_group' must be an array of objects");
             goto out;
         }
-        if (g) {
-            if ((r = config_get_int(g, "count", 1, 256, &x)) < 0) {
-                rc = INVALID("config field 'instance_group[0].count' must be an integer 1-256");
+        int gi = 0, total = 0;
+        const cJSON *g;
+        cJSON_ArrayForEach(g, v) {
+            if (!cJSON_IsObject(g)) {
+                rc = INVALID("config field 'instance_group' must be an array of objects");
                 goto out;
-            } else if (r) c->instance_count = (int)x;
-            const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
-            if (k) {
-                if (!cJSON_IsString(k) || (strcmp(k->valuestring, "KIND_AUTO") && strcmp(k->valuestring, "KIND_CPU") &&
-                                           strcmp(k->valuestring, "KIND_GPU"))) {
-                    rc = INVALID("config field 'instance_group[0].kind' must be KIND_AUTO, KIND_CPU or KIND_GPU");
-                    goto out;
-                }
-                free(c->instance_kind);
-                c->instance_kind = strdup(k->valuestring);
             }
+            if ((r = config_get_int(g, "count", 1, 256, &x)) < 0) {
+                rc = INVALID("config field 'instance_group[%d].count' must be an integer 1-256", gi);
+                goto out;
+            }
+            total += r ? (int)x : 1;
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
+            const char *kind = cJSON_IsString(k) ? k->valuestring : "KIND_AUTO";
+            if ((k && !cJSON_IsString(k)) ||
+                (strcmp(kind, "KIND_AUTO") && strcmp(kind, "KIND_CPU") && strcmp(kind, "KIND_GPU"))) {
+                rc = INVALID("config field 'instance_group[%d].kind' must be KIND_AUTO, KIND_CPU or KIND_GPU", gi);
+                goto out;
+            }
+            if (gi > 0 && strcmp(kind, c->instance_kind)) {
+                rc = INVALID("config field 'instance_group[%d].kind' is %s but group 0's is %s: kiln runs one kind "
+                             "of instance per model", gi, kind, c->instance_kind);
+                goto out;
+            }
+            free(c->instance_kind);
+            c->instance_kind = strdup(kind);
+            gi++;
         }
+        if (total > 256) {
+            rc = INVALID("config field 'instance_group' asks for %d instances in all; at most 256", total);
+            goto out;
+        }
+        if (gi) c->instance_count = total;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "response_cache"))) {
         if (!cJSON_IsObject(v) || get_bool(v, "enable", &c->response_cache) < 0) {
@@ -429,6 +526,7 @@ static int complete_list(struct model_config *c, struct model_config_io **list, 
         for (int i = 0; i < nm; i++) {
             (*list)[i].name = strdup(mio[i].name);
             (*list)[i].ndim = -1;
+            (*list)[i].reshape_ndim = -1;
         }
         *n = nm;
     }
@@ -447,22 +545,28 @@ static int complete_list(struct model_config *c, struct model_config_io **list, 
         else if (x->dtype != m->dtype)
             return INVALID("config field '%s' of '%s': data_type is %s but the model says %s", what, x->name,
                            dtype_config_name(x->dtype), dtype_config_name(m->dtype));
-        int skip = c->max_batch_size > 0 ? 1 : 0;
+        /* With a reshape the model's shape is reshape.shape; dims stays the
+         * clients' (parse_io checked the two hold as many elements). */
+        int skip = c->max_batch_size > 0 ? 1 : 0, rs = x->reshape_ndim >= 0;
+        int *xnd = rs ? &x->reshape_ndim : &x->ndim;
+        int64_t *xd = rs ? x->reshape : x->dims;
+        const char *field = rs ? "reshape.shape" : "dims";
         if (m->ndim >= 0) {
             int mnd = m->ndim - skip;
-            if (x->ndim < 0) {
-                x->ndim = mnd < 0 ? 0 : mnd;
-                for (int d = 0; d < x->ndim; d++) x->dims[d] = m->dims[d + skip];
-            } else if (x->ndim != mnd) {
-                return INVALID("config field '%s' of '%s': dims has %d entries but the model's %s has rank %d%s", what,
-                               x->name, x->ndim, what, m->ndim, skip ? " (the batch dim is not listed in dims)" : "");
+            if (*xnd < 0) {
+                *xnd = mnd < 0 ? 0 : mnd;
+                for (int d = 0; d < *xnd; d++) xd[d] = m->dims[d + skip];
+            } else if (*xnd != mnd) {
+                return INVALID("config field '%s' of '%s': %s has %d entries but the model's %s has rank %d%s", what,
+                               x->name, field, *xnd, what, m->ndim,
+                               skip ? " (the batch dim is not listed)" : "");
             } else {
-                for (int d = 0; d < x->ndim; d++) {
+                for (int d = 0; d < *xnd; d++) {
                     int64_t md = m->dims[d + skip];
-                    if (md >= 0 && x->dims[d] >= 0 && md != x->dims[d])
-                        return INVALID("config field '%s' of '%s': dims[%d] is %lld but the model says %lld", what,
-                                       x->name, d, (long long)x->dims[d], (long long)md);
-                    if (x->dims[d] < 0) x->dims[d] = md; /* the model may know more */
+                    if (md >= 0 && xd[d] >= 0 && md != xd[d])
+                        return INVALID("config field '%s' of '%s': %s[%d] is %lld but the model says %lld", what,
+                                       x->name, field, d, (long long)xd[d], (long long)md);
+                    if (xd[d] < 0 && !rs) xd[d] = md; /* the model may know more */
                 }
             }
         }
@@ -482,6 +586,7 @@ static int complete_list(struct model_config *c, struct model_config_io **list, 
             }
         if (!found) {
             sorted[j].name = strdup(mio[j].name);
+            sorted[j].reshape_ndim = -1;
             sorted[j].dtype = mio[j].dtype;
             sorted[j].ndim = mio[j].ndim < 0 ? -1 : mio[j].ndim - (c->max_batch_size > 0);
             for (int d = 0; d < sorted[j].ndim; d++) sorted[j].dims[d] = mio[j].dims[d + (c->max_batch_size > 0)];
@@ -493,15 +598,46 @@ static int complete_list(struct model_config *c, struct model_config_io **list, 
     return 0;
 }
 
+/* Whether the dims listed in a file mean a batch dim is left out (1) or
+ * not (0), for a model that may batch and a file without max_batch_size:
+ * each listed tensor's rank (its reshape's where it has one) against the
+ * model's. *hint stays -1 when nothing is listed; two that disagree are
+ * an error naming the second. */
+static int batch_hint(const struct model_config_io *io, int n, const char *what, const struct model_io *mio, int nm,
+                      int *hint, char *err, size_t err_len) {
+    for (int i = 0; i < n; i++) {
+        int nd = io[i].reshape_ndim >= 0 ? io[i].reshape_ndim : io[i].ndim;
+        for (int j = 0; j < nm && nd >= 0; j++) {
+            if (strcmp(mio[j].name, io[i].name) || (nd != mio[j].ndim && nd + 1 != mio[j].ndim)) continue;
+            int h = nd + 1 == mio[j].ndim;
+            if (*hint >= 0 && *hint != h)
+                return INVALID("config field '%s' of '%s': its dims %s the batch dim but another tensor's %s; give "
+                               "max_batch_size", what, io[i].name, h ? "leave out" : "hold", h ? "hold it" : "leave it out");
+            *hint = h;
+        }
+    }
+    return 0;
+}
+
 int model_config_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
                           const struct model_io *outputs, int noutputs, char *err, size_t err_len) {
-    if (!c->max_batch_size_set) {
-        /* Batching is possible when every tensor's first dim is symbolic. */
-        int ok = ninputs > 0;
+    /* Triton's onnxruntime backend: max_batch_size absent and 0 are the same
+     * (protobuf has no "absent"; its JSON drops a 0). A model whose every
+     * input and output has a symbolic first dim may batch; then the dims the
+     * file lists say which it means: the model's rank less the batch dim
+     * (batch), or its whole rank (no batching: whole tensors of any length).
+     * A file that lists no dims leaves it to the graph: batch. So a
+     * configuration read back from GET .../config loads as the same one. */
+    if (c->max_batch_size == 0) {
+        int ok = ninputs > 0, hint = -1, rc = 0;
         for (int i = 0; i < ninputs; i++)
             if (inputs[i].ndim < 1 || inputs[i].dims[0] != -1) ok = 0;
         for (int i = 0; i < noutputs; i++)
             if (outputs[i].ndim < 1 || outputs[i].dims[0] != -1) ok = 0;
+        if (ok && (rc = batch_hint(c->inputs, c->ninputs, "input", inputs, ninputs, &hint, err, err_len)) == 0)
+            rc = batch_hint(c->outputs, c->noutputs, "output", outputs, noutputs, &hint, err, err_len);
+        if (rc) return rc;
+        ok = ok && hint != 0;
         c->max_batch_size = ok ? MODEL_CONFIG_DEFAULT_MAX_BATCH : 0;
         if (ok && !c->dynamic_batching) c->dynamic_batching = 1;
     } else if (c->max_batch_size > 0) {
@@ -586,6 +722,12 @@ static cJSON *io_json(const struct model_config_io *io, int n) {
         cJSON_AddStringToObject(o, "data_type", dtype_config_name(io[i].dtype) ? dtype_config_name(io[i].dtype) : "TYPE_INVALID");
         cJSON *dims = cJSON_AddArrayToObject(o, "dims");
         for (int d = 0; d < io[i].ndim; d++) cJSON_AddItemToArray(dims, cJSON_CreateNumber((double)io[i].dims[d]));
+        if (io[i].reshape_ndim >= 0) {
+            cJSON *sh = cJSON_AddArrayToObject(cJSON_AddObjectToObject(o, "reshape"), "shape");
+            for (int d = 0; d < io[i].reshape_ndim; d++)
+                cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)io[i].reshape[d]));
+        }
+        if (io[i].optional) cJSON_AddBoolToObject(o, "optional", 1);
         if (io[i].label_filename) cJSON_AddStringToObject(o, "label_filename", io[i].label_filename);
         cJSON_AddItemToArray(arr, o);
     }
@@ -596,7 +738,7 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "platform", c->platform);
-    cJSON_AddStringToObject(o, "backend", "kiln");
+    cJSON_AddStringToObject(o, "backend", "onnxruntime");
     cJSON *vp = cJSON_AddObjectToObject(o, "version_policy");
     if (c->version_policy == MODEL_VERSIONS_ALL) cJSON_AddObjectToObject(vp, "all");
     else if (c->version_policy == MODEL_VERSIONS_SPECIFIC) {

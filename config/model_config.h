@@ -38,6 +38,16 @@ struct model_config_io {
     enum dtype dtype;
     int ndim;                       /* -1 = not known yet */
     int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0; -1 = any */
+    /* Triton's reshape.shape: the shape the model takes or gives, where dims
+     * is the one clients send or see (same elements; without the batch dim
+     * when max_batch_size > 0; at most one -1 in each, worked out from the
+     * element count). -1 = no reshape; 0 = one value per row. */
+    int reshape_ndim;
+    int64_t reshape[TENSOR_MAX_DIMS];
+    int optional;                   /* inputs: a request may leave it out */
+    /* An optional input's default: the model's initializer for it, owned
+     * by the model (server/repository.c sets it); NULL: none. */
+    const struct tensor *dflt;
     char *label_filename;           /* outputs: labels for classification, one per line */
     char **labels;                  /* loaded by model_config_load_labels */
     int nlabels;
@@ -132,7 +142,7 @@ struct model_config {
     int allow_timeout_override;
     int max_queue_size;
 
-    int instance_count;             /* instance_group[0].count; default 1 */
+    int instance_count;             /* every instance_group's count (1 each by default), summed; default 1 */
     char *instance_kind;            /* "KIND_AUTO", "KIND_CPU", "KIND_GPU" */
     int response_cache;             /* response_cache.enable */
     /* kiln's optimization object: {"precision": "fp32"|"fp16",
@@ -209,6 +219,15 @@ int model_padding_complete(struct model_config *c, const struct model_io *inputs
                            const struct model_io *outputs, int noutputs, char *err, size_t err_len);
 void model_padding_clear(struct model_config *c);
 cJSON *model_padding_to_json(const struct model_config *c);
+
+/* Shape out[0..ndim) from dims (at most one -1) holding count elements:
+ * 0, or -1 when no such shape holds them. */
+int model_config_fit_shape(const int64_t *dims, int ndim, int64_t count, int64_t *out);
+
+/* Gives t (its batch dim kept when skip) the shape, holding the same
+ * elements in the same order: a view, the data does not move. 0, or -1
+ * (t unchanged) when they do not fit. */
+int model_config_reshape(struct tensor *t, int skip, const int64_t *shape, int ndim);
 
 /* Index of the input/output with this name, or -1. */
 int model_config_find_input(const struct model_config *c, const char *name);

@@ -47,6 +47,9 @@ struct graph_attr {
 enum graph_value_flags {
     VALUE_INPUT = 1,  /* a graph input the caller feeds */
     VALUE_OUTPUT = 2, /* a graph output */
+    /* An initializer the file also lists as a graph input (ONNX IR >= 4: a
+     * default a caller may override); the loader keeps it a constant. */
+    VALUE_LISTED_INPUT = 4,
 };
 
 struct graph_value {

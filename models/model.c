@@ -24,6 +24,7 @@ struct model {
     char *path; /* for logs */
     struct graph *g;
     struct model_io *ins, *outs;
+    struct tensor *defaults; /* per input; data NULL: none */
     struct plan_cache *plans; /* host plans, shared by every CPU execution context */
     int max_plans;
     int plans_limit; /* the plan caches may grow to this many when plans are rebuilt */
@@ -83,6 +84,55 @@ static int graph_shapes_follow_values(const struct graph *g) {
     return 0;
 }
 
+/* A plain input named in model_params.defaults that no node reads (nor
+ * the graph's outputs): the graph runs the same whatever it holds, so its
+ * default is zeros of its shape (a symbolic dim 0). 0 or STATUS_NOMEM. */
+static int unread_input_default(struct model *m, int v) {
+    struct graph *g = m->g;
+    if (g->values[v].flags & VALUE_OUTPUT) return 0;
+    for (int i = 0; i < g->nnodes; i++) /* subgraphs' captures are their node's inputs too */
+        for (int j = 0; j < g->nodes[i].nin; j++)
+            if (g->nodes[i].in[j] == v) return 0;
+    int i = 0;
+    while (g->inputs[i] != v) i++;
+    struct tensor *t = &m->defaults[i];
+    const struct tensor *vt = &g->values[v].t;
+    if (vt->ndim < 0) return 0; /* no rank to give it */
+    struct tensor z = {.dtype = vt->dtype, .ndim = vt->ndim};
+    for (int d = 0; d < vt->ndim; d++) z.dims[d] = vt->dims[d] < 0 ? 0 : vt->dims[d];
+    if (z.dtype == DT_STRING && tensor_numel(&z) != 0) return 0; /* strings: only an empty one is all zeros */
+    *t = z;
+    size_t n = tensor_nbytes(t);
+    t->data = calloc(n ? n : 1, 1);
+    return t->data ? 0 : STATUS_NOMEM;
+}
+
+/* model_params.defaults: each initializer named there that the file lists
+ * as a graph input becomes an input again, before any pass could fold it,
+ * its data moved to m->defaults (by input index). The loader sized
+ * g->inputs for every input the file lists, so there is room. */
+static int promote_defaults(struct model *m, const struct model_params *p, char *err, size_t err_len) {
+    struct graph *g = m->g;
+    m->defaults = calloc((size_t)g->ninputs + (size_t)p->ndefaults + 1, sizeof *m->defaults);
+    if (!m->defaults) return status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", m->path);
+    for (int k = 0; k < p->ndefaults; k++) {
+        int v = graph_find_value(g, p->defaults[k]);
+        if (v >= 0 && (g->values[v].flags & VALUE_INPUT)) {
+            if (unread_input_default(m, v)) return status_set(err, err_len, STATUS_NOMEM, "out of memory");
+            continue;
+        }
+        if (v < 0 || !(g->values[v].flags & VALUE_LISTED_INPUT) || !g->values[v].t.data)
+            return status_set(err, err_len, STATUS_INVALID, "'%s' is not a graph input of the model%s", p->defaults[k],
+                              v >= 0 ? " (an initializer the graph's inputs do not list cannot be overridden)" : "");
+        struct graph_value *val = &g->values[v];
+        val->flags |= VALUE_INPUT;
+        m->defaults[g->ninputs] = val->t;
+        val->t.data = NULL;
+        g->inputs[g->ninputs++] = v;
+    }
+    return 0;
+}
+
 struct model *model_load(const struct model_params *p, char *err, size_t err_len) {
     if (!p || !p->path) {
         status_set(err, err_len, STATUS_INVALID, "no model path given");
@@ -104,7 +154,7 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->max_run_bytes = p->max_run_bytes;
     m->g = onnx_load_file(p->path, err, err_len);
-    if (!m->g) goto fail;
+    if (!m->g || promote_defaults(m, p, err, err_len)) goto fail;
     if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
@@ -131,6 +181,8 @@ fail:
 void model_free(struct model *m) {
     if (!m) return;
     plan_cache_free(m->plans);
+    for (int i = 0; m->defaults && m->g && i < m->g->ninputs; i++) onnx_tensor_clear(&m->defaults[i]);
+    free(m->defaults);
     graph_free(m->g);
     free(m->path);
     free(m->ins);
@@ -140,6 +192,10 @@ void model_free(struct model *m) {
 
 int model_ninputs(const struct model *m) { return m->g->ninputs; }
 int model_noutputs(const struct model *m) { return m->g->noutputs; }
+
+const struct tensor *model_input_default(const struct model *m, int i) {
+    return m->defaults && m->defaults[i].data ? &m->defaults[i] : NULL;
+}
 
 const struct model_io *model_input(const struct model *m, int i) {
     return i >= 0 && i < m->g->ninputs ? &m->ins[i] : NULL;

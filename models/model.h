@@ -42,6 +42,12 @@ struct model_params {
      * arena with the outputs): larger is STATUS_INVALID naming the node or
      * output, before the allocation. 0 = only EVAL_MAX_TENSOR_BYTES. */
     size_t max_run_bytes;
+    /* Initializers the file also lists as graph inputs that stay inputs
+     * (Triton's optional inputs): the initializer is the value a caller
+     * that leaves the input out gets (model_input_default). A name that is
+     * a plain input changes nothing; any other name fails the load. */
+    const char *const *defaults;
+    int ndefaults;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and
@@ -59,6 +65,8 @@ int model_ninputs(const struct model *m);
 int model_noutputs(const struct model *m);
 const struct model_io *model_input(const struct model *m, int i);
 const struct model_io *model_output(const struct model *m, int i);
+/* Input i's default (model_params.defaults), owned by the model, or NULL. */
+const struct tensor *model_input_default(const struct model *m, int i);
 /* Index of the input/output with this name, or -1. */
 int model_find_input(const struct model *m, const char *name);
 int model_find_output(const struct model *m, const char *name);

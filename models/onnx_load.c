@@ -839,7 +839,10 @@ static int load_graph_body(struct graph *g, struct graph *parent, int pidx, cons
         int v = graph_intern_value(g, vi->name);
         if (v < 0) goto nomem;
         struct graph_value *val = &g->values[v];
-        if (val->t.data && !parent) continue; /* an initializer listed as an input (IR < 4): a constant */
+        if (val->t.data && !parent) { /* an initializer listed as an input: a constant (model_params.defaults) */
+            val->flags |= VALUE_LISTED_INPUT;
+            continue;
+        }
         if (val->flags & VALUE_INPUT)
             return status_set(err, err_len, STATUS_INVALID, "graph input '%s' is listed twice", vi->name);
         if ((vi->type || !parent) && (rc = set_value_type(val, vi, "graph input", err, err_len))) return rc;

@@ -207,7 +207,10 @@ static void classify_outputs(struct infer_request *r) {
  * request's thread and return at once. */
 static void infer_done(struct batcher_request *br) {
     struct infer_request *r = br->user;
-    if (!br->status) classify_outputs(r);
+    if (!br->status) {
+        kserve_reshape_outputs(&r->v->config, r->outputs);
+        classify_outputs(r);
+    }
     runtime_job_init(&r->done, infer_complete_cb, NULL, r);
     r->reply->post(r->thread, &r->done);
 }

@@ -107,13 +107,19 @@ void kserve_request_clear(struct kserve_request *r);
 int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len);
 
 /* Checks r against the model configuration (whose inputs and outputs are in
- * the model's order; for a raw binary request, see above) and fills ordered[mc->ninputs] with borrowed views of
- * r's tensors and *rows with the batch size (1 when the model does not
- * batch). Also checks the requested outputs exist. This is the one check of
+ * the model's order; for a raw binary request, see above) and fills
+ * ordered[mc->ninputs] with borrowed views of r's tensors (in the shape of
+ * the input's reshape where it has one; an optional input left out is a
+ * view of its default, mc's dflt) and *rows with the batch size (1 when the
+ * model does not batch). Also checks the requested outputs exist. This is the one check of
  * a request's inputs on the server's path: the batcher and the model take
  * what it accepts as it is (every dim within MODEL_MAX_DIM included). */
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len);
+
+/* Turns each output that has a reshape in mc from the model's shape to the
+ * one clients see (the config's dims), in place: dims only, the data stays. */
+void kserve_reshape_outputs(const struct model_config *mc, struct tensor *outputs);
 
 /* Encodes the response for r given every model output (outputs[mc->noutputs],
  * in the model's order). r is a request kserve_request_bind accepted for mc:

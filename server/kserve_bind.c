@@ -83,6 +83,17 @@ static int bind_raw(const struct kserve_request *r, const struct model_config *m
     return check_dims(ordered, mc, err, err_len);
 }
 
+void kserve_reshape_outputs(const struct model_config *mc, struct tensor *outputs) {
+    int skip = mc->max_batch_size > 0;
+    for (int i = 0; i < mc->noutputs; i++) {
+        const struct model_config_io *io = &mc->outputs[i];
+        /* The config's checks at load make the fit certain for any shape
+         * the model's rank allows; a model that breaks them keeps its own. */
+        if (io->reshape_ndim >= 0 && outputs[i].ndim >= skip)
+            model_config_reshape(&outputs[i], skip, io->dims, io->ndim);
+    }
+}
+
 int kserve_request_bind(const struct kserve_request *r, const struct model_config *mc,
                         struct tensor *ordered, int64_t *rows, char *err, size_t err_len) {
     char names[512], sh[128], msh[128];
@@ -127,7 +138,20 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
             batch = b;
         }
         ordered[k] = in->t;
+        if (io->reshape_ndim >= 0 && model_config_reshape(&ordered[k], skip, io->reshape, io->reshape_ndim)) {
+            cfg_shape_str(mc, io, msh, sizeof msh);
+            return INVALID("input '%s': shape %s does not fit model '%s' reshape of %s", in->name,
+                           tensor_shape_str(&in->t, sh, sizeof sh), mc->name, msh);
+        }
     }
+    /* An optional input left out runs with the model's default for it (a
+     * view of the model's own tensor, which outlives the request). */
+    for (int i = 0; i < mc->ninputs; i++)
+        if (ordered[i].ndim < 0 && mc->inputs[i].dflt) ordered[i] = *mc->inputs[i].dflt;
+        else if (ordered[i].ndim < 0 && mc->inputs[i].optional)
+            return INVALID("optional input '%s' of model '%s' is missing: the graph needs it and has no default for "
+                           "it (an initializer the graph lists as an input), so the request must give it",
+                           mc->inputs[i].name, mc->name);
     for (int i = 0; i < mc->ninputs; i++)
         if (ordered[i].ndim < 0) {
             names_list(names, sizeof names, mc->inputs, mc->ninputs);

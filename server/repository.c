@@ -256,12 +256,26 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     }
     const char *be = r->backend;
     if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
+    /* Triton's optional inputs: an initializer the graph also lists as an
+     * input stays an input, its initializer the value a request that
+     * leaves it out runs with. */
+    const char **defaults = calloc((size_t)v->config.ninputs + 1, sizeof *defaults);
+    int ndefaults = 0;
+    if (!defaults) {
+        ERR(STATUS_NOMEM, "model '%s': out of memory", name);
+        return -1;
+    }
+    for (int i = 0; i < v->config.ninputs; i++)
+        if (v->config.inputs[i].optional) defaults[ndefaults++] = v->config.inputs[i].name;
     struct model_params mp = {.path = path,
+                              .defaults = defaults,
+                              .ndefaults = ndefaults,
                               .fp16 = v->config.precision_fp16,
                               .cuda_graphs = v->config.cuda_graphs ? 1 : -1,
                               .cpu_only = strcmp(be, "cpu") == 0,
                               .max_run_bytes = r->max_request_memory};
     v->model = model_load(&mp, e2, sizeof e2);
+    free(defaults);
     if (!v->model) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         return -1;
@@ -290,6 +304,16 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     }
     int rc = model_config_complete(&v->config, ins, ni, outs, no, e2, sizeof e2);
     if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
+    for (int i = 0; !rc && i < v->config.ninputs; i++) { /* the config is in the model's order now */
+        struct model_config_io *in = &v->config.inputs[i];
+        in->dflt = in->optional ? model_input_default(v->model, i) : NULL;
+        /* A default is one request's value: batched rows would each need one. */
+        if (in->dflt && v->config.max_batch_size > 0)
+            rc = status_set(e2, sizeof e2, STATUS_INVALID, "config field 'input' of '%s': an optional input with a "
+                            "default (the graph's %s) cannot be left out of a batch; a model that batches (max_batch_size "
+                            "%d) needs it in every request: drop optional or batching", in->name,
+                            tensor_numel(in->dflt) ? "initializer" : "unread input", v->config.max_batch_size);
+    }
     free(ins);
     free(outs);
     if (rc) {

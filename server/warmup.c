@@ -129,6 +129,10 @@ static int run_sample(batcher_t *b, const struct model_config *c, const struct m
             if (strcmp(w->inputs[j].name, c->inputs[k].name) == 0) wi = &w->inputs[j];
         /* model_warmup_check made sure that every input is named once. */
         rc = make_input(&in[k], c, w, wi, mdir, &seed, e2, sizeof e2);
+        /* The sample has the clients' shape; the model takes its reshape. */
+        if (!rc && c->inputs[k].reshape_ndim >= 0 &&
+            model_config_reshape(&in[k], c->max_batch_size > 0, c->inputs[k].reshape, c->inputs[k].reshape_ndim))
+            rc = status_set(e2, sizeof e2, STATUS_INVALID, "its dims do not fit the reshape");
         if (rc && !e2[0]) snprintf(e2, sizeof e2, "out of memory");
         if (rc) rc = status_set(err, err_len, rc, "input '%s': %s", wi->name, e2);
     }

@@ -266,6 +266,14 @@ static void test_model_config_parse_and_json(void **state) {
     assert_int_equal(c.max_queue_size, 5);
     assert_int_equal(c.instance_count, 2);
     assert_true(c.response_cache);
+    /* Every group's instances, as Triton runs them (count 1 by default). */
+    struct model_config g;
+    model_config_init(&g, "m");
+    const char *groups = "{\"instance_group\":[{\"count\":2,\"kind\":\"KIND_CPU\"},{\"kind\":\"KIND_CPU\"}]}";
+    assert_int_equal(model_config_parse(&g, groups, strlen(groups), g_err, sizeof g_err), 0);
+    assert_int_equal(g.instance_count, 3);
+    assert_string_equal(g.instance_kind, "KIND_CPU");
+    model_config_clear(&g);
     int64_t present[] = {1, 2, 3};
     assert_true(model_config_version_wanted(&c, 1, present, 3));
     assert_false(model_config_version_wanted(&c, 2, present, 3));
@@ -321,6 +329,20 @@ static void test_model_config_errors(void **state) {
         {"{\"input\":[{\"name\":\"x\",\"data_type\":\"FLOAT\"}]}", "data_type", 0},
         {"{\"name\":\"other\"}", "'name'", 0},
         {"{\"platform\":\"tensorflow_savedmodel\"}", "platform", 0},
+        {"{\"backend\":\"kiln\"}", "'backend' is 'kiln'", 0},
+        {"{\"instance_group\":[{\"kind\":\"KIND_CPU\"},{\"count\":2,\"kind\":\"KIND_GPU\"}]}", "one kind", 0},
+        {"{\"instance_group\":[{\"count\":1},{\"count\":\"x\"}]}", "instance_group[1].count", 0},
+        {"{\"instance_group\":[{\"count\":200},{\"count\":100}]}", "300 instances", 0},
+        {"{\"platform\":\"kiln_onnx\"}", "'platform' is 'kiln_onnx'", 0},
+        {"{\"input\":[{\"name\":\"x\",\"reshape\":{\"shape\":[4]}}]}", "needs dims", 0},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[4],\"reshape\":{\"shape\":[3]}}]}", "3 elements but dims 4", 0},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[-1,-1],\"reshape\":{\"shape\":[-1]}}]}", "at most one -1", 0},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[4],\"reshape\":[4]}]}", "input[0].reshape", 0},
+        {"{\"input\":[{\"name\":\"x\",\"optional\":1}]}", "input[0].optional", 0},
+        {"{\"max_batch_size\":4,\"input\":[{\"name\":\"x\",\"dims\":[4],\"reshape\":{\"shape\":[2,2]}}]}",
+         "reshape.shape has 2 entries", 1},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[4]}],\"output\":[{\"name\":\"y\",\"dims\":[-1,2]}]}",
+         "give max_batch_size", 1},
         {"{\"version_policy\":{\"sometimes\":{}}}", "version_policy", 0},
         {"{\"instance_group\":[{\"count\":0}]}", "instance_group[0].count", 0},
         {"{\"dynamic_batching\":{\"preferred_batch_size\":[0]}}", "preferred_batch_size", 0},
@@ -351,6 +373,86 @@ static void test_model_config_errors(void **state) {
         if (!strstr(g_err, cases[i].word)) fail_msg("case %zu: '%s' does not mention %s", i, g_err, cases[i].word);
         model_config_clear(&c);
     }
+}
+
+/* max_batch_size absent or 0, as Triton's onnxruntime backend reads it:
+ * the dims a file lists say whether they leave the batch dim out. */
+static void test_model_config_batch_hint(void **state) {
+    struct model_io ins[1] = {{.name = "x", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 4}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 2, .dims = {-1, 2}}};
+    static const struct { const char *json; int mbs; } cases[] = {
+        {"{}", MODEL_CONFIG_DEFAULT_MAX_BATCH},
+        {"{\"max_batch_size\":0}", MODEL_CONFIG_DEFAULT_MAX_BATCH},
+        {"{\"input\":[{\"name\":\"x\"}],\"output\":[{\"name\":\"y\"}]}", MODEL_CONFIG_DEFAULT_MAX_BATCH},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[4]}]}", MODEL_CONFIG_DEFAULT_MAX_BATCH},
+        {"{\"input\":[{\"name\":\"x\",\"dims\":[-1,4]}],\"output\":[{\"name\":\"y\",\"dims\":[-1,2]}]}", 0},
+        {"{\"max_batch_size\":0,\"output\":[{\"name\":\"y\",\"dims\":[-1,2]}]}", 0},
+        {"{\"max_batch_size\":3}", 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct model_config c;
+        model_config_init(&c, "m");
+        assert_int_equal(model_config_parse(&c, cases[i].json, strlen(cases[i].json), g_err, sizeof g_err), 0);
+        assert_int_equal(model_config_complete(&c, ins, 1, outs, 1, g_err, sizeof g_err), 0);
+        if (c.max_batch_size != cases[i].mbs) fail_msg("case %zu: max_batch_size %d", i, c.max_batch_size);
+        assert_int_equal(c.inputs[0].ndim, cases[i].mbs ? 1 : 2);
+        model_config_clear(&c);
+    }
+}
+
+/* reshape: dims are the clients', reshape.shape the model's; both printed
+ * back, and what is printed parses to the same configuration. */
+static void test_model_config_reshape(void **state) {
+    struct model_io ins[1] = {{.name = "x", .dtype = DT_FP32, .ndim = 3, .dims = {-1, 2, 3}}};
+    struct model_io outs[1] = {{.name = "y", .dtype = DT_FP32, .ndim = 1, .dims = {-1}}};
+    const char *json = "{\"max_batch_size\":8,\"input\":[{\"name\":\"x\",\"dims\":[\"6\"],\"reshape\":{\"shape\":[2,-1]},"
+                       "\"optional\":true}],\"output\":[{\"name\":\"y\",\"dims\":[1],\"reshape\":{}}]}";
+    char *txt[2];
+    for (int round = 0; round < 2; round++) {
+        struct model_config c;
+        model_config_init(&c, "m");
+        assert_int_equal(model_config_parse(&c, round ? txt[0] : json, strlen(round ? txt[0] : json), g_err,
+                                            sizeof g_err), 0);
+        assert_int_equal(model_config_complete(&c, ins, 1, outs, 1, g_err, sizeof g_err), 0);
+        assert_int_equal(c.inputs[0].ndim, 1);
+        assert_int_equal(c.inputs[0].dims[0], 6);
+        assert_int_equal(c.inputs[0].reshape_ndim, 2);
+        assert_int_equal(c.inputs[0].reshape[1], -1); /* the model's 3 is not copied: it stays worked out */
+        assert_true(c.inputs[0].optional);
+        assert_int_equal(c.outputs[0].reshape_ndim, 0);
+        cJSON *j = model_config_to_json(&c);
+        txt[round] = cJSON_PrintUnformatted(j);
+        cJSON_Delete(j);
+        model_config_clear(&c);
+    }
+    assert_string_equal(txt[0], txt[1]);
+    assert_non_null(strstr(txt[0], "\"dims\":[6],\"reshape\":{\"shape\":[2,-1]},\"optional\":true"));
+    assert_non_null(strstr(txt[0], "\"dims\":[1],\"reshape\":{\"shape\":[]}"));
+    assert_non_null(strstr(txt[0], "\"backend\":\"onnxruntime\""));
+    free(txt[0]);
+    free(txt[1]);
+    int64_t out[4];
+    static const int64_t any_mid[] = {2, -1, 3};
+    assert_int_equal(model_config_fit_shape(any_mid, 3, 24, out), 0);
+    assert_int_equal(out[1], 4);
+    assert_int_equal(model_config_fit_shape(any_mid, 3, 25, out), -1);
+    assert_int_equal(model_config_fit_shape(any_mid, 2, 0, out), 0); /* 2 x 0 */
+    assert_int_equal(out[1], 0);
+    static const int64_t fixed[] = {2, 3};
+    assert_int_equal(model_config_fit_shape(fixed, 2, 6, out), 0);
+    assert_int_equal(model_config_fit_shape(fixed, 2, 7, out), -1);
+    assert_int_equal(model_config_fit_shape(fixed, 0, 1, out), 0); /* a scalar per row */
+    /* A view: [4, 6] -> [4, 2, 3] keeping the batch dim, [4, 1] -> [4]; a misfit leaves t as it was. */
+    struct tensor t = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 6}};
+    assert_int_equal(model_config_reshape(&t, 1, fixed, 2), 0);
+    assert_int_equal(t.ndim, 3);
+    assert_true(t.dims[0] == 4 && t.dims[1] == 2 && t.dims[2] == 3);
+    static const int64_t seven[] = {7};
+    assert_int_equal(model_config_reshape(&t, 1, seven, 1), -1);
+    assert_int_equal(t.ndim, 3);
+    struct tensor col = {.dtype = DT_FP32, .ndim = 2, .dims = {4, 1}};
+    assert_int_equal(model_config_reshape(&col, 1, fixed, 0), 0);
+    assert_true(col.ndim == 1 && col.dims[0] == 4);
 }
 
 /* kiln's optimization object: defaults, values, the /config echo, and
@@ -426,6 +528,8 @@ int main(void) {
         cmocka_unit_test(test_model_config_parse_and_json),
         cmocka_unit_test(test_model_config_autocomplete),
         cmocka_unit_test(test_model_config_errors),
+        cmocka_unit_test(test_model_config_batch_hint),
+        cmocka_unit_test(test_model_config_reshape),
         cmocka_unit_test(test_model_config_optimization),
         cmocka_unit_test(test_model_config_parameters),
         cmocka_unit_test(test_version_policy_latest),

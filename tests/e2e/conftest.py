@@ -88,6 +88,27 @@ def save_model(root, name, graph, version=1, config=None, opset=17):
     return d / "model.onnx"
 
 
+def no_batch_config(graph, **extra):
+    """config.json (a dict) saying a model does not batch, as Triton reads
+    it: max_batch_size absent, every input and output listed with its whole
+    shape (-1 for a symbolic dim). graph: a GraphProto, ModelProto or path."""
+    if not isinstance(graph, onnx.GraphProto):
+        graph = (graph if isinstance(graph, onnx.ModelProto) else onnx.load(str(graph))).graph
+    consts = {t.name for t in graph.initializer}
+
+    def listed(vis):
+        out = []
+        for v in vis:
+            if v.name in consts:
+                continue
+            e = {"name": v.name}
+            if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape"):
+                e["dims"] = [d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim]
+            out.append(e)
+        return out
+    return {"input": listed(graph.input), "output": listed(graph.output), **extra}
+
+
 def tiny_graph(seed=0):
     """x[N,4] -> logits = x W + B, probs = softmax(logits): batchable, two outputs."""
     rng = np.random.default_rng(seed)

@@ -35,7 +35,7 @@ from onnx import TensorProto as TP
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import serialize_byte_tensor
 
-from conftest import KILN, raw_request
+from conftest import KILN, no_batch_config, raw_request
 from test_cache import Redis
 from test_strings import _concurrently, _save
 
@@ -88,8 +88,8 @@ def nul_repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("nul_repo")
     _save(root, "nul", _nul_graph(), BATCHED, opset=20)
     _save(root, "nul_cached", _nul_graph(), CACHED, opset=20)
-    _save(root, "text", _text_graph(), {"max_batch_size": 0}, opset=20)
-    _save(root, "split", _split_graph(), {"max_batch_size": 0}, opset=20)
+    _save(root, "text", _text_graph(), no_batch_config(_text_graph()), opset=20)
+    _save(root, "split", _split_graph(), no_batch_config(_split_graph()), opset=20)
     return root
 
 

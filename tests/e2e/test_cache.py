@@ -14,6 +14,7 @@ than 256 inputs (all of them in the key).
 import concurrent.futures as cf
 import hashlib
 import hmac
+import json
 import os
 import re
 import signal
@@ -31,7 +32,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto as TP
 
-from conftest import KilnServer, save_model, slow_graph, strings_graph, raw_request
+from conftest import KilnServer, no_batch_config, save_model, slow_graph, strings_graph, raw_request
 
 CACHED = '{"max_batch_size": 0, "response_cache": {"enable": true}}'
 CACHED_BATCH = '{"max_batch_size": 8, "dynamic_batching": {}, "response_cache": {"enable": true}}'
@@ -98,7 +99,7 @@ def cache_repo(tmp_path_factory):
     g = oh.make_graph([oh.make_node("Mul", ["x", "two"], ["y"])], "double",
                       [oh.make_tensor_value_info("x", TP.FLOAT, ["A", "B"])],
                       [oh.make_tensor_value_info("y", TP.FLOAT, ["A", "B"])], [two])
-    save_model(root, "double", g, config=CACHED)
+    save_model(root, "double", g, config=json.dumps(no_batch_config(g, response_cache={"enable": True})))
     save_model(root, "slow", slow_graph(depth=120), config=CACHED)
     # A batching model for the mixed load.
     w = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32)

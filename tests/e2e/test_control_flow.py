@@ -22,7 +22,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto as TP
 
-from conftest import KilnServer
+from conftest import KilnServer, no_batch_config
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "control"
@@ -104,7 +104,7 @@ def served(tmp_path_factory):
         shutil.copy(DATA / f, repo / name / "1" / "model.onnx")
         paths[name] = repo / name / "1" / "model.onnx"
     for name in paths:  # no batching: a leading dim here is steps or rows, not requests
-        (repo / name / "config.json").write_text(json.dumps({"max_batch_size": 0}))
+        (repo / name / "config.json").write_text(json.dumps(no_batch_config(paths[name])))
     s = KilnServer(repo)
     yield s, paths
     rc = s.stop()

@@ -5,6 +5,7 @@ statistics, the repository index, load and unload, inference with raw and
 typed contents, streaming, errors with HTTP's messages, deadlines,
 cancellation, limits and floods, many requests at once, and HTTP still
 answering beside it."""
+import json
 import queue
 import signal
 import subprocess
@@ -21,7 +22,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import h2frames
-from conftest import KILN, raw_request, reload_under_traffic, save_model, slow_graph, tiny_graph
+from conftest import KILN, no_batch_config, raw_request, reload_under_traffic, save_model, slow_graph, tiny_graph
 
 
 @pytest.fixture(scope="module")
@@ -297,7 +298,7 @@ def test_large_answers_concurrently(make_server, tmp_path):
                       [oh.make_tensor_value_info("x", TP.FLOAT, ["N"])],
                       [oh.make_tensor_value_info("y", TP.FLOAT, ["N"])],
                       [oh.make_tensor("two", TP.FLOAT, [], [2.0])])
-    save_model(tmp_path / "repo", "double", g, config='{"max_batch_size": 0}')
+    save_model(tmp_path / "repo", "double", g, config=json.dumps(no_batch_config(g)))
     s = make_server(tmp_path / "repo", "--grpc-max-message-size", "64M")
     c = grpcclient.InferenceServerClient(s.grpc_url())
     xs = [np.random.default_rng(k).standard_normal(3 << 20).astype(np.float32) for k in range(4)]

@@ -21,7 +21,7 @@ import tritonclient.utils.shared_memory as shm
 from onnx import TensorProto as TP
 from tritonclient.utils import InferenceServerException
 
-from conftest import build_repository, raw_request, save_model
+from conftest import build_repository, no_batch_config, raw_request, save_model
 
 BIG = 1 << 20  # FP32 elements of the identity model's tensors: 4 MiB, so a copy takes a while
 NOT_OPENABLE = "it does not exist or is not the server's to open"
@@ -33,7 +33,7 @@ def shm_repo(tmp_path_factory):
     g = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "ident",
                       [oh.make_tensor_value_info("x", TP.FLOAT, ["N"])],
                       [oh.make_tensor_value_info("y", TP.FLOAT, ["N"])])
-    save_model(root, "ident", g, config='{"max_batch_size": 0}')
+    save_model(root, "ident", g, config=json.dumps(no_batch_config(g)))
     return root
 
 

@@ -21,6 +21,7 @@
 #include "graph/graph.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "models/model.h"
 #include "models/onnx_load.h"
 #include "models/passes.h"
 #include "models/plan.h"
@@ -249,6 +250,8 @@ static void test_initializer_listed_as_input(void **state) {
     assert_non_null(g);
     assert_int_equal(g->ninputs, 1);
     assert_false(g->values[graph_find_value(g, "w")].flags & VALUE_INPUT);
+    assert_true(g->values[graph_find_value(g, "w")].flags & VALUE_LISTED_INPUT);
+    assert_false(g->values[graph_find_value(g, "x")].flags & VALUE_LISTED_INPUT);
     graph_free(g);
     tfree_all();
 }
@@ -469,6 +472,69 @@ static struct graph *load_with_external(const char *dir, const char *location, c
     write_bytes(path, buf, len);
     err[0] = 0;
     return onnx_load_file(path, err, err_len);
+}
+
+/* model_params.defaults (Triton's optional inputs): an initializer listed
+ * as an input becomes an input whose initializer is its default, and a
+ * caller may override it; an input no node reads gets zeros; a name that is
+ * no listed input fails the load naming it. */
+static void test_model_defaults(void **state) {
+    (void)state;
+    struct mb b;
+    build_simple(&b);
+    int64_t dw[2] = {2, 3}, du[1] = {-1};
+    mb_input(&b, value_info("w", DT_FP32, 2, dw));
+    mb_input(&b, value_info("u", DT_FP32, 1, du)); /* read by no node */
+    size_t len;
+    uint8_t *buf = mb_pack(&b, &len);
+    char dir[] = "/tmp/kiln_defaults_XXXXXX", path[600], err[512] = "";
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    write_bytes(path, buf, len);
+
+    const char *names[] = {"w", "u", "x"};
+    struct model_params p = {.path = path, .defaults = names, .ndefaults = 3};
+    struct model *m = model_load(&p, err, sizeof err);
+    if (!m) fail_msg("%s", err);
+    assert_int_equal(model_ninputs(m), 3);
+    int w = model_find_input(m, "w"), u = model_find_input(m, "u"), x = model_find_input(m, "x");
+    assert_true(w >= 0 && u >= 0 && x >= 0);
+    assert_null(model_input_default(m, x));
+    const struct tensor *dwt = model_input_default(m, w), *dut = model_input_default(m, u);
+    assert_non_null(dwt);
+    assert_true(dwt->ndim == 2 && dwt->dims[0] == 2 && ((const float *)dwt->data)[5] == 6.0f);
+    assert_non_null(dut);
+    assert_true(dut->ndim == 1 && dut->dims[0] == 0);
+    assert_int_equal(model_input(m, w)->dims[1], 3);
+
+    /* Run with the default, then with the caller's own w. */
+    struct model_exec *ex = model_exec_create(m, NULL, 1);
+    assert_non_null(ex);
+    float xv[3] = {1, 2, 3}, other[6] = {10, 20, 30, 40, 50, 60};
+    struct tensor in[3], out[2];
+    in[x] = (struct tensor){.dtype = DT_FP32, .ndim = 2, .dims = {1, 3}, .data = xv};
+    in[w] = *dwt;
+    in[u] = *dut;
+    int wt = model_find_output(m, "wt");
+    for (int round = 0; round < 2; round++) {
+        if (round) in[w].data = other;
+        if (model_run(ex, in, 3, out, 2, err, sizeof err)) fail_msg("%s", err);
+        const float *r = out[wt].data, *src = round ? other : (const float *)dwt->data;
+        assert_true(out[wt].dims[0] == 3 && out[wt].dims[1] == 2);
+        assert_true(r[1] == src[3] && r[2] == src[1]); /* wt[0][1] = w[1][0], wt[1][0] = w[0][1] */
+        for (int o = 0; o < 2; o++) tensor_free_data(&out[o]);
+    }
+    model_exec_free(ex);
+    model_free(m);
+
+    const char *bad[] = {"nope"};
+    p.defaults = bad;
+    p.ndefaults = 1;
+    assert_null(model_load(&p, err, sizeof err));
+    assert_non_null(strstr(err, "'nope' is not a graph input"));
+    unlink(path);
+    rmdir(dir);
+    tfree_all();
 }
 
 static void test_external_data(void **state) {
@@ -916,6 +982,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_simple_model),
         cmocka_unit_test(test_initializer_listed_as_input),
+        cmocka_unit_test(test_model_defaults),
         cmocka_unit_test(test_typed_fields),
         cmocka_unit_test(test_attributes),
         cmocka_unit_test(test_external_data),

@@ -189,7 +189,9 @@ static void test_config_checks(void **state) {
         {"{\"sequence_padding\": {\"enable\": true, \"inputs\": [{\"name\": \"nope\", \"axis\": 1}]}}", "no input 'nope'"},
         {"{\"sequence_padding\": {\"enable\": true, \"inputs\": [{\"name\": \"input_ids\", \"axis\": 0}]}}", "axis"},
         {"{\"sequence_padding\": {\"enable\": true, \"buckets\": [32, 16]}}", "increasing"},
-        {"{\"max_batch_size\": 0, \"sequence_padding\": {\"enable\": true}}", "must batch"},
+        /* No batching, said as Triton reads it: dims with the first dim. */
+        {"{\"output\": [{\"name\": \"pooler_output\", \"dims\": [-1, 128]}], \"sequence_padding\": {\"enable\": true}}",
+         "must batch"},
         {"{\"sequence_padding\": {\"enable\": true, \"inputs\": [{\"name\": \"input_ids\", \"axis\": 1}], "
          "\"outputs\": [{\"name\": \"last_hidden_state\", \"axis\": 1, \"input\": \"attention_mask\", \"input_axis\": 1}]}}",
          "not a padded axis"},
