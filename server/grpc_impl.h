@@ -84,6 +84,11 @@ struct grpc_stream {
     uint64_t deadline_ns;        /* from grpc-timeout (clock_now_ns); 0 = none */
     size_t header_bytes;         /* of the request's header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts */
     int bad_request;             /* a header made the call unanswerable except by an error */
+    int coding_in;               /* grpc-encoding: enum http_coding, or -1 for one kiln lacks */
+    char *coding_unknown;        /* that grpc-encoding's value, for the error */
+    unsigned coding_accepted;    /* grpc-accept-encoding: bit 1 << enum http_coding per coding named */
+    int coding_out;              /* the answer's messages: the request's coding when the client accepts it */
+    uint8_t *plain;              /* the inflated message a handler is reading (malloc'd), or NULL */
     struct grpc_inbuf in;        /* request bytes not yet taken as messages */
     uint64_t opened_ns;          /* its HEADERS began (clock_now_ns) */
     int headers_done;            /* the request's header block arrived whole */
