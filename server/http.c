@@ -44,6 +44,7 @@
 #include "server/infer.h"
 #include "server/kserve.h"
 #include "server/listen.h"
+#include "server/upload.h"
 
 /* ==== threads and completion queues ====================================== */
 
@@ -485,6 +486,7 @@ struct control_req {
     struct evhttp_request *req;
     char name[256];
     char *config;  /* load parameter "config": JSON text replacing config.json */
+    struct upload_set files; /* load parameters "file:<version>/<name>" */
     int load;
     int status;
     char err[512];
@@ -495,12 +497,13 @@ static void control_reply_cb(void *arg) {
     if (c->status) reply_status(c->srv, c->req, c->status, c->err);
     else reply_raw(c->srv, c->req, 200, "application/json", strdup("{}"), 2);
     free(c->config);
+    upload_set_clear(&c->files);
     free(c);
 }
 
 static void control_run(void *arg) {
     struct control_req *c = arg;
-    if (c->load) c->status = repository_load_with_config(c->srv->repo, c->name, c->config, c->err, sizeof c->err);
+    if (c->load) c->status = repository_load_files(c->srv->repo, c->name, c->config, &c->files, c->err, sizeof c->err);
     else {
         c->status = repository_unload(c->srv->repo, c->name, c->err, sizeof c->err);
         if (!c->status) log_info("unload of model '%s' requested", c->name);
@@ -552,15 +555,22 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
                           : cfg && !cJSON_IsString(cfg) ? "parameters.config must be a string holding the model configuration JSON"
                           : cfg && !load ? "parameters.config is only accepted by load"
                           : NULL;
-        for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !bad; p = p->next)
-            if (p->string && strncmp(p->string, "file:", 5) == 0)
-                bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
-        if (!bad && cfg) c->config = strdup(cfg->valuestring);
+        int brc = bad ? STATUS_INVALID : 0;
+        for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !brc; p = p->next)
+            if (p->string && strncmp(p->string, "file:", 5) == 0) {
+                if (!load || !cJSON_IsString(p))
+                    brc = status_set(err, sizeof err, STATUS_INVALID, "parameter '%.200s' must be a string (the "
+                                     "file's bytes in base64) and is only accepted by load", p->string);
+                else brc = upload_set_add_base64(&c->files, p->string + 5, p->valuestring,
+                                                 (size_t)s->cfg->max_model_upload_size, err, sizeof err);
+            }
+        if (!brc && cfg) c->config = strdup(cfg->valuestring);
         cJSON_Delete(j);
         if (owned) free(body);
-        if (bad) {
+        if (brc) {
+            upload_set_clear(&c->files);
             free(c);
-            reply_status(s, req, STATUS_INVALID, bad);
+            reply_status(s, req, brc, bad ? bad : err);
             return;
         }
     } else if (owned) free(body);
