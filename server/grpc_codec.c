@@ -150,7 +150,8 @@ static int decode_typed(struct kserve_input *in, const contents_pb *c, char *err
     return 0;
 }
 
-static int decode_raw(struct kserve_input *in, const ProtobufCBinaryData *raw, char *err, size_t err_len) {
+static int decode_raw(struct kserve_input *in, const char *model, const ProtobufCBinaryData *raw, char *err,
+                      size_t err_len) {
     struct tensor *t = &in->t;
     char sh[128];
     if (t->dtype == DT_STRING) {
@@ -162,18 +163,18 @@ static int decode_raw(struct kserve_input *in, const ProtobufCBinaryData *raw, c
     }
     int64_t numel = tensor_numel(t);
     size_t need = tensor_nbytes(t);
-    if (numel == INT64_MAX || need != raw->len)
-        return INVALID("input '%s': raw_input_contents has %zu bytes but shape %s of %s needs %zu bytes", in->name,
-                       raw->len, tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype),
-                       numel == INT64_MAX ? SIZE_MAX : need);
+    if (numel == INT64_MAX || need != raw->len) /* Triton's words first: its clients' tests match them */
+        return INVALID("input byte size mismatch for input '%s' for model '%s'. Expected %zu, got %zu "
+                       "(raw_input_contents; shape %s of %s)", in->name, model, numel == INT64_MAX ? SIZE_MAX : need,
+                       raw->len, tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype));
     if (tensor_alloc_data(t)) return STATUS_NOMEM;
     if (need) memcpy(t->data, raw->data, need);
     return 0;
 }
 
 /* Name, data type and shape, then the data: raw when raw is not NULL. */
-static int decode_input(struct kserve_input *in, const input_pb *p, const ProtobufCBinaryData *raw, int idx,
-                        char *err, size_t err_len) {
+static int decode_input(struct kserve_input *in, const input_pb *p, const char *model, const ProtobufCBinaryData *raw,
+                        int idx, char *err, size_t err_len) {
     if (!p->name || !*p->name) return INVALID("inputs[%d]: 'name' must be a non-empty string", idx);
     if (!(in->name = strdup(p->name))) return STATUS_NOMEM;
     in->t.dtype = dtype_from_kserve(p->datatype ? p->datatype : "");
@@ -198,7 +199,7 @@ static int decode_input(struct kserve_input *in, const input_pb *p, const Protob
         return 0;
     }
     if (raw && typed) return INVALID("input '%s': has both raw_input_contents and contents; send one", in->name);
-    if (raw) return decode_raw(in, raw, err, err_len);
+    if (raw) return decode_raw(in, model, raw, err, err_len);
     if (p->contents) return decode_typed(in, p->contents, err, err_len);
     return INVALID("input '%s': has neither raw_input_contents nor contents", in->name);
 }
@@ -249,16 +250,20 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
     for (size_t i = 0, next_raw = 0; i < q->n_inputs; i++) {
         const ProtobufCBinaryData *raw =
             q->n_raw_input_contents && !input_in_shm(q->inputs[i]) ? &q->raw_input_contents[next_raw++] : NULL;
-        if ((rc = decode_input(&r->inputs[r->ninputs++], q->inputs[i], raw, (int)i, err, err_len))) return rc;
+        if ((rc = decode_input(&r->inputs[r->ninputs++], q->inputs[i], q->model_name ? q->model_name : "", raw, (int)i,
+                               err, err_len)))
+            return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
             if (strcmp(r->inputs[k].name, r->inputs[i].name) == 0)
-                return INVALID("input '%s' appears twice in 'inputs'", r->inputs[k].name);
+                return INVALID("input '%s' already exists in request (it appears twice in 'inputs')",
+                               r->inputs[k].name);
     }
     for (size_t i = 0; i < q->n_outputs; i++) {
         if ((rc = decode_output(&r->outputs[r->noutputs++], q->outputs[i], (int)i, err, err_len))) return rc;
         for (int k = 0; k < r->noutputs - 1; k++)
             if (strcmp(r->outputs[k].name, r->outputs[i].name) == 0)
-                return INVALID("output '%s' appears twice in 'outputs'", r->outputs[k].name);
+                return INVALID("output '%s' already exists in request (it appears twice in 'outputs')",
+                               r->outputs[k].name);
     }
     return 0;
 }

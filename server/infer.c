@@ -242,7 +242,7 @@ void infer_request_start(struct infer_request *r) {
     int ni = r->v->config.ninputs;
     r->ordered = calloc((size_t)(ni + r->v->config.noutputs) + 1, sizeof *r->ordered);
     r->outputs = r->ordered ? r->ordered + ni : NULL;
-    int rc = r->ordered ? infer_shm_resolve(&r->kr, r->core->shm, r->shm_owner, err, sizeof err)
+    int rc = r->ordered ? infer_shm_resolve(&r->kr, r->v->name, r->core->shm, r->shm_owner, err, sizeof err)
                         : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     if (!rc) rc = kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err);
     if (rc) {

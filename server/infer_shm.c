@@ -11,7 +11,8 @@
 
 /* Input in: its bytes from the region it names, checked against its shape
  * and data type before any is read. */
-static int resolve_input(struct kserve_input *in, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len) {
+static int resolve_input(struct kserve_input *in, const char *model, shm_registry_t *reg, shm_owner_t owner, char *err,
+                         size_t err_len) {
     char what[300], sh[128];
     snprintf(what, sizeof what, "input '%s'", in->name);
     struct kserve_shm *s = &in->shm;
@@ -19,10 +20,11 @@ static int resolve_input(struct kserve_input *in, shm_registry_t *reg, shm_owner
     if (t->dtype != DT_STRING) {
         int64_t numel = tensor_numel(t);
         size_t need = numel == INT64_MAX ? SIZE_MAX : tensor_nbytes(t);
-        if (need != s->byte_size)
-            return INVALID("%s: shared_memory_byte_size is %llu but shape %s of %s needs %zu bytes", what,
+        if (need != s->byte_size) /* Triton's words first: its clients' tests match them */
+            return INVALID("input byte size mismatch for input '%s' for model '%s'. Expected %zu, got %llu "
+                           "(shared_memory_byte_size; shape %s of %s)", in->name, model, need,
                            (unsigned long long)s->byte_size, tensor_shape_str(t, sh, sizeof sh),
-                           dtype_kserve_name(t->dtype), need);
+                           dtype_kserve_name(t->dtype));
     }
     s->ref = shm_acquire(reg, owner, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
     if (!s->ref) return STATUS_INVALID;
@@ -54,11 +56,12 @@ static int resolve_input(struct kserve_input *in, shm_registry_t *reg, shm_owner
     return shm_region_read(s->ref, s->addr, t->data, (size_t)s->byte_size, err, err_len);
 }
 
-int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len) {
+int infer_shm_resolve(struct kserve_request *r, const char *model, shm_registry_t *reg, shm_owner_t owner, char *err,
+                      size_t err_len) {
     char what[300];
     for (int i = 0; i < r->ninputs; i++) {
         if (!r->inputs[i].shm.region) continue;
-        int rc = resolve_input(&r->inputs[i], reg, owner, err, err_len);
+        int rc = resolve_input(&r->inputs[i], model, reg, owner, err, err_len);
         if (rc) return rc;
     }
     for (int i = 0; i < r->noutputs; i++) {

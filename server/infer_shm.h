@@ -30,7 +30,8 @@
 /* Regions are looked up among owner's (the caller's: server/shm.h). An
  * input's bytes are copied out of its region into a block the request owns
  * (never used in place), under the region's SIGBUS guard. */
-int infer_shm_resolve(struct kserve_request *r, shm_registry_t *reg, shm_owner_t owner, char *err, size_t err_len);
+int infer_shm_resolve(struct kserve_request *r, const char *model, shm_registry_t *reg, shm_owner_t owner, char *err,
+                      size_t err_len);
 /* outputs[mc->noutputs], in the model's order. */
 int infer_shm_write_outputs(const struct kserve_request *r, const struct model_config *mc,
                             const struct tensor *outputs, char *err, size_t err_len);

@@ -932,7 +932,8 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
         if (rc) return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
             if (strcmp(r->inputs[k].name, r->inputs[r->ninputs - 1].name) == 0)
-                return INVALID("input '%s' appears twice in 'inputs'", r->inputs[k].name);
+                return INVALID("input '%s' already exists in request (it appears twice in 'inputs')",
+                               r->inputs[k].name);
     }
     const cJSON *outputs = cJSON_GetObjectItemCaseSensitive(root, "outputs");
     if (outputs) {
@@ -947,7 +948,8 @@ static int parse_doc(struct kserve_request *r, const cJSON *root, const struct f
             if (rc) return rc;
             for (int k = 0; k < r->noutputs - 1; k++)
                 if (strcmp(r->outputs[k].name, r->outputs[r->noutputs - 1].name) == 0)
-                    return INVALID("output '%s' appears twice in 'outputs'", r->outputs[k].name);
+                    return INVALID("output '%s' already exists in request (it appears twice in 'outputs')",
+                                   r->outputs[k].name);
         }
     }
     return 0;

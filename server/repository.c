@@ -767,13 +767,20 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
         struct stat st;
         snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
         if (valid_name(name) && stat(mdir, &st) == 0 && S_ISDIR(st.st_mode))
-            *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s' (its folder is in the repository but the model is "
-                                            "not loaded; in explicit mode: POST /v2/repository/models/%s/load)", name, name);
-        else *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s'", name);
+            *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' is not found (its folder is in the "
+                          "repository but the model is not loaded; in explicit mode: POST "
+                          "/v2/repository/models/%s/load)", name, name);
+        else *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
     }
-    else if (e->nversions == 0)
-        *status = ERR(STATUS_UNAVAILABLE, "model '%s' is not ready (%s)", name,
+    /* Triton's words, which its clients and tests match ("... has no
+     * available versions", "... version 1 is not at ready state"), then why. */
+    else if (e->nversions == 0 && version > 0)
+        *status = ERR(STATUS_UNAVAILABLE, "Request for unknown model: '%s' version %lld is not at ready state (not "
+                      "ready: %s)", name, (long long)version,
                       e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
+    else if (e->nversions == 0)
+        *status = ERR(STATUS_UNAVAILABLE, "Request for unknown model: '%s' has no available versions (not ready: %s)",
+                      name, e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
     else if (version <= 0) v = e->versions[e->nversions - 1];
     else {
         for (int i = 0; i < e->nversions; i++)
@@ -782,8 +789,8 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
             char have[200] = "";
             for (int i = 0; i < e->nversions; i++)
                 snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "", e->versions[i]->version_str);
-            *status = ERR(STATUS_NOT_FOUND, "unknown version %lld of model '%s' (versions loaded: %s)", (long long)version,
-                          name, have);
+            *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found (versions "
+                          "loaded: %s)", name, (long long)version, have);
         }
     }
     if (v) atomic_fetch_add(&v->refs, 1);

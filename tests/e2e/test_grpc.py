@@ -244,7 +244,8 @@ def test_bad_messages(stub):
     req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     req.raw_input_contents.append(b"\0" * 15)
     code, msg = stub_error(stub.ModelInfer, req)
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "15 bytes" in msg and "16 bytes" in msg
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert msg.startswith("input byte size mismatch for input 'x' for model 'tiny'. Expected 16, got 15")
     req = service_pb2.ModelInferRequest(model_name="tiny")
     req.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     code, msg = stub_error(stub.ModelInfer, req)

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import h2frames
-from conftest import save_model, tiny_graph
+from conftest import save_model, serving, tiny_graph
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 MiB = 1 << 20
@@ -23,14 +23,9 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    from conftest import KilnServer
     root = tmp_path_factory.mktemp("zrepo")
     save_model(root, "tiny", tiny_graph())
-    s = KilnServer(root, "--grpc-max-message-size", "1M")
-    yield s
-    rc = s.stop()
-    assert s.sanitizer_report() is None, s.sanitizer_report()
-    assert rc == 0, s.text()
+    yield from serving(root, "--grpc-max-message-size", "1M")
 
 
 def expected(x):

@@ -242,7 +242,7 @@ static void test_resolve_and_write(void **state) {
               "\"outputs\":[{\"name\":\"y\",\"parameters\":{\"shared_memory_region\":\"out\","
               "\"shared_memory_byte_size\":8,\"shared_memory_offset\":8}}]}");
     assert_null(r.inputs[0].t.data);
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), 0);
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), 0);
     assert_true(r.inputs[0].t.data != r.inputs[0].shm.addr);
     assert_true(r.inputs[1].t.data != r.inputs[1].shm.addr);
     assert_int_equal(((unsigned char *)r.inputs[0].t.data)[3], 3);
@@ -268,12 +268,13 @@ static void test_resolve_and_write(void **state) {
     assert_int_equal(shm_register(reg, ME, "in", key, 0, 16, err, sizeof err), 0);
     parse(&r, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"parameters\":"
               "{\"shared_memory_region\":\"in\",\"shared_memory_byte_size\":12}}]}");
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "input 'a': shared_memory_byte_size is 12 but shape [2,2] of FP32 needs 16 bytes"));
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "input byte size mismatch for input 'a' for model 'm'. Expected 16, got 12 "
+                                "(shared_memory_byte_size; shape [2,2] of FP32)"));
     kserve_request_clear(&r);
     parse(&r, "{\"inputs\":[{\"name\":\"a\",\"shape\":[2,2],\"datatype\":\"FP32\",\"parameters\":"
               "{\"shared_memory_region\":\"in\",\"shared_memory_byte_size\":16,\"shared_memory_offset\":4}}]}");
-    assert_int_equal(infer_shm_resolve(&r, reg, ME, err, sizeof err), STATUS_INVALID);
+    assert_int_equal(infer_shm_resolve(&r, "m", reg, ME, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "input 'a': shared_memory_offset 4 + shared_memory_byte_size 16 is outside"));
     kserve_request_clear(&r);
     shm_registry_free(reg);
