@@ -551,11 +551,7 @@ static void frame_compress(struct grpc_stream *st, uint8_t **buf, size_t *len) {
     if (*len < 5 || http_coding_deflate(st->coding_out, *buf + 5, *len - 5, &z, &zlen)) return;
     uint8_t *f = zlen <= UINT32_MAX ? malloc(zlen + 5) : NULL;
     if (f) {
-        f[0] = 1;
-        f[1] = (uint8_t)(zlen >> 24);
-        f[2] = (uint8_t)(zlen >> 16);
-        f[3] = (uint8_t)(zlen >> 8);
-        f[4] = (uint8_t)zlen;
+        grpc_prefix_write(f, 1, zlen);
         memcpy(f + 5, z, zlen);
         free(*buf);
         *buf = f;
@@ -651,8 +647,9 @@ static int message_inflate(struct grpc_stream *st, const uint8_t *z, size_t n, c
     unsigned char *out;
     int rc = http_coding_unpack(st->coding_in, z, n, max, &out, len, &extra);
     if (rc == STATUS_TOO_LARGE)
-        grpc_stream_errorf(st, rc, "the request message decompressed (grpc-encoding %s) exceeds --grpc-max-message-size (%zu bytes)",
-                           name, max);
+        grpc_stream_errorf(st, rc,
+                           "the request message decompressed (grpc-encoding %s) exceeds --grpc-max-message-size "
+                           "(%zu bytes)", name, max);
     else if (rc == STATUS_NOMEM) grpc_stream_errorf(st, rc, "out of memory decompressing the request message");
     else if (rc)
         grpc_stream_errorf(st, rc, "the request message is not valid %s data (grpc-encoding)%s", name,

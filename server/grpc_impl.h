@@ -152,6 +152,9 @@ void grpc_health_detach(struct grpc_stream *st);
 void grpc_health_notify(struct grpc_loop *l);
 
 /* ---- grpc_codec.c: messages, no connection ---- */
+/* The 5-byte prefix of a message of n bytes at h: the compressed flag (0
+ * or 1), then the length, big-endian. */
+void grpc_prefix_write(uint8_t *h, int compressed, size_t n);
 struct Inference__ModelInferRequest;
 struct kserve_request;
 /* Allocations freed together (a reply's message tree). */

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from conftest import save_model, serving, tiny_graph, typed_graph
+from conftest import save_model, serving, strings_graph, tiny_graph, typed_graph
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,9 @@ def srv(tmp_path_factory):
     save_model(root, "tiny", tiny_graph())
     save_model(root, "typed", typed_graph())
     save_model(root, "idle", tiny_graph())
-    yield from serving(root, "--model-control-mode", "explicit", "--load-model", "tiny", "--load-model", "typed")
+    save_model(root, "strings", strings_graph())
+    yield from serving(root, "--model-control-mode", "explicit", "--load-model", "tiny", "--load-model", "typed",
+                           "--load-model", "strings")
 
 
 @pytest.fixture(params=["http", "grpc"])
@@ -101,3 +103,19 @@ def test_input_byte_size_mismatch_grpc(srv):
     assert e.value.details().startswith(
         "input byte size mismatch for input 'x' for model 'tiny'. Expected 32, got 40"), e.value.details()
     channel.close()
+
+
+def test_string_element_count_grpc(srv):
+    """BYTES in raw_input_contents holding more or fewer elements than the
+    shape: Triton's two texts (for too many it names one past the shape's,
+    where it stops reading)."""
+    c = grpcclient.InferenceServerClient(srv.grpc_url())
+    for n, want in ((1, "expected 2 string elements for inference input 's' for model 'strings', got 1"),
+                    (4, "unexpected number of string elements 3 for inference input 's' for model 'strings', "
+                        "expecting 2")):
+        i = grpcclient.InferInput("s", [1, n], "BYTES")
+        i.set_data_from_numpy(np.array([[b"ab"] * n], dtype=object))
+        i.set_shape([1, 2])
+        msg = message(c.infer, "strings", [i])
+        assert msg.startswith(want), msg
+    c.close()
