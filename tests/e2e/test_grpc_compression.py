@@ -117,6 +117,10 @@ def test_compressed_answer_on_the_wire(srv, coding):
         else:
             assert data[0] == 0
             payload = data[5:]
+        hdrs = h2frames.stream_headers(c, sid)
+        assert hdrs[0]["grpc-accept-encoding"] == "identity,deflate,gzip"
+        assert hdrs[0].get("grpc-encoding") == (coding if sid == 1 else None)
+        assert hdrs[-1]["grpc-status"] == "0"
         resp = service_pb2.ModelInferResponse.FromString(payload)
         out = np.frombuffer(resp.raw_output_contents[0], np.float32).reshape(2, 3)
         np.testing.assert_allclose(out, expected(x), rtol=1e-5, atol=1e-5)
@@ -134,6 +138,10 @@ def test_unknown_encoding(srv):
     assert c.wait(lambda fr: c.ended(1))
     assert b"\x0212" in trailers_of(c, 1)
     assert not data_of(c, 1)
+    # Trailers-Only: the status, the codings kiln reads, and a message naming them.
+    (only,) = h2frames.stream_headers(c, 1)
+    assert only["grpc-status"] == "12" and only["grpc-accept-encoding"] == "identity,deflate,gzip"
+    assert only["grpc-message"] == "grpc-encoding 'snappy' is not supported (supported: identity,deflate,gzip)"
     c.call(3, INFER, body)
     assert c.wait(lambda fr: c.ended(3))
     assert data_of(c, 3)[0] == 0 and b"\x010" in trailers_of(c, 3)
@@ -146,6 +154,7 @@ def test_unknown_encoding(srv):
         h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 5, zmessage(compress("gzip", body))))
     assert c.wait(lambda fr: c.ended(5))
     assert b"\x013" in trailers_of(c, 5)
+    assert "compressed flag is 1 but the call has no grpc-encoding" in h2frames.stream_headers(c, 5)[-1]["grpc-message"]
     c.close()
     # Data that is not gzip: INVALID_ARGUMENT too.
     c = h2frames.Conn(srv.grpc_url())
@@ -154,6 +163,7 @@ def test_unknown_encoding(srv):
         h2frames.frame(h2frames.DATA, h2frames.END_STREAM, 7, zmessage(b"not gzip at all")))
     assert c.wait(lambda fr: c.ended(7))
     assert b"\x013" in trailers_of(c, 7)
+    assert "not valid gzip data (grpc-encoding)" in h2frames.stream_headers(c, 7)[-1]["grpc-message"]
     c.close()
 
 
@@ -195,6 +205,8 @@ def test_zip_bomb(srv):
         c.send(h2frames.frame(h2frames.DATA, h2frames.END_STREAM if off + 16384 >= len(msg) else 0, 1, part))
     assert c.wait(lambda fr: c.ended(1), timeout=60)
     assert b"\x018" in trailers_of(c, 1)  # RESOURCE_EXHAUSTED
+    (only,) = h2frames.stream_headers(c, 1)
+    assert "exceeds --grpc-max-message-size (1048576 bytes)" in only["grpc-message"]
     c.close()
     assert peak_rss(srv) - before < 64 * MiB
     gc = grpcclient.InferenceServerClient(srv.grpc_url())
