@@ -246,7 +246,8 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
     if (q->id && *q->id && !(r->id = strdup(q->id))) return STATUS_NOMEM;
     int rc = decode_params(r, q, err, err_len);
     if (rc) return rc;
-    if (q->n_inputs == 0) return INVALID("field 'inputs' is empty");
+    /* No inputs at all is left to the binding, which answers in Triton's
+     * words ("expected 2 inputs but got 0 inputs ... Got input(s) []"). */
     if (q->n_inputs > MAX_TENSORS || q->n_outputs > MAX_TENSORS)
         return INVALID("a request may name at most %d inputs and %d outputs", MAX_TENSORS, MAX_TENSORS);
     /* raw_input_contents holds the inputs that are not in shared memory, in order. */
@@ -256,7 +257,7 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
         return INVALID("raw_input_contents has %zu entries for %zu inputs not in shared memory: give one per input, "
                        "or none", q->n_raw_input_contents, in_msg);
     r->binary_data_output = 1;
-    r->inputs = calloc(q->n_inputs, sizeof *r->inputs);
+    r->inputs = calloc(q->n_inputs + 1, sizeof *r->inputs);
     r->outputs = calloc(q->n_outputs + 1, sizeof *r->outputs);
     if (!r->inputs || !r->outputs) return STATUS_NOMEM;
     for (size_t i = 0, next_raw = 0; i < q->n_inputs; i++) {

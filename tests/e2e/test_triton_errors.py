@@ -83,6 +83,16 @@ def test_missing_inputs(kind):
                    "input(s) ['flag']. Please provide all required input(s)."), msg
 
 
+def test_no_inputs_grpc(srv):
+    """tritonclient.grpc sends a request with no inputs as it is (HTTP's
+    reader refuses an empty 'inputs' before the model is known)."""
+    c = grpcclient.InferenceServerClient(srv.grpc_url())
+    msg = message(c.infer, "typed", [])
+    assert msg == ("expected 2 inputs but got 0 inputs for model 'typed'. Got input(s) [], but missing required "
+                   "input(s) ['i','flag']. Please provide all required input(s)."), msg
+    c.close()
+
+
 def test_output_twice(kind):
     mod, c = kind
     outs = [mod.InferRequestedOutput("probs"), mod.InferRequestedOutput("probs")]
