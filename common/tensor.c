@@ -259,27 +259,51 @@ static uint32_t le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *used, char *err, size_t err_len) {
-    const uint8_t *p = buf;
-    size_t off = 0;
+/* Reads buf's length-prefixed strings, at most max of them: the count read
+ * whole, *off the bytes they take. *bad is 0, or 1 when the next element's
+ * length is cut short, 2 when it runs past the buffer (*l its length). */
+static int64_t strings_walk(const uint8_t *p, size_t len, int64_t max, size_t *off, int *bad, uint32_t *l) {
     int64_t i = 0;
-    while (off < len) {
-        if (i == count) {
-            if (used) break;
-            return status_set(err, err_len, STATUS_INVALID, "%zu bytes follow the last of %lld BYTES elements",
-                              len - off, (long long)count);
+    *off = 0;
+    *bad = 0;
+    while (*off < len && i < max) {
+        if (len - *off < 4) {
+            *bad = 1;
+            break;
         }
-        if (len - off < 4)
-            return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld has a truncated 4-byte length",
-                              (long long)i);
-        uint32_t l = le32(p + off);
-        off += 4;
-        if (l > len - off)
-            return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld says %u bytes but only %zu are left",
-                              (long long)i, l, len - off);
-        off += l;
+        *l = le32(p + *off);
+        if (*l > len - *off - 4) {
+            *bad = 2;
+            break;
+        }
+        *off += 4 + (size_t)*l;
         i++;
     }
+    return i;
+}
+
+int64_t tensor_strings_count(const void *buf, size_t len) {
+    size_t off;
+    int bad;
+    uint32_t l;
+    int64_t n = strings_walk(buf, len, INT64_MAX, &off, &bad, &l);
+    return bad ? -1 : n;
+}
+
+int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *used, char *err, size_t err_len) {
+    size_t off;
+    int bad;
+    uint32_t l = 0;
+    int64_t i = strings_walk(buf, len, count, &off, &bad, &l);
+    if (bad == 1)
+        return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld has a truncated 4-byte length",
+                          (long long)i);
+    if (bad == 2)
+        return status_set(err, err_len, STATUS_INVALID, "BYTES element %lld says %u bytes but only %zu are left",
+                          (long long)i, l, len - off - 4);
+    if (i == count && off < len && !used)
+        return status_set(err, err_len, STATUS_INVALID, "%zu bytes follow the last of %lld BYTES elements", len - off,
+                          (long long)count);
     if (i != count)
         return status_set(err, err_len, STATUS_INVALID, "the data holds %lld BYTES elements but %lld are needed",
                           (long long)i, (long long)count);

@@ -194,6 +194,10 @@ int tensor_copy_rows(struct tensor *dst, const struct tensor_rows *src, int n);
  * Reads nothing outside buf. */
 int tensor_strings_check(const void *buf, size_t len, int64_t count, size_t *used, char *err, size_t err_len);
 
+/* The length-prefixed strings buf[0..len) holds whole (bytes after the
+ * last whole one must be a malformed element), or -1 when one is malformed. */
+int64_t tensor_strings_count(const void *buf, size_t len);
+
 /* Checks buf (tensor_strings_check, count = numel of t's dims) and makes
  * t->data a new owned block of its strings (t->dtype must be DT_STRING).
  * 0, STATUS_INVALID (err set), or STATUS_NOMEM; t->data is NULL on error. */

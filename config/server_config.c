@@ -48,6 +48,7 @@ static const struct opt g_opts[] = {
     {"log-level", OPT_STR, "LEVEL", "info", "error, warn, info or debug"},
     {"log-format", OPT_STR, "text|json", "text", "log line format"},
     {"max-request-size", OPT_SIZE, "BYTES", "64M", "largest request body (suffixes K, M, G); larger gets 413"},
+    {"max-model-upload-size", OPT_SIZE, "BYTES", "64M", "model files one load request may carry (Triton's parameters \"file:<version>/<name>\", decoded), written into the model's folder; more gets 413 / RESOURCE_EXHAUSTED (0 = uploads refused; suffixes K, M, G)"},
     {"max-request-memory", OPT_SIZE, "BYTES", "RAM / 4, at most 4G", "most memory one request may make kiln allocate: its JSON parse, input copies, the tensors a model sizes from the request (shapes and values), the answer's encoding; over it a 400 naming the tensor or node, before the allocation (suffixes K, M, G; at least 1M)"},
     {"exit-timeout-secs", OPT_INT, "S", "30", "on SIGTERM/SIGINT, longest wait for in-flight requests before a forced exit"},
     {"model-control-mode", OPT_STR, "none|explicit|poll", "none", "none: load all at start; explicit: load/unload through the API; poll: reload on change"},
@@ -86,6 +87,7 @@ void server_config_init(struct server_config *c) {
     c->log_level = strdup("info");
     c->log_format = strdup("text");
     c->max_request_size = 64LL << 20;
+    c->max_model_upload_size = 64LL << 20;
     c->exit_timeout_secs = 30;
     c->inline_max_us = 100;
     c->http_timeout_secs = 60;
@@ -230,6 +232,8 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         } else if (strcmp(n, "grpc-max-message-size") == 0) {
             if (sz < 1024) return BAD("expected at least 1024 bytes");
             c->grpc_max_message_size = sz;
+        } else if (strcmp(n, "max-model-upload-size") == 0) {
+            c->max_model_upload_size = sz;
         } else if (strcmp(n, "shm-max-bytes") == 0) {
             if (sz < 1) return BAD("expected at least 1 byte");
             c->shm_max_bytes = sz;

@@ -36,6 +36,7 @@ struct server_config {
     char *log_level;             /* "error", "warn", "info", "debug" */
     char *log_format;            /* "text", "json" */
     int64_t max_request_size;    /* bytes; larger bodies get 413 */
+    int64_t max_model_upload_size; /* bytes of model files one load request may carry; 0 = uploads refused */
     int64_t max_request_memory;  /* bytes one request may make kiln allocate; 0 = from the machine */
     int exit_timeout_secs;       /* drain limit on SIGTERM */
     int inline_max_us;           /* batcher_params.inline_max_ns, in us; 0 = off */

@@ -393,7 +393,7 @@ static void *timer_main(void *arg) {
             } else {
                 b->st.rejected_timeout++;
                 fail_queued(b, r, client ? STATUS_DEADLINE : STATUS_TIMEOUT,
-                            client ? "Request timeout expired: the client's deadline passed while the request was queued"
+                            client ? "Deadline Exceeded: the client's deadline passed while the request was queued"
                                    : "Request timeout expired");
             }
         }

@@ -150,10 +150,23 @@ static int decode_typed(struct kserve_input *in, const contents_pb *c, char *err
     return 0;
 }
 
-static int decode_raw(struct kserve_input *in, const ProtobufCBinaryData *raw, char *err, size_t err_len) {
+static int decode_raw(struct kserve_input *in, const char *model, const ProtobufCBinaryData *raw, char *err,
+                      size_t err_len) {
     struct tensor *t = &in->t;
     char sh[128];
     if (t->dtype == DT_STRING) {
+        /* Triton's words for a count that is not the shape's, which its
+         * clients' tests match (it names one element past the shape's for
+         * too many: where it stopped reading). */
+        int64_t have = tensor_strings_count(raw->data, raw->len), want = tensor_numel(t);
+        if (have >= 0 && have < want)
+            return INVALID("expected %lld string elements for inference input '%s' for model '%s', got %lld "
+                           "(shape %s)", (long long)want, in->name, model, (long long)have,
+                           tensor_shape_str(t, sh, sizeof sh));
+        if (have > want)
+            return INVALID("unexpected number of string elements %lld for inference input '%s' for model '%s', "
+                           "expecting %lld (shape %s; the data holds %lld)", (long long)want + 1, in->name, model,
+                           (long long)want, tensor_shape_str(t, sh, sizeof sh), (long long)have);
         char why[160];
         int rc = tensor_strings_from_prefixed(t, raw->data, raw->len, why, sizeof why);
         if (rc == STATUS_INVALID)
@@ -162,18 +175,18 @@ static int decode_raw(struct kserve_input *in, const ProtobufCBinaryData *raw, c
     }
     int64_t numel = tensor_numel(t);
     size_t need = tensor_nbytes(t);
-    if (numel == INT64_MAX || need != raw->len)
-        return INVALID("input '%s': raw_input_contents has %zu bytes but shape %s of %s needs %zu bytes", in->name,
-                       raw->len, tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype),
-                       numel == INT64_MAX ? SIZE_MAX : need);
+    if (numel == INT64_MAX || need != raw->len) /* Triton's words first: its clients' tests match them */
+        return INVALID("input byte size mismatch for input '%s' for model '%s'. Expected %zu, got %zu "
+                       "(raw_input_contents; shape %s of %s)", in->name, model, numel == INT64_MAX ? SIZE_MAX : need,
+                       raw->len, tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype));
     if (tensor_alloc_data(t)) return STATUS_NOMEM;
     if (need) memcpy(t->data, raw->data, need);
     return 0;
 }
 
 /* Name, data type and shape, then the data: raw when raw is not NULL. */
-static int decode_input(struct kserve_input *in, const input_pb *p, const ProtobufCBinaryData *raw, int idx,
-                        char *err, size_t err_len) {
+static int decode_input(struct kserve_input *in, const input_pb *p, const char *model, const ProtobufCBinaryData *raw,
+                        int idx, char *err, size_t err_len) {
     if (!p->name || !*p->name) return INVALID("inputs[%d]: 'name' must be a non-empty string", idx);
     if (!(in->name = strdup(p->name))) return STATUS_NOMEM;
     in->t.dtype = dtype_from_kserve(p->datatype ? p->datatype : "");
@@ -198,7 +211,7 @@ static int decode_input(struct kserve_input *in, const input_pb *p, const Protob
         return 0;
     }
     if (raw && typed) return INVALID("input '%s': has both raw_input_contents and contents; send one", in->name);
-    if (raw) return decode_raw(in, raw, err, err_len);
+    if (raw) return decode_raw(in, model, raw, err, err_len);
     if (p->contents) return decode_typed(in, p->contents, err, err_len);
     return INVALID("input '%s': has neither raw_input_contents nor contents", in->name);
 }
@@ -233,7 +246,8 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
     if (q->id && *q->id && !(r->id = strdup(q->id))) return STATUS_NOMEM;
     int rc = decode_params(r, q, err, err_len);
     if (rc) return rc;
-    if (q->n_inputs == 0) return INVALID("field 'inputs' is empty");
+    /* No inputs at all is left to the binding, which answers in Triton's
+     * words ("expected 2 inputs but got 0 inputs ... Got input(s) []"). */
     if (q->n_inputs > MAX_TENSORS || q->n_outputs > MAX_TENSORS)
         return INVALID("a request may name at most %d inputs and %d outputs", MAX_TENSORS, MAX_TENSORS);
     /* raw_input_contents holds the inputs that are not in shared memory, in order. */
@@ -243,22 +257,26 @@ int grpc_infer_request_decode(struct kserve_request *r, const Inference__ModelIn
         return INVALID("raw_input_contents has %zu entries for %zu inputs not in shared memory: give one per input, "
                        "or none", q->n_raw_input_contents, in_msg);
     r->binary_data_output = 1;
-    r->inputs = calloc(q->n_inputs, sizeof *r->inputs);
+    r->inputs = calloc(q->n_inputs + 1, sizeof *r->inputs);
     r->outputs = calloc(q->n_outputs + 1, sizeof *r->outputs);
     if (!r->inputs || !r->outputs) return STATUS_NOMEM;
     for (size_t i = 0, next_raw = 0; i < q->n_inputs; i++) {
         const ProtobufCBinaryData *raw =
             q->n_raw_input_contents && !input_in_shm(q->inputs[i]) ? &q->raw_input_contents[next_raw++] : NULL;
-        if ((rc = decode_input(&r->inputs[r->ninputs++], q->inputs[i], raw, (int)i, err, err_len))) return rc;
+        if ((rc = decode_input(&r->inputs[r->ninputs++], q->inputs[i], q->model_name ? q->model_name : "", raw, (int)i,
+                               err, err_len)))
+            return rc;
         for (int k = 0; k < r->ninputs - 1; k++)
             if (strcmp(r->inputs[k].name, r->inputs[i].name) == 0)
-                return INVALID("input '%s' appears twice in 'inputs'", r->inputs[k].name);
+                return INVALID("input '%s' already exists in request (it appears twice in 'inputs')",
+                               r->inputs[k].name);
     }
     for (size_t i = 0; i < q->n_outputs; i++) {
         if ((rc = decode_output(&r->outputs[r->noutputs++], q->outputs[i], (int)i, err, err_len))) return rc;
         for (int k = 0; k < r->noutputs - 1; k++)
             if (strcmp(r->outputs[k].name, r->outputs[i].name) == 0)
-                return INVALID("output '%s' appears twice in 'outputs'", r->outputs[k].name);
+                return INVALID("output '%s' already exists in request (it appears twice in 'outputs')",
+                               r->outputs[k].name);
     }
     return 0;
 }
@@ -417,15 +435,19 @@ void grpc_pool_free(struct grpc_pool *p) {
     p->blocks = NULL;
 }
 
+void grpc_prefix_write(uint8_t *h, int compressed, size_t n) {
+    h[0] = (uint8_t)compressed;
+    h[1] = (uint8_t)(n >> 24);
+    h[2] = (uint8_t)(n >> 16);
+    h[3] = (uint8_t)(n >> 8);
+    h[4] = (uint8_t)n;
+}
+
 uint8_t *grpc_frame(const ProtobufCMessage *m, size_t *len) {
     size_t n = protobuf_c_message_get_packed_size(m);
     uint8_t *buf = n <= UINT32_MAX ? malloc(n + 5) : NULL;
     if (!buf) return NULL;
-    buf[0] = 0; /* not compressed */
-    buf[1] = (uint8_t)(n >> 24);
-    buf[2] = (uint8_t)(n >> 16);
-    buf[3] = (uint8_t)(n >> 8);
-    buf[4] = (uint8_t)n;
+    grpc_prefix_write(buf, 0, n);
     protobuf_c_message_pack(m, buf + 5);
     *len = n + 5;
     return buf;

@@ -39,6 +39,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "server/grpc_impl.h"
+#include "server/http_coding.h"
 #include "server/listen.h"
 
 /* Bytes of answers queued on a socket before nghttp2 is asked to wait. */
@@ -209,6 +210,8 @@ static void stream_free(struct grpc_stream *st) {
     if (st->out) evbuffer_free(st->out);
     free(st->path);
     free(st->authorization);
+    free(st->coding_unknown);
+    free(st->plain);
     free(st->message);
     free(st);
 }
@@ -518,6 +521,8 @@ static ssize_t data_read_cb(nghttp2_session *h2, int32_t id, uint8_t *buf, size_
 }
 
 #define NV(n, v) {(uint8_t *)(n), (uint8_t *)(v), sizeof(n) - 1, sizeof(v) - 1, NGHTTP2_NV_FLAG_NONE}
+/* The message codings kiln reads (grpc-encoding), in every answer's headers. */
+#define ACCEPT_ENCODING "identity,deflate,gzip"
 
 /* Response headers, once per stream, with the answer's data provider. */
 static void stream_start(struct grpc_stream *st) {
@@ -525,16 +530,38 @@ static void stream_start(struct grpc_stream *st) {
         nghttp2_session_resume_data(st->conn->h2, st->id);
         return;
     }
-    static const nghttp2_nv hdrs[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
-                                      NV("grpc-accept-encoding", "identity")};
+    const char *coding = http_coding_name(st->coding_out);
+    nghttp2_nv hdrs[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                         NV("grpc-accept-encoding", ACCEPT_ENCODING),
+                         {(uint8_t *)"grpc-encoding", (uint8_t *)coding, 13, coding ? strlen(coding) : 0,
+                          NGHTTP2_NV_FLAG_NONE}};
     nghttp2_data_provider prd = {.source.ptr = st, .read_callback = data_read_cb};
     st->started = 1;
-    nghttp2_submit_response(st->conn->h2, st->id, hdrs, sizeof hdrs / sizeof hdrs[0], &prd);
+    nghttp2_submit_response(st->conn->h2, st->id, hdrs, coding ? 4 : 3, &prd);
 }
 
 static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 
+/* A framed message in the answer's coding: buf replaced by the compressed
+ * frame (flag 1), or kept as it is when compressing fails (flag 0 is
+ * allowed whatever grpc-encoding says). */
+static void frame_compress(struct grpc_stream *st, uint8_t **buf, size_t *len) {
+    unsigned char *z;
+    size_t zlen;
+    if (*len < 5 || http_coding_deflate(st->coding_out, *buf + 5, *len - 5, &z, &zlen)) return;
+    uint8_t *f = zlen <= UINT32_MAX ? malloc(zlen + 5) : NULL;
+    if (f) {
+        grpc_prefix_write(f, 1, zlen);
+        memcpy(f + 5, z, zlen);
+        free(*buf);
+        *buf = f;
+        *len = zlen + 5;
+    }
+    free(z);
+}
+
 void grpc_stream_queue(struct grpc_stream *st, uint8_t *buf, size_t len) {
+    if (!st->finished && st->coding_out != HTTP_CODING_IDENTITY) frame_compress(st, &buf, &len);
     if (st->finished || evbuffer_add_reference(st->out, buf, len, free_cb, buf)) {
         free(buf);
         return;
@@ -577,6 +604,7 @@ void grpc_stream_finish(struct grpc_stream *st, int status, const char *msg) {
         char c[16];
         snprintf(c, sizeof c, "%d", code);
         nghttp2_nv hdrs[] = {NV(":status", "200"), NV("content-type", "application/grpc"),
+                             NV("grpc-accept-encoding", ACCEPT_ENCODING),
                              {(uint8_t *)"grpc-status", (uint8_t *)c, 11, strlen(c), NGHTTP2_NV_FLAG_NONE},
                              {(uint8_t *)"grpc-message", (uint8_t *)st->message, 12,
                               st->message ? strlen(st->message) : 0, NGHTTP2_NV_FLAG_NONE}};
@@ -584,7 +612,7 @@ void grpc_stream_finish(struct grpc_stream *st, int status, const char *msg) {
         /* No RST_STREAM for a client still sending (a message over the
          * limit): it could reach the client before the status and turn it
          * into INTERNAL. What it still sends is dropped as it arrives. */
-        nghttp2_submit_response(st->conn->h2, st->id, hdrs, st->message ? 4 : 3, NULL);
+        nghttp2_submit_response(st->conn->h2, st->id, hdrs, st->message ? 5 : 4, NULL);
     } else stream_start(st);
     struct grpc_conn *c = st->conn;
     if (!c->busy) conn_arm(c); /* the last open call ended: the idle deadline may apply (else done after the read) */
@@ -611,17 +639,42 @@ void grpc_stream_errorf(struct grpc_stream *st, int status, const char *fmt, ...
     grpc_stream_finish(st, status, msg);
 }
 
-/* The next whole message in st->in: 1 with *msg (in the buffer, valid
- * until stream_handle consumes it) and *len, 0 when it has not all
- * arrived, -1 when the call was ended (too large, or compressed). */
-static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len) {
+/* A compressed message (grpc-encoding) inflated into st->plain, never
+ * past --grpc-max-message-size: 1, or -1 with the call ended. */
+static int message_inflate(struct grpc_stream *st, const uint8_t *z, size_t n, const uint8_t **msg, size_t *len) {
+    size_t max = grpc_stream_server(st)->max_message, extra;
+    const char *name = http_coding_name(st->coding_in);
+    unsigned char *out;
+    int rc = http_coding_unpack(st->coding_in, z, n, max, &out, len, &extra);
+    if (rc == STATUS_TOO_LARGE)
+        grpc_stream_errorf(st, rc,
+                           "the request message decompressed (grpc-encoding %s) exceeds --grpc-max-message-size "
+                           "(%zu bytes)", name, max);
+    else if (rc == STATUS_NOMEM) grpc_stream_errorf(st, rc, "out of memory decompressing the request message");
+    else if (rc)
+        grpc_stream_errorf(st, rc, "the request message is not valid %s data (grpc-encoding)%s", name,
+                           extra ? ": bytes follow the end of its compressed stream" : "");
+    if (rc) return -1;
+    st->plain = out;
+    *msg = out;
+    return 1;
+}
+
+/* The next whole message in st->in: 1 with *msg and *len (in the buffer,
+ * or inflated into st->plain: valid until stream_handle consumes it) and
+ * *wire (its bytes in the buffer, prefix included), 0 when it has not all
+ * arrived, -1 when the call was ended (too large, or badly compressed). */
+static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len, size_t *wire) {
     const struct grpc_inbuf *b = &st->in;
     if (b->len - b->off < 5) return 0;
     const uint8_t *h = b->data + b->off;
     size_t n = prefix_len(h);
     size_t max = grpc_stream_server(st)->max_message;
-    if (h[0] != 0) {
-        grpc_stream_errorf(st, STATUS_MEDIA_TYPE, "compressed messages are not supported: send them uncompressed");
+    if (h[0] > 1 || (h[0] == 1 && st->coding_in == HTTP_CODING_IDENTITY)) {
+        grpc_stream_errorf(st, STATUS_INVALID,
+                           h[0] > 1 ? "the message's compressed flag is %u: it must be 0 or 1"
+                                    : "the message's compressed flag is %u but the call has no grpc-encoding",
+                           h[0]);
         return -1;
     }
     if (n > max) {
@@ -630,26 +683,32 @@ static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len
         return -1;
     }
     if (b->len - b->off < n + 5) return 0;
-    *msg = h + 5;
-    *len = n;
-    return 1;
+    *wire = n + 5;
+    if (h[0] == 0) {
+        *msg = h + 5;
+        *len = n;
+        return 1;
+    }
+    return message_inflate(st, h + 5, n, msg, len);
 }
 
 /* Runs the method's handler on a message from next_message, then takes it
  * out of the buffer (or frees the buffer, when the call ended). */
-static void stream_handle(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+static void stream_handle(struct grpc_stream *st, const uint8_t *msg, size_t len, size_t wire) {
     st->handling = 1;
     st->method->handle(st, msg, len);
     st->handling = 0;
+    free(st->plain);
+    st->plain = NULL;
     if (st->finished) inbuf_release(st);
-    else inbuf_consume(st, len + 5);
+    else inbuf_consume(st, wire);
 }
 
 /* A streaming method takes each message as it arrives. */
 static void stream_messages(struct grpc_stream *st) {
     const uint8_t *msg;
-    size_t len;
-    while (!st->finished && next_message(st, &msg, &len) > 0) stream_handle(st, msg, len);
+    size_t len, wire;
+    while (!st->finished && next_message(st, &msg, &len, &wire) > 0) stream_handle(st, msg, len, wire);
 }
 
 /* The client half-closed: a unary call runs with its one message. */
@@ -664,15 +723,15 @@ static void stream_end(struct grpc_stream *st) {
         return;
     }
     const uint8_t *msg;
-    size_t len;
-    int rc = next_message(st, &msg, &len);
+    size_t len, wire;
+    int rc = next_message(st, &msg, &len, &wire);
     if (rc < 0) return;
-    if (rc == 0 || st->in.len - st->in.off > len + 5) {
+    if (rc == 0 || st->in.len - st->in.off > wire) {
         grpc_stream_errorf(st, STATUS_INVALID, "%s takes exactly one request message",
                            strrchr(st->method->name, '/') + 1);
         return;
     }
-    stream_handle(st, msg, len);
+    stream_handle(st, msg, len, wire);
 }
 
 /* The request headers arrived: is this a call kiln can answer? */
@@ -694,6 +753,15 @@ static void stream_check(struct grpc_stream *st) {
                            "grpc-timeout must be 1 to 8 digits and a unit (H, M, S, m, u or n)");
         return;
     }
+    if (st->coding_in < 0) {
+        /* The gRPC spec's answer: UNIMPLEMENTED, and grpc-accept-encoding
+         * (in every answer's headers) lists what would do. */
+        grpc_stream_errorf(st, STATUS_UNSUPPORTED, "grpc-encoding '%.100s' is not supported (supported: %s)",
+                           st->coding_unknown ? st->coding_unknown : "", ACCEPT_ENCODING);
+        return;
+    }
+    if (st->coding_in != HTTP_CODING_IDENTITY && (st->coding_accepted & (1u << st->coding_in)))
+        st->coding_out = st->coding_in;
     st->method = st->path ? grpc_method_find(st->path) : NULL;
     if (!st->method)
         grpc_stream_errorf(st, STATUS_UNSUPPORTED, "unknown or unsupported method %.300s",
@@ -750,6 +818,34 @@ static uint64_t parse_timeout(const uint8_t *v, size_t n) {
     return d ? d : 1;
 }
 
+/* A message coding's name (grpc-encoding, an item of grpc-accept-encoding):
+ * enum http_coding, or -1 for one kiln lacks. */
+static int coding_parse(const uint8_t *v, size_t n) {
+    if (n == 8 && memcmp(v, "identity", 8) == 0) return HTTP_CODING_IDENTITY;
+    if (n == 4 && memcmp(v, "gzip", 4) == 0) return HTTP_CODING_GZIP;
+    if (n == 7 && memcmp(v, "deflate", 7) == 0) return HTTP_CODING_DEFLATE;
+    return -1;
+}
+
+static void header_coding(struct grpc_stream *st, const uint8_t *v, size_t n) {
+    st->coding_in = coding_parse(v, n);
+    if (st->coding_in < 0 && !st->coding_unknown) st->coding_unknown = strndup((const char *)v, n);
+}
+
+/* grpc-accept-encoding: a comma-separated list of names. */
+static unsigned codings_accepted(const uint8_t *v, size_t n) {
+    unsigned bits = 0;
+    for (size_t i = 0; i < n;) {
+        while (i < n && (v[i] == ' ' || v[i] == ',')) i++;
+        size_t j = i;
+        while (j < n && v[j] != ',' && v[j] != ' ') j++;
+        int c = coding_parse(v + i, j - i);
+        if (c >= 0) bits |= 1u << c;
+        i = j;
+    }
+    return bits;
+}
+
 static int header_cb(nghttp2_session *h2, const nghttp2_frame *frame, const uint8_t *name, size_t namelen,
                      const uint8_t *value, size_t valuelen, uint8_t flags, void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, frame->hd.stream_id);
@@ -762,6 +858,9 @@ static int header_cb(nghttp2_session *h2, const nghttp2_frame *frame, const uint
     else if (namelen == 12 && memcmp(name, "grpc-timeout", 12) == 0) st->deadline_ns = parse_timeout(value, valuelen);
     else if (namelen == 13 && memcmp(name, "authorization", 13) == 0 && !st->authorization)
         st->authorization = strndup((const char *)value, valuelen);
+    else if (namelen == 13 && memcmp(name, "grpc-encoding", 13) == 0) header_coding(st, value, valuelen);
+    else if (namelen == 20 && memcmp(name, "grpc-accept-encoding", 20) == 0)
+        st->coding_accepted = codings_accepted(value, valuelen);
     else if (namelen == 7 && memcmp(name, ":method", 7) == 0) st->bad_request |= valuelen != 4 || memcmp(value, "POST", 4);
     else if (namelen == 12 && memcmp(name, "content-type", 12) == 0)
         st->bad_request |= valuelen < 16 || memcmp(value, "application/grpc", 16) != 0;

@@ -81,6 +81,11 @@ struct grpc_stream {
     uint64_t deadline_ns;        /* from grpc-timeout (clock_now_ns); 0 = none */
     size_t header_bytes;         /* of the request's header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts */
     int bad_request;             /* a header made the call unanswerable except by an error */
+    int coding_in;               /* grpc-encoding: enum http_coding, or -1 for one kiln lacks */
+    char *coding_unknown;        /* that grpc-encoding's value, for the error */
+    unsigned coding_accepted;    /* grpc-accept-encoding: bit 1 << enum http_coding per coding named */
+    int coding_out;              /* the answer's messages: the request's coding when the client accepts it */
+    uint8_t *plain;              /* the inflated message a handler is reading (malloc'd), or NULL */
     struct grpc_inbuf in;        /* request bytes not yet taken as messages */
     uint64_t opened_ns;          /* its HEADERS began (clock_now_ns) */
     int headers_done;            /* the request's header block arrived whole */
@@ -144,6 +149,9 @@ void grpc_health_detach(struct grpc_stream *st);
 void grpc_health_notify(struct grpc_loop *l);
 
 /* ---- grpc_codec.c: messages, no connection ---- */
+/* The 5-byte prefix of a message of n bytes at h: the compressed flag (0
+ * or 1), then the length, big-endian. */
+void grpc_prefix_write(uint8_t *h, int compressed, size_t n);
 struct Inference__ModelInferRequest;
 struct kserve_request;
 /* Allocations freed together (a reply's message tree). */

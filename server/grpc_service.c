@@ -21,6 +21,7 @@
 #include "server/http_bodies.h"
 #include "server/model_control.h"
 #include "server/shm.h"
+#include "server/upload.h"
 #include "triton/grpc_service.pb-c.h"
 
 #define SERVICE "/inference.GRPCInferenceService/"
@@ -207,11 +208,13 @@ static int control_allowed(struct grpc_stream *st) {
     return rc;
 }
 
-/* Sends the call to the control thread; takes config. */
-static void control_start(struct grpc_stream *st, const char *name, char *config, int load) {
+/* Sends the call to the control thread; takes config and files. */
+static void control_start(struct grpc_stream *st, const char *name, char *config, struct upload_set *files,
+                          int load) {
     struct grpc_control *c = calloc(1, sizeof *c);
     if (!c) {
         free(config);
+        if (files) upload_set_clear(files);
         grpc_stream_errorf(st, STATUS_NOMEM, "out of memory");
         return;
     }
@@ -219,6 +222,7 @@ static void control_start(struct grpc_stream *st, const char *name, char *config
     c->st = st;
     c->mc = (struct model_control){.loop = grpc_stream_loop(st)->rl, .repo = s->repo, .config = config, .load = load,
                                    .done = control_done, .release = control_free};
+    if (files) c->mc.files = *files;
     snprintf(c->mc.name, sizeof c->mc.name, "%s", name);
     st->control = c;
     model_control_start(s->rt, &c->mc);
@@ -231,33 +235,53 @@ static int control_name(struct grpc_stream *st, const char *name) {
     return -1;
 }
 
-static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
-    UNPACK(Inference__RepositoryModelLoadRequest, inference__repository_model_load_request__unpack, st, msg, len);
-    const char *bad = NULL;
-    const char *config = NULL;
-    for (size_t i = 0; i < req->n_parameters && !bad; i++) {
+/* A load's parameters: config (string_param) and the files (bytes_param,
+ * "file:<version>/<name>") into *files; 0, or a status with err set. */
+static int load_params(struct grpc_stream *st, const Inference__RepositoryModelLoadRequest *req, const char **config,
+                       struct upload_set *files, char *err, size_t err_len) {
+    size_t max = (size_t)grpc_stream_server(st)->cfg->max_model_upload_size;
+    for (size_t i = 0; i < req->n_parameters; i++) {
         const char *k = req->parameters[i]->key;
         const Inference__ModelRepositoryParameter *p = req->parameters[i]->value;
-        if (k && strncmp(k, "file:", 5) == 0)
-            bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
-        else if (k && strcmp(k, "config") == 0) {
+        int rc = 0;
+        if (k && strncmp(k, "file:", 5) == 0) {
+            if (!p || p->parameter_choice_case != INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BYTES_PARAM)
+                rc = status_set(err, err_len, STATUS_INVALID, "parameter '%.200s' must be a bytes_param (the file's bytes)",
+                                k);
+            else rc = upload_set_add(files, k + 5, p->bytes_param.data, p->bytes_param.len, max, err, err_len);
+        } else if (k && strcmp(k, "config") == 0) {
             if (!p || p->parameter_choice_case != INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_STRING_PARAM)
-                bad = "parameters.config must be a string_param holding the model configuration JSON";
-            else config = p->string_param;
+                rc = status_set(err, err_len, STATUS_INVALID,
+                                "parameters.config must be a string_param holding the model configuration JSON");
+            else *config = p->string_param;
         }
+        if (rc) return rc;
     }
-    if (bad) grpc_stream_errorf(st, STATUS_INVALID, "%s", bad);
-    else if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) {
-        char *cfg = config ? strdup(config) : NULL;
-        if (config && !cfg) grpc_stream_errorf(st, STATUS_NOMEM, "out of memory");
-        else control_start(st, req->model_name, cfg, 1);
+    return 0;
+}
+
+/* The permission comes first: a client without it learns nothing of what
+ * its parameters would have done. */
+static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
+    UNPACK(Inference__RepositoryModelLoadRequest, inference__repository_model_load_request__unpack, st, msg, len);
+    const char *config = NULL;
+    struct upload_set files = {0};
+    char err[512];
+    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) {
+        int rc = load_params(st, req, &config, &files, err, sizeof err);
+        char *cfg = !rc && config ? strdup(config) : NULL;
+        if (!rc && config && !cfg) rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
+        if (rc) {
+            upload_set_clear(&files);
+            grpc_stream_finish(st, rc, err);
+        } else control_start(st, req->model_name, cfg, &files, 1);
     }
     inference__repository_model_load_request__free_unpacked(req, NULL);
 }
 
 static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     UNPACK(Inference__RepositoryModelUnloadRequest, inference__repository_model_unload_request__unpack, st, msg, len);
-    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) control_start(st, req->model_name, NULL, 0);
+    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) control_start(st, req->model_name, NULL, NULL, 0);
     inference__repository_model_unload_request__free_unpacked(req, NULL);
 }
 

@@ -42,6 +42,7 @@
 #include "server/kserve.h"
 #include "server/listen.h"
 #include "server/model_control.h"
+#include "server/upload.h"
 
 /* ==== replies ============================================================ */
 
@@ -450,15 +451,22 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
                           : cfg && !cJSON_IsString(cfg) ? "parameters.config must be a string holding the model configuration JSON"
                           : cfg && !load ? "parameters.config is only accepted by load"
                           : NULL;
-        for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !bad; p = p->next)
-            if (p->string && strncmp(p->string, "file:", 5) == 0)
-                bad = "model files in the load request (parameters \"file:...\") are not supported: put them in the repository";
-        if (!bad && cfg) c->mc.config = strdup(cfg->valuestring);
+        int brc = bad ? STATUS_INVALID : 0;
+        for (const cJSON *p = cJSON_IsObject(params) ? params->child : NULL; p && !brc; p = p->next)
+            if (p->string && strncmp(p->string, "file:", 5) == 0) {
+                if (!load || !cJSON_IsString(p))
+                    brc = status_set(err, sizeof err, STATUS_INVALID, "parameter '%.200s' must be a string (the "
+                                     "file's bytes in base64) and is only accepted by load", p->string);
+                else brc = upload_set_add_base64(&c->mc.files, p->string + 5, p->valuestring,
+                                                 (size_t)s->cfg->max_model_upload_size, err, sizeof err);
+            }
+        if (!brc && cfg) c->mc.config = strdup(cfg->valuestring);
         cJSON_Delete(j);
         if (owned) free(body);
-        if (bad) {
+        if (brc) {
+            model_control_clear(&c->mc);
             free(c);
-            reply_status(s, req, STATUS_INVALID, bad);
+            reply_status(s, req, brc, bad ? bad : err);
             return;
         }
     } else if (owned) free(body);

@@ -83,7 +83,7 @@ static int inflate_once(int w, const unsigned char *in, size_t n, size_t limit, 
     *used = 0;
     if (inflateInit2(&zs, w) != Z_OK) return Z_MEM_ERROR;
     /* Room for one byte past the limit tells "exactly the limit" from "more". */
-    size_t cap = n <= (limit - 4096) / 4 ? n * 4 + 4096 : limit + 1, left = n;
+    size_t cap = limit > 4096 && n <= (limit - 4096) / 4 ? n * 4 + 4096 : limit + 1, left = n;
     unsigned char *o = malloc(cap + 1);
     int rc = o ? Z_OK : Z_MEM_ERROR;
     while (o) {
@@ -122,44 +122,51 @@ static int inflate_once(int w, const unsigned char *in, size_t n, size_t limit, 
     return rc;
 }
 
-int http_coding_inflate(const char *enc, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
-                        size_t *out_len, char *err, size_t err_len) {
-    int window;
-    if (strcasecmp(enc, "gzip") == 0 || strcasecmp(enc, "x-gzip") == 0) window = 15 + 16;
-    else if (strcasecmp(enc, "deflate") == 0) window = 15 + 32; /* zlib-wrapped (RFC 9110), raw tried below */
-    else {
-        snprintf(err, err_len, "Content-Encoding '%s' is not supported (use gzip or deflate)", enc);
-        return STATUS_MEDIA_TYPE;
-    }
-    if (limit < 4096) limit = 4096;
+int http_coding_unpack(enum http_coding c, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
+                       size_t *out_len, size_t *extra) {
+    if (c == HTTP_CODING_IDENTITY) return STATUS_INVALID;
+    int window = c == HTTP_CODING_GZIP ? 15 + 16 : 15 + 32; /* deflate: zlib-wrapped, raw tried below */
+    *extra = 0;
     for (int attempt = 0; attempt < 2; attempt++) {
         unsigned char *o;
-        size_t used, extra;
-        int rc = inflate_once(attempt ? -15 : window, in, n, limit, &o, &used, &extra);
-        if (rc == Z_STREAM_END && extra == 0) {
+        size_t used;
+        int rc = inflate_once(attempt ? -15 : window, in, n, limit, &o, &used, extra);
+        if (rc == Z_STREAM_END && *extra == 0) {
             *out = o;
             *out_len = used;
             return 0;
         }
         free(o);
-        if (rc == Z_STREAM_END) {
-            snprintf(err, err_len,
-                     "the request body has %zu bytes after the end of its %s data (one %s stream, nothing after it)",
-                     extra, enc, window == 15 + 16 ? "gzip member" : "deflate");
-            return STATUS_INVALID;
-        }
-        if (rc == Z_MEM_ERROR && used > limit) {
-            snprintf(err, err_len, "the decompressed request body exceeds --max-request-size (%zu bytes)", limit);
-            return STATUS_TOO_LARGE;
-        }
-        if (rc == Z_MEM_ERROR && !o) {
-            snprintf(err, err_len, "out of memory decompressing the request body");
-            return STATUS_NOMEM;
-        }
-        if (window != 15 + 32) break; /* only deflate has a raw fallback */
+        if (rc == Z_STREAM_END) return STATUS_INVALID;
+        if (rc == Z_MEM_ERROR && used > limit) return STATUS_TOO_LARGE;
+        if (rc == Z_MEM_ERROR && !o) return STATUS_NOMEM;
+        if (c != HTTP_CODING_DEFLATE) break; /* only deflate has a raw fallback */
     }
-    snprintf(err, err_len, "the request body is not valid %s data (Content-Encoding)", enc);
+    *extra = 0;
     return STATUS_INVALID;
+}
+
+int http_coding_inflate(const char *enc, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
+                        size_t *out_len, char *err, size_t err_len) {
+    enum http_coding c;
+    if (strcasecmp(enc, "gzip") == 0 || strcasecmp(enc, "x-gzip") == 0) c = HTTP_CODING_GZIP;
+    else if (strcasecmp(enc, "deflate") == 0) c = HTTP_CODING_DEFLATE;
+    else {
+        snprintf(err, err_len, "Content-Encoding '%s' is not supported (use gzip or deflate)", enc);
+        return STATUS_MEDIA_TYPE;
+    }
+    if (limit < 4096) limit = 4096;
+    size_t extra;
+    int rc = http_coding_unpack(c, in, n, limit, out, out_len, &extra);
+    if (rc == STATUS_INVALID && extra)
+        snprintf(err, err_len,
+                 "the request body has %zu bytes after the end of its %s data (one %s stream, nothing after it)",
+                 extra, enc, c == HTTP_CODING_GZIP ? "gzip member" : "deflate");
+    else if (rc == STATUS_TOO_LARGE)
+        snprintf(err, err_len, "the decompressed request body exceeds --max-request-size (%zu bytes)", limit);
+    else if (rc == STATUS_NOMEM) snprintf(err, err_len, "out of memory decompressing the request body");
+    else if (rc) snprintf(err, err_len, "the request body is not valid %s data (Content-Encoding)", enc);
+    return rc;
 }
 
 /* ==== deflate ============================================================= */

@@ -30,6 +30,14 @@ const char *http_coding_name(enum http_coding c);
 int http_coding_inflate(const char *encoding, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
                         size_t *out_len, char *err, size_t err_len);
 
+/* The same for any caller (gRPC's messages too): in[0..n) coded with c
+ * (gzip; deflate as the zlib format, or raw) inflated into *out (malloc'd,
+ * one spare byte, *out_len bytes), never more than limit + 1 bytes held.
+ * 0, or a status: TOO_LARGE past limit, INVALID for data that is not c
+ * (*extra > 0: that many bytes after its end) or for identity, NOMEM. */
+int http_coding_unpack(enum http_coding c, const unsigned char *in, size_t n, size_t limit, unsigned char **out,
+                       size_t *out_len, size_t *extra);
+
 /* Compresses in[0..n) with c (not identity) into *out (malloc'd, *out_len
  * bytes); sizes past 4 GiB are fed to zlib in pieces. -1 when out of
  * memory or zlib fails. */

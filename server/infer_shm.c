@@ -20,12 +20,11 @@ static int resolve_input(struct kserve_input *in, const char *model, shm_registr
     if (t->dtype != DT_STRING) {
         int64_t numel = tensor_numel(t);
         size_t need = numel == INT64_MAX ? SIZE_MAX : tensor_nbytes(t);
-        /* Triton's words first: clients match on them. */
-        if (need != s->byte_size)
-            return INVALID("input byte size mismatch for input '%s' for model '%s'. Expected %zu, got %llu: "
-                           "shared_memory_byte_size is %llu but shape %s of %s needs %zu bytes", in->name, model, need,
-                           (unsigned long long)s->byte_size, (unsigned long long)s->byte_size,
-                           tensor_shape_str(t, sh, sizeof sh), dtype_kserve_name(t->dtype), need);
+        if (need != s->byte_size) /* Triton's words first: its clients' tests match them */
+            return INVALID("input byte size mismatch for input '%s' for model '%s'. Expected %zu, got %llu "
+                           "(shared_memory_byte_size; shape %s of %s)", in->name, model, need,
+                           (unsigned long long)s->byte_size, tensor_shape_str(t, sh, sizeof sh),
+                           dtype_kserve_name(t->dtype));
     }
     s->ref = shm_acquire(reg, owner, s->region, s->offset, s->byte_size, what, &s->addr, err, err_len);
     if (!s->ref) return STATUS_INVALID;

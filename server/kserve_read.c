@@ -965,7 +965,8 @@ static int read_tensors(struct rd *d, int outputs) {
         const char *name = outputs ? r->outputs[i].name : r->inputs[i].name;
         for (int k = 0; k < i; k++)
             if (!strcmp(outputs ? r->outputs[k].name : r->inputs[k].name, name)) {
-                rd_fail(d, "%s '%s' appears twice in '%s'", outputs ? "output" : "input", name, what);
+                rd_fail(d, "%s '%s' already exists in request (it appears twice in '%s')", outputs ? "output" : "input", name,
+                        what);
                 break;
             }
     }

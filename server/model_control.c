@@ -16,6 +16,7 @@ int model_control_check(runtime_t *rt, const struct server_config *cfg, const ch
 void model_control_clear(struct model_control *mc) {
     free(mc->config);
     mc->config = NULL;
+    upload_set_clear(&mc->files);
 }
 
 static void answer(void *arg) {
@@ -31,7 +32,8 @@ static void release(void *arg) {
 /* On the control thread. */
 static void run(void *arg) {
     struct model_control *mc = arg;
-    if (mc->load) mc->status = repository_load_with_config(mc->repo, mc->name, mc->config, mc->err, sizeof mc->err);
+    if (mc->load)
+        mc->status = repository_load_files(mc->repo, mc->name, mc->config, &mc->files, mc->err, sizeof mc->err);
     else {
         mc->status = repository_unload(mc->repo, mc->name, mc->err, sizeof mc->err);
         if (!mc->status) log_info("unload of model '%s' requested", mc->name);

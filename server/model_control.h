@@ -17,6 +17,7 @@
 #include "server/access.h"
 #include "server/repository.h"
 #include "server/runtime.h"
+#include "server/upload.h"
 
 struct model_control {
     struct runtime_job job;      /* on the control thread, then back on loop */
@@ -24,6 +25,7 @@ struct model_control {
     repository_t *repo;
     char name[256];
     char *config;                /* load parameter "config": JSON text replacing config.json; freed here */
+    struct upload_set files;     /* load parameters "file:<version>/<name>" (server/upload.h); cleared here */
     int load;                    /* 1 load, 0 unload */
     int status;                  /* the repository's answer, for done */
     char err[512];
@@ -39,9 +41,9 @@ int model_control_check(runtime_t *rt, const struct server_config *cfg, const ch
                         enum access_via via, char *err, size_t err_len);
 /* Runs the load or unload of mc->name on the control thread, then mc->done
  * on mc->loop. mc's fields up to done and release are set by the caller;
- * mc->config (malloc'd or NULL) is taken. */
+ * mc->config (malloc'd or NULL) and mc->files are taken. */
 void model_control_start(runtime_t *rt, struct model_control *mc);
-/* Frees what mc holds (its config), not mc. */
+/* Frees what mc holds (its config and files), not mc. */
 void model_control_clear(struct model_control *mc);
 
 #endif

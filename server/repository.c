@@ -18,6 +18,7 @@
 #include "models/model.h"
 #include "server/instance.h"
 #include "server/metrics.h"
+#include "server/upload.h"
 #include "server/warmup.h"
 
 enum entry_state { ST_UNAVAILABLE = 0, ST_LOADING, ST_READY, ST_UNLOADING };
@@ -509,7 +510,8 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
     pthread_rwlock_unlock(&r->lock);
 }
 
-static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len);
+static int load_checked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
+                        char *err, size_t err_len);
 
 /* The lifecycle phase of a load: the versions loaded (nv[0..nw), rc 0)
  * replace the entry's, which retire once their last request is done; after
@@ -532,8 +534,9 @@ static int versions_publish(repository_t *r, const char *name, struct repo_versi
  * folder or a bad config.json as much as a broken model file): the startup
  * summary "N models failed to load (see above)" points at these lines. An
  * unknown name is the caller's mistake, answered to it and not logged. */
-static int load_locked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
-    int rc = load_checked(r, name, override, err, err_len);
+static int load_locked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
+                       char *err, size_t err_len) {
+    int rc = load_checked(r, name, override, up, err, err_len);
     if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
     if (rc && err) relative_to_root(r, err);
     return rc;
@@ -552,8 +555,34 @@ static int check_bounds(const repository_t *r, const struct model_config *c, cha
     return 0;
 }
 
-static int load_checked(repository_t *r, const char *name, const char *override, char *err, size_t err_len) {
+/* The versions a load with uploaded files sees: only those it uploaded,
+ * as Triton loads such a model from a folder of the uploaded files alone.
+ * Keeps present[0..np) that are in up; the new count. */
+static int versions_uploaded(const struct upload_set *up, int64_t *present, int np) {
+    int k = 0;
+    for (int i = 0; i < np; i++) {
+        int found = 0;
+        for (int j = 0; j < up->n && !found; j++) {
+            int64_t v;
+            found = upload_path_check(up->files[j].path, &v, NULL, 0) == 0 && v == present[i];
+        }
+        if (found) present[k++] = present[i];
+    }
+    return k;
+}
+
+static int load_checked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
+                        char *err, size_t err_len) {
     if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
+    if (up && up->n) {
+        if (!override)
+            return ERR(STATUS_INVALID, "model '%s': a load with model files (parameters \"file:...\") needs "
+                       "parameters.config, the model configuration JSON, as Triton's does", name);
+        int urc = upload_write(r->root, name, up, err, err_len);
+        if (urc) return urc;
+        log_info("model '%s': %d file%s (%zu bytes) written from the load request", name, up->n, up->n == 1 ? "" : "s",
+                 up->bytes);
+    }
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
     struct stat st;
@@ -562,6 +591,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     uint64_t sig = dir_signature(mdir, 2);
     int64_t present[256];
     int np = scan_versions(mdir, present, 256);
+    if (up && up->n && np > 0) np = versions_uploaded(up, present, np);
     if (np <= 0) {
         ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
@@ -633,10 +663,18 @@ int repository_load(repository_t *r, const char *name, char *err, size_t err_len
     return repository_load_with_config(r, name, NULL, err, err_len);
 }
 
+int repository_load_files(repository_t *r, const char *name, const char *config_json, const struct upload_set *files,
+                          char *err, size_t err_len) {
+    pthread_mutex_lock(&r->control);
+    int rc = load_locked(r, name, config_json, files, err, err_len);
+    pthread_mutex_unlock(&r->control);
+    return rc;
+}
+
 int repository_load_with_config(repository_t *r, const char *name, const char *config_json, char *err,
                                 size_t err_len) {
     pthread_mutex_lock(&r->control);
-    int rc = load_locked(r, name, config_json, err, err_len);
+    int rc = load_locked(r, name, config_json, NULL, err, err_len);
     pthread_mutex_unlock(&r->control);
     return rc;
 }
@@ -724,7 +762,7 @@ void repository_poll(repository_t *r) {
         int changed = !e || e->signature != sig;
         pthread_rwlock_unlock(&r->lock);
         if (changed) {
-            if (load_locked(r, names[i], NULL, err, sizeof err)) {
+            if (load_locked(r, names[i], NULL, NULL, err, sizeof err)) {
                 /* Remember the failed signature so a broken model is retried only when it changes. */
                 pthread_rwlock_wrlock(&r->lock);
                 if ((e = entry_find(r, names[i]))) e->signature = sig;
@@ -767,13 +805,20 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
         struct stat st;
         snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
         if (valid_name(name) && stat(mdir, &st) == 0 && S_ISDIR(st.st_mode))
-            *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s' (its folder is in the repository but the model is "
-                                            "not loaded; in explicit mode: POST /v2/repository/models/%s/load)", name, name);
-        else *status = ERR(STATUS_NOT_FOUND, "unknown model: '%s'", name);
+            *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' is not found (its folder is in the "
+                          "repository but the model is not loaded; in explicit mode: POST "
+                          "/v2/repository/models/%s/load)", name, name);
+        else *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' is not found", name);
     }
-    else if (e->nversions == 0)
-        *status = ERR(STATUS_UNAVAILABLE, "model '%s' is not ready (%s)", name,
+    /* Triton's words, which its clients and tests match ("... has no
+     * available versions", "... version 1 is not at ready state"), then why. */
+    else if (e->nversions == 0 && version > 0)
+        *status = ERR(STATUS_UNAVAILABLE, "Request for unknown model: '%s' version %lld is not at ready state (not "
+                      "ready: %s)", name, (long long)version,
                       e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
+    else if (e->nversions == 0)
+        *status = ERR(STATUS_UNAVAILABLE, "Request for unknown model: '%s' has no available versions (not ready: %s)",
+                      name, e->state == ST_LOADING ? "loading" : e->reason[0] ? e->reason : "unloaded");
     else if (version <= 0) v = e->versions[e->nversions - 1];
     else {
         for (int i = 0; i < e->nversions; i++)
@@ -782,8 +827,8 @@ struct repo_version *repository_acquire(repository_t *r, const char *name, int64
             char have[200] = "";
             for (int i = 0; i < e->nversions; i++)
                 snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "", e->versions[i]->version_str);
-            *status = ERR(STATUS_NOT_FOUND, "unknown version %lld of model '%s' (versions loaded: %s)", (long long)version,
-                          name, have);
+            *status = ERR(STATUS_NOT_FOUND, "Request for unknown model: '%s' version %lld is not found (versions "
+                          "loaded: %s)", name, (long long)version, have);
         }
     }
     if (v) atomic_fetch_add(&v->refs, 1);

@@ -29,6 +29,7 @@
 typedef struct repository repository_t;
 typedef struct cJSON cJSON;
 struct metrics_model;
+struct upload_set;
 
 struct repo_version {
     const char *name;            /* the model's name */
@@ -71,6 +72,14 @@ int repository_load(repository_t *r, const char *name, char *err, size_t err_len
  * config.json (Triton's load request parameter "config"). */
 int repository_load_with_config(repository_t *r, const char *name, const char *config_json, char *err,
                                 size_t err_len);
+/* The same with model files from the load request (Triton's parameters
+ * "file:<version>/<name>"; config_json is then required): they are written
+ * into <root>/<name>/ first (server/upload.h: no path outside it, no
+ * symbolic link followed; the folder is made for a new model), and the
+ * load sees only the versions they name. The files stay in the
+ * repository. */
+int repository_load_files(repository_t *r, const char *name, const char *config_json, const struct upload_set *files,
+                          char *err, size_t err_len);
 /* Unloads a model: new requests get NOT_FOUND/UNAVAILABLE, requests in flight finish. */
 int repository_unload(repository_t *r, const char *name, char *err, size_t err_len);
 /* Loads every model folder; returns the number that failed (each logged). */

@@ -239,6 +239,11 @@ static void test_prefixed_round_trip(void **state) {
     assert_int_equal(used, len);
     assert_int_equal(tensor_strings_check(more, len + 5, 3, NULL, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "follow the last"));
+    /* Counted whole: 3; the 0xff bytes after them are a malformed fourth. */
+    assert_int_equal(tensor_strings_count(buf, len), 3);
+    assert_int_equal(tensor_strings_count(buf, len - 1), -1);
+    assert_int_equal(tensor_strings_count(more, len + 5), -1);
+    assert_int_equal(tensor_strings_count("", 0), 0);
     free(more);
     free(buf);
 

@@ -113,3 +113,63 @@ class Conn:
 
     def close(self):
         self.sock.close()
+
+
+class HeaderDecoder:
+    """HPACK decoding of a connection's answers through the system's
+    libnghttp2 (the library kiln itself links), for the tests that read
+    header values: feed it every header block of one connection in order
+    (the dynamic table spans them)."""
+
+    class _NV(__import__("ctypes").Structure):
+        import ctypes as _c
+        _fields_ = [("name", _c.POINTER(_c.c_uint8)), ("value", _c.POINTER(_c.c_uint8)),
+                    ("namelen", _c.c_size_t), ("valuelen", _c.c_size_t), ("flags", _c.c_uint8)]
+
+    def __init__(self):
+        import ctypes
+        import ctypes.util
+        self.c = ctypes
+        self.lib = ctypes.CDLL(ctypes.util.find_library("nghttp2"))
+        self.lib.nghttp2_hd_inflate_hd2.restype = ctypes.c_ssize_t
+        self.lib.nghttp2_hd_inflate_hd2.argtypes = [ctypes.c_void_p, ctypes.POINTER(self._NV),
+                                                    ctypes.POINTER(ctypes.c_int), ctypes.c_char_p,
+                                                    ctypes.c_size_t, ctypes.c_int]
+        self.lib.nghttp2_hd_inflate_end_headers.argtypes = [ctypes.c_void_p]
+        self.lib.nghttp2_hd_inflate_del.argtypes = [ctypes.c_void_p]
+        self.inflater = ctypes.c_void_p()
+        assert self.lib.nghttp2_hd_inflate_new(ctypes.byref(self.inflater)) == 0
+
+    def decode(self, block):
+        """The (name, value) pairs of one whole header block, as str."""
+        c, out, off = self.c, [], 0
+        while True:
+            nv, flags = self._NV(), c.c_int(0)
+            n = self.lib.nghttp2_hd_inflate_hd2(self.inflater, c.byref(nv), c.byref(flags), block[off:],
+                                                len(block) - off, 1)
+            assert n >= 0, f"HPACK error {n}"
+            off += n
+            if flags.value & 0x02:  # NGHTTP2_HD_INFLATE_EMIT
+                out.append((c.string_at(nv.name, nv.namelen).decode(), c.string_at(nv.value, nv.valuelen).decode()))
+            if flags.value & 0x01:  # NGHTTP2_HD_INFLATE_FINAL
+                self.lib.nghttp2_hd_inflate_end_headers(self.inflater)
+                return out
+            if n == 0 and not flags.value & 0x02:
+                return out
+
+    def close(self):
+        self.lib.nghttp2_hd_inflate_del(self.inflater)
+
+
+def stream_headers(conn, sid):
+    """Every header block the server sent on stream sid of conn (headers,
+    then trailers), decoded: a list of dicts. Decodes the whole connection's
+    blocks in order, as HPACK requires."""
+    d, out = HeaderDecoder(), []
+    for f in conn.frames:
+        if f[0] == HEADERS:
+            block = d.decode(f[3])
+            if f[2] == sid:
+                out.append(dict(block))
+    d.close()
+    return out

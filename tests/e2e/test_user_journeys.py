@@ -200,7 +200,7 @@ def test_unknown_model_and_version_messages_say_what_exists(repo, make_server):
     st, _, raw = raw_request(s.url, "POST", "/v2/models/tiny/infer", body)
     assert st == 404 and b"in the repository but the model is not loaded" in raw, raw
     st, _, raw = raw_request(s.url, "POST", "/v2/models/nope/infer", body)
-    assert st == 404 and json.loads(raw)["error"] == "unknown model: 'nope'", raw
+    assert st == 404 and json.loads(raw)["error"] == "Request for unknown model: 'nope' is not found", raw
     st, _, raw = raw_request(s.url, "POST", "/v2/models/multi/versions/7/infer", body)
     assert st == 404 and b"versions loaded: 1, 2" in raw, raw
 

@@ -42,6 +42,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int ok = tensor_strings_check(exact, len, count, NULL, err, sizeof err) == 0;
     int prefix_ok = tensor_strings_check(exact, len, count, &used, NULL, 0) == 0;
     if (ok && (!prefix_ok || used != len)) abort();
+    /* The count of whole elements is the one count the whole buffer checks
+     * against; -1 only for a buffer no count fits. */
+    int64_t whole = tensor_strings_count(exact, len);
+    if (whole >= 0 ? tensor_strings_check(exact, len, whole, NULL, NULL, 0) != 0 || (ok && whole != count)
+                   : ok)
+        abort();
     int rc = tensor_strings_from_prefixed(&t, exact, len, err, sizeof err);
     if (!ok) {
         if (rc != STATUS_INVALID || t.data) abort();

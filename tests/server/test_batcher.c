@@ -713,6 +713,8 @@ static void test_client_deadline(void **state) {
     WAIT_FOR(atomic_load(&t[1].ndone) == 1);
     assert_int_equal(t[1].r.status, STATUS_DEADLINE);
     assert_non_null(strstr(t[1].r.err, "client's deadline"));
+    /* gRPC's own words first, which Triton's clients match. */
+    assert_int_equal(strncmp(t[1].r.err, "Deadline Exceeded", 17), 0);
     advance_us(100);
     settle();
     assert_int_equal(atomic_load(&t[2].ndone), 0); /* delayed by the policy, still in its client's time */

@@ -130,9 +130,30 @@ static void test_deflate_round_trip(void **state) {
     free(in);
 }
 
+/* The helper gRPC's messages go through: any limit, however small (no
+ * floor as for HTTP bodies), never passed; the status alone, no text. */
+static void test_unpack_small_limits(void **state) {
+    (void)state;
+    unsigned char zeros[1000] = {0}, *z, *out;
+    size_t zlen, len, extra;
+    assert_int_equal(http_coding_deflate(HTTP_CODING_DEFLATE, zeros, sizeof zeros, &z, &zlen), 0);
+    assert_int_equal(http_coding_unpack(HTTP_CODING_DEFLATE, z, zlen, 999, &out, &len, &extra), STATUS_TOO_LARGE);
+    assert_int_equal(http_coding_unpack(HTTP_CODING_DEFLATE, z, zlen, 10, &out, &len, &extra), STATUS_TOO_LARGE);
+    assert_int_equal(http_coding_unpack(HTTP_CODING_DEFLATE, z, zlen, 1000, &out, &len, &extra), 0);
+    assert_int_equal(len, 1000);
+    assert_memory_equal(out, zeros, 1000);
+    free(out);
+    /* gzip data is not deflate's zlib format here, nor the reverse, and
+     * identity is no coding to inflate. */
+    assert_int_equal(http_coding_unpack(HTTP_CODING_GZIP, z, zlen, 1000, &out, &len, &extra), STATUS_INVALID);
+    assert_int_equal(http_coding_unpack(HTTP_CODING_IDENTITY, z, zlen, 1000, &out, &len, &extra), STATUS_INVALID);
+    free(z);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_encoding),
+        cmocka_unit_test(test_unpack_small_limits),
         cmocka_unit_test(test_inflate),
         cmocka_unit_test(test_deflate_round_trip),
     };

@@ -1,0 +1,131 @@
+"""Error texts that Triton's clients, examples and QA suites compare (whole,
+with startswith, or assertIn), over HTTP and gRPC through the real
+tritonclient: an unknown model, an unknown version, a model with no version
+loaded, a version not ready, inputs left out, an input whose bytes do not
+match its shape (gRPC's raw_input_contents, and shared memory), and an
+output asked twice. kiln's own detail, where it adds some, follows
+Triton's words in parentheses."""
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from conftest import save_model, serving, strings_graph, tiny_graph, typed_graph
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trepo")
+    save_model(root, "tiny", tiny_graph())
+    save_model(root, "typed", typed_graph())
+    save_model(root, "idle", tiny_graph())
+    save_model(root, "strings", strings_graph())
+    yield from serving(root, "--model-control-mode", "explicit", "--load-model", "tiny", "--load-model", "typed",
+                           "--load-model", "strings")
+
+
+@pytest.fixture(params=["http", "grpc"])
+def kind(request, srv):
+    if request.param == "http":
+        c = httpclient.InferenceServerClient(srv.url)
+        yield httpclient, c
+    else:
+        c = grpcclient.InferenceServerClient(srv.grpc_url())
+        yield grpcclient, c
+    c.close()
+
+
+def message(fn, *args, **kw):
+    with pytest.raises(InferenceServerException) as e:
+        fn(*args, **kw)
+    return e.value.message()
+
+
+def x_input(mod, shape=(1, 4)):
+    i = mod.InferInput("x", list(shape), "FP32")
+    i.set_data_from_numpy(np.ones(shape, np.float32))
+    return i
+
+
+def test_unknown_model_and_version(kind):
+    mod, c = kind
+    msg = message(c.infer, "nope", [x_input(mod)])
+    assert msg == "Request for unknown model: 'nope' is not found", msg
+    msg = message(c.get_model_metadata, "nope")
+    assert msg.startswith("Request for unknown model: 'nope' is not found"), msg
+    msg = message(c.get_model_metadata, "tiny", model_version="99")
+    assert msg.startswith("Request for unknown model: 'tiny' version 99 is not found"), msg
+    msg = message(c.infer, "tiny", [x_input(mod)], model_version="99")
+    assert msg.startswith("Request for unknown model: 'tiny' version 99 is not found"), msg
+    # In the repository but never loaded: Triton's words, then how to load it.
+    msg = message(c.infer, "idle", [x_input(mod)])
+    assert msg.startswith("Request for unknown model: 'idle' is not found (its folder is in the repository"), msg
+
+
+def test_no_available_versions(kind, srv):
+    mod, c = kind
+    c.load_model("idle")
+    c.unload_model("idle")
+    msg = message(c.infer, "idle", [x_input(mod)])
+    assert msg.startswith("Request for unknown model: 'idle' has no available versions"), msg
+    msg = message(c.infer, "idle", [x_input(mod)], model_version="1")
+    assert msg.startswith("Request for unknown model: 'idle' version 1 is not at ready state"), msg
+
+
+def test_missing_inputs(kind):
+    mod, c = kind
+    i = mod.InferInput("i", [2, 3], "INT64")
+    i.set_data_from_numpy(np.zeros((2, 3), np.int64))
+    msg = message(c.infer, "typed", [i])
+    assert msg == ("expected 2 inputs but got 1 inputs for model 'typed'. Got input(s) ['i'], but missing required "
+                   "input(s) ['flag']. Please provide all required input(s)."), msg
+
+
+def test_no_inputs_grpc(srv):
+    """tritonclient.grpc sends a request with no inputs as it is (HTTP's
+    reader refuses an empty 'inputs' before the model is known)."""
+    c = grpcclient.InferenceServerClient(srv.grpc_url())
+    msg = message(c.infer, "typed", [])
+    assert msg == ("expected 2 inputs but got 0 inputs for model 'typed'. Got input(s) [], but missing required "
+                   "input(s) ['i','flag']. Please provide all required input(s)."), msg
+    c.close()
+
+
+def test_output_twice(kind):
+    mod, c = kind
+    outs = [mod.InferRequestedOutput("probs"), mod.InferRequestedOutput("probs")]
+    msg = message(c.infer, "tiny", [x_input(mod)], outputs=outs)
+    assert msg.startswith("output 'probs' already exists in request"), msg
+
+
+def test_input_byte_size_mismatch_grpc(srv):
+    import grpc
+    channel = grpc.insecure_channel(srv.grpc_url())
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    req = service_pb2.ModelInferRequest(model_name="tiny")
+    req.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    req.raw_input_contents.append(b"\0" * 40)
+    with pytest.raises(grpc.RpcError) as e:
+        stub.ModelInfer(req, timeout=30)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith(
+        "input byte size mismatch for input 'x' for model 'tiny'. Expected 32, got 40"), e.value.details()
+    channel.close()
+
+
+def test_string_element_count_grpc(srv):
+    """BYTES in raw_input_contents holding more or fewer elements than the
+    shape: Triton's two texts (for too many it names one past the shape's,
+    where it stops reading)."""
+    c = grpcclient.InferenceServerClient(srv.grpc_url())
+    for n, want in ((1, "expected 2 string elements for inference input 's' for model 'strings', got 1"),
+                    (4, "unexpected number of string elements 3 for inference input 's' for model 'strings', "
+                        "expecting 2")):
+        i = grpcclient.InferInput("s", [1, n], "BYTES")
+        i.set_data_from_numpy(np.array([[b"ab"] * n], dtype=object))
+        i.set_shape([1, 2])
+        msg = message(c.infer, "strings", [i])
+        assert msg.startswith(want), msg
+    c.close()
