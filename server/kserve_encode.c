@@ -37,10 +37,12 @@ static int utf8_seq(const unsigned char *s, size_t avail) {
     return n;
 }
 
-/* Names, ids and BYTES come from clients, and any byte may be in them. Every byte of s goes out: control bytes (NUL included) as escapes, and a
+/* Names, ids and messages come from clients, and any byte may be in them.
+ * Every byte of s goes out: control bytes (NUL included) as escapes, and a
  * byte that is not part of valid UTF-8 as U+FFFD, so that the answer stays
- * valid JSON whatever a BYTES element holds (JSON carries text; the binary
- * tensor extension carries any bytes exactly). */
+ * valid JSON (JSON carries text; the binary tensor extension carries any
+ * bytes exactly, and a BYTES output that is not UTF-8 is refused in JSON:
+ * kserve_response_encode). */
 void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
     if (buf_reserve(b, n * 6 + 3)) return;
@@ -64,6 +66,19 @@ void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     }
     *o++ = '"';
     b->len = (size_t)(o - b->data);
+}
+
+/* The first element of BYTES tensor t that is not valid UTF-8, or -1. */
+static int64_t first_not_utf8(const struct tensor *t) {
+    const struct tensor_str *e = tensor_strs(t);
+    for (int64_t i = 0, n = tensor_numel(t); i < n; i++)
+        for (size_t k = 0; k < e[i].len;) {
+            const unsigned char *c = (const unsigned char *)e[i].p + k;
+            int m = *c < 0x80 ? 1 : utf8_seq(c, e[i].len - k);
+            if (m < 0) return i;
+            k += (size_t)m;
+        }
+    return -1;
 }
 
 void kserve_error_body(struct buf *b, const char *msg) {
@@ -344,6 +359,17 @@ int kserve_response_encode_spliced(const struct kserve_request *r, const struct 
             owned[i] = 1;
         } else send[i] = outputs[k];
         any_bin |= bin[i];
+        /* JSON carries text: a BYTES element that is not UTF-8 would come
+         * back changed (U+FFFD), so it is refused instead, as Triton does. */
+        int64_t bad = send[i].dtype == DT_STRING && !bin[i] && !(r->noutputs && r->outputs[i].shm.region)
+                          ? first_not_utf8(&send[i]) : -1;
+        if (bad >= 0) {
+            rc = status_set(err, err_len, STATUS_INVALID,
+                            "output '%s': BYTES element %lld is not valid UTF-8, which a JSON answer cannot carry "
+                            "unchanged: ask for it as binary data (parameters.binary_data: true)", names[i],
+                            (long long)bad);
+            goto out;
+        }
     }
     if ((rc = check_answer_size(r, names, send, bin, nsel, err, err_len))) goto out;
     if (kserve_max_request_memory && !body->limit) body->limit = answer_limit(r, send, nsel);

@@ -33,7 +33,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from onnx import TensorProto as TP
 from tritonclient.grpc import service_pb2, service_pb2_grpc
-from tritonclient.utils import serialize_byte_tensor
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from conftest import KILN, no_batch_config, raw_request
 from test_cache import Redis
@@ -172,17 +172,28 @@ def test_http_json_carries_nul_as_u0000(nul_server):
     assert outs == {"echo": ["ab\u0000cd", "\u0000secret"], "admin": [False, False]}
 
 
-def test_json_answer_of_invalid_utf8_is_valid_json(nul_server):
-    """Bytes that are not UTF-8 asked for as JSON: each invalid byte is
-    U+FFFD (JSON carries text); the answer parses, the binary form is exact."""
+def test_json_answer_of_invalid_utf8_is_refused(nul_server):
+    """Bytes that are not UTF-8 asked for as JSON: JSON carries text, so the
+    answer would have to change them; it is a 400 naming the output and the
+    element instead (as Triton's), and the binary form is exact."""
     c = httpclient.InferenceServerClient(nul_server.url)
     try:
-        s = _batch([ALL, b"ok\x00\xc3\xa9\xe2\x82"])
+        s = _batch([b"ok\x00\xc3\xa9", ALL])
         i = httpclient.InferInput("s", list(s.shape), "BYTES")
         i.set_data_from_numpy(s, binary_data=True)
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("nul", [i], outputs=[httpclient.InferRequestedOutput("echo", binary_data=False)])
+        assert "output 'echo': BYTES element 1 is not valid UTF-8" in e.value.message(), e.value.message()
+        assert "binary_data" in e.value.message()
+        res = c.infer("nul", [i], outputs=[httpclient.InferRequestedOutput("echo", binary_data=True)])
+        assert list(res.as_numpy("echo").flatten()) == [b"ok\x00\xc3\xa9", ALL]
+        # Valid UTF-8 (NUL included) still comes back as JSON text.
+        ok = _batch([b"ok\x00\xc3\xa9"])
+        i = httpclient.InferInput("s", list(ok.shape), "BYTES")
+        i.set_data_from_numpy(ok, binary_data=True)
         res = c.infer("nul", [i], outputs=[httpclient.InferRequestedOutput("echo", binary_data=False)])
         got = [x if isinstance(x, str) else x.decode() for x in res.as_numpy("echo").flatten()]
-        assert got == [ALL.decode("utf-8", "replace"), "ok\u0000\u00e9\ufffd"]
+        assert got == ["ok\u0000\u00e9", ""]
     finally:
         c.close()
     st, _, b = raw_request(nul_server.url, "POST", "/v2/models/nul/infer", json.dumps(
