@@ -85,7 +85,7 @@ static const struct model_field fields[] = {
      "kiln has one queue policy for every priority (default_queue_policy)"},
     {"sequence_batching", R, 0, NULL, "kiln has no sequence batcher (stateful models with correlation IDs)"},
     {"ensemble_scheduling", R, 0, NULL, "kiln does not run ensembles"},
-    {"instance_group", H, ONE, NULL, "one group: its count instances of its kind"},
+    {"instance_group", H, 0, NULL, "every group's count instances, summed (groups of one kind)"},
     {"instance_group.name", H, 0, NULL, "a label"},
     {"instance_group.kind", H, 0, NULL, "KIND_AUTO, KIND_CPU or KIND_GPU"},
     {"instance_group.count", H, 0, NULL, ""},

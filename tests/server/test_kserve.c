@@ -646,7 +646,7 @@ static void test_reader_errors(void **state) {
         {IN1("FP16", "[1]", "[65520]"), "input 'x': data[0] = 65520 is out of range for FP16"},
         {IN1("INT32", "[1]", "[1]") "\n", NULL},
         {"{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]},"
-         "{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}]}", "input 'x' appears twice in 'inputs'"},
+         "{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}]}", "input 'x' already exists in request (it appears twice in 'inputs')"},
         {"{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}],\"outputs\":[{\"name\":\"y\","
          "\"parameters\":{\"binary_data\":\"yes\"}}]}", "output 'y': parameters.binary_data must be true or false"},
         {"{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}],\"outputs\":[{\"name\":\"y\","
@@ -655,7 +655,7 @@ static void test_reader_errors(void **state) {
          "\"parameters\":{\"classification\":1,\"shared_memory_region\":\"r\",\"shared_memory_byte_size\":4}}]}",
          "output 'y': parameters.shared_memory_region and parameters.classification cannot both be set"},
         {"{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}],\"outputs\":[{\"name\":\"y\"},"
-         "{\"name\":\"y\"}]}", "output 'y' appears twice in 'outputs'"},
+         "{\"name\":\"y\"}]}", "output 'y' already exists in request (it appears twice in 'outputs')"},
         {"{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}],\"junk\":{\"k\":\"a\\u0000\"}}",
          "field 'k' holds a NUL byte (\\u0000): names, ids and parameters may not; only BYTES data may"},
     };
