@@ -498,6 +498,12 @@ static void handle_index(http_server_t *s, struct evhttp_request *req) {
             return;
         }
         cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "ready");
+        if (r && !cJSON_IsBool(r)) {
+            cJSON_Delete(j);
+            if (owned) free(body);
+            reply_status(s, req, STATUS_INVALID, "Invalid value for 'ready': expected a boolean");
+            return;
+        }
         ready_only = cJSON_IsTrue(r);
         cJSON_Delete(j);
     }

@@ -173,8 +173,8 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
     if ((method == 2 || method == 6) && (n_te || cl > 0))
         return fail(g, STATUS_INVALID, "a %s request cannot have a body", methods[method]);
     if (cl > g->lim.max_body)
-        return fail(g, STATUS_TOO_LARGE, "the request body has %llu bytes, more than --max-request-size (%llu bytes)",
-                    (unsigned long long)cl, (unsigned long long)g->lim.max_body);
+        return fail(g, STATUS_TOO_LARGE, "request JSON size of %llu bytes exceeds the maximum allowed input size: "
+                    "--max-request-size (%llu bytes)", (unsigned long long)cl, (unsigned long long)g->lim.max_body);
     if (n_te) {
         g->state = HG_CHUNK_SIZE;
         g->body = 0;
@@ -268,8 +268,8 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
                 else size = size * 16 + (uint64_t)d;
             }
             if (size > g->lim.max_body || g->body + size > g->lim.max_body)
-                return fail(g, STATUS_TOO_LARGE, "the chunked request body exceeds --max-request-size (%llu bytes)",
-                            (unsigned long long)g->lim.max_body);
+                return fail(g, STATUS_TOO_LARGE, "request JSON size (chunked) exceeds the maximum allowed input size: "
+                            "--max-request-size (%llu bytes)", (unsigned long long)g->lim.max_body);
             g->body += size;
             (*atp) += e;
             if (size == 0) g->state = HG_TRAILER;

@@ -47,8 +47,9 @@ static int bind_raw(const struct kserve_request *r, const struct model_config *m
                     int64_t *rows, char *err, size_t err_len) {
     char msh[128];
     if (mc->ninputs != 1)
-        return INVALID("a raw binary request (Inference-Header-Content-Length 0) needs a model with one input; "
-                       "model '%s' has %d", mc->name, mc->ninputs);
+        return INVALID("Raw request must only have 1 input (found 1) to be deduced but got %d inputs in '%s' model "
+                       "configuration (a raw binary request, Inference-Header-Content-Length 0, needs a model with one "
+                       "input)", mc->ninputs, mc->name);
     const struct model_config_io *io = &mc->inputs[0];
     cfg_shape_str(mc, io, msh, sizeof msh);
     if (io->ndim < 0)
@@ -59,16 +60,16 @@ static int bind_raw(const struct kserve_request *r, const struct model_config *m
     int open = -1;
     for (int d = 0; d < io->ndim && v.ndim < TENSOR_MAX_DIMS; d++) {
         if (io->dims[d] < 0 && open >= 0)
-            return INVALID("a raw binary request needs at most one variable dim, but input '%s' of model '%s' has "
-                           "shape %s", io->name, mc->name, msh);
+            return INVALID("The shape of the raw input '%s' can not be deduced because there are more than one "
+                           "variable-sized dimension (model '%s' has shape %s)", io->name, mc->name, msh);
         if (io->dims[d] < 0) open = v.ndim;
         v.dims[v.ndim++] = io->dims[d] < 0 ? 1 : io->dims[d];
     }
     struct tensor_str body = tensor_strs(&r->inputs[0].t)[0];
     if (io->dtype == DT_STRING) {
-        if (tensor_numel(&v) != 1)
-            return INVALID("a raw binary request sends one BYTES element, but input '%s' of model '%s' has shape %s",
-                           io->name, mc->name, msh);
+        if (tensor_numel(&v) != 1 || open >= 0)
+            return INVALID("For BYTE datatype raw input '%s', the model must have input shape [1] (a raw binary "
+                           "request sends one BYTES element; model '%s' has shape %s)", io->name, mc->name, msh);
         v.data = r->inputs[0].t.data;
     } else {
         size_t each = (size_t)tensor_numel(&v) * dtype_size(io->dtype);

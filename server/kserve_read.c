@@ -47,7 +47,7 @@ size_t kserve_max_request_memory;
 void kserve_set_max_request_memory(size_t bytes) { kserve_max_request_memory = bytes; }
 
 #define KSERVE_MAX_TENSORS 1024
-#define KSERVE_MAX_JSON_DEPTH 64
+#define KSERVE_MAX_JSON_DEPTH 100 /* Triton's limit, and its words below */
 
 /* A parse that held more than this gives the freed memory back to the
  * system (glibc keeps it in the thread's heap otherwise: 20M values left
@@ -322,7 +322,7 @@ static int rd_double(struct rd *d, double *v, int *word) {
 /* Opens the object or array at d->p. */
 static int enter(struct rd *d) {
     if (++d->depth > KSERVE_MAX_JSON_DEPTH)
-        return stop(d, STATUS_INVALID, "the request's JSON is nested deeper than %d", KSERVE_MAX_JSON_DEPTH);
+        return stop(d, STATUS_INVALID, "JSON nesting depth exceeds maximum allowed limit (%d)", KSERVE_MAX_JSON_DEPTH);
     d->p++;
     ws(d);
     return 0;
@@ -645,7 +645,8 @@ static int64_t fp32_run(struct rd *d, struct dfill *f) {
 /* The array at d->p, nested `level` deep in 'data': its leaves in order. */
 static int data_array(struct rd *d, struct dfill *f, int level) {
     if (level > KSERVE_MAX_JSON_DEPTH)
-        return stop(d, STATUS_INVALID, "input '%s': 'data' is nested deeper than %d", f->in->name, KSERVE_MAX_JSON_DEPTH);
+        return stop(d, STATUS_INVALID, "input '%s': JSON nesting depth exceeds maximum allowed limit (%d) in 'data'",
+                    f->in->name, KSERVE_MAX_JSON_DEPTH);
     d->p++;
     d->depth++; /* closed by next_elem; 'data' has its own bound */
     ws(d);
@@ -779,7 +780,9 @@ static int read_shape(struct rd *d, struct kserve_input *in, struct tdesc *t) {
         }
         uint64_t v = 0;
         int ok;
-        if (rd_uint(d, "shape", 9e15, &v, &ok)) return -1;
+        /* Any dim an int64 holds: what the shape's product may be is
+         * checked when the input closes (Triton's overflow messages). */
+        if (rd_uint(d, "shape", 9.2e18, &v, &ok)) return -1;
         if (!ok && t->bad_dim < 0) t->bad_dim = (int)c - 1;
         in->t.dims[in->t.ndim++] = (int64_t)v;
     }
@@ -791,13 +794,15 @@ static int read_shape(struct rd *d, struct kserve_input *in, struct tdesc *t) {
 static int data_ready(const struct rd *d, const struct kserve_input *in, const struct tdesc *t) {
     int c = peek(d);
     return !d->failed && in->name && t->dt == 1 && in->t.dtype != DT_UNDEFINED && in->t.dtype != DT_BF16 &&
-           t->shape == 1 && !t->shape_over && t->bad_dim < 0 && !t->tp.bds && !t->tp.region && c != 'n' && c != '{';
+           t->shape == 1 && !t->shape_over && t->bad_dim < 0 && !t->tp.bds && !t->tp.region && c != 'n' && c != '{' &&
+           tensor_numel(&in->t) <= INT64_MAX / 16; /* else finish_input names the overflow */
 }
 
 /* The checks at the end of input i's object, in the order they are made
  * whatever order the keys came in; then its data when it is still unread. */
 static int finish_input(struct rd *d, struct kserve_input *in, int i, struct tdesc *t) {
     const char *n = in->name;
+    char sh[128];
     const struct tparams *tp = &t->tp;
     if (!n) {
         rd_fail(d, "field 'inputs[%d].name' must be a non-empty string", i);
@@ -810,6 +815,12 @@ static int finish_input(struct rd *d, struct kserve_input *in, int i, struct tde
     else if (t->shape != 1) rd_fail(d, "input '%s': field 'shape' is missing or not an array", n);
     else if (t->shape_over) rd_fail(d, "input '%s': field 'shape' has more than %d dims", n, TENSOR_MAX_DIMS);
     else if (t->bad_dim >= 0) rd_fail(d, "input '%s': shape[%d] must be an integer >= 0", n, t->bad_dim);
+    else if (tensor_numel(&in->t) == INT64_MAX)
+        rd_fail(d, "input '%s': shape %s causes total element count to exceed maximum size of %lld", n,
+                tensor_shape_str(&in->t, sh, sizeof sh), (long long)INT64_MAX);
+    else if (in->t.dtype != DT_STRING && tensor_numel(&in->t) > INT64_MAX / (int64_t)dtype_size(in->t.dtype))
+        rd_fail(d, "byte size overflow for input '%s': shape %s of %s needs more than %lld bytes", n,
+                tensor_shape_str(&in->t, sh, sizeof sh), dtype_kserve_name(in->t.dtype), (long long)INT64_MAX);
     else if (tp->not_object) rd_fail(d, "input '%s': field 'parameters' must be an object", n);
     else if (!t->data && !tp->bds && !tp->region)
         rd_fail(d, "input '%s': has neither 'data' nor parameters.binary_data_size nor parameters.shared_memory_region", n);

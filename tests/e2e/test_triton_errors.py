@@ -129,3 +129,79 @@ def test_string_element_count_grpc(srv):
         msg = message(c.infer, "strings", [i])
         assert msg.startswith(want), msg
     c.close()
+
+
+# ---- HTTP's own texts (L0_http's http_test.py compares these) --------------
+
+@pytest.fixture(scope="module")
+def hsrv(tmp_path_factory):
+    """Models for the raw binary request's refusals: three inputs, two
+    variable dims, a BYTES input of any length; and a BYTES identity."""
+    import onnx.helper as oh
+    from onnx import TensorProto as TP
+    root = tmp_path_factory.mktemp("hrepo")
+
+    def ident(name, ins, dtype, dims):
+        vi = [oh.make_tensor_value_info(f"IN{k}", dtype, dims) for k in range(ins)]
+        vo = [oh.make_tensor_value_info(f"OUT{k}", dtype, dims) for k in range(ins)]
+        nodes = [oh.make_node("Identity", [f"IN{k}"], [f"OUT{k}"]) for k in range(ins)]
+        save_model(root, name, oh.make_graph(nodes, name, vi, vo))
+
+    ident("three", 3, TP.FLOAT, ["N", 8])
+    ident("twovar", 1, TP.FLOAT16, ["N", "a", "b"])
+    ident("text", 1, TP.STRING, ["N", "L"])
+    ident("i64", 1, TP.INT64, ["N", 1])
+    yield from serving(root)
+
+
+def _post(srv, path, body, headers=None):
+    import json
+    from conftest import raw_request
+    st, _, out = raw_request(srv.url, "POST", path, body, headers or {})
+    return st, json.loads(out).get("error", "") if st != 200 else out
+
+
+def test_raw_binary_refusals(hsrv):
+    raw = {"Inference-Header-Content-Length": "0"}
+    st, msg = _post(hsrv, "/v2/models/three/infer", np.zeros(24, np.float32).tobytes(), raw)
+    assert st == 400 and msg.startswith(
+        "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in 'three' model configuration"), msg
+    st, msg = _post(hsrv, "/v2/models/twovar/infer", np.ones(4, np.float16).tobytes(), raw)
+    assert st == 400 and msg.startswith("The shape of the raw input 'IN0' can not be deduced because there are more "
+                                        "than one variable-sized dimension"), msg
+    st, msg = _post(hsrv, "/v2/models/text/infer", b"427", raw)
+    assert st == 400 and msg.startswith("For BYTE datatype raw input 'IN0', the model must have input shape [1]"), msg
+
+
+def test_json_nesting_limit_is_tritons(hsrv):
+    """Triton's limit (100) and words; data nested 50 deep is fine."""
+    import json
+
+    def nest(depth):
+        v = "123"
+        for _ in range(depth):
+            v = f"[{v}]"
+        return json.loads(v)
+
+    body = json.dumps({"inputs": [{"name": "IN0", "datatype": "INT64", "shape": [1, 1], "data": nest(50)}]})
+    st, out = _post(hsrv, "/v2/models/i64/infer", body.encode())
+    assert st == 200 and json.loads(out)["outputs"][0]["data"] == [123], out
+    body = json.dumps({"inputs": [{"name": "IN0", "datatype": "INT64", "shape": [1, 1], "data": nest(120)}]})
+    st, msg = _post(hsrv, "/v2/models/i64/infer", body.encode())
+    assert st == 400 and "JSON nesting depth exceeds maximum allowed limit (100)" in msg, msg
+
+
+def test_shape_overflow_words(hsrv):
+    import json
+    for dims, words in (([16, 2**60 + 2], "causes total element count to exceed maximum size of"),
+                        ([4, 2**60 + 2], "byte size overflow for input 'IN0'")):
+        body = json.dumps({"inputs": [{"name": "IN0", "shape": dims, "datatype": "INT64", "data": [1]}]})
+        st, msg = _post(hsrv, "/v2/models/i64/infer", body.encode())
+        assert st == 400 and words in msg, (dims, msg)
+
+
+def test_repository_index_ready_must_be_a_boolean(hsrv):
+    st, msg = _post(hsrv, "/v2/repository/index", b'{"ready": "yes"}')
+    assert st == 400 and msg == "Invalid value for 'ready': expected a boolean", msg
+    st, out = _post(hsrv, "/v2/repository/index", b'{"ready": true}')
+    assert st == 200

@@ -681,19 +681,19 @@ static void test_reader_errors(void **state) {
     /* Nesting: in 'data' and anywhere else. */
     char deep[512];
     size_t n = (size_t)snprintf(deep, sizeof deep, "{\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":");
-    for (int k = 0; k < 70; k++) deep[n++] = '[';
+    for (int k = 0; k < 110; k++) deep[n++] = '[';
     deep[n++] = '1';
-    for (int k = 0; k < 70; k++) deep[n++] = ']';
+    for (int k = 0; k < 110; k++) deep[n++] = ']';
     n += (size_t)snprintf(deep + n, sizeof deep - n, "}]}");
     struct kserve_request r;
     assert_int_equal(kserve_request_parse(&r, deep, n, -1, g_err, sizeof g_err), STATUS_INVALID);
-    assert_string_equal(g_err, "input 'x': 'data' is nested deeper than 64");
+    assert_string_equal(g_err, "input 'x': JSON nesting depth exceeds maximum allowed limit (100) in 'data'");
     n = (size_t)snprintf(deep, sizeof deep, "{\"junk\":");
-    for (int k = 0; k < 70; k++) deep[n++] = '[';
-    for (int k = 0; k < 70; k++) deep[n++] = ']';
+    for (int k = 0; k < 110; k++) deep[n++] = '[';
+    for (int k = 0; k < 110; k++) deep[n++] = ']';
     n += (size_t)snprintf(deep + n, sizeof deep - n, ",\"inputs\":[]}");
     assert_int_equal(kserve_request_parse(&r, deep, n, -1, g_err, sizeof g_err), STATUS_INVALID);
-    assert_string_equal(g_err, "the request's JSON is nested deeper than 64");
+    assert_string_equal(g_err, "JSON nesting depth exceeds maximum allowed limit (100)");
 }
 
 /* INT64 and UINT64 over their whole range, exactly; one past either end is
