@@ -18,6 +18,7 @@ void log_write(enum log_level level, const char *func, const char *fmt, ...)
 #define log_error(...) log_write(LOG_ERROR, __func__, __VA_ARGS__)
 #define log_warn(...) log_write(LOG_WARN, __func__, __VA_ARGS__)
 #define log_info(...) log_write(LOG_INFO, __func__, __VA_ARGS__)
+#ifndef __cplusplus /* C11 atomics; the CUDA plugin's C++ includes this header and counts no events */
 /* One log line at most every interval for an event that may repeat fast
  * (a refused connection, a failed accept). Zero-initialized; any thread. */
 struct log_every {
@@ -27,6 +28,7 @@ struct log_every {
 /* Counts one event; 1, with *n the events since the last line, when a line
  * is due (interval_ns after the last one). */
 int log_every_due(struct log_every *r, unsigned long long interval_ns, unsigned *n);
+#endif
 
 #define log_debug(...) do { if (log_enabled(LOG_DEBUG)) log_write(LOG_DEBUG, __func__, __VA_ARGS__); } while (0)
 
