@@ -39,7 +39,7 @@ import tritonclient.http as httpclient
 from onnx import TensorProto as TP
 from tritonclient.utils import InferenceServerException
 
-from conftest import serving
+from conftest import no_batch_config, serving
 
 OPSET = 21
 ort.set_default_logger_severity(4)  # the refusals below are expected, not worth a log line each
@@ -160,7 +160,8 @@ def cast_server(tmp_path_factory):
         d = root / name / "1"
         d.mkdir(parents=True)
         onnx.save(m, str(d / "model.onnx"))
-        (root / name / "config.json").write_text('{"max_batch_size": 0}')  # [-1] is any length, not a batch
+        # [-1] is any length, not a batch: the config lists the whole shapes.
+        (root / name / "config.json").write_text(json.dumps(no_batch_config(m)))
     d = root / "simple_string" / "1"
     d.mkdir(parents=True)
     onnx.save(simple_string_model(), str(d / "model.onnx"))
