@@ -728,9 +728,9 @@ static int read_tparams(struct rd *d, struct kserve_shm *shm, struct tparams *tp
     while ((rc = next_member(d, &c, &k, &kn, "parameters")) == 1) {
         if (KEY(k, kn, "binary_data_size") && !tp->bds++) rc = rd_uint(d, "binary_data_size", 9e15, &tp->bds_v, &tp->bds_ok);
         else if (KEY(k, kn, "shared_memory_byte_size") && !tp->size++)
-            rc = rd_uint(d, "shared_memory_byte_size", 9e15, &tp->size_v, &tp->size_ok);
+            rc = rd_uint(d, "shared_memory_byte_size", 2e19, &tp->size_v, &tp->size_ok);
         else if (KEY(k, kn, "shared_memory_offset") && !tp->off++)
-            rc = rd_uint(d, "shared_memory_offset", 9e15, &tp->off_v, &tp->off_ok);
+            rc = rd_uint(d, "shared_memory_offset", 2e19, &tp->off_v, &tp->off_ok);
         else if (KEY(k, kn, "classification") && !tp->cls++) rc = rd_uint(d, "classification", 1e6, &tp->cls_v, &tp->cls_ok);
         else if (KEY(k, kn, "binary_data") && !tp->bin++) rc = rd_bool(d, "binary_data", &tp->bin_v, &tp->bin_ok);
         else if (KEY(k, kn, "shared_memory_region") && !tp->region++) {

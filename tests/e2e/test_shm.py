@@ -262,6 +262,14 @@ def test_hostile_requests(proto, regions, srv):
     assert "input 'x'" in msg and "Invalid offset + byte size for shared memory region" in msg and "64 bytes" in msg
     msg = bad_input(name_of(h), 32, offset=1 << 40)
     assert "Invalid offset for shared memory region" in msg
+    if mod is httpclient:
+        # JSON carries any uint64 (gRPC's int64 fields stop at 2^63 - 1).
+        msg = bad_input(name_of(h), 32, offset=2**64 - 32)
+        assert "Invalid offset for shared memory region" in msg, msg
+        o = httpclient.InferRequestedOutput("probs")
+        o.set_shared_memory(name_of(h), 2**64 - 32, 32)
+        msg = err_of(c.infer, "tiny", [x_input(mod, x)], outputs=[o])
+        assert "Integer overflow detected: byte_size " in msg, msg
     msg = bad_input(name_of(h), 16)
     assert "input byte size mismatch for input 'x' for model 'tiny'. Expected 32, got 16" in msg
     # A region of another tensor's size: 16 bytes named for a 32-byte input.
