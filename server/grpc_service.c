@@ -229,9 +229,13 @@ static void control_start(struct grpc_stream *st, const char *name, char *config
 }
 
 /* The model's name: required, as HTTP's path segment is. */
-static int control_name(struct grpc_stream *st, const char *name) {
-    if (name && *name && strlen(name) < sizeof ((struct model_control *)0)->name) return 0;
-    grpc_stream_errorf(st, STATUS_INVALID, "model_name must name a model (1 to 255 bytes)");
+static int control_name(struct grpc_stream *st, const char *name, int load) {
+    char err[300];
+    int rc = model_control_name_check(name, load, err, sizeof err);
+    if (rc) grpc_stream_finish(st, rc, err);
+    else if (strlen(name) >= sizeof ((struct model_control *)0)->name)
+        grpc_stream_errorf(st, STATUS_INVALID, "model_name must name a model (1 to 255 bytes)");
+    else return 0;
     return -1;
 }
 
@@ -267,7 +271,7 @@ static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     const char *config = NULL;
     struct upload_set files = {0};
     char err[512];
-    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) {
+    if (control_allowed(st) == 0 && control_name(st, req->model_name, 1) == 0) {
         int rc = load_params(st, req, &config, &files, err, sizeof err);
         char *cfg = !rc && config ? strdup(config) : NULL;
         if (!rc && config && !cfg) rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
@@ -281,7 +285,8 @@ static void model_load(struct grpc_stream *st, const uint8_t *msg, size_t len) {
 
 static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len) {
     UNPACK(Inference__RepositoryModelUnloadRequest, inference__repository_model_unload_request__unpack, st, msg, len);
-    if (control_name(st, req->model_name) == 0 && control_allowed(st) == 0) control_start(st, req->model_name, NULL, NULL, 0);
+    if (control_allowed(st) == 0 && control_name(st, req->model_name, 0) == 0)
+        control_start(st, req->model_name, NULL, NULL, 0);
     inference__repository_model_unload_request__free_unpacked(req, NULL);
 }
 

@@ -413,6 +413,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
                            int load) {
     char err[300];
     int rc = model_control_check(s->rt, s->cfg, authorization(req), ACCESS_VIA_HTTP, err, sizeof err);
+    if (!rc) rc = model_control_name_check(name, load, err, sizeof err);
     if (rc) {
         reply_status(s, req, rc, err);
         return;

@@ -39,6 +39,12 @@ struct model_control {
  * STATUS_OK, or a status with err saying why. */
 int model_control_check(runtime_t *rt, const struct server_config *cfg, const char *authorization,
                         enum access_via via, char *err, size_t err_len);
+/* The model name a load or unload names, as Triton checks it: empty or
+ * only white space is "Model name cannot be empty...", and a load's name
+ * with a '/' or '\\', or "..", once spaces around it are trimmed, "model name
+ * must not contain path traversal characters" (an unload only looks the
+ * name up). STATUS_OK or STATUS_INVALID with err set. */
+int model_control_name_check(const char *name, int load, char *err, size_t err_len);
 /* Runs the load or unload of mc->name on the control thread, then mc->done
  * on mc->loop. mc's fields up to done and release are set by the caller;
  * mc->config (malloc'd or NULL) and mc->files are taken. */

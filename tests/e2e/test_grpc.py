@@ -589,7 +589,7 @@ def test_load_unload(make_server, small_repo):
     e = grpc_error(c.load_model, "tiny", files={"file:1/model.onnx": b"x"})
     assert e.status() == "StatusCode.INVALID_ARGUMENT" and "file:" in e.message()
     e = grpc_error(c.unload_model, "")
-    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "model_name" in e.message()
+    assert e.status() == "StatusCode.INVALID_ARGUMENT" and "Model name cannot be empty" in e.message()
     assert c.is_model_ready("tiny")
     c.close()
     h.close()

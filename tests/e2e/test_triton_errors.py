@@ -205,3 +205,21 @@ def test_repository_index_ready_must_be_a_boolean(hsrv):
     assert st == 400 and msg == "Invalid value for 'ready': expected a boolean", msg
     st, out = _post(hsrv, "/v2/repository/index", b'{"ready": true}')
     assert st == 200
+
+
+def test_model_names_a_load_may_not_use(srv):
+    """Triton's model-name checks and words (L0_input_validation): empty or
+    blank, and, for a load, a path out of the repository; an unload only
+    looks the name up. A load that fails starts with 'failed to load'."""
+    for mod, c in ((httpclient, httpclient.InferenceServerClient(srv.url)),
+                   (grpcclient, grpcclient.InferenceServerClient(srv.grpc_url()))):
+        for name in ([""] if mod is grpcclient else []) + ["   ", "\t"]:
+            assert "Model name cannot be empty. Please enter a valid name to deploy." in message(c.load_model, name)
+        # Over HTTP a '/' is the path's own (the client does not encode it): 404.
+        for name in [" ..", ".. "] + (["a/../b", "/etc/passwd"] if mod is grpcclient else []):
+            assert "model name must not contain path traversal characters" in message(c.load_model, name), name
+        for name in ("...", "..my_model", "model..1"):
+            msg = message(c.load_model, name)
+            assert msg.startswith(f"failed to load '{name}'") and "traversal" not in msg, msg
+        assert "traversal" not in message(c.unload_model, "a/../b") if mod is grpcclient else True
+        c.close()
