@@ -573,7 +573,9 @@ static int versions_uploaded(const struct upload_set *up, int64_t *present, int 
 
 static int load_checked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
                         char *err, size_t err_len) {
-    if (!valid_name(name)) return ERR(STATUS_INVALID, "'%s' is not a valid model name", name);
+    if (!valid_name(name))
+        return ERR(STATUS_INVALID, "failed to poll from model repository: '%s' is not a valid model name (a folder "
+                   "name not starting with '.', without '/', '\\\\' or control bytes, at most 200 bytes)", name);
     if (up && up->n) {
         if (!override)
             return ERR(STATUS_INVALID, "model '%s': a load with model files (parameters \"file:...\") needs "
@@ -587,7 +589,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
     struct stat st;
     if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
-        return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
+        return ERR(STATUS_NOT_FOUND, "failed to poll from model repository: model '%s' is not in it", name);
     uint64_t sig = dir_signature(mdir, 2);
     int64_t present[256];
     int np = scan_versions(mdir, present, 256);

@@ -38,7 +38,7 @@ def test_explicit_load_unload(make_server, small_repo):
         infer_tiny(c)
     c.load_model("tiny")
     assert infer_tiny(c).as_numpy("probs").shape == (1, 3)
-    with pytest.raises(InferenceServerException, match="not in the model repository"):
+    with pytest.raises(InferenceServerException, match="failed to poll from model repository"):
         c.load_model("no_such_model")
     c.close()
     # One log line per load with its time.
