@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Runs Triton's own QA suites and example clients, unchanged, against kiln.
+
+    tools/triton_qa.py --triton TRITON_CHECKOUT --client TRITON_CLIENT_GIT_DIR --work DIR KILN_BIN SUITE...
+
+TRITON_CHECKOUT is a checkout of triton-inference-server/server (its qa/ and
+docs/ are read, never copied into kiln); TRITON_CLIENT_GIT_DIR a clone (bare
+is fine) of triton-inference-server/client for the example clients. DIR gets
+the generated models (Triton's qa/common/gen_qa_*.py, ONNX parts only, run
+once), a model repository per suite, and out/<suite>.log and .server.log.
+Each suite is set up as its qa/L0_*/test.sh sets it up, with kiln in place
+of tritonserver on ports 8000/8001 (Python-backend identity models, which
+kiln cannot run, become ONNX Identity models under the same config.pbtxt).
+SUITE: L0_infer L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
+L0_http L0_nullchar_string L0_input_validation L0_input_validation_names
+L0_shared_memory_http L0_shared_memory_grpc examples examples_control.
+Prints "SUITE passed total" per suite (TRITON_QA_TESTS="Class.test ..." narrows
+a suite to some tests). docs/development.md has the counts and what the
+remaining failures are."""
+import argparse, glob, os, shutil, signal, subprocess, sys, time, socket, re
+
+PY = sys.executable
+TQA = QA = GEN = OUT = CLIENT_GIT = ""
+
+
+def cp(src, dst):
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+
+
+def onnx_models(repo, pattern="onnx_*", drop_bf16=True):
+    out = []
+    for d in sorted(glob.glob(f"{GEN}/{repo}/{pattern}")):
+        if drop_bf16 and "bf16" in d:
+            continue
+        out.append(d)
+    return out
+
+
+def append(path, text):
+    with open(path, "a") as f:
+        f.write(text)
+
+
+SIMPLE = """
+import sys, onnx, onnx.helper as oh
+from onnx import TensorProto as TP
+md = sys.argv[1]
+def save(name, nodes, t):
+    vi = lambda n: oh.make_tensor_value_info(n, t, ["N", 16])
+    g = oh.make_graph(nodes, name, [vi("INPUT0"), vi("INPUT1")], [vi("OUTPUT0"), vi("OUTPUT1")])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]); m.ir_version = 8
+    onnx.save(m, f"{md}/{name}/1/model.onnx")
+save("simple", [oh.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+                oh.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])], TP.INT32)
+save("simple_string", [oh.make_node("Cast", ["INPUT0"], ["a"], to=TP.INT32), oh.make_node("Cast", ["INPUT1"], ["b"], to=TP.INT32),
+                       oh.make_node("Add", ["a", "b"], ["s"]), oh.make_node("Sub", ["a", "b"], ["d"]),
+                       oh.make_node("Cast", ["s"], ["OUTPUT0"], to=TP.STRING),
+                       oh.make_node("Cast", ["d"], ["OUTPUT1"], to=TP.STRING)], TP.STRING)
+"""
+
+
+def simple_models(md):
+    """Triton's docs/examples models simple, simple_string (their config.pbtxt
+    unchanged, ONNX files made here: Triton fetches its own) and
+    simple_identity (a Python-backend model: an ONNX Identity in its place)."""
+    for name in ("simple", "simple_string", "simple_identity"):
+        os.makedirs(f"{md}/{name}/1", exist_ok=True)
+        shutil.copy(f"{TQA}/docs/examples/model_repository/{name}/config.pbtxt", f"{md}/{name}/config.pbtxt")
+    subprocess.run([PY, "-c", SIMPLE, md], check=True)
+    p = f"{md}/simple_identity/config.pbtxt"
+    open(p, "w").write(open(p).read().replace('backend: "python"', 'platform: "onnxruntime_onnx"'))
+    # The python backend's identity takes any length: so does its ONNX stand-in.
+    identity_onnx(f"{md}/simple_identity/1/model.onnx", ["N", "L"])
+
+
+def identity_onnx(path, dims, tp="STRING"):
+    subprocess.run([PY, "-c", f"""
+import onnx, onnx.helper as oh
+from onnx import TensorProto as TP
+vi = lambda n: oh.make_tensor_value_info(n, TP.{tp}, {dims!r})
+g = oh.make_graph([oh.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "g", [vi("INPUT0")], [vi("OUTPUT0")])
+m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]); m.ir_version = 8
+onnx.save(m, {path!r})
+"""], check=True)
+
+
+def setup(suite, md):
+    """Returns (cwd, test argv list, env, server flags)."""
+    env = {}
+    flags = []
+    if suite in ("L0_infer", "L0_infer_shm"):
+        for d in onnx_models("qa_model_repository"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+            append(f"{md}/{os.path.basename(d)}/config.pbtxt", "instance_group [ { kind: KIND_CPU }]\n")
+        env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
+        if suite == "L0_infer_shm":
+            env["TEST_SYSTEM_SHARED_MEMORY"] = "1"
+            flags = ["--allow-client-shm"]
+        return "L0_infer", ["infer_test.py"], env, flags
+    if suite == "L0_infer_variable":
+        for d in onnx_models("qa_variable_model_repository"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+            append(f"{md}/{os.path.basename(d)}/config.pbtxt", "instance_group [ { kind: KIND_CPU }]\n")
+        env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
+        return suite, ["infer_variable_test.py"], env, flags
+    if suite == "L0_infer_reshape":
+        for d in onnx_models("qa_reshape_model_repository"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+        env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
+        return suite, ["infer_reshape_test.py"], env, flags
+    if suite == "L0_string_io":
+        cp(f"{GEN}/qa_identity_model_repository/onnx_zero_1_object", f"{md}/onnx_zero_1_object")
+        # The python backend's string_identity model, as an ONNX Identity with the same config.
+        os.makedirs(f"{md}/string_identity/1")
+        t = open(f"{QA}/python_models/string_identity/config.pbtxt").read()
+        t = t.replace('backend: "python"', 'platform: "onnxruntime_onnx"').replace("[ 1 ]", "[ 8 ]")
+        open(f"{md}/string_identity/config.pbtxt", "w").write(t)
+        identity_onnx(f"{md}/string_identity/1/model.onnx", [8])
+        return suite, ["string_client_test.py"], env, flags
+    if suite == "L0_http":
+        for n in ("onnx_zero_1_float32", "onnx_zero_1_object", "onnx_zero_1_float16", "onnx_zero_3_float32"):
+            cp(f"{GEN}/qa_identity_model_repository/{n}", f"{md}/{n}")
+        cp(f"{md}/onnx_zero_1_object", f"{md}/onnx_zero_1_object_1_element")
+        p = f"{md}/onnx_zero_1_object_1_element/config.pbtxt"
+        t = open(p).read().replace("onnx_zero_1_object", "onnx_zero_1_object_1_element").replace("-1", "1", 1)
+        open(p, "w").write(t)
+        cp(f"{md}/onnx_zero_1_float32", f"{md}/onnx_zero_1_float32_queue")
+        p = f"{md}/onnx_zero_1_float32_queue/config.pbtxt"
+        t = open(p).read().replace("onnx_zero_1_float32", "onnx_zero_1_float32_queue")
+        t += ("dynamic_batching { \n    max_queue_delay_microseconds: 1000000\n    preferred_batch_size: [ 8 ]\n"
+              "    default_queue_policy {\n        max_queue_size: 1\n    }\n}\n")
+        open(p, "w").write(t)
+        simple_models(md)
+        shutil.rmtree(f"{md}/simple"); shutil.rmtree(f"{md}/simple_string")
+        cp(f"{md}/simple_identity", f"{md}/simple_identity_int64")
+        p = f"{md}/simple_identity_int64/config.pbtxt"
+        open(p, "w").write(open(p).read().replace("TYPE_STRING", "TYPE_INT64").replace("simple_identity", "simple_identity_int64"))
+        # The python backend's identity takes any type; the ONNX stand-in is typed.
+        identity_onnx(f"{md}/simple_identity_int64/1/model.onnx", ["N", "L"], "INT64")
+        flags = ["--model-control-mode=explicit", "--load-model=*"]
+        return suite, ["http_test.py"], env, flags
+    if suite.startswith("L0_shared_memory"):
+        simple_models(md)
+        ctype = suite.rsplit("_", 1)[1]
+        env = {"CLIENT_TYPE": ctype}
+        flags = ["--allow-client-shm"]
+        tests = ["test_invalid_create_shm", "test_valid_create_set_register", "test_unregister_before_register",
+                 "test_unregister_after_register", "test_reregister_after_register", "test_unregister_after_inference",
+                 "test_register_after_inference", "test_too_big_shm", "test_mixed_raw_shm", "test_unregisterall",
+                 "test_infer_offset_out_of_bound", "test_infer_byte_size_out_of_bound", "test_infer_integer_overflow",
+                 "test_register_out_of_bound", "test_register_reserved_names", "test_register_invalid_shm_key",
+                 "test_python_client_leak"]
+        return "L0_shared_memory", ["shared_memory_test.py"] + [f"SharedMemoryTest.{t}" for t in tests], env, flags
+    if suite == "L0_nullchar_string":
+        cp(f"{GEN}/qa_identity_model_repository/onnx_nobatch_zero_1_object", f"{md}/onnx_nobatch_zero_1_object")
+        return suite, None, env, flags
+    if suite == "L0_input_validation":
+        cp(f"{GEN}/qa_model_repository/onnx_object_int32_int32", f"{md}/onnx_object_int32_int32")
+        return suite, ["input_validation_test.py"], env, ["--allow-client-shm"]
+    if suite == "L0_input_validation_names":
+        return "L0_input_validation", ["input_validation_test.py", "ModelNameValidationTest"], env, \
+            ["--model-control-mode=explicit"]
+    if suite == "examples":
+        simple_models(md)
+        return None, None, env, ["--allow-client-shm"]
+    if suite == "examples_control":
+        # Triton's eight example folders (only the ONNX ones that kiln can make have model files).
+        for d in sorted(glob.glob(f"{TQA}/docs/examples/model_repository/*")):
+            n = os.path.basename(d)
+            os.makedirs(f"{md}/{n}", exist_ok=True)
+            shutil.copy(f"{d}/config.pbtxt", f"{md}/{n}/config.pbtxt")
+        simple_models(md)
+        return None, None, env, ["--model-control-mode=explicit"]
+    raise SystemExit(f"unknown suite {suite}")
+
+
+def wait_port(port, proc, secs=60):
+    t = time.time() + secs
+    while time.time() < t:
+        if proc.poll() is not None:
+            return False
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            import urllib.request
+            try:
+                urllib.request.urlopen("http://127.0.0.1:8000/v2/health/ready", timeout=1)
+                return True
+            except Exception:
+                pass
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def unittest_counts(text):
+    m = re.search(r"Ran (\d+) tests?", text)
+    ran = int(m.group(1)) if m else 0
+    m = re.search(r"FAILED \(([^)]*)\)", text)
+    bad = 0
+    if m:
+        for part in m.group(1).split(","):
+            k, _, v = part.strip().partition("=")
+            if k in ("failures", "errors"):
+                bad += int(v)
+    return ran - bad, ran
+
+
+def run(kiln, suite):
+    if suite.startswith("L0_shared_memory"):
+        return run_each(kiln, suite)
+    return run_once(kiln, suite)
+
+
+def run_each(kiln, suite):
+    """As Triton's test.sh: a server of its own for each test."""
+    md = f"{os.path.dirname(OUT)}/run/{suite}/models"
+    shutil.rmtree(f"{os.path.dirname(OUT)}/run/{suite}", ignore_errors=True)
+    os.makedirs(md)
+    cwd, argv, env, flags = setup(suite, md)
+    ok = tot = 0
+    txt = ""
+    for t in argv[1:]:
+        slog = open(f"{OUT}/{suite}.server.log", "a")
+        proc = subprocess.Popen([kiln, "serve", f"--model-repository={md}", "--http-port=8000", "--grpc-port=8001",
+                                 "--http-address=127.0.0.1"] + flags, stdout=slog, stderr=subprocess.STDOUT)
+        try:
+            if not wait_port(8000, proc):
+                txt += f"{t}: server did not start\n"
+                tot += 1
+                continue
+            e = dict(os.environ, **env)
+            e["PYTHONPATH"] = f"{os.path.dirname(OUT)}/pylib"  # requests, psutil for the suites (pip install --target)
+            r = subprocess.run([PY, argv[0], t], cwd=f"{QA}/{cwd}", env=e, capture_output=True, text=True, timeout=600)
+            o, n = unittest_counts(r.stdout + r.stderr)
+            ok += o; tot += n
+            txt += f"===== {t}\n" + r.stdout + r.stderr
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    open(f"{OUT}/{suite}.log", "w").write(txt)
+    return suite, ok, tot, ""
+
+
+def run_once(kiln, suite):
+    os.makedirs(OUT, exist_ok=True)
+    md = f"{os.path.dirname(OUT)}/run/{suite}/models"
+    shutil.rmtree(f"{os.path.dirname(OUT)}/run/{suite}", ignore_errors=True)
+    os.makedirs(md)
+    cwd, argv, env, flags = setup(suite, md)
+    slog = open(f"{OUT}/{suite}.server.log", "w")
+    proc = subprocess.Popen([kiln, "serve", f"--model-repository={md}", "--http-port=8000", "--grpc-port=8001",
+                             "--http-address=127.0.0.1"] + flags, stdout=slog, stderr=subprocess.STDOUT)
+    try:
+        if not wait_port(8000, proc):
+            return suite, 0, 0, "server did not start"
+        e = dict(os.environ, **env)
+        e["PATH"] = os.path.dirname(PY) + ":" + e["PATH"]
+        e["PYTHONPATH"] = f"{os.path.dirname(OUT)}/pylib"  # requests, psutil for the suites (pip install --target)
+        if suite == "L0_nullchar_string":
+            ok = tot = 0
+            txt = ""
+            for extra in ([], ["-i", "grpc", "-u", "localhost:8001"]):
+                r = subprocess.run([PY, "nullchar_string_client.py", "-m", "onnx_nobatch_zero_1_object", "-v"] + extra,
+                                   cwd=f"{QA}/{suite}", env=e, capture_output=True, text=True, timeout=300)
+                tot += 1; ok += r.returncode == 0
+                txt += r.stdout + r.stderr
+            open(f"{OUT}/{suite}.log", "w").write(txt)
+            return suite, ok, tot, ""
+        if suite.startswith("examples"):
+            return examples(e, control=suite == "examples_control")
+        if os.environ.get("TRITON_QA_TESTS"):
+            argv = argv[:1] + os.environ["TRITON_QA_TESTS"].split()
+        r = subprocess.run([PY] + argv, cwd=f"{QA}/{cwd}", env=e, capture_output=True, text=True, timeout=1500)
+        txt = r.stdout + r.stderr
+        open(f"{OUT}/{suite}.log", "w").write(txt)
+        ok, tot = unittest_counts(txt)
+        return suite, ok, tot, ""
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def examples(e, control=False):
+    G = f"git --git-dir={CLIENT_GIT}"
+    names = subprocess.run(f"{G} ls-tree --name-only HEAD src/python/examples/", shell=True, capture_output=True,
+                           text=True).stdout.split()
+    d = f"{os.path.dirname(OUT)}/run/examples/src"
+    os.makedirs(d, exist_ok=True)
+    ok = tot = 0
+    txt = ""
+    for n in names:
+        b = os.path.basename(n)
+        if not b.startswith("simple_") or not b.endswith(".py"):
+            continue
+        if ("model_control" in b) != control:
+            continue
+        src = subprocess.run(f"{G} show HEAD:{n}", shell=True, capture_output=True, text=True).stdout
+        open(f"{d}/{b}", "w").write(src)
+        try:
+            r = subprocess.run([PY, b], cwd=d, env=e, capture_output=True, text=True, timeout=120)
+            rc = r.returncode
+            out = r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            rc, out = -1, "timeout"
+        tot += 1; ok += rc == 0
+        txt += f"===== {b}: rc={rc}\n{out[-1500:]}\n"
+    name = "examples_control" if control else "examples"
+    open(f"{OUT}/{name}.log", "w").write(txt)
+    return name, ok, tot, ""
+
+
+def generate(work):
+    """Triton's generators, ONNX parts, as qa/common/gen_qa_model_repository runs them."""
+    gens = [("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
+            ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
+            ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
+            ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository")]
+    for script, args, out in gens:
+        if not os.path.isdir(f"{work}/models/{out}"):
+            subprocess.run([PY, script, *args, "--onnx_opset=0", f"--models_dir={work}/models/{out}"],
+                           cwd=f"{QA}/common", check=True, stdout=subprocess.DEVNULL)
+    if not os.path.isdir(f"{work}/pylib"):
+        subprocess.run([PY, "-m", "pip", "install", "-q", "--target", f"{work}/pylib", "requests", "psutil"], check=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--triton", required=True)
+    ap.add_argument("--client", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("kiln")
+    ap.add_argument("suites", nargs="+")
+    a = ap.parse_args()
+    TQA, QA, CLIENT_GIT = os.path.abspath(a.triton), os.path.abspath(a.triton) + "/qa", os.path.abspath(a.client)
+    work = os.path.abspath(a.work)
+    GEN, OUT = f"{work}/models", f"{work}/out"
+    os.makedirs(OUT, exist_ok=True)
+    generate(work)
+    kiln = os.path.abspath(a.kiln)
+    for s in a.suites:
+        print(*run(kiln, s), flush=True)
