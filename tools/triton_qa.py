@@ -206,6 +206,31 @@ def unittest_counts(text):
     return ran - bad, ran
 
 
+def start(kiln, md, flags, log):
+    """kiln serving md on 127.0.0.1:8000 (HTTP) and :8001 (gRPC), or None when it does not get ready."""
+    proc = subprocess.Popen([kiln, "serve", f"--model-repository={md}", "--http-port=8000", "--grpc-port=8001",
+                             "--http-address=127.0.0.1"] + flags, stdout=log, stderr=subprocess.STDOUT)
+    if wait_port(8000, proc):
+        return proc
+    stop(proc)
+    return None
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def suite_env(env):
+    e = dict(os.environ, **env)
+    e["PATH"] = os.path.dirname(PY) + ":" + e["PATH"]
+    e["PYTHONPATH"] = f"{os.path.dirname(OUT)}/pylib"  # requests, psutil for the suites (pip install --target)
+    return e
+
+
 def run(kiln, suite):
     if suite.startswith("L0_shared_memory"):
         return run_each(kiln, suite)
@@ -222,25 +247,19 @@ def run_each(kiln, suite):
     txt = ""
     for t in argv[1:]:
         slog = open(f"{OUT}/{suite}.server.log", "a")
-        proc = subprocess.Popen([kiln, "serve", f"--model-repository={md}", "--http-port=8000", "--grpc-port=8001",
-                                 "--http-address=127.0.0.1"] + flags, stdout=slog, stderr=subprocess.STDOUT)
+        proc = start(kiln, md, flags, slog)
+        if not proc:
+            txt += f"{t}: server did not start\n"
+            tot += 1
+            continue
         try:
-            if not wait_port(8000, proc):
-                txt += f"{t}: server did not start\n"
-                tot += 1
-                continue
-            e = dict(os.environ, **env)
-            e["PYTHONPATH"] = f"{os.path.dirname(OUT)}/pylib"  # requests, psutil for the suites (pip install --target)
-            r = subprocess.run([PY, argv[0], t], cwd=f"{QA}/{cwd}", env=e, capture_output=True, text=True, timeout=600)
+            r = subprocess.run([PY, argv[0], t], cwd=f"{QA}/{cwd}", env=suite_env(env), capture_output=True, text=True,
+                               timeout=600)
             o, n = unittest_counts(r.stdout + r.stderr)
             ok += o; tot += n
             txt += f"===== {t}\n" + r.stdout + r.stderr
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
     open(f"{OUT}/{suite}.log", "w").write(txt)
     return suite, ok, tot, ""
 
@@ -252,14 +271,11 @@ def run_once(kiln, suite):
     os.makedirs(md)
     cwd, argv, env, flags = setup(suite, md)
     slog = open(f"{OUT}/{suite}.server.log", "w")
-    proc = subprocess.Popen([kiln, "serve", f"--model-repository={md}", "--http-port=8000", "--grpc-port=8001",
-                             "--http-address=127.0.0.1"] + flags, stdout=slog, stderr=subprocess.STDOUT)
+    proc = start(kiln, md, flags, slog)
+    if not proc:
+        return suite, 0, 0, "server did not start"
     try:
-        if not wait_port(8000, proc):
-            return suite, 0, 0, "server did not start"
-        e = dict(os.environ, **env)
-        e["PATH"] = os.path.dirname(PY) + ":" + e["PATH"]
-        e["PYTHONPATH"] = f"{os.path.dirname(OUT)}/pylib"  # requests, psutil for the suites (pip install --target)
+        e = suite_env(env)
         if suite == "L0_nullchar_string":
             ok = tot = 0
             txt = ""
@@ -280,11 +296,7 @@ def run_once(kiln, suite):
         ok, tot = unittest_counts(txt)
         return suite, ok, tot, ""
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 def examples(e, control=False):
