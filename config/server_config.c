@@ -56,7 +56,7 @@ static const struct opt g_opts[] = {
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
     {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload (an empty token is an error)"},
     {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address (logs a warning)"},
-    {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instance_group[0].count; a load asking more gets 400"},
+    {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instances (its instance_group counts, summed); a load asking more gets 400"},
     {"max-intra-op-threads", OPT_INT, "N", "cores", "bound on a model's parameters.intra_op_thread_count; a load asking more gets 400"},
     {"inline-max-us", OPT_INT, "US", "100", "a request to an idle CPU model that runs in at most this long on one thread runs on its I/O thread, without the hand-off to the instance's thread and back (0 = never)"},
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},

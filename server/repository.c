@@ -547,8 +547,8 @@ static int load_locked(repository_t *r, const char *name, const char *override, 
  * thousand. */
 static int check_bounds(const repository_t *r, const struct model_config *c, char *err, size_t err_len) {
     if (r->max_instances > 0 && c->instance_count > r->max_instances)
-        return ERR(STATUS_INVALID, "config field 'instance_group[0].count' is %d, over this server's bound of %d "
-                   "(--max-model-instances)", c->instance_count, r->max_instances);
+        return ERR(STATUS_INVALID, "config field 'instance_group' asks for %d instances (its groups' counts summed), "
+                   "over this server's bound of %d (--max-model-instances)", c->instance_count, r->max_instances);
     if (r->max_intra_op_threads > 0 && c->intra_op_threads > r->max_intra_op_threads)
         return ERR(STATUS_INVALID, "config field 'parameters.intra_op_thread_count' is %d, over this server's bound "
                    "of %d (--max-intra-op-threads)", c->intra_op_threads, r->max_intra_op_threads);

@@ -86,7 +86,7 @@ def test_load_over_bounds_is_400(make_server, small_repo):
                     "--max-intra-op-threads", "2")
     status, body = load(s, "tiny", {"parameters": {"config": json.dumps({"instance_group": [{"count": 256}]})}})
     assert status == 400, body
-    assert "instance_group[0].count" in body and "3" in body and "--max-model-instances" in body, body
+    assert "'instance_group' asks for 256 instances" in body and "3" in body and "--max-model-instances" in body, body
     cfg = {"parameters": {"intra_op_thread_count": {"string_value": "1024"}}}
     status, body = load(s, "tiny", {"parameters": {"config": json.dumps(cfg)}})
     assert status == 400, body
@@ -103,7 +103,7 @@ def test_config_json_over_bounds_fails_that_model(make_server, small_repo):
     index = {m["name"]: m for m in json.loads(body)}
     assert index["tiny"]["state"] == "READY"
     assert index["greedy"]["state"] == "UNAVAILABLE"
-    assert "instance_group[0].count" in index["greedy"]["reason"]
+    assert "'instance_group' asks for 100 instances" in index["greedy"]["reason"]
     assert "--max-model-instances" in index["greedy"]["reason"]
 
 
