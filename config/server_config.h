@@ -50,7 +50,7 @@ struct server_config {
     int nload_model;
     char *control_token;         /* NULL = load/unload open (allowed on loopback, or with the flag below) */
     int allow_unauthenticated_control; /* 1 = explicit/poll control without a token on any address */
-    int max_model_instances;     /* bound on instance_group[0].count; 0 = 4 x cores */
+    int max_model_instances;     /* bound on a model's instances (groups summed); 0 = 4 x cores */
     int max_intra_op_threads;    /* bound on parameters.intra_op_thread_count; 0 = cores */
     /* Result cache settings, read by cache/. */
     int64_t cache_size;          /* bytes of the in-process cache; 0 = off */

@@ -50,7 +50,7 @@ struct repository_params {
     const char *root;
     const char *backend;         /* "cpu" or "cuda": where instances run */
     int max_versions;            /* 0 = 64 */
-    int max_instances;           /* bound on instance_group[0].count; 0 = none */
+    int max_instances;           /* bound on a model's instances (instance_group counts summed); 0 = none */
     int max_intra_op_threads;    /* bound on parameters.intra_op_thread_count; 0 = none */
     uint64_t inline_max_us;      /* batcher_params.inline_max_ns, in us (0 = never) */
     size_t max_request_memory;   /* bytes one request may make a model allocate (model_params.max_run_bytes)
