@@ -150,3 +150,25 @@ def test_health_ready_content(server):
     assert status == 200 and body == b""
     status, _, body = raw_request(server.url, "GET", "/v2/models/no_such_model/ready")
     assert status == 400 and "no_such_model" in json.loads(body)["error"]
+
+
+def test_replies_carry_a_current_date(server):
+    """kiln writes the Date header itself (formatted once a second): every
+    reply has one, in RFC 9110's IMF-fixdate form, and current."""
+    import email.utils
+    import time
+    for method, path, body in (("GET", "/v2/health/ready", None), ("GET", "/v2/models/tiny", None),
+                               ("GET", "/v2/nothing/here", None), ("POST", "/v2/models/tiny/infer", "{")):
+        status, headers, _ = raw_request(server.url, method, path, body)
+        date = headers.get("Date")
+        assert date and date.endswith(" GMT"), (path, headers)
+        when = email.utils.parsedate_to_datetime(date).timestamp()
+        assert abs(when - time.time()) < 120, (path, date)
+
+
+def test_percent_encoded_path_segments_are_decoded(server):
+    """Only segments holding '%' are decoded; '+' stays '+' in a path."""
+    status, _, body = raw_request(server.url, "GET", "/v2/models/%74iny")
+    assert status == 200 and json.loads(body)["name"] == "tiny"
+    status, _, body = raw_request(server.url, "GET", "/v2/models/ti+ny")
+    assert status == 404 and "ti+ny" in json.loads(body)["error"]
