@@ -660,16 +660,16 @@ static int message_inflate(struct grpc_stream *st, const uint8_t *z, size_t n, c
     return 1;
 }
 
-/* The next whole message in st->in: 1 with *msg and *len (in the buffer,
- * or inflated into st->plain: valid until stream_handle consumes it) and
- * *wire (its bytes in the buffer, prefix included), 0 when it has not all
- * arrived, -1 when the call was ended (too large, or badly compressed). */
-static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len, size_t *wire) {
+/* The one check of the message at the head of st->in, made as soon as its
+ * 5-byte prefix is there (before the message is), by every path: its
+ * compressed flag, and its declared length against --grpc-max-message-size.
+ * 0 when it passes or the prefix is not all there yet, -1 with the call
+ * ended. */
+static int head_check(struct grpc_stream *st) {
     const struct grpc_inbuf *b = &st->in;
     if (b->len - b->off < 5) return 0;
     const uint8_t *h = b->data + b->off;
-    size_t n = prefix_len(h);
-    size_t max = grpc_stream_server(st)->max_message;
+    size_t n = prefix_len(h), max = grpc_stream_server(st)->max_message;
     if (h[0] > 1 || (h[0] == 1 && st->coding_in == HTTP_CODING_IDENTITY)) {
         grpc_stream_errorf(st, STATUS_INVALID,
                            h[0] > 1 ? "the message's compressed flag is %u: it must be 0 or 1"
@@ -682,6 +682,19 @@ static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len
                            "the request message has %zu bytes, more than --grpc-max-message-size (%zu bytes)", n, max);
         return -1;
     }
+    return 0;
+}
+
+/* The next whole message in st->in: 1 with *msg and *len (in the buffer,
+ * or inflated into st->plain: valid until stream_handle consumes it) and
+ * *wire (its bytes in the buffer, prefix included), 0 when it has not all
+ * arrived, -1 when the call was ended (too large, or badly compressed). */
+static int next_message(struct grpc_stream *st, const uint8_t **msg, size_t *len, size_t *wire) {
+    const struct grpc_inbuf *b = &st->in;
+    if (head_check(st)) return -1;
+    if (b->len - b->off < 5) return 0;
+    const uint8_t *h = b->data + b->off;
+    size_t n = prefix_len(h);
     if (b->len - b->off < n + 5) return 0;
     *wire = n + 5;
     if (h[0] == 0) {
@@ -871,13 +884,17 @@ static int data_chunk_cb(nghttp2_session *h2, uint8_t flags, int32_t id, const u
                          void *user) {
     struct grpc_stream *st = nghttp2_session_get_stream_user_data(h2, id);
     if (!st || st->finished || !st->method) return 0; /* answered already: the rest is dropped */
-    size_t max = grpc_stream_server(st)->max_message;
     if (inbuf_append(st, data, len)) return 0;
-    /* A unary call's message must not grow past the limit while it arrives. */
-    if (st->method->streaming) stream_messages(st);
-    else if (st->in.len - st->in.off > max + 5)
-        grpc_stream_errorf(st, STATUS_TOO_LARGE,
-                           "the request message has more than --grpc-max-message-size (%zu bytes)", max);
+    if (st->method->streaming) {
+        stream_messages(st);
+        return 0;
+    }
+    /* A unary call's message is checked as soon as its prefix is in, and
+     * nothing may follow it: the call runs when the client half-closes. */
+    if (head_check(st) == 0 && st->in.len - st->in.off >= 5 &&
+        st->in.len - st->in.off > prefix_len(st->in.data + st->in.off) + 5)
+        grpc_stream_errorf(st, STATUS_INVALID, "%s takes exactly one request message",
+                           strrchr(st->method->name, '/') + 1);
     return 0;
 }
 

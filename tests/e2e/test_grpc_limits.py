@@ -316,3 +316,27 @@ def test_slow_streaming_call_outlives_the_deadlines(make_server, repo):
         time.sleep(2.5)  # past both deadlines, with the call open
     client.stop_stream()
     client.close()
+
+
+def test_unary_call_refuses_a_second_message_as_it_arrives(make_server, repo):
+    """A unary call's message is checked when its 5-byte prefix arrives
+    (flag and declared length), and bytes past that one message end the call
+    with INVALID_ARGUMENT at once, not when the client half-closes: the
+    server holds at most the one message it announced."""
+    s = make_server(repo, "--grpc-max-message-size", "1M")
+    c = h2frames.Conn(s.grpc_url())
+    c.call(1, INFER, b"\x0a\x04tiny", end=False)  # a whole message, no END_STREAM
+    answered_in_order(c, 3)
+    assert not c.ended(1)  # one message: the call waits for the half-close
+    c.send(h2frames.frame(h2frames.DATA, 0, 1, h2frames.grpc_message(b"\x0a\x04tiny")))
+    assert c.wait(lambda fr: c.ended(1))
+    trailers = h2frames.stream_headers(c, 1)[-1]
+    assert trailers["grpc-status"] == "3", trailers  # INVALID_ARGUMENT
+    assert "ModelInfer takes exactly one request message" in trailers["grpc-message"]
+    send_partial(c, 5, INFER, 2 * MiB, 100)  # the prefix alone passes the limit
+    assert c.wait(lambda fr: c.ended(5))
+    trailers = h2frames.stream_headers(c, 5)[-1]
+    assert trailers["grpc-status"] == "8", trailers  # RESOURCE_EXHAUSTED
+    assert "--grpc-max-message-size (1048576 bytes)" in trailers["grpc-message"]
+    answered_in_order(c, 7)
+    c.close()
