@@ -27,10 +27,10 @@ endif
 CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
-LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lpcre2-8 -lz -ldl -lm
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lpcre2-8 -lutf8proc -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except commands/main.c.
-SRC_DIRS = common config graph models kernels kernels/cpu cache server commands
+SRC_DIRS = common config graph models kernels kernels/cpu kernels/text cache server commands
 SRCS = $(filter-out commands/main.c,$(foreach d,$(SRC_DIRS),$(wildcard $(d)/*.c)))
 GEN_SRCS = $(BUILD)/gen/onnx/onnx.pb-c.c $(TRITON_GEN:%=$(BUILD)/gen/triton/%.pb-c.c)
 OBJS = $(SRCS:%.c=$(BUILD)/obj/%.o) $(GEN_SRCS:$(BUILD)/gen/%.c=$(BUILD)/obj/gen/%.o)

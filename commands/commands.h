@@ -8,5 +8,6 @@ int cmd_serve(int argc, char **argv);  /* commands/serve.c */
 int cmd_run(int argc, char **argv);    /* commands/run.c */
 int cmd_bench(int argc, char **argv);  /* commands/bench.c */
 int cmd_doctor(int argc, char **argv); /* commands/doctor.c */
+int cmd_tokenize(int argc, char **argv); /* commands/tokenize.c */
 
 #endif

@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  run      run an ONNX model offline and print its outputs\n"
             "  bench    load-test a KServe v2 server against a latency budget\n"
             "  doctor   check the GPU environment (driver, CUDA, cuDNN, cuBLAS, self-tests)\n"
+            "  tokenize encode lines of text with a Hugging Face tokenizer.json\n"
             "\n"
             "`kiln <command> --help` describes each command.\n");
 }
@@ -57,6 +58,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "doctor") == 0) return cmd_doctor(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0) return cmd_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;

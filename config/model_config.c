@@ -253,7 +253,11 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
      * backend's stand-in, and a model meant for another (TensorRT, Python,
      * PyTorch) would be served wrongly, so any other value is refused. */
     static const char *const served[][2] = {{"platform", "onnxruntime_onnx"}, {"backend", "onnxruntime"}};
+    /* kiln's own backend: a tokenizer.json served as a model. */
+    v = cJSON_GetObjectItemCaseSensitive(root, "backend");
+    c->tokenizer = cJSON_IsString(v) && strcmp(v->valuestring, "tokenizer") == 0;
     for (size_t f = 0; f < sizeof served / sizeof served[0]; f++) {
+        if (c->tokenizer && strcmp(served[f][0], "backend") == 0) continue;
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, served[f][0]))) continue;
         if (!cJSON_IsString(v)) { rc = INVALID("config field '%s' must be a string", served[f][0]); goto out; }
         if (*v->valuestring && strcmp(v->valuestring, served[f][1])) {
@@ -435,6 +439,18 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
                 goto out;
             }
             c->intra_op_threads = (int)n;
+        }
+        const cJSON *ml = cJSON_GetObjectItemCaseSensitive(v, "max_length");
+        if (ml && c->tokenizer) {
+            const cJSON *sv = cJSON_IsObject(ml) ? cJSON_GetObjectItemCaseSensitive(ml, "string_value") : NULL;
+            char *end = NULL;
+            long long n = sv && cJSON_IsString(sv) ? strtoll(sv->valuestring, &end, 10) : -1;
+            if (!sv || !cJSON_IsString(sv) || end == sv->valuestring || *end || n < 1 || n > 1000000) {
+                rc = INVALID("config field 'parameters.max_length' must be {\"string_value\": \"N\"} with N an "
+                             "integer 1-1000000 (the tokenizer's truncation length)");
+                goto out;
+            }
+            c->tokenizer_max_length = n;
         }
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
@@ -738,7 +754,7 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "platform", c->platform);
-    cJSON_AddStringToObject(o, "backend", "onnxruntime");
+    cJSON_AddStringToObject(o, "backend", c->tokenizer ? "tokenizer" : "onnxruntime");
     cJSON *vp = cJSON_AddObjectToObject(o, "version_policy");
     if (c->version_policy == MODEL_VERSIONS_ALL) cJSON_AddObjectToObject(vp, "all");
     else if (c->version_policy == MODEL_VERSIONS_SPECIFIC) {
@@ -779,6 +795,13 @@ cJSON *model_config_to_json(const struct model_config *c) {
         snprintf(n, sizeof n, "%d", c->intra_op_threads);
         cJSON *pa = cJSON_AddObjectToObject(o, "parameters");
         cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
+    }
+    if (c->tokenizer_max_length > 0) {
+        char n[24];
+        snprintf(n, sizeof n, "%lld", (long long)c->tokenizer_max_length);
+        cJSON *pa = cJSON_GetObjectItemCaseSensitive(o, "parameters");
+        if (!pa) pa = cJSON_AddObjectToObject(o, "parameters");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "max_length"), "string_value", n);
     }
     if (c->padding.given || c->padding.ninputs)
         cJSON_AddItemToObject(o, "sequence_padding", model_padding_to_json(c));

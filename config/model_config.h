@@ -156,6 +156,11 @@ struct model_config {
     struct model_warmup *warmup;    /* model_warmup samples, in the file's order */
     int nwarmup;
     struct model_padding padding;   /* sequence_padding */
+    /* backend "tokenizer": kiln's tokenizer model kind, a tokenizer.json
+     * in the version folder (docs/text.md); parameters.max_length's
+     * string_value, when given, replaces the file's truncation. */
+    int tokenizer;
+    int64_t tokenizer_max_length;
     /* Fields accepted but ignored (config/model_fields.h), one line each
      * naming the field; NULL when none. Logged once at load. */
     char *warnings;

@@ -27,7 +27,8 @@
 static const struct model_field fields[] = {
     {"name", H, 0, NULL, "must match the model's folder"},
     {"platform", H, 0, NULL, "onnxruntime_onnx; other platforms are refused, naming the value"},
-    {"backend", H, 0, NULL, "onnxruntime; other backends are refused, naming the value"},
+    {"backend", H, 0, NULL, "onnxruntime, or kiln's own tokenizer (a tokenizer.json, docs/text.md); other backends "
+                           "are refused, naming the value"},
     {"runtime", W, 0, NULL, "kiln runs the model with its own engine, not a backend's shared library"},
     {"version_policy", H, 0, NULL, "which versions load"},
     {"version_policy.latest", H, 0, NULL, "the newest num_versions versions"},

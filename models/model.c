@@ -16,6 +16,7 @@
 #include "models/onnx_load.h"
 #include "models/eval.h"
 #include "models/lower_fp16.h"
+#include "models/model_tokenizer.h"
 #include "models/passes.h"
 #include "models/plan.h"
 #include "models/valrun.h"
@@ -44,6 +45,7 @@ struct model {
     int fp16;        /* device contexts build FP16 plans */
     int cuda_graphs; /* device contexts capture and replay */
     size_t max_run_bytes; /* model_params.max_run_bytes */
+    struct tokenizer *tok; /* a tokenizer model: runs it instead of plans */
 };
 
 struct model_exec {
@@ -153,9 +155,19 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
     m->fp16 = p->fp16 != 0;
     m->cuda_graphs = p->cuda_graphs >= 0;
     m->max_run_bytes = p->max_run_bytes;
-    m->g = onnx_load_file(p->path, err, err_len);
-    if (!m->g || promote_defaults(m, p, err, err_len)) goto fail;
-    if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
+    if (p->tokenizer) {
+        m->tok = model_tokenizer_load(p->path, p->tokenizer_max_length, err, err_len);
+        if (!m->tok) goto fail;
+        if (!(m->g = model_tokenizer_graph(p->tokenizer_pair, p->tokenizer_batched)) ||
+            !(m->defaults = calloc((size_t)m->g->ninputs, sizeof *m->defaults))) {
+            status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+            goto fail;
+        }
+    } else {
+        m->g = onnx_load_file(p->path, err, err_len);
+        if (!m->g || promote_defaults(m, p, err, err_len)) goto fail;
+        if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
+    }
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);
     m->outs = calloc((size_t)(g->noutputs > 0 ? g->noutputs : 1), sizeof *m->outs);
@@ -181,6 +193,7 @@ fail:
 void model_free(struct model *m) {
     if (!m) return;
     plan_cache_free(m->plans);
+    tokenizer_free(m->tok);
     for (int i = 0; m->defaults && m->g && i < m->g->ninputs; i++) onnx_tensor_clear(&m->defaults[i]);
     free(m->defaults);
     graph_free(m->g);
@@ -333,6 +346,9 @@ static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ni
 static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
                     char *err, size_t err_len) {
     size_t prev = eval_max_bytes(), max = x->m->max_run_bytes, n = x->requests > 1 ? (size_t)x->requests : 1;
+    if (x->m->tok)
+        return model_tokenizer_run(x->m->tok, inputs, ninputs, outputs, max > SIZE_MAX / n ? SIZE_MAX : max * n, err,
+                                   err_len);
     eval_set_max_bytes(max > SIZE_MAX / n ? SIZE_MAX : max * n);
     int rc = run_plan_in(x, inputs, ninputs, outputs, err, err_len);
     eval_set_max_bytes(prev);

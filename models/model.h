@@ -48,6 +48,13 @@ struct model_params {
      * a plain input changes nothing; any other name fails the load. */
     const char *const *defaults;
     int ndefaults;
+    /* A tokenizer model (models/model_tokenizer.h): path is a Hugging Face
+     * tokenizer.json, not an ONNX file; the graph is one node from TEXT
+     * (and TEXT_PAIR when tokenizer_pair) to input_ids, attention_mask and
+     * token_type_ids; tokenizer_batched gives the texts a batch dim [-1, 1];
+     * tokenizer_max_length > 0 replaces the file's truncation. */
+    int tokenizer, tokenizer_pair, tokenizer_batched;
+    int64_t tokenizer_max_length;
 };
 
 /* The bound on an input dim that model_load applies when max_dim is 0, and

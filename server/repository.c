@@ -168,7 +168,11 @@ static int cmp_i64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Versions present under dir (with a model.onnx), ascending. */
+/* The file a version folder holds: a model.onnx, or the tokenizer.json of
+ * a tokenizer model (backend "tokenizer"). */
+static const char *version_file(const struct model_config *c) { return c && c->tokenizer ? "tokenizer.json" : "model.onnx"; }
+
+/* Versions present under dir (with a model.onnx or tokenizer.json), ascending. */
 static int scan_versions(const char *dir, int64_t *out, int max) {
     DIR *d = opendir(dir);
     if (!d) return -1;
@@ -179,8 +183,12 @@ static int scan_versions(const char *dir, int64_t *out, int max) {
         if (!is_version_dir(e->d_name, &v)) continue;
         char path[4096];
         struct stat st;
-        snprintf(path, sizeof path, "%s/%s/model.onnx", dir, e->d_name);
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) out[n++] = v;
+        int found = 0;
+        for (int k = 0; k < 2 && !found; k++) {
+            snprintf(path, sizeof path, "%s/%s/%s", dir, e->d_name, k ? "tokenizer.json" : "model.onnx");
+            found = stat(path, &st) == 0 && S_ISREG(st.st_mode);
+        }
+        if (found) out[n++] = v;
     }
     closedir(d);
     qsort(out, (size_t)n, sizeof *out, cmp_i64);
@@ -249,12 +257,12 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     const char *name = v->name;
     int64_t ver = v->version;
     char path[4096], e2[512];
-    snprintf(path, sizeof path, "%s/%lld/model.onnx", mdir, (long long)ver);
     /* The configuration first: its optimization settings shape the engine. */
     if (cfg && model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2)) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s: %s", name, (long long)ver, cfg_file, e2);
         return -1;
     }
+    snprintf(path, sizeof path, "%s/%lld/%s", mdir, (long long)ver, version_file(&v->config));
     const char *be = r->backend;
     if (strcmp(v->config.instance_kind, "KIND_CPU") == 0) be = "cpu";
     /* Triton's optional inputs: an initializer the graph also lists as an
@@ -274,7 +282,12 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
                               .fp16 = v->config.precision_fp16,
                               .cuda_graphs = v->config.cuda_graphs ? 1 : -1,
                               .cpu_only = strcmp(be, "cpu") == 0,
-                              .max_run_bytes = r->max_request_memory};
+                              .max_run_bytes = r->max_request_memory,
+                              .tokenizer = v->config.tokenizer,
+                              .tokenizer_batched = v->config.max_batch_size > 0,
+                              .tokenizer_max_length = v->config.tokenizer_max_length};
+    for (int i = 0; i < v->config.ninputs; i++) /* a tokenizer takes pairs when its config lists TEXT_PAIR */
+        mp.tokenizer_pair |= strcmp(v->config.inputs[i].name, "TEXT_PAIR") == 0;
     v->model = model_load(&mp, e2, sizeof e2);
     free(defaults);
     if (!v->model) {

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # generated from the descriptors inside it (tools/grpc_descriptors.py).
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
 libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev libpcre2-dev \
-libnghttp2-dev python3-venv"
+libnghttp2-dev libutf8proc-dev python3-venv"
 TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl"
 DEBS="$BUILD_DEBS"
 [ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"
@@ -52,9 +52,10 @@ if [ "${KILN_BUILD_ONLY:-0}" = 1 ]; then
     fi
     exit 0
 fi
-if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
+if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ] || [ requirements-nodeps.txt -nt .venv/.stamp ]; then
     echo "bootstrap: creating .venv from requirements-dev.txt"
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
     .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    .venv/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
     touch .venv/.stamp
 fi

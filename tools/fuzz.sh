@@ -25,14 +25,14 @@ fi
 
 CFLAGS_FUZZ=(-std=c11 -g -O1 -fno-omit-frame-pointer -fopenmp -pthread -D_GNU_SOURCE -I. -I"$BUILD/gen"
              -fno-sanitize-recover=undefined -w)
-LIBS=(-ldnnl -lprotobuf-c -lcjson -levent -levent_pthreads -lhiredis -lsodium -lcrypto -lz -ldl -lm)
+LIBS=(-ldnnl -lprotobuf-c -lcjson -levent -levent_pthreads -lhiredis -lsodium -lcrypto -lpcre2-8 -lutf8proc -lz -ldl -lm)
 status=0
 for t in "${targets[@]}"; do
     src="tests/fuzz/$t.c"
     [ -f "$src" ] || { echo "fuzz: no $src" >&2; exit 2; }
     srcs=$(sed -n 's|^// *fuzz-sources: *||p' "$src" | head -1)
     if [ -z "$srcs" ]; then
-        srcs="common/*.c config/*.c models/*.c kernels/*.c kernels/cpu/*.c cache/*.c server/*.c commands/*.c"
+        srcs="common/*.c config/*.c models/*.c kernels/*.c kernels/cpu/*.c kernels/text/*.c cache/*.c server/*.c commands/*.c"
     fi
     # shellcheck disable=SC2086
     files=$(ls $srcs 2>/dev/null | grep -v '^commands/main\.c$' || true)
