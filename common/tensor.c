@@ -367,6 +367,26 @@ void tensor_strings_prefixed_write(const struct tensor *t, void *out) {
 
 /* ---- half and bfloat16 ---------------------------------------------------------- */
 
+double tensor_elem_f64(const struct tensor *t, int64_t i) {
+    const void *d = t->data;
+    switch (t->dtype) {
+    case DT_FP32: return ((const float *)d)[i];
+    case DT_FP64: return ((const double *)d)[i];
+    case DT_FP16: return fp16_to_fp32(((const uint16_t *)d)[i]);
+    case DT_BF16: return bf16_to_fp32(((const uint16_t *)d)[i]);
+    case DT_INT8: return ((const int8_t *)d)[i];
+    case DT_UINT8: return ((const uint8_t *)d)[i];
+    case DT_INT16: return ((const int16_t *)d)[i];
+    case DT_UINT16: return ((const uint16_t *)d)[i];
+    case DT_INT32: return ((const int32_t *)d)[i];
+    case DT_UINT32: return ((const uint32_t *)d)[i];
+    case DT_INT64: return (double)((const int64_t *)d)[i];
+    case DT_UINT64: return (double)((const uint64_t *)d)[i];
+    case DT_BOOL: return ((const uint8_t *)d)[i];
+    default: return 0;
+    }
+}
+
 float fp16_to_fp32(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
     if (exp == 0) {

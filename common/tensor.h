@@ -209,6 +209,11 @@ int tensor_strings_from_prefixed(struct tensor *t, const void *buf, size_t len, 
 size_t tensor_strings_prefixed_size(const struct tensor *t);
 void tensor_strings_prefixed_write(const struct tensor *t, void *out);
 
+/* Element i of a numeric t (every fixed-size dtype but the sub-byte and
+ * float8 ones, which give 0) as a double: exact but for 64-bit integers
+ * past 2^53. */
+double tensor_elem_f64(const struct tensor *t, int64_t i);
+
 /* IEEE half and bfloat16 conversions. */
 float fp16_to_fp32(uint16_t h);
 uint16_t fp32_to_fp16(float f);

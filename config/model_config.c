@@ -46,6 +46,7 @@ void model_config_clear(struct model_config *c) {
     io_clear(c->outputs, c->noutputs);
     model_warmup_clear(c);
     model_padding_clear(c);
+    model_embedding_clear(c);
     free(c->warnings);
     memset(c, 0, sizeof *c);
 }
@@ -422,7 +423,8 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
     }
     /* Triton's free-form parameters: string values under string_value.
      * kiln reads intra_op_thread_count (as Triton's onnxruntime backend
-     * does); other keys are ignored. */
+     * does) and the embedding keys (config/model_embedding.c); other keys
+     * are warned (config/model_fields.c). */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "parameters"))) {
         if (!cJSON_IsObject(v)) {
             rc = INVALID("config field 'parameters' must be an object of {\"string_value\": \"...\"} values");
@@ -452,6 +454,7 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             }
             c->tokenizer_max_length = n;
         }
+        if ((rc = model_embedding_parse(c, v, err, err_len))) goto out;
     }
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
         (rc = model_padding_parse(c, v, err, err_len)))
@@ -669,6 +672,7 @@ int model_config_complete(struct model_config *c, const struct model_io *inputs,
             return INVALID("config field 'input' does not list the model's input '%s'", inputs[i].name);
     rc = complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
     if (!rc) rc = model_padding_complete(c, inputs, ninputs, outputs, noutputs, err, err_len);
+    if (!rc) rc = model_embedding_check(c, err, err_len);
     return rc ? rc : model_warmup_check(c, err, err_len);
 }
 
@@ -790,11 +794,14 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *op = cJSON_AddObjectToObject(o, "optimization");
     cJSON_AddStringToObject(op, "precision", c->precision_fp16 ? "fp16" : "fp32");
     cJSON_AddBoolToObject(op, "cuda_graphs", c->cuda_graphs);
-    if (c->intra_op_threads > 0) {
-        char n[16];
-        snprintf(n, sizeof n, "%d", c->intra_op_threads);
+    if (c->intra_op_threads > 0 || c->embedding.enabled) {
         cJSON *pa = cJSON_AddObjectToObject(o, "parameters");
-        cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
+        if (c->intra_op_threads > 0) {
+            char n[16];
+            snprintf(n, sizeof n, "%d", c->intra_op_threads);
+            cJSON_AddStringToObject(cJSON_AddObjectToObject(pa, "intra_op_thread_count"), "string_value", n);
+        }
+        model_embedding_to_json(c, pa);
     }
     if (c->tokenizer_max_length > 0) {
         char n[24];

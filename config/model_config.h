@@ -114,6 +114,22 @@ struct model_padding {
     int warmup;                     /* build every (batch size, bucket) plan at load; default 1 */
 };
 
+/* A model served as text embeddings (config/model_embedding.c, from
+ * Triton's parameters: embedding_output and the keys beside it). */
+enum model_pooling { MODEL_POOL_AUTO = 0, MODEL_POOL_NONE, MODEL_POOL_MEAN, MODEL_POOL_CLS, MODEL_POOL_LAST };
+
+struct model_embedding {
+    int enabled;                    /* parameters.embedding_output given */
+    char *output;                   /* the output holding the embedding */
+    enum model_pooling pooling;     /* AUTO until checked: NONE for [H] per text, MEAN for [T, H] */
+    int normalize;                  /* L2; default 1 */
+    int truncate_dims;              /* a request's dimensions cut the vector (Matryoshka); default 0 */
+    char *tokenizer_file;           /* in the model's folder; default tokenizer.json */
+    int64_t max_tokens;             /* truncation; 0 = the tokenizer file's */
+    /* Set by model_embedding_check: the model's indices (-1: none). */
+    int output_index, ids, mask, types;
+};
+
 enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
 
 struct model_config {
@@ -161,6 +177,7 @@ struct model_config {
      * string_value, when given, replaces the file's truncation. */
     int tokenizer;
     int64_t tokenizer_max_length;
+    struct model_embedding embedding; /* parameters.embedding_output and the keys beside it */
     /* Fields accepted but ignored (config/model_fields.h), one line each
      * naming the field; NULL when none. Logged once at load. */
     char *warnings;
@@ -224,6 +241,15 @@ int model_padding_complete(struct model_config *c, const struct model_io *inputs
                            const struct model_io *outputs, int noutputs, char *err, size_t err_len);
 void model_padding_clear(struct model_config *c);
 cJSON *model_padding_to_json(const struct model_config *c);
+
+/* The embedding parameters (config/model_embedding.c): parses them from
+ * the parameters object; checks them against the completed inputs and
+ * outputs (and picks the pooling); adds them to a parameters object. */
+int model_embedding_parse(struct model_config *c, const cJSON *params, char *err, size_t err_len);
+int model_embedding_check(struct model_config *c, char *err, size_t err_len);
+void model_embedding_clear(struct model_config *c);
+void model_embedding_to_json(const struct model_config *c, cJSON *params);
+const char *model_embedding_pooling_name(enum model_pooling p);
 
 /* Shape out[0..ndim) from dims (at most one -1) holding count elements:
  * 0, or -1 when no such shape holds them. */

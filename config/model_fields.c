@@ -99,7 +99,11 @@ static const struct model_field fields[] = {
     {"default_model_filename", R, 0, "model.onnx", "kiln loads <version>/model.onnx"},
     {"cc_model_filenames", W, 0, NULL, "per-GPU model files (TensorRT); kiln loads model.onnx"},
     {"metric_tags", W, 0, NULL, "kiln's metrics carry no custom labels"},
-    {"parameters", H, 0, "intra_op_thread_count", "intra_op_thread_count: CPU threads per instance; other keys warned"},
+    {"parameters", H, 0,
+     "intra_op_thread_count embedding_output embedding_pooling embedding_normalize embedding_dimensions tokenizer_file "
+     "max_length",
+     "intra_op_thread_count: CPU threads per instance; embedding_output and the keys beside it: the model on "
+     "/v1/embeddings (docs/embeddings.md); other keys warned"},
     {"parameters.string_value", H, 0, NULL, ""},
     {"model_warmup", H, 0, NULL, "samples run on every instance at load"},
     {"model_warmup.name", H, 0, NULL, ""},
@@ -188,6 +192,18 @@ static int is_default(const ProtobufCFieldDescriptor *f, const cJSON *v) {
 
 static int walk_message(struct walk *w, const ProtobufCMessageDescriptor *d, const cJSON *obj, const char *prefix);
 
+/* 1 if key is one of the space-separated words of list. */
+static int key_listed(const char *list, const char *key) {
+    size_t n = strlen(key);
+    for (const char *p = list; *p;) {
+        const char *e = strchr(p, ' ');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && memcmp(p, key, n) == 0) return 1;
+        p += len + (e ? 1 : 0);
+    }
+    return 0;
+}
+
 /* An honoured message field's value(s): each message of a list or map is
  * walked with the field's path. */
 static int walk_value(struct walk *w, const struct model_field *e, const ProtobufCFieldDescriptor *f, const cJSON *v,
@@ -199,7 +215,7 @@ static int walk_value(struct walk *w, const struct model_field *e, const Protobu
         const ProtobufCFieldDescriptor *vf = &((const ProtobufCMessageDescriptor *)f->descriptor)->fields[1];
         const cJSON *m;
         cJSON_ArrayForEach(m, v) {
-            if (e->ok && m->string && strcmp(m->string, e->ok)) {
+            if (e->ok && m->string && !key_listed(e->ok, m->string)) {
                 char kp[300];
                 snprintf(kp, sizeof kp, "%s.%s", path, m->string);
                 int rc = warn(w, kp, "kiln reads no such key");

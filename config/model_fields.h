@@ -31,7 +31,7 @@ struct model_field {
     enum model_field_fate fate;
     unsigned flags;             /* MODEL_FIELD_* */
     /* Refused or warned fields: the one value that is honoured all the same
-     * (default_model_filename "model.onnx"). Maps: the one key honoured,
+     * (default_model_filename "model.onnx"). Maps: the keys honoured (space-separated),
      * other keys warned (parameters). NULL: none. */
     const char *ok;
     const char *why;            /* the reason (refused, warned) or what kiln does (honoured) */

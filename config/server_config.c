@@ -55,6 +55,7 @@ static const struct opt g_opts[] = {
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
     {"control-token", OPT_STR, "TOKEN", "", "require 'Authorization: Bearer TOKEN' for repository load/unload (an empty token is an error)"},
+    {"openai-api-keys", OPT_STR, "KEY[,KEY...]", "", "require 'Authorization: Bearer KEY' on /v1/ (OpenAI's API) with any of these keys (several, so that a key can be rotated; pass them through KILN_OPENAI_API_KEYS or the config file rather than the command line)"},
     {"allow-unauthenticated-control", OPT_BOOL, "", "false", "allow explicit/poll control without --control-token on a non-loopback address (logs a warning)"},
     {"max-model-instances", OPT_INT, "N", "4 x cores", "bound on a model's instances (its instance_group counts, summed); a load asking more gets 400"},
     {"max-intra-op-threads", OPT_INT, "N", "cores", "bound on a model's parameters.intra_op_thread_count; a load asking more gets 400"},
@@ -108,6 +109,7 @@ void server_config_clear(struct server_config *c) {
     free(c->log_format);
     for (int i = 0; i < c->nload_model; i++) free(c->load_model[i]);
     free(c->control_token);
+    free(c->openai_api_keys);
     free(c->redis_url);
     free(c->cache_secret);
     free(c->config_file);
@@ -295,6 +297,11 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         /* Empty once meant "no authentication": it must not turn it off by accident. */
         if (!*v) return BAD("an empty token would leave load and unload open: give a token, or leave it unset");
         set_str(&c->control_token, v);
+    } else if (strcmp(n, "openai-api-keys") == 0) {
+        /* Every key non-empty: ",k" or "k," would read as an empty key. */
+        if (!*v || strstr(v, ",,") || *v == ',' || v[strlen(v) - 1] == ',')
+            return BAD("expected one or more non-empty keys, separated by commas");
+        set_str(&c->openai_api_keys, v);
     }
     else if (strcmp(n, "redis-url") == 0) {
         if (*v && strncmp(v, "redis://", 8) && strncmp(v, "unix://", 7))

@@ -48,6 +48,7 @@ struct server_config {
     int repository_poll_secs;
     char *load_model[SERVER_CONFIG_MAX_LOAD]; /* names; "*" = all */
     int nload_model;
+    char *openai_api_keys;       /* comma-separated; NULL = /v1/ open */
     char *control_token;         /* NULL = load/unload open (allowed on loopback, or with the flag below) */
     int allow_unauthenticated_control; /* 1 = explicit/poll control without a token on any address */
     int max_model_instances;     /* bound on a model's instances (groups summed); 0 = 4 x cores */

@@ -9,14 +9,30 @@
 #include "common/status.h"
 #include "config/server_config.h"
 
-int access_token_ok(const struct server_config *cfg, const char *auth) {
-    const char *tok = cfg->control_token;
-    if (!tok) return 1;
+/* 1 when auth is "Bearer " and then tok[0..n): constant time in the token's content. */
+static int bearer_is(const char *auth, const char *tok, size_t n) {
     if (!auth || strncmp(auth, "Bearer ", 7) != 0) return 0;
     auth += 7;
-    size_t a = strlen(auth), b = strlen(tok);
-    /* Constant time in the token's content. */
-    return a == b && sodium_memcmp(auth, tok, b) == 0;
+    return strlen(auth) == n && sodium_memcmp(auth, tok, n) == 0;
+}
+
+int access_token_ok(const struct server_config *cfg, const char *auth) {
+    const char *tok = cfg->control_token;
+    return !tok || bearer_is(auth, tok, strlen(tok));
+}
+
+int access_api_key_ok(const struct server_config *cfg, const char *auth) {
+    const char *keys = cfg->openai_api_keys;
+    if (!keys) return 1;
+    int ok = 0;
+    /* Every key is compared, so that the time does not say which matched. */
+    for (const char *p = keys; *p;) {
+        const char *e = strchr(p, ',');
+        size_t n = e ? (size_t)(e - p) : strlen(p);
+        ok |= bearer_is(auth, p, n);
+        p += n + (e ? 1 : 0);
+    }
+    return ok;
 }
 
 int access_check(const struct server_config *cfg, const char *auth, enum access_action action, enum access_via via,

@@ -32,6 +32,11 @@ enum access_via { ACCESS_VIA_HTTP, ACCESS_VIA_GRPC };
  * content), or no token is set. */
 int access_token_ok(const struct server_config *cfg, const char *authorization);
 
+/* 1 when this Authorization value carries one of --openai-api-keys
+ * ("Bearer KEY", each compared in constant time in its content), or none is
+ * set: the check of OpenAI's API (/v1/). */
+int access_api_key_ok(const struct server_config *cfg, const char *authorization);
+
 /* STATUS_OK when a call carrying this Authorization value may do action;
  * else STATUS_DISABLED (the server was started without the feature) or
  * STATUS_UNAUTHENTICATED (the token is missing or wrong), with err saying

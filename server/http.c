@@ -42,6 +42,7 @@
 #include "server/kserve.h"
 #include "server/listen.h"
 #include "server/model_control.h"
+#include "server/openai.h"
 #include "server/upload.h"
 
 /* ==== replies ============================================================ */
@@ -735,6 +736,101 @@ static void route_stats(const struct http_call *c) {
 
 static void route_infer(const struct http_call *c) { handle_infer(c->srv, c->io, c->req, c->model, c->version); }
 
+/* ==== OpenAI's API (server/openai.h) ======================================== */
+
+/* An embeddings call's transport half. */
+struct http_openai {
+    http_server_t *srv;
+    struct evhttp_request *req;
+    struct evhttp_connection *conn;
+    openai_call_t *call;   /* while its texts run */
+    int gone;              /* libevent freed the connection */
+};
+
+static void reply_openai(http_server_t *s, struct evhttp_request *req, int code, char *body, size_t len) {
+    struct evbuffer *out = evhttp_request_get_output_buffer(req);
+    if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
+    else free(body);
+    compress_reply(req, out);
+    reply_send(s, req, code, "application/json");
+}
+
+static void openai_error(http_server_t *s, struct evhttp_request *req, int code, const char *msg, const char *code_s) {
+    size_t len;
+    char *body = openai_error_body(code, msg, NULL, code_s, &len);
+    reply_openai(s, req, code, body, len);
+}
+
+/* The API keys' check of every /v1/ route: 1 to go on, 0 once refused. */
+static int openai_allowed(const struct http_call *c) {
+    const char *auth = authorization(c->req);
+    if (access_api_key_ok(c->srv->cfg, auth)) return 1;
+    evhttp_add_header(evhttp_request_get_output_headers(c->req), "WWW-Authenticate", "Bearer");
+    openai_error(c->srv, c->req, 401,
+                 auth ? "Incorrect API key provided."
+                      : "You didn't provide an API key. You need to provide your API key in an Authorization header "
+                        "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                 "invalid_api_key");
+    return 0;
+}
+
+static void openai_conn_closed(struct evhttp_connection *conn, void *arg) {
+    struct http_openai *o = arg;
+    o->gone = 1;
+    openai_cancel(o->call);
+}
+
+static void openai_done(void *ctx, int code, char *body, size_t len) {
+    struct http_openai *o = ctx;
+    /* A request whose client left is still answered: libevent frees it. */
+    if (o->call && !o->gone) evhttp_connection_set_closecb(o->conn, NULL, NULL);
+    reply_openai(o->srv, o->req, code, body, len);
+    free(o);
+}
+
+static void route_embeddings(const struct http_call *c) {
+    http_server_t *s = c->srv;
+    char err[512];
+    int status;
+    if (!openai_allowed(c)) return;
+    if ((status = runtime_accepting(s->rt, err, sizeof err))) {
+        openai_error(s, c->req, status_http(status), err, NULL);
+        return;
+    }
+    size_t len;
+    int owned;
+    unsigned char *body = read_body(s, c->req, &len, &owned, &status, err, sizeof err);
+    if (!body || json_has_nul(body, len, err, sizeof err)) {
+        openai_error(s, c->req, body ? 400 : status_http(status), err, NULL);
+        if (owned) free(body);
+        return;
+    }
+    struct http_openai *o = calloc(1, sizeof *o);
+    if (!o) {
+        if (owned) free(body);
+        openai_error(s, c->req, 500, "out of memory", NULL);
+        return;
+    }
+    o->srv = s;
+    o->req = c->req;
+    o->conn = evhttp_request_get_connection(c->req);
+    struct openai_env env = {.core = s->core, .repo = s->repo, .thread = c->io->loop,
+                             .redis = runtime_loop_redis(c->io->loop)};
+    openai_call_t *call = openai_embeddings(&env, (const char *)body, len, openai_done, o);
+    if (owned) free(body);
+    if (!call) return; /* answered already; o is freed */
+    o->call = call;
+    evhttp_connection_set_closecb(o->conn, openai_conn_closed, o);
+}
+
+static void route_openai_models(const struct http_call *c) {
+    if (!openai_allowed(c)) return;
+    int code;
+    size_t len;
+    char *body = openai_models(c->srv->repo, c->model, &code, &len);
+    reply_openai(c->srv, c->req, code, body, len);
+}
+
 static void route_model_ready(const struct http_call *c) {
     char err[512];
     int status = 0;
@@ -765,6 +861,9 @@ static const struct http_route routes[] = {
     /* Inference first: it is most of the traffic, and no other route has its shape. */
     {"/v2/models/{model}/infer", POST, route_infer},
     {"/v2/models/{model}/versions/{version}/infer", POST, route_infer},
+    {"/v1/embeddings", POST, route_embeddings},
+    {"/v1/models", GET, route_openai_models},
+    {"/v1/models/{model}", GET, route_openai_models},
     {"/metrics", GET, route_metrics},
     {"/v2", GET, route_server_metadata},
     {"/v2/health/live", GET, route_live},

@@ -89,26 +89,6 @@ void kserve_error_body(struct buf *b, const char *msg) {
 
 /* ---- response encoding -------------------------------------------------- */
 
-static double elem_as_double(const struct tensor *t, int64_t i) {
-    const void *d = t->data;
-    switch (t->dtype) {
-    case DT_FP32: return ((const float *)d)[i];
-    case DT_FP64: return ((const double *)d)[i];
-    case DT_FP16: return fp16_to_fp32(((const uint16_t *)d)[i]);
-    case DT_BF16: return bf16_to_fp32(((const uint16_t *)d)[i]);
-    case DT_INT8: return ((const int8_t *)d)[i];
-    case DT_UINT8: return ((const uint8_t *)d)[i];
-    case DT_INT16: return ((const int16_t *)d)[i];
-    case DT_UINT16: return ((const uint16_t *)d)[i];
-    case DT_INT32: return ((const int32_t *)d)[i];
-    case DT_UINT32: return ((const uint32_t *)d)[i];
-    case DT_INT64: return (double)((const int64_t *)d)[i];
-    case DT_UINT64: return (double)((const uint64_t *)d)[i];
-    case DT_BOOL: return ((const uint8_t *)d)[i];
-    default: return 0;
-    }
-}
-
 /* Non-finite values as tritonclient writes them (python-rapidjson reads them
  * back); float-sized values as the shortest text that reads back as the same
  * float (jsonnum), doubles with all 17 digits. */
@@ -135,12 +115,12 @@ static void put_data_json(struct buf *b, const struct tensor *t) {
         switch (t->dtype) {
         case DT_FP32: put_double(b, ((const float *)t->data)[i], 1); break;
         case DT_FP64: put_double(b, ((const double *)t->data)[i], 0); break;
-        case DT_FP16: case DT_BF16: put_double(b, elem_as_double(t, i), 1); break;
+        case DT_FP16: case DT_BF16: put_double(b, tensor_elem_f64(t, i), 1); break;
         case DT_BOOL: buf_str(b, ((const uint8_t *)t->data)[i] ? "true" : "false"); break;
         case DT_INT64: put_i64(b, ((const int64_t *)t->data)[i]); break;
         case DT_UINT64: put_u64(b, ((const uint64_t *)t->data)[i]); break;
         case DT_STRING: kserve_buf_json_string(b, tensor_strs(t)[i].p, tensor_strs(t)[i].len); break;
-        default: put_i64(b, (int64_t)elem_as_double(t, i)); break; /* 8- to 32-bit integers: exact */
+        default: put_i64(b, (int64_t)tensor_elem_f64(t, i)); break; /* 8- to 32-bit integers: exact */
         }
     }
     buf_str(b, "]");
@@ -197,10 +177,10 @@ static void top_sift(struct top *h, int64_t n, int64_t at) {
 /* The k best of row[0, per) into h, best first. */
 static void top_k(const struct tensor *in, int64_t base, int64_t per, int64_t k, struct top *h) {
     if (k <= 0) return;
-    for (int64_t i = 0; i < k; i++) h[i] = (struct top){elem_as_double(in, base + i), i};
+    for (int64_t i = 0; i < k; i++) h[i] = (struct top){tensor_elem_f64(in, base + i), i};
     for (int64_t i = k / 2; i-- > 0;) top_sift(h, k, i);
     for (int64_t i = k; i < per; i++) {
-        struct top e = {elem_as_double(in, base + i), i};
+        struct top e = {tensor_elem_f64(in, base + i), i};
         if (top_before(&e, &h[0])) {
             h[0] = e;
             top_sift(h, k, 0);

@@ -15,6 +15,7 @@
 #include "common/file.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "kernels/text/tokenizer.h"
 #include "models/model.h"
 #include "server/instance.h"
 #include "server/metrics.h"
@@ -243,6 +244,7 @@ static struct repo_version *version_new(repository_t *r, const char *name, int64
 static void version_discard(struct repo_version *v) {
     batcher_free(v->batcher); /* its instances use the model */
     model_free(v->model);
+    tokenizer_free(v->tokenizer);
     model_config_clear(&v->config);
     free(v->name_);
     free(v);
@@ -358,6 +360,29 @@ static int version_read(repository_t *r, struct repo_version *v, const char *mdi
     return 0;
 }
 
+/* The largest tokenizer.json read (a large vocabulary's is ~20 MB). */
+#define TOKENIZER_MAX_FILE_BYTES ((int64_t)256 << 20)
+
+/* A model that serves embeddings: its tokenizer file, loaded. */
+static int version_tokenizer(struct repo_version *v, const char *mdir, char *err, size_t err_len) {
+    const struct model_embedding *e = &v->config.embedding;
+    if (!e->enabled) return 0;
+    char path[4096], e2[512], *json = NULL;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/%s", mdir, e->tokenizer_file);
+    int rc = file_read_regular(path, TOKENIZER_MAX_FILE_BYTES, &json, &len, e2, sizeof e2);
+    if (!rc) {
+        struct tokenizer_params tp = {.json = json, .len = len, .name = e->tokenizer_file, .max_length = e->max_tokens};
+        v->tokenizer = tokenizer_load(&tp, e2, sizeof e2);
+        if (!v->tokenizer) rc = STATUS_INVALID;
+    }
+    free(json);
+    if (rc)
+        ERR(rc, "model '%s' version %lld: parameters.embedding_output needs the tokenizer %s in the model's "
+            "folder: %s", v->name, (long long)v->version, e->tokenizer_file, e2);
+    return rc ? -1 : 0;
+}
+
 /* The runtime around the model: the padding buckets and room for their
  * plans, the instances on backend be and the batcher (inline runs as rep
  * says), warmed up before any request comes. */
@@ -438,6 +463,7 @@ static int version_admit(repository_t *r, struct repo_version *v, const char *be
         return -1;
     }
     v->load_ns = clock_now_ns() - t0;
+    v->loaded_at = (int64_t)time(NULL);
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
     log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
@@ -454,6 +480,7 @@ static struct repo_version *version_load(repository_t *r, const char *name, cons
     if (!v) return NULL;
     const char *be = NULL;
     if (version_read(r, v, mdir, cfg, cfg_len, cfg_file, &be, err, err_len) ||
+        version_tokenizer(v, mdir, err, err_len) ||
         version_start(r, v, mdir, be, err, err_len) ||
         version_admit(r, v, be, t0, err, err_len)) {
         version_discard(v);

@@ -30,6 +30,7 @@ typedef struct repository repository_t;
 typedef struct cJSON cJSON;
 struct metrics_model;
 struct upload_set;
+struct tokenizer;
 
 struct repo_version {
     const char *name;            /* the model's name */
@@ -40,7 +41,11 @@ struct repo_version {
     struct model_config config;  /* completed; inputs/outputs in the model's order */
     struct pad_spec pad;         /* padded batching, when config.padding.enable */
     struct metrics_model *metrics;
+    /* The model's tokenizer (kernels/text/tokenizer.h), when its
+     * configuration serves embeddings (config.embedding); NULL otherwise. */
+    struct tokenizer *tokenizer;
     uint64_t load_ns;
+    int64_t loaded_at;           /* when it became ready, Unix seconds */
     atomic_int refs;             /* private */
     repository_t *repo_;         /* private */
     char *name_;                 /* private: owns name */
