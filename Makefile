@@ -27,7 +27,7 @@ endif
 CPPFLAGS += -I. -I$(BUILD)/gen -D_GNU_SOURCE -MMD -MP
 CFLAGS += -std=c11 $(WARN) $(OPT) $(DEBUG) $(SANFLAGS) -fopenmp -pthread
 LDFLAGS += $(SANFLAGS) -fopenmp -pthread -rdynamic
-LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lpcre2-8 -lutf8proc -lz -ldl -lm
+LDLIBS += -levent -levent_pthreads -lcjson -lhiredis -ldnnl -lprotobuf-c -lnghttp2 -lsodium -lcrypto -lpcre2-8 -lutf8proc -ljpeg -lpng -lwebp -lz -ldl -lm
 
 # Every .c under these folders is part of libkiln, except commands/main.c.
 SRC_DIRS = common config graph models kernels kernels/cpu kernels/text cache server commands

@@ -16,6 +16,7 @@
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
+#   tokenizers  bench/tokenizer_speed.py  kiln's C tokenizers vs the `tokenizers` library, one thread each
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero. Only modelset may skip itself, with its
 # reason in the report, when torch (its generator's) is not installed.
@@ -33,7 +34,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2 tokenizers"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -79,6 +80,7 @@ TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
+TITLE[tokenizers]="Tokenizers: kiln's C tokenizers vs the tokenizers library"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -120,6 +122,11 @@ run_grpc() { ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh >"$OUT/grpc.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
 run_shm() { ROUNDS=${SHM_ROUNDS:-3} DURATION=${SHM_DURATION:-5} bench/shm.sh >"$OUT/shm.log" 2>&1; }
+run_tokenizers() {
+    "$PY" bench/tokenizer_speed.py --kiln "$KILN" --lines 20000 --rounds 3 --csv "$OUT/tokenizers.csv" \
+        >"$OUT/tokenizers.txt" 2>"$OUT/tokenizers.log" || return
+    cp "$OUT/tokenizers.txt" "$OUT/tokenizers.md"
+}
 run_modelset() { ROUNDS=${MODELSET_ROUNDS:-3} bench/modelset.sh >"$OUT/modelset.log" 2>&1; }
 # Most cloud CPUs users run on have AVX2 but not AVX-512: the set again with
 # CPUID answering as such a CPU for both engines (bench/cpuid_avx2.c).
@@ -439,6 +446,7 @@ PY
         mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
+        tokenizers) echo "Command: \`.venv/bin/python bench/tokenizer_speed.py --lines 20000 --rounds 3\` (\`kiln tokenize --bench 1\` vs Tokenizer.encode_batch with TOKENIZERS_PARALLELISM=false, the same tokenizer.json files and lines)" ;;
         esac
         echo
         section_file "$s"

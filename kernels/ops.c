@@ -10,7 +10,7 @@
 
 static const struct op_def *const g_tables[] = {
     op_defs_elementwise, op_defs_reduce, op_defs_shape, op_defs_grid, op_defs_resize, op_defs_nms, op_defs_scan, op_defs_nn, op_defs_ml, op_defs_ml_encode,
-    op_defs_rnn, op_defs_einsum, op_defs_softmax_fused, op_defs_attention, op_defs_signal, op_defs_string,
+    op_defs_rnn, op_defs_einsum, op_defs_softmax_fused, op_defs_attention, op_defs_signal, op_defs_string, op_defs_image,
     op_defs_contrib, op_defs_contrib_matmul, op_defs_contrib_qlinear,
 };
 

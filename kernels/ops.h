@@ -162,6 +162,7 @@ extern const struct op_def op_defs_einsum[];
 extern const struct op_def op_defs_attention[];
 extern const struct op_def op_defs_signal[];
 extern const struct op_def op_defs_string[];
+extern const struct op_def op_defs_image[];
 extern const struct op_def op_defs_contrib[];
 extern const struct op_def op_defs_contrib_matmul[];
 extern const struct op_def op_defs_contrib_qlinear[];

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # generated from the descriptors inside it (tools/grpc_descriptors.py).
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
 libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev libpcre2-dev \
-libnghttp2-dev libutf8proc-dev python3-venv"
+libnghttp2-dev libutf8proc-dev libjpeg62-turbo-dev libpng-dev libwebp-dev python3-venv"
 TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl"
 DEBS="$BUILD_DEBS"
 [ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"

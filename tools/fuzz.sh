@@ -25,7 +25,7 @@ fi
 
 CFLAGS_FUZZ=(-std=c11 -g -O1 -fno-omit-frame-pointer -fopenmp -pthread -D_GNU_SOURCE -I. -I"$BUILD/gen"
              -fno-sanitize-recover=undefined -w)
-LIBS=(-ldnnl -lprotobuf-c -lcjson -levent -levent_pthreads -lhiredis -lsodium -lcrypto -lpcre2-8 -lutf8proc -lz -ldl -lm)
+LIBS=(-ldnnl -lprotobuf-c -lcjson -levent -levent_pthreads -lhiredis -lsodium -lcrypto -lpcre2-8 -lutf8proc -ljpeg -lpng -lwebp -lz -ldl -lm)
 status=0
 for t in "${targets[@]}"; do
     src="tests/fuzz/$t.c"
