@@ -46,6 +46,7 @@ void model_config_clear(struct model_config *c) {
     io_clear(c->outputs, c->noutputs);
     model_warmup_clear(c);
     model_padding_clear(c);
+    model_ensemble_clear(c);
     free(c->warnings);
     memset(c, 0, sizeof *c);
 }
@@ -253,7 +254,20 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
      * backend's stand-in, and a model meant for another (TensorRT, Python,
      * PyTorch) would be served wrongly, so any other value is refused. */
     static const char *const served[][2] = {{"platform", "onnxruntime_onnx"}, {"backend", "onnxruntime"}};
-    for (size_t f = 0; f < sizeof served / sizeof served[0]; f++) {
+    /* The one other platform: an ensemble runs other models, no file of
+     * its own, so it names no backend. */
+    v = cJSON_GetObjectItemCaseSensitive(root, "platform");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "ensemble") == 0) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "backend");
+        if (cJSON_IsString(b) && *b->valuestring) {
+            rc = INVALID("ensemble '%s' must not name a backend (config field 'backend' is '%s')", c->name, b->valuestring);
+            goto out;
+        }
+        c->ensemble = 1;
+        free(c->platform);
+        if (!(c->platform = strdup("ensemble"))) { rc = STATUS_NOMEM; goto out; }
+    }
+    for (size_t f = 0; !c->ensemble && f < sizeof served / sizeof served[0]; f++) {
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, served[f][0]))) continue;
         if (!cJSON_IsString(v)) { rc = INVALID("config field '%s' must be a string", served[f][0]); goto out; }
         if (*v->valuestring && strcmp(v->valuestring, served[f][1])) {
@@ -437,6 +451,8 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             c->intra_op_threads = (int)n;
         }
     }
+    v = cJSON_GetObjectItemCaseSensitive(root, "ensemble_scheduling");
+    if ((v || c->ensemble) && (rc = model_ensemble_parse(c, v, err, err_len))) goto out;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
         (rc = model_padding_parse(c, v, err, err_len)))
         goto out;
@@ -738,7 +754,7 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "platform", c->platform);
-    cJSON_AddStringToObject(o, "backend", "onnxruntime");
+    if (!c->ensemble) cJSON_AddStringToObject(o, "backend", "onnxruntime");
     cJSON *vp = cJSON_AddObjectToObject(o, "version_policy");
     if (c->version_policy == MODEL_VERSIONS_ALL) cJSON_AddObjectToObject(vp, "all");
     else if (c->version_policy == MODEL_VERSIONS_SPECIFIC) {
@@ -783,5 +799,6 @@ cJSON *model_config_to_json(const struct model_config *c) {
     if (c->padding.given || c->padding.ninputs)
         cJSON_AddItemToObject(o, "sequence_padding", model_padding_to_json(c));
     if (c->nwarmup) cJSON_AddItemToObject(o, "model_warmup", model_warmup_to_json(c));
+    if (c->ensemble) cJSON_AddItemToObject(o, "ensemble_scheduling", model_ensemble_to_json(c));
     return o;
 }

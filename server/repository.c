@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "models/model.h"
+#include "server/ensemble.h"
 #include "server/instance.h"
 #include "server/metrics.h"
 #include "server/upload.h"
@@ -31,6 +32,9 @@ struct entry {
     struct repo_version **versions; /* ascending */
     int nversions;
     uint64_t signature;             /* poll: hash of file names, sizes and mtimes */
+    /* An ensemble's step models ("\n" after each name), from its last load
+     * attempt, loaded or refused: a load of one of them loads it again. */
+    char *steps;
 };
 
 struct repository {
@@ -62,6 +66,7 @@ struct repository {
 /* ---- versions and the reaper -------------------------------------------- */
 
 static void version_destroy(struct repo_version *v) {
+    ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* drains what is queued and joins the instances */
     model_free(v->model);
     model_config_clear(&v->config);
@@ -168,8 +173,9 @@ static int cmp_i64(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Versions present under dir (with a model.onnx), ascending. */
-static int scan_versions(const char *dir, int64_t *out, int max) {
+/* Versions present under dir (with a model.onnx, unless ensemble: an
+ * ensemble's version folders hold nothing), ascending. */
+static int scan_versions(const char *dir, int64_t *out, int max, int ensemble) {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int n = 0;
@@ -179,8 +185,8 @@ static int scan_versions(const char *dir, int64_t *out, int max) {
         if (!is_version_dir(e->d_name, &v)) continue;
         char path[4096];
         struct stat st;
-        snprintf(path, sizeof path, "%s/%s/model.onnx", dir, e->d_name);
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) out[n++] = v;
+        snprintf(path, sizeof path, "%s/%s%s", dir, e->d_name, ensemble ? "" : "/model.onnx");
+        if (stat(path, &st) == 0 && (ensemble ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode))) out[n++] = v;
     }
     closedir(d);
     qsort(out, (size_t)n, sizeof *out, cmp_i64);
@@ -233,6 +239,7 @@ static struct repo_version *version_new(repository_t *r, const char *name, int64
 }
 
 static void version_discard(struct repo_version *v) {
+    ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* its instances use the model */
     model_free(v->model);
     model_config_clear(&v->config);
@@ -427,19 +434,49 @@ static int version_admit(repository_t *r, struct repo_version *v, const char *be
     v->load_ns = clock_now_ns() - t0;
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
-    log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
-             (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
-             c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    if (v->ensemble)
+        log_info("loaded ensemble '%s' version %lld in %.1f ms (%d steps, max_batch_size %d)", name, (long long)ver,
+                 (double)v->load_ns / 1e6, c->nsteps, c->max_batch_size);
+    else
+        log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
+                 (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
+                 c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    return 0;
+}
+
+/* An ensemble's load phase: its configuration, its output labels and its
+ * steps checked against the step models loaded now (server/ensemble.h). */
+static int version_read_ensemble(repository_t *r, struct repo_version *v, const char *mdir, const char *cfg,
+                                 size_t cfg_len, const char *cfg_file, char *err, size_t err_len) {
+    char e2[512];
+    int rc = model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2);
+    if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
+    if (rc) {
+        ERR(rc, "model '%s' version %lld: %s: %s", v->name, (long long)v->version, cfg_file, e2);
+        return -1;
+    }
+    if (!(v->ensemble = ensemble_create(r, &v->config, e2, sizeof e2))) {
+        ERR(STATUS_UNAVAILABLE, "model '%s' version %lld: %s", v->name, (long long)v->version, e2);
+        return -1;
+    }
     return 0;
 }
 
 static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
-                                         const char *cfg, size_t cfg_len, const char *cfg_file, char *err,
-                                         size_t err_len) {
+                                         const char *cfg, size_t cfg_len, const char *cfg_file, int ensemble,
+                                         char *err, size_t err_len) {
     uint64_t t0 = clock_now_ns();
     struct repo_version *v = version_new(r, name, ver);
     if (!v) return NULL;
     const char *be = NULL;
+    if (ensemble) {
+        if (version_read_ensemble(r, v, mdir, cfg, cfg_len, cfg_file, err, err_len) ||
+            version_admit(r, v, "ensemble", t0, err, err_len)) {
+            version_discard(v);
+            return NULL;
+        }
+        return v;
+    }
     if (version_read(r, v, mdir, cfg, cfg_len, cfg_file, &be, err, err_len) ||
         version_start(r, v, mdir, be, err, err_len) ||
         version_admit(r, v, be, t0, err, err_len)) {
@@ -513,6 +550,58 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
 static int load_checked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
                         char *err, size_t err_len);
 
+/* Remembers which models an ensemble's steps name (none: not an ensemble). */
+static void entry_set_steps(repository_t *r, const char *name, const struct model_config *c) {
+    size_t n = 1;
+    for (int s = 0; s < c->nsteps; s++) n += strlen(c->steps[s].model_name) + 1;
+    char *steps = c->nsteps ? malloc(n) : NULL;
+    if (steps) {
+        steps[0] = 0;
+        for (int s = 0; s < c->nsteps; s++) strcat(strcat(steps, c->steps[s].model_name), "\n");
+    }
+    pthread_rwlock_wrlock(&r->lock);
+    struct entry *e = entry_get(r, name);
+    if (e) {
+        free(e->steps);
+        e->steps = steps;
+        steps = NULL;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    free(steps);
+}
+
+/* Loads again every ensemble whose steps name model `name`, just loaded:
+ * one refused while it was missing now loads, one loaded is checked
+ * against the new version. Ensembles of ensembles follow, a few levels. */
+static void reload_dependents(repository_t *r, const char *name, int depth) {
+    if (depth > 4) return;
+    char line[256];
+    snprintf(line, sizeof line, "%s\n", name);
+    pthread_rwlock_rdlock(&r->lock);
+    char **deps = calloc((size_t)r->nentries + 1, sizeof *deps);
+    int n = 0;
+    for (int i = 0; deps && i < r->nentries; i++) {
+        const char *st = r->entries[i].steps;
+        /* A name at the list's start or after a newline. */
+        for (const char *p = st; p && (p = strstr(p, line)); p++)
+            if (p == st || p[-1] == '\n') {
+                deps[n++] = strdup(r->entries[i].name);
+                break;
+            }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    for (int i = 0; i < n; i++) {
+        char err[512];
+        if (!deps[i]) continue;
+        if (load_checked(r, deps[i], NULL, NULL, err, sizeof err) == 0) {
+            log_info("ensemble '%s' loaded again after model '%s' was", deps[i], name);
+            reload_dependents(r, deps[i], depth + 1);
+        } else log_warn("ensemble '%s' not loaded after model '%s' was: %s", deps[i], name, err);
+        free(deps[i]);
+    }
+    free(deps);
+}
+
 /* The lifecycle phase of a load: the versions loaded (nv[0..nw), rc 0)
  * replace the entry's, which retire once their last request is done; after
  * a failure (rc) the ones loaded are released and the old versions keep
@@ -537,6 +626,7 @@ static int versions_publish(repository_t *r, const char *name, struct repo_versi
 static int load_locked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
                        char *err, size_t err_len) {
     int rc = load_checked(r, name, override, up, err, err_len);
+    if (!rc) reload_dependents(r, name, 0);
     if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
     if (rc && err) relative_to_root(r, err);
     return rc;
@@ -591,14 +681,6 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
         return ERR(STATUS_NOT_FOUND, "failed to poll from model repository: model '%s' is not in it", name);
     uint64_t sig = dir_signature(mdir, 2);
-    int64_t present[256];
-    int np = scan_versions(mdir, present, 256);
-    if (up && up->n && np > 0) np = versions_uploaded(up, present, np);
-    if (np <= 0) {
-        ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
-        entry_set_state(r, name, ST_UNAVAILABLE, err);
-        return STATUS_INVALID;
-    }
     size_t cfg_len = 0;
     char e2[4400];
     char *cfg = NULL;
@@ -620,6 +702,20 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     model_config_init(&pc, name);
     if (cfg && (model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2) || check_bounds(r, &pc, e2, sizeof e2))) {
         ERR(STATUS_INVALID, "model '%s': %s: %s", name, cfg_file, e2);
+        model_config_clear(&pc);
+        free(cfg);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    /* An ensemble's versions are folders without files; none is version 1. */
+    int ensemble = pc.ensemble;
+    entry_set_steps(r, name, &pc);
+    int64_t present[256];
+    int np = scan_versions(mdir, present, 256, ensemble);
+    if (up && up->n && np > 0) np = versions_uploaded(up, present, np);
+    if (np <= 0 && ensemble) present[np = 0, np++] = 1;
+    if (np <= 0) {
+        ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
         model_config_clear(&pc);
         free(cfg);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
@@ -654,7 +750,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     struct repo_version **nv = calloc((size_t)nw, sizeof *nv);
     int rc = nv ? 0 : STATUS_NOMEM;
     for (int i = 0; !rc && i < nw; i++) {
-        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, cfg_file, err, err_len);
+        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, cfg_file, ensemble, err, err_len);
         if (!nv[i]) rc = STATUS_INVALID;
     }
     free(cfg);
@@ -734,6 +830,22 @@ static int list_folders(repository_t *r, char ***out) {
     return n;
 }
 
+/* 1 if the folder's configuration says platform "ensemble". */
+static int folder_is_ensemble(const repository_t *r, const char *name) {
+    char mdir[4096], e2[512];
+    snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
+    char *cfg = NULL;
+    size_t len = 0;
+    const char *file;
+    if (model_config_read_file(mdir, &cfg, &len, &file, e2, sizeof e2)) return 0;
+    cJSON *o = cJSON_ParseWithLength(cfg, len);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "platform");
+    int yes = cJSON_IsString(p) && strcmp(p->valuestring, "ensemble") == 0;
+    cJSON_Delete(o);
+    free(cfg);
+    return yes;
+}
+
 int repository_load_all(repository_t *r) {
     char **names;
     int n = list_folders(r, &names), failed = 0;
@@ -741,11 +853,12 @@ int repository_load_all(repository_t *r) {
         log_error("model repository %s: %s", r->root, strerror(errno));
         return 1;
     }
+    /* Ensembles last: their steps' models are loaded by then. */
     char err[512];
-    for (int i = 0; i < n; i++) {
-        if (repository_load(r, names[i], err, sizeof err)) failed++;
-        free(names[i]);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++)
+            if (folder_is_ensemble(r, names[i]) == pass && repository_load(r, names[i], err, sizeof err)) failed++;
+    for (int i = 0; i < n; i++) free(names[i]);
     free(names);
     return failed;
 }
@@ -970,6 +1083,7 @@ void repository_free(repository_t *r) {
     pthread_join(r->reaper, NULL);
     for (int i = 0; i < r->nentries; i++) {
         free(r->entries[i].name);
+        free(r->entries[i].steps);
         free(r->entries[i].versions);
     }
     free(r->entries);
