@@ -117,12 +117,44 @@ static void dims_str(const int64_t *d, int n, char *buf, size_t len) {
     if (n < 0) snprintf(buf, len, "any");
 }
 
-/* What one tensor is: where its data type and dims come from. */
+/* What one tensor is, as the configuration that gives it says: its data
+ * type, its dims without a batch dim and its whole shape (with one when
+ * that configuration batches). */
 struct tinfo {
     enum dtype dtype;
-    int ndim;
-    int64_t dims[TENSOR_MAX_DIMS];
+    int ndim, nfull;
+    int64_t dims[TENSOR_MAX_DIMS], full[TENSOR_MAX_DIMS];
 };
+
+static void tinfo_set(struct tinfo *t, const struct model_config *mc, const struct model_config_io *io) {
+    t->dtype = io->dtype;
+    t->ndim = io->ndim;
+    for (int d = 0; d < io->ndim; d++) t->dims[d] = io->dims[d];
+    t->nfull = full_dims(mc, io, t->full);
+}
+
+/* Triton's rule: the shapes agree without the batch dim, or whole (a
+ * tensor a non-batching model gives as [-1, d...] to one that batches
+ * [d...], and the other way). */
+static int tinfo_agree(const struct tinfo *a, const struct tinfo *b) {
+    return dims_agree(a->dims, a->ndim, b->dims, b->ndim) || dims_agree(a->full, a->nfull, b->full, b->nfull);
+}
+
+/* A tensor handed between a model that batches and one that does not:
+ * given to a batching model with the rank of its dims (no batch dim), it
+ * gets a batch of 1; given to a non-batching one as a batch of 1 with one
+ * dim too many, it loses it. A view: the data stays. */
+void ensemble_fit_batch(const struct model_config *mc, const struct model_config_io *io, struct tensor *t) {
+    if (io->ndim < 0) return;
+    if (mc->max_batch_size > 0 && t->ndim == io->ndim && t->ndim < TENSOR_MAX_DIMS) {
+        memmove(t->dims + 1, t->dims, (size_t)t->ndim * sizeof t->dims[0]);
+        t->dims[0] = 1;
+        t->ndim++;
+    } else if (mc->max_batch_size == 0 && t->ndim == io->ndim + 1 && t->dims[0] == 1) {
+        memmove(t->dims, t->dims + 1, (size_t)(t->ndim - 1) * sizeof t->dims[0]);
+        t->ndim--;
+    }
+}
 
 void ensemble_free(ensemble_t *e) {
     if (!e) return;
@@ -138,16 +170,25 @@ void ensemble_free(ensemble_t *e) {
     free(e);
 }
 
+/* An ensemble output without labels of its own takes those of the step
+ * model output that produces it, as Triton's classification does. */
+static int inherit_labels(struct model_config_io *out, const struct model_config_io *from) {
+    if (out->nlabels || !from->nlabels) return 0;
+    out->labels = calloc((size_t)from->nlabels, sizeof *out->labels);
+    if (!out->labels) return STATUS_NOMEM;
+    for (int i = 0; i < from->nlabels; i++) {
+        if (!(out->labels[i] = strdup(from->labels[i]))) return STATUS_NOMEM;
+        out->nlabels = i + 1;
+    }
+    return 0;
+}
+
 /* The step models against the ensemble (ensemble_create's checks after the
  * data flow, which the configuration's parser made). */
-static int check_steps(ensemble_t *e, char *err, size_t err_len) {
-    const struct model_config *c = e->c;
+static int check_steps(ensemble_t *e, struct model_config *c, char *err, size_t err_len) {
     struct tinfo *ti = calloc((size_t)e->ntensors, sizeof *ti);
     if (!ti) return ERR(STATUS_NOMEM, "out of memory");
-    for (int i = 0; i < c->ninputs; i++) {
-        ti[i].dtype = c->inputs[i].dtype;
-        ti[i].ndim = full_dims(c, &c->inputs[i], ti[i].dims);
-    }
+    for (int i = 0; i < c->ninputs; i++) tinfo_set(&ti[i], c, &c->inputs[i]);
     int rc = 0;
     struct repo_version **sv = calloc((size_t)c->nsteps, sizeof *sv);
     if (!sv) rc = ERR(STATUS_NOMEM, "out of memory");
@@ -165,9 +206,9 @@ static int check_steps(ensemble_t *e, char *err, size_t err_len) {
             break;
         }
         const struct model_config *mc = &sv[s]->config;
-        if (c->max_batch_size > 0 && mc->max_batch_size < c->max_batch_size) {
+        if (c->max_batch_size > 0 && mc->max_batch_size > 0 && mc->max_batch_size < c->max_batch_size) {
             rc = ERR(STATUS_INVALID, "ensemble '%s' step %d: model '%s' has max_batch_size %d, less than the "
-                     "ensemble's %d: every step must take the ensemble's batches", c->name, s, st->model_name,
+                     "ensemble's %d: a step that batches must take the ensemble's batches", c->name, s, st->model_name,
                      mc->max_batch_size, c->max_batch_size);
             break;
         }
@@ -178,9 +219,9 @@ static int check_steps(ensemble_t *e, char *err, size_t err_len) {
                          "not have", c->name, s, st->output_map[k].key, st->model_name);
                 break;
             }
-            struct tinfo *t = &ti[e->steps[s].out_tensor[k]];
-            t->dtype = mc->outputs[j].dtype;
-            t->ndim = full_dims(mc, &mc->outputs[j], t->dims);
+            tinfo_set(&ti[e->steps[s].out_tensor[k]], mc, &mc->outputs[j]);
+            int o = model_config_find_output(c, st->output_map[k].value);
+            if (o >= 0 && inherit_labels(&c->outputs[o], &mc->outputs[j])) rc = ERR(STATUS_NOMEM, "out of memory");
         }
     }
     /* What each step reads, against its model's inputs. */
@@ -196,15 +237,15 @@ static int check_steps(ensemble_t *e, char *err, size_t err_len) {
                 break;
             }
             const struct tinfo *t = &ti[e->steps[s].in_tensor[k]];
-            int64_t md[TENSOR_MAX_DIMS];
-            int mn = full_dims(mc, &mc->inputs[j], md);
+            struct tinfo m;
+            tinfo_set(&m, mc, &mc->inputs[j]);
             if (t->dtype != mc->inputs[j].dtype)
                 rc = ERR(STATUS_INVALID, "ensemble '%s' step %d: tensor '%s' is %s but input '%s' of model '%s' is %s",
                          c->name, s, tn, dtype_kserve_name(t->dtype), in, st->model_name,
                          dtype_kserve_name(mc->inputs[j].dtype));
-            else if (!dims_agree(t->dims, t->ndim, md, mn)) {
-                dims_str(t->dims, t->ndim, a, sizeof a);
-                dims_str(md, mn, b, sizeof b);
+            else if (!tinfo_agree(t, &m)) {
+                dims_str(t->full, t->nfull, a, sizeof a);
+                dims_str(m.full, m.nfull, b, sizeof b);
                 rc = ERR(STATUS_INVALID, "ensemble '%s' step %d: tensor '%s' has shape %s but input '%s' of model "
                          "'%s' takes %s", c->name, s, tn, a, in, st->model_name, b);
             }
@@ -220,16 +261,16 @@ static int check_steps(ensemble_t *e, char *err, size_t err_len) {
     /* The ensemble's outputs, against what produces them. */
     for (int i = 0; !rc && i < c->noutputs; i++) {
         const struct tinfo *t = &ti[e->out_tensor[i]];
-        int64_t od[TENSOR_MAX_DIMS];
-        int on = full_dims(c, &c->outputs[i], od);
+        struct tinfo o;
+        tinfo_set(&o, c, &c->outputs[i]);
         int s = e->producer[e->out_tensor[i]];
         if (t->dtype != c->outputs[i].dtype)
             rc = ERR(STATUS_INVALID, "ensemble '%s': output '%s' is %s but step %d (model '%s') produces %s", c->name,
                      c->outputs[i].name, dtype_kserve_name(c->outputs[i].dtype), s, c->steps[s].model_name,
                      dtype_kserve_name(t->dtype));
-        else if (!dims_agree(t->dims, t->ndim, od, on)) {
-            dims_str(od, on, a, sizeof a);
-            dims_str(t->dims, t->ndim, b, sizeof b);
+        else if (!tinfo_agree(t, &o)) {
+            dims_str(o.full, o.nfull, a, sizeof a);
+            dims_str(t->full, t->nfull, b, sizeof b);
             rc = ERR(STATUS_INVALID, "ensemble '%s': output '%s' has shape %s but step %d (model '%s') produces %s",
                      c->name, c->outputs[i].name, a, s, c->steps[s].model_name, b);
         }
@@ -240,7 +281,7 @@ static int check_steps(ensemble_t *e, char *err, size_t err_len) {
     return rc;
 }
 
-ensemble_t *ensemble_create(repository_t *repo, const struct model_config *c, char *err, size_t err_len) {
+ensemble_t *ensemble_create(repository_t *repo, struct model_config *c, char *err, size_t err_len) {
     ensemble_t *e = calloc(1, sizeof *e);
     if (!e) {
         ERR(STATUS_NOMEM, "out of memory");
@@ -288,7 +329,7 @@ ensemble_t *ensemble_create(repository_t *repo, const struct model_config *c, ch
         }
     }
     for (int i = 0; i < c->noutputs; i++) e->out_tensor[i] = tensor_index(e, e->ntensors, c->outputs[i].name);
-    if (check_steps(e, err, err_len)) {
+    if (check_steps(e, c, err, err_len)) {
         ensemble_free(e);
         return NULL;
     }
@@ -320,6 +361,7 @@ static void run_complete(struct ensemble_run *run) {
         for (int k = 0; k < e->c->noutputs; k++) {
             int t = e->out_tensor[k];
             br->outputs[k] = run->pool[t];
+            ensemble_fit_batch(e->c, &e->c->outputs[k], &br->outputs[k]);
             run->owned[t] = 0;
         }
         br->noutputs = e->c->noutputs;
@@ -463,12 +505,15 @@ static void step_launch(struct step_run *s) {
     memset(&kr, 0, sizeof kr);
     kr.inputs = s->kin;
     kr.ninputs = st->ninput_map;
+    const struct model_config *mc = &s->v->config;
     for (int k = 0; k < st->ninput_map; k++) {
         s->kin[k].name = st->input_map[k].key;
         s->kin[k].t = run->pool[es->in_tensor[k]];
+        int j = model_config_find_input(mc, st->input_map[k].key);
+        if (j >= 0) ensemble_fit_batch(mc, &mc->inputs[j], &s->kin[k].t);
     }
     char err[256];
-    int rc = kserve_request_bind(&kr, &s->v->config, s->ordered, &s->br.rows, err, sizeof err);
+    int rc = kserve_request_bind(&kr, mc, s->ordered, &s->br.rows, err, sizeof err);
     if (rc) {
         step_finish(s, rc, err);
         return;

@@ -45,9 +45,11 @@ struct ensemble_run;
  * reads agree with the step model's input; every input a step model needs
  * is mapped; the ensemble's outputs agree with what produces them.
  * max_batch_size: a batching ensemble's steps must batch at least as much.
- * Errors name the step, its model and the tensor. c is borrowed and
- * outlives the ensemble (the repo_version's own). NULL with err set. */
-ensemble_t *ensemble_create(repository_t *repo, const struct model_config *c, char *err, size_t err_len);
+ * Errors name the step, its model and the tensor. An output without
+ * labels of its own gets those of the step output that produces it (for
+ * classification). c is borrowed and outlives the ensemble (the
+ * repo_version's own). NULL with err set. */
+ensemble_t *ensemble_create(repository_t *repo, struct model_config *c, char *err, size_t err_len);
 /* NULL is a no-op. No request may be running. */
 void ensemble_free(ensemble_t *e);
 /* 1 if step model name is one of e's. */
@@ -62,6 +64,12 @@ int ensemble_schedule(struct repo_version *v, struct batcher_request *br, struct
 /* batcher_cancel for a request ensemble_schedule took: a run's steps still
  * queued are dropped and it ends STATUS_CANCELLED; steps running complete. */
 void ensemble_unschedule(struct repo_version *v, struct batcher_request *br, struct ensemble_run *run);
+/* A tensor between a model that batches and one that does not (Triton
+ * compares an ensemble's shapes without the batch dim or whole): for mc
+ * and its input or output io, one without a batch dim gets a batch of 1
+ * when mc batches; one batch of 1 loses the batch dim when mc does not. A
+ * view: only t's dims change. */
+void ensemble_fit_batch(const struct model_config *mc, const struct model_config_io *io, struct tensor *t);
 /* After done(); NULL is a no-op. Releases the step models. */
 void ensemble_run_free(struct ensemble_run *run);
 

@@ -830,20 +830,27 @@ static int list_folders(repository_t *r, char ***out) {
     return n;
 }
 
-/* 1 if the folder's configuration says platform "ensemble". */
-static int folder_is_ensemble(const repository_t *r, const char *name) {
+/* The folder's configuration parsed into c (model_config_init'ed): 1 if
+ * it is an ensemble's, else 0 (whatever its errors: the load says them). */
+static int folder_ensemble(const repository_t *r, const char *name, struct model_config *c) {
     char mdir[4096], e2[512];
     snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
     char *cfg = NULL;
     size_t len = 0;
     const char *file;
     if (model_config_read_file(mdir, &cfg, &len, &file, e2, sizeof e2)) return 0;
-    cJSON *o = cJSON_ParseWithLength(cfg, len);
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(o, "platform");
-    int yes = cJSON_IsString(p) && strcmp(p->valuestring, "ensemble") == 0;
-    cJSON_Delete(o);
+    int yes = model_config_parse(c, cfg, len, e2, sizeof e2) == 0 && c->ensemble;
     free(cfg);
     return yes;
+}
+
+/* Whether ensemble c (folder i) must wait for another ensemble folder of
+ * names, not yet loaded, that one of its steps names. */
+static int waits_for_ensemble(const struct model_config *c, char **names, const int *pending, int n, int i) {
+    for (int s = 0; s < c->nsteps; s++)
+        for (int j = 0; j < n; j++)
+            if (j != i && pending[j] && strcmp(names[j], c->steps[s].model_name) == 0) return 1;
+    return 0;
 }
 
 int repository_load_all(repository_t *r) {
@@ -853,12 +860,35 @@ int repository_load_all(repository_t *r) {
         log_error("model repository %s: %s", r->root, strerror(errno));
         return 1;
     }
-    /* Ensembles last: their steps' models are loaded by then. */
+    /* Models first, then ensembles, each after the ensembles its steps
+     * name (a cycle among them loads as it is, and is refused). */
     char err[512];
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++)
-            if (folder_is_ensemble(r, names[i]) == pass && repository_load(r, names[i], err, sizeof err)) failed++;
-    for (int i = 0; i < n; i++) free(names[i]);
+    struct model_config *cs = calloc((size_t)n + 1, sizeof *cs);
+    int *pending = calloc((size_t)n + 1, sizeof *pending);
+    for (int i = 0; i < n; i++) {
+        if (cs && pending) {
+            model_config_init(&cs[i], names[i]);
+            pending[i] = folder_ensemble(r, names[i], &cs[i]);
+        }
+        if (!(pending && pending[i]) && repository_load(r, names[i], err, sizeof err)) failed++;
+    }
+    for (int progress = 1; cs && pending && progress;) {
+        progress = 0;
+        for (int i = 0; i < n; i++) {
+            if (!pending[i] || waits_for_ensemble(&cs[i], names, pending, n, i)) continue;
+            pending[i] = 0;
+            progress = 1;
+            if (repository_load(r, names[i], err, sizeof err)) failed++;
+        }
+    }
+    for (int i = 0; cs && pending && i < n; i++)
+        if (pending[i] && repository_load(r, names[i], err, sizeof err)) failed++;
+    for (int i = 0; i < n; i++) {
+        if (cs) model_config_clear(&cs[i]);
+        free(names[i]);
+    }
+    free(cs);
+    free(pending);
     free(names);
     return failed;
 }

@@ -98,9 +98,14 @@ def write_ensemble(root, name, config, pbtxt=None):
 
 
 def step_models(root):
-    for name, g in (("pre", pre_graph()), ("neg", neg_graph()), ("sq", sq_graph()), ("add", add_graph()),
-                    ("look", look_graph())):
+    for name, g in (("pre", pre_graph()), ("neg", neg_graph()), ("add", add_graph()), ("look", look_graph())):
         save_model(root, name, g, config=json.dumps(BATCHED))
+    # Labels for classification, which ensembles of sq take from it.
+    save_model(root, "sq", sq_graph(), config=json.dumps(dict(BATCHED, output=[{"name": "y", "label_filename": "l.txt"}])))
+    (root / "sq" / "l.txt").write_text("a\nb\nc\nd\n")
+    # A model that does not batch: whole tensors of any rows.
+    cfg = {"input": [io("x", dims=(-1, 4))], "output": [io("y", dims=(-1, 4))]}
+    save_model(root, "nbneg", neg_graph(), config=json.dumps(cfg))
 
 
 def build(root):
@@ -124,6 +129,12 @@ ensemble_scheduling {
   ]
 }
 """)
+    # A non-batching ensemble over a batching step, and the other way.
+    write_ensemble(root, "nobatch_ens", ensemble_config(
+        "nobatch_ens", [step("pre", {"x": "IN"}, {"y": "OUT"})], [io("IN")], [io("OUT")], max_batch_size=0))
+    write_ensemble(root, "batch_to_nobatch", ensemble_config(
+        "batch_to_nobatch", [step("pre", {"x": "IN"}, {"y": "mid"}), step("nbneg", {"x": "mid"}, {"y": "OUT"})],
+        [io("IN")], [io("OUT")]))
     write_ensemble(root, "failing", ensemble_config(
         "failing", [step("pre", {"x": "IN"}, {"y": "mid"}), step("look", {"x": "mid"}, {"y": "looked"}),
                     step("neg", {"x": "looked"}, {"y": "OUT"})],
@@ -190,6 +201,20 @@ def test_answers_equal_steps_run_by_hand(ens_server):
             c.close()
 
 
+def test_batching_and_non_batching_steps(ens_server):
+    """A tensor between a model that batches and one that does not: a batch
+    of 1 added or dropped, as Triton compares shapes with or without it."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for mod, c in clients(ens_server):
+        try:
+            r = infer(mod, c, "nobatch_ens", x[0])
+            np.testing.assert_array_equal(r.as_numpy("OUT"), 2 * x[0] + 1)
+            r = infer(mod, c, "batch_to_nobatch", x)
+            np.testing.assert_array_equal(r.as_numpy("OUT"), -(2 * x + 1))
+        finally:
+            c.close()
+
+
 def test_metadata_and_config(ens_server):
     import tritonclient.http as httpclient
     c = httpclient.InferenceServerClient(ens_server.url)
@@ -211,9 +236,9 @@ def test_classification_and_binary_outputs(ens_server):
     inp.set_data_from_numpy(x, binary_data=True)
     r = c.infer("ens2", [inp], outputs=[httpclient.InferRequestedOutput("OUT", binary_data=False, class_count=2)])
     top = [v.decode() if isinstance(v, bytes) else v for v in r.as_numpy("OUT").reshape(-1)]
-    # (2x+1)^2 = [1, 9, 25, 4]: the largest at index 2, then 1.
-    assert top[0].startswith("25") and top[0].endswith(":2"), top
-    assert top[1].startswith("9") and top[1].endswith(":1"), top
+    # (2x+1)^2 = [1, 9, 25, 4]: the largest at index 2, then 1; the labels are sq's.
+    assert top[0].startswith("25") and top[0].endswith(":2:c"), top
+    assert top[1].startswith("9") and top[1].endswith(":1:b"), top
     r = c.infer("ens2", [inp], outputs=[httpclient.InferRequestedOutput("OUT", binary_data=True)])
     np.testing.assert_array_equal(r.as_numpy("OUT"), (2 * x + 1) ** 2)
     c.close()
@@ -315,7 +340,7 @@ def test_repository_index_lists_ensembles(ens_server):
     import tritonclient.http as httpclient
     c = httpclient.InferenceServerClient(ens_server.url)
     idx = {m["name"]: m for m in c.get_model_repository_index()}
-    for m in ("ens2", "ens3", "diamond", "failing"):
+    for m in ("ens2", "ens3", "diamond", "failing", "nobatch_ens", "batch_to_nobatch"):
         assert idx[m]["state"] == "READY", idx[m]
     c.close()
 
