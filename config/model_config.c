@@ -451,6 +451,15 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
             c->intra_op_threads = (int)n;
         }
     }
+    /* An ensemble runs no instances of its own: what would shape them is
+     * a mistake, refused as Triton refuses it. */
+    static const char *const not_for_ensembles[] = {"instance_group", "model_warmup", "sequence_padding"};
+    for (size_t f = 0; c->ensemble && f < sizeof not_for_ensembles / sizeof not_for_ensembles[0]; f++)
+        if ((v = cJSON_GetObjectItemCaseSensitive(root, not_for_ensembles[f])) && cJSON_GetArraySize(v) > 0) {
+            rc = INVALID("config field '%s' cannot be given for ensemble '%s': it runs no instances of its own (its "
+                         "steps' models have theirs)", not_for_ensembles[f], c->name);
+            goto out;
+        }
     v = cJSON_GetObjectItemCaseSensitive(root, "ensemble_scheduling");
     if ((v || c->ensemble) && (rc = model_ensemble_parse(c, v, err, err_len))) goto out;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
@@ -780,6 +789,12 @@ cJSON *model_config_to_json(const struct model_config *c) {
         cJSON_AddBoolToObject(qp, "allow_timeout_override", c->allow_timeout_override);
         cJSON_AddNumberToObject(qp, "max_queue_size", c->max_queue_size);
     }
+    if (c->ensemble) {
+        /* Nothing that shapes instances: an ensemble has none (above). */
+        cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "response_cache"), "enable", c->response_cache);
+        cJSON_AddItemToObject(o, "ensemble_scheduling", model_ensemble_to_json(c));
+        return o;
+    }
     cJSON *ig = cJSON_AddArrayToObject(o, "instance_group");
     cJSON *g = cJSON_CreateObject();
     cJSON_AddStringToObject(g, "name", c->name);
@@ -799,6 +814,5 @@ cJSON *model_config_to_json(const struct model_config *c) {
     if (c->padding.given || c->padding.ninputs)
         cJSON_AddItemToObject(o, "sequence_padding", model_padding_to_json(c));
     if (c->nwarmup) cJSON_AddItemToObject(o, "model_warmup", model_warmup_to_json(c));
-    if (c->ensemble) cJSON_AddItemToObject(o, "ensemble_scheduling", model_ensemble_to_json(c));
     return o;
 }

@@ -79,6 +79,14 @@ static int producer(const struct model_config *c, const char *name) {
     return -1;
 }
 
+/* 1 if a step's input_map reads tensor name. */
+static int read_by_step(const struct model_config *c, const char *name) {
+    for (int s = 0; s < c->nsteps; s++)
+        for (int k = 0; k < c->steps[s].ninput_map; k++)
+            if (strcmp(c->steps[s].input_map[k].value, name) == 0) return 1;
+    return 0;
+}
+
 /* Every tensor produced once (by a step, or as an ensemble input), every
  * tensor read produced, every ensemble output produced by a step, and an
  * order of the steps in which each reads only what earlier ones produced
@@ -110,6 +118,18 @@ static int check_flow(const struct model_config *c, char *err, size_t err_len) {
         if (producer(c, c->outputs[i].name) < 0)
             return INVALID("ensemble '%s': output '%s' is produced by no step (no output_map names it)", c->name,
                            c->outputs[i].name);
+    /* As Triton: a tensor nothing reads is a mistake in the wiring. */
+    for (int i = 0; i < c->ninputs; i++)
+        if (!read_by_step(c, c->inputs[i].name))
+            return INVALID("ensemble '%s': input '%s' is not used (no step's input_map reads it)", c->name,
+                           c->inputs[i].name);
+    for (int s = 0; s < c->nsteps; s++)
+        for (int k = 0; k < c->steps[s].noutput_map; k++) {
+            const char *t = c->steps[s].output_map[k].value;
+            if (!read_by_step(c, t) && model_config_find_output(c, t) < 0)
+                return INVALID("ensemble '%s': tensor '%s' that step %d (model '%s') produces is unused (neither a "
+                               "step's input nor an ensemble output)", c->name, t, s, c->steps[s].model_name);
+        }
     /* Kahn's order: a step is ready once every step it reads from is placed. */
     int placed[MODEL_ENSEMBLE_MAX_STEPS] = {0}, nplaced = 0, progress = 1;
     while (progress) {
@@ -175,6 +195,9 @@ int model_ensemble_parse(struct model_config *c, const cJSON *obj, char *err, si
             rc = parse_map(cJSON_GetObjectItemCaseSensitive(e, "output_map"), i, "output_map", &st->output_map,
                            &st->noutput_map, err, err_len);
         if (rc) return rc;
+        if (st->ninput_map == 0)
+            return INVALID("ensemble '%s' step %d (model '%s') has no input_map: a step must read a tensor", c->name,
+                           i, st->model_name);
         if (st->noutput_map == 0)
             return INVALID("ensemble '%s' step %d (model '%s') has no output_map: a step must produce a tensor",
                            c->name, i, st->model_name);

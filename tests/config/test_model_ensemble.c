@@ -97,6 +97,11 @@ static void test_refusals_name_step_and_tensor(void **state) {
          {"step 0", "cycle", NULL}},
         /* No output_map. */
         {"{\"model_name\": \"a\", \"input_map\": {\"x\": \"IN\"}}", {"step 0 (model 'a')", "output_map", NULL}},
+        /* A tensor nothing reads. */
+        {"{\"model_name\": \"a\", \"input_map\": {\"x\": \"IN\"}, \"output_map\": {\"y\": \"OUT\", \"z\": \"spare\"}}",
+         {"'spare'", "step 0 (model 'a')", "unused"}},
+        /* No input_map. */
+        {"{\"model_name\": \"a\", \"output_map\": {\"y\": \"OUT\"}}", {"step 0 (model 'a')", "input_map", NULL}},
         {"{\"model_name\": \"a\", \"model_version\": 0, \"input_map\": {\"x\": \"IN\"}, \"output_map\": {\"y\": \"OUT\"}}",
          {"step[0].model_version", NULL, NULL}},
     };
@@ -130,6 +135,12 @@ static void test_platform_and_field_agree(void **state) {
                                "\"ensemble_scheduling\": {\"step\": [{\"model_name\": \"a\", \"input_map\": {\"x\": \"IN\"}, "
                                "\"output_map\": {\"y\": \"OUT\"}}]}}"), STATUS_INVALID);
     assert_non_null(strstr(g_err, "input 'IN' needs data_type and dims"));
+    model_config_clear(&c);
+    /* What shapes instances: an ensemble has none. */
+    assert_int_equal(parse(&c, "{\"platform\": \"ensemble\", " IO ", \"instance_group\": [{\"count\": 2}], "
+                               "\"ensemble_scheduling\": {\"step\": [{\"model_name\": \"a\", \"input_map\": "
+                               "{\"x\": \"IN\"}, \"output_map\": {\"y\": \"OUT\"}}]}}"), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "'instance_group' cannot be given for ensemble 'e'"));
     model_config_clear(&c);
     /* Namespaces are refused by the fates table. */
     assert_int_equal(parse(&c, "{\"platform\": \"ensemble\", " IO ", \"ensemble_scheduling\": {\"step\": [{\"model_name\": "
