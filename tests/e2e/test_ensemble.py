@@ -373,32 +373,29 @@ REFUSALS = {
 
 
 @pytest.mark.parametrize("kind", ["http", "grpc"])
-def test_load_refusals_name_step_and_tensor(tmp_path, kind):
+def test_load_refusals_name_step_and_tensor(tmp_path, kind, make_server):
     root = tmp_path / "repo"
     step_models(root)
     for name, (cfg, _) in REFUSALS.items():
         write_ensemble(root, name, cfg)
-    s = KilnServer(root, "--model-control-mode", "explicit", "--load-model", "pre", "--load-model", "neg",
-                   "--load-model", "sq")
-    try:
-        both = clients(s)
-        mod, c = both[0 if kind == "http" else 1]
-        both[1 if kind == "http" else 0][1].close()
-        for name, (_, words) in REFUSALS.items():
-            with pytest.raises(Exception) as e:
-                c.load_model(name)
-            msg = str(e.value)
-            for w in words:
-                assert w in msg, (name, w, msg)
-            assert not c.is_model_ready(name)
-        idx = {m["name"]: m for m in (c.get_model_repository_index() if kind == "http"
-                                       else json.loads(_grpc_index_json(c)))}
-        assert "absent" in idx["missing_model"]["reason"], idx["missing_model"]
-        # Still serving.
-        assert c.is_model_ready("pre")
-        c.close()
-    finally:
-        assert s.stop() == 0
+    s = make_server(root, "--model-control-mode", "explicit", "--load-model", "pre", "--load-model", "neg",
+                    "--load-model", "sq")
+    both = clients(s)
+    mod, c = both[0 if kind == "http" else 1]
+    both[1 if kind == "http" else 0][1].close()
+    for name, (_, words) in REFUSALS.items():
+        with pytest.raises(Exception) as e:
+            c.load_model(name)
+        msg = str(e.value)
+        for w in words:
+            assert w in msg, (name, w, msg)
+        assert not c.is_model_ready(name)
+    idx = {m["name"]: m for m in (c.get_model_repository_index() if kind == "http"
+                                   else json.loads(_grpc_index_json(c)))}
+    assert "absent" in idx["missing_model"]["reason"], idx["missing_model"]
+    # Still serving.
+    assert c.is_model_ready("pre")
+    c.close()
 
 
 def _grpc_index_json(c):
@@ -407,25 +404,22 @@ def _grpc_index_json(c):
     return json.dumps(json.loads(MessageToJson(r, preserving_proto_field_name=True)).get("models", []))
 
 
-def test_missing_step_model_loads_with_it(tmp_path):
+def test_missing_step_model_loads_with_it(tmp_path, make_server):
     """Refused while a step's model is missing, loaded once it is."""
     import tritonclient.http as httpclient
     root = tmp_path / "repo"
     save_model(root, "pre", pre_graph(), config=json.dumps(BATCHED))
     write_ensemble(root, "later", pre_sq("later"))
-    s = KilnServer(root, "--model-control-mode", "explicit", "--load-model", "*")
-    try:
-        c = httpclient.InferenceServerClient(s.url)
-        idx = {m["name"]: m for m in c.get_model_repository_index()}
-        assert idx["later"]["state"] == "UNAVAILABLE" and "'sq'" in idx["later"]["reason"], idx["later"]
-        save_model(root, "sq", sq_graph(), config=json.dumps(BATCHED))
-        c.load_model("sq")
-        assert c.is_model_ready("later")
-        x = np.ones((2, 4), dtype=np.float32)
-        np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
-        c.close()
-    finally:
-        assert s.stop() == 0
+    s = make_server(root, "--model-control-mode", "explicit", "--load-model", "*")
+    c = httpclient.InferenceServerClient(s.url)
+    idx = {m["name"]: m for m in c.get_model_repository_index()}
+    assert idx["later"]["state"] == "UNAVAILABLE" and "'sq'" in idx["later"]["reason"], idx["later"]
+    save_model(root, "sq", sq_graph(), config=json.dumps(BATCHED))
+    c.load_model("sq")
+    assert c.is_model_ready("later")
+    x = np.ones((2, 4), dtype=np.float32)
+    np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
+    c.close()
 
 
 def test_reload_composing_model_under_traffic(ens_server):
@@ -470,7 +464,7 @@ def test_reload_composing_model_under_traffic(ens_server):
     assert res["ok"] > 0
 
 
-def test_cancel_while_queued(tmp_path):
+def test_cancel_while_queued(tmp_path, make_server):
     """A gRPC deadline that passes while the ensemble's step waits behind a
     busy instance drops the step before it runs; the server serves on."""
     import tritonclient.grpc as grpcclient
@@ -485,41 +479,38 @@ def test_cancel_while_queued(tmp_path):
            "ensemble_scheduling": {"step": [step("ident", {"x": "IN"}, {"y": "mid"}),
                                             step("slow", {"x": "mid"}, {"y": "OUT"})]}}
     write_ensemble(root, "slowens", json.dumps(cfg))
-    s = KilnServer(root)
-    try:
-        url = s.grpc_url()
-        x = np.ones((1, 1024), dtype=np.float32)
-        busy = []
+    s = make_server(root)
+    url = s.grpc_url()
+    x = np.ones((1, 1024), dtype=np.float32)
+    busy = []
 
-        def occupy():
-            c = grpcclient.InferenceServerClient(url)
-            i = grpcclient.InferInput("x", [1, 1024], "FP32")
-            i.set_data_from_numpy(x)
-            for _ in range(3):
-                c.infer("slow", [i])
-            busy.append(1)
-            c.close()
-
-        threads = [threading.Thread(target=occupy) for _ in range(2)]
-        for t in threads:
-            t.start()
-        time.sleep(0.3)
+    def occupy():
         c = grpcclient.InferenceServerClient(url)
-        with pytest.raises(Exception) as e:
-            infer(grpcclient, c, "slowens", x, client_timeout=0.05)
-        assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
-        for t in threads:
-            t.join()
-        assert len(busy) == 2
-        # Only the direct requests ran at the slow step: the ensemble's was dropped in its queue.
-        time.sleep(0.2)
-        st = stats(c, "slow")
-        assert int(st.get("inference_count", 0)) == 6, st
-        r = infer(grpcclient, c, "slowens", x)
-        assert r.as_numpy("OUT").shape == (1, 1024)
+        i = grpcclient.InferInput("x", [1, 1024], "FP32")
+        i.set_data_from_numpy(x)
+        for _ in range(3):
+            c.infer("slow", [i])
+        busy.append(1)
         c.close()
-    finally:
-        assert s.stop() == 0
+
+    threads = [threading.Thread(target=occupy) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    c = grpcclient.InferenceServerClient(url)
+    with pytest.raises(Exception) as e:
+        infer(grpcclient, c, "slowens", x, client_timeout=0.05)
+    assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
+    for t in threads:
+        t.join()
+    assert len(busy) == 2
+    # Only the direct requests ran at the slow step: the ensemble's was dropped in its queue.
+    time.sleep(0.2)
+    st = stats(c, "slow")
+    assert int(st.get("inference_count", 0)) == 6, st
+    r = infer(grpcclient, c, "slowens", x)
+    assert r.as_numpy("OUT").shape == (1, 1024)
+    c.close()
 
 
 def steps_repo(tmp_path, **ensembles):
