@@ -20,6 +20,7 @@
 #include "server/ensemble.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,9 @@ struct ens_step {
      * steps of other runs waiting for one to finish (under e->mu). */
     int inflight;
     struct step_run *whead, *wtail;
+    /* This step's requests that succeeded and failed, and the time they
+     * took, submission to done, summed (ensemble_step_stats). */
+    atomic_uint_fast64_t success, failure, ns;
 };
 
 struct ensemble {
@@ -61,6 +65,7 @@ struct step_run {
     int state;
     int nwait;
     int slot;                       /* holds one of max_inflight_requests */
+    uint64_t t_launch;
     struct repo_version *v;         /* the step's model, referenced for the run */
     struct ensemble_run *sub;       /* a nested ensemble's run */
     struct tensor *ordered;         /* v->config.ninputs: the step's inputs, views */
@@ -336,6 +341,16 @@ ensemble_t *ensemble_create(repository_t *repo, struct model_config *c, char *er
     return e;
 }
 
+int ensemble_nsteps(const ensemble_t *e) { return e ? e->c->nsteps : 0; }
+
+void ensemble_step_stats(ensemble_t *e, int step, struct ensemble_step_stats *out) {
+    struct ens_step *es = &e->steps[step];
+    out->model = e->c->steps[step].model_name;
+    out->success = atomic_load_explicit(&es->success, memory_order_relaxed);
+    out->failure = atomic_load_explicit(&es->failure, memory_order_relaxed);
+    out->ns = atomic_load_explicit(&es->ns, memory_order_relaxed);
+}
+
 int ensemble_uses(const ensemble_t *e, const char *name) {
     for (int s = 0; e && s < e->c->nsteps; s++)
         if (strcmp(e->c->steps[s].model_name, name) == 0) return 1;
@@ -406,6 +421,10 @@ static void step_finish(struct step_run *s, int status, const char *msg) {
     struct step_run *ready[MODEL_ENSEMBLE_MAX_STEPS];
     int nready = 0;
     const struct model_config *mc = &s->v->config;
+    if (s->t_launch) {
+        atomic_fetch_add_explicit(status ? &es->failure : &es->success, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&es->ns, clock_now_ns() - s->t_launch, memory_order_relaxed);
+    }
     pthread_mutex_lock(&run->mu);
     if (!status) {
         for (int k = 0; k < st->noutput_map && !status; k++) {
@@ -513,6 +532,7 @@ static void step_launch(struct step_run *s) {
         if (j >= 0) ensemble_fit_batch(mc, &mc->inputs[j], &s->kin[k].t);
     }
     char err[256];
+    s->t_launch = clock_now_ns();
     int rc = kserve_request_bind(&kr, mc, s->ordered, &s->br.rows, err, sizeof err);
     if (rc) {
         step_finish(s, rc, err);

@@ -52,6 +52,15 @@ struct ensemble_run;
 ensemble_t *ensemble_create(repository_t *repo, struct model_config *c, char *err, size_t err_len);
 /* NULL is a no-op. No request may be running. */
 void ensemble_free(ensemble_t *e);
+/* Per step: its model, the requests that ran it (succeeded or failed, a
+ * step never started not counted) and their time in it, from submission
+ * (the step's inputs bound) to done, summed, in ns. Thread-safe. */
+struct ensemble_step_stats {
+    const char *model;              /* e's, for as long as e */
+    uint64_t success, failure, ns;
+};
+int ensemble_nsteps(const ensemble_t *e); /* 0 for NULL */
+void ensemble_step_stats(ensemble_t *e, int step, struct ensemble_step_stats *out);
 /* 1 if step model name is one of e's. */
 int ensemble_uses(const ensemble_t *e, const char *name);
 

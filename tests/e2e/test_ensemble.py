@@ -333,6 +333,19 @@ def test_concurrent_clients_batch_at_each_step(ens_server):
         assert executions < inferences, (m, executions, inferences)
     s = stats(c0, "ens3")
     assert int(s["inference_count"]) - int(before["ens3"].get("inference_count", 0)) == total
+    # Per step, in the ensemble's own statistics and metrics.
+    steps = {st["model_name"]: st for st in s["ensemble_steps"]}
+    assert sorted(steps) == ["neg", "pre", "sq"]
+    assert all(int(st["success_count"]) >= total and int(st["ns"]) > 0 for st in steps.values()), steps
+    from conftest import raw_request
+    _, _, text = raw_request(ens_server.url, "GET", "/metrics")
+    assert 'kiln_ensemble_step_success_total{model="ens3",version="1",step="1",step_model="neg"}' in text.decode()
+    # gRPC's statistics of an ensemble (its extension's fields only).
+    import tritonclient.grpc as grpcclient
+    g = grpcclient.InferenceServerClient(ens_server.grpc_url())
+    gs = g.get_inference_statistics("ens3", as_json=True)["model_stats"][0]
+    assert int(gs["inference_count"]) == int(s["inference_count"])
+    g.close()
     c0.close()
 
 
