@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/infer_cache.h"
 #include "server/kserve.h"
 #include "server/metrics.h"
 
@@ -65,6 +66,8 @@ struct step_run {
     int state;
     int nwait;
     int slot;                       /* holds one of max_inflight_requests */
+    int cached;                     /* the step model's response_cache: key is its entry */
+    struct cache_key key;
     uint64_t t_launch;
     struct repo_version *v;         /* the step's model, referenced for the run */
     struct ensemble_run *sub;       /* a nested ensemble's run */
@@ -78,6 +81,7 @@ struct step_run {
 struct ensemble_run {
     ensemble_t *e;
     struct batcher_request *br;     /* the ensemble's request */
+    cache_t *cache;                 /* for steps whose model has response_cache; NULL: none */
     pthread_mutex_t mu;
     int ninflight;                  /* steps submitted and not done */
     int cancelled;
@@ -487,8 +491,29 @@ static void step_done(struct batcher_request *br) {
          * statistics show composing models' inferences). */
         metrics_record_success(m, now - br->enqueue_ns, br->start_ns - br->enqueue_ns, br->compute_input_ns,
                                br->compute_infer_ns, br->compute_output_ns, br->rows, br->batch_size);
+        if (s->cached) infer_cache_lru_store(s->run->cache, &s->key, &s->v->config, s->outputs);
     } else metrics_record_failure(m, br->status, now - br->enqueue_ns);
     step_finish(s, br->status, br->err);
+}
+
+/* A step whose model has response_cache, bound as kr: answered from the
+ * in-process tier (the step then finishes here, as its model would count a
+ * cached request) or keyed for its result to be stored there. */
+static int step_cache_hit(struct step_run *s, const struct kserve_request *kr) {
+    const struct model_config *mc = &s->v->config;
+    cache_t *cache = s->run->cache;
+    if (infer_cache_key(cache, s->v->name, s->v->version, mc, s->ordered, kr, &s->key)) return 0;
+    uint64_t t0 = clock_now_ns();
+    int hit = infer_cache_lru_lookup(cache, &s->key, mc, mc->max_batch_size > 0 ? s->br.rows : -1, s->outputs);
+    metrics_record_cache(s->v->metrics, hit, clock_now_ns() - t0);
+    if (!hit) {
+        s->cached = 1;
+        return 0;
+    }
+    s->br.noutputs = mc->noutputs;
+    metrics_record_cached(s->v->metrics, clock_now_ns() - t0, s->br.rows);
+    step_finish(s, 0, NULL);
+    return 1;
 }
 
 static void step_launch(struct step_run *s) {
@@ -538,6 +563,7 @@ static void step_launch(struct step_run *s) {
         step_finish(s, rc, err);
         return;
     }
+    if (run->cache && mc->response_cache && step_cache_hit(s, &kr)) return;
     struct batcher_request *br = &s->br;
     br->inputs = s->ordered;
     br->ninputs = s->v->config.ninputs;
@@ -547,7 +573,7 @@ static void step_launch(struct step_run *s) {
     br->deadline_ns = run->br->deadline_ns;
     br->done = step_done;
     br->user = s;
-    if ((rc = ensemble_schedule(s->v, br, &s->sub))) step_finish(s, rc, br->err);
+    if ((rc = ensemble_schedule(s->v, br, run->cache, &s->sub))) step_finish(s, rc, br->err);
 }
 
 /* Allocates a run of e for br: the step models referenced, the pool with
@@ -613,7 +639,7 @@ static struct ensemble_run *run_new(ensemble_t *e, struct batcher_request *br, i
     return run;
 }
 
-int ensemble_schedule(struct repo_version *v, struct batcher_request *br, struct ensemble_run **out) {
+int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache, struct ensemble_run **out) {
     *out = NULL;
     if (!v->ensemble) return batcher_submit(v->batcher, br);
     if (br->ninputs != v->config.ninputs || br->rows < 1)
@@ -622,6 +648,7 @@ int ensemble_schedule(struct repo_version *v, struct batcher_request *br, struct
     int status = 0;
     struct ensemble_run *run = run_new(v->ensemble, br, &status);
     if (!run) return status;
+    run->cache = cache;
     *out = run;
     ensemble_t *e = v->ensemble;
     struct step_run *ready[MODEL_ENSEMBLE_MAX_STEPS];

@@ -32,6 +32,7 @@
 
 #include <stddef.h>
 
+#include "cache/cache.h"
 #include "server/batcher.h"
 #include "server/repository.h"
 
@@ -66,10 +67,12 @@ int ensemble_uses(const ensemble_t *e, const char *name);
 
 /* Runs br on v: v's batcher, or, for an ensemble, its steps (*run is then
  * the request's run, which the caller frees with ensemble_run_free after
- * done(); NULL otherwise). The batcher_submit contract: 0 and done()
- * called exactly once (maybe already), or a negative status with br->err
- * set and done() never called. */
-int ensemble_schedule(struct repo_version *v, struct batcher_request *br, struct ensemble_run **run);
+ * done(); NULL otherwise). cache (NULL: none) is the result cache a step
+ * whose model has response_cache looks up and stores into (its
+ * in-process tier: server/infer_cache.h). The batcher_submit contract: 0
+ * and done() called exactly once (maybe already), or a negative status
+ * with br->err set and done() never called. */
+int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache, struct ensemble_run **run);
 /* batcher_cancel for a request ensemble_schedule took: a run's steps still
  * queued are dropped and it ends STATUS_CANCELLED; steps running complete. */
 void ensemble_unschedule(struct repo_version *v, struct batcher_request *br, struct ensemble_run *run);

@@ -230,7 +230,7 @@ static void infer_submit(struct infer_request *r) {
     r->br.user = r;
     atomic_init(&r->br.cancelled, 0);
     /* The model's batcher, or an ensemble's steps through theirs. */
-    int rc = ensemble_schedule(r->v, &r->br, &r->run);
+    int rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, &r->run);
     if (rc) infer_finish(r, rc, r->br.err);
 }
 

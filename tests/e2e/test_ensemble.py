@@ -97,11 +97,12 @@ def write_ensemble(root, name, config, pbtxt=None):
         (d / "config.json").write_text(config)
 
 
-def step_models(root):
+def step_models(root, sq_cache=False):
     for name, g in (("pre", pre_graph()), ("neg", neg_graph()), ("add", add_graph()), ("look", look_graph())):
         save_model(root, name, g, config=json.dumps(BATCHED))
     # Labels for classification, which ensembles of sq take from it.
-    save_model(root, "sq", sq_graph(), config=json.dumps(dict(BATCHED, output=[{"name": "y", "label_filename": "l.txt"}])))
+    sq = dict(BATCHED, output=[{"name": "y", "label_filename": "l.txt"}], response_cache={"enable": sq_cache})
+    save_model(root, "sq", sq_graph(), config=json.dumps(sq))
     (root / "sq" / "l.txt").write_text("a\nb\nc\nd\n")
     # A model that does not batch: whole tensors of any rows.
     cfg = {"input": [io("x", dims=(-1, 4))], "output": [io("y", dims=(-1, 4))]}
@@ -526,10 +527,10 @@ def test_cancel_while_queued(tmp_path, make_server):
     c.close()
 
 
-def steps_repo(tmp_path, **ensembles):
+def steps_repo(tmp_path, sq_cache=False, **ensembles):
     """A repository of the step models and the ensembles given (name=config)."""
     root = tmp_path / "repo"
-    step_models(root)
+    step_models(root, sq_cache)
     for name, cfg in ensembles.items():
         write_ensemble(root, name, cfg)
     return root
@@ -546,6 +547,25 @@ def test_response_cache_caches_the_whole_answer(tmp_path, make_server):
     assert int(st["inference_stats"]["cache_hit"]["count"]) == 2, st
     # The steps ran once.
     assert int(stats(c, "sq")["inference_count"]) == 1
+    c.close()
+
+
+def test_step_caches_as_its_model_is_configured(tmp_path, make_server):
+    """A step whose model has response_cache is answered from the cache (its
+    in-process tier)."""
+    import tritonclient.http as httpclient
+    s = make_server(steps_repo(tmp_path, sq_cache=True, plain=pre_sq("plain")), "--cache-size", "16M")
+    c = httpclient.InferenceServerClient(s.url)
+    x = np.full((1, 4), 1.0, dtype=np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(infer(httpclient, c, "plain", x).as_numpy("OUT"), np.full((1, 4), 9.0))
+    sq = stats(c, "sq")
+    assert int(sq["execution_count"]) == 1, sq
+    assert int(sq["inference_stats"]["cache_hit"]["count"]) == 2, sq
+    assert int(stats(c, "pre")["execution_count"]) == 3  # pre caches nothing
+    # parameters.cache = false reaches the steps.
+    infer(httpclient, c, "plain", x, parameters={"cache": False})
+    assert int(stats(c, "sq")["execution_count"]) == 2
     c.close()
 
 
