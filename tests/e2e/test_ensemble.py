@@ -478,9 +478,25 @@ def test_reload_composing_model_under_traffic(ens_server):
     assert res["ok"] > 0
 
 
-def test_cancel_while_queued(tmp_path, make_server):
-    """A gRPC deadline that passes while the ensemble's step waits behind a
-    busy instance drops the step before it runs; the server serves on."""
+def http_disconnect(url, model, x, after):
+    """Sends an inference request over a raw connection, then closes it
+    `after` seconds later, before the answer."""
+    import socket
+    body = json.dumps({"inputs": [{"name": "IN", "shape": list(x.shape), "datatype": "FP32",
+                                   "data": x.flatten().tolist()}]}).encode()
+    host, port = url.split(":")
+    sk = socket.create_connection((host, int(port)))
+    sk.sendall(f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {url}\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    time.sleep(after)
+    sk.close()
+
+
+@pytest.mark.parametrize("how", ["grpc_deadline", "http_disconnect"])
+def test_cancel_while_queued(tmp_path, make_server, how):
+    """A gRPC deadline that passes, or an HTTP client that goes away, while
+    the ensemble's step waits behind a busy instance: the step is dropped
+    before it runs; the server serves on."""
     import tritonclient.grpc as grpcclient
     root = tmp_path / "repo"
     save_model(root, "slow", slow_graph(depth=200, width=1024))
@@ -512,9 +528,12 @@ def test_cancel_while_queued(tmp_path, make_server):
         t.start()
     time.sleep(0.3)
     c = grpcclient.InferenceServerClient(url)
-    with pytest.raises(Exception) as e:
-        infer(grpcclient, c, "slowens", x, client_timeout=0.05)
-    assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
+    if how == "grpc_deadline":
+        with pytest.raises(Exception) as e:
+            infer(grpcclient, c, "slowens", x, client_timeout=0.05)
+        assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
+    else:
+        http_disconnect(s.url, "slowens", x, 0.1)
     for t in threads:
         t.join()
     assert len(busy) == 2
@@ -522,6 +541,7 @@ def test_cancel_while_queued(tmp_path, make_server):
     time.sleep(0.2)
     st = stats(c, "slow")
     assert int(st.get("inference_count", 0)) == 6, st
+    assert int(stats(c, "slowens")["inference_stats"]["fail"]["count"]) == 1
     r = infer(grpcclient, c, "slowens", x)
     assert r.as_numpy("OUT").shape == (1, 1024)
     c.close()
