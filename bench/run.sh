@@ -23,7 +23,8 @@
 #
 # Environment: DURATION (s per measured level, default 8; the batching script
 # sets its own and BATCHING_ROUNDS=3, the http section runs HTTP_ROUNDS=3 alternating rounds, the cache
-# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5, the grpc section GRPC_ROUNDS=3), OUT (work folder,
+# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5, the grpc section GRPC_ROUNDS=3, the ensemble section
+# ENSEMBLE_ROUNDS=3), OUT (work folder,
 # default build/bench), SECTIONS (default all, e.g. "http cache"),
 # REPORT (default docs/benchmarks.md), IMG (default docs/img).
 set -uo pipefail
@@ -34,7 +35,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm ensemble limits modelset modelset_avx2"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2 ensemble"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
