@@ -19,11 +19,8 @@ cd "$(dirname "$0")/.."
 source bench/lib.sh
 CONCURRENCY=${CONCURRENCY:-"1 64"}
 ROUNDS=${ROUNDS:-3}
-W=$OUT/ensemble
-rm -rf "$W"
+bench_dir ensemble
 mkdir -p "$W/repo"
-W=$(cd "$W" && pwd)
-[ -x "$KILN" ] || { echo "ensemble.sh: $KILN not built (make)" >&2; exit 1; }
 
 "$PY" - "$W/repo" <<'PY'
 import json, os, sys
