@@ -70,7 +70,8 @@ struct step_run {
     struct cache_key key;
     uint64_t t_launch;
     struct repo_version *v;         /* the step's model, referenced for the run */
-    struct ensemble_run *sub;       /* a nested ensemble's run */
+    struct ensemble_run *sub;       /* a nested ensemble's run (under the run's mutex) */
+    int queued;                     /* its batcher (or nested run) has it: cancel may reach it */
     struct tensor *ordered;         /* v->config.ninputs: the step's inputs, views */
     struct tensor *outputs;         /* v->config.noutputs */
     struct kserve_input *kin;       /* input_map's views, for kserve_request_bind */
@@ -454,7 +455,7 @@ static void step_finish(struct step_run *s, int status, const char *msg) {
         /* The steps still queued have nothing left to do. */
         for (int i = 0; i < e->c->nsteps; i++) {
             struct step_run *t = &run->steps[i];
-            if (t != s && t->state == STEP_SUBMITTED) ensemble_unschedule(t->v, &t->br, t->sub);
+            if (t != s && t->state == STEP_SUBMITTED && t->queued) ensemble_unschedule(t->v, &t->br, t->sub);
         }
     } else if (!run->status && !run->cancelled) {
         for (int i = 0; i < e->c->nsteps; i++) {
@@ -573,7 +574,24 @@ static void step_launch(struct step_run *s) {
     br->deadline_ns = run->br->deadline_ns;
     br->done = step_done;
     br->user = s;
-    if ((rc = ensemble_schedule(s->v, br, run->cache, &s->sub))) step_finish(s, rc, br->err);
+    /* The launch holds the run open (one more in flight) until its own
+     * bookkeeping after the submit is done: the step may finish, and the
+     * run with it, inside the submit (an inline run) or on another thread
+     * meanwhile. Only a step its batcher has may be cancelled there. */
+    pthread_mutex_lock(&run->mu);
+    run->ninflight++;
+    pthread_mutex_unlock(&run->mu);
+    struct ensemble_run *sub = NULL;
+    if ((rc = ensemble_schedule(s->v, br, run->cache, &sub))) step_finish(s, rc, br->err);
+    pthread_mutex_lock(&run->mu);
+    s->sub = sub;
+    if (!rc && s->state == STEP_SUBMITTED) {
+        s->queued = 1;
+        if (run->cancelled || run->status) ensemble_unschedule(s->v, br, sub);
+    }
+    int finished = --run->ninflight == 0;
+    pthread_mutex_unlock(&run->mu);
+    if (finished) run_complete(run);
 }
 
 /* Allocates a run of e for br: the step models referenced, the pool with
@@ -675,7 +693,7 @@ void ensemble_unschedule(struct repo_version *v, struct batcher_request *br, str
     run->cancelled = 1;
     for (int i = 0; i < run->e->c->nsteps; i++) {
         struct step_run *t = &run->steps[i];
-        if (t->state == STEP_SUBMITTED) ensemble_unschedule(t->v, &t->br, t->sub);
+        if (t->state == STEP_SUBMITTED && t->queued) ensemble_unschedule(t->v, &t->br, t->sub);
     }
     pthread_mutex_unlock(&run->mu);
 }
