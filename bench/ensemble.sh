@@ -91,13 +91,21 @@ assert np.allclose(out[0], out[1], rtol=1e-4, atol=1e-5), "ensemble and merged m
 PY
 
 RAW=$W/rounds.csv
-echo "round,mode,concurrency,throughput,p50_us,p99_us,errors,server_us" >"$RAW"
+echo "round,mode,concurrency,throughput,p50_us,p99_us,errors,server_us,cpu_us_per_req" >"$RAW"
+# The server's CPU time (user + system, clock ticks) and a model's requests
+# so far (its statistics, warm-up included): CPU per request is what the
+# other tenants of a shared machine disturb least.
+ticks() { awk '{ print $14 + $15 }' "/proc/$pid/stat"; }
+count() { curl -sf "http://127.0.0.1:$port/v2/models/$1/stats" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["model_stats"][0]["inference_count"])'; }
 one() { # ROUND MODE CONCURRENCY
-    local f=$W/$2_c$3_r$1 model=pipe
+    local f=$W/$2_c$3_r$1 model=pipe t0 n0 cpu
     [ "$2" = merged ] && model=merged
+    t0=$(ticks); n0=$(count "$model")
     "$KILN" bench -u "127.0.0.1:$port" -m "$model" -c "$3" -d "$DURATION" --no-progress --seed "$1" \
         --csv "$f.csv" >"$f.txt" 2>&1 || { cat "$f.txt" >&2; return 1; }
-    tail -n 1 "$f.csv" | awk -F, -v r="$1" -v m="$2" -v c="$3" 'BEGIN { OFS = "," } { print r, m, c, $9, $10, $13, $7, $16 + $17 }' |
+    cpu=$(awk -v t="$(( $(ticks) - t0 ))" -v n="$(( $(count "$model") - n0 ))" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { printf "%.1f", n ? t * 1e6 / hz / n : 0 }')
+    tail -n 1 "$f.csv" | awk -F, -v r="$1" -v m="$2" -v c="$3" -v cpu="$cpu" 'BEGIN { OFS = "," } { print r, m, c, $9, $10, $13, $7, $16 + $17, cpu }' |
         tee -a "$RAW"
 }
 for c in $CONCURRENCY; do
@@ -114,26 +122,28 @@ med = {}
 for (m, c) in sorted({(r["mode"], int(r["concurrency"])) for r in rows}, key=lambda k: (k[1], k[0])):
     rs = [r for r in rows if r["mode"] == m and int(r["concurrency"]) == c]
     med[(m, c)] = {k: statistics.median(float(r[k]) for r in rs)
-                   for k in ("throughput", "p50_us", "p99_us", "server_us")}
+                   for k in ("throughput", "p50_us", "p99_us", "server_us", "cpu_us_per_req")}
     med[(m, c)]["errors"] = sum(int(r["errors"]) for r in rs)
 with open(out, "w") as f:
-    f.write("mode,concurrency,throughput,p50_us,p99_us,errors,server_us\n")
+    f.write("mode,concurrency,throughput,p50_us,p99_us,errors,server_us,cpu_us_per_req\n")
     for (m, c), v in med.items():
-        f.write(f"{m},{c},{v['throughput']:.1f},{v['p50_us']:.0f},{v['p99_us']:.0f},{v['errors']},{v['server_us']:.1f}\n")
+        f.write(f"{m},{c},{v['throughput']:.1f},{v['p50_us']:.0f},{v['p99_us']:.0f},{v['errors']},{v['server_us']:.1f},"
+                f"{v['cpu_us_per_req']:.1f}\n")
 print("Three small ONNX models (each x[N,256] -> relu(x W + b), the last without relu) as an ensemble of three steps "
       "(`ensemble`), against one ONNX model of the three graphs merged (`merged`), on one server, over HTTP with "
       f"`kiln bench`, closed loop, batch 1 per request; median of {rounds} alternating rounds of {duration} s. Every "
       "model batches (max_batch_size 64, dynamic batching, no delay); the cache is off.")
 print()
 print("| concurrency | ensemble req/s | merged req/s | ensemble / merged | ensemble p50 ms | merged p50 ms | "
-      "ensemble p99 ms | merged p99 ms | p99 ensemble / merged | errors |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "ensemble p99 ms | merged p99 ms | p99 ensemble / merged | server CPU us/req, ensemble / merged | errors |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 levels = sorted({c for _, c in med})
 for c in levels:
     e, m = med[("ensemble", c)], med[("merged", c)]
     print(f"| {c} | {e['throughput']:.0f} | {m['throughput']:.0f} | {e['throughput'] / m['throughput']:.2f}x | "
           f"{e['p50_us'] / 1000:.3f} | {m['p50_us'] / 1000:.3f} | {e['p99_us'] / 1000:.3f} | {m['p99_us'] / 1000:.3f} | "
-          f"{e['p99_us'] / m['p99_us']:.2f}x | {e['errors'] + m['errors']} |")
+          f"{e['p99_us'] / m['p99_us']:.2f}x | {e['cpu_us_per_req']:.1f} / {m['cpu_us_per_req']:.1f} | "
+          f"{e['errors'] + m['errors']} |")
 print()
 st = {s["name"]: s for s in json.load(open(stats))["model_stats"]}
 parts = []
@@ -152,6 +162,10 @@ print(f"- Per-step overhead at concurrency {lo}, from the server's own statistic
 hi = levels[-1]
 tr = med[("ensemble", hi)]["throughput"] / med[("merged", hi)]["throughput"]
 p99 = med[("ensemble", hi)]["p99_us"] / med[("merged", hi)]["p99_us"]
+cr = med[("ensemble", hi)]["cpu_us_per_req"] / med[("merged", hi)]["cpu_us_per_req"]
+print(f"- Server CPU per request at concurrency {hi} (user + system time of the kiln process over the requests its "
+      f"statistics counted, warm-up included): ensemble / merged = **{cr:.2f}x**: what the steps cost the server, "
+      "least disturbed by the other work on the machine.")
 print(f"- Target at concurrency {hi}: throughput >= 0.9x the merged model's ({tr:.2f}x, "
       f"**{'met' if tr >= 0.9 else 'NOT met'}**), p99 <= 1.2x ({p99:.2f}x, **{'met' if p99 <= 1.2 else 'NOT met'}**).")
 PY
