@@ -570,11 +570,10 @@ static void entry_set_steps(repository_t *r, const char *name, const struct mode
     free(steps);
 }
 
-/* Loads again every ensemble whose steps name model `name`, just loaded:
- * one refused while it was missing now loads, one loaded is checked
- * against the new version. Ensembles of ensembles follow, a few levels. */
-static void reload_dependents(repository_t *r, const char *name, int depth) {
-    if (depth > 4) return;
+/* The ensembles whose steps name model `name` (with loaded, 1: only those
+ * with versions loaded): *out, their names, each and the array malloc'd
+ * (an entry may be NULL for want of memory). Returns how many. */
+static int dependents(repository_t *r, const char *name, int loaded, char ***out) {
     char line[256];
     snprintf(line, sizeof line, "%s\n", name);
     pthread_rwlock_rdlock(&r->lock);
@@ -582,6 +581,7 @@ static void reload_dependents(repository_t *r, const char *name, int depth) {
     int n = 0;
     for (int i = 0; deps && i < r->nentries; i++) {
         const char *st = r->entries[i].steps;
+        if (loaded && !r->entries[i].nversions) continue;
         /* A name at the list's start or after a newline. */
         for (const char *p = st; p && (p = strstr(p, line)); p++)
             if (p == st || p[-1] == '\n') {
@@ -590,6 +590,37 @@ static void reload_dependents(repository_t *r, const char *name, int depth) {
             }
     }
     pthread_rwlock_unlock(&r->lock);
+    *out = deps;
+    return n;
+}
+
+/* Unloads every loaded ensemble whose steps name model `name`, just
+ * unloaded: its requests could only fail. The index says why; a load of
+ * the model loads it again (reload_dependents). */
+static void unload_dependents(repository_t *r, const char *name, int depth) {
+    char **deps = NULL;
+    int n = depth > 4 ? 0 : dependents(r, name, 1, &deps);
+    for (int i = 0; i < n; i++) {
+        if (deps[i]) {
+            char reason[512];
+            snprintf(reason, sizeof reason, "unloaded: model '%s', which a step of the ensemble runs, was unloaded",
+                     name);
+            entry_swap(r, deps[i], NULL, 0, ST_UNAVAILABLE, reason, 0);
+            log_info("ensemble '%s' %s", deps[i], reason);
+            unload_dependents(r, deps[i], depth + 1);
+        }
+        free(deps[i]);
+    }
+    free(deps);
+}
+
+/* Loads again every ensemble whose steps name model `name`, just loaded:
+ * one refused while it was missing now loads, one loaded is checked
+ * against the new version. Ensembles of ensembles follow, a few levels. */
+static void reload_dependents(repository_t *r, const char *name, int depth) {
+    if (depth > 4) return;
+    char **deps;
+    int n = dependents(r, name, 0, &deps);
     for (int i = 0; i < n; i++) {
         char err[512];
         if (!deps[i]) continue;
@@ -790,6 +821,7 @@ static int unload_locked(repository_t *r, const char *name, char *err, size_t er
             return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     }
     entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
+    unload_dependents(r, name, 0);
     return 0;
 }
 

@@ -7,8 +7,8 @@
  * An ensemble (platform "ensemble", server/ensemble.h) has a configuration
  * and version folders without files (none: version 1). It loads after the
  * other models at start, is refused while a step's model is not loaded
- * (the index gives the reason) and is loaded again, checked anew, after
- * each load of a model one of its steps names.
+ * (the index gives the reason), is loaded again, checked anew, after each
+ * load of a model one of its steps names, and is unloaded with it.
  *
  * A loaded version is a struct repo_version: the engine's model, its
  * completed configuration and its batcher. Requests take a reference with

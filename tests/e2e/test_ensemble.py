@@ -376,6 +376,9 @@ REFUSALS = {
                                                         step("absent", {"x": "mid"}, {"y": "OUT"})],
                                       [io("IN")], [io("OUT")]),
                       ["step 1", "'absent'", "not loaded"]),
+    "missing_version": (ensemble_config("missing_version", [step("pre", {"x": "IN"}, {"y": "OUT"}, version=5)],
+                                        [io("IN")], [io("OUT")]),
+                        ["step 0", "'pre' version 5", "not loaded"]),
     "shape_mismatch": (ensemble_config("shape_mismatch", [step("pre", {"x": "IN"}, {"y": "OUT"})],
                                        [io("IN", dims=(5,))], [io("OUT")]),
                        ["step 0", "'IN'", "shape"]),
@@ -419,7 +422,8 @@ def _grpc_index_json(c):
 
 
 def test_missing_step_model_loads_with_it(tmp_path, make_server):
-    """Refused while a step's model is missing, loaded once it is."""
+    """Refused while a step's model is missing, loaded once it is; unloaded
+    with it."""
     import tritonclient.http as httpclient
     root = tmp_path / "repo"
     save_model(root, "pre", pre_graph(), config=json.dumps(BATCHED))
@@ -432,6 +436,13 @@ def test_missing_step_model_loads_with_it(tmp_path, make_server):
     c.load_model("sq")
     assert c.is_model_ready("later")
     x = np.ones((2, 4), dtype=np.float32)
+    np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
+    # Unloading the step's model unloads the ensemble, saying why; loading it back loads both.
+    c.unload_model("sq")
+    assert not c.is_model_ready("later")
+    idx = {m["name"]: m for m in c.get_model_repository_index()}
+    assert "'sq'" in idx["later"]["reason"] and "unloaded" in idx["later"]["reason"], idx["later"]
+    c.load_model("sq")
     np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
     c.close()
 
