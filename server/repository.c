@@ -961,6 +961,7 @@ void repository_poll(repository_t *r) {
     for (int i = 0; i < ng; i++) {
         log_info("model '%s' left the repository: unloading", gone[i]);
         entry_swap(r, gone[i], NULL, 0, ST_UNAVAILABLE, "removed from the repository", 0);
+        unload_dependents(r, gone[i], 0);
         free(gone[i]);
     }
     free(gone);
