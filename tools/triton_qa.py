@@ -13,7 +13,7 @@ of tritonserver on ports 8000/8001 (Python-backend identity models, which
 kiln cannot run, become ONNX Identity models under the same config.pbtxt;
 so do the identity backend's nop_* and custom_zero_1_float32 models that
 Triton's ensembles use as steps).
-SUITE: L0_infer L0_infer_ensemble L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
+SUITE: L0_infer L0_infer_ensemble L0_infer_zero L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
 L0_http L0_nullchar_string L0_input_validation L0_input_validation_names
 L0_shared_memory_http L0_shared_memory_grpc examples examples_control.
 Prints "SUITE passed total" per suite (TRITON_QA_TESTS="Class.test ..." narrows
@@ -115,20 +115,23 @@ def identity_backend_onnx(md, name, rank, two=True):
     subprocess.run([PY, "-c", NOP, f"{md}/{name}/1/model.onnx", tp, str(rank), "1" if two else "0"], check=True)
 
 
-def ensemble_models(md):
+def ensemble_models(md, repo="qa_model_repository", pattern="*onnx*", hand_written=True):
     """What qa/L0_infer/test.sh adds with ENSEMBLES=1 and BACKENDS=onnx: the
-    generated ensembles of ONNX models, the nop_* identity models they use
-    as steps, the hand-written ensembles of qa/ensemble_models and the
-    custom_zero_1_float32 identity models those use."""
-    ens = f"{GEN}/qa_ensemble_model_repository/qa_model_repository"
-    for d in sorted(glob.glob(f"{ens}/*onnx*")):
-        if "bf16" not in d:
+    generated ensembles of ONNX models (repo's, named as pattern), the nop_*
+    identity models they use as steps, and (hand_written) the ensembles of
+    qa/ensemble_models and the custom_zero_1_float32 identity models those
+    use."""
+    ens = f"{GEN}/qa_ensemble_model_repository/{repo}"
+    for d in sorted(glob.glob(f"{ens}/{pattern}")):
+        if "bf16" not in d and not os.path.basename(d).startswith("nop_"):
             cp(d, f"{md}/{os.path.basename(d)}")
     for d in sorted(glob.glob(f"{ens}/nop_*")):
         n = os.path.basename(d)
         cp(d, f"{md}/{n}")
         # Batch dim first (max_batch_size 1024), then the config's dims.
         identity_backend_onnx(md, n, 1 + n.rsplit("_", 1)[1].count("-1"))
+    if not hand_written:
+        return
     for em in ("wrong_label_int32_float32_float32", "label_override_int32_float32_float32",
                "mix_type_int32_float32_float32", "batch_to_nobatch_float32_float32_float32",
                "batch_to_nobatch_nobatch_float32_float32_float32", "nobatch_to_batch_float32_float32_float32",
@@ -174,6 +177,13 @@ def setup(suite, md):
             cp(d, f"{md}/{os.path.basename(d)}")
         env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
         return suite, ["infer_reshape_test.py"], env, flags
+    if suite == "L0_infer_zero":
+        # Its test.sh: the identity models and the ensembles of nop_* identity steps.
+        for d in onnx_models("qa_identity_model_repository"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+        ensemble_models(md, "qa_identity_model_repository", "*", hand_written=False)
+        env = {"BACKENDS": "onnx"}
+        return suite, ["infer_zero_test.py"], env, flags
     if suite == "L0_string_io":
         cp(f"{GEN}/qa_identity_model_repository/onnx_zero_1_object", f"{md}/onnx_zero_1_object")
         # The python backend's string_identity model, as an ONNX Identity with the same config.
@@ -400,7 +410,8 @@ def generate(work):
             ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
             ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
             ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
-            ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository")]
+            ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
+            ("gen_qa_identity_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_identity_model_repository")]
     for script, args, out in gens:
         if not os.path.isdir(f"{work}/models/{out}"):
             subprocess.run([PY, script, *args, "--onnx_opset=0", f"--models_dir={work}/models/{out}"],
