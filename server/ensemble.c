@@ -378,6 +378,7 @@ static void run_complete(struct ensemble_run *run) {
     }
     br->noutputs = 0;
     if (!status) {
+        /* An output no step ran for (not asked for: prune_steps) is empty. */
         for (int k = 0; k < e->c->noutputs; k++) {
             int t = e->out_tensor[k];
             br->outputs[k] = run->pool[t];
@@ -582,7 +583,7 @@ static void step_launch(struct step_run *s) {
     run->ninflight++;
     pthread_mutex_unlock(&run->mu);
     struct ensemble_run *sub = NULL;
-    if ((rc = ensemble_schedule(s->v, br, run->cache, &sub))) step_finish(s, rc, br->err);
+    if ((rc = ensemble_schedule(s->v, br, run->cache, NULL, &sub))) step_finish(s, rc, br->err);
     pthread_mutex_lock(&run->mu);
     s->sub = sub;
     if (!rc && s->state == STEP_SUBMITTED) {
@@ -657,7 +658,34 @@ static struct ensemble_run *run_new(ensemble_t *e, struct batcher_request *br, i
     return run;
 }
 
-int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache, struct ensemble_run **out) {
+/* Marks the steps a request that asks for some outputs only (kr) needs:
+ * those that produce them, and those that produce what these read, and so
+ * on; the others are DONE before they start (Triton skips them too). */
+static void prune_steps(struct ensemble_run *run, const struct kserve_request *kr) {
+    ensemble_t *e = run->e;
+    const struct model_config *c = e->c;
+    unsigned char need[MODEL_ENSEMBLE_MAX_STEPS] = {0}, *want = run->owned; /* room: ntensors bytes, unused yet */
+    for (int i = 0; i < kr->noutputs; i++) {
+        int k = model_config_find_output(c, kr->outputs[i].name);
+        if (k >= 0) want[e->out_tensor[k]] = 1;
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int s = 0; s < c->nsteps; s++) {
+            int used = 0;
+            for (int k = 0; k < c->steps[s].noutput_map && !used; k++) used = want[e->steps[s].out_tensor[k]];
+            if (!used || need[s]) continue;
+            need[s] = changed = 1;
+            for (int k = 0; k < c->steps[s].ninput_map; k++) want[e->steps[s].in_tensor[k]] = 1;
+        }
+    }
+    memset(want, 0, (size_t)e->ntensors);
+    for (int s = 0; s < c->nsteps; s++)
+        if (!need[s]) run->steps[s].state = STEP_DONE;
+}
+
+int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache,
+                      const struct kserve_request *kr, struct ensemble_run **out) {
     *out = NULL;
     if (!v->ensemble) return batcher_submit(v->batcher, br);
     if (br->ninputs != v->config.ninputs || br->rows < 1)
@@ -669,11 +697,12 @@ int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_
     run->cache = cache;
     *out = run;
     ensemble_t *e = v->ensemble;
+    if (kr && kr->noutputs > 0) prune_steps(run, kr);
     struct step_run *ready[MODEL_ENSEMBLE_MAX_STEPS];
     int nready = 0;
     pthread_mutex_lock(&run->mu);
     for (int s = 0; s < e->c->nsteps; s++)
-        if (run->steps[s].nwait == 0) {
+        if (run->steps[s].nwait == 0 && run->steps[s].state == STEP_WAITING) {
             run->steps[s].state = STEP_SUBMITTED;
             ready[nready++] = &run->steps[s];
         }

@@ -37,6 +37,7 @@
 #include "server/repository.h"
 
 typedef struct ensemble ensemble_t;
+struct kserve_request;
 struct ensemble_run;
 
 /* Checks c (an ensemble's configuration, parsed: config/model_ensemble.c)
@@ -69,10 +70,14 @@ int ensemble_uses(const ensemble_t *e, const char *name);
  * the request's run, which the caller frees with ensemble_run_free after
  * done(); NULL otherwise). cache (NULL: none) is the result cache a step
  * whose model has response_cache looks up and stores into (its
- * in-process tier: server/infer_cache.h). The batcher_submit contract: 0
- * and done() called exactly once (maybe already), or a negative status
- * with br->err set and done() never called. */
-int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache, struct ensemble_run **run);
+ * in-process tier: server/infer_cache.h). kr (NULL: every output is
+ * needed) is the client's request: when it asks for some outputs only,
+ * only the steps that lead to them run, and the others' outputs are left
+ * empty (ndim 0, no data). The batcher_submit contract: 0 and done()
+ * called exactly once (maybe already), or a negative status with br->err
+ * set and done() never called. */
+int ensemble_schedule(struct repo_version *v, struct batcher_request *br, cache_t *cache,
+                      const struct kserve_request *kr, struct ensemble_run **run);
 /* batcher_cancel for a request ensemble_schedule took: a run's steps still
  * queued are dropped and it ends STATUS_CANCELLED; steps running complete. */
 void ensemble_unschedule(struct repo_version *v, struct batcher_request *br, struct ensemble_run *run);

@@ -230,7 +230,9 @@ static void infer_submit(struct infer_request *r) {
     r->br.user = r;
     atomic_init(&r->br.cancelled, 0);
     /* The model's batcher, or an ensemble's steps through theirs. */
-    int rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, &r->run);
+    /* A result to be cached holds every output: the steps all run. */
+    int rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, r->cached ? NULL : &r->kr,
+                               &r->run);
     if (rc) infer_finish(r, rc, r->br.err);
 }
 

@@ -13,7 +13,7 @@ of tritonserver on ports 8000/8001 (Python-backend identity models, which
 kiln cannot run, become ONNX Identity models under the same config.pbtxt;
 so do the identity backend's nop_* and custom_zero_1_float32 models that
 Triton's ensembles use as steps).
-SUITE: L0_infer L0_infer_ensemble L0_infer_zero L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
+SUITE: L0_infer L0_infer_ensemble L0_infer_zero L0_simple_ensemble L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
 L0_http L0_nullchar_string L0_input_validation L0_input_validation_names
 L0_shared_memory_http L0_shared_memory_grpc examples examples_control.
 Prints "SUITE passed total" per suite (TRITON_QA_TESTS="Class.test ..." narrows
@@ -184,6 +184,18 @@ def setup(suite, md):
         ensemble_models(md, "qa_identity_model_repository", "*", hand_written=False)
         env = {"BACKENDS": "onnx"}
         return suite, ["infer_zero_test.py"], env, flags
+    if suite == "L0_simple_ensemble":
+        # Its ensemble of four steps over two versions of `simple` (ONNX in
+        # Triton too: the add/sub model made here); the tests of sequence
+        # flags, partial outputs and backpressure need Python and decoupled
+        # models.
+        cp(f"{QA}/{suite}/models/ensemble_add_sub_int32_int32_int32", f"{md}/ensemble_add_sub_int32_int32_int32")
+        os.makedirs(f"{md}/ensemble_add_sub_int32_int32_int32/1", exist_ok=True)
+        simple_models(md)
+        shutil.copy(f"{QA}/{suite}/models/simple/config.pbtxt", f"{md}/simple/config.pbtxt")
+        cp(f"{md}/simple/1", f"{md}/simple/2")
+        tests = ["test_ensemble_add_sub", "test_ensemble_add_sub_one_output"]
+        return suite, ["ensemble_test.py"] + [f"EnsembleTest.{t}" for t in tests], env, flags
     if suite == "L0_string_io":
         cp(f"{GEN}/qa_identity_model_repository/onnx_zero_1_object", f"{md}/onnx_zero_1_object")
         # The python backend's string_identity model, as an ONNX Identity with the same config.
@@ -308,7 +320,7 @@ def suite_env(env):
 
 
 def run(kiln, suite):
-    if suite.startswith("L0_shared_memory"):
+    if suite.startswith("L0_shared_memory") or suite == "L0_simple_ensemble":
         return run_each(kiln, suite)
     return run_once(kiln, suite)
 

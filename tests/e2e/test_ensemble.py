@@ -194,10 +194,13 @@ def test_answers_equal_steps_run_by_hand(ens_server):
             r = infer(mod, c, "diamond", x)
             np.testing.assert_array_equal(r.as_numpy("SUM"), z)
             np.testing.assert_array_equal(r.as_numpy("MID"), mid)
-            # Requested outputs: any one of the ensemble's.
+            # Requested outputs: any one of the ensemble's; the step that
+            # leads only to the others (neg) does not run.
+            neg_before = int(stats(c, "neg")["inference_count"])
             r = infer(mod, c, "ens3", x, outputs=["SQ"])
             assert r.as_numpy("NEG") is None
             np.testing.assert_array_equal(r.as_numpy("SQ"), s)
+            assert int(stats(c, "neg")["inference_count"]) == neg_before
         finally:
             c.close()
 
