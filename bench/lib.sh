@@ -6,6 +6,15 @@ OUT=${OUT:-build/bench}
 DURATION=${DURATION:-10}
 mkdir -p "$OUT"
 
+# bench_dir NAME: W, a fresh absolute $OUT/NAME, once $KILN is known to be built.
+bench_dir() {
+    [ -x "$KILN" ] || { echo "$1: $KILN not built (make)" >&2; exit 1; }
+    W=$OUT/$1
+    rm -rf "$W"
+    mkdir -p "$W"
+    W=$(cd "$W" && pwd)
+}
+
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wait_ready URL PID LOG

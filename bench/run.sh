@@ -13,6 +13,7 @@
 #   fds       bench/fd_exhaustion.py  twice the open file limit of connections held
 #   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
+#   ensemble  bench/ensemble.sh       a three-step ensemble vs one model of the three graphs merged
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
@@ -23,7 +24,8 @@
 #
 # Environment: DURATION (s per measured level, default 8; the batching script
 # sets its own and BATCHING_ROUNDS=3, the http section runs HTTP_ROUNDS=3 alternating rounds, the cache
-# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5, the grpc section GRPC_ROUNDS=3), OUT (work folder,
+# section uses CACHE_DURATION=5 x CACHE_ROUNDS=5, the grpc section GRPC_ROUNDS=3, the ensemble section
+# ENSEMBLE_ROUNDS=3), OUT (work folder,
 # default build/bench), SECTIONS (default all, e.g. "http cache"),
 # REPORT (default docs/benchmarks.md), IMG (default docs/img).
 set -uo pipefail
@@ -34,7 +36,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2 tokenizers"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2 tokenizers ensemble"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -78,6 +80,7 @@ TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
+TITLE[ensemble]="Ensembles: three steps vs one merged model"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
 TITLE[tokenizers]="Tokenizers: kiln's C tokenizers vs the tokenizers library"
@@ -127,6 +130,7 @@ run_tokenizers() {
         >"$OUT/tokenizers.txt" 2>"$OUT/tokenizers.log" || return
     cp "$OUT/tokenizers.txt" "$OUT/tokenizers.md"
 }
+run_ensemble() { ROUNDS=${ENSEMBLE_ROUNDS:-3} bench/ensemble.sh >"$OUT/ensemble.log" 2>&1; }
 run_modelset() { ROUNDS=${MODELSET_ROUNDS:-3} bench/modelset.sh >"$OUT/modelset.log" 2>&1; }
 # Most cloud CPUs users run on have AVX2 but not AVX-512: the set again with
 # CPUID answering as such a CPU for both engines (bench/cpuid_avx2.c).
@@ -426,6 +430,16 @@ def shm():
     return (", ".join(f"c={c}: {r[('shm', c)]:.0f} vs {r[('body', c)]:.0f} req/s = {ratios[c]:.2f}x" for c in levels),
             yes(ratios[worst] >= 2))
 target("shm", "a 4 MiB input through system shared memory >= 2x the throughput of the same input in the body (HTTP)", shm)
+
+def ensemble():
+    r = {(x["mode"], x["concurrency"]): x for x in rows("ensemble")}
+    top = str(max(int(c) for _, c in r))
+    e, m = r[("ensemble", top)], r[("merged", top)]
+    tr = float(e["throughput"]) / float(m["throughput"])
+    p99 = float(e["p99_us"]) / float(m["p99_us"])
+    return (f"{float(e['throughput']):.0f} vs {float(m['throughput']):.0f} req/s = {tr:.2f}x; p99 {p99:.2f}x (c={top})",
+            yes(tr >= 0.9 and p99 <= 1.2))
+target("ensemble", "three-step ensemble at concurrency 64 >= 0.9x the merged model's throughput, p99 <= 1.2x", ensemble)
 
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")

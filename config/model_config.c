@@ -47,6 +47,7 @@ void model_config_clear(struct model_config *c) {
     model_warmup_clear(c);
     model_padding_clear(c);
     model_embedding_clear(c);
+    model_ensemble_clear(c);
     free(c->warnings);
     memset(c, 0, sizeof *c);
 }
@@ -254,10 +255,23 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
      * backend's stand-in, and a model meant for another (TensorRT, Python,
      * PyTorch) would be served wrongly, so any other value is refused. */
     static const char *const served[][2] = {{"platform", "onnxruntime_onnx"}, {"backend", "onnxruntime"}};
+    /* The one other platform: an ensemble runs other models, no file of
+     * its own, so it names no backend. */
+    v = cJSON_GetObjectItemCaseSensitive(root, "platform");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "ensemble") == 0) {
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(root, "backend");
+        if (cJSON_IsString(b) && *b->valuestring) {
+            rc = INVALID("ensemble '%s' must not name a backend (config field 'backend' is '%s')", c->name, b->valuestring);
+            goto out;
+        }
+        c->ensemble = 1;
+        free(c->platform);
+        if (!(c->platform = strdup("ensemble"))) { rc = STATUS_NOMEM; goto out; }
+    }
     /* kiln's own backend: a tokenizer.json served as a model. */
     v = cJSON_GetObjectItemCaseSensitive(root, "backend");
     c->tokenizer = cJSON_IsString(v) && strcmp(v->valuestring, "tokenizer") == 0;
-    for (size_t f = 0; f < sizeof served / sizeof served[0]; f++) {
+    for (size_t f = 0; !c->ensemble && f < sizeof served / sizeof served[0]; f++) {
         if (c->tokenizer && strcmp(served[f][0], "backend") == 0) continue;
         if (!(v = cJSON_GetObjectItemCaseSensitive(root, served[f][0]))) continue;
         if (!cJSON_IsString(v)) { rc = INVALID("config field '%s' must be a string", served[f][0]); goto out; }
@@ -456,6 +470,17 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
         }
         if ((rc = model_embedding_parse(c, v, err, err_len))) goto out;
     }
+    /* An ensemble runs no instances of its own: what would shape them is
+     * a mistake, refused as Triton refuses it. */
+    static const char *const not_for_ensembles[] = {"instance_group", "model_warmup", "sequence_padding"};
+    for (size_t f = 0; c->ensemble && f < sizeof not_for_ensembles / sizeof not_for_ensembles[0]; f++)
+        if ((v = cJSON_GetObjectItemCaseSensitive(root, not_for_ensembles[f])) && cJSON_GetArraySize(v) > 0) {
+            rc = INVALID("config field '%s' cannot be given for ensemble '%s': it runs no instances of its own (its "
+                         "steps' models have theirs)", not_for_ensembles[f], c->name);
+            goto out;
+        }
+    v = cJSON_GetObjectItemCaseSensitive(root, "ensemble_scheduling");
+    if ((v || c->ensemble) && (rc = model_ensemble_parse(c, v, err, err_len))) goto out;
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_padding")) &&
         (rc = model_padding_parse(c, v, err, err_len)))
         goto out;
@@ -758,7 +783,7 @@ cJSON *model_config_to_json(const struct model_config *c) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", c->name);
     cJSON_AddStringToObject(o, "platform", c->platform);
-    cJSON_AddStringToObject(o, "backend", c->tokenizer ? "tokenizer" : "onnxruntime");
+    if (!c->ensemble) cJSON_AddStringToObject(o, "backend", c->tokenizer ? "tokenizer" : "onnxruntime");
     cJSON *vp = cJSON_AddObjectToObject(o, "version_policy");
     if (c->version_policy == MODEL_VERSIONS_ALL) cJSON_AddObjectToObject(vp, "all");
     else if (c->version_policy == MODEL_VERSIONS_SPECIFIC) {
@@ -783,6 +808,12 @@ cJSON *model_config_to_json(const struct model_config *c) {
         cJSON_AddNumberToObject(qp, "default_timeout_microseconds", (double)c->default_timeout_us);
         cJSON_AddBoolToObject(qp, "allow_timeout_override", c->allow_timeout_override);
         cJSON_AddNumberToObject(qp, "max_queue_size", c->max_queue_size);
+    }
+    if (c->ensemble) {
+        /* Nothing that shapes instances: an ensemble has none (above). */
+        cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "response_cache"), "enable", c->response_cache);
+        cJSON_AddItemToObject(o, "ensemble_scheduling", model_ensemble_to_json(c));
+        return o;
     }
     cJSON *ig = cJSON_AddArrayToObject(o, "instance_group");
     cJSON *g = cJSON_CreateObject();

@@ -128,6 +128,28 @@ struct model_embedding {
     int64_t max_tokens;             /* truncation; 0 = the tokenizer file's */
     /* Set by model_embedding_check: the model's indices (-1: none). */
     int output_index, ids, mask, types;
+/* Triton's ensemble_scheduling (config/model_ensemble.c): a model whose
+ * platform is "ensemble" runs no file of its own but steps, each a request
+ * to another model. A step's input_map names, for each of its model's
+ * inputs, the ensemble tensor it reads (an ensemble input or another step's
+ * output); its output_map names, for each model output it keeps, the
+ * ensemble tensor it produces. The parser checks what needs no other model:
+ * every tensor produced once, read only after it is produced, no cycle,
+ * every ensemble output produced; the server checks the rest against the
+ * step models when it loads the ensemble (server/ensemble.h). */
+#define MODEL_ENSEMBLE_MAX_STEPS 64
+#define MODEL_ENSEMBLE_MAX_MAP 64
+
+struct model_ensemble_map {
+    char *key;                      /* the step model's input or output */
+    char *value;                    /* the ensemble's tensor */
+};
+
+struct model_ensemble_step {
+    char *model_name;
+    int64_t model_version;          /* -1: the highest loaded */
+    struct model_ensemble_map *input_map, *output_map;
+    int ninput_map, noutput_map;
 };
 
 enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
@@ -178,6 +200,10 @@ struct model_config {
     int tokenizer;
     int64_t tokenizer_max_length;
     struct model_embedding embedding; /* parameters.embedding_output and the keys beside it */
+    int ensemble;                   /* platform "ensemble": steps instead of a model file */
+    struct model_ensemble_step *steps;
+    int nsteps;
+    int max_inflight_requests;      /* ensemble_scheduling.max_inflight_requests; 0 = no bound */
     /* Fields accepted but ignored (config/model_fields.h), one line each
      * naming the field; NULL when none. Logged once at load. */
     char *warnings;
@@ -231,6 +257,14 @@ int model_warmup_parse(struct model_config *c, const cJSON *arr, char *err, size
 int model_warmup_check(const struct model_config *c, char *err, size_t err_len);
 void model_warmup_clear(struct model_config *c);
 cJSON *model_warmup_to_json(const struct model_config *c);
+
+/* ensemble_scheduling (config/model_ensemble.c): parses the field into c
+ * (c->ensemble already set from platform) and checks the steps' data flow
+ * with the ensemble's inputs and outputs (listed, with data types and
+ * dims: an ensemble has no file to complete them from); its JSON form. */
+int model_ensemble_parse(struct model_config *c, const cJSON *obj, char *err, size_t err_len);
+void model_ensemble_clear(struct model_config *c);
+cJSON *model_ensemble_to_json(const struct model_config *c);
 
 /* sequence_padding (config/model_padding.c): parses the field; completes it
  * against the model (the proposal from symbolic dim names; default buckets)

@@ -26,7 +26,7 @@
 
 static const struct model_field fields[] = {
     {"name", H, 0, NULL, "must match the model's folder"},
-    {"platform", H, 0, NULL, "onnxruntime_onnx; other platforms are refused, naming the value"},
+    {"platform", H, 0, NULL, "onnxruntime_onnx or ensemble; other platforms are refused, naming the value"},
     {"backend", H, 0, NULL, "onnxruntime, or kiln's own tokenizer (a tokenizer.json, docs/text.md); other backends "
                            "are refused, naming the value"},
     {"runtime", W, 0, NULL, "kiln runs the model with its own engine, not a backend's shared library"},
@@ -85,7 +85,14 @@ static const struct model_field fields[] = {
     {"dynamic_batching.priority_queue_policy", R, 0, NULL,
      "kiln has one queue policy for every priority (default_queue_policy)"},
     {"sequence_batching", R, 0, NULL, "kiln has no sequence batcher (stateful models with correlation IDs)"},
-    {"ensemble_scheduling", R, 0, NULL, "kiln does not run ensembles"},
+    {"ensemble_scheduling", H, 0, NULL, "the steps of an ensemble (platform \"ensemble\", docs/ensembles.md)"},
+    {"ensemble_scheduling.step", H, 0, NULL, "each a request to a model of the repository"},
+    {"ensemble_scheduling.step.model_name", H, 0, NULL, ""},
+    {"ensemble_scheduling.step.model_version", H, 0, NULL, "-1: the highest loaded"},
+    {"ensemble_scheduling.step.input_map", H, 0, NULL, "step model input -> ensemble tensor"},
+    {"ensemble_scheduling.step.output_map", H, 0, NULL, "step model output -> ensemble tensor"},
+    {"ensemble_scheduling.step.model_namespace", R, 0, NULL, "kiln has one namespace of model names"},
+    {"ensemble_scheduling.max_inflight_requests", H, 0, NULL, "requests in flight at each step, per ensemble"},
     {"instance_group", H, 0, NULL, "every group's count instances, summed (groups of one kind)"},
     {"instance_group.name", H, 0, NULL, "a label"},
     {"instance_group.kind", H, 0, NULL, "KIND_AUTO, KIND_CPU or KIND_GPU"},

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "server/batcher.h"
 #include "common/version.h"
+#include "server/ensemble.h"
 #include "server/infer_cache.h"
 #include "server/metrics.h"
 #include "server/shm.h"
@@ -96,6 +97,25 @@ static cJSON *padding_stats(const struct batcher_stats *bs) {
     return arr;
 }
 
+/* kiln's own, beside Triton's fields: an ensemble's steps, each with its
+ * model, the requests that ran it and their time in it (its model's own
+ * statistics count them too, as any request). */
+static cJSON *ensemble_stats(ensemble_t *e) {
+    cJSON *arr = cJSON_CreateArray();
+    for (int i = 0; i < ensemble_nsteps(e); i++) {
+        struct ensemble_step_stats st;
+        ensemble_step_stats(e, i, &st);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "step", i);
+        cJSON_AddStringToObject(o, "model_name", st.model);
+        cJSON_AddNumberToObject(o, "success_count", (double)st.success);
+        cJSON_AddNumberToObject(o, "failure_count", (double)st.failure);
+        cJSON_AddNumberToObject(o, "ns", (double)st.ns);
+        cJSON_AddItemToArray(arr, o);
+    }
+    return arr;
+}
+
 static cJSON *model_stats(struct repo_version *v) {
     struct metrics_model *m = v->metrics;
     struct batcher_stats bs;
@@ -135,6 +155,7 @@ static cJSON *model_stats(struct repo_version *v) {
         cJSON_AddItemToArray(bst, e);
     }
     if (bs.npad) cJSON_AddItemToObject(o, "padding_stats", padding_stats(&bs));
+    if (v->ensemble) cJSON_AddItemToObject(o, "ensemble_steps", ensemble_stats(v->ensemble));
     return o;
 }
 
@@ -213,6 +234,34 @@ static char *padding_metrics(char *buf, size_t *len, size_t *cap, struct repo_ve
     return buf;
 }
 
+/* An ensemble's steps: kiln_ensemble_step_*{model, version, step, step_model}. */
+static char *ensemble_metrics(char *buf, size_t *len, size_t *cap, struct repo_version **all, int n) {
+    static const struct { const char *name, *help; } series[] = {
+        {"kiln_ensemble_step_success_total", "Requests of an ensemble whose step succeeded"},
+        {"kiln_ensemble_step_failure_total", "Requests of an ensemble whose step failed (its model's error, a "
+                                             "cancellation, a deadline)"},
+        {"kiln_ensemble_step_duration_us_total", "Time requests of an ensemble spent in a step, submission to done"}};
+    for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+        int any = 0;
+        for (int i = 0; i < n; i++) {
+            for (int s = 0; s < ensemble_nsteps(all[i]->ensemble); s++) {
+                struct ensemble_step_stats st;
+                ensemble_step_stats(all[i]->ensemble, s, &st);
+                if (!any++)
+                    buf = metrics_appendf(buf, len, cap, "# HELP %s %s\n# TYPE %s counter\n", series[k].name,
+                                          series[k].help, series[k].name);
+                char *step_model = metrics_label_escape(st.model);
+                uint64_t v = k == 0 ? st.success : k == 1 ? st.failure : st.ns / 1000;
+                buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\",step=\"%d\",step_model=\"%s\"} %llu\n",
+                                      series[k].name, model_label(all[i]), all[i]->version_str, s,
+                                      step_model ? step_model : "", (unsigned long long)v);
+                free(step_model);
+            }
+        }
+    }
+    return buf;
+}
+
 static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
     const struct metrics_page *pg = arg;
     struct repo_version **all;
@@ -261,6 +310,7 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
                               model_label(all[i]), all[i]->version_str, count);
     }
     if (st) buf = padding_metrics(buf, len, cap, all, st, n);
+    buf = ensemble_metrics(buf, len, cap, all, n);
     free(st);
     for (int i = 0; i < n; i++) repository_release(all[i]);
     free(all);

@@ -6,6 +6,8 @@
  *   start    bind the decoded request to the model (the one validation)
  *            -> cache lookup (LRU, Redis, single flight)  -- hit --> finish
  *            -> batcher_submit                            -- done --> post -> finish
+ *               (an ensemble: each step through its model's batcher,
+ *               server/ensemble.h; the last step's done posts)
  *   finish   store or abandon the cache entry, encode, record metrics, send
  * finish always runs on the request's own thread: the batcher's done()
  * (an instance or timer thread) only posts it there. */
@@ -19,6 +21,7 @@
 #include "common/clock.h"
 #include "common/status.h"
 #include "server/batcher.h"
+#include "server/ensemble.h"
 #include "server/infer_cache.h"
 #include "server/infer_shm.h"
 #include "server/metrics.h"
@@ -43,6 +46,7 @@ struct infer_request {
     struct tensor *ordered;
     struct tensor *outputs;
     struct batcher_request br;
+    struct ensemble_run *run;    /* an ensemble's steps (server/ensemble.h), else NULL */
     uint64_t t0;
     shm_owner_t shm_owner;       /* whose shared-memory regions the request may name */
     int cached;                  /* the result cache is consulted for this request */
@@ -106,6 +110,7 @@ int infer_core_inflight(const infer_core_t *core) { return atomic_load(&((infer_
 static void request_end(struct infer_request *r) {
     atomic_fetch_sub_explicit(&r->v->metrics->pending, 1, memory_order_relaxed);
     atomic_fetch_sub(&r->core->inflight, 1);
+    ensemble_run_free(r->run); /* before the ensemble it runs is released */
     repository_release(r->v);
     kserve_request_clear(&r->kr);
     /* One block per output, strings included (common/tensor.h). */
@@ -179,7 +184,7 @@ void infer_request_set_shm_owner(struct infer_request *r, shm_owner_t owner) { r
 
 void infer_request_set_deadline(struct infer_request *r, uint64_t deadline_ns) { r->br.deadline_ns = deadline_ns; }
 
-void infer_request_cancel(struct infer_request *r) { batcher_cancel(r->v->batcher, &r->br); }
+void infer_request_cancel(struct infer_request *r) { ensemble_unschedule(r->v, &r->br, r->run); }
 
 static void infer_complete_cb(void *arg) {
     struct infer_request *r = arg;
@@ -224,7 +229,10 @@ static void infer_submit(struct infer_request *r) {
     r->br.done = infer_done;
     r->br.user = r;
     atomic_init(&r->br.cancelled, 0);
-    int rc = batcher_submit(r->v->batcher, &r->br);
+    /* The model's batcher, or an ensemble's steps through theirs. */
+    /* A result to be cached holds every output: the steps all run. */
+    int rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, r->cached ? NULL : &r->kr,
+                               &r->run);
     if (rc) infer_finish(r, rc, r->br.err);
 }
 

@@ -177,21 +177,44 @@ void infer_cache_start(struct infer_cache_op *op) {
     else after_tiers(op);
 }
 
+/* The value of mc's outputs, put in the in-process tier under k; NULL when
+ * out of memory or when the model has more outputs than a value holds (not
+ * cached). The caller unrefs it. */
+static struct cache_value *store_lru(cache_t *c, const struct cache_key *k, const struct model_config *mc,
+                                     const struct tensor *outputs) {
+    const char *names[CACHE_MAX_OUTPUTS];
+    int n = mc->noutputs;
+    for (int i = 0; i < n && i < CACHE_MAX_OUTPUTS; i++) names[i] = mc->outputs[i].name;
+    struct cache_value *v = n <= CACHE_MAX_OUTPUTS ? cache_value_encode(outputs, names, n) : NULL;
+    if (v) cache_lru_put(c, k, v);
+    return v;
+}
+
 void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs) {
     uint64_t t0 = clock_now_ns();
-    const char *names[CACHE_MAX_OUTPUTS];
-    int n = op->mc->noutputs;
-    for (int i = 0; i < n && i < CACHE_MAX_OUTPUTS; i++) names[i] = op->mc->outputs[i].name;
-    /* A model with more outputs than a value holds is not cached. */
-    struct cache_value *v = n <= CACHE_MAX_OUTPUTS ? cache_value_encode(outputs, names, n) : NULL;
-    if (v) {
-        cache_lru_put(op->cache, &op->key, v);
-        if (op->redis) cache_redis_set(op->redis, &op->key, v);
-    }
+    struct cache_value *v = store_lru(op->cache, &op->key, op->mc, outputs);
+    if (v && op->redis) cache_redis_set(op->redis, &op->key, v);
     if (op->leader) cache_flight_done(op->cache, &op->key, v);
     op->leader = 0;
     cache_value_unref(v);
     cache_record_insert(op->cache, clock_now_ns() - t0);
+}
+
+int infer_cache_lru_lookup(cache_t *c, const struct cache_key *k, const struct model_config *mc, int64_t rows,
+                           struct tensor *outputs) {
+    uint64_t t0 = clock_now_ns();
+    struct cache_value *v = cache_lru_get(c, k);
+    int hit = v && value_to_outputs(v, mc, rows, outputs) == 0;
+    cache_value_unref(v);
+    cache_record_lookup(c, clock_now_ns() - t0);
+    return hit;
+}
+
+void infer_cache_lru_store(cache_t *c, const struct cache_key *k, const struct model_config *mc,
+                           const struct tensor *outputs) {
+    uint64_t t0 = clock_now_ns();
+    cache_value_unref(store_lru(c, k, mc, outputs));
+    cache_record_insert(c, clock_now_ns() - t0);
 }
 
 void infer_cache_abandon(struct infer_cache_op *op) {

@@ -52,6 +52,16 @@ void infer_cache_start(struct infer_cache_op *op);
 void infer_cache_store(struct infer_cache_op *op, const struct tensor *outputs);
 void infer_cache_abandon(struct infer_cache_op *op);
 
+/* The in-process tier alone, from any thread: an ensemble's steps, which
+ * run on instance threads, where neither Redis (an I/O thread's) nor a
+ * single flight's wait fits. Lookup: 1 with outputs[mc->noutputs] filled
+ * (as infer_cache_start's hit: rows as there), else 0 and nothing left.
+ * Store: the computed outputs under k. */
+int infer_cache_lru_lookup(cache_t *c, const struct cache_key *k, const struct model_config *mc, int64_t rows,
+                           struct tensor *outputs);
+void infer_cache_lru_store(cache_t *c, const struct cache_key *k, const struct model_config *mc,
+                           const struct tensor *outputs);
+
 /* Prometheus text for the cache's own counters, appended to buf. */
 char *infer_cache_metrics(cache_t *c, char *buf, size_t *len, size_t *cap);
 

@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "kernels/text/tokenizer.h"
 #include "models/model.h"
+#include "server/ensemble.h"
 #include "server/instance.h"
 #include "server/metrics.h"
 #include "server/upload.h"
@@ -32,6 +33,9 @@ struct entry {
     struct repo_version **versions; /* ascending */
     int nversions;
     uint64_t signature;             /* poll: hash of file names, sizes and mtimes */
+    /* An ensemble's step models ("\n" after each name), from its last load
+     * attempt, loaded or refused: a load of one of them loads it again. */
+    char *steps;
 };
 
 struct repository {
@@ -63,6 +67,7 @@ struct repository {
 /* ---- versions and the reaper -------------------------------------------- */
 
 static void version_destroy(struct repo_version *v) {
+    ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* drains what is queued and joins the instances */
     model_free(v->model);
     model_config_clear(&v->config);
@@ -173,8 +178,9 @@ static int cmp_i64(const void *a, const void *b) {
  * a tokenizer model (backend "tokenizer"). */
 static const char *version_file(const struct model_config *c) { return c && c->tokenizer ? "tokenizer.json" : "model.onnx"; }
 
-/* Versions present under dir (with a model.onnx or tokenizer.json), ascending. */
-static int scan_versions(const char *dir, int64_t *out, int max) {
+/* Versions present under dir (with a model.onnx or a tokenizer.json, unless
+ * ensemble: an ensemble's version folders hold nothing), ascending. */
+static int scan_versions(const char *dir, int64_t *out, int max, int ensemble) {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int n = 0;
@@ -185,7 +191,11 @@ static int scan_versions(const char *dir, int64_t *out, int max) {
         char path[4096];
         struct stat st;
         int found = 0;
-        for (int k = 0; k < 2 && !found; k++) {
+        if (ensemble) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            found = stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+        }
+        for (int k = 0; !ensemble && k < 2 && !found; k++) {
             snprintf(path, sizeof path, "%s/%s/%s", dir, e->d_name, k ? "tokenizer.json" : "model.onnx");
             found = stat(path, &st) == 0 && S_ISREG(st.st_mode);
         }
@@ -242,6 +252,7 @@ static struct repo_version *version_new(repository_t *r, const char *name, int64
 }
 
 static void version_discard(struct repo_version *v) {
+    ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* its instances use the model */
     model_free(v->model);
     tokenizer_free(v->tokenizer);
@@ -466,19 +477,49 @@ static int version_admit(repository_t *r, struct repo_version *v, const char *be
     v->loaded_at = (int64_t)time(NULL);
     v->metrics = metrics_model_get(name, v->version_str);
     metrics_record_load(v->metrics, v->load_ns);
-    log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
-             (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
-             c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    if (v->ensemble)
+        log_info("loaded ensemble '%s' version %lld in %.1f ms (%d steps, max_batch_size %d)", name, (long long)ver,
+                 (double)v->load_ns / 1e6, c->nsteps, c->max_batch_size);
+    else
+        log_info("loaded model '%s' version %lld in %.1f ms (%d nodes, max_batch_size %d, %d instance%s on %s)", name,
+                 (long long)ver, (double)v->load_ns / 1e6, model_node_count(v->model), c->max_batch_size,
+                 c->instance_count, c->instance_count == 1 ? "" : "s", be);
+    return 0;
+}
+
+/* An ensemble's load phase: its configuration, its output labels and its
+ * steps checked against the step models loaded now (server/ensemble.h). */
+static int version_read_ensemble(repository_t *r, struct repo_version *v, const char *mdir, const char *cfg,
+                                 size_t cfg_len, const char *cfg_file, char *err, size_t err_len) {
+    char e2[512];
+    int rc = model_config_parse(&v->config, cfg, cfg_len, e2, sizeof e2);
+    if (!rc) rc = model_config_load_labels(&v->config, mdir, e2, sizeof e2);
+    if (rc) {
+        ERR(rc, "model '%s' version %lld: %s: %s", v->name, (long long)v->version, cfg_file, e2);
+        return -1;
+    }
+    if (!(v->ensemble = ensemble_create(r, &v->config, e2, sizeof e2))) {
+        ERR(STATUS_UNAVAILABLE, "model '%s' version %lld: %s", v->name, (long long)v->version, e2);
+        return -1;
+    }
     return 0;
 }
 
 static struct repo_version *version_load(repository_t *r, const char *name, const char *mdir, int64_t ver,
-                                         const char *cfg, size_t cfg_len, const char *cfg_file, char *err,
-                                         size_t err_len) {
+                                         const char *cfg, size_t cfg_len, const char *cfg_file, int ensemble,
+                                         char *err, size_t err_len) {
     uint64_t t0 = clock_now_ns();
     struct repo_version *v = version_new(r, name, ver);
     if (!v) return NULL;
     const char *be = NULL;
+    if (ensemble) {
+        if (version_read_ensemble(r, v, mdir, cfg, cfg_len, cfg_file, err, err_len) ||
+            version_admit(r, v, "ensemble", t0, err, err_len)) {
+            version_discard(v);
+            return NULL;
+        }
+        return v;
+    }
     if (version_read(r, v, mdir, cfg, cfg_len, cfg_file, &be, err, err_len) ||
         version_tokenizer(v, mdir, err, err_len) ||
         version_start(r, v, mdir, be, err, err_len) ||
@@ -553,6 +594,89 @@ static void entry_set_state(repository_t *r, const char *name, enum entry_state 
 static int load_checked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
                         char *err, size_t err_len);
 
+/* Remembers which models an ensemble's steps name (none: not an ensemble). */
+static void entry_set_steps(repository_t *r, const char *name, const struct model_config *c) {
+    size_t n = 1;
+    for (int s = 0; s < c->nsteps; s++) n += strlen(c->steps[s].model_name) + 1;
+    char *steps = c->nsteps ? malloc(n) : NULL;
+    if (steps) {
+        steps[0] = 0;
+        for (int s = 0; s < c->nsteps; s++) strcat(strcat(steps, c->steps[s].model_name), "\n");
+    }
+    pthread_rwlock_wrlock(&r->lock);
+    struct entry *e = entry_get(r, name);
+    if (e) {
+        free(e->steps);
+        e->steps = steps;
+        steps = NULL;
+    }
+    pthread_rwlock_unlock(&r->lock);
+    free(steps);
+}
+
+/* The ensembles whose steps name model `name` (with loaded, 1: only those
+ * with versions loaded): *out, their names, each and the array malloc'd
+ * (an entry may be NULL for want of memory). Returns how many. */
+static int dependents(repository_t *r, const char *name, int loaded, char ***out) {
+    char line[256];
+    snprintf(line, sizeof line, "%s\n", name);
+    pthread_rwlock_rdlock(&r->lock);
+    char **deps = calloc((size_t)r->nentries + 1, sizeof *deps);
+    int n = 0;
+    for (int i = 0; deps && i < r->nentries; i++) {
+        const char *st = r->entries[i].steps;
+        if (loaded && !r->entries[i].nversions) continue;
+        /* A name at the list's start or after a newline. */
+        for (const char *p = st; p && (p = strstr(p, line)); p++)
+            if (p == st || p[-1] == '\n') {
+                deps[n++] = strdup(r->entries[i].name);
+                break;
+            }
+    }
+    pthread_rwlock_unlock(&r->lock);
+    *out = deps;
+    return n;
+}
+
+/* Unloads every loaded ensemble whose steps name model `name`, just
+ * unloaded: its requests could only fail. The index says why; a load of
+ * the model loads it again (reload_dependents). */
+static void unload_dependents(repository_t *r, const char *name, int depth) {
+    char **deps = NULL;
+    int n = depth > 4 ? 0 : dependents(r, name, 1, &deps);
+    for (int i = 0; i < n; i++) {
+        if (deps[i]) {
+            char reason[512];
+            snprintf(reason, sizeof reason, "unloaded: model '%s', which a step of the ensemble runs, was unloaded",
+                     name);
+            entry_swap(r, deps[i], NULL, 0, ST_UNAVAILABLE, reason, 0);
+            log_info("ensemble '%s' %s", deps[i], reason);
+            unload_dependents(r, deps[i], depth + 1);
+        }
+        free(deps[i]);
+    }
+    free(deps);
+}
+
+/* Loads again every ensemble whose steps name model `name`, just loaded:
+ * one refused while it was missing now loads, one loaded is checked
+ * against the new version. Ensembles of ensembles follow, a few levels. */
+static void reload_dependents(repository_t *r, const char *name, int depth) {
+    if (depth > 4) return;
+    char **deps;
+    int n = dependents(r, name, 0, &deps);
+    for (int i = 0; i < n; i++) {
+        char err[512];
+        if (!deps[i]) continue;
+        if (load_checked(r, deps[i], NULL, NULL, err, sizeof err) == 0) {
+            log_info("ensemble '%s' loaded again after model '%s' was", deps[i], name);
+            reload_dependents(r, deps[i], depth + 1);
+        } else log_warn("ensemble '%s' not loaded after model '%s' was: %s", deps[i], name, err);
+        free(deps[i]);
+    }
+    free(deps);
+}
+
 /* The lifecycle phase of a load: the versions loaded (nv[0..nw), rc 0)
  * replace the entry's, which retire once their last request is done; after
  * a failure (rc) the ones loaded are released and the old versions keep
@@ -577,6 +701,7 @@ static int versions_publish(repository_t *r, const char *name, struct repo_versi
 static int load_locked(repository_t *r, const char *name, const char *override, const struct upload_set *up,
                        char *err, size_t err_len) {
     int rc = load_checked(r, name, override, up, err, err_len);
+    if (!rc) reload_dependents(r, name, 0);
     if (rc && rc != STATUS_NOT_FOUND) log_error("%s", err);
     if (rc && err) relative_to_root(r, err);
     return rc;
@@ -631,14 +756,6 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     if (stat(mdir, &st) || !S_ISDIR(st.st_mode))
         return ERR(STATUS_NOT_FOUND, "failed to poll from model repository: model '%s' is not in it", name);
     uint64_t sig = dir_signature(mdir, 2);
-    int64_t present[256];
-    int np = scan_versions(mdir, present, 256);
-    if (up && up->n && np > 0) np = versions_uploaded(up, present, np);
-    if (np <= 0) {
-        ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
-        entry_set_state(r, name, ST_UNAVAILABLE, err);
-        return STATUS_INVALID;
-    }
     size_t cfg_len = 0;
     char e2[4400];
     char *cfg = NULL;
@@ -660,6 +777,20 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     model_config_init(&pc, name);
     if (cfg && (model_config_parse(&pc, cfg, cfg_len, e2, sizeof e2) || check_bounds(r, &pc, e2, sizeof e2))) {
         ERR(STATUS_INVALID, "model '%s': %s: %s", name, cfg_file, e2);
+        model_config_clear(&pc);
+        free(cfg);
+        entry_set_state(r, name, ST_UNAVAILABLE, err);
+        return STATUS_INVALID;
+    }
+    /* An ensemble's versions are folders without files; none is version 1. */
+    int ensemble = pc.ensemble;
+    entry_set_steps(r, name, &pc);
+    int64_t present[256];
+    int np = scan_versions(mdir, present, 256, ensemble);
+    if (up && up->n && np > 0) np = versions_uploaded(up, present, np);
+    if (np <= 0 && ensemble) present[np = 0, np++] = 1;
+    if (np <= 0) {
+        ERR(STATUS_INVALID, "model '%s' has no version folder with a model.onnx (expected %s/1/model.onnx)", name, mdir);
         model_config_clear(&pc);
         free(cfg);
         entry_set_state(r, name, ST_UNAVAILABLE, err);
@@ -694,7 +825,7 @@ static int load_checked(repository_t *r, const char *name, const char *override,
     struct repo_version **nv = calloc((size_t)nw, sizeof *nv);
     int rc = nv ? 0 : STATUS_NOMEM;
     for (int i = 0; !rc && i < nw; i++) {
-        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, cfg_file, err, err_len);
+        nv[i] = version_load(r, name, mdir, want[i], cfg, cfg_len, cfg_file, ensemble, err, err_len);
         if (!nv[i]) rc = STATUS_INVALID;
     }
     free(cfg);
@@ -734,6 +865,7 @@ static int unload_locked(repository_t *r, const char *name, char *err, size_t er
             return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     }
     entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
+    unload_dependents(r, name, 0);
     return 0;
 }
 
@@ -774,6 +906,29 @@ static int list_folders(repository_t *r, char ***out) {
     return n;
 }
 
+/* The folder's configuration parsed into c (model_config_init'ed): 1 if
+ * it is an ensemble's, else 0 (whatever its errors: the load says them). */
+static int folder_ensemble(const repository_t *r, const char *name, struct model_config *c) {
+    char mdir[4096], e2[512];
+    snprintf(mdir, sizeof mdir, "%s/%s", r->root, name);
+    char *cfg = NULL;
+    size_t len = 0;
+    const char *file;
+    if (model_config_read_file(mdir, &cfg, &len, &file, e2, sizeof e2)) return 0;
+    int yes = model_config_parse(c, cfg, len, e2, sizeof e2) == 0 && c->ensemble;
+    free(cfg);
+    return yes;
+}
+
+/* Whether ensemble c (folder i) must wait for another ensemble folder of
+ * names, not yet loaded, that one of its steps names. */
+static int waits_for_ensemble(const struct model_config *c, char **names, const int *pending, int n, int i) {
+    for (int s = 0; s < c->nsteps; s++)
+        for (int j = 0; j < n; j++)
+            if (j != i && pending[j] && strcmp(names[j], c->steps[s].model_name) == 0) return 1;
+    return 0;
+}
+
 int repository_load_all(repository_t *r) {
     char **names;
     int n = list_folders(r, &names), failed = 0;
@@ -781,11 +936,35 @@ int repository_load_all(repository_t *r) {
         log_error("model repository %s: %s", r->root, strerror(errno));
         return 1;
     }
+    /* Models first, then ensembles, each after the ensembles its steps
+     * name (a cycle among them loads as it is, and is refused). */
     char err[512];
+    struct model_config *cs = calloc((size_t)n + 1, sizeof *cs);
+    int *pending = calloc((size_t)n + 1, sizeof *pending);
     for (int i = 0; i < n; i++) {
-        if (repository_load(r, names[i], err, sizeof err)) failed++;
+        if (cs && pending) {
+            model_config_init(&cs[i], names[i]);
+            pending[i] = folder_ensemble(r, names[i], &cs[i]);
+        }
+        if (!(pending && pending[i]) && repository_load(r, names[i], err, sizeof err)) failed++;
+    }
+    for (int progress = 1; cs && pending && progress;) {
+        progress = 0;
+        for (int i = 0; i < n; i++) {
+            if (!pending[i] || waits_for_ensemble(&cs[i], names, pending, n, i)) continue;
+            pending[i] = 0;
+            progress = 1;
+            if (repository_load(r, names[i], err, sizeof err)) failed++;
+        }
+    }
+    for (int i = 0; cs && pending && i < n; i++)
+        if (pending[i] && repository_load(r, names[i], err, sizeof err)) failed++;
+    for (int i = 0; i < n; i++) {
+        if (cs) model_config_clear(&cs[i]);
         free(names[i]);
     }
+    free(cs);
+    free(pending);
     free(names);
     return failed;
 }
@@ -826,6 +1005,7 @@ void repository_poll(repository_t *r) {
     for (int i = 0; i < ng; i++) {
         log_info("model '%s' left the repository: unloading", gone[i]);
         entry_swap(r, gone[i], NULL, 0, ST_UNAVAILABLE, "removed from the repository", 0);
+        unload_dependents(r, gone[i], 0);
         free(gone[i]);
     }
     free(gone);
@@ -1010,6 +1190,7 @@ void repository_free(repository_t *r) {
     pthread_join(r->reaper, NULL);
     for (int i = 0; i < r->nentries; i++) {
         free(r->entries[i].name);
+        free(r->entries[i].steps);
         free(r->entries[i].versions);
     }
     free(r->entries);

@@ -4,6 +4,12 @@
  *   <root>/<model>/config.json          optional (model_config.h)
  *   <root>/<model>/<version>/model.onnx  version = a positive integer
  *
+ * An ensemble (platform "ensemble", server/ensemble.h) has a configuration
+ * and version folders without files (none: version 1). It loads after the
+ * other models at start, is refused while a step's model is not loaded
+ * (the index gives the reason), is loaded again, checked anew, after each
+ * load of a model one of its steps names, and is unloaded with it.
+ *
  * A loaded version is a struct repo_version: the engine's model, its
  * completed configuration and its batcher. Requests take a reference with
  * repository_acquire and drop it with repository_release; a reload swaps the
@@ -36,8 +42,9 @@ struct repo_version {
     const char *name;            /* the model's name */
     int64_t version;
     char version_str[24];
-    struct model *model;
-    batcher_t *batcher;
+    struct model *model;         /* NULL for an ensemble */
+    batcher_t *batcher;          /* NULL for an ensemble */
+    struct ensemble *ensemble;   /* an ensemble's steps (server/ensemble.h), else NULL */
     struct model_config config;  /* completed; inputs/outputs in the model's order */
     struct pad_spec pad;         /* padded batching, when config.padding.enable */
     struct metrics_model *metrics;

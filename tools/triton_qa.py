@@ -10,8 +10,10 @@ the generated models (Triton's qa/common/gen_qa_*.py, ONNX parts only, run
 once), a model repository per suite, and out/<suite>.log and .server.log.
 Each suite is set up as its qa/L0_*/test.sh sets it up, with kiln in place
 of tritonserver on ports 8000/8001 (Python-backend identity models, which
-kiln cannot run, become ONNX Identity models under the same config.pbtxt).
-SUITE: L0_infer L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
+kiln cannot run, become ONNX Identity models under the same config.pbtxt;
+so do the identity backend's nop_* and custom_zero_1_float32 models that
+Triton's ensembles use as steps).
+SUITE: L0_infer L0_infer_ensemble L0_infer_zero L0_simple_ensemble L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
 L0_http L0_nullchar_string L0_input_validation L0_input_validation_names
 L0_shared_memory_http L0_shared_memory_grpc examples examples_control.
 Prints "SUITE passed total" per suite (TRITON_QA_TESTS="Class.test ..." narrows
@@ -84,15 +86,82 @@ onnx.save(m, {path!r})
 """], check=True)
 
 
+NOP = """
+import sys, onnx, onnx.helper as oh
+from onnx import TensorProto as TP
+path, tp, rank, two = sys.argv[1], getattr(TP, sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+names = [("INPUT0", "OUTPUT0"), ("INPUT1", "OUTPUT1")][:2 if two else 1]
+vi = lambda n, d: oh.make_tensor_value_info(n, tp, d)
+dims = [f"d{i}" for i in range(rank)]
+g = oh.make_graph([oh.make_node("Identity", [i], [o]) for i, o in names], "nop",
+                  [vi(i, dims) for i, _ in names], [vi(o, dims) for _, o in names])
+m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)]); m.ir_version = 8
+onnx.save(m, path)
+"""
+
+# The identity backend's data types, as ONNX element types.
+NOP_TYPES = {"BOOL": "BOOL", "STRING": "STRING", "FP16": "FLOAT16", "FP32": "FLOAT", "FP64": "DOUBLE"}
+
+
+def identity_backend_onnx(md, name, rank, two=True):
+    """An identity-backend model (config.pbtxt there) as ONNX Identity nodes:
+    the config says platform onnxruntime_onnx instead, the rest unchanged."""
+    p = f"{md}/{name}/config.pbtxt"
+    t = open(p).read().replace('backend: "identity"', 'platform: "onnxruntime_onnx"')
+    open(p, "w").write(t)
+    dt = re.search(r"data_type: TYPE_(\w+)", t).group(1)
+    tp = NOP_TYPES.get(dt, dt)
+    os.makedirs(f"{md}/{name}/1", exist_ok=True)
+    subprocess.run([PY, "-c", NOP, f"{md}/{name}/1/model.onnx", tp, str(rank), "1" if two else "0"], check=True)
+
+
+def ensemble_models(md, repo="qa_model_repository", pattern="*onnx*", hand_written=True):
+    """What qa/L0_infer/test.sh adds with ENSEMBLES=1 and BACKENDS=onnx: the
+    generated ensembles of ONNX models (repo's, named as pattern), the nop_*
+    identity models they use as steps, and (hand_written) the ensembles of
+    qa/ensemble_models and the custom_zero_1_float32 identity models those
+    use."""
+    ens = f"{GEN}/qa_ensemble_model_repository/{repo}"
+    for d in sorted(glob.glob(f"{ens}/{pattern}")):
+        if "bf16" not in d and not os.path.basename(d).startswith("nop_"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+    for d in sorted(glob.glob(f"{ens}/nop_*")):
+        n = os.path.basename(d)
+        cp(d, f"{md}/{n}")
+        # Batch dim first (max_batch_size 1024), then the config's dims.
+        identity_backend_onnx(md, n, 1 + n.rsplit("_", 1)[1].count("-1"))
+    if not hand_written:
+        return
+    for em in ("wrong_label_int32_float32_float32", "label_override_int32_float32_float32",
+               "mix_type_int32_float32_float32", "batch_to_nobatch_float32_float32_float32",
+               "batch_to_nobatch_nobatch_float32_float32_float32", "nobatch_to_batch_float32_float32_float32",
+               "nobatch_to_batch_nobatch_float32_float32_float32", "mix_nobatch_batch_float32_float32_float32"):
+        cp(f"{QA}/ensemble_models/{em}", f"{md}/{em}")
+        os.makedirs(f"{md}/{em}/1", exist_ok=True)
+    # test.sh's custom_zero_1_float32 (max_batch_size 8, dims [-1]) and
+    # custom_nobatch_zero_1_float32 (no batching, dims [-1, -1]).
+    for n, mbs, dims, rank in (("custom_zero_1_float32", 8, "[ -1 ]", 2),
+                               ("custom_nobatch_zero_1_float32", 0, "[ -1, -1 ]", 2)):
+        os.makedirs(f"{md}/{n}", exist_ok=True)
+        t = open(f"{QA}/custom_models/custom_zero_1_float32/config.pbtxt").read()
+        t = t.replace("custom_zero_1_float32", n).replace("max_batch_size: 1", f"max_batch_size: {mbs}")
+        t = t.replace("dims: [ 1 ]", f"dims: {dims}") + "instance_group [ { kind: KIND_CPU }]\n"
+        open(f"{md}/{n}/config.pbtxt", "w").write(t)
+        identity_backend_onnx(md, n, rank, two=False)
+
+
 def setup(suite, md):
     """Returns (cwd, test argv list, env, server flags)."""
     env = {}
     flags = []
-    if suite in ("L0_infer", "L0_infer_shm"):
+    if suite in ("L0_infer", "L0_infer_shm", "L0_infer_ensemble"):
         for d in onnx_models("qa_model_repository"):
             cp(d, f"{md}/{os.path.basename(d)}")
             append(f"{md}/{os.path.basename(d)}/config.pbtxt", "instance_group [ { kind: KIND_CPU }]\n")
         env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
+        if suite == "L0_infer_ensemble":
+            ensemble_models(md)
+            env["ENSEMBLES"] = "1"
         if suite == "L0_infer_shm":
             env["TEST_SYSTEM_SHARED_MEMORY"] = "1"
             flags = ["--allow-client-shm"]
@@ -108,6 +177,25 @@ def setup(suite, md):
             cp(d, f"{md}/{os.path.basename(d)}")
         env = {"BACKENDS": "onnx", "ENSEMBLES": "0"}
         return suite, ["infer_reshape_test.py"], env, flags
+    if suite == "L0_infer_zero":
+        # Its test.sh: the identity models and the ensembles of nop_* identity steps.
+        for d in onnx_models("qa_identity_model_repository"):
+            cp(d, f"{md}/{os.path.basename(d)}")
+        ensemble_models(md, "qa_identity_model_repository", "*", hand_written=False)
+        env = {"BACKENDS": "onnx"}
+        return suite, ["infer_zero_test.py"], env, flags
+    if suite == "L0_simple_ensemble":
+        # Its ensemble of four steps over two versions of `simple` (ONNX in
+        # Triton too: the add/sub model made here); the tests of sequence
+        # flags, partial outputs and backpressure need Python and decoupled
+        # models.
+        cp(f"{QA}/{suite}/models/ensemble_add_sub_int32_int32_int32", f"{md}/ensemble_add_sub_int32_int32_int32")
+        os.makedirs(f"{md}/ensemble_add_sub_int32_int32_int32/1", exist_ok=True)
+        simple_models(md)
+        shutil.copy(f"{QA}/{suite}/models/simple/config.pbtxt", f"{md}/simple/config.pbtxt")
+        cp(f"{md}/simple/1", f"{md}/simple/2")
+        tests = ["test_ensemble_add_sub", "test_ensemble_add_sub_one_output"]
+        return suite, ["ensemble_test.py"] + [f"EnsembleTest.{t}" for t in tests], env, flags
     if suite == "L0_string_io":
         cp(f"{GEN}/qa_identity_model_repository/onnx_zero_1_object", f"{md}/onnx_zero_1_object")
         # The python backend's string_identity model, as an ONNX Identity with the same config.
@@ -232,7 +320,7 @@ def suite_env(env):
 
 
 def run(kiln, suite):
-    if suite.startswith("L0_shared_memory"):
+    if suite.startswith("L0_shared_memory") or suite == "L0_simple_ensemble":
         return run_each(kiln, suite)
     return run_once(kiln, suite)
 
@@ -333,7 +421,9 @@ def generate(work):
     gens = [("gen_qa_models.py", ["--onnx"], "qa_model_repository"),
             ("gen_qa_models.py", ["--onnx", "--variable"], "qa_variable_model_repository"),
             ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
-            ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository")]
+            ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
+            ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
+            ("gen_qa_identity_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_identity_model_repository")]
     for script, args, out in gens:
         if not os.path.isdir(f"{work}/models/{out}"):
             subprocess.run([PY, script, *args, "--onnx_opset=0", f"--models_dir={work}/models/{out}"],

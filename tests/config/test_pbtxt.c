@@ -361,7 +361,7 @@ static void test_parse_keeps_warnings(void **state) {
     assert_non_null(strstr(c.warnings, "'metric_tags'"));
     const char *k = "{\"ensemble_scheduling\": {\"step\": []}}";
     assert_int_equal(model_config_parse(&c, k, strlen(k), g_err, sizeof g_err), STATUS_INVALID);
-    assert_non_null(strstr(g_err, "'ensemble_scheduling' is not supported"));
+    assert_non_null(strstr(g_err, "'ensemble_scheduling' needs platform \"ensemble\""));
     model_config_clear(&c);
 }
 
