@@ -128,6 +128,8 @@ struct model_embedding {
     int64_t max_tokens;             /* truncation; 0 = the tokenizer file's */
     /* Set by model_embedding_check: the model's indices (-1: none). */
     int output_index, ids, mask, types;
+};
+
 /* Triton's ensemble_scheduling (config/model_ensemble.c): a model whose
  * platform is "ensemble" runs no file of its own but steps, each a request
  * to another model. A step's input_map names, for each of its model's
