@@ -25,6 +25,7 @@
 #include "config/model_config.h"
 #include "server/batcher.h"
 #include "server/padding.h"
+#include "server/sequence.h"
 
 typedef struct repository repository_t;
 typedef struct cJSON cJSON;
@@ -37,6 +38,7 @@ struct repo_version {
     char version_str[24];
     struct model *model;
     batcher_t *batcher;
+    sequencer_t *sequencer;      /* sequence_batching's, in front of the batcher; NULL without */
     struct model_config config;  /* completed; inputs/outputs in the model's order */
     struct pad_spec pad;         /* padded batching, when config.padding.enable */
     struct metrics_model *metrics;
