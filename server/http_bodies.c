@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "server/batcher.h"
 #include "common/version.h"
+#include "models/model.h"
 #include "server/infer_cache.h"
 #include "server/metrics.h"
 #include "server/shm.h"
@@ -301,6 +302,12 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
                               model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
                               model_label(all[i]), all[i]->version_str, count);
     }
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_plan_builds Execution plans built for the model (a new "
+                                         "shape, or a new value of an input that decides one)\n"
+                                         "# TYPE kiln_plan_builds counter\n");
+    for (int i = 0; i < n; i++)
+        buf = metrics_appendf(buf, len, cap, "kiln_plan_builds{model=\"%s\",version=\"%s\"} %llu\n", model_label(all[i]),
+                              all[i]->version_str, (unsigned long long)model_plan_builds(all[i]->model));
     if (st) buf = padding_metrics(buf, len, cap, all, st, n);
     buf = sequence_metrics(buf, len, cap, all, n);
     free(st);

@@ -55,6 +55,11 @@ fi
 if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
     echo "bootstrap: creating .venv from requirements-dev.txt"
     [ -x .venv/bin/python ] || "$PY" -m venv .venv
-    .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+    # Lines marked "# no-deps" are installed without their dependencies
+    # (silero-vad's wheel would pull torch; only its ONNX files are read).
+    grep -v '# no-deps' requirements-dev.txt > .venv/requirements-deps.txt
+    .venv/bin/pip install -q --disable-pip-version-check -r .venv/requirements-deps.txt
+    nodeps=$(sed -n 's/^\([^#[:space:]]*\)[[:space:]]*# no-deps.*/\1/p' requirements-dev.txt)
+    [ -z "$nodeps" ] || .venv/bin/pip install -q --disable-pip-version-check --no-deps $nodeps
     touch .venv/.stamp
 fi
