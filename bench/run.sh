@@ -15,6 +15,7 @@
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
+#   sequences bench/vad_stream.py     silero-vad as 64 sequences: implicit vs explicit state vs onnxruntime
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero. Only modelset may skip itself, with its
@@ -33,7 +34,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm sequences limits modelset modelset_avx2"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -77,6 +78,7 @@ TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
+TITLE[sequences]="Sequences: silero-vad streamed with implicit state vs explicit state vs onnxruntime"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
 
@@ -120,6 +122,11 @@ run_grpc() { ROUNDS=${GRPC_ROUNDS:-3} bench/grpc.sh >"$OUT/grpc.log" 2>&1; }
 run_batching() { KILN=$KILN ROUNDS=${BATCHING_ROUNDS:-3} bench/batching.sh >"$OUT/batching.log" 2>&1; }
 run_padding() { ROUNDS=${PADDING_ROUNDS:-3} DURATION=${PADDING_DURATION:-10} bench/padding.sh >"$OUT/padding.log" 2>&1; }
 run_shm() { ROUNDS=${SHM_ROUNDS:-3} DURATION=${SHM_DURATION:-5} bench/shm.sh >"$OUT/shm.log" 2>&1; }
+# silero-vad's ONNX from its PyPI wheel (in .venv, --no-deps), 64 streams.
+run_sequences() {
+    "$PY" bench/vad_stream.py --kiln "$KILN" --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3} \
+        --csv "$OUT/sequences.csv" >"$OUT/sequences.md" 2>"$OUT/sequences.log"
+}
 run_modelset() { ROUNDS=${MODELSET_ROUNDS:-3} bench/modelset.sh >"$OUT/modelset.log" 2>&1; }
 # Most cloud CPUs users run on have AVX2 but not AVX-512: the set again with
 # CPUID answering as such a CPU for both engines (bench/cpuid_avx2.c).
@@ -420,6 +427,13 @@ def shm():
             yes(ratios[worst] >= 2))
 target("shm", "a 4 MiB input through system shared memory >= 2x the throughput of the same input in the body (HTTP)", shm)
 
+def sequences():
+    r = {x["mode"]: x for x in rows("sequences")}
+    worst = max(float(r[m]["plan_builds_per_frame"]) for m in ("implicit", "explicit"))
+    ratio = float(r["implicit"]["frames_per_s"]) / float(r["explicit"]["frames_per_s"])
+    return f"{worst:.3f} plan builds per frame; implicit / explicit state {ratio:.2f}x frames/s", yes(worst == 0)
+target("sequences", "silero-vad streamed as 64 sequences: 0 plan builds per frame after warm-up", sequences)
+
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")
 for row in out_rows:
@@ -439,6 +453,7 @@ PY
         mlserver) echo "Command: \`bench/mlserver.sh\` (\`kiln bench --json-data -c N\` against each server)" ;;
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
+        sequences) echo "Command: \`.venv/bin/python bench/vad_stream.py --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3}\`" ;;
         esac
         echo
         section_file "$s"

@@ -8,107 +8,35 @@ frame: only `sr` decides a shape, so only its value is bound in the plans.
 
 The wheel is installed without its dependencies (requirements-dev.txt,
 tools/bootstrap.sh): only its ONNX file is read, never its torch code."""
-import importlib.util
-import json
-import shutil
+import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import raw_request, serving
+from conftest import ROOT, raw_request, serving
 
-SR = 16000
-FRAME = 512        # samples per frame at 16 kHz (silero's own step)
-CONTEXT = 64       # samples of the previous frame prepended to each (silero's OnnxWrapper)
+sys.path.insert(0, str(ROOT / "bench"))
+from vad_stream import SR, audio, make_vad_repo, ort_session, windows  # noqa: E402 (bench/ holds the shared part)
+from vad_stream import ort_probs as _ort_probs  # noqa: E402
+from vad_stream import silero_onnx as _silero_onnx  # noqa: E402
 
 
 def silero_onnx():
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None:
+    path = _silero_onnx()
+    if path is None:
         pytest.skip("silero-vad is not installed (tools/bootstrap.sh installs it, --no-deps)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "silero_vad.onnx"
     assert path.exists(), path
     return path
 
 
-def vad_config(implicit=True):
-    """No batch dim (silero's state has its batch axis in the middle):
-    every frame runs alone, sequences in parallel on the instances."""
-    cfg = {"input": [{"name": "input", "data_type": "TYPE_FP32", "dims": [1, FRAME + CONTEXT]},
-                     {"name": "sr", "data_type": "TYPE_INT64", "dims": []}],
-           "output": [{"name": "output", "data_type": "TYPE_FP32", "dims": [1, 1]}],
-           "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-           "parameters": {"intra_op_thread_count": {"string_value": "1"}}}
-    if implicit:
-        cfg["sequence_batching"] = {
-            "max_sequence_idle_microseconds": 60000000,
-            "state": [{"input_name": "state", "output_name": "stateN", "data_type": "TYPE_FP32", "dims": [2, 1, 128]}]}
-    return cfg
-
-
-def make_vad_repo(root):
-    """vad (implicit state) and vad_explicit (state sent with each request)."""
-    src = silero_onnx()
-    for name, implicit in (("vad", True), ("vad_explicit", False)):
-        d = Path(root) / name / "1"
-        d.mkdir(parents=True, exist_ok=True)
-        shutil.copy(src, d / "model.onnx")
-        cfg = vad_config(implicit)
-        if not implicit:
-            cfg["input"].append({"name": "state", "data_type": "TYPE_FP32", "dims": [2, 1, 128]})
-            cfg["output"].append({"name": "stateN", "data_type": "TYPE_FP32", "dims": [2, 1, 128]})
-        (Path(root) / name / "config.json").write_text(json.dumps(cfg))
-    return root
-
-
-def audio(seed, frames):
-    """Deterministic test audio that silero hears as speech in places: a
-    voiced sound (harmonics of a gliding pitch shaped by three formants) in
-    syllables, and pauses of faint noise."""
-    rng = np.random.default_rng(seed)
-    n = frames * FRAME
-    t = np.arange(n) / SR
-    f0 = 140 + 30 * np.sin(2 * np.pi * 0.9 * t + seed)
-    phase = 2 * np.pi * np.cumsum(f0) / SR
-    x = np.zeros(n)
-    for h in range(1, 30):
-        fh = h * f0
-        amp = (np.exp(-((fh - 700) / 300) ** 2) + 0.6 * np.exp(-((fh - 1200) / 400) ** 2)
-               + 0.3 * np.exp(-((fh - 2500) / 500) ** 2))
-        x += amp * np.sin(h * phase) / h ** 0.3
-    syllables = (np.sin(2 * np.pi * 3.5 * t) > 0) * (np.sin(2 * np.pi * 0.4 * t + seed) > -0.2)
-    return (0.2 * x * syllables + 0.003 * rng.standard_normal(n)).astype(np.float32)
-
-
-def windows(x):
-    """The model's inputs: each frame with the previous frame's last 64 samples before it."""
-    ctx = np.zeros(CONTEXT, np.float32)
-    out = []
-    for k in range(len(x) // FRAME):
-        f = x[k * FRAME:(k + 1) * FRAME]
-        out.append(np.concatenate([ctx, f])[None, :])
-        ctx = f[-CONTEXT:]
-    return out
-
-
 def ort_probs(path, frames):
-    import onnxruntime as ort
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    s = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-    state = np.zeros((2, 1, 128), np.float32)
-    probs = []
-    for w in frames:
-        out, state = s.run(None, {"input": w, "state": state, "sr": np.array(SR, np.int64)})
-        probs.append(float(out.ravel()[0]))
-    return probs
+    return _ort_probs(ort_session(path), frames)
 
 
 @pytest.fixture(scope="module")
 def vad_srv(tmp_path_factory):
-    root = make_vad_repo(tmp_path_factory.mktemp("vad") / "repo")
+    root = make_vad_repo(tmp_path_factory.mktemp("vad") / "repo", silero_onnx())
     yield from serving(root)
 
 
