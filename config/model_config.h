@@ -136,6 +136,7 @@ struct model_seq_control {
 
 struct model_seq_state {
     char *input, *output;           /* the pair: output's value is input's next value */
+    int output_listed;              /* the file lists output in 'output': it is also sent to clients */
     enum dtype dtype;
     int ndim;
     int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0; -1 any */

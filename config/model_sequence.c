@@ -120,7 +120,8 @@ static int parse_control(struct model_sequence *s, const cJSON *e, int i, char *
     return 0;
 }
 
-static int parse_state(struct model_sequence *s, const cJSON *e, int i, char *err, size_t err_len) {
+static int parse_state(const struct model_config *c, struct model_sequence *s, const cJSON *e, int i, char *err,
+                       size_t err_len) {
     if (s->nstates == MODEL_SEQ_MAX_STATES) return INVALID(FIELD ".state' has more than %d states", MODEL_SEQ_MAX_STATES);
     const cJSON *in = cJSON_GetObjectItemCaseSensitive(e, "input_name");
     const cJSON *out = cJSON_GetObjectItemCaseSensitive(e, "output_name");
@@ -132,9 +133,8 @@ static int parse_state(struct model_sequence *s, const cJSON *e, int i, char *er
     memset(x, 0, sizeof *x);
     x->init_ndim = -1;
     x->dtype = cJSON_IsString(dt) ? dtype_from_config(dt->valuestring) : DT_UNDEFINED;
-    if (x->dtype == DT_UNDEFINED || x->dtype == DT_STRING)
-        return INVALID(FIELD ".state[%d].data_type' of '%s' must be a numeric type such as TYPE_FP32", i,
-                       in->valuestring);
+    if (x->dtype == DT_UNDEFINED)
+        return INVALID(FIELD ".state[%d].data_type' of '%s' must be a type such as TYPE_FP32", i, in->valuestring);
     if (!dims || dims_of(dims, x->dims, &x->ndim))
         return INVALID(FIELD ".state[%d].dims' of '%s' must be an array of at most %d integers >= -1", i,
                        in->valuestring, TENSOR_MAX_DIMS);
@@ -167,13 +167,10 @@ static int parse_state(struct model_sequence *s, const cJSON *e, int i, char *er
                                "model's initial_state/ folder", i, in->valuestring);
             if (!(x->file = strdup(file->valuestring))) return STATUS_NOMEM;
         }
-    } else {
-        for (int d = 0; d < x->ndim; d++)
-            if (x->dims[d] < 0)
-                return INVALID(FIELD ".state[%d]' of '%s': dims has a -1, so the state needs an initial_state with "
-                               "concrete dims", i, in->valuestring);
     }
     if (!(x->input = strdup(in->valuestring)) || !(x->output = strdup(out->valuestring))) return STATUS_NOMEM;
+    /* Triton sends a state output to clients when the configuration lists it as an output. */
+    x->output_listed = model_config_find_output(c, x->output) >= 0;
     s->nstates++;
     for (int j = 0; j < s->nstates - 1; j++)
         if (!strcmp(s->states[j].input, x->input) || !strcmp(s->states[j].output, x->output))
@@ -233,7 +230,7 @@ int model_sequence_parse(struct model_config *c, const cJSON *obj, char *err, si
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(obj, "state");
     if (!rc && st && !cJSON_IsArray(st)) rc = INVALID(FIELD ".state' must be an array");
     i = 0;
-    if (!rc && st) cJSON_ArrayForEach(e, st) if (!rc) rc = parse_state(s, e, i++, err, err_len);
+    if (!rc && st) cJSON_ArrayForEach(e, st) if (!rc) rc = parse_state(c, s, e, i++, err, err_len);
     if (rc) {
         model_sequence_clear(c);
         return rc;
@@ -275,7 +272,7 @@ int model_sequence_complete(struct model_config *c, const struct model_io *input
         if (c->inputs[k].dtype != x->dtype)
             return INVALID(FIELD ".state' '%s' is %s but the model's input is %s", x->input,
                            dtype_config_name(x->dtype), dtype_config_name(c->inputs[k].dtype));
-        int o = hide(c->outputs, c->noutputs, x->output);
+        int o = x->output_listed ? model_config_find_output(c, x->output) : hide(c->outputs, c->noutputs, x->output);
         if (o < 0) return INVALID(FIELD ".state' output_name '%s' is not an output of the model", x->output);
         if (c->outputs[o].dtype != x->dtype)
             return INVALID(FIELD ".state' '%s' is %s but the model's output '%s' is %s", x->input,

@@ -181,8 +181,9 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
     for (int i = 0; i < r->noutputs; i++) {
         int k = model_config_find_output(mc, r->outputs[i].name);
         if (k >= 0 && mc->outputs[k].hidden)
-            return INVALID("output '%s' of model '%s' is implicit state, kept by the server between a sequence's "
-                           "requests: it is not sent", r->outputs[i].name, mc->name);
+            return INVALID("unexpected inference output '%s' for model '%s': it is implicit state, kept by the "
+                           "server between a sequence's requests (list it under 'output' in the configuration to "
+                           "have it sent too)", r->outputs[i].name, mc->name);
         if (k < 0) {
             names_list(names, sizeof names, mc->outputs, mc->noutputs);
             return INVALID("unexpected inference output '%s' for model '%s': it has outputs %s", r->outputs[i].name,

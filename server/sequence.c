@@ -152,6 +152,20 @@ static int tomb_find(const sequencer_t *s, uint64_t id, const char *sid) {
 
 /* ---- state and controls ------------------------------------------------------ */
 
+/* An owned copy of src in *dst (strings included); a scalar too. 0 or STATUS_NOMEM. */
+static int state_copy(struct tensor *dst, const struct tensor *src) {
+    struct tensor v = *src;
+    if (v.ndim == 0) {
+        v.ndim = 1;
+        v.dims[0] = 1;
+    }
+    struct tensor_rows rows = {&v, 0, v.dims[0]};
+    if (tensor_copy_rows(dst, &rows, 1)) return STATUS_NOMEM;
+    dst->ndim = src->ndim;
+    memcpy(dst->dims, src->dims, sizeof dst->dims);
+    return 0;
+}
+
 static void state_set_initial(sequencer_t *s, struct seq *q) {
     for (int k = 0; k < s->cfg->nstates; k++) {
         if (q->state_owned[k]) tensor_free_data(&q->state[k]);
@@ -274,10 +288,16 @@ static struct sequence_item *finish_item(sequencer_t *s, struct sequence_item *i
     if (r->status == 0 && r->noutputs > 0)
         for (int k = 0; k < s->cfg->nstates; k++) {
             struct tensor *o = &r->outputs[s->state_out[k]];
+            struct tensor kept = *o;
+            /* A state output the client also gets is copied; else its block moves. */
+            if (s->cfg->states[k].output_listed ? state_copy(&kept, o) : (o->data = NULL, 0)) {
+                r->status = status_set(r->err, sizeof r->err, STATUS_NOMEM, "out of memory keeping state '%s'",
+                                       s->cfg->states[k].input);
+                break;
+            }
             if (q->state_owned[k]) tensor_free_data(&q->state[k]);
-            q->state[k] = *o; /* the block moves: the request no longer frees it */
+            q->state[k] = kept;
             q->state_owned[k] = 1;
-            o->data = NULL;
         }
     q->running = NULL;
     q->last_ns = clock_now_ns();
@@ -315,6 +335,23 @@ static void seq_done(struct batcher_request *r) {
     if (next) submit_item(s, next);
 }
 
+/* A request without START for a sequence that is not running: Triton's
+ * words (its clients' tests compare them), then why (why: how it went, 0
+ * if it never ran or is forgotten). */
+static int no_start(const sequencer_t *s, struct batcher_request *r, const char *ids, int why) {
+    char tail[256];
+    if (why == GONE_IDLE)
+        snprintf(tail, sizeof tail, "the sequence was released after %llu us without a request "
+                 "(max_sequence_idle_microseconds) and its state is gone", (unsigned long long)s->cfg->max_idle_us);
+    else if (why == GONE_ENDED)
+        snprintf(tail, sizeof tail, "the sequence has ended (a request with sequence_end came before)");
+    else
+        snprintf(tail, sizeof tail, "no sequence with this ID is running");
+    return status_set(r->err, sizeof r->err, STATUS_INVALID,
+                      "inference request for sequence %s to model '%s' must specify the START flag on the first "
+                      "request of the sequence: %s", ids, s->name, tail);
+}
+
 int sequencer_submit(sequencer_t *s, struct sequence_item *it, struct batcher_request *r, struct tensor *inputs) {
     char ids[256];
     r->status = 0;
@@ -326,8 +363,9 @@ int sequencer_submit(sequencer_t *s, struct sequence_item *it, struct batcher_re
     id_str(it->id, it->sid, ids, sizeof ids);
     if (r->rows != 1)
         return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                          "inference request for sequence %s to model '%s' has batch size %lld: a request of a "
-                          "sequence carries one row (one step of that sequence)", ids, s->name, (long long)r->rows);
+                          "inference request to model '%s' must specify batch-size 1 due to requirements of "
+                          "sequence batcher (sequence %s sent %lld rows: a request is one step of its sequence)",
+                          s->name, ids, (long long)r->rows);
     for (int k = 0; k < s->cfg->ncontrols; k++) {
         const struct model_seq_control *x = &s->cfg->controls[k];
         if (x->kind == MODEL_SEQ_CORRID && !it->sid != (x->dtype != DT_STRING))
@@ -347,9 +385,7 @@ int sequencer_submit(sequencer_t *s, struct sequence_item *it, struct batcher_re
     if (q && q->ended) { /* its END is accepted: a START begins a new one, anything else is late */
         if (!it->start) {
             pthread_mutex_unlock(&s->mu);
-            return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                              "inference request for sequence %s to model '%s' comes after the sequence's END: "
-                              "start a new sequence (sequence_start) to use the ID again", ids, s->name);
+            return no_start(s, r, ids, GONE_ENDED);
         }
         seq_unhash(s, q);
         q = NULL;
@@ -364,19 +400,7 @@ int sequencer_submit(sequencer_t *s, struct sequence_item *it, struct batcher_re
     if (!q && !it->start) {
         int why = tomb_find(s, it->id, it->sid);
         pthread_mutex_unlock(&s->mu);
-        if (why == GONE_IDLE)
-            return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                              "inference request for sequence %s to model '%s': the sequence was released after "
-                              "%llu us without a request (max_sequence_idle_microseconds) and its state is gone: "
-                              "start it again with sequence_start", ids, s->name,
-                              (unsigned long long)s->cfg->max_idle_us);
-        if (why == GONE_ENDED)
-            return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                              "inference request for sequence %s to model '%s' comes after the sequence's END: "
-                              "start a new sequence (sequence_start) to use the ID again", ids, s->name);
-        return status_set(r->err, sizeof r->err, STATUS_INVALID,
-                          "inference request for sequence %s to model '%s' must specify the START flag on the first "
-                          "request of the sequence (no such sequence is running)", ids, s->name);
+        return no_start(s, r, ids, why);
     }
     if (!q) {
         q = calloc(1, sizeof *q);
@@ -458,7 +482,8 @@ static void *idle_main(void *arg) {
 /* ---- making and freeing ------------------------------------------------------- */
 
 /* The initial value of state k: zeros or the file's bytes, of its
- * initial_state dims (else its dims), with a batch dim of 1. */
+ * initial_state dims (else its dims, each -1 taken as 1), with a batch dim
+ * of 1. */
 static int init_state(sequencer_t *s, int k, char *err, size_t err_len) {
     const struct model_seq_state *x = &s->cfg->states[k];
     struct tensor *t = &s->init[k];
@@ -467,7 +492,20 @@ static int init_state(sequencer_t *s, int k, char *err, size_t err_len) {
     if (s->batching) t->dims[t->ndim++] = 1;
     int nd = x->init_ndim >= 0 ? x->init_ndim : x->ndim;
     const int64_t *dims = x->init_ndim >= 0 ? x->init_dims : x->dims;
-    for (int d = 0; d < nd; d++) t->dims[t->ndim++] = dims[d];
+    /* Without initial_state a variable dim is 1 (as Triton's first request of a sequence has it). */
+    for (int d = 0; d < nd; d++) t->dims[t->ndim++] = dims[d] < 0 ? 1 : dims[d];
+    if (x->dtype == DT_STRING) { /* zeros are empty strings; a file holds 4-byte-length-prefixed strings */
+        if (!x->file) {
+            int64_t n = tensor_numel(t);
+            struct tensor_str *e = calloc((size_t)(n > 0 ? n : 1), sizeof *e);
+            for (int64_t k = 0; e && k < n; k++) e[k] = tensor_str_of("");
+            int rc = e ? tensor_strings_pack(t, e) : STATUS_NOMEM;
+            free(e);
+            return rc ? status_set(err, err_len, STATUS_NOMEM, "out of memory") : 0;
+        }
+        return status_set(err, err_len, STATUS_INVALID, "config field 'sequence_batching.state' '%s': a TYPE_STRING "
+                          "state starts from zero_data (empty strings); kiln reads no data_file for one", x->input);
+    }
     size_t bytes = (size_t)tensor_numel(t) * dtype_size(x->dtype);
     t->data = calloc(1, bytes ? bytes : 1);
     if (!t->data) return status_set(err, err_len, STATUS_NOMEM, "out of memory");

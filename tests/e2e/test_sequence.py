@@ -76,6 +76,9 @@ def seq_repo(tmp_path_factory):
     save_model(root, "acc_oldest", acc_graph(True), config=acc_config("oldest"))
     save_model(root, "acc_idle", acc_graph(True), config=acc_config("direct", idle_us=300000))
     save_model(root, "acc_str", acc_graph(True, corrid=False), config=acc_config("direct", corrid=False))
+    # The state output listed under 'output': kept and also sent (Triton's way to debug state).
+    save_model(root, "acc_listed", acc_graph(True), config=acc_config(
+        "direct", extra={"output": [{"name": "ACC_OUT", "data_type": "TYPE_FP32", "dims": [1]}]}))
     # Without batching, and with 2 slots only: the third sequence waits for one.
     save_model(root, "acc_nobatch", acc_graph(False),
                config=json.dumps({"sequence_batching": {"control_input": CTRL + [CORRID], "state": STATE},
@@ -238,13 +241,13 @@ def test_bad_sequence_requests(srv, kind):
     step(mod, c, "acc_direct", 31, 1.0, start=True)
     refused(lambda: step(mod, c, "acc_direct", 31, 1.0, start=True), "sequence_start", "has not ended")
     step(mod, c, "acc_direct", 31, 1.0, end=True)
-    refused(lambda: step(mod, c, "acc_direct", 31, 1.0), "after the sequence's END")
+    refused(lambda: step(mod, c, "acc_direct", 31, 1.0), "must specify the START flag", "has ended")
     # A string ID where the model's CORRID is an integer.
     refused(lambda: step(mod, c, "acc_direct", "abc", 1.0, start=True), "CORRID", "TYPE_INT64")
     # Two rows in one request of a sequence.
     x = mod.InferInput("INPUT", [2, 1], "FP32")
     x.set_data_from_numpy(np.ones([2, 1], np.float32))
-    refused(lambda: c.infer("acc_direct", [x], sequence_id=77, sequence_start=True), "batch size 2")
+    refused(lambda: c.infer("acc_direct", [x], sequence_id=77, sequence_start=True), "batch-size 1", "2 rows")
     # A control or state input sent by the client.
     x = mod.InferInput("INPUT", [1, 1], "FP32")
     x.set_data_from_numpy(np.ones([1, 1], np.float32))
@@ -337,3 +340,21 @@ def test_config_errors(tmp_path, make_server):
     assert "must have one of fp32_false_true, int32_false_true, bool_false_true" in text
     assert "output_name 'NOPE' is not an output of the model" in text
     assert "gives TYPE_INT32 values but the model's input is TYPE_FP32" in text
+
+
+def test_listed_state_output_is_sent_too(srv):
+    mod, c = http_client(srv)
+    sums = []
+    for i, v in enumerate([2.0, 3.0, 4.0]):
+        r = step(mod, c, "acc_listed", 55, v, start=i == 0, end=i == 2)
+        assert float(r.as_numpy("ACC_OUT").ravel()[0]) == float(r.as_numpy("OUTPUT").ravel()[0])
+        sums.append(float(r.as_numpy("OUTPUT").ravel()[0]))
+    assert sums == [2.0, 5.0, 9.0]
+    # Elsewhere it is not a model output clients may ask for.
+    from tritonclient.utils import InferenceServerException
+    x = mod.InferInput("INPUT", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones([1, 1], np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        c.infer("acc_direct", [x], sequence_id=56, sequence_start=True, outputs=[mod.InferRequestedOutput("ACC_OUT")])
+    assert "unexpected inference output 'ACC_OUT'" in str(e.value) and "implicit state" in str(e.value)
+    c.close()
