@@ -76,7 +76,6 @@ static int decode_params(struct kserve_request *r, const Inference__ModelInferRe
             if (param_uint(p, &v)) return INVALID("parameters.timeout must be an integer >= 0");
             r->timeout_us = v;
         } else if (strcmp(k, "sequence_id") == 0) {
-            r->seq_given = 1;
             if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM) {
                 if (!p->string_param || !*p->string_param)
                     return INVALID("parameters.sequence_id must be a non-empty string or an integer > 0");
@@ -85,7 +84,6 @@ static int decode_params(struct kserve_request *r, const Inference__ModelInferRe
                 return INVALID("parameters.sequence_id must be an integer >= 0 or a string");
             }
         } else if (strcmp(k, "sequence_start") == 0 || strcmp(k, "sequence_end") == 0) {
-            r->seq_given = 1;
             if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
                 return INVALID("parameters.%s must be true or false", k);
             *(k[9] == 's' ? &r->seq_start : &r->seq_end) = p->bool_param;

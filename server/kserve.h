@@ -75,11 +75,11 @@ struct kserve_request {
     int binary_data_output; /* parameters.binary_data_output */
     int no_cache;           /* parameters.cache == false: bypass the result cache */
     /* The sequence batcher's parameters: sequence_id (an integer, or a
-     * string in seq_sid), sequence_start, sequence_end. seq_given: any of
-     * them was sent. */
+     * string in seq_sid), sequence_start, sequence_end; a model without
+     * sequence_batching ignores them, as Triton does. */
     uint64_t seq_id;
     char *seq_sid;          /* NULL: the id is seq_id */
-    int seq_start, seq_end, seq_given;
+    int seq_start, seq_end;
     struct kserve_input *inputs;
     int ninputs;
     int raw;                /* a raw binary request: inputs[0] is the body as one BYTES element */

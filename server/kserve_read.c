@@ -1030,7 +1030,6 @@ static int read_params(struct rd *d) {
             continue;
         }
         seen |= 1u << w;
-        if (w >= 2 && w != 3 && w != 4) r->seq_given = 1;
         if (w == 2 && peek(d) == '"') { /* a string correlation ID */
             const char *sv;
             size_t n;
@@ -1041,7 +1040,9 @@ static int read_params(struct rd *d) {
             else if (!(r->seq_sid = keep_string(r, sv, n))) return no_memory(d);
             continue;
         }
-        if (w < 3 ? rd_uint(d, keys[w], 1.8e19, &v, &ok) : rd_bool(d, keys[w], &b, &ok)) return -1;
+        /* A correlation ID takes any uint64 (Triton's); priority and timeout are bounded as before. */
+        if (w < 3 ? rd_uint(d, keys[w], w == 2 ? 18446744073709551615.0 : 1.8e19, &v, &ok) : rd_bool(d, keys[w], &b, &ok))
+            return -1;
         if (!ok) rd_fail(d, "parameters.%s must be %s", keys[w],
                          w == 2 ? "an integer >= 0 or a string" : w < 2 ? "an integer >= 0" : "true or false");
         else if (w == 0) r->priority = (int64_t)(v > 1000000 ? 1000000 : v);
