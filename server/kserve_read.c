@@ -110,6 +110,7 @@ int kserve_request_name_outputs(struct kserve_request *r, const struct model_con
     if (n == mc->noutputs) return 0;
     struct kserve_output *o = calloc((size_t)n + 1, sizeof *o);
     if (!o) return STATUS_NOMEM;
+    free(r->outputs); /* an empty array (gRPC's decoder makes one), or NULL */
     r->outputs = o;
     for (int i = 0; i < mc->noutputs; i++) {
         if (mc->outputs[i].hidden) continue;
