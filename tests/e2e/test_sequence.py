@@ -61,8 +61,9 @@ def acc_config(strategy, batch=8, idle_us=None, corrid=True, extra=None):
                         "preferred_batch_size": [4, 8]}
     else:
         sb["direct"] = {"max_queue_delay_microseconds": 500}
-    if idle_us:
-        sb["max_sequence_idle_microseconds"] = idle_us
+    # A long idle time unless the test is about it: a loaded machine may
+    # leave seconds between two requests of a sequence.
+    sb["max_sequence_idle_microseconds"] = idle_us or 60000000
     cfg = {"max_batch_size": batch, "sequence_batching": sb,
            "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}
     cfg.update(extra or {})
@@ -74,14 +75,15 @@ def seq_repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("seqrepo")
     save_model(root, "acc_direct", acc_graph(True), config=acc_config("direct"))
     save_model(root, "acc_oldest", acc_graph(True), config=acc_config("oldest"))
-    save_model(root, "acc_idle", acc_graph(True), config=acc_config("direct", idle_us=300000))
+    save_model(root, "acc_idle", acc_graph(True), config=acc_config("direct", idle_us=1500000))
     save_model(root, "acc_str", acc_graph(True, corrid=False), config=acc_config("direct", corrid=False))
     # The state output listed under 'output': kept and also sent (Triton's way to debug state).
     save_model(root, "acc_listed", acc_graph(True), config=acc_config(
         "direct", extra={"output": [{"name": "ACC_OUT", "data_type": "TYPE_FP32", "dims": [1]}]}))
     # Without batching, and with 2 slots only: the third sequence waits for one.
     save_model(root, "acc_nobatch", acc_graph(False),
-               config=json.dumps({"sequence_batching": {"control_input": CTRL + [CORRID], "state": STATE},
+               config=json.dumps({"sequence_batching": {"control_input": CTRL + [CORRID], "state": STATE,
+                                                        "max_sequence_idle_microseconds": 60000000},
                                   "input": [{"name": "INPUT", "data_type": "TYPE_FP32", "dims": [1]}],
                                   "output": [{"name": "OUTPUT", "data_type": "TYPE_FP32", "dims": [1]},
                                              {"name": "END_OUT", "data_type": "TYPE_INT32", "dims": [1]},
@@ -261,12 +263,11 @@ def test_bad_sequence_requests(srv, kind):
 
 
 def test_idle_sequence_released(srv):
-    """acc_idle releases a sequence after 300 ms without a request: its next
+    """acc_idle releases a sequence after 1.5 s without a request: its next
     request is refused saying so, and a new START works."""
     from tritonclient.utils import InferenceServerException
     mod, c = http_client(srv)
     step(mod, c, "acc_idle", 9, 1.0, start=True)
-    step(mod, c, "acc_idle", 9, 1.0)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = raw_request(srv.url, "GET", "/metrics")[2].decode()
@@ -296,10 +297,14 @@ def test_sequences_wait_for_a_slot(srv):
 
     t = threading.Thread(target=third)
     t.start()
-    time.sleep(0.5)
-    assert "r" not in done  # no slot yet
-    m = raw_request(srv.url, "GET", "/metrics")[2].decode()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        m = raw_request(srv.url, "GET", "/metrics")[2].decode()
+        if 'kiln_sequence_waiting{model="acc_nobatch",version="1"} 1' in m:
+            break
+        time.sleep(0.05)
     assert 'kiln_sequence_waiting{model="acc_nobatch",version="1"} 1' in m
+    assert "r" not in done  # no slot yet
     assert 'kiln_sequence_slot_occupied{model="acc_nobatch",version="1",slot="1"} 1' in m
     step(mod, c, "acc_nobatch", 1, 1.0, end=True, batch=False)
     t.join(30)

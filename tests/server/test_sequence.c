@@ -130,7 +130,7 @@ static void wait_done(struct req *q) {
 static void test_order_state_and_batches(void **state) {
     (void)state;
     struct fixture f;
-    setup(&f, 4, 2, 1000000);
+    setup(&f, 4, 2, 60000000);
     enum { NS = 8, NR = 6 };
     static struct req q[NS][NR];
     for (int k = 0; k < NR; k++)
@@ -160,7 +160,7 @@ static void test_order_state_and_batches(void **state) {
 static void test_waits_for_a_slot(void **state) {
     (void)state;
     struct fixture f;
-    setup(&f, 1, 1, 1000000);
+    setup(&f, 1, 1, 60000000);
     struct req a0, b0, a1;
     assert_int_equal(submit(&f, &a0, 1, 1, 1, 0), 0);
     wait_done(&a0);
@@ -180,31 +180,20 @@ static void test_waits_for_a_slot(void **state) {
     teardown(&f);
 }
 
-/* Refusals, each naming what was wrong; an idle sequence is released. */
-static void test_refusals_and_idle_release(void **state) {
+/* Refusals, each naming what was wrong. */
+static void test_refusals(void **state) {
     (void)state;
     struct fixture f;
-    setup(&f, 4, 1, 30000);
-    struct req r;
+    setup(&f, 4, 1, 60000000);
+    struct req r, r2;
     assert_int_equal(submit(&f, &r, 0, 1, 1, 0), STATUS_INVALID);
     assert_non_null(strstr(r.br.err, "correlation ID"));
     assert_int_equal(submit(&f, &r, 7, 1, 0, 0), STATUS_INVALID);
     assert_non_null(strstr(r.br.err, "must specify the START flag"));
     assert_int_equal(submit(&f, &r, 7, 1, 1, 0), 0);
     wait_done(&r);
-    struct req r2;
     assert_int_equal(submit(&f, &r2, 7, 1, 1, 0), STATUS_INVALID);
     assert_non_null(strstr(r2.br.err, "has not ended"));
-    /* Idle for longer than 30 ms: released. */
-    struct sequencer_stats st;
-    for (int i = 0; i < 400; i++) {
-        sequencer_get_stats(f.s, &st, NULL, 0);
-        if (st.idle_released) break;
-        usleep(5000);
-    }
-    assert_int_equal(st.idle_released, 1);
-    assert_int_equal(submit(&f, &r2, 7, 1, 0, 0), STATUS_INVALID);
-    assert_non_null(strstr(r2.br.err, "max_sequence_idle_microseconds"));
     /* Ended: a late request says so; a new START works. */
     assert_int_equal(submit(&f, &r2, 8, 2, 1, 1), 0);
     wait_done(&r2);
@@ -216,11 +205,34 @@ static void test_refusals_and_idle_release(void **state) {
     teardown(&f);
 }
 
+/* A sequence idle for longer than max_sequence_idle_microseconds is
+ * released; its next request says so. */
+static void test_idle_release(void **state) {
+    (void)state;
+    struct fixture f;
+    setup(&f, 4, 1, 30000);
+    struct req r;
+    assert_int_equal(submit(&f, &r, 7, 1, 1, 0), 0);
+    wait_done(&r);
+    struct sequencer_stats st;
+    for (int i = 0; i < 400; i++) {
+        sequencer_get_stats(f.s, &st, NULL, 0);
+        if (st.idle_released) break;
+        usleep(5000);
+    }
+    assert_int_equal(st.idle_released, 1);
+    assert_int_equal(st.live, 0);
+    assert_int_equal(submit(&f, &r, 7, 1, 0, 0), STATUS_INVALID);
+    assert_non_null(strstr(r.br.err, "max_sequence_idle_microseconds"));
+    teardown(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_state_and_batches),
         cmocka_unit_test(test_waits_for_a_slot),
-        cmocka_unit_test(test_refusals_and_idle_release),
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_idle_release),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
