@@ -363,3 +363,23 @@ def test_listed_state_output_is_sent_too(srv):
         c.infer("acc_direct", [x], sequence_id=56, sequence_start=True, outputs=[mod.InferRequestedOutput("ACC_OUT")])
     assert "unexpected inference output 'ACC_OUT'" in str(e.value) and "implicit state" in str(e.value)
     c.close()
+
+
+def test_state_does_not_survive_an_unload(tmp_path, make_server):
+    """A reload starts every sequence afresh: a running sequence's next
+    request is refused (its START is needed again), and a new START begins
+    from the initial state."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+    root = tmp_path / "repo"
+    save_model(root, "acc", acc_graph(True), config=acc_config("direct"))
+    s = make_server(root, "--model-control-mode", "explicit", "--load-model", "acc")
+    c = httpclient.InferenceServerClient(s.url)
+    step(httpclient, c, "acc", 5, 3.0, start=True)
+    c.unload_model("acc")
+    c.load_model("acc")
+    with pytest.raises(InferenceServerException) as e:
+        step(httpclient, c, "acc", 5, 1.0)
+    assert "must specify the START flag" in str(e.value) and e.value.status() == "400"
+    assert run_sequence(httpclient, c, "acc", 5, [1.0, 1.0]) == expected(5, [1.0, 1.0])
+    c.close()

@@ -180,6 +180,23 @@ static void test_waits_for_a_slot(void **state) {
     teardown(&f);
 }
 
+/* An unload with a sequence still waiting for a slot answers its request
+ * (STATUS_UNAVAILABLE) and frees every state. */
+static void test_unload_answers_waiting_requests(void **state) {
+    (void)state;
+    struct fixture f;
+    setup(&f, 1, 1, 60000000);
+    struct req a0, b0;
+    assert_int_equal(submit(&f, &a0, 1, 1, 1, 0), 0);
+    wait_done(&a0);
+    assert_int_equal(submit(&f, &b0, 2, 5, 1, 0), 0);
+    usleep(10000);
+    assert_false(atomic_load(&b0.done));
+    teardown(&f);
+    assert_true(atomic_load(&b0.done));
+    assert_int_equal(b0.status, STATUS_UNAVAILABLE);
+}
+
 /* Refusals, each naming what was wrong. */
 static void test_refusals(void **state) {
     (void)state;
@@ -231,6 +248,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_state_and_batches),
         cmocka_unit_test(test_waits_for_a_slot),
+        cmocka_unit_test(test_unload_answers_waiting_requests),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_idle_release),
     };
