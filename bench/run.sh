@@ -16,6 +16,7 @@
 #   ensemble  bench/ensemble.sh       a three-step ensemble vs one model of the three graphs merged
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
+#   sequences bench/vad_stream.py     silero-vad as 64 sequences: implicit vs explicit state vs onnxruntime
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 #   tokenizers  bench/tokenizer_speed.py  kiln's C tokenizers vs the `tokenizers` library, one thread each
 # A section that fails is reported as failed (with the end of its log) and
@@ -36,7 +37,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm limits modelset modelset_avx2 tokenizers ensemble"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm sequences limits modelset modelset_avx2 tokenizers ensemble"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -81,6 +82,7 @@ TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
 TITLE[ensemble]="Ensembles: three steps vs one merged model"
+TITLE[sequences]="Sequences: silero-vad streamed with implicit state vs explicit state vs onnxruntime"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
 TITLE[tokenizers]="Tokenizers: kiln's C tokenizers vs the tokenizers library"
@@ -131,6 +133,11 @@ run_tokenizers() {
     cp "$OUT/tokenizers.txt" "$OUT/tokenizers.md"
 }
 run_ensemble() { ROUNDS=${ENSEMBLE_ROUNDS:-3} bench/ensemble.sh >"$OUT/ensemble.log" 2>&1; }
+# silero-vad's ONNX from its PyPI wheel (in .venv, --no-deps), 64 streams.
+run_sequences() {
+    "$PY" bench/vad_stream.py --kiln "$KILN" --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3} \
+        --csv "$OUT/sequences.csv" >"$OUT/sequences.md" 2>"$OUT/sequences.log"
+}
 run_modelset() { ROUNDS=${MODELSET_ROUNDS:-3} bench/modelset.sh >"$OUT/modelset.log" 2>&1; }
 # Most cloud CPUs users run on have AVX2 but not AVX-512: the set again with
 # CPUID answering as such a CPU for both engines (bench/cpuid_avx2.c).
@@ -440,6 +447,12 @@ def ensemble():
     return (f"{float(e['throughput']):.0f} vs {float(m['throughput']):.0f} req/s = {tr:.2f}x; p99 {p99:.2f}x (c={top})",
             yes(tr >= 0.9 and p99 <= 1.2))
 target("ensemble", "three-step ensemble at concurrency 64 >= 0.9x the merged model's throughput, p99 <= 1.2x", ensemble)
+def sequences():
+    r = {x["mode"]: x for x in rows("sequences")}
+    worst = max(float(r[m]["plan_builds_per_frame"]) for m in ("implicit", "explicit"))
+    ratio = float(r["implicit"]["frames_per_s"]) / float(r["explicit"]["frames_per_s"])
+    return f"{worst:.3f} plan builds per frame; implicit / explicit state {ratio:.2f}x frames/s", yes(worst == 0)
+target("sequences", "silero-vad streamed as 64 sequences: 0 plan builds per frame after warm-up", sequences)
 
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")
@@ -461,6 +474,7 @@ PY
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
         tokenizers) echo "Command: \`.venv/bin/python bench/tokenizer_speed.py --lines 20000 --rounds 3\` (\`kiln tokenize --bench 1\` vs Tokenizer.encode_batch with TOKENIZERS_PARALLELISM=false, the same tokenizer.json files and lines)" ;;
+        sequences) echo "Command: \`.venv/bin/python bench/vad_stream.py --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3}\`" ;;
         esac
         echo
         section_file "$s"

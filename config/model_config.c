@@ -48,6 +48,7 @@ void model_config_clear(struct model_config *c) {
     model_padding_clear(c);
     model_embedding_clear(c);
     model_ensemble_clear(c);
+    model_sequence_clear(c);
     free(c->warnings);
     memset(c, 0, sizeof *c);
 }
@@ -487,6 +488,9 @@ int model_config_parse(struct model_config *c, const char *json, size_t len, cha
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "model_warmup")) &&
         (rc = model_warmup_parse(c, v, err, err_len)))
         goto out;
+    if ((v = cJSON_GetObjectItemCaseSensitive(root, "sequence_batching")) &&
+        (rc = model_sequence_parse(c, v, err, err_len)))
+        goto out;
     /* kiln's own: {"precision": "fp32"|"fp16", "cuda_graphs": bool}. Other
      * keys (Triton's optimization.cuda, priority...) are ignored. */
     if ((v = cJSON_GetObjectItemCaseSensitive(root, "optimization"))) {
@@ -696,6 +700,7 @@ int model_config_complete(struct model_config *c, const struct model_io *inputs,
         if (model_config_find_input(c, inputs[i].name) < 0)
             return INVALID("config field 'input' does not list the model's input '%s'", inputs[i].name);
     rc = complete_list(c, &c->outputs, &c->noutputs, "output", outputs, noutputs, err, err_len);
+    if (!rc) rc = model_sequence_complete(c, inputs, ninputs, outputs, noutputs, err, err_len);
     if (!rc) rc = model_padding_complete(c, inputs, ninputs, outputs, noutputs, err, err_len);
     if (!rc) rc = model_embedding_check(c, err, err_len);
     return rc ? rc : model_warmup_check(c, err, err_len);
@@ -762,6 +767,7 @@ int model_config_find_output(const struct model_config *c, const char *name) {
 static cJSON *io_json(const struct model_config_io *io, int n) {
     cJSON *arr = cJSON_CreateArray();
     for (int i = 0; i < n; i++) {
+        if (io[i].hidden) continue; /* sequence_batching's, listed there */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", io[i].name);
         cJSON_AddStringToObject(o, "data_type", dtype_config_name(io[i].dtype) ? dtype_config_name(io[i].dtype) : "TYPE_INVALID");
@@ -844,5 +850,6 @@ cJSON *model_config_to_json(const struct model_config *c) {
     if (c->padding.given || c->padding.ninputs)
         cJSON_AddItemToObject(o, "sequence_padding", model_padding_to_json(c));
     if (c->nwarmup) cJSON_AddItemToObject(o, "model_warmup", model_warmup_to_json(c));
+    if (c->sequence.enable) cJSON_AddItemToObject(o, "sequence_batching", model_sequence_to_json(c));
     return o;
 }

@@ -48,6 +48,10 @@ struct model_config_io {
     /* An optional input's default: the model's initializer for it, owned
      * by the model (server/repository.c sets it); NULL: none. */
     const struct tensor *dflt;
+    /* A sequence model's control or state input, or state output
+     * (sequence_batching): the server fills or keeps it, so clients
+     * neither send nor see it (metadata, the config they read, answers). */
+    int hidden;
     char *label_filename;           /* outputs: labels for classification, one per line */
     char **labels;                  /* loaded by model_config_load_labels */
     int nlabels;
@@ -154,6 +158,50 @@ struct model_ensemble_step {
     int ninput_map, noutput_map;
 };
 
+/* Triton's sequence_batching (config/model_sequence.c): requests that
+ * carry a correlation ID go, in order, to their sequence; the server fills
+ * the control inputs and keeps the implicit state (an input fed with the
+ * same sequence's last value of an output) between requests. */
+#define MODEL_SEQ_MAX_CONTROLS 8
+#define MODEL_SEQ_MAX_STATES 16
+
+enum model_seq_control_kind { MODEL_SEQ_START = 0, MODEL_SEQ_READY = 1, MODEL_SEQ_END = 2, MODEL_SEQ_CORRID = 3 };
+
+struct model_seq_control {
+    char *input;                    /* the model input it fills */
+    enum model_seq_control_kind kind;
+    enum dtype dtype;               /* START/READY/END: FP32, INT32 or BOOL; CORRID: its data_type */
+    double value[2];                /* START/READY/END: the false and true values */
+};
+
+struct model_seq_state {
+    char *input, *output;           /* the pair: output's value is input's next value */
+    int output_listed;              /* the file lists output in 'output': it is also sent to clients */
+    enum dtype dtype;
+    int ndim;
+    int64_t dims[TENSOR_MAX_DIMS];  /* without the batch dim when max_batch_size > 0; -1 any */
+    /* initial_state: zeros of init_dims (default: dims, which must then be
+     * concrete), or the raw bytes of file (in the model's initial_state/). */
+    char *file;
+    int init_ndim;                  /* -1: dims */
+    int64_t init_dims[TENSOR_MAX_DIMS];
+};
+
+struct model_sequence {
+    int enable;                     /* the section is present */
+    int oldest;                     /* strategy oldest; else direct */
+    uint64_t max_idle_us;           /* max_sequence_idle_microseconds; default 1000000 */
+    uint64_t max_queue_delay_us;    /* the strategy's */
+    int max_candidates;             /* oldest.max_candidate_sequences; 0 = max_batch_size per instance */
+    int preferred_batch_size[MODEL_CONFIG_MAX_PREFERRED];
+    int npreferred;
+    int preserve_ordering;
+    struct model_seq_control controls[MODEL_SEQ_MAX_CONTROLS];
+    int ncontrols;
+    struct model_seq_state states[MODEL_SEQ_MAX_STATES];
+    int nstates;
+};
+
 enum model_version_policy { MODEL_VERSIONS_LATEST = 0, MODEL_VERSIONS_ALL = 1, MODEL_VERSIONS_SPECIFIC = 2 };
 
 struct model_config {
@@ -206,6 +254,7 @@ struct model_config {
     struct model_ensemble_step *steps;
     int nsteps;
     int max_inflight_requests;      /* ensemble_scheduling.max_inflight_requests; 0 = no bound */
+    struct model_sequence sequence; /* sequence_batching */
     /* Fields accepted but ignored (config/model_fields.h), one line each
      * naming the field; NULL when none. Logged once at load. */
     char *warnings;
@@ -286,6 +335,15 @@ int model_embedding_check(struct model_config *c, char *err, size_t err_len);
 void model_embedding_clear(struct model_config *c);
 void model_embedding_to_json(const struct model_config *c, cJSON *params);
 const char *model_embedding_pooling_name(enum model_pooling p);
+/* sequence_batching (config/model_sequence.c): parses the field; completes
+ * it against the model (each control and state input and state output must
+ * be the model's, of the data type said; they join the configuration's
+ * inputs and outputs marked hidden); its JSON form. */
+int model_sequence_parse(struct model_config *c, const cJSON *obj, char *err, size_t err_len);
+int model_sequence_complete(struct model_config *c, const struct model_io *inputs, int ninputs,
+                            const struct model_io *outputs, int noutputs, char *err, size_t err_len);
+void model_sequence_clear(struct model_config *c);
+cJSON *model_sequence_to_json(const struct model_config *c);
 
 /* Shape out[0..ndim) from dims (at most one -1) holding count elements:
  * 0, or -1 when no such shape holds them. */

@@ -2,6 +2,7 @@
  * planner (models/control.h). */
 #include "models/control.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,11 @@ struct sub {
     int nplans, next;
     struct tensor *in;   /* g->ninputs descriptors, filled by the op before each plan or run */
     struct tensor *out;  /* g->noutputs results of the last run (data owned, NULL once taken) */
+    /* The op's state is the plan's, and a plan is shared by every execution
+     * context of its model: two instances running it at once would share
+     * in, out, the executor and (Loop, Scan) the iteration state. A run
+     * holds this for its whole length. */
+    pthread_mutex_t run_mu;
 };
 
 static void sub_clear_outputs(struct sub *s) {
@@ -49,12 +55,14 @@ static void sub_free(struct sub *s) {
     backend_free(s->be);
     free(s->in);
     free(s->out);
+    pthread_mutex_destroy(&s->run_mu);
     memset(s, 0, sizeof *s);
 }
 
 static int sub_init(struct op_call *c, struct sub *s, const struct graph *g, const char *what) {
     memset(s, 0, sizeof *s);
     if (!g) return op_error(c, "attribute '%s' (a graph) is missing", what);
+    pthread_mutex_init(&s->run_mu, NULL);
     s->g = g;
     s->nthreads = c->nthreads;
     s->in = calloc((size_t)(g->ninputs ? g->ninputs : 1), sizeof *s->in);
@@ -144,6 +152,15 @@ static int sub_run(struct op_call *c, struct sub *s) {
     rc = plan_exec_run(s->x, p, s->g->ninputs ? s->in : &none, s->out, err, sizeof err);
     if (rc) return op_error(c, "subgraph '%s': %s", s->g->name ? s->g->name : "", err);
     return 0;
+}
+
+/* Runs fn, a Loop's or Scan's whole run, holding its body's run_mu: one
+ * run at a time per plan. */
+static int sub_locked(struct op_call *c, struct sub *s, int (*fn)(struct op_call *c)) {
+    pthread_mutex_lock(&s->run_mu);
+    int rc = fn(c);
+    pthread_mutex_unlock(&s->run_mu);
+    return rc;
 }
 
 static int same_shape(const struct tensor *a, const struct tensor *b) {
@@ -254,11 +271,13 @@ static int if_run(struct op_call *c) {
     struct if_state *st = c->state;
     int b = truthy(c->in[0]) ? 0 : 1;
     struct sub *s = &st->br[b];
+    pthread_mutex_lock(&s->run_mu);
     sub_captures(s, c, 0);
     int rc = sub_run(c, s);
     for (int o = 0; !rc && o < c->nout; o++)
         rc = copy_result(c, o, &s->out[o], b ? "else_branch" : "then_branch");
     sub_clear_outputs(s);
+    pthread_mutex_unlock(&s->run_mu);
     return rc;
 }
 
@@ -451,7 +470,7 @@ static int stack_slice(struct op_call *c, int o, const struct tensor *r, int axi
     return 0;
 }
 
-static int loop_run(struct op_call *c) {
+static int loop_run_locked(struct op_call *c) {
     struct loop_state *st = c->state;
     struct sub *s = &st->body;
     int n = st->n, k = st->k, rc = 0;
@@ -619,7 +638,7 @@ static void take_slice(const struct tensor *x, int axis, int64_t pos, void *dst)
         memcpy((char *)dst + (size_t)q * inner, (const char *)x->data + ((size_t)(q * len + pos)) * inner, inner);
 }
 
-static int scan_run(struct op_call *c) {
+static int scan_run_locked(struct op_call *c) {
     struct scan_state *st = c->state;
     struct sub *s = &st->body;
     int n = st->n, rc = 0;
@@ -646,6 +665,14 @@ out:
     carried_free(&cv, n);
     sub_clear_outputs(s);
     return rc;
+}
+
+static int loop_run(struct op_call *c) {
+    return sub_locked(c, &((struct loop_state *)c->state)->body, loop_run_locked);
+}
+
+static int scan_run(struct op_call *c) {
+    return sub_locked(c, &((struct scan_state *)c->state)->body, scan_run_locked);
 }
 
 /* ---- the table ----------------------------------------------------------------- */

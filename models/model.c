@@ -231,6 +231,8 @@ int model_find_output(const struct model *m, const char *name) {
 }
 
 int model_node_count(const struct model *m) { return m->g->nnodes; }
+
+uint64_t model_plan_builds(const struct model *m) { return plan_cache_builds(m->plans); }
 int model_shapes_follow_values(const struct model *m) {
     return m->shapes_follow_values || atomic_load_explicit(&m->value_driven, memory_order_relaxed);
 }
@@ -355,6 +357,34 @@ static int run_plan(struct model_exec *x, const struct tensor *inputs, int ninpu
     return rc;
 }
 
+/* The small inputs whose values were bound (more, besides bind) made a
+ * plan *p build; bound, each is part of the plan's signature, so a new
+ * value builds a new plan. Most such inputs do not decide a shape (a
+ * streaming model's audio frame and state, beside the sample rate that an
+ * If tests): each is tried unbound, and left so when the plan still builds
+ * without its value. What is returned is what must stay bound; *p is the
+ * plan for it (the others' references dropped). Tried once per model, when
+ * binding starts; a plan that builds is one that needs no more values. */
+static uint64_t bind_fewest(struct model_exec *x, struct plan_cache *cache, const struct tensor *inputs,
+                            uint64_t bind, uint64_t more, struct plan **p) {
+    const struct graph *g = x->m->g;
+    for (int i = 0; i < 64 && i < g->ninputs; i++) {
+        uint64_t bit = (uint64_t)1 << i;
+        if (!(more & bit) || (bind & bit)) continue;
+        struct plan *q = NULL;
+        int built = 0;
+        char e[256];
+        if (plan_cache_get(cache, g, inputs, more & ~bit, x->be, plan_exec_nthreads(x->pe), &q, &built, e,
+                           sizeof e))
+            continue; /* its value decides a shape: it stays bound */
+        if (built) x->builds++;
+        plan_release(*p);
+        *p = q;
+        more &= ~bit;
+    }
+    return more;
+}
+
 /* Runs checked inputs on the plan for their shapes (built on first use). */
 static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ninputs, struct tensor *outputs,
                        char *err, size_t err_len) {
@@ -382,6 +412,7 @@ static int run_plan_in(struct model_exec *x, const struct tensor *inputs, int ni
         uint64_t more = bind | small;
         int rc2 = plan_cache_get(cache, g, inputs, more, x->be, plan_exec_nthreads(x->pe), &p, &built, err2, sizeof err2);
         if (rc2 == 0) {
+            more = bind_fewest(x, cache, inputs, bind, more, &p);
             atomic_fetch_or(&m->bind_values, more);
             log_debug("model inputs decide output shapes; plans are built per value of those inputs");
             rc = 0;

@@ -79,6 +79,9 @@ int model_find_input(const struct model *m, const char *name);
 int model_find_output(const struct model *m, const char *name);
 /* Graph facts for logs and metadata: node count, opset, producer. */
 int model_node_count(const struct model *m);
+/* Plans built for the model's host runs so far, every execution context
+ * together: a steady stream of one shape builds none once warm. */
+uint64_t model_plan_builds(const struct model *m);
 /* 1 if the model's output shapes may depend on its input values, not only
  * on their shapes (NonZero, NonMaxSuppression on computed values), or if
  * its requests run node by node because a plan could not hold such a shape

@@ -75,6 +75,18 @@ static int decode_params(struct kserve_request *r, const Inference__ModelInferRe
         } else if (strcmp(k, "timeout") == 0) {
             if (param_uint(p, &v)) return INVALID("parameters.timeout must be an integer >= 0");
             r->timeout_us = v;
+        } else if (strcmp(k, "sequence_id") == 0) {
+            if (p->parameter_choice_case == INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_STRING_PARAM) {
+                if (!p->string_param || !*p->string_param)
+                    return INVALID("parameters.sequence_id must be a non-empty string or an integer > 0");
+                if (!(r->seq_sid = strdup(p->string_param))) return STATUS_NOMEM;
+            } else if (param_uint(p, &r->seq_id)) {
+                return INVALID("parameters.sequence_id must be an integer >= 0 or a string");
+            }
+        } else if (strcmp(k, "sequence_start") == 0 || strcmp(k, "sequence_end") == 0) {
+            if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
+                return INVALID("parameters.%s must be true or false", k);
+            *(k[9] == 's' ? &r->seq_start : &r->seq_end) = p->bool_param;
         } else if (strcmp(k, "cache") == 0) {
             if (p->parameter_choice_case != INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)
                 return INVALID("parameters.cache must be true or false");

@@ -15,6 +15,7 @@
 #include "server/batcher.h"
 #include "common/version.h"
 #include "server/ensemble.h"
+#include "models/model.h"
 #include "server/infer_cache.h"
 #include "server/metrics.h"
 #include "server/shm.h"
@@ -43,6 +44,7 @@ cJSON *http_body_server_metadata(void) {
 static cJSON *io_meta(const struct model_config *c, const struct model_config_io *io, int n) {
     cJSON *arr = cJSON_CreateArray();
     for (int i = 0; i < n; i++) {
+        if (io[i].hidden) continue; /* the sequence batcher fills or keeps it */
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "name", io[i].name);
         cJSON_AddStringToObject(o, "datatype", dtype_kserve_name(io[i].dtype));
@@ -262,6 +264,46 @@ static char *ensemble_metrics(char *buf, size_t *len, size_t *cap, struct repo_v
     return buf;
 }
 
+/* The sequence batchers' series (server/sequence.h): live and waiting
+ * sequences, starts, ends and idle releases, and per slot whether a
+ * sequence holds it and how many requests ran in it. */
+static char *sequence_metrics(char *buf, size_t *len, size_t *cap, struct repo_version **all, int n) {
+    static const struct {
+        const char *name, *type, *help;
+    } series[] = {
+        {"kiln_sequence_live", "gauge", "Sequences holding a slot"},
+        {"kiln_sequence_waiting", "gauge", "Sequences started and waiting for a slot"},
+        {"kiln_sequence_started", "counter", "Sequences started"},
+        {"kiln_sequence_ended", "counter", "Sequences released after their END request"},
+        {"kiln_sequence_idle_released", "counter", "Sequences released after max_sequence_idle_microseconds without a request"},
+        {"kiln_sequence_slot_occupied", "gauge", "1 while a sequence holds the slot"},
+        {"kiln_sequence_slot_requests", "counter", "Requests run in the slot (the first 256 slots)"},
+    };
+    uint8_t room[4096];
+    struct sequencer_stats st;
+    for (size_t k = 0; k < sizeof series / sizeof series[0]; k++) {
+        int any = 0;
+        for (int i = 0; i < n; i++) {
+            if (!all[i]->sequencer) continue;
+            if (!any++)
+                buf = metrics_appendf(buf, len, cap, "# HELP %s %s\n# TYPE %s %s\n", series[k].name, series[k].help,
+                                      series[k].name, series[k].type);
+            sequencer_get_stats(all[i]->sequencer, &st, room, (int)sizeof room);
+            const uint64_t v[] = {st.live, st.waiting, st.started, st.ended, st.idle_released};
+            if (k < 5) {
+                buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\"} %llu\n", series[k].name,
+                                      model_label(all[i]), all[i]->version_str, (unsigned long long)v[k]);
+                continue;
+            }
+            for (int sl = 0; sl < st.nslots && (k == 5 || sl < 256); sl++)
+                buf = metrics_appendf(buf, len, cap, "%s{model=\"%s\",version=\"%s\",slot=\"%d\"} %llu\n",
+                                      series[k].name, model_label(all[i]), all[i]->version_str, sl,
+                                      (unsigned long long)(k == 5 ? st.slot_used[sl] : st.slot_requests[sl]));
+        }
+    }
+    return buf;
+}
+
 static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
     const struct metrics_page *pg = arg;
     struct repo_version **all;
@@ -309,8 +351,17 @@ static char *metrics_extra(void *arg, char *buf, size_t *len, size_t *cap) {
                               model_label(all[i]), all[i]->version_str, count, model_label(all[i]), all[i]->version_str, sum,
                               model_label(all[i]), all[i]->version_str, count);
     }
+    buf = metrics_appendf(buf, len, cap, "# HELP kiln_plan_builds Execution plans built for the model (a new "
+                                         "shape, or a new value of an input that decides one)\n"
+                                         "# TYPE kiln_plan_builds counter\n");
+    for (int i = 0; i < n; i++)
+        if (all[i]->model) /* an ensemble has none */
+            buf = metrics_appendf(buf, len, cap, "kiln_plan_builds{model=\"%s\",version=\"%s\"} %llu\n",
+                                  model_label(all[i]), all[i]->version_str,
+                                  (unsigned long long)model_plan_builds(all[i]->model));
     if (st) buf = padding_metrics(buf, len, cap, all, st, n);
     buf = ensemble_metrics(buf, len, cap, all, n);
+    buf = sequence_metrics(buf, len, cap, all, n);
     free(st);
     for (int i = 0; i < n; i++) repository_release(all[i]);
     free(all);

@@ -47,6 +47,7 @@ struct infer_request {
     struct tensor *outputs;
     struct batcher_request br;
     struct ensemble_run *run;    /* an ensemble's steps (server/ensemble.h), else NULL */
+    struct sequence_item seq;    /* a sequence model's request: its correlation ID and flags */
     uint64_t t0;
     shm_owner_t shm_owner;       /* whose shared-memory regions the request may name */
     int cached;                  /* the result cache is consulted for this request */
@@ -229,10 +230,18 @@ static void infer_submit(struct infer_request *r) {
     r->br.done = infer_done;
     r->br.user = r;
     atomic_init(&r->br.cancelled, 0);
-    /* The model's batcher, or an ensemble's steps through theirs. */
-    /* A result to be cached holds every output: the steps all run. */
-    int rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, r->cached ? NULL : &r->kr,
+    int rc;
+    if (r->v->sequencer) {
+        /* The sequencer fills the hidden inputs in ordered, then submits. */
+        r->seq = (struct sequence_item){.id = r->kr.seq_id, .sid = r->kr.seq_sid, .start = r->kr.seq_start,
+                                        .end = r->kr.seq_end};
+        rc = sequencer_submit(r->v->sequencer, &r->seq, &r->br, r->ordered);
+    } else {
+        /* The model's batcher, or an ensemble's steps through theirs. A
+         * result to be cached holds every output: the steps all run. */
+        rc = ensemble_schedule(r->v, &r->br, r->kr.no_cache ? NULL : r->core->cache, r->cached ? NULL : &r->kr,
                                &r->run);
+    }
     if (rc) infer_finish(r, rc, r->br.err);
 }
 
@@ -258,6 +267,9 @@ void infer_request_start(struct infer_request *r) {
     int rc = r->ordered ? infer_shm_resolve(&r->kr, r->v->name, r->core->shm, r->shm_owner, err, sizeof err)
                         : status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     if (!rc) rc = kserve_request_bind(&r->kr, &r->v->config, r->ordered, &r->br.rows, err, sizeof err);
+    /* A sequence model's state outputs are kept, not sent: "every output" means the visible ones. */
+    if (!rc && r->v->sequencer && kserve_request_name_outputs(&r->kr, &r->v->config))
+        rc = status_set(err, sizeof err, STATUS_NOMEM, "out of memory");
     if (rc) {
         infer_finish(r, rc, err);
         return;

@@ -74,6 +74,12 @@ struct kserve_request {
     uint64_t timeout_us;    /* parameters.timeout; 0 = none */
     int binary_data_output; /* parameters.binary_data_output */
     int no_cache;           /* parameters.cache == false: bypass the result cache */
+    /* The sequence batcher's parameters: sequence_id (an integer, or a
+     * string in seq_sid), sequence_start, sequence_end; a model without
+     * sequence_batching ignores them, as Triton does. */
+    uint64_t seq_id;
+    char *seq_sid;          /* NULL: the id is seq_id */
+    int seq_start, seq_end;
     struct kserve_input *inputs;
     int ninputs;
     int raw;                /* a raw binary request: inputs[0] is the body as one BYTES element */
@@ -101,6 +107,12 @@ int kserve_request_parse(struct kserve_request *r, const void *body, size_t len,
                          char *err, size_t err_len);
 /* Frees what r owns and drops its shared-memory references. */
 void kserve_request_clear(struct kserve_request *r);
+
+/* A request that names no output, for a model with hidden outputs
+ * (sequence_batching's state): the visible outputs are listed in r, as if
+ * it had named them, so that the encoders send those only. 0 or
+ * STATUS_NOMEM. */
+int kserve_request_name_outputs(struct kserve_request *r, const struct model_config *mc);
 
 /* Parses the Inference-Header-Content-Length header value (a non-negative
  * decimal integer); returns 0 or STATUS_INVALID with err naming the header. */

@@ -104,12 +104,14 @@ static int missing_inputs(const struct kserve_request *r, const struct model_con
     char got[512] = "", missing[512] = "";
     for (int i = 0, n = 0; i < r->ninputs; i++, n++)
         snprintf(got + strlen(got), sizeof got - strlen(got), "%s'%s'", n ? "," : "", r->inputs[i].name);
+    int want = 0;
+    for (int i = 0; i < mc->ninputs; i++) want += !mc->inputs[i].hidden;
     for (int i = 0, n = 0; i < mc->ninputs; i++)
-        if (ordered[i].ndim < 0)
+        if (ordered[i].ndim < 0 && !mc->inputs[i].hidden)
             snprintf(missing + strlen(missing), sizeof missing - strlen(missing), "%s'%s'", n++ ? "," : "",
                      mc->inputs[i].name);
     return INVALID("expected %d inputs but got %d inputs for model '%s'. Got input(s) [%s], but missing required "
-                   "input(s) [%s]. Please provide all required input(s).", mc->ninputs, r->ninputs, mc->name, got,
+                   "input(s) [%s]. Please provide all required input(s).", want, r->ninputs, mc->name, got,
                    missing);
 }
 
@@ -131,6 +133,9 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
             return INVALID("unexpected inference input '%s' for model '%s': it has inputs %s", in->name, mc->name, names);
         }
         const struct model_config_io *io = &mc->inputs[k];
+        if (io->hidden)
+            return INVALID("input '%s' of model '%s' is filled by the sequence batcher (a control or implicit state "
+                           "input of sequence_batching): a request does not send it", in->name, mc->name);
         if (in->t.dtype != io->dtype)
             return INVALID("input '%s': datatype is %s but model '%s' expects %s", in->name,
                            dtype_kserve_name(in->t.dtype), mc->name, dtype_kserve_name(io->dtype));
@@ -172,9 +177,13 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
                            "it (an initializer the graph lists as an input), so the request must give it",
                            mc->inputs[i].name, mc->name);
     for (int i = 0; i < mc->ninputs; i++)
-        if (ordered[i].ndim < 0) return missing_inputs(r, mc, ordered, err, err_len);
+        if (ordered[i].ndim < 0 && !mc->inputs[i].hidden) return missing_inputs(r, mc, ordered, err, err_len);
     for (int i = 0; i < r->noutputs; i++) {
         int k = model_config_find_output(mc, r->outputs[i].name);
+        if (k >= 0 && mc->outputs[k].hidden)
+            return INVALID("unexpected inference output '%s' for model '%s': it is implicit state, kept by the "
+                           "server between a sequence's requests (list it under 'output' in the configuration to "
+                           "have it sent too)", r->outputs[i].name, mc->name);
         if (k < 0) {
             names_list(names, sizeof names, mc->outputs, mc->noutputs);
             return INVALID("unexpected inference output '%s' for model '%s': it has outputs %s", r->outputs[i].name,

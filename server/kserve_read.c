@@ -86,6 +86,7 @@ static void drop_shm(struct kserve_request *r, struct kserve_shm *s) {
 void kserve_request_clear(struct kserve_request *r) {
     if (!r) return;
     drop_string(r, r->id);
+    drop_string(r, r->seq_sid);
     for (int i = 0; i < r->ninputs; i++) {
         struct kserve_input *in = &r->inputs[i];
         drop_string(r, in->name);
@@ -100,6 +101,25 @@ void kserve_request_clear(struct kserve_request *r) {
     }
     free(r->outputs);
     memset(r, 0, sizeof *r);
+}
+
+int kserve_request_name_outputs(struct kserve_request *r, const struct model_config *mc) {
+    if (r->noutputs) return 0;
+    int n = 0;
+    for (int i = 0; i < mc->noutputs; i++) n += !mc->outputs[i].hidden;
+    if (n == mc->noutputs) return 0;
+    struct kserve_output *o = calloc((size_t)n + 1, sizeof *o);
+    if (!o) return STATUS_NOMEM;
+    free(r->outputs); /* an empty array (gRPC's decoder makes one), or NULL */
+    r->outputs = o;
+    for (int i = 0; i < mc->noutputs; i++) {
+        if (mc->outputs[i].hidden) continue;
+        o->binary = -1;
+        if (!(o->name = keep_string(r, mc->outputs[i].name, strlen(mc->outputs[i].name)))) return STATUS_NOMEM;
+        o++;
+        r->noutputs++;
+    }
+    return 0;
 }
 
 int kserve_parse_header_length(const char *value, int64_t *out, char *err, size_t err_len) {
@@ -999,22 +1019,40 @@ static int read_params(struct rd *d) {
     const char *k;
     size_t kn;
     uint64_t v;
-    static const char *const keys[] = {"priority", "timeout", "binary_data_output", "cache"};
+    /* Integers first (priority, timeout, sequence_id), then booleans. */
+    static const char *const keys[] = {"priority", "timeout", "sequence_id", "binary_data_output", "cache",
+                                       "sequence_start", "sequence_end"};
     while ((rc = next_member(d, &c, &k, &kn, "parameters")) == 1) {
         int w = -1;
-        for (int j = 0; j < 4 && w < 0; j++)
+        for (int j = 0; j < 7 && w < 0; j++)
             if (kn == strlen(keys[j]) && !memcmp(k, keys[j], kn) && !(seen >> j & 1)) w = j;
         if (w < 0) {
             if (skip_member(d, k, kn)) return -1;
             continue;
         }
         seen |= 1u << w;
-        if (w < 2 ? rd_uint(d, keys[w], 1.8e19, &v, &ok) : rd_bool(d, keys[w], &b, &ok)) return -1;
-        if (!ok) rd_fail(d, "parameters.%s must be %s", keys[w], w < 2 ? "an integer >= 0" : "true or false");
+        if (w == 2 && peek(d) == '"') { /* a string correlation ID */
+            const char *sv;
+            size_t n;
+            int nul;
+            if (rd_string(d, &sv, &n, &nul)) return -1;
+            if (nul) nul_error(d, "parameters.sequence_id");
+            else if (!n) rd_fail(d, "parameters.sequence_id must be a non-empty string or an integer > 0");
+            else if (!(r->seq_sid = keep_string(r, sv, n))) return no_memory(d);
+            continue;
+        }
+        /* A correlation ID takes any uint64 (Triton's); priority and timeout are bounded as before. */
+        if (w < 3 ? rd_uint(d, keys[w], w == 2 ? 18446744073709551615.0 : 1.8e19, &v, &ok) : rd_bool(d, keys[w], &b, &ok))
+            return -1;
+        if (!ok) rd_fail(d, "parameters.%s must be %s", keys[w],
+                         w == 2 ? "an integer >= 0 or a string" : w < 2 ? "an integer >= 0" : "true or false");
         else if (w == 0) r->priority = (int64_t)(v > 1000000 ? 1000000 : v);
         else if (w == 1) r->timeout_us = v;
-        else if (w == 2) r->binary_data_output = b;
-        else r->no_cache = !b;
+        else if (w == 2) r->seq_id = v;
+        else if (w == 3) r->binary_data_output = b;
+        else if (w == 4) r->no_cache = !b;
+        else if (w == 5) r->seq_start = b;
+        else r->seq_end = b;
     }
     return rc;
 }

@@ -69,6 +69,7 @@ struct repository {
 static void version_destroy(struct repo_version *v) {
     ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* drains what is queued and joins the instances */
+    sequencer_free(v->sequencer); /* after: a sequence's next request is refused by the stopped batcher */
     model_free(v->model);
     model_config_clear(&v->config);
     log_info("unloaded model '%s' version %s", v->name_, v->version_str);
@@ -254,6 +255,7 @@ static struct repo_version *version_new(repository_t *r, const char *name, int64
 static void version_discard(struct repo_version *v) {
     ensemble_free(v->ensemble);
     batcher_free(v->batcher); /* its instances use the model */
+    sequencer_free(v->sequencer);
     model_free(v->model);
     tokenizer_free(v->tokenizer);
     model_config_clear(&v->config);
@@ -448,10 +450,27 @@ static int version_start(const repository_t *rep, struct repo_version *v, const 
                                  .max_queue_size = c->max_queue_size},
     };
     for (int i = 0; i < c->npreferred && i < MODEL_CONFIG_MAX_PREFERRED; i++) bp.preferred_batch_size[i] = c->preferred_batch_size[i];
+    /* A sequence model batches its sequences' requests with the strategy's
+     * delay and sizes (server/sequence.h: one request per sequence at a time). */
+    if (c->sequence.enable) {
+        bp.dynamic_batching = c->max_batch_size > 0 && !follow_values;
+        bp.max_queue_delay_us = c->sequence.max_queue_delay_us;
+        bp.npreferred = c->sequence.npreferred;
+        bp.preserve_ordering = c->sequence.preserve_ordering;
+        memcpy(bp.preferred_batch_size, c->sequence.preferred_batch_size, sizeof bp.preferred_batch_size);
+    }
     v->batcher = instances_create(&ip, &bp.executor, e2, sizeof e2) ? NULL : batcher_create(&bp, e2, sizeof e2);
     if (!v->batcher) {
         ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
         return -1;
+    }
+    if (c->sequence.enable) {
+        struct sequencer_params sp = {.config = c, .batcher = v->batcher, .model_dir = mdir,
+                                      .instances = c->instance_count};
+        if (!(v->sequencer = sequencer_create(&sp, e2, sizeof e2))) {
+            ERR(STATUS_INVALID, "model '%s' version %lld: %s", name, (long long)ver, e2);
+            return -1;
+        }
     }
     /* Before the model is ready: no request pays for a warmed shape's plan. */
     if ((rc = warmup_run(v->batcher, c, mdir, e2, sizeof e2)) ||

@@ -31,6 +31,7 @@
 #include "config/model_config.h"
 #include "server/batcher.h"
 #include "server/padding.h"
+#include "server/sequence.h"
 
 typedef struct repository repository_t;
 typedef struct cJSON cJSON;
@@ -45,6 +46,7 @@ struct repo_version {
     struct model *model;         /* NULL for an ensemble */
     batcher_t *batcher;          /* NULL for an ensemble */
     struct ensemble *ensemble;   /* an ensemble's steps (server/ensemble.h), else NULL */
+    sequencer_t *sequencer;      /* sequence_batching's, in front of the batcher; NULL without */
     struct model_config config;  /* completed; inputs/outputs in the model's order */
     struct pad_spec pad;         /* padded batching, when config.padding.enable */
     struct metrics_model *metrics;

@@ -15,7 +15,10 @@ so do the identity backend's nop_* and custom_zero_1_float32 models that
 Triton's ensembles use as steps).
 SUITE: L0_infer L0_infer_ensemble L0_infer_zero L0_simple_ensemble L0_infer_shm L0_infer_variable L0_infer_reshape L0_string_io
 L0_http L0_nullchar_string L0_input_validation L0_input_validation_names
-L0_shared_memory_http L0_shared_memory_grpc examples examples_control.
+L0_shared_memory_http L0_shared_memory_grpc examples examples_control
+L0_sequence_batcher L0_implicit_state (their ONNX models; the sequence
+batcher's tests run per model trial, 0 1 2 4 v, a server for each test as
+test.sh runs them; SEQ_TESTS="test_a test_b" narrows them).
 Prints "SUITE passed total" per suite (TRITON_QA_TESTS="Class.test ..." narrows
 a suite to some tests). docs/development.md has the counts and what the
 remaining failures are."""
@@ -262,6 +265,94 @@ def setup(suite, md):
     raise SystemExit(f"unknown suite {suite}")
 
 
+# L0_sequence_batcher's tests that need no scheduler delay (test.sh's
+# NO_DELAY_TESTS); the others time Triton's TRITONSERVER_DELAY_SCHEDULER hook.
+SEQ_NO_DELAY = ("test_simple_sequence test_length1_sequence test_batch_size test_no_sequence_start "
+                "test_no_sequence_start2 test_no_sequence_end test_no_correlation_id")
+# test.sh's model trials: (folder, max_batch_size, instances); 0 does not batch, v is variable-shape.
+SEQ_TRIALS = (("0", 0, 4), ("1", 4, 1), ("2", 2, 2), ("4", 1, 4), ("v", 4, 1))
+
+
+def seq_repos(work, implicit, initial):
+    """(fixed, variable) repositories of Triton's generated sequence models."""
+    if not implicit:
+        return f"{GEN}/qa_sequence_model_repository", f"{GEN}/qa_variable_sequence_model_repository"
+    if initial:
+        return (f"{GEN}/qa_sequence_initial_state_implicit_model_repository",
+                f"{GEN}/qa_variable_sequence_implicit_model_repository")
+    return f"{GEN}/qa_sequence_implicit_model_repository", f"{GEN}/qa_variable_sequence_implicit_model_repository"
+
+
+def seq_model(src, dst, batch, count):
+    """A model folder as test.sh's sed lines make it: max_batch_size and the
+    instance count set; KIND_GPU becomes KIND_CPU (kiln runs these on the CPU)."""
+    cp(src, dst)
+    p = f"{dst}/config.pbtxt"
+    t = open(p).read().replace("KIND_GPU", "KIND_CPU")
+    if batch:
+        t = re.sub(r"(?m)^max_batch_size:.*", f"max_batch_size: {batch}", t)
+    t = t.replace("kind: KIND_CPU", f"kind: KIND_CPU\ncount: {count}")
+    open(p, "w").write(t)
+
+
+def seq_setup(root, implicit, initial=False):
+    """models0/1/2/4/v as L0_sequence_batcher's test.sh makes them (ONNX, no ensembles)."""
+    fixed, var = seq_repos(root, implicit, initial)
+    dtypes = ["object", "int32", "bool"] if implicit else ["int32", "bool"]
+    for trial, batch, count in SEQ_TRIALS:
+        md = f"{root}/models{trial}"
+        os.makedirs(md, exist_ok=True)
+        for dt in dtypes:
+            name = f"onnx_{'nobatch_' if trial == '0' else ''}sequence_{dt}"
+            src = f"{var if trial == 'v' else fixed}/{name}"
+            if os.path.isdir(src):
+                seq_model(src, f"{md}/{name}", batch, count)
+
+
+def run_sequence(kiln, suite):
+    """L0_sequence_batcher (explicit control models) or, for
+    L0_implicit_state, its implicit_state.py on the ONNX models and then the
+    sequence batcher's tests on the implicit-state models, as its test.sh
+    does. Each test on a server of its own, per model trial."""
+    implicit = suite == "L0_implicit_state"
+    root = f"{os.path.dirname(OUT)}/run/{suite}"
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    seq_setup(root, implicit)
+    ok = tot = 0
+    txt = ""
+    base = {"BACKENDS": "onnx", "ENSEMBLES": "0", "IMPLICIT_STATE": "1" if implicit else "0",
+            "INITIAL_STATE_FILE": "0", "INITIAL_STATE_ZERO": "0", "USE_SINGLE_BUFFER": "0"}
+    slog = open(f"{OUT}/{suite}.server.log", "w")
+    if implicit:
+        md = f"{root}/implicit_models"
+        os.makedirs(md)
+        src = f"{GEN}/qa_sequence_implicit_model_repository/onnx_nobatch_sequence_int32"
+        seq_model(src, f"{md}/onnx_nobatch_sequence_int32", 0, 1)
+        # "In order to allow the state to be returned, the model must describe
+        # state as one of the outputs of the model" (test.sh).
+        out = f"{md}/onnx_nobatch_sequence_int32_output"
+        seq_model(src, out, 0, 1)
+        t = open(f"{out}/config.pbtxt").read()
+        t = re.sub(r'(?m)^name:.*', 'name: "onnx_nobatch_sequence_int32_output"', t)
+        t += '\noutput [{ name: "OUTPUT_STATE" \n data_type: TYPE_INT32 \n dims: [ 1 ] }]\n'
+        open(f"{out}/config.pbtxt", "w").write(t)
+        o, n, out = one_test(kiln, md, [], slog, ["implicit_state.py"], f"{QA}/L0_implicit_state", base,
+                             "implicit_state.py")
+        ok += o; tot += n; txt += out
+    tests = os.environ.get("SEQ_TESTS", SEQ_NO_DELAY).split()
+    for trial, _, count in SEQ_TRIALS:
+        env = dict(base, NO_BATCHING="1" if trial == "0" else "0", MODEL_INSTANCES=str(count),
+                   BATCHER_TYPE="VARIABLE" if trial == "v" else "FIXED")
+        for t in tests:
+            o, n, out = one_test(kiln, f"{root}/models{trial}", [], slog,
+                                 ["sequence_batcher_test.py", f"SequenceBatcherTest.{t}"], f"{QA}/L0_sequence_batcher",
+                                 env, f"{t} models{trial}")
+            ok += o; tot += n; txt += out
+    open(f"{OUT}/{suite}.log", "w").write(txt)
+    return suite, ok, tot, ""
+
+
 def wait_port(port, proc, secs=60):
     t = time.time() + secs
     while time.time() < t:
@@ -320,9 +411,26 @@ def suite_env(env):
 
 
 def run(kiln, suite):
+    if suite in ("L0_sequence_batcher", "L0_implicit_state"):
+        return run_sequence(kiln, suite)
     if suite.startswith("L0_shared_memory") or suite == "L0_simple_ensemble":
         return run_each(kiln, suite)
     return run_once(kiln, suite)
+
+
+def one_test(kiln, md, flags, slog, argv, cwd, env, label):
+    """A server on md for one run of argv (a unittest script and its
+    arguments) in cwd: (passed, run, log text). A server that does not start
+    counts as one failed test."""
+    proc = start(kiln, md, flags, slog)
+    if not proc:
+        return 0, 1, f"{label}: server did not start\n"
+    try:
+        r = subprocess.run([PY] + argv, cwd=cwd, env=suite_env(env), capture_output=True, text=True, timeout=600)
+        o, n = unittest_counts(r.stdout + r.stderr)
+        return o, n, f"===== {label}\n" + r.stdout + r.stderr
+    finally:
+        stop(proc)
 
 
 def run_each(kiln, suite):
@@ -334,20 +442,9 @@ def run_each(kiln, suite):
     ok = tot = 0
     txt = ""
     for t in argv[1:]:
-        slog = open(f"{OUT}/{suite}.server.log", "a")
-        proc = start(kiln, md, flags, slog)
-        if not proc:
-            txt += f"{t}: server did not start\n"
-            tot += 1
-            continue
-        try:
-            r = subprocess.run([PY, argv[0], t], cwd=f"{QA}/{cwd}", env=suite_env(env), capture_output=True, text=True,
-                               timeout=600)
-            o, n = unittest_counts(r.stdout + r.stderr)
-            ok += o; tot += n
-            txt += f"===== {t}\n" + r.stdout + r.stderr
-        finally:
-            stop(proc)
+        o, n, out = one_test(kiln, md, flags, open(f"{OUT}/{suite}.server.log", "a"), [argv[0], t], f"{QA}/{cwd}",
+                             env, t)
+        ok += o; tot += n; txt += out
     open(f"{OUT}/{suite}.log", "w").write(txt)
     return suite, ok, tot, ""
 
@@ -423,7 +520,13 @@ def generate(work):
             ("gen_qa_identity_models.py", ["--onnx"], "qa_identity_model_repository"),
             ("gen_qa_reshape_models.py", ["--onnx", "--variable"], "qa_reshape_model_repository"),
             ("gen_qa_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_model_repository"),
-            ("gen_qa_identity_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_identity_model_repository")]
+            ("gen_qa_identity_models.py", ["--ensemble"], "qa_ensemble_model_repository/qa_identity_model_repository"),
+            ("gen_qa_sequence_models.py", ["--onnx"], "qa_sequence_model_repository"),
+            ("gen_qa_sequence_models.py", ["--onnx", "--variable"], "qa_variable_sequence_model_repository"),
+            ("gen_qa_implicit_models.py", ["--onnx"], "qa_sequence_implicit_model_repository"),
+            ("gen_qa_implicit_models.py", ["--onnx", "--variable"], "qa_variable_sequence_implicit_model_repository"),
+            ("gen_qa_implicit_models.py", ["--onnx", "--initial-state", "zero"],
+             "qa_sequence_initial_state_implicit_model_repository")]
     for script, args, out in gens:
         if not os.path.isdir(f"{work}/models/{out}"):
             subprocess.run([PY, script, *args, "--onnx_opset=0", f"--models_dir={work}/models/{out}"],

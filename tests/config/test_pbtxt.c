@@ -320,8 +320,14 @@ static void test_fates_applied(void **state) {
                            "\"default_model_filename\": \"model.onnx\", \"sequence_padding\": {\"enable\": false}}", &w), 0);
     assert_null(w);
     /* Refused, named. */
-    assert_int_equal(check("{\"sequence_batching\": {}}", &w), STATUS_INVALID);
-    assert_non_null(strstr(g_err, "config field 'sequence_batching' is not supported: kiln has no sequence batcher"));
+    assert_int_equal(check("{\"sequence_batching\": {\"iterative_sequence\": true}}", &w), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "config field 'sequence_batching.iterative_sequence' is not supported: kiln has no "
+                                  "iterative sequences"));
+    /* The sequence batcher's own fields are honoured, an empty section too. */
+    assert_int_equal(check("{\"sequence_batching\": {}}", &w), 0);
+    assert_int_equal(check("{\"sequence_batching\": {\"oldest\": {\"max_candidate_sequences\": 4}, \"state\": "
+                           "[{\"input_name\": \"a\", \"output_name\": \"b\", \"initial_state\": [{\"zero_data\": "
+                           "true}]}]}}", &w), 0);
     assert_int_equal(check("{\"input\": [{\"name\": \"x\", \"allow_ragged_batch\": true}]}", &w), STATUS_INVALID);
     assert_non_null(strstr(g_err, "'input.allow_ragged_batch'"));
     assert_int_equal(check("{\"default_model_filename\": \"model.plan\"}", &w), STATUS_INVALID);

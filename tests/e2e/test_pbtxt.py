@@ -62,7 +62,7 @@ def srv(tmp_path_factory):
     save_model(root, "jsonic", tiny_graph(), config=json.dumps(JSONIC))
     save_model(root, "both", tiny_graph(), config='{"max_batch_size": 4}')
     (root / "both" / "config.pbtxt").write_text("max_batch_size: 4\n")
-    put_pbtxt(root, "stateful", "max_batch_size: 4\nsequence_batching {\n  max_sequence_idle_microseconds: 5000000\n}\n")
+    put_pbtxt(root, "stateful", "max_batch_size: 4\nsequence_batching {\n  iterative_sequence: true\n}\n")
     put_pbtxt(root, "typo", "max_batch_size: 4\ninstance_group [\n  { count: two }\n]\n")
     put_pbtxt(root, "unknown", "max_batch_size: 4\nmax_queue_delay: 5\n")
     put_pbtxt(root, "warned", "max_batch_size: 4\n"
@@ -131,7 +131,7 @@ def test_a_folder_with_both_files_fails_naming_both(srv):
 def test_a_refused_field_is_named(srv):
     r = index(srv)["stateful"]
     assert r["state"] == "UNAVAILABLE"
-    assert "config.pbtxt: config field 'sequence_batching' is not supported" in r["reason"]
+    assert "config.pbtxt: config field 'sequence_batching.iterative_sequence' is not supported" in r["reason"]
 
 
 def test_syntax_errors_name_line_column_and_field(srv):

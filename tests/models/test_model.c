@@ -377,6 +377,40 @@ static void test_value_driven_model(void **state) {
     model_free(m);
 }
 
+/* A shape that follows one small input's value (an If on rate) binds that
+ * input alone into the plans: new values of x reuse the plan, a new rate
+ * builds one (tests/models/make_bind_models.py). */
+static void test_binds_only_deciding_inputs(void **state) {
+    (void)state;
+    struct model *m = load("tests/data/control/control_if_rate.onnx", 0);
+    struct model_exec *x = model_exec_create(m, NULL, 1);
+    float xs[8];
+    int64_t rate = 16000;
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {1, 8}, .data = xs},
+                           {.dtype = DT_INT64, .ndim = 0, .data = &rate}};
+    struct tensor out;
+    char err[512];
+    uint64_t builds = 0;
+    for (int r = 0; r < 6; r++) {
+        for (int i = 0; i < 8; i++) xs[i] = (float)(r * 8 + i);
+        if (model_run(x, in, 2, &out, 1, err, sizeof err)) fail_msg("run %d: %s", r, err);
+        assert_int_equal(out.ndim, 2);
+        for (int i = 0; i < 8; i++) assert_true(((float *)out.data)[i] == 2.0f * xs[i]);
+        tensor_free_data(&out);
+        if (r == 0) builds = plan_cache_builds(m->plans);
+    }
+    assert_int_equal(plan_cache_builds(m->plans), builds); /* x's values: no new plan */
+    assert_int_equal(atomic_load(&m->bind_values), 2);    /* rate (input 1) alone */
+    rate = 8000;
+    if (model_run(x, in, 2, &out, 1, err, sizeof err)) fail_msg("rate 8000: %s", err);
+    assert_int_equal(out.ndim, 1);
+    assert_true(((float *)out.data)[0] == xs[0] + 1.0f);
+    tensor_free_data(&out);
+    assert_int_equal(plan_cache_builds(m->plans), builds + 1);
+    model_exec_free(x);
+    model_free(m);
+}
+
 static void test_load_errors(void **state) {
     (void)state;
     char err[512] = "";
@@ -432,6 +466,7 @@ int main(void) {
         cmocka_unit_test(test_threads_share_a_model),
         cmocka_unit_test(test_squeezenet),
         cmocka_unit_test(test_value_driven_model),
+        cmocka_unit_test(test_binds_only_deciding_inputs),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_backend_registry),
     };

@@ -604,6 +604,9 @@ static void test_reader_errors(void **state) {
         {"{\"parameters\":{\"timeout\":18446744073709551616},\"inputs\":[]}", "parameters.timeout must be an integer >= 0"},
         {"{\"parameters\":{\"binary_data_output\":1},\"inputs\":[]}", "parameters.binary_data_output must be true or false"},
         {"{\"parameters\":{\"cache\":\"no\"},\"inputs\":[]}", "parameters.cache must be true or false"},
+        {"{\"parameters\":{\"sequence_id\":-3},\"inputs\":[]}", "parameters.sequence_id must be an integer >= 0 or a string"},
+        {"{\"parameters\":{\"sequence_id\":\"\"},\"inputs\":[]}", "parameters.sequence_id must be a non-empty string or an integer > 0"},
+        {"{\"parameters\":{\"sequence_start\":1},\"inputs\":[]}", "parameters.sequence_start must be true or false"},
         {"{\"outputs\":[]}", "field 'inputs' is missing"},
         {"{\"inputs\":[1]}", "field 'inputs[0]' must be an object"},
         {"{\"inputs\":[{\"name\":\"\"}]}", "field 'inputs[0].name' must be a non-empty string"},
@@ -732,6 +735,18 @@ static void test_int64_exact(void **state) {
     assert_int_equal(parse(&r, "{\"parameters\":{\"timeout\":17999999999999999999,\"priority\":7},"
                                "\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\",\"shape\":[1],\"data\":[1]}]}", NULL, 0, 0), 0);
     assert_true(r.timeout_us == 17999999999999999999ULL && r.priority == 7);
+    kserve_request_clear(&r);
+    /* The sequence batcher's parameters: an integer or a string ID, and the flags. */
+    assert_int_equal(parse(&r, "{\"parameters\":{\"sequence_id\":18446744073709551615,\"sequence_start\":true,"
+                               "\"sequence_end\":false},\"inputs\":[{\"name\":\"x\",\"datatype\":\"INT8\","
+                               "\"shape\":[1],\"data\":[1]}]}", NULL, 0, 0), 0);
+    assert_true(r.seq_id == 18446744073709551615ULL && !r.seq_sid && r.seq_start && !r.seq_end);
+    kserve_request_clear(&r);
+    assert_int_equal(parse(&r, "{\"parameters\":{\"sequence_id\":\"a session id longer than the request's inline "
+                               "room for names\",\"sequence_end\":true},\"inputs\":[{\"name\":\"x\",\"datatype\":"
+                               "\"INT8\",\"shape\":[1],\"data\":[1]}]}", NULL, 0, 0), 0);
+    assert_string_equal(r.seq_sid, "a session id longer than the request's inline room for names");
+    assert_true(r.seq_end && !r.seq_start);
     kserve_request_clear(&r);
 }
 
