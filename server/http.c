@@ -53,7 +53,9 @@ static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 static void reply_send(http_server_t *s, struct evhttp_request *req, int code, const char *ctype) {
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     if (ctype) evhttp_add_header(h, "Content-Type", ctype);
-    if (runtime_draining(s->rt)) evhttp_add_header(h, "Connection", "close");
+    /* Leaving or draining: keep-alive clients reconnect, through their
+     * balancer, to a server that stays. */
+    if (!runtime_ready(s->rt)) evhttp_add_header(h, "Connection", "close");
     evhttp_send_reply(req, code, status_http_phrase(code), NULL);
 }
 
@@ -691,7 +693,7 @@ static void route_server_metadata(const struct http_call *c) {
 static void route_live(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
 
 static void route_ready(const struct http_call *c) {
-    if (runtime_draining(c->srv->rt)) reply_error(c->srv, c->req, 400, "the server is shutting down");
+    if (!runtime_ready(c->srv->rt)) reply_error(c->srv, c->req, 400, "the server is shutting down");
     else reply_empty(c->srv, c->req, 200);
 }
 
@@ -715,7 +717,7 @@ static void route_model_ready(const struct http_call *c) {
     char err[512];
     int status = 0;
     struct repo_version *v = repository_acquire(c->srv->repo, c->model, c->version, &status, err, sizeof err);
-    if (v && !runtime_draining(c->srv->rt)) reply_empty(c->srv, c->req, 200);
+    if (v && runtime_ready(c->srv->rt)) reply_empty(c->srv, c->req, 200);
     else reply_error(c->srv, c->req, 400, v ? "the server is shutting down" : err);
     repository_release(v);
 }
