@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 BUILD_DEBS="build-essential pkg-config libevent-dev libcjson-dev libhiredis-dev libdnnl-dev \
 libprotobuf-c-dev protobuf-c-compiler libonnx-dev libsodium-dev libssl-dev zlib1g-dev libpcre2-dev \
 libnghttp2-dev python3-venv"
-TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl"
+TEST_DEBS="libcmocka-dev redis-server wrk clang libclang-rt-14-dev curl haproxy buildah debootstrap"
 DEBS="$BUILD_DEBS"
 [ "${KILN_BUILD_ONLY:-0}" = 1 ] || DEBS="$BUILD_DEBS $TEST_DEBS"
 
@@ -23,8 +23,8 @@ if [ -n "$missing" ]; then
     if [ "$(id -u)" = 0 ]; then
         echo "bootstrap: installing Debian packages:$missing"
         export DEBIAN_FRONTEND=noninteractive
-        # Installing redis-server would start Debian's own redis on :6379 and
-        # leave it running after the tests; the tests start their own. A
+        # Installing redis-server (or haproxy) would start Debian's own service
+        # and leave it running after the tests; the tests start their own. A
         # policy-rc.d that refuses every start (Debian's mechanism for this)
         # is in place during the install, unless the machine has one already.
         if [ ! -e /usr/sbin/policy-rc.d ]; then
