@@ -42,6 +42,17 @@ if [ -n "$missing" ]; then
 fi
 
 PY=${PYTHON:-python3}
+# KILN_EXTRA_CA: a CA bundle pip must trust as well as the system's (a
+# TLS-intercepting proxy). The images' builds pass it as a build secret
+# (/run/secrets/extra_ca): the combined bundle is written to /dev/shm (a
+# tmpfs in a build step, never part of a layer) and removed when pip is done.
+KILN_CA_TMP=""
+if [ -s "${KILN_EXTRA_CA:-}" ]; then
+    KILN_CA_TMP=$(mktemp -p /dev/shm 2>/dev/null || mktemp)
+    cat /etc/ssl/certs/ca-certificates.crt "$KILN_EXTRA_CA" >"$KILN_CA_TMP" 2>/dev/null || cat "$KILN_EXTRA_CA" >"$KILN_CA_TMP"
+    export PIP_CERT=$KILN_CA_TMP
+fi
+ca_done() { [ -z "$KILN_CA_TMP" ] || rm -f "$KILN_CA_TMP"; }
 if [ "${KILN_BUILD_ONLY:-0}" = 1 ]; then
     if ! ls .venv/lib/python3*/site-packages/tritonclient/grpc/service_pb2.py >/dev/null 2>&1; then
         # The pinned version, without its extras and dependencies: only its files are read.
@@ -50,6 +61,7 @@ if [ "${KILN_BUILD_ONLY:-0}" = 1 ]; then
         [ -x .venv/bin/python ] || "$PY" -m venv .venv
         .venv/bin/pip install -q --disable-pip-version-check --no-deps "$tc"
     fi
+    ca_done
     exit 0
 fi
 if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
@@ -58,3 +70,4 @@ if [ ! -f .venv/.stamp ] || [ requirements-dev.txt -nt .venv/.stamp ]; then
     .venv/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
     touch .venv/.stamp
 fi
+ca_done
