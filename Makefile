@@ -47,7 +47,8 @@ ONNX_PROTO ?= /usr/include/onnx/onnx.proto
 TRITON_GEN = grpc_service model_config
 TRITONCLIENT ?= .venv
 
-.PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check layers sanitize
+.PHONY: all bootstrap run test unit isa conformance e2e bench fuzz gpu-check clean cuda deploy-check layers sanitize \
+	fleet-test image-check
 all: bootstrap $(BIN) cuda
 
 bootstrap:
@@ -123,6 +124,15 @@ conformance: bootstrap $(BIN)
 
 e2e: bootstrap $(BIN)
 	@KILN_BIN=$(BIN) tools/e2e.sh
+
+# Three replicas, HAProxy and Redis under faults (part of e2e too); prints the report.
+fleet-test: bootstrap $(BIN)
+	@KILN_BIN=$(BIN) .venv/bin/python -m pytest -q -s -p no:cacheprovider tests/e2e/test_fleet.py
+
+# Builds docker/Dockerfile.cpu (Docker, else buildah), runs the image and the
+# smoke tests against it; lints docker/Dockerfile (CUDA).
+image-check: bootstrap
+	@tools/image_check.sh
 
 deploy-check:
 	@tools/deploy_check.sh

@@ -223,7 +223,7 @@ cache_t *cache_create(const struct cache_params *p, char *err, size_t err_len) {
     c->lru_bytes = p->lru_bytes;
     c->max_value_bytes = p->max_value_bytes ? p->max_value_bytes : (4u << 20);
     c->ttl_secs = p->ttl_secs;
-    c->redis_timeout_ms = p->redis_timeout_ms ? p->redis_timeout_ms : 5;
+    c->redis_timeout_ms = p->redis_timeout_ms ? p->redis_timeout_ms : 50;
     c->breaker_failures = p->breaker_failures ? p->breaker_failures : 5;
     c->breaker_open_ms = p->breaker_open_ms ? p->breaker_open_ms : 1000;
     for (int i = 0; i < c->nshards; i++) {

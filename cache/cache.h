@@ -36,7 +36,7 @@ struct cache_params {
     const char *secret;        /* key secret shared by replicas; NULL or "" = random per process */
     const char *redis_url;     /* redis://[user:pass@]host:port/db; NULL = no tier 2 */
     uint32_t ttl_secs;         /* Redis TTL; 0 = none */
-    uint32_t redis_timeout_ms; /* per command; 0 = 5 */
+    uint32_t redis_timeout_ms; /* a lookup's wait for its reply; 0 = 50 */
     size_t max_value_bytes;    /* values above are not stored; 0 = 4 MiB */
     uint32_t breaker_failures; /* consecutive failures that open the circuit; 0 = 5 */
     uint32_t breaker_open_ms;  /* how long it stays open; 0 = 1000 */
@@ -60,8 +60,8 @@ struct cache_stats {
     uint64_t redis_hits, redis_misses, redis_errors, redis_timeouts, redis_sets, redis_skipped;
     uint64_t redis_rejected, redis_too_large;
     uint64_t flight_joined;
-    int redis_connected;       /* I/O threads with a live connection */
-    int circuit_open;          /* I/O threads whose breaker is open */
+    int redis_connected;       /* I/O threads with a connection Redis accepted (AUTH, SELECT) */
+    int circuit_open;          /* I/O threads whose breaker is open now (it closes on a timer) */
     uint64_t lookup_ns_total, lookup_count, insert_ns_total, insert_count;
 };
 
@@ -155,7 +155,8 @@ void cache_redis_free(cache_redis_t *r);
  * a referenced value (the callee unrefs it) or NULL on miss/error/timeout. */
 void cache_redis_get(cache_redis_t *r, const struct cache_key *k,
                      void (*cb)(void *arg, struct cache_value *v), void *arg);
-/* Stores v (with TTL) unless it is too large or Redis is unavailable. */
+/* Stores v (with TTL) unless it is too large or Redis is not connected;
+ * the breaker (which guards lookups) does not hold stores back. */
 void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct cache_value *v);
 int cache_redis_connected(const cache_redis_t *r);
 

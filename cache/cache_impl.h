@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 
 #include "cache/cache.h"
+#include "common/log.h"
 
 #define CACHE_FLIGHT_SHARDS 16
 
@@ -67,6 +68,7 @@ struct cache {
     atomic_uint_fast64_t redis_connects;    /* successful connects so far */
     atomic_uint_fast64_t redis_probe_at_ns; /* no probe before (CLOCK_MONOTONIC) */
     atomic_uint redis_backoff_ms;           /* the next failed probe's delay */
+    struct log_every redis_setup_log;       /* AUTH/SELECT refusals, logged once an interval */
     struct cache_counters stats;
 };
 

@@ -34,6 +34,7 @@
 #define REDIS_BACKOFF_MAX_MS 1000
 #define REDIS_FOLLOW_MS 200
 #define REDIS_CONNECT_MS 1000
+#define REDIS_SETUP_LOG_NS (10ull * 1000000000ull)
 
 struct cache_redis {
     cache_t *c;
@@ -43,6 +44,9 @@ struct cache_redis {
     int freeing;
     struct event *reconnect_ev;
     struct event *connect_ev; /* the pending connect's deadline */
+    struct event *breaker_ev; /* the open breaker's end */
+    int setup_pending;        /* AUTH and SELECT replies awaited before the connection counts */
+    int setup_failed;         /* one of them failed: the connection is being dropped */
     int probing;              /* this thread owns the cache's probe */
     uint64_t connects_seen;   /* c->redis_connects when this connection went down */
     struct evdns_base *dns;
@@ -126,21 +130,42 @@ void cache_redis_url_free(struct cache_redis_url *u) {
 
 /* ---- circuit breaker ------------------------------------------------------ */
 
+/* The breaker guards lookups only: a lookup waits for its reply (up to
+ * --redis-timeout-ms), a store does not, so stores go on while it is open
+ * and the other replicas still find what this one computed. It closes on
+ * its timer, so kiln_cache_redis_circuit_open says what is true now, not
+ * what was true when this thread last talked to Redis. */
+static void breaker_close(struct cache_redis *r) {
+    if (!r->open) return;
+    r->open = 0;
+    evtimer_del(r->breaker_ev);
+    STAT_SUB(r, circuit_open, 1);
+}
+
+static void on_breaker_timer(evutil_socket_t fd, short what, void *arg) {
+    (void)fd;
+    (void)what;
+    /* Half-open: lookups go through again; one success keeps it closed,
+     * breaker_failures more failures reopen it. */
+    breaker_close(arg);
+}
+
 static int breaker_allows(struct cache_redis *r) {
     if (!r->open) return 1;
     if (clock_now_ns() < r->open_until_ns) return 0;
-    /* Half-open: let traffic through; one success closes, one failure reopens. */
-    r->open = 0;
-    STAT_SUB(r, circuit_open, 1);
+    breaker_close(r); /* its timer has not run yet: the loop is busy */
     return 1;
 }
 
 static void breaker_success(struct cache_redis *r) { r->failures = 0; }
 
+static void arm_ms(struct event *ev, uint32_t ms);
+
 static void breaker_failure(struct cache_redis *r) {
     if (++r->failures >= r->c->breaker_failures && !r->open) {
         r->open = 1;
         r->open_until_ns = clock_now_ns() + (uint64_t)r->c->breaker_open_ms * 1000000u;
+        arm_ms(r->breaker_ev, r->c->breaker_open_ms);
         STAT_ADD(r, circuit_open, 1);
         log_warn("redis cache: %u failures in a row, not asking Redis for %u ms", r->failures, r->c->breaker_open_ms);
     }
@@ -225,11 +250,50 @@ static void on_connect_deadline(evutil_socket_t fd, short what, void *arg) {
 
 /* ---- connection ------------------------------------------------------------- */
 
-static void on_setup_reply(redisAsyncContext *ac, void *reply, void *privdata) {
-    redisReply *rep = reply;
-    (void)ac;
-    if (rep && rep->type == REDIS_REPLY_ERROR)
-        log_warn("redis cache: %s failed: %s", (const char *)privdata, rep->str);
+/* The connection counts (kiln_cache_redis_connected, lookups and stores
+ * sent) only once Redis accepted AUTH and SELECT: a wrong password must not
+ * look like a working cache. */
+static void setup_done(struct cache_redis *r) {
+    r->connected = 1;
+    probe_release(r);
+    atomic_store_explicit(&r->c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
+    atomic_store_explicit(&r->c->redis_probe_at_ns, 0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->c->redis_connects, 1, memory_order_release);
+    /* A new connection starts with a closed breaker: the failures that
+     * opened it were the old connection's. */
+    r->failures = 0;
+    breaker_close(r);
+    STAT_ADD(r, redis_connected, 1);
+    if (r->warned) log_info("redis cache: connected to %s:%d", r->c->redis.host, r->c->redis.port);
+    r->warned = 0;
+}
+
+/* A refused AUTH or SELECT drops the connection; it is tried again like a
+ * failed connect (the probe's backoff, up to REDIS_BACKOFF_MAX_MS), and
+ * logged at most once every REDIS_SETUP_LOG_NS for the whole process,
+ * however many I/O threads retry. */
+static void setup_reply(redisAsyncContext *ac, redisReply *rep, struct cache_redis *r, const char *what) {
+    if (!rep || r->setup_failed || r->ac != ac) return; /* the connection is going: on_disconnect follows */
+    if (rep->type == REDIS_REPLY_ERROR) {
+        r->setup_failed = 1;
+        STAT_ADD(r, redis_errors, 1);
+        unsigned n;
+        if (log_every_due(&r->c->redis_setup_log, REDIS_SETUP_LOG_NS, &n))
+            log_warn("redis cache: %s failed at %s:%d: %s; serving without Redis, retrying (%u refusal%s in the last "
+                     "%llu s)", what, r->c->redis.host, r->c->redis.port, rep->str, n, n == 1 ? "" : "s",
+                     REDIS_SETUP_LOG_NS / 1000000000ull);
+        redisAsyncDisconnect(ac);
+        return;
+    }
+    if (--r->setup_pending == 0) setup_done(r);
+}
+
+static void on_auth_reply(redisAsyncContext *ac, void *reply, void *privdata) {
+    setup_reply(ac, reply, privdata, "AUTH");
+}
+
+static void on_select_reply(redisAsyncContext *ac, void *reply, void *privdata) {
+    setup_reply(ac, reply, privdata, "SELECT");
 }
 
 static void on_connect(const redisAsyncContext *ac, int status) {
@@ -246,28 +310,16 @@ static void on_connect(const redisAsyncContext *ac, int status) {
         schedule_reconnect(r);
         return;
     }
-    r->connected = 1;
-    probe_release(r);
-    atomic_store_explicit(&r->c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed);
-    atomic_store_explicit(&r->c->redis_probe_at_ns, 0, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->c->redis_connects, 1, memory_order_release);
-    /* A new connection starts with a closed breaker: the failures that
-     * opened it were the old connection's. */
-    r->failures = 0;
-    if (r->open) {
-        r->open = 0;
-        STAT_SUB(r, circuit_open, 1);
-    }
-    STAT_ADD(r, redis_connected, 1);
-    if (r->warned) log_info("redis cache: connected to %s:%d", r->c->redis.host, r->c->redis.port);
-    r->warned = 0;
     redisAsyncContext *mac = (redisAsyncContext *)ac;
     const struct cache_redis_url *u = &r->c->redis;
+    r->setup_failed = 0;
+    r->setup_pending = (u->pass ? 1 : 0) + (u->db ? 1 : 0);
     if (u->pass) {
-        if (u->user) redisAsyncCommand(mac, on_setup_reply, "AUTH", "AUTH %s %s", u->user, u->pass);
-        else redisAsyncCommand(mac, on_setup_reply, "AUTH", "AUTH %s", u->pass);
+        if (u->user) redisAsyncCommand(mac, on_auth_reply, r, "AUTH %s %s", u->user, u->pass);
+        else redisAsyncCommand(mac, on_auth_reply, r, "AUTH %s", u->pass);
     }
-    if (u->db) redisAsyncCommand(mac, on_setup_reply, "SELECT", "SELECT %d", u->db);
+    if (u->db) redisAsyncCommand(mac, on_select_reply, r, "SELECT %d", u->db);
+    if (!r->setup_pending) setup_done(r);
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status) {
@@ -407,8 +459,11 @@ cache_redis_t *cache_redis_create(cache_t *c, struct event_base *base) {
     atomic_store_explicit(&c->redis_backoff_ms, REDIS_BACKOFF_MIN_MS, memory_order_relaxed); /* 0 would never grow */
     r->reconnect_ev = evtimer_new(base, on_reconnect_timer, r);
     r->connect_ev = evtimer_new(base, on_connect_deadline, r);
-    if (!r->reconnect_ev || !r->connect_ev) {
+    r->breaker_ev = evtimer_new(base, on_breaker_timer, r);
+    if (!r->reconnect_ev || !r->connect_ev || !r->breaker_ev) {
         if (r->reconnect_ev) event_free(r->reconnect_ev);
+        if (r->connect_ev) event_free(r->connect_ev);
+        if (r->breaker_ev) event_free(r->breaker_ev);
         free(r);
         return NULL;
     }
@@ -430,6 +485,7 @@ void cache_redis_free(cache_redis_t *r) {
     probe_release(r);
     event_free(r->reconnect_ev);
     event_free(r->connect_ev);
+    event_free(r->breaker_ev);
     if (r->dns) evdns_base_free(r->dns, 1);
     free(r);
 }
@@ -547,9 +603,10 @@ static void on_set_reply(redisAsyncContext *ac, void *reply, void *privdata) {
     redisReply *rep = reply;
     (void)ac;
     r->inflight--;
+    /* Not the breaker's business (it guards lookups): a lost connection
+     * shows itself through on_disconnect. */
     if (!rep || rep->type == REDIS_REPLY_ERROR) {
         STAT_ADD(r, redis_errors, 1);
-        if (!r->freeing) breaker_failure(r);
     } else {
         STAT_ADD(r, redis_sets, 1);
     }
@@ -560,7 +617,9 @@ void cache_redis_set(cache_redis_t *r, const struct cache_key *k, const struct c
         STAT_ADD(r, redis_too_large, 1);
         return;
     }
-    if (!r->connected || !r->ac || !breaker_allows(r) || r->inflight >= REDIS_MAX_INFLIGHT) {
+    /* Sent while the breaker is open: a store waits for nothing, and one
+     * slow lookup must not keep this replica's results from the others. */
+    if (!r->connected || !r->ac || r->inflight >= REDIS_MAX_INFLIGHT) {
         STAT_ADD(r, redis_skipped, 1);
         return;
     }

@@ -5,9 +5,11 @@
  *
  * Signals are blocked in every thread and taken synchronously by the main
  * thread with sigtimedwait, so no handler runs inside libevent or a kernel.
- * First SIGTERM/SIGINT: ready turns false, new work gets 503, the main thread
- * waits for every accepted request to be answered, then exits 0. A second
- * signal, or --exit-timeout-secs, forces the exit with status 1. */
+ * First SIGTERM: ready turns false while work is still served for
+ * --shutdown-delay-secs (balancers take the server out meanwhile); then, as
+ * at once on SIGINT, new work gets 503 and the main thread waits for every
+ * accepted request to be answered, then exits 0. A second signal, or
+ * --exit-timeout-secs (from the drain's start), forces the exit with status 1. */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -84,6 +86,28 @@ static void raise_fd_limit(void) {
         }
         log_info("open file limit raised from %llu to the hard limit %llu", was, (unsigned long long)rl.rlim_cur);
     } else log_info("open file limit: %llu (the hard limit)", was);
+}
+
+/* SIGTERM's first phase: ready is false already, and every request is still
+ * served for --shutdown-delay-secs, the time a load balancer's health checks
+ * (or an orchestrator's endpoint update) take to stop sending here. A server
+ * that refused work at once would fail the requests the balancer still
+ * routes to it: HAProxy, like most, retries refused connections only, never
+ * a 503. 1 when a second signal asks for the exit now. */
+static int leave_delay(sigset_t *sigs, const struct server_config *cfg, infer_core_t *core) {
+    log_info("received SIGTERM: not ready; serving for %d s more (--shutdown-delay-secs) while balancers take this "
+             "server out, then draining (%d request%s in flight)", cfg->shutdown_delay_secs, infer_core_inflight(core),
+             infer_core_inflight(core) == 1 ? "" : "s");
+    uint64_t until = mono_ms() + (uint64_t)cfg->shutdown_delay_secs * 1000;
+    struct timespec tick = {.tv_sec = 0, .tv_nsec = 100 * 1000 * 1000};
+    while (mono_ms() < until) {
+        int sig = sigtimedwait(sigs, NULL, &tick);
+        if (sig == SIGTERM || sig == SIGINT) {
+            log_error("second signal during --shutdown-delay-secs: forcing the exit");
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int cmd_serve(int argc, char **argv) {
@@ -175,17 +199,15 @@ int cmd_serve(int argc, char **argv) {
                  grpc_server_port(grpc), loops, loops == 1 ? "" : "s");
 
     struct timespec tick = {.tv_sec = 0, .tv_nsec = 20 * 1000 * 1000};
-    for (;;) {
-        int sig = sigwaitinfo(&sigs, NULL);
-        if (sig == SIGTERM || sig == SIGINT) {
-            log_info("received %s: draining (%d request%s in flight); a second signal forces the exit",
-                     sig == SIGTERM ? "SIGTERM" : "SIGINT", infer_core_inflight(core),
-                     infer_core_inflight(core) == 1 ? "" : "s");
-            break;
-        }
-    }
+    int sig;
+    do sig = sigwaitinfo(&sigs, NULL);
+    while (sig != SIGTERM && sig != SIGINT);
+    runtime_leave(rt);
+    grpc_server_begin_drain(grpc); /* health watchers hear NOT_SERVING now */
+    if (sig == SIGTERM && cfg.shutdown_delay_secs > 0 && leave_delay(&sigs, &cfg, core)) _exit(1);
+    log_info("received %s: draining (%d request%s in flight); a second signal forces the exit",
+             sig == SIGTERM ? "SIGTERM" : "SIGINT", infer_core_inflight(core), infer_core_inflight(core) == 1 ? "" : "s");
     runtime_begin_drain(rt);
-    grpc_server_begin_drain(grpc);
     uint64_t deadline = mono_ms() + (uint64_t)cfg.exit_timeout_secs * 1000, idle_since = 0;
     for (;;) {
         int inflight = infer_core_inflight(core), pending = repository_pending(repo);

@@ -50,7 +50,8 @@ static const struct opt g_opts[] = {
     {"max-request-size", OPT_SIZE, "BYTES", "64M", "largest request body (suffixes K, M, G); larger gets 413"},
     {"max-model-upload-size", OPT_SIZE, "BYTES", "64M", "model files one load request may carry (Triton's parameters \"file:<version>/<name>\", decoded), written into the model's folder; more gets 413 / RESOURCE_EXHAUSTED (0 = uploads refused; suffixes K, M, G)"},
     {"max-request-memory", OPT_SIZE, "BYTES", "RAM / 4, at most 4G", "most memory one request may make kiln allocate: its JSON parse, input copies, the tensors a model sizes from the request (shapes and values), the answer's encoding; over it a 400 naming the tensor or node, before the allocation (suffixes K, M, G; at least 1M)"},
-    {"exit-timeout-secs", OPT_INT, "S", "30", "on SIGTERM/SIGINT, longest wait for in-flight requests before a forced exit"},
+    {"exit-timeout-secs", OPT_INT, "S", "30", "on SIGTERM/SIGINT, longest wait for in-flight requests before a forced exit (counted from the drain's start, after --shutdown-delay-secs)"},
+    {"shutdown-delay-secs", OPT_INT, "S", "5", "on SIGTERM, readiness turns false at once but requests are still served this long, so that load balancers' health checks take the server out before it refuses work; then the drain (0 = drain at once; SIGINT always drains at once)"},
     {"model-control-mode", OPT_STR, "none|explicit|poll", "none", "none: load all at start; explicit: load/unload through the API; poll: reload on change"},
     {"repository-poll-secs", OPT_INT, "S", "15", "rescan interval with --model-control-mode poll"},
     {"load-model", OPT_LIST, "NAME", "", "model to load at start with explicit control (repeatable; '*' = all)"},
@@ -63,6 +64,7 @@ static const struct opt g_opts[] = {
     {"cache-size", OPT_SIZE, "BYTES", "256M", "in-process result cache size for models with response_cache.enable (0 = off; suffixes K, M, G)"},
     {"redis-url", OPT_STR, "URL", "", "redis://[user:password@]host:port[/db] for the shared result cache tier"},
     {"cache-ttl-secs", OPT_INT, "S", "300", "lifetime of a cached result"},
+    {"redis-timeout-ms", OPT_INT, "MS", "50", "longest wait for Redis's answer to a lookup before computing the result (a miss); five missed in a row stop lookups for a second. Stores never wait"},
     {"cache-secret", OPT_STR, "SECRET", "random", "key of the cache's keyed hash and of its Redis values' MAC (set it to share Redis entries between servers)"},
     {"allow-client-shm", OPT_BOOL, "", "false", "let clients register system and CUDA shared-memory regions (Triton's shared memory extensions); off, registering is refused"},
     {"shm-key-prefix", OPT_STR, "PREFIX", "", "only shared-memory objects whose names start with PREFIX may be registered (empty = any of the server user's objects)"},
@@ -90,6 +92,7 @@ void server_config_init(struct server_config *c) {
     c->max_request_size = 64LL << 20;
     c->max_model_upload_size = 64LL << 20;
     c->exit_timeout_secs = 30;
+    c->shutdown_delay_secs = 5;
     c->inline_max_us = 100;
     c->http_timeout_secs = 60;
     c->http_header_timeout_secs = 10;
@@ -98,6 +101,7 @@ void server_config_init(struct server_config *c) {
     c->repository_poll_secs = 15;
     c->cache_size = 256ll << 20;
     c->cache_ttl_secs = 300;
+    c->redis_timeout_ms = 50;
 }
 
 void server_config_clear(struct server_config *c) {
@@ -197,6 +201,13 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
             c->http_body_timeout_secs = (int)x;
         } else if (strcmp(n, "max-connections") == 0) c->max_connections = (int)x;
         else if (strcmp(n, "exit-timeout-secs") == 0) c->exit_timeout_secs = (int)x;
+        else if (strcmp(n, "shutdown-delay-secs") == 0) {
+            if (x > 3600) return BAD("expected 0-3600");
+            c->shutdown_delay_secs = (int)x;
+        } else if (strcmp(n, "redis-timeout-ms") == 0) {
+            if (x < 1 || x > 60000) return BAD("expected 1-60000");
+            c->redis_timeout_ms = (int)x;
+        }
         else if (strcmp(n, "inline-max-us") == 0) {
             if (x < 0 || x > 1000000) return BAD("expected 0-1000000");
             c->inline_max_us = (int)x;
@@ -491,9 +502,11 @@ void server_config_usage(FILE *f) {
     fprintf(f,
             "  %-38s %s\n"
             "\n"
-            "Signals: SIGTERM or SIGINT stops admitting work (ready turns false, new\n"
-            "requests get 503), lets accepted requests finish and exits 0; a second\n"
-            "signal, or --exit-timeout-secs, forces the exit.\n",
+            "Signals: SIGTERM turns readiness false and keeps serving for\n"
+            "--shutdown-delay-secs (load balancers see the server leave before it\n"
+            "refuses anything), then stops admitting work (new requests get 503),\n"
+            "lets accepted requests finish and exits 0. SIGINT skips the delay. A\n"
+            "second signal, or --exit-timeout-secs, forces the exit.\n",
             "-h, --help", "this text");
 }
 

@@ -39,6 +39,7 @@ struct server_config {
     int64_t max_model_upload_size; /* bytes of model files one load request may carry; 0 = uploads refused */
     int64_t max_request_memory;  /* bytes one request may make kiln allocate; 0 = from the machine */
     int exit_timeout_secs;       /* drain limit on SIGTERM */
+    int shutdown_delay_secs;     /* on SIGTERM: not ready, still serving, this long before the drain */
     int inline_max_us;           /* batcher_params.inline_max_ns, in us; 0 = off */
     int http_timeout_secs;       /* idle read/write timeout of a connection */
     int http_header_timeout_secs; /* total time a request's header may take to arrive */
@@ -58,6 +59,7 @@ struct server_config {
     char *redis_url;             /* NULL = no Redis tier */
     int cache_ttl_secs;
     char *cache_secret;          /* key for the keyed hash; NULL = random per start */
+    int redis_timeout_ms;        /* a Redis lookup's wait for its reply; 0 = cache/'s default */
     char *config_file;           /* the --config path, if any */
     /* Client shared memory (server/shm.h). */
     int allow_client_shm;        /* 1 = clients may register shared-memory regions; off by default */

@@ -44,8 +44,8 @@ uint8_t *grpc_frame(const struct ProtobufCMessage *m, size_t *len);
 grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err, size_t err_len);
 /* The port actually bound (useful with --grpc-port 0). */
 int grpc_server_port(const grpc_server_t *s);
-/* After runtime_begin_drain: health Watch calls are told NOT_SERVING (on
- * their loops, in the background). Once; NULL is a no-op. */
+/* After runtime_leave or runtime_begin_drain: health Watch calls are told
+ * NOT_SERVING (on their loops, in the background). Once; NULL is a no-op. */
 void grpc_server_begin_drain(grpc_server_t *s);
 /* Closes the listeners and every connection: a GOAWAY after the answers
  * the connections still hold. Requests still in the core answer nobody.

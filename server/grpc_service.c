@@ -83,7 +83,7 @@ static void server_ready(struct grpc_stream *st, const uint8_t *msg, size_t len)
     UNPACK(Inference__ServerReadyRequest, inference__server_ready_request__unpack, st, msg, len);
     inference__server_ready_request__free_unpacked(req, NULL);
     Inference__ServerReadyResponse res = INFERENCE__SERVER_READY_RESPONSE__INIT;
-    res.ready = !runtime_draining(grpc_stream_server(st)->rt);
+    res.ready = runtime_ready(grpc_stream_server(st)->rt);
     grpc_stream_reply(st, &res.base);
 }
 
@@ -97,7 +97,7 @@ static void model_ready(struct grpc_stream *st, const uint8_t *msg, size_t len) 
         int status;
         grpc_server_t *s = grpc_stream_server(st);
         struct repo_version *rv = repository_acquire(s->repo, req->name, v, &status, err, sizeof err);
-        res.ready = rv && !runtime_draining(s->rt);
+        res.ready = rv && runtime_ready(s->rt);
         repository_release(rv);
         grpc_stream_reply(st, &res.base);
     }
@@ -293,7 +293,7 @@ static void model_unload(struct grpc_stream *st, const uint8_t *msg, size_t len)
 /* ==== grpc.health.v1.Health ============================================== */
 
 /* The serving status of the services Check and Watch answer for. */
-static int health_status(struct grpc_stream *st) { return runtime_draining(grpc_stream_server(st)->rt) ? 2 : 1; }
+static int health_status(struct grpc_stream *st) { return runtime_ready(grpc_stream_server(st)->rt) ? 1 : 2; }
 
 /* HealthCheckResponse {status = 1: enum}, framed: 7 bytes. */
 static void health_send(struct grpc_stream *st, int status) {
@@ -333,7 +333,7 @@ static void health_check(struct grpc_stream *st, const uint8_t *msg, size_t len)
 }
 
 /* Watch: the status now, then each change, until the client cancels or the
- * server exits. The drain is the one change there is
+ * server exits. Leaving (SIGTERM) is the one change there is
  * (grpc_server_begin_drain). */
 void grpc_health_detach(struct grpc_stream *st) {
     if (!st->watch_status) return;

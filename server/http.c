@@ -75,7 +75,9 @@ static void reply_send(http_server_t *s, struct evhttp_request *req, int code, c
     const char *date = http_date();
     if (*date) evhttp_add_header(h, "Date", date);
     if (ctype) evhttp_add_header(h, "Content-Type", ctype);
-    if (runtime_draining(s->rt)) evhttp_add_header(h, "Connection", "close");
+    /* Leaving or draining: keep-alive clients reconnect, through their
+     * balancer, to a server that stays. */
+    if (!runtime_ready(s->rt)) evhttp_add_header(h, "Connection", "close");
     evhttp_send_reply(req, code, status_http_phrase(code), NULL);
 }
 
@@ -716,7 +718,7 @@ static void route_server_metadata(const struct http_call *c) {
 static void route_live(const struct http_call *c) { reply_empty(c->srv, c->req, 200); }
 
 static void route_ready(const struct http_call *c) {
-    if (runtime_draining(c->srv->rt)) reply_error(c->srv, c->req, 400, "the server is shutting down");
+    if (!runtime_ready(c->srv->rt)) reply_error(c->srv, c->req, 400, "the server is shutting down");
     else reply_empty(c->srv, c->req, 200);
 }
 
@@ -835,7 +837,7 @@ static void route_model_ready(const struct http_call *c) {
     char err[512];
     int status = 0;
     struct repo_version *v = repository_acquire(c->srv->repo, c->model, c->version, &status, err, sizeof err);
-    if (v && !runtime_draining(c->srv->rt)) reply_empty(c->srv, c->req, 200);
+    if (v && runtime_ready(c->srv->rt)) reply_empty(c->srv, c->req, 200);
     else reply_error(c->srv, c->req, 400, v ? "the server is shutting down" : err);
     repository_release(v);
 }

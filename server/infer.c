@@ -81,6 +81,7 @@ infer_core_t *infer_core_create(const struct infer_core_params *p, char *err, si
         struct cache_params cp = {.lru_bytes = (size_t)cfg->cache_size,
                                   .secret = cfg->cache_secret,
                                   .redis_url = cfg->redis_url,
+                                  .redis_timeout_ms = cfg->redis_timeout_ms > 0 ? (uint32_t)cfg->redis_timeout_ms : 0,
                                   .ttl_secs = cfg->cache_ttl_secs > 0 ? (uint32_t)cfg->cache_ttl_secs : 0};
         core->cache = cache_create(&cp, err, err_len);
         if (!core->cache) {

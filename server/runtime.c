@@ -53,6 +53,7 @@ struct runtime {
     repository_t *repo;
     int nloops;
     struct runtime_loop *loops;
+    atomic_int leaving;          /* ready is false; requests are still served (--shutdown-delay-secs) */
     atomic_int draining;
     atomic_int conns;            /* admitted connections open, every front end's */
     int max_conns;               /* --max-connections, or derived from the open file limit */
@@ -299,7 +300,17 @@ struct cache_redis *runtime_loop_redis(struct runtime_loop *l) { return l->redis
 
 struct infer_core *runtime_core(const runtime_t *rt) { return rt->core; }
 
-void runtime_begin_drain(runtime_t *rt) { atomic_store(&rt->draining, 1); }
+void runtime_leave(runtime_t *rt) { atomic_store(&rt->leaving, 1); }
+
+int runtime_ready(const runtime_t *rt) {
+    runtime_t *m = (runtime_t *)rt;
+    return !atomic_load_explicit(&m->leaving, memory_order_relaxed) && !runtime_draining(rt);
+}
+
+void runtime_begin_drain(runtime_t *rt) {
+    atomic_store(&rt->leaving, 1);
+    atomic_store(&rt->draining, 1);
+}
 
 int runtime_draining(const runtime_t *rt) { return atomic_load_explicit(&((runtime_t *)rt)->draining, memory_order_relaxed); }
 

@@ -22,7 +22,7 @@
  * bases).
  *
  * Threads: create, start, stop and free from one thread (main); post,
- * control_post, draining, begin_drain and conn_* from any thread; a loop's
+ * control_post, leave, ready, draining, begin_drain and conn_* from any thread; a loop's
  * base and Redis connection only on that loop's thread once started. */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -98,6 +98,12 @@ void runtime_post_any(void *l, struct runtime_job *job);
  * block; its run posts the answer back to its loop. Any thread. */
 void runtime_control_post(runtime_t *rt, struct runtime_job *job);
 
+/* The server is leaving (SIGTERM, --shutdown-delay-secs): ready turns false
+ * so that load balancers and orchestrators stop sending work, while every
+ * request that still comes is served as before. Any thread. */
+void runtime_leave(runtime_t *rt);
+/* Whether the server reports ready: neither leaving nor draining. */
+int runtime_ready(const runtime_t *rt);
 /* The drain began: ready is false, new work is refused. Any thread. */
 void runtime_begin_drain(runtime_t *rt);
 int runtime_draining(const runtime_t *rt);

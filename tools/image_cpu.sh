@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNTIME_DEBS="libevent-2.1-7 libevent-pthreads-2.1-7 libcjson1 libhiredis0.14 libdnnl2 \
-libprotobuf-c1 libnghttp2-14 libsodium23 libssl3 zlib1g libpcre2-8-0 libgomp1 curl ca-certificates"
+libprotobuf-c1 libnghttp2-14 libsodium23 libssl3 zlib1g libpcre2-8-0 libutf8proc2 libjpeg62-turbo libpng16-16 \
+libwebp7 libgomp1 curl ca-certificates"
 
 case "${1:-}" in
 build)

@@ -170,6 +170,29 @@ static void test_model_bounds_flags(void **state) {
     server_config_clear(&c);
 }
 
+/* Leaving a fleet and the Redis tier: defaults, values, bounds named. */
+static void test_fleet_flags(void **state) {
+    struct server_config c;
+    char *none[] = {"serve"};
+    assert_int_equal(load(&c, 1, none), 0);
+    assert_int_equal(c.shutdown_delay_secs, 5);
+    assert_int_equal(c.redis_timeout_ms, 50);
+    server_config_clear(&c);
+    char *set[] = {"serve", "--shutdown-delay-secs", "0", "--redis-timeout-ms=250"};
+    assert_int_equal(load(&c, 4, set), 0);
+    assert_int_equal(c.shutdown_delay_secs, 0);
+    assert_int_equal(c.redis_timeout_ms, 250);
+    server_config_clear(&c);
+    char *zero[] = {"serve", "--redis-timeout-ms", "0"};
+    assert_int_equal(load(&c, 3, zero), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "redis-timeout-ms"));
+    server_config_clear(&c);
+    char *huge[] = {"serve", "--shutdown-delay-secs", "86400"};
+    assert_int_equal(load(&c, 3, huge), STATUS_INVALID);
+    assert_non_null(strstr(g_err, "shutdown-delay-secs"));
+    server_config_clear(&c);
+}
+
 /* The gRPC message limit: --max-request-size's unless set (0 here means
  * "the same"), with size suffixes, from a flag or the environment. */
 static void test_grpc_max_message_size(void **state) {
@@ -523,6 +546,7 @@ int main(void) {
         cmocka_unit_test(test_errors_name_the_source),
         cmocka_unit_test(test_control_auth),
         cmocka_unit_test(test_model_bounds_flags),
+        cmocka_unit_test(test_fleet_flags),
         cmocka_unit_test(test_grpc_max_message_size),
         cmocka_unit_test(test_client_shm_flags),
         cmocka_unit_test(test_model_config_parse_and_json),

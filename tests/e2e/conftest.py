@@ -24,6 +24,9 @@ from onnx import TensorProto as TP
 # Every server the tests start (many at once) takes a free gRPC port, as
 # --http-port 0 does for HTTP; test_grpc.py reads it from the log.
 os.environ.setdefault("KILN_GRPC_PORT", "0")
+# A test's server stops at once on SIGTERM, as before --shutdown-delay-secs;
+# the tests of the delay (test_fleet.py, test_http_shutdown.py) set it.
+os.environ.setdefault("KILN_SHUTDOWN_DELAY_SECS", "0")
 
 # tritonclient.http runs on gevent, which gives every thread that uses it a
 # hub holding two descriptors (its epoll and its wakeup) that outlive the

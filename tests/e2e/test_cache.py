@@ -744,3 +744,83 @@ def test_classification_computed_and_cached_alike(make_server, cache_repo):
     # Without batching the whole [2, 4] tensor is one row: 2x = 6 2 4 18 0 10 10 2.
     top = [v.decode().split(":") for v in np.array(answers[0]).reshape(-1)]
     assert [int(i) for _, i in top] == [3, 5, 6] and float(top[0][0]) == 18.0
+
+
+# ---- the Redis tier's health, as the metrics tell it --------------------------
+
+
+def wait_metric(url, name, want, timeout=15):
+    """Polls /metrics until name reads want (a liveness bound, not a timing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = metric(url, name)
+        if v == want:
+            return v
+        time.sleep(0.05)
+    return metric(url, name)
+
+
+def test_wrong_password_is_not_connected_and_retried(make_server, cache_repo):
+    """A refused AUTH is no connection (kiln_cache_redis_connected 0), logged
+    once an interval however many threads retry; once Redis takes the
+    password, every thread connects without a restart."""
+    r = Redis(password="right-password")
+    try:
+        s = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET, "--http-threads", "4",
+                        "--redis-url", f"redis://:kiln-password@127.0.0.1:{r.port}/1")
+        x = np.full((2, 2), 7, np.float32)
+        np.testing.assert_array_equal(infer(s.url, "double", x), 2 * x)
+        deadline = time.monotonic() + 10
+        while "AUTH failed" not in s.text():
+            assert time.monotonic() < deadline, s.text()
+            time.sleep(0.05)
+        time.sleep(3)  # threads retry about once a second meanwhile
+        assert metric(s.url, "kiln_cache_redis_connected") == 0
+        assert s.text().count("AUTH failed") == 1, s.text()
+        assert r.cli("-n", "1", "dbsize") == "0"
+        # Redis takes kiln's password now: no restart of kiln needed.
+        r.cli("config", "set", "requirepass", "kiln-password")
+        r.password = "kiln-password"
+        assert wait_metric(s.url, "kiln_cache_redis_connected", 4) == 4
+        infer(s.url, "double", x + 1)
+        for _ in range(200):
+            if r.cli("-n", "1", "dbsize") == "1":
+                break
+            time.sleep(0.02)
+        assert r.cli("-n", "1", "dbsize") == "1"
+    finally:
+        r.stop()
+
+
+def test_breaker_gauge_closes_on_time_and_stores_go_on(make_server, cache_repo, redis):
+    """Lookups that time out open the breaker; while it is open lookups are
+    skipped but stores are still sent, so another replica finds the result;
+    the gauge falls back to 0 when the breaker closes, with no request to
+    this server in between."""
+    s = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET, "--http-threads", "1",
+                    "--redis-timeout-ms", "20", "--redis-url", redis.url)
+    assert wait_metric(s.url, "kiln_cache_redis_connected", 1) == 1
+    os.kill(redis.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(6):
+            infer(s.url, "double", np.full((1, 2), 100 + i, np.float32))
+        assert metric(s.url, "kiln_cache_redis_circuit_open") == 1
+    finally:
+        os.kill(redis.proc.pid, signal.SIGCONT)
+    # While it is open: new results still reach Redis.
+    before = redis.cli("dbsize")
+    for i in range(3):
+        infer(s.url, "double", np.full((1, 2), 200 + i, np.float32))
+    stored_while_open = metric(s.url, "kiln_cache_redis_circuit_open") == 1
+    assert stored_while_open, "the breaker closed before the stores were sent; the test needs its 1 s window"
+    deadline = time.monotonic() + 10
+    while int(redis.cli("dbsize")) < int(before) + 3:
+        assert time.monotonic() < deadline, redis.cli("dbsize")
+        time.sleep(0.02)
+    other = make_server(cache_repo, "--cache-size", "0", "--cache-secret", SECRET, "--redis-url", redis.url)
+    wait_connected(other)
+    np.testing.assert_array_equal(infer(other.url, "double", np.full((1, 2), 201, np.float32)),
+                                  np.full((1, 2), 402, np.float32))
+    assert stats(other.url, "double")["hit"] == 1
+    # No traffic to s: its gauge still falls back once the breaker's second is over.
+    assert wait_metric(s.url, "kiln_cache_redis_circuit_open", 0) == 0

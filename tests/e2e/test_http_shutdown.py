@@ -161,3 +161,66 @@ def test_client_gone_cancels_queued_request(make_server, slow_repo):
     success = int(re.search(r'request_success\{model="slow",version="1"\} (\d+)', text).group(1))
     assert pending == 0
     assert cancelled > 0 and success + cancelled == 24
+
+
+def tiny_infer(url):
+    """One request to tiny over a fresh connection: its HTTP status."""
+    import json
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
+    status, _, _ = raw_request(url, "POST", "/v2/models/tiny/infer", body.encode(),
+                               {"Content-Type": "application/json"})
+    return status
+
+
+def test_shutdown_delay_unready_but_serving(make_server, slow_repo):
+    """SIGTERM with --shutdown-delay-secs: readiness (HTTP, gRPC, the model's)
+    turns false at once, while inference is still answered 200 for the delay;
+    then the drain, and exit 0."""
+    import tritonclient.grpc as grpcclient
+    s = make_server(slow_repo, "--shutdown-delay-secs", "3")
+    g = grpcclient.InferenceServerClient(s.grpc_url())
+    assert tiny_infer(s.url) == 200
+    assert raw_request(s.url, "GET", "/v2/health/ready")[0] == 200
+    s.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while raw_request(s.url, "GET", "/v2/health/ready")[0] == 200:
+        assert time.monotonic() < deadline, "readiness stayed true after SIGTERM"
+        time.sleep(0.02)
+    assert raw_request(s.url, "GET", "/v2/health/ready")[0] == 400
+    assert raw_request(s.url, "GET", "/v2/models/tiny/ready")[0] == 400
+    assert g.is_server_ready() is False
+    assert g.is_server_live() is True
+    # Served during the delay, over HTTP and gRPC; each HTTP answer closes
+    # its connection so that keep-alive clients move to another replica.
+    statuses = [tiny_infer(s.url) for _ in range(5)]
+    assert statuses == [200] * 5, statuses
+    i = grpcclient.InferInput("x", [1, 4], "FP32")
+    i.set_data_from_numpy(np.ones((1, 4), np.float32))
+    assert g.infer("tiny", [i]).as_numpy("probs").shape == (1, 3)
+    status, headers, _ = raw_request(s.url, "POST", "/v2/models/tiny/infer",
+                                     b'{"inputs":[{"name":"x","shape":[1,4],"datatype":"FP32","data":[1,2,3,4]}]}')
+    assert status == 200 and {k.lower(): v for k, v in headers.items()}.get("connection") == "close"
+    g.close()
+    assert "--shutdown-delay-secs" in s.text()
+    assert s.proc.wait(timeout=30) == 0
+    log = s.text()
+    assert log.index("not ready; serving for 3 s") < log.index("draining")
+
+
+def test_shutdown_delay_skipped_by_sigint(make_server, slow_repo):
+    s = make_server(slow_repo, "--shutdown-delay-secs", "600")
+    s.signal(signal.SIGINT)
+    assert s.proc.wait(timeout=30) == 0
+    assert "not ready; serving" not in s.text()
+
+
+def test_second_signal_during_delay_forces_exit(make_server, slow_repo):
+    s = make_server(slow_repo, "--shutdown-delay-secs", "600")
+    s.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while "not ready; serving" not in s.text():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    s.signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=30) == 1
+    assert "second signal during --shutdown-delay-secs" in s.text()
