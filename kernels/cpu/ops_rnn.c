@@ -346,14 +346,24 @@ __attribute__((target("arch=x86-64-v4"))) static void rnn_gemv_v4(const float *h
         int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL;
         const float *panel = pk + q * k;
         if (w == RNN_PANEL) {
-            __m512 a[8];
-            for (int v = 0; v < 8; v++) a[v] = _mm512_setzero_ps();
+            /* Eight named accumulators: GCC keeps an array of them in memory. */
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             for (int64_t j = 0; j < k; j++) {
                 const __m512 hj = _mm512_set1_ps(h[j]);
                 const float *r = panel + j * RNN_PANEL;
-                for (int v = 0; v < 8; v++) a[v] = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 16 * v), a[v]);
+                a0 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r), a0);
+                a1 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 16), a1);
+                a2 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 32), a2);
+                a3 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 48), a3);
+                a4 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 64), a4);
+                a5 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 80), a5);
+                a6 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 96), a6);
+                a7 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 112), a7);
             }
-            for (int v = 0; v < 8; v++) _mm512_storeu_ps(out + q + 16 * v, a[v]);
+            float *o = out + q;
+            _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1), _mm512_storeu_ps(o + 32, a2);
+            _mm512_storeu_ps(o + 48, a3), _mm512_storeu_ps(o + 64, a4), _mm512_storeu_ps(o + 80, a5);
+            _mm512_storeu_ps(o + 96, a6), _mm512_storeu_ps(o + 112, a7);
             continue;
         }
         for (int64_t c = 0; c < w; c += 16) {
@@ -372,14 +382,23 @@ __attribute__((target("arch=x86-64-v3"))) static void rnn_gemv_v3(const float *h
         int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL, c = 0;
         const float *panel = pk + q * k;
         for (; c + 64 <= w; c += 64) {
-            __m256 a[8];
-            for (int v = 0; v < 8; v++) a[v] = _mm256_setzero_ps();
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
             for (int64_t j = 0; j < k; j++) {
                 const __m256 hj = _mm256_set1_ps(h[j]);
                 const float *r = panel + j * w + c;
-                for (int v = 0; v < 8; v++) a[v] = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 8 * v), a[v]);
+                a0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r), a0);
+                a1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 8), a1);
+                a2 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 16), a2);
+                a3 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 24), a3);
+                a4 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 32), a4);
+                a5 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 40), a5);
+                a6 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 48), a6);
+                a7 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 56), a7);
             }
-            for (int v = 0; v < 8; v++) _mm256_storeu_ps(out + q + c + 8 * v, a[v]);
+            float *o = out + q + c;
+            _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1), _mm256_storeu_ps(o + 16, a2);
+            _mm256_storeu_ps(o + 24, a3), _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
+            _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
         }
         for (; c + 8 <= w; c += 8) {
             __m256 a = _mm256_setzero_ps();
@@ -511,7 +530,8 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
     const struct tensor *r = c->in[RNN_R];
     if (r->data) {
         int64_t per = p->ngates * p->hidden * p->hidden;
-        p->rt = malloc(sizeof(float) * (size_t)(p->ndir * per > 0 ? p->ndir * per : 1));
+        /* Cache-line aligned: a vector load across two lines costs both. */
+        p->rt = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(p->ndir * per > 0 ? p->ndir * per : 1)));
         if (!p->rt) {
             op_params_free(p);
             return op_error(c, "out of memory for R transposed (%lld floats)", (long long)(p->ndir * per));
