@@ -27,6 +27,7 @@
 #endif
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -539,7 +540,7 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
         for (int d = 0; d < p->ndir; d++) rnn_pack_r(p, (const float *)r->data + d * per, p->rt + d * per);
     }
     struct rnn_work w;
-    *scratch_size = rnn_work_layout(p, NULL, &w);
+    *scratch_size = rnn_work_layout(p, NULL, &w) * (size_t)p->ndir; /* a work per direction */
     *state = p;
     return 0;
 }
@@ -809,31 +810,63 @@ static int rnn_read_lens(struct op_call *c, const struct rnn_params *p, struct r
     return 0;
 }
 
+/* Multiply-adds of one direction's input projection from which it runs
+ * on all the node's threads (about a tenth of a millisecond on one). */
+#define RNN_PROJ_MACS_THREADS 8388608.0
+
+/* Direction d's slices of the inputs and outputs. */
+static void rnn_dir_init(const struct op_call *c, const struct rnn_params *p, int d, struct rnn_dir *rd) {
+    int64_t H = p->hidden, GH = p->ngates * H;
+    *rd = (struct rnn_dir){
+        .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
+        .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
+        .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = rnn_out(c, RNN_Y),
+        .rt = p->rt ? p->rt + d * GH * H : NULL,
+        .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
+    };
+    if (p->kind == RNN_KIND_LSTM) {
+        rd->peep = rnn_slice(c, RNN_P, d, 3 * H);
+        rd->yc = rnn_out(c, RNN_YC);
+        rd->c0 = rnn_in(c, RNN_C0) ? c->in[RNN_C0]->data : NULL;
+    }
+}
+
+/* The two directions of a bidirectional node, one thread each: they share
+ * nothing but X and write apart in the outputs, and a step of one is too
+ * small to split between threads. Each has its own work (scratch holds
+ * two) and its own error text; the first failure is reported. */
+static int rnn_both_directions(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
+    struct op_call c1 = *c;
+    char err1[256] = "";
+    c1.err = err1;
+    c1.err_len = sizeof err1;
+    int rcs[2] = {0, 0};
+#pragma omp parallel for num_threads(2)
+    for (int d = 0; d < 2; d++) rcs[d] = rnn_direction(d ? &c1 : c, &rd[d], &w[d]);
+    if (rcs[1] && !rcs[0] && c->err && c->err_len) snprintf(c->err, c->err_len, "%s", err1);
+    return rcs[0] ? rcs[0] : rcs[1];
+}
+
 static int rnn_run(struct op_call *c) {
     const struct rnn_params *p = c->state;
-    struct rnn_work w;
-    rnn_work_layout(p, c->scratch, &w);
-    int short_rows, rc = rnn_read_lens(c, p, &w, &short_rows);
+    struct rnn_work w[2];
+    size_t one = rnn_work_layout(p, NULL, &w[0]);
+    for (int d = 0; d < p->ndir; d++) rnn_work_layout(p, (char *)c->scratch + d * one, &w[d]);
+    int short_rows, rc = rnn_read_lens(c, p, &w[0], &short_rows);
     if (rc) return rc;
-    dnnl_util_set_threads(c->nthreads);
-    int64_t H = p->hidden, GH = p->ngates * H;
+    if (p->ndir == 2) memcpy(w[1].len, w[0].len, sizeof(int64_t) * (size_t)p->batch);
+    /* Threads pay for themselves only on a large input projection: the
+     * steps are sequential, and a team started (and waited for at a busy
+     * machine's pace) for a small sgemm costs more than it saves. */
+    double proj_macs = (double)(p->seq * p->batch) * (double)(p->ngates * p->hidden) * (double)p->in_size;
+    dnnl_util_set_threads(proj_macs >= RNN_PROJ_MACS_THREADS ? c->nthreads : 1);
     float *y = rnn_out(c, RNN_Y);
     if (y && short_rows) memset(y, 0, tensor_nbytes(c->out[RNN_Y]));
-    for (int d = 0; d < p->ndir; d++) {
-        struct rnn_dir rd = {
-            .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
-            .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
-            .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = y,
-            .rt = p->rt ? p->rt + d * GH * H : NULL,
-            .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
-        };
-        if (p->kind == RNN_KIND_LSTM) {
-            rd.peep = rnn_slice(c, RNN_P, d, 3 * H);
-            rd.yc = rnn_out(c, RNN_YC);
-            rd.c0 = rnn_in(c, RNN_C0) ? c->in[RNN_C0]->data : NULL;
-        }
-        if ((rc = rnn_direction(c, &rd, &w))) return rc;
-    }
+    struct rnn_dir rd[2];
+    for (int d = 0; d < p->ndir; d++) rnn_dir_init(c, p, d, &rd[d]);
+    if (p->ndir == 2 && c->nthreads >= 2) return rnn_both_directions(c, rd, w);
+    for (int d = 0; d < p->ndir; d++)
+        if ((rc = rnn_direction(c, &rd[d], &w[d]))) return rc;
     return 0;
 }
 
