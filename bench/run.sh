@@ -111,6 +111,21 @@ if worst:
     print(f"- Worst kiln / onnxruntime median-latency ratio: **{w:.2f}**; target <= 1.25 on each: "
           f"**{'met' if w <= 1.25 else 'NOT met'}**.")
 PY
+    # What a node costs beyond its kernel (bench/engine_overhead.py): small
+    # graphs must cost what their kernels cost.
+    "$PY" bench/engine_overhead.py --kiln "$KILN" --rounds 3 >"$OUT/engine_overhead.txt" 2>>"$OUT/engine.log" || return
+    {
+        echo
+        echo "### Per-node cost on tiny graphs (\`bench/engine_overhead.py --rounds 3\`)"
+        echo
+        echo "CPU time per inference at one thread; a chain of Adds of two [1, 64] inputs at 1 and 51 nodes"
+        echo "(the difference over 50 nodes is one node's dispatch and bookkeeping), and a streaming VAD step."
+        echo
+        grep '^|' "$OUT/engine_overhead.txt"
+        echo
+        sed -n 's/^per_node kiln \(.*\) us, onnxruntime \(.*\) us, ratio \(.*\)$/- Per node: kiln **\1 us**, onnxruntime \2 us (kiln \/ onnxruntime \3); target: under onnxruntime's./p' \
+            "$OUT/engine_overhead.txt"
+    } >>"$OUT/engine.md"
 }
 # The digits model ships with response_cache on and kiln's cache is on by
 # default: the front-end comparison runs the model for every request (the
