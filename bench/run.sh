@@ -123,7 +123,7 @@ PY
         echo
         grep '^|' "$OUT/engine_overhead.txt"
         echo
-        sed -n 's/^per_node kiln \(.*\) us, onnxruntime \(.*\) us, ratio \(.*\)$/- Per node: kiln **\1 us**, onnxruntime \2 us (kiln \/ onnxruntime \3); target: under onnxruntime's./p' \
+        sed -n 's/^per_node kiln \(.*\) us, onnxruntime \(.*\) us, ratio \(.*\)$/- Per node: kiln **\1 us**, onnxruntime \2 us (kiln \/ onnxruntime \3); target: under 1./p' \
             "$OUT/engine_overhead.txt"
     } >>"$OUT/engine.md"
 }
