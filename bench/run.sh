@@ -14,7 +14,7 @@
 #   padding   bench/padding.sh        padded vs same-shape batching, BERT, mixed lengths
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
-#   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
+#   modelset  bench/modelset.sh       kiln CPU vs onnxruntime and OpenVINO on the real-model set, 1 and 2 threads
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 # A section that fails is reported as failed (with the end of its log) and
 # makes this script exit non-zero. Only modelset may skip itself, with its
@@ -77,8 +77,8 @@ TITLE[fds]="At the open file limit: connections held open"
 TITLE[padding]="Padded batching: sequences of mixed lengths"
 TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
-TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
-TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
+TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
+TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the

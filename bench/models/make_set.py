@@ -8,6 +8,7 @@ torch.manual_seed(0).
 
     .venv-models/bin/python bench/models/make_set.py [--out build/modelset]
         [--only NAME,NAME] [--force] [--ort-python .venv/bin/python]
+    .venv/bin/python bench/models/make_set.py --without-torch   (the models that need no torch)
 
 Packages (bench/models/requirements.txt): torch, torchvision, timm,
 transformers, onnx, onnxscript for the export; onnxruntime and numpy for the
@@ -495,13 +496,15 @@ def main():
                     help="Python with onnxruntime for phase 2, when this one has none")
     ap.add_argument("--phase", choices=("all", "ort"), default="all", help=argparse.SUPPRESS)
     ap.add_argument("--list", action="store_true", help="print the names and exit")
+    ap.add_argument("--without-torch", action="store_true",
+                    help="only the models written without torch (onnx.helper, skl2onnx)")
     ap.add_argument("--test-data", default="", metavar="DIR",
                     help="after building, copy the test subset into DIR (tests/data/modelset)")
     a = ap.parse_args()
     if a.only == "-":
         return
     known = list(FLOAT) + list(INT8) + list(ONNX_BUILT)
-    names = [n for n in a.only.split(",") if n] or known
+    names = [n for n in a.only.split(",") if n] or (list(ONNX_BUILT) if a.without_torch else known)
     if a.test_data:
         names = list(dict.fromkeys(names + TEST_SUBSET)) if a.only else names
     unknown = [n for n in names if n not in known]
