@@ -262,18 +262,14 @@ def report(rows, threads):
                       f"{sum(r[key] <= 1.2 for r in ok)} of {len(ok)} within 1.2x"
                       + (f"; {sum(r[key] <= 1.0 for r in small)} of {len(small)} under 1 ms within 1.0x."
                          if small else "."))
-    if failed:
-        print()
-        print("Models kiln did not run:")
-        print()
-        for n, msg in failed.items():
-            print(f"- {n}: `{msg}`")
-    if ov_failed:
-        print()
-        print("Models OpenVINO did not run (their ratio is against onnxruntime alone):")
-        print()
-        for n, msg in ov_failed.items():
-            print(f"- {n}: `{msg[:300]}`")
+    for title, which in (("Models kiln did not run:", failed),
+                         ("Models OpenVINO did not run (their ratio is against onnxruntime alone):", ov_failed)):
+        if which:
+            print()
+            print(title)
+            print()
+            for n, msg in which.items():
+                print(f"- {n}: `{msg[:300]}`")
 
 
 if __name__ == "__main__":
