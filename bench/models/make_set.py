@@ -288,6 +288,7 @@ ONNX_BUILT = {
                    {"input": ("float32", [1, 576]), "h": ("float32", [1, 1, 64]), "c": ("float32", [1, 1, 64])},
                    ["prob", "hn", "cn"]),
     "svc": ("classical-ml", onnx_built("svc"), {"X": ("float32", [16, 30])}, ["label", "probabilities"]),
+    "convnext_s": ("cnn", onnx_built("convnext"), image(h=160, w=160), ["logits"]),
 }
 
 # The reduced variants kept in tests/data/modelset/ (--test-data) for `make

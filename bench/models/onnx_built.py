@@ -179,3 +179,51 @@ def svc(features=30, classes=3, samples=600):
         # (the decision scores when the SVC has no probability model).
         return m
     return build
+
+
+def convnext(dims=(24, 48, 96, 192), depths=(1, 1, 2, 1), classes=100, size=160):
+    """ConvNeXt as timm writes it and torch.onnx exports it: a 4x4 stride-4
+    stem, per stage a downsampling LayerNorm2d and 2x2 stride-2 Conv, and
+    blocks of a 7x7 depthwise Conv, the Transpose to channels-last, a
+    LayerNormalization over channels, Linear (MatMul, Add), exact GELU (Div,
+    Erf, Add, Mul, Mul), Linear, the layer scale Mul, the Transpose back and
+    the residual Add; LayerNorm2d is Transpose, LayerNormalization,
+    Transpose. Head: global mean, LayerNorm, Linear."""
+    def build(name):
+        g = _Graph(name)
+
+        def layer_norm(x, c):
+            return g.op("LayerNormalization", [x, g.init(f"ln_w_{g.k}", 1 + 0.1 * g.rng.standard_normal(c)
+                                                             .astype(np.float32)),
+                                               g.init(f"ln_b_{g.k}", 0.1 * g.rng.standard_normal(c).astype(np.float32))],
+                        axis=-1, epsilon=1e-6)
+
+        def ln2d(x, c):
+            return g.op("Transpose", [layer_norm(g.op("Transpose", [x], perm=[0, 2, 3, 1]), c)], perm=[0, 3, 1, 2])
+
+        def conv(x, c_in, c_out, k, s, group=1, pad=0):
+            w = g.init(f"conv_w_{g.k}", _uniform(g.rng, (c_out, c_in // group, k, k), c_in // group * k * k))
+            b = g.init(f"conv_b_{g.k}", _uniform(g.rng, (c_out,), c_in // group * k * k))
+            return g.op("Conv", [x, w, b], kernel_shape=[k, k], strides=[s, s], group=group, pads=[pad] * 4)
+
+        def gelu(x):
+            e = g.op("Erf", [g.op("Div", [x, g.init(f"sqrt2_{g.k}", np.array(1.4142135, np.float32))])])
+            half = g.init(f"half_{g.k}", np.array(0.5, np.float32))
+            return g.op("Mul", [g.op("Mul", [x, g.op("Add", [e, g.init(f"one_{g.k}", np.array(1, np.float32))])]),
+                                half])
+
+        x = ln2d(conv("x", 3, dims[0], 4, 4), dims[0])
+        for i, (c, depth) in enumerate(zip(dims, depths)):
+            if i:
+                x = conv(ln2d(x, dims[i - 1]), dims[i - 1], c, 2, 2)
+            for _ in range(depth):
+                y = g.op("Transpose", [conv(x, c, c, 7, 1, group=c, pad=3)], perm=[0, 2, 3, 1])
+                y = g.linear(gelu(g.linear(layer_norm(y, c), c, 4 * c)), 4 * c, c)
+                y = g.op("Mul", [y, g.init(f"gamma_{g.k}", (0.1 + 0.01 * g.rng.standard_normal(c)).astype(np.float32))])
+                x = g.op("Add", [x, g.op("Transpose", [y], perm=[0, 3, 1, 2])])
+        x = g.op("ReduceMean", [x], axes=[2, 3], keepdims=0)
+        g.linear(layer_norm(x, dims[-1]), dims[-1], classes)
+        g.nodes[-1].output[0] = "logits"
+        return g.model([_tensor("x", TensorProto.FLOAT, ["batch", 3, size, size])],
+                       [_tensor("logits", TensorProto.FLOAT, ["batch", classes])])
+    return build
