@@ -40,6 +40,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
 /* ---- activations -------------------------------------------------------- */
@@ -147,6 +148,9 @@ struct rnn_params {
     struct rnn_act act[2][RNN_MAX_FNS];
     int64_t seq, batch, in_size, hidden;
     int fused; /* the default activations, no clip or peepholes: rnn_fused_cell */
+    int proj_threads;                /* threads of the input projection (RNN_PROJ_MACS_THREADS) */
+    struct cpu_mm_state *proj[2];    /* per direction: X W^T + bias on W packed at prepare, when W is constant */
+    size_t proj_scratch;             /* bytes of scratch each projection's primitive needs */
     float *rt; /* [ndir][G*H * H]: R^T packed in prepare (rnn_pack_r) when R is constant (owned), else NULL */
 };
 
@@ -480,18 +484,19 @@ struct rnn_work {
     float *bias;    /* [G*H]: Wb + Rb (GRU with linear_before_reset: Wb alone for h) */
     float *rt;      /* [G*H * H]: this direction's R^T (rnn_pack_r), from prepare or made per run */
     int64_t *len;   /* [batch]: each row's sequence length */
+    void *proj;     /* the projection primitive's scratch */
 };
 
 static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
     int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
-    size_t sizes[8] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
+    size_t sizes[9] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
                        sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
                        sizeof(float) * (size_t)GH, p->rt ? 0 : sizeof(float) * (size_t)(GH * p->hidden),
-                       sizeof(int64_t) * (size_t)p->batch};
-    void **slots[8] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
-                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len};
+                       sizeof(int64_t) * (size_t)p->batch, p->proj_scratch};
+    void **slots[9] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
+                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len, &w->proj};
     size_t off = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         if (base) *slots[i] = base + off;
         off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
     }
@@ -515,8 +520,48 @@ static int rnn_fusable(const struct op_call *c, const struct rnn_params *p) {
 
 static void rnn_release(void *state) {
     struct rnn_params *p = state;
-    if (p) free(p->rt);
+    if (p) {
+        free(p->rt);
+        for (int d = 0; d < 2; d++) cpu_mm_release(p->proj[d]);
+    }
     op_params_free(p);
+}
+
+/* Multiply-adds of one direction's input projection from which it runs
+ * on all the node's threads (about a tenth of a millisecond on one). */
+#define RNN_PROJ_MACS_THREADS 8388608.0
+
+/* Each direction's input projection as a oneDNN matmul whose weights (W^T,
+ * read in place as W's transpose) are packed once here: sgemm packed them
+ * again at every run. The combined biases come at run time. */
+static int rnn_build_projections(struct op_call *c, struct rnn_params *p) {
+    const struct tensor *w = c->in[RNN_W];
+    int64_t GH = p->ngates * p->hidden, rows = p->seq * p->batch, in = p->in_size;
+    if (!w->data || rows == 0 || GH == 0 || in == 0) return 0;
+    /* Threads pay for themselves only on a large input projection: the
+     * steps are sequential, and a team started (and waited for at a busy
+     * machine's pace) for a small product costs more than it saves. */
+    double macs = (double)rows * (double)GH * (double)in;
+    p->proj_threads = macs >= RNN_PROJ_MACS_THREADS ? c->nthreads : 1;
+    struct op_call pc = *c;
+    pc.nthreads = p->proj_threads;
+    dnnl_memory_desc_t a_md, b_md, bias_md, y_md;
+    int64_t ad[2] = {rows, in}, biasd[2] = {1, GH}, yd[2] = {rows, GH};
+    dnnl_dims_t bd = {in, GH}, bs = {1, in};
+    dnnl_util_plain_md(&a_md, 2, ad);
+    dnnl_util_plain_md(&bias_md, 2, biasd);
+    dnnl_util_plain_md(&y_md, 2, yd);
+    if (dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_f32, bs) != dnnl_success)
+        return op_error(c, "could not describe W^T for oneDNN");
+    for (int d = 0; d < p->ndir; d++) {
+        size_t scratch = 0;
+        if (!(p->proj[d] = calloc(1, sizeof *p->proj[d]))) return op_error(c, "out of memory");
+        int rc = cpu_mm_build(&pc, p->proj[d], &a_md, &b_md, (const float *)w->data + d * GH * in, &bias_md, &y_md,
+                              1.0f, 0, &scratch);
+        if (rc) return rc;
+        if (scratch > p->proj_scratch) p->proj_scratch = scratch;
+    }
+    return 0;
 }
 
 static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size_t *scratch_size) {
@@ -538,6 +583,11 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
             return op_error(c, "out of memory for R transposed (%lld floats)", (long long)(p->ndir * per));
         }
         for (int d = 0; d < p->ndir; d++) rnn_pack_r(p, (const float *)r->data + d * per, p->rt + d * per);
+    }
+    p->proj_threads = c->nthreads;
+    if ((rc = rnn_build_projections(c, p))) {
+        rnn_release(p);
+        return rc;
     }
     struct rnn_work w;
     *scratch_size = rnn_work_layout(p, NULL, &w) * (size_t)p->ndir; /* a work per direction */
@@ -583,11 +633,15 @@ static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_w
         int r_inside = p->lbr && j >= 2 * H; /* GRU's Rbh is added inside r * (...) */
         w->bias[j] = rd->b ? rd->b[j] + (r_inside ? 0 : rd->b[GH + j]) : 0;
     }
-    for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
     /* sgemm packs a transposed operand again at every call: the per-step
      * products read R^T laid out as they want it instead. */
     if (rd->rt) w->rt = (float *)rd->rt;
     else rnn_pack_r(p, rd->r, w->rt);
+    if (p->proj[rd->d]) {
+        void *args[4] = {(void *)rd->x, NULL, w->gx, w->bias};
+        return dnnl_prim_exec(c, p->proj[rd->d]->prim, args, w->proj);
+    }
+    for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
     return rnn_gemm(c, 'T', rows, GH, p->in_size, rd->x, p->in_size, rd->w, p->in_size, 1.0f, w->gx, GH);
 }
 
@@ -810,10 +864,6 @@ static int rnn_read_lens(struct op_call *c, const struct rnn_params *p, struct r
     return 0;
 }
 
-/* Multiply-adds of one direction's input projection from which it runs
- * on all the node's threads (about a tenth of a millisecond on one). */
-#define RNN_PROJ_MACS_THREADS 8388608.0
-
 /* Direction d's slices of the inputs and outputs. */
 static void rnn_dir_init(const struct op_call *c, const struct rnn_params *p, int d, struct rnn_dir *rd) {
     int64_t H = p->hidden, GH = p->ngates * H;
@@ -855,11 +905,7 @@ static int rnn_run(struct op_call *c) {
     int short_rows, rc = rnn_read_lens(c, p, &w[0], &short_rows);
     if (rc) return rc;
     if (p->ndir == 2) memcpy(w[1].len, w[0].len, sizeof(int64_t) * (size_t)p->batch);
-    /* Threads pay for themselves only on a large input projection: the
-     * steps are sequential, and a team started (and waited for at a busy
-     * machine's pace) for a small sgemm costs more than it saves. */
-    double proj_macs = (double)(p->seq * p->batch) * (double)(p->ngates * p->hidden) * (double)p->in_size;
-    dnnl_util_set_threads(proj_macs >= RNN_PROJ_MACS_THREADS ? c->nthreads : 1);
+    dnnl_util_set_threads(p->proj_threads);
     float *y = rnn_out(c, RNN_Y);
     if (y && short_rows) memset(y, 0, tensor_nbytes(c->out[RNN_Y]));
     struct rnn_dir rd[2];
