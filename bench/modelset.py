@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""kiln CPU vs onnxruntime CPU on the real-model set (bench/models/make_set.py).
+"""kiln CPU vs onnxruntime CPU, and OpenVINO CPU where it is installed, on the
+real-model set (bench/models/make_set.py).
 
 For each model and each thread count, alternating rounds of kiln (`kiln run
 --backend cpu --iterations N`, the engine alone: its own p50 over the timed
@@ -17,6 +18,13 @@ model shows in the same table.
 --budget-ms sizes each side's timed loop (iterations = budget / one call's
 time, 5 to 200). Prints markdown: the table, then the summary (median ratio
 over the float models, the worst, the INT8 models apart).
+
+OpenVINO (--openvino-python, default .venv-bench's Python, which
+requirements-bench.txt gives openvino; "" leaves it out) runs as a third
+side in each round through bench/openvino_worker.py: FP32 precision hint,
+latency hint, the same thread count, static input shapes. Its outputs are
+compared with onnxruntime's too. The ratio against the better of the two
+peers per model is reported beside the ratio against onnxruntime.
 """
 import argparse
 import json
@@ -81,28 +89,82 @@ def max_error(meta, outdir):
     return worst
 
 
+class OpenVINO:
+    """An openvino_worker.py process for one model and thread count."""
+
+    def __init__(self, python, meta, threads):
+        self.p = subprocess.Popen([python, os.path.join(ROOT, "bench", "openvino_worker.py"), meta["model"],
+                                   str(threads), os.path.join(meta["folder"], "inputs"), ",".join(meta["inputs"])],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.error = self._answer("ready")
+
+    def _answer(self, want):
+        line = (self.p.stdout.readline() or "error: the OpenVINO worker exited").strip()
+        return None if line.startswith(want) else line
+
+    def p50(self, iterations):
+        self.p.stdin.write(f"time {iterations}\n")
+        self.p.stdin.flush()
+        line = self.p.stdout.readline().strip()
+        if not line.startswith("p50 "):
+            raise RuntimeError(line or "the OpenVINO worker exited")
+        return float(line.split()[1])
+
+    def outputs(self, folder):
+        self.p.stdin.write(f"outputs {folder}\n")
+        self.p.stdin.flush()
+        err = self._answer("ok")
+        if err:
+            raise RuntimeError(err)
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(timeout=60)
+
+
 def bench_model(a, meta, threads):
-    """One row: the medians over rounds, or the error kiln gave."""
+    """One row: kiln's and onnxruntime's medians over rounds (or the error
+    kiln gave), and OpenVINO's as (median, difference from onnxruntime) or
+    (None, why not)."""
     sess = ort_session(meta, threads)
     feeds = meta["feeds"]
     a0 = time.perf_counter()
     sess.run(None, feeds)
     one = (time.perf_counter() - a0) * 1e3
     iters = int(min(200, max(5, a.budget_ms / max(one, 1e-3))))
-    ks, os_ = [], []
-    err = None
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(a.rounds):
-            # Alternate which side goes first, so a neighbour's burst costs both.
-            sides = ("kiln", "ort") if r % 2 == 0 else ("ort", "kiln")
-            for s in sides:
-                if s == "ort":
-                    os_.append(ort_p50(sess, feeds, iters))
-                else:
-                    ks.append(kiln_run(a.kiln, meta, threads, iters, tmp if r == 0 else None))
-                    if r == 0:
-                        err = max_error(meta, tmp)
-    return statistics.median(ks), statistics.median(os_), err, iters
+    ks, os_, vs = [], [], []
+    err, ov_err, ov_why = None, None, "not run (no --openvino-python)"
+    ov = OpenVINO(a.openvino_python, meta, threads) if a.openvino_python else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if ov:
+                ov_why = ov.error
+                if not ov_why:
+                    try:
+                        ov.outputs(tmp)
+                        ov_err = max_error(meta, tmp)
+                    except RuntimeError as e:
+                        ov_why = str(e)
+            for r in range(a.rounds):
+                # Rotate which side goes first, so a neighbour's burst costs each.
+                sides = ("kiln", "ort", "ov")[r % 3:] + ("kiln", "ort", "ov")[:r % 3]
+                for s in sides:
+                    if s == "ort":
+                        os_.append(ort_p50(sess, feeds, iters))
+                    elif s == "kiln":
+                        ks.append(kiln_run(a.kiln, meta, threads, iters, tmp if r == 0 else None))
+                        if r == 0:
+                            err = max_error(meta, tmp)
+                    elif ov and not ov_why:
+                        try:
+                            vs.append(ov.p50(iters))
+                        except RuntimeError as e:
+                            ov_why = str(e)
+    finally:
+        if ov:
+            ov.close()
+    ov_row = (statistics.median(vs), ov_err) if vs and not ov_why else (None, ov_why)
+    return statistics.median(ks), statistics.median(os_), err, iters, ov_row
 
 
 def main():
@@ -114,6 +176,9 @@ def main():
     ap.add_argument("--budget-ms", type=float, default=300)
     ap.add_argument("--only", default="")
     ap.add_argument("--csv", default="")
+    default_ov = os.path.join(ROOT, ".venv-bench", "bin", "python")
+    ap.add_argument("--openvino-python", default=default_ov if os.path.exists(default_ov) else "",
+                    help="a Python with openvino (default .venv-bench's); '' leaves OpenVINO out")
     a = ap.parse_args()
     names = [n for n in a.only.split(",") if n] or sorted(
         n for n in os.listdir(a.set) if os.path.exists(os.path.join(a.set, n, "outputs")))
@@ -129,44 +194,55 @@ def main():
             row = {"model": n, "kind": meta["kind"], "family": meta["family"], "threads": t,
                    "mb": os.path.getsize(meta["model"]) / 1e6}
             try:
-                k, o, err, iters = bench_model(a, meta, t)
-                row.update(kiln=k, ort=o, ratio=k / o, err=err, iters=iters, status="ok")
+                k, o, err, iters, (v, ov_err) = bench_model(a, meta, t)
+                best = min(o, v) if v else o
+                row.update(kiln=k, ort=o, ratio=k / o, err=err, iters=iters, status="ok", ov=v,
+                           ov_err=ov_err if v else None, ov_why=None if v else ov_err, best=k / best)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 row.update(status=str(e).replace("|", "/"))
             print(f"modelset: {n} threads={t}: {row.get('ratio', row['status'])}", file=sys.stderr, flush=True)
             rows.append(row)
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("model,kind,family,threads,kiln_p50_ms,ort_p50_ms,ratio,max_abs_err,iterations,status\n")
+            f.write("model,kind,family,threads,kiln_p50_ms,ort_p50_ms,ratio,max_abs_err,iterations,status,"
+                    "openvino_p50_ms,ratio_best_peer\n")
             for r in rows:
                 ok = r["status"] == "ok"
+                ov = ok and r["ov"]
                 f.write(",".join([r["model"], r["kind"], r["family"], str(r["threads"]),
                                   f"{r['kiln']:.4f}" if ok else "", f"{r['ort']:.4f}" if ok else "",
                                   f"{r['ratio']:.4f}" if ok else "", f"{r['err']:.3g}" if ok else "",
-                                  str(r.get("iters", "")), "ok" if ok else "failed"]) + "\n")
+                                  str(r.get("iters", "")), "ok" if ok else "failed",
+                                  f"{r['ov']:.4f}" if ov else "", f"{r['best']:.4f}" if ok else ""]) + "\n")
     report(rows, threads)
 
 
 def report(rows, threads):
     cols = "| model | kind | family | MB |" + "".join(
-        f" kiln {t}T ms | ORT {t}T ms | ratio {t}T |" for t in threads) + " max abs diff vs ORT |"
+        f" kiln {t}T ms | ORT {t}T ms | OV {t}T ms | kiln/ORT {t}T | kiln/best {t}T |" for t in threads) + \
+        " max abs diff vs ORT: kiln, OV |"
     print(cols)
-    print("|---|---|---|---:|" + "---:|" * (3 * len(threads)) + "---:|")
+    print("|---|---|---|---:|" + "---:|" * (5 * len(threads)) + "---:|")
     by = {(r["model"], r["threads"]): r for r in rows}
-    failed = {}
+    failed, ov_failed = {}, {}
     for n in dict.fromkeys(r["model"] for r in rows):
         first = by[(n, threads[0])]
         line = f"| {n} | {first['kind']} | {first['family']} | {first['mb']:.1f} |"
-        errs = []
+        errs, ov_errs = [], []
         for t in threads:
             r = by[(n, t)]
             if r["status"] == "ok":
-                line += f" {r['kiln']:.2f} | {r['ort']:.2f} | {r['ratio']:.2f} |"
+                ov = f"{r['ov']:.2f}" if r["ov"] else "-"
+                line += f" {r['kiln']:.2f} | {r['ort']:.2f} | {ov} | {r['ratio']:.2f} | {r['best']:.2f} |"
                 errs.append(r["err"])
+                if r["ov"]:
+                    ov_errs.append(r["ov_err"])
+                elif r["ov_why"] and not r["ov_why"].startswith("not run"):
+                    ov_failed[n] = r["ov_why"]
             else:
-                line += " failed | | |"
+                line += " failed | | | | |"
                 failed[n] = r["status"]
-        line += f" {max(errs):.2g} |" if errs else " - |"
+        line += (f" {max(errs):.2g}" if errs else " -") + (f", {max(ov_errs):.2g} |" if ov_errs else ", - |")
         print(line)
     print()
     for kind, label in (("float", "float models"), ("int8", "INT8 models")):
@@ -174,18 +250,26 @@ def report(rows, threads):
             ok = [r for r in rows if r["kind"] == kind and r["threads"] == t and r["status"] == "ok"]
             if not ok:
                 continue
-            worst = max(ok, key=lambda r: r["ratio"])
-            best = min(ok, key=lambda r: r["ratio"])
-            print(f"- {label}, {t} thread{'s' if t > 1 else ''}: median kiln / onnxruntime "
-                  f"**{statistics.median(r['ratio'] for r in ok):.2f}** over {len(ok)}; worst "
-                  f"{worst['ratio']:.2f} ({worst['model']}), best {best['ratio']:.2f} ({best['model']}); "
-                  f"{sum(r['ratio'] <= 1.25 for r in ok)} of {len(ok)} within 1.25x.")
-    if failed:
-        print()
-        print("Models kiln did not run:")
-        print()
-        for n, msg in failed.items():
-            print(f"- {n}: `{msg}`")
+            for key, peer in (("ratio", "onnxruntime"), ("best", "the better of onnxruntime and OpenVINO")):
+                if key == "best" and not any(r["ov"] for r in ok):
+                    continue
+                worst = max(ok, key=lambda r: r[key])
+                best = min(ok, key=lambda r: r[key])
+                small = [r for r in ok if min(r["ort"], r["ov"] or r["ort"]) < 1.0]
+                print(f"- {label}, {t} thread{'s' if t > 1 else ''}: median kiln / {peer} "
+                      f"**{statistics.median(r[key] for r in ok):.2f}** over {len(ok)}; worst "
+                      f"{worst[key]:.2f} ({worst['model']}), best {best[key]:.2f} ({best['model']}); "
+                      f"{sum(r[key] <= 1.2 for r in ok)} of {len(ok)} within 1.2x"
+                      + (f"; {sum(r[key] <= 1.0 for r in small)} of {len(small)} under 1 ms within 1.0x."
+                         if small else "."))
+    for title, which in (("Models kiln did not run:", failed),
+                         ("Models OpenVINO did not run (their ratio is against onnxruntime alone):", ov_failed)):
+        if which:
+            print()
+            print(title)
+            print()
+            for n, msg in which.items():
+                print(f"- {n}: `{msg[:300]}`")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# modelset.sh - kiln's CPU engine against onnxruntime on the real-model set:
+# modelset.sh - kiln's CPU engine against onnxruntime, and OpenVINO where
+# .venv-bench has it (requirements-bench.txt), on the real-model set:
 # torchvision and timm CNNs and vision transformers, transformers text,
 # decoder and audio models (small configs), INT8 variants from
 # onnxruntime.quantization; see bench/models/make_set.py. For each model and
@@ -12,8 +13,11 @@
 #     python3 -m venv .venv-models
 #     .venv-models/bin/pip install -r bench/models/requirements.txt
 # MODELS_PY (default .venv-models/bin/python) names that Python. Without it
-# and without a built set the section writes why it was skipped and succeeds,
-# so `make bench` does not fail for want of torch.
+# the models that need no torch (make_set.py --without-torch: recurrent
+# models, SVC) are built with the project's Python and measured with any
+# already built; only if that fails too and nothing is built does the section
+# write why it was skipped and succeed, so `make bench` does not fail for
+# want of torch.
 # Environment: MODELSET, MODELS_PY, THREADS ("1,2"), ROUNDS (3), BUDGET_MS
 # (timed loop per side and round, 300), ONLY (comma-separated model names),
 # CPU (native, or avx2: both sides, and everything else in the process, see
@@ -57,6 +61,11 @@ if "$MODELS_PY" -c 'import torch, torchvision, timm, transformers, onnx' 2>/dev/
         made=$(grep -E '^make_set: .*(failed|missing)' "$OUT/modelset_make.log" | sed 's/^make_set: /- /')
         echo "modelset.sh: make_set.py reported failures; see $OUT/modelset_make.log" >&2
     fi
+elif "$PY" bench/models/make_set.py --out "$MODELSET" --without-torch >"$OUT/modelset_make.log" 2>&1; then
+    # The recurrent and classical models need no torch: the set is at least
+    # those, with any torch exports a generator built earlier.
+    made="- the torch exports, where not built earlier: torch, torchvision, timm and transformers are missing for $MODELS_PY"
+    echo "modelset.sh: no generator at $MODELS_PY; the models built without torch and those already in $MODELSET" >&2
 elif ! compgen -G "$MODELSET/*/outputs" >/dev/null; then
     skip "the model set is not built ($MODELSET) and the generator's packages (torch, torchvision, timm, transformers) are missing for $MODELS_PY."
 else
@@ -77,11 +86,13 @@ fi
     --budget-ms "${BUDGET_MS:-300}" ${ONLY:+--only "$ONLY"} --csv "$OUT/$name.csv" >"$OUT/$name.txt"
 {
     echo "Command: \`bench/modelset.sh\` (\`kiln run --backend cpu --iterations N\` vs onnxruntime's"
-    echo "InferenceSession.run() on the same seeded inputs, same intra-op threads, ${ROUNDS:-3} alternating rounds,"
-    echo "median of each side's p50; the models from bench/models/make_set.py with seeded random weights)."
-    echo "Ratio = kiln / onnxruntime (lower is better for kiln); the last column compares kiln's outputs with"
-    echo "onnxruntime's. onnxruntime's time includes Python's call overhead (a few microseconds), which counts"
-    echo "only for the sub-millisecond models. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
+    echo "InferenceSession.run() and OpenVINO's infer() (FP32 precision hint, latency hint, static input shapes;"
+    echo "bench/openvino_worker.py) on the same seeded inputs, same intra-op threads, ${ROUNDS:-3} rotating rounds,"
+    echo "median of each side's p50; the models from bench/models/make_set.py with seeded weights)."
+    echo "kiln/ORT = kiln / onnxruntime, kiln/best = kiln / the faster of onnxruntime and OpenVINO (lower is"
+    echo "better for kiln); the last column compares kiln's and OpenVINO's outputs with onnxruntime's. The peers'"
+    echo "times include Python's call overhead (a few microseconds), which counts only for the sub-millisecond"
+    echo "models. Load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)."
     if [ "$name" = modelset_avx2 ]; then
         echo
         echo "CPU: this machine seen as AVX2-only by both sides (\`CPU=avx2\`: bench/cpuid_avx2.c answers CPUID"

@@ -15,7 +15,7 @@
 #   shm       bench/shm.sh            a 4 MiB input in system shared memory vs in the body
 #   ensemble  bench/ensemble.sh       a three-step ensemble vs one model of the three graphs merged
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
-#   modelset  bench/modelset.sh       kiln CPU vs onnxruntime on the real-model set, 1 and 2 threads
+#   modelset  bench/modelset.sh       kiln CPU vs onnxruntime and OpenVINO on the real-model set, 1 and 2 threads
 #   sequences bench/vad_stream.py     silero-vad as 64 sequences: implicit vs explicit state vs onnxruntime
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 #   tokenizers  bench/tokenizer_speed.py  kiln's C tokenizers vs the `tokenizers` library, one thread each
@@ -83,9 +83,9 @@ TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
 TITLE[ensemble]="Ensembles: three steps vs one merged model"
 TITLE[sequences]="Sequences: silero-vad streamed with implicit state vs explicit state vs onnxruntime"
-TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU"
-TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU"
 TITLE[tokenizers]="Tokenizers: kiln's C tokenizers vs the tokenizers library"
+TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
+TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
 
 run_engine() {
     # Same intra-op thread count on both sides (1: the least disturbed by the
@@ -118,6 +118,21 @@ if worst:
     print(f"- Worst kiln / onnxruntime median-latency ratio: **{w:.2f}**; target <= 1.25 on each: "
           f"**{'met' if w <= 1.25 else 'NOT met'}**.")
 PY
+    # What a node costs beyond its kernel (bench/engine_overhead.py): small
+    # graphs must cost what their kernels cost.
+    "$PY" bench/engine_overhead.py --kiln "$KILN" --rounds 3 >"$OUT/engine_overhead.txt" 2>>"$OUT/engine.log" || return
+    {
+        echo
+        echo "### Per-node cost on tiny graphs (\`bench/engine_overhead.py --rounds 3\`)"
+        echo
+        echo "CPU time per inference at one thread; a chain of Adds of two [1, 64] inputs at 1 and 51 nodes"
+        echo "(the difference over 50 nodes is one node's dispatch and bookkeeping), and a streaming VAD step."
+        echo
+        grep '^|' "$OUT/engine_overhead.txt"
+        echo
+        sed -n 's/^per_node kiln \(.*\) us, onnxruntime \(.*\) us, ratio \(.*\)$/- Per node: kiln **\1 us**, onnxruntime \2 us (kiln \/ onnxruntime \3); target: under 1./p' \
+            "$OUT/engine_overhead.txt"
+    } >>"$OUT/engine.md"
 }
 # The digits model ships with response_cache on and kiln's cache is on by
 # default: the front-end comparison runs the model for every request (the

@@ -8,6 +8,7 @@ torch.manual_seed(0).
 
     .venv-models/bin/python bench/models/make_set.py [--out build/modelset]
         [--only NAME,NAME] [--force] [--ort-python .venv/bin/python]
+    .venv/bin/python bench/models/make_set.py --without-torch   (the models that need no torch)
 
 Packages (bench/models/requirements.txt): torch, torchvision, timm,
 transformers, onnx, onnxscript for the export; onnxruntime and numpy for the
@@ -266,11 +267,35 @@ FLOAT = {
     "llama_s": ("decoder", HF("llama_s", ("logits",)), tokens(), ["logits"]),
 }
 
+# name: (family, builder, inputs, outputs): models written with onnx.helper
+# and skl2onnx (bench/models/onnx_built.py) as their exporters write them;
+# they need no torch. All are small enough for tests/data/modelset/.
+def onnx_built(fn, *args, **kw):
+    def build(name):
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import onnx_built as ob
+        return getattr(ob, fn)(*args, **kw)(name)
+    return build
+
+
+ONNX_BUILT = {
+    "lstm_tagger": ("recurrent", onnx_built("tagger", "LSTM", VOCAB, 64, 128, 17), tokens(("input_ids",)),
+                    ["logits"]),
+    "gru_tagger": ("recurrent", onnx_built("tagger", "GRU", VOCAB, 64, 128, 17), tokens(("input_ids",)),
+                   ["logits"]),
+    "crnn_bilstm": ("recurrent", onnx_built("crnn"), image(c=1, h=32, w=128), ["log_probs"]),
+    "vad_stream": ("recurrent", onnx_built("vad_step"),
+                   {"input": ("float32", [1, 576]), "h": ("float32", [1, 1, 64]), "c": ("float32", [1, 1, 64])},
+                   ["prob", "hn", "cn"]),
+    "svc": ("classical-ml", onnx_built("svc"), {"X": ("float32", [16, 30])}, ["label", "probabilities"]),
+    "convnext_s": ("cnn", onnx_built("convnext"), image(h=160, w=160), ["logits"]),
+}
+
 # The reduced variants kept in tests/data/modelset/ (--test-data) for `make
 # test`: a depthwise CNN, a 1x1-heavy one, inverted residuals, a segmentation
 # head, BERT-class, GPT-2 with past, a Llama-style decoder, a QDQ INT8 CNN.
 TEST_SUBSET = ["mobilenet_v2_s", "squeezenet1_1_s", "mnasnet0_35_s", "lraspp_s", "bert_s", "gpt2_s_past", "llama_s",
-               "mobilenet_v2_s_qdq"]
+               "mobilenet_v2_s_qdq"] + list(ONNX_BUILT)
 
 # name: (float model it quantizes, method)
 INT8 = {
@@ -367,6 +392,25 @@ def export_one(out, name):
     os.rename(tmp, folder)
 
 
+def build_onnx_one(out, name):
+    """A model of ONNX_BUILT: written directly, no torch."""
+    import onnx
+    family, build, spec, outputs = ONNX_BUILT[name]
+    folder = os.path.join(out, name)
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "inputs"))
+    onnx.save(build(name), os.path.join(tmp, "model.onnx"))
+    for k, v in seeded_inputs(name, spec).items():
+        np.save(os.path.join(tmp, "inputs", f"{k}.npy"), v)
+    meta = {"name": name, "kind": "float", "family": family, "inputs": list(spec), "outputs": outputs,
+            "source": "onnx.helper / skl2onnx (bench/models/onnx_built.py)"}
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(tmp, folder)
+
+
 # ---- phase 2: quantization and reference outputs (onnxruntime) ------------
 
 def quantize_one(out, name):
@@ -453,17 +497,20 @@ def main():
                     help="Python with onnxruntime for phase 2, when this one has none")
     ap.add_argument("--phase", choices=("all", "ort"), default="all", help=argparse.SUPPRESS)
     ap.add_argument("--list", action="store_true", help="print the names and exit")
+    ap.add_argument("--without-torch", action="store_true",
+                    help="only the models written without torch (onnx.helper, skl2onnx)")
     ap.add_argument("--test-data", default="", metavar="DIR",
                     help="after building, copy the test subset into DIR (tests/data/modelset)")
     a = ap.parse_args()
     if a.only == "-":
         return
-    names = [n for n in a.only.split(",") if n] or list(FLOAT) + list(INT8)
+    known = list(FLOAT) + list(INT8) + list(ONNX_BUILT)
+    names = [n for n in a.only.split(",") if n] or (list(ONNX_BUILT) if a.without_torch else known)
     if a.test_data:
         names = list(dict.fromkeys(names + TEST_SUBSET)) if a.only else names
-    unknown = [n for n in names if n not in FLOAT and n not in INT8]
+    unknown = [n for n in names if n not in known]
     if unknown:
-        sys.exit(f"make_set: unknown model(s) {', '.join(unknown)}; known: {', '.join(list(FLOAT) + list(INT8))}")
+        sys.exit(f"make_set: unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     if a.list:
         print("\n".join(names))
         return
@@ -482,20 +529,40 @@ def main():
         if a.test_data:
             copy_test_data(a.out, a.test_data)
         return
-    if a.phase == "all":
+    # The models written without torch, in whichever phase has their
+    # packages (skl2onnx may live only in the onnxruntime venv).
+    for n in [n for n in todo if n in ONNX_BUILT]:
+        if a.phase == "ort" and os.path.exists(os.path.join(a.out, n, "model.onnx")) and not a.force:
+            continue
+        print(f"make_set: build {n}", flush=True)
+        try:
+            build_onnx_one(a.out, n)
+        except ImportError as e:
+            if a.phase == "ort":
+                print(f"make_set: {n}: build failed: {e}", file=sys.stderr)
+                failed.append(n)
+        except Exception as e:  # noqa: BLE001 - one broken model must not stop the set
+            print(f"make_set: {n}: build failed: {type(e).__name__}: {e}", file=sys.stderr)
+            failed.append(n)
+    if a.phase == "all" and floats:
         try:
             import torch  # noqa: F401
+            torch.set_num_threads(max(1, os.cpu_count() or 1))
         except ImportError:
-            sys.exit("make_set: torch is missing: pip install -r bench/models/requirements.txt into a separate venv "
-                     "and run this script with its python")
-        torch.set_num_threads(max(1, os.cpu_count() or 1))
-        for n in floats:
+            torch = None
+            lost = floats + [q for q in INT8 if q in todo]
+            print(f"make_set: torch is missing, so these are missing: {', '.join(lost)} (pip install -r "
+                  "bench/models/requirements.txt into a separate venv and run this script with its python)",
+                  file=sys.stderr)
+            failed += lost
+        for n in floats if torch else []:
             print(f"make_set: export {n}", flush=True)
             try:
                 export_one(a.out, n)
             except Exception as e:  # noqa: BLE001 - one broken export must not stop the set
                 print(f"make_set: {n}: export failed: {type(e).__name__}: {e}", file=sys.stderr)
                 failed.append(n)
+    if a.phase == "all":
         try:
             import onnxruntime  # noqa: F401
         except ImportError:
@@ -522,17 +589,21 @@ def main():
             failed.append(n)
     print(f"make_set: {len(names) - len(failed)} of {len(names)} models in {a.out}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
-    if not failed and a.test_data and a.phase == "all":
+    if a.test_data and a.phase == "all":
         copy_test_data(a.out, a.test_data)
     sys.exit(1 if failed else 0)
 
 
 def copy_test_data(out, dst):
-    shutil.rmtree(dst, ignore_errors=True)
-    for n in TEST_SUBSET:
+    """Replaces in DST the test subset's models that OUT holds, built and
+    checked; one OUT lacks (torch missing, say) keeps its copy in DST."""
+    os.makedirs(dst, exist_ok=True)
+    done = [n for n in TEST_SUBSET if current(os.path.join(out, n))]
+    for n in done:
+        shutil.rmtree(os.path.join(dst, n), ignore_errors=True)
         shutil.copytree(os.path.join(out, n), os.path.join(dst, n))
     total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dst) for f in fs)
-    print(f"make_set: test subset ({len(TEST_SUBSET)} models, {total / 1e6:.1f} MB) in {dst}")
+    print(f"make_set: test subset: {len(done)} of {len(TEST_SUBSET)} models copied; {total / 1e6:.1f} MB in {dst}")
 
 
 if __name__ == "__main__":

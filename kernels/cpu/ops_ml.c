@@ -11,6 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <oneapi/dnnl/dnnl.h>
+
+#include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -1296,23 +1300,83 @@ static int svm_kernel_attrs(struct op_call *c, struct svm_kernel_params *k) {
     return 0;
 }
 
-/* K(x_r, sv) for one input row against one support vector of f features. */
-static float svm_kernel(const struct svm_kernel_params *k, const struct tensor *x, int64_t r, const float *sv, int64_t f) {
-    double acc = 0;
-    if (k->type == SVM_RBF) {
-        for (int64_t j = 0; j < f; j++) {
-            double d = op_double_at(x, r * f + j) - sv[j];
-            acc += d * d;
+/* ---- the kernel matrix, GEMM-shaped ----
+ * K[N, nvec] for all the rows at once instead of one (row, vector) pair at a
+ * time: the rows converted to float once; LINEAR, POLY and SIGMOID as one
+ * sgemm of X by SV^T and the function over the result; RBF as the squared
+ * differences summed over features with the support vectors transposed
+ * ([f, nvec]), so the innermost loop runs over vectors in vector lanes.
+ * RBF keeps the differences (as onnxruntime does) rather than |x|^2 +
+ * |sv|^2 - 2 x.sv, which cancels for an input near a support vector. */
+
+/* The support vectors' shared part: SV^T for RBF, owned. */
+struct svm_model {
+    struct svm_kernel_params k;
+    int64_t f, nvec;
+    const float *sv; /* [nvec, f], the node's attribute */
+    float *svt;      /* [f, nvec]: RBF only, else NULL */
+};
+
+static int svm_model_init(struct op_call *c, struct svm_model *m) {
+    m->svt = NULL;
+    if (m->k.type != SVM_RBF) return 0;
+    m->svt = malloc(sizeof(float) * (size_t)(m->f * m->nvec > 0 ? m->f * m->nvec : 1));
+    if (!m->svt) return op_error(c, "out of memory for %lld support vector values", (long long)(m->f * m->nvec));
+    for (int64_t v = 0; v < m->nvec; v++)
+        for (int64_t j = 0; j < m->f; j++) m->svt[j * m->nvec + v] = m->sv[v * m->f + j];
+    return 0;
+}
+
+/* Scratch floats of svm_kernel_matrix for n rows: the float rows and K. */
+static size_t svm_kernel_scratch(const struct svm_model *m, int64_t n) {
+    return sizeof(float) * (size_t)(n * m->f + n * m->nvec);
+}
+
+/* The input's rows as float: the input itself when it is float32, else
+ * converted into xf. */
+static const float *svm_rows_f32(const struct tensor *x, int64_t n, int64_t f, float *xf) {
+    if (x->dtype == DT_FP32) return x->data;
+    for (int64_t i = 0; i < n * f; i++) xf[i] = (float)op_double_at(x, i);
+    return xf;
+}
+
+/* K (n rows of nvec, in kern) for the input's n rows; work is the scratch
+ * of svm_kernel_scratch. */
+static int svm_kernel_matrix(struct op_call *c, const struct svm_model *m, int64_t n, float *work, float **kern) {
+    int64_t f = m->f, nv = m->nvec;
+    const float *x = svm_rows_f32(c->in[0], n, f, work);
+    float *K = work + n * f;
+    *kern = K;
+    if (m->k.type == SVM_RBF) {
+        const float g = m->k.gamma;
+#pragma omp parallel for if (n * nv * f > 262144) num_threads(c->nthreads)
+        for (int64_t r = 0; r < n; r++) {
+            float *kr = K + r * nv;
+            memset(kr, 0, sizeof(float) * (size_t)nv);
+            for (int64_t j = 0; j < f; j++) {
+                const float xj = x[r * f + j], *s = m->svt + j * nv;
+#pragma omp simd
+                for (int64_t v = 0; v < nv; v++) {
+                    float d = xj - s[v];
+                    kr[v] += d * d;
+                }
+            }
+#pragma omp simd
+            for (int64_t v = 0; v < nv; v++) kr[v] = ew_exp_f(-g * kr[v]);
         }
-        return expf(-k->gamma * (float)acc);
+        return 0;
     }
-    for (int64_t j = 0; j < f; j++) acc += op_double_at(x, r * f + j) * sv[j];
-    float dot = (float)acc;
-    switch (k->type) {
-    case SVM_POLY: return powf(k->gamma * dot + k->coef0, k->degree);
-    case SVM_SIGMOID: return tanhf(k->gamma * dot + k->coef0);
-    default: return dot;
+    if (n > 0 && nv > 0) {
+        dnnl_util_set_threads(c->nthreads);
+        if (f > 0) DNNL_CHECK(dnnl_sgemm('N', 'T', n, nv, f, 1.0f, x, f, m->sv, f, 0.0f, K, nv));
+        else memset(K, 0, sizeof(float) * (size_t)(n * nv));
     }
+    const float g = m->k.gamma, c0 = m->k.coef0, deg = m->k.degree;
+    for (int64_t i = 0; i < n * nv; i++) {
+        if (m->k.type == SVM_POLY) K[i] = powf(g * K[i] + c0, deg);
+        else if (m->k.type == SVM_SIGMOID) K[i] = tanhf(g * K[i] + c0);
+    }
+    return 0;
 }
 
 /* What SVMClassifier and SVMRegressor check alike: numeric rows of
@@ -1336,6 +1400,8 @@ struct svc_shape {
     int have_proba;
     struct ml_labels lab;
     struct svm_kernel_params k;
+    struct svm_model m; /* from prepare */
+    float *pc;          /* [nvec, npairs]: each pair's coefficients over all the vectors (prepare; owned) */
 };
 
 static int svc_shape(struct op_call *c, struct svc_shape *s) {
@@ -1387,21 +1453,68 @@ static int svc_infer(struct op_call *c) {
     return ml_set(c, ml_out(c, 1), DT_FP32, 2, d);
 }
 
-/* Per-row work space: kernel values, pairwise scores, votes, and for
- * probabilities the pairwise matrix r, Q, Qp and p. */
+/* Work space: the kernel matrix (svm_kernel_scratch), every row's
+ * pairwise scores, and per row the votes and, for probabilities, the
+ * pairwise matrix r, Q, Qp and p. */
 static size_t svc_scratch(const struct svc_shape *s) {
     size_t k = (size_t)s->nclass;
-    return ((size_t)s->nvec + (size_t)s->npairs + 2 * k * k + 2 * k) * sizeof(float) + k * sizeof(int64_t);
+    return svm_kernel_scratch(&s->m, s->n) + (size_t)(s->n * s->npairs) * sizeof(float) +
+           (2 * k * k + 2 * k) * sizeof(float) + k * sizeof(int64_t);
+}
+
+/* The pairwise decision values as one product: pair (i, j) sums class i's
+ * vectors by their coefficients in row j - 1 and class j's by row i
+ * (coefficients are [nclass - 1, nvec]), every other vector by 0. */
+static void svc_pair_coefs(const struct svc_shape *s, float *pc) {
+    memset(pc, 0, sizeof(float) * (size_t)(s->nvec * s->npairs));
+    int64_t idx = 0, start_i = 0;
+    for (int64_t i = 0; i < s->nclass - 1; i++) {
+        int64_t start_j = start_i + s->vpc[i];
+        for (int64_t j = i + 1; j < s->nclass; j++, idx++) {
+            for (int64_t m = 0; m < s->vpc[i]; m++)
+                pc[(start_i + m) * s->npairs + idx] = s->coef[(j - 1) * s->nvec + start_i + m];
+            for (int64_t m = 0; m < s->vpc[j]; m++)
+                pc[(start_j + m) * s->npairs + idx] = s->coef[i * s->nvec + start_j + m];
+            start_j += s->vpc[j];
+        }
+        start_i += s->vpc[i];
+    }
+}
+
+static void svc_release(void *state) {
+    struct svc_shape *s = state;
+    if (s) {
+        free(s->m.svt);
+        free(s->pc);
+    }
+    op_params_free(s);
 }
 
 /* The whole problem (support vectors, coefficients and the probability
- * pairs are views of the node's attributes) is decoded once, at prepare. */
+ * pairs are views of the node's attributes) is decoded once, at prepare,
+ * with SV^T (RBF) and the pairs' coefficient matrix laid out for the
+ * products. */
 static int svc_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct svc_shape s;
     int rc = svc_shape(c, &s);
     if (rc) return rc;
+    if ((double)s.nvec * (double)s.npairs > 67108864.0)
+        return op_error(c, "%lld vectors and %lld class pairs: kiln supports at most 2^26 pair coefficients",
+                        (long long)s.nvec, (long long)s.npairs);
+    s.m = (struct svm_model){.k = s.k, .f = s.f, .nvec = s.nvec, .sv = s.sv};
+    s.pc = malloc(sizeof(float) * (size_t)(s.nvec * s.npairs));
+    if (!s.pc) return op_error(c, "out of memory for the pairs' coefficients");
+    if ((rc = svm_model_init(c, &s.m))) {
+        free(s.pc);
+        return rc;
+    }
+    svc_pair_coefs(&s, s.pc);
     *scratch = svc_scratch(&s);
-    return params_keep(c, &s, sizeof s, state);
+    if ((rc = params_keep(c, &s, sizeof s, state))) {
+        free(s.m.svt);
+        free(s.pc);
+    }
+    return rc;
 }
 
 /* Pairwise coupling: class probabilities p[k] from pairwise estimates r[i][j]
@@ -1447,28 +1560,22 @@ static int svc_run(struct op_call *c) {
     int64_t k = s.nclass;
     /* The int64 votes first: the scratch buffer is aligned, float offsets may not be for int64. */
     int64_t *votes = c->scratch;
-    float *kern = (float *)(votes + k), *pair = kern + s.nvec, *r = pair + s.npairs, *Q = r + k * k, *Qp = Q + k * k,
-          *p = Qp + k;
+    float *pairs = (float *)(votes + k), *r = pairs + s.n * s.npairs, *Q = r + k * k, *Qp = Q + k * k, *p = Qp + k,
+          *work = p + k, *kern;
+    int rc = svm_kernel_matrix(c, &s.m, s.n, work, &kern);
+    if (rc) return rc;
+    if (s.n > 0) DNNL_CHECK(dnnl_sgemm('N', 'N', s.n, s.npairs, s.nvec, 1.0f, kern, s.nvec, s.pc, s.npairs, 0.0f, pairs,
+                                       s.npairs));
     struct tensor *z = ml_out(c, 1), *y = c->out[0];
     for (int64_t row = 0; row < s.n; row++) {
-        for (int64_t v = 0; v < s.nvec; v++) kern[v] = svm_kernel(&s.k, c->in[0], row, s.sv + v * s.f, s.f);
+        float *pair = pairs + row * s.npairs;
         memset(votes, 0, (size_t)k * sizeof *votes);
-        int64_t idx = 0, start_i = 0;
-        for (int64_t i = 0; i < k - 1; i++) {
-            int64_t start_j = start_i + s.vpc[i];
-            for (int64_t j = i + 1; j < k; j++) {
-                /* coefficients are [nclass - 1, nvec]: class i's vectors against j
-                 * use row j - 1, class j's vectors against i use row i. */
-                double sum = 0;
-                for (int64_t m = 0; m < s.vpc[i]; m++) sum += s.coef[(j - 1) * s.nvec + start_i + m] * kern[start_i + m];
-                for (int64_t m = 0; m < s.vpc[j]; m++) sum += s.coef[i * s.nvec + start_j + m] * kern[start_j + m];
-                sum += s.rho[idx];
-                pair[idx++] = (float)sum;
-                votes[sum > 0 ? i : j]++;
-                start_j += s.vpc[j];
+        int64_t idx = 0;
+        for (int64_t i = 0; i < k - 1; i++)
+            for (int64_t j = i + 1; j < k; j++, idx++) {
+                pair[idx] += s.rho[idx];
+                votes[pair[idx] > 0 ? i : j]++;
             }
-            start_i += s.vpc[i];
-        }
         int64_t best = 0;
         for (int64_t i = 1; i < k; i++)
             if (votes[i] > votes[best]) best = i;
@@ -1503,6 +1610,7 @@ struct svr_shape {
     const float *sv, *coef, *rho;
     int one_class;
     struct svm_kernel_params k;
+    struct svm_model m; /* from prepare */
 };
 
 static int svr_shape(struct op_call *c, struct svr_shape *s) {
@@ -1531,20 +1639,35 @@ static int svr_infer(struct op_call *c) {
     return ml_set(c, c->out[0], DT_FP32, 2, d);
 }
 
+static void svr_release(void *state) {
+    struct svr_shape *s = state;
+    if (s) free(s->m.svt);
+    op_params_free(s);
+}
+
 static int svr_prepare(struct op_call *c, void **state, size_t *scratch) {
     struct svr_shape s;
     int rc = svr_shape(c, &s);
-    return rc ? rc : params_keep(c, &s, sizeof s, state);
+    if (rc) return rc;
+    s.m = (struct svm_model){.k = s.k, .f = s.f, .nvec = s.nvec, .sv = s.sv};
+    if ((rc = svm_model_init(c, &s.m))) return rc;
+    *scratch = svm_kernel_scratch(&s.m, s.n);
+    if ((rc = params_keep(c, &s, sizeof s, state))) free(s.m.svt);
+    return rc;
 }
 
+/* The kernel matrix (svm_kernel_matrix) times the coefficients, plus rho. */
 static int svr_run(struct op_call *c) {
     const struct svr_shape s = *(const struct svr_shape *)c->state;
-    float *y = c->out[0]->data;
-#pragma omp parallel for if (s.n * s.nvec * s.f > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    if (!c->scratch && svm_kernel_scratch(&s.m, s.n)) return op_error(c, "scratch buffer too small");
+    float *y = c->out[0]->data, *kern;
+    int rc = svm_kernel_matrix(c, &s.m, s.n, c->scratch, &kern);
+    if (rc) return rc;
     for (int64_t row = 0; row < s.n; row++) {
-        double sum = 0;
-        for (int64_t v = 0; v < s.nvec; v++) sum += s.coef[v] * svm_kernel(&s.k, c->in[0], row, s.sv + v * s.f, s.f);
-        float score = (float)(sum + s.rho[0]);
+        float sum = 0;
+        const float *kr = kern + row * s.nvec;
+        for (int64_t v = 0; v < s.nvec; v++) sum += s.coef[v] * kr[v];
+        float score = sum + s.rho[0];
         y[row] = s.one_class ? (score > 0 ? 1.0f : -1.0f) : score;
     }
     return 0;
@@ -1566,7 +1689,7 @@ const struct op_def op_defs_ml[] = {
     {"TreeEnsembleRegressor", "ai.onnx.ml", tree_regressor_infer, tree_regressor_prepare, tree_run, tree_release, 0},
     {"TreeEnsemble", "ai.onnx.ml", te5_infer, te5_prepare, te5_run, tree_release, 0},
     {"LabelEncoder", "ai.onnx.ml", le_infer, le_prepare, le_run, le_release, 0},
-    {"SVMClassifier", "ai.onnx.ml", svc_infer, svc_prepare, svc_run, op_params_free, 0},
-    {"SVMRegressor", "ai.onnx.ml", svr_infer, svr_prepare, svr_run, op_params_free, 0},
+    {"SVMClassifier", "ai.onnx.ml", svc_infer, svc_prepare, svc_run, svc_release, 0},
+    {"SVMRegressor", "ai.onnx.ml", svr_infer, svr_prepare, svr_run, svr_release, 0},
     {0},
 };

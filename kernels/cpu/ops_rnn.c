@@ -7,8 +7,12 @@
  *
  * One direction runs as one GEMM for the input projections of every time
  * step (X as [rows, input_size] times W^T, with the biases added in), then
- * per step one GEMM of the hidden state by R^T and the gate arithmetic per
- * batch row. Layout 1 only renames the rows (batch-major instead of
+ * per step one product of the hidden state by R^T and the gate arithmetic
+ * per batch row. R^T is laid out once in prepare when R is constant (as
+ * exporters write it), not at every run. The per-step product of a few
+ * rows is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to
+ * four rows a call into sgemm costs more than the product itself, and a
+ * sequence makes one call per step. Layout 1 only renames the rows (batch-major instead of
  * time-major), so no operand is transposed. A batch row whose sequence is
  * shorter than the longest stops updating its state there; the reverse
  * direction walks each row from its own last step back to its first, and Y
@@ -23,13 +27,20 @@
 #endif
 
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define RNN_X86 1
+#endif
 
 #include <oneapi/dnnl/dnnl.h>
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
 /* ---- activations -------------------------------------------------------- */
@@ -136,6 +147,11 @@ struct rnn_params {
     int lbr;          /* GRU: linear_before_reset */
     struct rnn_act act[2][RNN_MAX_FNS];
     int64_t seq, batch, in_size, hidden;
+    int fused; /* the default activations, no clip or peepholes: rnn_fused_cell */
+    int proj_threads;                /* threads of the input projection (RNN_PROJ_MACS_THREADS) */
+    struct cpu_mm_state *proj[2];    /* per direction: X W^T + bias on W packed at prepare, when W is constant */
+    size_t proj_scratch;             /* bytes of scratch each projection's primitive needs */
+    float *rt; /* [ndir][G*H * H]: R^T packed in prepare (rnn_pack_r) when R is constant (owned), else NULL */
 };
 
 static const struct rnn_fn_def *rnn_fn_find(const char *name) {
@@ -275,64 +291,7 @@ static int rnn_infer_rnn(struct op_call *c) { return rnn_infer(c, RNN_KIND_RNN);
 static int gru_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_GRU); }
 static int lstm_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_LSTM); }
 
-/* ---- scratch ------------------------------------------------------------ */
-
-/* Where run() keeps its work, carved from the plan's scratch. */
-struct rnn_work {
-    float *gx;      /* [seq * batch, G*H]: input projections plus biases, rows in X's order */
-    float *gh;      /* [batch, G*H]: the hidden state times R^T, then the gates */
-    float *h, *cst; /* [batch, H]: hidden and (LSTM) cell state */
-    float *rh;      /* [batch, H]: GRU's r * h (linear_before_reset = 0) */
-    float *bias;    /* [G*H]: Wb + Rb (GRU with linear_before_reset: Wb alone for h) */
-    float *rt;      /* [H, G*H]: this direction's R transposed, once per run */
-    int64_t *len;   /* [batch]: each row's sequence length */
-};
-
-static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
-    int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
-    size_t sizes[8] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
-                       sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
-                       sizeof(float) * (size_t)GH, sizeof(float) * (size_t)(GH * p->hidden),
-                       sizeof(int64_t) * (size_t)p->batch};
-    void **slots[8] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
-                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len};
-    size_t off = 0;
-    for (int i = 0; i < 8; i++) {
-        if (base) *slots[i] = base + off;
-        off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
-    }
-    return off;
-}
-
-static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size_t *scratch_size) {
-    struct rnn_params *p = op_params_alloc(c, sizeof *p);
-    if (!p) return STATUS_NOMEM;
-    int rc = rnn_decode(c, kind, p);
-    if (rc) {
-        op_params_free(p);
-        return rc;
-    }
-    struct rnn_work w;
-    *scratch_size = rnn_work_layout(p, NULL, &w);
-    *state = p;
-    return 0;
-}
-static int rnn_prepare_rnn(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_RNN, s, n); }
-static int gru_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_GRU, s, n); }
-static int lstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, s, n); }
-
-/* ---- one direction ------------------------------------------------------ */
-
-/* What one direction reads and writes. */
-struct rnn_dir {
-    const struct rnn_params *p;
-    const struct rnn_act *act;  /* this direction's activations */
-    int d, reverse;
-    const float *w, *r, *b, *peep; /* this direction's slices; b and peep may be NULL */
-    const float *x;
-    float *y, *yh, *yc;         /* outputs, NULL when absent */
-    const float *h0, *c0;       /* initial states, NULL when absent */
-};
+/* ---- the per-step product ---------------------------------------------- */
 
 /* C[M,N] (row stride ldc) = A[M,K] (row stride lda) * op(B), plus beta * C;
  * op(B) is B^T of B [N,K] when transb is 'T', B [K,N] itself when 'N'
@@ -348,6 +307,310 @@ static int rnn_gemm(struct op_call *c, char transb, int64_t m, int64_t n, int64_
     DNNL_CHECK(dnnl_sgemm('N', transb, m, n, k, 1.0f, a, lda, b, ldb, beta, out, ldc));
     return 0;
 }
+
+/* A batch of up to this many rows takes rnn_gemv per row at each step, R^T
+ * packed in panels (below); a larger one takes one sgemm per step over R^T
+ * laid out plainly, whose own packing then pays for itself. */
+#define RNN_GEMV_MAX_ROWS 4
+/* Columns per panel of packed R^T: the outputs one pass of the AVX-512
+ * loop holds in registers (8 x 16). */
+#define RNN_PANEL 128
+
+/* Packed R^T: the columns of a segment (one for all gates, or GRU's z and
+ * r apart from h when h's product waits for r) cut into panels of
+ * RNN_PANEL columns (the last one narrower), each panel's H rows stored
+ * one after another, row stride its width. A panel streams from L2 as one
+ * run of memory; in the plain layout its rows sit a whole G*H apart. A
+ * segment starting at column c0 starts at c0 * H in both layouts' sizes. */
+
+/* out[0, n) = h[0, k) times the packed segment pk of n columns. Built for
+ * AVX-512, AVX2 and the baseline, picked by the ISA oneDNN runs
+ * (dnnl_util_isa_level), so ONEDNN_MAX_CPU_ISA reaches it too. The vector
+ * versions hold a panel's outputs in registers across all of k: eight
+ * accumulators, enough independent FMAs to cover their latency. Each
+ * output sums over k in order on every path, so the paths differ only by
+ * FMA's single rounding. */
+static void rnn_gemv_c(const float *h, int64_t k, const float *pk, int64_t n, float *out) {
+    for (int64_t q = 0; q < n; q += RNN_PANEL) {
+        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL;
+        const float *panel = pk + q * k;
+        float *o = out + q;
+        memset(o, 0, sizeof(float) * (size_t)w);
+        for (int64_t j = 0; j < k; j++) {
+            const float hj = h[j], *r = panel + j * w;
+#pragma omp simd
+            for (int64_t c = 0; c < w; c++) o[c] += hj * r[c];
+        }
+    }
+}
+
+#ifdef RNN_X86
+__attribute__((target("arch=x86-64-v4"))) static void rnn_gemv_v4(const float *h, int64_t k, const float *pk,
+                                                                   int64_t n, float *out) {
+    for (int64_t q = 0; q < n; q += RNN_PANEL) {
+        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL;
+        const float *panel = pk + q * k;
+        if (w == RNN_PANEL) {
+            /* Eight named accumulators: GCC keeps an array of them in memory. */
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int64_t j = 0; j < k; j++) {
+                const __m512 hj = _mm512_set1_ps(h[j]);
+                const float *r = panel + j * RNN_PANEL;
+                a0 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r), a0);
+                a1 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 16), a1);
+                a2 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 32), a2);
+                a3 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 48), a3);
+                a4 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 64), a4);
+                a5 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 80), a5);
+                a6 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 96), a6);
+                a7 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 112), a7);
+            }
+            float *o = out + q;
+            _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1), _mm512_storeu_ps(o + 32, a2);
+            _mm512_storeu_ps(o + 48, a3), _mm512_storeu_ps(o + 64, a4), _mm512_storeu_ps(o + 80, a5);
+            _mm512_storeu_ps(o + 96, a6), _mm512_storeu_ps(o + 112, a7);
+            continue;
+        }
+        for (int64_t c = 0; c < w; c += 16) {
+            __mmask16 m = w - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (w - c)) - 1);
+            __m512 a = _mm512_setzero_ps();
+            for (int64_t j = 0; j < k; j++)
+                a = _mm512_fmadd_ps(_mm512_set1_ps(h[j]), _mm512_maskz_loadu_ps(m, panel + j * w + c), a);
+            _mm512_mask_storeu_ps(out + q + c, m, a);
+        }
+    }
+}
+
+__attribute__((target("arch=x86-64-v3"))) static void rnn_gemv_v3(const float *h, int64_t k, const float *pk,
+                                                                   int64_t n, float *out) {
+    for (int64_t q = 0; q < n; q += RNN_PANEL) {
+        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL, c = 0;
+        const float *panel = pk + q * k;
+        for (; c + 64 <= w; c += 64) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+            for (int64_t j = 0; j < k; j++) {
+                const __m256 hj = _mm256_set1_ps(h[j]);
+                const float *r = panel + j * w + c;
+                a0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r), a0);
+                a1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 8), a1);
+                a2 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 16), a2);
+                a3 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 24), a3);
+                a4 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 32), a4);
+                a5 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 40), a5);
+                a6 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 48), a6);
+                a7 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 56), a7);
+            }
+            float *o = out + q + c;
+            _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1), _mm256_storeu_ps(o + 16, a2);
+            _mm256_storeu_ps(o + 24, a3), _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
+            _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
+        }
+        for (; c + 8 <= w; c += 8) {
+            __m256 a = _mm256_setzero_ps();
+            for (int64_t j = 0; j < k; j++)
+                a = _mm256_fmadd_ps(_mm256_set1_ps(h[j]), _mm256_loadu_ps(panel + j * w + c), a);
+            _mm256_storeu_ps(out + q + c, a);
+        }
+        for (; c < w; c++) {
+            float a = 0;
+            for (int64_t j = 0; j < k; j++) a = fmaf(h[j], panel[j * w + c], a);
+            out[q + c] = a;
+        }
+    }
+}
+#endif
+
+static void rnn_gemv(const float *h, int64_t k, const float *pk, int64_t n, float *out) {
+#ifdef RNN_X86
+    int l = dnnl_util_isa_level();
+    if (l >= 4) return rnn_gemv_v4(h, k, pk, n, out);
+    if (l == 3) return rnn_gemv_v3(h, k, pk, n, out);
+#endif
+    rnn_gemv_c(h, k, pk, n, out);
+}
+
+static int rnn_packed(const struct rnn_params *p) { return p->batch <= RNN_GEMV_MAX_ROWS; }
+
+/* Columns [c0, c1) of R [G*H, H] (R^T's columns) into dst in the layout
+ * the per-step product reads: packed panels, or plain rows of stride G*H. */
+static void rnn_pack_segment(const struct rnn_params *p, const float *r, int64_t c0, int64_t c1, float *dst) {
+    int64_t H = p->hidden, GH = p->ngates * H;
+    if (!rnn_packed(p)) {
+        for (int64_t q = c0; q < c1; q++)
+            for (int64_t j = 0; j < H; j++) dst[j * GH + q] = r[q * H + j];
+        return;
+    }
+    for (int64_t q0 = c0; q0 < c1; q0 += RNN_PANEL) {
+        int64_t w = c1 - q0 < RNN_PANEL ? c1 - q0 : RNN_PANEL;
+        float *panel = dst + q0 * H;
+        for (int64_t c = 0; c < w; c++)
+            for (int64_t j = 0; j < H; j++) panel[j * w + c] = r[(q0 + c) * H + j];
+    }
+}
+
+/* GRU without linear_before_reset multiplies h's gate by r * h, known only
+ * after z and r: its columns are a segment of their own. */
+static int rnn_gru_split(const struct rnn_params *p) { return p->kind == RNN_KIND_GRU && !p->lbr; }
+
+/* One direction's R [G*H, H] into rt, R^T as the per-step products read it. */
+static void rnn_pack_r(const struct rnn_params *p, const float *r, float *rt) {
+    int64_t H = p->hidden, GH = p->ngates * H;
+    if (rnn_gru_split(p)) {
+        rnn_pack_segment(p, r, 0, 2 * H, rt);
+        rnn_pack_segment(p, r, 2 * H, GH, rt);
+    } else {
+        rnn_pack_segment(p, r, 0, GH, rt);
+    }
+}
+
+/* gh[:, c0, c0 + n) (row stride G*H) = h [batch, H] times R^T's columns
+ * [c0, c0 + n), a segment of rt (rnn_pack_r). */
+static int rnn_step_product(struct op_call *c, const struct rnn_params *p, const float *h, const float *rt,
+                            int64_t c0, int64_t n, float *gh) {
+    int64_t H = p->hidden, GH = p->ngates * H;
+    if (!rnn_packed(p)) return rnn_gemm(c, 'N', p->batch, n, H, h, H, rt + c0, GH, 0.0f, gh + c0, GH);
+    for (int64_t b = 0; b < p->batch; b++) rnn_gemv(h + b * H, H, rt + c0 * H, n, gh + b * GH + c0);
+    return 0;
+}
+
+/* ---- scratch ------------------------------------------------------------ */
+
+/* Where run() keeps its work, carved from the plan's scratch. */
+struct rnn_work {
+    float *gx;      /* [seq * batch, G*H]: input projections plus biases, rows in X's order */
+    float *gh;      /* [batch, G*H]: the hidden state times R^T, then the gates */
+    float *h, *cst; /* [batch, H]: hidden and (LSTM) cell state */
+    float *rh;      /* [batch, H]: GRU's r * h (linear_before_reset = 0) */
+    float *bias;    /* [G*H]: Wb + Rb (GRU with linear_before_reset: Wb alone for h) */
+    float *rt;      /* [G*H * H]: this direction's R^T (rnn_pack_r), from prepare or made per run */
+    int64_t *len;   /* [batch]: each row's sequence length */
+    void *proj;     /* the projection primitive's scratch */
+};
+
+static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
+    int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
+    size_t sizes[9] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
+                       sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
+                       sizeof(float) * (size_t)GH, p->rt ? 0 : sizeof(float) * (size_t)(GH * p->hidden),
+                       sizeof(int64_t) * (size_t)p->batch, p->proj_scratch};
+    void **slots[9] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
+                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len, &w->proj};
+    size_t off = 0;
+    for (int i = 0; i < 9; i++) {
+        if (base) *slots[i] = base + off;
+        off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
+    }
+    return off;
+}
+
+/* Whether the node computes what rnn_fused_cell does: LSTM with its
+ * default activations (Sigmoid, Tanh, Tanh), no clip, input_forget or
+ * peepholes; GRU with linear_before_reset (as torch exports it) and its
+ * default activations (Sigmoid, Tanh), no clip. */
+static int rnn_fusable(const struct op_call *c, const struct rnn_params *p) {
+    static const enum rnn_fn want[RNN_MAX_FNS] = {RNN_FN_SIGMOID, RNN_FN_TANH, RNN_FN_TANH};
+    if (p->clip > 0 || p->kind == RNN_KIND_RNN) return 0;
+    if (p->kind == RNN_KIND_GRU && !p->lbr) return 0;
+    if (p->kind == RNN_KIND_LSTM && (p->input_forget || rnn_in(c, RNN_P))) return 0;
+    for (int d = 0; d < p->ndir; d++)
+        for (int k = 0; k < p->nfns; k++)
+            if (p->act[d][k].fn != want[k]) return 0;
+    return 1;
+}
+
+static void rnn_release(void *state) {
+    struct rnn_params *p = state;
+    if (p) {
+        free(p->rt);
+        for (int d = 0; d < 2; d++) cpu_mm_release(p->proj[d]);
+    }
+    op_params_free(p);
+}
+
+/* Multiply-adds of one direction's input projection from which it runs
+ * on all the node's threads (about a tenth of a millisecond on one). */
+#define RNN_PROJ_MACS_THREADS 8388608.0
+
+/* Each direction's input projection as a oneDNN matmul whose weights (W^T,
+ * read in place as W's transpose) are packed once here: sgemm packed them
+ * again at every run. The combined biases come at run time. */
+static int rnn_build_projections(struct op_call *c, struct rnn_params *p) {
+    const struct tensor *w = c->in[RNN_W];
+    int64_t GH = p->ngates * p->hidden, rows = p->seq * p->batch, in = p->in_size;
+    if (!w->data || rows == 0 || GH == 0 || in == 0) return 0;
+    /* Threads pay for themselves only on a large input projection: the
+     * steps are sequential, and a team started (and waited for at a busy
+     * machine's pace) for a small product costs more than it saves. */
+    double macs = (double)rows * (double)GH * (double)in;
+    p->proj_threads = macs >= RNN_PROJ_MACS_THREADS ? c->nthreads : 1;
+    struct op_call pc = *c;
+    pc.nthreads = p->proj_threads;
+    dnnl_memory_desc_t a_md, b_md, bias_md, y_md;
+    int64_t ad[2] = {rows, in}, biasd[2] = {1, GH}, yd[2] = {rows, GH};
+    dnnl_dims_t bd = {in, GH}, bs = {1, in};
+    dnnl_util_plain_md(&a_md, 2, ad);
+    dnnl_util_plain_md(&bias_md, 2, biasd);
+    dnnl_util_plain_md(&y_md, 2, yd);
+    if (dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_f32, bs) != dnnl_success)
+        return op_error(c, "could not describe W^T for oneDNN");
+    for (int d = 0; d < p->ndir; d++) {
+        size_t scratch = 0;
+        if (!(p->proj[d] = calloc(1, sizeof *p->proj[d]))) return op_error(c, "out of memory");
+        int rc = cpu_mm_build(&pc, p->proj[d], &a_md, &b_md, (const float *)w->data + d * GH * in, &bias_md, &y_md,
+                              1.0f, 0, &scratch);
+        if (rc) return rc;
+        if (scratch > p->proj_scratch) p->proj_scratch = scratch;
+    }
+    return 0;
+}
+
+static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size_t *scratch_size) {
+    struct rnn_params *p = op_params_alloc(c, sizeof *p);
+    if (!p) return STATUS_NOMEM;
+    int rc = rnn_decode(c, kind, p);
+    if (rc) {
+        op_params_free(p);
+        return rc;
+    }
+    p->fused = rnn_fusable(c, p);
+    const struct tensor *r = c->in[RNN_R];
+    if (r->data) {
+        int64_t per = p->ngates * p->hidden * p->hidden;
+        /* Cache-line aligned: a vector load across two lines costs both. */
+        p->rt = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(p->ndir * per > 0 ? p->ndir * per : 1)));
+        if (!p->rt) {
+            op_params_free(p);
+            return op_error(c, "out of memory for R transposed (%lld floats)", (long long)(p->ndir * per));
+        }
+        for (int d = 0; d < p->ndir; d++) rnn_pack_r(p, (const float *)r->data + d * per, p->rt + d * per);
+    }
+    p->proj_threads = c->nthreads;
+    if ((rc = rnn_build_projections(c, p))) {
+        rnn_release(p);
+        return rc;
+    }
+    struct rnn_work w;
+    *scratch_size = rnn_work_layout(p, NULL, &w) * (size_t)p->ndir; /* a work per direction */
+    *state = p;
+    return 0;
+}
+static int rnn_prepare_rnn(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_RNN, s, n); }
+static int gru_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_GRU, s, n); }
+static int lstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, s, n); }
+
+/* ---- one direction ------------------------------------------------------ */
+
+/* What one direction reads and writes. */
+struct rnn_dir {
+    const struct rnn_params *p;
+    const struct rnn_act *act;  /* this direction's activations */
+    int d, reverse;
+    const float *w, *r, *b, *peep; /* this direction's slices; b and peep may be NULL */
+    const float *rt;            /* R^T packed in prepare; NULL: rnn_project packs it into scratch */
+    const float *x;
+    float *y, *yh, *yc;         /* outputs, NULL when absent */
+    const float *h0, *c0;       /* initial states, NULL when absent */
+};
 
 /* Offsets of a (time step, batch row) in X's rows, in Y, and of a batch
  * row in Y_h and the initial states, by layout. */
@@ -370,11 +633,15 @@ static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_w
         int r_inside = p->lbr && j >= 2 * H; /* GRU's Rbh is added inside r * (...) */
         w->bias[j] = rd->b ? rd->b[j] + (r_inside ? 0 : rd->b[GH + j]) : 0;
     }
-    for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
     /* sgemm packs a transposed operand again at every call: the per-step
-     * GEMMs read R^T laid out as they want it instead. */
-    for (int64_t q = 0; q < GH; q++)
-        for (int64_t j = 0; j < H; j++) w->rt[j * GH + q] = rd->r[q * H + j];
+     * products read R^T laid out as they want it instead. */
+    if (rd->rt) w->rt = (float *)rd->rt;
+    else rnn_pack_r(p, rd->r, w->rt);
+    if (p->proj[rd->d]) {
+        void *args[4] = {(void *)rd->x, NULL, w->gx, w->bias};
+        return dnnl_prim_exec(c, p->proj[rd->d]->prim, args, w->proj);
+    }
+    for (int64_t i = 0; i < rows; i++) memcpy(w->gx + i * GH, w->bias, sizeof(float) * (size_t)GH);
     return rnn_gemm(c, 'T', rows, GH, p->in_size, rd->x, p->in_size, rd->w, p->in_size, 1.0f, w->gx, GH);
 }
 
@@ -447,6 +714,49 @@ static void rnn_cell_gru(const struct rnn_dir *rd, float *g, const float *gx, fl
     for (int64_t j = 0; j < H; j++) h[j] = (1.0f - z[j]) * hh[j] + z[j] * h[j];
 }
 
+/* The gates of one row in one pass, for the common forms (rnn_fusable):
+ * the same arithmetic as rnn_cell_lstm and rnn_cell_gru with their default
+ * activations, in the same order (so the same results), without a pass
+ * per gate. Built per ISA like rnn_gemv: the sigmoids and tanhs are most
+ * of a step's arithmetic beside the product. */
+#define RNN_FUSED_CELL(NAME)                                                                                \
+    static void NAME(enum rnn_kind kind, int64_t H, const float *g, const float *gx, const float *rbh,     \
+                     float *h, float *cs) {                                                                 \
+        if (kind == RNN_KIND_LSTM) {                                                                        \
+            _Pragma("omp simd") for (int64_t j = 0; j < H; j++) {                                           \
+                float i = ew_sigmoid_f(g[j] + gx[j]), o = ew_sigmoid_f(g[H + j] + gx[H + j]);               \
+                float f = ew_sigmoid_f(g[2 * H + j] + gx[2 * H + j]);                                       \
+                float cc = ew_tanh_f(g[3 * H + j] + gx[3 * H + j]);                                         \
+                float cn = f * cs[j] + i * cc;                                                              \
+                cs[j] = cn;                                                                                 \
+                h[j] = ew_tanh_f(cn) * o;                                                                   \
+            }                                                                                               \
+            return;                                                                                         \
+        }                                                                                                   \
+        _Pragma("omp simd") for (int64_t j = 0; j < H; j++) {                                               \
+            float z = ew_sigmoid_f(g[j] + gx[j]), r = ew_sigmoid_f(g[H + j] + gx[H + j]);                   \
+            float hh = ew_tanh_f(gx[2 * H + j] + r * (g[2 * H + j] + (rbh ? rbh[j] : 0)));                  \
+            h[j] = (1.0f - z) * hh + z * h[j];                                                              \
+        }                                                                                                   \
+    }
+RNN_FUSED_CELL(rnn_fused_cell_v2)
+#ifdef RNN_X86
+__attribute__((target("arch=x86-64-v4"))) RNN_FUSED_CELL(rnn_fused_cell_v4)
+__attribute__((target("arch=x86-64-v3"))) RNN_FUSED_CELL(rnn_fused_cell_v3)
+#endif
+
+static void rnn_fused_cell(const struct rnn_dir *rd, const float *g, const float *gx, float *h, float *cs) {
+    enum rnn_kind kind = rd->p->kind;
+    int64_t H = rd->p->hidden;
+    const float *rbh = rd->b ? rd->b + 5 * H : NULL;
+#ifdef RNN_X86
+    int l = dnnl_util_isa_level();
+    if (l >= 4) return rnn_fused_cell_v4(kind, H, g, gx, rbh, h, cs);
+    if (l == 3) return rnn_fused_cell_v3(kind, H, g, gx, rbh, h, cs);
+#endif
+    rnn_fused_cell_v2(kind, H, g, gx, rbh, h, cs);
+}
+
 /* Whether any row still runs at step s. */
 static int rnn_any_live(const struct rnn_work *w, int64_t batch, int64_t s) {
     for (int64_t b = 0; b < batch; b++)
@@ -465,15 +775,15 @@ static int rnn_gru_reset_gemm(struct op_call *c, const struct rnn_dir *rd, struc
         if (t >= 0) rnn_gru_zr(rd, g, w->gx + rnn_row(p, t, b) * GH);
         for (int64_t j = 0; j < H; j++) w->rh[b * H + j] = g[H + j] * w->h[b * H + j];
     }
-    return rnn_gemm(c, 'N', p->batch, H, H, w->rh, H, w->rt + 2 * H, GH, 0.0f, w->gh + 2 * H, GH);
+    return rnn_step_product(c, p, w->rh, w->rt, 2 * H, H, w->gh);
 }
 
 /* One time step for every live row. */
 static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w, int64_t s) {
     const struct rnn_params *p = rd->p;
     int64_t H = p->hidden, GH = p->ngates * H;
-    int gru_split = p->kind == RNN_KIND_GRU && !p->lbr;
-    int rc = rnn_gemm(c, 'N', p->batch, gru_split ? 2 * H : GH, H, w->h, H, w->rt, GH, 0.0f, w->gh, GH);
+    int gru_split = rnn_gru_split(p);
+    int rc = rnn_step_product(c, p, w->h, w->rt, 0, gru_split ? 2 * H : GH, w->gh);
     if (!rc && gru_split) rc = rnn_gru_reset_gemm(c, rd, w, s);
     if (rc) return rc;
 #pragma omp parallel for if (p->batch * GH >= 65536)
@@ -482,7 +792,8 @@ static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work
         if (t < 0) continue;
         float *g = w->gh + b * GH, *h = w->h + b * H;
         const float *gx = w->gx + rnn_row(p, t, b) * GH;
-        switch (p->kind) {
+        if (p->fused) rnn_fused_cell(rd, g, gx, h, w->cst + b * H);
+        else switch (p->kind) {
         case RNN_KIND_RNN: rnn_cell_rnn(rd, g, gx, h); break;
         case RNN_KIND_LSTM: rnn_cell_lstm(rd, g, gx, h, w->cst + b * H); break;
         case RNN_KIND_GRU:
@@ -553,36 +864,61 @@ static int rnn_read_lens(struct op_call *c, const struct rnn_params *p, struct r
     return 0;
 }
 
+/* Direction d's slices of the inputs and outputs. */
+static void rnn_dir_init(const struct op_call *c, const struct rnn_params *p, int d, struct rnn_dir *rd) {
+    int64_t H = p->hidden, GH = p->ngates * H;
+    *rd = (struct rnn_dir){
+        .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
+        .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
+        .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = rnn_out(c, RNN_Y),
+        .rt = p->rt ? p->rt + d * GH * H : NULL,
+        .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
+    };
+    if (p->kind == RNN_KIND_LSTM) {
+        rd->peep = rnn_slice(c, RNN_P, d, 3 * H);
+        rd->yc = rnn_out(c, RNN_YC);
+        rd->c0 = rnn_in(c, RNN_C0) ? c->in[RNN_C0]->data : NULL;
+    }
+}
+
+/* The two directions of a bidirectional node, one thread each: they share
+ * nothing but X and write apart in the outputs, and a step of one is too
+ * small to split between threads. Each has its own work (scratch holds
+ * two) and its own error text; the first failure is reported. */
+static int rnn_both_directions(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
+    struct op_call c1 = *c;
+    char err1[256] = "";
+    c1.err = err1;
+    c1.err_len = sizeof err1;
+    int rcs[2] = {0, 0};
+#pragma omp parallel for num_threads(2)
+    for (int d = 0; d < 2; d++) rcs[d] = rnn_direction(d ? &c1 : c, &rd[d], &w[d]);
+    if (rcs[1] && !rcs[0] && c->err && c->err_len) snprintf(c->err, c->err_len, "%s", err1);
+    return rcs[0] ? rcs[0] : rcs[1];
+}
+
 static int rnn_run(struct op_call *c) {
     const struct rnn_params *p = c->state;
-    struct rnn_work w;
-    rnn_work_layout(p, c->scratch, &w);
-    int short_rows, rc = rnn_read_lens(c, p, &w, &short_rows);
+    struct rnn_work w[2];
+    size_t one = rnn_work_layout(p, NULL, &w[0]);
+    for (int d = 0; d < p->ndir; d++) rnn_work_layout(p, (char *)c->scratch + d * one, &w[d]);
+    int short_rows, rc = rnn_read_lens(c, p, &w[0], &short_rows);
     if (rc) return rc;
-    dnnl_util_set_threads(c->nthreads);
-    int64_t H = p->hidden, GH = p->ngates * H;
+    if (p->ndir == 2) memcpy(w[1].len, w[0].len, sizeof(int64_t) * (size_t)p->batch);
+    dnnl_util_set_threads(p->proj_threads);
     float *y = rnn_out(c, RNN_Y);
     if (y && short_rows) memset(y, 0, tensor_nbytes(c->out[RNN_Y]));
-    for (int d = 0; d < p->ndir; d++) {
-        struct rnn_dir rd = {
-            .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
-            .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
-            .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = y,
-            .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
-        };
-        if (p->kind == RNN_KIND_LSTM) {
-            rd.peep = rnn_slice(c, RNN_P, d, 3 * H);
-            rd.yc = rnn_out(c, RNN_YC);
-            rd.c0 = rnn_in(c, RNN_C0) ? c->in[RNN_C0]->data : NULL;
-        }
-        if ((rc = rnn_direction(c, &rd, &w))) return rc;
-    }
+    struct rnn_dir rd[2];
+    for (int d = 0; d < p->ndir; d++) rnn_dir_init(c, p, d, &rd[d]);
+    if (p->ndir == 2 && c->nthreads >= 2) return rnn_both_directions(c, rd, w);
+    for (int d = 0; d < p->ndir; d++)
+        if ((rc = rnn_direction(c, &rd[d], &w[d]))) return rc;
     return 0;
 }
 
 const struct op_def op_defs_rnn[] = {
-    {"RNN", "", rnn_infer_rnn, rnn_prepare_rnn, rnn_run, op_params_free, 0},
-    {"GRU", "", gru_infer, gru_prepare, rnn_run, op_params_free, 0},
-    {"LSTM", "", lstm_infer, lstm_prepare, rnn_run, op_params_free, 0},
+    {"RNN", "", rnn_infer_rnn, rnn_prepare_rnn, rnn_run, rnn_release, 0},
+    {"GRU", "", gru_infer, gru_prepare, rnn_run, rnn_release, 0},
+    {"LSTM", "", lstm_infer, lstm_prepare, rnn_run, rnn_release, 0},
     {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };

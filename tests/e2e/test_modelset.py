@@ -1,6 +1,7 @@
 """The real-model set's test subset (tests/data/modelset/, made by
 bench/models/make_set.py --test-data: torchvision, transformers and
-onnxruntime.quantization exports with seeded weights and inputs) served by the
+onnxruntime.quantization exports with seeded weights and inputs; recurrent
+models and an SVC written with onnx.helper and skl2onnx) served by the
 real binary over HTTP and called with tritonclient; each output is compared
 with the one stored beside the model.
 
@@ -95,9 +96,13 @@ def test_subset_is_complete():
     """The families the subset stands for are all there (a lost file is a failure, not a skip)."""
     kinds = {(meta(n)["kind"], meta(n)["family"]) for n in MODELS}
     for want in (("float", "cnn"), ("float", "segmentation"), ("float", "text-encoder"), ("float", "decoder"),
-                 ("int8", "cnn")):
+                 ("int8", "cnn"), ("float", "recurrent"), ("float", "classical-ml")):
         assert want in kinds, f"tests/data/modelset has no {want[0]} {want[1]} model"
     assert "gpt2_s_past" in MODELS and "llama_s" in MODELS
+    # LSTM and GRU taggers, a bidirectional-LSTM CRNN, a streaming step with
+    # its state as inputs and outputs, scikit-learn's SVC.
+    for name in ("lstm_tagger", "gru_tagger", "crnn_bilstm", "vad_stream", "svc"):
+        assert name in MODELS, f"tests/data/modelset has no {name}"
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -136,3 +136,60 @@ def test_exported(model_path, tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5, err_msg=f"{n} against onnxruntime")
         t = data[f"out_{n}"]
         np.testing.assert_allclose(g, t, rtol=1e-3, atol=1e-4, err_msg=f"{n} against torch")
+
+
+def as_initializers(model, feeds, names=("W", "R", "B")):
+    """W, R and B made initializers, as exporters write them: kiln then
+    packs R^T once at plan time instead of at every run."""
+    g = model.graph
+    for n in names:
+        if n in feeds:
+            g.initializer.append(onnx.numpy_helper.from_array(feeds.pop(n), n))
+    keep = [vi for vi in g.input if vi.name not in names]
+    del g.input[:]
+    g.input.extend(keep)
+    return model, feeds
+
+
+# Sizes that reach each form of the per-step product: hidden sizes whose
+# gate columns fill whole 128-column panels (32: LSTM's 4 x 32), leave a
+# part panel (GRU's 3 x 40 = 120, LSTM's 4 x 33 = 132), batches of one to
+# four rows (kiln's own product) and of six (sgemm); the default
+# activations (the fused cell) and others; constant and fed weights.
+FAST = [
+    # op, T, B, H, attrs, optional inputs, constant weights
+    ("LSTM", 9, 1, 32, {}, (), True),
+    ("LSTM", 9, 1, 33, {"direction": "bidirectional"}, ("B", "initial_h", "initial_c"), True),
+    ("LSTM", 7, 3, 33, {"direction": "reverse"}, ("B", "sequence_lens", "initial_h", "initial_c"), True),
+    ("LSTM", 7, 6, 20, {"direction": "bidirectional"}, ("B", "sequence_lens", "initial_h"), True),
+    ("LSTM", 6, 2, 33, {}, ("B", "initial_h", "initial_c"), False),
+    ("LSTM", 6, 1, 33, {"clip": 0.7}, ("B", "initial_c", "P"), True),
+    ("GRU", 9, 1, 40, {"linear_before_reset": 1}, ("B", "initial_h"), True),
+    ("GRU", 9, 2, 40, {"linear_before_reset": 1, "direction": "bidirectional"}, ("B", "sequence_lens"), True),
+    ("GRU", 9, 1, 40, {}, ("B", "initial_h"), True),
+    ("GRU", 7, 6, 21, {"linear_before_reset": 1}, ("B", "initial_h"), True),
+    ("GRU", 7, 3, 21, {"direction": "bidirectional"}, ("B", "initial_h"), False),
+    ("RNN", 3, 1, 130, {}, ("B", "initial_h"), True),
+    ("RNN", 8, 5, 17, {"direction": "bidirectional"}, ("B",), True),
+]
+
+
+@pytest.mark.parametrize("isa", ["native", "AVX2", "SSE41"])
+@pytest.mark.parametrize("case", FAST, ids=[f"{c[0]}-{i}" for i, c in enumerate(FAST)])
+def test_step_product_forms(case, isa, tmp_path, monkeypatch):
+    """The recurrences against onnxruntime on each form of the per-step
+    product and of the gate arithmetic, on each vector width kiln builds
+    them for (ONEDNN_MAX_CPU_ISA caps kiln's own loops too)."""
+    op, T, B, H, attrs, optional, const = case
+    if isa != "native":
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+    model, feeds, out_names = rnn_model(op, T, B, 11, H, attrs, optional, ("Y", "Y_h", "Y_c"), 14)
+    if const:
+        model, feeds = as_initializers(model, feeds)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    got = kiln_run(path, feeds, out_names, tmp_path)
+    want = ort_run(path, feeds)
+    for n, g, w in zip(out_names, got, want):
+        assert g.shape == w.shape, (n, g.shape, w.shape)
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5, err_msg=n)

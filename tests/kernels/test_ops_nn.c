@@ -393,6 +393,9 @@ static void test_matmul_cases(void **st) {
         {2, {3, 5}, 2, {5, 4}, 0, 1, ACT_NONE},
         {2, {1, 64}, 2, {64, 32}, 1, 1, ACT_RELU},
         {3, {2, 3, 5}, 2, {5, 4}, 1, 1, ACT_TANH},
+        /* batch dims folded into A's rows (a channels-last Linear), B constant or not */
+        {4, {2, 3, 5, 7}, 2, {7, 4}, 1, 1, ACT_GELU},
+        {4, {1, 3, 5, 7}, 3, {1, 7, 4}, 0, 0, ACT_NONE},
         {3, {2, 3, 5}, 3, {2, 5, 4}, 0, 0, ACT_NONE},
         {4, {2, 1, 3, 5}, 3, {4, 5, 6}, 0, 0, ACT_SIGMOID},
         {2, {3, 5}, 3, {4, 5, 2}, 0, 1, ACT_NONE},
