@@ -230,6 +230,14 @@ def test_metadata_and_config(ens_server):
     assert [s["model_name"] for s in cfg["ensemble_scheduling"]["step"]] == ["add", "neg", "sq", "pre"]
     assert "backend" not in cfg
     c.close()
+    # The same over gRPC, as Triton's ModelConfig message.
+    import tritonclient.grpc as grpcclient
+    g = grpcclient.InferenceServerClient(ens_server.grpc_url())
+    gcfg = g.get_model_config("diamond", as_json=True)["config"]
+    assert gcfg["platform"] == "ensemble"
+    assert gcfg["ensemble_scheduling"]["step"][0]["input_map"] == {"a": "n", "b": "s"}
+    assert g.get_model_metadata("diamond", as_json=True)["platform"] == "ensemble"
+    g.close()
 
 
 def test_classification_and_binary_outputs(ens_server):
