@@ -455,6 +455,10 @@ def test_missing_step_model_loads_with_it(tmp_path, make_server):
     assert "'sq'" in idx["later"]["reason"] and "unloaded" in idx["later"]["reason"], idx["later"]
     c.load_model("sq")
     np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
+    # An ensemble unloaded on request stays unloaded when its step's model loads again.
+    c.unload_model("later")
+    c.load_model("sq")
+    assert not c.is_model_ready("later")
     c.close()
 
 
