@@ -5,15 +5,18 @@ tritonclient.http and tritonclient.grpc.
 Step models (FP32, x[N,4] -> [N,4], dynamic batching):
   pre   y = 2x + 1
   neg   a = -y
-  sq    b = y * y
+  sq    b = y * y               (with labels; response_cache where a test asks)
   add   z = a + b               (two inputs)
   look  table[int(y)]           (fails for an index out of range: the failing step)
+  nbneg -x without batching     (whole tensors, dims [-1, 4])
   slow  a chain of MatMuls      (requests queue behind it)
 Ensembles:
-  ens2     pre -> sq                         (two steps)
-  ens3     pre -> {neg, sq}                  (three steps; pre fans out to two independent steps)
-  diamond  pre -> {neg, sq} -> add           (four steps; intermediate tensors read twice)
-  failing  pre -> look -> neg                (the middle step fails for large inputs)
+  ens2              pre -> sq                (two steps)
+  ens3              pre -> {neg, sq}         (three steps; pre fans out to two independent steps)
+  diamond           pre -> {neg, sq} -> add  (four steps, config.pbtxt; intermediate tensors read twice)
+  failing           pre -> look -> neg       (the middle step fails for large inputs)
+  nobatch_ens       pre, from an ensemble that does not batch
+  batch_to_nobatch  pre -> nbneg
 """
 import json
 import threading
