@@ -884,6 +884,14 @@ static int unload_locked(repository_t *r, const char *name, char *err, size_t er
             return ERR(STATUS_NOT_FOUND, "model '%s' is not in the model repository", name);
     }
     entry_swap(r, name, NULL, 0, ST_UNAVAILABLE, "unloaded", 0);
+    /* An ensemble unloaded on request stays unloaded: no load of a step's
+     * model brings it back (unload_dependents' do come back). */
+    pthread_rwlock_wrlock(&r->lock);
+    if ((e = entry_find(r, name))) {
+        free(e->steps);
+        e->steps = NULL;
+    }
+    pthread_rwlock_unlock(&r->lock);
     unload_dependents(r, name, 0);
     return 0;
 }

@@ -5,15 +5,18 @@ tritonclient.http and tritonclient.grpc.
 Step models (FP32, x[N,4] -> [N,4], dynamic batching):
   pre   y = 2x + 1
   neg   a = -y
-  sq    b = y * y
+  sq    b = y * y               (with labels; response_cache where a test asks)
   add   z = a + b               (two inputs)
   look  table[int(y)]           (fails for an index out of range: the failing step)
+  nbneg -x without batching     (whole tensors, dims [-1, 4])
   slow  a chain of MatMuls      (requests queue behind it)
 Ensembles:
-  ens2     pre -> sq                         (two steps)
-  ens3     pre -> {neg, sq}                  (three steps; pre fans out to two independent steps)
-  diamond  pre -> {neg, sq} -> add           (four steps; intermediate tensors read twice)
-  failing  pre -> look -> neg                (the middle step fails for large inputs)
+  ens2              pre -> sq                (two steps)
+  ens3              pre -> {neg, sq}         (three steps; pre fans out to two independent steps)
+  diamond           pre -> {neg, sq} -> add  (four steps, config.pbtxt; intermediate tensors read twice)
+  failing           pre -> look -> neg       (the middle step fails for large inputs)
+  nobatch_ens       pre, from an ensemble that does not batch
+  batch_to_nobatch  pre -> nbneg
 """
 import json
 import threading
@@ -230,6 +233,14 @@ def test_metadata_and_config(ens_server):
     assert [s["model_name"] for s in cfg["ensemble_scheduling"]["step"]] == ["add", "neg", "sq", "pre"]
     assert "backend" not in cfg
     c.close()
+    # The same over gRPC, as Triton's ModelConfig message.
+    import tritonclient.grpc as grpcclient
+    g = grpcclient.InferenceServerClient(ens_server.grpc_url())
+    gcfg = g.get_model_config("diamond", as_json=True)["config"]
+    assert gcfg["platform"] == "ensemble"
+    assert gcfg["ensemble_scheduling"]["step"][0]["input_map"] == {"a": "n", "b": "s"}
+    assert g.get_model_metadata("diamond", as_json=True)["platform"] == "ensemble"
+    g.close()
 
 
 def test_classification_and_binary_outputs(ens_server):
@@ -447,6 +458,10 @@ def test_missing_step_model_loads_with_it(tmp_path, make_server):
     assert "'sq'" in idx["later"]["reason"] and "unloaded" in idx["later"]["reason"], idx["later"]
     c.load_model("sq")
     np.testing.assert_array_equal(infer(httpclient, c, "later", x).as_numpy("OUT"), np.full((2, 4), 9.0))
+    # An ensemble unloaded on request stays unloaded when its step's model loads again.
+    c.unload_model("later")
+    c.load_model("sq")
+    assert not c.is_model_ready("later")
     c.close()
 
 
@@ -513,7 +528,7 @@ def test_cancel_while_queued(tmp_path, make_server, how):
     before it runs; the server serves on."""
     import tritonclient.grpc as grpcclient
     root = tmp_path / "repo"
-    save_model(root, "slow", slow_graph(depth=200, width=1024))
+    save_model(root, "slow", slow_graph(depth=100, width=1024))
     ident = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "ident",
                           [oh.make_tensor_value_info("x", TP.FLOAT, [1, 1024])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [1, 1024])])
@@ -532,12 +547,25 @@ def test_cancel_while_queued(tmp_path, make_server, how):
         c = grpcclient.InferenceServerClient(url)
         i = grpcclient.InferInput("x", [1, 1024], "FP32")
         i.set_data_from_numpy(x)
-        for _ in range(3):
+        for _ in range(PER_THREAD):
             c.infer("slow", [i])
         busy.append(1)
         c.close()
 
-    threads = [threading.Thread(target=occupy) for _ in range(2)]
+    # The direct requests keep the slow model's one instance busy for 1.5 s
+    # or more, however fast this machine runs one (timed first): long after
+    # the ensemble's step queues and its client leaves.
+    c0 = grpcclient.InferenceServerClient(url)
+    i0 = grpcclient.InferInput("x", [1, 1024], "FP32")
+    i0.set_data_from_numpy(x)
+    c0.infer("slow", [i0])
+    t0 = time.monotonic()
+    c0.infer("slow", [i0])
+    one = max(time.monotonic() - t0, 1e-3)
+    c0.close()
+    THREADS = 4
+    PER_THREAD = max(2, int(1.5 / (one * THREADS)) + 1)
+    threads = [threading.Thread(target=occupy) for _ in range(THREADS)]
     for t in threads:
         t.start()
     time.sleep(0.3)
@@ -547,14 +575,14 @@ def test_cancel_while_queued(tmp_path, make_server, how):
             infer(grpcclient, c, "slowens", x, client_timeout=0.05)
         assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
     else:
-        http_disconnect(s.url, "slowens", x, 0.1)
+        http_disconnect(s.url, "slowens", x, 0.3)
     for t in threads:
         t.join()
-    assert len(busy) == 2
+    assert len(busy) == THREADS
     # Only the direct requests ran at the slow step: the ensemble's was dropped in its queue.
     time.sleep(0.2)
     st = stats(c, "slow")
-    assert int(st.get("inference_count", 0)) == 6, st
+    assert int(st.get("inference_count", 0)) == THREADS * PER_THREAD + 2, st
     assert int(stats(c, "slowens")["inference_stats"]["fail"]["count"]) == 1
     r = infer(grpcclient, c, "slowens", x)
     assert r.as_numpy("OUT").shape == (1, 1024)
