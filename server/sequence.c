@@ -78,6 +78,7 @@ struct sequencer {
     struct seq *all;
     struct seq *wait_head, *wait_tail;
     int nslots;
+    int ninst, per_inst;                 /* instances; direct: slots per instance (max_batch_size or 1) */
     uint8_t *slot_used;
     uint64_t *slot_requests;
     struct tomb tombs[SEQ_TOMBS];
@@ -241,6 +242,8 @@ static struct sequence_item *next_item(sequencer_t *s, struct seq *q) {
     if (!q->head) q->tail = NULL;
     q->running = it;
     fill_inputs(s, q, it);
+    /* The sequence runs on its slot's instance, always the same one. */
+    it->r_->pin = (s->cfg->oldest ? q->slot % s->ninst : q->slot / s->per_inst) + 1;
     if (q->slot < 256) s->slot_requests[q->slot]++;
     return it;
 }
@@ -590,6 +593,8 @@ sequencer_t *sequencer_create(const struct sequencer_params *p, char *err, size_
     int per = mc->max_batch_size > 0 ? mc->max_batch_size : 1;
     int inst = p->instances > 0 ? p->instances : 1;
     s->nslots = s->cfg->oldest && s->cfg->max_candidates > 0 ? s->cfg->max_candidates : per * inst;
+    s->ninst = inst;
+    s->per_inst = per;
     s->slot_used = calloc((size_t)s->nslots, 1);
     s->slot_requests = calloc(256, sizeof *s->slot_requests);
     if (!s->slot_used || !s->slot_requests) {
