@@ -13,7 +13,6 @@
  * been called. */
 #include "server/sequence.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,7 +130,11 @@ static const char *id_str(uint64_t id, const char *sid, char *buf, size_t cap) {
     return buf;
 }
 
+static void tomb_drop(sequencer_t *s, uint64_t id, const char *sid);
+
+/* Remembers why q's ID went (the latest reason only). */
 static void tomb_add(sequencer_t *s, const struct seq *q, int why) {
+    tomb_drop(s, q->id, q->sid);
     struct tomb *t = &s->tombs[s->ntomb];
     free(t->sid);
     t->id = q->id;
