@@ -411,6 +411,52 @@ static void test_binds_only_deciding_inputs(void **state) {
     model_free(m);
 }
 
+/* Threads running one plan's If at once, each with its own values: every
+ * result is its own (the If's branch executors are the shared plan's;
+ * models/control.c gives each run a lane). */
+struct if_worker {
+    struct model *m;
+    int seed, failures;
+};
+
+static void *if_worker_main(void *arg) {
+    struct if_worker *w = arg;
+    struct model_exec *x = model_exec_create(w->m, NULL, 1);
+    float xs[8];
+    int64_t rate = 16000;
+    struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {1, 8}, .data = xs},
+                           {.dtype = DT_INT64, .ndim = 0, .data = &rate}};
+    struct tensor out;
+    char err[512];
+    for (int r = 0; r < 3000; r++) {
+        for (int i = 0; i < 8; i++) xs[i] = (float)(w->seed * 100000 + r * 8 + i);
+        if (model_run(x, in, 2, &out, 1, err, sizeof err)) {
+            w->failures++;
+            continue;
+        }
+        for (int i = 0; i < 8; i++) w->failures += ((float *)out.data)[i] != 2.0f * xs[i];
+        tensor_free_data(&out);
+    }
+    model_exec_free(x);
+    return NULL;
+}
+
+static void test_threads_share_an_if(void **state) {
+    (void)state;
+    struct model *m = load("tests/data/control/control_if_rate.onnx", 0);
+    pthread_t th[4];
+    struct if_worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (struct if_worker){m, i + 1, 0};
+        pthread_create(&th[i], NULL, if_worker_main, &w[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
+    model_free(m);
+}
+
 static void test_load_errors(void **state) {
     (void)state;
     char err[512] = "";
@@ -467,6 +513,7 @@ int main(void) {
         cmocka_unit_test(test_squeezenet),
         cmocka_unit_test(test_value_driven_model),
         cmocka_unit_test(test_binds_only_deciding_inputs),
+        cmocka_unit_test(test_threads_share_an_if),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_backend_registry),
     };
