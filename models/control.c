@@ -197,16 +197,53 @@ static int truthy(const struct tensor *t) { return t && t->data && tensor_numel(
 
 /* ---- If ----------------------------------------------------------------------- */
 
+/* Lanes per branch: the instances that share a plan run its If at once,
+ * each in a lane of its own (a branch's executor, inputs and outputs, and
+ * plans built by that lane); past IF_LANES runs at once wait for lane 0. */
+#define IF_LANES 8
+
 struct if_state {
-    struct sub br[2]; /* then, else */
+    struct sub br[2];                    /* then, else: lane 0, planned when the enclosing plan is */
+    struct sub more[2][IF_LANES - 1];    /* lanes 1.., made on first use (g NULL before) */
+    uint8_t busy[2][IF_LANES];
+    pthread_mutex_t lanes_mu;            /* busy and making lanes */
+    int lanes_init;
 };
 
 static void if_release(void *state) {
     struct if_state *st = state;
     if (!st) return;
-    sub_free(&st->br[0]);
-    sub_free(&st->br[1]);
+    for (int b = 0; b < 2; b++) {
+        sub_free(&st->br[b]);
+        for (int l = 0; l < IF_LANES - 1; l++) sub_free(&st->more[b][l]);
+    }
+    if (st->lanes_init) pthread_mutex_destroy(&st->lanes_mu);
     free(st);
+}
+
+/* A free lane of branch b (marked busy), made on first use with lane 0's
+ * graph and bound inputs; lane 0 (busy or not) when every lane is busy or
+ * a lane cannot be made. Returns the lane's index. */
+static int if_lane_take(struct op_call *c, struct if_state *st, int b) {
+    static const char *const names[2] = {"then_branch", "else_branch"};
+    pthread_mutex_lock(&st->lanes_mu);
+    int l = 0;
+    while (l < IF_LANES && st->busy[b][l]) l++;
+    if (l == IF_LANES) l = 0;
+    if (l > 0 && !st->more[b][l - 1].g) {
+        struct sub *s = &st->more[b][l - 1];
+        if (sub_init(c, s, st->br[b].g, names[b])) l = 0;
+        else s->bind = st->br[b].bind;
+    }
+    st->busy[b][l] = 1;
+    pthread_mutex_unlock(&st->lanes_mu);
+    return l;
+}
+
+static void if_lane_give(struct if_state *st, int b, int l) {
+    pthread_mutex_lock(&st->lanes_mu);
+    st->busy[b][l] = 0;
+    pthread_mutex_unlock(&st->lanes_mu);
 }
 
 /* Builds the branches' plans (only the taken one when the condition is
@@ -246,11 +283,10 @@ static int if_plan(struct op_call *c, struct if_state *st, int set_shapes) {
 }
 
 static int if_infer(struct op_call *c) {
-    struct if_state st;
-    memset(&st, 0, sizeof st);
-    int rc = if_plan(c, &st, 1);
-    sub_free(&st.br[0]);
-    sub_free(&st.br[1]);
+    struct if_state *st = calloc(1, sizeof *st);
+    if (!st) return op_error(c, "out of memory");
+    int rc = if_plan(c, st, 1);
+    if_release(st);
     return rc;
 }
 
@@ -258,6 +294,8 @@ static int if_prepare(struct op_call *c, void **state, size_t *scratch) {
     (void)scratch;
     struct if_state *st = op_params_alloc(c, sizeof *st);
     if (!st) return STATUS_NOMEM;
+    pthread_mutex_init(&st->lanes_mu, NULL);
+    st->lanes_init = 1;
     int rc = if_plan(c, st, 0);
     if (rc) {
         if_release(st);
@@ -270,7 +308,8 @@ static int if_prepare(struct op_call *c, void **state, size_t *scratch) {
 static int if_run(struct op_call *c) {
     struct if_state *st = c->state;
     int b = truthy(c->in[0]) ? 0 : 1;
-    struct sub *s = &st->br[b];
+    int l = if_lane_take(c, st, b);
+    struct sub *s = l ? &st->more[b][l - 1] : &st->br[b];
     pthread_mutex_lock(&s->run_mu);
     sub_captures(s, c, 0);
     int rc = sub_run(c, s);
@@ -278,6 +317,7 @@ static int if_run(struct op_call *c) {
         rc = copy_result(c, o, &s->out[o], b ? "else_branch" : "then_branch");
     sub_clear_outputs(s);
     pthread_mutex_unlock(&s->run_mu);
+    if_lane_give(st, b, l);
     return rc;
 }
 

@@ -25,6 +25,10 @@
  *     expired requests at that moment; it also delivers the done() of
  *     cancelled requests, so batcher_cancel never calls back into its caller.
  *
+ * Pinned requests (batcher_request.pin: the sequence batcher's) wait in
+ * their instance's own FIFOs, which that instance serves before the shared
+ * ones; while any wait, a wake-up goes to every waiting instance.
+ *
  * Request states: QUEUED (in a level's FIFO, maybe in the heap) -> RUNNING
  * (taken by an instance) -> DONE (set under the lock just before done()). */
 #include "server/batcher.h"
@@ -78,8 +82,12 @@ struct batcher {
     pthread_cond_t order_cv;  /* preserve_ordering: next batch to deliver */
     pthread_cond_t warm_cv;   /* batcher_warmup: a warmup request is done */
 
-    struct batch_fifo *q;     /* nlevels + 1 FIFOs: the policy's queue view */
+    /* (ninst + 1) sets of nlevels + 1 FIFOs, the policy's queue views: set 0
+     * is shared by the instances, set k + 1 holds the requests pinned to
+     * instance k (batcher_request.pin). */
+    struct batch_fifo *q;
     int queued;               /* requests in all FIFOs */
+    int pinned;               /* of them, pinned to an instance */
     int running;              /* requests taken by instances, done() pending */
     int idle;                 /* instances waiting for work */
     int nborrowed;            /* of them, borrowed by a submitter (inline run) */
@@ -193,11 +201,37 @@ static void heap_remove(batcher_t *b, struct batcher_request *r) {
     heap_up(b, moved->q_.heap_idx);
 }
 
+/* The FIFOs of set k (0 shared, i + 1 pinned to instance i). */
+static struct batch_fifo *fifo_set(batcher_t *b, int k) { return &b->q[(size_t)k * (size_t)(b->nlevels + 1)]; }
+
+/* r's FIFO. */
+static struct batch_fifo *fifo_of(batcher_t *b, const struct batcher_request *r) {
+    return &fifo_set(b, r->q_.set)[r->q_.level];
+}
+
+/* Requests in set k. */
+static int set_count(batcher_t *b, int k) {
+    int n = 0;
+    for (int l = 0; l <= b->nlevels; l++) n += fifo_set(b, k)[l].n;
+    return n;
+}
+
+/* Wakes a waiting instance for new work (lock held or not): any one for a
+ * shared request; every one while pinned requests wait, since only their
+ * own instance may take them. */
+static void wake_for_work(batcher_t *b, int pinned) {
+    if (pinned)
+        pthread_cond_broadcast(&b->work_cv);
+    else
+        pthread_cond_signal(&b->work_cv);
+}
+
 /* Takes r out of its FIFO and the heap (lock held). */
 static void unqueue(batcher_t *b, struct batcher_request *r) {
-    batch_fifo_remove(&b->q[r->q_.level], r);
+    batch_fifo_remove(fifo_of(b, r), r);
     heap_remove(b, r);
     b->queued--;
+    b->pinned -= r->q_.set != 0;
 }
 
 /* Moves a queued request to the finished list, to be failed by the timer
@@ -213,9 +247,10 @@ static void fail_queued(batcher_t *b, struct batcher_request *r, int status, con
 }
 
 static struct batcher_request *queue_head(batcher_t *b) {
-    for (int l = 0; l <= b->nlevels; l++)
-        if (b->q[l].head)
-            return b->q[l].head;
+    for (int k = 0; k <= b->ninst; k++)
+        for (int l = 0; l <= b->nlevels; l++)
+            if (fifo_set(b, k)[l].head)
+                return fifo_set(b, k)[l].head;
     return NULL;
 }
 
@@ -226,7 +261,9 @@ static struct batcher_request *queue_head(batcher_t *b) {
  * set, or BATCH_IDLE. Requests it found cancelled are failed here, before
  * they can run. */
 static int worker_decide(batcher_t *b, struct worker *inst, uint64_t now, uint64_t *wake) {
-    struct batch_queue q = {.fifo = b->q, .nfifo = b->nlevels + 1, .draining = b->draining};
+    /* The instance's pinned requests first, then the shared ones. */
+    int k = b->pinned && set_count(b, inst->index + 1) ? inst->index + 1 : 0;
+    struct batch_queue q = {.fifo = fifo_set(b, k), .nfifo = b->nlevels + 1, .draining = b->draining};
     struct batch_decision d = {.sel = inst->sel};
     int a;
     do {
@@ -285,7 +322,7 @@ static void run_selected(batcher_t *b, struct worker *inst, uint64_t now) {
     uint64_t seq = b->next_seq++;
     /* Others may form a batch from what is left. */
     if (b->queued && b->idle > b->nborrowed)
-        pthread_cond_signal(&b->work_cv);
+        wake_for_work(b, b->pinned);
     pthread_mutex_unlock(&b->mu);
 
     struct executor_batch bt;
@@ -345,7 +382,7 @@ static void *instance_main(void *arg) {
         /* A submitter runs a batch on this instance (batcher_submit): sleep
          * on, passing on a wake-up that was meant for a waiting instance. */
         if (inst->borrowed && b->queued && b->idle > b->nborrowed - 1)
-            pthread_cond_signal(&b->work_cv);
+            wake_for_work(b, b->pinned);
         uint64_t now = now_ns(b), wake = 0;
         int d = inst->borrowed ? BATCH_IDLE : worker_decide(b, inst, now, &wake);
         if (d == BATCH_IDLE && b->draining && !inst->borrowed)
@@ -381,9 +418,9 @@ static void *timer_main(void *arg) {
             if (!client && b->p.default_queue_policy.timeout_action == BATCHER_TIMEOUT_DELAY) {
                 /* Not rejected: served after every request still in time. */
                 heap_remove(b, r);
-                batch_fifo_remove(&b->q[r->q_.level], r);
+                batch_fifo_remove(fifo_of(b, r), r);
                 r->q_.level = b->nlevels;
-                batch_fifo_push(&b->q[r->q_.level], r);
+                batch_fifo_push(fifo_of(b, r), r);
                 b->st.delayed++;
                 /* Its client's deadline still holds (no room for it: it runs anyway). */
                 if (r->deadline_ns) {
@@ -518,7 +555,7 @@ batcher_t *batcher_create(const struct batcher_params *p, char *err, size_t err_
     pthread_cond_init(&b->warm_cv, &ca);
     pthread_condattr_destroy(&ca);
 
-    b->q = calloc((size_t)nlevels + 1, sizeof *b->q);
+    b->q = calloc(((size_t)nlevels + 1) * ((size_t)b->ninst + 1), sizeof *b->q);
     b->cfg = (struct batch_config){.max_batch_size = p->max_batch_size,
                                    .dynamic_batching = p->dynamic_batching,
                                    .npreferred = p->npreferred,
@@ -601,7 +638,7 @@ static int run_inline(batcher_t *b, struct batcher_request *r, uint64_t now) {
         return 0;
     struct worker *w = NULL;
     for (int i = 0; i < b->ninst && !w; i++)
-        if (b->inst[i].waiting && !b->inst[i].borrowed && !b->inst[i].warm)
+        if (b->inst[i].waiting && !b->inst[i].borrowed && !b->inst[i].warm && (!r->pin || r->pin == i + 1))
             w = &b->inst[i];
     if (!w || !ex->inline_ok(b->p.executor.ctx, w->index, r))
         return 0;
@@ -621,7 +658,7 @@ static int run_inline(batcher_t *b, struct batcher_request *r, uint64_t now) {
     if (b->draining)
         pthread_cond_broadcast(&b->work_cv);
     else if (b->queued && b->idle > b->nborrowed)
-        pthread_cond_signal(&b->work_cv);
+        wake_for_work(b, b->pinned);
     return 1;
 }
 
@@ -649,6 +686,10 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
     }
     if (b->p.max_batch_size <= 0)
         r->rows = 1;
+    if (r->pin < 0 || r->pin > b->ninst)
+        return status_set(r->err, sizeof r->err, STATUS_INTERNAL, "batcher_submit: pinned to instance %d of %d",
+                          r->pin - 1, b->ninst);
+    r->q_.set = r->pin;
     int level = r->priority;
     if (level < 1 || level > b->nlevels)
         level = b->default_level;
@@ -659,7 +700,7 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
         return status_set(r->err, sizeof r->err, STATUS_UNAVAILABLE, "model '%s' is not accepting requests", b->name);
     }
     const struct batcher_queue_policy *qp = &b->p.default_queue_policy;
-    if (qp->max_queue_size > 0 && b->q[level - 1].n >= qp->max_queue_size) {
+    if (qp->max_queue_size > 0 && fifo_set(b, r->q_.set)[level - 1].n >= qp->max_queue_size) {
         b->st.rejected_queue_full++;
         pthread_mutex_unlock(&b->mu);
         return status_set(r->err, sizeof r->err, STATUS_QUEUE_FULL, "Exceeds maximum queue size");
@@ -685,18 +726,19 @@ int batcher_submit(batcher_t *b, struct batcher_request *r) {
         if (r->q_.heap_idx == 0)
             pthread_cond_signal(&b->timer_cv);
     }
-    batch_fifo_push(&b->q[r->q_.level], r);
+    batch_fifo_push(fifo_of(b, r), r);
     b->queued++;
+    b->pinned += r->q_.set != 0;
     if (run_inline(b, r, now)) {
         pthread_mutex_unlock(&b->mu);
         return 0;
     }
-    int wake = b->idle > b->nborrowed;
+    int wake = b->idle > b->nborrowed, pinned = b->pinned;
     pthread_mutex_unlock(&b->mu);
     /* Signalled after the unlock: a waiter woken under the lock would run
      * only to block on it again (two more context switches per request). */
     if (wake)
-        pthread_cond_signal(&b->work_cv);
+        wake_for_work(b, pinned);
     return 0;
 }
 

@@ -80,6 +80,10 @@ struct batcher_request {
     int ninputs;
     int64_t rows;
     int priority;                  /* 0 = default level, 1 = highest */
+    /* 0: any instance runs it; k > 0: instance k - 1 only (the sequence
+     * batcher pins a sequence to its slot's instance). Pinned requests are
+     * batched with the same instance's pinned requests only. */
+    int pin;
     uint64_t timeout_us;           /* 0 = the queue policy's default */
     /* The client's own deadline (a gRPC call's grpc-timeout), on the
      * batcher's clock (CLOCK_MONOTONIC ns, clock_now_ns); 0 = none. Still
@@ -111,6 +115,7 @@ struct batcher_request {
         uint64_t deadline_ns;      /* queue timeout, 0 = none */
         int heap_idx;              /* index in the timeout heap, -1 = not there */
         int level;                 /* queue index */
+        int set;                   /* FIFO set: 0 shared, k the pinned to instance k - 1 */
         int state;
     } q_;
 };

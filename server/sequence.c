@@ -13,7 +13,6 @@
  * been called. */
 #include "server/sequence.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +77,7 @@ struct sequencer {
     struct seq *all;
     struct seq *wait_head, *wait_tail;
     int nslots;
+    int ninst, per_inst;                 /* instances; direct: slots per instance (max_batch_size or 1) */
     uint8_t *slot_used;
     uint64_t *slot_requests;
     struct tomb tombs[SEQ_TOMBS];
@@ -130,7 +130,11 @@ static const char *id_str(uint64_t id, const char *sid, char *buf, size_t cap) {
     return buf;
 }
 
+static void tomb_drop(sequencer_t *s, uint64_t id, const char *sid);
+
+/* Remembers why q's ID went (the latest reason only). */
 static void tomb_add(sequencer_t *s, const struct seq *q, int why) {
+    tomb_drop(s, q->id, q->sid);
     struct tomb *t = &s->tombs[s->ntomb];
     free(t->sid);
     t->id = q->id;
@@ -241,6 +245,8 @@ static struct sequence_item *next_item(sequencer_t *s, struct seq *q) {
     if (!q->head) q->tail = NULL;
     q->running = it;
     fill_inputs(s, q, it);
+    /* The sequence runs on its slot's instance, always the same one. */
+    it->r_->pin = (s->cfg->oldest ? q->slot % s->ninst : q->slot / s->per_inst) + 1;
     if (q->slot < 256) s->slot_requests[q->slot]++;
     return it;
 }
@@ -590,6 +596,8 @@ sequencer_t *sequencer_create(const struct sequencer_params *p, char *err, size_
     int per = mc->max_batch_size > 0 ? mc->max_batch_size : 1;
     int inst = p->instances > 0 ? p->instances : 1;
     s->nslots = s->cfg->oldest && s->cfg->max_candidates > 0 ? s->cfg->max_candidates : per * inst;
+    s->ninst = inst;
+    s->per_inst = per;
     s->slot_used = calloc((size_t)s->nslots, 1);
     s->slot_requests = calloc(256, sizeof *s->slot_requests);
     if (!s->slot_used || !s->slot_requests) {

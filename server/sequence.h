@@ -20,9 +20,10 @@
  *     request for max_sequence_idle_microseconds; a later request of a
  *     released sequence is refused (STATUS_INVALID) with a message that says
  *     which of the two happened.
- * State lives in the sequencer, not in an instance, so it does not matter
- * which instance runs a step; it is freed with the sequence and with the
- * model version (an unload or a restart starts every sequence afresh).
+ * A sequence's requests run on its slot's instance (batcher_request.pin).
+ * Its state lives in the sequencer, on the host; it is freed with the
+ * sequence and with the model version (an unload or a restart starts every
+ * sequence afresh).
  *
  * Threads: submit from any thread; a request's done() is called once, from
  * an instance thread, the batcher's timer thread or the submitting thread

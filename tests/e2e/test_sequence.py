@@ -206,6 +206,16 @@ def test_grpc_stream_interleaved(srv):
         assert error is None, error
         sid, k = map(int, result.get_response().id.split(":"))
         got[sid][k] = float(result.as_numpy("OUTPUT").ravel()[0])
+    # A bad request is an error message on the stream, which goes on.
+    x = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones([1, 1], np.float32))
+    c.async_stream_infer("acc_direct", [x], request_id="late", sequence_id=700)
+    result, error = answers.get(timeout=60)
+    assert error is not None and "must specify the START flag" in str(error), error
+    c.async_stream_infer("acc_direct", [x], request_id="again", sequence_id=700, sequence_start=True,
+                         sequence_end=True)
+    result, error = answers.get(timeout=60)
+    assert error is None and float(result.as_numpy("OUTPUT").ravel()[0]) == 1.0
     c.stop_stream()
     c.close()
     for sid, vals in seqs.items():

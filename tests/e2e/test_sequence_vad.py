@@ -150,8 +150,8 @@ def test_vad_explicit_state_same_answers(vad_srv):
 def test_vad_explicit_concurrent(vad_srv):
     """8 clients at once, each streaming its own audio with the state sent
     back and forth: the two instances run the same plan side by side (its If
-    node's prepared state is the plan's: models/control.c runs one at a
-    time)."""
+    node's executors are the plan's: models/control.c gives each run a lane
+    of its own)."""
     import tritonclient.http as httpclient
     path = silero_onnx()
     streams = {i: windows(audio(20 + i, 20)) for i in range(8)}

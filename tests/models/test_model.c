@@ -377,37 +377,78 @@ static void test_value_driven_model(void **state) {
     model_free(m);
 }
 
-/* A shape that follows one small input's value (an If on rate) binds that
- * input alone into the plans: new values of x reuse the plan, a new rate
- * builds one (tests/models/make_bind_models.py). */
-static void test_binds_only_deciding_inputs(void **state) {
-    (void)state;
-    struct model *m = load("tests/data/control/control_if_rate.onnx", 0);
-    struct model_exec *x = model_exec_create(m, NULL, 1);
+/* One run of control_if_rate.onnx (tests/models/make_bind_models.py) on
+ * x = base + 0..7 at rate: the output elements that are not the branch's
+ * (x * 2 at 16 kHz, else x + 1; *ndim gets the output's rank), or -1 when
+ * the run fails. */
+static int if_rate_run(struct model_exec *x, float base, int64_t rate, int *ndim) {
     float xs[8];
-    int64_t rate = 16000;
+    for (int i = 0; i < 8; i++) xs[i] = base + (float)i;
     struct tensor in[2] = {{.dtype = DT_FP32, .ndim = 2, .dims = {1, 8}, .data = xs},
                            {.dtype = DT_INT64, .ndim = 0, .data = &rate}};
     struct tensor out;
     char err[512];
+    if (model_run(x, in, 2, &out, 1, err, sizeof err)) return -1;
+    int bad = 0;
+    for (int i = 0; i < 8; i++) bad += ((float *)out.data)[i] != (rate == 16000 ? 2.0f * xs[i] : xs[i] + 1.0f);
+    *ndim = out.ndim;
+    tensor_free_data(&out);
+    return bad;
+}
+
+/* A shape that follows one small input's value (an If on rate) binds that
+ * input alone into the plans: new values of x reuse the plan, a new rate
+ * builds one. */
+static void test_binds_only_deciding_inputs(void **state) {
+    (void)state;
+    struct model *m = load("tests/data/control/control_if_rate.onnx", 0);
+    struct model_exec *x = model_exec_create(m, NULL, 1);
     uint64_t builds = 0;
+    int ndim;
     for (int r = 0; r < 6; r++) {
-        for (int i = 0; i < 8; i++) xs[i] = (float)(r * 8 + i);
-        if (model_run(x, in, 2, &out, 1, err, sizeof err)) fail_msg("run %d: %s", r, err);
-        assert_int_equal(out.ndim, 2);
-        for (int i = 0; i < 8; i++) assert_true(((float *)out.data)[i] == 2.0f * xs[i]);
-        tensor_free_data(&out);
+        assert_int_equal(if_rate_run(x, (float)(r * 8), 16000, &ndim), 0);
+        assert_int_equal(ndim, 2);
         if (r == 0) builds = plan_cache_builds(m->plans);
     }
     assert_int_equal(plan_cache_builds(m->plans), builds); /* x's values: no new plan */
     assert_int_equal(atomic_load(&m->bind_values), 2);    /* rate (input 1) alone */
-    rate = 8000;
-    if (model_run(x, in, 2, &out, 1, err, sizeof err)) fail_msg("rate 8000: %s", err);
-    assert_int_equal(out.ndim, 1);
-    assert_true(((float *)out.data)[0] == xs[0] + 1.0f);
-    tensor_free_data(&out);
+    assert_int_equal(if_rate_run(x, 100, 8000, &ndim), 0);
+    assert_int_equal(ndim, 1);
     assert_int_equal(plan_cache_builds(m->plans), builds + 1);
     model_exec_free(x);
+    model_free(m);
+}
+
+/* Threads running one plan's If at once, each with its own values: every
+ * result is its own (the If's branch executors are the shared plan's;
+ * models/control.c gives each run a lane). */
+struct if_worker {
+    struct model *m;
+    int seed, failures;
+};
+
+static void *if_worker_main(void *arg) {
+    struct if_worker *w = arg;
+    struct model_exec *x = model_exec_create(w->m, NULL, 1);
+    int ndim;
+    for (int r = 0; r < 3000; r++) w->failures += if_rate_run(x, (float)(w->seed * 100000 + r * 8), 16000, &ndim) != 0;
+    model_exec_free(x);
+    return NULL;
+}
+
+static void test_threads_share_an_if(void **state) {
+    (void)state;
+    struct model *m = load("tests/data/control/control_if_rate.onnx", 0);
+    pthread_t th[4];
+    struct if_worker w[4];
+    for (int i = 0; i < 4; i++) {
+        w[i] = (struct if_worker){m, i + 1, 0};
+        pthread_create(&th[i], NULL, if_worker_main, &w[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(w[i].failures, 0);
+    }
     model_free(m);
 }
 
@@ -467,6 +508,7 @@ int main(void) {
         cmocka_unit_test(test_squeezenet),
         cmocka_unit_test(test_value_driven_model),
         cmocka_unit_test(test_binds_only_deciding_inputs),
+        cmocka_unit_test(test_threads_share_an_if),
         cmocka_unit_test(test_load_errors),
         cmocka_unit_test(test_backend_registry),
     };

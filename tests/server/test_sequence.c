@@ -22,11 +22,12 @@
 
 /* Inputs INPUT, START, ACC_IN; outputs OUTPUT, ACC_OUT (the model's order). */
 static atomic_int nbatches, maxrows;
+/* The instance each sequence's rows ran on (test_order...: x = 10 * sequence + step), -1 none, -2 several. */
+static atomic_int ran_on[16];
 
 static int acc_execute(void *arg, int instance, const struct tensor *in, int nin, struct tensor *out, int nout,
                        char *err, size_t err_len) {
     (void)arg;
-    (void)instance;
     (void)err;
     (void)err_len;
     assert_int_equal(nin, 3);
@@ -41,6 +42,12 @@ static int acc_execute(void *arg, int instance, const struct tensor *in, int nin
     }
     for (int64_t r = 0; r < rows; r++) {
         float x = ((const float *)in[0].data)[r], start = ((const float *)in[1].data)[r];
+        int seq = (int)(x / 10);
+        if (seq >= 0 && seq < 16) {
+            int was = -1;
+            if (!atomic_compare_exchange_strong(&ran_on[seq], &was, instance) && was != instance)
+                atomic_store(&ran_on[seq], -2);
+        }
         float acc = ((const float *)in[2].data)[r] * (1 - start) + x;
         ((float *)out[0].data)[r] = acc;
         ((float *)out[1].data)[r] = acc;
@@ -83,6 +90,7 @@ static void setup(struct fixture *f, int max_batch, int instances, uint64_t idle
     assert_non_null(f->s);
     atomic_store(&nbatches, 0);
     atomic_store(&maxrows, 0);
+    for (int i = 0; i < 16; i++) atomic_store(&ran_on[i], -1);
 }
 
 static void teardown(struct fixture *f) {
@@ -126,7 +134,8 @@ static void wait_done(struct req *q) {
 }
 
 /* 8 sequences, each with its 6 requests all submitted before any answer:
- * each gets its running sums, and sequences shared batches. */
+ * each gets its running sums, sequences shared batches, and each sequence
+ * ran on one instance. */
 static void test_order_state_and_batches(void **state) {
     (void)state;
     struct fixture f;
@@ -147,6 +156,16 @@ static void test_order_state_and_batches(void **state) {
     }
     assert_true(atomic_load(&maxrows) > 1);
     assert_true(atomic_load(&nbatches) < NS * NR);
+    /* Each sequence ran on one instance, its slot's: slots 0-3 on instance
+     * 0, 4-7 on instance 1 (direct, max_batch_size 4); both were used. */
+    int used[2] = {0, 0};
+    for (int sq = 0; sq < NS; sq++) {
+        int i = atomic_load(&ran_on[sq]);
+        assert_true(i == 0 || i == 1);
+        used[i]++;
+    }
+    assert_int_equal(used[0], 4);
+    assert_int_equal(used[1], 4);
     struct sequencer_stats st;
     uint8_t room[16];
     sequencer_get_stats(f.s, &st, room, 16);
