@@ -6,20 +6,22 @@
  * Y, Y_h (and Y_c).
  *
  * One direction runs as one GEMM for the input projections of every time
- * step (X as [rows, input_size] times W^T, with the biases added in), then
- * per step one product of the hidden state by R^T and the gate arithmetic
- * per batch row. R^T is laid out once in prepare when R is constant (as
- * exporters write it), not at every run. The per-step product of a few
- * rows is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to
- * four rows a call into sgemm costs more than the product itself, and a
- * sequence makes one call per step. Layout 1 only renames the rows (batch-major instead of
- * time-major), so no operand is transposed. A batch row whose sequence is
- * shorter than the longest stops updating its state there; the reverse
- * direction walks each row from its own last step back to its first, and Y
- * holds zeros past a row's length, as onnxruntime does (and Y_h, Y_c
- * of a row of length 0).
+ * step (X as [rows, input_size] times W^T, with the biases added in: a
+ * oneDNN matmul on W^T packed in prepare when W is constant, as exporters
+ * write it, else sgemm), then per step one product of the hidden state by
+ * R^T and the gate arithmetic per batch row. R^T is packed once in prepare
+ * when R is constant, not at every run. The per-step product of a few rows
+ * is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to four
+ * rows a call into sgemm costs more than the product itself, and a
+ * sequence makes one call per step. The two directions of a bidirectional
+ * node run on a thread each when the node has two. Layout 1 only renames
+ * the rows (batch-major instead of time-major), so no operand is
+ * transposed. A batch row whose sequence is shorter than the longest stops
+ * updating its state there; the reverse direction walks each row from its
+ * own last step back to its first, and Y holds zeros past a row's length,
+ * as onnxruntime does (and Y_h, Y_c of a row of length 0).
  *
- * Everything computes in float32; GEMMs go to oneDNN's sgemm. */
+ * Everything computes in float32. */
 /* The activations' loops hold selects (tanh's two ranges, exp's clamps)
  * that GCC if-converts only when no floating-point operation may trap. */
 #if defined(__GNUC__) && !defined(__clang__)
