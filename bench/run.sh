@@ -317,6 +317,37 @@ def engine():
             + (f"; over: {', '.join(bad)}" if bad else ""), yes(not bad))
 target("engine", "kiln median latency <= 1.25x onnxruntime's, each model and batch", engine)
 
+def per_node():
+    p = os.path.join(out, "engine_overhead.txt")
+    if "engine" in failed or not os.path.exists(p):
+        raise NotMeasured("not measured (engine section)")
+    line = next(l for l in open(p) if l.startswith("per_node "))
+    k, o = float(line.split()[2]), float(line.split()[5])
+    return f"{k:.3f} vs {o:.3f} us per node = {k / o:.2f}x", yes(k < o)
+target("engine", "a node's cost beyond its kernel (tiny graphs, 1 thread) under onnxruntime's", per_node)
+
+def modelset_best():
+    r = [x for x in rows("modelset") if x["status"] == "ok" and x["kind"] == "float"]
+    if not r:
+        raise NotMeasured("no float model measured")
+    parts, ok = [], True
+    for t in sorted({x["threads"] for x in r}):
+        v = sorted(float(x["ratio_best_peer"]) for x in r if x["threads"] == t)
+        med = (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2
+        over = [x["model"] for x in r if x["threads"] == t and float(x["ratio_best_peer"]) > 1.2]
+        ok &= med <= 0.9 and not over
+        parts.append(f"{t}T median {med:.2f} over {len(v)}" + (f", over 1.2: {', '.join(over)}" if over else ""))
+    return "; ".join(parts), yes(ok)
+def modelset_rnn():
+    r = [x for x in rows("modelset") if x["status"] == "ok" and x["model"] in ("lstm_tagger", "gru_tagger")]
+    if not r:
+        raise NotMeasured("lstm_tagger and gru_tagger not measured")
+    worst = max(r, key=lambda x: float(x["ratio_best_peer"]))
+    return (f"worst {worst['model']} {worst['threads']}T: {float(worst['ratio_best_peer']):.2f}x",
+            yes(float(worst["ratio_best_peer"]) <= 1.0))
+target("engine", "model set: kiln / the better of onnxruntime and OpenVINO FP32, median <= 0.9 at each thread count over the float models, none over 1.2", modelset_best)
+target("engine", "model set: the LSTM and GRU taggers <= 1.0x the better peer", modelset_rnn)
+
 def http_tp():
     r = {(x["server"], x["concurrency"]): x for x in rows("http")}
     top = str(max(int(x[1]) for x in r))

@@ -6,20 +6,22 @@
  * Y, Y_h (and Y_c).
  *
  * One direction runs as one GEMM for the input projections of every time
- * step (X as [rows, input_size] times W^T, with the biases added in), then
- * per step one product of the hidden state by R^T and the gate arithmetic
- * per batch row. R^T is laid out once in prepare when R is constant (as
- * exporters write it), not at every run. The per-step product of a few
- * rows is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to
- * four rows a call into sgemm costs more than the product itself, and a
- * sequence makes one call per step. Layout 1 only renames the rows (batch-major instead of
- * time-major), so no operand is transposed. A batch row whose sequence is
- * shorter than the longest stops updating its state there; the reverse
- * direction walks each row from its own last step back to its first, and Y
- * holds zeros past a row's length, as onnxruntime does (and Y_h, Y_c
- * of a row of length 0).
+ * step (X as [rows, input_size] times W^T, with the biases added in: a
+ * oneDNN matmul on W^T packed in prepare when W is constant, as exporters
+ * write it, else sgemm), then per step one product of the hidden state by
+ * R^T and the gate arithmetic per batch row. R^T is packed once in prepare
+ * when R is constant, not at every run. The per-step product of a few rows
+ * is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to four
+ * rows a call into sgemm costs more than the product itself, and a
+ * sequence makes one call per step. The two directions of a bidirectional
+ * node run on a thread each when the node has two. Layout 1 only renames
+ * the rows (batch-major instead of time-major), so no operand is
+ * transposed. A batch row whose sequence is shorter than the longest stops
+ * updating its state there; the reverse direction walks each row from its
+ * own last step back to its first, and Y holds zeros past a row's length,
+ * as onnxruntime does (and Y_h, Y_c of a row of length 0).
  *
- * Everything computes in float32; GEMMs go to oneDNN's sgemm. */
+ * Everything computes in float32. */
 /* The activations' loops hold selects (tanh's two ranges, exp's clamps)
  * that GCC if-converts only when no floating-point operation may trap. */
 #if defined(__GNUC__) && !defined(__clang__)
@@ -778,7 +780,28 @@ static int rnn_gru_reset_gemm(struct op_call *c, const struct rnn_dir *rd, struc
     return rnn_step_product(c, p, w->rh, w->rt, 2 * H, H, w->gh);
 }
 
-/* One time step for every live row. */
+/* The gates and new state of batch row b at step s, and its Y. */
+static void rnn_step_row(const struct rnn_dir *rd, struct rnn_work *w, int64_t s, int64_t b) {
+    const struct rnn_params *p = rd->p;
+    int64_t H = p->hidden, GH = p->ngates * H, t = rnn_step_t(rd, w, s, b);
+    if (t < 0) return;
+    float *g = w->gh + b * GH, *h = w->h + b * H;
+    const float *gx = w->gx + rnn_row(p, t, b) * GH;
+    if (p->fused) rnn_fused_cell(rd, g, gx, h, w->cst + b * H);
+    else switch (p->kind) {
+    case RNN_KIND_RNN: rnn_cell_rnn(rd, g, gx, h); break;
+    case RNN_KIND_LSTM: rnn_cell_lstm(rd, g, gx, h, w->cst + b * H); break;
+    case RNN_KIND_GRU:
+        if (p->lbr) rnn_gru_zr(rd, g, gx);
+        rnn_cell_gru(rd, g, gx, h);
+        break;
+    }
+    if (rd->y) memcpy(rd->y + rnn_y_off(p, t, rd->d, b), h, sizeof(float) * (size_t)H);
+}
+
+/* One time step for every live row. Rows go to threads only when there is
+ * much to share: even a parallel region that its if clause keeps on one
+ * thread costs libgomp a team set-up, at every step of the sequence. */
 static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w, int64_t s) {
     const struct rnn_params *p = rd->p;
     int64_t H = p->hidden, GH = p->ngates * H;
@@ -786,23 +809,12 @@ static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work
     int rc = rnn_step_product(c, p, w->h, w->rt, 0, gru_split ? 2 * H : GH, w->gh);
     if (!rc && gru_split) rc = rnn_gru_reset_gemm(c, rd, w, s);
     if (rc) return rc;
-#pragma omp parallel for if (p->batch * GH >= 65536)
-    for (int64_t b = 0; b < p->batch; b++) {
-        int64_t t = rnn_step_t(rd, w, s, b);
-        if (t < 0) continue;
-        float *g = w->gh + b * GH, *h = w->h + b * H;
-        const float *gx = w->gx + rnn_row(p, t, b) * GH;
-        if (p->fused) rnn_fused_cell(rd, g, gx, h, w->cst + b * H);
-        else switch (p->kind) {
-        case RNN_KIND_RNN: rnn_cell_rnn(rd, g, gx, h); break;
-        case RNN_KIND_LSTM: rnn_cell_lstm(rd, g, gx, h, w->cst + b * H); break;
-        case RNN_KIND_GRU:
-            if (p->lbr) rnn_gru_zr(rd, g, gx);
-            rnn_cell_gru(rd, g, gx, h);
-            break;
-        }
-        if (rd->y) memcpy(rd->y + rnn_y_off(p, t, rd->d, b), h, sizeof(float) * (size_t)H);
+    if (p->batch * GH < 65536 || c->nthreads < 2) {
+        for (int64_t b = 0; b < p->batch; b++) rnn_step_row(rd, w, s, b);
+        return 0;
     }
+#pragma omp parallel for num_threads(c->nthreads)
+    for (int64_t b = 0; b < p->batch; b++) rnn_step_row(rd, w, s, b);
     return 0;
 }
 
