@@ -69,7 +69,7 @@ def trained(lines, tmp):
     out = {}
     t = Tokenizer(models.BPE())
     t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
-    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=8000,
+    t.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=8000, show_progress=False,
                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                                      special_tokens=["<s>", "</s>", "<unk>"]))
     out["byte-level BPE (trained)"] = t
@@ -77,7 +77,7 @@ def trained(lines, tmp):
     t.normalizer = normalizers.NFKC()
     t.pre_tokenizer = pre_tokenizers.Metaspace()
     few = [ln for ln in lines if all(c < "\u3000" for c in ln)]
-    t.train_from_iterator(few, trainers.UnigramTrainer(vocab_size=8000, special_tokens=["<unk>"], unk_token="<unk>"))
+    t.train_from_iterator(few, trainers.UnigramTrainer(vocab_size=8000, show_progress=False, special_tokens=["<unk>"], unk_token="<unk>"))
     out["Unigram + Metaspace (trained)"] = t
     paths = {}
     for i, (name, tok) in enumerate(out.items()):

@@ -421,14 +421,17 @@ static int encode_sequence(const struct tokenizer *t, const char *s, size_t len,
         int rc;
         if (pc->id >= 0) rc = tok_pieces_add(b, ps, pc->len, pc->id, pc->at_start);
         else if (t->has_norm) {
-            if ((rc = tok_normalize(&t->norm, ps, pc->len, &x->norm, &x->w))) return NOMEM();
+            if ((rc = tok_normalize(&t->norm, ps, pc->len, &x->norm, &x->w)))
+                return rc == STATUS_NOMEM ? NOMEM() : INVALID("the normalizer failed on this text (PCRE2's match limits)");
             rc = split_added(t, 1, x->norm.data ? x->norm.data : "", x->norm.len, pc->at_start, b);
         } else rc = split_added(t, 1, ps, pc->len, pc->at_start, b);
         if (rc) return NOMEM();
     }
     struct tok_pieces *words = b;
     if (t->has_pre) {
-        if (tok_pre_tokenize(&t->pre, b, a, &x->w)) return NOMEM();
+        int rc = tok_pre_tokenize(&t->pre, b, a, &x->w);
+        if (rc == STATUS_NOMEM) return NOMEM();
+        if (rc) return INVALID("the pre-tokenizer's regex failed on this text (PCRE2's match limits)");
         words = a;
     }
     for (size_t i = 0; i < words->n; i++) {

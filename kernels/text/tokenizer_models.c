@@ -170,19 +170,78 @@ static int wordpiece_encode(const struct tok_model *m, const char *s, size_t len
 
 /* ---- BPE ----------------------------------------------------------------- */
 
+/* A symbol of the word being merged: its id, and its neighbours (-1: none;
+ * a merged-away symbol has id -1). */
 struct bpe_sym {
     int32_t id;
-    int32_t rank; /* of the pair this symbol starts, INT32_MAX: none */
-    int32_t merged; /* that pair's merged id */
+    int32_t prev, next;
 };
 
-static void bpe_rank(const struct tok_model *m, struct bpe_sym *sy, size_t n, size_t i) {
-    sy[i].rank = INT32_MAX;
-    if (i + 1 >= n) return;
-    const struct tok_merge *mg = merge_get(m, sy[i].id, sy[i + 1].id);
-    if (mg) {
-        sy[i].rank = mg->rank;
-        sy[i].merged = mg->id;
+/* A candidate merge: the pair starting at symbol pos, of this rank, making
+ * id. The heap orders by rank, then position, as the library's does; an
+ * entry whose pair changed since it was pushed is skipped when popped. */
+struct bpe_cand {
+    int32_t rank, pos, id;
+};
+
+static int cand_less(const struct bpe_cand *a, const struct bpe_cand *b) {
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct bpe_cand *h, size_t *n, struct bpe_cand c) {
+    size_t i = (*n)++;
+    while (i > 0 && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = c;
+}
+
+static struct bpe_cand heap_pop(struct bpe_cand *h, size_t *n) {
+    struct bpe_cand top = h[0], last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t k = 2 * i + 1;
+        if (k >= *n) break;
+        if (k + 1 < *n && cand_less(&h[k + 1], &h[k])) k++;
+        if (!cand_less(&h[k], &last)) break;
+        h[i] = h[k];
+        i = k;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+/* Pushes the pair starting at symbol i, if the merges have it. */
+static void bpe_candidate(const struct tok_model *m, const struct bpe_sym *sy, int32_t i, struct bpe_cand *h,
+                          size_t *nh) {
+    if (i < 0 || sy[i].next < 0) return;
+    const struct tok_merge *mg = merge_get(m, sy[i].id, sy[sy[i].next].id);
+    if (mg) heap_push(h, nh, (struct bpe_cand){mg->rank, i, mg->id});
+}
+
+/* Merges the word's symbols by rank (a heap of candidates: n log n, so a
+ * long word without spaces costs no more than its length's worth). */
+static void bpe_merge(const struct tok_model *m, struct bpe_sym *sy, size_t n, struct bpe_cand *h) {
+    size_t nh = 0;
+    for (size_t i = 0; i < n; i++) {
+        sy[i].prev = (int32_t)i - 1;
+        sy[i].next = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    for (size_t i = 0; i + 1 < n; i++) bpe_candidate(m, sy, (int32_t)i, h, &nh);
+    while (nh) {
+        struct bpe_cand c = heap_pop(h, &nh);
+        struct bpe_sym *a = &sy[c.pos];
+        if (a->id < 0 || a->next < 0) continue;
+        const struct tok_merge *mg = merge_get(m, a->id, sy[a->next].id);
+        if (!mg || mg->id != c.id || mg->rank != c.rank) continue;
+        int32_t b = a->next;
+        a->id = c.id;
+        a->next = sy[b].next;
+        if (a->next >= 0) sy[a->next].prev = c.pos;
+        sy[b].id = -1;
+        bpe_candidate(m, sy, a->prev, h, &nh);
+        bpe_candidate(m, sy, c.pos, h, &nh);
     }
 }
 
@@ -193,19 +252,24 @@ static int bpe_encode(const struct tok_model *m, const char *s, size_t len, stru
         if (id >= 0) return tok_ids_push(out, id) ? NOMEM() : 0;
     }
     /* Each character gives at most its bytes with the prefix and suffix
-     * (byte fallback), and a pending unk. */
+     * (byte fallback), and a pending unk. A merge pushes two candidates
+     * and removes a symbol: the heap holds at most 3 per symbol. */
     size_t cap = len * (2 + m->prefix_len + m->suffix_len) + 1;
     struct bpe_sym stacksy[256], *sy = stacksy;
-    if (cap > 256 && !(sy = malloc(cap * sizeof *sy))) return NOMEM();
-    size_t n = 0;
-    char stackbuf[256], *tmp = stackbuf;
-    size_t tcap = m->prefix_len + m->suffix_len + 4;
-    if (tcap > sizeof stackbuf && !(tmp = malloc(tcap))) {
+    struct bpe_cand stackh[768], *h = stackh;
+    if (cap > 256 && (!(sy = malloc(cap * sizeof *sy)) || !(h = malloc(3 * cap * sizeof *h)))) {
         if (sy != stacksy) free(sy);
         return NOMEM();
     }
-    int32_t unk = -1; /* a pending unk, fused with the next when fuse_unk */
+    size_t n = 0;
+    char stackbuf[256], *tmp = stackbuf;
+    size_t tcap = m->prefix_len + m->suffix_len + 4;
     int rc = 0;
+    if (tcap > sizeof stackbuf && !(tmp = malloc(tcap))) {
+        rc = NOMEM();
+        goto out;
+    }
+    int32_t unk = -1; /* a pending unk, fused with the next when fuse_unk */
     for (size_t i = 0; i < len;) {
         size_t b = i;
         tok_utf8_next(s, len, &i);
@@ -234,22 +298,12 @@ static int bpe_encode(const struct tok_model *m, const char *s, size_t len, stru
         }
     }
     if (unk >= 0) sy[n++].id = unk;
-    for (size_t i = 0; i < n; i++) bpe_rank(m, sy, n, i);
-    for (;;) {
-        size_t best = n;
-        int32_t br = INT32_MAX;
-        for (size_t i = 0; i + 1 < n; i++)
-            if (sy[i].rank < br) br = sy[i].rank, best = i;
-        if (best == n) break;
-        sy[best].id = sy[best].merged;
-        memmove(sy + best + 1, sy + best + 2, (n - best - 2) * sizeof *sy);
-        n--;
-        bpe_rank(m, sy, n, best);
-        if (best > 0) bpe_rank(m, sy, n, best - 1);
-    }
-    for (size_t i = 0; i < n && !rc; i++)
+    bpe_merge(m, sy, n, h);
+    for (int32_t i = n ? 0 : -1; i >= 0 && !rc; i = sy[i].next)
         if (tok_ids_push(out, sy[i].id)) rc = NOMEM();
+out:
     if (sy != stacksy) free(sy);
+    if (h != stackh) free(h);
     if (tmp != stackbuf) free(tmp);
     return rc;
 }

@@ -16,6 +16,7 @@
  * matches that, with the text between them, cover the piece; a behavior
  * (removed, isolated, merged with the previous or next, contiguous) turns
  * them into new pieces; empty pieces are dropped. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -284,7 +285,11 @@ static int regex_spans(const pcre2_code *re, const char *s, size_t len, struct t
     long last_end = -1;
     while (pos <= len) {
         int rc = pcre2_match(re, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK, w->md, NULL);
-        if (rc < 0) break;
+        /* JIT's stack is small: a long text retries on the interpreter. */
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+            rc = pcre2_match(re, (PCRE2_SPTR)s, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, w->md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) return rc == PCRE2_ERROR_NOMEMORY ? STATUS_NOMEM : STATUS_INVALID;
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(w->md);
         size_t ms = ov[0], me = ov[1];
         if (me == ms && (long)me == last_end) {
@@ -527,20 +532,20 @@ static const char byte_level_re[] =
 
 /* The byte -> character map of GPT-2 (bytes_to_unicode): printable
  * Latin-1 bytes stand for themselves, the others for U+0100 onwards. */
-static int32_t byte_char(unsigned b) {
-    static int32_t map[256];
-    static int ready;
-    if (!__atomic_load_n(&ready, __ATOMIC_ACQUIRE)) {
-        int32_t m[256];
-        int n = 0;
-        for (unsigned i = 0; i < 256; i++) {
-            int keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174);
-            m[i] = keep ? (int32_t)i : 256 + n++;
-        }
-        memcpy(map, m, sizeof m);
-        __atomic_store_n(&ready, 1, __ATOMIC_RELEASE);
+static int32_t byte_map[256];
+static pthread_once_t byte_map_once = PTHREAD_ONCE_INIT;
+
+static void byte_map_init(void) {
+    int n = 0;
+    for (unsigned i = 0; i < 256; i++) {
+        int keep = (i >= 33 && i <= 126) || (i >= 161 && i <= 172) || (i >= 174);
+        byte_map[i] = keep ? (int32_t)i : 256 + n++;
     }
-    return map[b];
+}
+
+static int32_t byte_char(unsigned b) {
+    pthread_once(&byte_map_once, byte_map_init);
+    return byte_map[b];
 }
 
 void tok_byte_level_map(const char *s, size_t len, struct buf *out) {
@@ -620,7 +625,8 @@ static int pre_one(const struct tok_pre *p, const char *s, size_t len, int at_st
         buf_add(t, s, len);
         if (t->failed) return STATUS_NOMEM;
         if (p->use_regex) {
-            if (regex_spans(p->re, t->data, t->len, w)) return STATUS_NOMEM;
+            int rc = regex_spans(p->re, t->data, t->len, w);
+            if (rc) return rc;
         } else {
             w->nsp = 0;
             if (span_push(w, 0, t->len, 0)) return STATUS_NOMEM;
@@ -652,7 +658,8 @@ int tok_pre_tokenize(const struct tok_pre *p, struct tok_pieces *in, struct tok_
         tok_pieces_reset(out);
         for (int i = 0; i < p->nseq; i++) {
             if (i > 0) pieces_swap(in, out);
-            if (tok_pre_tokenize(&p->seq[i], in, out, w)) return STATUS_NOMEM;
+            int rc = tok_pre_tokenize(&p->seq[i], in, out, w);
+            if (rc) return rc;
         }
         if (p->nseq == 0) pieces_swap(in, out);
         return 0;
@@ -664,7 +671,7 @@ int tok_pre_tokenize(const struct tok_pre *p, struct tok_pieces *in, struct tok_
         const char *s = in->text.data + pc->off;
         int rc = pc->id >= 0 ? tok_pieces_add(out, s, pc->len, pc->id, pc->at_start)
                              : pre_one(p, s, pc->len, pc->at_start, out, w);
-        if (rc) return STATUS_NOMEM;
+        if (rc) return rc;
     }
     return 0;
 }

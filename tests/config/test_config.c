@@ -382,6 +382,9 @@ static void test_model_config_errors(void **state) {
         {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"two\"}}}", "parameters.intra_op_thread_count", 0},
         {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"-1\"}}}", "parameters.intra_op_thread_count", 0},
         {"{\"parameters\":{\"intra_op_thread_count\":{\"string_value\":\"\"}}}", "parameters.intra_op_thread_count", 0},
+        {"{\"backend\":\"python\"}", "'python'", 0},
+        {"{\"backend\":\"tokenizer\",\"parameters\":{\"max_length\":{\"string_value\":\"0\"}}}", "parameters.max_length", 0},
+        {"{\"backend\":\"tokenizer\",\"parameters\":{\"max_length\":\"8\"}}", "parameters.max_length", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct model_config c;
@@ -539,8 +542,33 @@ static void test_version_policy_latest(void **state) {
     model_config_clear(&c);
 }
 
+/* kiln's tokenizer backend: the one backend besides onnxruntime's, with
+ * its truncation length, printed back as it was given. */
+static void test_model_config_tokenizer_backend(void **state) {
+    (void)state;
+    struct model_config c;
+    model_config_init(&c, "m");
+    const char *json = "{\"backend\":\"tokenizer\",\"parameters\":{\"max_length\":{\"string_value\":\"256\"}}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.tokenizer, 1);
+    assert_int_equal(c.tokenizer_max_length, 256);
+    cJSON *o = model_config_to_json(&c);
+    assert_string_equal(cJSON_GetObjectItem(o, "backend")->valuestring, "tokenizer");
+    cJSON *ml = cJSON_GetObjectItem(cJSON_GetObjectItem(o, "parameters"), "max_length");
+    assert_string_equal(cJSON_GetObjectItem(ml, "string_value")->valuestring, "256");
+    cJSON_Delete(o);
+    model_config_clear(&c);
+    /* An ONNX model's max_length parameter is Triton's free-form: ignored. */
+    model_config_init(&c, "m");
+    json = "{\"parameters\":{\"max_length\":{\"string_value\":\"x\"}}}";
+    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    assert_int_equal(c.tokenizer, 0);
+    model_config_clear(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_config_tokenizer_backend),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_precedence),
         cmocka_unit_test(test_errors_name_the_source),
