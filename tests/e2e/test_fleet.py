@@ -139,11 +139,16 @@ class Fleet:
         self.workdir, self.repo = workdir, repo
         self.redis = Redis(password=PASSWORD)
         self.ports = [free_port() for _ in range(REPLICAS)]
-        self.replicas = [self.start(i) for i in range(REPLICAS)]
-        self.old = []
-        self.lb = HAProxy(workdir, self.ports)
-        for i in range(REPLICAS):
-            self.lb.wait(f"r{i}", "UP")
+        self.replicas, self.old, self.lb = [], [], None
+        try:
+            for i in range(REPLICAS):
+                self.replicas.append(self.start(i))
+            self.lb = HAProxy(workdir, self.ports)
+            for i in range(REPLICAS):
+                self.lb.wait(f"r{i}", "UP")
+        except BaseException:
+            self.stop()  # nothing it started outlives a failed start
+            raise
 
     def start(self, i):
         s = KilnServer(self.repo, "--http-port", str(self.ports[i]), "--model-control-mode", "poll",
@@ -155,7 +160,8 @@ class Fleet:
         return s
 
     def stop(self):
-        self.lb.stop()
+        if self.lb:
+            self.lb.stop()
         for s in self.replicas + self.old:
             s.stop()
         self.redis.stop()
