@@ -26,11 +26,16 @@ HOST_CA=/etc/ssl/certs/ca-certificates.crt
 WORK=$(mktemp -d /tmp/kiln-image-check.XXXXXX)
 T0=$(date +%s)
 say() { echo "image-check [$(($(date +%s) - T0)) s]: $*"; }
-PIDS=()
+REDIS_PID=""
+UNSHARE_PID=""
 cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    # unshare ignores SIGTERM, and setpriv's change of user clears the
+    # parent-death signal: kill kiln itself, PID 1 of its namespace.
+    if [ -n "$UNSHARE_PID" ]; then
+        pkill -KILL -P "$UNSHARE_PID" 2>/dev/null || true
+        wait "$UNSHARE_PID" 2>/dev/null || true
+    fi
+    if [ -n "$REDIS_PID" ]; then kill "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; fi
     [ -n "${CTR:-}" ] && "${BUILDAH[@]}" rm "$CTR" >/dev/null 2>&1 || true
     rm -rf "$WORK"
 }
@@ -78,6 +83,9 @@ else
     BUILDER=buildah
     command -v buildah >/dev/null || { echo "image-check: no Docker engine and no buildah: run tools/bootstrap.sh" >&2; exit 2; }
     mkdir -p "$CACHE"
+    # One check at a time per cache: two would debootstrap into one folder.
+    exec 9>"$CACHE/lock"
+    flock 9
     BUILDAH=(buildah --storage-driver vfs --root "$CACHE/storage" --runroot "$CACHE/run")
     export BUILDAH_ISOLATION=chroot
     if ! "${BUILDAH[@]}" inspect --type image docker.io/library/debian:12 >/dev/null 2>&1; then
@@ -122,7 +130,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 HTTP=$(free_port); GRPC=$(free_port); RPORT=$(free_port)
 RPASS="image-check-$RANDOM$RANDOM"
 redis-server --port "$RPORT" --bind 127.0.0.1 --save '' --appendonly no --requirepass "$RPASS" >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
+REDIS_PID=$!
 ARGS=(--http-port "$HTTP" --grpc-port "$GRPC" --redis-url "redis://:$RPASS@127.0.0.1:$RPORT/0" --cache-secret image-check)
 
 if [ "$BUILDER" = docker ]; then
@@ -168,7 +176,7 @@ EOF
         exec chroot "$root" "$@"
     ' _ "$ROOTFS" /usr/bin/env -i "${ENV_IMG[@]}" setpriv --reuid="$UID_IMG" --regid="$GID_IMG" --clear-groups \
         --inh-caps=-all --bounding-set=-all "${ARGV_IMG[@]}" >"$WORK/kiln.log" 2>&1 &
-    PIDS+=($!)
+    UNSHARE_PID=$!
     USER_SEEN=$UID_IMG
 fi
 
@@ -195,6 +203,21 @@ say "the image's entrypoint serves on :$HTTP (HTTP) and :$GRPC (gRPC), user $USE
 KILN_IMAGE_HTTP=127.0.0.1:$HTTP KILN_IMAGE_GRPC=127.0.0.1:$GRPC KILN_IMAGE_LOG=$WORK/kiln.log \
     .venv/bin/python -m pytest -q -p no:cacheprovider tests/image
 say "smoke tests pass"
+
+# The image's STOPSIGNAL: SIGTERM, then (after --shutdown-delay-secs) the drain
+# and exit 0.
+if [ "$BUILDER" = buildah ]; then
+    kill -TERM "$KPID"
+    rc=0
+    for _ in $(seq 600); do kill -0 "$UNSHARE_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$UNSHARE_PID" 2>/dev/null && { echo "image-check: kiln still runs 60 s after SIGTERM" >&2; exit 1; }
+    wait "$UNSHARE_PID" || rc=$?
+    UNSHARE_PID=""
+    [ "$rc" = 0 ] || { tail -20 "$WORK/kiln.log" >&2; echo "image-check: kiln exited $rc on SIGTERM" >&2; exit 1; }
+    say "SIGTERM: not ready, served for --shutdown-delay-secs, drained, exited 0"
+else
+    docker stop -t 40 kiln-image-check >/dev/null
+fi
 
 # ---- the CUDA image ----------------------------------------------------------------
 # docker/Dockerfile is Debian 12 plus NVIDIA's CUDA repository for Debian 12:

@@ -340,6 +340,41 @@ static void test_paused_times_out_and_breaker_opens(void **state) {
     env_close(&e);
 }
 
+/* The breaker guards lookups only: a store made while it is open reaches
+ * Redis; and it closes on its timer, with no call in between, so the gauge
+ * tells what holds now. */
+static void test_breaker_lets_stores_through_and_closes_on_time(void **state) {
+    (void)state;
+    struct env e;
+    env_open(&e, 0, 20);
+    assert_true(run_until(&e, connected, 3000));
+    struct cache_key k = {{12}}, k2 = {{13}};
+    kill(g_redis, SIGSTOP);
+    for (int i = 0; i < 3; i++) assert_null(get(&e, &k));
+    kill(g_redis, SIGCONT);
+    struct cache_stats st;
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.circuit_open, 1);
+    struct cache_value *v = sample(7);
+    cache_redis_set(e.r, &k2, v); /* while open */
+    cache_value_unref(v);
+    wait_ms(&e, 50);
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.circuit_open, 1); /* 200 ms not over */
+    assert_int_equal(st.redis_sets, 1);
+    char hex[2 * CACHE_KEY_BYTES + 1];
+    cache_key_hex(&k2, hex);
+    redisContext *rc = sync_client();
+    redisReply *rep = redisCommand(rc, "EXISTS kiln:%s", hex);
+    assert_int_equal(rep->integer, 1);
+    freeReplyObject(rep);
+    redisFree(rc);
+    wait_ms(&e, 300); /* no lookup, no store: only the timer */
+    cache_get_stats(e.c, &st);
+    assert_int_equal(st.circuit_open, 0);
+    env_close(&e);
+}
+
 static void test_absent_at_start(void **state) {
     (void)state;
     struct cache_params p = {.redis_url = "redis://127.0.0.1:1/0", .redis_timeout_ms = 20};
@@ -361,6 +396,7 @@ int main(void) {
         cmocka_unit_test(test_killed_and_restarted),
         cmocka_unit_test(test_long_outage_resumes_within_2s),
         cmocka_unit_test(test_paused_times_out_and_breaker_opens),
+        cmocka_unit_test(test_breaker_lets_stores_through_and_closes_on_time),
         cmocka_unit_test(test_absent_at_start),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -139,11 +139,16 @@ class Fleet:
         self.workdir, self.repo = workdir, repo
         self.redis = Redis(password=PASSWORD)
         self.ports = [free_port() for _ in range(REPLICAS)]
-        self.replicas = [self.start(i) for i in range(REPLICAS)]
-        self.old = []
-        self.lb = HAProxy(workdir, self.ports)
-        for i in range(REPLICAS):
-            self.lb.wait(f"r{i}", "UP")
+        self.replicas, self.old, self.lb = [], [], None
+        try:
+            for i in range(REPLICAS):
+                self.replicas.append(self.start(i))
+            self.lb = HAProxy(workdir, self.ports)
+            for i in range(REPLICAS):
+                self.lb.wait(f"r{i}", "UP")
+        except BaseException:
+            self.stop()  # nothing it started outlives a failed start
+            raise
 
     def start(self, i):
         s = KilnServer(self.repo, "--http-port", str(self.ports[i]), "--model-control-mode", "poll",
@@ -155,7 +160,8 @@ class Fleet:
         return s
 
     def stop(self):
-        self.lb.stop()
+        if self.lb:
+            self.lb.stop()
         for s in self.replicas + self.old:
             s.stop()
         self.redis.stop()
@@ -301,11 +307,15 @@ def test_sigkill_costs_only_in_flight(fleet, tmp_path):
     fleet.replicas[1] = fleet.start(1)
     fleet.lb.wait("r1", "UP")
     record("SIGKILL of a replica", res, down_after_s=round(down_s, 2), failed_by_status=res["by_status"])
-    # What the replica had in flight (HAProxy answers them 502 or drops the
-    # client's connection): about a third of the bench's 16, never more than
-    # all of them. What reached it after the kill was refused and retried
-    # on another replica.
+    # What the replica had in flight, and, HAProxy keeping connections to
+    # its servers alive, one request on each client connection that held an
+    # idle one to it (its next request there fails): never more than the
+    # bench's 16 (3 with option http-server-close). What reached it after
+    # the kill was refused and retried on another replica.
     assert res["failed"] <= CONCURRENCY, res["text"]
+    # Marked down after two failed checks 500 ms apart; the bound leaves room
+    # for a loaded machine.
+    assert down_s < 10, down_s
 
 
 def test_rolling_restart_loses_nothing(fleet, tmp_path):
