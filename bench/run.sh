@@ -17,6 +17,7 @@
 #   limits    bench/limits_probe.py   peak RSS under hostile requests; a second client during a 1e6 top-k
 #   modelset  bench/modelset.sh       kiln CPU vs onnxruntime and OpenVINO on the real-model set, 1 and 2 threads
 #   sequences bench/vad_stream.py     silero-vad as 64 sequences: implicit vs explicit state vs onnxruntime
+#   embeddings bench/embeddings.sh    /v1/embeddings (all-MiniLM-L6-v2): kiln vs sentence-transformers+FastAPI vs Infinity
 #   modelset_avx2  CPU=avx2 bench/modelset.sh  the same with this CPU seen as AVX2-only by both sides
 #   tokenizers  bench/tokenizer_speed.py  kiln's C tokenizers vs the `tokenizers` library, one thread each
 # A section that fails is reported as failed (with the end of its log) and
@@ -37,7 +38,7 @@ export OUT=${OUT:-build/bench}
 # The benchmarks measure HTTP: their servers take any free gRPC port, so two
 # at once (cache.sh) or another server on 8001 cannot collide.
 export KILN_GRPC_PORT=${KILN_GRPC_PORT:-0}
-SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm sequences limits modelset modelset_avx2 tokenizers ensemble"}
+SECTIONS=${SECTIONS:-"engine http grpc batching mlserver cache hash fds padding shm sequences limits modelset modelset_avx2 tokenizers ensemble embeddings"}
 REPORT=${REPORT:-docs/benchmarks.md}
 IMG=${IMG:-docs/img}
 mkdir -p "$OUT" "$IMG" "$(dirname "$REPORT")"
@@ -83,6 +84,7 @@ TITLE[shm]="System shared memory: a 4 MiB input, shared memory vs the body"
 TITLE[limits]="What one client can make kiln hold: memory probes and a worst-case classification"
 TITLE[ensemble]="Ensembles: three steps vs one merged model"
 TITLE[sequences]="Sequences: silero-vad streamed with implicit state vs explicit state vs onnxruntime"
+TITLE[embeddings]="Text embeddings: /v1/embeddings vs sentence-transformers and Infinity"
 TITLE[tokenizers]="Tokenizers: kiln's C tokenizers vs the tokenizers library"
 TITLE[modelset]="Engine on the real-model set: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
 TITLE[modelset_avx2]="Engine on the real-model set, AVX2-only CPU: kiln CPU vs onnxruntime CPU and OpenVINO CPU"
@@ -149,6 +151,7 @@ run_tokenizers() {
 }
 run_ensemble() { ROUNDS=${ENSEMBLE_ROUNDS:-3} bench/ensemble.sh >"$OUT/ensemble.log" 2>&1; }
 # silero-vad's ONNX from its PyPI wheel (in .venv, --no-deps), 64 streams.
+run_embeddings() { ROUNDS=${EMBED_ROUNDS:-3} bench/embeddings.sh >"$OUT/embeddings.log" 2>&1; }
 run_sequences() {
     "$PY" bench/vad_stream.py --kiln "$KILN" --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3} \
         --csv "$OUT/sequences.csv" >"$OUT/sequences.md" 2>"$OUT/sequences.log"
@@ -499,6 +502,18 @@ def sequences():
     ratio = float(r["implicit"]["frames_per_s"]) / float(r["explicit"]["frames_per_s"])
     return f"{worst:.3f} plan builds per frame; implicit / explicit state {ratio:.2f}x frames/s", yes(worst == 0)
 target("sequences", "silero-vad streamed as 64 sequences: 0 plan builds per frame after warm-up", sequences)
+def embeddings():
+    r = {(x["server"], x["concurrency"]): x for x in rows("embeddings")}
+    peers = sorted({s for s, _ in r} - {"kiln"})
+    if not peers:
+        return "no peer ran (see the section)", "-"
+    def best(c):
+        return max((r[(p, c)] for p in peers if (p, c) in r), key=lambda x: float(x["texts_per_s"]))
+    k64, b64, k1, b1 = r[("kiln", "64")], best("64"), r[("kiln", "1")], best("1")
+    tr = float(k64["texts_per_s"]) / float(b64["texts_per_s"])
+    return (f"c=64 {tr:.2f}x the better peer's texts/s; c=1 p50 {k1['p50_ms']} vs {b1['p50_ms']} ms",
+            yes(tr >= 3 and float(k1["p50_ms"]) < float(b1["p50_ms"])))
+target("embeddings", "/v1/embeddings (MiniLM, short texts): >= 3x the better peer's throughput at concurrency 64, lower p50 at 1", embeddings)
 
 print("| area | target | measured | verdict |")
 print("|---|---|---|---|")
@@ -520,6 +535,7 @@ PY
         cache) echo "Command: \`DURATION=${CACHE_DURATION:-5} ROUNDS=${CACHE_ROUNDS:-5} bench/cache.sh\` (\`kiln bench\`, binary bodies; misses with \`--unique N\` above the requests sent)" ;;
         hash) echo "Command: \`build/hash_bench\` (bench/hash.c)" ;;
         tokenizers) echo "Command: \`.venv/bin/python bench/tokenizer_speed.py --lines 20000 --rounds 3\` (\`kiln tokenize --bench 1\` vs Tokenizer.encode_batch with TOKENIZERS_PARALLELISM=false, the same tokenizer.json files and lines)" ;;
+        embeddings) echo "Command: \`ROUNDS=${EMBED_ROUNDS:-3} bench/embeddings.sh\` (peers from .venv-embed and .venv-infinity: bench/embeddings/requirements*.txt)" ;;
         sequences) echo "Command: \`.venv/bin/python bench/vad_stream.py --streams 64 --frames ${SEQ_FRAMES:-40} --rounds ${SEQ_ROUNDS:-3}\`" ;;
         esac
         echo

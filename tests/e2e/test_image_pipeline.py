@@ -3,7 +3,8 @@ preprocessing graph (ImageDecoder -> Resize -> scale and normalise ->
 NCHW) and a small CNN classifier to its top-k labels, over HTTP and gRPC
 with tritonclient's classification extension. The answer is held to the
 same two graphs run by onnx's reference implementation (which decodes with
-Pillow); a broken image is a 400 naming the input, and the server serves on."""
+Pillow); a broken image is a 400 naming the step's model and the decoder's
+input, and the server serves on."""
 import io
 
 import numpy as np
@@ -142,7 +143,7 @@ def test_jpeg_to_top_k_labels(srv, proto):
     c.close()
 
 
-def test_broken_image_is_a_400_naming_the_input(srv):
+def test_broken_image_is_a_400_naming_the_step_and_input(srv):
     import tritonclient.http as httpclient
     from tritonclient.utils import InferenceServerException
     c = httpclient.InferenceServerClient(srv.url)
@@ -152,7 +153,9 @@ def test_broken_image_is_a_400_naming_the_input(srv):
         x.set_data_from_numpy(bad)
         with pytest.raises(InferenceServerException) as e:
             c.infer("image_classifier", [x])
-        assert e.value.status() == "400" and "IMAGE" in e.value.message(), e.value.message()
+        msg = e.value.message()
+        # The step's model and the decoder's input are named.
+        assert e.value.status() == "400" and "'preprocess'" in msg and "encoded_stream" in msg, msg
     x = httpclient.InferInput("IMAGE", [len(good)], "UINT8")
     x.set_data_from_numpy(good)
     assert c.infer("image_classifier", [x]).as_numpy("PROBS").shape == (1, 10)
