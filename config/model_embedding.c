@@ -62,9 +62,11 @@ int model_embedding_parse(struct model_config *c, const cJSON *params, char *err
             return INVALID("config field 'parameters.%s' must be {\"string_value\": \"...\"}", keys[i]);
     struct model_embedding *e = &c->embedding;
     if (!v[0]) {
-        /* max_length is a tokenizer model's own key too (backend "tokenizer"). */
-        for (int i = 1; i < 6; i++)
-            if (v[i] && !(i == 5 && c->tokenizer))
+        /* max_length is a tokenizer model's own key too (backend
+         * "tokenizer"), and on any other model Triton's free-form
+         * parameter, ignored. */
+        for (int i = 1; i < 5; i++)
+            if (v[i])
                 return INVALID("config field 'parameters.%s' needs 'parameters.embedding_output' (the output that "
                                "holds the embedding)", keys[i]);
         return 0;
