@@ -541,20 +541,10 @@ def test_cancel_while_queued(tmp_path, make_server, how):
     s = make_server(root)
     url = s.grpc_url()
     x = np.ones((1, 1024), dtype=np.float32)
-    busy = []
-
-    def occupy():
-        c = grpcclient.InferenceServerClient(url)
-        i = grpcclient.InferInput("x", [1, 1024], "FP32")
-        i.set_data_from_numpy(x)
-        for _ in range(PER_THREAD):
-            c.infer("slow", [i])
-        busy.append(1)
-        c.close()
-
-    # The direct requests keep the slow model's one instance busy for 1.5 s
-    # or more, however fast this machine runs one (timed first): long after
-    # the ensemble's step queues and its client leaves.
+    # Direct requests fill the slow model's queue with 1.5 s of work or more,
+    # however fast this machine runs one (timed first), all sent at once
+    # (asynchronously) before the ensemble's request: its step waits behind
+    # them long after its deadline passes or its client leaves.
     c0 = grpcclient.InferenceServerClient(url)
     i0 = grpcclient.InferInput("x", [1, 1024], "FP32")
     i0.set_data_from_numpy(x)
@@ -562,13 +552,18 @@ def test_cancel_while_queued(tmp_path, make_server, how):
     t0 = time.monotonic()
     c0.infer("slow", [i0])
     one = max(time.monotonic() - t0, 1e-3)
-    c0.close()
-    THREADS = 4
-    PER_THREAD = max(2, int(1.5 / (one * THREADS)) + 1)
-    threads = [threading.Thread(target=occupy) for _ in range(THREADS)]
-    for t in threads:
-        t.start()
-    time.sleep(0.3)
+    backlog = max(8, int(1.5 / one) + 1)
+    done = threading.Semaphore(0)
+    errors = []
+
+    def answered(result, error):
+        if error is not None:
+            errors.append(error)
+        done.release()
+
+    for _ in range(backlog):
+        c0.async_infer("slow", [i0], answered)
+    time.sleep(0.2)  # every one of them is in the server's queue
     c = grpcclient.InferenceServerClient(url)
     if how == "grpc_deadline":
         with pytest.raises(Exception) as e:
@@ -576,13 +571,14 @@ def test_cancel_while_queued(tmp_path, make_server, how):
         assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
     else:
         http_disconnect(s.url, "slowens", x, 0.3)
-    for t in threads:
-        t.join()
-    assert len(busy) == THREADS
+    for _ in range(backlog):
+        assert done.acquire(timeout=120)
+    assert not errors, errors
+    c0.close()
     # Only the direct requests ran at the slow step: the ensemble's was dropped in its queue.
     time.sleep(0.2)
     st = stats(c, "slow")
-    assert int(st.get("inference_count", 0)) == THREADS * PER_THREAD + 2, st
+    assert int(st.get("inference_count", 0)) == backlog + 2, st
     assert int(stats(c, "slowens")["inference_stats"]["fail"]["count"]) == 1
     r = infer(grpcclient, c, "slowens", x)
     assert r.as_numpy("OUT").shape == (1, 1024)
