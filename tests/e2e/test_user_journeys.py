@@ -71,13 +71,14 @@ def test_every_broken_model_is_logged_and_indexed(tmp_path, make_server):
 
 def test_config_fields_kiln_cannot_honour_are_refused(tmp_path, make_server):
     repo = tmp_path / "repo"
-    save_model(repo, "stateful", tiny_graph(), config='{"sequence_batching": {"max_sequence_idle_microseconds": 5000000}}')
+    save_model(repo, "ragged", tiny_graph(), config='{"batch_input": [{"kind": "BATCH_ELEMENT_COUNT", '
+                                                    '"target_name": ["n"], "data_type": "TYPE_FP32", "source_input": ["x"]}]}')
     save_model(repo, "pinned", tiny_graph(), config='{"version_policy": {"specific": {"versions": [3]}}}')
     s = make_server(repo)
     st, _, body = raw_request(s.url, "POST", "/v2/repository/index", "{}")
     index = {e["name"]: e for e in json.loads(body)}
-    assert index["stateful"]["state"] == "UNAVAILABLE"
-    assert "'sequence_batching' is not supported" in index["stateful"]["reason"]
+    assert index["ragged"]["state"] == "UNAVAILABLE"
+    assert "'batch_input' is not supported" in index["ragged"]["reason"]
     assert "selects none of the versions present (1)" in index["pinned"]["reason"]
 
 
