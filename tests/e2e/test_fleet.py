@@ -307,12 +307,13 @@ def test_sigkill_costs_only_in_flight(fleet, tmp_path):
     fleet.replicas[1] = fleet.start(1)
     fleet.lb.wait("r1", "UP")
     record("SIGKILL of a replica", res, down_after_s=round(down_s, 2), failed_by_status=res["by_status"])
-    # What the replica had in flight, and, HAProxy keeping connections to
-    # its servers alive, one request on each client connection that held an
-    # idle one to it (its next request there fails): never more than the
-    # bench's 16 (3 with option http-server-close). What reached it after
-    # the kill was refused and retried on another replica.
-    assert res["failed"] <= CONCURRENCY, res["text"]
+    # What the replica had in flight (at most one per client connection),
+    # and, HAProxy keeping connections to its servers alive, one request on
+    # each connection it held idle to it (its next request there fails): at
+    # most twice the bench's 16 (4 to 17 seen; 3 with option
+    # http-server-close). What reached it after the kill was refused and
+    # retried on another replica.
+    assert res["failed"] <= 2 * CONCURRENCY, res["text"]
     # Marked down after two failed checks 500 ms apart; the bound leaves room
     # for a loaded machine.
     assert down_s < 10, down_s
