@@ -71,6 +71,7 @@ static void version_destroy(struct repo_version *v) {
     batcher_free(v->batcher); /* drains what is queued and joins the instances */
     sequencer_free(v->sequencer); /* after: a sequence's next request is refused by the stopped batcher */
     model_free(v->model);
+    tokenizer_free(v->tokenizer);
     model_config_clear(&v->config);
     log_info("unloaded model '%s' version %s", v->name_, v->version_str);
     free(v->name_);
