@@ -150,7 +150,7 @@ sanitize: export KILN_TEST_RUN := sanitize-$(shell date +%s%N)
 sanitize:
 	@$(MAKE) --no-print-directory BUILD=build/asan SANITIZE=address,undefined CUDA=0 build/asan/kiln unit conformance e2e
 	@$(MAKE) --no-print-directory BUILD=build/tsan SANITIZE=thread CUDA=0 build/tsan/tests/server/test_batcher
-	@build/tsan/tests/server/test_batcher
+	@TSAN_OPTIONS="suppressions=$(CURDIR)/tools/tsan.supp $$TSAN_OPTIONS" build/tsan/tests/server/test_batcher
 	@tools/procs.sh check
 
 test: export KILN_TEST_RUN := test-$(shell date +%s%N)
