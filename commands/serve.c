@@ -210,8 +210,9 @@ int cmd_serve(int argc, char **argv) {
     runtime_begin_drain(rt);
     uint64_t deadline = mono_ms() + (uint64_t)cfg.exit_timeout_secs * 1000, idle_since = 0;
     for (;;) {
-        int inflight = infer_core_inflight(core), pending = repository_pending(repo);
-        if (inflight == 0 && pending == 0) {
+        /* Text work first: its done begins requests before the count drops. */
+        int work = runtime_work_pending(rt), inflight = infer_core_inflight(core), pending = repository_pending(repo);
+        if (work == 0 && inflight == 0 && pending == 0) {
             /* Answered; wait for the bytes to be written (bounded: a reply to a
              * client that vanished mid-write never reports completion). */
             if (!idle_since) idle_since = mono_ms();

@@ -25,7 +25,7 @@ static int fault_now(void) {
 
 /* ---- the buffer ----------------------------------------------------------- */
 
-int buf_reserve(struct buf *b, size_t extra) {
+int buf_grow(struct buf *b, size_t extra) {
     if (b->failed) return -1;
     if (extra <= b->cap - b->len) return 0;
     if (extra > SIZE_MAX / 2 - b->len) {
@@ -49,14 +49,6 @@ int buf_reserve(struct buf *b, size_t extra) {
     b->cap = cap;
     return 0;
 }
-
-void buf_add(struct buf *b, const void *p, size_t n) {
-    if (buf_reserve(b, n + 1)) return;
-    if (n) memcpy(b->data + b->len, p, n);
-    b->len += n;
-}
-
-void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
 
 void buf_printf(struct buf *b, const char *fmt, ...) {
     if (buf_reserve(b, 64)) return;

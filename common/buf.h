@@ -20,6 +20,7 @@
 #define KILN_BUF_H
 
 #include <stddef.h>
+#include <string.h>
 
 enum buf_failure {
     BUF_OK = 0,
@@ -37,9 +38,21 @@ struct buf {
 /* Room for extra more bytes after len: 0, or -1 with b->failed set (and
  * then always -1). Appends reserve one byte more than they write, so data
  * may be NUL-terminated in place. */
-int buf_reserve(struct buf *b, size_t extra);
-void buf_add(struct buf *b, const void *p, size_t n);
-void buf_str(struct buf *b, const char *s);
+int buf_grow(struct buf *b, size_t extra); /* buf_reserve's growth (and failure) */
+static inline int buf_reserve(struct buf *b, size_t extra) {
+    return !b->failed && extra <= b->cap - b->len ? 0 : buf_grow(b, extra);
+}
+
+/* Appends n bytes (buf_str: a string without its NUL). Inline, as the
+ * encoders append many short pieces: a literal's length and copy are then
+ * known where it is appended, and only a growth makes a call. */
+static inline void buf_add(struct buf *b, const void *p, size_t n) {
+    if (buf_reserve(b, n + 1)) return;
+    if (n) memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+static inline void buf_str(struct buf *b, const char *s) { buf_add(b, s, strlen(s)); }
+
 void buf_printf(struct buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Frees the bytes and zeroes b (limit included). */
 void buf_free(struct buf *b);

@@ -51,25 +51,37 @@ static int parse_extended(uint64_t w, int e10, double *out) {
 
 /* ---- parsing ------------------------------------------------------------ */
 
-/* Eight ASCII digits at once (little-endian loads): whether the 8 bytes at
- * p are all digits, and their value. */
-static int eight_digits(const char *p, uint32_t *v) {
+/* The run of digits that starts at p, up to eight of them, read at once
+ * (one little-endian load of the 8 bytes at p, which must be readable):
+ * returns its length and stores its value in *v (the length 0 stores
+ * nothing). The lowest byte that is not a digit ends the run: a digit
+ * neither carries nor borrows into the bytes above it, so the bytes below
+ * that one are tested exactly. A run shorter than eight is shifted to the
+ * top of the word under '0's, which add nothing to its value. */
+static inline __attribute__((always_inline)) int digit_run(const char *p, uint32_t *v) {
     uint64_t x;
     memcpy(&x, p, 8);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    if (((x + 0x4646464646464646ULL) | (x - 0x3030303030303030ULL)) & 0x8080808080808080ULL) return 0;
+    uint64_t t = ((x + 0x4646464646464646ULL) | (x - 0x3030303030303030ULL)) & 0x8080808080808080ULL;
+    int n = t ? __builtin_ctzll(t) >> 3 : 8;
+    if (n == 0) return 0;
+    if (n < 8) x = (x << (8 * (8 - n))) | (0x3030303030303030ULL >> (8 * n));
     x -= 0x3030303030303030ULL;
     x = x * 10 + (x >> 8); /* pairs */
     x = ((x & 0x000000ff000000ffULL) * (100 + (1000000ULL << 32)) +
          ((x >> 16) & 0x000000ff000000ffULL) * (1 + (10000ULL << 32))) >> 32;
     *v = (uint32_t)x;
-    return 1;
+    return n;
 #else
     (void)x;
     (void)v;
     return 0;
 #endif
 }
+
+/* Eight ASCII digits at once: whether the 8 bytes at p are all digits, and
+ * their value. */
+static int eight_digits(const char *p, uint32_t *v) { return digit_run(p, v) == 8; }
 
 /* The C library's answer for [p, end): the text copied with '.' as the
  * locale's decimal point, as cJSON itself hands numbers to strtod. */
@@ -110,23 +122,35 @@ int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, c
     return big ? JSONNUM_INT_BIG : JSONNUM_INT;
 }
 
-/* What JSON clients write for most floats in [0.1, 1), "0." and 16 or 17
- * digits, read in straight-line code; the result is the general path's
- * (the same w and exponent, the same conversions). 0, or -1 for any other
- * text, left to the general path. */
-static int parse_frac17(const char *p, const char *end, double *out, const char **next) {
+/* What JSON clients write for most numbers in (-1, 1): "0.", up to four
+ * zeros and up to 17 more digits, no exponent (a float as printf's %.17g
+ * or a shortest repr writes it, or cJSON's %1.15g), read a run of up to
+ * eight digits at a time; the result is the general path's (the same w
+ * and exponent, at most 21, the same conversions). 0, or -1 for any other
+ * text, or one that ends within 22 bytes of end (not all runs could be
+ * loaded), left to the general path. */
+static inline __attribute__((always_inline)) int parse_frac(const char *p, const char *end, double *out,
+                                                          const char **next) {
 #if JSONNUM_FAST
+    static const uint32_t p10u[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
     const char *q = p + (p < end && *p == '-');
     uint32_t a8, b8;
-    if (end - q < 18 || q[0] != '0' || q[1] != '.' || q[2] == '0' || !eight_digits(q + 2, &a8) ||
-        !eight_digits(q + 10, &b8))
-        return -1;
-    uint64_t w = (uint64_t)a8 * 100000000 + b8;
-    const char *s = q + 18;
-    int e = 16;
-    if (s < end && *s >= '0' && *s <= '9') {
-        w = w * 10 + (uint64_t)(*s++ - '0');
-        e = 17;
+    int n, z = 0;
+    if (end - q < 22 || q[0] != '0' || q[1] != '.') return -1;
+    /* Up to four leading zeros of the fraction, which hold no digit of w. */
+    while (z < 4 && q[2 + z] == '0') z++;
+    if (!(n = digit_run(q + 2 + z, &a8))) return -1;
+    const char *s = q + 2 + z + n;
+    uint64_t w = a8;
+    int e = z + n;
+    if (n == 8 && (n = digit_run(s, &b8)) > 0) {
+        w = w * p10u[n] + b8;
+        s += n;
+        e += n;
+        if (n == 8 && s < end && *s >= '0' && *s <= '9') {
+            w = w * 10 + (uint64_t)(*s++ - '0');
+            e++;
+        }
     }
     if (s < end && ((*s >= '0' && *s <= '9') || *s == 'e' || *s == 'E')) return -1;
     double v;
@@ -145,8 +169,10 @@ static int parse_frac17(const char *p, const char *end, double *out, const char 
 #endif
 }
 
-int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
-    if (!parse_frac17(p, end, out, next)) return 0;
+/* Any JSON number: the first 19 significant digits and the exponent read
+ * one by one, then Clinger's path, the x87 one or strtod. Kept out of line
+ * so that parse_frac's callers do not pay for its registers. */
+__attribute__((noinline)) static int parse_general(const char *p, const char *end, double *out, const char **next) {
     const char *s = p;
     int neg = 0;
     if (s < end && *s == '-') {
@@ -250,6 +276,34 @@ int jsonnum_parse(const char *p, const char *end, double *out, const char **next
     return 0;
 }
 
+int jsonnum_parse(const char *p, const char *end, double *out, const char **next) {
+    if (!parse_frac(p, end, out, next)) return 0;
+    return parse_general(p, end, out, next);
+}
+
+/* JSON's whitespace between the elements of an array. */
+static inline const char *skip_ws(const char *q, const char *end) {
+    while (q < end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+    return q;
+}
+
+size_t jsonnum_parse_f32_run(const char *p, const char *end, float *out, size_t max, const char **next) {
+    const char *q = p;
+    size_t c = 0;
+    double v;
+    *next = p;
+    while (c < max) {
+        const char *after;
+        if ((parse_frac(q, end, &v, &after) && parse_general(q, end, &v, &after)) || fabs(v) > FLT_MAX) break;
+        out[c++] = (float)v;
+        *next = after;
+        q = skip_ws(after, end);
+        if (q >= end || *q != ',') break;
+        q = skip_ws(q + 1, end);
+    }
+    return c;
+}
+
 /* ---- formatting --------------------------------------------------------- */
 
 size_t jsonnum_format_u64(uint64_t v, char *buf) {
@@ -257,7 +311,10 @@ size_t jsonnum_format_u64(uint64_t v, char *buf) {
     static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
                                 "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
                                 "8081828384858687888990919293949596979899";
-    char t[24], *e = t + sizeof t, *q = e;
+    /* Written backwards from t + 24 (20 digits at most), then copied as
+     * a fixed 20 bytes (the callers' buffers hold JSONNUM_BUF): no
+     * variable-length memcpy call. */
+    char t[44], *e = t + 24, *q = e;
     while (v >= 100) {
         q -= 2;
         memcpy(q, pairs + 2 * (v % 100), 2);
@@ -268,7 +325,7 @@ size_t jsonnum_format_u64(uint64_t v, char *buf) {
         memcpy(q, pairs + 2 * v, 2);
     } else *--q = (char)('0' + v);
     size_t n = (size_t)(e - q);
-    memcpy(buf, q, n);
+    memcpy(buf, q, 20);
     buf[n] = 0;
     return n;
 }
@@ -342,6 +399,59 @@ static int candidate(double d, int s, double lo, double hi, uint32_t bits, doubl
     return inside;
 }
 
+#ifdef __SIZEOF_INT128__
+/* printf's "%.9g" digits of a tiny float f (0 < f < 1e-14, at least 1e-36):
+ * *digits * 10^*e10, the value rounded to nine significant digits, in exact
+ * integer arithmetic. f is m * 2^q; f * 10^s = m * 5^s / 2^r with r = -(s +
+ * q) > 0, and m * 5^s < 2^127 for s <= 44. s is 8 less the exponent of f's
+ * leading decimal digit, found by trying the estimate and its neighbours
+ * (the truncated quotient must have nine digits); then the quotient rounds
+ * half to even, as printf does (a tie cannot occur here: m * 5^s would need
+ * 2^(r-1) as a factor, r >= 26, m < 2^24). A rounding up to 10^9 is what
+ * printf writes too (1.00000000e+X). 0, or -1 (the caller asks snprintf). */
+static int nine_digits(float f, uint64_t *digits, int *e10) {
+    static const uint64_t p5[28] = {1ULL, 5ULL, 25ULL, 125ULL, 625ULL, 3125ULL, 15625ULL, 78125ULL, 390625ULL,
+                                    1953125ULL, 9765625ULL, 48828125ULL, 244140625ULL, 1220703125ULL,
+                                    6103515625ULL, 30517578125ULL, 152587890625ULL, 762939453125ULL,
+                                    3814697265625ULL, 19073486328125ULL, 95367431640625ULL, 476837158203125ULL,
+                                    2384185791015625ULL, 11920928955078125ULL, 59604644775390625ULL,
+                                    298023223876953125ULL, 1490116119384765625ULL, 7450580596923828125ULL};
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    uint32_t be = (bits >> 23) & 0xff, m = bits & 0x7fffff;
+    int q = be ? (int)be - 150 : -149;
+    if (be) m |= 0x800000;
+    if (!m) return -1;
+    int lead = q + 31 - __builtin_clz(m); /* the exponent of f's leading bit */
+    int k = (int)floor(lead * 0.30102999566398120);
+    for (int tries = 0; tries < 3; tries++) {
+        int s = 8 - k, r = -(s + q);
+        if (s < 0 || s > 44 || r < 1 || r > 127) return -1;
+        unsigned __int128 p = s <= 27 ? p5[s] : (unsigned __int128)p5[27] * p5[s - 27];
+        unsigned __int128 n = (unsigned __int128)m * p, qt = n >> r, rem = n - (qt << r);
+        if (qt >= 1000000000) {
+            k++;
+            continue;
+        }
+        if (qt < 100000000) {
+            k--;
+            continue;
+        }
+        unsigned __int128 half = (unsigned __int128)1 << (r - 1);
+        if (rem > half || (rem == half && (qt & 1))) qt++;
+        *digits = (uint64_t)qt;
+        *e10 = -s;
+        return 0;
+    }
+    return -1;
+}
+#else
+static int nine_digits(float f, uint64_t *digits, int *e10) {
+    (void)f, (void)digits, (void)e10;
+    return -1;
+}
+#endif
+
 size_t jsonnum_format_float(float f, char *buf) {
     if (f == 0) {
         size_t n = signbit(f) ? 2 : 1;
@@ -390,6 +500,9 @@ size_t jsonnum_format_float(float f, char *buf) {
         if (best_r >= 1) return (size_t)(o - buf) + emit(o, (uint64_t)best_r, -best_s);
     }
     /* Tiny or huge values: nine significant digits always identify a float. */
+    uint64_t dg9;
+    int e9;
+    if (d < 1e-14 && !nine_digits(f, &dg9, &e9)) return (size_t)(o - buf) + emit(o, dg9, e9);
     int n = snprintf(o, JSONNUM_BUF - (size_t)(o - buf), "%.9g", d);
     return (size_t)(o - buf) + (size_t)(n > 0 ? n : 0);
 }

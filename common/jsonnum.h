@@ -30,6 +30,15 @@
  * Values beyond the double range read as +-HUGE_VAL, as with strtod. */
 int jsonnum_parse(const char *p, const char *end, double *out, const char **next);
 
+/* Reads the run of JSON numbers separated by commas (JSON whitespace
+ * around them) that starts at p, into out as floats ((float) of what
+ * jsonnum_parse reads): at most max, stopping before an element that is
+ * not a number or is beyond float's range. Returns how many were read;
+ * *next is the byte after the last of them (p when none). A request's
+ * float data is such a run: the loop here keeps the common numbers' reader
+ * inline. */
+size_t jsonnum_parse_f32_run(const char *p, const char *end, float *out, size_t max, const char **next);
+
 /* What jsonnum_parse_int found at p. */
 enum jsonnum_int {
     JSONNUM_INT = 0,        /* a plain integer (-?digits): *neg and *mag hold it exactly */
@@ -49,7 +58,8 @@ int jsonnum_parse_int(const char *p, const char *end, int *neg, uint64_t *mag, c
  * a valid JSON number that reads back as exactly f. f must be finite. */
 size_t jsonnum_format_float(float f, char *buf);
 
-/* Decimal integers, NUL-terminated; return the length. */
+/* Decimal integers into buf (JSONNUM_BUF bytes), NUL-terminated; return
+ * the length. */
 size_t jsonnum_format_i64(int64_t v, char *buf);
 size_t jsonnum_format_u64(uint64_t v, char *buf);
 

@@ -40,6 +40,7 @@ static const struct opt g_opts[] = {
     {"grpc-max-buffered-bytes", OPT_SIZE, "BYTES", "2 x --grpc-max-message-size", "unfinished request bytes one gRPC connection may hold across its calls; the call that passes it gets RESOURCE_EXHAUSTED"},
     {"grpc-max-buffered-total", OPT_SIZE, "BYTES", "8 x --grpc-max-message-size", "unfinished request bytes all gRPC connections together may hold; the call that passes it gets RESOURCE_EXHAUSTED"},
     {"http-threads", OPT_INT, "N", "cores", "I/O threads, each with its own event loop"},
+    {"text-threads", OPT_INT, "N", "2", "threads that tokenize long /v1/embeddings texts, so that the I/O threads never wait on them (0 = every text on its I/O thread); a request that finds their queue full gets 503"},
     {"http-timeout-secs", OPT_INT, "S", "60", "idle timeout of an HTTP or gRPC connection (no byte read or written; a gRPC connection with a call open is not idle)"},
     {"http-header-timeout-secs", OPT_INT, "S", "10", "total time a request's header may take to arrive (408); for gRPC, the connection preface and first call's headers (GOAWAY)"},
     {"http-body-timeout-secs", OPT_INT, "S", "60", "total time a request's body may take to arrive (408); for gRPC, each request message once begun (DEADLINE_EXCEEDED)"},
@@ -86,6 +87,7 @@ void server_config_init(struct server_config *c) {
     c->allow_grpc = 1;
     c->grpc_port = 8001;
     c->http_threads = 0;
+    c->text_threads = 2;
     c->backend = strdup("auto");
     c->log_level = strdup("info");
     c->log_format = strdup("text");
@@ -192,6 +194,9 @@ static int set_opt(struct server_config *c, const struct opt *o, const char *v, 
         else if (strcmp(n, "http-threads") == 0) {
             if (x > 1024) return BAD("at most 1024 threads");
             c->http_threads = (int)x;
+        } else if (strcmp(n, "text-threads") == 0) {
+            if (x > 256) return BAD("at most 256 threads");
+            c->text_threads = (int)x;
         } else if (strcmp(n, "http-timeout-secs") == 0) c->http_timeout_secs = (int)x;
         else if (strcmp(n, "http-header-timeout-secs") == 0) {
             if (x < 1) return BAD("expected at least 1");

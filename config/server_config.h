@@ -32,6 +32,7 @@ struct server_config {
     int64_t grpc_max_buffered_bytes; /* unfinished request bytes of one gRPC connection; 0 = 2 x the message size */
     int64_t grpc_max_buffered_total; /* unfinished request bytes of all gRPC connections; 0 = 8 x the message size */
     int http_threads;            /* 0 = number of cores */
+    int text_threads;            /* threads that tokenize long texts off the I/O threads; 0 = none */
     char *backend;               /* "auto", "cpu", "cuda" */
     char *log_level;             /* "error", "warn", "info", "debug" */
     char *log_format;            /* "text", "json" */

@@ -455,15 +455,18 @@ static int absorb_activation(struct build *b, const struct graph_node *n) {
     return 1;
 }
 
-/* A view: output 0 is input 0's bytes under another shape (an alias op, or
- * a Cast to the datatype it already has), when nothing reads its other
- * outputs. 1 if n became one. */
+/* A view: output 0 is input 0's bytes under another shape (an alias op, a
+ * Cast to the datatype it already has, or a Transpose the layout planner
+ * found to move nothing: kiln_layout, models/passes_layout.c), when nothing
+ * reads its other outputs. 1 if n became one. */
 static int make_view(struct build *b, const struct graph_node *n) {
     struct plan *p = b->p;
     int v0 = n->nout > 0 ? n->out[0] : -1, i0 = n->nin > 0 ? n->in[0] : -1;
     int same_cast = strcmp(n->op_type, "Cast") == 0 && !n->domain[0] && v0 >= 0 && i0 >= 0 &&
                     p->vals[v0].t.dtype == p->vals[i0].t.dtype;
-    if (!((n->op->flags & OP_ALIAS_INPUT0) || same_cast) || v0 < 0 || i0 < 0 ||
+    int same_bytes = strcmp(n->op_type, "Transpose") == 0 && !n->domain[0] &&
+                     node_attr_int(n, "kiln_layout", 0) != 0;
+    if (!((n->op->flags & OP_ALIAS_INPUT0) || same_cast || same_bytes) || v0 < 0 || i0 < 0 ||
         p->vals[i0].kind == PLAN_VALUE_CONST || p->vals[v0].t.dtype != p->vals[i0].t.dtype ||
         tensor_nbytes(&p->vals[v0].t) != tensor_nbytes(&p->vals[i0].t))
         return 0;

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -118,13 +120,12 @@ static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) 
 /* The body as one contiguous buffer, inflated when Content-Encoding says
  * gzip or deflate. *owned is set when the caller must free the result.
  * Returns NULL with *status and err set on failure. */
-static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *status,
-                                char *err, size_t err_len) {
+static unsigned char *read_body_as(http_server_t *s, struct evhttp_request *req, const char *enc, size_t *len,
+                                   int *owned, int *status, char *err, size_t err_len) {
     struct evbuffer *in = evhttp_request_get_input_buffer(req);
     size_t n = evbuffer_get_length(in);
     unsigned char *raw = n ? evbuffer_pullup(in, -1) : (unsigned char *)"";
     *owned = 0;
-    const char *enc = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Encoding");
     if (!enc || !*enc || strcasecmp(enc, "identity") == 0) {
         *len = n;
         return raw;
@@ -134,6 +135,35 @@ static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, si
     if (*status) return NULL;
     *owned = 1;
     return out;
+}
+
+/* read_body_as with the request's Content-Encoding header. */
+static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *status,
+                                char *err, size_t err_len) {
+    const char *enc = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Encoding");
+    return read_body_as(s, req, enc, len, owned, status, err, err_len);
+}
+
+/* The request headers an inference request reads, found in one walk over
+ * them: evhttp_find_header walks them all for each name, comparing through
+ * a function call per character (about 900 instructions a request for
+ * these four). The first of a repeated header counts, as there. */
+struct infer_headers {
+    const char *authorization, *header_length, *content_encoding, *accept_encoding;
+};
+
+static void infer_headers_find(struct evhttp_request *req, struct infer_headers *h) {
+    memset(h, 0, sizeof *h);
+    for (struct evkeyval *kv = evhttp_request_get_input_headers(req)->tqh_first; kv; kv = kv->next.tqe_next) {
+        const char **slot = NULL;
+        switch (strlen(kv->key)) {
+        case 13: slot = strcasecmp(kv->key, "Authorization") ? NULL : &h->authorization; break;
+        case 15: slot = strcasecmp(kv->key, "Accept-Encoding") ? NULL : &h->accept_encoding; break;
+        case 16: slot = strcasecmp(kv->key, "Content-Encoding") ? NULL : &h->content_encoding; break;
+        case 31: slot = strcasecmp(kv->key, "Inference-Header-Content-Length") ? NULL : &h->header_length; break;
+        }
+        if (slot && !*slot) *slot = kv->value;
+    }
 }
 
 /* A NUL byte in the JSON of a request: cJSON reads a string or a number up
@@ -151,9 +181,8 @@ static int json_has_nul(const unsigned char *json, size_t len, char *err, size_t
  * (tritonclient's response_compression_algorithm). The
  * Inference-Header-Content-Length header keeps the uncompressed JSON length,
  * as Triton does. On any failure the body goes out uncompressed. */
-static void compress_reply(struct evhttp_request *req, struct evbuffer *body) {
-    enum http_coding coding =
-        http_coding_accepted(evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding"));
+static void compress_reply(struct evhttp_request *req, const char *accept_encoding, struct evbuffer *body) {
+    enum http_coding coding = http_coding_accepted(accept_encoding);
     size_t len = evbuffer_get_length(body), n;
     if (coding == HTTP_CODING_IDENTITY || len == 0) return;
     /* The answer's pieces (outputs sent by reference) made one block. */
@@ -188,6 +217,7 @@ struct http_infer {
     char *body;            /* the encoded answer, between encode and send */
     size_t body_len;
     const char *ctype;
+    const char *accept_encoding; /* the request's header (owned by req), or NULL */
     /* Binary outputs sent from their own blocks, taken from the core by
      * encode (struct infer_result) and freed once written: no copy. */
     struct kserve_splice parts[HTTP_INFER_PARTS];
@@ -320,7 +350,7 @@ static void infer_send(void *arg, int status, const char *msg) {
     } else {
         struct evbuffer *out = evhttp_request_get_output_buffer(c->req);
         add_answer(out, c);
-        compress_reply(c->req, out);
+        compress_reply(c->req, c->accept_encoding, out);
         reply_send(s, c->req, 200, c->ctype);
     }
     free(c);
@@ -365,8 +395,11 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         free(c);
         return;
     }
-    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, authorization(req), conn_shm_owner(c->conn)));
-    const char *hl = evhttp_find_header(evhttp_request_get_input_headers(req), "Inference-Header-Content-Length");
+    struct infer_headers h;
+    infer_headers_find(req, &h);
+    c->accept_encoding = h.accept_encoding;
+    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, h.authorization, conn_shm_owner(c->conn)));
+    const char *hl = h.header_length;
     int64_t header_len = -1;
     if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
         infer_request_fail(c->r, STATUS_INVALID, err);
@@ -374,7 +407,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     }
     size_t len;
     int owned;
-    unsigned char *body = read_body(s, req, &len, &owned, &status, err, sizeof err);
+    unsigned char *body = read_body_as(s, req, h.content_encoding, &len, &owned, &status, err, sizeof err);
     if (!body) {
         infer_request_drop(c->r);
         reply_status(s, req, status, err);
@@ -753,7 +786,7 @@ static void reply_openai(http_server_t *s, struct evhttp_request *req, int code,
     struct evbuffer *out = evhttp_request_get_output_buffer(req);
     if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
     else free(body);
-    compress_reply(req, out);
+    compress_reply(req, evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding"), out);
     reply_send(s, req, code, "application/json");
 }
 
@@ -763,15 +796,22 @@ static void openai_error(http_server_t *s, struct evhttp_request *req, int code,
     reply_openai(s, req, code, body, len);
 }
 
-/* The API keys' check of every /v1/ route: 1 to go on, 0 once refused. */
+/* The API keys' check of every /v1/ route: 1 to go on, 0 once refused.
+ * Several Authorization headers (a proxy's and the client's) are refused
+ * rather than decided by whichever comes first. */
 static int openai_allowed(const struct http_call *c) {
     const char *auth = authorization(c->req);
-    if (access_api_key_ok(c->srv->cfg, auth)) return 1;
+    int n = 0;
+    const struct evkeyval *h;
+    TAILQ_FOREACH(h, evhttp_request_get_input_headers(c->req), next)
+        n += strcasecmp(h->key, "Authorization") == 0;
+    if ((n <= 1 || !c->srv->cfg->openai_api_keys) && access_api_key_ok(c->srv->cfg, auth)) return 1;
     evhttp_add_header(evhttp_request_get_output_headers(c->req), "WWW-Authenticate", "Bearer");
     openai_error(c->srv, c->req, 401,
-                 auth ? "Incorrect API key provided."
-                      : "You didn't provide an API key. You need to provide your API key in an Authorization header "
-                        "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                 n > 1 ? "Send one Authorization header: this request has several."
+                 : auth ? "Incorrect API key provided."
+                        : "You didn't provide an API key. You need to provide your API key in an Authorization header "
+                          "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
                  "invalid_api_key");
     return 0;
 }

@@ -75,6 +75,7 @@ struct http_conn {
     int shed;
     int wrote;                   /* the error answer is in the kernel and the write side shut */
     int retry_ms;
+    int kicked;                  /* kick is active: later additions need not activate it again */
     size_t cur_fwd;              /* bytes of the request in progress already given to evhttp */
     uint64_t discarded, discard_max;
     int status;                  /* the refusal to answer (common/status.h) */
@@ -308,16 +309,22 @@ static enum bufferevent_filter_result conn_output(struct evbuffer *src, struct e
 }
 
 /* evhttp queued reply bytes while its writing was off; it turns writing on
- * right after, which does not run the filter by itself. */
+ * right after, which does not run the filter by itself. A reply is added
+ * in several pieces (status line, headers, body): the kick is activated
+ * once for them all (event_active takes the base's lock each time). */
 static void conn_outbuf_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg) {
     struct http_conn *c = arg;
-    if (info->n_added && !(bufferevent_get_enabled(c->filter) & EV_WRITE)) event_active(c->kick, EV_TIMEOUT, 1);
+    if (info->n_added && !c->kicked && !(bufferevent_get_enabled(c->filter) & EV_WRITE)) {
+        c->kicked = 1;
+        event_active(c->kick, EV_TIMEOUT, 1);
+    }
 }
 
 /* bufferevent_flush holds a reference on the filter while evhttp's write
  * callback runs (and may free the connection). */
 static void conn_kick_cb(evutil_socket_t fd, short what, void *arg) {
     struct http_conn *c = arg;
+    c->kicked = 0;
     if (conn_alive(c) && evbuffer_get_length(bufferevent_get_output(c->filter)))
         bufferevent_flush(c->filter, EV_WRITE, BEV_NORMAL);
 }

@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "config/model_config.h"
 #include "models/model.h"
+#include "models/model_tokenizer.h"
 #include "server/kserve_impl.h"
 
 /* ---- binding to a model ------------------------------------------------- */
@@ -162,6 +163,7 @@ int kserve_request_bind(const struct kserve_request *r, const struct model_confi
             batch = b;
         }
         ordered[k] = in->t;
+        if (mc->tokenizer && model_tokenizer_check(&in->t, in->name, err, err_len)) return STATUS_INVALID;
         if (io->reshape_ndim >= 0 && model_config_reshape(&ordered[k], skip, io->reshape, io->reshape_ndim)) {
             cfg_shape_str(mc, io, msh, sizeof msh);
             return INVALID("input '%s': shape %s does not fit model '%s' reshape of %s", in->name,

@@ -50,6 +50,10 @@ void kserve_buf_json_string(struct buf *b, const char *s, size_t n) {
     *o++ = '"';
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x80 && c != '"' && c != '\\') { /* the common byte first: one test */
+            *o++ = (char)c;
+            continue;
+        }
         if (c == '"' || c == '\\') { *o++ = '\\'; *o++ = (char)c; }
         else if (c == '\n') { *o++ = '\\'; *o++ = 'n'; }
         else if (c == '\r') { *o++ = '\\'; *o++ = 'r'; }

@@ -263,9 +263,29 @@ static size_t utf8_put(long u, unsigned char *o) {
  * the body when it has no escape, else decoded into d->tmp (good until the
  * next string); *nul says whether one of them is NUL. Bytes below 0x20 pass
  * as they are, as cJSON let them; a UTF-16 surrogate must come as a pair. */
-static int rd_string(struct rd *d, const char **s, size_t *n, int *nul) {
-    const char *a = d->p + 1, *q = a, *end = d->end;
+/* The first byte at or after q (before end) that ends a string's plain
+ * run: '"', '\\' or NUL. Eight bytes a step where eight remain: a byte
+ * equal to c is a zero byte of x ^ c..c, and (v - 0x01..01) & ~v marks the
+ * lowest zero byte of v exactly (a borrow only reaches the bytes above
+ * it). Keys and names are most of a request's strings. */
+static inline const char *str_stop(const char *q, const char *end) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+    for (; end - q >= 8; q += 8) {
+        uint64_t x, qx, bx;
+        memcpy(&x, q, 8);
+        qx = x ^ (ones * '"');
+        bx = x ^ (ones * '\\');
+        uint64_t t = (((x - ones) & ~x) | ((qx - ones) & ~qx) | ((bx - ones) & ~bx)) & high;
+        if (t) return q + (__builtin_ctzll(t) >> 3);
+    }
+#endif
     while (q < end && *q != '"' && *q != '\\' && *q) q++;
+    return q;
+}
+
+static int rd_string(struct rd *d, const char **s, size_t *n, int *nul) {
+    const char *a = d->p + 1, *q = str_stop(a, d->end), *end = d->end;
     if (q < end && *q == '"') {
         *s = a;
         *n = (size_t)(q - a);
@@ -457,7 +477,7 @@ static int rd_uint(struct rd *d, const char *key, double max, uint64_t *out, int
     double v;
     int word;
     if (rd_double(d, &v, &word)) return -1;
-    *ok = v >= 0 && v == floor(v) && v <= max;
+    *ok = v >= 0 && v == floor(v) && v <= max && v < 18446744073709551616.0; /* 2^64 == (double)UINT64_MAX */
     if (*ok) *out = (uint64_t)v;
     return 0;
 }
@@ -647,19 +667,11 @@ static int data_leaf(struct rd *d, struct dfill *f) {
  * an FP32 array (d->p at its first element), stored as they are read. The
  * count read, with d->p after the last; data_leaf takes anything else. */
 static int64_t fp32_run(struct rd *d, struct dfill *f) {
+    if (!f->store || f->i >= f->numel) return 0;
     float *out = f->in->t.data;
-    const char *q = d->p, *next;
-    int64_t c = 0;
-    double v;
-    while (f->store && f->i < f->numel && !jsonnum_parse(q, d->end, &v, &next) && fabs(v) <= FLT_MAX) {
-        out[f->i++] = (float)v;
-        c++;
-        d->p = next;
-        q = ws_at(next, d->end);
-        if (q >= d->end || *q != ',') break;
-        q = ws_at(q + 1, d->end);
-    }
-    return c;
+    size_t c = jsonnum_parse_f32_run(d->p, d->end, out + f->i, (size_t)(f->numel - f->i), &d->p);
+    f->i += (int64_t)c;
+    return (int64_t)c;
 }
 
 /* The array at d->p, nested `level` deep in 'data': its leaves in order. */

@@ -1,8 +1,8 @@
 /* runtime.c - the I/O loops, their job queues, the control thread and
  * the state the front ends share. See runtime.h for the life cycle.
  *
- * Sections: job queues; the loops' threads; the control thread; the
- * runtime; connections and descriptors. */
+ * Sections: job queues; the loops' threads; the control thread; the text
+ * threads; the runtime; connections and descriptors. */
 #include "server/runtime.h"
 
 #include <errno.h>
@@ -66,6 +66,16 @@ struct runtime {
     struct job_queue cq;
     int cstop;
     int control_started;
+
+    /* The text threads: work off the loops (runtime_work_queue). */
+    int nworkers, workers_started;
+    pthread_t *worker_tids;
+    pthread_mutex_t wlock;
+    pthread_cond_t wcond;
+    struct runtime_work *whead, *wtail;
+    int wwaiting;                /* work queued, not yet taken by a thread */
+    atomic_int wpending;         /* work queued whose done has not returned */
+    int wstop;
 };
 
 /* ==== job queues ========================================================= */
@@ -171,6 +181,109 @@ static void *control_main(void *arg) {
     return NULL;
 }
 
+/* ==== the text threads ================================================== */
+
+runtime_t *runtime_loop_runtime(struct runtime_loop *l) { return l->rt; }
+
+int runtime_text_threads(const runtime_t *rt) { return rt->nworkers; }
+
+int runtime_work_pending(const runtime_t *rt) { return atomic_load(&((runtime_t *)rt)->wpending); }
+
+void runtime_work_init(struct runtime_work *w, void (*work)(struct runtime_work *), void (*done)(void *),
+                       void (*drop)(void *), void *arg) {
+    memset(w, 0, sizeof *w);
+    w->work = work;
+    w->done = done;
+    w->drop = drop;
+    w->arg = arg;
+}
+
+/* On the loop: done may free the object w lives in, so the count the drain
+ * reads drops after it, through what was read before. */
+static void work_done_run(void *arg) {
+    struct runtime_work *w = arg;
+    runtime_t *rt = w->loop->rt;
+    w->done(w->arg);
+    atomic_fetch_sub(&rt->wpending, 1);
+}
+
+static void work_done_drop(void *arg) {
+    struct runtime_work *w = arg;
+    runtime_t *rt = w->loop->rt;
+    if (w->drop) w->drop(w->arg);
+    atomic_fetch_sub(&rt->wpending, 1);
+}
+
+int runtime_work_queue(struct runtime_loop *l, struct runtime_work *w, char *err, size_t err_len) {
+    runtime_t *rt = l->rt;
+    int limit = RUNTIME_WORK_QUEUE_PER_THREAD * rt->nworkers;
+    if (rt->nworkers == 0)
+        return status_set(err, err_len, STATUS_UNAVAILABLE, "no text threads (--text-threads 0)");
+    pthread_mutex_lock(&rt->wlock);
+    if (rt->wstop || rt->wwaiting >= limit) {
+        int stopping = rt->wstop;
+        pthread_mutex_unlock(&rt->wlock);
+        if (stopping)
+            return status_set(err, err_len, STATUS_UNAVAILABLE, "the server is shutting down: no new requests are "
+                              "accepted");
+        return status_set(err, err_len, STATUS_UNAVAILABLE, "the server is busy: %d long texts are already waiting "
+                          "for the %d text thread%s (--text-threads); try again later", limit, rt->nworkers,
+                          rt->nworkers == 1 ? "" : "s");
+    }
+    w->loop = l;
+    w->status = 0;
+    w->next = NULL;
+    runtime_job_init(&w->job, work_done_run, work_done_drop, w);
+    atomic_fetch_add(&rt->wpending, 1);
+    if (rt->wtail) rt->wtail->next = w;
+    else rt->whead = w;
+    rt->wtail = w;
+    rt->wwaiting++;
+    pthread_cond_signal(&rt->wcond);
+    pthread_mutex_unlock(&rt->wlock);
+    return 0;
+}
+
+static void *worker_main(void *arg) {
+    runtime_t *rt = arg;
+    pthread_mutex_lock(&rt->wlock);
+    for (;;) {
+        while (!rt->whead && !rt->wstop) pthread_cond_wait(&rt->wcond, &rt->wlock);
+        if (rt->wstop) break;
+        struct runtime_work *w = rt->whead;
+        rt->whead = w->next;
+        if (!rt->whead) rt->wtail = NULL;
+        rt->wwaiting--;
+        pthread_mutex_unlock(&rt->wlock);
+        w->work(w);
+        /* done may free the object w lives in: w is not touched after. */
+        runtime_post(w->loop, &w->job);
+        pthread_mutex_lock(&rt->wlock);
+    }
+    pthread_mutex_unlock(&rt->wlock);
+    return NULL;
+}
+
+/* Joins the text threads once they finish the work they run; the work still
+ * waiting is cancelled, its done posted to its loop (which still runs), so
+ * that every request queued is answered. */
+static void workers_stop(runtime_t *rt) {
+    pthread_mutex_lock(&rt->wlock);
+    rt->wstop = 1;
+    pthread_cond_broadcast(&rt->wcond);
+    pthread_mutex_unlock(&rt->wlock);
+    for (int i = 0; i < rt->workers_started; i++) pthread_join(rt->worker_tids[i], NULL);
+    struct runtime_work *w = rt->whead;
+    rt->whead = rt->wtail = NULL;
+    rt->wwaiting = 0;
+    while (w) {
+        struct runtime_work *next = w->next;
+        w->status = STATUS_CANCELLED;
+        runtime_post(w->loop, &w->job);
+        w = next;
+    }
+}
+
 /* ==== the runtime ======================================================== */
 
 static int max_connections(const struct server_config *cfg, long long *fd_limit);
@@ -188,6 +301,13 @@ runtime_t *runtime_create(const struct runtime_params *p, char *err, size_t err_
     rt->repo = p->repo;
     pthread_mutex_init(&rt->clock, NULL);
     pthread_cond_init(&rt->ccond, NULL);
+    pthread_mutex_init(&rt->wlock, NULL);
+    pthread_cond_init(&rt->wcond, NULL);
+    rt->nworkers = p->config->text_threads;
+    if (rt->nworkers && !(rt->worker_tids = calloc((size_t)rt->nworkers, sizeof *rt->worker_tids))) {
+        status_set(err, err_len, STATUS_NOMEM, "out of memory");
+        goto fail;
+    }
     int n = p->config->http_threads > 0 ? p->config->http_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) n = 1;
     rt->loops = calloc((size_t)n, sizeof *rt->loops);
@@ -247,12 +367,25 @@ int runtime_start(runtime_t *rt, char *err, size_t err_len) {
                           "cannot start the control thread (model load, unload and polling): %s", strerror(prc));
     }
     rt->control_started = 1;
+    for (int i = 0; i < rt->nworkers; i++) {
+        prc = pthread_create(&rt->worker_tids[i], NULL, worker_main, rt);
+        if (prc) {
+            runtime_stop(rt);
+            return status_set(err, err_len, STATUS_INTERNAL, "cannot start text thread %d (--text-threads): %s", i,
+                              strerror(prc));
+        }
+        pthread_mutex_lock(&rt->wlock);
+        rt->workers_started++;
+        pthread_mutex_unlock(&rt->wlock);
+    }
     return 0;
 }
 
 void runtime_stop(runtime_t *rt) {
     if (!rt || rt->stopped) return;
     rt->stopped = 1;
+    /* First, while the loops still run the done jobs the text threads post. */
+    workers_stop(rt);
     if (rt->control_started) {
         pthread_mutex_lock(&rt->clock);
         rt->cstop = 1;
@@ -285,6 +418,9 @@ void runtime_free(runtime_t *rt) {
     }
     queue_drop(&rt->cq); /* control jobs that never ran */
     free(rt->loops);
+    free(rt->worker_tids);
+    pthread_mutex_destroy(&rt->wlock);
+    pthread_cond_destroy(&rt->wcond);
     pthread_mutex_destroy(&rt->clock);
     pthread_cond_destroy(&rt->ccond);
     free(rt);

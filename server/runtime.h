@@ -12,17 +12,23 @@
  * Jobs are libuv-style: a struct runtime_job lives inside the object it
  * completes (a request, a control call), so posting allocates nothing and
  * cannot fail. A job's drop, when the runtime is freed before it ran,
- * releases what the job's arg holds; each job type brings its own.
+ * releases what the job's arg holds; each job type brings its own. Work too
+ * slow for a loop (tokenizing a long text) goes to the text threads
+ * (--text-threads), as libuv's uv_queue_work: a struct runtime_work,
+ * embedded the same way, runs there and its done comes back to the loop
+ * that queued it as a job.
  *
  * Life: runtime_create (bases, queues, Redis; no thread yet), the front
  * ends attach (they may use the bases directly: nothing runs), runtime_start
- * (threads), ... runtime_stop (the threads end after the jobs queued before
- * the call; nothing runs after it returns), the front ends free what they
- * put on the bases, runtime_free (drops the jobs still queued, frees the
- * bases).
+ * (threads), ... runtime_stop (the text threads finish the work they run,
+ * the work still waiting is cancelled and its done posted all the same;
+ * then the loops end after the jobs queued before; nothing runs after it
+ * returns), the front ends free what they put on the bases, runtime_free
+ * (drops the jobs still queued, frees the bases).
  *
- * Threads: create, start, stop and free from one thread (main); post,
- * control_post, leave, ready, draining, begin_drain and conn_* from any thread; a loop's
+ * Threads: create, start, stop and free from one thread (main);
+ * work_queue from a loop's thread; post, control_post, leave, ready,
+ * draining, begin_drain, work_pending and conn_* from any thread; a loop's
  * base and Redis connection only on that loop's thread once started. */
 #ifndef KILN_RUNTIME_H
 #define KILN_RUNTIME_H
@@ -56,8 +62,33 @@ static inline void runtime_job_init(struct runtime_job *j, void (*run)(void *), 
     j->next = NULL;
 }
 
+/* Work for the text threads, embedded in the object it works on (libuv's
+ * uv_work_t): work(w) runs once on a text thread, then done(arg) is run on
+ * the loop that queued w. status tells done which: 0 when work ran,
+ * STATUS_CANCELLED when the runtime stopped before it could (work never
+ * runs then). drop(arg) instead of done, as for any job, when the runtime
+ * was freed before done ran. The fields are the runtime's. */
+struct runtime_work {
+    void (*work)(struct runtime_work *w);
+    void (*done)(void *arg);
+    void (*drop)(void *arg);
+    void *arg;
+    struct runtime_job job;    /* runs done (or drop) on the loop */
+    struct runtime_loop *loop;
+    int status;
+    struct runtime_work *next;
+};
+
+void runtime_work_init(struct runtime_work *w, void (*work)(struct runtime_work *), void (*done)(void *),
+                       void (*drop)(void *), void *arg);
+
+/* Work waiting for a text thread, per thread, beyond the ones running: a
+ * full queue refuses more rather than let the waits grow without bound
+ * (each waiting request holds its body, which may be many megabytes). */
+#define RUNTIME_WORK_QUEUE_PER_THREAD 4
+
 struct runtime_params {
-    const struct server_config *config; /* borrowed: http_threads, max_connections, polling */
+    const struct server_config *config; /* borrowed: http_threads, text_threads, max_connections, polling */
     struct infer_core *core;            /* borrowed: its result cache gives each loop a Redis connection; may be NULL */
     repository_t *repo;                 /* borrowed: polled by the control thread (--model-control-mode poll) */
 };
@@ -97,6 +128,19 @@ void runtime_post_any(void *l, struct runtime_job *job);
 /* Runs the job on the control thread, where repository load and unload may
  * block; its run posts the answer back to its loop. Any thread. */
 void runtime_control_post(runtime_t *rt, struct runtime_job *job);
+
+/* Queues w to run on a text thread; its done comes back to loop l (the
+ * caller's). 0, or STATUS_UNAVAILABLE with err set when the queue is full
+ * or the runtime stopped (w is not queued and done is never called). */
+int runtime_work_queue(struct runtime_loop *l, struct runtime_work *w, char *err, size_t err_len);
+/* The text threads (--text-threads); 0: none, work_queue always refuses. */
+int runtime_text_threads(const runtime_t *rt);
+/* Work queued whose done has not returned yet: a drain waits for it as for
+ * the requests in the core (the done of such work may begin some). Read
+ * it before infer_core_inflight: done begins its requests before this
+ * count drops. Any thread. */
+int runtime_work_pending(const runtime_t *rt);
+runtime_t *runtime_loop_runtime(struct runtime_loop *l);
 
 /* The server is leaving (SIGTERM, --shutdown-delay-secs): ready turns false
  * so that load balancers and orchestrators stop sending work, while every

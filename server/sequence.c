@@ -123,9 +123,12 @@ static void seq_unhash(sequencer_t *s, struct seq *q) {
     q->in_table = 0;
 }
 
-/* "42" or "'abc'", for messages. */
+/* "42" or "'abc'", for messages. A long string ID is cut short: a
+ * request's error has 256 bytes, and the reason must fit beside it. */
 static const char *id_str(uint64_t id, const char *sid, char *buf, size_t cap) {
-    if (sid) snprintf(buf, cap, "'%.200s'", sid);
+    size_t n = sid ? strlen(sid) : 0;
+    if (n > 48) snprintf(buf, cap, "'%.40s...' (%zu bytes)", sid, n);
+    else if (sid) snprintf(buf, cap, "'%s'", sid);
     else snprintf(buf, cap, "%llu", (unsigned long long)id);
     return buf;
 }

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <sodium.h>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -583,25 +584,16 @@ int shm_cuda_usable(void) {
 }
 
 /* RFC 4648 base64 (padding optional) into out[out_cap]: the decoded length,
- * or -1 when text is not base64 or decodes to more than out_cap bytes. */
+ * or -1 when text is not base64 or decodes to more than out_cap bytes.
+ * libsodium's decoder takes no padding in this variant, so up to two '='
+ * are cut first; it also refuses a last character whose unused bits are
+ * not zero (a non-canonical encoding, which no client writes). */
 static long base64_decode(const char *text, unsigned char *out, size_t out_cap) {
-    static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    size_t len = strlen(text), n = 0;
+    size_t all = strlen(text), len = all, n = 0;
     while (len && text[len - 1] == '=') len--;
-    if (strlen(text) - len > 2 || len % 4 == 1) return -1;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < len; i++) {
-        const char *c = text[i] ? strchr(alphabet, text[i]) : NULL;
-        if (!c) return -1;
-        acc = (acc << 6) | (uint32_t)(c - alphabet);
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            if (n == out_cap) return -1;
-            out[n++] = (unsigned char)(acc >> bits);
-        }
-    }
+    if (all - len > 2 ||
+        sodium_base642bin(out, out_cap, text, len, NULL, &n, NULL, sodium_base64_VARIANT_ORIGINAL_NO_PADDING))
+        return -1;
     return (long)n;
 }
 

@@ -23,6 +23,12 @@ struct cpu_mm_state {
     int fill_c;         /* Gemm: dst starts as beta * broadcast(C), summed into */
     float beta;         /* Gemm's beta, for fill_c */
     int64_t m, n;
+    /* A few rows by a small constant B (ops_nn.c: MatMul and Gemm) run on
+     * cpu_gemv (gemv.h) instead of prim: B packed for it (owned), A's
+     * width, and Gemm's alpha. */
+    float *packed;
+    int64_t k;
+    float alpha;
 };
 
 /* Builds s's primitive for the src/weights/bias/dst descriptors (bias_md
@@ -95,6 +101,10 @@ int cpu_qgemm_usable(const struct tensor *b, const struct tensor *zb);
  * scratch). 0, or a negative status after op_error (q then zeroed). */
 int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
                     const struct tensor *zb, size_t *scratch_size);
+/* The same with B given as its transpose: bt [N, K] row-major (a
+ * convolution's weights [M, C * kernel]); zb per row of bt. */
+int cpu_qgemm_build_bt(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *bt,
+                       const struct tensor *zb, size_t *scratch_size);
 size_t cpu_qgemm_scratch(const struct cpu_qgemm *q);
 /* The float epilogue of the dynamic-quantization operators: y =
  * act((float)sum * (a_scale * b_scale[n]) + bias[n]), the float

@@ -33,6 +33,16 @@ static void check_parse(const char *s) {
     int rc = jsonnum_parse(c, c + n, &got, &next);
     if (rc != 0 || next != c + n || memcmp(&got, &want, sizeof got) != 0)
         fail_msg("'%s': rc %d, read %td of %zu bytes, got %a, strtod %a", s, rc, next ? next - c : -1, n, got, want);
+    /* Inside a longer text, as in a request's array, where the fast paths
+     * load eight bytes at a time. */
+    static const char tail[] = ", 0.5, 1e3, 12345678]";
+    c = realloc(c, n + sizeof tail);
+    memcpy(c + n, tail, sizeof tail);
+    got = -12345, next = NULL;
+    rc = jsonnum_parse(c, c + n + sizeof tail, &got, &next);
+    if (rc != 0 || next != c + n || memcmp(&got, &want, sizeof got) != 0)
+        fail_msg("'%s' before more text: rc %d, read %td of %zu bytes, got %a, strtod %a", s, rc, next ? next - c : -1,
+                 n, got, want);
     free(c);
 }
 
@@ -93,7 +103,7 @@ static void test_parse_random(void **state) {
             (void)len;
             break;
         }
-        case 2: /* decimal fractions in [0, 1) */
+        case 2: /* decimal fractions in [0, 1), 1 to 20 digits (leading zeros too) */
             snprintf(b, sizeof b, "0.%0*llu", (int)(rnd() % 20) + 1, (unsigned long long)(r % 100000000000000000ULL));
             break;
         case 3:
@@ -320,6 +330,53 @@ static void test_parse_int(void **state) {
     }
 }
 
+/* Below 1e-14 the text is printf's %.9g (nine significant digits), made
+ * in integer arithmetic down to 1e-36 and by snprintf below: the same
+ * bytes as snprintf, subnormals and decimal boundaries included. */
+static void test_format_tiny_as_printf(void **state) {
+    (void)state;
+    char a[JSONNUM_BUF], b[64];
+    for (int it = 0; it < 400000; it++) {
+        uint64_t r = rnd();
+        uint32_t bits = ((uint32_t)(r % 81) << 23) | ((uint32_t)(r >> 20) & 0x7fffff) | (r & (1ULL << 40) ? 0x80000000u : 0);
+        if (it % 50 == 0) bits = (uint32_t)(r >> 20) % 0x800000; /* subnormal */
+        if (it % 3 == 0) { /* next to a power of ten */
+            snprintf(b, sizeof b, "1e%d", -14 - (int)(r % 32));
+            float p = strtof(b, NULL);
+            memcpy(&bits, &p, 4);
+            bits += (uint32_t)(r >> 50) % 9 - 4;
+        }
+        float f;
+        memcpy(&f, &bits, 4);
+        if (f == 0 || fabsf(f) >= 1e-14f) continue;
+        jsonnum_format_float(f, a);
+        snprintf(b, sizeof b, "%.9g", (double)f);
+        if (strcmp(a, b) != 0) fail_msg("%a: wrote '%s', printf's %%.9g '%s'", f, a, b);
+    }
+}
+
+/* A run of numbers as floats: each (float) of strtod's value; the run
+ * stops before a non-number, before a value beyond float's range and at
+ * max, with next after the last number read. */
+static void test_parse_f32_run(void **state) {
+    (void)state;
+    static const char text[] = "0.5, 0.0123456789012345678 ,\n\t-0.25,1e3,0.1234567890123456,3.4e39, 7]";
+    const char *end = text + sizeof text - 1, *next = NULL;
+    float out[8];
+    size_t n = jsonnum_parse_f32_run(text, end, out, 8, &next);
+    assert_int_equal(n, 5);
+    assert_true(out[0] == 0.5f && out[1] == (float)strtod("0.0123456789012345678", NULL) && out[2] == -0.25f &&
+                out[3] == 1000.0f && out[4] == (float)strtod("0.1234567890123456", NULL));
+    assert_ptr_equal(next, strstr(text, ",3.4e39"));
+    n = jsonnum_parse_f32_run(text, end, out, 2, &next);
+    assert_int_equal(n, 2);
+    assert_ptr_equal(next, strstr(text, " ,\n"));
+    static const char bad[] = "\"x\", 1]";
+    n = jsonnum_parse_f32_run(bad, bad + sizeof bad - 1, out, 8, &next);
+    assert_int_equal(n, 0);
+    assert_ptr_equal(next, bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_int),
@@ -327,6 +384,7 @@ int main(void) {
         cmocka_unit_test(test_parse_refuses_non_json), cmocka_unit_test(test_format_edges),
         cmocka_unit_test(test_parse_long_mantissa_long_exponent),
         cmocka_unit_test(test_format_random),        cmocka_unit_test(test_format_integers),
+        cmocka_unit_test(test_parse_f32_run),         cmocka_unit_test(test_format_tiny_as_printf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -152,45 +152,54 @@ static void test_control_auth(void **state) {
     assert_false(server_config_is_loopback("example.com"));
 }
 
-static void test_model_bounds_flags(void **state) {
+/* An integer flag: its field, default, a value it takes (given as
+ * "--flag=v" when eq, else as two words) and one it refuses, naming it. */
+struct int_flag {
+    const char *flag;
+    size_t off;
+    int def, set, eq;
+    const char *bad;
+};
+
+static int int_field(const struct server_config *c, size_t off) { return *(const int *)((const char *)c + off); }
+
+static void expect_int_flags(const struct int_flag *f, int n) {
     struct server_config c;
     char *none[] = {"serve"};
     assert_int_equal(load(&c, 1, none), 0);
-    assert_int_equal(c.max_model_instances, 0); /* resolved from the cores at start */
-    assert_int_equal(c.max_intra_op_threads, 0);
+    for (int i = 0; i < n; i++) assert_int_equal(int_field(&c, f[i].off), f[i].def);
     server_config_clear(&c);
-    char *set[] = {"serve", "--max-model-instances", "3", "--max-intra-op-threads=2"};
-    assert_int_equal(load(&c, 4, set), 0);
-    assert_int_equal(c.max_model_instances, 3);
-    assert_int_equal(c.max_intra_op_threads, 2);
-    server_config_clear(&c);
-    char *zero[] = {"serve", "--max-model-instances", "0"};
-    assert_int_equal(load(&c, 3, zero), STATUS_INVALID);
-    assert_non_null(strstr(g_err, "max-model-instances"));
-    server_config_clear(&c);
+    for (int i = 0; i < n; i++) {
+        char v[64];
+        if (f[i].eq) snprintf(v, sizeof v, "%s=%d", f[i].flag, f[i].set);
+        else snprintf(v, sizeof v, "%d", f[i].set);
+        char *set[] = {"serve", f[i].eq ? v : (char *)f[i].flag, v};
+        assert_int_equal(load(&c, f[i].eq ? 2 : 3, set), 0);
+        assert_int_equal(int_field(&c, f[i].off), f[i].set);
+        server_config_clear(&c);
+        char *bad[] = {"serve", (char *)f[i].flag, (char *)f[i].bad};
+        assert_int_equal(load(&c, 3, bad), STATUS_INVALID);
+        assert_non_null(strstr(g_err, f[i].flag + 2));
+        server_config_clear(&c);
+    }
+}
+
+static void test_model_bounds_flags(void **state) {
+    /* 0 by default: resolved from the cores at start. */
+    static const struct int_flag f[] = {
+        {"--max-model-instances", offsetof(struct server_config, max_model_instances), 0, 3, 0, "0"},
+        {"--max-intra-op-threads", offsetof(struct server_config, max_intra_op_threads), 0, 2, 1, "0"},
+    };
+    expect_int_flags(f, 2);
 }
 
 /* Leaving a fleet and the Redis tier: defaults, values, bounds named. */
 static void test_fleet_flags(void **state) {
-    struct server_config c;
-    char *none[] = {"serve"};
-    assert_int_equal(load(&c, 1, none), 0);
-    assert_int_equal(c.shutdown_delay_secs, 5);
-    assert_int_equal(c.redis_timeout_ms, 50);
-    server_config_clear(&c);
-    char *set[] = {"serve", "--shutdown-delay-secs", "0", "--redis-timeout-ms=250"};
-    assert_int_equal(load(&c, 4, set), 0);
-    assert_int_equal(c.shutdown_delay_secs, 0);
-    assert_int_equal(c.redis_timeout_ms, 250);
-    server_config_clear(&c);
-    char *zero[] = {"serve", "--redis-timeout-ms", "0"};
-    assert_int_equal(load(&c, 3, zero), STATUS_INVALID);
-    assert_non_null(strstr(g_err, "redis-timeout-ms"));
-    server_config_clear(&c);
-    char *huge[] = {"serve", "--shutdown-delay-secs", "86400"};
-    assert_int_equal(load(&c, 3, huge), STATUS_INVALID);
-    assert_non_null(strstr(g_err, "shutdown-delay-secs"));
-    server_config_clear(&c);
+    static const struct int_flag f[] = {
+        {"--shutdown-delay-secs", offsetof(struct server_config, shutdown_delay_secs), 5, 0, 0, "86400"},
+        {"--redis-timeout-ms", offsetof(struct server_config, redis_timeout_ms), 50, 250, 1, "0"},
+    };
+    expect_int_flags(f, 2);
 }
 
 /* The gRPC message limit: --max-request-size's unless set (0 here means
@@ -272,6 +281,12 @@ static void test_max_request_memory(void **state) {
     assert_non_null(strstr(g_err, "at least 1M"));
     unsetenv("KILN_MAX_REQUEST_MEMORY");
     server_config_clear(&c);
+}
+
+/* c initialised (model "m") and json parsed into it, which must succeed. */
+static void parse_ok(struct model_config *c, const char *json) {
+    model_config_init(c, "m");
+    assert_int_equal(model_config_parse(c, json, strlen(json), g_err, sizeof g_err), 0);
 }
 
 static void test_model_config_parse_and_json(void **state) {
@@ -504,9 +519,7 @@ static void test_model_config_optimization(void **state) {
     cJSON_Delete(j);
     model_config_clear(&c);
     /* Only what is given changes; "FP32" in capitals is the same value. */
-    model_config_init(&c, "m");
-    json = "{\"optimization\":{\"precision\":\"FP32\"}}";
-    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    parse_ok(&c, "{\"optimization\":{\"precision\":\"FP32\"}}");
     assert_int_equal(c.precision_fp16, 0);
     assert_int_equal(c.cuda_graphs, 1);
     model_config_clear(&c);
@@ -559,9 +572,7 @@ static void test_model_config_tokenizer_backend(void **state) {
     cJSON_Delete(o);
     model_config_clear(&c);
     /* An ONNX model's max_length parameter is Triton's free-form: ignored. */
-    model_config_init(&c, "m");
-    json = "{\"parameters\":{\"max_length\":{\"string_value\":\"x\"}}}";
-    assert_int_equal(model_config_parse(&c, json, strlen(json), g_err, sizeof g_err), 0);
+    parse_ok(&c, "{\"parameters\":{\"max_length\":{\"string_value\":\"x\"}}}");
     assert_int_equal(c.tokenizer, 0);
     model_config_clear(&c);
 }

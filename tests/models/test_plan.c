@@ -528,6 +528,17 @@ static int64_t layout_of_op(const struct graph *g, const char *op, const char *n
     return -1;
 }
 
+/* g (passes for the CPU) computes what ref (plain layout) computes on in,
+ * within float rounding. */
+static void assert_same_as_plain(struct graph *g, struct graph *ref, const struct tensor *in) {
+    struct tensor y1, y2;
+    float *r = run1(ref, in, &y1), *f = run1(g, in, &y2);
+    assert_true(tensor_same_shape(&y1, &y2));
+    for (int64_t i = 0; i < tensor_numel(&y1); i++) assert_true(fabsf(f[i] - r[i]) <= 1e-4f * (1 + fabsf(r[i])));
+    free(r);
+    free(f);
+}
+
 /* tests/data/layout/cnn_mix.onnx (tests/models/make_layout_models.py):
  * after the CPU's passes the activations stay channels-last from the stem
  * Conv's output to the last Conv's input, through the squeeze-excite Mul,
@@ -572,14 +583,77 @@ static void test_layout_cnn_mix(void **state) {
         float *xd = malloc(sizeof(float) * (size_t)n * 3 * 32 * 32);
         unsigned s = 5;
         for (int i = 0; i < n * 3 * 32 * 32; i++) xd[i] = frand(&s);
-        struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {n, 3, 32, 32}, .data = xd}, y1, y2;
-        float *r = run1(ref, &in, &y1), *f = run1(g, &in, &y2);
-        assert_true(tensor_same_shape(&y1, &y2));
-        for (int64_t i = 0; i < tensor_numel(&y1); i++) assert_true(fabsf(f[i] - r[i]) <= 1e-4f * (1 + fabsf(r[i])));
-        free(r);
-        free(f);
+        struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {n, 3, 32, 32}, .data = xd};
+        assert_same_as_plain(g, ref, &in);
         free(xd);
     }
+    graph_free(g);
+    graph_free(ref);
+}
+
+/* ConvNeXt's block: a 1x1 Conv, a 3x3 depthwise Conv, the Transpose to
+ * NHWC, a LayerNormalization over the channels and a MatMul, the Transpose
+ * back, the residual Add, and its head's mean over H and W. */
+static struct graph *convnext_block(void) {
+    struct graph *g = graph_create();
+    int64_t xd[4] = {2, 8, 6, 6}, w0d[4] = {16, 8, 1, 1}, dwd[4] = {16, 1, 3, 3}, hw[2] = {2, 3};
+    int64_t cd[1] = {16}, md[2] = {16, 16};
+    add_input(g, "x", DT_FP32, 4, xd);
+    static float w0[128], dw[144], sc[16], bi[16], mw[256];
+    unsigned s = 11;
+    for (int i = 0; i < 128; i++) w0[i] = frand(&s) * 0.4f;
+    for (int i = 0; i < 144; i++) dw[i] = frand(&s) * 0.4f;
+    for (int i = 0; i < 256; i++) mw[i] = frand(&s) * 0.3f;
+    for (int i = 0; i < 16; i++) sc[i] = 1 + frand(&s) * 0.2f, bi[i] = frand(&s) * 0.1f;
+    add_const_f(g, "w0", 4, w0d, w0);
+    add_const_f(g, "dw", 4, dwd, dw);
+    add_const_f(g, "sc", 1, cd, sc);
+    add_const_f(g, "bi", 1, cd, bi);
+    add_const_f(g, "mw", 2, md, mw);
+    node(g, "Conv", (const char *[]){"x", "w0"}, 2, (const char *[]){"c0"}, 1);
+    int d = node(g, "Conv", (const char *[]){"c0", "dw"}, 2, (const char *[]){"d"}, 1);
+    int64_t pads[4] = {1, 1, 1, 1}, to_nhwc[4] = {0, 2, 3, 1}, to_nchw[4] = {0, 3, 1, 2};
+    attr_ints(g, d, "pads", 4, pads);
+    attr_int(g, d, "group", 16);
+    attr_ints(g, node(g, "Transpose", (const char *[]){"d"}, 1, (const char *[]){"t"}, 1), "perm", 4, to_nhwc);
+    attr_int(g, node(g, "LayerNormalization", (const char *[]){"t", "sc", "bi"}, 3, (const char *[]){"ln"}, 1), "axis",
+             -1);
+    node(g, "MatMul", (const char *[]){"ln", "mw"}, 2, (const char *[]){"m"}, 1);
+    attr_ints(g, node(g, "Transpose", (const char *[]){"m"}, 1, (const char *[]){"tb"}, 1), "perm", 4, to_nchw);
+    node(g, "Add", (const char *[]){"c0", "tb"}, 2, (const char *[]){"r"}, 1);
+    int m = node(g, "ReduceMean", (const char *[]){"r"}, 1, (const char *[]){"y"}, 1);
+    attr_ints(g, m, "axes", 2, hw);
+    attr_int(g, m, "keepdims", 0);
+    add_output(g, "y");
+    sort(g);
+    return g;
+}
+
+/* The block stays channels-last from the first Conv's output to the mean's
+ * input: both Transposes move no byte (kiln_layout 1 and 2) and are no
+ * steps of the plan, and the result equals the plain-layout graph's. */
+static void test_layout_convnext_block(void **state) {
+    (void)state;
+    char err[512] = "";
+    struct graph *g = convnext_block(), *ref = convnext_block();
+    assert_int_equal(passes_run_for(g, 1, err, sizeof err), 0);
+    assert_int_equal(passes_run_for(ref, 0, err, sizeof err), 0);
+    assert_int_equal(layout_of_op(g, "Conv", "Conv"), 2);      /* the first: plain in */
+    assert_int_equal(layout_of_op(g, "Conv", "Transpose"), 3); /* depthwise */
+    assert_int_equal(layout_of_op(g, "Transpose", "LayerNormalization"), 1);
+    assert_int_equal(layout_of_op(g, "Transpose", "Add"), 2);
+    assert_int_equal(layout_of_op(g, "Add", NULL), 3);
+    assert_int_equal(layout_of_op(g, "ReduceMean", NULL), 1);
+    float xd[2 * 8 * 36];
+    unsigned s = 9;
+    for (int i = 0; i < 2 * 8 * 36; i++) xd[i] = frand(&s);
+    struct tensor in = {.dtype = DT_FP32, .ndim = 4, .dims = {2, 8, 6, 6}, .data = xd};
+    struct plan *p;
+    assert_int_equal(plan_build(g, &in, 0, NULL, 1, &p, err, sizeof err), 0);
+    for (int i = 0; i < plan_nsteps(p); i++)
+        assert_string_not_equal(g->nodes[plan_step_node(p, i)].op_type, "Transpose");
+    plan_release(p);
+    assert_same_as_plain(g, ref, &in);
     graph_free(g);
     graph_free(ref);
 }
@@ -1657,6 +1731,7 @@ int main(void) {
         cmocka_unit_test(test_step_threads),
         cmocka_unit_test(test_step_threads_inherited),
         cmocka_unit_test(test_layout_cnn_mix),
+        cmocka_unit_test(test_layout_convnext_block),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

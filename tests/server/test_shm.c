@@ -363,6 +363,15 @@ static void test_cuda_register_refusals(void **state) {
     b64_zeros(b64, 64);
     assert_int_equal(shm_cuda_register_b64(reg, ME, "dup", b64, 0, 16, err, sizeof err), STATUS_INVALID);
     assert_non_null(strstr(err, "shared memory region 'dup' already in manager"));
+    /* Padding is optional (the name's refusal comes after the base64's). */
+    b64[strlen(b64) - 2] = 0;
+    assert_int_equal(shm_cuda_register_b64(reg, ME, "dup", b64, 0, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "shared memory region 'dup' already in manager"));
+    /* A last character with unused bits set is not canonical base64. */
+    b64[strlen(b64) - 1] = 'B';
+    assert_int_equal(shm_cuda_register_b64(reg, ME, "dup", b64, 0, 16, err, sizeof err), STATUS_INVALID);
+    assert_non_null(strstr(err, "raw_handle.b64 is not the base64 of a 64-byte"));
+    b64_zeros(b64, 64);
     /* A well-formed request: refused with the probe's reason without a GPU,
      * or (on a GPU machine) because 64 zero bytes are no process's handle. */
     char why[512] = "";
