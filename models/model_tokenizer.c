@@ -64,6 +64,16 @@ struct tokenizer *model_tokenizer_load(const char *path, int64_t max_length, cha
     return t;
 }
 
+int model_tokenizer_check(const struct tensor *t, const char *name, char *err, size_t err_len) {
+    if (t->dtype != DT_STRING || !t->data) return 0;
+    const struct tensor_str *s = tensor_strs(t);
+    for (int64_t r = 0, n = tensor_numel(t); r < n; r++)
+        if (!tokenizer_utf8_valid(s[r].p, s[r].len))
+            return status_set(err, err_len, STATUS_INVALID, "input '%s' row %lld: the text is not valid UTF-8", name,
+                              (long long)r);
+    return 0;
+}
+
 /* Row r's text of input t. */
 static struct tensor_str text_of(const struct tensor *t, int64_t r) { return tensor_strs(t)[r]; }
 

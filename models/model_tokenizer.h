@@ -18,6 +18,10 @@ struct graph;
 struct graph *model_tokenizer_graph(int pair, int batched);
 /* Reads and loads a tokenizer.json (max_length: tokenizer_params'). */
 struct tokenizer *model_tokenizer_load(const char *path, int64_t max_length, char *err, size_t err_len);
+/* Checks one request's input (named name) before it is batched: every
+ * text UTF-8, so that no text fails the run of a whole batch. 0 or
+ * STATUS_INVALID naming the input and the row. */
+int model_tokenizer_check(const struct tensor *t, const char *name, char *err, size_t err_len);
 /* Encodes every text of inputs[0] (with inputs[1]'s as pairs) into the
  * three outputs, [rows, longest], padded. max_bytes: the run's bound on
  * what the outputs take (0: none). 0 or a status with err set; on error

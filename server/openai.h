@@ -24,7 +24,9 @@
  * through done, on the thread it named.
  *
  * Threads: every call of a request on that one thread (post brings the
- * core's completions back to it). */
+ * core's completions back to it), except the tokenizing of a request whose
+ * texts hold OPENAI_INLINE_TEXT_BYTES or more, which runs on one of the
+ * runtime's text threads (runtime_work_queue) and comes back the same way. */
 #ifndef KILN_OPENAI_H
 #define KILN_OPENAI_H
 

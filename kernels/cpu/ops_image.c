@@ -12,8 +12,10 @@
  * convert("L") (ITU-R 601-2 luma, (19595 R + 38470 G + 7471 B + 2^15) >> 16),
  * a grayscale JPEG's own luma as it is. CMYK JPEGs, other BMP encodings and
  * animated WebPs are refused by name; broken or truncated data is an error
- * naming the node's input, never a partial image. */
+ * naming the node's input (the request's input when it is the graph's),
+ * never a partial image. */
 #include <setjmp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,19 @@ enum img_pixels { PIX_RGB, PIX_BGR, PIX_GRAY };
 /* The largest side accepted from a header (Pillow's own decompression-bomb
  * guard is on the pixel count; the request bound then applies to H*W*C). */
 #define IMG_MAX_SIDE 65535
+
+/* An error about the image's bytes (fmt goes on after the name: ": ..."
+ * or " is ..."), naming its input: the request's input
+ * when the node reads a graph input (models/model.c records its name as
+ * kiln_input_name), else the operator's own name for it. */
+__attribute__((format(printf, 2, 3))) static int img_error(struct op_call *c, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return op_error(c, "input '%s'%s", node_attr_str(c->node, "kiln_input_name", "encoded_stream"), msg);
+}
 
 static enum img_format sniff(const uint8_t *p, size_t n) {
     if (n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF) return IMG_JPEG;
@@ -90,14 +105,14 @@ static int jpeg_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixel
     if (setjmp(e.jump)) {
         jpeg_destroy_decompress(&j);
         free(row);
-        return op_error(c, "input 'encoded_stream': broken JPEG: %s", e.msg);
+        return img_error(c, ": broken JPEG: %s", e.msg);
     }
     jpeg_create_decompress(&j);
     jpeg_mem_src(&j, p, (unsigned long)n);
     jpeg_read_header(&j, TRUE);
     if (j.jpeg_color_space == JCS_CMYK || j.jpeg_color_space == JCS_YCCK) {
         jpeg_destroy_decompress(&j);
-        return op_error(c, "input 'encoded_stream': a CMYK JPEG is not supported (convert it to RGB)");
+        return img_error(c, ": a CMYK JPEG is not supported (convert it to RGB)");
     }
     *h = j.image_height;
     *w = j.image_width;
@@ -158,7 +173,7 @@ static int png_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixels
     /* The shape from IHDR alone, the first chunk: an image too large for
      * the request is refused before anything else of it is read. */
     if (n < 33 || memcmp(p + 12, "IHDR", 4) != 0)
-        return op_error(c, "input 'encoded_stream': broken PNG: no IHDR chunk first");
+        return img_error(c, ": broken PNG: no IHDR chunk first");
     if (!out) {
         *w = be32(p + 16);
         *h = be32(p + 20);
@@ -175,7 +190,7 @@ static int png_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixels
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_read_struct(&png, &info, NULL);
         free(row);
-        return op_error(c, "input 'encoded_stream': broken PNG: %s", s.msg);
+        return img_error(c, ": broken PNG: %s", s.msg);
     }
     png_set_read_fn(png, &s, png_read_mem);
     png_read_info(png, info);
@@ -219,8 +234,8 @@ static int webp_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixel
                    uint8_t *out) {
     WebPBitstreamFeatures f;
     if (WebPGetFeatures(p, n, &f) != VP8_STATUS_OK)
-        return op_error(c, "input 'encoded_stream': broken WebP (its header does not read)");
-    if (f.has_animation) return op_error(c, "input 'encoded_stream': an animated WebP is not supported");
+        return img_error(c, ": broken WebP (its header does not read)");
+    if (f.has_animation) return img_error(c, ": an animated WebP is not supported");
     *w = f.width;
     *h = f.height;
     if (!out) return 0;
@@ -232,7 +247,7 @@ static int webp_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixel
     if (ok && pix == PIX_GRAY)
         for (int64_t y = 0; y < *h; y++) put_row(out + y * *w * ch, rgb + y * *w * 3, *w, pix);
     if (rgb != out) free(rgb);
-    return ok ? 0 : op_error(c, "input 'encoded_stream': broken or truncated WebP");
+    return ok ? 0 : img_error(c, ": broken or truncated WebP");
 }
 
 /* ---- BMP ------------------------------------------------------------------- */
@@ -242,28 +257,28 @@ static uint16_t le16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 static int bmp_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixels pix, int64_t *h, int64_t *w,
                   uint8_t *out) {
-    if (n < 54) return op_error(c, "input 'encoded_stream': truncated BMP (%zu bytes, no full header)", n);
+    if (n < 54) return img_error(c, ": truncated BMP (%zu bytes, no full header)", n);
     uint32_t off = le32(p + 10), hs = le32(p + 14);
-    if (hs < 40 || 14 + (size_t)hs > n) return op_error(c, "input 'encoded_stream': BMP header of %u bytes is not supported", hs);
+    if (hs < 40 || 14 + (size_t)hs > n) return img_error(c, ": BMP header of %u bytes is not supported", hs);
     int32_t bw = (int32_t)le32(p + 18), bh = (int32_t)le32(p + 22);
     unsigned bpp = le16(p + 28), comp = le32(p + 30), ncolors = le32(p + 46);
     if (comp != 0)
-        return op_error(c, "input 'encoded_stream': BMP compression %u is not supported (uncompressed only)", comp);
+        return img_error(c, ": BMP compression %u is not supported (uncompressed only)", comp);
     if (bpp != 24 && bpp != 32 && bpp != 8)
-        return op_error(c, "input 'encoded_stream': a %u-bit BMP is not supported (8, 24 or 32)", bpp);
-    if (bw <= 0 || bh == 0 || bh == INT32_MIN) return op_error(c, "input 'encoded_stream': BMP of %d x %d pixels", bw, bh);
+        return img_error(c, ": a %u-bit BMP is not supported (8, 24 or 32)", bpp);
+    if (bw <= 0 || bh == 0 || bh == INT32_MIN) return img_error(c, ": BMP of %d x %d pixels", bw, bh);
     int top_down = bh < 0;
     *w = bw;
     *h = top_down ? -(int64_t)bh : bh;
     if (!out) return 0;
     size_t stride = ((size_t)*w * bpp / 8 + 3) & ~(size_t)3;
     if (off > n || (size_t)*h * stride > n - off)
-        return op_error(c, "input 'encoded_stream': truncated BMP (%zu bytes of pixels for %lld rows of %zu)",
-                        (size_t)(n - (off < n ? off : n)), (long long)*h, stride);
+        return img_error(c, ": truncated BMP (%zu bytes of pixels for %lld rows of %zu)",
+                         (size_t)(n - (off < n ? off : n)), (long long)*h, stride);
     const uint8_t *pal = p + 14 + hs;
     if (bpp == 8 && ncolors == 0) ncolors = 256;
     if (bpp == 8 && (ncolors > 256 || 14 + (size_t)hs + 4 * (size_t)ncolors > off))
-        return op_error(c, "input 'encoded_stream': BMP palette of %u colours does not fit", ncolors);
+        return img_error(c, ": BMP palette of %u colours does not fit", ncolors);
     int64_t ch = pix == PIX_GRAY ? 1 : 3;
     uint8_t *rgb = malloc((size_t)*w * 3);
     if (!rgb) return op_error(c, "out of memory decoding a BMP");
@@ -284,7 +299,7 @@ static int bmp_do(struct op_call *c, const uint8_t *p, size_t n, enum img_pixels
 
 static int image_do(struct op_call *c, int64_t *h, int64_t *w, uint8_t *out) {
     const struct tensor *x = c->in[0];
-    if (x->dtype != DT_UINT8 || x->ndim != 1) return op_error(c, "input 'encoded_stream' must be UINT8 [n]");
+    if (x->dtype != DT_UINT8 || x->ndim != 1) return img_error(c, " must be UINT8 [n]");
     const uint8_t *p = x->data;
     size_t n = (size_t)x->dims[0];
     enum img_pixels pix = pixels_of(c);
@@ -295,8 +310,10 @@ static int image_do(struct op_call *c, int64_t *h, int64_t *w, uint8_t *out) {
     case IMG_BMP: return bmp_do(c, p, n, pix, h, w, out);
     default: break;
     }
-    return op_error(c, "input 'encoded_stream' is not a JPEG, PNG, WebP or BMP image (%zu bytes%s%02x %02x %02x %02x)",
-                    n, n ? ", starting " : "", n > 0 ? p[0] : 0, n > 1 ? p[1] : 0, n > 2 ? p[2] : 0, n > 3 ? p[3] : 0);
+    char head[16] = "";
+    for (size_t i = 0, at = 0; i < n && i < 4; i++, at = strlen(head))
+        snprintf(head + at, sizeof head - at, "%s%02x", i ? " " : "", p[i]);
+    return img_error(c, " is not a JPEG, PNG, WebP or BMP image (%zu bytes%s%s)", n, n ? ", starting " : "", head);
 }
 
 static int image_infer(struct op_call *c) {
@@ -304,7 +321,8 @@ static int image_infer(struct op_call *c) {
     const char *f = node_attr_str(c->node, "pixel_format", "RGB");
     if (strcmp(f, "RGB") && strcmp(f, "BGR") && strcmp(f, "Grayscale"))
         return op_error(c, "pixel_format '%s' is not RGB, BGR or Grayscale", f);
-    if (!x->data) {
+    /* No bytes at all have no data pointer either: refused as they are. */
+    if (!x->data && !(x->ndim == 1 && x->dims[0] == 0)) {
         op_error(c, "ImageDecoder's output shape is the image's, read from its bytes at run time");
         return STATUS_DATA_DEPENDENT;
     }
@@ -312,8 +330,8 @@ static int image_infer(struct op_call *c) {
     int rc = image_do(c, &h, &w, NULL);
     if (rc) return rc;
     if (h <= 0 || w <= 0 || h > IMG_MAX_SIDE || w > IMG_MAX_SIDE)
-        return op_error(c, "input 'encoded_stream': an image of %lld x %lld pixels (each side 1 to %d)", (long long)w,
-                        (long long)h, IMG_MAX_SIDE);
+        return img_error(c, ": an image of %lld x %lld pixels (each side 1 to %d)", (long long)w,
+                         (long long)h, IMG_MAX_SIDE);
     struct tensor *o = c->out[0];
     o->dtype = DT_UINT8;
     o->ndim = 3;

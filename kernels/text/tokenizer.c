@@ -61,6 +61,7 @@ struct tokenizer {
     int trunc_left;
     int64_t pad_id, pad_type_id;
     int pad_left;
+    int64_t vocab_size; /* 1 + the largest id it can give */
 };
 
 /* ---- post-processors ----------------------------------------------------- */
@@ -287,6 +288,18 @@ static int check_members(const struct tokenizer *t, const cJSON *root, char *err
     return 0;
 }
 
+/* 1 + the largest id of the model's vocabulary and the added tokens. */
+static int64_t vocab_size(const struct tokenizer *t) {
+    int64_t top = -1;
+    const struct tok_vocab *v = &t->model.vocab;
+    for (size_t i = 0; v->slots && i <= v->mask; i++)
+        if (v->slots[i].s && v->slots[i].id > top) top = v->slots[i].id;
+    for (int i = 0; i < t->nadded; i++)
+        if (t->added[i].id > top) top = t->added[i].id;
+    if ((int64_t)t->model.nscores - 1 > top) top = (int64_t)t->model.nscores - 1;
+    return top + 1;
+}
+
 struct tokenizer *tokenizer_load(const struct tokenizer_params *p, char *err, size_t err_len) {
     struct tokenizer *t = calloc(1, sizeof *t);
     cJSON *root = NULL;
@@ -337,6 +350,7 @@ struct tokenizer *tokenizer_load(const struct tokenizer_params *p, char *err, si
         parse_padding(t, cJSON_GetObjectItemCaseSensitive(root, "padding"), err, err_len))
         goto fail;
     cJSON_Delete(root);
+    t->vocab_size = vocab_size(t);
     return t;
 fail:
     cJSON_Delete(root);
@@ -364,6 +378,10 @@ void tokenizer_pad(const struct tokenizer *t, int64_t *pad_id, int64_t *pad_type
 }
 
 int64_t tokenizer_max_length(const struct tokenizer *t) { return t->max_length; }
+
+int64_t tokenizer_vocab_size(const struct tokenizer *t) { return t->vocab_size; }
+
+int tokenizer_utf8_valid(const char *s, size_t len) { return tok_utf8_valid(s, len); }
 
 /* ---- encoding ------------------------------------------------------------ */
 

@@ -58,5 +58,11 @@ void tokenizer_encoding_free(struct tokenizer_encoding *e);
 void tokenizer_pad(const struct tokenizer *t, int64_t *pad_id, int64_t *pad_type_id, int *left);
 /* The truncation length in effect (0: none). */
 int64_t tokenizer_max_length(const struct tokenizer *t);
+/* 1 + the largest id an encoding can hold (the model's vocabulary and the
+ * added tokens): ids at or past it name no token. */
+int64_t tokenizer_vocab_size(const struct tokenizer *t);
+/* 1 if s[0..len) is UTF-8 that tokenizer_encode takes (no surrogates,
+ * nothing past U+10FFFF): a caller checks texts before it batches them. */
+int tokenizer_utf8_valid(const char *s, size_t len);
 
 #endif

@@ -34,6 +34,11 @@ struct tok_pieces {
     struct buf text;
 };
 
+/* An array v of *cap elements of size bytes, doubled (first elements when
+ * it has none): the new array, *cap updated, or NULL (v kept) when out of
+ * memory. */
+void *tok_grow(void *v, size_t *cap, size_t size, size_t first);
+
 /* Appends a piece of len bytes copied from s; empty pieces are dropped, as
  * the library drops them after every split. 0 or STATUS_NOMEM. */
 int tok_pieces_add(struct tok_pieces *p, const char *s, size_t len, int32_t id, int at_start);

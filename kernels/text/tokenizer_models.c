@@ -91,11 +91,9 @@ int tok_key(const char *s, struct buf *b) {
 
 int tok_ids_push(struct tok_ids *ids, int32_t id) {
     if (ids->n == ids->cap) {
-        size_t nc = ids->cap ? ids->cap * 2 : 64;
-        int32_t *v = realloc(ids->v, nc * sizeof *v);
+        int32_t *v = tok_grow(ids->v, &ids->cap, sizeof *v, 64);
         if (!v) return STATUS_NOMEM;
         ids->v = v;
-        ids->cap = nc;
     }
     ids->v[ids->n++] = id;
     return 0;

@@ -31,14 +31,19 @@
 
 /* ---- pieces and scratch -------------------------------------------------- */
 
+void *tok_grow(void *v, size_t *cap, size_t size, size_t first) {
+    size_t nc = *cap ? *cap * 2 : first;
+    void *g = realloc(v, nc * size);
+    if (g) *cap = nc;
+    return g;
+}
+
 int tok_pieces_add(struct tok_pieces *p, const char *s, size_t len, int32_t id, int at_start) {
     if (len == 0) return 0;
     if (p->n == p->cap) {
-        size_t nc = p->cap ? p->cap * 2 : 16;
-        struct tok_piece *v = realloc(p->v, nc * sizeof *v);
+        struct tok_piece *v = tok_grow(p->v, &p->cap, sizeof *v, 16);
         if (!v) return STATUS_NOMEM;
         p->v = v;
-        p->cap = nc;
     }
     size_t off = p->text.len;
     buf_add(&p->text, s, len);
@@ -69,11 +74,9 @@ void tok_work_free(struct tok_work *w) {
 
 static int span_push(struct tok_work *w, size_t s, size_t e, int match) {
     if (w->nsp == w->capsp) {
-        size_t nc = w->capsp ? w->capsp * 2 : 64;
-        struct tok_span *v = realloc(w->sp, nc * sizeof *v);
+        struct tok_span *v = tok_grow(w->sp, &w->capsp, sizeof *v, 64);
         if (!v) return STATUS_NOMEM;
         w->sp = v;
-        w->capsp = nc;
     }
     w->sp[w->nsp++] = (struct tok_span){s, e, match};
     return 0;
@@ -82,27 +85,13 @@ static int span_push(struct tok_work *w, size_t s, size_t e, int match) {
 /* ---- UTF-8 and classes --------------------------------------------------- */
 
 size_t tok_utf8_put(char *out, int32_t cp) {
+    /* Not utf8proc_encode_char: it writes U+FFFE and U+FFFF as one byte. */
+    static const unsigned char lead[5] = {0, 0, 0xC0, 0xE0, 0xF0};
     unsigned char *u = (unsigned char *)out;
-    if (cp < 0x80) {
-        u[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        u[0] = (unsigned char)(0xC0 | cp >> 6);
-        u[1] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        u[0] = (unsigned char)(0xE0 | cp >> 12);
-        u[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-        u[2] = (unsigned char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    u[0] = (unsigned char)(0xF0 | cp >> 18);
-    u[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3F));
-    u[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3F));
-    u[3] = (unsigned char)(0x80 | (cp & 0x3F));
-    return 4;
+    size_t n = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
+    for (size_t i = n - 1; i > 0; i--, cp >>= 6) u[i] = (unsigned char)(0x80 | (cp & 0x3F));
+    u[0] = (unsigned char)(lead[n] | cp);
+    return n;
 }
 
 int tok_utf8_valid(const char *s, size_t n) {
@@ -744,11 +733,18 @@ static int pre_part(const cJSON *j, void *out, const char *file, char *err, size
     return tok_pre_parse(j, out, file, err, err_len);
 }
 
+/* A part's type (NULL: none), and into what the words its messages start
+ * with: "<file>: <kind> '<type>'". */
+static const char *part_type(const cJSON *j, const char *kind, const char *file, char *what, size_t what_len) {
+    const char *type = jstr(j, "type");
+    snprintf(what, what_len, "%s: %s '%s'", file, kind, type ? type : "?");
+    return type;
+}
+
 int tok_norm_parse(const cJSON *j, struct tok_norm *n, const char *file, char *err, size_t err_len) {
     memset(n, 0, sizeof *n);
-    const char *type = jstr(j, "type");
     char what[160];
-    snprintf(what, sizeof what, "%s: normalizer '%s'", file, type ? type : "?");
+    const char *type = part_type(j, "normalizer", file, what, sizeof what);
     if (!type) return INVALID("%s: a normalizer has no 'type'", file);
     if (strcmp(type, "BertNormalizer") == 0) {
         n->kind = TOK_NORM_BERT;
@@ -809,9 +805,8 @@ void tok_norm_clear(struct tok_norm *n) {
 
 int tok_pre_parse(const cJSON *j, struct tok_pre *p, const char *file, char *err, size_t err_len) {
     memset(p, 0, sizeof *p);
-    const char *type = jstr(j, "type");
     char what[160];
-    snprintf(what, sizeof what, "%s: pre_tokenizer '%s'", file, type ? type : "?");
+    const char *type = part_type(j, "pre_tokenizer", file, what, sizeof what);
     if (!type) return INVALID("%s: a pre_tokenizer has no 'type'", file);
     if (strcmp(type, "BertPreTokenizer") == 0) p->kind = TOK_PRE_BERT;
     else if (strcmp(type, "Whitespace") == 0) p->kind = TOK_PRE_WHITESPACE;

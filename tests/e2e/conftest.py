@@ -345,6 +345,26 @@ def raw_request(url, method, path, body=None, headers=None):
         conn.close()
 
 
+
+def run_concurrently(*fns):
+    """Runs each callable on a thread of its own, all at once, and fails
+    with every exception they raised (pytest's failures included)."""
+    errors, lock = [], threading.Lock()
+
+    def guarded(fn):
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001
+            with lock:
+                errors.append(e)
+
+    ts = [threading.Thread(target=guarded, args=(fn,)) for fn in fns]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+
 def reload_under_traffic(root, model, load, open_client, infer, close_client, nthreads=6):
     """Inference on `model` from nthreads clients (open_client(i) makes
     thread i's, infer(c) answers the model version that served it) while

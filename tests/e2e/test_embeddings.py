@@ -5,6 +5,7 @@ kiln's vectors are held to sentence-transformers' encode(normalize_embeddings=
 True) on the same texts (tests/data/minilm, written by
 tests/models/minilm_golden.py)."""
 import base64
+import functools
 import json
 import sys
 import threading
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, raw_request, save_model, serving, tiny_graph
+from conftest import ROOT, raw_request, run_concurrently, save_model, serving, tiny_graph
 
 sys.path.insert(0, str(ROOT / "tests" / "models"))
 import make_minilm  # noqa: E402
@@ -256,4 +257,272 @@ def test_load_refusals(tmp_path, make_server):
     assert "tokenizer.json" in reasons["no_tokenizer"], reasons
     assert "mean, cls, last or none" in reasons["bad_pooling"], reasons
     st, _, _ = raw_request(s.url, "GET", "/v2/models/tiny/ready")
+    assert st == 200
+
+
+# ---- hostile inputs: every field's wrong types, broken text, huge bodies -----
+
+@pytest.mark.parametrize("body,param,needle", [
+    ({"model": 5, "input": "x"}, "model", "'model' must be a model's name"),
+    ({"model": None, "input": "x"}, "model", "'model' must be a model's name"),
+    ({"model": ["minilm"], "input": "x"}, "model", "'model' must be a model's name"),
+    ({"model": "", "input": "x"}, "model", "'model' must be a model's name"),
+    ({"model": "minilm", "input": 5}, "input", "'input' must be a string"),
+    ({"model": "minilm", "input": None}, "input", "'input' must be a string"),
+    ({"model": "minilm", "input": True}, "input", "'input' must be a string"),
+    ({"model": "minilm", "input": [True]}, "input", "input[0] must be a string, a token id or a list of token ids"),
+    ({"model": "minilm", "input": [None, "a"]}, "input", "input[0] must be a string, a token id or a list"),
+    ({"model": "minilm", "input": [{"text": "a"}]}, "input", "input[0] must be a string, a token id or a list"),
+    ({"model": "minilm", "input": ["a", None]}, "input", "input[1] is not a string like input[0]"),
+    ({"model": "minilm", "input": [[[101]]]}, "input", "input[0][0] is not a token id"),
+    ({"model": "minilm", "input": [101, "a"]}, "input", "input[1] is not a token id"),
+    ({"model": "minilm", "input": [101, 1e300]}, "input", "input[1] is not a token id"),
+    ({"model": "minilm", "input": [101, 30522, 102]}, "input",
+     "input[1] is 30522, not a token id of model 'minilm' (its vocabulary has 30522)"),
+    ({"model": "minilm", "input": [[101, 102], [101, 2147483647]]}, "input", "input[1][1] is 2147483647, not a token id"),
+    ({"model": "minilm", "input": "x", "encoding_format": 5}, "encoding_format", "float or base64"),
+    ({"model": "minilm", "input": "x", "encoding_format": ""}, "encoding_format", "float or base64"),
+    ({"model": "minilm", "input": "x", "encoding_format": "FLOAT"}, "encoding_format", "float or base64"),
+    ({"model": "minilm", "input": "x", "dimensions": -1}, "dimensions", "positive integer"),
+    ({"model": "minilm", "input": "x", "dimensions": 1.5}, "dimensions", "positive integer"),
+    ({"model": "minilm", "input": "x", "dimensions": "128"}, "dimensions", "positive integer"),
+    ({"model": "minilm", "input": "x", "dimensions": True}, "dimensions", "positive integer"),
+    ({"model": "minilm_mrl", "input": "x", "dimensions": 385}, "dimensions", "'dimensions' is 385 but model"),
+    ({"model": "minilm_mrl", "input": "x", "dimensions": 10 ** 9}, "dimensions",
+     "'dimensions' is 1000000000 but model 'minilm_mrl' gives 384"),
+    ({"model": "minilm", "input": "x", "user": 5}, "user", "'user' must be a string"),
+    ({"model": "minilm", "input": "a\u0000b"}, "input", "NUL"),
+    ({"model": "minilm", "input": ["ok", "a\u0000"]}, "input", "NUL"),
+])
+def test_hostile_fields_in_openai_shape(emb_server, body, param, needle):
+    """Each field given the wrong type or a value out of range: a 400 in
+    OpenAI's shape whose message and param name the field, not a 500,
+    not a silently changed text (an escaped NUL used to cut the text)."""
+    st, out = post(emb_server, body)
+    assert st == 400, (st, out)
+    err = out["error"]
+    assert needle in err["message"], err
+    assert err["param"] == param and err["type"] == "invalid_request_error", err
+
+
+def test_hostile_bodies_keep_the_server_serving(emb_server):
+    """Invalid UTF-8 (text and model name), nesting past the parser's limit,
+    a body that is not JSON: 4xx that parse as JSON, in OpenAI's shape; the
+    server answers the next request."""
+    cases = [
+        (b'{"model": "minilm", "input": "caf\xc3"}', 400, "not valid UTF-8"),
+        (b'{"model": "minilm", "input": ["fine", "\xff\xfe"]}', 400, "input[1]: the text is not valid UTF-8"),
+        (b'{"model": "min\xffilm", "input": "x"}', 404, "does not exist"),
+        ('{"model": "minilm", "input": ' + "[" * 5000 + "]" * 5000 + "}", 400, "does not parse"),
+        ('{"model": "minilm", "input": "x"', 400, "does not parse"),
+        ("[]", 400, "not a JSON object"),
+        ("", 400, "does not parse"),
+    ]
+    for body, code, needle in cases:
+        st, out = post(emb_server, body)
+        assert st == code and needle in out["error"]["message"], (body[:60], st, out)
+        assert set(out["error"]) == {"message", "type", "param", "code"}
+    st, out = post(emb_server, {"model": "minilm", "input": "still serving"})
+    assert st == 200 and len(out["data"][0]["embedding"]) == 384
+
+
+def test_out_of_vocabulary_ids_do_not_fail_other_clients(oa, emb_server):
+    """A token id the model's embedding table does not have is refused
+    before it reaches the batcher: the clients batched with it get their
+    vectors (a Gather out of range fails its whole batch)."""
+
+    def good(k):
+        c = openai.OpenAI(base_url=f"http://{emb_server.url}/v1", api_key="unused", max_retries=0)
+        try:
+            for j in range(3):
+                v = vectors(c.embeddings.create(model="minilm", input=[f"good client {k} call {j}"]))
+                assert v.shape == (1, 384)
+        finally:
+            c.close()
+
+    def bad():
+        for _ in range(6):
+            st, out = post(emb_server, {"model": "minilm", "input": [[101, 999999, 102]]})
+            assert st == 400 and "input[0][1] is 999999, not a token id" in out["error"]["message"], out
+
+    run_concurrently(*[functools.partial(good, k) for k in range(6)], bad)
+
+
+def test_ten_megabyte_text(emb_server):
+    """One 10 MB string: answered (truncated to the model's 256 tokens, as
+    the library truncates) or refused by the body bound with a clear 413;
+    either way the server serves on."""
+    text = ("word " * (2 * 1024 * 1024))[: 10 * 1024 * 1024]
+    st, out = post(emb_server, {"model": "minilm", "input": text})
+    if st == 200:
+        assert out["usage"]["prompt_tokens"] == 256 and len(out["data"][0]["embedding"]) == 384
+    else:
+        assert st == 413 and out["error"]["type"] == "invalid_request_error", (st, out)
+    st, out = post(emb_server, {"model": "minilm", "input": "after the big one"})
+    assert st == 200
+
+
+# ---- long texts, tokenized on the text threads (--text-threads) ------------------
+
+BIG = ("word " * (2 * 1024 * 1024))[: 10 * 1024 * 1024]
+
+
+def big_body(*more):
+    return json.dumps({"model": "minilm", "input": [BIG, *more] if more else BIG})
+
+
+def send_big(url, body, sent, result):
+    """POSTs body; sets sent once the body is written, then stores the answer."""
+    import http.client
+    host, port = url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", "/v1/embeddings", body=body, headers={"Content-Type": "application/json"})
+        sent.set()
+        r = conn.getresponse()
+        result.append((r.status, json.loads(r.read())))
+    finally:
+        sent.set()
+        conn.close()
+
+
+def test_long_text_does_not_stall_the_io_thread(emb_repo, make_server):
+    """With one I/O thread, while two 10 MB texts are being tokenized (1.4 s
+    of work each) other clients are answered: readiness and a small
+    embeddings request come back while both big requests are still in
+    flight. (Tokenized on the I/O thread, the first big answer is written
+    before the small request is even read.)"""
+    s = make_server(emb_repo, "--http-threads", "1", "--text-threads", "1")
+    body = big_body()
+    result, ts = [], []
+    for _ in range(2):
+        sent = threading.Event()
+        ts.append(threading.Thread(target=send_big, args=(s.url, body, sent, result)))
+        ts[-1].start()
+        assert sent.wait(60)
+    try:
+        st, _, _ = raw_request(s.url, "GET", "/v2/health/ready")
+        assert st == 200
+        st, out = post(s, {"model": "minilm", "input": "a small request"})
+        assert st == 200 and len(out["data"][0]["embedding"]) == 384, out
+        assert not result, "a big request ended first: the small ones waited for it"
+    finally:
+        for t in ts:
+            t.join(120)
+    assert len(result) == 2 and all(st == 200 for st, _ in result), result
+    assert all(out["usage"]["prompt_tokens"] == 256 for _, out in result)
+
+
+def test_long_text_vectors_equal_the_inline_ones(oa, emb_server):
+    """A 10 MB text and a short one in one request (tokenized on a text
+    thread): the same vectors, in the same places, as the inline path gives
+    for the short one and for a text cut to the big one's 256 tokens."""
+    st, out = post(emb_server, json.loads(big_body(TEXTS[0])))
+    assert st == 200, out
+    got = np.array([d["embedding"] for d in sorted(out["data"], key=lambda d: d["index"])], np.float32)
+    cut = "word " * 254  # [CLS] + 254 words + [SEP]: the big text's first 256 tokens
+    inline = vectors(oa.embeddings.create(model="minilm", input=[cut, TEXTS[0]]))
+    np.testing.assert_allclose(got, inline, atol=1e-6)
+    np.testing.assert_allclose(got[1], GOLD[0], atol=2e-3)
+    assert oa.embeddings.create(model="minilm", input=cut).usage.prompt_tokens == 256
+    small = oa.embeddings.create(model="minilm", input=TEXTS[0]).usage.prompt_tokens
+    assert out["usage"]["prompt_tokens"] == 256 + small
+
+
+def test_long_request_errors_name_the_text(emb_server):
+    """A text the tokenizer refuses beside a 10 MB one (both on a text
+    thread): the inline path's 400, naming the item; the server serves on."""
+    body = b'{"model": "minilm", "input": ["' + BIG.encode() + b'", "fine", "\xff\xfe"]}'
+    st, out = post(emb_server, body)
+    assert st == 400 and "input[2]: the text is not valid UTF-8" in out["error"]["message"], (st, out)
+    assert out["error"]["param"] == "input" and out["error"]["type"] == "invalid_request_error"
+    st, out = post(emb_server, {"model": "minilm", "input": "still serving"})
+    assert st == 200
+
+
+def test_client_gone_mid_tokenization(emb_repo, make_server):
+    """Clients that send a 10 MB text and close the socket at once: the
+    server neither crashes nor leaks (the ASan build's exit report), and
+    serves on."""
+    import socket
+    s = make_server(emb_repo, "--http-threads", "1", "--text-threads", "1")
+    body = big_body().encode()
+    host, port = s.url.split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=60) as c:
+            c.sendall(b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    st, out = post(s, {"model": "minilm", "input": "still serving"})
+    assert st == 200 and len(out["data"][0]["embedding"]) == 384, out
+    st, _, _ = raw_request(s.url, "GET", "/v2/health/ready")
+    assert st == 200
+    assert s.stop() == 0
+    assert s.sanitizer_report() is None, s.sanitizer_report()
+
+
+def test_drain_waits_for_a_text_being_tokenized(emb_repo, make_server):
+    """SIGTERM while a 10 MB text is tokenized: the drain waits for it and
+    its texts, the client gets its vector, and the server exits cleanly."""
+    import time
+    s = make_server(emb_repo, "--text-threads", "1", "--shutdown-delay-secs", "0")
+    sent, result = threading.Event(), []
+    t = threading.Thread(target=send_big, args=(s.url, big_body(), sent, result))
+    t.start()
+    assert sent.wait(60)
+    time.sleep(0.5)  # the server reads the rest of the body (not a timing assertion)
+    s.signal()
+    t.join(120)
+    assert result and result[0][0] == 200, result
+    assert result[0][1]["usage"]["prompt_tokens"] == 256
+    assert s.proc.wait(timeout=60) == 0, s.text()
+    assert "drained: every accepted request was answered" in s.text()
+
+
+def test_full_text_queue_is_a_503(emb_repo, make_server):
+    """One text thread with 4 places to wait: of 7 concurrent 10 MB
+    requests the ones that find it full get 503 in OpenAI's shape, naming
+    the flag; the others are answered."""
+    s = make_server(emb_repo, "--text-threads", "1")
+    body = big_body()
+    results, sents = [], []
+    ts = []
+    for _ in range(7):
+        sent = threading.Event()
+        sents.append(sent)
+        ts.append(threading.Thread(target=send_big, args=(s.url, body, sent, results)))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(300)
+    codes = sorted(st for st, _ in results)
+    assert len(codes) == 7 and 503 in codes and 200 in codes, codes
+    for st, out in results:
+        if st == 503:
+            err = out["error"]
+            assert err["type"] == "server_error" and "--text-threads" in err["message"], err
+        else:
+            assert st == 200 and out["usage"]["prompt_tokens"] == 256, (st, out)
+
+
+def test_duplicate_authorization_headers(emb_repo, make_server):
+    """Two Authorization headers (a proxy's and the client's): refused
+    whatever their order, never decided by whichever comes first."""
+    import http.client
+    s = make_server(emb_repo, env={"KILN_OPENAI_API_KEYS": "good-key"})
+    host, port = s.url.split(":")
+    body = json.dumps({"model": "minilm", "input": "x"})
+    for first, second in (("good-key", "bad-key"), ("bad-key", "good-key"), ("good-key", "good-key")):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("POST", "/v1/embeddings")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(len(body)))
+        conn.putheader("Authorization", f"Bearer {first}")
+        conn.putheader("Authorization", f"Bearer {second}")
+        conn.endheaders(body.encode())
+        r = conn.getresponse()
+        out = json.loads(r.read())
+        conn.close()
+        assert r.status == 401 and "one Authorization header" in out["error"]["message"], (first, second, out)
+    st, _, _ = raw_request(s.url, "POST", "/v1/embeddings", body,
+                           {"Content-Type": "application/json", "Authorization": "Bearer good-key"})
     assert st == 200

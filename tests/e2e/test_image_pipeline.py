@@ -155,8 +155,65 @@ def test_broken_image_is_a_400_naming_the_step_and_input(srv):
             c.infer("image_classifier", [x])
         msg = e.value.message()
         # The step's model and the decoder's input are named.
-        assert e.value.status() == "400" and "'preprocess'" in msg and "encoded_stream" in msg, msg
+        assert e.value.status() == "400" and "'preprocess'" in msg and "input 'IMAGE'" in msg, msg
     x = httpclient.InferInput("IMAGE", [len(good)], "UINT8")
     x.set_data_from_numpy(good)
+    assert c.infer("image_classifier", [x]).as_numpy("PROBS").shape == (1, 10)
+    c.close()
+
+
+def png_chunk(kind, data, crc=None):
+    import struct
+    import zlib
+    c = zlib.crc32(kind + data) if crc is None else crc
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", c & 0xFFFFFFFF)
+
+
+def hostile_images():
+    """(what, bytes, words the 400 must hold)."""
+    import struct
+    sig = b"\x89PNG\r\n\x1a\n"
+    huge = sig + png_chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)) + png_chunk(b"IEND", b"")
+    buf = io.BytesIO()
+    Image.fromarray(np.full((9, 13, 3), 77, np.uint8)).save(buf, format="PNG")
+    png = bytearray(buf.getvalue())
+    bad_crc = bytes(png[:29]) + bytes([png[29] ^ 0xFF]) + bytes(png[30:])  # IHDR's CRC is bytes 29..32
+    gif = io.BytesIO()
+    Image.fromarray(np.full((9, 13, 3), 77, np.uint8)).save(gif, format="GIF")
+    cases = [("zero bytes", b"", ["not a JPEG, PNG, WebP or BMP image (0 bytes)"]),
+             ("100000 x 100000 PNG", huge, ["100000 x 100000", "each side 1 to 65535"]),
+             ("PNG with a bad CRC", bad_crc, ["broken PNG", "CRC"]),
+             ("GIF", gif.getvalue(), ["not a JPEG, PNG, WebP or BMP", "47 49 46 38"])]
+    if "WEBP" in Image.SAVE:
+        webp = io.BytesIO()
+        Image.fromarray(np.full((40, 50, 3), 120, np.uint8)).save(webp, format="WEBP")
+        cases.append(("truncated WebP", webp.getvalue()[: len(webp.getvalue()) // 2], ["WebP"]))
+        cases.append(("WebP header alone", webp.getvalue()[:12], ["broken WebP"]))
+    return cases
+
+
+@pytest.mark.parametrize("model", ["preprocess", "image_classifier"])
+def test_hostile_images_are_400s_naming_the_request_input(srv, model):
+    """Zero bytes, a header claiming 100000 x 100000 pixels, a PNG whose CRC
+    is wrong, a GIF, a truncated WebP: each a 400 naming the request's
+    input (IMAGE, not the operator's parameter name) and what is wrong with
+    the bytes, sent to the model itself and through the ensemble; the
+    server decodes the next good image."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+    c = httpclient.InferenceServerClient(srv.url)
+    for what, data, words in hostile_images():
+        arr = np.frombuffer(data, np.uint8)
+        x = httpclient.InferInput("IMAGE", [len(arr)], "UINT8")
+        x.set_data_from_numpy(arr)
+        with pytest.raises(InferenceServerException) as e:
+            c.infer(model, [x])
+        msg = e.value.message()
+        assert e.value.status() == "400", (what, msg)
+        assert "input 'IMAGE'" in msg and "encoded_stream" not in msg, (what, msg)
+        for w in words:
+            assert w in msg, (what, msg)
+    x = httpclient.InferInput("IMAGE", [len(jpeg(3))], "UINT8")
+    x.set_data_from_numpy(jpeg(3))
     assert c.infer("image_classifier", [x]).as_numpy("PROBS").shape == (1, 10)
     c.close()

@@ -7,6 +7,7 @@ several texts, concurrent requests that the dynamic batcher runs together,
 pairs, truncation from the config; bad text is a 400 naming the input,
 and a file kiln cannot run is refused at load by name.
 """
+import functools
 import importlib.util
 import json
 import shutil
@@ -18,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import KilnServer, raw_request
+from conftest import KilnServer, raw_request, run_concurrently
 
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -187,3 +188,59 @@ def test_config_shows_the_backend(srv):
     cfg = json.loads(out)
     assert cfg["backend"] == "tokenizer"
     assert cfg["parameters"]["max_length"] == {"string_value": "8"}
+
+
+# ---- hostile inputs ------------------------------------------------------------
+
+def raw_infer(url, model, inputs):
+    """POST a KServe v2 JSON body; (status, parsed body)."""
+    st, _, out = raw_request(url, "POST", f"/v2/models/{model}/infer", json.dumps({"inputs": inputs}))
+    return st, json.loads(out)
+
+
+def test_hostile_shapes_and_texts_are_400s_naming_the_input(srv):
+    """Zero rows, a pair whose halves differ in rows, a pair half that is
+    not UTF-8, wrong datatypes: each a 400 that names the input; empty
+    strings are texts like any other (the library gives [CLS] [SEP])."""
+    cases = [
+        ("minilm", [{"name": "TEXT", "shape": [0, 1], "datatype": "BYTES", "data": []}], "TEXT", "batch size 0"),
+        ("minilm_pair", [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES", "data": ["a", "b"]},
+                         {"name": "TEXT_PAIR", "shape": [3, 1], "datatype": "BYTES", "data": ["a", "b", "c"]}],
+         "TEXT_PAIR", "differs"),
+        ("minilm_short", [{"name": "TEXT", "shape": [2], "datatype": "INT64", "data": [1, 2]}], "TEXT", "BYTES"),
+        ("minilm", [{"name": "TEXT_PAIR", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]}], "TEXT_PAIR",
+         "unexpected inference input"),
+    ]
+    for model, inputs, name, needle in cases:
+        st, out = raw_infer(srv.url, model, inputs)
+        assert st == 400 and name in out["error"] and needle in out["error"], (model, st, out)
+    with pytest.raises(InferenceServerException) as e:
+        http_infer(srv.url, "minilm_pair", ["fine", "also fine"], [b"ok", b"caf\xc3"])
+    assert "TEXT_PAIR" in str(e.value) and "row 1" in str(e.value) and "not valid UTF-8" in str(e.value), str(e.value)
+    got = http_infer(srv.url, "minilm", ["", ""])
+    np.testing.assert_array_equal(got["input_ids"], [[101, 102], [101, 102]])
+
+
+def test_zero_texts_without_batching(srv):
+    """A model that does not batch given [0] texts: an empty answer, [0, 0]."""
+    st, out = raw_infer(srv.url, "minilm_short", [{"name": "TEXT", "shape": [0], "datatype": "BYTES", "data": []}])
+    assert st == 200, out
+    assert all(o["shape"] == [0, 0] for o in out["outputs"]), out
+
+
+def test_bad_text_does_not_fail_the_requests_batched_with_it(srv):
+    """Texts that are not UTF-8 are refused per request, before the batcher:
+    the good requests that arrive in the same batching window all succeed."""
+
+    def good(i):
+        for j in range(3):
+            got = http_infer(srv.url, "minilm", [f"good text {i} {j}"])
+            assert got["input_ids"][0, 0] == 101
+
+    def bad():
+        for _ in range(6):
+            with pytest.raises(InferenceServerException) as e:
+                http_infer(srv.url, "minilm", [b"\xff broken"])
+            assert "input 'TEXT' row 0: the text is not valid UTF-8" in str(e.value), str(e.value)
+
+    run_concurrently(*[functools.partial(good, i) for i in range(8)], bad)

@@ -34,6 +34,24 @@ static struct tokenizer *load(const char *json, int64_t max_length, char *err, s
     return tokenizer_load(&p, err, err_len);
 }
 
+/* Loads json or fails the test with the loader's message. */
+static struct tokenizer *must_load(const char *json, int64_t max_length) {
+    char err[256] = "";
+    struct tokenizer *t = load(json, max_length, err, sizeof err);
+    if (!t) fail_msg("%s", err);
+    return t;
+}
+
+/* Encodes text a (len bytes, alone) and expects STATUS_INVALID with needle
+ * in the message. */
+static void expect_invalid(const struct tokenizer *t, const char *a, size_t len, const char *needle) {
+    struct tokenizer_encoding e = {0};
+    char err[256] = "";
+    assert_int_equal(tokenizer_encode(t, a, len, NULL, 0, &e, err, sizeof err), STATUS_INVALID);
+    if (!strstr(err, needle)) fail_msg("'%s': expected '%s'", err, needle);
+    tokenizer_encoding_free(&e);
+}
+
 /* Encodes and checks the ids (and, when types is given, the type ids). */
 static void expect(const struct tokenizer *t, const char *a, const char *b, const int64_t *ids, const int64_t *types,
                    size_t n) {
@@ -52,9 +70,7 @@ static void expect(const struct tokenizer *t, const char *a, const char *b, cons
 
 static void test_wordpiece_bert(void **state) {
     (void)state;
-    char err[256];
-    struct tokenizer *t = load(bert_json, 0, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    struct tokenizer *t = must_load(bert_json, 0);
     /* Lowercased, accents stripped (café -> cafe), punctuation split, ##
      * pieces, a word over max_input_chars_per_word is [UNK], CJK apart. */
     expect(t, "Hello, World! Caf\xc3\xa9", NULL, (int64_t[]){1, 3, 4, 5, 6, 7, 8, 2}, NULL, 8);
@@ -67,20 +83,20 @@ static void test_wordpiece_bert(void **state) {
     /* Control characters go (clean_text): the NUL-bearing vocab entry is
      * loaded but unreachable through BERT's normalizer. */
     expect(t, "hel\x01lo\x7f", NULL, (int64_t[]){1, 3, 2}, NULL, 3);
-    struct tokenizer_encoding e = {0};
-    assert_int_equal(tokenizer_encode(t, "\xff", 1, NULL, 0, &e, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "not valid UTF-8"));
-    tokenizer_encoding_free(&e);
+    expect_invalid(t, "\xff", 1, "not valid UTF-8");
+    /* Ids 0 to 10: a token id of 11 names nothing. */
+    assert_int_equal(tokenizer_vocab_size(t), 11);
+    assert_true(tokenizer_utf8_valid("caf\xc3\xa9", 5));
+    assert_false(tokenizer_utf8_valid("caf\xc3", 4));
+    assert_false(tokenizer_utf8_valid("\xed\xa0\x80", 3)); /* a surrogate */
     tokenizer_free(t);
 }
 
 static void test_truncation(void **state) {
     (void)state;
-    char err[256];
     /* max_length 6 with BERT's pair template (3 specials): 3 ids remain;
      * longest first takes them from the longer text, then splits evenly. */
-    struct tokenizer *t = load(bert_json, 6, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    struct tokenizer *t = must_load(bert_json, 6);
     assert_int_equal(tokenizer_max_length(t), 6);
     expect(t, "hello", "world world", (int64_t[]){1, 3, 2, 5, 6, 2}, (int64_t[]){0, 0, 0, 1, 1, 1}, 6);
     expect(t, "hello hello hello", "world", (int64_t[]){1, 3, 3, 2, 5, 2}, NULL, 6);
@@ -93,14 +109,10 @@ static void test_truncation(void **state) {
     const char repl[] = "\"truncation\":{\"max_length\":5,\"strategy\":\"OnlySecond\",\"direction\":\"Left\",\"stride\":0}";
     memmove(tr + sizeof repl - 1, tr + 17, strlen(tr + 17) + 1);
     memcpy(tr, repl, sizeof repl - 1);
-    t = load(doc, 0, err, sizeof err);
-    if (!t) fail_msg("%s", err);
-    struct tokenizer_encoding e = {0};
-    assert_int_equal(tokenizer_encode(t, "hello hello hello hello", 23, NULL, 0, &e, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "needs a pair"));
+    t = must_load(doc, 0);
+    expect_invalid(t, "hello hello hello hello", 23, "needs a pair");
     /* Left: the pair keeps its last id. */
     expect(t, "hello", "hello world", (int64_t[]){1, 3, 2, 6, 2}, NULL, 5);
-    tokenizer_encoding_free(&e);
     tokenizer_free(t);
 }
 
@@ -111,8 +123,7 @@ static void test_bpe_merges_by_rank(void **state) {
         "\"c\":3,\"ab\":4,\"bc\":5,\"abc\":6,\"\\u0000\":7},\"merges\":[\"b c\",[\"a\",\"b\"],\"a bc\"]},"
         "\"pre_tokenizer\":{\"type\":\"WhitespaceSplit\"}}";
     char err[256];
-    struct tokenizer *t = load(json, 0, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    struct tokenizer *t = must_load(json, 0);
     /* b c (rank 0) first, then a bc; "ab" alone merges by rank 1; unknown
      * characters fuse into one "?"; NUL is in the vocabulary. */
     expect(t, "abc ab xyz c", NULL, (int64_t[]){6, 4, 0, 3}, NULL, 4);
@@ -121,6 +132,7 @@ static void test_bpe_merges_by_rank(void **state) {
     assert_int_equal(e.n, 3);
     assert_int_equal(e.ids[1], 7);
     tokenizer_encoding_free(&e);
+    assert_int_equal(tokenizer_vocab_size(t), 8);
     tokenizer_free(t);
 }
 
@@ -132,14 +144,13 @@ static void test_unigram_best_path(void **state) {
         "\"split\":true},"
         "\"model\":{\"type\":\"Unigram\",\"unk_id\":0,\"vocab\":[[\"<unk>\",0.0],[\"\\u2581\",-2.0],[\"a\",-3.0],"
         "[\"b\",-3.0],[\"ab\",-4.0],[\"\\u2581ab\",-5.5],[\"\\u2581a\",-1.0]]}}";
-    char err[256];
-    struct tokenizer *t = load(json, 0, err, sizeof err);
-    if (!t) fail_msg("%s", err);
+    struct tokenizer *t = must_load(json, 0);
     /* "▁ab": ▁a + b = -4 beats ▁ab = -5.5 and ▁ + ab = -6; the unknown
      * "xy" fuses into one <unk>; NFKC makes the fullwidth ａ an "a". */
     expect(t, "ab", NULL, (int64_t[]){6, 3}, NULL, 2);
     expect(t, "abxy", NULL, (int64_t[]){6, 3, 0}, NULL, 3);
     expect(t, "\xef\xbd\x81" "b", NULL, (int64_t[]){6, 3}, NULL, 2);
+    assert_int_equal(tokenizer_vocab_size(t), 7);
     tokenizer_free(t);
 }
 
@@ -173,14 +184,9 @@ static void test_refusals_name_what_is_missing(void **state) {
 static void test_no_unk_is_an_error(void **state) {
     (void)state;
     static const char json[] = "{\"model\":{\"type\":\"Unigram\",\"vocab\":[[\"a\",-1.0]]}}";
-    char err[256];
-    struct tokenizer *t = load(json, 0, err, sizeof err);
-    if (!t) fail_msg("%s", err);
-    struct tokenizer_encoding e = {0};
-    assert_int_equal(tokenizer_encode(t, "ab", 2, NULL, 0, &e, err, sizeof err), STATUS_INVALID);
-    assert_non_null(strstr(err, "no unk token"));
+    struct tokenizer *t = must_load(json, 0);
+    expect_invalid(t, "ab", 2, "no unk token");
     expect(t, "aa", NULL, (int64_t[]){0, 0}, NULL, 2);
-    tokenizer_encoding_free(&e);
     tokenizer_free(t);
 }
 
