@@ -7,7 +7,10 @@ a graph input, so no pass can fold the chain away) at N = 1 and N = 51: the
 difference over the 50 extra nodes is the cost of one node, its dispatch
 and tensor bookkeeping included, and the fixed costs of a call (kiln's
 input binding and output copies; onnxruntime's, and Python's call) cancel.
-Then a streaming voice-activity step (bench/models/onnx_built.py's
+The same with a chain of Gathers (each reverses the [1, 64] sum along its
+last axis: a node that moves bytes, as Transpose, Concat, Slice and Pad do,
+through the kernels' split of their loops over threads). Then a streaming
+voice-activity step (bench/models/onnx_built.py's
 vad_step: three Conv1d, an LSTM over the frame's few columns, a Linear; 14
 nodes, tens of microseconds) whole, as a model whose kernels are small.
 
@@ -54,6 +57,21 @@ def add_chain(path, n):
     return path
 
 
+def gather_chain(path, n):
+    idx = helper.make_tensor("idx", TensorProto.INT64, [64], list(range(63, -1, -1)))
+    nodes, v = [], "x"
+    for i in range(n):
+        out = "y" if i == n - 1 else f"v{i}"
+        nodes.append(helper.make_node("Gather", [v, "idx"], [out], axis=1, name=f"gather{i}"))
+        v = out
+    vi = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [1, 64])  # noqa: E731
+    g = helper.make_graph(nodes, f"gather_chain_{n}", [vi("x")], [vi("y")], initializer=[idx])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
 def measure(kiln, path, iterations, rounds):
     """Median CPU ms per inference of kiln and onnxruntime, alternating."""
     sess, feeds = ort_session(path, 1, 1)
@@ -72,22 +90,24 @@ def main():
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         rows = {}
-        for n in (1, 51):
-            rows[f"add_chain_{n}"] = measure(a.kiln, add_chain(os.path.join(tmp, f"add{n}.onnx"), n),
-                                             a.iterations, a.rounds)
+        for chain, make in (("add", add_chain), ("gather", gather_chain)):
+            for n in (1, 51):
+                rows[f"{chain}_chain_{n}"] = measure(a.kiln, make(os.path.join(tmp, f"{chain}{n}.onnx"), n),
+                                                     a.iterations, a.rounds)
         vad = os.path.join(tmp, "vad.onnx")
         onnx.save(onnx_built.vad_step()("vad_stream"), vad)
         rows["vad_stream"] = measure(a.kiln, vad, a.iterations, a.rounds)
     print(f"threads=1 rounds={a.rounds} iterations={a.iterations} cpu_count={os.cpu_count()}")
     print("| graph | nodes | kiln CPU us/inf | ORT CPU us/inf | kiln / ORT |")
     print("|---|---:|---:|---:|---:|")
-    nodes = {"add_chain_1": 1, "add_chain_51": 51, "vad_stream": 14}
+    nodes = {"add_chain_1": 1, "add_chain_51": 51, "gather_chain_1": 1, "gather_chain_51": 51, "vad_stream": 14}
     for name, (k, o) in rows.items():
         print(f"| {name} | {nodes[name]} | {k * 1e3:.1f} | {o * 1e3:.1f} | {k / o:.2f} |")
-    (k1, o1), (k51, o51) = rows["add_chain_1"], rows["add_chain_51"]
-    kn, on = (k51 - k1) / 50 * 1e3, (o51 - o1) / 50 * 1e3
     print()
-    print(f"per_node kiln {kn:.3f} us, onnxruntime {on:.3f} us, ratio {kn / on:.2f}")
+    for chain, what in (("add", "per_node"), ("gather", "per_gather_node")):
+        (k1, o1), (k51, o51) = rows[f"{chain}_chain_1"], rows[f"{chain}_chain_51"]
+        kn, on = (k51 - k1) / 50 * 1e3, (o51 - o1) / 50 * 1e3
+        print(f"{what} kiln {kn:.3f} us, onnxruntime {on:.3f} us, ratio {kn / on:.2f}")
 
 
 if __name__ == "__main__":

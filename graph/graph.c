@@ -379,25 +379,38 @@ int64_t node_attr_int(const struct graph_node *n, const char *name, int64_t def)
     return def;
 }
 
-int node_set_attr_int(struct graph_node *n, const char *name, int64_t v) {
+/* Sets a (its name and values owned by the node from here, freed on
+ * failure), replacing the attribute of its name. */
+static int set_attr(struct graph_node *n, struct graph_attr a) {
     for (int k = 0; k < n->nattr; k++)
-        if (strcmp(n->attrs[k].name, name) == 0) {
+        if (strcmp(n->attrs[k].name, a.name) == 0) {
             graph_attr_clear(&n->attrs[k]);
-            char *nm = strdup(name);
-            if (!nm) return -1;
-            n->attrs[k] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+            n->attrs[k] = a;
             return 0;
         }
-    char *nm = strdup(name);
-    if (!nm) return -1;
     struct graph_attr *at = realloc(n->attrs, (size_t)(n->nattr + 1) * sizeof *at);
     if (!at) {
-        free(nm);
+        graph_attr_clear(&a);
         return -1;
     }
     n->attrs = at;
-    at[n->nattr++] = (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v};
+    at[n->nattr++] = a;
     return 0;
+}
+
+int node_set_attr_int(struct graph_node *n, const char *name, int64_t v) {
+    char *nm = strdup(name);
+    return nm ? set_attr(n, (struct graph_attr){.name = nm, .type = ATTR_INT, .i = v}) : -1;
+}
+
+int node_set_attr_str(struct graph_node *n, const char *name, const char *v) {
+    char *nm = strdup(name), *s = strdup(v);
+    if (!nm || !s) {
+        free(nm);
+        free(s);
+        return -1;
+    }
+    return set_attr(n, (struct graph_attr){.name = nm, .type = ATTR_STRING, .s = s, .s_len = strlen(s)});
 }
 
 float node_attr_float(const struct graph_node *n, const char *name, float def) {

@@ -162,6 +162,7 @@ const struct tensor *node_attr_tensor(const struct graph_node *n, const char *na
 /* Sets an integer attribute (a kiln-internal decision a pass records for
  * the kernel), replacing one of that name; 0, or -1 out of memory. */
 int node_set_attr_int(struct graph_node *n, const char *name, int64_t v);
+int node_set_attr_str(struct graph_node *n, const char *name, const char *v); /* the same, a string */
 /* The subgraph held by an ATTR_GRAPH attribute, or NULL. */
 const struct graph *node_attr_graph(const struct graph_node *n, const char *name);
 /* Inputs of a subgraph that its op defines (the others are captured). */

@@ -13,7 +13,12 @@
  * on Conv, bit 1 says X is channels-last and bit 2 says Y is; on the
  * other ops that honour it, 3 says that the op runs on channels-last
  * memory (every 4-D operand the planner did not find layout-neutral is
- * channels-last, its output too), 1 (global pools) that only X is.
+ * channels-last, its output too), 1 (global pools) that only X is. A
+ * Transpose from NCHW to NHWC of a channels-last value (kiln_layout 1), or
+ * from NHWC to NCHW into one (2), moves no byte: the plan makes it a view,
+ * so that ConvNeXt's blocks (depthwise Conv, Transpose, LayerNorm and
+ * Linears over channels, Transpose back, residual Add) run with no layout
+ * round trip.
  *
  * A value is layout-neutral when its NCHW and NHWC memory are the same
  * bytes: one channel, or a 1x1 map ([N,C,1,1], a squeeze-excite scale).
@@ -118,6 +123,8 @@ enum lay_role {
     ROLE_CONV,     /* 2-D Conv: X and Y each either way */
     ROLE_FOLLOW,   /* output channels-last exactly when its spatial inputs are */
     ROLE_GLOBAL,   /* global pool: X either way, output [N,C,1,1] (neutral) */
+    ROLE_TO_NHWC,  /* Transpose NCHW -> NHWC: X either way, output plain */
+    ROLE_TO_NCHW,  /* Transpose NHWC -> NCHW: X plain, output either way */
 };
 
 static int is_op(const struct graph_node *n, const char *op) {
@@ -143,6 +150,13 @@ static const char *const binary_ops[] = {"Add", "Sub", "Mul", "Div", NULL};
 
 static int rank4(const struct tensor *t) { return t->ndim == 4; }
 
+/* A Transpose whose perm is p (rank 4). */
+static int is_transpose(const struct graph_node *n, const int64_t p[4]) {
+    const int64_t *perm;
+    if (!is_op(n, "Transpose") || node_attr_ints(n, "perm", &perm) != 4) return 0;
+    return memcmp(perm, p, 4 * sizeof *perm) == 0;
+}
+
 /* QuantizeLinear and DequantizeLinear with one scale and zero point (a QDQ
  * model run in float, where oneDNN has no exact integer kernel: AVX2)
  * between two Convs: elementwise, so the Convs keep channels-last across
@@ -156,6 +170,34 @@ static int per_tensor_qdq(const struct graph_node *n, const struct tensor *t) {
     const struct tensor *x = &t[n->in[0]], *y = &t[n->out[0]];
     if (!rank4(x) || !rank4(y) || memcmp(x->dims, y->dims, 4 * sizeof *x->dims) != 0) return 0;
     return (q ? x : y)->dtype == DT_FP32;
+}
+
+/* A float reduction of a 4-D value over H and W only (ConvNeXt's head is
+ * a ReduceMean over axes 2 and 3): a global pool, whose kernel walks
+ * channels-last memory as well (ops_reduce.c). Its axes are an attribute
+ * or, from opset 18 (13 for ReduceSum), a constant input. */
+static int spatial_reduce(const struct graph_node *n, const struct tensor *t) {
+    static const char *const ops[] = {"ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", NULL};
+    if (!is_one_of(n, ops) || !rank4(&t[n->in[0]]) || t[n->in[0]].dtype != DT_FP32) return 0;
+    int64_t axes[4];
+    int na;
+    if (n->opset >= (is_op(n, "ReduceSum") ? 13 : 18)) {
+        const struct tensor *a = n->nin > 1 && n->in[1] >= 0 ? &t[n->in[1]] : NULL;
+        if (!a || !a->data || a->dtype != DT_INT64 || a->ndim != 1 || a->dims[0] != 2) return 0;
+        memcpy(axes, a->data, 2 * sizeof *axes);
+        na = 2;
+    } else {
+        const int64_t *v;
+        if ((na = node_attr_ints(n, "axes", &v)) != 2) return 0;
+        memcpy(axes, v, 2 * sizeof *axes);
+    }
+    int red[4] = {0};
+    for (int i = 0; i < na; i++) {
+        int64_t ax = axes[i] < 0 ? axes[i] + 4 : axes[i];
+        if (ax < 0 || ax > 3) return 0;
+        red[ax] = 1;
+    }
+    return red[2] && red[3];
 }
 
 static enum lay_role role_of(const struct graph *g, const struct graph_node *n, const struct tensor *t) {
@@ -172,12 +214,21 @@ static enum lay_role role_of(const struct graph *g, const struct graph_node *n, 
     if (is_op(n, "MaxPool") && rank4(x) && rank4(y) && (x->dtype == DT_UINT8 || x->dtype == DT_INT8))
         return n->nout == 1 || n->out[1] < 0 ? ROLE_FOLLOW : ROLE_NONE;
     if (is_qgap_nchw(n) && rank4(x)) return ROLE_GLOBAL;
+    if (spatial_reduce(n, t)) return n->nout == 1 ? ROLE_GLOBAL : ROLE_NONE;
     if (!rank4(y) || y->dtype != DT_FP32) return ROLE_NONE;
     /* Either operand may be the broadcast one ([C,1,1] * x). */
     if (is_one_of(n, binary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
     if (x->dtype != DT_FP32 || !rank4(x)) return ROLE_NONE;
     if (is_op(n, "Conv")) return n->nin >= 2 && n->in[1] >= 0 && rank4(&t[n->in[1]]) ? ROLE_CONV : ROLE_NONE;
     if (is_one_of(n, unary_ops)) return n->nout == 1 ? ROLE_FOLLOW : ROLE_NONE;
+    /* ConvNeXt's blocks and its LayerNorm2d go to NHWC for a LayerNorm and
+     * Linears over the channels, and back: of a value stored channels-last
+     * the NHWC tensor is the very bytes, and so is the NCHW one of an NHWC
+     * tensor stored so. Both Transposes become views, and the depthwise
+     * Conv before and the residual Add after stay channels-last. */
+    static const int64_t to_nhwc[4] = {0, 2, 3, 1}, to_nchw[4] = {0, 3, 1, 2};
+    if (is_transpose(n, to_nhwc)) return ROLE_TO_NHWC;
+    if (is_transpose(n, to_nchw)) return ROLE_TO_NCHW;
     /* Sum (ResNet's residual joins in older exports) of operands all of the
      * output's shape: elementwise in any layout, so its kernel needs no
      * marks. Broadcasting ones stay plain. */
@@ -242,7 +293,9 @@ static int reader_ok(const struct lay *L, const struct graph_node *n, int ni, in
     switch ((enum lay_role)L->role[ni]) {
     case ROLE_CONV: return k == 0;
     case ROLE_GLOBAL: return k == 0;
+    case ROLE_TO_NHWC: return k == 0;
     case ROLE_FOLLOW: return L->cl[n->out[0]];
+    case ROLE_TO_NCHW:
     case ROLE_NONE: break;
     }
     return 0;
@@ -278,7 +331,8 @@ static int mark_nodes(struct lay *L, struct graph *g, int *nmarked) {
         int64_t lay = 0;
         if (L->role[i] == ROLE_CONV) lay = (L->cl[n->in[0]] ? 1 : 0) | (L->cl[n->out[0]] ? 2 : 0);
         else if (L->role[i] == ROLE_FOLLOW && L->cl[n->out[0]]) lay = 3;
-        else if (L->role[i] == ROLE_GLOBAL && L->cl[n->in[0]]) lay = 1;
+        else if ((L->role[i] == ROLE_GLOBAL || L->role[i] == ROLE_TO_NHWC) && L->cl[n->in[0]]) lay = 1;
+        else if (L->role[i] == ROLE_TO_NCHW && L->cl[n->out[0]]) lay = 2;
         if (!lay) continue;
         if (node_set_attr_int(n, "kiln_layout", lay)) return -1;
         (*nmarked)++;
@@ -311,7 +365,8 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
         const struct graph_node *n = &g->nodes[i];
         L.role[i] = (unsigned char)role_of(g, n, t);
         if (L.role[i] == ROLE_CONV) nconv++;
-        if ((L.role[i] == ROLE_CONV || L.role[i] == ROLE_FOLLOW) && !L.neu[n->out[0]]) L.cl[n->out[0]] = 1;
+        if ((L.role[i] == ROLE_CONV || L.role[i] == ROLE_FOLLOW || L.role[i] == ROLE_TO_NCHW) && !L.neu[n->out[0]])
+            L.cl[n->out[0]] = 1;
     }
     for (int o = 0; o < g->noutputs; o++) L.cl[g->outputs[o]] = 0;
     while (demote_pass(&L)) {

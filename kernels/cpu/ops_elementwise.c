@@ -33,6 +33,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
@@ -1633,7 +1636,12 @@ static int infer_smax(struct op_call *c) {
 
 /* Softmax's geometry around its axis, decoded at prepare, and for FP32
  * Softmax and LogSoftmax oneDNN's primitive over the [outer, len, inner]
- * view (its exp is vectorized; the loops below call expf per element). */
+ * view (its exp is vectorized; the loops below call expf per element).
+ * Below SMAX_DNNL_MIN values the loops run: a classifier's ten logits cost
+ * ~3,200 instructions through the primitive's call (callgrind, the digits
+ * model) and a few hundred in the loop; the crossover, with expf at some
+ * twenty instructions a value, is above this. */
+#define SMAX_DNNL_MIN 128
 struct smax_params {
     int64_t outer, len, inner;
     struct dnnl_prim *prim;
@@ -1674,7 +1682,7 @@ static int prepare_smax(struct op_call *c, void **state, size_t *scratch) {
         return rc;
     }
     const char *op = c->node->op_type;
-    if (c->in[0]->dtype == DT_FP32 && p->outer * p->len * p->inner > 0 && strcmp(op, "Hardmax") != 0)
+    if (c->in[0]->dtype == DT_FP32 && p->outer * p->len * p->inner >= SMAX_DNNL_MIN && strcmp(op, "Hardmax") != 0)
         p->prim = smax_prim(c, p, strcmp(op, "LogSoftmax") == 0, scratch);
     *state = p;
     return 0;
@@ -1816,8 +1824,42 @@ static inline __attribute__((always_inline)) void norm_row_f32_body(const float 
     const float *xr, const float *sc, int64_t nsc, const float *b, int64_t nb, float *yr, float *mean, float *inv, \
         int64_t n, float eps, int rms
 #if defined(__x86_64__) && defined(__GNUC__)
+/* AVX-512: a row's ragged end is one masked vector. The generic loops end
+ * in a scalar epilogue per pass, which on the short rows of a LayerNorm
+ * over channels (ConvNeXt's 24 to 96) cost as much as the vector part. */
 __attribute__((target("arch=x86-64-v4"))) static void norm_row_f32_v4(NORM_ROW_ARGS) {
-    norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+    if (nsc != n || (b && nb != n)) {
+        norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);
+        return;
+    }
+    const int64_t full = n & ~(int64_t)15;
+    const __mmask16 tail = (__mmask16)((1u << (n - full)) - 1);
+    __m512 acc = _mm512_setzero_ps();
+    float mu = 0;
+    if (!rms) {
+        for (int64_t j = 0; j < full; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(xr + j));
+        acc = _mm512_add_ps(acc, _mm512_maskz_loadu_ps(tail, xr + full));
+        mu = _mm512_reduce_add_ps(acc) / (float)n;
+        acc = _mm512_setzero_ps();
+    }
+    const __m512 vmu = _mm512_set1_ps(mu);
+    for (int64_t j = 0; j < full; j += 16) {
+        __m512 d = _mm512_sub_ps(_mm512_loadu_ps(xr + j), vmu);
+        acc = _mm512_fmadd_ps(d, d, acc);
+    }
+    __m512 d = _mm512_maskz_sub_ps(tail, _mm512_maskz_loadu_ps(tail, xr + full), vmu);
+    acc = _mm512_fmadd_ps(d, d, acc);
+    float s = 1.0f / sqrtf(_mm512_reduce_add_ps(acc) / (float)n + eps);
+    const __m512 vs = _mm512_set1_ps(s);
+    for (int64_t j = 0; j <= full; j += 16) {
+        __mmask16 m = j < full ? (__mmask16)0xffff : tail;
+        __m512 y = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, xr + j), vmu), vs),
+                                 _mm512_maskz_loadu_ps(m, sc + j));
+        if (b) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(m, b + j));
+        _mm512_mask_storeu_ps(yr + j, m, y);
+    }
+    if (mean) *mean = mu;
+    if (inv) *inv = s;
 }
 __attribute__((target("arch=x86-64-v3"))) static void norm_row_f32_v3(NORM_ROW_ARGS) {
     norm_row_f32_body(xr, sc, nsc, b, nb, yr, mean, inv, n, eps, rms);

@@ -17,7 +17,8 @@
  * ConvTranspose and pooling corners oneDNN does not express are C loops.
  *
  * Every op here computes in float32 (MaxPool also passes 8-bit integers
- * through exactly). */
+ * through exactly; without FMA, a Conv's quantization round trip sums its
+ * near ties again in double: conv_qdq_after). */
 #include <float.h>
 #include <limits.h>
 #include <math.h>
@@ -26,8 +27,11 @@
 
 #include "common/log.h"
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/gemv.h"
 #include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
+#include "kernels/cpu/par_util.h"
 #include "kernels/ops.h"
 
 /* ==== shared helpers ==================================================== */
@@ -191,6 +195,7 @@ struct conv_state {
     float *wcrop;                                /* constant weights without their dead taps (conv_crop) */
     int const_weights;
     int act_after;                               /* apply node->act after oneDNN */
+    int qdq_after;                               /* apply ACT_QDQ after oneDNN, near ties summed exactly */
     int nargs;
     size_t off_src, off_dst, off_w, off_pad;     /* scratch layout */
 };
@@ -437,8 +442,8 @@ static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t gro
  * primitive's own layout. */
 static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t lay,
                    int64_t batch, dnnl_primitive_desc_t *pd) {
-    dnnl_primitive_attr_t attr = act_attr(c, 0, 0.0f, &s->act_after);
-    if (!attr) return STATUS_INTERNAL;
+    dnnl_primitive_attr_t attr = s->qdq_after ? dnnl_util_attr() : act_attr(c, 0, 0.0f, &s->act_after);
+    if (!attr) return op_error(c, "could not build oneDNN attributes"), STATUS_INTERNAL;
     const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
     dnnl_convolution_desc_t cd;
     dnnl_status_t st = dnnl_unimplemented;
@@ -538,6 +543,7 @@ static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_s
     dnnl_util_set_threads(c->nthreads);
     if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
     s->const_weights = w->data != NULL;
+    s->qdq_after = c->node->act == ACT_QDQ && dnnl_util_isa_level() < 3;
     dnnl_memory_desc_t w_user;
     struct conv_desc d;
     int64_t lay = node_attr_int(c->node, "kiln_layout", 0);
@@ -596,10 +602,82 @@ static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, con
     return 0;
 }
 
+/* ---- a quantization round trip without FMA ---- */
+
+/* Output i of the convolution of s summed exactly (products and sums of
+ * float32 values in double, then rounded once to float32): the float32
+ * nearest the true sum. X and Y may be channels-last (the node's
+ * kiln_layout); the weights are the ones the primitive got (cropped by
+ * conv_crop, or W at run time). */
+static float conv_exact_at(const struct op_call *c, const struct conv_state *s, const float *w, int64_t lay, int64_t i) {
+    const struct win *win = &s->g.win;
+    const struct tensor *x = c->in[0], *y = c->out[0], *b = opt_in(c, 2);
+    int64_t M = y->dims[1], C = x->dims[1], cg = C / s->g.group, mg = M / s->g.group;
+    int64_t osp = prod(y->dims + 2, win->nsp), isp = prod(x->dims + 2, win->nsp), kvol = prod(win->k, win->nsp);
+    int64_t n = i / (M * osp), m = (lay & 2) ? i % M : i / osp % M, o = (lay & 2) ? i / M % osp : i % osp;
+    int64_t opos[WIN_MAX];
+    for (int k = win->nsp - 1; k >= 0; k--) {
+        opos[k] = o % win->out[k];
+        o /= win->out[k];
+    }
+    const float *xd = x->data, *wm = w + m * cg * kvol;
+    double acc = b ? ((const float *)b->data)[m] : 0.0;
+    int64_t tap[WIN_MAX] = {0}, c0 = m / mg * cg; /* tap: t's position in the window, counted up */
+    for (int64_t t = 0; t < kvol; t++) {
+        int64_t pos = 0, inside = 1;
+        for (int k = 0; k < win->nsp; k++) {
+            int64_t p = opos[k] * win->s[k] + tap[k] * win->d[k] - win->pl[k];
+            inside &= p >= 0 && p < win->in[k];
+            pos = pos * win->in[k] + p;
+        }
+        for (int k = win->nsp - 1; k >= 0 && ++tap[k] == win->k[k]; k--) tap[k] = 0;
+        if (!inside) continue;
+        for (int64_t ch = 0; ch < cg; ch++) {
+            float xv = (lay & 1) ? xd[(n * isp + pos) * C + c0 + ch] : xd[(n * C + c0 + ch) * isp + pos];
+            acc += (double)wm[ch * kvol + t] * xv;
+        }
+    }
+    return (float)acc;
+}
+
+/* ACT_QDQ where oneDNN runs without FMA (SSE4.1: dnnl_util_isa_level 2).
+ * Its kernels round every product before adding it, so a sum can land a
+ * unit in the last place from the one an FMA (AVX2, AVX-512) or onnx's
+ * reference computes; that moves a value one quantization step where it
+ * lies on a half step, and a quantized network carries the step on: the
+ * QDQ MobileNetV2 of the model set ended 13 steps off its reference (one
+ * 1x1 convolution sum, 46.5 steps exactly, came out 46.500004 and rounded
+ * to 47). So oneDNN's Conv stops at the sum there; outputs within 1/1024
+ * step of a half (about 2 in 1000), 30 times the largest such error seen on
+ * that model (3e-5 step), are summed again exactly before the
+ * quantization, and the others cannot round differently. That model took
+ * 1.45 ms instead of 1.1 ms (one thread), and every tensor of it is now
+ * the same as with AVX2. */
+static void conv_qdq_after(struct op_call *c, const struct conv_state *s) {
+    const float a = c->node->act_alpha, lo = c->node->act_beta, hi = lo + 255.0f;
+    const float *w = s->wcrop ? s->wcrop : c->in[1]->data;
+    float *y = c->out[0]->data;
+    int64_t n = tensor_numel(c->out[0]), lay = node_attr_int(c->node, "kiln_layout", 0);
+    int32_t near[1024]; /* a chunk's marks, in a vector loop; the rare sums again in a scalar one */
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        int64_t len = n - i0 < 1024 ? n - i0 : 1024;
+        float *yc = y + i0;
+        _Pragma("omp simd") for (int64_t i = 0; i < len; i++) { /* act_apply's ACT_QDQ, in a form that vectorizes */
+            float q = yc[i] / a, r = nearbyintf(q);
+            near[i] = fabsf(q - r) >= 0.5f - 1.0f / 1024;
+            r = r < lo ? lo : r;
+            yc[i] = a * (r > hi ? hi : r);
+        }
+        for (int64_t i = 0; i < len; i++)
+            if (near[i]) yc[i] = act_apply(ACT_QDQ, conv_exact_at(c, s, w, lay, i0 + i), a, lo);
+    }
+}
+
 static int conv_run(struct op_call *c) {
     const struct conv_state *s = c->state;
     int rc = conv_exec(c, s, c->in[1]->data, opt_in(c, 2));
     if (!rc && s->act_after) op_apply_act(c->node, c->out[0]->data, tensor_numel(c->out[0]));
+    if (!rc && s->qdq_after) conv_qdq_after(c, s);
     return rc;
 }
 
@@ -769,36 +847,36 @@ static int ctr_run(struct op_call *c) {
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
     const float *xd = x->data, *wd = w->data, *bd = b ? b->data : NULL;
     float *yd = y->data;
-#pragma omp parallel for collapse(2) if (N * M * osz > 4096) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t nn = 0; nn < N; nn++)
-        for (int64_t m = 0; m < M; m++) {
-            int64_t gi = m / mg, mm = m % mg;
-            float *yp = yd + (nn * M + m) * osz;
-            for (int64_t o0 = 0; o0 < out[0]; o0++)
-                for (int64_t o1 = 0; o1 < out[1]; o1++)
-                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
-                        float acc = bd ? bd[m] : 0.0f;
-                        for (int64_t t0 = 0; t0 < k[0]; t0++) {
-                            int64_t q0 = o0 + pl[0] - t0 * d[0];
-                            if (q0 < 0 || q0 % st[0] || q0 / st[0] >= in[0]) continue;
-                            for (int64_t t1 = 0; t1 < k[1]; t1++) {
-                                int64_t q1 = o1 + pl[1] - t1 * d[1];
-                                if (q1 < 0 || q1 % st[1] || q1 / st[1] >= in[1]) continue;
-                                for (int64_t t2 = 0; t2 < k[2]; t2++) {
-                                    int64_t q2 = o2 + pl[2] - t2 * d[2];
-                                    if (q2 < 0 || q2 % st[2] || q2 / st[2] >= in[2]) continue;
-                                    int64_t ip = (q0 / st[0] * in[1] + q1 / st[1]) * in[2] + q2 / st[2];
-                                    int64_t tp = (t0 * k[1] + t1) * k[2] + t2;
-                                    for (int64_t ci = 0; ci < cg; ci++) {
-                                        int64_t cc = gi * cg + ci;
-                                        acc += xd[(nn * C + cc) * isz + ip] * wd[(cc * mg + mm) * ksz + tp];
+    PAR_FOR(N * M * osz > 4096, c->nthreads, collapse(2),
+        for (int64_t nn = 0; nn < N; nn++)
+            for (int64_t m = 0; m < M; m++) {
+                int64_t gi = m / mg, mm = m % mg;
+                float *yp = yd + (nn * M + m) * osz;
+                for (int64_t o0 = 0; o0 < out[0]; o0++)
+                    for (int64_t o1 = 0; o1 < out[1]; o1++)
+                        for (int64_t o2 = 0; o2 < out[2]; o2++) {
+                            float acc = bd ? bd[m] : 0.0f;
+                            for (int64_t t0 = 0; t0 < k[0]; t0++) {
+                                int64_t q0 = o0 + pl[0] - t0 * d[0];
+                                if (q0 < 0 || q0 % st[0] || q0 / st[0] >= in[0]) continue;
+                                for (int64_t t1 = 0; t1 < k[1]; t1++) {
+                                    int64_t q1 = o1 + pl[1] - t1 * d[1];
+                                    if (q1 < 0 || q1 % st[1] || q1 / st[1] >= in[1]) continue;
+                                    for (int64_t t2 = 0; t2 < k[2]; t2++) {
+                                        int64_t q2 = o2 + pl[2] - t2 * d[2];
+                                        if (q2 < 0 || q2 % st[2] || q2 / st[2] >= in[2]) continue;
+                                        int64_t ip = (q0 / st[0] * in[1] + q1 / st[1]) * in[2] + q2 / st[2];
+                                        int64_t tp = (t0 * k[1] + t1) * k[2] + t2;
+                                        for (int64_t ci = 0; ci < cg; ci++) {
+                                            int64_t cc = gi * cg + ci;
+                                            acc += xd[(nn * C + cc) * isz + ip] * wd[(cc * mg + mm) * ksz + tp];
+                                        }
                                     }
                                 }
                             }
+                            yp[(o0 * out[1] + o1) * out[2] + o2] = acc;
                         }
-                        yp[(o0 * out[1] + o1) * out[2] + o2] = acc;
-                    }
-        }
+            });
     op_apply_act(c->node, yd, tensor_numel(y));
     return 0;
 }
@@ -811,7 +889,73 @@ void cpu_mm_release(void *st) {
     dnnl_prim_free(s->prim);
     dnnl_util_weights_release(s->wbuf);
     free(s->bias);
+    free(s->packed);
     free(s);
+}
+
+/* A product of up to MM_GEMV_ROWS rows by a constant B of at most
+ * MM_GEMV_MAX_B values runs on cpu_gemv over B packed in prepare, not on
+ * oneDNN: at these sizes a primitive's execution (its argument list, its
+ * dispatch, the thread team) costs more than the arithmetic, and a small
+ * model serving one request at a time is made of such products (the
+ * digits model's 1 x 64 x 64 and 1 x 64 x 10: ~7,000 instructions of
+ * oneDNN's per call against ~1,000 of products). The bound keeps B within
+ * L2 and one thread's share within a few microseconds, where oneDNN's
+ * threads would gain nothing. */
+#define MM_GEMV_ROWS 4
+#define MM_GEMV_MAX_B 65536
+
+static int mm_gemv_fits(int64_t m, int64_t k, int64_t n) {
+    return m >= 1 && m <= MM_GEMV_ROWS && k >= 1 && n >= 1 && k <= MM_GEMV_MAX_B / n;
+}
+
+/* Ends prepare for the product of m rows by B (element (j, c) at
+ * b[j * sk + c * sn]): packs B into s and hands s over as the state, or
+ * frees s and returns the error. */
+static int mm_gemv_prepare(struct op_call *c, struct cpu_mm_state *s, const float *b, int64_t m, int64_t k,
+                           int64_t n, int64_t sk, int64_t sn, float alpha, void **state, size_t *scratch_size) {
+    s->packed = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(k * n)));
+    if (!s->packed) {
+        cpu_mm_release(s);
+        return op_error(c, "out of memory"), STATUS_NOMEM;
+    }
+    cpu_gemv_pack(b, k, n, sk, sn, s->packed);
+    s->m = m, s->k = k, s->n = n;
+    s->alpha = alpha;
+    *scratch_size = 0;
+    *state = s;
+    return 0;
+}
+
+/* y [m, n] = alpha * A B + beta * C, then the node's activation, in the
+ * order oneDNN's bias and sum post-op take (the product scaled, C added):
+ * A's rows lda apart, C broadcast from [cr, cc] (none when cv is NULL).
+ * The activation runs per row on this thread (op_apply_act would start a
+ * team of one for these few values). */
+static void mm_gemv_run(struct op_call *c, const struct cpu_mm_state *s, const float *a, int64_t lda,
+                        const float *cv, int64_t cr, int64_t cc, float beta, float *y) {
+    const int64_t n = s->n;
+    const struct graph_node *nd = c->node;
+    for (int64_t i = 0; i < s->m; i++) {
+        float *o = y + i * n;
+        cpu_gemv(a + i * lda, s->k, s->packed, n, o);
+        if (s->alpha != 1.0f)
+            for (int64_t j = 0; j < n; j++) o[j] *= s->alpha;
+        if (cv) {
+            /* omp simd: no element depends on another (C and Y are
+             * distinct, or the same buffer element for element). */
+            const float *row = cv + (cr == 1 ? 0 : i) * cc;
+            if (cc == 1) {
+                const float add = beta * row[0];
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) o[j] += add;
+            } else {
+#pragma omp simd
+                for (int64_t j = 0; j < n; j++) o[j] += beta * row[j];
+            }
+        }
+        if (nd->act != ACT_NONE) ew_act_f32(o, n, nd->act, nd->act_alpha, nd->act_beta);
+    }
 }
 
 /* Builds the matmul for src/weights/bias/dst descriptors; B constant gets
@@ -943,6 +1087,8 @@ static int matmul_prepare(struct op_call *c, void **state, size_t *scratch_size)
     dnnl_util_plain_md(&bias_md, sh.r, bd);
     /* A constant B with no batch of its own gets a packed layout. */
     const void *b_const = b->data && !b_batch ? b->data : NULL;
+    if (b_const && mm_gemv_fits(sh.a[0], sh.a[1], sh.b[1])) /* folded to 2-D above */
+        return mm_gemv_prepare(c, s, b_const, sh.a[0], sh.a[1], sh.b[1], sh.b[1], 1, 1.0f, state, scratch_size);
     rc = cpu_mm_build(c, s, &a_md, &b_md, b_const, bias ? &bias_md : NULL, &y_md, 1.0f, 0, scratch_size);
     if (rc) {
         cpu_mm_release(s);
@@ -957,6 +1103,10 @@ static int matmul_run(struct op_call *c) {
     const struct tensor *bias = opt_in(c, 2);
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
+    if (s->packed) {
+        mm_gemv_run(c, s, c->in[0]->data, s->k, bias ? bias->data : NULL, 1, s->n, 1.0f, y->data);
+        return 0;
+    }
     void *args[4] = {c->in[0]->data, c->in[1]->data, y->data, bias ? bias->data : NULL};
     int rc = dnnl_prim_exec(c, s->prim, args, c->scratch);
     if (!rc && s->act_after) op_apply_act(c->node, y->data, tensor_numel(y));
@@ -1013,6 +1163,12 @@ static int gemm_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
     s->m = m;
     s->n = n;
+    /* A transposed A of one row is that row itself. */
+    if (b->data && (!ta || m == 1) && mm_gemv_fits(m, k, n)) {
+        s->fill_c = C && beta != 0.0f;
+        s->beta = beta;
+        return mm_gemv_prepare(c, s, b->data, m, k, n, tb ? 1 : n, tb ? k : 1, alpha, state, scratch_size);
+    }
     dnnl_memory_desc_t a_md, b_md, y_md, bias_md;
     dnnl_dims_t ad = {m, k}, bdims = {k, n}, yd = {m, n}, biasd = {1, n};
     dnnl_dims_t as = {ta ? 1 : k, ta ? m : 1}, bs = {tb ? 1 : n, tb ? k : 1};
@@ -1055,10 +1211,14 @@ static int gemm_run(struct op_call *c) {
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
     float *yd = y->data;
+    int64_t cr = C && C->ndim == 2 ? C->dims[0] : 1, cc = C && C->ndim >= 1 ? C->dims[C->ndim - 1] : 1;
+    if (s->packed) {
+        mm_gemv_run(c, s, c->in[0]->data, s->k, s->fill_c ? C->data : NULL, cr, cc, s->beta, yd);
+        return 0;
+    }
     if (s->fill_c) {
         float beta = s->beta;
         const float *cv = C->data;
-        int64_t cr = C->ndim == 2 ? C->dims[0] : 1, cc = C->ndim >= 1 ? C->dims[C->ndim - 1] : 1;
         for (int64_t i = 0; i < s->m; i++) {
             const float *row = cv + (cr == 1 ? 0 : i) * cc;
             float *out = yd + i * s->n;
@@ -1274,17 +1434,33 @@ static int qmm_run(struct op_call *c) {
     return 0;
 }
 
+/* A window of 1 to 3 spatial dims as three, the missing ones of extent 1,
+ * so that one loop nest serves every rank. */
+struct win3 {
+    int64_t in[3], out[3], k[3], s[3], d[3], pl[3];
+};
+
+static void win3_of(const struct win *win, struct win3 *w) {
+    for (int i = 0; i < 3; i++) {
+        int on = i < win->nsp;
+        w->in[i] = on ? win->in[i] : 1;
+        w->out[i] = on ? win->out[i] : 1;
+        w->k[i] = on ? win->k[i] : 1;
+        w->s[i] = on ? win->s[i] : 1;
+        w->d[i] = on ? win->d[i] : 1;
+        w->pl[i] = on ? win->pl[i] : 0;
+    }
+}
+
 /* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias),
  * over x and w widened into scratch first (x32, w32: numel int32 each). */
 static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
                       const struct tensor *wz, const struct tensor *bias, const struct conv_geom *geom,
                       int32_t *x32, int32_t *w32, int32_t *acc) {
-    const struct win *win = &geom->win;
     const int64_t group = geom->group;
-    int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, k[3] = {1, 1, 1}, s[3] = {1, 1, 1}, d[3] = {1, 1, 1}, pl[3] = {0};
-    for (int i = 0; i < win->nsp; i++) {
-        in[i] = win->in[i]; out[i] = win->out[i]; k[i] = win->k[i]; s[i] = win->s[i]; d[i] = win->d[i]; pl[i] = win->pl[i];
-    }
+    struct win3 w3;
+    win3_of(&geom->win, &w3);
+    const int64_t *in = w3.in, *out = w3.out, *k = w3.k, *s = w3.s, *d = w3.d, *pl = w3.pl;
     int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
     int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
     cpu_q8_widen(x, xz, 1, 1, x32);
@@ -1355,21 +1531,6 @@ static int iconv_shape(struct op_call *c, int wi) {
     return 0;
 }
 
-/* The geometry as state, and scratch for the widened operands (and the
- * sums, with_acc). */
-static int iconv_prepare(struct op_call *c, int wi, int with_acc, void **state, size_t *scratch_size) {
-    struct conv_geom *g = op_params_alloc(c, sizeof *g);
-    if (!g) return STATUS_NOMEM;
-    int rc = iconv_geom(c, wi, g);
-    if (rc) {
-        op_params_free(g);
-        return rc;
-    }
-    *state = g;
-    *scratch_size = iconv_scratch(c->in[0], c->in[wi], c->out[0], with_acc);
-    return 0;
-}
-
 static int convi_infer(struct op_call *c) {
     int rc = iconv_shape(c, 1);
     if (rc) return rc;
@@ -1379,14 +1540,162 @@ static int convi_infer(struct op_call *c) {
     return 0;
 }
 
+/* ConvInteger as one 8-bit GEMM: x's windows laid out as rows (im2col,
+ * [N * out pixels, kernel * C] in 8 bits, a padded tap holding x's zero
+ * point so that it adds nothing) times W^T, on cpu_qgemm (qgemm.c): oneDNN's
+ * u8 x s8 int32 matmul with the zero points and a uint8 W's shift taken out
+ * algebraically and, without VNNI, A in two 4-bit halves, so the sums are
+ * exact on every ISA (onnxruntime's own ConvInteger is im2col and its
+ * 8-bit GEMM too). oneDNN's int8 convolution is not used: its weights take
+ * no zero point (a uint8 W shifted to int8 has one: a per-window
+ * compensation), and without VNNI its int16 pair sums saturate (see
+ * QLinearConv below). x is first transposed to channels-last, so that a
+ * tap of a window is one run of C bytes (a 1x1 convolution without stride
+ * or padding is that transpose alone), and W's columns are permuted to
+ * (tap, channel) once at prepare. The sums [pixels, M] are then transposed
+ * into y [N, M, pixels]. Grouped convolutions and weights known only at
+ * run time keep the widened loop (state q zeroed). */
+struct convi_state {
+    struct conv_geom g;
+    struct cpu_qgemm q;
+    uint8_t *wp;         /* W as [M, kernel, C] (owned; NULL for a 1x1 kernel: W itself) */
+    int64_t rows, kcols; /* N * output pixels; kernel extent * C */
+    int direct;          /* 1x1, stride 1, no padding: x channels-last is A */
+    size_t q_scratch;    /* q's scratch, before x channels-last, the columns and the sums */
+};
+
+static void convi_release(void *st) {
+    struct convi_state *s = st;
+    if (s) cpu_qgemm_free(&s->q);
+    if (s) free(s->wp);
+    free(s);
+}
+
+static size_t convi_xt_bytes(const struct tensor *x) { return dnnl_util_align((size_t)tensor_numel(x)); }
+
+/* Builds s->q when the GEMM applies; 0 with s->q zeroed when it does not. */
+static int convi_gemm_build(struct op_call *c, struct convi_state *s, size_t *scratch_size) {
+    const struct tensor *x = c->in[0], *w = c->in[1], *wz = opt_in(c, 3);
+    struct win3 w3;
+    win3_of(&s->g.win, &w3);
+    const int64_t M = w->dims[0], C = w->dims[1], ksz = w3.k[0] * w3.k[1] * w3.k[2];
+    s->kcols = C * ksz;
+    s->rows = x->dims[0] * w3.out[0] * w3.out[1] * w3.out[2];
+    if (s->g.group != 1 || !w->data || (wz && !wz->data) || s->rows <= 0 || s->kcols <= 0 || M <= 0) return 0;
+    s->direct = ksz == 1;
+    for (int i = 0; i < 3; i++) s->direct &= w3.s[i] == 1 && w3.pl[i] == 0 && w3.out[i] == w3.in[i];
+    struct tensor bt = {w->dtype, 2, {M, s->kcols}, w->data};
+    if (ksz > 1) {
+        if (!(s->wp = malloc((size_t)(M * s->kcols)))) return op_error(c, "out of memory"), STATUS_NOMEM;
+        const uint8_t *wd = w->data;
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t ci = 0; ci < C; ci++)
+                for (int64_t t = 0; t < ksz; t++) s->wp[(m * ksz + t) * C + ci] = wd[(m * C + ci) * ksz + t];
+        bt.data = s->wp;
+    }
+    size_t qs = 0;
+    if (cpu_qgemm_build_bt(c, &s->q, s->rows, x->dtype, &bt, wz, &qs)) {
+        log_debug("ConvInteger '%s': no oneDNN int8 matmul (%s), the exact loop runs", c->node->name, c->err ? c->err : "");
+        if (c->err && c->err_len) c->err[0] = 0;
+        return 0;
+    }
+    s->q_scratch = dnnl_util_align(qs);
+    *scratch_size = s->q_scratch + convi_xt_bytes(x) + (s->direct ? 0 : dnnl_util_align((size_t)(s->rows * s->kcols))) +
+                    sizeof(int32_t) * (size_t)(s->rows * M);
+    return 0;
+}
+
 static int convi_prepare(struct op_call *c, void **state, size_t *scratch_size) {
-    return iconv_prepare(c, 1, 0, state, scratch_size);
+    struct convi_state *s = calloc(1, sizeof *s);
+    if (!s) return op_error(c, "out of memory"), STATUS_NOMEM;
+    int rc = iconv_geom(c, 1, &s->g);
+    if (!rc) rc = convi_gemm_build(c, s, scratch_size);
+    if (rc) {
+        convi_release(s);
+        return rc;
+    }
+    if (!s->q.prim) *scratch_size = iconv_scratch(c->in[0], c->in[1], c->out[0], 0);
+    *state = s;
+    return 0;
+}
+
+/* x [N, C, pixels] into xt [N, pixels, C], in tiles of 64 pixels. */
+static void convi_channels_last(const uint8_t *x, int64_t N, int64_t C, int64_t isz, uint8_t *xt) {
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t p0 = 0; p0 < isz; p0 += 64) {
+            const int64_t p1 = p0 + 64 < isz ? p0 + 64 : isz;
+            for (int64_t ci = 0; ci < C; ci++) {
+                const uint8_t *src = x + (n * C + ci) * isz;
+                uint8_t *dst = xt + n * isz * C + ci;
+                for (int64_t p = p0; p < p1; p++) dst[p * C] = src[p];
+            }
+        }
+}
+
+/* The windows of xt (channels-last) as rows of cols [N * out pixels,
+ * kernel * C]; a tap in the padding holds pad (x's zero point, whose
+ * difference is 0). */
+static void convi_columns(const uint8_t *xt, int64_t C, uint8_t pad, const struct win3 *w, int64_t rows,
+                          uint8_t *cols, int nthreads) {
+    const int64_t isz = w->in[0] * w->in[1] * w->in[2], osz = w->out[0] * w->out[1] * w->out[2];
+    const int64_t kcols = C * w->k[0] * w->k[1] * w->k[2];
+#pragma omp parallel for if (rows * kcols > (1 << 20)) num_threads(nthreads > 0 ? nthreads : 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = r / osz, o = r % osz;
+        const int64_t o2 = o % w->out[2], o1 = (o / w->out[2]) % w->out[1], o0 = o / (w->out[2] * w->out[1]);
+        uint8_t *row = cols + r * kcols;
+        for (int64_t t0 = 0; t0 < w->k[0]; t0++) {
+            const int64_t i0 = o0 * w->s[0] - w->pl[0] + t0 * w->d[0];
+            for (int64_t t1 = 0; t1 < w->k[1]; t1++) {
+                const int64_t i1 = o1 * w->s[1] - w->pl[1] + t1 * w->d[1];
+                for (int64_t t2 = 0; t2 < w->k[2]; t2++, row += C) {
+                    const int64_t i2 = o2 * w->s[2] - w->pl[2] + t2 * w->d[2];
+                    if (i0 >= 0 && i0 < w->in[0] && i1 >= 0 && i1 < w->in[1] && i2 >= 0 && i2 < w->in[2])
+                        memcpy(row, xt + (n * isz + (i0 * w->in[1] + i1) * w->in[2] + i2) * C, (size_t)C);
+                    else
+                        memset(row, pad, (size_t)C);
+                }
+            }
+        }
+    }
+}
+
+static int convi_gemm_run(struct op_call *c, const struct convi_state *s) {
+    const struct tensor *x = c->in[0];
+    const int64_t N = x->dims[0], C = x->dims[1], M = c->in[1]->dims[0], rows = s->rows;
+    char *base = c->scratch;
+    uint8_t *xt = (uint8_t *)(base + s->q_scratch), *cols = xt + convi_xt_bytes(x);
+    int32_t *acc = (int32_t *)(s->direct ? cols : cols + dnnl_util_align((size_t)(rows * s->kcols)));
+    if (c->scratch_size < (size_t)((char *)(acc + rows * M) - base)) return op_error(c, "internal: scratch too small");
+    struct win3 w3;
+    win3_of(&s->g.win, &w3);
+    const int64_t isz = w3.in[0] * w3.in[1] * w3.in[2], osz = w3.out[0] * w3.out[1] * w3.out[2];
+    const int32_t xz = (int32_t)cpu_qparam_at(opt_in(c, 2), 0, 0);
+    convi_channels_last(x->data, N, C, isz, xt);
+    if (!s->direct) convi_columns(xt, C, (uint8_t)xz, &w3, rows, cols, c->nthreads);
+    struct op_call qc = *c;
+    qc.scratch_size = s->q_scratch;
+    int rc = cpu_qgemm_run(&qc, &s->q, s->direct ? xt : cols, x->dtype, xz, acc, NULL);
+    if (rc) return rc;
+    /* [N, pixels, M] -> [N, M, pixels], in tiles of 16 pixels so that both
+     * sides stay in cache lines already loaded. */
+    int32_t *y = c->out[0]->data;
+#pragma omp parallel for collapse(2) if (rows * M > (1 << 18)) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o0 = 0; o0 < osz; o0 += 16) {
+            const int64_t o1 = o0 + 16 < osz ? o0 + 16 : osz;
+            for (int64_t m = 0; m < M; m++)
+                for (int64_t o = o0; o < o1; o++) y[(n * M + m) * osz + o] = acc[(n * osz + o) * M + m];
+        }
+    return 0;
 }
 
 static int convi_run(struct op_call *c) {
+    const struct convi_state *s = c->state;
+    if (s->q.prim) return convi_gemm_run(c, s);
     if (c->scratch_size < iconv_scratch(c->in[0], c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
     int32_t *x32 = c->scratch, *w32 = (int32_t *)((char *)c->scratch + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
-    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, c->state, x32, w32, c->out[0]->data);
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &s->g, x32, w32, c->out[0]->data);
     return 0;
 }
 
@@ -2044,6 +2353,33 @@ static void global_pool_nhwc(const struct tensor *x, float *y, int is_max) {
     }
 }
 
+/* The inner loops of the per-channel kernels below, as functions: the
+ * loops around them are PAR_FOR's arguments, where a #pragma cannot be. */
+static inline float nn_sum_f32(const float *x, int64_t n) {
+    float acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t i = 0; i < n; i++) acc += x[i];
+    return acc;
+}
+
+/* y = x * a + b for n floats. */
+static inline void nn_affine_f32(const float *x, float *y, int64_t n, float a, float b) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * a + b;
+}
+
+/* y[i] = x[i] * a[i] + b[i] for n floats (a channels-last pixel). */
+static inline void nn_affine_rows_f32(const float *x, float *y, int64_t n, const float *a, const float *b) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * a[i] + b[i];
+}
+
+/* acc[i] += x[i]^2 for n floats. */
+static inline void nn_add_squares_f32(float *acc, const float *x, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) acc[i] += x[i] * x[i];
+}
+
 static int global_pool_run(struct op_call *c, int is_max) {
     const struct tensor *x = c->in[0];
     float *y = c->out[0]->data;
@@ -2053,20 +2389,17 @@ static int global_pool_run(struct op_call *c, int is_max) {
         return 0;
     }
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
-#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t p = 0; p < nc; p++) {
-        const float *xp = xd + p * sp;
-        if (is_max) {
-            float m = sp > 0 ? xp[0] : -INFINITY;
-            for (int64_t i = 1; i < sp; i++) m = xp[i] > m ? xp[i] : m;
-            y[p] = m;
-        } else {
-            float acc = 0;
-#pragma omp simd reduction(+ : acc)
-            for (int64_t i = 0; i < sp; i++) acc += xp[i];
-            y[p] = sp > 0 ? acc / (float)sp : 0.0f;
-        }
-    }
+    PAR_FOR(nc * sp > 65536, c->nthreads, ,
+        for (int64_t p = 0; p < nc; p++) {
+            const float *xp = xd + p * sp;
+            if (is_max) {
+                float m = sp > 0 ? xp[0] : -INFINITY;
+                for (int64_t i = 1; i < sp; i++) m = xp[i] > m ? xp[i] : m;
+                y[p] = m;
+            } else {
+                y[p] = sp > 0 ? nn_sum_f32(xp, sp) / (float)sp : 0.0f;
+            }
+        });
     return 0;
 }
 static int gap_run(struct op_call *c) { return global_pool_run(c, 0); }
@@ -2091,12 +2424,12 @@ static int glp_run(struct op_call *c) {
     float *y = c->out[0]->data, p = gp->p;
     const float *xd = x->data;
     int64_t nc = x->dims[0] * x->dims[1], sp = prod(x->dims + 2, x->ndim - 2);
-#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t i = 0; i < nc; i++) {
-        double acc = 0;
-        for (int64_t k = 0; k < sp; k++) acc += pow(fabs(xd[i * sp + k]), p);
-        y[i] = (float)pow(acc, 1.0 / p);
-    }
+    PAR_FOR(nc * sp > 65536, c->nthreads, ,
+        for (int64_t i = 0; i < nc; i++) {
+            double acc = 0;
+            for (int64_t k = 0; k < sp; k++) acc += pow(fabs(xd[i * sp + k]), p);
+            y[i] = (float)pow(acc, 1.0 / p);
+        });
     return 0;
 }
 static int gmp_run(struct op_call *c) { return global_pool_run(c, 1); }
@@ -2244,23 +2577,12 @@ static int bn_run(struct op_call *c) {
     const float *xd = x->data;
     float *y = c->out[0]->data;
     if (s->nhwc) { /* pixels are rows of C values */
-#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-        for (int64_t p = 0; p < n * sp; p++) {
-            const float *xp = xd + p * C;
-            float *yp = y + p * C;
-#pragma omp simd
-            for (int64_t ch = 0; ch < C; ch++) yp[ch] = xp[ch] * ab[ch] + ab[C + ch];
-        }
+        PAR_FOR(n * C * sp > 65536, c->nthreads, ,
+            for (int64_t p = 0; p < n * sp; p++) nn_affine_rows_f32(xd + p * C, y + p * C, C, ab, ab + C););
         return 0;
     }
-#pragma omp parallel for if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t p = 0; p < n * C; p++) {
-        float a = ab[p % C], b = ab[C + p % C];
-        const float *xp = xd + p * sp;
-        float *yp = y + p * sp;
-#pragma omp simd
-        for (int64_t i = 0; i < sp; i++) yp[i] = xp[i] * a + b;
-    }
+    PAR_FOR(n * C * sp > 65536, c->nthreads, ,
+        for (int64_t p = 0; p < n * C; p++) nn_affine_f32(xd + p * sp, y + p * sp, sp, ab[p % C], ab[C + p % C]););
     return 0;
 }
 
@@ -2302,22 +2624,21 @@ static int inorm_run(struct op_call *c) {
     float *y = c->out[0]->data;
     float eps = p->eps;
     int64_t C = x->dims[1], nc = x->dims[0] * C, sp = prod(x->dims + 2, x->ndim - 2);
-#pragma omp parallel for if (nc * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t p = 0; p < nc; p++) {
-        const float *xp = xd + p * sp;
-        float *yp = y + p * sp;
-        double sum = 0, sq = 0;
-        for (int64_t i = 0; i < sp; i++) sum += xp[i];
-        double mean = sp ? sum / (double)sp : 0;
-        for (int64_t i = 0; i < sp; i++) {
-            double d = xp[i] - mean;
-            sq += d * d;
-        }
-        double var = sp ? sq / (double)sp : 0;
-        float a = (float)(sc[p % C] / sqrt(var + eps)), sh = b[p % C] - (float)mean * a;
-#pragma omp simd
-        for (int64_t i = 0; i < sp; i++) yp[i] = xp[i] * a + sh;
-    }
+    PAR_FOR(nc * sp > 65536, c->nthreads, ,
+        for (int64_t p = 0; p < nc; p++) {
+            const float *xp = xd + p * sp;
+            float *yp = y + p * sp;
+            double sum = 0, sq = 0;
+            for (int64_t i = 0; i < sp; i++) sum += xp[i];
+            double mean = sp ? sum / (double)sp : 0;
+            for (int64_t i = 0; i < sp; i++) {
+                double d = xp[i] - mean;
+                sq += d * d;
+            }
+            double var = sp ? sq / (double)sp : 0;
+            float a = (float)(sc[p % C] / sqrt(var + eps)), sh = b[p % C] - (float)mean * a;
+            nn_affine_f32(xp, yp, sp, a, sh);
+        });
     return 0;
 }
 
@@ -2398,52 +2719,52 @@ static int roialign_run(struct op_call *c) {
         int64_t b = op_int_at(bi, r);
         if (b < 0 || b >= x->dims[0]) return op_error(c, "batch index %lld of roi %lld is out of range", (long long)b, (long long)r);
     }
-#pragma omp parallel for collapse(2) if (R * C * oh * ow > 4096) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t ch = 0; ch < C; ch++) {
-            float off = half ? 0.5f : 0.0f;
-            float x0 = rd[r * 4] * scale - off, y0 = rd[r * 4 + 1] * scale - off;
-            float rw = rd[r * 4 + 2] * scale - off - x0, rh = rd[r * 4 + 3] * scale - off - y0;
-            if (!half) {
-                rw = rw > 1.0f ? rw : 1.0f;
-                rh = rh > 1.0f ? rh : 1.0f;
-            }
-            float bh = rh / (float)oh, bw = rw / (float)ow;
-            int64_t gh = sr > 0 ? sr : (int64_t)ceilf(rh / (float)oh), gw = sr > 0 ? sr : (int64_t)ceilf(rw / (float)ow);
-            int64_t count = gh * gw > 1 ? gh * gw : 1;
-            const float *xp = xd + (op_int_at(bi, r) * C + ch) * H * W;
-            for (int64_t ph = 0; ph < oh; ph++)
-                for (int64_t pw = 0; pw < ow; pw++) {
-                    float acc = 0;
-                    int first = 1;
-                    for (int64_t iy = 0; iy < gh; iy++) {
-                        float yy = y0 + (float)ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
-                        for (int64_t ix = 0; ix < gw; ix++) {
-                            float xx = x0 + (float)pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
-                            float v1 = 0, v2 = 0, v3 = 0, v4 = 0;
-                            if (!(yy < -1.0f || yy > (float)H || xx < -1.0f || xx > (float)W)) {
-                                float yv = yy > 0 ? yy : 0, xv = xx > 0 ? xx : 0;
-                                int64_t yl = (int64_t)yv, xl = (int64_t)xv, yh, xh;
-                                if (yl >= H - 1) { yh = yl = H - 1; yv = (float)yl; } else yh = yl + 1;
-                                if (xl >= W - 1) { xh = xl = W - 1; xv = (float)xl; } else xh = xl + 1;
-                                float ly = yv - (float)yl, lx = xv - (float)xl, hy = 1 - ly, hx = 1 - lx;
-                                v1 = hy * hx * xp[yl * W + xl];
-                                v2 = hy * lx * xp[yl * W + xh];
-                                v3 = ly * hx * xp[yh * W + xl];
-                                v4 = ly * lx * xp[yh * W + xh];
-                            }
-                            if (is_max) {
-                                float m = fmaxf(fmaxf(v1, v2), fmaxf(v3, v4));
-                                acc = first ? m : fmaxf(acc, m);
-                                first = 0;
-                            } else {
-                                acc += v1 + v2 + v3 + v4;
+    PAR_FOR(R * C * oh * ow > 4096, c->nthreads, collapse(2),
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t ch = 0; ch < C; ch++) {
+                float off = half ? 0.5f : 0.0f;
+                float x0 = rd[r * 4] * scale - off, y0 = rd[r * 4 + 1] * scale - off;
+                float rw = rd[r * 4 + 2] * scale - off - x0, rh = rd[r * 4 + 3] * scale - off - y0;
+                if (!half) {
+                    rw = rw > 1.0f ? rw : 1.0f;
+                    rh = rh > 1.0f ? rh : 1.0f;
+                }
+                float bh = rh / (float)oh, bw = rw / (float)ow;
+                int64_t gh = sr > 0 ? sr : (int64_t)ceilf(rh / (float)oh), gw = sr > 0 ? sr : (int64_t)ceilf(rw / (float)ow);
+                int64_t count = gh * gw > 1 ? gh * gw : 1;
+                const float *xp = xd + (op_int_at(bi, r) * C + ch) * H * W;
+                for (int64_t ph = 0; ph < oh; ph++)
+                    for (int64_t pw = 0; pw < ow; pw++) {
+                        float acc = 0;
+                        int first = 1;
+                        for (int64_t iy = 0; iy < gh; iy++) {
+                            float yy = y0 + (float)ph * bh + ((float)iy + 0.5f) * bh / (float)gh;
+                            for (int64_t ix = 0; ix < gw; ix++) {
+                                float xx = x0 + (float)pw * bw + ((float)ix + 0.5f) * bw / (float)gw;
+                                float v1 = 0, v2 = 0, v3 = 0, v4 = 0;
+                                if (!(yy < -1.0f || yy > (float)H || xx < -1.0f || xx > (float)W)) {
+                                    float yv = yy > 0 ? yy : 0, xv = xx > 0 ? xx : 0;
+                                    int64_t yl = (int64_t)yv, xl = (int64_t)xv, yh, xh;
+                                    if (yl >= H - 1) { yh = yl = H - 1; yv = (float)yl; } else yh = yl + 1;
+                                    if (xl >= W - 1) { xh = xl = W - 1; xv = (float)xl; } else xh = xl + 1;
+                                    float ly = yv - (float)yl, lx = xv - (float)xl, hy = 1 - ly, hx = 1 - lx;
+                                    v1 = hy * hx * xp[yl * W + xl];
+                                    v2 = hy * lx * xp[yl * W + xh];
+                                    v3 = ly * hx * xp[yh * W + xl];
+                                    v4 = ly * lx * xp[yh * W + xh];
+                                }
+                                if (is_max) {
+                                    float m = fmaxf(fmaxf(v1, v2), fmaxf(v3, v4));
+                                    acc = first ? m : fmaxf(acc, m);
+                                    first = 0;
+                                } else {
+                                    acc += v1 + v2 + v3 + v4;
+                                }
                             }
                         }
+                        yd[((r * C + ch) * oh + ph) * ow + pw] = is_max ? acc : acc / (float)count;
                     }
-                    yd[((r * C + ch) * oh + ph) * ow + pw] = is_max ? acc : acc / (float)count;
-                }
-        }
+            });
     return 0;
 }
 
@@ -2517,38 +2838,38 @@ static int dconv_run(struct op_call *c) {
     int64_t kh = win.k[0], kw = win.k[1], oh = win.out[0], ow = win.out[1], cg = C / g, mg = M / g, cog = C / og;
     const float *xd = x->data, *wd = w->data, *od = c->in[2]->data, *md = mask ? mask->data : NULL, *bd = b ? b->data : NULL;
     float *yd = c->out[0]->data;
-#pragma omp parallel for collapse(2) if (N * M * oh * ow > 1024) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m = 0; m < M; m++) {
-            int64_t gi = m / mg;
-            for (int64_t i = 0; i < oh; i++)
-                for (int64_t j = 0; j < ow; j++) {
-                    float acc = bd ? bd[m] : 0.0f;
-                    for (int64_t ci = 0; ci < cg; ci++) {
-                        int64_t cc = gi * cg + ci, o = cc / cog;
-                        const float *xp = xd + (n * C + cc) * H * W;
-                        for (int64_t a = 0; a < kh; a++)
-                            for (int64_t t = 0; t < kw; t++) {
-                                int64_t tap = a * kw + t;
-                                float dy = od[((n * og + o) * kh * kw * 2 + tap * 2) * oh * ow + i * ow + j];
-                                float dx = od[((n * og + o) * kh * kw * 2 + tap * 2 + 1) * oh * ow + i * ow + j];
-                                float py = (float)(i * win.s[0] - win.pl[0] + a * win.d[0]) + dy;
-                                float px = (float)(j * win.s[1] - win.pl[1] + t * win.d[1]) + dx;
-                                float y0f = floorf(py), x0f = floorf(px), ly = py - y0f, lx = px - x0f;
-                                int64_t y0 = (int64_t)y0f, x0 = (int64_t)x0f;
-                                float v = 0;
-                                for (int q = 0; q < 4; q++) {
-                                    int64_t yy = y0 + (q >> 1), xx = x0 + (q & 1);
-                                    if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
-                                    v += ((q >> 1) ? ly : 1 - ly) * ((q & 1) ? lx : 1 - lx) * xp[yy * W + xx];
+    PAR_FOR(N * M * oh * ow > 1024, c->nthreads, collapse(2),
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t m = 0; m < M; m++) {
+                int64_t gi = m / mg;
+                for (int64_t i = 0; i < oh; i++)
+                    for (int64_t j = 0; j < ow; j++) {
+                        float acc = bd ? bd[m] : 0.0f;
+                        for (int64_t ci = 0; ci < cg; ci++) {
+                            int64_t cc = gi * cg + ci, o = cc / cog;
+                            const float *xp = xd + (n * C + cc) * H * W;
+                            for (int64_t a = 0; a < kh; a++)
+                                for (int64_t t = 0; t < kw; t++) {
+                                    int64_t tap = a * kw + t;
+                                    float dy = od[((n * og + o) * kh * kw * 2 + tap * 2) * oh * ow + i * ow + j];
+                                    float dx = od[((n * og + o) * kh * kw * 2 + tap * 2 + 1) * oh * ow + i * ow + j];
+                                    float py = (float)(i * win.s[0] - win.pl[0] + a * win.d[0]) + dy;
+                                    float px = (float)(j * win.s[1] - win.pl[1] + t * win.d[1]) + dx;
+                                    float y0f = floorf(py), x0f = floorf(px), ly = py - y0f, lx = px - x0f;
+                                    int64_t y0 = (int64_t)y0f, x0 = (int64_t)x0f;
+                                    float v = 0;
+                                    for (int q = 0; q < 4; q++) {
+                                        int64_t yy = y0 + (q >> 1), xx = x0 + (q & 1);
+                                        if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+                                        v += ((q >> 1) ? ly : 1 - ly) * ((q & 1) ? lx : 1 - lx) * xp[yy * W + xx];
+                                    }
+                                    if (md) v *= md[((n * og + o) * kh * kw + tap) * oh * ow + i * ow + j];
+                                    acc += v * wd[((m * cg + ci) * kh + a) * kw + t];
                                 }
-                                if (md) v *= md[((n * og + o) * kh * kw + tap) * oh * ow + i * ow + j];
-                                acc += v * wd[((m * cg + ci) * kh + a) * kw + t];
-                            }
+                        }
+                        yd[((n * M + m) * oh + i) * ow + j] = acc;
                     }
-                    yd[((n * M + m) * oh + i) * ow + j] = acc;
-                }
-        }
+            });
     return 0;
 }
 
@@ -2582,22 +2903,22 @@ static int gnorm_run(struct op_call *c) {
     int64_t g = p->groups, n = x->dims[0], C = x->dims[1];
     int64_t sp = prod(x->dims + 2, x->ndim - 2), cg = C / g, len = cg * sp;
     int per_channel = tensor_numel(c->in[1]) == C;
-#pragma omp parallel for collapse(2) if (n * C * sp > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t b = 0; b < n; b++)
-        for (int64_t gi = 0; gi < g; gi++) {
-            const float *xp = xd + (b * C + gi * cg) * sp;
-            float *yp = y + (b * C + gi * cg) * sp;
-            double s1 = 0, s2 = 0;
-            for (int64_t i = 0; i < len; i++) s1 += xp[i];
-            double mean = len ? s1 / (double)len : 0;
-            for (int64_t i = 0; i < len; i++) s2 += (xp[i] - mean) * (xp[i] - mean);
-            double inv = 1.0 / sqrt((len ? s2 / (double)len : 0) + eps);
-            for (int64_t ch = 0; ch < cg; ch++) {
-                int64_t k = per_channel ? gi * cg + ch : gi;
-                float a = (float)(sc[k] * inv), sh = bi[k] - (float)mean * a;
-                for (int64_t i = 0; i < sp; i++) yp[ch * sp + i] = xp[ch * sp + i] * a + sh;
-            }
-        }
+    PAR_FOR(n * C * sp > 65536, c->nthreads, collapse(2),
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t gi = 0; gi < g; gi++) {
+                const float *xp = xd + (b * C + gi * cg) * sp;
+                float *yp = y + (b * C + gi * cg) * sp;
+                double s1 = 0, s2 = 0;
+                for (int64_t i = 0; i < len; i++) s1 += xp[i];
+                double mean = len ? s1 / (double)len : 0;
+                for (int64_t i = 0; i < len; i++) s2 += (xp[i] - mean) * (xp[i] - mean);
+                double inv = 1.0 / sqrt((len ? s2 / (double)len : 0) + eps);
+                for (int64_t ch = 0; ch < cg; ch++) {
+                    int64_t k = per_channel ? gi * cg + ch : gi;
+                    float a = (float)(sc[k] * inv), sh = bi[k] - (float)mean * a;
+                    for (int64_t i = 0; i < sp; i++) yp[ch * sp + i] = xp[ch * sp + i] * a + sh;
+                }
+            });
     return 0;
 }
 
@@ -2685,30 +3006,30 @@ static int col2im_run(struct op_call *c) {
     float *y = c->out[0]->data;
     int64_t n = c->in[0]->dims[0], isz = prod(g.img, g.nsp);
     memset(y, 0, sizeof(float) * (size_t)(n * g.ch * isz));
-#pragma omp parallel for collapse(2) if (n * g.ch * isz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t b = 0; b < n; b++)
-        for (int64_t ch = 0; ch < g.ch; ch++) {
-            float *yp = y + (b * g.ch + ch) * isz;
-            for (int64_t k = 0; k < g.kvol; k++) {
-                int64_t kk[WIN_MAX], rem = k;
-                for (int i = g.nsp - 1; i >= 0; i--) {
-                    kk[i] = rem % g.blk[i];
-                    rem /= g.blk[i];
-                }
-                const float *xp = xd + ((b * g.ch + ch) * g.kvol + k) * g.nblocks;
-                for (int64_t l = 0; l < g.nblocks; l++) {
-                    int64_t rl = l, off = 0, stride = 1, inside = 1;
+    PAR_FOR(n * g.ch * isz > 65536, c->nthreads, collapse(2),
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t ch = 0; ch < g.ch; ch++) {
+                float *yp = y + (b * g.ch + ch) * isz;
+                for (int64_t k = 0; k < g.kvol; k++) {
+                    int64_t kk[WIN_MAX], rem = k;
                     for (int i = g.nsp - 1; i >= 0; i--) {
-                        int64_t pos = (rl % g.grid[i]) * g.s[i] - g.pl[i] + kk[i] * g.d[i];
-                        rl /= g.grid[i];
-                        if (pos < 0 || pos >= g.img[i]) inside = 0;
-                        off += pos * stride;
-                        stride *= g.img[i];
+                        kk[i] = rem % g.blk[i];
+                        rem /= g.blk[i];
                     }
-                    if (inside) yp[off] += xp[l];
+                    const float *xp = xd + ((b * g.ch + ch) * g.kvol + k) * g.nblocks;
+                    for (int64_t l = 0; l < g.nblocks; l++) {
+                        int64_t rl = l, off = 0, stride = 1, inside = 1;
+                        for (int i = g.nsp - 1; i >= 0; i--) {
+                            int64_t pos = (rl % g.grid[i]) * g.s[i] - g.pl[i] + kk[i] * g.d[i];
+                            rl /= g.grid[i];
+                            if (pos < 0 || pos >= g.img[i]) inside = 0;
+                            off += pos * stride;
+                            stride *= g.img[i];
+                        }
+                        if (inside) yp[off] += xp[l];
+                    }
                 }
-            }
-        }
+            });
     return 0;
 }
 
@@ -2758,33 +3079,29 @@ static int lrn_run(struct op_call *c) {
     /* Blocks of pixels keep the window sum in a small stack buffer. */
     enum { BLK = 256 };
     int64_t nblk = (sp + BLK - 1) / BLK;
-#pragma omp parallel for collapse(2) if (n * C * sp > 32768) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t b = 0; b < n; b++)
-        for (int64_t blk = 0; blk < nblk; blk++) {
-            int64_t p0 = blk * BLK, len = sp - p0 < BLK ? sp - p0 : BLK;
-            const float *xb = xd + b * C * sp + p0;
-            float *yb = y + b * C * sp + p0;
-            for (int64_t ch = 0; ch < C; ch++) {
-                float acc[BLK];
-                for (int64_t i = 0; i < len; i++) acc[i] = 0;
-                int64_t c0 = ch - lo < 0 ? 0 : ch - lo, c1 = ch + hi >= C ? C - 1 : ch + hi;
-                for (int64_t cc = c0; cc <= c1; cc++) {
-                    const float *xc = xb + cc * sp;
-#pragma omp simd
-                    for (int64_t i = 0; i < len; i++) acc[i] += xc[i] * xc[i];
-                }
-                const float *xc = xb + ch * sp;
-                float *yc = yb + ch * sp;
-                if (b75) {
-                    for (int64_t i = 0; i < len; i++) {
-                        float t = bias + an * acc[i], r = sqrtf(t);
-                        yc[i] = xc[i] / (r * sqrtf(r));
+    PAR_FOR(n * C * sp > 32768, c->nthreads, collapse(2),
+        for (int64_t b = 0; b < n; b++)
+            for (int64_t blk = 0; blk < nblk; blk++) {
+                int64_t p0 = blk * BLK, len = sp - p0 < BLK ? sp - p0 : BLK;
+                const float *xb = xd + b * C * sp + p0;
+                float *yb = y + b * C * sp + p0;
+                for (int64_t ch = 0; ch < C; ch++) {
+                    float acc[BLK];
+                    for (int64_t i = 0; i < len; i++) acc[i] = 0;
+                    int64_t c0 = ch - lo < 0 ? 0 : ch - lo, c1 = ch + hi >= C ? C - 1 : ch + hi;
+                    for (int64_t cc = c0; cc <= c1; cc++) nn_add_squares_f32(acc, xb + cc * sp, len);
+                    const float *xc = xb + ch * sp;
+                    float *yc = yb + ch * sp;
+                    if (b75) {
+                        for (int64_t i = 0; i < len; i++) {
+                            float t = bias + an * acc[i], r = sqrtf(t);
+                            yc[i] = xc[i] / (r * sqrtf(r));
+                        }
+                    } else {
+                        for (int64_t i = 0; i < len; i++) yc[i] = xc[i] * powf(bias + an * acc[i], -beta);
                     }
-                } else {
-                    for (int64_t i = 0; i < len; i++) yc[i] = xc[i] * powf(bias + an * acc[i], -beta);
                 }
-            }
-        }
+            });
     return 0;
 }
 
@@ -2792,7 +3109,7 @@ static int lrn_run(struct op_call *c) {
 
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
-    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, op_params_free, 0},
+    {"ConvInteger", "", convi_infer, convi_prepare, convi_run, convi_release, 0},
     {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, conv_release, 0},
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, mmi_release, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},

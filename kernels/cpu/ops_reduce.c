@@ -28,6 +28,8 @@
 #include <string.h>
 
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/layout_util.h"
+#include "kernels/cpu/par_util.h"
 #include "kernels/ops.h"
 
 enum red_kind { RED_SUM, RED_MEAN, RED_MAX, RED_MIN, RED_PROD, RED_L1, RED_L2, RED_LOGSUM, RED_LOGSUMEXP, RED_SUMSQ };
@@ -388,6 +390,56 @@ DEF_REDUCE(u16, uint16_t, uint64_t, LD_ID, ST_U16, SD_U16, 0, UINT16_MAX, 0, UAD
 DEF_REDUCE(u32, uint32_t, uint64_t, LD_ID, ST_U32, SD_U32, 0, UINT32_MAX, 0, UADD, UMUL, FAST_NONE)
 DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UADD, UMUL, FAST_NONE)
 
+/* Item it of red_rows_f32: RED_BLOCK outputs (fewer at the end of a row)
+ * of outer row it / nchunk. */
+static void red_rows_item(const float *x, float *y, const struct red_geom *g, enum red_kind k, int64_t it,
+                          int64_t nchunk) {
+    const int64_t kin = g->kdims[g->nk - 1], rows = g->rdims[0], rst = g->rstr[0];
+    const int64_t oo = it / nchunk, j0 = (it % nchunk) * RED_BLOCK;
+    const int64_t m = kin - j0 < RED_BLOCK ? kin - j0 : RED_BLOCK;
+    /* the first output of this chunk locates its input base */
+    const int64_t base = red_base(g, oo * kin + j0);
+    double acc[RED_BLOCK];
+    int nan[RED_BLOCK];
+    for (int64_t j = 0; j < m; j++) {
+        acc[j] = k == RED_MAX ? -INFINITY : k == RED_MIN ? INFINITY : 0;
+        nan[j] = 0;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        const float *p = x + base + r * rst;
+        switch (k) {
+        case RED_MAX:
+            for (int64_t j = 0; j < m; j++) {
+                acc[j] = p[j] > acc[j] ? p[j] : acc[j];
+                nan[j] |= p[j] != p[j];
+            }
+            break;
+        case RED_MIN:
+            for (int64_t j = 0; j < m; j++) {
+                acc[j] = p[j] < acc[j] ? p[j] : acc[j];
+                nan[j] |= p[j] != p[j];
+            }
+            break;
+        case RED_SUMSQ: case RED_L2:
+            _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += (double)p[j] * p[j];
+            break;
+        case RED_L1:
+            _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += fabs((double)p[j]);
+            break;
+        default:
+            _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += p[j];
+            break;
+        }
+    }
+    float *q = y + oo * kin + j0;
+    for (int64_t j = 0; j < m; j++) {
+        double v = acc[j];
+        if (k == RED_MEAN) v /= (double)rows;
+        else if (k == RED_L2) v = sqrt(v);
+        q[j] = nan[j] ? NAN : (float)v;
+    }
+}
+
 /* float data reduced across rows whose kept innermost run is contiguous
  * ([..., R, K] reduced over R, e.g. a sum over the batch or channels of
  * NHWC): accumulate whole rows of K at a time instead of walking each
@@ -396,57 +448,13 @@ DEF_REDUCE(u64, uint64_t, uint64_t, LD_ID, ST_U64, SD_U64, 0, UINT64_MAX, 0, UAD
 static int red_rows_f32(const float *x, float *y, const struct red_geom *g, enum red_kind k, int nt) {
     if (g->nr != 1 || g->nk < 1 || g->kstr[g->nk - 1] != 1) return 0;
     if (k == RED_PROD || k == RED_LOGSUM || k == RED_LOGSUMEXP) return 0;
-    const int64_t kin = g->kdims[g->nk - 1], rows = g->rdims[0], rst = g->rstr[0];
+    const int64_t kin = g->kdims[g->nk - 1], rows = g->rdims[0];
     if (kin < 4 || rows < 2) return 0;
     const int64_t nouter = g->nout / kin, nchunk = (kin + RED_BLOCK - 1) / RED_BLOCK;
     const int64_t items = nouter * nchunk;
-    const int par = nt > 1 && g->nout * rows >= EW_PAR_MIN && items > 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (par)
-    for (int64_t it = 0; it < items; it++) {
-        const int64_t oo = it / nchunk, j0 = (it % nchunk) * RED_BLOCK;
-        const int64_t m = kin - j0 < RED_BLOCK ? kin - j0 : RED_BLOCK;
-        /* the first output of this chunk locates its input base */
-        const int64_t base = red_base(g, oo * kin + j0);
-        double acc[RED_BLOCK];
-        int nan[RED_BLOCK];
-        for (int64_t j = 0; j < m; j++) {
-            acc[j] = k == RED_MAX ? -INFINITY : k == RED_MIN ? INFINITY : 0;
-            nan[j] = 0;
-        }
-        for (int64_t r = 0; r < rows; r++) {
-            const float *p = x + base + r * rst;
-            switch (k) {
-            case RED_MAX:
-                for (int64_t j = 0; j < m; j++) {
-                    acc[j] = p[j] > acc[j] ? p[j] : acc[j];
-                    nan[j] |= p[j] != p[j];
-                }
-                break;
-            case RED_MIN:
-                for (int64_t j = 0; j < m; j++) {
-                    acc[j] = p[j] < acc[j] ? p[j] : acc[j];
-                    nan[j] |= p[j] != p[j];
-                }
-                break;
-            case RED_SUMSQ: case RED_L2:
-                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += (double)p[j] * p[j];
-                break;
-            case RED_L1:
-                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += fabs((double)p[j]);
-                break;
-            default:
-                _Pragma("omp simd") for (int64_t j = 0; j < m; j++) acc[j] += p[j];
-                break;
-            }
-        }
-        float *q = y + oo * kin + j0;
-        for (int64_t j = 0; j < m; j++) {
-            double v = acc[j];
-            if (k == RED_MEAN) v /= (double)rows;
-            else if (k == RED_L2) v = sqrt(v);
-            q[j] = nan[j] ? NAN : (float)v;
-        }
-    }
+    const int par = g->nout * rows >= EW_PAR_MIN && items > 1;
+    PAR_FOR(par, nt, schedule(static),
+        for (int64_t it = 0; it < items; it++) red_rows_item(x, y, g, k, it, nchunk););
     return 1;
 }
 
@@ -468,7 +476,22 @@ static int red_prepare(struct op_call *c, void **state, size_t *scratch) {
         return rc;
     }
     p->kind = (enum red_kind)kind;
-    red_coalesce(c->in[0], &p->g);
+    /* X stored channels-last (kiln_layout 1 from models/passes_layout.c,
+     * which marks a reduction over H and W only: ConvNeXt's head): the walk
+     * follows the NHWC memory, and the kept N and C come out in the
+     * output's order. */
+    struct tensor xv = *c->in[0];
+    if (layout_of(c->node) == 1) {
+        int *r = p->g.red;
+        if (xv.ndim != 4 || r[0] || r[1] || !r[2] || !r[3]) {
+            op_params_free(p);
+            return op_error(c, "kiln_layout 1 needs a 4-D input reduced over H and W only");
+        }
+        layout_nhwc_view(&xv, c->in[0]);
+        r[1] = 1;
+        r[3] = 0;
+    }
+    red_coalesce(&xv, &p->g);
     *state = p;
     return 0;
 }

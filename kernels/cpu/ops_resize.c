@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "kernels/cpu/layout_util.h"
+#include "kernels/cpu/par_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -337,29 +338,29 @@ static void resize_2d(struct op_call *c, const struct resize_params *p, const in
     resize_taps(p, a + 1, iw, ix, wx, ext);
     const float *src = c->in[0]->data;
     float *dst = c->out[0]->data;
-#pragma omp parallel for if (outer * oh * ow * inner > 16384) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t qy = 0; qy < outer * oh; qy++) {
-        int64_t q = qy / oh, y = qy % oh;
-        const float *r0 = src + (q * ih + iy[2 * y]) * iw * inner, *r1 = src + (q * ih + iy[2 * y + 1]) * iw * inner;
-        float wy0 = (float)wy[2 * y], wy1 = (float)wy[2 * y + 1];
-        float *d = dst + (q * oh + y) * ow * inner;
-        if (inner == 1) { /* plain NCHW: rows of single values */
-            for (int64_t xo = 0; xo < ow; xo++) {
-                int64_t x0 = ix[2 * xo], x1 = ix[2 * xo + 1];
-                float a = (float)wx[2 * xo], b = (float)wx[2 * xo + 1];
-                d[xo] = wy0 * (a * r0[x0] + b * r0[x1]) + wy1 * (a * r1[x0] + b * r1[x1]);
+    PAR_FOR(outer * oh * ow * inner > 16384, c->nthreads, ,
+        for (int64_t qy = 0; qy < outer * oh; qy++) {
+            int64_t q = qy / oh, y = qy % oh;
+            const float *r0 = src + (q * ih + iy[2 * y]) * iw * inner, *r1 = src + (q * ih + iy[2 * y + 1]) * iw * inner;
+            float wy0 = (float)wy[2 * y], wy1 = (float)wy[2 * y + 1];
+            float *d = dst + (q * oh + y) * ow * inner;
+            if (inner == 1) { /* plain NCHW: rows of single values */
+                for (int64_t xo = 0; xo < ow; xo++) {
+                    int64_t x0 = ix[2 * xo], x1 = ix[2 * xo + 1];
+                    float a = (float)wx[2 * xo], b = (float)wx[2 * xo + 1];
+                    d[xo] = wy0 * (a * r0[x0] + b * r0[x1]) + wy1 * (a * r1[x0] + b * r1[x1]);
+                }
+                continue;
             }
-            continue;
-        }
-        for (int64_t xo = 0; xo < ow; xo++) {
-            int64_t x0 = ix[2 * xo] * inner, x1 = ix[2 * xo + 1] * inner;
-            float w00 = wy0 * (float)wx[2 * xo], w01 = wy0 * (float)wx[2 * xo + 1];
-            float w10 = wy1 * (float)wx[2 * xo], w11 = wy1 * (float)wx[2 * xo + 1];
-            float *dd = d + xo * inner;
-            for (int64_t i = 0; i < inner; i++)
-                dd[i] = w00 * r0[x0 + i] + w01 * r0[x1 + i] + w10 * r1[x0 + i] + w11 * r1[x1 + i];
-        }
-    }
+            for (int64_t xo = 0; xo < ow; xo++) {
+                int64_t x0 = ix[2 * xo] * inner, x1 = ix[2 * xo + 1] * inner;
+                float w00 = wy0 * (float)wx[2 * xo], w01 = wy0 * (float)wx[2 * xo + 1];
+                float w10 = wy1 * (float)wx[2 * xo], w11 = wy1 * (float)wx[2 * xo + 1];
+                float *dd = d + xo * inner;
+                for (int64_t i = 0; i < inner; i++)
+                    dd[i] = w00 * r0[x0 + i] + w01 * r0[x1 + i] + w10 * r1[x0 + i] + w11 * r1[x1 + i];
+            }
+        });
 }
 
 /* The parameters (attributes, and the constant roi, scales and sizes)
@@ -406,22 +407,22 @@ static int resize_run(struct op_call *c) {
         int64_t in = cur[a], out = p.out[a], nt = resize_ntaps(&p, a);
         int64_t outer = prod(cur, 0, a), inner = prod(cur, a + 1, p.r);
         resize_taps(&p, a, in, idx, w, ext);
-#pragma omp parallel for if (outer * out * inner > 16384) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-        for (int64_t q = 0; q < outer; q++)
-            for (int64_t y = 0; y < out; y++) {
-                double *d = dst + (q * out + y) * inner;
-                if (ext[y]) {
-                    for (int64_t i = 0; i < inner; i++) d[i] = p.extrapolation;
-                    continue;
-                }
-                for (int64_t i = 0; i < inner; i++) d[i] = 0;
-                for (int64_t j = 0; j < nt; j++) {
-                    double cw = w[y * nt + j];
-                    if (cw == 0) continue;
-                    const double *s = src + (q * in + idx[y * nt + j]) * inner;
-                    for (int64_t i = 0; i < inner; i++) d[i] += cw * s[i];
-                }
-            }
+        PAR_FOR(outer * out * inner > 16384, c->nthreads, ,
+            for (int64_t q = 0; q < outer; q++)
+                for (int64_t y = 0; y < out; y++) {
+                    double *d = dst + (q * out + y) * inner;
+                    if (ext[y]) {
+                        for (int64_t i = 0; i < inner; i++) d[i] = p.extrapolation;
+                        continue;
+                    }
+                    for (int64_t i = 0; i < inner; i++) d[i] = 0;
+                    for (int64_t j = 0; j < nt; j++) {
+                        double cw = w[y * nt + j];
+                        if (cw == 0) continue;
+                        const double *s = src + (q * in + idx[y * nt + j]) * inner;
+                        for (int64_t i = 0; i < inner; i++) d[i] += cw * s[i];
+                    }
+                });
         cur[a] = out;
         double *t = src;
         src = dst;

@@ -11,7 +11,7 @@
  * write it, else sgemm), then per step one product of the hidden state by
  * R^T and the gate arithmetic per batch row. R^T is packed once in prepare
  * when R is constant, not at every run. The per-step product of a few rows
- * is kiln's own vector loop (rnn_gemv) rather than sgemm: at one to four
+ * is kiln's own vector loop (cpu_gemv, gemv.c) rather than sgemm: at one to four
  * rows a call into sgemm costs more than the product itself, and a
  * sequence makes one call per step. The two directions of a bidirectional
  * node run on a thread each when the node has two. Layout 1 only renames
@@ -21,13 +21,24 @@
  * own last step back to its first, and Y holds zeros past a row's length,
  * as onnxruntime does (and Y_h, Y_c of a row of length 0).
  *
- * Everything computes in float32. */
+ * DynamicQuantizeLSTM (com.microsoft, onnxruntime's dynamically quantized
+ * LSTM) runs the same steps with both products in 8 bits, as onnxruntime
+ * computes them: W [D, I, 4H] and R [D, H, 4H] (uint8 or int8, a scale and
+ * zero point per direction or per column) on the exact 8-bit GEMM of
+ * qgemm.c, built at prepare; the left operand (all of X for the
+ * projection, the hidden state of every batch row at each step) quantized
+ * to uint8 over its own range (DynamicQuantizeLinear's rule) at each call;
+ * the int32 sums scaled by x_scale * w_scale into float. The gates are the
+ * LSTM's.
+ *
+ * Everything else computes in float32. */
 /* The activations' loops hold selects (tanh's two ranges, exp's clamps)
  * that GCC if-converts only when no floating-point operation may trap. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC optimize("no-trapping-math", "no-math-errno")
 #endif
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +53,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/gemv.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/ops.h"
 
@@ -154,6 +166,9 @@ struct rnn_params {
     struct cpu_mm_state *proj[2];    /* per direction: X W^T + bias on W packed at prepare, when W is constant */
     size_t proj_scratch;             /* bytes of scratch each projection's primitive needs */
     float *rt; /* [ndir][G*H * H]: R^T packed in prepare (rnn_pack_r) when R is constant (owned), else NULL */
+    int quant;                       /* DynamicQuantizeLSTM: W and R 8-bit, products on qw and qr */
+    struct cpu_qgemm qw[2], qr[2];   /* per direction: X W and h R (qgemm.c) */
+    size_t q_scratch;                /* bytes of scratch the larger of them needs */
 };
 
 static const struct rnn_fn_def *rnn_fn_find(const char *name) {
@@ -212,11 +227,16 @@ static int rnn_decode_attrs(struct op_call *c, enum rnn_kind kind, struct rnn_pa
 
 static const struct tensor *rnn_in(const struct op_call *c, int i) { return i < c->nin ? c->in[i] : NULL; }
 
-/* Checks that input i, when present, is float32 of the given shape. */
-static int rnn_check_input(struct op_call *c, int i, const char *what, int ndim, const int64_t *dims) {
+/* Checks that input i, when present, is float32 (q8: uint8 or int8) of
+ * the given shape. */
+static int rnn_check_typed(struct op_call *c, int i, const char *what, int ndim, const int64_t *dims, int q8) {
     const struct tensor *t = rnn_in(c, i);
     if (!t) return 0;
-    if (t->dtype != DT_FP32) {
+    if (q8 && !cpu_is_q8(t->dtype)) {
+        op_error(c, "%s must be uint8 or int8 (got %s)", what, dtype_name(t->dtype));
+        return STATUS_UNSUPPORTED;
+    }
+    if (!q8 && t->dtype != DT_FP32) {
         op_error(c, "%s must be float32 (got %s): kiln's recurrent ops compute in float32 only", what,
                  dtype_name(t->dtype));
         return STATUS_UNSUPPORTED;
@@ -231,6 +251,32 @@ static int rnn_check_input(struct op_call *c, int i, const char *what, int ndim,
                     tensor_shape_str(&e, want, sizeof want));
 }
 
+static int rnn_check_input(struct op_call *c, int i, const char *what, int ndim, const int64_t *dims) {
+    return rnn_check_typed(c, i, what, ndim, dims, 0);
+}
+
+/* DynamicQuantizeLSTM's scales and zero points (inputs 8 to 11): float32
+ * scales and zero points of W's (R's) type, [D] or [D, 4H], all four
+ * given. */
+enum { RNN_W_SCALE = 8, RNN_W_ZP, RNN_R_SCALE, RNN_R_ZP };
+static int rnn_check_qparams(struct op_call *c, const struct rnn_params *p) {
+    static const char *const names[4] = {"W_scale", "W_zero_point", "R_scale", "R_zero_point"};
+    const int64_t D = p->ndir, GH = p->ngates * p->hidden;
+    for (int k = 0; k < 4; k++) {
+        const struct tensor *t = rnn_in(c, RNN_W_SCALE + k), *of = c->in[k < 2 ? RNN_W : RNN_R];
+        if (!t) return op_error(c, "%s is required", names[k]);
+        if (k % 2 == 0 && t->dtype != DT_FP32)
+            return op_error(c, "%s must be float32 (got %s)", names[k], dtype_name(t->dtype)), STATUS_UNSUPPORTED;
+        if (k % 2 && t->dtype != of->dtype)
+            return op_error(c, "%s must have %s's type %s (got %s)", names[k], k < 2 ? "W" : "R", dtype_name(of->dtype),
+                            dtype_name(t->dtype)), STATUS_UNSUPPORTED;
+        if (!((t->ndim == 1 && t->dims[0] == D) || (t->ndim == 2 && t->dims[0] == D && t->dims[1] == GH)))
+            return op_error(c, "%s must have shape [%lld] or [%lld, %lld]", names[k], (long long)D, (long long)D,
+                            (long long)GH);
+    }
+    return 0;
+}
+
 /* The sizes, from X and R, checked against every other input. */
 static int rnn_decode_shapes(struct op_call *c, struct rnn_params *p) {
     const struct tensor *x = c->in[RNN_X], *w = c->in[RNN_W], *r = c->in[RNN_R];
@@ -239,16 +285,20 @@ static int rnn_decode_shapes(struct op_call *c, struct rnn_params *p) {
     p->seq = x->dims[p->layout ? 1 : 0];
     p->batch = x->dims[p->layout ? 0 : 1];
     p->in_size = x->dims[2];
-    p->hidden = r->dims[2];
+    p->hidden = r->dims[p->quant ? 1 : 2];
     int64_t hs = node_attr_int(c->node, "hidden_size", p->hidden);
     if (hs != p->hidden) return op_error(c, "hidden_size is %lld but R's last dim is %lld", (long long)hs, (long long)p->hidden);
     int64_t D = p->ndir, G = p->ngates, H = p->hidden, Bt = p->batch;
     const int64_t xd[3] = {x->dims[0], x->dims[1], p->in_size}, wd[3] = {D, G * H, p->in_size},
                   rd[3] = {D, G * H, H}, bd[2] = {D, 2 * G * H}, pd[2] = {D, 3 * H};
+    /* DynamicQuantizeLSTM's W and R are stored transposed: [D, I, 4H], [D, H, 4H]. */
+    const int64_t wqd[3] = {D, p->in_size, G * H}, rqd[3] = {D, H, G * H};
     const int64_t hd[3] = {p->layout ? Bt : D, p->layout ? D : Bt, H};
     int rc;
-    if ((rc = rnn_check_input(c, RNN_X, "X", 3, xd)) || (rc = rnn_check_input(c, RNN_W, "W", 3, wd)) ||
-        (rc = rnn_check_input(c, RNN_R, "R", 3, rd)) || (rc = rnn_check_input(c, RNN_B, "B", 2, bd)) ||
+    if ((rc = rnn_check_input(c, RNN_X, "X", 3, xd)) ||
+        (rc = rnn_check_typed(c, RNN_W, "W", 3, p->quant ? wqd : wd, p->quant)) ||
+        (rc = rnn_check_typed(c, RNN_R, "R", 3, p->quant ? rqd : rd, p->quant)) ||
+        (p->quant && (rc = rnn_check_qparams(c, p))) || (rc = rnn_check_input(c, RNN_B, "B", 2, bd)) ||
         (rc = rnn_check_input(c, RNN_H0, "initial_h", 3, hd)))
         return rc;
     if (p->kind == RNN_KIND_LSTM &&
@@ -277,9 +327,10 @@ static void rnn_set_out(struct op_call *c, int i, int ndim, const int64_t *dims)
     for (int k = 0; k < ndim; k++) t->dims[k] = dims[k];
 }
 
-static int rnn_infer(struct op_call *c, enum rnn_kind kind) {
+static int rnn_infer(struct op_call *c, enum rnn_kind kind, int quant) {
     struct rnn_params p;
     memset(&p, 0, sizeof p);
+    p.quant = quant;
     int rc = rnn_decode(c, kind, &p);
     if (rc) return rc;
     int64_t T = p.seq, D = p.ndir, Bt = p.batch, H = p.hidden;
@@ -289,9 +340,10 @@ static int rnn_infer(struct op_call *c, enum rnn_kind kind) {
     if (kind == RNN_KIND_LSTM) rnn_set_out(c, RNN_YC, 3, p.layout ? h1 : h0);
     return 0;
 }
-static int rnn_infer_rnn(struct op_call *c) { return rnn_infer(c, RNN_KIND_RNN); }
-static int gru_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_GRU); }
-static int lstm_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_LSTM); }
+static int rnn_infer_rnn(struct op_call *c) { return rnn_infer(c, RNN_KIND_RNN, 0); }
+static int gru_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_GRU, 0); }
+static int lstm_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_LSTM, 0); }
+static int dqlstm_infer(struct op_call *c) { return rnn_infer(c, RNN_KIND_LSTM, 1); }
 
 /* ---- the per-step product ---------------------------------------------- */
 
@@ -310,126 +362,15 @@ static int rnn_gemm(struct op_call *c, char transb, int64_t m, int64_t n, int64_
     return 0;
 }
 
-/* A batch of up to this many rows takes rnn_gemv per row at each step, R^T
+/* A batch of up to this many rows takes cpu_gemv per row at each step, R^T
  * packed in panels (below); a larger one takes one sgemm per step over R^T
  * laid out plainly, whose own packing then pays for itself. */
 #define RNN_GEMV_MAX_ROWS 4
-/* Columns per panel of packed R^T: the outputs one pass of the AVX-512
- * loop holds in registers (8 x 16). */
-#define RNN_PANEL 128
 
 /* Packed R^T: the columns of a segment (one for all gates, or GRU's z and
- * r apart from h when h's product waits for r) cut into panels of
- * RNN_PANEL columns (the last one narrower), each panel's H rows stored
- * one after another, row stride its width. A panel streams from L2 as one
- * run of memory; in the plain layout its rows sit a whole G*H apart. A
- * segment starting at column c0 starts at c0 * H in both layouts' sizes. */
-
-/* out[0, n) = h[0, k) times the packed segment pk of n columns. Built for
- * AVX-512, AVX2 and the baseline, picked by the ISA oneDNN runs
- * (dnnl_util_isa_level), so ONEDNN_MAX_CPU_ISA reaches it too. The vector
- * versions hold a panel's outputs in registers across all of k: eight
- * accumulators, enough independent FMAs to cover their latency. Each
- * output sums over k in order on every path, so the paths differ only by
- * FMA's single rounding. */
-static void rnn_gemv_c(const float *h, int64_t k, const float *pk, int64_t n, float *out) {
-    for (int64_t q = 0; q < n; q += RNN_PANEL) {
-        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL;
-        const float *panel = pk + q * k;
-        float *o = out + q;
-        memset(o, 0, sizeof(float) * (size_t)w);
-        for (int64_t j = 0; j < k; j++) {
-            const float hj = h[j], *r = panel + j * w;
-#pragma omp simd
-            for (int64_t c = 0; c < w; c++) o[c] += hj * r[c];
-        }
-    }
-}
-
-#ifdef RNN_X86
-__attribute__((target("arch=x86-64-v4"))) static void rnn_gemv_v4(const float *h, int64_t k, const float *pk,
-                                                                   int64_t n, float *out) {
-    for (int64_t q = 0; q < n; q += RNN_PANEL) {
-        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL;
-        const float *panel = pk + q * k;
-        if (w == RNN_PANEL) {
-            /* Eight named accumulators: GCC keeps an array of them in memory. */
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            for (int64_t j = 0; j < k; j++) {
-                const __m512 hj = _mm512_set1_ps(h[j]);
-                const float *r = panel + j * RNN_PANEL;
-                a0 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r), a0);
-                a1 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 16), a1);
-                a2 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 32), a2);
-                a3 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 48), a3);
-                a4 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 64), a4);
-                a5 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 80), a5);
-                a6 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 96), a6);
-                a7 = _mm512_fmadd_ps(hj, _mm512_loadu_ps(r + 112), a7);
-            }
-            float *o = out + q;
-            _mm512_storeu_ps(o, a0), _mm512_storeu_ps(o + 16, a1), _mm512_storeu_ps(o + 32, a2);
-            _mm512_storeu_ps(o + 48, a3), _mm512_storeu_ps(o + 64, a4), _mm512_storeu_ps(o + 80, a5);
-            _mm512_storeu_ps(o + 96, a6), _mm512_storeu_ps(o + 112, a7);
-            continue;
-        }
-        for (int64_t c = 0; c < w; c += 16) {
-            __mmask16 m = w - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (w - c)) - 1);
-            __m512 a = _mm512_setzero_ps();
-            for (int64_t j = 0; j < k; j++)
-                a = _mm512_fmadd_ps(_mm512_set1_ps(h[j]), _mm512_maskz_loadu_ps(m, panel + j * w + c), a);
-            _mm512_mask_storeu_ps(out + q + c, m, a);
-        }
-    }
-}
-
-__attribute__((target("arch=x86-64-v3"))) static void rnn_gemv_v3(const float *h, int64_t k, const float *pk,
-                                                                   int64_t n, float *out) {
-    for (int64_t q = 0; q < n; q += RNN_PANEL) {
-        int64_t w = n - q < RNN_PANEL ? n - q : RNN_PANEL, c = 0;
-        const float *panel = pk + q * k;
-        for (; c + 64 <= w; c += 64) {
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-            for (int64_t j = 0; j < k; j++) {
-                const __m256 hj = _mm256_set1_ps(h[j]);
-                const float *r = panel + j * w + c;
-                a0 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r), a0);
-                a1 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 8), a1);
-                a2 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 16), a2);
-                a3 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 24), a3);
-                a4 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 32), a4);
-                a5 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 40), a5);
-                a6 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 48), a6);
-                a7 = _mm256_fmadd_ps(hj, _mm256_loadu_ps(r + 56), a7);
-            }
-            float *o = out + q + c;
-            _mm256_storeu_ps(o, a0), _mm256_storeu_ps(o + 8, a1), _mm256_storeu_ps(o + 16, a2);
-            _mm256_storeu_ps(o + 24, a3), _mm256_storeu_ps(o + 32, a4), _mm256_storeu_ps(o + 40, a5);
-            _mm256_storeu_ps(o + 48, a6), _mm256_storeu_ps(o + 56, a7);
-        }
-        for (; c + 8 <= w; c += 8) {
-            __m256 a = _mm256_setzero_ps();
-            for (int64_t j = 0; j < k; j++)
-                a = _mm256_fmadd_ps(_mm256_set1_ps(h[j]), _mm256_loadu_ps(panel + j * w + c), a);
-            _mm256_storeu_ps(out + q + c, a);
-        }
-        for (; c < w; c++) {
-            float a = 0;
-            for (int64_t j = 0; j < k; j++) a = fmaf(h[j], panel[j * w + c], a);
-            out[q + c] = a;
-        }
-    }
-}
-#endif
-
-static void rnn_gemv(const float *h, int64_t k, const float *pk, int64_t n, float *out) {
-#ifdef RNN_X86
-    int l = dnnl_util_isa_level();
-    if (l >= 4) return rnn_gemv_v4(h, k, pk, n, out);
-    if (l == 3) return rnn_gemv_v3(h, k, pk, n, out);
-#endif
-    rnn_gemv_c(h, k, pk, n, out);
-}
+ * r apart from h when h's product waits for r) packed for cpu_gemv
+ * (gemv.h) on their own. A segment starting at column c0 starts at c0 * H
+ * in both layouts' sizes. */
 
 static int rnn_packed(const struct rnn_params *p) { return p->batch <= RNN_GEMV_MAX_ROWS; }
 
@@ -442,12 +383,7 @@ static void rnn_pack_segment(const struct rnn_params *p, const float *r, int64_t
             for (int64_t j = 0; j < H; j++) dst[j * GH + q] = r[q * H + j];
         return;
     }
-    for (int64_t q0 = c0; q0 < c1; q0 += RNN_PANEL) {
-        int64_t w = c1 - q0 < RNN_PANEL ? c1 - q0 : RNN_PANEL;
-        float *panel = dst + q0 * H;
-        for (int64_t c = 0; c < w; c++)
-            for (int64_t j = 0; j < H; j++) panel[j * w + c] = r[(q0 + c) * H + j];
-    }
+    cpu_gemv_pack(r + c0 * H, H, c1 - c0, 1, H, dst + c0 * H);
 }
 
 /* GRU without linear_before_reset multiplies h's gate by r * h, known only
@@ -471,7 +407,7 @@ static int rnn_step_product(struct op_call *c, const struct rnn_params *p, const
                             int64_t c0, int64_t n, float *gh) {
     int64_t H = p->hidden, GH = p->ngates * H;
     if (!rnn_packed(p)) return rnn_gemm(c, 'N', p->batch, n, H, h, H, rt + c0, GH, 0.0f, gh + c0, GH);
-    for (int64_t b = 0; b < p->batch; b++) rnn_gemv(h + b * H, H, rt + c0 * H, n, gh + b * GH + c0);
+    for (int64_t b = 0; b < p->batch; b++) cpu_gemv(h + b * H, H, rt + c0 * H, n, gh + b * GH + c0);
     return 0;
 }
 
@@ -487,18 +423,25 @@ struct rnn_work {
     float *rt;      /* [G*H * H]: this direction's R^T (rnn_pack_r), from prepare or made per run */
     int64_t *len;   /* [batch]: each row's sequence length */
     void *proj;     /* the projection primitive's scratch */
+    uint8_t *qx;    /* DynamicQuantizeLSTM: [seq * batch, I] X quantized */
+    uint8_t *qh;    /* [batch, H]: the hidden state quantized */
+    float *hm;      /* [batch, H]: the hidden state with ended rows zeroed (rnn_dq_step_product) */
+    void *qscr;     /* the 8-bit GEMMs' scratch */
 };
 
 static size_t rnn_work_layout(const struct rnn_params *p, char *base, struct rnn_work *w) {
-    int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden;
-    size_t sizes[9] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
-                       sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
-                       sizeof(float) * (size_t)GH, p->rt ? 0 : sizeof(float) * (size_t)(GH * p->hidden),
-                       sizeof(int64_t) * (size_t)p->batch, p->proj_scratch};
-    void **slots[9] = {(void **)&w->gx, (void **)&w->gh, (void **)&w->h, (void **)&w->cst,
-                       (void **)&w->rh, (void **)&w->bias, (void **)&w->rt, (void **)&w->len, &w->proj};
+    int64_t GH = p->ngates * p->hidden, BH = p->batch * p->hidden, q = p->quant;
+    size_t sizes[13] = {sizeof(float) * (size_t)(p->seq * p->batch * GH), sizeof(float) * (size_t)(p->batch * GH),
+                        sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH, sizeof(float) * (size_t)BH,
+                        sizeof(float) * (size_t)GH, p->rt || q ? 0 : sizeof(float) * (size_t)(GH * p->hidden),
+                        sizeof(int64_t) * (size_t)p->batch, p->proj_scratch,
+                        q ? (size_t)(p->seq * p->batch * p->in_size) : 0, q ? (size_t)BH : 0,
+                        q ? sizeof(float) * (size_t)BH : 0, p->q_scratch};
+    void **slots[13] = {(void **)&w->gx, (void **)&w->gh,  (void **)&w->h,  (void **)&w->cst, (void **)&w->rh,
+                        (void **)&w->bias, (void **)&w->rt, (void **)&w->len, &w->proj,        (void **)&w->qx,
+                        (void **)&w->qh,  (void **)&w->hm,  &w->qscr};
     size_t off = 0;
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 13; i++) {
         if (base) *slots[i] = base + off;
         off += dnnl_util_align(sizes[i] ? sizes[i] : 1);
     }
@@ -524,7 +467,11 @@ static void rnn_release(void *state) {
     struct rnn_params *p = state;
     if (p) {
         free(p->rt);
-        for (int d = 0; d < 2; d++) cpu_mm_release(p->proj[d]);
+        for (int d = 0; d < 2; d++) {
+            cpu_mm_release(p->proj[d]);
+            cpu_qgemm_free(&p->qw[d]);
+            cpu_qgemm_free(&p->qr[d]);
+        }
     }
     op_params_free(p);
 }
@@ -566,9 +513,43 @@ static int rnn_build_projections(struct op_call *c, struct rnn_params *p) {
     return 0;
 }
 
-static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size_t *scratch_size) {
+/* DynamicQuantizeLSTM's two 8-bit GEMMs per direction on W and R as
+ * constant [K, 4H] matrices with their zero points: the projection on the
+ * threads a float one of its size would get, the per-step product of a few
+ * rows on one. */
+static int rnn_build_quantized(struct op_call *c, struct rnn_params *p) {
+    const struct tensor *w = c->in[RNN_W], *r = c->in[RNN_R], *wz = c->in[RNN_W_ZP], *rz = c->in[RNN_R_ZP];
+    if (!w->data || !r->data || !wz->data || !rz->data)
+        return op_error(c, "W, R and their zero points must be constant (initializers): their 8-bit products are "
+                           "built with the plan"), STATUS_UNSUPPORTED;
+    int64_t GH = p->ngates * p->hidden, rows = p->seq * p->batch, I = p->in_size, H = p->hidden;
+    p->proj_threads = 1;
+    if (rows == 0 || GH == 0 || I == 0 || H == 0) return 0;
+    double macs = (double)rows * (double)GH * (double)I;
+    p->proj_threads = macs >= RNN_PROJ_MACS_THREADS ? c->nthreads : 1;
+    struct op_call pc = *c, one = *c;
+    pc.nthreads = p->proj_threads;
+    one.nthreads = 1;
+    int64_t nwz = tensor_numel(wz) / p->ndir, nrz = tensor_numel(rz) / p->ndir;
+    for (int d = 0; d < p->ndir; d++) {
+        struct tensor wb = {w->dtype, 2, {I, GH}, (uint8_t *)w->data + d * I * GH};
+        struct tensor rb = {r->dtype, 2, {H, GH}, (uint8_t *)r->data + d * H * GH};
+        struct tensor wzd = {wz->dtype, 1, {nwz}, (uint8_t *)wz->data + d * nwz};
+        struct tensor rzd = {rz->dtype, 1, {nrz}, (uint8_t *)rz->data + d * nrz};
+        size_t sw = 0, sr = 0;
+        int rc = cpu_qgemm_build(&pc, &p->qw[d], rows, DT_UINT8, &wb, &wzd, &sw);
+        if (!rc) rc = cpu_qgemm_build(&one, &p->qr[d], p->batch, DT_UINT8, &rb, &rzd, &sr);
+        if (rc) return rc;
+        size_t need = sw > sr ? sw : sr;
+        if (need > p->q_scratch) p->q_scratch = need;
+    }
+    return 0;
+}
+
+static int rnn_prepare(struct op_call *c, enum rnn_kind kind, int quant, void **state, size_t *scratch_size) {
     struct rnn_params *p = op_params_alloc(c, sizeof *p);
     if (!p) return STATUS_NOMEM;
+    p->quant = quant;
     int rc = rnn_decode(c, kind, p);
     if (rc) {
         op_params_free(p);
@@ -576,7 +557,12 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
     }
     p->fused = rnn_fusable(c, p);
     const struct tensor *r = c->in[RNN_R];
-    if (r->data) {
+    if (quant) {
+        if ((rc = rnn_build_quantized(c, p))) {
+            rnn_release(p);
+            return rc;
+        }
+    } else if (r->data) {
         int64_t per = p->ngates * p->hidden * p->hidden;
         /* Cache-line aligned: a vector load across two lines costs both. */
         p->rt = aligned_alloc(64, dnnl_util_align(sizeof(float) * (size_t)(p->ndir * per > 0 ? p->ndir * per : 1)));
@@ -586,8 +572,8 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
         }
         for (int d = 0; d < p->ndir; d++) rnn_pack_r(p, (const float *)r->data + d * per, p->rt + d * per);
     }
-    p->proj_threads = c->nthreads;
-    if ((rc = rnn_build_projections(c, p))) {
+    if (!quant) p->proj_threads = c->nthreads;
+    if (!quant && (rc = rnn_build_projections(c, p))) {
         rnn_release(p);
         return rc;
     }
@@ -596,9 +582,10 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, void **state, size
     *state = p;
     return 0;
 }
-static int rnn_prepare_rnn(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_RNN, s, n); }
-static int gru_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_GRU, s, n); }
-static int lstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, s, n); }
+static int rnn_prepare_rnn(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_RNN, 0, s, n); }
+static int gru_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_GRU, 0, s, n); }
+static int lstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, 0, s, n); }
+static int dqlstm_prepare(struct op_call *c, void **s, size_t *n) { return rnn_prepare(c, RNN_KIND_LSTM, 1, s, n); }
 
 /* ---- one direction ------------------------------------------------------ */
 
@@ -612,6 +599,8 @@ struct rnn_dir {
     const float *x;
     float *y, *yh, *yc;         /* outputs, NULL when absent */
     const float *h0, *c0;       /* initial states, NULL when absent */
+    const float *ws, *rs;       /* DynamicQuantizeLSTM: this direction's W and R scales (1 or 4H) */
+    int ws_per, rs_per;         /* whether they are per column */
 };
 
 /* Offsets of a (time step, batch row) in X's rows, in Y, and of a batch
@@ -626,6 +615,65 @@ static int64_t rnn_state_off(const struct rnn_params *p, int d, int64_t b) {
     return (p->layout ? b * p->ndir + d : d * p->batch + b) * p->hidden;
 }
 
+/* ---- DynamicQuantizeLSTM's products ------------------------------------ */
+
+/* The left operand a [m, k] quantized to uint8 over the range of its first
+ * n_range values (onnxruntime's scale and zero point: DynamicQuantizeLinear's
+ * rule, scale 1 for an all-zero range), the rest at that scale; then
+ * y = (float)(sum (a_q - a_zp) (B - zb)) * (a_scale * b_scale[n]) + bias[n]
+ * on the exact 8-bit GEMM q. */
+static int rnn_dq_gemm(struct op_call *c, const struct rnn_work *w, const struct cpu_qgemm *q, const float *a,
+                       int64_t n_range, uint8_t *aq, const float *bscale, int bscale_per, const float *bias, float *y) {
+    const int64_t n = q->m * q->k;
+    uint8_t zp;
+    float scale = cpu_dynquant_u8(a, n_range, aq, &zp);
+    if (!(scale > 0)) scale = 1.0f;
+    for (int64_t i = n_range; i < n; i++) {
+        float v = nearbyintf(a[i] / scale) + (float)zp;
+        v = v > 0 ? v : 0; /* NaN too */
+        aq[i] = (uint8_t)(v < 255 ? v : 255);
+    }
+    struct cpu_qgemm_epi e = {scale, bscale, bscale_per, bias, ACT_NONE, 0, 0};
+    struct op_call qc = *c;
+    qc.scratch = w->qscr;
+    qc.scratch_size = cpu_qgemm_scratch(q);
+    return cpu_qgemm_run(&qc, q, aq, DT_UINT8, zp, (int32_t *)y, &e);
+}
+
+/* gx = X W + bias, X quantized over the steps any row runs (the rows
+ * onnxruntime projects: its range decides the scale). */
+static int rnn_dq_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
+    const struct rnn_params *p = rd->p;
+    const struct cpu_qgemm *q = &p->qw[rd->d];
+    if (!q->prim) return 0;
+    int64_t live = 0;
+    for (int64_t b = 0; b < p->batch; b++) live = w->len[b] > live ? w->len[b] : live;
+    return rnn_dq_gemm(c, w, q, rd->x, live * p->batch * p->in_size, w->qx, rd->ws, rd->ws_per, w->bias, w->gx);
+}
+
+/* gh = h R at step s. The hidden state is quantized as one block over
+ * every batch row, as onnxruntime does at one thread; a row whose sequence
+ * ended before step s - 1 counts as zeros when the node writes Y, because
+ * onnxruntime reads the previous state back from Y, where such rows are
+ * zeroed (without Y they keep their last state in both). */
+static int rnn_dq_step_product(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w, int64_t s) {
+    const struct rnn_params *p = rd->p;
+    const struct cpu_qgemm *q = &p->qr[rd->d];
+    if (!q->prim) return 0;
+    const int64_t H = p->hidden;
+    const float *h = w->h;
+    int masked = 0;
+    for (int64_t b = 0; rd->y && s > 0 && b < p->batch; b++) masked |= w->len[b] < s;
+    if (masked) {
+        for (int64_t b = 0; b < p->batch; b++) {
+            if (w->len[b] < s) memset(w->hm + b * H, 0, sizeof(float) * (size_t)H);
+            else memcpy(w->hm + b * H, w->h + b * H, sizeof(float) * (size_t)H);
+        }
+        h = w->hm;
+    }
+    return rnn_dq_gemm(c, w, q, h, p->batch * H, w->qh, rd->rs, rd->rs_per, NULL, w->gh);
+}
+
 /* The combined biases, R^T, then every step's input projection:
  * gx = X W^T + bias. */
 static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_work *w) {
@@ -635,6 +683,7 @@ static int rnn_project(struct op_call *c, const struct rnn_dir *rd, struct rnn_w
         int r_inside = p->lbr && j >= 2 * H; /* GRU's Rbh is added inside r * (...) */
         w->bias[j] = rd->b ? rd->b[j] + (r_inside ? 0 : rd->b[GH + j]) : 0;
     }
+    if (p->quant) return rnn_dq_project(c, rd, w);
     /* sgemm packs a transposed operand again at every call: the per-step
      * products read R^T laid out as they want it instead. */
     if (rd->rt) w->rt = (float *)rd->rt;
@@ -719,7 +768,7 @@ static void rnn_cell_gru(const struct rnn_dir *rd, float *g, const float *gx, fl
 /* The gates of one row in one pass, for the common forms (rnn_fusable):
  * the same arithmetic as rnn_cell_lstm and rnn_cell_gru with their default
  * activations, in the same order (so the same results), without a pass
- * per gate. Built per ISA like rnn_gemv: the sigmoids and tanhs are most
+ * per gate. Built per ISA like cpu_gemv: the sigmoids and tanhs are most
  * of a step's arithmetic beside the product. */
 #define RNN_FUSED_CELL(NAME)                                                                                \
     static void NAME(enum rnn_kind kind, int64_t H, const float *g, const float *gx, const float *rbh,     \
@@ -806,7 +855,8 @@ static int rnn_step(struct op_call *c, const struct rnn_dir *rd, struct rnn_work
     const struct rnn_params *p = rd->p;
     int64_t H = p->hidden, GH = p->ngates * H;
     int gru_split = rnn_gru_split(p);
-    int rc = rnn_step_product(c, p, w->h, w->rt, 0, gru_split ? 2 * H : GH, w->gh);
+    int rc = p->quant ? rnn_dq_step_product(c, rd, w, s)
+                      : rnn_step_product(c, p, w->h, w->rt, 0, gru_split ? 2 * H : GH, w->gh);
     if (!rc && gru_split) rc = rnn_gru_reset_gemm(c, rd, w, s);
     if (rc) return rc;
     if (p->batch * GH < 65536 || c->nthreads < 2) {
@@ -881,11 +931,19 @@ static void rnn_dir_init(const struct op_call *c, const struct rnn_params *p, in
     int64_t H = p->hidden, GH = p->ngates * H;
     *rd = (struct rnn_dir){
         .p = p, .act = p->act[d], .d = d, .reverse = p->reverse || d == 1,
-        .w = rnn_slice(c, RNN_W, d, GH * p->in_size), .r = rnn_slice(c, RNN_R, d, GH * H),
+        .w = p->quant ? NULL : rnn_slice(c, RNN_W, d, GH * p->in_size),
+        .r = p->quant ? NULL : rnn_slice(c, RNN_R, d, GH * H),
         .b = rnn_slice(c, RNN_B, d, 2 * GH), .x = c->in[RNN_X]->data, .y = rnn_out(c, RNN_Y),
         .rt = p->rt ? p->rt + d * GH * H : NULL,
         .yh = rnn_out(c, RNN_YH), .h0 = rnn_in(c, RNN_H0) ? c->in[RNN_H0]->data : NULL,
     };
+    if (p->quant) { /* W and R are 8-bit (p->qw, p->qr); their scales per direction */
+        int64_t nws = tensor_numel(c->in[RNN_W_SCALE]) / p->ndir, nrs = tensor_numel(c->in[RNN_R_SCALE]) / p->ndir;
+        rd->ws = (const float *)c->in[RNN_W_SCALE]->data + d * nws;
+        rd->rs = (const float *)c->in[RNN_R_SCALE]->data + d * nrs;
+        rd->ws_per = nws > 1;
+        rd->rs_per = nrs > 1;
+    }
     if (p->kind == RNN_KIND_LSTM) {
         rd->peep = rnn_slice(c, RNN_P, d, 3 * H);
         rd->yc = rnn_out(c, RNN_YC);
@@ -932,5 +990,6 @@ const struct op_def op_defs_rnn[] = {
     {"RNN", "", rnn_infer_rnn, rnn_prepare_rnn, rnn_run, rnn_release, 0},
     {"GRU", "", gru_infer, gru_prepare, rnn_run, rnn_release, 0},
     {"LSTM", "", lstm_infer, lstm_prepare, rnn_run, rnn_release, 0},
+    {"DynamicQuantizeLSTM", "com.microsoft", dqlstm_infer, dqlstm_prepare, rnn_run, rnn_release, 0},
     {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -29,6 +29,7 @@
 #endif
 
 #include "kernels/cpu/layout_util.h"
+#include "kernels/cpu/par_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
 #include "kernels/ops.h"
@@ -414,18 +415,19 @@ static int cos_run(struct op_call *c) {
         const T *s_ = src;                                                                                \
         T *d_ = dst;                                                                                      \
         int64_t nti_ = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;                                      \
-        _Pragma("omp parallel for collapse(2) if (batch * rows * cols > 32768) num_threads(nt)")          \
-        for (int64_t b = 0; b < batch; b++)                                                               \
-            for (int64_t ti = 0; ti < nti_; ti++) {                                                       \
-                const T *sb = s_ + b * rows * cols;                                                       \
-                T *db = d_ + b * rows * cols;                                                             \
-                int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows; \
-                for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {                                   \
-                    int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;                 \
-                    for (int64_t i = i0; i < i1; i++)                                                     \
-                        for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];            \
-                }                                                                                         \
-            }                                                                                             \
+        PAR_FOR(batch * rows * cols > 32768, nt, collapse(2),                                             \
+            for (int64_t b = 0; b < batch; b++)                                                           \
+                for (int64_t ti = 0; ti < nti_; ti++) {                                                   \
+                    const T *sb = s_ + b * rows * cols;                                                   \
+                    T *db = d_ + b * rows * cols;                                                         \
+                    int64_t i0 = ti * TRANSPOSE_TILE;                                                     \
+                    int64_t i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;                 \
+                    for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {                               \
+                        int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;             \
+                        for (int64_t i = i0; i < i1; i++)                                                 \
+                            for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];        \
+                    }                                                                                     \
+                });                                                                                       \
     } while (0)
 
 #if defined(__SSE2__)
@@ -434,36 +436,36 @@ static int cos_run(struct op_call *c) {
  * element by element. */
 static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int64_t rows, int64_t cols, int nt) {
     int64_t nti = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-#pragma omp parallel for collapse(2) if (batch * rows * cols > 32768) num_threads(nt)
-    for (int64_t b = 0; b < batch; b++)
-        for (int64_t ti = 0; ti < nti; ti++) {
-            const uint32_t *sb = s_ + b * rows * cols;
-            uint32_t *db = d_ + b * rows * cols;
-            int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;
-            for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
-                int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;
-                int64_t i = i0;
-                for (; i + 4 <= i1; i += 4) {
-                    int64_t j = j0;
-                    for (; j + 4 <= j1; j += 4) {
-                        __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(sb + i * cols + j));
-                        __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 1) * cols + j));
-                        __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 2) * cols + j));
-                        __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 3) * cols + j));
-                        __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
-                        __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
-                        _mm_storeu_si128((__m128i *)(void *)(db + j * rows + i), _mm_unpacklo_epi64(t0, t1));
-                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 1) * rows + i), _mm_unpackhi_epi64(t0, t1));
-                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 2) * rows + i), _mm_unpacklo_epi64(t2, t3));
-                        _mm_storeu_si128((__m128i *)(void *)(db + (j + 3) * rows + i), _mm_unpackhi_epi64(t2, t3));
+    PAR_FOR(batch * rows * cols > 32768, nt, collapse(2),
+        for (int64_t b = 0; b < batch; b++)
+            for (int64_t ti = 0; ti < nti; ti++) {
+                const uint32_t *sb = s_ + b * rows * cols;
+                uint32_t *db = d_ + b * rows * cols;
+                int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;
+                for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
+                    int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;
+                    int64_t i = i0;
+                    for (; i + 4 <= i1; i += 4) {
+                        int64_t j = j0;
+                        for (; j + 4 <= j1; j += 4) {
+                            __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(sb + i * cols + j));
+                            __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 1) * cols + j));
+                            __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 2) * cols + j));
+                            __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 3) * cols + j));
+                            __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+                            __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+                            _mm_storeu_si128((__m128i *)(void *)(db + j * rows + i), _mm_unpacklo_epi64(t0, t1));
+                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 1) * rows + i), _mm_unpackhi_epi64(t0, t1));
+                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 2) * rows + i), _mm_unpacklo_epi64(t2, t3));
+                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 3) * rows + i), _mm_unpackhi_epi64(t2, t3));
+                        }
+                        for (; j < j1; j++)
+                            for (int64_t k = i; k < i + 4; k++) db[j * rows + k] = sb[k * cols + j];
                     }
-                    for (; j < j1; j++)
-                        for (int64_t k = i; k < i + 4; k++) db[j * rows + k] = sb[k * cols + j];
+                    for (; i < i1; i++)
+                        for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];
                 }
-                for (; i < i1; i++)
-                    for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];
-            }
-        }
+            });
 }
 #endif
 
@@ -568,9 +570,14 @@ static int transpose_infer(struct op_call *c) {
     return set_shape(c, c->out[0], x->dtype, x->ndim, d);
 }
 
-/* Transpose's permutation, decoded at prepare. */
+/* Transpose's permutation, decoded at prepare. same: the layout planner
+ * (models/passes_layout.c) found that the node's input and output are the
+ * same bytes: NCHW to NHWC of an input stored channels-last (kiln_layout 1)
+ * or NHWC to NCHW into an output stored so (2). The plan makes such a node
+ * a view; run copies where it could not. */
 struct transpose_params {
     int64_t perm[TENSOR_MAX_DIMS];
+    int same;
 };
 
 static int transpose_prepare(struct op_call *c, void **state, size_t *scratch) {
@@ -581,6 +588,7 @@ static int transpose_prepare(struct op_call *c, void **state, size_t *scratch) {
         op_params_free(p);
         return rc;
     }
+    p->same = layout_of(c->node) != 0;
     *state = p;
     return 0;
 }
@@ -588,6 +596,10 @@ static int transpose_prepare(struct op_call *c, void **state, size_t *scratch) {
 static int transpose_run(struct op_call *c) {
     const struct transpose_params *p = c->state;
     const struct tensor *x = c->in[0];
+    if (p->same) {
+        if (c->out[0]->data != x->data) memcpy(c->out[0]->data, x->data, tensor_nbytes(x));
+        return 0;
+    }
     transpose_bytes(x->data, c->out[0]->data, x->ndim, x->dims, p->perm, dtype_size(x->dtype), c->nthreads);
     return 0;
 }
@@ -747,12 +759,12 @@ static int concat_run(struct op_call *c) {
     int64_t outer = p->outer, orow = p->orow;
     const int64_t *off = p->off;
     char *dst = o->data;
-#pragma omp parallel for if (outer * orow > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t r = 0; r < outer; r++)
-        for (int i = 0; i < c->nin; i++) {
-            int64_t n = off[i + 1] - off[i];
-            if (n) memcpy(dst + r * orow + off[i], (const char *)c->in[i]->data + r * n, (size_t)n);
-        }
+    PAR_FOR(outer * orow > 65536 && outer > 1, c->nthreads, ,
+        for (int64_t r = 0; r < outer; r++)
+            for (int i = 0; i < c->nin; i++) {
+                int64_t n = off[i + 1] - off[i];
+                if (n) memcpy(dst + r * orow + off[i], (const char *)c->in[i]->data + r * n, (size_t)n);
+            });
     return 0;
 }
 
@@ -847,8 +859,8 @@ static int split_run(struct op_call *c) {
         if (c->out[k] && len) {
             char *dst = c->out[k]->data;
             const char *src = (const char *)x->data + off;
-#pragma omp parallel for if (outer * len > 65536 && outer > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-            for (int64_t r = 0; r < outer; r++) memcpy(dst + r * len, src + r * irow, (size_t)len);
+            PAR_FOR(outer * len > 65536 && outer > 1, c->nthreads, ,
+                for (int64_t r = 0; r < outer; r++) memcpy(dst + r * len, src + r * irow, (size_t)len););
         }
         off += len;
     }
@@ -1081,16 +1093,16 @@ static int gather_run(struct op_call *c) {
     char *dst = c->out[0]->data;
     size_t row = (size_t)inner * es;
     int64_t total = outer * ni;
-#pragma omp parallel for if (total * inner > 32768 && total > 1) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t t = 0; t < total; t++) {
-        int64_t o = t / ni, i = t % ni, v = op_int_at(idx, i);
-        if (v < 0) v += dim;
-        const char *s = src + ((o * dim + v) * inner) * (int64_t)es;
-        char *d = dst + t * (int64_t)row;
-        if (row == 4) memcpy(d, s, 4);
-        else if (row == 8) memcpy(d, s, 8);
-        else memcpy(d, s, row);
-    }
+    PAR_FOR(total * inner > 32768 && total > 1, c->nthreads, ,
+        for (int64_t t = 0; t < total; t++) {
+            int64_t o = t / ni, i = t % ni, v = op_int_at(idx, i);
+            if (v < 0) v += dim;
+            const char *s = src + ((o * dim + v) * inner) * (int64_t)es;
+            char *d = dst + t * (int64_t)row;
+            if (row == 4) memcpy(d, s, 4);
+            else if (row == 8) memcpy(d, s, 8);
+            else memcpy(d, s, row);
+        });
     return 0;
 }
 
@@ -1655,34 +1667,34 @@ static int pad_run(struct op_call *c) {
     if (rows == 0 || cols == 0) return 0;
     char *dst = o->data;
     const char *src = x->data;
-#pragma omp parallel for if (rows * cols > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t row = 0; row < rows; row++) {
-        int64_t rem = row, base = 0;
-        int constant = 0;
-        for (int k = r - 2; k >= 0; k--) {
-            int64_t ok = rem % o->dims[k];
-            rem /= o->dims[k];
-            int64_t s = pad_src(ok, pp.begin[k], x->dims[k], pp.mode);
-            if (s < 0) constant = 1;
-            else base += s * xs[k];
-        }
-        char *drow = dst + row * cols * (int64_t)es;
-        if (constant || dl == 0) {
-            for (int64_t j = 0; j < cols; j++) memcpy(drow + j * (int64_t)es, fill, es);
-            continue;
-        }
-        /* The interior is one contiguous run; only the borders need mapping. */
-        int64_t j0 = bl < 0 ? 0 : bl, j1 = bl + dl < cols ? bl + dl : cols;
-        for (int64_t j = 0; j < j0 && j < cols; j++) {
-            int64_t s = pad_src(j, bl, dl, pp.mode);
-            memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
-        }
-        if (j1 > j0) memcpy(drow + j0 * (int64_t)es, src + (base + j0 - bl) * (int64_t)es, (size_t)(j1 - j0) * es);
-        for (int64_t j = j1 > j0 ? j1 : j0; j < cols; j++) {
-            int64_t s = pad_src(j, bl, dl, pp.mode);
-            memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
-        }
-    }
+    PAR_FOR(rows * cols > 65536, c->nthreads, ,
+        for (int64_t row = 0; row < rows; row++) {
+            int64_t rem = row, base = 0;
+            int constant = 0;
+            for (int k = r - 2; k >= 0; k--) {
+                int64_t ok = rem % o->dims[k];
+                rem /= o->dims[k];
+                int64_t s = pad_src(ok, pp.begin[k], x->dims[k], pp.mode);
+                if (s < 0) constant = 1;
+                else base += s * xs[k];
+            }
+            char *drow = dst + row * cols * (int64_t)es;
+            if (constant || dl == 0) {
+                for (int64_t j = 0; j < cols; j++) memcpy(drow + j * (int64_t)es, fill, es);
+                continue;
+            }
+            /* The interior is one contiguous run; only the borders need mapping. */
+            int64_t j0 = bl < 0 ? 0 : bl, j1 = bl + dl < cols ? bl + dl : cols;
+            for (int64_t j = 0; j < j0 && j < cols; j++) {
+                int64_t s = pad_src(j, bl, dl, pp.mode);
+                memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
+            }
+            if (j1 > j0) memcpy(drow + j0 * (int64_t)es, src + (base + j0 - bl) * (int64_t)es, (size_t)(j1 - j0) * es);
+            for (int64_t j = j1 > j0 ? j1 : j0; j < cols; j++) {
+                int64_t s = pad_src(j, bl, dl, pp.mode);
+                memcpy(drow + j * (int64_t)es, s < 0 ? (const char *)fill : src + (base + s) * (int64_t)es, es);
+            }
+        });
     return 0;
 }
 

@@ -70,10 +70,13 @@ int cpu_qgemm_usable(const struct tensor *b, const struct tensor *zb) {
     return !zb || tensor_numel(zb) == 1 || tensor_numel(zb) == b->dims[1];
 }
 
-int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
-                    const struct tensor *zb, size_t *scratch_size) {
+/* B is b [K, N] row-major, or (trans) b [N, K] row-major read as its
+ * transpose: oneDNN takes it by strides, so no copy is made and the key of
+ * the shared reordered weights is still b's own bytes. */
+static int qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
+                       const struct tensor *zb, int trans, size_t *scratch_size) {
     memset(q, 0, sizeof *q);
-    const int64_t k = b->dims[0], n = b->dims[1];
+    const int64_t k = b->dims[trans ? 1 : 0], n = b->dims[trans ? 0 : 1];
     q->m = m;
     q->k = k;
     q->n = n;
@@ -93,7 +96,7 @@ int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtyp
     }
     for (int64_t t = 0; t < k; t++)
         for (int64_t j = 0; j < n; j++)
-            q->colsum[j] += (int32_t)op_int_at(b, t * n + j) - shift;
+            q->colsum[j] += (int32_t)op_int_at(b, trans ? j * k + t : t * n + j) - shift;
 
     q->nthreads = c->nthreads;
     dnnl_util_set_threads(q->nthreads);
@@ -101,14 +104,16 @@ int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtyp
         cpu_qgemm_free(q);
         return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
     }
-    dnnl_dims_t ad = {m, k}, bd = {k, n}, yd = {m, n};
+    dnnl_dims_t ad = {m, k}, bd = {k, n}, yd = {m, n}, bt_strides = {1, k};
     dnnl_memory_desc_t a_md, b_md, b_any, y_md;
     dnnl_primitive_attr_t attr = dnnl_util_attr();
     dnnl_matmul_desc_t md;
     dnnl_primitive_desc_t pd = NULL;
     dnnl_status_t st = attr ? dnnl_success : dnnl_out_of_memory;
     if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&a_md, 2, ad, dnnl_u8, dnnl_ab);
-    if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_s8, dnnl_ab);
+    if (st == dnnl_success)
+        st = trans ? dnnl_memory_desc_init_by_strides(&b_md, 2, bd, dnnl_s8, bt_strides)
+                   : dnnl_memory_desc_init_by_tag(&b_md, 2, bd, dnnl_s8, dnnl_ab);
     if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&b_any, 2, bd, dnnl_s8, dnnl_format_tag_any);
     if (st == dnnl_success) st = dnnl_memory_desc_init_by_tag(&y_md, 2, yd, dnnl_s32, dnnl_ab);
     if (st == dnnl_success) st = dnnl_matmul_desc_init(&md, &a_md, &b_any, NULL, &y_md);
@@ -140,6 +145,16 @@ int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtyp
     q->dnnl_scratch = dnnl_util_align(dnnl_scratch);
     *scratch_size = cpu_qgemm_scratch(q);
     return 0;
+}
+
+int cpu_qgemm_build(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *b,
+                    const struct tensor *zb, size_t *scratch_size) {
+    return qgemm_build(c, q, m, a_dt, b, zb, 0, scratch_size);
+}
+
+int cpu_qgemm_build_bt(struct op_call *c, struct cpu_qgemm *q, int64_t m, enum dtype a_dt, const struct tensor *bt,
+                       const struct tensor *zb, size_t *scratch_size) {
+    return qgemm_build(c, q, m, a_dt, bt, zb, 1, scratch_size);
 }
 
 /* oneDNN's scratchpad, then A shifted (int8 A) or its two halves and the

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cpu/par_util.h"
 #include "kernels/ops.h"
 
 /* Strided copies may view a tensor with twice its rank (Tile, DepthToSpace). */
@@ -43,51 +44,51 @@ static inline void shape_strided_copy(void *dst, const void *src, int64_t base, 
     if (rows == 0 || inner == 0) return;
     const char *s = src;
     char *d = dst;
-#pragma omp parallel for if (rows * inner > 32768 && rows > 1) num_threads(nt > 0 ? nt : 1)
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t off = base, rem = r;
-        for (int k = nd - 2; k >= 0; k--) {
-            int64_t ik = rem % dims[k];
-            rem /= dims[k];
-            off += ik * strides[k];
-        }
-        char *drow = d + r * inner * (int64_t)es;
-        if (istride == 1) {
-            memcpy(drow, s + off * (int64_t)es, (size_t)inner * es);
-        } else if (istride == 0) {
-            if (es == 4) {
-                uint32_t v;
-                memcpy(&v, s + off * 4, 4);
-                uint32_t *dp = (uint32_t *)(void *)drow;
-                for (int64_t i = 0; i < inner; i++) dp[i] = v;
-            } else if (es == 8) {
-                uint64_t v;
-                memcpy(&v, s + off * 8, 8);
-                uint64_t *dp = (uint64_t *)(void *)drow;
-                for (int64_t i = 0; i < inner; i++) dp[i] = v;
+    PAR_FOR(rows * inner > 32768 && rows > 1, nt, ,
+        for (int64_t r = 0; r < rows; r++) {
+            int64_t off = base, rem = r;
+            for (int k = nd - 2; k >= 0; k--) {
+                int64_t ik = rem % dims[k];
+                rem /= dims[k];
+                off += ik * strides[k];
+            }
+            char *drow = d + r * inner * (int64_t)es;
+            if (istride == 1) {
+                memcpy(drow, s + off * (int64_t)es, (size_t)inner * es);
+            } else if (istride == 0) {
+                if (es == 4) {
+                    uint32_t v;
+                    memcpy(&v, s + off * 4, 4);
+                    uint32_t *dp = (uint32_t *)(void *)drow;
+                    for (int64_t i = 0; i < inner; i++) dp[i] = v;
+                } else if (es == 8) {
+                    uint64_t v;
+                    memcpy(&v, s + off * 8, 8);
+                    uint64_t *dp = (uint64_t *)(void *)drow;
+                    for (int64_t i = 0; i < inner; i++) dp[i] = v;
+                } else {
+                    for (int64_t i = 0; i < inner; i++) shape_copy_elem(drow + i * (int64_t)es, s + off * (int64_t)es, es);
+                }
             } else {
-                for (int64_t i = 0; i < inner; i++) shape_copy_elem(drow + i * (int64_t)es, s + off * (int64_t)es, es);
+                switch (es) {
+                case 4: {
+                    const uint32_t *sp = (const uint32_t *)(const void *)s;
+                    uint32_t *dp = (uint32_t *)(void *)drow;
+                    for (int64_t i = 0; i < inner; i++) memcpy(dp + i, sp + off + i * istride, 4);
+                    break;
+                }
+                case 8: {
+                    const uint64_t *sp = (const uint64_t *)(const void *)s;
+                    uint64_t *dp = (uint64_t *)(void *)drow;
+                    for (int64_t i = 0; i < inner; i++) memcpy(dp + i, sp + off + i * istride, 8);
+                    break;
+                }
+                default:
+                    for (int64_t i = 0; i < inner; i++)
+                        shape_copy_elem(drow + i * (int64_t)es, s + (off + i * istride) * (int64_t)es, es);
+                }
             }
-        } else {
-            switch (es) {
-            case 4: {
-                const uint32_t *sp = (const uint32_t *)(const void *)s;
-                uint32_t *dp = (uint32_t *)(void *)drow;
-                for (int64_t i = 0; i < inner; i++) memcpy(dp + i, sp + off + i * istride, 4);
-                break;
-            }
-            case 8: {
-                const uint64_t *sp = (const uint64_t *)(const void *)s;
-                uint64_t *dp = (uint64_t *)(void *)drow;
-                for (int64_t i = 0; i < inner; i++) memcpy(dp + i, sp + off + i * istride, 8);
-                break;
-            }
-            default:
-                for (int64_t i = 0; i < inner; i++)
-                    shape_copy_elem(drow + i * (int64_t)es, s + (off + i * istride) * (int64_t)es, es);
-            }
-        }
-    }
+        });
 }
 
 /* Row-major strides (in elements) of dims. */

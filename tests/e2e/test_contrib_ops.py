@@ -693,3 +693,74 @@ def test_onnxruntime_optimized_models(make_server, tmp_path, case):
         feeds = [{"x": rng.standard_normal((b, t, 64)).astype(np.float32)} for b, t in [(1, 3), (2, 7)]]
     for k, g, w in compare_served(client, case, model, feeds):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+# ---- DynamicQuantizeLSTM ----------------------------------------------------
+
+def case_dq_lstm(name, direction="bidirectional", wtype=np.int8, per_column=True, lens=(6, 4, 1), with_y=True):
+    """A DynamicQuantizeLSTM node as quantize_dynamic writes it (W [D, I, 4H]
+    and R [D, H, 4H] transposed, 8-bit; onnxruntime takes zero points 0 for an
+    int8 weight and one value for a uint8 one), with sequence_lens and
+    initial states."""
+    rng = rng_for(name)
+    T, B, I, H = 6, len(lens), 10, 16
+    D = 2 if direction == "bidirectional" else 1
+
+    def weights(k, dt, per):
+        n = 4 * H if per else 1
+        scale = ((rng.random((D, n)) * 0.5 + 0.75) / 127).astype(np.float32)
+        q = rng.integers(-127, 128, (D, k, 4 * H))
+        zp = np.zeros((D, n), np.int64) if dt == np.int8 else np.full((D, n), 120)
+        q = (q if dt == np.int8 else q + 128).astype(dt)
+        shape = (D, n) if per else (D,)
+        return q, scale.reshape(shape), zp.astype(dt).reshape(shape)
+
+    w, ws, wz = weights(I, wtype, per_column)
+    r, rs, rz = weights(H, wtype, False)  # onnxruntime: one type for W and R
+    feeds = {"x": f32(rng, T, B, I), "seq": np.array(lens, np.int32)}
+    consts = {"w": w, "r": r, "b": f32(rng, D, 8 * H, scale=0.2), "h0": f32(rng, D, B, H, scale=0.5),
+              "c0": f32(rng, D, B, H, scale=0.5), "ws": ws, "wz": wz, "rs": rs, "rz": rz}
+    outputs = ["y" if with_y else "", "yh", "yc"]
+    m = single_node("DynamicQuantizeLSTM", feeds, consts, outputs,
+                    _inputs=["x", "w", "r", "b", "seq", "h0", "c0", "", "ws", "wz", "rs", "rz"],
+                    direction=direction, hidden_size=H)
+    return m, feeds
+
+
+DQ_LSTM = {
+    "dq_lstm_bidirectional": lambda n: case_dq_lstm(n),
+    "dq_lstm_forward_uint8_no_y": lambda n: case_dq_lstm(n, "forward", np.uint8, lens=(6, 2, 5), with_y=False),
+    "dq_lstm_reverse_per_tensor": lambda n: case_dq_lstm(n, "reverse", per_column=False, lens=(3, 6)),
+}
+
+
+@pytest.mark.parametrize("name", list(DQ_LSTM))
+def test_dynamic_quantize_lstm_matches_onnxruntime(make_server, tmp_path, name):
+    """DynamicQuantizeLSTM against onnxruntime at one thread (at more it may
+    quantize the hidden state of each thread's rows apart). Both quantize the
+    same floats by the same rule, so they agree to float32 rounding except
+    where a value within rounding of a half step of the quantization grid
+    rounds the other way: one term of a gate's sum then moves by one grid
+    step times one weight. The bound allows a few such flips; at most 2% of
+    the elements may be beyond float rounding."""
+    model, feeds = DQ_LSTM[name](name)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    want = dict(zip(names, sess.run(None, feeds)))
+    client = serve_one(make_server, tmp_path, name, model)
+    got = infer(client, name, feeds, names)
+    inits = {t.name: numpy_helper.to_array(t).astype(np.float64) for t in model.graph.initializer}
+    x = feeds["x"]
+    step_x = (max(x.max(), 0) - min(x.min(), 0)) / 255
+    w_max = np.abs((inits["w"] - inits["wz"].reshape(inits["wz"].shape[0], 1, -1)) *
+                   inits["ws"].reshape(inits["ws"].shape[0], 1, -1)).max()
+    r_max = np.abs((inits["r"] - inits["rz"].reshape(-1, 1, 1)) * inits["rs"].reshape(-1, 1, 1)).max()
+    tol = 4 * max(step_x * w_max, 2 / 255 * r_max)
+    for k in names:
+        g, w = got[k], want[k]
+        assert g.shape == w.shape, (k, g.shape, w.shape)
+        err = np.abs(g.astype(np.float64) - w)
+        assert err.max() <= tol, (name, k, err.max(), tol)
+        assert (err > 1e-5 + 1e-5 * np.abs(w)).mean() <= 0.02, (name, k, (err > 1e-5).mean())

@@ -653,3 +653,24 @@ def test_max_inflight_requests(tmp_path, make_server):
     c = httpclient.InferenceServerClient(s.url)
     assert c.get_model_config("bounded")["ensemble_scheduling"]["max_inflight_requests"] == 2
     c.close()
+
+
+def test_internal_tensors_are_not_outputs(ens_server):
+    """An ensemble's internal tensor (a step's output that feeds the next
+    step) or a step model's own output name requested as an output: a 400
+    naming it and listing the ensemble's outputs, over HTTP and gRPC; the
+    ensemble answers the next request."""
+    from tritonclient.utils import InferenceServerException
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    for mod, c in clients(ens_server):
+        real = {"ens2": "OUT", "ens3": "SQ", "diamond": "SUM"}
+        for model, name in (("ens2", "mid"), ("ens2", "y"), ("ens2", "x"), ("diamond", "n"), ("diamond", "s"),
+                            ("ens3", "mid")):
+            with pytest.raises(InferenceServerException) as e:
+                infer(mod, c, model, x, outputs=[real[model], name])
+            msg = str(e.value)
+            assert f"unexpected inference output '{name}' for model '{model}'" in msg, msg
+            assert "400" in str(e.value.status()) or "INVALID_ARGUMENT" in str(e.value.status()), e.value.status()
+        got = infer(mod, c, "ens2", x, outputs=["OUT"]).as_numpy("OUT")
+        assert np.allclose(got, (2 * x + 1) ** 2)
+        c.close()

@@ -393,3 +393,64 @@ def test_state_does_not_survive_an_unload(tmp_path, make_server):
     assert "must specify the START flag" in str(e.value) and e.value.status() == "400"
     assert run_sequence(httpclient, c, "acc", 5, [1.0, 1.0]) == expected(5, [1.0, 1.0])
     c.close()
+
+
+# ---- hostile correlation IDs and flags ---------------------------------------------
+
+def raw_step(srv, model, params, value=1.0):
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [value]}],
+            "parameters": params}
+    st, _, out = raw_request(srv.url, "POST", f"/v2/models/{model}/infer", json.dumps(body))
+    return st, json.loads(out)
+
+
+@pytest.mark.parametrize("params,needle", [
+    ({"sequence_id": -1, "sequence_start": True}, "parameters.sequence_id must be an integer >= 0 or a string"),
+    ({"sequence_id": 1.5, "sequence_start": True}, "parameters.sequence_id must be an integer >= 0 or a string"),
+    ({"sequence_id": 2 ** 64, "sequence_start": True}, "parameters.sequence_id must be an integer >= 0"),
+    ({"sequence_id": float(2 ** 64), "sequence_start": True}, "parameters.sequence_id must be an integer >= 0"),
+    ({"sequence_id": 1e300, "sequence_start": True}, "parameters.sequence_id must be an integer >= 0"),
+    ({"sequence_id": True, "sequence_start": True}, "parameters.sequence_id must be an integer >= 0"),
+    ({"sequence_id": [5], "sequence_start": True}, "parameters.sequence_id must be an integer >= 0"),
+    ({"sequence_id": "", "sequence_start": True}, "non-empty string"),
+    ({"sequence_id": 0, "sequence_start": True}, "non-zero or non-empty correlation ID"),
+    ({"sequence_start": True}, "non-zero or non-empty correlation ID"),
+    ({"sequence_id": 9, "sequence_start": 1}, "parameters.sequence_start must be true or false"),
+    ({"sequence_id": 9, "sequence_end": "yes"}, "parameters.sequence_end must be true or false"),
+    ({"sequence_id": "x" * 100000, "sequence_start": True}, "CORRID"),
+    ({"sequence_id": 987654321, "sequence_end": True}, "must specify the START flag"),
+])
+def test_hostile_sequence_parameters(srv, params, needle):
+    """Each a 400 naming what was wrong: IDs of the wrong type, negative,
+    past uint64, zero, huge strings; flags that are not booleans; END on an
+    ID that never started."""
+    st, out = raw_step(srv, "acc_direct", params)
+    assert st == 400 and needle in out["error"], (st, out)
+    assert len(out["error"]) < 2000  # a huge ID is not echoed whole
+    mod, c = http_client(srv)
+    assert run_sequence(mod, c, "acc_direct", 4711, [1.0]) == expected(4711, [1.0])
+    c.close()
+
+
+def test_concurrent_requests_of_one_sequence(srv):
+    """16 threads sending steps of one sequence at once: every step runs
+    once, in some order, on the sequence's state (the answers are the
+    running sums 1..16, each once), then END releases it."""
+    assert raw_step(srv, "acc_direct", {"sequence_id": 5150, "sequence_start": True}, 0.0)[0] == 200
+    got, lock = [], threading.Lock()
+
+    def one():
+        st, out = raw_step(srv, "acc_direct", {"sequence_id": 5150}, 1.0)
+        with lock:
+            got.append((st, out))
+
+    ts = [threading.Thread(target=one) for _ in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert all(st == 200 for st, _ in got), got
+    sums = sorted(o["data"][0] for _, out in got for o in out["outputs"] if o["name"] == "OUTPUT")
+    assert sums == [float(i) for i in range(1, 17)], sums
+    st, out = raw_step(srv, "acc_direct", {"sequence_id": 5150, "sequence_end": True}, 1.0)
+    assert st == 200 and [o["data"][0] for o in out["outputs"] if o["name"] == "OUTPUT"] == [17.0]

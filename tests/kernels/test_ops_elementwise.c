@@ -581,6 +581,41 @@ static void test_layernorm(void **state) {
     free(inv.data);
 }
 
+/* Rows of every length from 1 to 70 (each ISA's vector width and ragged
+ * end), with scale and bias, scale alone, and RMSNormalization, against a
+ * double reference. */
+static void test_norm_row_lengths(void **state) {
+    (void)state;
+    for (int64_t n = 1; n <= 70; n++) {
+        for (int kind = 0; kind < 3; kind++) { /* 0 scale and bias, 1 scale, 2 RMS */
+            int64_t s[] = {3, n}, ss[] = {n};
+            struct tensor x = mkf(2, s), sc = mkf(1, ss), b = mkf(1, ss), y = {0};
+            for (int64_t i = 0; i < 3 * n; i++) F(x)[i] = F(x)[i] * 3 + 0.5f;
+            struct tnode tn;
+            tn_init(&tn, kind == 2 ? "RMSNormalization" : "LayerNormalization", kind == 2 ? 23 : 17);
+            const struct tensor *in[3] = {&x, &sc, &b};
+            struct tensor *out[1] = {&y};
+            assert_int_equal(call(&tn, in, kind == 0 ? 3 : 2, out, 1, 1), 0);
+            for (int r = 0; r < 3; r++) {
+                const float *xr = F(x) + r * n;
+                double mu = 0, var = 0;
+                for (int64_t j = 0; j < n && kind != 2; j++) mu += xr[j];
+                mu /= (double)n;
+                for (int64_t j = 0; j < n; j++) var += (xr[j] - mu) * (xr[j] - mu);
+                double is = 1 / sqrt(var / (double)n + 1e-5);
+                for (int64_t j = 0; j < n; j++) {
+                    double want = (xr[j] - mu) * is * F(sc)[j] + (kind == 0 ? F(b)[j] : 0);
+                    assert_float_equal(F(y)[r * n + j], want, 1e-4 * (1 + fabs(want)));
+                }
+            }
+            free(x.data);
+            free(sc.data);
+            free(b.data);
+            free(y.data);
+        }
+    }
+}
+
 /* ---- activations -------------------------------------------------------- */
 
 static void test_activations(void **state) {
@@ -916,7 +951,7 @@ int main(void) {
         cmocka_unit_test(test_clip_by_opset),      cmocka_unit_test(test_where),
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_cast_strings),
         cmocka_unit_test(test_softmax_opsets),
-        cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_norm_row_lengths),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
         cmocka_unit_test(test_quantize), cmocka_unit_test(test_dynamic_quantize),           cmocka_unit_test(test_fused_activation),
         cmocka_unit_test(test_sweep_all_ops),

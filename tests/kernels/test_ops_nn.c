@@ -238,6 +238,58 @@ static void test_conv_identical_filters(void **st) {
             }
 }
 
+/* A Conv with a fused quantization round trip (ACT_QDQ) whose sum lies
+ * exactly on a half step quantizes as the exact sum does, on every ISA.
+ * Each output sums -(0.5 + 2^-11) * 1 and (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24:
+ * 0.5 + 2^-24, which rounds to 1 step. A product rounded before it is
+ * added (SSE4.1 has no FMA) loses the 2^-24, the sum is 0.5 and rounds
+ * half to even to 0: ONEDNN_MAX_CPU_ISA=SSE41 answered 0 everywhere. The
+ * plain layout (oneDNN's GEMM) is not asked of AVX2, which never runs it
+ * (conv_use_blocked) and whose GEMM tails add in another order. */
+static void test_conv_qdq_tie(void **st) {
+    (void)st;
+    const char *layouts[] = {"auto", "blocked", "plain", "nhwc"};
+    for (int k = 1; k <= 3; k += 2)
+        for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+            int nhwc = strcmp(layouts[l], "nhwc") == 0;
+            if (strcmp(layouts[l], "plain") == 0 && dnnl_util_isa_avx2()) continue;
+            int64_t m = 8, hw = 5 * 5, xd[4] = {1, 2, 5, 5}, wd[4] = {m, 2, k, k};
+            struct tensor x = mk(4, xd, 0), w = mk(4, wd, 0), b = mk(1, &m, 0), y = {0};
+            float *xv = x.data, *wv = w.data;
+            for (int64_t i = 0; i < hw; i++) {
+                xv[nhwc ? 2 * i : i] = -(0.5f + 0x1p-11f);
+                xv[nhwc ? 2 * i + 1 : hw + i] = 1.0f + 0x1p-12f;
+            }
+            memset(w.data, 0, tensor_nbytes(&w));
+            for (int64_t o = 0; o < m; o++) {
+                wv[(o * 2 + 0) * k * k + k * k / 2] = 1.0f; /* the centre tap */
+                wv[(o * 2 + 1) * k * k + k * k / 2] = 1.0f + 0x1p-12f;
+                ((float *)b.data)[o] = 0.0f;
+            }
+            struct tnode t;
+            tn_init(&t, "Conv", 0);
+            int64_t pads[4] = {k / 2, k / 2, k / 2, k / 2};
+            tn_ints(&t, "pads", 4, pads);
+            if (nhwc) tn_int(&t, "kiln_layout", 3);
+            t.n.act = ACT_QDQ;
+            t.n.act_alpha = 1.0f;   /* scale 1: steps are units */
+            t.n.act_beta = -128.0f; /* int8, zero point 0 */
+            if (!nhwc) setenv("KILN_CONV_LAYOUT", layouts[l], 1);
+            struct tensor *in[3] = {&x, &w, &b}, *o[1] = {&y};
+            int rc = run_node(&t.n, in, 3, o, 1, 1);
+            unsetenv("KILN_CONV_LAYOUT");
+            assert_int_equal_msg_impl(rc, 0, g_err);
+            for (int64_t i = 0; i < tensor_numel(&y); i++)
+                if (((float *)y.data)[i] != 1.0f)
+                    fail_msg("%lldx%lld kernel, %s layout: output %lld is %g steps, expected 1 (0.5 + 2^-24 rounded)",
+                             (long long)k, (long long)k, layouts[l], (long long)i, ((float *)y.data)[i]);
+            free(x.data);
+            free(w.data);
+            free(b.data);
+            free(y.data);
+        }
+}
+
 /* Conv weights arriving at run time (not constant at plan time) and a
  * shape error that names the problem. */
 static void test_conv_errors(void **st) {
@@ -403,6 +455,11 @@ static void test_matmul_cases(void **st) {
         {2, {3, 5}, 1, {5}, 0, 0, ACT_NONE},
         {1, {7}, 1, {7}, 0, 0, ACT_NONE},
         {3, {2, 4, 3}, 1, {3}, 0, 1, ACT_RELU},
+        /* a few rows by a small constant B run on cpu_gemv: two full
+         * panels and a narrower one; five rows go to oneDNN again */
+        {2, {3, 40}, 2, {40, 300}, 1, 1, ACT_RELU},
+        {3, {2, 2, 9}, 2, {9, 20}, 1, 1, ACT_NONE},
+        {2, {5, 9}, 2, {9, 20}, 1, 1, ACT_NONE},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct tensor a = mk(cases[i].ra, cases[i].a, 1), b = mk(cases[i].rb, cases[i].b, 1), y = {0};
@@ -558,6 +615,22 @@ static void test_quantized_matmul(void **st) {
     free(y.data), free(a.data), free(b.data), free(za.data), free(zb.data);
 }
 
+/* One int32 sum of an integer product against the definition's (wrapped
+ * as int32 wraps), the failure naming the case: its index, the operands'
+ * types, the zero-point form (none, one, per channel), the threads and
+ * whether the weights came at run time. */
+struct isum_case {
+    size_t index;
+    enum dtype a, b;
+    int zp, threads, runtime;
+};
+static void expect_isum(int32_t got, int64_t want, const struct isum_case *k, int64_t i, int64_t j, int64_t l) {
+    if (got == (int32_t)want) return;
+    fail_msg("case %zu, %s x %s, zero point %d, %d threads, weights %s: [%lld,%lld,%lld] is %d, expected %lld", k->index,
+             dtype_name(k->a), dtype_name(k->b), k->zp, k->threads, k->runtime ? "at run time" : "constant",
+             (long long)i, (long long)j, (long long)l, got, (long long)want);
+}
+
 /* MatMulInteger with constant weights runs on oneDNN's int8 matmul
  * (kernels/cpu/qgemm.c), with the zero points and type shifts taken out
  * algebraically and, without VNNI, A in two 4-bit halves: every type
@@ -606,13 +679,9 @@ static void test_matmulinteger_int8_gemm(void **st) {
                                         for (int64_t k = 0; k < K; k++)
                                             acc += ((int64_t)q_at(&a, (bi * M + m) * K + k) - (int64_t)q_at(&za, 0)) *
                                                    ((int64_t)q_at(&b, k * N + n) - (zk ? (int64_t)q_at(&zb, zk == 2 ? n : 0) : 0));
-                                        int32_t got = ((int32_t *)y.data)[(bi * M + m) * N + n];
-                                        if (got != (int32_t)acc)
-                                            fail_msg("shape %zu A %s B %s zero point %d, %d threads, B %s: [%lld,%lld,%lld] "
-                                                     "is %d, expected %lld",
-                                                     si, dtype_name(dts[ta]), dtype_name(dts[tb]), zk, threads,
-                                                     runtime_b ? "at run time" : "constant", (long long)bi, (long long)m,
-                                                     (long long)n, got, (long long)acc);
+                                        expect_isum(((int32_t *)y.data)[(bi * M + m) * N + n], acc,
+                                                    &(struct isum_case){si, dts[ta], dts[tb], zk, threads, runtime_b},
+                                                    bi, m, n);
                                     }
                             free(y.data);
                         }
@@ -715,6 +784,103 @@ static void test_quantized_conv(void **st) {
         assert_int_equal(((int8_t *)y.data)[i], (int)v);
     }
     free(y.data), free(x.data), free(w.data), free(bias.data);
+}
+
+/* ConvInteger on the 8-bit GEMM (im2col times W^T on oneDNN's int8
+ * matmul, kernels/cpu/ops_nn.c): every pairing of uint8 and int8 x and w,
+ * weight zero points absent, one or per output channel, x zero points
+ * absent or not, padding (a padded tap is x's zero point), strides and
+ * dilations, 1 to 3 spatial dims, a batch of 2, and extremes that would
+ * saturate vpmaddubsw's int16 pair sums; a grouped one and weights given at
+ * run time take the widened loop. The int32 sums must equal the
+ * definition exactly (as onnxruntime's and ONNX's node tests do); `make
+ * isa` runs this under AVX2 (no VNNI) and SSE4.1 too. */
+static void test_convinteger_int8_gemm(void **st) {
+    (void)st;
+    static const struct {
+        int nsp, n, c, m, group;
+        int64_t in[3], k[3], s[3], d[3], p[3];
+    } cases[] = {
+        {2, 1, 3, 4, 1, {7, 9}, {3, 3}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 2, 5, 6, 1, {8, 6}, {3, 2}, {2, 1}, {1, 2}, {1, 0}},
+        {1, 1, 4, 3, 1, {11}, {5}, {2}, {1}, {2}},
+        {3, 1, 2, 3, 1, {4, 5, 3}, {2, 3, 1}, {1, 2, 1}, {1, 1, 1}, {1, 1, 0}},
+        {2, 1, 16, 32, 1, {12, 20}, {1, 1}, {1, 1}, {1, 1}, {0, 0}},
+        {2, 1, 4, 4, 2, {5, 5}, {3, 3}, {1, 1}, {1, 1}, {1, 1}},
+        {2, 1, 64, 8, 1, {6, 6}, {3, 3}, {1, 1}, {1, 1}, {1, 1}}, /* extremes */
+    };
+    static const enum dtype dts[2] = {DT_UINT8, DT_INT8};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int tx = 0; tx < 2; tx++)
+            for (int tw = 0; tw < 2; tw++)
+                for (int zk = 0; zk < 3; zk++) { /* w_zero_point: none, one, per channel */
+                    const int nsp = cases[ci].nsp, N = cases[ci].n, C = cases[ci].c, M = cases[ci].m, G = cases[ci].group;
+                    int64_t xd[5] = {N, C}, wd[5] = {M, C / G}, one = 1, mm = M, ks[3], pads[6], strides[3], dil[3];
+                    int64_t in3[3] = {1, 1, 1}, k3[3] = {1, 1, 1}, s3[3] = {1, 1, 1}, d3[3] = {1, 1, 1}, p3[3] = {0},
+                            o3[3] = {1, 1, 1};
+                    for (int i = 0; i < nsp; i++) {
+                        xd[2 + i] = in3[i] = cases[ci].in[i];
+                        wd[2 + i] = ks[i] = k3[i] = cases[ci].k[i];
+                        strides[i] = s3[i] = cases[ci].s[i];
+                        dil[i] = d3[i] = cases[ci].d[i];
+                        pads[i] = pads[nsp + i] = p3[i] = cases[ci].p[i];
+                        o3[i] = (in3[i] + 2 * p3[i] - d3[i] * (k3[i] - 1) - 1) / s3[i] + 1;
+                    }
+                    struct tensor x = mk_q(dts[tx], nsp + 2, xd), w = mk_q(dts[tw], nsp + 2, wd);
+                    struct tensor xz = mk_q(dts[tx], 0, &one), wz = mk_q(dts[tw], 1, zk == 2 ? &mm : &one);
+                    if (ci == 6) {
+                        for (int64_t i = 0; i < tensor_numel(&x); i++)
+                            tx ? (((int8_t *)x.data)[i] = -128) : (((uint8_t *)x.data)[i] = 255);
+                        for (int64_t i = 0; i < tensor_numel(&w); i++)
+                            tw ? (((int8_t *)w.data)[i] = (int8_t)(i % 2 ? 127 : -128))
+                               : (((uint8_t *)w.data)[i] = (uint8_t)(i % 2 ? 255 : 0));
+                    }
+                    struct tnode t;
+                    tn_init(&t, "ConvInteger", 10);
+                    tn_ints(&t, "kernel_shape", nsp, ks);
+                    tn_ints(&t, "pads", 2 * nsp, pads);
+                    tn_ints(&t, "strides", nsp, strides);
+                    tn_ints(&t, "dilations", nsp, dil);
+                    tn_int(&t, "group", G);
+                    struct tensor *in[4] = {&x, &w, zk || tx ? &xz : NULL, zk ? &wz : NULL};
+                    const int64_t osz = o3[0] * o3[1] * o3[2], isz = in3[0] * in3[1] * in3[2];
+                    const int64_t ksz = k3[0] * k3[1] * k3[2], cg = C / G, mg = M / G;
+                    for (int threads = 1; threads <= 2; threads++)
+                        for (int runtime_w = 0; runtime_w < 2; runtime_w++) {
+                            struct tensor y = {0}, *o[1] = {&y};
+                            g_runtime_inputs = runtime_w ? 2 : 0;
+                            int rc = run_node(&t.n, in, 4, o, 1, threads);
+                            g_runtime_inputs = 0;
+                            assert_int_equal_msg_impl(rc, 0, g_err);
+                            assert_int_equal(y.dtype, DT_INT32);
+                            int64_t zx = in[2] ? (int64_t)q_at(&xz, 0) : 0;
+                            for (int64_t n = 0; n < N; n++)
+                                for (int64_t m = 0; m < M; m++)
+                                    for (int64_t op = 0; op < osz; op++) {
+                                        int64_t oo[3] = {op / (o3[1] * o3[2]), (op / o3[2]) % o3[1], op % o3[2]}, acc = 0;
+                                        int64_t zw = zk ? (int64_t)q_at(&wz, zk == 2 ? m : 0) : 0;
+                                        for (int64_t c = 0; c < cg; c++)
+                                            for (int64_t kk = 0; kk < ksz; kk++) {
+                                                int64_t tt[3] = {kk / (k3[1] * k3[2]), (kk / k3[2]) % k3[1], kk % k3[2]}, xi = 0;
+                                                int inside = 1;
+                                                for (int i = 0; i < 3; i++) {
+                                                    int64_t v = oo[i] * s3[i] - p3[i] + tt[i] * d3[i];
+                                                    inside &= v >= 0 && v < in3[i];
+                                                    xi = xi * in3[i] + v;
+                                                }
+                                                if (!inside) continue;
+                                                int64_t xv = (int64_t)q_at(&x, (n * C + (m / mg) * cg + c) * isz + xi);
+                                                int64_t wv = (int64_t)q_at(&w, (m * cg + c) * ksz + kk);
+                                                acc += (xv - zx) * (wv - zw);
+                                            }
+                                        expect_isum(((int32_t *)y.data)[(n * M + m) * osz + op], acc,
+                                                    &(struct isum_case){ci, dts[tx], dts[tw], zk, threads, runtime_w},
+                                                    n, m, op);
+                                    }
+                            free(y.data);
+                        }
+                    free(x.data), free(w.data), free(xz.data), free(wz.data);
+                }
 }
 
 /* ---- pools ---------------------------------------------------------------- */
@@ -1475,9 +1641,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv_cases),      cmocka_unit_test(test_conv_errors),
         cmocka_unit_test(test_conv_identical_filters),
+        cmocka_unit_test(test_conv_qdq_tie),
         cmocka_unit_test(test_conv_transpose),  cmocka_unit_test(test_quantized_matmul), cmocka_unit_test(test_matmulinteger_int8_gemm),
         cmocka_unit_test(test_dynamic_quantized_matmul),
-        cmocka_unit_test(test_quantized_conv),
+        cmocka_unit_test(test_quantized_conv), cmocka_unit_test(test_convinteger_int8_gemm),
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
         cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),

@@ -362,13 +362,198 @@ static void test_rnn_refusals(void **st) {
     case_free(&k);
 }
 
+/* ---- DynamicQuantizeLSTM ----------------------------------------------- */
+
+/* onnxruntime's quantization of a GEMM's left operand: the scale and zero
+ * point of its GetQuantizationParameter over the first n_range values (the
+ * range widened to hold 0; scale 1 for an empty range), then
+ * MlasQuantizeLinear (round half to even, saturated) of all n. */
+static float ort_quant(const float *a, int64_t n_range, int64_t n, uint8_t *q, int *zp) {
+    float mn = 0, mx = 0;
+    for (int64_t i = 0; i < n_range; i++) mn = a[i] < mn ? a[i] : mn, mx = a[i] > mx ? a[i] : mx;
+    float scale = mx == mn ? 1.0f : (mx - mn) / 255.0f, z0 = 0 - mn / scale;
+    *zp = (int)nearbyintf(z0 < 0 ? 0 : z0 > 255 ? 255 : z0);
+    for (int64_t i = 0; i < n; i++) {
+        float v = nearbyintf(a[i] / scale) + (float)*zp;
+        q[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+    return scale;
+}
+
+/* 8-bit weights [D, K, 4H] with a scale and zero point per direction or
+ * per column; dequantized they lie within about [-1, 1]. */
+struct dq_weights {
+    struct tensor q, scale, zp;
+    int per;
+};
+
+static void dq_weights_init(struct dq_weights *w, enum dtype dt, int D, int K, int GH, int per, int zero_zp) {
+    int64_t nz = per ? GH : 1, dims[3] = {D, K, GH}, sd[2] = {D, GH};
+    w->per = per;
+    w->q = (struct tensor){dt, 3, {D, K, GH}, malloc((size_t)(D * K * GH))};
+    w->scale = (struct tensor){DT_FP32, per ? 2 : 1, {D, GH}, malloc(sizeof(float) * (size_t)(D * nz))};
+    w->zp = (struct tensor){dt, per ? 2 : 1, {D, GH}, malloc((size_t)(D * nz))};
+    (void)dims, (void)sd;
+    for (int64_t i = 0; i < D * nz; i++) {
+        ((float *)w->scale.data)[i] = (1.0f + 0.5f * tn_frand()) / 127.0f;
+        /* onnxruntime: an int8 W's zero points are 0, a uint8 W's one value */
+        if (dt == DT_INT8) ((int8_t *)w->zp.data)[i] = 0;
+        else ((uint8_t *)w->zp.data)[i] = zero_zp ? 128 : 120;
+    }
+    for (int64_t i = 0; i < D * K * GH; i++) {
+        int v = (int)nearbyintf(127.0f * tn_frand());
+        if (dt == DT_INT8) ((int8_t *)w->q.data)[i] = (int8_t)v;
+        else ((uint8_t *)w->q.data)[i] = (uint8_t)(v + 128);
+    }
+}
+
+static void dq_weights_free(struct dq_weights *w) { free(w->q.data), free(w->scale.data), free(w->zp.data); }
+
+static float dq_w(const struct dq_weights *w, int d, int K, int GH, int k, int q) {
+    int64_t zi = w->per ? d * GH + q : d;
+    double v = op_double_at(&w->q, ((int64_t)d * K + k) * GH + q) - op_double_at(&w->zp, zi);
+    return (float)v; /* integer: exact */
+}
+static float dq_scale(const struct dq_weights *w, int d, int GH, int q) {
+    return ((float *)w->scale.data)[w->per ? d * GH + q : d];
+}
+
+/* onnxruntime's DynamicQuantizeLSTM (its ComputeGemm on quantized weights
+ * in UniDirectionalLstm, at one thread), default activations: X projected
+ * over the steps any row runs, quantized as one block; at each step the
+ * hidden state of all rows quantized as one block, rows that ended before
+ * the previous step zeros when Y is written. */
+static void dqlstm_ref(const struct rnn_case *k, const struct dq_weights *W, const struct dq_weights *R, int with_y,
+                       float *y, float *yh, float *yc) {
+    int T = k->T, B = k->B, I = k->I, H = k->H, D = k->D, GH = 4 * H, maxlen = 0;
+    for (int b = 0; b < B; b++) maxlen = k->len[b] > maxlen ? k->len[b] : maxlen;
+    float *gx = malloc(sizeof(float) * (size_t)(T * B * GH));
+    uint8_t *xq = malloc((size_t)(T * B * I)), hq[8 * MAXH];
+    memset(y, 0, sizeof(float) * (size_t)(T * D * B * H));
+    for (int d = 0; d < D; d++) {
+        int xz;
+        float xs = ort_quant(F(&k->x), (int64_t)maxlen * B * I, (int64_t)T * B * I, xq, &xz);
+        for (int r = 0; r < T * B; r++)
+            for (int q = 0; q < GH; q++) {
+                int32_t acc = 0;
+                for (int i = 0; i < I; i++) acc += (int32_t)(xq[r * I + i] - xz) * (int32_t)dq_w(W, d, I, GH, i, q);
+                gx[r * GH + q] = (float)acc * (xs * dq_scale(W, d, GH, q));
+            }
+        float h[8][MAXH], c[8][MAXH], hb[8 * MAXH];
+        const float *bias = F(&k->b) + d * 2 * GH;
+        for (int b = 0; b < B; b++) {
+            memcpy(h[b], F(&k->h0) + (d * B + b) * H, sizeof(float) * (size_t)H);
+            memcpy(c[b], F(&k->c0) + (d * B + b) * H, sizeof(float) * (size_t)H);
+        }
+        for (int s = 0; s < maxlen; s++) {
+            for (int b = 0; b < B; b++)
+                for (int j = 0; j < H; j++) hb[b * H + j] = with_y && s > 0 && k->len[b] < s ? 0 : h[b][j];
+            int hz;
+            float hs = ort_quant(hb, B * H, B * H, hq, &hz);
+            for (int b = 0; b < B; b++) {
+                int L = k->len[b];
+                if (s >= L) continue;
+                int t = d ? L - 1 - s : s;
+                float a[4 * MAXH];
+                for (int q = 0; q < GH; q++) {
+                    int32_t acc = 0;
+                    for (int j = 0; j < H; j++) acc += (int32_t)(hq[b * H + j] - hz) * (int32_t)dq_w(R, d, H, GH, j, q);
+                    a[q] = gx[(t * B + b) * GH + q] + (float)acc * (hs * dq_scale(R, d, GH, q)) + bias[q] + bias[GH + q];
+                }
+                for (int j = 0; j < H; j++) {
+                    float i = sig(a[j]), o = sig(a[H + j]), f = sig(a[2 * H + j]);
+                    c[b][j] = f * c[b][j] + i * tanhf(a[3 * H + j]);
+                    h[b][j] = o * tanhf(c[b][j]);
+                    y[((t * D + d) * B + b) * H + j] = h[b][j];
+                }
+            }
+        }
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < H; j++) {
+                yh[(d * B + b) * H + j] = k->len[b] ? h[b][j] : 0;
+                yc[(d * B + b) * H + j] = k->len[b] ? c[b][j] : 0;
+            }
+    }
+    free(gx), free(xq);
+}
+
+/* got against onnxruntime's arithmetic. Both quantize the same floats by
+ * the same rule, so they agree to float32 rounding (1e-5 here) except
+ * where a value that lands within rounding of a half step of the
+ * quantization grid rounds the other way: that moves one term of a gate's
+ * sum by one step of the grid times one dequantized weight. tol bounds a
+ * few such flips; at most 2% of the elements may use it. */
+static void expect_quantized_close(const float *got, const float *want, int64_t n, float tol, const char *what) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float e = fabsf(got[i] - want[i]);
+        if (!(e <= tol)) fail_msg("%s: element %lld is %.7g, expected %.7g (tolerance %g)", what, (long long)i, got[i], want[i], tol);
+        off += e > 1e-5f + 1e-5f * fabsf(want[i]);
+    }
+    if (off * 50 > n) fail_msg("%s: %lld of %lld elements beyond float rounding", what, (long long)off, (long long)n);
+}
+
+/* DynamicQuantizeLSTM (com.microsoft) against dqlstm_ref: bidirectional
+ * with sequence_lens (a row ending early, one shorter still), initial
+ * states, int8 W per column and uint8 R per direction with a zero point;
+ * then forward without Y (the ended rows keep their state in the
+ * quantized block), uint8 W per column and int8 R. One and two threads. */
+static void test_dynamic_quantize_lstm(void **st) {
+    (void)st;
+    for (int form = 0; form < 2; form++) {
+        const int T = 6, B = 3, I = 5, H = 8, D = form ? 1 : 2, GH = 4 * H;
+        struct rnn_case k;
+        case_init(&k, T, B, I, H, D, 4);
+        k.len[1] = 4;
+        k.len[2] = form ? 2 : 1;
+        struct dq_weights W, R;
+        dq_weights_init(&W, form ? DT_UINT8 : DT_INT8, D, I, GH, 1, 0);
+        dq_weights_init(&R, form ? DT_INT8 : DT_UINT8, D, H, GH, 0, form);
+        struct tnode tn;
+        tn_init_domain(&tn, "com.microsoft", "DynamicQuantizeLSTM", 1);
+        tn_str(&tn, "direction", dir_name(D));
+        tn_int(&tn, "hidden_size", H);
+        const struct tensor *in[12] = {&k.x, &W.q, &R.q, &k.b, &k.lens, &k.h0, &k.c0, NULL,
+                                       &W.scale, &W.zp, &R.scale, &R.zp};
+        float y[6 * 2 * 3 * 8], yh[2 * 3 * 8], yc[2 * 3 * 8];
+        dqlstm_ref(&k, &W, &R, !form, y, yh, yc);
+        /* a flip: one grid step of x or h (ranges within [-1, 1] and
+         * [-1, 1]: 2 / 255) times a weight of at most about 1.5 */
+        const float tol = 4 * (2.0f / 255.0f) * 1.5f;
+        for (int nt = 1; nt <= 2; nt++) {
+            struct tensor Y = {0}, YH = {0}, YC = {0};
+            struct tensor *out[3] = {form ? NULL : &Y, &YH, &YC};
+            if (tn_call(&tn.n, in, 12, out, 3, nt)) fail_msg("DynamicQuantizeLSTM: %s", g_err);
+            if (!form) {
+                assert_true(Y.ndim == 4 && Y.dims[0] == T && Y.dims[1] == D && Y.dims[2] == B && Y.dims[3] == H);
+                expect_quantized_close(F(&Y), y, T * D * B * H, tol, "Y");
+            }
+            expect_quantized_close(F(&YH), yh, D * B * H, tol, "Y_h");
+            expect_quantized_close(F(&YC), yc, D * B * H, tol, "Y_c");
+            free(Y.data), free(YH.data), free(YC.data);
+        }
+        /* refusals: a float W; a missing zero point; R given at run time */
+        struct tensor Y = {0};
+        struct tensor *out1[1] = {&Y};
+        const struct tensor *bad[12] = {&k.x, &k.w, &R.q, &k.b, &k.lens, &k.h0, &k.c0, NULL,
+                                        &W.scale, &W.zp, &R.scale, &R.zp};
+        tn_expect_error(&tn.n, bad, 12, out1, 1, "W must be uint8 or int8");
+        tn_expect_error(&tn.n, in, 11, out1, 1, "R_zero_point is required");
+        g_runtime_inputs = 4;
+        tn_expect_error(&tn.n, in, 12, out1, 1, "must be constant");
+        g_runtime_inputs = 0;
+        dq_weights_free(&W), dq_weights_free(&R);
+        case_free(&k);
+    }
+}
+
 int main(void) {
     g_run_without_attrs = 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lstm_bidirectional_seq_lens), cmocka_unit_test(test_lstm_outputs_optional),
         cmocka_unit_test(test_gru_linear_before_reset),     cmocka_unit_test(test_layout_batch_major),
         cmocka_unit_test(test_rnn_affine_clip),             cmocka_unit_test(test_rnn_one_list_for_both_directions),
-        cmocka_unit_test(test_rnn_refusals),
+        cmocka_unit_test(test_rnn_refusals),                cmocka_unit_test(test_dynamic_quantize_lstm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

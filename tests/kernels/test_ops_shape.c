@@ -140,6 +140,63 @@ static void test_transpose_bad_perm(void **st) {
     free(x.data);
 }
 
+/* NCHW -> NHWC of an input the layout planner stored channels-last
+ * (kiln_layout 1): the output is the input's bytes under the new dims. */
+static void test_transpose_layout_same_bytes(void **st) {
+    (void)st;
+    int64_t d[4] = {2, 5, 3, 4}, perm[4] = {0, 2, 3, 1};
+    struct tensor x = mk_rand(DT_FP32, 4, d), o = {0};
+    struct tnode tn;
+    tn_init(&tn, "Transpose", 13);
+    tn_ints(&tn, "perm", 4, perm);
+    tn_int(&tn, "kiln_layout", 1);
+    assert_int_equal(call1(&tn, &x, NULL, &o), 0);
+    assert_int_equal(o.dims[1], 3);
+    assert_int_equal(o.dims[3], 5);
+    assert_memory_equal(o.data, x.data, tensor_nbytes(&x));
+    free(x.data);
+    free(o.data);
+}
+
+/* Node tn's output at two threads equals its output at one, byte for byte:
+ * inputs large enough that the kernels split their loops (par_util.h). */
+static void same_at_two_threads(struct tnode *tn, const struct tensor **in, int nin) {
+    struct tensor o1 = {0}, o2 = {0};
+    struct tensor *out1[1] = {&o1}, *out2[1] = {&o2};
+    assert_int_equal(tn_call(&tn->n, in, nin, out1, 1, 1), 0);
+    assert_int_equal(tn_call(&tn->n, in, nin, out2, 1, 2), 0);
+    assert_true(tensor_same_shape(&o1, &o2));
+    assert_memory_equal(o1.data, o2.data, tensor_nbytes(&o1));
+    free(o1.data);
+    free(o2.data);
+}
+
+static void test_split_loops_at_two_threads(void **st) {
+    (void)st;
+    int64_t d[4] = {2, 24, 40, 36}, perm[4] = {0, 2, 3, 1}, gd[2] = {1000, 64}, pads[4] = {1, 3, 2, 5};
+    struct tensor x = mk_rand(DT_FP32, 4, d), g = mk_rand(DT_FP32, 2, gd);
+    struct tnode tn;
+    tn_init(&tn, "Transpose", 13);
+    tn_ints(&tn, "perm", 4, perm);
+    same_at_two_threads(&tn, (const struct tensor *[]){&x}, 1);
+    int64_t idx[600];
+    for (int i = 0; i < 600; i++) idx[i] = (i * 37) % 1000 - (i % 3 ? 0 : 1000);
+    struct tensor it = mk_i64(600, idx);
+    tn_init(&tn, "Gather", 13);
+    same_at_two_threads(&tn, (const struct tensor *[]){&g, &it}, 2);
+    tn_init(&tn, "Concat", 13);
+    tn_int(&tn, "axis", 1);
+    same_at_two_threads(&tn, (const struct tensor *[]){&g, &g}, 2);
+    struct tensor pt = mk_i64(4, pads);
+    tn_init(&tn, "Pad", 13);
+    tn_str(&tn, "mode", "reflect");
+    same_at_two_threads(&tn, (const struct tensor *[]){&g, &pt}, 2);
+    free(x.data);
+    free(g.data);
+    free(it.data);
+    free(pt.data);
+}
+
 /* ---- Reshape family ------------------------------------------------------- */
 
 static void test_reshape(void **st) {
@@ -702,6 +759,7 @@ static void test_shape_and_size(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_random),     cmocka_unit_test(test_transpose_bad_perm),
+        cmocka_unit_test(test_transpose_layout_same_bytes), cmocka_unit_test(test_split_loops_at_two_threads),
         cmocka_unit_test(test_reshape),              cmocka_unit_test(test_alias_in_place),
         cmocka_unit_test(test_squeeze_unsqueeze_by_opset), cmocka_unit_test(test_slice_random),
         cmocka_unit_test(test_slice_opset1_attrs),   cmocka_unit_test(test_expand_tile),
