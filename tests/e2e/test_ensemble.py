@@ -541,10 +541,14 @@ def test_cancel_while_queued(tmp_path, make_server, how):
     s = make_server(root)
     url = s.grpc_url()
     x = np.ones((1, 1024), dtype=np.float32)
-    # Direct requests fill the slow model's queue with 1.5 s of work or more,
+    # Direct requests fill the slow model's queue with 4 s of work or more,
     # however fast this machine runs one (timed first), all sent at once
     # (asynchronously) before the ensemble's request: its step waits behind
-    # them long after its deadline passes or its client leaves.
+    # them long after its deadline passes or its client leaves. The deadline
+    # and the disconnect come a second or more after the request is sent:
+    # on a loaded machine the request must reach the server first (a
+    # deadline that passes in the client before then leaves nothing to
+    # cancel; the test checks the request's first step ran).
     c0 = grpcclient.InferenceServerClient(url)
     i0 = grpcclient.InferInput("x", [1, 1024], "FP32")
     i0.set_data_from_numpy(x)
@@ -552,7 +556,7 @@ def test_cancel_while_queued(tmp_path, make_server, how):
     t0 = time.monotonic()
     c0.infer("slow", [i0])
     one = max(time.monotonic() - t0, 1e-3)
-    backlog = max(8, int(1.5 / one) + 1)
+    backlog = max(8, int(4.0 / one) + 1)
     done = threading.Semaphore(0)
     errors = []
 
@@ -561,25 +565,46 @@ def test_cancel_while_queued(tmp_path, make_server, how):
             errors.append(error)
         done.release()
 
-    for _ in range(backlog):
-        c0.async_infer("slow", [i0], answered)
-    time.sleep(0.2)  # every one of them is in the server's queue
-    c = grpcclient.InferenceServerClient(url)
+    # Each client on its own HTTP/2 connection (gRPC otherwise shares one
+    # between clients of an address), at most 100 calls on each: the
+    # server takes 128 concurrent streams on a connection, and calls past
+    # that wait in the client, not in the server's queue. The ensemble's
+    # request too: behind the backlog in the client, it would never reach
+    # the server before its deadline.
+    def own_client():
+        return grpcclient.InferenceServerClient(url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
+    feeders = [own_client() for _ in range((backlog + 99) // 100)]
+    for k in range(backlog):
+        feeders[k % len(feeders)].async_infer("slow", [i0], answered)
+    time.sleep(0.3)  # every one of them is in the server's queue
+    c = own_client()
     if how == "grpc_deadline":
         with pytest.raises(Exception) as e:
-            infer(grpcclient, c, "slowens", x, client_timeout=0.05)
+            infer(grpcclient, c, "slowens", x, client_timeout=1.5)
         assert "Deadline" in str(e.value) or "timeout" in str(e.value).lower(), str(e.value)
     else:
-        http_disconnect(s.url, "slowens", x, 0.3)
+        http_disconnect(s.url, "slowens", x, 1.5)
     for _ in range(backlog):
         assert done.acquire(timeout=120)
     assert not errors, errors
     c0.close()
+    for f in feeders:
+        f.close()
     # Only the direct requests ran at the slow step: the ensemble's was dropped in its queue.
     time.sleep(0.2)
     st = stats(c, "slow")
     assert int(st.get("inference_count", 0)) == backlog + 2, st
-    assert int(stats(c, "slowens")["inference_stats"]["fail"]["count"]) == 1
+    # The ensemble's request reached the server (its first step ran) and
+    # failed there, once its dropped step was finished by the slow model's
+    # batcher (polled: that comes on the batcher's timer thread).
+    assert int(stats(c, "ident").get("inference_count", 0)) == 1, stats(c, "ident")
+    fails = 0
+    for _ in range(50):
+        fails = int(stats(c, "slowens")["inference_stats"]["fail"].get("count", 0))
+        if fails:
+            break
+        time.sleep(0.1)
+    assert fails == 1, stats(c, "slowens")
     r = infer(grpcclient, c, "slowens", x)
     assert r.as_numpy("OUT").shape == (1, 1024)
     c.close()
