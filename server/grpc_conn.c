@@ -1027,7 +1027,7 @@ grpc_server_t *grpc_server_create(const struct grpc_server_params *p, char *err,
     s->max_buffered = cfg->grpc_max_buffered_bytes > 0 ? (size_t)cfg->grpc_max_buffered_bytes : 2 * (s->max_message + 5);
     s->max_buffered_total =
         cfg->grpc_max_buffered_total > 0 ? (size_t)cfg->grpc_max_buffered_total : 8 * (s->max_message + 5);
-    s->idle_secs = cfg->http_timeout_secs > 0 ? cfg->http_timeout_secs : 60; /* as evhttp_set_timeout is given */
+    s->idle_secs = cfg->http_timeout_secs > 0 ? cfg->http_timeout_secs : 60; /* as HTTP's idle connections */
     s->header_secs = cfg->http_header_timeout_secs;
     s->body_secs = cfg->http_body_timeout_secs;
     const char *addr = p->config->grpc_address ? p->config->grpc_address : p->config->http_address;

@@ -1,4 +1,5 @@
-/* http.c - the HTTP transport: KServe v2 over libevent's evhttp.
+/* http.c - the HTTP transport: KServe v2 over kiln's HTTP/1.1 connections
+ * (http_conn.c).
  *
  * Sections: replies; request bodies (Content-Encoding) and response compression;
  * inference, which decodes a request and hands it to the inference core
@@ -27,10 +28,8 @@
 
 #include <cjson/cJSON.h>
 #include <event2/buffer.h>
-#include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
+#include <event2/http.h> /* evhttp_uridecode */
 #include <event2/listener.h>
 
 #include "common/clock.h"
@@ -51,53 +50,29 @@
 
 static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 
-/* The Date header's value, formatted once a second per I/O thread: evhttp
- * adds one to every reply when none is there, through a snprintf of its own
- * that cost about 3% of a small inference request's instructions. */
-static const char *http_date(void) {
-    static _Thread_local time_t last = -1;
-    static _Thread_local char text[40];
-    static const char wday[7][4] = {"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
-    static const char mon[12][4] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
-                                    "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-    time_t now = time(NULL);
-    struct tm tm;
-    if (now != last && gmtime_r(&now, &tm)) {
-        snprintf(text, sizeof text, "%s, %02d %s %d %02d:%02d:%02d GMT", wday[tm.tm_wday % 7], tm.tm_mday,
-                 mon[tm.tm_mon % 12], 1900 + tm.tm_year, tm.tm_hour, tm.tm_min, tm.tm_sec);
-        last = now;
-    }
-    return text;
-}
-
-/* Sends what req's output buffer holds with a status code: the reply is
- * built in place, with no evbuffer of its own to allocate. */
-static void reply_send(http_server_t *s, struct evhttp_request *req, int code, const char *ctype) {
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    const char *date = http_date();
-    if (*date) evhttp_add_header(h, "Date", date);
-    if (ctype) evhttp_add_header(h, "Content-Type", ctype);
-    /* Leaving or draining: keep-alive clients reconnect, through their
-     * balancer, to a server that stays. */
-    if (!runtime_ready(s->rt)) evhttp_add_header(h, "Connection", "close");
-    evhttp_send_reply(req, code, status_http_phrase(code), NULL);
+/* Sends what req's output buffer holds with a status code. Leaving or
+ * draining, the connection closes after it (http_req_reply): keep-alive
+ * clients reconnect, through their balancer, to a server that stays. */
+static void reply_send(http_server_t *s, struct http_req *req, int code, const char *ctype) {
+    (void)s;
+    http_req_reply(req, code, ctype);
 }
 
 /* Sends body (taking ownership of a malloc'd buffer) with a status code. */
-static void reply_raw(http_server_t *s, struct evhttp_request *req, int code, const char *ctype, char *body,
+static void reply_raw(http_server_t *s, struct http_req *req, int code, const char *ctype, char *body,
                       size_t len) {
-    if (body && len) evbuffer_add_reference(evhttp_request_get_output_buffer(req), body, len, free_cb, body);
+    if (body && len) evbuffer_add_reference(req->out, body, len, free_cb, body);
     else free(body);
     reply_send(s, req, code, ctype);
 }
 
-static void reply_json(http_server_t *s, struct evhttp_request *req, int code, cJSON *j) {
+static void reply_json(http_server_t *s, struct http_req *req, int code, cJSON *j) {
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     reply_raw(s, req, code, "application/json", txt, txt ? strlen(txt) : 0);
 }
 
-static void reply_error(http_server_t *s, struct evhttp_request *req, int code, const char *msg) {
+static void reply_error(http_server_t *s, struct http_req *req, int code, const char *msg) {
     struct buf b = {0};
     kserve_error_body(&b, msg);
     reply_raw(s, req, code, "application/json", b.data, b.len);
@@ -105,13 +80,13 @@ static void reply_error(http_server_t *s, struct evhttp_request *req, int code, 
 
 /* A failure with status: its HTTP code from the status table; a request
  * without the control token is told which scheme to use. */
-static void reply_status(http_server_t *s, struct evhttp_request *req, int status, const char *msg) {
+static void reply_status(http_server_t *s, struct http_req *req, int status, const char *msg) {
     if (status == STATUS_UNAUTHENTICATED)
-        evhttp_add_header(evhttp_request_get_output_headers(req), "WWW-Authenticate", "Bearer");
+        http_req_add_header(req, "WWW-Authenticate", "Bearer");
     reply_error(s, req, status_http(status), msg);
 }
 
-static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) {
+static void reply_empty(http_server_t *s, struct http_req *req, int code) {
     reply_raw(s, req, code, NULL, NULL, 0);
 }
 
@@ -120,9 +95,9 @@ static void reply_empty(http_server_t *s, struct evhttp_request *req, int code) 
 /* The body as one contiguous buffer, inflated when Content-Encoding says
  * gzip or deflate. *owned is set when the caller must free the result.
  * Returns NULL with *status and err set on failure. */
-static unsigned char *read_body_as(http_server_t *s, struct evhttp_request *req, const char *enc, size_t *len,
+static unsigned char *read_body_as(http_server_t *s, struct http_req *req, const char *enc, size_t *len,
                                    int *owned, int *status, char *err, size_t err_len) {
-    struct evbuffer *in = evhttp_request_get_input_buffer(req);
+    struct evbuffer *in = req->body;
     size_t n = evbuffer_get_length(in);
     unsigned char *raw = n ? evbuffer_pullup(in, -1) : (unsigned char *)"";
     *owned = 0;
@@ -138,29 +113,28 @@ static unsigned char *read_body_as(http_server_t *s, struct evhttp_request *req,
 }
 
 /* read_body_as with the request's Content-Encoding header. */
-static unsigned char *read_body(http_server_t *s, struct evhttp_request *req, size_t *len, int *owned, int *status,
+static unsigned char *read_body(http_server_t *s, struct http_req *req, size_t *len, int *owned, int *status,
                                 char *err, size_t err_len) {
-    const char *enc = evhttp_find_header(evhttp_request_get_input_headers(req), "Content-Encoding");
+    const char *enc = http_req_header(req, "Content-Encoding");
     return read_body_as(s, req, enc, len, owned, status, err, err_len);
 }
 
 /* The request headers an inference request reads, found in one walk over
- * them: evhttp_find_header walks them all for each name, comparing through
- * a function call per character (about 900 instructions a request for
- * these four). The first of a repeated header counts, as there. */
+ * them rather than one per name. The first of a repeated header counts. */
 struct infer_headers {
     const char *authorization, *header_length, *content_encoding, *accept_encoding;
 };
 
-static void infer_headers_find(struct evhttp_request *req, struct infer_headers *h) {
+static void infer_headers_find(struct http_req *req, struct infer_headers *h) {
     memset(h, 0, sizeof *h);
-    for (struct evkeyval *kv = evhttp_request_get_input_headers(req)->tqh_first; kv; kv = kv->next.tqe_next) {
+    for (int i = 0; i < req->nfields; i++) {
+        const struct http_field *kv = &req->fields[i];
         const char **slot = NULL;
-        switch (strlen(kv->key)) {
-        case 13: slot = strcasecmp(kv->key, "Authorization") ? NULL : &h->authorization; break;
-        case 15: slot = strcasecmp(kv->key, "Accept-Encoding") ? NULL : &h->accept_encoding; break;
-        case 16: slot = strcasecmp(kv->key, "Content-Encoding") ? NULL : &h->content_encoding; break;
-        case 31: slot = strcasecmp(kv->key, "Inference-Header-Content-Length") ? NULL : &h->header_length; break;
+        switch (strlen(kv->name)) {
+        case 13: slot = strcasecmp(kv->name, "Authorization") ? NULL : &h->authorization; break;
+        case 15: slot = strcasecmp(kv->name, "Accept-Encoding") ? NULL : &h->accept_encoding; break;
+        case 16: slot = strcasecmp(kv->name, "Content-Encoding") ? NULL : &h->content_encoding; break;
+        case 31: slot = strcasecmp(kv->name, "Inference-Header-Content-Length") ? NULL : &h->header_length; break;
         }
         if (slot && !*slot) *slot = kv->value;
     }
@@ -181,7 +155,7 @@ static int json_has_nul(const unsigned char *json, size_t len, char *err, size_t
  * (tritonclient's response_compression_algorithm). The
  * Inference-Header-Content-Length header keeps the uncompressed JSON length,
  * as Triton does. On any failure the body goes out uncompressed. */
-static void compress_reply(struct evhttp_request *req, const char *accept_encoding, struct evbuffer *body) {
+static void compress_reply(struct http_req *req, const char *accept_encoding, struct evbuffer *body) {
     enum http_coding coding = http_coding_accepted(accept_encoding);
     size_t len = evbuffer_get_length(body), n;
     if (coding == HTTP_CODING_IDENTITY || len == 0) return;
@@ -193,7 +167,7 @@ static void compress_reply(struct evhttp_request *req, const char *accept_encodi
         return;
     }
     evbuffer_add_reference(body, out, n, free_cb, out);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Encoding", http_coding_name(coding));
+    http_req_add_header(req, "Content-Encoding", http_coding_name(coding));
 }
 
 /* ==== inference ========================================================== */
@@ -201,19 +175,15 @@ static void compress_reply(struct evhttp_request *req, const char *accept_encodi
 /* Binary outputs an answer sends by reference; more are copied. */
 #define HTTP_INFER_PARTS 4
 
-/* An inference request's transport half: its connection, the EOF watch and
- * the encoded answer. The inference core (server/infer.h) holds the rest
- * and calls back through http_infer_reply. */
+/* An inference request's transport half: its request and the encoded
+ * answer. The inference core (server/infer.h) holds the rest and calls
+ * back through http_infer_reply. */
 struct http_infer {
     http_server_t *srv;
     struct io_thread *io;
-    struct evhttp_request *req;
-    struct evhttp_connection *conn;
+    struct http_req *req;
     struct infer_request *r;
-    int gone;              /* libevent freed the connection (close callback ran) */
-    int hung_up;           /* the peer closed its end while the request waited */
-    struct event *watch;   /* EOF detector on the connection's socket, see infer_watch: when set, the
-                            * event that follows this struct in its allocation */
+    int gone;              /* the client went away while the request was served */
     char *body;            /* the encoded answer, between encode and send */
     size_t body_len;
     const char *ctype;
@@ -225,56 +195,15 @@ struct http_infer {
     int nparts;
 };
 
-static void infer_conn_closed(struct evhttp_connection *conn, void *arg) {
+/* The connection saw its client go (a reset, or EOF after a wait): a
+ * queued request is dropped before it runs. */
+static void infer_hangup(void *arg) {
     struct http_infer *c = arg;
     c->gone = 1;
-    /* The socket closes with the connection: stop watching its number. */
-    if (c->watch) {
-        event_del(c->watch);
-        c->watch = NULL;
-    }
     infer_request_cancel(c->r);
 }
 
-/* evhttp stops reading a connection while its request is being served, so
- * it would notice a client that went away only when the answer fails to be
- * written. A one-shot read event peeks at the socket instead: EOF or a reset
- * means nobody waits for the answer, and a queued request is dropped before
- * it runs. Pipelined bytes (a next request) just end the watch. Watching
- * costs two epoll_ctl calls, a third of the I/O budget of a fast request, so
- * it starts only when a request has waited INFER_WATCH_AFTER_US: a plain
- * timer (no syscall) until then. */
-#define INFER_WATCH_AFTER_US 2000
-
-static void infer_watch_cb(evutil_socket_t fd, short what, void *arg) {
-    struct http_infer *c = arg;
-    char b;
-    ssize_t n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-        c->hung_up = 1;
-        infer_request_cancel(c->r);
-    } else if (n < 0) {
-        event_add(c->watch, NULL); /* spurious wakeup: keep watching */
-    }
-}
-
-/* The timer expired with the request still pending: watch the socket. The
- * event is not pending inside its own callback, so it can be reassigned. */
-static void infer_watch_arm_cb(evutil_socket_t unused, short what, void *arg) {
-    struct http_infer *c = arg;
-    struct bufferevent *bev = evhttp_connection_get_bufferevent(c->conn);
-    evutil_socket_t fd = bev && !c->gone ? bufferevent_getfd(bev) : -1;
-    if (fd < 0) return;
-    if (event_assign(c->watch, c->io->base, fd, EV_READ, infer_watch_cb, c) == 0) event_add(c->watch, NULL);
-}
-
-static void infer_watch(struct http_infer *c) {
-    static const struct timeval after = {0, INFER_WATCH_AFTER_US};
-    struct event *ev = (struct event *)(c + 1);
-    if (evtimer_assign(ev, c->io->base, infer_watch_arm_cb, c) == 0 && evtimer_add(ev, &after) == 0) c->watch = ev;
-}
-
-static void reply_flushed_cb(struct evhttp_request *req, void *arg) {
+static void reply_flushed_cb(void *arg) {
     http_server_t *s = arg;
     atomic_fetch_sub(&s->unflushed, 1);
 }
@@ -300,7 +229,7 @@ static int infer_encode(void *arg, const struct infer_result *res, char *err, si
     if (json_len < body.len || c->nparts) {
         char hl[32];
         snprintf(hl, sizeof hl, "%zu", json_len);
-        evhttp_add_header(evhttp_request_get_output_headers(c->req), "Inference-Header-Content-Length", hl);
+        http_req_add_header(c->req, "Inference-Header-Content-Length", hl);
         c->ctype = "application/octet-stream";
     }
     c->body = body.data;
@@ -329,26 +258,20 @@ static void add_answer(struct evbuffer *out, struct http_infer *c) {
 static void infer_send(void *arg, int status, const char *msg) {
     struct http_infer *c = arg;
     http_server_t *s = c->srv;
-    if (c->watch) {
-        event_del(c->watch);
-        c->watch = NULL;
-    }
     if (!c->gone) {
-        evhttp_connection_set_closecb(c->conn, NULL, NULL);
         /* The drain waits for the bytes to leave, not just for the answer
-         * (not for a peer that hung up: its write fails without completing). */
-        if (!c->hung_up) {
-            atomic_fetch_add(&s->unflushed, 1);
-            evhttp_request_set_on_complete_cb(c->req, reply_flushed_cb, s);
-        }
+         * (not for a peer that hung up: nothing is written). */
+        atomic_fetch_add(&s->unflushed, 1);
+        c->req->on_flushed = reply_flushed_cb;
+        c->req->flushed_arg = s;
     }
-    /* A request whose client left is still "answered": libevent frees it. */
+    /* A request whose client left is still "answered": the connection frees it. */
     if (status) {
         free(c->body);
         for (int i = 0; i < c->nparts; i++) free(c->blocks[i]);
         reply_status(s, c->req, status, msg);
     } else {
-        struct evbuffer *out = evhttp_request_get_output_buffer(c->req);
+        struct evbuffer *out = c->req->out;
         add_answer(out, c);
         compress_reply(c->req, c->accept_encoding, out);
         reply_send(s, c->req, 200, c->ctype);
@@ -358,18 +281,10 @@ static void infer_send(void *arg, int status, const char *msg) {
 
 static const struct infer_reply_i http_infer_reply = {runtime_post_any, infer_encode, infer_send};
 
-static const char *authorization(struct evhttp_request *req) {
-    return evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
-}
-
-/* A connection's shared-memory scope: its bufferevent, the one
- * http_conn.c made for it, which drops the scope's regions when it goes. */
-static shm_owner_t conn_shm_owner(struct evhttp_connection *conn) {
-    return shm_owner_of(evhttp_connection_get_bufferevent(conn));
-}
+static const char *authorization(struct http_req *req) { return http_req_header(req, "Authorization"); }
 
 /* Decodes an inference request and hands it to the core. */
-static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *model,
+static void handle_infer(http_server_t *s, struct io_thread *io, struct http_req *req, const char *model,
                          int64_t version) {
     char err[512];
     int status = 0;
@@ -377,9 +292,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         reply_status(s, req, status, err);
         return;
     }
-    /* The watch's event lives after the struct: no allocation of its own
-     * per request (libevent gives the size; the struct's alignment suits it). */
-    struct http_infer *c = calloc(1, sizeof *c + event_get_struct_event_size());
+    struct http_infer *c = calloc(1, sizeof *c);
     if (!c) {
         reply_status(s, req, STATUS_NOMEM, "out of memory");
         return;
@@ -387,7 +300,6 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     c->srv = s;
     c->io = io;
     c->req = req;
-    c->conn = evhttp_request_get_connection(req);
     c->r = infer_request_begin(s->core, model, version, &http_infer_reply, c, io->loop, runtime_loop_redis(io->loop),
                                &status, err, sizeof err);
     if (!c->r) {
@@ -398,7 +310,7 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
     struct infer_headers h;
     infer_headers_find(req, &h);
     c->accept_encoding = h.accept_encoding;
-    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, h.authorization, conn_shm_owner(c->conn)));
+    infer_request_set_shm_owner(c->r, access_shm_owner(s->cfg, h.authorization, http_req_shm_owner(req)));
     const char *hl = h.header_length;
     int64_t header_len = -1;
     if (hl && kserve_parse_header_length(hl, &header_len, err, sizeof err)) {
@@ -434,14 +346,14 @@ static void handle_infer(http_server_t *s, struct io_thread *io, struct evhttp_r
         infer_request_fail(c->r, rc, err);
         return;
     }
-    evhttp_connection_set_closecb(c->conn, infer_conn_closed, c);
-    infer_watch(c);
+    req->on_hangup = infer_hangup;
+    req->hangup_arg = c;
     infer_request_start(c->r);
 }
 
 /* ==== metrics ============================================================ */
 
-static void handle_metrics(http_server_t *s, struct evhttp_request *req) {
+static void handle_metrics(http_server_t *s, struct http_req *req) {
     char *txt = http_body_metrics(s->repo, infer_core_cache(s->core));
     reply_raw(s, req, 200, "text/plain; version=0.0.4; charset=utf-8", txt, strlen(txt));
 }
@@ -453,10 +365,10 @@ static void handle_metrics(http_server_t *s, struct evhttp_request *req) {
 struct control_req {
     struct model_control mc;     /* first: the call is freed through it */
     http_server_t *srv;
-    struct evhttp_request *req;
+    struct http_req *req;
 };
 
-/* The runtime went before the answer (exiting): evhttp frees the request. */
+/* The runtime went before the answer (exiting): the connection goes with its loop. */
 static void control_free(struct model_control *mc) {
     model_control_clear(mc);
     free(mc);
@@ -469,7 +381,7 @@ static void control_done(struct model_control *mc) {
     control_free(mc);
 }
 
-static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp_request *req, const char *name,
+static void handle_control(http_server_t *s, struct io_thread *io, struct http_req *req, const char *name,
                            int load) {
     char err[300];
     int rc = model_control_check(s->rt, s->cfg, authorization(req), ACCESS_VIA_HTTP, err, sizeof err);
@@ -534,7 +446,7 @@ static void handle_control(http_server_t *s, struct io_thread *io, struct evhttp
     model_control_start(s->rt, &c->mc);
 }
 
-static void handle_index(http_server_t *s, struct evhttp_request *req) {
+static void handle_index(http_server_t *s, struct http_req *req) {
     int ready_only = 0;
     size_t len;
     int owned, status;
@@ -578,7 +490,7 @@ static void handle_index(http_server_t *s, struct evhttp_request *req) {
 struct http_call {
     http_server_t *srv;
     struct io_thread *io;
-    struct evhttp_request *req;
+    struct http_req *req;
     const char *model;     /* the path's {model}, NULL when the route has none */
     int64_t version;       /* the path's {version}; 0 = none (the highest loaded) */
     const char *region;    /* the path's {region}, NULL when the route has none */
@@ -615,7 +527,7 @@ static int shm_route_allowed(const struct http_call *c, enum access_action actio
         reply_status(c->srv, c->req, rc, err);
         return 0;
     }
-    *owner = access_shm_owner(c->srv->cfg, auth, conn_shm_owner(evhttp_request_get_connection(c->req)));
+    *owner = access_shm_owner(c->srv->cfg, auth, http_req_shm_owner(c->req));
     return 1;
 }
 
@@ -776,21 +688,20 @@ static void route_infer(const struct http_call *c) { handle_infer(c->srv, c->io,
 /* An embeddings call's transport half. */
 struct http_openai {
     http_server_t *srv;
-    struct evhttp_request *req;
-    struct evhttp_connection *conn;
+    struct http_req *req;
     openai_call_t *call;   /* while its texts run */
-    int gone;              /* libevent freed the connection */
+    int gone;              /* the client went away */
 };
 
-static void reply_openai(http_server_t *s, struct evhttp_request *req, int code, char *body, size_t len) {
-    struct evbuffer *out = evhttp_request_get_output_buffer(req);
+static void reply_openai(http_server_t *s, struct http_req *req, int code, char *body, size_t len) {
+    struct evbuffer *out = req->out;
     if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
     else free(body);
-    compress_reply(req, evhttp_find_header(evhttp_request_get_input_headers(req), "Accept-Encoding"), out);
+    compress_reply(req, http_req_header(req, "Accept-Encoding"), out);
     reply_send(s, req, code, "application/json");
 }
 
-static void openai_error(http_server_t *s, struct evhttp_request *req, int code, const char *msg, const char *code_s) {
+static void openai_error(http_server_t *s, struct http_req *req, int code, const char *msg, const char *code_s) {
     size_t len;
     char *body = openai_error_body(code, msg, NULL, code_s, &len);
     reply_openai(s, req, code, body, len);
@@ -801,12 +712,9 @@ static void openai_error(http_server_t *s, struct evhttp_request *req, int code,
  * rather than decided by whichever comes first. */
 static int openai_allowed(const struct http_call *c) {
     const char *auth = authorization(c->req);
-    int n = 0;
-    const struct evkeyval *h;
-    TAILQ_FOREACH(h, evhttp_request_get_input_headers(c->req), next)
-        n += strcasecmp(h->key, "Authorization") == 0;
+    int n = http_req_header_count(c->req, "Authorization");
     if ((n <= 1 || !c->srv->cfg->openai_api_keys) && access_api_key_ok(c->srv->cfg, auth)) return 1;
-    evhttp_add_header(evhttp_request_get_output_headers(c->req), "WWW-Authenticate", "Bearer");
+    http_req_add_header(c->req, "WWW-Authenticate", "Bearer");
     openai_error(c->srv, c->req, 401,
                  n > 1 ? "Send one Authorization header: this request has several."
                  : auth ? "Incorrect API key provided."
@@ -816,7 +724,7 @@ static int openai_allowed(const struct http_call *c) {
     return 0;
 }
 
-static void openai_conn_closed(struct evhttp_connection *conn, void *arg) {
+static void openai_hangup(void *arg) {
     struct http_openai *o = arg;
     o->gone = 1;
     openai_cancel(o->call);
@@ -824,8 +732,7 @@ static void openai_conn_closed(struct evhttp_connection *conn, void *arg) {
 
 static void openai_done(void *ctx, int code, char *body, size_t len) {
     struct http_openai *o = ctx;
-    /* A request whose client left is still answered: libevent frees it. */
-    if (o->call && !o->gone) evhttp_connection_set_closecb(o->conn, NULL, NULL);
+    /* A request whose client left is still answered: the connection frees it. */
     reply_openai(o->srv, o->req, code, body, len);
     free(o);
 }
@@ -855,14 +762,14 @@ static void route_embeddings(const struct http_call *c) {
     }
     o->srv = s;
     o->req = c->req;
-    o->conn = evhttp_request_get_connection(c->req);
     struct openai_env env = {.core = s->core, .repo = s->repo, .thread = c->io->loop,
                              .redis = runtime_loop_redis(c->io->loop)};
     openai_call_t *call = openai_embeddings(&env, (const char *)body, len, openai_done, o);
     if (owned) free(body);
     if (!call) return; /* answered already; o is freed */
     o->call = call;
-    evhttp_connection_set_closecb(o->conn, openai_conn_closed, o);
+    c->req->on_hangup = openai_hangup;
+    c->req->hangup_arg = o;
 }
 
 static void route_openai_models(const struct http_call *c) {
@@ -897,8 +804,8 @@ static void route_model_config(const struct http_call *c) { route_model_get(c, 1
 
 static void route_model_metadata(const struct http_call *c) { route_model_get(c, 0); }
 
-#define GET EVHTTP_REQ_GET
-#define POST EVHTTP_REQ_POST
+#define GET HTTP_GET
+#define POST HTTP_POST
 static const struct http_route routes[] = {
     /* Inference first: it is most of the traffic, and no other route has its shape. */
     {"/v2/models/{model}/infer", POST, route_infer},
@@ -967,15 +874,15 @@ static int route_match(const char *pattern, char *const *segs, int n, struct htt
     return i == n;
 }
 
-static int method_is(struct evhttp_request *req, int want) {
-    int m = evhttp_request_get_command(req);
-    if (want == EVHTTP_REQ_GET) return m == EVHTTP_REQ_GET || m == EVHTTP_REQ_HEAD;
+static int method_is(struct http_req *req, int want) {
+    int m = req->method;
+    if (want == HTTP_GET) return m == HTTP_GET || m == HTTP_HEAD;
     return m == want;
 }
 
-static void method_not_allowed(http_server_t *s, struct evhttp_request *req, const char *path, const char *allowed) {
+static void method_not_allowed(http_server_t *s, struct http_req *req, const char *path, const char *allowed) {
     char msg[600];
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allowed);
+    http_req_add_header(req, "Allow", allowed);
     snprintf(msg, sizeof msg, "method not allowed for %.500s: use %s", path, allowed);
     reply_status(s, req, STATUS_METHOD, msg);
 }
@@ -1005,12 +912,9 @@ static int split_path(const char *path, char *pathbuf, size_t bufsize, char **se
     return 0;
 }
 
-static void route(struct evhttp_request *req, void *arg) {
-    struct io_thread *io = arg;
+void http_route(struct io_thread *io, struct http_req *req) {
     http_server_t *s = io->srv;
-    const struct evhttp_uri *uri = evhttp_request_get_evhttp_uri(req);
-    const char *path = uri ? evhttp_uri_get_path(uri) : NULL;
-    if (!path) path = "/";
+    const char *path = req->path;
     char *segs[MAX_SEGS], *decoded[MAX_SEGS] = {0};
     char pathbuf[2048], msg[2300];
     int n;
@@ -1031,7 +935,7 @@ static void route(struct evhttp_request *req, void *arg) {
     for (size_t i = 0; n <= MAX_SEGS && i < sizeof routes / sizeof routes[0]; i++) {
         if (!route_match(routes[i].pattern, segs, n, &call)) continue;
         if (!method_is(req, routes[i].method))
-            method_not_allowed(s, req, path, routes[i].method == EVHTTP_REQ_POST ? "POST" : "GET");
+            method_not_allowed(s, req, path, routes[i].method == HTTP_POST ? "POST" : "GET");
         else routes[i].handle(&call);
         goto out;
     }
@@ -1075,32 +979,13 @@ http_server_t *http_server_create(const struct http_server_params *p, char *err,
         io->fd = listen_socket("http", p->config->http_address, port, 0, &s->port, err, err_len);
         if (io->fd < 0) goto fail;
         port = s->port; /* the others join the port the first one got */
-        io->http = evhttp_new(io->base);
-        if (!io->http) {
-            status_set(err, err_len, STATUS_INTERNAL, "libevent initialization failed");
-            goto fail;
-        }
-        evhttp_set_allowed_methods(io->http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
-                                                 EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS | EVHTTP_REQ_PATCH |
-                                                 EVHTTP_REQ_TRACE | EVHTTP_REQ_CONNECT);
-        /* The guard (conn_input) is the one owner of the body and header
+        /* The guard (http_conn.c) is the one owner of the body and header
          * limits: it refuses a body over --max-request-size and a header
-         * over CONN_MAX_HEADER with a JSON answer before evhttp reads them.
-         * evhttp's own limits stay only as a backstop, for a connection the
-         * guard could not be put on (out of memory). */
-        int64_t mrs = p->config->max_request_size;
-        evhttp_set_max_body_size(io->http, (ev_ssize_t)mrs);
-        evhttp_set_max_headers_size(io->http, 2 * CONN_MAX_HEADER);
-        evhttp_set_bevcb(io->http, http_conn_new, io);
-        evhttp_set_default_content_type(io->http, "application/json");
-        evhttp_set_timeout(io->http, p->config->http_timeout_secs > 0 ? p->config->http_timeout_secs : 60);
-        evhttp_set_gencb(io->http, route, io);
-        struct evhttp_bound_socket *bound = evhttp_accept_socket_with_handle(io->http, io->fd);
-        if (!bound) {
-            status_set(err, err_len, STATUS_INTERNAL, "evhttp_accept_socket failed");
+         * over CONN_MAX_HEADER with a JSON answer. */
+        if (http_conn_listen(io)) {
+            status_set(err, err_len, STATUS_INTERNAL, "libevent could not listen on the HTTP socket");
             goto fail;
         }
-        evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bound), http_conn_accept_error);
     }
     return s;
 fail:
@@ -1116,8 +1001,9 @@ void http_server_free(http_server_t *s) {
     if (!s) return;
     for (int i = 0; s->io && i < s->nthreads; i++) {
         struct io_thread *io = &s->io[i];
-        if (io->http) evhttp_free(io->http); /* closes the listener and every connection */
+        if (io->listener) evconnlistener_free(io->listener);
         else if (io->fd >= 0) close(io->fd);
+        http_conn_close_all(io);
     }
     free(s->io);
     free(s);

@@ -1,15 +1,16 @@
-/* http.h - kiln's HTTP front end: KServe v2 over libevent.
+/* http.h - kiln's HTTP front end: KServe v2 over HTTP/1.1 on libevent.
  *
  * http_server_create attaches to the runtime (server/runtime.h): on each of
- * its I/O loops an evhttp on its own SO_REUSEPORT socket (the kernel
- * spreads connections over them). Requests are routed by a table of (path
+ * its I/O loops a listener on its own SO_REUSEPORT socket (the kernel
+ * spreads connections over them), and kiln's own HTTP/1.1 connections
+ * (server/http_conn.c). Requests are routed by a table of (path
  * pattern, method, handler). An inference request is decoded on its loop
  * and handed to the inference core (server/infer.h), which answers it
  * through the reply interface on the same loop: the core's post() only
  * queues the request's completion job on that loop and wakes it. Model load
- * and unload run on the runtime's control thread. Connections pass through
- * http_guard (framing, body size, deadlines, --max-connections) before
- * evhttp reads them.
+ * and unload run on the runtime's control thread. A connection frames its
+ * requests with http_guard (framing, body size), and keeps the deadlines
+ * and --max-connections.
  *
  * Threads: create before runtime_start and free after runtime_stop, from
  * the thread that owns the runtime (main); unflushed from any thread. */

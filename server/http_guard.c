@@ -93,6 +93,18 @@ static ssize_t check_field(struct http_guard *g, const char *p, size_t n, const 
     return 0;
 }
 
+/* The tokens of a Connection header's value that decide whether the
+ * connection stays open. */
+static void connection_tokens(struct http_guard_head *h, const char *v, size_t n) {
+    for (size_t i = 0; i < n;) {
+        while (i < n && (v[i] == ',' || v[i] == ' ' || v[i] == '\t')) i++;
+        size_t s = i;
+        while (i < n && v[i] != ',' && v[i] != ' ' && v[i] != '\t') i++;
+        if (equals_ci(v + s, i - s, "close")) h->conn_close = 1;
+        else if (equals_ci(v + s, i - s, "keep-alive")) h->conn_keep_alive = 1;
+    }
+}
+
 /* Parses a complete header block p[0..n) (ending with its blank line) and
  * sets up the body's framing. */
 static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
@@ -135,6 +147,16 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
         return fail(g, STATUS_HTTP_VERSION, "HTTP version '%s' is not supported: use HTTP/1.1", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
     else return fail(g, STATUS_INVALID, "the request line ends in '%s', not an HTTP version", excerpt(ver, vlen < 20 ? vlen : 20, ex, sizeof ex));
 
+    struct http_guard_head *h = g->head;
+    if (h) {
+        h->len = n;
+        h->method = method;
+        h->minor = minor;
+        h->target = (uint32_t)(target - p);
+        h->target_len = (uint32_t)tlen;
+        h->conn_close = h->conn_keep_alive = h->expect_continue = h->has_body = 0;
+        h->nfields = 0;
+    }
     int n_cl = 0, n_te = 0, n_host = 0;
     uint64_t cl = 0;
     for (size_t at = end + 1; at < n;) {
@@ -148,6 +170,13 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
         const char *name, *value;
         size_t nlen, vlen2;
         if (check_field(g, line, len, "header", &name, &nlen, &value, &vlen2)) return -1;
+        if (h) {
+            if (h->nfields == HTTP_GUARD_MAX_FIELDS)
+                return fail(g, STATUS_HEADERS_TOO_LARGE, "the request has more than %d header fields", HTTP_GUARD_MAX_FIELDS);
+            h->fields[h->nfields++] = (struct http_guard_field){(uint32_t)(name - p), (uint32_t)nlen,
+                                                                (uint32_t)(value - p), (uint32_t)vlen2};
+            if (equals_ci(name, nlen, "Connection")) connection_tokens(h, value, vlen2);
+        }
         if (equals_ci(name, nlen, "Content-Length")) {
             if (++n_cl > 1) return fail(g, STATUS_INVALID, "more than one Content-Length header");
             if (vlen2 == 0 || vlen2 > 18)
@@ -165,6 +194,7 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
         } else if (equals_ci(name, nlen, "Host")) {
             if (++n_host > 1) return fail(g, STATUS_INVALID, "more than one Host header");
         } else if (equals_ci(name, nlen, "Expect")) {
+            if (h && minor == 1) h->expect_continue = 1;
             if (minor == 1 && !equals_ci(value, vlen2, "100-continue"))
                 return fail(g, STATUS_EXPECTATION, "Expect '%s' is not supported (only 100-continue)", excerpt(value, vlen2 < 40 ? vlen2 : 40, ex, sizeof ex));
         }
@@ -172,12 +202,13 @@ static ssize_t parse_head(struct http_guard *g, const char *p, size_t n) {
     if (n_cl && n_te) return fail(g, STATUS_INVALID, "a request may not have both Content-Length and Transfer-Encoding");
     if (minor == 1 && n_host == 0) return fail(g, STATUS_INVALID, "an HTTP/1.1 request needs a Host header");
     if (n_te && minor == 0) return fail(g, STATUS_INVALID, "Transfer-Encoding needs HTTP/1.1");
-    /* evhttp reads no body for HEAD and TRACE: one would run as the next request. */
+    /* No body for HEAD and TRACE: a client's or a proxy's reading could differ (one would run as the next request). */
     if ((method == 2 || method == 6) && (n_te || cl > 0))
         return fail(g, STATUS_INVALID, "a %s request cannot have a body", methods[method]);
     if (cl > g->lim.max_body)
         return fail(g, STATUS_TOO_LARGE, "request JSON size of %llu bytes exceeds the maximum allowed input size: "
                     "--max-request-size (%llu bytes)", (unsigned long long)cl, (unsigned long long)g->lim.max_body);
+    if (h) h->has_body = n_te || cl > 0;
     if (n_te) {
         g->state = HG_CHUNK_SIZE;
         g->body = 0;
@@ -236,6 +267,7 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
             g->scanned = 0;
             if (parse_head(g, q, head_end)) return -1;
             (*atp) += head_end;
+            if (g->head) return (ssize_t)*atp; /* the block alone: the caller tells it from the body */
             break;
         }
         case HG_BODY:
@@ -319,7 +351,7 @@ static ssize_t feed(struct http_guard *g, const char *p, size_t n, size_t *atp) 
 }
 
 /* A violation after accepted bytes returns those first: they are whole
- * requests (or the start of the refused one's body) evhttp may have. */
+ * requests (or the start of the refused one's body) the caller may serve. */
 ssize_t http_guard_feed(struct http_guard *g, const char *p, size_t n) {
     size_t at = 0;
     ssize_t r = feed(g, p, n, &at);

@@ -1,15 +1,20 @@
 /* http_guard.h - a strict HTTP/1.1 request framing checker.
  *
- * kiln's HTTP parser (libevent's evhttp) accepts framing that RFC 9112 says a
- * server must refuse: two Content-Length headers (the first wins and the rest
- * of the body runs as a second request), whitespace before a header's colon,
- * Content-Length next to Transfer-Encoding, HTTP/1.1 without Host, a body on
- * a HEAD request. The guard sees the byte stream of a connection before the
- * parser does and lets through only requests whose framing both read the same
- * way: a request line, header fields, then exactly the body the framing
- * declares (Content-Length bytes or chunks). Everything it accepts evhttp
- * parses identically; anything else is a violation with a status (its HTTP
- * code from common/status.h's table) and a message for the client.
+ * Lenient parsers accept framing that RFC 9112 says a server must refuse,
+ * and that a proxy in front may read differently (request smuggling): two
+ * Content-Length headers, whitespace before a header's colon, Content-Length
+ * next to Transfer-Encoding, HTTP/1.1 without Host, a body on a HEAD
+ * request. The guard lets through only requests with one reading: a request
+ * line, header fields, then exactly the body the framing declares
+ * (Content-Length bytes or chunks). Anything else is a violation with a
+ * status (its HTTP code from common/status.h's table) and a message for the
+ * client.
+ *
+ * kiln's own HTTP/1.1 connection (http_conn.c) reads requests through the
+ * guard alone: with a head attached (http_guard_attach_head) the guard also
+ * records where the request line's parts and each header field lie in the
+ * header block it accepted, and stops after that block, so the caller can
+ * tell the header from the body's bytes.
  *
  * The guard copies nothing: http_guard_feed examines bytes and says how many
  * may go on to the parser; a header block or a chunk-size line that is not
@@ -34,8 +39,35 @@ enum http_guard_phase {
     HTTP_GUARD_BODY,     /* the header was accepted; its body (or trailer) is arriving */
 };
 
+/* The most header fields one request may have (a header block of
+ * CONN_MAX_HEADER bytes could hold thousands): more is a 431. */
+#define HTTP_GUARD_MAX_FIELDS 128
+
+/* The request methods, in the guard's order. */
+enum http_method { HTTP_GET, HTTP_POST, HTTP_HEAD, HTTP_PUT, HTTP_DELETE, HTTP_OPTIONS, HTTP_TRACE, HTTP_CONNECT, HTTP_PATCH };
+
+/* Offsets into the accepted header block. */
+struct http_guard_field {
+    uint32_t name, name_len, value, value_len; /* the value without its surrounding whitespace */
+};
+
+/* What the last accepted header block holds. */
+struct http_guard_head {
+    size_t len;                 /* the block's bytes, its blank line included */
+    int method;                 /* enum http_method */
+    int minor;                  /* HTTP/1.minor */
+    uint32_t target, target_len;
+    int conn_close;             /* a Connection header names "close" */
+    int conn_keep_alive;        /* ... or "keep-alive" */
+    int expect_continue;        /* Expect: 100-continue */
+    int has_body;               /* a Content-Length > 0 or chunked: body bytes follow */
+    int nfields;
+    struct http_guard_field fields[HTTP_GUARD_MAX_FIELDS];
+};
+
 struct http_guard {
     struct http_guard_limits lim;
+    struct http_guard_head *head; /* NULL, or where accepted header blocks are described */
     int state;           /* internal: what the next bytes are */
     uint64_t left;       /* bytes of the body or of the current chunk not seen yet */
     uint64_t body;       /* chunked: the sum of the chunk sizes so far */
@@ -47,6 +79,10 @@ struct http_guard {
 };
 
 void http_guard_init(struct http_guard *g, const struct http_guard_limits *lim);
+
+/* Records each accepted header block in *head, and makes http_guard_feed
+ * return right after it (the bytes it returns are then the block alone). */
+static inline void http_guard_attach_head(struct http_guard *g, struct http_guard_head *head) { g->head = head; }
 
 /* Examines p[0..n), the connection's next bytes (the first of them the bytes
  * left over by the previous call). Returns how many may go to the parser

@@ -1,10 +1,11 @@
 /* http_impl.h - private to the HTTP transport (http.c, http_conn.c): the
- * server, its I/O threads, and the connection layer's entry points.
+ * server, its I/O threads, the request a connection hands to the router,
+ * and the connection layer's entry points.
  *
- * On each of the runtime's loops (server/runtime.h) the server has an
- * evhttp on its own listening socket. Connections pass through http_conn.c's
- * filter bufferevent (http_guard's framing and body size checks, deadlines,
- * --max-connections) before evhttp parses them. */
+ * On each of the runtime's loops (server/runtime.h) the server listens on
+ * its own socket (SO_REUSEPORT). http_conn.c is the HTTP/1.1 connection
+ * (framing by http_guard, deadlines, --max-connections, answers); http.c
+ * routes each request and answers it through http_req_reply. */
 #ifndef KILN_HTTP_IMPL_H
 #define KILN_HTTP_IMPL_H
 
@@ -17,12 +18,13 @@
 #include "server/infer.h"
 #include "server/repository.h"
 #include "server/runtime.h"
+#include "server/shm.h"
+#include "common/buf.h"
 
 struct event_base;
-struct evhttp;
-struct event;
-struct bufferevent;
+struct evbuffer;
 struct evconnlistener;
+struct http_conn;
 
 /* The largest request header a connection may send. */
 #define CONN_MAX_HEADER (64 * 1024)
@@ -34,9 +36,56 @@ struct io_thread {
     http_server_t *srv;
     struct runtime_loop *loop;
     struct event_base *base;     /* the loop's */
-    struct evhttp *http;
-    int fd;
+    struct evconnlistener *listener;
+    int fd;                      /* the listening socket until the listener owns it */
+    struct http_conn *conns;     /* open connections */
 };
+
+/* A header field of a request: name and value NUL-terminated (the value
+ * without the whitespace around it). */
+struct http_field {
+    const char *name, *value;
+};
+
+/* A request, from its connection (one at a time per connection): valid
+ * until http_req_reply. The body is de-chunked; path and query are the
+ * target's parts, not percent-decoded. */
+struct http_req {
+    struct http_conn *conn;
+    int method;                  /* enum http_method (server/http_guard.h) */
+    int minor;                   /* HTTP/1.minor */
+    const char *target, *path, *query; /* query: after '?', or NULL */
+    const struct http_field *fields;
+    int nfields;
+    struct evbuffer *body;
+    struct evbuffer *out;        /* the answer's body, filled by the handler */
+    struct buf ohdr;             /* header lines the handler adds (http_req_add_header) */
+    int close;                   /* the connection closes after the answer */
+    int keep_alive_10;           /* HTTP/1.0 with Connection: keep-alive */
+    /* The client went away while the request was served: called once, on
+     * the loop; the handler still answers (http_req_reply frees then). */
+    void (*on_hangup)(void *arg);
+    void *hangup_arg;
+    /* The answer's bytes are all in the kernel. */
+    void (*on_flushed)(void *arg);
+    void *flushed_arg;
+};
+
+/* The first header field named name (any case), or NULL; how many there are. */
+const char *http_req_header(const struct http_req *r, const char *name);
+int http_req_header_count(const struct http_req *r, const char *name);
+/* A header line on the answer. */
+void http_req_add_header(struct http_req *r, const char *name, const char *value);
+/* Sends the answer: the status line with code's reason phrase, Date,
+ * Content-Type (ctype, else application/json where a body may be), the
+ * Content-Length of r->out, the handler's headers, then r->out (not for
+ * HEAD). The connection goes on with its next request, or closes. */
+void http_req_reply(struct http_req *r, int code, const char *ctype);
+/* The connection's shared-memory scope (server/shm.h). */
+shm_owner_t http_req_shm_owner(const struct http_req *r);
+
+/* The router (http.c): called once per complete request, on its loop. */
+void http_route(struct io_thread *io, struct http_req *req);
 
 struct http_server {
     const struct server_config *cfg;
@@ -50,11 +99,11 @@ struct http_server {
     infer_core_t *core;          /* a request's life past its decoding; owns the result cache */
 };
 
-/* evhttp's bufferevent callback (evhttp_set_bevcb, arg = the io_thread):
- * the connection's filter over its socket, or NULL for a plain one. A
- * connection over --max-connections is answered 503 and closed. */
-struct bufferevent *http_conn_new(struct event_base *base, void *arg);
-/* The listener's error callback: sheds a waiting connection with the spare
- * descriptor at the open file limit, else pauses accepting. */
-void http_conn_accept_error(struct evconnlistener *lev, void *arg);
+/* Accepts connections on io->fd (the listener owns it then). A connection
+ * over --max-connections is answered 503 and closed; at the open file
+ * limit a waiting one is shed with the spare descriptor, else accepting
+ * pauses. 0, or -1 when libevent could not make the listener. */
+int http_conn_listen(struct io_thread *io);
+/* Closes every connection of io (its loop has stopped). */
+void http_conn_close_all(struct io_thread *io);
 #endif

@@ -320,7 +320,7 @@ runtime_t *runtime_create(const struct runtime_params *p, char *err, size_t err_
         l->rt = rt;
         pthread_mutex_init(&l->qlock, NULL);
         rt->nloops++;
-        /* The changelist merges the read/write toggles evhttp makes around an
+        /* The changelist merges the read/write toggles made around an
          * asynchronous reply into at most one epoll_ctl per loop iteration. */
         struct event_config *ec = event_config_new();
         if (ec) event_config_set_flag(ec, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);

@@ -173,9 +173,54 @@ static void test_phases(void **state) {
     assert_int_equal(g.status, STATUS_UNSUPPORTED);
 }
 
+/* With a head attached the guard says where the request line's parts and
+ * each field lie, and stops after the header block. */
+static void test_head_record(void **state) {
+    struct http_guard g;
+    static struct http_guard_head h;
+    http_guard_init(&g, &LIM);
+    http_guard_attach_head(&g, &h);
+    const char *req = "POST /v2/models/m/infer?x=1 HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, Close\r\n"
+                      "X-Empty:\r\nContent-Length:  3 \r\nExpect: 100-continue\r\n\r\nabc";
+    size_t head_len = strlen(req) - 3;
+    assert_int_equal(http_guard_feed(&g, req, strlen(req)), (ssize_t)head_len);
+    assert_int_equal(h.len, head_len);
+    assert_int_equal(h.method, HTTP_POST);
+    assert_int_equal(h.minor, 1);
+    assert_int_equal(h.target_len, strlen("/v2/models/m/infer?x=1"));
+    assert_memory_equal(req + h.target, "/v2/models/m/infer?x=1", h.target_len);
+    assert_true(h.conn_close);
+    assert_true(h.conn_keep_alive);
+    assert_true(h.expect_continue);
+    assert_true(h.has_body);
+    assert_int_equal(h.nfields, 5);
+    assert_memory_equal(req + h.fields[1].name, "Connection", h.fields[1].name_len);
+    assert_int_equal(h.fields[2].value_len, 0);
+    assert_memory_equal(req + h.fields[3].value, "3", h.fields[3].value_len);
+    assert_int_equal(http_guard_data_left(&g), 3);
+    http_guard_skip(&g, 3);
+    assert_int_equal(g.requests, 1);
+    /* HTTP/1.0 and no body. */
+    const char *old = "GET / HTTP/1.0\r\n\r\n";
+    assert_int_equal(http_guard_feed(&g, old, strlen(old)), (ssize_t)strlen(old));
+    assert_int_equal(h.minor, 0);
+    assert_false(h.has_body);
+    assert_false(h.conn_close);
+    assert_int_equal(g.requests, 2);
+    /* More fields than a head holds: 431. */
+    char big[4096];
+    size_t n = (size_t)snprintf(big, sizeof big, "GET / HTTP/1.1\r\nHost: a\r\n");
+    for (int i = 0; i < HTTP_GUARD_MAX_FIELDS; i++) n += (size_t)snprintf(big + n, sizeof big - n, "A%d: 1\r\n", i);
+    n += (size_t)snprintf(big + n, sizeof big - n, "\r\n");
+    http_guard_init(&g, &(struct http_guard_limits){.max_header = sizeof big, .max_body = 100});
+    http_guard_attach_head(&g, &h);
+    assert_int_equal(http_guard_feed(&g, big, n), -1);
+    assert_int_equal(status_http(g.status), 431);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_accepts_good_requests), cmocka_unit_test(test_refuses_smuggling),
+        cmocka_unit_test(test_accepts_good_requests), cmocka_unit_test(test_refuses_smuggling), cmocka_unit_test(test_head_record),
         cmocka_unit_test(test_refuses_bad_lines),     cmocka_unit_test(test_refuses_bad_chunks),
         cmocka_unit_test(test_limits),                cmocka_unit_test(test_phases),
     };
