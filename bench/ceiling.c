@@ -1,8 +1,10 @@
-/* ceiling.c - the minimal libevent HTTP server: the throughput and latency
- * ceiling of this machine for kiln's front end. Same structure as kiln's
- * (N threads, each its own event_base and evhttp on one listening socket),
- * but it reads the body and answers a fixed KServe-style JSON response,
- * doing no parsing and no inference. GETs (what `kiln bench` reads before
+/* ceiling.c - the minimal libevent HTTP server, the reference for kiln's
+ * front end: N threads, each its own event_base and libevent's evhttp on
+ * one listening socket, reading the body and answering a fixed KServe-style
+ * JSON response, doing no parsing and no inference. kiln's front end was
+ * evhttp too; it now runs its own HTTP/1.1 (server/http_conn.c), which does
+ * less per request than evhttp, so kiln can pass this "ceiling" while it
+ * also parses and runs the model (docs/benchmarks.md, section 2d). GETs (what `kiln bench` reads before
  * it starts: model metadata and config) get the digits model's, so both load
  * generators can drive it.
  *   build/ceiling PORT [THREADS] */
