@@ -123,6 +123,12 @@ int dnnl_util_is_ref(const_dnnl_primitive_desc_t pd) {
     return strncmp(impl, "ref", 3) == 0;
 }
 
+int dnnl_util_is_jit(const_dnnl_primitive_desc_t pd) {
+    const char *impl = NULL;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success || !impl) return 0;
+    return strncmp(impl, "jit", 3) == 0 || strncmp(impl, "brg", 3) == 0;
+}
+
 int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims) {
     dnnl_dims_t d, st;
     int64_t stride = 1;

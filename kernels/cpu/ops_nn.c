@@ -1895,6 +1895,7 @@ struct pool_state {
     int col_major;          /* MaxPool storage_order = 1 */
     int nhwc;               /* X and Y channels-last (kiln_layout 3) */
     int nhwc8;              /* the same for an 8-bit MaxPool (its own loop) */
+    int plain2d;            /* float 2-D max or average pool, no dilation, no Indices: pool2d_rows */
     float p;                /* LpPool */
 };
 
@@ -1951,6 +1952,8 @@ static int pool_prepare_any(struct op_call *c, enum pool_kind kind, void **state
     s->nhwc8 = layout_of(c->node) == 3 && c->in[0]->ndim == 4 && c->in[0]->dtype != DT_FP32 && kind == POOL_MAX &&
                !has_out(c, 1);
     s->p = (float)node_attr_int(c->node, "p", 2);
+    s->plain2d = (kind == POOL_MAX || kind == POOL_AVG) && s->win.nsp == 2 && s->win.d[0] == 1 && s->win.d[1] == 1 &&
+                 c->in[0]->dtype == DT_FP32 && c->in[0]->ndim == 4 && !has_out(c, 1);
     *state = s;
     *scratch_size = 0;
     if (kind == POOL_LP) {
@@ -2004,6 +2007,13 @@ static int pool_prepare_any(struct op_call *c, enum pool_kind kind, void **state
     if (r == dnnl_success) r = dnnl_primitive_desc_create(&pd, &pdsc, attr, dnnl_util_engine(), NULL);
     dnnl_primitive_attr_destroy(attr);
     if (r != dnnl_success) return 0; /* a shape oneDNN refuses: the C loop does it */
+    /* Without AVX-512 oneDNN pools plain NCHW in its generic C loop
+     * ("simple_nchw": 0.26 ms for a 32x16x64 MaxPool that its AVX-512 JIT
+     * does in 0.015); kiln's own row loop is what runs then. */
+    if (s->plain2d && !s->nhwc && !dnnl_util_is_jit(pd)) {
+        dnnl_primitive_desc_destroy(pd);
+        return 0;
+    }
     int ids[2] = {DNNL_ARG_SRC, DNNL_ARG_DST};
     s->prim = dnnl_prim_create(c, pd, 2, ids, scratch_size);
     dnnl_primitive_desc_destroy(pd);
@@ -2183,6 +2193,55 @@ POOL_MAX_Q8(int8_t)
 POOL_MAX_Q8_NHWC(uint8_t)
 POOL_MAX_Q8_NHWC(int8_t)
 
+/* A float 2-D max or average pool without dilation over NCHW rows: each
+ * output element from the window's taps clipped to the input, as pool_loop
+ * computes them (the first tap starts the max, a later one replaces it only
+ * when greater, so NaNs fall where they do there; an average divides by the
+ * taps inside the input, or inside the padded input with count_include_pad),
+ * with none of its per-element generality. */
+static void pool2d_rows(const struct pool_state *s, const float *xd, float *y, int64_t nc, int nthreads) {
+    const struct win *w = &s->win;
+    const int64_t ih = w->in[0], iw = w->in[1], oh = w->out[0], ow = w->out[1];
+    const int64_t kh = w->k[0], kw = w->k[1], sh = w->s[0], sw = w->s[1], ph = w->pl[0], pw = w->pl[1];
+    const int64_t ph_end = ih + w->pr[0], pw_end = iw + w->pr[1];
+    const int is_max = s->kind == POOL_MAX, incl = s->include_pad;
+    PAR_FOR(nc * oh * ow > 4096, nthreads, ,
+    for (int64_t p = 0; p < nc; p++) {
+        const float *xp = xd + p * ih * iw;
+        float *yp = y + p * oh * ow;
+        for (int64_t a = 0; a < oh; a++) {
+            int64_t r0 = a * sh - ph, r1 = r0 + kh;
+            int64_t pr0 = r0 < -ph ? -ph : r0, pr1 = r1 > ph_end ? ph_end : r1; /* inside the padded input */
+            if (r0 < 0) r0 = 0;
+            if (r1 > ih) r1 = ih;
+            for (int64_t b = 0; b < ow; b++) {
+                int64_t c0 = b * sw - pw, c1 = c0 + kw;
+                int64_t pc0 = c0 < -pw ? -pw : c0, pc1 = c1 > pw_end ? pw_end : c1;
+                if (c0 < 0) c0 = 0;
+                if (c1 > iw) c1 = iw;
+                if (is_max) {
+                    float best = -INFINITY;
+                    int first = 1;
+                    for (int64_t r = r0; r < r1; r++)
+                        for (int64_t q = c0; q < c1; q++) {
+                            float v = xp[r * iw + q];
+                            if (first || v > best) best = v;
+                            first = 0;
+                        }
+                    yp[a * ow + b] = best;
+                } else {
+                    float sum = 0;
+                    for (int64_t r = r0; r < r1; r++)
+                        for (int64_t q = c0; q < c1; q++) sum += xp[r * iw + q];
+                    int64_t div = incl ? (pr1 > pr0 ? pr1 - pr0 : 0) * (pc1 > pc0 ? pc1 - pc0 : 0)
+                                       : (r1 > r0 ? r1 - r0 : 0) * (c1 > c0 ? c1 - c0 : 0);
+                    yp[a * ow + b] = div > 0 ? sum / (float)div : 0.0f;
+                }
+            }
+        }
+    });
+}
+
 static int pool_run(struct op_call *c) {
     struct pool_state *s = c->state;
     struct tensor *y = c->out[0];
@@ -2200,6 +2259,10 @@ static int pool_run(struct op_call *c) {
         layout_nchw_from_nhwc(xf.data, x->data, x->dims[0], x->dims[1], x->dims[2] * x->dims[3]);
         pool_loop(s, &xf, yf, NULL);
         layout_nhwc_from_nchw(y->data, yf, y->dims[0], y->dims[1], y->dims[2] * y->dims[3]);
+        return 0;
+    }
+    if (s->plain2d) {
+        pool2d_rows(s, c->in[0]->data, y->data, c->in[0]->dims[0] * c->in[0]->dims[1], c->nthreads);
         return 0;
     }
     if (c->in[0]->dtype == DT_FP32) {

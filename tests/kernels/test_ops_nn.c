@@ -982,6 +982,55 @@ static void test_pool_paths_agree(void **st) {
     free(x.data);
 }
 
+/* Max and average pools over a plain NCHW input against a direct
+ * reference: pads, strides, ceil overhang, both count_include_pad. Whatever
+ * runs them (oneDNN's generated code, or kiln's row loop where oneDNN would
+ * use one of its C loops: without AVX-512, as make isa runs this) must give
+ * the reference's floats. */
+static void test_pool_plain_rows(void **st) {
+    (void)st;
+    int64_t xd[4] = {2, 3, 9, 14};
+    struct tensor x = mk(4, xd, 1);
+    const float *xv = x.data;
+    for (int kind = 0; kind < 3; kind++) /* max, avg excluding, avg including padding */
+        for (int ceil = 0; ceil < 2; ceil++) {
+            struct tnode t;
+            tn_init(&t, kind ? "AveragePool" : "MaxPool", 0);
+            int64_t k[2] = {3, 2}, s[2] = {2, 3}, p[4] = {1, 0, 1, 1};
+            tn_ints(&t, "kernel_shape", 2, k);
+            tn_ints(&t, "strides", 2, s);
+            tn_ints(&t, "pads", 4, p);
+            tn_int(&t, "ceil_mode", ceil);
+            if (kind) tn_int(&t, "count_include_pad", kind == 2);
+            struct tensor y = {0};
+            struct tensor *in[1] = {&x}, *o[1] = {&y};
+            assert_int_equal_msg_impl(run_node(&t.n, in, 1, o, 1, 2), 0, g_err);
+            int64_t oh = y.dims[2], ow = y.dims[3];
+            float *want = malloc(sizeof(float) * (size_t)tensor_numel(&y));
+            for (int64_t c = 0; c < 6; c++)
+                for (int64_t a = 0; a < oh; a++)
+                    for (int64_t b = 0; b < ow; b++) {
+                        float best = -INFINITY, sum = 0;
+                        int64_t n = 0, npad = 0;
+                        for (int64_t r = a * 2 - 1; r < a * 2 - 1 + 3; r++)
+                            for (int64_t q = b * 3 - 0; q < b * 3 + 2; q++) {
+                                if (r >= -1 && r < 9 + 1 && q >= 0 && q < 14 + 1) npad++;
+                                if (r < 0 || r >= 9 || q < 0 || q >= 14) continue;
+                                float v = xv[(c * 9 + r) * 14 + q];
+                                best = n == 0 || v > best ? v : best;
+                                sum += v;
+                                n++;
+                            }
+                        int64_t div = kind == 2 ? npad : n;
+                        want[(c * oh + a) * ow + b] = kind == 0 ? best : div ? sum / (float)div : 0.0f;
+                    }
+            expect_close(y.data, want, tensor_numel(&y), kind ? 1e-6f : 0, kind ? "AveragePool rows" : "MaxPool rows");
+            free(want);
+            free(y.data);
+        }
+    free(x.data);
+}
+
 static void test_avgpool(void **st) {
     (void)st;
     /* 1x1x3x3 ones, kernel 2, pads 1, stride 2, ceil: include_pad divides
@@ -1646,7 +1695,7 @@ int main(void) {
         cmocka_unit_test(test_dynamic_quantized_matmul),
         cmocka_unit_test(test_quantized_conv), cmocka_unit_test(test_convinteger_int8_gemm),
         cmocka_unit_test(test_matmul_cases),    cmocka_unit_test(test_gemm_cases),
-        cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree),
+        cmocka_unit_test(test_maxpool_indices), cmocka_unit_test(test_pool_paths_agree), cmocka_unit_test(test_pool_plain_rows),
         cmocka_unit_test(test_avgpool),         cmocka_unit_test(test_global_pools),
         cmocka_unit_test(test_lp_pools),        cmocka_unit_test(test_maxunpool),
         cmocka_unit_test(test_batchnorm),       cmocka_unit_test(test_instancenorm_lrn),
