@@ -289,6 +289,7 @@ ONNX_BUILT = {
                    ["prob", "hn", "cn"]),
     "svc": ("classical-ml", onnx_built("svc"), {"X": ("float32", [16, 30])}, ["label", "probabilities"]),
     "convnext_s": ("cnn", onnx_built("convnext"), image(h=160, w=160), ["logits"]),
+    "yolov8_s": ("detection", onnx_built("yolov8"), {"images": ("float32", [1, 3, 160, 160])}, ["output0"]),
 }
 
 # The reduced variants kept in tests/data/modelset/ (--test-data) for `make

@@ -227,3 +227,93 @@ def convnext(dims=(24, 48, 96, 192), depths=(1, 1, 2, 1), classes=100, size=160)
         return g.model([_tensor("x", TensorProto.FLOAT, ["batch", 3, size, size])],
                        [_tensor("logits", TensorProto.FLOAT, ["batch", classes])])
     return build
+
+
+def yolov8(width=(12, 24, 48, 80), classes=20, size=160, reg_max=16):
+    """A YOLOv8-style detector as ultralytics exports it (opset 17, static
+    shape, batch symbolic): Conv blocks of a Conv with its BatchNorm folded
+    and SiLU written as Sigmoid and Mul; C2f blocks (a 1x1 Conv, Split in
+    two, bottlenecks on the second half with residual Adds, Concat of every
+    part, a 1x1 Conv); SPPF (three chained 5x5 MaxPools, Concat); a PAN neck
+    (nearest Resize by 2 and Concat up, stride-2 Convs and Concat down); and
+    the Detect head: per level a box branch (4 x reg_max channels) and a
+    class branch, Concat, Reshape to [b, no, -1], Concat over the levels,
+    Split into box and class, DFL (Reshape, Transpose, Softmax, a 1x1 Conv
+    with weights 0..reg_max-1, Reshape), the anchors' distances to boxes
+    (Slice, Sub, Add, Div, Concat, Mul by the strides) and Sigmoid of the
+    classes, Concat into [b, 4 + classes, anchors]."""
+    def build(name):
+        g = _Graph(name)
+
+        def conv(x, c_in, c_out, k=1, s=1, act=True):
+            w = g.init(f"w_{g.k}", _uniform(g.rng, (c_out, c_in, k, k), c_in * k * k) * 1.7)
+            b = g.init(f"b_{g.k}", 0.1 * g.rng.standard_normal(c_out).astype(np.float32))
+            y = g.op("Conv", [x, w, b], kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4)
+            return g.op("Mul", [y, g.op("Sigmoid", [y])]) if act else y
+
+        def c2f(x, c_in, c_out, n=1, shortcut=True):
+            c = c_out // 2
+            a, b = g.op("Split", [conv(x, c_in, 2 * c), g.ints("split", [c, c])], n_out=2, axis=1)
+            parts = [a, b]
+            for _ in range(n):
+                y = conv(conv(parts[-1], c, c, 3), c, c, 3)
+                parts.append(g.op("Add", [parts[-1], y]) if shortcut else y)
+            return conv(g.op("Concat", parts, axis=1), (2 + n) * c, c_out)
+
+        def sppf(x, c_in, c_out):
+            c = c_in // 2
+            y = [conv(x, c_in, c)]
+            for _ in range(3):
+                y.append(g.op("MaxPool", [y[-1]], kernel_shape=[5, 5], strides=[1, 1], pads=[2, 2, 2, 2]))
+            return conv(g.op("Concat", y, axis=1), 4 * c, c_out)
+
+        def up(x):
+            scales = g.init(f"scales_{g.k}", np.array([1, 1, 2, 2], np.float32))
+            return g.op("Resize", [x, "", scales], mode="nearest", coordinate_transformation_mode="asymmetric",
+                        nearest_mode="floor")
+
+        w0, w1, w2, w3 = width
+        x = conv("images", 3, w0, 3, 2)                 # /2
+        x = conv(x, w0, w1, 3, 2)                       # /4
+        x = c2f(x, w1, w1)
+        x = conv(x, w1, w2, 3, 2)                       # /8
+        p3 = c2f(x, w2, w2, 2)
+        x = conv(p3, w2, w3, 3, 2)                      # /16
+        p4 = c2f(x, w3, w3, 2)
+        x = conv(p4, w3, w3, 3, 2)                      # /32
+        p5 = sppf(c2f(x, w3, w3), w3, w3)
+        n4 = c2f(g.op("Concat", [up(p5), p4], axis=1), 2 * w3, w3, shortcut=False)
+        n3 = c2f(g.op("Concat", [up(n4), p3], axis=1), w3 + w2, w2, shortcut=False)
+        d4 = c2f(g.op("Concat", [conv(n3, w2, w2, 3, 2), n4], axis=1), w2 + w3, w3, shortcut=False)
+        d5 = c2f(g.op("Concat", [conv(d4, w3, w3, 3, 2), p5], axis=1), 2 * w3, w3, shortcut=False)
+
+        no = 4 * reg_max + classes
+        levels, anchors, strides = [], [], []
+        for feat, c_in, stride in ((n3, w2, 8), (d4, w3, 16), (d5, w3, 32)):
+            c2, c3 = max(16, c_in // 4, 4 * reg_max), max(c_in, min(classes, 100))
+            box = conv(conv(conv(feat, c_in, c2, 3), c2, c2, 3), c2, 4 * reg_max, act=False)
+            cls = conv(conv(conv(feat, c_in, c3, 3), c3, c3, 3), c3, classes, act=False)
+            levels.append(g.op("Reshape", [g.op("Concat", [box, cls], axis=1), g.ints("shape", [0, no, -1])]))
+            n = size // stride
+            sy, sx = np.meshgrid(np.arange(n, dtype=np.float32) + 0.5, np.arange(n, dtype=np.float32) + 0.5,
+                                 indexing="ij")
+            anchors.append(np.stack([sx.ravel(), sy.ravel()]))
+            strides.append(np.full((1, n * n), stride, np.float32))
+        cat = g.op("Concat", levels, axis=2)
+        box, cls = g.op("Split", [cat, g.ints("split", [4 * reg_max, classes])], n_out=2, axis=1)
+        a = sum(s.shape[1] for s in strides)
+        d = g.op("Transpose", [g.op("Reshape", [box, g.ints("shape", [0, 4, reg_max, a])])], perm=[0, 2, 1, 3])
+        dfl_w = g.init("dfl_w", np.arange(reg_max, dtype=np.float32).reshape(1, reg_max, 1, 1))
+        d = g.op("Reshape", [g.op("Conv", [g.op("Softmax", [d], axis=1), dfl_w]), g.ints("shape", [0, 4, a])])
+        lt = g.op("Slice", [d, g.ints("s", [0]), g.ints("e", [2]), g.ints("ax", [1])])
+        rb = g.op("Slice", [d, g.ints("s", [2]), g.ints("e", [4]), g.ints("ax", [1])])
+        anc = g.init("anchors", np.concatenate(anchors, axis=1)[None])
+        x1y1, x2y2 = g.op("Sub", [anc, lt]), g.op("Add", [anc, rb])
+        cxy = g.op("Div", [g.op("Add", [x1y1, x2y2]), g.init("two", np.array(2, np.float32))])
+        wh = g.op("Sub", [x2y2, x1y1])
+        dbox = g.op("Mul", [g.op("Concat", [cxy, wh], axis=1), g.init("strides", np.concatenate(strides, axis=1))])
+        g.op("Concat", [dbox, g.op("Sigmoid", [cls])], axis=1)
+        g.nodes[-1].output[0] = "output0"
+        return g.model([_tensor("images", TensorProto.FLOAT, ["batch", 3, size, size])],
+                       [_tensor("output0", TensorProto.FLOAT, ["batch", 4 + classes, a])])
+    return build

@@ -109,7 +109,9 @@ def test_subset_is_complete():
     # LSTM and GRU taggers, a bidirectional-LSTM CRNN (and its dynamic INT8
     # quantization), a streaming step with its state as inputs and outputs,
     # scikit-learn's SVC.
-    for name in ("lstm_tagger", "gru_tagger", "crnn_bilstm", "vad_stream", "svc", "crnn_bilstm_dynamic"):
+    # A YOLOv8-style detector (SiLU, C2f's Split and Concat, SPPF, the DFL
+    # head's Softmax over a middle axis).
+    for name in ("lstm_tagger", "gru_tagger", "crnn_bilstm", "vad_stream", "svc", "crnn_bilstm_dynamic", "yolov8_s"):
         assert name in MODELS, f"tests/data/modelset has no {name}"
 
 

@@ -532,6 +532,32 @@ static void test_softmax_opsets(void **state) {
     free(x.data);
 }
 
+/* Over a middle axis with many columns behind it (YOLOv8's DFL: [1, 16, 4,
+ * anchors] over 16): the column-block loop, a partial last block, two
+ * threads, and values large enough to overflow exp without the max. */
+static void test_softmax_middle_axis(void **state) {
+    (void)state;
+    int64_t s[] = {3, 16, 150};
+    struct tensor x = mkf(3, s), o = {0};
+    int64_t n = 3 * 16 * 150;
+    for (int64_t i = 0; i < n; i++) F(x)[i] = (float)((i * 37) % 101) * 0.25f + (i % 7 == 0 ? 400.0f : 0.0f);
+    float *ref = malloc(sizeof(float) * (size_t)n);
+    for (int logs = 0; logs < 2; logs++)
+        for (int nt = 1; nt <= 2; nt++) {
+            struct tnode tn;
+            tn_init(&tn, logs ? "LogSoftmax" : "Softmax", 13);
+            tn_int(&tn, "axis", 1);
+            const struct tensor *in[1] = {&x};
+            struct tensor *out[1] = {&o};
+            assert_int_equal(call(&tn, in, 1, out, 1, nt), 0);
+            ref_softmax(F(x), ref, 3, 16, 150, logs);
+            for (int64_t i = 0; i < n; i++) assert_float_equal(F(o)[i], ref[i], logs ? 1e-4 : 1e-6);
+            free(o.data);
+        }
+    free(ref);
+    free(x.data);
+}
+
 /* ---- LayerNormalization ------------------------------------------------ */
 
 static void test_layernorm(void **state) {
@@ -950,7 +976,7 @@ int main(void) {
         cmocka_unit_test(test_fp16_add_and_max),   cmocka_unit_test(test_variadic),
         cmocka_unit_test(test_clip_by_opset),      cmocka_unit_test(test_where),
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_cast_strings),
-        cmocka_unit_test(test_softmax_opsets),
+        cmocka_unit_test(test_softmax_opsets), cmocka_unit_test(test_softmax_middle_axis),
         cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_norm_row_lengths),          cmocka_unit_test(test_activations),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
         cmocka_unit_test(test_quantize), cmocka_unit_test(test_dynamic_quantize),           cmocka_unit_test(test_fused_activation),
