@@ -425,6 +425,10 @@ static void conn_write_cb(evutil_socket_t fd, short what, void *arg) {
         return;
     }
     if (evbuffer_get_length(c->out)) {
+        /* Bytes went out: the client reads, slowly maybe. The write deadline
+         * is --http-timeout-secs without progress, not for the whole answer. */
+        c->deadline = DEADLINE_NONE;
+        conn_set_deadline(c, DEADLINE_WRITE);
         event_add(c->wr, NULL);
         return;
     }

@@ -10,7 +10,9 @@ import time
 
 import pytest
 
-from conftest import serving
+import numpy as np
+
+from conftest import save_model, serving
 from test_http_hostile import connect, read_all, responses
 
 INFER = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()
@@ -126,3 +128,42 @@ def test_too_many_header_fields(srv):
     s.sendall(get("/v2/health/live", b"Connection: close\r\n"))
     assert responses(read_all(s))[0][0] == 200
     s.close()
+
+
+def test_slow_reader_is_not_cut_off(tmp_path, make_server):
+    """--http-timeout-secs bounds a write that makes no progress, not a long
+    answer read slowly: one answer of ~13 MB to a client with a small
+    receive buffer reading ~2.6 MB/s, so that the server writes for longer
+    than the timeout (the kernel's buffers take about 4 MB of it at once),
+    arrives whole."""
+    import onnx.helper as oh
+    from onnx import TensorProto as TP
+    n = 1_400_000
+    g = oh.make_graph([oh.make_node("Identity", ["x"], ["y"])], "big",
+                      [oh.make_tensor_value_info("x", TP.FLOAT, [1, n])], [oh.make_tensor_value_info("y", TP.FLOAT, [1, n])])
+    save_model(tmp_path / "repo", "big", g)
+    srv = make_server(tmp_path / "repo", "--http-timeout-secs", "2", "--cache-size", "0")
+    x = (np.arange(n, dtype=np.float32) * np.float32(1.0001)).tobytes()  # values whose JSON is 9-10 digits
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, n],
+                                   "parameters": {"binary_data_size": len(x)}}]}).encode()
+    host, port = srv.url.split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 128 * 1024)  # before connecting: the window it offers
+    s.settimeout(30)
+    s.connect((host, int(port)))
+    s.sendall(post("/v2/models/big/infer", head + x, b"Inference-Header-Content-Length: %d\r\nConnection: close\r\n"
+                   % len(head)))
+    chunks, t0 = [], time.monotonic()
+    while True:
+        time.sleep(0.05)
+        b = s.recv(128 * 1024)
+        if not b:
+            break
+        chunks.append(b)
+    s.close()
+    took = time.monotonic() - t0
+    out = responses(b"".join(chunks))
+    assert len(out) == 1 and out[0][0] == 200, out[0][:2] if out else None
+    y = np.array(json.loads(out[0][2])["outputs"][0]["data"], dtype=np.float32)
+    assert np.array_equal(y, np.frombuffer(x, dtype=np.float32))
+    assert sum(map(len, chunks)) > 12 << 20 and took > 4, (sum(map(len, chunks)), took)
