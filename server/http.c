@@ -50,20 +50,12 @@
 
 static void free_cb(const void *data, size_t len, void *arg) { free(arg); }
 
-/* Sends what req's output buffer holds with a status code. Leaving or
- * draining, the connection closes after it (http_req_reply): keep-alive
- * clients reconnect, through their balancer, to a server that stays. */
-static void reply_send(http_server_t *s, struct http_req *req, int code, const char *ctype) {
-    (void)s;
-    http_req_reply(req, code, ctype);
-}
-
 /* Sends body (taking ownership of a malloc'd buffer) with a status code. */
 static void reply_raw(http_server_t *s, struct http_req *req, int code, const char *ctype, char *body,
                       size_t len) {
     if (body && len) evbuffer_add_reference(req->out, body, len, free_cb, body);
     else free(body);
-    reply_send(s, req, code, ctype);
+    http_req_reply(req, code, ctype);
 }
 
 static void reply_json(http_server_t *s, struct http_req *req, int code, cJSON *j) {
@@ -274,7 +266,7 @@ static void infer_send(void *arg, int status, const char *msg) {
         struct evbuffer *out = c->req->out;
         add_answer(out, c);
         compress_reply(c->req, c->accept_encoding, out);
-        reply_send(s, c->req, 200, c->ctype);
+        http_req_reply(c->req, 200, c->ctype);
     }
     free(c);
 }
@@ -698,7 +690,7 @@ static void reply_openai(http_server_t *s, struct http_req *req, int code, char 
     if (body && len) evbuffer_add_reference(out, body, len, free_cb, body);
     else free(body);
     compress_reply(req, http_req_header(req, "Accept-Encoding"), out);
-    reply_send(s, req, code, "application/json");
+    http_req_reply(req, code, "application/json");
 }
 
 static void openai_error(http_server_t *s, struct http_req *req, int code, const char *msg, const char *code_s) {

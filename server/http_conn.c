@@ -342,26 +342,24 @@ static int conn_frame(struct http_conn *c) {
     return 0;
 }
 
-/* Reads what the socket has; 1 when the connection was freed. */
+/* Reads what the socket has, CONN_READ_MAX bytes at most: the input is
+ * framed (or reading paused) before the next read, so a client sending
+ * faster than the server frames holds no more than that in the input. 1
+ * when the connection was freed. */
 static int conn_read(struct http_conn *c) {
     for (;;) {
         int n = evbuffer_read(c->in, c->fd, CONN_READ_MAX);
-        if (n > 0) {
-            if (n < CONN_READ_MAX) return 0;
-            continue;
-        }
+        if (n > 0) return 0;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
         if (n < 0 && errno == EINTR) continue;
         if (n == 0) {
+            /* Complete requests still in the input are answered first; one
+             * served now is dropped if the close stands (DEADLINE_HANGUP),
+             * and the connection closes once its answer is out. */
             c->peer_eof = 1;
             event_del(c->rd);
             c->reading = 0;
-            if (c->phase == PHASE_SERVE) {
-                conn_set_deadline(c, DEADLINE_HANGUP);
-                return 0;
-            }
-            if (c->phase == PHASE_WRITE) return 0; /* closed once the answer is out */
-            /* Complete requests still in the input are answered first. */
+            if (c->phase == PHASE_SERVE) conn_set_deadline(c, DEADLINE_HANGUP);
             return 0;
         }
         /* A reset or another error: nobody reads an answer. */
@@ -398,7 +396,9 @@ static void conn_process(struct http_conn *c) {
     }
 }
 
-/* The answer is all in the kernel: the next request, or the end. */
+/* The answer is all in the kernel: the next request, or the end. Inside
+ * conn_frame (answered before the router returned), that one goes on with
+ * the next request itself, and frees a closing connection as it unwinds. */
 static void conn_answered(struct http_conn *c) {
     struct http_req *r = &c->req;
     void (*flushed)(void *) = r->on_flushed;
@@ -407,7 +407,8 @@ static void conn_answered(struct http_conn *c) {
     if (flushed) flushed(arg);
     c->phase = PHASE_READ;
     if (c->close_after) {
-        conn_free(c);
+        if (c->processing) c->state = CONN_DONE;
+        else conn_free(c);
         return;
     }
     conn_process(c);
@@ -582,16 +583,6 @@ void http_req_reply(struct http_req *r, int code, const char *ctype) {
     if (evbuffer_get_length(c->out)) {
         conn_set_deadline(c, DEADLINE_WRITE);
         event_add(c->wr, NULL);
-        return;
-    }
-    if (c->processing) {
-        /* Inside conn_frame (answered before the router returned): it
-         * goes on with the next request itself. */
-        void (*flushed)(void *) = r->on_flushed;
-        r->on_flushed = NULL;
-        if (flushed) flushed(r->flushed_arg);
-        c->phase = PHASE_READ;
-        if (c->close_after) c->state = CONN_DONE; /* conn_process frees it when it unwinds */
         return;
     }
     conn_answered(c);

@@ -70,11 +70,11 @@ int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);
  * caller must apply op_apply_act() itself, negative on a oneDNN failure. */
 int dnnl_util_append_act(dnnl_post_ops_t po, enum act_kind act, float a, float b);
 
-/* Fills a plain (dense, row-major) f32 descriptor of the given dims. */
 /* 1 if oneDNN implements pd with its reference (scalar) loop. */
 int dnnl_util_is_ref(const_dnnl_primitive_desc_t pd);
 /* Whether oneDNN chose generated code (jit:..., brg...) for pd, not one of its C loops. */
 int dnnl_util_is_jit(const_dnnl_primitive_desc_t pd);
+/* Fills a plain (dense, row-major) f32 descriptor of the given dims. */
 int dnnl_util_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
 /* Fills an f32 descriptor of the given dims whose layout ("any") the
  * primitive that takes it chooses. */
