@@ -34,6 +34,24 @@ static inline void shape_copy_elem(void *dst, const void *src, size_t es) {
  * copies. */
 static inline void shape_strided_copy(void *dst, const void *src, int64_t base, int nd, const int64_t *dims,
                                       const int64_t *strides, size_t es, int nt) {
+    /* Axes of one element dropped, and an axis merged into the one outside
+     * it where they walk memory as one: tf2onnx's Slices of [1, 512, 508, 1]
+     * were 260,096 rows of one element each, 1.2 ms for 1 MB, and are now
+     * one memcpy. */
+    int64_t md[SHAPE_MAX_VIEW_DIMS], ms[SHAPE_MAX_VIEW_DIMS];
+    int n = 0;
+    for (int k = 0; k < nd; k++) {
+        if (dims[k] == 0) return;
+        if (dims[k] == 1) continue;
+        if (n > 0 && ms[n - 1] == strides[k] * dims[k]) {
+            md[n - 1] *= dims[k];
+            ms[n - 1] = strides[k];
+        } else {
+            md[n] = dims[k];
+            ms[n++] = strides[k];
+        }
+    }
+    nd = n, dims = md, strides = ms;
     if (nd == 0) {
         memcpy(dst, (const char *)src + base * (int64_t)es, es);
         return;
