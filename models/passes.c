@@ -1598,7 +1598,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, silu = 0, fq = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1617,6 +1617,7 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_bias(g, &bias, err, err_len))) return rc;
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_hardswish(g, &hswish, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_fake_quant(g, &fq, err, err_len))) return rc;
@@ -1627,10 +1628,10 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d tanh GELU, %d activations, %d SiLU, %d masked softmaxes and %d unmasked attentions "
+              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations, %d SiLU, %d masked softmaxes and %d unmasked attentions "
               "fused, %d quantized operators, %d quantization round trips in float convolutions, %d on NHWC, %d "
               "dynamically quantized products, %d float nodes on channels-last)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, act, silu, attn, sattn,
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, silu, attn, sattn,
               qdq, fq, nhwc, dynq, nlayout);
     return 0;
 }

@@ -62,6 +62,10 @@ int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_
  * exports write it (Pow, four Muls, two Adds, Tanh) -> one Gelu with
  * approximate="tanh" (CPU; passes_gelu_tanh.c). */
 int passes_fuse_gelu_tanh(struct graph *g, int *nfused, char *err, size_t err_len);
+/* x * Clip(x + 3, 0, 6) / 6 and x * HardSigmoid(x, 1/6, 0.5), hard-swish as
+ * Paddle2ONNX and older torch exports write it -> one HardSwish node (CPU;
+ * passes_hardswish.c). */
+int passes_fuse_hardswish(struct graph *g, int *nfused, char *err, size_t err_len);
 /* CPU only: x * Sigmoid(x) (SiLU) where x, the output of a Conv, Gemm or
  * MatMul, is read by the Sigmoid and the Mul alone: ACT_SILU on x's
  * producer, which takes the Mul's output. */

@@ -1,7 +1,8 @@
 /* passes_gelu_tanh.c - GELU's tanh form as one node.
  *
  * GPT-2's NewGELU (and transformers' gelu_new, "gelu_pytorch_tanh")
- * exports as
+ * exports as (jax2tf, as in magika: the cube as Mul(x, Mul(x, Mul(x,
+ * 0.044715))) and the end as x * (0.5 * (t + 1)))
  *
  *   h = Mul(x, 0.5)                p = Pow(x, 3)
  *   t = Tanh(Mul(Add(x, Mul(p, 0.044715)), sqrt(2/pi)))
@@ -36,6 +37,11 @@ static int scaled_input(const struct graph *g, const struct graph_node *n, doubl
     return -1;
 }
 
+/* Binary node n's input other than v, or -1 when n does not read v. */
+static int other_of(const struct graph_node *n, int v) {
+    return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
+}
+
 /* Gives node y (attributes cleared) approximate="tanh". */
 static int add_tanh_attr(struct graph_node *y) {
     struct graph_attr *at = realloc(y->attrs, sizeof *at);
@@ -61,16 +67,25 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
     /* v = Add(x, Mul(Pow(x, 3), 0.044715)) */
     const int vi = inner(ps, v, "Add");
     if (vi < 0) return 0;
-    int x = -1, wi = -1, pi = -1;
+    int x = -1, wi = -1, pi = -1, qi = -1;
     for (int k = 0; k < 2 && x < 0; k++) {
         const int w = g->nodes[vi].in[k], xc = g->nodes[vi].in[1 - k];
+        qi = -1;
         wi = inner(ps, w, "Mul");
         const int p = wi >= 0 ? scaled_input(g, &g->nodes[wi], 0.044715) : -1;
         pi = inner(ps, p, "Pow");
-        if (pi >= 0 && g->nodes[pi].in[0] == xc && pass_other_input(g, &g->nodes[pi], xc, 3.0) >= 0) x = xc;
+        if (pi >= 0 && g->nodes[pi].in[0] == xc && pass_other_input(g, &g->nodes[pi], xc, 3.0) >= 0) {
+            x = xc;
+            continue;
+        }
+        /* jax2tf's cube: Mul(x, Mul(x, Mul(x, 0.044715))) */
+        const int q = wi >= 0 ? other_of(&g->nodes[wi], xc) : -1;
+        if ((qi = inner(ps, q, "Mul")) < 0) continue;
+        const int r = other_of(&g->nodes[qi], xc);
+        if ((pi = inner(ps, r, "Mul")) >= 0 && scaled_input(g, &g->nodes[pi], 0.044715) == xc) x = xc;
     }
     if (x < 0) return 0;
-    /* Add(t, 1), then 0.5 x times it in either order */
+    /* Add(t, 1), then 0.5 x times it in any order */
     const int ai = pass_next_op(ps, ti, "Add");
     if (ai < 0 || pass_other_input(g, &g->nodes[ai], t->out[0], 1.0) < 0) return 0;
     const int mi = pass_next_op(ps, ai, "Mul");
@@ -82,6 +97,10 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
         if (last < 0 || pass_other_input(g, &g->nodes[last], g->nodes[mi].out[0], 0.5) < 0) return 0;
     } else if ((hi = inner(ps, other, "Mul")) >= 0 && scaled_input(g, &g->nodes[hi], 0.5) == x) {
         last = mi; /* (x * 0.5) * a */
+    } else if (pass_other_input(g, &g->nodes[mi], a_out, 0.5) >= 0) {
+        last = pass_next_op(ps, mi, "Mul"); /* x * (0.5 * a) */
+        if (last < 0 || g->nodes[last].nin != 2 || other_of(&g->nodes[last], g->nodes[mi].out[0]) != x)
+            return 0;
     } else {
         return 0;
     }
@@ -93,6 +112,7 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
     ps->dead[ti] = ps->dead[ui] = ps->dead[vi] = ps->dead[wi] = ps->dead[pi] = ps->dead[ai] = 1;
     if (last != mi) ps->dead[mi] = 1;
     if (hi >= 0) ps->dead[hi] = 1;
+    if (qi >= 0) ps->dead[qi] = 1;
     log_debug("tanh GELU from '%s' (Tanh) and its parts: one Gelu node", g->nodes[ti].name);
     return 1;
 }
