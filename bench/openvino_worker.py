@@ -13,7 +13,7 @@ and THREADS inference threads, its inputs reshaped to the saved inputs'
 shapes (static shapes, as a latency deployment compiles them). Then answers
 one line per command:
     time N        -> "p50 MS" over N calls after 3 warm-up calls
-    outputs DIR   -> "ok": one call's outputs saved as DIR/<name>.npy
+    outputs DIR   -> "ok": one call's outputs saved as DIR/<name>.npy and DIR/#<i>.npy
 A failure answers "error: TEXT" (at start, too) and the worker goes on.
 """
 import os
@@ -54,8 +54,10 @@ def main():
                 print(f"p50 {statistics.median(t) * 1e3:.6f}", flush=True)
             elif cmd == "outputs":
                 res = req.infer(feeds)
-                for port, value in res.items():
+                # By name, and by position where OpenVINO renamed an output.
+                for i, (port, value) in enumerate(res.items()):
                     np.save(os.path.join(arg, port.get_any_name().replace("/", "_") + ".npy"), np.asarray(value))
+                    np.save(os.path.join(arg, f"#{i}.npy"), np.asarray(value))
                 print("ok", flush=True)
             else:
                 print(f"error: unknown command {cmd!r}", flush=True)

@@ -14,8 +14,9 @@
 /* Plans kept per subgraph (one per shape signature of its inputs). */
 #define SUB_MAX_PLANS 8
 /* Values from the enclosing graph that are constants when it is planned are
- * bound into the subgraph's plans (so that shapes they decide fold), up to
- * this many elements; larger ones (weights) are read in place. */
+ * bound into the subgraph's plans (so that shapes they decide fold): copied
+ * up to this many elements, larger ones (weights) by reference
+ * (plan_build_sub), so that kernels prepare them once as constants. */
 #define SUB_BIND_MAX_ELEMS 4096
 /* Plan-time iterations of a Loop whose loop-carried shapes keep changing. */
 #define LOOP_MAX_SIMULATED 65536
@@ -26,6 +27,7 @@ struct sub {
     const struct graph *g;
     int nthreads;
     uint64_t bind;       /* inputs whose values are part of the plans' signatures */
+    uint64_t ref;        /* of those, the enclosing plan's large constants, bound by reference */
     int may_bind_iter;   /* Loop bodies: input 0 (the iteration) may decide shapes */
     struct backend *be;  /* made on the first run */
     struct plan_exec *x;
@@ -85,8 +87,10 @@ static void sub_captures(struct sub *s, const struct op_call *c, int planning) {
         const struct tensor *t = k < c->nin ? c->in[k] : NULL;
         if (!t) continue;
         s->in[i] = *t;
-        if (planning && t->data && t->dtype != DT_STRING && tensor_numel(t) <= SUB_BIND_MAX_ELEMS && i < 64)
+        if (planning && t->data && t->dtype != DT_STRING && i < 64) {
             s->bind |= (uint64_t)1 << i;
+            if (tensor_numel(t) > SUB_BIND_MAX_ELEMS) s->ref |= (uint64_t)1 << i;
+        }
     }
 }
 
@@ -100,11 +104,11 @@ static int sub_plan(struct op_call *c, struct sub *s, struct plan **out) {
         }
     char err[512] = "";
     struct plan *p = NULL;
-    int rc = plan_build(g, s->in, s->bind, NULL, s->nthreads, &p, err, sizeof err);
+    int rc = plan_build_sub(g, s->in, s->bind, s->ref, s->nthreads, &p, err, sizeof err);
     if (rc && s->may_bind_iter && !(s->bind & 1)) {
         /* The iteration number decides a shape in the body: plans per value. */
         char err2[512];
-        if (plan_build(g, s->in, s->bind | 1, NULL, s->nthreads, &p, err2, sizeof err2) == 0) {
+        if (plan_build_sub(g, s->in, s->bind | 1, s->ref, s->nthreads, &p, err2, sizeof err2) == 0) {
             s->bind |= 1;
             rc = 0;
         }
@@ -233,7 +237,7 @@ static int if_lane_take(struct op_call *c, struct if_state *st, int b) {
     if (l > 0 && !st->more[b][l - 1].g) {
         struct sub *s = &st->more[b][l - 1];
         if (sub_init(c, s, st->br[b].g, names[b])) l = 0;
-        else s->bind = st->br[b].bind;
+        else s->bind = st->br[b].bind, s->ref = st->br[b].ref;
     }
     st->busy[b][l] = 1;
     pthread_mutex_unlock(&st->lanes_mu);

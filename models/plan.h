@@ -64,6 +64,14 @@ int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind
  * FP32 with conversions at its copies. Ignored for host plans. */
 int plan_build_opts(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                     int nthreads, int fp16, struct plan **out, char *err, size_t err_len);
+/* plan_build for a subgraph (If, Loop, Scan): the inputs in ref_values
+ * (a subset of bind_values) are constants of the enclosing plan, which
+ * outlives this one: they are bound by reference, not copied, and a later
+ * call whose input has the same address matches without comparing bytes
+ * (an LSTM's weights read from the enclosing graph: packed once at plan
+ * time, not at every run). */
+int plan_build_sub(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, uint64_t ref_values,
+                   int nthreads, struct plan **out, char *err, size_t err_len);
 void plan_retain(struct plan *p);
 /* Drops one reference; the last one frees the plan. NULL is a no-op. */
 void plan_release(struct plan *p);

@@ -234,12 +234,17 @@ static void *devstore_get(struct plan_devstore *ds, int v, const struct tensor *
 
 int plan_build(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                int nthreads, struct plan **out, char *err, size_t err_len) {
-    return plan_build_ds(g, inputs, bind_values, be, nthreads, 0, NULL, out, err, err_len);
+    return plan_build_ds(g, inputs, bind_values, 0, be, nthreads, 0, NULL, out, err, err_len);
+}
+
+int plan_build_sub(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, uint64_t ref_values,
+                   int nthreads, struct plan **out, char *err, size_t err_len) {
+    return plan_build_ds(g, inputs, bind_values, ref_values & bind_values, NULL, nthreads, 0, NULL, out, err, err_len);
 }
 
 int plan_build_opts(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, struct backend *be,
                     int nthreads, int fp16, struct plan **out, char *err, size_t err_len) {
-    return plan_build_ds(g, inputs, bind_values, be, nthreads, fp16, NULL, out, err, err_len);
+    return plan_build_ds(g, inputs, bind_values, 0, be, nthreads, fp16, NULL, out, err, err_len);
 }
 
 /* ---- building: the phases ------------------------------------------------------ */
@@ -288,10 +293,11 @@ static struct plan *plan_alloc(const struct graph *g, struct backend *be, int nt
 
 /* Graph constants become plan constants; graph inputs take the given
  * shapes (read in place by host plans, copied into the arena by device
- * plans), and those in bind_values are copied in as constants. Sets the
- * signature and its hash. */
-static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bind_values, char *err,
-                       size_t err_len) {
+ * plans), and those in bind_values are copied in as constants (those in
+ * ref_values taken by reference: plan_build_sub). Sets the signature and its
+ * hash. */
+static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bind_values, uint64_t ref_values,
+                       char *err, size_t err_len) {
     const struct graph *g = p->g;
     for (int v = 0; v < g->nvalues; v++) {
         struct pval *pv = &p->vals[v];
@@ -312,7 +318,12 @@ static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bin
         pv->t.dtype = g->values[v].t.dtype != DT_UNDEFINED ? g->values[v].t.dtype : inputs[i].dtype;
         pv->kind = p->host ? PLAN_VALUE_INPUT : PLAN_VALUE_ARENA;
         pv->input = i;
-        if (i < 64 && (bind_values >> i & 1)) {
+        if (i < 64 && (ref_values >> i & 1) && inputs[i].data && pv->t.dtype != DT_STRING) {
+            pv->t.data = inputs[i].data;
+            pv->kind = PLAN_VALUE_CONST;
+            p->sig[i].data = pv->t.data;
+            p->bind |= (uint64_t)1 << i;
+        } else if (i < 64 && (bind_values >> i & 1)) {
             size_t nb = tensor_nbytes(&pv->t);
             if (pv->t.dtype == DT_STRING) {
                 if (tensor_strings_pack(&pv->t, tensor_strs(&inputs[i]))) return build_nomem(err, err_len);
@@ -913,7 +924,7 @@ static void log_plan(const struct plan *p, const struct tensor *inputs) {
               p->nfallback ? " (some nodes on the CPU)" : "", p->fp16 ? ", FP16" : "");
 }
 
-int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, uint64_t ref_values,
                   struct backend *be, int nthreads, int fp16, struct plan_devstore *ds, struct plan **out,
                   char *err, size_t err_len) {
     *out = NULL;
@@ -921,7 +932,7 @@ int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t b
     if (!p) return build_nomem(err, err_len);
     struct build b = {.g = g, .p = p, .err = err, .err_len = err_len};
     int rc;
-    if ((rc = values_init(p, inputs, bind_values, err, err_len)) || (rc = count_reads(&b)) ||
+    if ((rc = values_init(p, inputs, bind_values, ref_values, err, err_len)) || (rc = count_reads(&b)) ||
         (rc = walk_nodes(&b)) || (rc = drop_unread_steps(p, err, err_len)))
         goto fail;
     live_ranges(p);

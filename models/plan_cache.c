@@ -37,7 +37,7 @@ int plan_matches(const struct plan *p, const struct tensor *inputs, int ninputs)
         if (inputs[i].ndim != p->sig[i].ndim) return 0;
         for (int d = 0; d < inputs[i].ndim; d++)
             if (inputs[i].dims[d] != p->sig[i].dims[d]) return 0;
-        if (!p->sig[i].data) continue;
+        if (!p->sig[i].data || inputs[i].data == p->sig[i].data) continue;
         if (!inputs[i].data) return 0;
         if (inputs[i].dtype == DT_STRING) {
             const struct tensor_str *a = tensor_strs(&inputs[i]), *b = tensor_strs(&p->sig[i]);
@@ -177,7 +177,7 @@ int plan_cache_get(struct plan_cache *c, const struct graph *g, const struct ten
     struct plan *np;
     if (be && !be->host_memory && !c->ds && !(c->ds = plan_devstore_create(be, g->nvalues)))
         return status_set(err, err_len, STATUS_NOMEM, "out of memory");
-    int rc = plan_build_ds(g, inputs, bind_values, be, nthreads, c->fp16, be && !be->host_memory ? c->ds : NULL, &np,
+    int rc = plan_build_ds(g, inputs, bind_values, 0, be, nthreads, c->fp16, be && !be->host_memory ? c->ds : NULL, &np,
                            err, err_len);
     if (rc) return rc;
     pthread_mutex_lock(&c->mu);

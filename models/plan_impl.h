@@ -151,7 +151,7 @@ void plan_devstore_free(struct plan_devstore *ds);
 
 /* plan_build_opts with the device constants taken from (and added to) ds,
  * which may be NULL. */
-int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values,
+int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t bind_values, uint64_t ref_values,
                   struct backend *be, int nthreads, int fp16, struct plan_devstore *ds, struct plan **out,
                   char *err, size_t err_len);
 

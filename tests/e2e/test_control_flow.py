@@ -8,7 +8,10 @@
 - models made here with onnx.helper: Loop with scan outputs and a trip
   count the caller sends (plans per value), a 0-trip Loop, Scan with reversed
   directions and other axes, an If whose branches differ in shape (its
-  condition fed by the caller), an If with a constant condition (inlined).
+  condition fed by the caller), an If with a constant condition (inlined);
+- branches and bodies that read large weights from the outer graph (an
+  LSTM's W, R and B, a MatMul's matrix: bound into the subgraph's plans by
+  reference, prepared once), both branches taken in turn and concurrently.
 Bad requests get a 400 naming what was wrong, and the server keeps serving."""
 import json
 import shutil
@@ -85,7 +88,37 @@ def if_const_model():
     return model(nodes, [vi("x", F, [3, 4])], [vi("y", F, [3, 4])], [three])
 
 
-MADE = {"loop_scan": loop_scan_model, "scan_rev": scan_model, "if_shapes": if_shapes_model,
+def if_weights_model():
+    """then: an LSTM (hidden 128) over x [T, 1, 64] whose W, R, B are outer
+    initializers; else: Tanh(x @ V) with V [64, 128] outer too. Both give
+    [T, 1, 128]."""
+    rng = np.random.default_rng(11)
+    w = oh.make_tensor("W", F, [1, 512, 64], (0.1 * rng.standard_normal(512 * 64)).astype(np.float32))
+    r = oh.make_tensor("R", F, [1, 512, 128], (0.1 * rng.standard_normal(512 * 128)).astype(np.float32))
+    b = oh.make_tensor("B", F, [1, 1024], (0.1 * rng.standard_normal(1024)).astype(np.float32))
+    v = oh.make_tensor("V", F, [64, 128], (0.1 * rng.standard_normal(64 * 128)).astype(np.float32))
+    then_g = oh.make_graph([oh.make_node("LSTM", ["x", "W", "R", "B"], ["ys"], hidden_size=128),
+                            oh.make_node("Squeeze", ["ys", "one"], ["t"])], "then", [], [vi("t", F, None)],
+                           [oh.make_tensor("one", TP.INT64, [1], [1])])
+    else_g = oh.make_graph([oh.make_node("MatMul", ["x", "V"], ["m"]), oh.make_node("Tanh", ["m"], ["e"])],
+                           "else", [], [vi("e", F, None)])
+    node = oh.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)
+    return model([node], [vi("c", TP.BOOL, []), vi("x", F, [6, 1, 64])], [vi("y", F, [6, 1, 128])], [w, r, b, v])
+
+
+def loop_weights_model():
+    """acc = Tanh(acc @ U) M times, U [96, 96] an outer initializer."""
+    u = oh.make_tensor("U", F, [96, 96], (0.15 * np.random.default_rng(12).standard_normal(96 * 96)).astype(np.float32))
+    body = oh.make_graph(
+        [oh.make_node("MatMul", ["acc_in", "U"], ["m"]), oh.make_node("Tanh", ["m"], ["acc_out"]),
+         oh.make_node("Identity", ["cond_in"], ["cond_out"])],
+        "body", [vi("i", TP.INT64, []), vi("cond_in", TP.BOOL, []), vi("acc_in", F, None)],
+        [vi("cond_out", TP.BOOL, []), vi("acc_out", F, None)])
+    node = oh.make_node("Loop", ["M", "", "acc0"], ["acc"], body=body)
+    return model([node], [vi("M", TP.INT64, []), vi("acc0", F, [2, 96])], [vi("acc", F, [2, 96])], [u])
+
+
+MADE = {"loop_scan": loop_scan_model, "if_weights": if_weights_model, "loop_weights": loop_weights_model, "scan_rev": scan_model, "if_shapes": if_shapes_model,
         "if_const": if_const_model}
 TORCH = {"control_loop_if": "control_loop_if.onnx", "control_while": "control_while.onnx"}
 
@@ -197,3 +230,21 @@ def test_bad_input_then_serves(served):
     assert "M" in str(e.value)
     check(served, "loop_scan", {"M": np.array(2, np.int64), "acc0": np.ones(3, np.float32),
                                 "x": np.ones(3, np.float32)})
+
+
+def test_if_branches_read_outer_weights(served):
+    """Each branch reads large outer initializers (bound by reference into
+    its plans); the branches alternate, then run from eight clients at once
+    (each If lane plans its own copy)."""
+    from concurrent.futures import ThreadPoolExecutor
+    xs = [RNG.standard_normal((6, 1, 64)).astype(np.float32) for _ in range(4)]
+    for k in range(6):
+        check(served, "if_weights", {"c": np.array(k % 2 == 0), "x": xs[k % 4]})
+    with ThreadPoolExecutor(8) as ex:
+        list(ex.map(lambda k: check(served, "if_weights", {"c": np.array(k % 3 != 0), "x": xs[k % 4]}), range(32)))
+
+
+@pytest.mark.parametrize("m", [1, 3, 7])
+def test_loop_body_reads_outer_weights(served, m):
+    check(served, "loop_weights", {"M": np.array(m, np.int64),
+                                   "acc0": RNG.standard_normal((2, 96)).astype(np.float32)})
