@@ -994,7 +994,7 @@ int passes_fuse_silu(struct graph *g, int *nfused, char *err, size_t err_len) {
 
 /* The producer of v when it is an op node whose output only one reader
  * (and no graph output) takes, or -1. */
-static int sole_producer(struct pass *ps, int v, const char *op) {
+int pass_sole_producer(struct pass *ps, int v, const char *op) {
     if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
     int pi = ps->g->values[v].producer;
     return pi >= 0 && !ps->dead[pi] && is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nout == 1 ? pi : -1;
@@ -1005,8 +1005,8 @@ static int sole_producer(struct pass *ps, int v, const char *op) {
  * operand; else -1. */
 static int scalar_factor(struct pass *ps, int v, int *node, float *f) {
     struct graph *g = ps->g;
-    int si = sole_producer(ps, v, "Mul");
-    if (si < 0) si = sole_producer(ps, v, "Div");
+    int si = pass_sole_producer(ps, v, "Mul");
+    if (si < 0) si = pass_sole_producer(ps, v, "Div");
     if (si < 0 || g->nodes[si].nin != 2) return -1;
     const struct graph_node *m = &g->nodes[si];
     int div = is_op(m, "Div"), k = div ? 1 : (const_of(g, m->in[1]) ? 1 : 0);
@@ -1035,15 +1035,15 @@ struct softmax_feed {
 static void softmax_feed(struct pass *ps, int x, struct softmax_feed *f) {
     struct graph *g = ps->g;
     *f = (struct softmax_feed){.x = x, .addi = -1, .mask = -1, .scale_node = {-1, -1, -1}, .scale = 1.0f, .mm = -1};
-    int ai = sole_producer(ps, x, "Add");
+    int ai = pass_sole_producer(ps, x, "Add");
     if (ai >= 0 && g->nodes[ai].nin == 2) {
         const struct graph_node *a = &g->nodes[ai];
         /* The scores are the operand that a Mul/Div by a scalar or a MatMul
          * makes; the other is the mask. Otherwise in[0]. */
         int k = 0;
         for (int t = 0; t < 2; t++)
-            if (sole_producer(ps, a->in[t], "Mul") >= 0 || sole_producer(ps, a->in[t], "Div") >= 0 ||
-                sole_producer(ps, a->in[t], "MatMul") >= 0)
+            if (pass_sole_producer(ps, a->in[t], "Mul") >= 0 || pass_sole_producer(ps, a->in[t], "Div") >= 0 ||
+                pass_sole_producer(ps, a->in[t], "MatMul") >= 0)
                 k = t;
         if (a->in[k] >= 0 && a->in[1 - k] >= 0 && known_dtype(g, a->in[1 - k], 0) == DT_FP32) {
             f->addi = ai;
@@ -1057,7 +1057,7 @@ static void softmax_feed(struct pass *ps, int x, struct softmax_feed *f) {
         f->scale *= c;
         f->x = v;
     }
-    int mi = sole_producer(ps, f->x, "MatMul");
+    int mi = pass_sole_producer(ps, f->x, "MatMul");
     if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return;
     for (int k = 0; k < 2; k++) {
         int in = g->nodes[mi].in[k], w = in >= 0 ? scalar_factor(ps, in, &f->scale_node[1 + k], &c) : -1;
@@ -1176,14 +1176,14 @@ static int softmax_attention_node(struct pass *ps, int mi2) {
     if (ps->dead[mi2] || !is_op(m2, "MatMul") || m2->nin != 2 || m2->nout != 1 || m2->act != ACT_NONE ||
         m2->in[1] < 0 || m2->out[0] < 0)
         return 0;
-    int si = sole_producer(ps, m2->in[0], "Softmax");
+    int si = pass_sole_producer(ps, m2->in[0], "Softmax");
     if (si < 0) return 0;
     const struct graph_node *sm = &g->nodes[si];
     if (sm->opset < 13 || sm->nin != 1 || sm->in[0] < 0 || node_attr_int(sm, "axis", -1) != -1) return 0;
     struct softmax_feed f;
     softmax_feed(ps, sm->in[0], &f);
     if (f.addi >= 0) return 0; /* masked: kiln.MaskedSoftmax's */
-    int mi = sole_producer(ps, f.x, "MatMul");
+    int mi = pass_sole_producer(ps, f.x, "MatMul");
     if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return 0;
     int a = f.mm_in[0], b = f.mm_in[1], v = m2->in[1];
     if (a < 0 || b < 0 || known_dtype(g, a, 0) != DT_FP32 || known_dtype(g, b, 0) != DT_FP32 ||

@@ -24,9 +24,8 @@
 /* The producer of v when it is op, live, and v's only reader is the
  * pattern (no graph output), or -1. */
 static int inner(struct pass *ps, int v, const char *op) {
-    if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
-    int pi = ps->g->values[v].producer;
-    return pi >= 0 && !ps->dead[pi] && pass_is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nin == 2 ? pi : -1;
+    const int pi = pass_sole_producer(ps, v, op);
+    return pi >= 0 && ps->g->nodes[pi].nin == 2 ? pi : -1;
 }
 
 /* The non-constant input of binary node n whose other input is a scalar
@@ -35,11 +34,6 @@ static int scaled_input(const struct graph *g, const struct graph_node *n, doubl
     for (int k = 0; k < 2; k++)
         if (pass_other_input(g, n, n->in[k], want) >= 0) return n->in[k];
     return -1;
-}
-
-/* Binary node n's input other than v, or -1 when n does not read v. */
-static int other_of(const struct graph_node *n, int v) {
-    return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
 }
 
 /* Gives node y (attributes cleared) approximate="tanh". */
@@ -79,9 +73,9 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
             continue;
         }
         /* jax2tf's cube: Mul(x, Mul(x, Mul(x, 0.044715))) */
-        const int q = wi >= 0 ? other_of(&g->nodes[wi], xc) : -1;
+        const int q = wi >= 0 ? pass_other_of(&g->nodes[wi], xc) : -1;
         if ((qi = inner(ps, q, "Mul")) < 0) continue;
-        const int r = other_of(&g->nodes[qi], xc);
+        const int r = pass_other_of(&g->nodes[qi], xc);
         if ((pi = inner(ps, r, "Mul")) >= 0 && scaled_input(g, &g->nodes[pi], 0.044715) == xc) x = xc;
     }
     if (x < 0) return 0;
@@ -99,7 +93,7 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
         last = mi; /* (x * 0.5) * a */
     } else if (pass_other_input(g, &g->nodes[mi], a_out, 0.5) >= 0) {
         last = pass_next_op(ps, mi, "Mul"); /* x * (0.5 * a) */
-        if (last < 0 || g->nodes[last].nin != 2 || other_of(&g->nodes[last], g->nodes[mi].out[0]) != x)
+        if (last < 0 || g->nodes[last].nin != 2 || pass_other_of(&g->nodes[last], g->nodes[mi].out[0]) != x)
             return 0;
     } else {
         return 0;

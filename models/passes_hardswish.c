@@ -20,14 +20,6 @@
 #include "models/passes.h"
 #include "models/passes_util.h"
 
-/* The live producer of v when it is op and v has one reader and is no graph
- * output, or -1. */
-static int sole_producer(struct pass *ps, int v, const char *op) {
-    if (v < 0 || ps->nuse[v] != 1 || ps->is_out[v]) return -1;
-    const int pi = ps->g->values[v].producer;
-    return pi >= 0 && !ps->dead[pi] && pass_is_op(&ps->g->nodes[pi], op) && ps->g->nodes[pi].nout == 1 ? pi : -1;
-}
-
 /* 1 if value v is a float32 scalar constant within 1e-4 of want. */
 static int const_f32_near(const struct graph *g, const struct graph_node *n, int v, double want) {
     const int o = pass_other_input(g, n, v, want);
@@ -51,7 +43,7 @@ static int hardswish_clip(struct pass *ps, int ci) {
     float lo, hi;
     if (c->nout != 1 || !passes_activation_of(g, c, &kind, &lo, &hi) || kind != ACT_CLIP || lo != 0.0f || hi != 6.0f)
         return 0;
-    const int ai = sole_producer(ps, c->in[0], "Add");
+    const int ai = pass_sole_producer(ps, c->in[0], "Add");
     if (ai < 0 || g->nodes[ai].nin != 2) return 0;
     int x = -1;
     for (int k = 0; k < 2 && x < 0; k++)
@@ -59,7 +51,7 @@ static int hardswish_clip(struct pass *ps, int ci) {
     const int mi = x >= 0 ? pass_next_op(ps, ci, "Mul") : -1;
     if (mi < 0 || g->nodes[mi].nin != 2) return 0;
     const struct graph_node *m = &g->nodes[mi];
-    if (!((m->in[0] == x && m->in[1] == c->out[0]) || (m->in[1] == x && m->in[0] == c->out[0]))) return 0;
+    if (pass_other_of(m, c->out[0]) != x) return 0;
     int yi = pass_next_op(ps, mi, "Div");
     if (yi >= 0 && (g->nodes[yi].in[0] != m->out[0] || !const_f32_near(g, &g->nodes[yi], m->out[0], 6.0))) yi = -1;
     if (yi < 0 && (yi = pass_next_op(ps, mi, "Mul")) >= 0 && !const_f32_near(g, &g->nodes[yi], m->out[0], 1.0 / 6.0))
@@ -84,7 +76,7 @@ static int hardswish_sigmoid(struct pass *ps, int hi) {
     const int x = h->in[0], mi = pass_next_op(ps, hi, "Mul");
     if (mi < 0 || g->nodes[mi].nin != 2) return 0;
     const struct graph_node *m = &g->nodes[mi];
-    if (!((m->in[0] == x && m->in[1] == h->out[0]) || (m->in[1] == x && m->in[0] == h->out[0]))) return 0;
+    if (pass_other_of(m, h->out[0]) != x) return 0;
     const int rc = become_hardswish(ps, mi, x);
     if (rc <= 0) return rc;
     ps->dead[hi] = 1;

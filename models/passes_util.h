@@ -61,6 +61,13 @@ const struct tensor *pass_const_of(const struct graph *g, int v);
 /* The sole live reader of node i's output 0 that is op (that output no
  * graph output), or -1. */
 int pass_next_op(struct pass *ps, int i, const char *op);
+/* The live producer of v when it is op (one output) and v has one reader
+ * and is no graph output, or -1. */
+int pass_sole_producer(struct pass *ps, int v, const char *op);
+/* Binary node n's input other than v, or -1 when n does not read v. */
+static inline int pass_other_of(const struct graph_node *n, int v) {
+    return n->in[0] == v ? n->in[1] : n->in[1] == v ? n->in[0] : -1;
+}
 /* For a binary node n reading v: its other input when that is a scalar
  * FP32/FP64 constant within 1e-4 of want (either order), else -1 (-2: n
  * does not read v). */

@@ -318,26 +318,22 @@ static int values_init(struct plan *p, const struct tensor *inputs, uint64_t bin
         pv->t.dtype = g->values[v].t.dtype != DT_UNDEFINED ? g->values[v].t.dtype : inputs[i].dtype;
         pv->kind = p->host ? PLAN_VALUE_INPUT : PLAN_VALUE_ARENA;
         pv->input = i;
-        if (i < 64 && (ref_values >> i & 1) && inputs[i].data && pv->t.dtype != DT_STRING) {
-            pv->t.data = inputs[i].data;
-            pv->kind = PLAN_VALUE_CONST;
-            p->sig[i].data = pv->t.data;
-            p->bind |= (uint64_t)1 << i;
-        } else if (i < 64 && (bind_values >> i & 1)) {
-            size_t nb = tensor_nbytes(&pv->t);
-            if (pv->t.dtype == DT_STRING) {
-                if (tensor_strings_pack(&pv->t, tensor_strs(&inputs[i]))) return build_nomem(err, err_len);
-            } else {
-                pv->t.data = malloc(nb ? nb : 1);
-                if (!pv->t.data) return build_nomem(err, err_len);
-                if (nb) memcpy(pv->t.data, inputs[i].data, nb);
-            }
-            pv->kind = PLAN_VALUE_CONST;
-            pv->owned = 1;
-            pv->from_client = 1;
-            p->sig[i].data = pv->t.data;
-            p->bind |= (uint64_t)1 << i;
+        if (i >= 64 || !(bind_values >> i & 1)) continue;
+        const int by_ref = (ref_values >> i & 1) && inputs[i].data && pv->t.dtype != DT_STRING;
+        size_t nb = tensor_nbytes(&pv->t);
+        if (by_ref) {
+            pv->t.data = inputs[i].data; /* the enclosing plan's constant, not ours to free */
+        } else if (pv->t.dtype == DT_STRING) {
+            if (tensor_strings_pack(&pv->t, tensor_strs(&inputs[i]))) return build_nomem(err, err_len);
+        } else {
+            pv->t.data = malloc(nb ? nb : 1);
+            if (!pv->t.data) return build_nomem(err, err_len);
+            if (nb) memcpy(pv->t.data, inputs[i].data, nb);
         }
+        pv->owned = pv->from_client = !by_ref;
+        pv->kind = PLAN_VALUE_CONST;
+        p->sig[i].data = pv->t.data;
+        p->bind |= (uint64_t)1 << i;
     }
     p->hash = plan_signature_hash(inputs, g->ninputs, p->bind);
     return 0;
