@@ -20,6 +20,7 @@ import onnx
 import onnx.helper as oh
 import pytest
 from onnx import TensorProto as TP
+from onnx import numpy_helper
 
 # Every server the tests start (many at once) takes a free gRPC port, as
 # --http-port 0 does for HTTP; test_grpc.py reads it from the log.
@@ -78,6 +79,74 @@ def onnx_reference(model, feeds, names=None):
         if o.domain in ("", "ai.onnx"):
             o.version = max(o.version, 21)
     return ReferenceEvaluator(m).run(names, feeds)
+
+
+# Where an integer product's activation, its zero point, the weight and its
+# zero point sit among a node's inputs (activation None: quantized inside
+# the node from floats, always to uint8).
+_INT8_PRODUCTS = {
+    ("", "MatMulInteger"): (0, 2, 1, 3), ("", "ConvInteger"): (0, 2, 1, 3),
+    ("", "QLinearMatMul"): (0, 2, 3, 5), ("", "QLinearConv"): (0, 2, 3, 5),
+    ("com.microsoft", "QGemm"): (0, 2, 3, 5), ("com.microsoft", "MatMulIntegerToFloat"): (0, 4, 1, 5),
+    ("com.microsoft", "DynamicQuantizeMatMul"): (None, None, 1, 3),
+    ("com.microsoft", "DynamicQuantizeLSTM"): (None, None, 1, 9),
+}
+_INT8_PRODUCTS_MORE = {("com.microsoft", "DynamicQuantizeLSTM"): (2, 11)}  # R and its zero point
+
+
+def ort_exact_int8(model):
+    """model with each product of uint8 activations and constant int8
+    weights written as the same product of uint8 weights: weights and zero
+    points plus 128 (w - zp is unchanged, so are the sums). onnxruntime
+    multiplies uint8 by int8 with vpmaddubsw on CPUs without VNNI, whose
+    int16 pair sums saturate (the quantizers' reduce_range exists for it),
+    so on an AVX2-only CPU its answers drift from the operators'
+    definitions; its uint8 x uint8 product is exact on every CPU. The
+    reference for kiln's exact integer products, which must equal the
+    definition on every CPU."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inits = {t.name: t for t in g.initializer}
+    dtypes = {t.name: t.data_type for t in g.initializer}
+    for vi in list(g.input) + list(g.value_info):
+        dtypes.setdefault(vi.name, vi.type.tensor_type.elem_type)
+    for n in g.node:
+        if n.op_type in ("DynamicQuantizeLinear", "QuantizeLinear"):
+            for o in n.output[:1]:
+                zp = n.input[2] if n.op_type == "QuantizeLinear" and len(n.input) > 2 else ""
+                dtypes[o] = dtypes.get(zp, onnx.TensorProto.UINT8) if zp else onnx.TensorProto.UINT8
+    fresh = 0
+    for n in g.node:
+        spec = _INT8_PRODUCTS.get((n.domain if n.domain != "ai.onnx" else "", n.op_type))
+        if not spec:
+            continue
+        act, act_zp = spec[:2]
+        if act is not None:
+            zp = n.input[act_zp] if act_zp < len(n.input) else ""
+            if dtypes.get(zp if zp else n.input[act]) != onnx.TensorProto.UINT8:
+                continue
+        pairs = [spec[2:]] + ([_INT8_PRODUCTS_MORE[(n.domain, n.op_type)]]
+                              if (n.domain, n.op_type) in _INT8_PRODUCTS_MORE else [])
+        for wi, zi in pairs:
+            w = inits.get(n.input[wi]) if wi < len(n.input) else None
+            if w is None or w.data_type != onnx.TensorProto.INT8:
+                continue
+            wv = numpy_helper.to_array(w).astype(np.int16) + 128
+            z = inits.get(n.input[zi]) if zi < len(n.input) and n.input[zi] else None
+            if z is not None:
+                zv = numpy_helper.to_array(z).astype(np.int16) + 128
+            else:  # absent: 0, in the shape of the scale beside it
+                sv = inits.get(n.input[zi - 1]) if n.input[zi - 1] in inits else None
+                zv = np.full(numpy_helper.to_array(sv).shape if sv is not None else (), 128, np.int16)
+            fresh += 1
+            for idx, v in ((wi, wv), (zi, zv)):
+                t = numpy_helper.from_array(v.astype(np.uint8), f"{n.input[wi]}_as_uint8_{fresh}_{idx}")
+                g.initializer.append(t)
+                while len(n.input) <= idx:
+                    n.input.append("")
+                n.input[idx] = t.name
+    return m
 
 
 def save_model(root, name, graph, version=1, config=None, opset=17):
