@@ -92,3 +92,49 @@ def test_residual_sum_and_winograd_blocks(tmp_path, ch, batch):
         outs[mode] = np.load(out / "y.npy")
         np.testing.assert_allclose(outs[mode], want, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(outs[""], outs["plain"], rtol=1e-5, atol=1e-5)
+
+
+POOLS = {
+    "max3s2": ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2])),
+    "max3s2_pad_ceil": ("MaxPool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 0, 1, 1], ceil_mode=1)),
+    "max2s1": ("MaxPool", dict(kernel_shape=[2, 2], strides=[1, 1])),
+    "avg3s2_pad": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    "avg3s2_pad_incl_ceil": ("AveragePool", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0],
+                                                 count_include_pad=1, ceil_mode=1)),
+    "avg2x3": ("AveragePool", dict(kernel_shape=[2, 3], strides=[2, 1])),
+}
+
+
+@pytest.mark.parametrize("isa", ["", "AVX2"])
+@pytest.mark.parametrize("name", list(POOLS))
+def test_channels_last_pools(tmp_path, name, isa):
+    """A float pool between convolutions runs on their channels-last memory
+    (oneDNN's JIT, or kiln's channel-vector loop where oneDNN runs AVX2
+    code): equal to onnxruntime's, with padding, ceil mode and
+    count_include_pad, 20 channels (not a multiple of a vector)."""
+    import onnx
+    import onnx.helper as oh
+    from onnx import TensorProto as TP
+    op, attrs = POOLS[name]
+    rng = np.random.default_rng(len(name))
+    w0 = onnx.numpy_helper.from_array((rng.standard_normal((20, 3, 3, 3)) * 0.3).astype(np.float32), "w0")
+    w1 = onnx.numpy_helper.from_array((rng.standard_normal((6, 20, 1, 1)) * 0.3).astype(np.float32), "w1")
+    nodes = [oh.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]), oh.make_node(op, ["a"], ["p"], **attrs),
+             oh.make_node("Conv", ["p", "w1"], ["y"])]
+    graph = oh.make_graph(nodes, "pool", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3, 17, 15])],
+                          [oh.make_tensor_value_info("y", TP.FLOAT, None)], [w0, w1])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)])
+    model.ir_version = 8
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    x = rng.standard_normal((2, 3, 17, 15)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "KILN_PROFILE": "1", **({"ONEDNN_MAX_CPU_ISA": isa} if isa else {})}
+    r = subprocess.run([str(KILN), "run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--output-dir",
+                        str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert f" {op} " in r.stderr, r.stderr
+    got = np.load(tmp_path / "out" / "y.npy")
+    want = ort.InferenceSession(str(path)).run(None, {"x": x})[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
