@@ -115,7 +115,7 @@ def ort_exact_int8(model):
         if n.op_type in ("DynamicQuantizeLinear", "QuantizeLinear"):
             for o in n.output[:1]:
                 zp = n.input[2] if n.op_type == "QuantizeLinear" and len(n.input) > 2 else ""
-                dtypes[o] = dtypes.get(zp, onnx.TensorProto.UINT8) if zp else onnx.TensorProto.UINT8
+                dtypes[o] = dtypes.get(zp, onnx.TensorProto.UINT8)
     fresh = 0
     for n in g.node:
         spec = _INT8_PRODUCTS.get((n.domain if n.domain != "ai.onnx" else "", n.op_type))
@@ -137,7 +137,7 @@ def ort_exact_int8(model):
             if z is not None:
                 zv = numpy_helper.to_array(z).astype(np.int16) + 128
             else:  # absent: 0, in the shape of the scale beside it
-                sv = inits.get(n.input[zi - 1]) if n.input[zi - 1] in inits else None
+                sv = inits.get(n.input[zi - 1])
                 zv = np.full(numpy_helper.to_array(sv).shape if sv is not None else (), 128, np.int16)
             fresh += 1
             for idx, v in ((wi, wv), (zi, zv)):
