@@ -163,6 +163,22 @@ while read -r name url _; do
     BODIES=$W/bodies.txt wrk -t1 -c4 -d2s -s "$W/rotate.lua" "$url" >/dev/null 2>&1 || true
 done <"$W/servers"
 
+# settle: waits (up to 60 s) until no server spends CPU, so that none runs
+# during another's measurement: wrk stops sending when its time is up, but a
+# server holding a queue of requests (Infinity's p50 at concurrency 64 is over
+# a second) goes on answering them, on the cores the next server is measured on.
+settle() {
+    local all a b
+    for _ in $(seq 1 120); do
+        a=0
+        for all in "${servers[@]}"; do a=$((a + $(cpu_ticks "$(echo "$all" | cut -d' ' -f3)"))); done
+        sleep 0.5
+        b=0
+        for all in "${servers[@]}"; do b=$((b + $(cpu_ticks "$(echo "$all" | cut -d' ' -f3)"))); done
+        [ $((b - a)) -le $((hz / 20)) ] && return 0
+    done
+}
+
 echo "round,server,concurrency,rps,p50_ms,p99_ms,errors,cpu_ms_per_text" >"$W/rounds.csv"
 mapfile -t servers <"$W/servers"
 n=${#servers[@]}
@@ -171,6 +187,7 @@ for r in $(seq 1 "$ROUNDS"); do
     for c in $CONCURRENCY; do
         for k in $(seq 0 $((n - 1))); do
             read -r name url pid <<<"${servers[$(((k + r) % n))]}"
+            settle
             t=$((c < 2 ? c : 2))
             f=$W/${name}_${c}_r$r.txt
             t0=$(cpu_ticks "$pid")
