@@ -6,6 +6,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1162,6 +1163,194 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
     return pass_run(&masked_softmax_pass, g, NULL, nfused, err, err_len);
 }
 
+/* ---- masked attention in the heads' layout (CPU) ----------------------------------------------- */
+
+/* v, made by a Transpose with permutation perm (4 axes) that nothing else
+ * reads: the Transpose's input (its node in *ti), else -1. With shape
+ * non-NULL, a Shape of v may read it too (its node in *shape, else -1). */
+static int transposed_from(struct pass *ps, int v, const int64_t *perm, int *ti, int *shape) {
+    struct graph *g = ps->g;
+    if (shape) *shape = -1;
+    if (v < 0 || ps->is_out[v] || ps->nuse[v] < 1 || ps->nuse[v] > (shape ? 2 : 1)) return -1;
+    int t = g->values[v].producer;
+    const int64_t *pp;
+    if (t < 0 || ps->dead[t] || !is_op(&g->nodes[t], "Transpose") || g->nodes[t].nin != 1 || g->nodes[t].nout != 1 ||
+        node_attr_ints(&g->nodes[t], "perm", &pp) != 4)
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (pp[i] != perm[i]) return -1;
+    if (ps->nuse[v] == 2) { /* the other reader must be a Shape of v */
+        for (int i = 0; i < g->nnodes && *shape < 0; i++) {
+            const struct graph_node *r = &g->nodes[i];
+            if (!ps->dead[i] && is_op(r, "Shape") && r->nin == 1 && r->in[0] == v && r->nout == 1 &&
+                !node_attr(r, "start") && !node_attr(r, "end"))
+                *shape = i;
+        }
+        if (*shape < 0) return -1;
+    }
+    *ti = t;
+    return g->nodes[t].in[0];
+}
+
+/* The one int64 in constant v, or def when v is no such constant. */
+static int64_t const_one_i64(const struct graph *g, int v, int64_t def) {
+    const struct tensor *t = const_of(g, v);
+    return t && t->dtype == DT_INT64 && tensor_numel(t) == 1 ? *(const int64_t *)t->data : def;
+}
+
+/* A Shape node whose values a Reshape may take (the axes in dims), and how
+ * many of its readers were found among the Reshape's pieces. */
+struct shape_src {
+    int node;
+    unsigned dims;
+    int used;
+};
+
+/* y's Reshape to its own shape, as torch exports
+ * scaled_dot_product_attention's output:
+ *   Reshape(y, Concat(Unsqueeze(Gather(Shape(x), k)) or a constant for each
+ *   axis k)),
+ * x being y itself (src[0], found here among y's readers) or a tensor whose
+ * axis k is y's (src[1..nsrc), which the caller found); at most one positive
+ * constant, which element counts make y's axis, and at most one -1 (0 copies
+ * the axis). Every
+ * reader of those Shapes must be one of the pieces. Returns the Reshape (y's
+ * one other reader), the nodes that compute its shape in nodes[0..*n) (at
+ * most 12), or -1. */
+static int own_shape_reshape(struct pass *ps, int y, struct shape_src *src, int nsrc, int *nodes, int *n) {
+    struct graph *g = ps->g;
+    int ri = -1;
+    src[0] = (struct shape_src){-1, 0xf, 0};
+    for (int i = 0; i < g->nnodes; i++) {
+        const struct graph_node *r = &g->nodes[i];
+        if (ps->dead[i] || r->nin < 1 || r->in[0] != y) continue;
+        if (is_op(r, "Reshape") && r->nin == 2 && r->nout == 1 && ri < 0) ri = i;
+        else if (is_op(r, "Shape") && r->nin == 1 && r->nout == 1 && !node_attr(r, "start") && !node_attr(r, "end") &&
+                 src[0].node < 0)
+            src[0].node = i;
+        else
+            return -1;
+    }
+    if (ri < 0 || ps->nuse[y] != 1 + (src[0].node >= 0)) return -1;
+    int allowzero = node_attr_int(&g->nodes[ri], "allowzero", 0) != 0;
+    int ci = pass_sole_producer(ps, g->nodes[ri].in[1], "Concat");
+    if (ci < 0 || g->nodes[ci].nin != 4 || node_attr_int(&g->nodes[ci], "axis", 0) != 0) return -1;
+    int consts = 0, infer = 0;
+    *n = 0;
+    nodes[(*n)++] = ci;
+    for (int k = 0; k < 4; k++) {
+        int piece = g->nodes[ci].in[k];
+        int64_t c = const_one_i64(g, piece, INT64_MIN);
+        if (c != INT64_MIN) {
+            if (c < -1 || (c == 0 && allowzero)) return -1;
+            consts += c > 0;
+            infer += c == -1;
+            continue;
+        }
+        int ui = pass_sole_producer(ps, piece, "Unsqueeze");
+        if (ui < 0) return -1;
+        const struct graph_node *u = &g->nodes[ui];
+        const int64_t *axes;
+        int na = node_attr_ints(u, "axes", &axes);
+        if (!(na == 1 && axes[0] == 0) && !(u->nin == 2 && const_one_i64(g, u->in[1], -1) == 0)) return -1;
+        int gi = pass_sole_producer(ps, u->in[0], "Gather");
+        if (gi < 0) return -1;
+        const struct graph_node *ga = &g->nodes[gi];
+        int64_t idx = ga->nin == 2 ? const_one_i64(g, ga->in[1], -9) : -9;
+        if (node_attr_int(ga, "axis", 0) != 0 || (idx != k && idx != k - 4)) return -1;
+        int j = 0;
+        while (j < nsrc && !(src[j].node >= 0 && g->nodes[src[j].node].out[0] == ga->in[0] && (src[j].dims >> k & 1)))
+            j++;
+        if (j == nsrc) return -1;
+        src[j].used++;
+        nodes[(*n)++] = ui;
+        nodes[(*n)++] = gi;
+    }
+    if (consts > 1 || infer > 1) return -1;
+    for (int j = 0; j < nsrc; j++) {
+        if (src[j].node < 0) continue;
+        int sv = g->nodes[src[j].node].out[0];
+        if (ps->nuse[sv] != src[j].used || ps->is_out[sv]) return -1;
+        nodes[(*n)++] = src[j].node;
+    }
+    return ri;
+}
+
+/* BERT's attention as exporters write it, after the masked softmax's fusion,
+ *   Q, K, V [B, S, H, D] -> Transpose (0,2,1,3) each (K's (0,2,3,1), or
+ *   (0,2,1,3) then (0,1,3,2)) -> MatMul(Q, K) -> MaskedSoftmax
+ *   -> MatMul(., V) -> [Reshape to its own shape] -> Transpose (0,2,1,3),
+ * with nothing else reading what is between, becomes one kiln.HeadAttention
+ * node (kernels/cpu/ops_softmax_fused.c) that reads Q, K and V where the
+ * projections wrote them and writes where the next one reads. Matched at
+ * the second MatMul. */
+static int head_attention_node(struct pass *ps, int mi2) {
+    struct graph *g = ps->g;
+    const struct graph_node *m2 = &g->nodes[mi2];
+    if (ps->dead[mi2] || !is_op(m2, "MatMul") || m2->nin != 2 || m2->nout != 1 || m2->act != ACT_NONE ||
+        m2->in[0] < 0 || m2->in[1] < 0 || m2->out[0] < 0)
+        return 0;
+    int pv = m2->in[0], si = g->values[pv].producer;
+    if (ps->nuse[pv] != 1 || ps->is_out[pv] || si < 0 || ps->dead[si]) return 0;
+    const struct graph_node *sm = &g->nodes[si];
+    if (strcmp(sm->domain, "kiln") != 0 || strcmp(sm->op_type, "MaskedSoftmax") != 0 || sm->nout != 1 ||
+        sm->in[0] < 0)
+        return 0;
+    int mi = pass_sole_producer(ps, sm->in[0], "MatMul");
+    if (mi < 0 || g->nodes[mi].nin != 2 || g->nodes[mi].act != ACT_NONE) return 0;
+    static const int64_t heads[4] = {0, 2, 1, 3}, keys[4] = {0, 2, 3, 1}, last2[4] = {0, 1, 3, 2};
+    int tq = -1, tk = -1, tk2 = -1, tv = -1;
+    /* Q's and V's transposed shapes may give the output's axes 2 and 3 (below). */
+    struct shape_src src[3] = {{-1, 0xf, 0}, {-1, 1u << 2, 0}, {-1, 1u << 3, 0}};
+    int q = transposed_from(ps, g->nodes[mi].in[0], heads, &tq, &src[1].node);
+    int k = transposed_from(ps, g->nodes[mi].in[1], keys, &tk, NULL);
+    if (k < 0) {
+        int kh = transposed_from(ps, g->nodes[mi].in[1], last2, &tk2, NULL);
+        k = kh >= 0 ? transposed_from(ps, kh, heads, &tk, NULL) : -1;
+    }
+    int v = transposed_from(ps, m2->in[1], heads, &tv, &src[2].node), y = m2->out[0];
+    if (q < 0 || k < 0 || v < 0 || ps->is_out[y]) return 0;
+    int extra[13], nextra = 0, oi = -1;
+    int direct = ps->nuse[y] == 1 ? sole_reader(g, ps->dead, y, mi2) : -1;
+    if (direct >= 0 && is_op(&g->nodes[direct], "Transpose") && src[1].node < 0 && src[2].node < 0) {
+        oi = direct;
+    } else {
+        int ri = own_shape_reshape(ps, y, src, 3, extra, &nextra), ry = ri >= 0 ? g->nodes[ri].out[0] : -1;
+        if (ri < 0 || ry < 0 || ps->nuse[ry] != 1 || ps->is_out[ry]) return 0;
+        oi = sole_reader(g, ps->dead, ry, ri);
+        extra[nextra++] = ri;
+    }
+    const int64_t *perm;
+    if (oi < 0 || !is_op(&g->nodes[oi], "Transpose") || g->nodes[oi].nin != 1 || g->nodes[oi].nout != 1 ||
+        node_attr_ints(&g->nodes[oi], "perm", &perm) != 4 || memcmp(perm, heads, sizeof heads) != 0)
+        return 0;
+    int mask = sm->nin > 1 ? sm->in[1] : -1;
+    if (known_dtype(g, q, 0) != DT_FP32 || known_dtype(g, k, 0) != DT_FP32 || known_dtype(g, v, 0) != DT_FP32 ||
+        (mask >= 0 && known_dtype(g, mask, 0) != DT_FP32))
+        return 0;
+    float scale = node_attr_float(sm, "scale", 1.0f);
+    int nan_to_zero = node_attr_int(sm, "nan_to_zero", 0) != 0;
+    struct graph_node *n = &g->nodes[oi];
+    if (set_nin(n, 4) || masked_softmax_attrs(n, scale, nan_to_zero) || to_kiln_op(n, "HeadAttention"))
+        return pass_nomem(ps);
+    n->in[0] = q;
+    n->in[1] = k;
+    n->in[2] = v;
+    n->in[3] = mask;
+    n->nin = mask >= 0 ? 4 : 3;
+    ps->dead[tq] = ps->dead[tk] = ps->dead[tv] = ps->dead[mi] = ps->dead[si] = ps->dead[mi2] = 1;
+    if (tk2 >= 0) ps->dead[tk2] = 1;
+    for (int i = 0; i < nextra; i++) ps->dead[extra[i]] = 1;
+    log_debug("attention at '%s': one HeadAttention node in the heads' layout", g->nodes[mi2].name);
+    return 1;
+}
+
+static const struct pass_def head_attention_pass = {"fusing masked attention", head_attention_node, 0};
+
+int passes_fuse_head_attention(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&head_attention_pass, g, NULL, nfused, err, err_len);
+}
+
 /* ---- unmasked attention (CPU) ------------------------------------------------------------------ */
 
 /* Attention as exporters write it without a mask (audio and vision
@@ -1598,7 +1787,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, hattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1623,15 +1812,16 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (cpu_only && (rc = passes_fuse_fake_quant(g, &fq, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_head_attention(g, &hattn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
     int nhwc = 0, nlayout = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations, %d SiLU, %d masked softmaxes and %d unmasked attentions "
-              "fused, %d quantized operators, %d quantization round trips in float convolutions, %d on NHWC, %d "
-              "dynamically quantized products, %d float nodes on channels-last)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, silu, attn, sattn,
-              qdq, fq, nhwc, dynq, nlayout);
+              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations, %d SiLU, %d masked softmaxes (%d of them in "
+              "whole attentions) and %d unmasked attentions fused, %d quantized operators, %d quantization round trips "
+              "in float convolutions, %d on NHWC, %d dynamically quantized products, %d float nodes on channels-last)",
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, silu, attn,
+              hattn, sattn, qdq, fq, nhwc, dynq, nlayout);
     return 0;
 }

@@ -77,6 +77,9 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
  * and nothing else reading the scores: one kiln.SoftmaxAttention node
  * (kernels/cpu/ops_attention.c). CPU only. */
 int passes_fuse_softmax_attention(struct graph *g, int *nfused, char *err, size_t err_len);
+/* BERT's masked attention with its heads' Transposes, after
+ * passes_fuse_masked_softmax: one kiln.HeadAttention node (CPU). */
+int passes_fuse_head_attention(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* DequantizeLinear -> op -> QuantizeLinear, as onnxruntime.quantization's
  * QDQ format writes a quantized model, becomes the integer op on the 8-bit

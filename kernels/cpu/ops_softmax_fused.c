@@ -192,7 +192,332 @@ static int msm_run(struct op_call *c) {
     return 0;
 }
 
+/* ---- kiln.HeadAttention: masked attention in the heads' own layout ---- */
+
+/* Y[b,s,h,:] = sum over t of softmax_t(scale * Q[b,s,h,:] . K[b,t,h,:] +
+ * Mask[b,h,s,t]) V[b,t,h,:], the softmax as MaskedSoftmax's (its rows of
+ * NaN, or zeros with nan_to_zero). models/passes.c fuses BERT's attention
+ * into it: the heads' Transposes on Q, K and V, the scores' MatMul,
+ * MaskedSoftmax, the MatMul with V and the Transpose back. Q [B, S, H, D],
+ * K [B, T, H, D] and V [B, T, H, Dv] are read where the projections wrote
+ * them, Y [B, S, H, Dv] is written where the output projection reads it, and
+ * the scores of four query rows at a time stay in the core's cache. Batch
+ * and head axes of 1 broadcast; Mask broadcasts to [B, H, S, T]. For the
+ * short texts of embedding models the products are small (48 x 48 x 32 a
+ * head), oneDNN's batched matmul ran them at about 40% of an AVX2 core's
+ * FMA peak, and the four Transposes and the scores' trips through memory
+ * cost as much as the products: one MiniLM layer's attention (8 texts of
+ * 48 tokens, 12 heads, one thread) took 1.06-1.50 ms fused against
+ * 1.34-1.84 ms unfused (best and median of eight alternating runs). */
+
+struct ha_params;
+typedef void (*ha_fn)(const struct ha_params *p, const float *q, const float *k, const float *v, const float *m,
+                      float *y, int64_t s0, int64_t s1, float *kt, float *vc, float *sc);
+
+struct ha_params {
+    struct msm_params sm;             /* a row's softmax: n = T, scale, nan_to_zero, the mask's stride along t */
+    ha_fn run;                        /* the (b, h) kernel built for the CPU's vector width */
+    int64_t B, S, T, H, D, Dv, Tp;    /* Tp: T rounded up to 16, the scores' row */
+    int64_t qb, qh, qs, kb, kh, ks;   /* element strides of batch, head and row; 0 broadcast */
+    int64_t vb, vh, vs, mb, mh, ms;
+    int64_t SB;                       /* query rows a work item */
+    int has_mask, nthreads;
+};
+
+#define HA_ROWS 4 /* query rows a block */
+
+/* The sizes, and the element strides of Q, K, V and Mask (0 where an axis
+ * of 1 broadcasts). */
+static int ha_geometry(struct op_call *c, struct ha_params *p) {
+    const struct tensor *q = c->in[0], *k = c->in[1], *v = c->in[2], *m = in_opt(c, 3);
+    static const char *const names[3] = {"Q", "K", "V"};
+    const struct tensor *t3[3] = {q, k, v};
+    for (int i = 0; i < 3; i++)
+        if (!t3[i] || t3[i]->dtype != DT_FP32 || t3[i]->ndim != 4)
+            return op_error(c, "%s must be a float tensor of rank 4 [batch, rows, heads, width]", names[i]);
+    if (m && (m->dtype != DT_FP32 || m->ndim > 4)) return op_error(c, "Mask must be a float tensor of rank 4 or less");
+    p->S = q->dims[1], p->T = k->dims[1], p->D = q->dims[3], p->Dv = v->dims[3];
+    if (k->dims[3] != p->D || v->dims[1] != p->T)
+        return op_error(c, "Q [.., %lld, .., %lld], K [.., %lld, .., %lld] and V [.., %lld, .., %lld] do not chain",
+                        (long long)p->S, (long long)p->D, (long long)p->T, (long long)k->dims[3],
+                        (long long)v->dims[1], (long long)p->Dv);
+    p->B = 1, p->H = 1;
+    for (int i = 0; i < 3; i++) {
+        int64_t b = t3[i]->dims[0], h = t3[i]->dims[2];
+        if ((b != 1 && p->B != 1 && b != p->B) || (h != 1 && p->H != 1 && h != p->H))
+            return op_error(c, "the batch and head axes of Q, K and V do not broadcast");
+        if (b != 1) p->B = b;
+        if (h != 1) p->H = h;
+    }
+    p->qs = q->dims[2] * p->D, p->qh = q->dims[2] == 1 ? 0 : p->D, p->qb = q->dims[0] == 1 ? 0 : p->S * p->qs;
+    p->ks = k->dims[2] * p->D, p->kh = k->dims[2] == 1 ? 0 : p->D, p->kb = k->dims[0] == 1 ? 0 : p->T * p->ks;
+    p->vs = v->dims[2] * p->Dv, p->vh = v->dims[2] == 1 ? 0 : p->Dv, p->vb = v->dims[0] == 1 ? 0 : p->T * p->vs;
+    p->has_mask = m != NULL;
+    p->mb = p->mh = p->ms = 0;
+    p->sm.mcs = 0;
+    if (m) {
+        int64_t want[4] = {p->B, p->H, p->S, p->T}, md[4], st = 1, str[4];
+        for (int i = 3; i >= 0; i--) {
+            int j = m->ndim - 4 + i;
+            md[i] = j >= 0 ? m->dims[j] : 1;
+            if (md[i] != 1 && md[i] != want[i])
+                return op_error(c, "Mask's axis %d is %lld; the scores' is %lld", i, (long long)md[i],
+                                (long long)want[i]);
+            str[i] = md[i] == 1 ? 0 : st;
+            st *= md[i];
+        }
+        p->mb = str[0], p->mh = str[1], p->ms = str[2], p->sm.mcs = str[3] ? 1 : 0;
+    }
+    p->Tp = (p->T + 15) / 16 * 16;
+    p->sm.n = p->T;
+    p->sm.xcs = 1;
+    p->sm.has_mask = p->has_mask;
+    return 0;
+}
+
+static int ha_infer(struct op_call *c) {
+    for (int i = 0; i < 3; i++) {
+        int rc = need_input(c, i, i == 0 ? "Q" : i == 1 ? "K" : "V");
+        if (rc) return rc;
+    }
+    struct ha_params p;
+    memset(&p, 0, sizeof p);
+    int rc = ha_geometry(c, &p);
+    if (rc) return rc;
+    int64_t dims[4] = {p.B, p.S, p.H, p.Dv};
+    return set_shape(c, c->out[0], DT_FP32, 4, dims);
+}
+
+/* Eight floats (and their comparisons); an unaligned, aliasing view for
+ * loads and stores. */
+typedef float ha_v8 __attribute__((vector_size(32)));
+typedef int32_t ha_v8i __attribute__((vector_size(32)));
+typedef float ha_v8u __attribute__((vector_size(32), aligned(4), may_alias));
+#define HA_LD(x) (*(const ha_v8u *)(const void *)(x))
+#define HA_ST(x, v) (*(ha_v8u *)(void *)(x) = (v))
+
+/* The products' multiply-adds as FMAs (ISO C leaves them apart). */
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
+/* m ? a : b, lane by lane. */
+#define HA_SEL(m, a, b) ((ha_v8)(((m) & (ha_v8i)(a)) | (~(m) & (ha_v8i)(b))))
+
+/* One row of scores: x = softmax(scale * x + m) in place, as msm_row (a
+ * row holding NaN or +inf, or only -inf, is NaN, or zeros with
+ * nan_to_zero), eight lanes at a time with the reductions in registers:
+ * attention's rows are short (one per query and head, one score per key),
+ * and msm_row's loops spent more on finishing their reductions than on
+ * the exponentials. */
+static inline __attribute__((always_inline)) void ha_softmax(const struct msm_params *p, float *x, const float *m) {
+    const int64_t n = p->n, n8 = n & ~(int64_t)7;
+    const float sc = p->scale;
+    ha_v8 vmax = {0}, vsum = {0}, lo = {0};
+    vmax -= __builtin_inff();
+    lo -= 87.3f;
+    ha_v8i vnan = {0};
+    for (int64_t j = 0; j < n8; j += 8) {
+        ha_v8 v = HA_LD(x + j) * sc;
+        if (m && p->mcs) v += HA_LD(m + j);
+        else if (m) v += m[0];
+        HA_ST(x + j, v);
+        vmax = HA_SEL(v > vmax, v, vmax);
+        vnan |= v != v;
+    }
+    float lanes[8], mx = -__builtin_inff();
+    int32_t nans[8], nan = 0;
+    HA_ST(lanes, vmax);
+    memcpy(nans, &vnan, sizeof nans);
+    for (int k = 0; k < 8; k++) {
+        mx = lanes[k] > mx ? lanes[k] : mx;
+        nan |= nans[k];
+    }
+    for (int64_t j = n8; j < n; j++) {
+        float v = sc * x[j] + (m ? m[j * p->mcs] : 0.0f);
+        x[j] = v;
+        mx = v > mx ? v : mx;
+        nan |= v != v;
+    }
+    if (nan || !(mx > -__builtin_inff()) || mx == __builtin_inff()) {
+        float f = p->nan_to_zero ? 0.0f : __builtin_nanf("");
+        for (int64_t j = 0; j < n; j++) x[j] = f;
+        return;
+    }
+    /* ew_exp_neg_f (elementwise_util.h) on eight lanes: e^(x - mx), 0 below -87.3. */
+    for (int64_t j = 0; j < n8; j += 8) {
+        ha_v8 y = HA_LD(x + j) - mx;
+        ha_v8i keep = y > lo;
+        ha_v8 yc = HA_SEL(keep, y, lo);
+        ha_v8 nn = (yc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+        ha_v8 r = yc - nn * 0.693359375f - nn * -2.12194440e-4f;
+        ha_v8 q = r * 1.9875691500E-4f + 1.3981999507E-3f;
+        q = q * r + 8.3334519073E-3f;
+        q = q * r + 4.1665795894E-2f;
+        q = q * r + 1.6666665459E-1f;
+        q = q * r + 5.0000001201E-1f;
+        q = q * r * r + r + 1.0f;
+        ha_v8i e = (__builtin_convertvector(nn, ha_v8i) + 127) << 23;
+        ha_v8 ex = (ha_v8)((ha_v8i)(q * (ha_v8)e) & keep);
+        HA_ST(x + j, ex);
+        vsum += ex;
+    }
+    float sum = 0.0f;
+    HA_ST(lanes, vsum);
+    for (int k = 0; k < 8; k++) sum += lanes[k];
+    for (int64_t j = n8; j < n; j++) {
+        x[j] = ew_exp_neg_f(x[j] - mx);
+        sum += x[j];
+    }
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n8; j += 8) HA_ST(x + j, HA_LD(x + j) * inv);
+    for (int64_t j = n8; j < n; j++) x[j] *= inv;
+}
+
+/* Query rows [s0, s1) of one (batch, head): q, k, v, m and y there. K is
+ * read once into kt, transposed ([D][Tp], zeros past T), and V into vc
+ * ([T][Dv]): both are read again for every HA_ROWS query rows, and in
+ * place their rows lie a whole row of heads apart, where the L1 cache
+ * keeps few of them (each maps to one of a few sets). sc: the scores of
+ * HA_ROWS rows. */
+static inline __attribute__((always_inline)) void ha_body(const struct ha_params *p, const float *q, const float *k,
+                                                          const float *v, const float *m, float *y, int64_t s0,
+                                                          int64_t s1, float *kt, float *vc, float *sc) {
+    const int64_t T = p->T, Tp = p->Tp, D = p->D, Dv = p->Dv, ys = p->H * Dv;
+    for (int64_t t = 0; t < T; t++) {
+        const float *kr = k + t * p->ks;
+        const float *vr = v + t * p->vs;
+        for (int64_t d = 0; d < D; d++) kt[d * Tp + t] = kr[d];
+        int64_t c = 0;
+        for (; c + 8 <= Dv; c += 8) HA_ST(vc + t * Dv + c, HA_LD(vr + c));
+        for (; c < Dv; c++) vc[t * Dv + c] = vr[c];
+    }
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t t = T; t < Tp; t++) kt[d * Tp + t] = 0.0f;
+    for (int64_t r0 = s0; r0 < s1; r0 += HA_ROWS) {
+        int nr = s1 - r0 < HA_ROWS ? (int)(s1 - r0) : HA_ROWS;
+        const float *qr[HA_ROWS];
+        for (int r = 0; r < HA_ROWS; r++) qr[r] = q + (r0 + (r < nr ? r : 0)) * p->qs;
+        for (int64_t t0 = 0; t0 < Tp; t0 += 16) {
+            ha_v8 a[HA_ROWS][2];
+            memset(a, 0, sizeof a);
+            for (int64_t d = 0; d < D; d++) {
+                ha_v8 k0 = HA_LD(kt + d * Tp + t0), k1 = HA_LD(kt + d * Tp + t0 + 8);
+#pragma GCC unroll 4
+                for (int r = 0; r < HA_ROWS; r++) {
+                    a[r][0] += qr[r][d] * k0;
+                    a[r][1] += qr[r][d] * k1;
+                }
+            }
+            for (int r = 0; r < HA_ROWS; r++) {
+                HA_ST(sc + r * Tp + t0, a[r][0]);
+                HA_ST(sc + r * Tp + t0 + 8, a[r][1]);
+            }
+        }
+        for (int r = 0; r < nr; r++) ha_softmax(&p->sm, sc + r * Tp, m ? m + (r0 + r) * p->ms : NULL);
+        float *yr = y + r0 * ys;
+        int64_t c0 = 0;
+        for (; c0 + 16 <= Dv; c0 += 16) {
+            ha_v8 a[HA_ROWS][2];
+            memset(a, 0, sizeof a);
+            for (int64_t t = 0; t < T; t++) {
+                ha_v8 v0 = HA_LD(vc + t * Dv + c0), v1 = HA_LD(vc + t * Dv + c0 + 8);
+#pragma GCC unroll 4
+                for (int r = 0; r < HA_ROWS; r++) {
+                    a[r][0] += sc[r * Tp + t] * v0;
+                    a[r][1] += sc[r * Tp + t] * v1;
+                }
+            }
+            for (int r = 0; r < nr; r++) {
+                HA_ST(yr + r * ys + c0, a[r][0]);
+                HA_ST(yr + r * ys + c0 + 8, a[r][1]);
+            }
+        }
+        for (; c0 < Dv; c0++)
+            for (int r = 0; r < nr; r++) {
+                float acc = 0.0f;
+                for (int64_t t = 0; t < T; t++) acc += sc[r * Tp + t] * vc[t * Dv + c0];
+                yr[r * ys + c0] = acc;
+            }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void ha_run_v4(const struct ha_params *p, const float *q,
+                                                                const float *k, const float *v, const float *m,
+                                                                float *y, int64_t s0, int64_t s1, float *kt,
+                                                                float *vc, float *sc) {
+    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc);
+}
+__attribute__((target("arch=x86-64-v3"))) static void ha_run_v3(const struct ha_params *p, const float *q,
+                                                                const float *k, const float *v, const float *m,
+                                                                float *y, int64_t s0, int64_t s1, float *kt,
+                                                                float *vc, float *sc) {
+    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc);
+}
+#endif
+static void ha_run_v2(const struct ha_params *p, const float *q, const float *k, const float *v, const float *m,
+                      float *y, int64_t s0, int64_t s1, float *kt, float *vc, float *sc) {
+    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc);
+}
+
+#pragma GCC pop_options
+
+/* Per thread: K transposed, V, and the scores of HA_ROWS rows. */
+static size_t ha_thread_bytes(const struct ha_params *p) {
+    size_t tp = (size_t)(p->Tp > 0 ? p->Tp : 1);
+    return dnnl_util_align(sizeof(float) * (size_t)p->D * tp) +
+           dnnl_util_align(sizeof(float) * (size_t)p->T * (size_t)p->Dv) + dnnl_util_align(sizeof(float) * HA_ROWS * tp);
+}
+
+static int ha_prepare(struct op_call *c, void **state, size_t *scratch) {
+    struct ha_params p;
+    memset(&p, 0, sizeof p);
+    int rc = ha_geometry(c, &p);
+    if (rc) return rc;
+    p.sm.scale = node_attr_float(c->node, "scale", 1.0f);
+    p.sm.nan_to_zero = node_attr_int(c->node, "nan_to_zero", 0) != 0;
+    p.sm.row = msm_row_for_cpu();
+    p.run = ha_run_v2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    int level = dnnl_util_isa_level();
+    if (level >= 4) p.run = ha_run_v4;
+    else if (level == 3) p.run = ha_run_v3;
+#endif
+    p.nthreads = c->nthreads > 0 ? c->nthreads : 1;
+    /* Work items of 64 query rows, fewer where that leaves threads idle. */
+    p.SB = 64;
+    while (p.SB > 16 && p.B * p.H * ((p.S + p.SB - 1) / p.SB) < p.nthreads) p.SB /= 2;
+    *scratch = ha_thread_bytes(&p) * (size_t)p.nthreads;
+    return params_keep(c, &p, sizeof p, state);
+}
+
+static int ha_run(struct op_call *c) {
+    const struct ha_params *p = c->state;
+    const float *q = c->in[0]->data, *k = c->in[1]->data, *v = c->in[2]->data;
+    const float *m = p->has_mask ? c->in[3]->data : NULL;
+    float *y = c->out[0]->data;
+    int64_t nsb = (p->S + p->SB - 1) / p->SB, items = p->B * p->H * nsb;
+    if (items == 0 || p->Dv == 0) return 0;
+    size_t per = ha_thread_bytes(p), tp = (size_t)(p->Tp > 0 ? p->Tp : 1);
+    size_t kt_bytes = dnnl_util_align(sizeof(float) * (size_t)p->D * tp);
+    size_t vc_bytes = dnnl_util_align(sizeof(float) * (size_t)p->T * (size_t)p->Dv);
+    int nt = p->nthreads < c->nthreads || c->nthreads < 1 ? p->nthreads : c->nthreads;
+    if (items < nt) nt = (int)items;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t w = 0; w < items; w++) {
+        int64_t b = w / (p->H * nsb), h = w / nsb % p->H, s0 = w % nsb * p->SB;
+        int64_t s1 = s0 + p->SB < p->S ? s0 + p->SB : p->S;
+        char *mine = (char *)c->scratch + per * (size_t)omp_get_thread_num();
+        p->run(p, q + b * p->qb + h * p->qh, k + b * p->kb + h * p->kh, v + b * p->vb + h * p->vh,
+               m ? m + b * p->mb + h * p->mh : NULL, y + b * p->S * p->H * p->Dv + h * p->Dv, s0, s1,
+               (float *)(void *)mine, (float *)(void *)(mine + kt_bytes),
+               (float *)(void *)(mine + kt_bytes + vc_bytes));
+    }
+    return 0;
+}
+
 const struct op_def op_defs_softmax_fused[] = {
     {"MaskedSoftmax", "kiln", msm_infer, msm_prepare, msm_run, op_params_free, 0},
+    {"HeadAttention", "kiln", ha_infer, ha_prepare, ha_run, op_params_free, 0},
     {NULL, NULL, NULL, NULL, NULL, NULL, 0},
 };

@@ -329,6 +329,18 @@ def test_bert_fused_attention_served(make_server, tmp_path):
 
 # ---- unmasked attention as exporters write it ------------------------------
 
+def profiled_ops(tmp_path, feeds):
+    """What `kiln run` of tmp_path/m.onnx printed with KILN_PROFILE: the
+    operators that ran, one line each."""
+    args = [str(KILN), "run", str(tmp_path / "m.onnx"), "--iterations", "1", "--backend", "cpu"]
+    for name, arr in feeds.items():
+        np.save(tmp_path / f"{name}.npy", arr)
+        args += ["--input", f"{name}={tmp_path / (name + '.npy')}"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env={"KILN_PROFILE": "1"})
+    assert r.returncode == 0, r.stderr
+    return r.stderr + r.stdout
+
+
 def exported_attention(q_shape, k_shape, v_shape, scale_on):
     """MatMul(Q, K^T) -> Mul or Div by a scalar (on the scores or on Q) ->
     Softmax -> MatMul(., V), as torch exports audio and vision encoders'
@@ -364,10 +376,102 @@ def test_unmasked_attention_fused(case, tmp_path):
     model = exported_attention(qs, ks, vs, scale_on)
     check(model, feeds, tmp_path)
     # The scores never became a tensor of the plan: one fused node ran.
-    args = [str(KILN), "run", str(tmp_path / "m.onnx"), "--iterations", "1", "--backend", "cpu"]
-    for name, arr in feeds.items():
-        np.save(tmp_path / f"{name}.npy", arr)
-        args += ["--input", f"{name}={tmp_path / (name + '.npy')}"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env={"KILN_PROFILE": "1"})
-    assert r.returncode == 0, r.stderr
-    assert "SoftmaxAttention" in r.stderr + r.stdout and " Softmax " not in r.stderr + r.stdout, r.stderr
+    out = profiled_ops(tmp_path, feeds)
+    assert "SoftmaxAttention" in out and " Softmax " not in out, out
+
+
+# ---- masked attention in the heads' layout, as BERT exports it -------------
+
+def exported_masked_attention(B, S, T, H, D, Dv, mask_shape, kstyle, guard, heads_kv=None, sdpa=None):
+    """Q [B, S, H, D], K and V [B, T, Hkv, .] -> the heads' Transposes ->
+    MatMul -> Mul by a scalar -> Add(mask) -> Softmax -> [Where(IsNaN)] ->
+    MatMul(., V) -> Transpose back: kiln fuses it into one HeadAttention.
+    sdpa: as torch exports scaled_dot_product_attention, the scale's square
+    root on Q and K, and the output reshaped to its own shape: from its own
+    Shape and the heads' count ("own"), from its, Q's and V's Shapes and -1
+    ("torch"), or to another shape of as many elements ("other", not fused)."""
+    hk = heads_kv or H
+    nodes = [oh.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3])]
+    if kstyle == "one":
+        nodes.append(oh.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]))
+    else:
+        nodes += [oh.make_node("Transpose", ["k"], ["kh"], perm=[0, 2, 1, 3]),
+                  oh.make_node("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2])]
+    nodes.append(oh.make_node("Transpose", ["v"], ["vt"], perm=[0, 2, 1, 3]))
+    if sdpa:
+        nodes += [oh.make_node("Mul", ["qt", "rc"], ["qs"]), oh.make_node("Mul", ["kt", "rc"], ["ks"]),
+                  oh.make_node("MatMul", ["qs", "ks"], ["ss"])]
+    else:
+        nodes += [oh.make_node("MatMul", ["qt", "kt"], ["s"]), oh.make_node("Mul", ["s", "c"], ["ss"])]
+    nodes += [oh.make_node("Add", ["ss", "mask"], ["sm"]), oh.make_node("Softmax", ["sm"], ["p0"], axis=-1)]
+    if guard:
+        nodes += [oh.make_node("IsNaN", ["p0"], ["nan"]), oh.make_node("Where", ["nan", "zero", "p0"], ["p"])]
+    nodes.append(oh.make_node("MatMul", ["p" if guard else "p0", "vt"], ["ctx"]))
+    inits = [onnx.numpy_helper.from_array(np.array(1 / np.sqrt(D), np.float32), "c"),
+             onnx.numpy_helper.from_array(np.array(D ** -0.25, np.float32), "rc"),
+             onnx.numpy_helper.from_array(np.array(0, np.float32), "zero")]
+    if sdpa:
+        # "torch": as torch writes it, [B from the output, -1, S from Q, Dv from V].
+        src = {0: "ctx", 2: "qt", 3: "vt"} if sdpa == "torch" else {0: "ctx", 2: "ctx", 3: "ctx"}
+        for x in dict.fromkeys(src.values()):
+            nodes.append(oh.make_node("Shape", [x], [f"{x}_shape"]))
+        parts = []
+        for k in range(4):
+            if k == 1:
+                parts.append(f"heads_{sdpa}")
+                inits.append(onnx.numpy_helper.from_array(np.array([-1 if sdpa == "torch" else H], np.int64), parts[-1]))
+                continue
+            inits.append(onnx.numpy_helper.from_array(np.array(k, np.int64), f"i{k}"))
+            nodes += [oh.make_node("Gather", [f"{src[k]}_shape", f"i{k}"], [f"g{k}"], axis=0),
+                      oh.make_node("Unsqueeze", [f"g{k}", "axes0"], [f"u{k}"])]
+            parts.append(f"u{k}")
+        inits.append(onnx.numpy_helper.from_array(np.array([0], np.int64), "axes0"))
+        if sdpa == "other":  # [B, H, S, Dv] -> [B, H, Dv, S]: as many elements, not its own shape
+            parts = [parts[0], parts[1], parts[3], parts[2]]
+        nodes += [oh.make_node("Concat", parts, ["shape"], axis=0), oh.make_node("Reshape", ["ctx", "shape"], ["ctxr"])]
+    nodes.append(oh.make_node("Transpose", ["ctxr" if sdpa else "ctx"], ["y"], perm=[0, 2, 1, 3]))
+    ins = [oh.make_tensor_value_info(n, TP.FLOAT, s)
+           for n, s in (("q", (B, S, H, D)), ("k", (B, T, hk, D)), ("v", (B, T, hk, Dv)), ("mask", mask_shape))]
+    graph = oh.make_graph(nodes, "attn", ins, [oh.make_tensor_value_info("y", TP.FLOAT, None)], initializer=inits)
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("case", [
+    # (B, S, T, H, D, Dv, mask shape, K's transposes, NaN guard, K and V heads)
+    (2, 7, 7, 3, 32, 32, "padding", "one", False, None),
+    (3, 48, 48, 12, 32, 32, "padding", "two", False, None),
+    (3, 5, 9, 2, 24, 20, "rows", "one", True, None),    # widths off the vectors; a row of keys all masked
+    (1, 70, 70, 2, 64, 64, "causal", "two", False, None),  # query rows past one work item
+    (2, 1, 1, 4, 8, 8, "keys", "one", False, None),
+    (2, 6, 11, 4, 16, 16, "padding", "one", True, 1),   # keys and values shared by the heads
+    (2, 9, 9, 3, 32, 32, "padding", "one", True, None, "own"),  # reshaped to its own shape
+    (2, 9, 13, 3, 32, 24, "padding", "one", True, None, "torch"),  # torch's scaled_dot_product_attention
+    (2, 9, 9, 3, 32, 24, "padding", "one", True, None, "other"),  # reshaped to another shape: left alone
+])
+def test_masked_attention_heads_layout(case, tmp_path):
+    B, S, T, H, D, Dv, mkind, kstyle, guard, hkv = case[:10]
+    sdpa = case[10] if len(case) > 10 else None
+    rng = rng_for("ha", case)
+    low = np.finfo(np.float32).min
+    if mkind == "padding":  # [B, 1, 1, T], transformers' extended mask
+        mask = np.zeros((B, 1, 1, T), np.float32)
+        for b in range(B):
+            mask[b, ..., max(1, T - 3 * b):] = low
+    elif mkind == "rows":  # [B, 1, S, T]; with the guard a row of -inf gives zeros
+        mask = np.where(rng.random((B, 1, S, T)) < 0.3, -np.inf, 0).astype(np.float32)
+        mask[0, 0, 1, :] = -np.inf
+    elif mkind == "causal":  # [1, 1, S, T]
+        mask = np.triu(np.full((S, T), low, np.float32), 1)[None, None]
+    else:  # [T]
+        mask = rng.uniform(-2, 0, T).astype(np.float32)
+    feeds = {"q": f32(rng, B, S, H, D) * 3, "k": f32(rng, B, T, hkv or H, D) * 3, "v": f32(rng, B, T, hkv or H, Dv),
+             "mask": mask}
+    model = exported_masked_attention(B, S, T, H, D, Dv, mask.shape, kstyle, guard, hkv, sdpa)
+    check(model, feeds, tmp_path)
+    out = profiled_ops(tmp_path, feeds)
+    if sdpa == "other":
+        assert "HeadAttention" not in out and "MaskedSoftmax" in out, out
+    else:
+        assert "HeadAttention" in out and "Transpose" not in out and "MaskedSoftmax" not in out, out
