@@ -1211,9 +1211,10 @@ struct shape_src {
  *   Reshape(y, Concat(Unsqueeze(Gather(Shape(x), k)) or a constant for each
  *   axis k)),
  * x being y itself (src[0], found here among y's readers) or a tensor whose
- * axis k is y's (src[1..nsrc), which the caller found); at most one positive
- * constant, which element counts make y's axis, and at most one -1 (0 copies
- * the axis). Every
+ * axis k is y's (src[1..nsrc), which the caller found), or 0 (which copies
+ * y's axis) or -1 for at most one axis (which element counts make y's: the
+ * other three are). A positive constant is refused: beside a -1, or with no
+ * elements, it need not be y's axis. Every
  * reader of those Shapes must be one of the pieces. Returns the Reshape (y's
  * one other reader), the nodes that compute its shape in nodes[0..*n) (at
  * most 12), or -1. */
@@ -1235,15 +1236,14 @@ static int own_shape_reshape(struct pass *ps, int y, struct shape_src *src, int 
     int allowzero = node_attr_int(&g->nodes[ri], "allowzero", 0) != 0;
     int ci = pass_sole_producer(ps, g->nodes[ri].in[1], "Concat");
     if (ci < 0 || g->nodes[ci].nin != 4 || node_attr_int(&g->nodes[ci], "axis", 0) != 0) return -1;
-    int consts = 0, infer = 0;
+    int infer = 0;
     *n = 0;
     nodes[(*n)++] = ci;
     for (int k = 0; k < 4; k++) {
         int piece = g->nodes[ci].in[k];
         int64_t c = const_one_i64(g, piece, INT64_MIN);
         if (c != INT64_MIN) {
-            if (c < -1 || (c == 0 && allowzero)) return -1;
-            consts += c > 0;
+            if (c < -1 || c > 0 || (c == 0 && allowzero)) return -1;
             infer += c == -1;
             continue;
         }
@@ -1266,7 +1266,7 @@ static int own_shape_reshape(struct pass *ps, int y, struct shape_src *src, int 
         nodes[(*n)++] = ui;
         nodes[(*n)++] = gi;
     }
-    if (consts > 1 || infer > 1) return -1;
+    if (infer > 1) return -1;
     for (int j = 0; j < nsrc; j++) {
         if (src[j].node < 0) continue;
         int sv = g->nodes[src[j].node].out[0];

@@ -241,25 +241,32 @@ static int ha_geometry(struct op_call *c, struct ha_params *p) {
         return op_error(c, "Q [.., %lld, .., %lld], K [.., %lld, .., %lld] and V [.., %lld, .., %lld] do not chain",
                         (long long)p->S, (long long)p->D, (long long)p->T, (long long)k->dims[3],
                         (long long)v->dims[1], (long long)p->Dv);
-    p->B = 1, p->H = 1;
-    for (int i = 0; i < 3; i++) {
-        int64_t b = t3[i]->dims[0], h = t3[i]->dims[2];
+    /* The mask may widen the scores (as it would MaskedSoftmax's output):
+     * its batch, head and query axes broadcast with Q's, K's and V's. */
+    int64_t md[4] = {1, 1, 1, 1};
+    for (int i = 0; m && i < m->ndim; i++) md[4 - m->ndim + i] = m->dims[i];
+    p->B = md[0], p->H = md[1];
+    for (int i = 0; i < 4; i++) {
+        int64_t b = i < 3 ? t3[i]->dims[0] : md[0], h = i < 3 ? t3[i]->dims[2] : md[1];
         if ((b != 1 && p->B != 1 && b != p->B) || (h != 1 && p->H != 1 && h != p->H))
-            return op_error(c, "the batch and head axes of Q, K and V do not broadcast");
+            return op_error(c, "the batch and head axes of Q, K, V and Mask do not broadcast");
         if (b != 1) p->B = b;
         if (h != 1) p->H = h;
     }
-    p->qs = q->dims[2] * p->D, p->qh = q->dims[2] == 1 ? 0 : p->D, p->qb = q->dims[0] == 1 ? 0 : p->S * p->qs;
+    if (md[2] != 1 && p->S != 1 && md[2] != p->S)
+        return op_error(c, "Mask's query axis is %lld; Q's is %lld", (long long)md[2], (long long)p->S);
+    int64_t qrows = p->S;
+    if (md[2] != 1) p->S = md[2];
+    p->qs = q->dims[2] * p->D, p->qh = q->dims[2] == 1 ? 0 : p->D, p->qb = q->dims[0] == 1 ? 0 : qrows * p->qs;
+    if (qrows == 1) p->qs = 0; /* one query row, broadcast over the mask's */
     p->ks = k->dims[2] * p->D, p->kh = k->dims[2] == 1 ? 0 : p->D, p->kb = k->dims[0] == 1 ? 0 : p->T * p->ks;
     p->vs = v->dims[2] * p->Dv, p->vh = v->dims[2] == 1 ? 0 : p->Dv, p->vb = v->dims[0] == 1 ? 0 : p->T * p->vs;
     p->has_mask = m != NULL;
     p->mb = p->mh = p->ms = 0;
     p->sm.mcs = 0;
     if (m) {
-        int64_t want[4] = {p->B, p->H, p->S, p->T}, md[4], st = 1, str[4];
+        int64_t want[4] = {p->B, p->H, p->S, p->T}, st = 1, str[4];
         for (int i = 3; i >= 0; i--) {
-            int j = m->ndim - 4 + i;
-            md[i] = j >= 0 ? m->dims[j] : 1;
             if (md[i] != 1 && md[i] != want[i])
                 return op_error(c, "Mask's axis %d is %lld; the scores' is %lld", i, (long long)md[i],
                                 (long long)want[i]);
@@ -296,14 +303,18 @@ typedef float ha_v8u __attribute__((vector_size(32), aligned(4), may_alias));
 #define HA_LD(x) (*(const ha_v8u *)(const void *)(x))
 #define HA_ST(x, v) (*(ha_v8u *)(void *)(x) = (v))
 
-/* The products' multiply-adds as FMAs (ISO C leaves them apart). */
+/* The products' multiply-adds as FMAs (ISO C leaves them apart). The
+ * scores are scaled as they are stored and the mask added after, each
+ * rounded as MaskedSoftmax rounds them. */
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
+#endif
 
 /* m ? a : b, lane by lane. */
 #define HA_SEL(m, a, b) ((ha_v8)(((m) & (ha_v8i)(a)) | (~(m) & (ha_v8i)(b))))
 
-/* One row of scores: x = softmax(scale * x + m) in place, as msm_row (a
+/* One row of scaled scores: x = softmax(x + m) in place, as msm_row (a
  * row holding NaN or +inf, or only -inf, is NaN, or zeros with
  * nan_to_zero), eight lanes at a time with the reductions in registers:
  * attention's rows are short (one per query and head, one score per key),
@@ -311,13 +322,12 @@ typedef float ha_v8u __attribute__((vector_size(32), aligned(4), may_alias));
  * the exponentials. */
 static inline __attribute__((always_inline)) void ha_softmax(const struct msm_params *p, float *x, const float *m) {
     const int64_t n = p->n, n8 = n & ~(int64_t)7;
-    const float sc = p->scale;
     ha_v8 vmax = {0}, vsum = {0}, lo = {0};
     vmax -= __builtin_inff();
     lo -= 87.3f;
     ha_v8i vnan = {0};
     for (int64_t j = 0; j < n8; j += 8) {
-        ha_v8 v = HA_LD(x + j) * sc;
+        ha_v8 v = HA_LD(x + j);
         if (m && p->mcs) v += HA_LD(m + j);
         else if (m) v += m[0];
         HA_ST(x + j, v);
@@ -333,7 +343,7 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
         nan |= nans[k];
     }
     for (int64_t j = n8; j < n; j++) {
-        float v = sc * x[j] + (m ? m[j * p->mcs] : 0.0f);
+        float v = x[j] + (m ? m[j * p->mcs] : 0.0f);
         x[j] = v;
         mx = v > mx ? v : mx;
         nan |= v != v;
@@ -383,6 +393,7 @@ static inline __attribute__((always_inline)) void ha_body(const struct ha_params
                                                           const float *v, const float *m, float *y, int64_t s0,
                                                           int64_t s1, float *kt, float *vc, float *sc) {
     const int64_t T = p->T, Tp = p->Tp, D = p->D, Dv = p->Dv, ys = p->H * Dv;
+    const float scale = p->sm.scale;
     for (int64_t t = 0; t < T; t++) {
         const float *kr = k + t * p->ks;
         const float *vr = v + t * p->vs;
@@ -408,9 +419,9 @@ static inline __attribute__((always_inline)) void ha_body(const struct ha_params
                     a[r][1] += qr[r][d] * k1;
                 }
             }
-            for (int r = 0; r < HA_ROWS; r++) {
-                HA_ST(sc + r * Tp + t0, a[r][0]);
-                HA_ST(sc + r * Tp + t0 + 8, a[r][1]);
+            for (int r = 0; r < HA_ROWS; r++) { /* scaled as MaskedSoftmax scales, before the mask */
+                HA_ST(sc + r * Tp + t0, a[r][0] * scale);
+                HA_ST(sc + r * Tp + t0 + 8, a[r][1] * scale);
             }
         }
         for (int r = 0; r < nr; r++) ha_softmax(&p->sm, sc + r * Tp, m ? m + (r0 + r) * p->ms : NULL);
@@ -460,7 +471,9 @@ static void ha_run_v2(const struct ha_params *p, const float *q, const float *k,
     ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc);
 }
 
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC pop_options
+#endif
 
 /* Per thread: K transposed, V, and the scores of HA_ROWS rows. */
 static size_t ha_thread_bytes(const struct ha_params *p) {

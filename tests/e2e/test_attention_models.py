@@ -5,6 +5,7 @@ BERT model whose attention onnxruntime's BERT optimizer fused into
 Attention nodes (tests/models/make_attention_models.py) served over HTTP.
 ONNX's own Attention and RotaryEmbedding are covered by the conformance
 suite's node tests."""
+import os
 import subprocess
 import zlib
 from pathlib import Path
@@ -336,7 +337,7 @@ def profiled_ops(tmp_path, feeds):
     for name, arr in feeds.items():
         np.save(tmp_path / f"{name}.npy", arr)
         args += ["--input", f"{name}={tmp_path / (name + '.npy')}"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env={"KILN_PROFILE": "1"})
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env={**os.environ, "KILN_PROFILE": "1"})
     assert r.returncode == 0, r.stderr
     return r.stderr + r.stdout
 
@@ -388,8 +389,10 @@ def exported_masked_attention(B, S, T, H, D, Dv, mask_shape, kstyle, guard, head
     MatMul(., V) -> Transpose back: kiln fuses it into one HeadAttention.
     sdpa: as torch exports scaled_dot_product_attention, the scale's square
     root on Q and K, and the output reshaped to its own shape: from its own
-    Shape and the heads' count ("own"), from its, Q's and V's Shapes and -1
-    ("torch"), or to another shape of as many elements ("other", not fused)."""
+    Shape with 0 for the heads ("own"), from its, Q's and V's Shapes and -1
+    ("torch"); or to another shape of as many elements ("other": two axes
+    swapped, "wide": [B, 1, -1, Dv]), which must stay unfused.
+    mask_shape may widen the scores (a batch or head axis of 1 in Q, K, V)."""
     hk = heads_kv or H
     nodes = [oh.make_node("Transpose", ["q"], ["qt"], perm=[0, 2, 1, 3])]
     if kstyle == "one":
@@ -415,11 +418,14 @@ def exported_masked_attention(B, S, T, H, D, Dv, mask_shape, kstyle, guard, head
         src = {0: "ctx", 2: "qt", 3: "vt"} if sdpa == "torch" else {0: "ctx", 2: "ctx", 3: "ctx"}
         for x in dict.fromkeys(src.values()):
             nodes.append(oh.make_node("Shape", [x], [f"{x}_shape"]))
+        # Constants: axis 1 copied (0) or inferred (-1); "wide" makes it
+        # [B, 1, -1, Dv], as many elements and not the output's shape.
+        consts = {"own": {1: 0}, "torch": {1: -1}, "other": {1: 0}, "wide": {1: 1, 2: -1}}[sdpa]
         parts = []
         for k in range(4):
-            if k == 1:
-                parts.append(f"heads_{sdpa}")
-                inits.append(onnx.numpy_helper.from_array(np.array([-1 if sdpa == "torch" else H], np.int64), parts[-1]))
+            if k in consts:
+                parts.append(f"c{k}_{sdpa}")
+                inits.append(onnx.numpy_helper.from_array(np.array([consts[k]], np.int64), parts[-1]))
                 continue
             inits.append(onnx.numpy_helper.from_array(np.array(k, np.int64), f"i{k}"))
             nodes += [oh.make_node("Gather", [f"{src[k]}_shape", f"i{k}"], [f"g{k}"], axis=0),
@@ -449,8 +455,15 @@ def exported_masked_attention(B, S, T, H, D, Dv, mask_shape, kstyle, guard, head
     (2, 9, 9, 3, 32, 32, "padding", "one", True, None, "own"),  # reshaped to its own shape
     (2, 9, 13, 3, 32, 24, "padding", "one", True, None, "torch"),  # torch's scaled_dot_product_attention
     (2, 9, 9, 3, 32, 24, "padding", "one", True, None, "other"),  # reshaped to another shape: left alone
+    (2, 5, 7, 3, 16, 16, "padding", "one", True, None, "wide"),  # a 1 beside a -1: left alone
+    (1, 5, 7, 3, 16, 16, "batch", "one", False, None),  # Q, K, V of one row; the mask's two widen the scores
 ])
-def test_masked_attention_heads_layout(case, tmp_path):
+@pytest.mark.parametrize("isa", [None, "AVX2", "SSE41"])
+def test_masked_attention_heads_layout(case, isa, tmp_path, monkeypatch):
+    """HeadAttention against onnxruntime, at oneDNN's widest ISA and capped
+    (kiln's own loops are built per ISA and follow ONEDNN_MAX_CPU_ISA)."""
+    if isa:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
     B, S, T, H, D, Dv, mkind, kstyle, guard, hkv = case[:10]
     sdpa = case[10] if len(case) > 10 else None
     rng = rng_for("ha", case)
@@ -464,6 +477,9 @@ def test_masked_attention_heads_layout(case, tmp_path):
         mask[0, 0, 1, :] = -np.inf
     elif mkind == "causal":  # [1, 1, S, T]
         mask = np.triu(np.full((S, T), low, np.float32), 1)[None, None]
+    elif mkind == "batch":  # [2, 1, 1, T] over Q, K and V of one batch row
+        mask = np.zeros((2, 1, 1, T), np.float32)
+        mask[1, ..., T // 2:] = low
     else:  # [T]
         mask = rng.uniform(-2, 0, T).astype(np.float32)
     feeds = {"q": f32(rng, B, S, H, D) * 3, "k": f32(rng, B, T, hkv or H, D) * 3, "v": f32(rng, B, T, hkv or H, Dv),
@@ -471,7 +487,7 @@ def test_masked_attention_heads_layout(case, tmp_path):
     model = exported_masked_attention(B, S, T, H, D, Dv, mask.shape, kstyle, guard, hkv, sdpa)
     check(model, feeds, tmp_path)
     out = profiled_ops(tmp_path, feeds)
-    if sdpa == "other":
+    if sdpa in ("other", "wide"):
         assert "HeadAttention" not in out and "MaskedSoftmax" in out, out
     else:
         assert "HeadAttention" in out and "Transpose" not in out and "MaskedSoftmax" not in out, out
