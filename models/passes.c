@@ -1165,6 +1165,12 @@ int passes_fuse_masked_softmax(struct graph *g, int *nfused, char *err, size_t e
 
 /* ---- masked attention in the heads' layout (CPU) ----------------------------------------------- */
 
+/* 1 if node r is a Shape of all of v's axes. */
+static int whole_shape_of(const struct graph_node *r, int v) {
+    return is_op(r, "Shape") && r->nin == 1 && r->in[0] == v && r->nout == 1 && !node_attr(r, "start") &&
+           !node_attr(r, "end");
+}
+
 /* v, made by a Transpose with permutation perm (4 axes) that nothing else
  * reads: the Transpose's input (its node in *ti), else -1. With shape
  * non-NULL, a Shape of v may read it too (its node in *shape, else -1). */
@@ -1182,9 +1188,7 @@ static int transposed_from(struct pass *ps, int v, const int64_t *perm, int *ti,
     if (ps->nuse[v] == 2) { /* the other reader must be a Shape of v */
         for (int i = 0; i < g->nnodes && *shape < 0; i++) {
             const struct graph_node *r = &g->nodes[i];
-            if (!ps->dead[i] && is_op(r, "Shape") && r->nin == 1 && r->in[0] == v && r->nout == 1 &&
-                !node_attr(r, "start") && !node_attr(r, "end"))
-                *shape = i;
+            if (!ps->dead[i] && whole_shape_of(r, v)) *shape = i;
         }
         if (*shape < 0) return -1;
     }
@@ -1226,8 +1230,7 @@ static int own_shape_reshape(struct pass *ps, int y, struct shape_src *src, int 
         const struct graph_node *r = &g->nodes[i];
         if (ps->dead[i] || r->nin < 1 || r->in[0] != y) continue;
         if (is_op(r, "Reshape") && r->nin == 2 && r->nout == 1 && ri < 0) ri = i;
-        else if (is_op(r, "Shape") && r->nin == 1 && r->nout == 1 && !node_attr(r, "start") && !node_attr(r, "end") &&
-                 src[0].node < 0)
+        else if (whole_shape_of(r, y) && src[0].node < 0)
             src[0].node = i;
         else
             return -1;

@@ -383,6 +383,27 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
     for (int64_t j = n8; j < n; j++) x[j] *= inv;
 }
 
+/* out[r][0..16) = mul * sum over i < n of a[r][i] * b[i * ldb + 0..16), for
+ * the HA_ROWS rows of a, stored for the first nout: both of attention's
+ * products, four rows by two vectors held in registers. */
+static inline __attribute__((always_inline)) void ha_rows16(const float *const *a, const float *b, int64_t ldb,
+                                                            int64_t n, float mul, float *const *out, int nout) {
+    ha_v8 acc[HA_ROWS][2];
+    memset(acc, 0, sizeof acc);
+    for (int64_t i = 0; i < n; i++) {
+        ha_v8 b0 = HA_LD(b + i * ldb), b1 = HA_LD(b + i * ldb + 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < HA_ROWS; r++) {
+            acc[r][0] += a[r][i] * b0;
+            acc[r][1] += a[r][i] * b1;
+        }
+    }
+    for (int r = 0; r < nout; r++) {
+        HA_ST(out[r], acc[r][0] * mul);
+        HA_ST(out[r] + 8, acc[r][1] * mul);
+    }
+}
+
 /* Query rows [s0, s1) of one (batch, head): q, k, v, m and y there. K is
  * read once into kt, transposed ([D][Tp], zeros past T), and V into vc
  * ([T][Dv]): both are read again for every HA_ROWS query rows, and in
@@ -408,40 +429,19 @@ static inline __attribute__((always_inline)) void ha_body(const struct ha_params
         int nr = s1 - r0 < HA_ROWS ? (int)(s1 - r0) : HA_ROWS;
         const float *qr[HA_ROWS];
         for (int r = 0; r < HA_ROWS; r++) qr[r] = q + (r0 + (r < nr ? r : 0)) * p->qs;
-        for (int64_t t0 = 0; t0 < Tp; t0 += 16) {
-            ha_v8 a[HA_ROWS][2];
-            memset(a, 0, sizeof a);
-            for (int64_t d = 0; d < D; d++) {
-                ha_v8 k0 = HA_LD(kt + d * Tp + t0), k1 = HA_LD(kt + d * Tp + t0 + 8);
-#pragma GCC unroll 4
-                for (int r = 0; r < HA_ROWS; r++) {
-                    a[r][0] += qr[r][d] * k0;
-                    a[r][1] += qr[r][d] * k1;
-                }
-            }
-            for (int r = 0; r < HA_ROWS; r++) { /* scaled as MaskedSoftmax scales, before the mask */
-                HA_ST(sc + r * Tp + t0, a[r][0] * scale);
-                HA_ST(sc + r * Tp + t0 + 8, a[r][1] * scale);
-            }
+        const float *sr[HA_ROWS];
+        float *out[HA_ROWS];
+        for (int r = 0; r < HA_ROWS; r++) sr[r] = sc + r * Tp;
+        for (int64_t t0 = 0; t0 < Tp; t0 += 16) { /* scaled as MaskedSoftmax scales, before the mask */
+            for (int r = 0; r < HA_ROWS; r++) out[r] = sc + r * Tp + t0;
+            ha_rows16(qr, kt + t0, Tp, D, scale, out, HA_ROWS);
         }
         for (int r = 0; r < nr; r++) ha_softmax(&p->sm, sc + r * Tp, m ? m + (r0 + r) * p->ms : NULL);
         float *yr = y + r0 * ys;
         int64_t c0 = 0;
         for (; c0 + 16 <= Dv; c0 += 16) {
-            ha_v8 a[HA_ROWS][2];
-            memset(a, 0, sizeof a);
-            for (int64_t t = 0; t < T; t++) {
-                ha_v8 v0 = HA_LD(vc + t * Dv + c0), v1 = HA_LD(vc + t * Dv + c0 + 8);
-#pragma GCC unroll 4
-                for (int r = 0; r < HA_ROWS; r++) {
-                    a[r][0] += sc[r * Tp + t] * v0;
-                    a[r][1] += sc[r * Tp + t] * v1;
-                }
-            }
-            for (int r = 0; r < nr; r++) {
-                HA_ST(yr + r * ys + c0, a[r][0]);
-                HA_ST(yr + r * ys + c0 + 8, a[r][1]);
-            }
+            for (int r = 0; r < nr; r++) out[r] = yr + r * ys + c0;
+            ha_rows16(sr, vc + c0, Dv, T, 1.0f, out, nr);
         }
         for (; c0 < Dv; c0++)
             for (int r = 0; r < nr; r++) {
