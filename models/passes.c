@@ -1709,7 +1709,16 @@ int passes_fuse_fake_quant(struct graph *g, int *nfused, char *err, size_t err_l
 
 static int is_qconv_2d(const struct graph *g, const struct graph_node *n) {
     const struct tensor *w = n->nin > 3 ? const_of(g, n->in[3]) : NULL;
-    return is_op(n, "QLinearConv") && w && w->ndim == 4;
+    if (!is_op(n, "QLinearConv") || !w || w->ndim != 4) return 0;
+    /* Only oneDNN's int8 convolution reads NHWC; the exact path (what it
+     * cannot sum exactly: full-range weights without VNNI) reads NCHW. x's
+     * type is its own where known, else its zero point's. */
+    for (int k = 1; k < n->nin && k < 8; k++) /* the scales and zero points too, as the kernel asks */
+        if (n->in[k] >= 0 && !const_of(g, n->in[k])) return 0;
+    const struct tensor *xz = n->nin > 2 ? const_of(g, n->in[2]) : NULL;
+    enum dtype xt = n->in[0] >= 0 ? g->values[n->in[0]].t.dtype : DT_UNDEFINED;
+    if (xt == DT_UNDEFINED && xz) xt = xz->dtype;
+    return xt != DT_UNDEFINED && dnnl_util_int8_conv_exact(xt, w, n->nin > 5 ? const_of(g, n->in[5]) : NULL);
 }
 
 /* An 8-bit MaxPool over 2 spatial dims without Indices, which pools NHWC

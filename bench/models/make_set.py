@@ -419,8 +419,12 @@ INT8 = {
     # DynamicQuantizeLSTM (com.microsoft), MatMulInteger, as the default model
     # of the captcha-OCR package ddddocr has them.
     "crnn_bilstm_dynamic": ("crnn_bilstm", "dynamic"),
+    # quantize_dynamic of a depthwise CNN: grouped ConvInteger (one channel
+    # per group) beside the 1x1 ones, each after its DynamicQuantizeLinear.
+    "mobilenet_v2_dynamic": ("mobilenet_v2", "dynamic"),
+    "mobilenet_v2_s_dynamic": ("mobilenet_v2_s", "dynamic"),
 }
-TEST_SUBSET.append("crnn_bilstm_dynamic")
+TEST_SUBSET += ["crnn_bilstm_dynamic", "mobilenet_v2_s_dynamic"]
 
 
 def dynamic_axes(spec, outputs):

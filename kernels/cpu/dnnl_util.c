@@ -64,6 +64,18 @@ int dnnl_util_isa_vnni(void) {
            (isa & dnnl_cpu_isa_avx2_vnni) == dnnl_cpu_isa_avx2_vnni;
 }
 
+int dnnl_util_int8_conv_exact(enum dtype x_dt, const struct tensor *w, const struct tensor *wz) {
+    if (!w || w->dtype != DT_INT8 || !w->data) return 0;
+    for (int64_t i = 0; wz && i < tensor_numel(wz); i++)
+        if (!wz->data || op_double_at(wz, i) != 0) return 0;
+    if (dnnl_util_isa_vnni()) return 1;
+    if (x_dt != DT_UINT8) return 0;
+    const int8_t *wd = w->data;
+    for (int64_t i = 0; i < tensor_numel(w); i++)
+        if (wd[i] > 64 || wd[i] < -64) return 0;
+    return 1;
+}
+
 int dnnl_util_isa_level(void) {
     static _Atomic int level; /* 0 until first asked; oneDNN fixes its ISA at its first use */
     int l = atomic_load_explicit(&level, memory_order_relaxed);

@@ -46,6 +46,14 @@ int dnnl_util_isa_avx2(void);
  * (see dnnl_util.c: kiln holds oneDNN below AMX unless told otherwise). */
 int dnnl_util_isa_vnni(void);
 
+/* Whether oneDNN's int8 convolution sums x (x_dt) times w (int8, its zero
+ * points wz) exactly: weights int8 with zero points 0, and without VNNI
+ * (where pairs of u8 x s8 products are summed in int16 with saturation) a
+ * uint8 x and every weight within [-64, 64], so no pair sum can saturate.
+ * QLinearConv's kernel and the pass that stores its activations NHWC (only
+ * oneDNN's kernel reads NHWC) both ask this. */
+int dnnl_util_int8_conv_exact(enum dtype x_dt, const struct tensor *w, const struct tensor *wz);
+
 /* The x86-64 level kiln's own vector loops may use, as oneDNN's: 4 (AVX-512
  * F/BW/DQ/VL), 3 (AVX2, FMA) or 2 (SSE4.2, the build's baseline), capped by
  * ONEDNN_MAX_CPU_ISA like oneDNN's code, so the narrower paths are tested

@@ -30,6 +30,12 @@ static inline void layout_nhwc_view(struct tensor *v, const struct tensor *t) {
     v->dims[3] = d[1];
 }
 
+/* dst[b][j][i] = src[b][i][j] for a batch of rows x cols matrices of
+ * es-byte elements, in cache-sized tiles, on up to nt threads (ops_shape.c:
+ * Transpose's own, shared with the kernels that change layout around a
+ * GEMM). */
+void cpu_transpose_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es, int nt);
+
 /* dst[n][c][p] = src[n][p][c] over n images of c channels and hw pixels. */
 static inline void layout_nchw_from_nhwc(float *dst, const float *src, int64_t n, int64_t c, int64_t hw) {
     for (int64_t b = 0; b < n; b++)

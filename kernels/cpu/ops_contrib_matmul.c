@@ -508,6 +508,11 @@ static int32_t qgemm_c_at(const struct tensor *cb, int64_t i, int64_t j) {
     return v[j];
 }
 
+/* Element i of an 8-bit tensor (uint8 or int8). */
+static inline int32_t q8_at(const struct tensor *t, int64_t i) {
+    return t->dtype == DT_UINT8 ? ((const uint8_t *)t->data)[i] : ((const int8_t *)t->data)[i];
+}
+
 static int qgemm_run(struct op_call *c) {
     const struct qgemm_params *p = c->state;
     const int64_t m = p->m, k = p->k, n = p->n;
@@ -516,14 +521,13 @@ static int qgemm_run(struct op_call *c) {
     /* widened minus the zero points, as [m, k] and [k, n] */
     const int32_t az = (int32_t)cpu_qparam_at(in_at(c, QG_AZ), 0, 0);
     for (int64_t i = 0; i < m; i++)
-        for (int64_t t = 0; t < k; t++) a32[i * k + t] = (int32_t)op_int_at(a, p->ta ? t * m + i : i * k + t) - az;
+        for (int64_t t = 0; t < k; t++) a32[i * k + t] = q8_at(a, p->ta ? t * m + i : i * k + t) - az;
     const struct tensor *bz = in_at(c, QG_BZ);
     const int bz_per = bz && tensor_numel(bz) > 1;
-    for (int64_t t = 0; t < k; t++)
-        for (int64_t j = 0; j < n; j++) {
-            int64_t e = p->tb ? j * k + t : t * n + j;
-            b32[t * n + j] = (int32_t)op_int_at(b, e) - (int32_t)cpu_qparam_at(bz, bz_per ? j : 0, 0);
-        }
+    for (int64_t j = 0; j < n; j++) {
+        const int32_t zj = (int32_t)cpu_qparam_at(bz, bz_per ? j : 0, 0);
+        for (int64_t t = 0; t < k; t++) b32[t * n + j] = q8_at(b, p->tb ? j * k + t : t * n + j) - zj;
+    }
     struct cpu_mm_shape sh = {2, {m, k}, {k, n}, {m, n}};
     cpu_imm_run(&sh, a32, b32, acc, c->nthreads);
     const struct tensor *cb = in_at(c, QG_C), *ys = in_at(c, QG_YS), *yz = in_at(c, QG_YZ);

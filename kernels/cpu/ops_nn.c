@@ -24,6 +24,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define NN_X86 1
+#endif
 
 #include "common/log.h"
 #include "kernels/cpu/dnnl_util.h"
@@ -198,7 +202,10 @@ struct conv_state {
     int qdq_after;                               /* apply ACT_QDQ after oneDNN, near ties summed exactly */
     int nargs;
     size_t off_src, off_dst, off_w, off_pad;     /* scratch layout */
+    struct convi_state *exact;                   /* QLinearConv's exact 8-bit GEMM, or NULL */
 };
+
+static void convi_release(void *st);
 
 static int conv_infer(struct op_call *c) {
     const struct tensor *x = c->in[0], *w = c->in[1], *b = opt_in(c, 2);
@@ -233,6 +240,7 @@ static void conv_release(void *st) {
     dnnl_prim_free(s->w_reorder);
     dnnl_util_weights_release(s->wbuf);
     free(s->wcrop);
+    convi_release(s->exact);
     free(s);
 }
 
@@ -1543,56 +1551,196 @@ static void win3_of(const struct win *win, struct win3 *w) {
     }
 }
 
+/* The outputs o in [*lo, *hi) of one axis whose tap reads inside x:
+ * 0 <= o * s + b < in, for a tap at offset b (t * d - pad). */
+static inline void iconv_span(int64_t out, int64_t in, int64_t s, int64_t b, int64_t *lo, int64_t *hi) {
+    int64_t l = b >= 0 ? 0 : (-b + s - 1) / s, h = in - 1 - b < 0 ? 0 : (in - 1 - b) / s + 1;
+    if (h > out) h = out;
+    *lo = l;
+    *hi = h > l ? h : l;
+}
+
+/* One output row of the integer convolution's tap: y[i] += w * (x[i * s]
+ * - xz) for i < n, x 8-bit of type T. The vector forms take 8 (AVX2) or 4
+ * (SSE4.1) outputs a step, at stride 1 and 2 (a stride-2 step loads 16 or
+ * 8 bytes and keeps the even ones, only while the last of them is inside
+ * the row); the rest, and other strides, one at a time. */
+#define ICONV_ROW_C(T)                                                                                        \
+    static inline __attribute__((always_inline)) void iconv_row_c_##T(int32_t *restrict y, const T *restrict x, \
+                                                                      int64_t n, int64_t s, int32_t w,         \
+                                                                      int32_t xz) {                            \
+        for (int64_t i = 0; i < n; i++) y[i] += w * ((int32_t)x[i * s] - xz);                                 \
+    }
+ICONV_ROW_C(uint8_t)
+ICONV_ROW_C(int8_t)
+#ifdef NN_X86
+#define ICONV_ROW_SIMD(NAME, T, ATTR, VI, W, LOAD, CVT, SET1, SUB, MUL, ADD, LD, ST, EVEN)                       \
+    ATTR static inline __attribute__((always_inline)) void NAME(int32_t *restrict y, const T *restrict x,      \
+                                                                int64_t n, int64_t s, int32_t w, int32_t xz) { \
+        const VI vw = SET1(w), vz = SET1(xz);                                                                 \
+        int64_t i = 0;                                                                                        \
+        if (s == 1)                                                                                           \
+            for (; i + W <= n; i += W) {                                                                      \
+                VI v = CVT(LOAD(x + i));                                                                      \
+                ST((VI *)(void *)(y + i), ADD(LD((const VI *)(const void *)(y + i)), MUL(SUB(v, vz), vw)));    \
+            }                                                                                                 \
+        else if (s == 2)                                                                                      \
+            for (; i + W < n; i += W) {                                                                       \
+                VI v = CVT(EVEN(x + 2 * i));                                                                  \
+                ST((VI *)(void *)(y + i), ADD(LD((const VI *)(const void *)(y + i)), MUL(SUB(v, vz), vw)));    \
+            }                                                                                                 \
+        for (; i < n; i++) y[i] += w * ((int32_t)x[i * s] - xz);                                              \
+    }
+/* The even bytes of 16 (AVX2: 8 of them) or of 8 (SSE4.1: 4 of them). */
+#define ICONV_EVEN16(p)                                                                                       \
+    _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(const void *)(p)),                                     \
+                     _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, -1, -1, -1, -1, -1, -1, -1, -1))
+#define ICONV_EVEN8(p)                                                                                        \
+    _mm_shuffle_epi8(_mm_loadl_epi64((const __m128i *)(const void *)(p)),                                     \
+                     _mm_setr_epi8(0, 2, 4, 6, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1))
+#define ICONV_LOAD8(p) _mm_loadl_epi64((const __m128i *)(const void *)(p))
+static inline __m128i iconv_load4(const void *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm_cvtsi32_si128(v);
+}
+#define ICONV_LOAD4(p) iconv_load4(p)
+ICONV_ROW_SIMD(iconv_row_avx2_uint8_t, uint8_t, __attribute__((target("arch=x86-64-v3"))), __m256i, 8, ICONV_LOAD8,
+               _mm256_cvtepu8_epi32, _mm256_set1_epi32, _mm256_sub_epi32, _mm256_mullo_epi32, _mm256_add_epi32,
+               _mm256_loadu_si256, _mm256_storeu_si256, ICONV_EVEN16)
+ICONV_ROW_SIMD(iconv_row_avx2_int8_t, int8_t, __attribute__((target("arch=x86-64-v3"))), __m256i, 8, ICONV_LOAD8,
+               _mm256_cvtepi8_epi32, _mm256_set1_epi32, _mm256_sub_epi32, _mm256_mullo_epi32, _mm256_add_epi32,
+               _mm256_loadu_si256, _mm256_storeu_si256, ICONV_EVEN16)
+/* The SSE4.1 rows where the build's baseline has it (x86-64-v2, kiln's
+ * default; a build for plain x86-64, as the TSan one, keeps the C rows). */
+#ifdef __SSE4_1__
+ICONV_ROW_SIMD(iconv_row_sse_uint8_t, uint8_t, , __m128i, 4, ICONV_LOAD4, _mm_cvtepu8_epi32, _mm_set1_epi32,
+               _mm_sub_epi32, _mm_mullo_epi32, _mm_add_epi32, _mm_loadu_si128, _mm_storeu_si128, ICONV_EVEN8)
+ICONV_ROW_SIMD(iconv_row_sse_int8_t, int8_t, , __m128i, 4, ICONV_LOAD4, _mm_cvtepi8_epi32, _mm_set1_epi32,
+               _mm_sub_epi32, _mm_mullo_epi32, _mm_add_epi32, _mm_loadu_si128, _mm_storeu_si128, ICONV_EVEN8)
+#define ICONV_ROW_V2_U8 iconv_row_sse_uint8_t
+#define ICONV_ROW_V2_S8 iconv_row_sse_int8_t
+#endif
+#endif
+#ifndef ICONV_ROW_V2_U8
+#define ICONV_ROW_V2_U8 iconv_row_c_uint8_t
+#define ICONV_ROW_V2_S8 iconv_row_c_int8_t
+#endif
+
+/* One output plane of the integer convolution: yp [osz] += the taps of
+ * cg input planes of 8-bit x (xp, isz apart, less their zero point xz)
+ * times their widened weights (wp [cg, ksz]). Loops over the taps
+ * outermost, each adding a weight times a run of x to a run of y (ROW), so
+ * that the innermost loop is one output row along the last axis (the
+ * geometry right-aligned: iconv_run); where a tap reads the padding is
+ * worked out per tap, not per element. Integer sums, so any order and any
+ * ISA gives the same result. */
+#define ICONV_PLANE_BODY(NAME, T, ROW, ATTR)                                                                  \
+    ATTR static void NAME(int32_t *yp, const void *xv, int32_t xz, const int32_t *wp, int64_t cg, int64_t isz, \
+                          const struct win3 *w) {                                                             \
+        const T *xp = xv;                                                                                     \
+        const int64_t ksz = w->k[0] * w->k[1] * w->k[2];                                                      \
+        for (int64_t ci = 0; ci < cg; ci++, xp += isz, wp += ksz)                                             \
+            for (int64_t t0 = 0; t0 < w->k[0]; t0++) {                                                        \
+                const int64_t b0 = t0 * w->d[0] - w->pl[0];                                                   \
+                int64_t lo0, hi0;                                                                             \
+                iconv_span(w->out[0], w->in[0], w->s[0], b0, &lo0, &hi0);                                     \
+                for (int64_t t1 = 0; t1 < w->k[1]; t1++) {                                                    \
+                    const int64_t b1 = t1 * w->d[1] - w->pl[1];                                               \
+                    int64_t lo1, hi1;                                                                         \
+                    iconv_span(w->out[1], w->in[1], w->s[1], b1, &lo1, &hi1);                                 \
+                    for (int64_t t2 = 0; t2 < w->k[2]; t2++) {                                                \
+                        const int32_t wv = wp[(t0 * w->k[1] + t1) * w->k[2] + t2];                            \
+                        const int64_t b2 = t2 * w->d[2] - w->pl[2], s2 = w->s[2];                             \
+                        int64_t lo2, hi2;                                                                     \
+                        iconv_span(w->out[2], w->in[2], s2, b2, &lo2, &hi2);                                  \
+                        if (!wv || lo2 == hi2 || lo1 == hi1) continue;                                        \
+                        if (s2 == 1 && w->s[1] == 1 && w->out[2] == w->in[2]) {                               \
+                            /* Rows as long as x's: the tap's rows are one run of the plane, less what it     \
+                             * added at the row ends from the next or the last row (padding, really). */      \
+                            const int64_t W = w->in[2], p0 = lo1 * W + lo2, p1 = (hi1 - 1) * W + hi2;           \
+                            for (int64_t o0 = lo0; o0 < hi0; o0++) {                                          \
+                                const int64_t i0 = o0 * w->s[0] + b0;                                         \
+                                int32_t *y0 = yp + o0 * w->out[1] * W;                                        \
+                                /* x at the run's first output (a tap inside x); output q reads xr[q - p0] */ \
+                                const T *xr = xp + (i0 * w->in[1] + lo1 + b1) * W + lo2 + b2;                 \
+                                ROW(y0 + p0, xr, p1 - p0, 1, wv, xz);                                         \
+                                for (int64_t o1 = lo1; o1 < hi1; o1++) {                                      \
+                                    const int64_t r = o1 * W - p0;                                            \
+                                    for (int64_t o2 = 0; o2 < lo2 && o1 > lo1; o2++)                          \
+                                        y0[p0 + r + o2] -= wv * ((int32_t)xr[r + o2] - xz);                   \
+                                    for (int64_t o2 = hi2; o2 < W && o1 < hi1 - 1; o2++)                      \
+                                        y0[p0 + r + o2] -= wv * ((int32_t)xr[r + o2] - xz);                   \
+                                }                                                                             \
+                            }                                                                                 \
+                            continue;                                                                         \
+                        }                                                                                     \
+                        for (int64_t o0 = lo0; o0 < hi0; o0++)                                                \
+                            for (int64_t o1 = lo1; o1 < hi1; o1++) {                                          \
+                                const int64_t i0 = o0 * w->s[0] + b0, i1 = o1 * w->s[1] + b1;                 \
+                                ROW(yp + (o0 * w->out[1] + o1) * w->out[2] + lo2,                             \
+                                    xp + (i0 * w->in[1] + i1) * w->in[2] + lo2 * s2 + b2, hi2 - lo2, s2, wv, xz); \
+                            }                                                                                 \
+                    }                                                                                         \
+                }                                                                                             \
+            }                                                                                                 \
+    }
+
+typedef void (*iconv_plane_fn)(int32_t *yp, const void *xp, int32_t xz, const int32_t *wp, int64_t cg, int64_t isz,
+                               const struct win3 *w);
+ICONV_PLANE_BODY(iconv_plane_u8_v2, uint8_t, ICONV_ROW_V2_U8, )
+ICONV_PLANE_BODY(iconv_plane_s8_v2, int8_t, ICONV_ROW_V2_S8, )
+#ifdef NN_X86
+ICONV_PLANE_BODY(iconv_plane_u8_v3, uint8_t, iconv_row_avx2_uint8_t, __attribute__((target("arch=x86-64-v3"))))
+ICONV_PLANE_BODY(iconv_plane_s8_v3, int8_t, iconv_row_avx2_int8_t, __attribute__((target("arch=x86-64-v3"))))
+static const iconv_plane_fn iconv_planes[2][2] = {{iconv_plane_u8_v2, iconv_plane_u8_v3},
+                                                  {iconv_plane_s8_v2, iconv_plane_s8_v3}};
+#else
+static const iconv_plane_fn iconv_planes[2][2] = {{iconv_plane_u8_v2, iconv_plane_u8_v2},
+                                                  {iconv_plane_s8_v2, iconv_plane_s8_v2}};
+#endif
+
 /* Integer convolution: y[n,m,o] = sum (x - xz) * (w - wz[m]) (+ bias),
- * over x and w widened into scratch first (x32, w32: numel int32 each). */
+ * w widened into scratch first (w32: numel int32), x read as it is.
+ * The exact path where no 8-bit GEMM or oneDNN kernel applies: grouped
+ * and depthwise ConvInteger, weights known only at run time, QLinearConv
+ * without a oneDNN kernel that sums exactly. */
 static void iconv_run(struct op_call *c, const struct tensor *x, const struct tensor *w, const struct tensor *xz,
                       const struct tensor *wz, const struct tensor *bias, const struct conv_geom *geom,
-                      int32_t *x32, int32_t *w32, int32_t *acc) {
+                      int32_t *w32, int32_t *acc) {
     const int64_t group = geom->group;
+    /* The spatial axes right-aligned (a 1-D window is axis 2, the rows). */
     struct win3 w3;
-    win3_of(&geom->win, &w3);
-    const int64_t *in = w3.in, *out = w3.out, *k = w3.k, *s = w3.s, *d = w3.d, *pl = w3.pl;
-    int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
-    int64_t isz = in[0] * in[1] * in[2], osz = out[0] * out[1] * out[2], ksz = k[0] * k[1] * k[2];
-    cpu_q8_widen(x, xz, 1, 1, x32);
+    const int off = 3 - geom->win.nsp;
+    for (int i = 0; i < 3; i++) {
+        const int j = i - off, on = j >= 0;
+        w3.in[i] = on ? geom->win.in[j] : 1;
+        w3.out[i] = on ? geom->win.out[j] : 1;
+        w3.k[i] = on ? geom->win.k[j] : 1;
+        w3.s[i] = on ? geom->win.s[j] : 1;
+        w3.d[i] = on ? geom->win.d[j] : 1;
+        w3.pl[i] = on ? geom->win.pl[j] : 0;
+    }
+    const int64_t N = x->dims[0], C = x->dims[1], M = w->dims[0], cg = C / group, mg = M / group;
+    const int64_t isz = w3.in[0] * w3.in[1] * w3.in[2], osz = w3.out[0] * w3.out[1] * w3.out[2];
+    const int64_t ksz = w3.k[0] * w3.k[1] * w3.k[2];
+    const int level = dnnl_util_isa_level();
+    const iconv_plane_fn plane = iconv_planes[x->dtype == DT_INT8][level >= 3];
+    const int32_t x0 = (int32_t)cpu_qparam_at(xz, 0, 0);
     cpu_q8_widen(w, wz, cg * ksz, M, w32);
 #pragma omp parallel for collapse(2) if (N * M * osz * cg * ksz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
     for (int64_t nn = 0; nn < N; nn++)
         for (int64_t m = 0; m < M; m++) {
-            int64_t g = m / mg;
-            int32_t bv = bias ? (int32_t)op_int_at(bias, m) : 0;
+            const int32_t bv = bias ? (int32_t)op_int_at(bias, m) : 0;
             int32_t *yp = acc + (nn * M + m) * osz;
             for (int64_t o = 0; o < osz; o++) yp[o] = bv;
-            for (int64_t ci = 0; ci < cg; ci++) {
-                const int32_t *xp = x32 + (nn * C + g * cg + ci) * isz, *wp = w32 + (m * cg + ci) * ksz;
-                for (int64_t t0 = 0; t0 < k[0]; t0++)
-                    for (int64_t t1 = 0; t1 < k[1]; t1++)
-                        for (int64_t t2 = 0; t2 < k[2]; t2++) {
-                            int32_t wv = wp[(t0 * k[1] + t1) * k[2] + t2];
-                            if (!wv) continue;
-                            for (int64_t o0 = 0; o0 < out[0]; o0++) {
-                                int64_t i0 = o0 * s[0] - pl[0] + t0 * d[0];
-                                if (i0 < 0 || i0 >= in[0]) continue;
-                                for (int64_t o1 = 0; o1 < out[1]; o1++) {
-                                    int64_t i1 = o1 * s[1] - pl[1] + t1 * d[1];
-                                    if (i1 < 0 || i1 >= in[1]) continue;
-                                    int32_t *yr = yp + (o0 * out[1] + o1) * out[2];
-                                    const int32_t *xr = xp + (i0 * in[1] + i1) * in[2];
-                                    for (int64_t o2 = 0; o2 < out[2]; o2++) {
-                                        int64_t i2 = o2 * s[2] - pl[2] + t2 * d[2];
-                                        if (i2 >= 0 && i2 < in[2]) yr[o2] += wv * xr[i2];
-                                    }
-                                }
-                            }
-                        }
-            }
+            plane(yp, (const char *)x->data + (nn * C + m / mg * cg) * isz, x0, w32 + m * cg * ksz, cg, isz, &w3);
         }
 }
 
-/* Scratch of the integer convolutions: widened x and w, then the sums. */
-static size_t iconv_scratch(const struct tensor *x, const struct tensor *w, const struct tensor *y, int with_acc) {
-    return dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(x)) + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(w)) +
-           (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
+/* Scratch of the integer convolutions: widened w, then the sums. */
+static size_t iconv_scratch(const struct tensor *w, const struct tensor *y, int with_acc) {
+    return dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(w)) + (with_acc ? sizeof(int32_t) * (size_t)tensor_numel(y) : 0);
 }
 
 /* Geometry shared by ConvInteger (x at 0, w at 1) and QLinearConv (x at
@@ -1622,13 +1770,52 @@ static int iconv_shape(struct op_call *c, int wi) {
     return 0;
 }
 
+/* ConvInteger (x, w, x_zero_point?, w_zero_point?) and its dynamic
+ * quantization's chain as one node, kiln.ConvIntegerToFloat (x, w,
+ * x_scale, w_scale, x_zero_point?, w_zero_point?, bias?; Conv's attributes;
+ * models/passes_dynq.c): the same int32 sums, then in the same kernel what
+ * the graph did in float after them, (float)sum * (x_scale * w_scale[m]),
+ * + bias[m], and a fused activation, with the same float operations. */
+struct convi_io {
+    int to_float;
+    int w, xz, wz, xs, ws, bias; /* input indices */
+};
+
+/* QLinearConv's sums take the same paths (x_zero_point 2, w 3, w_zero_point 5). */
+static struct convi_io convi_io(const struct op_call *c) {
+    if (strcmp(c->node->op_type, "ConvIntegerToFloat") == 0) return (struct convi_io){1, 1, 4, 5, 2, 3, 6};
+    if (strcmp(c->node->op_type, "QLinearConv") == 0) return (struct convi_io){0, 3, 2, 5, -1, -1, -1};
+    return (struct convi_io){0, 1, 2, 3, -1, -1, -1};
+}
+
 static int convi_infer(struct op_call *c) {
+    const struct convi_io io = convi_io(c);
     int rc = iconv_shape(c, 1);
     if (rc) return rc;
-    if ((rc = cpu_qparam_ok(c, opt_in(c, 2), 1, "x_zero_point")) || (rc = cpu_qparam_ok(c, opt_in(c, 3), c->in[1]->dims[0], "w_zero_point")))
+    const int64_t M = c->in[1]->dims[0];
+    if ((rc = cpu_qparam_ok(c, opt_in(c, io.xz), 1, "x_zero_point")) || (rc = cpu_qparam_ok(c, opt_in(c, io.wz), M, "w_zero_point")))
         return rc;
     c->out[0]->dtype = DT_INT32;
+    if (!io.to_float) return 0;
+    const struct tensor *xs = opt_in(c, io.xs), *ws = opt_in(c, io.ws), *b = opt_in(c, io.bias);
+    if (!xs || !ws) return op_error(c, "the scales are required");
+    if (xs->dtype != DT_FP32 || tensor_numel(xs) != 1) return op_error(c, "x_scale must be one float32");
+    if (ws->dtype != DT_FP32 || (tensor_numel(ws) != 1 && tensor_numel(ws) != M))
+        return op_error(c, "w_scale must be float32 with 1 or M=%lld values", (long long)M);
+    if (b && (b->dtype != DT_FP32 || tensor_numel(b) != M))
+        return op_error(c, "bias must be float32 with M=%lld values", (long long)M);
+    c->out[0]->dtype = DT_FP32;
     return 0;
+}
+
+/* The float epilogue of kiln.ConvIntegerToFloat, as the GEMM path's rows
+ * run it (struct cpu_qgemm_epi), or NULL for ConvInteger. */
+static const struct cpu_qgemm_epi *convi_epi(const struct op_call *c, struct convi_io io, struct cpu_qgemm_epi *e) {
+    if (!io.to_float) return NULL;
+    const struct tensor *ws = c->in[io.ws], *b = opt_in(c, io.bias);
+    *e = (struct cpu_qgemm_epi){(float)cpu_qparam_at(c->in[io.xs], 0, 1.0), ws->data, tensor_numel(ws) > 1,
+                                b ? b->data : NULL, c->node->act, c->node->act_alpha, c->node->act_beta};
+    return e;
 }
 
 /* ConvInteger as one 8-bit GEMM: x's windows laid out as rows (im2col,
@@ -1653,6 +1840,8 @@ struct convi_state {
     int64_t rows, kcols; /* N * output pixels; kernel extent * C */
     int direct;          /* 1x1, stride 1, no padding: x channels-last is A */
     size_t q_scratch;    /* q's scratch, before x channels-last, the columns and the sums */
+    size_t scratch;      /* all of it */
+    struct convi_io io;  /* the node's inputs (convi_io), read once at prepare */
 };
 
 static void convi_release(void *st) {
@@ -1666,7 +1855,8 @@ static size_t convi_xt_bytes(const struct tensor *x) { return dnnl_util_align((s
 
 /* Builds s->q when the GEMM applies; 0 with s->q zeroed when it does not. */
 static int convi_gemm_build(struct op_call *c, struct convi_state *s, size_t *scratch_size) {
-    const struct tensor *x = c->in[0], *w = c->in[1], *wz = opt_in(c, 3);
+    const struct convi_io io = s->io = convi_io(c);
+    const struct tensor *x = c->in[0], *w = c->in[io.w], *wz = opt_in(c, io.wz);
     struct win3 w3;
     win3_of(&s->g.win, &w3);
     const int64_t M = w->dims[0], C = w->dims[1], ksz = w3.k[0] * w3.k[1] * w3.k[2];
@@ -1691,7 +1881,7 @@ static int convi_gemm_build(struct op_call *c, struct convi_state *s, size_t *sc
         return 0;
     }
     s->q_scratch = dnnl_util_align(qs);
-    *scratch_size = s->q_scratch + convi_xt_bytes(x) + (s->direct ? 0 : dnnl_util_align((size_t)(s->rows * s->kcols))) +
+    *scratch_size = s->scratch = s->q_scratch + convi_xt_bytes(x) + (s->direct ? 0 : dnnl_util_align((size_t)(s->rows * s->kcols))) +
                     sizeof(int32_t) * (size_t)(s->rows * M);
     return 0;
 }
@@ -1705,22 +1895,9 @@ static int convi_prepare(struct op_call *c, void **state, size_t *scratch_size) 
         convi_release(s);
         return rc;
     }
-    if (!s->q.prim) *scratch_size = iconv_scratch(c->in[0], c->in[1], c->out[0], 0);
+    if (!s->q.prim) *scratch_size = iconv_scratch(c->in[1], c->out[0], 0);
     *state = s;
     return 0;
-}
-
-/* x [N, C, pixels] into xt [N, pixels, C], in tiles of 64 pixels. */
-static void convi_channels_last(const uint8_t *x, int64_t N, int64_t C, int64_t isz, uint8_t *xt) {
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t p0 = 0; p0 < isz; p0 += 64) {
-            const int64_t p1 = p0 + 64 < isz ? p0 + 64 : isz;
-            for (int64_t ci = 0; ci < C; ci++) {
-                const uint8_t *src = x + (n * C + ci) * isz;
-                uint8_t *dst = xt + n * isz * C + ci;
-                for (int64_t p = p0; p < p1; p++) dst[p * C] = src[p];
-            }
-        }
 }
 
 /* The windows of xt (channels-last) as rows of cols [N * out pixels,
@@ -1751,9 +1928,11 @@ static void convi_columns(const uint8_t *xt, int64_t C, uint8_t pad, const struc
     }
 }
 
-static int convi_gemm_run(struct op_call *c, const struct convi_state *s) {
+/* The sums (or, with ConvIntegerToFloat's epilogue, the floats) into dst
+ * [N, M, out pixels]. */
+static int convi_gemm_run(struct op_call *c, const struct convi_state *s, void *dst) {
     const struct tensor *x = c->in[0];
-    const int64_t N = x->dims[0], C = x->dims[1], M = c->in[1]->dims[0], rows = s->rows;
+    const int64_t N = x->dims[0], C = x->dims[1], M = c->in[s->io.w]->dims[0], rows = s->rows;
     char *base = c->scratch;
     uint8_t *xt = (uint8_t *)(base + s->q_scratch), *cols = xt + convi_xt_bytes(x);
     int32_t *acc = (int32_t *)(s->direct ? cols : cols + dnnl_util_align((size_t)(rows * s->kcols)));
@@ -1761,32 +1940,50 @@ static int convi_gemm_run(struct op_call *c, const struct convi_state *s) {
     struct win3 w3;
     win3_of(&s->g.win, &w3);
     const int64_t isz = w3.in[0] * w3.in[1] * w3.in[2], osz = w3.out[0] * w3.out[1] * w3.out[2];
-    const int32_t xz = (int32_t)cpu_qparam_at(opt_in(c, 2), 0, 0);
-    convi_channels_last(x->data, N, C, isz, xt);
+    const int32_t xz = (int32_t)cpu_qparam_at(opt_in(c, s->io.xz), 0, 0);
+    cpu_transpose_2d(x->data, xt, N, C, isz, 1, c->nthreads);
     if (!s->direct) convi_columns(xt, C, (uint8_t)xz, &w3, rows, cols, c->nthreads);
     struct op_call qc = *c;
     qc.scratch_size = s->q_scratch;
-    int rc = cpu_qgemm_run(&qc, &s->q, s->direct ? xt : cols, x->dtype, xz, acc, NULL);
+    struct cpu_qgemm_epi e;
+    int rc = cpu_qgemm_run(&qc, &s->q, s->direct ? xt : cols, x->dtype, xz, acc, convi_epi(c, s->io, &e));
     if (rc) return rc;
-    /* [N, pixels, M] -> [N, M, pixels], in tiles of 16 pixels so that both
-     * sides stay in cache lines already loaded. */
-    int32_t *y = c->out[0]->data;
-#pragma omp parallel for collapse(2) if (rows * M > (1 << 18)) num_threads(c->nthreads > 0 ? c->nthreads : 1)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t o0 = 0; o0 < osz; o0 += 16) {
-            const int64_t o1 = o0 + 16 < osz ? o0 + 16 : osz;
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t o = o0; o < o1; o++) y[(n * M + m) * osz + o] = acc[(n * osz + o) * M + m];
-        }
+    /* [N, pixels, M] -> [N, M, pixels] (int32 sums or, with the epilogue,
+     * floats: 4 bytes either way). */
+    cpu_transpose_2d(acc, dst, N, osz, M, sizeof(int32_t), c->nthreads);
     return 0;
 }
 
 static int convi_run(struct op_call *c) {
     const struct convi_state *s = c->state;
-    if (s->q.prim) return convi_gemm_run(c, s);
-    if (c->scratch_size < iconv_scratch(c->in[0], c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
-    int32_t *x32 = c->scratch, *w32 = (int32_t *)((char *)c->scratch + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
-    iconv_run(c, c->in[0], c->in[1], opt_in(c, 2), opt_in(c, 3), NULL, &s->g, x32, w32, c->out[0]->data);
+    if (s->q.prim) return convi_gemm_run(c, s, c->out[0]->data);
+    if (c->scratch_size < iconv_scratch(c->in[1], c->out[0], 0)) return op_error(c, "internal: scratch too small");
+    iconv_run(c, c->in[0], c->in[1], opt_in(c, s->io.xz), opt_in(c, s->io.wz), NULL, &s->g, c->scratch,
+              c->out[0]->data);
+    struct cpu_qgemm_epi e;
+    if (!convi_epi(c, s->io, &e)) return 0;
+    /* The sums into floats in place, plane by plane, as the GEMM path's
+     * epilogue computes them per row. */
+    struct tensor *y = c->out[0];
+    const int64_t M = y->dims[1], planes = y->dims[0] * M, osz = planes > 0 ? tensor_numel(y) / planes : 0;
+#pragma omp parallel for if (planes * osz > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t p = 0; p < planes; p++) {
+        const int64_t m = p % M;
+        const float mult = e.a_scale * e.b_scale[e.b_scale_per ? m : 0], b = e.bias ? e.bias[m] : 0.0f;
+        int32_t *acc = (int32_t *)y->data + p * osz;
+        float *yf = (float *)y->data + p * osz;
+        if (e.bias) {
+#pragma omp simd
+            for (int64_t o = 0; o < osz; o++) {
+                float v = (float)acc[o] * mult;
+                yf[o] = v + b;
+            }
+        } else {
+#pragma omp simd
+            for (int64_t o = 0; o < osz; o++) yf[o] = (float)acc[o] * mult;
+        }
+        ew_act_f32(yf, osz, e.act, e.act_a, e.act_b);
+    }
     return 0;
 }
 
@@ -1816,28 +2013,21 @@ static int qconv_infer(struct op_call *c) {
  * w_scale / y_scale once, applies the activation there (Clip's bounds in
  * steps of y_scale), adds y_zero_point and rounds half to even: ONNX's
  * order up to the float rounding of that one product. Elsewhere (uint8
- * weights, weight zero points, scales computed at run time), the exact
- * loop above runs.
+ * weights, weight zero points, scales computed at run time) the sums are
+ * exact: ConvInteger's 8-bit GEMM for group 1 with constant weights, the
+ * exact loop above otherwise, then requantized in double (qconv_run).
  *
  * Without VNNI (AVX2, AVX-512 before Cascade Lake) oneDNN multiplies u8 by
  * s8 with vpmaddubsw, which sums pairs of products into int16 and
  * saturates, and for s8 inputs halves the weights: measured up to 2
  * output steps off ONNX's reference on the small ResNet of the tests. There
  * the int8 convolution runs only when no pair can saturate (u8 input,
- * 2 * 255 * max|w| <= 32767). */
+ * 2 * 255 * max|w| <= 32767: dnnl_util_int8_conv_exact). */
 static int qconv_dnnl_usable(struct op_call *c) {
-    const struct tensor *x = c->in[0], *w = c->in[3], *wz = opt_in(c, 5);
-    if (w->dtype != DT_INT8 || !w->data || x->ndim < 3 || x->ndim > 5) return 0;
-    if (!dnnl_util_isa_vnni()) {
-        if (x->dtype != DT_UINT8) return 0;
-        const int8_t *wd = w->data;
-        for (int64_t i = 0; i < tensor_numel(w); i++)
-            if (wd[i] > 64 || wd[i] < -64) return 0;
-    }
+    const struct tensor *x = c->in[0], *w = c->in[3];
+    if (x->ndim < 3 || x->ndim > 5 || !dnnl_util_int8_conv_exact(x->dtype, w, opt_in(c, 5))) return 0;
     for (int k = 1; k < 8; k++)
         if (k != 3 && c->in[k] && !c->in[k]->data) return 0;
-    for (int64_t i = 0; wz && i < tensor_numel(wz); i++)
-        if (op_double_at(wz, i) != 0) return 0;
     enum act_kind a = c->node->act;
     return a == ACT_NONE || a == ACT_RELU || a == ACT_CLIP;
 }
@@ -1936,40 +2126,106 @@ static int qconv_prepare(struct op_call *c, void **state, size_t *scratch_size) 
         if (!(s = calloc(1, sizeof *s))) return op_error(c, "out of memory"), STATUS_NOMEM;
         s->g = g;
     }
-    if (!s->conv) *scratch_size = iconv_scratch(c->in[0], c->in[3], c->out[0], 1);
+    if (!s->conv) {
+        /* Exact: the 8-bit GEMM of ConvInteger where it applies (group 1,
+         * constant weights), else the loop; both sum into int32 first. */
+        *scratch_size = iconv_scratch(c->in[3], c->out[0], 1);
+        struct convi_state *e = calloc(1, sizeof *e);
+        if (!e) {
+            conv_release(s);
+            return op_error(c, "out of memory"), STATUS_NOMEM;
+        }
+        e->g = s->g;
+        size_t es = 0;
+        int rc2 = convi_gemm_build(c, e, &es);
+        if (rc2) {
+            convi_release(e);
+            conv_release(s);
+            return rc2;
+        }
+        if (e->q.prim) {
+            s->exact = e;
+            *scratch_size = dnnl_util_align(e->scratch) + sizeof(int32_t) * (size_t)tensor_numel(c->out[0]);
+        } else {
+            convi_release(e);
+        }
+    }
     *state = s;
     return 0;
 }
 
-/* Requantizes v (in steps of y_scale, before y_zero_point) with the fused
- * activation of a QDQ Relu or Clip applied first. */
-static double qconv_act(const struct op_call *c, double v, float ys) {
-    switch (c->node->act) {
-    case ACT_RELU: return v < 0 ? 0 : v;
-    case ACT_CLIP: {
-        double lo = c->node->act_alpha / ys, hi = c->node->act_beta / ys;
-        return v < lo ? lo : v > hi ? hi : v;
-    }
-    default: return v;
-    }
+/* One output plane of QLinearConv's exact path: y = saturate(round(act((a
+ * + bv) * mult) + yz)), act a clamp to [lo, hi] (infinite for none, [0, inf)
+ * for Relu, the fused activation's bounds in output steps for Clip), round
+ * half to even (cpu_q8_store's arithmetic), in one loop per type that the
+ * compiler can vectorise. */
+#define QCONV_REQUANT_LOOP(T, QLO, QHI)                                                                       \
+    do {                                                                                                      \
+        T *restrict yt = y;                                                                                   \
+        _Pragma("omp simd") for (int64_t o = 0; o < n; o++) {                                                 \
+            double v = (double)(int32_t)((uint32_t)a[o] + (uint32_t)bv) * mult;                               \
+            v = v < lo ? lo : v > hi ? hi : v;                                                                \
+            double r = nearbyint(v + yz);                                                                     \
+            yt[o] = (T)(r < QLO ? QLO : r > QHI ? QHI : r);                                                   \
+        }                                                                                                     \
+    } while (0)
+
+static inline __attribute__((always_inline)) void qconv_requant_body(const int32_t *restrict a, int32_t bv,
+                                                                     double mult, double lo, double hi, double yz,
+                                                                     void *restrict y, enum dtype dt, int64_t n) {
+    if (dt == DT_UINT8) QCONV_REQUANT_LOOP(uint8_t, 0, 255);
+    else QCONV_REQUANT_LOOP(int8_t, -128, 127);
 }
+
+typedef void (*qconv_requant_fn)(const int32_t *a, int32_t bv, double mult, double lo, double hi, double yz, void *y,
+                                 enum dtype dt, int64_t n);
+#define QCONV_REQUANT(SUF, ATTR)                                                                              \
+    ATTR static void qconv_requant_##SUF(const int32_t *a, int32_t bv, double mult, double lo, double hi,     \
+                                         double yz, void *y, enum dtype dt, int64_t n) {                      \
+        qconv_requant_body(a, bv, mult, lo, hi, yz, y, dt, n);                                                \
+    }
+QCONV_REQUANT(v2, )
+#ifdef NN_X86
+QCONV_REQUANT(v3, __attribute__((target("arch=x86-64-v3"))))
+#else
+#define qconv_requant_v3 qconv_requant_v2
+#endif
 
 static int qconv_run(struct op_call *c) {
     const struct conv_state *s = c->state;
     if (s->conv) return conv_exec(c, s, c->in[3]->data, opt_in(c, 8));
     struct tensor *y = c->out[0];
-    int64_t ny = tensor_numel(y), M = y->dims[1], osz = ny / (y->dims[0] * M > 0 ? y->dims[0] * M : 1);
-    if (c->scratch_size < iconv_scratch(c->in[0], c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
-    int32_t *x32 = c->scratch;
-    int32_t *w32 = (int32_t *)((char *)x32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[0])));
-    int32_t *acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
-    iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &s->g, x32, w32, acc);
-    float xs = (float)cpu_qparam_at(c->in[1], 0, 1.0), ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
-    double yz = cpu_qparam_at(c->in[7], 0, 0.0);
-    for (int64_t i = 0; i < ny; i++) {
-        int64_t m = (i / osz) % M;
-        float mult = xs * (float)cpu_qparam_at(c->in[4], m, 1.0) / ys;
-        cpu_q8_store(y->data, y->dtype, i, qconv_act(c, (double)acc[i] * mult, ys) + yz);
+    const int64_t ny = tensor_numel(y), M = y->dims[1], planes = y->dims[0] * M, osz = planes > 0 ? ny / planes : 0;
+    int32_t *acc;
+    const struct tensor *bias = NULL; /* the GEMM's sums come without it */
+    if (s->exact) {
+        const size_t es = dnnl_util_align(s->exact->scratch);
+        if (c->scratch_size < es + sizeof(int32_t) * (size_t)ny) return op_error(c, "internal: scratch too small");
+        acc = (int32_t *)((char *)c->scratch + es);
+        struct op_call ec = *c;
+        ec.scratch_size = s->exact->scratch;
+        int rc = convi_gemm_run(&ec, s->exact, acc);
+        if (rc) return rc;
+        bias = opt_in(c, 8);
+    } else {
+        if (c->scratch_size < iconv_scratch(c->in[3], y, 1)) return op_error(c, "internal: scratch too small");
+        int32_t *w32 = c->scratch;
+        acc = (int32_t *)((char *)w32 + dnnl_util_align(sizeof(int32_t) * (size_t)tensor_numel(c->in[3])));
+        iconv_run(c, c->in[0], c->in[3], c->in[2], c->in[5], opt_in(c, 8), &s->g, w32, acc);
+    }
+    const float xs = (float)cpu_qparam_at(c->in[1], 0, 1.0), ys = (float)cpu_qparam_at(c->in[6], 0, 1.0);
+    const double yz = cpu_qparam_at(c->in[7], 0, 0.0);
+    /* qconv_act's clamp as bounds */
+    double lo = -INFINITY, hi = INFINITY;
+    if (c->node->act == ACT_RELU) lo = 0;
+    if (c->node->act == ACT_CLIP) lo = c->node->act_alpha / ys, hi = c->node->act_beta / ys;
+    const qconv_requant_fn requant = dnnl_util_isa_level() >= 3 ? qconv_requant_v3 : qconv_requant_v2;
+#pragma omp parallel for if (ny > 65536) num_threads(c->nthreads > 0 ? c->nthreads : 1)
+    for (int64_t p = 0; p < planes; p++) {
+        const int64_t m = p % M;
+        const float mult = xs * (float)cpu_qparam_at(c->in[4], m, 1.0) / ys;
+        const int32_t bv = bias ? (int32_t)op_int_at(bias, m) : 0;
+        requant(acc + p * osz, bv, mult, lo, hi, yz, (char *)y->data + p * osz, y->dtype, osz);
     }
     return 0;
 }
@@ -3372,6 +3628,7 @@ static int lrn_run(struct op_call *c) {
 const struct op_def op_defs_nn[] = {
     {"Conv", "", conv_infer, conv_prepare, conv_run, conv_release, OP_FUSE_ACT},
     {"ConvInteger", "", convi_infer, convi_prepare, convi_run, convi_release, 0},
+    {"ConvIntegerToFloat", "kiln", convi_infer, convi_prepare, convi_run, convi_release, OP_FUSE_ACT},
     {"QLinearConv", "", qconv_infer, qconv_prepare, qconv_run, conv_release, 0},
     {"MatMulInteger", "", mmi_infer, mmi_prepare, mmi_run, mmi_release, 0},
     {"QLinearMatMul", "", qmm_infer, qmm_prepare, qmm_run, NULL, 0},

@@ -409,69 +409,91 @@ static int cos_run(struct op_call *c) {
 #define TRANSPOSE_TILE 32
 
 /* dst[b][j][i] = src[b][i][j] for a batch of rows x cols matrices, in
- * cache-sized tiles. */
-#define TRANSPOSE_2D(T)                                                                                   \
+ * cache-sized tiles whose full B x B blocks move at once (BLOCK(s, src row
+ * stride, d, dst row stride): through registers where B > 1), the tiles'
+ * ragged edges element by element. */
+#define TRANSPOSE_2D_BLOCKS(T, B, BLOCK, PAR_MIN)                                                         \
     do {                                                                                                  \
-        const T *s_ = src;                                                                                \
-        T *d_ = dst;                                                                                      \
-        int64_t nti_ = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;                                      \
-        PAR_FOR(batch * rows * cols > 32768, nt, collapse(2),                                             \
+        int64_t nti = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;                                       \
+        PAR_FOR(batch * rows * cols > (PAR_MIN), nt, collapse(2),                                         \
             for (int64_t b = 0; b < batch; b++)                                                           \
-                for (int64_t ti = 0; ti < nti_; ti++) {                                                   \
+                for (int64_t ti = 0; ti < nti; ti++) {                                                    \
                     const T *sb = s_ + b * rows * cols;                                                   \
                     T *db = d_ + b * rows * cols;                                                         \
                     int64_t i0 = ti * TRANSPOSE_TILE;                                                     \
                     int64_t i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;                 \
                     for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {                               \
                         int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;             \
-                        for (int64_t i = i0; i < i1; i++)                                                 \
+                        int64_t i = i0;                                                                   \
+                        for (; i + (B) <= i1; i += (B)) {                                                 \
+                            int64_t j = j0;                                                               \
+                            for (; j + (B) <= j1; j += (B)) BLOCK(sb + i * cols + j, cols, db + j * rows + i, rows); \
+                            for (; j < j1; j++)                                                           \
+                                for (int64_t k = i; k < i + (B); k++) db[j * rows + k] = sb[k * cols + j]; \
+                        }                                                                                 \
+                        for (; i < i1; i++)                                                               \
                             for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];        \
                     }                                                                                     \
                 });                                                                                       \
     } while (0)
 
+#define TRANSPOSE_ONE(s, ss, d, ds) (*(d) = *(s))
+#define TRANSPOSE_2D(T)                                                                                   \
+    do {                                                                                                  \
+        const T *s_ = src;                                                                                \
+        T *d_ = dst;                                                                                      \
+        TRANSPOSE_2D_BLOCKS(T, 1, TRANSPOSE_ONE, 32768);                                                  \
+    } while (0)
+
 #if defined(__SSE2__)
-/* 32-bit elements: each tile moves as 4x4 register blocks (the shuffle
- * network of _MM_TRANSPOSE4_PS, in integer form), the tile's ragged edge
- * element by element. */
+/* 32-bit elements in 4x4 blocks: the shuffle network of _MM_TRANSPOSE4_PS,
+ * in integer form. */
+static inline void transpose_block_32(const uint32_t *s, int64_t ss, uint32_t *d, int64_t ds) {
+    __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)s);
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(s + ss));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(s + 2 * ss));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(s + 3 * ss));
+    __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+    __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+    _mm_storeu_si128((__m128i *)(void *)d, _mm_unpacklo_epi64(t0, t1));
+    _mm_storeu_si128((__m128i *)(void *)(d + ds), _mm_unpackhi_epi64(t0, t1));
+    _mm_storeu_si128((__m128i *)(void *)(d + 2 * ds), _mm_unpacklo_epi64(t2, t3));
+    _mm_storeu_si128((__m128i *)(void *)(d + 3 * ds), _mm_unpackhi_epi64(t2, t3));
+}
+
+/* Bytes in 8x8 blocks: 8 bytes of 8 rows in, interleaved by bytes, pairs
+ * and quads, 8 bytes of 8 columns out. */
+static inline void transpose_block_8(const uint8_t *s, int64_t ss, uint8_t *d, int64_t ds) {
+    __m128i r[8];
+    for (int k = 0; k < 8; k++) r[k] = _mm_loadl_epi64((const __m128i *)(const void *)(s + k * ss));
+    __m128i a0 = _mm_unpacklo_epi8(r[0], r[1]), a1 = _mm_unpacklo_epi8(r[2], r[3]);
+    __m128i a2 = _mm_unpacklo_epi8(r[4], r[5]), a3 = _mm_unpacklo_epi8(r[6], r[7]);
+    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);
+    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);
+    __m128i c[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2), _mm_unpacklo_epi32(b1, b3),
+                    _mm_unpackhi_epi32(b1, b3)};
+    for (int k = 0; k < 4; k++) {
+        _mm_storel_epi64((__m128i *)(void *)(d + 2 * k * ds), c[k]);
+        _mm_storel_epi64((__m128i *)(void *)(d + (2 * k + 1) * ds), _mm_unpackhi_epi64(c[k], c[k]));
+    }
+}
+
 static void transpose_2d_32(const uint32_t *s_, uint32_t *d_, int64_t batch, int64_t rows, int64_t cols, int nt) {
-    int64_t nti = (rows + TRANSPOSE_TILE - 1) / TRANSPOSE_TILE;
-    PAR_FOR(batch * rows * cols > 32768, nt, collapse(2),
-        for (int64_t b = 0; b < batch; b++)
-            for (int64_t ti = 0; ti < nti; ti++) {
-                const uint32_t *sb = s_ + b * rows * cols;
-                uint32_t *db = d_ + b * rows * cols;
-                int64_t i0 = ti * TRANSPOSE_TILE, i1 = i0 + TRANSPOSE_TILE < rows ? i0 + TRANSPOSE_TILE : rows;
-                for (int64_t j0 = 0; j0 < cols; j0 += TRANSPOSE_TILE) {
-                    int64_t j1 = j0 + TRANSPOSE_TILE < cols ? j0 + TRANSPOSE_TILE : cols;
-                    int64_t i = i0;
-                    for (; i + 4 <= i1; i += 4) {
-                        int64_t j = j0;
-                        for (; j + 4 <= j1; j += 4) {
-                            __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(sb + i * cols + j));
-                            __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 1) * cols + j));
-                            __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 2) * cols + j));
-                            __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(sb + (i + 3) * cols + j));
-                            __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
-                            __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
-                            _mm_storeu_si128((__m128i *)(void *)(db + j * rows + i), _mm_unpacklo_epi64(t0, t1));
-                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 1) * rows + i), _mm_unpackhi_epi64(t0, t1));
-                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 2) * rows + i), _mm_unpacklo_epi64(t2, t3));
-                            _mm_storeu_si128((__m128i *)(void *)(db + (j + 3) * rows + i), _mm_unpackhi_epi64(t2, t3));
-                        }
-                        for (; j < j1; j++)
-                            for (int64_t k = i; k < i + 4; k++) db[j * rows + k] = sb[k * cols + j];
-                    }
-                    for (; i < i1; i++)
-                        for (int64_t j = j0; j < j1; j++) db[j * rows + i] = sb[i * cols + j];
-                }
-            });
+    TRANSPOSE_2D_BLOCKS(uint32_t, 4, transpose_block_32, 32768);
+}
+
+static void transpose_2d_8(const uint8_t *s_, uint8_t *d_, int64_t batch, int64_t rows, int64_t cols, int nt) {
+    TRANSPOSE_2D_BLOCKS(uint8_t, 8, transpose_block_8, 65536);
 }
 #endif
 
-static void transpose_batched_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es, int nt) {
+void cpu_transpose_2d(const void *src, void *dst, int64_t batch, int64_t rows, int64_t cols, size_t es, int nt) {
     switch (es) {
+#if defined(__SSE2__)
+    case 1: transpose_2d_8(src, dst, batch, rows, cols, nt); break;
+#else
     case 1: TRANSPOSE_2D(uint8_t); break;
+#endif
     case 2: TRANSPOSE_2D(uint16_t); break;
 #if defined(__SSE2__)
     case 4: transpose_2d_32(src, dst, batch, rows, cols, nt); break;
@@ -528,11 +550,11 @@ static void transpose_bytes(const void *src, void *dst, int nd, const int64_t *d
     }
     shape_strides(ng, rd, rs);
     if (ng == 2) {
-        transpose_batched_2d(src, dst, 1, rd[0], rd[1], es, nt);
+        cpu_transpose_2d(src, dst, 1, rd[0], rd[1], es, nt);
         return;
     }
     if (ng == 3 && rp[0] == 0 && rp[1] == 2) {
-        transpose_batched_2d(src, dst, rd[0], rd[1], rd[2], es, nt);
+        cpu_transpose_2d(src, dst, rd[0], rd[1], rd[2], es, nt);
         return;
     }
     int64_t od[SHAPE_MAX_VIEW_DIMS], os[SHAPE_MAX_VIEW_DIMS];

@@ -46,6 +46,7 @@ def bert_feeds(rng, batch, seq):
 FEEDS = {
     "bert_dyn": lambda rng: [bert_feeds(rng, 1, 9), bert_feeds(rng, 3, 20)],
     "mlp_dyn_u8": lambda rng: [{"x": rng.standard_normal((b, t, 64)).astype(np.float32)} for b, t in [(1, 1), (2, 13)]],
+    "cnn_dyn": lambda rng: [{"x": rng.standard_normal(s).astype(np.float32)} for s in [(1, 3, 16, 16), (2, 3, 13, 21)]],
 }
 
 
@@ -57,8 +58,8 @@ def with_int_outputs(model):
     m.CopyFrom(model)
     shown, products = set(), []
     for n in m.graph.node:
-        if n.op_type == "MatMulInteger":
-            products.append(tuple(n.output[:1]) + tuple(n.input[:4]))
+        if n.op_type in ("MatMulInteger", "ConvInteger"):
+            products.append(tuple(n.output[:1]) + tuple(n.input[:4]) + ((n,) if n.op_type == "ConvInteger" else ()))
             for v in (n.output[0], n.input[0], n.input[2]):
                 if v not in shown:
                     shown.add(v)
@@ -70,6 +71,18 @@ def with_int_outputs(model):
 def int_sums(a, za, b, zb):
     """MatMulInteger's definition in int64, wrapped to int32."""
     return ((a.astype(np.int64) - za.astype(np.int64)) @ (b.astype(np.int64) - zb.astype(np.int64))).astype(np.int32)
+
+
+def conv_sums(node, a, za, b, zb):
+    """ConvInteger's definition (onnx's evaluator) on kiln's own quantized A."""
+    n = onnx.helper.make_node("ConvInteger", ["a", "b", "za", "zb"], ["y"])
+    n.attribute.extend(node.attribute)
+    feeds = {"a": a, "b": b, "za": za, "zb": zb}
+    g = onnx.helper.make_graph([n], "c", [onnx.helper.make_tensor_value_info(k, onnx.helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                                          for k, v in feeds.items()],
+                               [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.INT32, None)])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    return onnx_reference(m, feeds, ["y"])[0]
 
 
 def reference(model, feeds):
@@ -118,15 +131,20 @@ def test_dynamic_quantized_models_match_reference(make_server, tmp_path, isa):
                     scale = max(1.0, float(np.abs(w).max()))
                     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * scale, err_msg=f"{name}/{k}")
             # The int32 sums are exact for the A that kiln quantized.
-            for y, a, b, za, zb in products.get(name, []):
+            for y, a, b, za, zb, *conv in products.get(name, []):
                 b_, zb_ = inits[name][b], inits[name][zb] if zb else np.zeros((), np.uint8)
-                np.testing.assert_array_equal(got[y], int_sums(got[a], got[za], b_, zb_), err_msg=f"{name}/{y}")
+                want_sums = conv_sums(conv[0], got[a], got[za], b_, zb_) if conv else int_sums(got[a], got[za], b_, zb_)
+                np.testing.assert_array_equal(got[y], want_sums, err_msg=f"{name}/{y}")
     client.close()
     # The fusion ran: the float models' products became single nodes (13 in
-    # the BERT, 3 in the MLP); the models that show the int32 sums keep
-    # their MatMulIntegers.
-    counts = sorted(int(c) for c in re.findall(r"(\d+) dynamically quantized products", s.text()))
-    assert 13 in counts and 3 in counts, counts
+    # the BERT, 3 in the MLP, the CNN's 3 ConvIntegers with their Cast, Mul,
+    # bias Add, then its Clip and Relu); the models that show the int32 sums
+    # keep their MatMulIntegers and ConvIntegers.
+    text = s.text()
+    counts = sorted(int(c) for c in re.findall(r"(\d+) dynamically quantized products", text))
+    assert 13 in counts and counts.count(3) >= 2, counts
+    assert len(re.findall(r"runs as ConvIntegerToFloat with its bias", text)) >= 2
+    assert re.search(r"fused Clip '[^']*' into ConvIntegerToFloat", text), "ReLU6 not fused"
     assert 0 in counts, counts
 
 

@@ -24,7 +24,7 @@ QUANT = ROOT / "tests" / "data" / "quant"  # tests/models/make_int8_cnn_models.p
 CASES = [("resnet_tiny", "u8", True), ("resnet_tiny", "s8", True), ("mobilenet_tiny", "u8", False)]
 
 
-def quantize(src, dst, act, per_channel):
+def quantize(src, dst, act, per_channel, fmt="QDQ", ops=None):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -35,9 +35,9 @@ def quantize(src, dst, act, per_channel):
         def get_next(self):
             return next(self.it, None)
 
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+    quantize_static(str(src), str(dst), Reader(), quant_format=getattr(QuantFormat, fmt), per_channel=per_channel,
                     activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
-                    weight_type=QuantType.QInt8)
+                    weight_type=QuantType.QInt8, op_types_to_quantize=ops)
     return onnx.load(str(dst))
 
 
@@ -87,3 +87,38 @@ def test_qdq_cnn_matches_reference(make_server, tmp_path, name, act, per_channel
         assert got.shape == want.shape
         err = np.abs(got - want).max()
         assert err <= step * 1.0001, (batch, err / step)
+
+
+@pytest.mark.parametrize("isa", ["default", "AVX2", "SSE41"])
+@pytest.mark.parametrize("name,act,per_channel", CASES, ids=[f"{n}-{a}-{'pc' if p else 'pt'}" for n, a, p in CASES])
+def test_qoperator_cnn_matches_reference(make_server, tmp_path, name, act, per_channel, isa):
+    """The same CNNs with their Convs in QOperator format (QLinearConv, as
+    the ONNX model zoo's INT8 models have them; the rest stays float, as
+    onnx's evaluator has none of com.microsoft's QLinear ops). Without VNNI
+    oneDNN's int8 convolution would saturate on full-range weights, so
+    QLinearConv sums exactly there: the 8-bit GEMM of ConvInteger for group
+    1, the exact loop for the depthwise ones. Within one step of the
+    reference, as above."""
+    model = quantize(QUANT / f"{name}.onnx", tmp_path / "q.onnx", act, per_channel, "QOperator", ["Conv"])
+    assert any(n.op_type == "QLinearConv" for n in model.graph.node)
+    d = tmp_path / "repo" / name / "1"
+    d.mkdir(parents=True)
+    onnx.save(model, str(d / "model.onnx"))
+    env = {} if isa == "default" else {"ONEDNN_MAX_CPU_ISA": isa}
+    s = make_server(tmp_path / "repo", env=env)
+    client = httpclient.InferenceServerClient(s.url)
+    out = model.graph.output[0].name
+    last = next(n for n in model.graph.node if n.output[0] == out)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    step = float(inits[last.input[1]]) if last.op_type == "DequantizeLinear" else 0.0
+    rng = np.random.default_rng(11)
+    for batch in (1, 3):
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        inp = httpclient.InferInput("input", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        got = client.infer(name, [inp]).as_numpy(out)
+        want = reference(model, x)
+        assert got.shape == want.shape
+        err = np.abs(got.astype(np.float64) - want).max()
+        assert err <= step * 1.0001 + 1e-6, (batch, err, step)
+    client.close()

@@ -111,7 +111,9 @@ def test_subset_is_complete():
     # scikit-learn's SVC.
     # A YOLOv8-style detector (SiLU, C2f's Split and Concat, SPPF, the DFL
     # head's Softmax over a middle axis).
-    for name in ("lstm_tagger", "gru_tagger", "crnn_bilstm", "vad_stream", "svc", "crnn_bilstm_dynamic", "yolov8_s"):
+    # A depthwise CNN dynamically quantized (grouped ConvInteger).
+    for name in ("lstm_tagger", "gru_tagger", "crnn_bilstm", "vad_stream", "svc", "crnn_bilstm_dynamic", "yolov8_s",
+                 "mobilenet_v2_s_dynamic"):
         assert name in MODELS, f"tests/data/modelset has no {name}"
 
 

@@ -126,6 +126,12 @@ static void test_transpose_random(void **st) {
     check_transpose(DT_FP32, 4, d4, p0213);
     check_transpose(DT_FP32, 4, d4, p0231);
     check_transpose(DT_FP32, 4, d4, p0132);
+    /* Bytes in 8x8 blocks, with ragged edges in both directions. */
+    int64_t b3[3] = {2, 37, 45}, p021[3] = {0, 2, 1}, b2a[2] = {64, 40}, b2b[2] = {9, 17}, p10[2] = {1, 0};
+    check_transpose(DT_UINT8, 3, b3, p021);
+    check_transpose(DT_UINT8, 2, b2a, p10);
+    check_transpose(DT_UINT8, 2, b2b, p10);
+    check_transpose(DT_UINT8, 4, d4, p0231);
 }
 
 static void test_transpose_bad_perm(void **st) {

@@ -14,6 +14,11 @@ quantized by onnxruntime.quantization.quantize_dynamic (no calibration):
                (Linear, GELU, residual Add, LayerNorm, Linear) with other
                seeded weights; uint8 weights per output channel:
                per-column zero points and scales.
+  cnn_dyn      a small depthwise CNN [N, 3, H, W] -> [N, 16, H/2, W/2]:
+               a 3x3 Conv with bias and ReLU6, a 3x3 depthwise Conv of
+               stride 2 with bias and ReLU, a 1x1 Conv without bias;
+               int8 weights per tensor: each Conv a ConvInteger between
+               DynamicQuantizeLinear and Cast, Mul (and Add of the bias).
 
 The files are small (tens of KB) and kept in tests/data/dynq/ so that the
 tests need neither torch nor the quantizer. The export needs torch and
@@ -62,6 +67,22 @@ def export_float(tmp):
     torch.manual_seed(1)
     export(Mlp(), (1, 5, 64), os.path.join(tmp, "mlp_dyn_u8.onnx"), True)
 
+    class Cnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+            self.dw = nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8)
+            self.pw = nn.Conv2d(8, 16, 1, bias=False)
+
+        def forward(self, x):
+            return self.pw(torch.relu(self.dw(torch.clamp(self.c1(x), 0, 6))))
+
+    torch.manual_seed(2)
+    hw = {0: "batch", 2: "height", 3: "width"}
+    torch.onnx.export(Cnn().eval(), (torch.randn(1, 3, 16, 16),), os.path.join(tmp, "cnn_dyn.onnx"),
+                      input_names=["x"], output_names=["y"], dynamic_axes={"x": hw, "y": hw},
+                      opset_version=17, dynamo=False)
+
 
 def quantize(src, out):
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -70,6 +91,8 @@ def quantize(src, out):
                      weight_type=QuantType.QInt8)
     quantize_dynamic(os.path.join(src, "mlp_dyn_u8.onnx"), os.path.join(out, "mlp_dyn_u8.onnx"),
                      weight_type=QuantType.QUInt8, per_channel=True)
+    quantize_dynamic(os.path.join(src, "cnn_dyn.onnx"), os.path.join(out, "cnn_dyn.onnx"),
+                     weight_type=QuantType.QInt8)
 
 
 def main():
