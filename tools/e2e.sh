@@ -7,4 +7,5 @@ cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "e2e: .venv is missing: run tools/bootstrap.sh (make bootstrap)" >&2; exit 2; }
 [ -x "${KILN_BIN:-build/kiln}" ] || { echo "e2e: ${KILN_BIN:-build/kiln} is missing: run make" >&2; exit 2; }
-exec "$PY" -m pytest -q -p no:cacheprovider tests/e2e "$@"
+# --durations: the slowest tests and their time, for keeping the suite short.
+exec "$PY" -m pytest -q -p no:cacheprovider --durations=20 tests/e2e "$@"
