@@ -92,6 +92,10 @@ struct graph_node {
      * to its (single) output after everything else. */
     enum act_kind act;
     float act_alpha, act_beta;
+    /* With act_affine, y = act(...) * act_scale + act_shift, each rounded as
+     * the Mul and Add it replaces (passes_fuse_post_affine: Conv alone). */
+    int act_affine;
+    float act_scale, act_shift;
 };
 
 struct graph {

@@ -48,12 +48,21 @@ int op_error(struct op_call *c, const char *fmt, ...) {
 }
 
 void op_apply_act(const struct graph_node *node, float *x, int64_t n) {
-    if (node->act == ACT_NONE) return;
+    if (node->act == ACT_NONE && !node->act_affine) return;
     /* Blocks of 16K values, on the team when there are several. */
     const int64_t blk = 16384, nb = (n + blk - 1) / blk;
+    const float s = node->act_scale, t = node->act_shift;
 #pragma omp parallel for if (nb > 1)
-    for (int64_t k = 0; k < nb; k++)
-        ew_act_f32(x + k * blk, k == nb - 1 ? n - k * blk : blk, node->act, node->act_alpha, node->act_beta);
+    for (int64_t k = 0; k < nb; k++) {
+        float *p = x + k * blk;
+        int64_t len = k == nb - 1 ? n - k * blk : blk;
+        ew_act_f32(p, len, node->act, node->act_alpha, node->act_beta);
+        if (node->act_affine) /* the Mul, then the Add, each rounded (no FMA contraction in ISO C) */
+            for (int64_t i = 0; i < len; i++) {
+                float v = p[i] * s;
+                p[i] = v + t;
+            }
+    }
 }
 
 int op_broadcast_shape(struct op_call *c, const struct tensor *a, const struct tensor *b, struct tensor *out) {

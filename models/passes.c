@@ -280,6 +280,9 @@ static int inline_branch(struct graph *g, int ni, unsigned char **dead, char *er
         nn->act = bn->act;
         nn->act_alpha = bn->act_alpha;
         nn->act_beta = bn->act_beta;
+        nn->act_affine = bn->act_affine;
+        nn->act_scale = bn->act_scale;
+        nn->act_shift = bn->act_shift;
         nn->attrs = bn->attrs; /* nested subgraphs keep their capture maps: node input positions */
         nn->nattr = bn->nattr;
         bn->attrs = NULL;
@@ -946,6 +949,54 @@ static const struct pass_def fuse_activations_pass = {"fusing activations", acti
 
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len) {
     return pass_run(&fuse_activations_pass, g, NULL, nfused, err, err_len);
+}
+
+/* The scalar float32 constant that binary node n (a Mul or an Add) applies
+ * to v, in *f: 1, or 0 when n is not that (rank 0 or 1, so that the
+ * result keeps v's shape). */
+static int scalar_operand(const struct graph *g, const struct graph_node *n, int v, float *f) {
+    if (n->nin != 2 || (n->in[0] == v) == (n->in[1] == v)) return 0;
+    const struct tensor *t = const_of(g, n->in[n->in[0] == v ? 1 : 0]);
+    if (!t || t->dtype != DT_FP32 || t->ndim > 1 || tensor_numel(t) != 1) return 0;
+    *f = ((const float *)t->data)[0];
+    return 1;
+}
+
+/* Conv -> activation (fused) -> Mul(scalar) [-> Add(scalar)], or -> Add(scalar):
+ * the Mul and the Add become the Conv's act_scale and act_shift, applied
+ * after the activation (a linear post-op in oneDNN, or in op_apply_act).
+ * Activations whose oneDNN form is a linear post-op already are left
+ * alone (oneDNN 2.6 applies a second one with the first one's alpha). */
+static int post_affine_node(struct pass *ps, int pi) {
+    struct graph *g = ps->g;
+    struct graph_node *p = &g->nodes[pi];
+    if (ps->dead[pi] || !is_op(p, "Conv") || p->act_affine || p->nout != 1 || !produces_fp32(g, p)) return 0;
+    switch (p->act) {
+    case ACT_RELU: case ACT_LEAKY_RELU: case ACT_CLIP: case ACT_SIGMOID: case ACT_TANH: case ACT_GELU:
+    case ACT_HARD_SWISH: case ACT_SILU: break;
+    default: return 0;
+    }
+    int mi = next_op(ps, pi, "Mul"), ai = -1;
+    float scale = 1.0f, shift = 0.0f;
+    if (mi >= 0 && !scalar_operand(g, &g->nodes[mi], p->out[0], &scale)) mi = -1;
+    int from = mi >= 0 ? mi : pi;
+    ai = next_op(ps, from, "Add");
+    if (ai >= 0 && !scalar_operand(g, &g->nodes[ai], g->nodes[from].out[0], &shift)) ai = -1;
+    if (mi < 0 && ai < 0) return 0;
+    p->act_affine = 1;
+    p->act_scale = scale;
+    p->act_shift = shift;
+    if (mi >= 0) take_output(ps, pi, mi);
+    if (ai >= 0) take_output(ps, pi, ai);
+    log_debug("fused %s%s%s after the activation into Conv '%s'", mi >= 0 ? "Mul" : "", mi >= 0 && ai >= 0 ? " and " : "",
+              ai >= 0 ? "Add" : "", p->name);
+    return 1;
+}
+
+static const struct pass_def post_affine_pass = {"fusing a scale and shift after activations", post_affine_node, 0};
+
+int passes_fuse_post_affine(struct graph *g, int *nfused, char *err, size_t err_len) {
+    return pass_run(&post_affine_pass, g, NULL, nfused, err, err_len);
 }
 
 /* ---- SiLU (CPU) ---------------------------------------------------------------------------- */
@@ -1799,7 +1850,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, hattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, hattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, post = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1821,6 +1872,7 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (cpu_only && (rc = passes_fuse_hardswish(g, &hswish, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_post_affine(g, &post, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_fake_quant(g, &fq, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_masked_softmax(g, &attn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
@@ -1830,10 +1882,11 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations, %d SiLU, %d masked softmaxes (%d of them in "
+              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations (%d with a scale and shift after), %d SiLU, %d "
+              "masked softmaxes (%d of them in "
               "whole attentions) and %d unmasked attentions fused, %d quantized operators, %d quantization round trips "
               "in float convolutions, %d on NHWC, %d dynamically quantized products, %d float nodes on channels-last)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, silu, attn,
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, post, silu, attn,
               hattn, sattn, qdq, fq, nhwc, dynq, nlayout);
     return 0;
 }

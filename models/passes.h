@@ -58,6 +58,11 @@ int passes_fuse_bias(struct graph *g, int *nfused, char *err, size_t err_len);
 /* x * 0.5 * (1 + erf(x / sqrt(2))) as exporters write it -> one Gelu node. */
 int passes_fuse_gelu(struct graph *g, int *nfused, char *err, size_t err_len);
 int passes_fuse_activations(struct graph *g, int *nfused, char *err, size_t err_len);
+/* CPU only, after passes_fuse_activations: a float Conv with a fused
+ * activation whose output only a Mul by a scalar constant, then an Add of
+ * one (either or both), reads -> node->act_affine (PaddleOCR's learnable
+ * affine blocks after HardSwish). */
+int passes_fuse_post_affine(struct graph *g, int *nfused, char *err, size_t err_len);
 /* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) as GPT-2's
  * exports write it (Pow, four Muls, two Adds, Tanh) -> one Gelu with
  * approximate="tanh" (CPU; passes_gelu_tanh.c). */

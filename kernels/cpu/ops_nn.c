@@ -330,6 +330,10 @@ static dnnl_primitive_attr_t act_attr(struct op_call *c, int with_sum, float sum
     int r = dnnl_util_append_act(po, c->node->act, c->node->act_alpha, c->node->act_beta);
     if (r < 0) goto fail;
     if (r == 0) *after = 1;
+    /* the scale and shift after the activation: one linear post-op (op_apply_act's when the activation runs after) */
+    if (r > 0 && c->node->act_affine &&
+        dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, c->node->act_scale, c->node->act_shift) != dnnl_success)
+        goto fail;
     if (dnnl_primitive_attr_set_post_ops(attr, po) != dnnl_success) goto fail;
     dnnl_post_ops_destroy(po);
     return attr;

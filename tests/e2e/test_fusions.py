@@ -1,10 +1,12 @@
 """Patterns exporters write that kiln fuses: exact GELU, x * 0.5 * (1 + erf(x
 / sqrt(2))) in its two product orders (and Mul by 1/sqrt(2)), GPT-2's and
 jax2tf's tanh GELU, and hard-swish as Paddle2ONNX and older torch exports
-write it, after a MatMul with bias. The answer equals onnxruntime's and no
+write it, after a MatMul with bias; a scale and shift after a Conv's
+activation (PaddleOCR's learnable affine blocks). The answer equals onnxruntime's and no
 Erf (or Pow) runs (KILN_PROFILE lists the op types that ran); a near-miss
 constant is left as it is."""
 import os
+import re
 import subprocess
 
 import numpy as np
@@ -130,3 +132,77 @@ def test_hardswish_fused(tmp_path, form, six, fused):
     ran = {w for w in ("Clip", "Div", "HardSigmoid", "Add") if f" {w} " in err}
     assert (not ran) == fused, err
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def conv_affine_model(path, act, tail, scale_shape=(1,), seed=5):
+    """PaddleOCR's learnable affine block after an activated Conv:
+    x [1, 8, 13, 11] -> Conv 3x3 (bias, pads 1) -> act -> tail -> Conv 3x3
+    (pads 1) -> y. tail: "mul_add" (Mul by a scalar, then Add of one, as
+    Paddle2ONNX writes it), "mul", "add", "add_mul" (only the Add fuses:
+    the Mul after it is not the pattern), "mul_also_out" (the Mul's input is
+    a graph output too: nothing fuses)."""
+    rng = np.random.default_rng(seed)
+    w1 = nh.from_array((0.3 * rng.standard_normal((8, 8, 3, 3))).astype(np.float32), "W1")
+    b1 = nh.from_array(rng.standard_normal(8).astype(np.float32), "B1")
+    w2 = nh.from_array((0.3 * rng.standard_normal((4, 8, 3, 3))).astype(np.float32), "W2")
+    nodes = [oh.make_node("Conv", ["x", "W1", "B1"], ["c"], pads=[1, 1, 1, 1])]
+    consts = [w1, b1, w2, nh.from_array(np.full(scale_shape, 0.75, np.float32), "s"),
+              nh.from_array(np.array([-0.4], np.float32), "t")]
+    if act == "HardSwish":
+        nodes.append(oh.make_node("HardSwish", ["c"], ["h"]))
+    elif act == "Clip":
+        consts += [nh.from_array(np.array(0, np.float32), "lo"), nh.from_array(np.array(6, np.float32), "hi")]
+        nodes.append(oh.make_node("Clip", ["c", "lo", "hi"], ["h"]))
+    else:
+        nodes.append(oh.make_node(act, ["c"], ["h"]))
+    outs = [oh.make_tensor_value_info("y", TP.FLOAT, None)]
+    if tail in ("mul_add", "mul_also_out"):
+        nodes += [oh.make_node("Mul", ["s", "h"], ["m"]), oh.make_node("Add", ["m", "t"], ["a"])]
+        if tail == "mul_also_out":
+            outs.append(oh.make_tensor_value_info("h", TP.FLOAT, None))
+    elif tail == "mul":
+        nodes.append(oh.make_node("Mul", ["h", "s"], ["a"]))
+    elif tail == "add":
+        nodes.append(oh.make_node("Add", ["t", "h"], ["a"]))
+    else:  # add_mul
+        nodes += [oh.make_node("Add", ["h", "t"], ["m"]), oh.make_node("Mul", ["m", "s"], ["a"])]
+    nodes.append(oh.make_node("Conv", ["a", "W2"], ["y"], pads=[1, 1, 1, 1]))
+    g = oh.make_graph(nodes, "conv_affine", [oh.make_tensor_value_info("x", TP.FLOAT, [1, 8, 13, 11])], outs, consts)
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+@pytest.mark.parametrize("isa", ["", "AVX2", "SSE41"])
+@pytest.mark.parametrize("act,tail,scale_shape,fused", [
+    ("HardSwish", "mul_add", (1,), "Mul and Add"), ("Relu", "mul_add", (), "Mul and Add"),
+    ("Clip", "mul", (1,), "Mul"), ("Sigmoid", "add", (1,), "Add"), ("HardSwish", "add_mul", (1,), "Add"),
+    ("HardSwish", "mul_also_out", (1,), None), ("HardSwish", "mul_add", (1, 8, 1, 1), None),
+    ("HardSigmoid", "mul_add", (1,), None)])
+def test_scale_and_shift_after_conv_activation(tmp_path, isa, act, tail, scale_shape, fused):
+    """The Mul by a scalar and the Add of one after a Conv's activation run as
+    the Conv's last post-op (no Mul or Add runs on its own), at oneDNN's
+    widest ISA and capped at AVX2 and SSE4.1, and the answer is onnxruntime's
+    within float32 rounding. Left as they are: a per-channel factor (another
+    pass folds those where exact), a value something else reads, and an
+    activation whose oneDNN form is a linear post-op already (HardSigmoid)."""
+    conv_affine_model(tmp_path / "m.onnx", act, tail, scale_shape)
+    x = (2 * np.random.default_rng(6).standard_normal((1, 8, 13, 11))).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "KILN_PROFILE": "1"}
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    r = subprocess.run([str(KILN), "run", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+                        "--output-dir", str(tmp_path / "out"), "--quiet", "--log-level", "debug"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = re.search(r"fused ([A-Za-z ]+) after the activation into Conv", r.stderr)
+    assert (got.group(1) if got else None) == fused, r.stderr
+    ran = set(re.findall(r"info\s+(\w+)\s+[0-9.]+ ms/run", r.stderr))  # KILN_PROFILE's op types
+    assert "Conv" in ran, r.stderr
+    if fused == "Mul and Add":
+        assert not ran & {"Mul", "Add"}, ran
+    names = [o.name for o in onnx.load(str(tmp_path / "m.onnx")).graph.output]
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})
+    for name, w in zip(names, want):
+        np.testing.assert_allclose(np.load(tmp_path / "out" / f"{name}.npy"), w, rtol=1e-5, atol=1e-5)
