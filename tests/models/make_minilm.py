@@ -109,16 +109,17 @@ def build(model_dir: Path) -> onnx.ModelProto:
     return model
 
 
-# Padding buckets: every 8 tokens up to 64, where short texts (queries,
+# Padding buckets: every 4 tokens up to 64, where short texts (queries,
 # sentences, chunks' titles) fall, then wider steps. A text runs padded to
 # its bucket, and the encoder's cost is all in products over every padded
 # token: with the powers of two, the benchmark's texts (8-64 words, 41.5
-# tokens on average) ran 1.42 tokens per real token, 1.09 with these. More
-# buckets split a queue into more, smaller batches (7 texts on average at
-# concurrency 64 instead of 10), which costs less than the padding did, and
-# more plans to warm at load (13 buckets x 7 batch sizes, the long ones
-# dearest).
-SHORT_TEXT_BUCKETS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 128, 192, 256)
+# tokens on average) ran 1.42 tokens per real token, 1.11 every 8 tokens,
+# 1.04 with these. More buckets split a queue into more, smaller batches,
+# which costs less than the padding did (every 4 against every 8, served
+# side by side: 1.05x the texts/s at concurrency 64, 1.07x at 1, on an
+# AVX-512 EPYC), and more plans to warm at load (21 buckets x 7 batch
+# sizes: 85 s there, 65 s every 8; docs/embeddings.md).
+SHORT_TEXT_BUCKETS = (8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 56, 60, 64, 72, 80, 96, 128, 192, 256)
 
 
 def buckets(max_tokens):
