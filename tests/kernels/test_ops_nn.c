@@ -342,7 +342,9 @@ static void test_conv_errors(void **st) {
 
 /* ConvTranspose against a scatter-add reference (the kernel gathers):
  * oneDNN's deconvolution where it applies, the loop for output_padding
- * beyond the pads and weights known only at run time. */
+ * beyond the pads and weights known only at run time, and the product of
+ * patches (kernel = stride, at most 8 outputs: DBNet's 24 -> 1 head, its
+ * output_padding and dilation left to the others). */
 static void test_conv_transpose(void **st) {
     (void)st;
     struct { int64_t n, c, m, g, in[2], k[2], s[2], d[2], pl[2], pr[2], op[2]; int runtime_w; enum act_kind act; } cases[] = {
@@ -351,6 +353,10 @@ static void test_conv_transpose(void **st) {
         {1, 16, 16, 1, {7, 7}, {4, 4}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 0, ACT_TANH},
         {1, 2, 3, 1, {3, 3}, {3, 3}, {3, 2}, {1, 1}, {0, 0}, {0, 0}, {2, 1}, 0, ACT_NONE},
         {1, 2, 3, 1, {3, 3}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, {0, 0}, 1, ACT_NONE},
+        {2, 24, 1, 1, {6, 5}, {2, 2}, {2, 2}, {1, 1}, {0, 0}, {0, 0}, {0, 0}, 0, ACT_SIGMOID},
+        {1, 5, 3, 1, {4, 7}, {3, 1}, {3, 1}, {1, 1}, {0, 0}, {0, 0}, {0, 0}, 1, ACT_RELU},
+        {1, 4, 8, 1, {3, 3}, {2, 2}, {2, 2}, {1, 1}, {0, 0}, {0, 0}, {1, 0}, 0, ACT_NONE},
+        {1, 4, 2, 1, {3, 3}, {2, 2}, {2, 2}, {2, 1}, {0, 0}, {0, 0}, {0, 0}, 0, ACT_NONE},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         __typeof__(cases[0]) *k = &cases[ci];
