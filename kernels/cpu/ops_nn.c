@@ -205,7 +205,6 @@ struct conv_state {
     struct convi_state *exact;                   /* QLinearConv's exact 8-bit GEMM, or NULL */
     int patches;                                 /* ConvTranspose as one product and a scatter (ctr_patches_ok) */
     size_t src_t2d, dst_t2d;                     /* element size when a reorder is plain <-> channels-last */
-    int64_t src_n, src_c, src_sp, dst_n, dst_c, dst_sp; /* their N, C and spatial sizes */
 };
 
 static void convi_release(void *st);
@@ -403,13 +402,6 @@ static size_t conv_t2d(const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t
     return dnnl_data_type_size(plain->data_type);
 }
 
-/* N, C and the spatial size of a plain activation descriptor. */
-static void conv_ncs(const dnnl_memory_desc_t *md, int64_t *n, int64_t *ch, int64_t *sp) {
-    *n = md->dims[0];
-    *ch = md->dims[1];
-    *sp = prod(md->dims + 2, md->ndims - 2);
-}
-
 static int conv_reorder(struct op_call *c, const dnnl_memory_desc_t *plain, const dnnl_memory_desc_t *prim, int to_prim,
                         struct dnnl_prim **p, size_t *bytes, size_t *scr) {
     if (dnnl_memory_desc_equal(prim, plain)) return 0;
@@ -447,10 +439,6 @@ static int conv_finish(struct op_call *c, struct conv_state *s, const_dnnl_primi
         return rc;
     if (s->src_reorder) s->src_t2d = conv_t2d(&d->src_plain, smd);
     if (s->dst_reorder) s->dst_t2d = conv_t2d(&d->dst_plain, dmd);
-    if (s->src_t2d || s->dst_t2d) {
-        conv_ncs(&d->src_plain, &s->src_n, &s->src_c, &s->src_sp);
-        conv_ncs(&d->dst_plain, &s->dst_n, &s->dst_c, &s->dst_sp);
-    }
     size_t pad = conv_scr > r1 ? conv_scr : r1;
     if (r2 > pad) pad = r2;
     if (r3 > pad) pad = r3;
@@ -658,8 +646,10 @@ static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, con
         if ((rc = dnnl_prim_exec(c, s->w_reorder, p, pad))) return rc;
         w = scr + s->off_w;
     }
-    if (s->src_t2d) {
-        cpu_transpose_2d(src, scr + s->off_src, s->src_n, s->src_c, s->src_sp, s->src_t2d, c->nthreads);
+    const struct tensor *x = c->in[0];
+    if (s->src_t2d) { /* [C, spatial] -> [spatial, C] per image */
+        cpu_transpose_2d(src, scr + s->off_src, x->dims[0], x->dims[1], prod(x->dims + 2, x->ndim - 2), s->src_t2d,
+                         c->nthreads);
         src = scr + s->off_src;
     } else if (s->src_reorder) {
         void *p[2] = {src, scr + s->off_src};
@@ -670,7 +660,7 @@ static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, con
     void *args[4] = {src, w, dst, b ? b->data : NULL};
     if ((rc = dnnl_prim_exec(c, s->conv, args, pad))) return rc;
     if (s->dst_t2d) {
-        cpu_transpose_2d(dst, y->data, s->dst_n, s->dst_sp, s->dst_c, s->dst_t2d, c->nthreads);
+        cpu_transpose_2d(dst, y->data, y->dims[0], prod(y->dims + 2, y->ndim - 2), y->dims[1], s->dst_t2d, c->nthreads);
     } else if (s->dst_reorder) {
         void *p[2] = {dst, y->data};
         if ((rc = dnnl_prim_exec(c, s->dst_reorder, p, pad))) return rc;
