@@ -830,6 +830,31 @@ static enum dtype known_dtype(const struct graph *g, int v, int depth) {
     return DT_UNDEFINED;
 }
 
+enum dtype pass_known_dtype(const struct graph *g, int v) { return known_dtype(g, v, 0); }
+
+int pass_set_attrs(struct graph_node *n, const struct graph_attr *src, int nat) {
+    struct graph_attr *at = calloc((size_t)nat, sizeof *at);
+    int ok = at != NULL;
+    for (int k = 0; ok && k < nat; k++) {
+        at[k] = (struct graph_attr){.name = strdup(src[k].name), .type = src[k].type, .i = src[k].i, .f = src[k].f};
+        if (src[k].s && (at[k].s = malloc(src[k].s_len + 1))) {
+            memcpy(at[k].s, src[k].s, src[k].s_len + 1);
+            at[k].s_len = src[k].s_len;
+        }
+        ok = at[k].name && (!src[k].s || at[k].s);
+    }
+    if (!ok) {
+        for (int k = 0; at && k < nat; k++) graph_attr_clear(&at[k]);
+        free(at);
+        return -1;
+    }
+    for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
+    free(n->attrs);
+    n->attrs = at;
+    n->nattr = nat;
+    return 0;
+}
+
 /* 1 if p's output is known to be FP32 (the activation math is float). */
 static int produces_fp32(const struct graph *g, const struct graph_node *p) {
     return p->nout >= 1 && known_dtype(g, p->out[0], 0) == DT_FP32;
@@ -1141,21 +1166,9 @@ static int to_kiln_op(struct graph_node *n, const char *op) {
 
 /* Sets node n's attributes to scale and nan_to_zero. */
 static int masked_softmax_attrs(struct graph_node *n, float scale, int nan_to_zero) {
-    struct graph_attr *at = calloc(2, sizeof *at);
-    char *a = strdup("scale"), *b = strdup("nan_to_zero");
-    if (!at || !a || !b) {
-        free(at);
-        free(a);
-        free(b);
-        return -1;
-    }
-    at[0] = (struct graph_attr){.name = a, .type = ATTR_FLOAT, .f = scale};
-    at[1] = (struct graph_attr){.name = b, .type = ATTR_INT, .i = nan_to_zero};
-    for (int k = 0; k < n->nattr; k++) graph_attr_clear(&n->attrs[k]);
-    free(n->attrs);
-    n->attrs = at;
-    n->nattr = 2;
-    return 0;
+    const struct graph_attr at[2] = {{.name = "scale", .type = ATTR_FLOAT, .f = scale},
+                                     {.name = "nan_to_zero", .type = ATTR_INT, .i = nan_to_zero}};
+    return pass_set_attrs(n, at, 2);
 }
 
 /* The softmax of attention as exporters write it,
@@ -1850,7 +1863,7 @@ int passes_run(struct graph *g, char *err, size_t err_len) { return passes_run_f
 
 int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     int before = g->nnodes, folded = 0, removed = 0, bn = 0, affine = 0, bias = 0, gelu = 0, act = 0, attn = 0,
-        removed2 = 0, qdq = 0, sattn = 0, hattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, post = 0, rc;
+        removed2 = 0, qdq = 0, sattn = 0, hattn = 0, dynq = 0, gelu_tanh = 0, hswish = 0, silu = 0, fq = 0, post = 0, rms = 0, rc;
     /* Before folding, which would dequantize the weights into floats. */
     if (cpu_only && (rc = passes_fuse_qdq(g, &qdq, err, err_len))) return rc;
     /* Folding may make an If's condition constant, and a branch brings
@@ -1870,6 +1883,7 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if ((rc = passes_fuse_gelu(g, &gelu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_gelu_tanh(g, &gelu_tanh, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_hardswish(g, &hswish, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_rmsnorm(g, &rms, err, err_len))) return rc;
     if ((rc = passes_fuse_activations(g, &act, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_silu(g, &silu, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_post_affine(g, &post, err, err_len))) return rc;
@@ -1882,11 +1896,11 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
-              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d activations (%d with a scale and shift after), %d SiLU, %d "
+              "bias, %d GELU, %d tanh GELU, %d HardSwish, %d RMS norms, %d activations (%d with a scale and shift after), %d SiLU, %d "
               "masked softmaxes (%d of them in "
               "whole attentions) and %d unmasked attentions fused, %d quantized operators, %d quantization round trips "
               "in float convolutions, %d on NHWC, %d dynamically quantized products, %d float nodes on channels-last)",
-              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, act, post, silu, attn,
+              before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, rms, act, post, silu, attn,
               hattn, sattn, qdq, fq, nhwc, dynq, nlayout);
     return 0;
 }

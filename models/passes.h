@@ -71,6 +71,10 @@ int passes_fuse_gelu_tanh(struct graph *g, int *nfused, char *err, size_t err_le
  * Paddle2ONNX and older torch exports write it -> one HardSwish node (CPU;
  * passes_hardswish.c). */
 int passes_fuse_hardswish(struct graph *g, int *nfused, char *err, size_t err_len);
+/* ReduceMean(Pow(x, 2)) -> Add(eps) -> Sqrt -> Div(1, .) -> Mul(x, .) ->
+ * Mul(w, .), T5's and Llama's RMSNorm as exported -> one RMSNormalization
+ * (CPU; passes_rmsnorm.c). */
+int passes_fuse_rmsnorm(struct graph *g, int *nfused, char *err, size_t err_len);
 /* CPU only: x * Sigmoid(x) (SiLU) where x, the output of a Conv, Gemm or
  * MatMul, is read by the Sigmoid and the Mul alone: ACT_SILU on x's
  * producer, which takes the Mul's output. */

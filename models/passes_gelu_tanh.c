@@ -36,21 +36,6 @@ static int scaled_input(const struct graph *g, const struct graph_node *n, doubl
     return -1;
 }
 
-/* Gives node y (attributes cleared) approximate="tanh". */
-static int add_tanh_attr(struct graph_node *y) {
-    struct graph_attr *at = realloc(y->attrs, sizeof *at);
-    if (!at) return -1;
-    y->attrs = at;
-    *at = (struct graph_attr){.name = strdup("approximate"), .type = ATTR_STRING, .s = strdup("tanh"), .s_len = 4};
-    if (!at->name || !at->s) {
-        free(at->name);
-        free(at->s);
-        return -1;
-    }
-    y->nattr = 1;
-    return 0;
-}
-
 static int gelu_tanh_node(struct pass *ps, int ti) {
     struct graph *g = ps->g;
     const struct graph_node *t = &g->nodes[ti];
@@ -102,7 +87,8 @@ static int gelu_tanh_node(struct pass *ps, int ti) {
     if (rc <= 0) return rc;
     struct graph_node *y = &g->nodes[last];
     y->opset = 20;
-    if (add_tanh_attr(y)) return pass_nomem(ps);
+    const struct graph_attr at = {.name = "approximate", .type = ATTR_STRING, .s = "tanh", .s_len = 4};
+    if (pass_set_attrs(y, &at, 1)) return pass_nomem(ps);
     ps->dead[ti] = ps->dead[ui] = ps->dead[vi] = ps->dead[wi] = ps->dead[pi] = ps->dead[ai] = 1;
     if (last != mi) ps->dead[mi] = 1;
     if (hi >= 0) ps->dead[hi] = 1;

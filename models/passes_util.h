@@ -58,6 +58,11 @@ int pass_nomem(struct pass *ps);
 int pass_is_op(const struct graph_node *n, const char *op_type);
 /* Value v's constant tensor, or NULL (v < 0 included). */
 const struct tensor *pass_const_of(const struct graph *g, int v);
+/* Value v's dtype where the file or its producers say it, else DT_UNDEFINED. */
+enum dtype pass_known_dtype(const struct graph *g, int v);
+/* Replaces node n's attributes with copies of src[0..nat) (scalars and
+ * strings); -1 when out of memory, n unchanged. */
+int pass_set_attrs(struct graph_node *n, const struct graph_attr *src, int nat);
 /* The sole live reader of node i's output 0 that is op (that output no
  * graph output), or -1. */
 int pass_next_op(struct pass *ps, int i, const char *op);

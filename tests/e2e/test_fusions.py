@@ -2,7 +2,8 @@
 / sqrt(2))) in its two product orders (and Mul by 1/sqrt(2)), GPT-2's and
 jax2tf's tanh GELU, and hard-swish as Paddle2ONNX and older torch exports
 write it, after a MatMul with bias; a scale and shift after a Conv's
-activation (PaddleOCR's learnable affine blocks). The answer equals onnxruntime's and no
+activation (PaddleOCR's learnable affine blocks); T5's and Llama's RMSNorm written out.
+The answer equals onnxruntime's and no
 Erf (or Pow) runs (KILN_PROFILE lists the op types that ran); a near-miss
 constant is left as it is."""
 import os
@@ -44,6 +45,18 @@ def run_profiled(tmp_path, x):
     assert r.returncode == 0, r.stderr
     want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
     return r.stderr, np.load(tmp_path / "out" / "y.npy"), want
+
+
+def run_debug(tmp_path, x, isa):
+    """kiln run on tmp_path/m.onnx with x, its debug log and KILN_PROFILE's
+    lines on stderr, oneDNN capped at isa ("" for none)."""
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "KILN_PROFILE": "1"}
+    if isa:
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    return subprocess.run([str(KILN), "run", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
+                           "--output-dir", str(tmp_path / "out"), "--quiet", "--log-level", "debug"],
+                          capture_output=True, text=True, env=env, timeout=60)
 
 
 def gelu_model(path, order, div=True, sqrt2=1.4142135623730951):
@@ -188,13 +201,7 @@ def test_scale_and_shift_after_conv_activation(tmp_path, isa, act, tail, scale_s
     activation whose oneDNN form is a linear post-op already (HardSigmoid)."""
     conv_affine_model(tmp_path / "m.onnx", act, tail, scale_shape)
     x = (2 * np.random.default_rng(6).standard_normal((1, 8, 13, 11))).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "KILN_PROFILE": "1"}
-    if isa:
-        env["ONEDNN_MAX_CPU_ISA"] = isa
-    r = subprocess.run([str(KILN), "run", str(tmp_path / "m.onnx"), "--input", f"x={tmp_path / 'x.npy'}",
-                        "--output-dir", str(tmp_path / "out"), "--quiet", "--log-level", "debug"],
-                       capture_output=True, text=True, env=env, timeout=60)
+    r = run_debug(tmp_path, x, isa)
     assert r.returncode == 0, r.stderr
     got = re.search(r"fused ([A-Za-z ]+) after the activation into Conv", r.stderr)
     assert (got.group(1) if got else None) == fused, r.stderr
@@ -202,6 +209,77 @@ def test_scale_and_shift_after_conv_activation(tmp_path, isa, act, tail, scale_s
     assert "Conv" in ran, r.stderr
     if fused == "Mul and Add":
         assert not ran & {"Mul", "Add"}, ran
+    names = [o.name for o in onnx.load(str(tmp_path / "m.onnx")).graph.output]
+    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})
+    for name, w in zip(names, want):
+        np.testing.assert_allclose(np.load(tmp_path / "out" / f"{name}.npy"), w, rtol=1e-5, atol=1e-5)
+
+
+def rmsnorm_model(path, form, C=48, eps=1e-6, seed=7):
+    """y = RMSNorm(x) as T5 and Llama export it (x [2, 5, C], w [C]), in the
+    written-out form the case names, saved at path; a second output where a
+    case gives an intermediate another reader."""
+    rng = np.random.default_rng(seed)
+    w = rng.uniform(0.5, 1.5, C if form != "w_2d" else (1, C)).astype(np.float32)
+    if form == "w_other_len":
+        w = w[: C // 2]
+    consts = {"two": np.array(2.0, np.float32), "eps": np.array(eps, np.float32), "one": np.array(1.0, np.float32),
+              "w": w}
+    nodes = [oh.make_node("Mul", ["x", "x"], ["sq"]) if form == "mul_square" else
+             oh.make_node("Pow", ["x", "two"], ["sq"])]
+    if form == "axes_input":  # opset 18: axes as an input
+        consts["axes"] = np.array([-1], np.int64)
+        nodes.append(oh.make_node("ReduceMean", ["sq", "axes"], ["v"], keepdims=1))
+    else:
+        axes = {"axis_0": [0], "axis_pos": [2]}.get(form, [-1])
+        nodes.append(oh.make_node("ReduceMean", ["sq"], ["v"], axes=axes, keepdims=1))
+    nodes += [oh.make_node("Add", ["v", "eps"], ["ve"]), oh.make_node("Sqrt", ["ve"], ["s"])]
+    if form == "div_x":  # x / sqrt(...)
+        nodes.append(oh.make_node("Div", ["x", "s"], ["n"]))
+    else:
+        nodes.append(oh.make_node("Reciprocal", ["s"], ["r"]) if form == "reciprocal" else
+                     oh.make_node("Div", ["one", "s"], ["r"]))
+        nodes.append(oh.make_node("Mul", ["r", "x"] if form == "r_first" else ["x", "r"], ["n"]))
+    last = "n"
+    if form == "cast":
+        nodes.append(oh.make_node("Cast", ["n"], ["nc"], to=TP.FLOAT))
+        last = "nc"
+    nodes.append(oh.make_node("Mul", ["w", last] if form != "x_first" else [last, "w"], ["y"]))
+    outs = [oh.make_tensor_value_info("y", TP.FLOAT, None)]
+    if form == "s_also_out":
+        outs.append(oh.make_tensor_value_info("s", TP.FLOAT, None))
+    ins = [oh.make_tensor_value_info("x", TP.FLOAT, [2, 5, C] if form != "unknown_shape" else None)]
+    opset = 18 if form == "axes_input" else 17
+    g = oh.make_graph(nodes, "rmsnorm", ins, outs, [nh.from_array(v, k) for k, v in consts.items()])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+@pytest.mark.parametrize("isa", ["", "AVX2", "SSE41"])
+@pytest.mark.parametrize("form,fused", [
+    ("pow", True), ("mul_square", True), ("reciprocal", True), ("div_x", True), ("r_first", True),
+    ("x_first", True), ("cast", True), ("axes_input", True), ("axis_pos", True), ("unknown_shape", True),
+    ("axis_0", False), ("s_also_out", False), ("w_2d", False), ("w_other_len", False)])
+def test_rmsnorm_fused(tmp_path, isa, form, fused):
+    """T5's and Llama's RMSNorm, written out, runs as one RMSNormalization
+    (no ReduceMean, Sqrt or Pow runs) with onnxruntime's answer within
+    float32 rounding at oneDNN's widest ISA and capped at AVX2 and SSE4.1.
+    Left as it is: a mean over another axis, an intermediate something else
+    reads, and a scale that is not one value a channel (w [1, C]; w of half
+    the channels, which the graph itself refuses)."""
+    rmsnorm_model(tmp_path / "m.onnx", form)
+    x = (3 * np.random.default_rng(8).standard_normal((2, 5, 48))).astype(np.float32)
+    r = run_debug(tmp_path, x, isa)
+    if form == "w_other_len":  # [.., 48] * [24] does not broadcast: both refuse it
+        assert r.returncode != 0 and "broadcast" in r.stderr, r.stderr
+        with pytest.raises(Exception):
+            ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})
+        return
+    assert r.returncode == 0, r.stderr
+    assert ("one RMSNormalization node" in r.stderr) == fused, r.stderr
+    ran = set(re.findall(r"info\s+(\w+)\s+[0-9.]+ ms/run", r.stderr))
+    assert ("RMSNormalization" in ran and not ran & {"ReduceMean", "Sqrt", "Pow"}) == fused, ran
     names = [o.name for o in onnx.load(str(tmp_path / "m.onnx")).graph.output]
     want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})
     for name, w in zip(names, want):
