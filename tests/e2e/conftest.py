@@ -55,16 +55,19 @@ KILN = Path(os.environ.get("KILN_BIN", ROOT / "build" / "kiln"))
 DIGITS = ROOT / "model_repository" / "digits"
 
 
-def kiln_run(model_path, feeds, out_names, tmp_path):
+def kiln_run(model_path, feeds, out_names, tmp_path, extra=(), env=None, log=None):
     """Runs a model once through `kiln run` with feeds saved as .npy files;
-    returns the outputs named out_names, read back from tmp_path."""
-    args = [str(KILN), "run", str(model_path), "--output-dir", str(tmp_path), "--quiet"]
+    returns the outputs named out_names, read back from tmp_path. extra:
+    more arguments; env: the environment; log: a list that gets stderr."""
+    args = [str(KILN), "run", str(model_path), "--output-dir", str(tmp_path), "--quiet", *extra]
     for name, arr in feeds.items():
         f = tmp_path / f"in_{name}.npy"
         np.save(f, arr)
         args += ["--input", f"{name}={f}"]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
+    if log is not None:
+        log.append(r.stderr)
     return [np.load(tmp_path / (n.replace("/", "_") + ".npy"), allow_pickle=False) for n in out_names]
 
 

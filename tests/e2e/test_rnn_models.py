@@ -193,3 +193,51 @@ def test_step_product_forms(case, isa, tmp_path, monkeypatch):
     for n, g, w in zip(out_names, got, want):
         assert g.shape == w.shape, (n, g.shape, w.shape)
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5, err_msg=n)
+
+
+# Steps shared by two threads (hidden units split near the middle, from 128
+# units): LSTM and GRU with linear_before_reset, the fused cell, one to four
+# rows, rows that end early, both initial states, reverse; 150 units split
+# off the vector width (80 + 70). Bidirectional nodes run a direction a
+# thread instead, and 127 units stay on one thread.
+SHARED = [
+    # op, T, B, H, attrs, optional inputs, split
+    ("LSTM", 12, 1, 128, {}, (), True),
+    ("LSTM", 12, 3, 150, {"direction": "reverse"}, ("B", "sequence_lens", "initial_h", "initial_c"), True),
+    ("LSTM", 9, 4, 128, {"layout": 1}, ("B", "sequence_lens", "initial_h"), True),
+    ("GRU", 12, 1, 150, {"linear_before_reset": 1}, ("B", "initial_h"), True),
+    ("GRU", 10, 4, 128, {"linear_before_reset": 1}, ("B", "sequence_lens"), True),
+    ("GRU", 8, 2, 128, {}, ("B", "initial_h"), False),  # r * h before h's product: not shared
+    ("LSTM", 8, 1, 128, {"direction": "bidirectional"}, ("B",), False),
+    ("LSTM", 8, 1, 127, {}, ("B",), False),
+    ("LSTM", 8, 6, 128, {}, ("B",), False),  # six rows: one sgemm a step
+]
+
+
+@pytest.mark.parametrize("isa", ["native", "AVX2", "SSE41"])
+@pytest.mark.parametrize("case", SHARED, ids=[f"{c[0]}-{i}" for i, c in enumerate(SHARED)])
+def test_steps_shared_by_two_threads(case, isa, tmp_path):
+    """Two threads, every step on both (KILN_STEP_THREADS=0): the node says
+    when its steps are shared, its outputs are one thread's bit for bit
+    (each unit's product sums over the state in order either way), and
+    onnxruntime's within float rounding (larger here than in the small
+    cases above: 128 to 150 terms a product, over up to 12 steps)."""
+    import os
+    op, T, B, H, attrs, optional, split = case
+    env = {**os.environ, "KILN_STEP_THREADS": "0"}
+    if isa != "native":
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    model, feeds, out_names = rnn_model(op, T, B, 11, H, attrs, optional, ("Y", "Y_h", "Y_c"), 14)
+    model, feeds = as_initializers(model, feeds)
+    path = tmp_path / "model.onnx"
+    onnx.save(model, str(path))
+    log = []
+    (tmp_path / "one").mkdir()
+    one = kiln_run(path, feeds, out_names, tmp_path / "one", ["--threads", "1"], env)
+    got = kiln_run(path, feeds, out_names, tmp_path, ["--threads", "2", "--log-level", "debug"], env, log)
+    assert ("each step shared by two threads" in log[0]) == split, log[0]
+    want = ort_run(path, feeds) if not attrs.get("layout") else ort_batch_major(model, feeds, tmp_path)
+    for n, g, o, w in zip(out_names, got, one, want):
+        assert g.shape == w.shape, (n, g.shape, w.shape)
+        np.testing.assert_array_equal(g, o, err_msg=n)
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4, err_msg=n)
