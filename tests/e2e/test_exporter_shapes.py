@@ -76,3 +76,34 @@ def test_slice_with_unit_axes(tmp_path, shape, starts, ends, axes, steps):
     got, want = run_both(tmp_path, model, {"x": x})
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape,perm", [
+    ([1024, 2, 16, 2], [0, 2, 1, 3]),       # MobileViT's patch unfolding: rows of two values
+    ([1, 64, 256, 4], [0, 3, 2, 1]),        # its fold: every row gathered
+    ([4, 256, 3, 4, 16], [2, 0, 3, 1, 4]),  # its heads split
+    ([3, 5, 7, 11, 13], [4, 2, 0, 3, 1]),   # nothing merges: odd sizes on every axis
+    ([2, 3, 1, 5], [3, 2, 1, 0]),           # an axis of one, fewer rows than threads
+])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "float16"])
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_transpose_strided_rows(tmp_path, shape, perm, dtype, threads):
+    """Permutations that are neither a copy of rows nor a batched 2-D
+    transpose take the strided copy: rows in chunks on the threads (above
+    32768 values), each chunk's rows walked without a division per axis.
+    numpy's transpose, element for element, at one and two
+    threads and for 1-, 2-, 4- and 8-byte elements."""
+    elem = {"float32": TP.FLOAT, "int64": TP.INT64, "uint8": TP.UINT8, "float16": TP.FLOAT16}[dtype]
+    g = oh.make_graph([oh.make_node("Transpose", ["x"], ["y"], perm=perm)], "t",
+                      [oh.make_tensor_value_info("x", elem, shape)], [oh.make_tensor_value_info("y", elem, None)])
+    model = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    x = (np.arange(np.prod(shape)) % 251).astype(dtype).reshape(shape)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    np.save(tmp_path / "x.npy", x)
+    r = subprocess.run([str(KILN), "run", str(path), "--backend", "cpu", "--threads", threads, "--output-dir",
+                        str(tmp_path / "out"), "--quiet", "--input", f"x={tmp_path / 'x.npy'}"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "KILN_STEP_THREADS": "0"})
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), np.transpose(x, perm))
