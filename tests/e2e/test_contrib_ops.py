@@ -768,3 +768,32 @@ def test_dynamic_quantize_lstm_matches_onnxruntime(make_server, tmp_path, name):
         err = np.abs(g.astype(np.float64) - w)
         assert err.max() <= tol, (name, k, err.max(), tol)
         assert (err > 1e-5 + 1e-5 * np.abs(w)).mean() <= 0.02, (name, k, (err > 1e-5).mean())
+
+
+@pytest.mark.parametrize("isa", ["native", "AVX2", "SSE41"])
+@pytest.mark.parametrize("op,bias,alpha,last", [
+    ("Gelu", False, None, 384), ("BiasGelu", True, None, 384), ("FastGelu", True, None, 384),
+    ("FastGelu", False, None, 384), ("QuickGelu", False, 1.702, 384), ("BiasSplitGelu", True, None, 2560),
+])
+def test_bias_activations_large(tmp_path, op, bias, alpha, last, isa):
+    """The bias activations on a tensor large enough to be shared by two
+    threads (and BiasSplitGelu's halves longer than the 1024 values its
+    kernel takes at a time), at oneDNN's widest ISA and capped at AVX2 and
+    SSE4.1, where kiln builds their loops apart: onnxruntime's values (numpy's
+    for BiasSplitGelu, which onnxruntime runs on CUDA alone)."""
+    import os
+    from conftest import kiln_run
+    rng = rng_for(f"{op}-{bias}-{last}")
+    x = f32(rng, 2, 48, last, scale=3)
+    consts = {"bias": f32(rng, last)} if bias else {}
+    attrs = {"alpha": alpha} if alpha else {}
+    model = single_node(op, {"x": x}, consts, ["y"], **attrs)
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    env = {**os.environ, "KILN_STEP_THREADS": "0"}
+    if isa != "native":
+        env["ONEDNN_MAX_CPU_ISA"] = isa
+    (got,) = kiln_run(path, {"x": x}, ["y"], tmp_path, ["--threads", "2"], env)
+    ref = numpy_bias_split_gelu if op == "BiasSplitGelu" else ort_outputs  # onnxruntime's CPU lacks it
+    want = ref(model, {"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5)
