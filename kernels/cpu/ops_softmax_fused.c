@@ -465,11 +465,11 @@ static inline __attribute__((always_inline)) void ha_rows16_x4(const float *cons
  * ([T][Dv]): both are read again for every R query rows, and in
  * place their rows lie a whole row of heads apart, where the L1 cache
  * keeps few of them (each maps to one of a few sets). sc: the scores of
- * R rows (R <= HA_ROWS); x4: the products in four-lane vectors. */
+ * R rows (R <= HA_ROWS); the products in vectors of `lanes` floats (4, 8 or 16). */
 static inline __attribute__((always_inline)) void ha_body(const struct ha_params *p, const float *q, const float *k,
                                                           const float *v, const float *m, float *y, int64_t s0,
                                                           int64_t s1, float *kt, float *vc, float *sc, const int R,
-                                                          const int x4) {
+                                                          const int lanes) {
     const int64_t T = p->T, Tp = p->Tp, D = p->D, Dv = p->Dv, ys = p->H * Dv;
     const float scale = p->sm.scale;
     for (int64_t t = 0; t < T; t++) {
@@ -491,8 +491,8 @@ static inline __attribute__((always_inline)) void ha_body(const struct ha_params
         for (int r = 0; r < R; r++) sr[r] = sc + r * Tp;
         for (int64_t t0 = 0; t0 < Tp; t0 += 16) { /* scaled as MaskedSoftmax scales, before the mask */
             for (int r = 0; r < R; r++) out[r] = sc + r * Tp + t0;
-            if (x4 == 16) ha_rows16_x16(qr, kt + t0, Tp, D, scale, out, R, R);
-            else if (x4) ha_rows16_x4(qr, kt + t0, Tp, D, scale, out, R, R);
+            if (lanes == 16) ha_rows16_x16(qr, kt + t0, Tp, D, scale, out, R, R);
+            else if (lanes == 4) ha_rows16_x4(qr, kt + t0, Tp, D, scale, out, R, R);
             else ha_rows16(qr, kt + t0, Tp, D, scale, out, R, R);
         }
         for (int r = 0; r < nr; r++) ha_softmax(&p->sm, sc + r * Tp, m ? m + (r0 + r) * p->ms : NULL);
@@ -500,8 +500,8 @@ static inline __attribute__((always_inline)) void ha_body(const struct ha_params
         int64_t c0 = 0;
         for (; c0 + 16 <= Dv; c0 += 16) {
             for (int r = 0; r < nr; r++) out[r] = yr + r * ys + c0;
-            if (x4 == 16) ha_rows16_x16(sr, vc + c0, Dv, T, 1.0f, out, nr, R);
-            else if (x4) ha_rows16_x4(sr, vc + c0, Dv, T, 1.0f, out, nr, R);
+            if (lanes == 16) ha_rows16_x16(sr, vc + c0, Dv, T, 1.0f, out, nr, R);
+            else if (lanes == 4) ha_rows16_x4(sr, vc + c0, Dv, T, 1.0f, out, nr, R);
             else ha_rows16(sr, vc + c0, Dv, T, 1.0f, out, nr, R);
         }
         for (; c0 < Dv; c0++)
@@ -524,12 +524,12 @@ __attribute__((target("arch=x86-64-v3"))) static void ha_run_v3(const struct ha_
                                                                 const float *k, const float *v, const float *m,
                                                                 float *y, int64_t s0, int64_t s1, float *kt,
                                                                 float *vc, float *sc) {
-    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc, 6, 0);
+    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc, 6, 8);
 }
 #endif
 static void ha_run_v2(const struct ha_params *p, const float *q, const float *k, const float *v, const float *m,
                       float *y, int64_t s0, int64_t s1, float *kt, float *vc, float *sc) {
-    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc, 2, 1);
+    ha_body(p, q, k, v, m, y, s0, s1, kt, vc, sc, 2, 4);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
