@@ -23,10 +23,6 @@
 #include "models/passes.h"
 #include "models/passes_util.h"
 
-/* The producer of v when it is op, live, and v's only reader is the
- * pattern, or -1. */
-static int inner(struct pass *ps, int v, const char *op) { return pass_sole_producer(ps, v, op); }
-
 /* The float scalar constant among binary node n's inputs other than v, in
  * *f: 1, or 0. */
 static int scalar_of(const struct graph *g, const struct graph_node *n, int v, float *f) {
@@ -59,10 +55,10 @@ static int rmsnorm_node(struct pass *ps, int ri) {
     const struct graph_node *r = &g->nodes[ri];
     if (ps->dead[ri] || !pass_is_op(r, "ReduceMean") || r->nin < 1 || r->nout != 1) return 0;
     /* the square: Pow(x, 2) or Mul(x, x) */
-    int x = -1, qi = inner(ps, r->in[0], "Pow");
+    int x = -1, qi = pass_sole_producer(ps, r->in[0], "Pow");
     if (qi >= 0 && g->nodes[qi].nin == 2 && pass_other_input(g, &g->nodes[qi], g->nodes[qi].in[0], 2.0) >= 0)
         x = g->nodes[qi].in[0];
-    else if ((qi = inner(ps, r->in[0], "Mul")) >= 0 && g->nodes[qi].nin == 2 &&
+    else if ((qi = pass_sole_producer(ps, r->in[0], "Mul")) >= 0 && g->nodes[qi].nin == 2 &&
              g->nodes[qi].in[0] == g->nodes[qi].in[1])
         x = g->nodes[qi].in[0];
     if (x < 0) return 0;

@@ -599,8 +599,10 @@ static int conv_crop(struct op_call *c, struct conv_state *s, const struct tenso
  * every tap (11 ms for the 960 -> 256 channel one on an AMD EPYC with AVX2,
  * 2.7 ms with AVX-512). So below AVX-512, each live tap is a product of its
  * weights [M, C] by the input over the output rectangle it reaches (the
- * centre tap the whole map: straight into Y), gathered and added in. */
-/* Live output positions of tap t along one axis: [o0, o1). */
+ * centre tap the whole map: straight into Y), gathered and added in.
+ *
+ * conv_tap_range: the live output positions of tap t along axis i, [o0, o1),
+ * and the input's offset from them. */
 static void conv_tap_range(const struct win *win, int i, int64_t t, int64_t *o0, int64_t *o1, int64_t *off) {
     *off = t * win->d[i] - win->pl[i];
     int64_t a = -*off, b = win->in[i] - *off;
@@ -1058,7 +1060,6 @@ static int ctr_patches_run(struct op_call *c, const struct conv_state *s) {
     const int64_t isz = prod(g->in, nsp), osz = prod(g->out, nsp), ksz = prod(g->k, nsp), rows = M * ksz;
     const float *bd = b ? b->data : NULL;
     float *pt = c->scratch;
-    dnnl_util_set_threads(c->nthreads);
     for (int64_t n = 0; n < N; n++) {
         /* W is [C, M k...] row-major: its transpose times X's [C, HW] */
         if (dnnl_sgemm('T', 'N', rows, isz, C, 1.0f, w->data, rows, (const float *)x->data + n * C * isz, isz, 0.0f, pt,

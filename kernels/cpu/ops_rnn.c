@@ -165,7 +165,7 @@ struct rnn_params {
     struct rnn_act act[2][RNN_MAX_FNS];
     int64_t seq, batch, in_size, hidden;
     int fused; /* the default activations, no clip or peepholes: rnn_fused_cell */
-    int64_t split; /* > 0: each step shared by two threads, hidden units [0, split) and [split, H) (rnn_split) */
+    int64_t split; /* > 0: each step shared by two threads, hidden units [0, split) and [split, H) (rnn_split_at) */
     int proj_threads;                /* threads of the input projection (RNN_PROJ_MACS_THREADS) */
     struct cpu_mm_state *proj[2];    /* per direction: X W^T + bias on W packed at prepare, when W is constant */
     size_t proj_scratch;             /* bytes of scratch each projection's primitive needs */
@@ -413,17 +413,18 @@ static void rnn_pack_r(const struct rnn_params *p, const float *r, float *rt) {
  * step itself, split by hidden units: thread t multiplies h by R^T's
  * columns of its units in every gate (one packed segment: rnn_pack_shared)
  * and runs those units' cells, into the other of two state buffers (the
- * other thread may still read the old state), then both meet at a barrier.
+ * other thread may still read the old state); a step starts once both
+ * shares of the one before are done (rnn_steps_shared).
  * Unidirectional LSTM and GRU of one to RNN_GEMV_MAX_ROWS rows with the
  * fused cell, R constant, from RNN_SPLIT_MIN_HIDDEN units: lstm_tagger (128
  * units, 64 steps) ran at 3.6 us a step on one thread of an AMD EPYC, where
- * a barrier costs about a tenth of that. */
+ * handing a step over costs about a tenth of that. */
 #define RNN_SPLIT_MIN_HIDDEN 128
 
 /* The first unit of the second thread's share, or 0 when steps are not
  * shared. */
-static int64_t rnn_split_at(const struct op_call *c, const struct rnn_params *p, int r_const) {
-    if (!r_const || !p->fused || p->quant || p->ndir != 1 || !rnn_packed(p) || c->nthreads < 2 ||
+static int64_t rnn_split_at(const struct op_call *c, const struct rnn_params *p) {
+    if (!p->fused || p->quant || p->ndir != 1 || !rnn_packed(p) || c->nthreads < 2 ||
         p->hidden < RNN_SPLIT_MIN_HIDDEN)
         return 0;
     return (p->hidden / 2 + 7) / 8 * 8;
@@ -615,7 +616,7 @@ static int rnn_prepare(struct op_call *c, enum rnn_kind kind, int quant, void **
             op_params_free(p);
             return op_error(c, "out of memory for R transposed (%lld floats)", (long long)(p->ndir * per));
         }
-        p->split = rnn_split_at(c, p, 1);
+        p->split = rnn_split_at(c, p); /* R constant: packed here once */
         if (p->split && rnn_pack_shared(p, r->data, p->rt)) {
             rnn_release(p);
             return op_error(c, "out of memory for R's rows (%lld floats)", (long long)per);
@@ -826,7 +827,7 @@ static void rnn_cell_gru(const struct rnn_dir *rd, float *g, const float *gx, fl
  * per gate. Built per ISA like cpu_gemv: the sigmoids and tanhs are most
  * of a step's arithmetic beside the product. n hidden units; gate k of
  * unit j at g[k * gs + j] and gx[k * xs + j]; GRU reads the previous state
- * at hp (h itself, or another buffer: rnn_direction_split). */
+ * at hp (h itself, or another buffer: rnn_steps_shared). */
 #define RNN_FUSED_CELL(NAME)                                                                                \
     static void NAME(enum rnn_kind kind, int64_t n, int64_t gs, const float *g, int64_t xs, const float *gx, \
                      const float *rbh, const float *hp, float *h, float *cs) {                              \
@@ -950,7 +951,7 @@ static void rnn_state_store(const struct rnn_params *p, int d, const int64_t *le
     }
 }
 
-/* ---- a step shared by two threads (rnn_split_at) ---------------------- */
+/* ---- the shared steps (rnn_split_at) --------------------------------- */
 
 /* Share t's part of step s for every row: the product into its gates
  * (gh + b * G*H + j0 * G, gate k of unit j at k * n + j), the cells, Y. */
@@ -977,8 +978,13 @@ static void rnn_split_share(const struct rnn_dir *rd, struct rnn_work *w, rnn_ce
  * thread that holds the missing share may be waiting for it). */
 static void rnn_wait_done(atomic_llong *done, long long want) {
     for (unsigned spins = 0; atomic_load_explicit(done, memory_order_acquire) < want; spins++) {
-        if (spins < 4096) _mm_pause();
-        else sched_yield();
+#ifdef RNN_X86
+        if (spins < 4096) {
+            _mm_pause();
+            continue;
+        }
+#endif
+        sched_yield();
     }
 }
 

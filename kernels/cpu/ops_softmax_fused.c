@@ -307,15 +307,9 @@ typedef float ha_v8 __attribute__((vector_size(32)));
 typedef float ha_v4 __attribute__((vector_size(16)));
 typedef int32_t ha_v8i __attribute__((vector_size(32)));
 typedef float ha_v8u __attribute__((vector_size(32), aligned(4), may_alias));
-typedef float ha_v4u __attribute__((vector_size(16), aligned(4), may_alias));
 typedef float ha_v16 __attribute__((vector_size(64)));
-typedef float ha_v16u __attribute__((vector_size(64), aligned(4), may_alias));
 #define HA_LD(x) (*(const ha_v8u *)(const void *)(x))
 #define HA_ST(x, v) (*(ha_v8u *)(void *)(x) = (v))
-#define HA_LD16(x) (*(const ha_v16u *)(const void *)(x))
-#define HA_ST16(x, v) (*(ha_v16u *)(void *)(x) = (v))
-#define HA_LD4(x) (*(const ha_v4u *)(const void *)(x))
-#define HA_ST4(x, v) (*(ha_v4u *)(void *)(x) = (v))
 
 /* The products' multiply-adds as FMAs (ISO C leaves them apart). The
  * scores are scaled as they are stored and the mask added after, each
@@ -399,66 +393,35 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
 
 /* out[r][0..16) = mul * sum over i < n of a[r][i] * b[i * ldb + 0..16), for
  * the R rows of a (R <= HA_ROWS, a constant where inlined), stored for the
- * first nout: both of attention's products, R rows by two vectors held in
- * registers. */
-static inline __attribute__((always_inline)) void ha_rows16(const float *const *a, const float *b, int64_t ldb,
-                                                            int64_t n, float mul, float *const *out, int nout,
-                                                            const int R) {
-    ha_v8 acc[HA_ROWS][2];
-    memset(acc, 0, sizeof acc);
-    for (int64_t i = 0; i < n; i++) {
-        const ha_v8 b0 = HA_LD(b + i * ldb), b1 = HA_LD(b + i * ldb + 8);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const float ar = a[r][i];
-            acc[r][0] += ar * b0;
-            acc[r][1] += ar * b1;
-        }
+ * first nout: both of attention's products, R rows of 16 columns held in
+ * registers as NV vectors of type VT (16 / NV lanes). One definition per
+ * width: eight lanes for AVX2; sixteen for AVX-512 (one register a row);
+ * four for SSE, where GCC splits eight-lane vectors but builds a scalar's
+ * broadcast to eight lanes through the stack (a store-forwarding stall on
+ * every multiply-add; HeadAttention ran 17x slower than with AVX2). */
+#define HA_ROWS16(NAME, VT, NV)                                                                              \
+    static inline __attribute__((always_inline)) void NAME(const float *const *a, const float *b, int64_t ldb, \
+                                                           int64_t n, float mul, float *const *out, int nout,   \
+                                                           const int R) {                                       \
+        typedef VT __attribute__((aligned(4), may_alias)) vu_;                                                 \
+        VT acc[HA_ROWS][NV];                                                                                    \
+        memset(acc, 0, sizeof acc);                                                                             \
+        for (int64_t i = 0; i < n; i++) {                                                                       \
+            VT bv[NV];                                                                                          \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) bv[v] =                                        \
+                *(const vu_ *)(const void *)(b + i * ldb + v * (16 / NV));                                      \
+            _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) {                                               \
+                const float ar = a[r][i];                                                                       \
+                _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++) acc[r][v] += ar * bv[v];                   \
+            }                                                                                                   \
+        }                                                                                                       \
+        for (int r = 0; r < nout; r++)                                                                          \
+            _Pragma("GCC unroll 4") for (int v = 0; v < NV; v++)                                                \
+                *(vu_ *)(void *)(out[r] + v * (16 / NV)) = acc[r][v] * mul;                                     \
     }
-    for (int r = 0; r < nout; r++) {
-        HA_ST(out[r], acc[r][0] * mul);
-        HA_ST(out[r] + 8, acc[r][1] * mul);
-    }
-}
-
-/* ha_rows16 in sixteen-lane vectors, for AVX-512: one register a row. */
-static inline __attribute__((always_inline)) void ha_rows16_x16(const float *const *a, const float *b, int64_t ldb,
-                                                                int64_t n, float mul, float *const *out, int nout,
-                                                                const int R) {
-    ha_v16 acc[HA_ROWS];
-    memset(acc, 0, sizeof acc);
-    for (int64_t i = 0; i < n; i++) {
-        const ha_v16 b0 = HA_LD16(b + i * ldb);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++) acc[r] += a[r][i] * b0;
-    }
-    for (int r = 0; r < nout; r++) HA_ST16(out[r], acc[r] * mul);
-}
-
-/* ha_rows16 in four-lane vectors, for SSE: GCC splits eight-lane ones
- * there, but builds a scalar's broadcast to eight lanes through the stack
- * (a store-forwarding stall on every multiply-add; HeadAttention ran 17x
- * slower than with AVX2). */
-static inline __attribute__((always_inline)) void ha_rows16_x4(const float *const *a, const float *b, int64_t ldb,
-                                                               int64_t n, float mul, float *const *out, int nout,
-                                                               const int R) {
-    ha_v4 acc[HA_ROWS][4];
-    memset(acc, 0, sizeof acc);
-    for (int64_t i = 0; i < n; i++) {
-        const float *bi = b + i * ldb;
-        const ha_v4 b0 = HA_LD4(bi), b1 = HA_LD4(bi + 4), b2 = HA_LD4(bi + 8), b3 = HA_LD4(bi + 12);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            const float ar = a[r][i];
-            acc[r][0] += ar * b0;
-            acc[r][1] += ar * b1;
-            acc[r][2] += ar * b2;
-            acc[r][3] += ar * b3;
-        }
-    }
-    for (int r = 0; r < nout; r++)
-        for (int j = 0; j < 4; j++) HA_ST4(out[r] + 4 * j, acc[r][j] * mul);
-}
+HA_ROWS16(ha_rows16, ha_v8, 2)
+HA_ROWS16(ha_rows16_x16, ha_v16, 1)
+HA_ROWS16(ha_rows16_x4, ha_v4, 4)
 
 /* Query rows [s0, s1) of one (batch, head): q, k, v, m and y there. K is
  * read once into kt, transposed ([D][Tp], zeros past T), and V into vc
