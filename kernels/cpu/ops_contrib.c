@@ -22,6 +22,7 @@
 #include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
+#include "kernels/cpu/sigmoid_vec.h"
 #include "kernels/ops.h"
 
 /* ------------------------------------------------------------------------
@@ -415,6 +416,17 @@ __attribute__((target("arch=x86-64-v3"))) BIAS_ACT_ROW(bias_act_row_v3)
 typedef void (*bias_act_row_fn)(enum act_op op, float alpha, const float *x, const float *b, const float *skip,
                                 float *y, int64_t n);
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* GELU's two forms and QuickGelu on sigmoid_vec.h's AVX-512 and AVX2 loops. */
+static void bias_act_row_vec(enum act_op op, float alpha, const float *x, const float *b, const float *skip, float *y,
+                             int64_t n) {
+    if (op == ACT_OP_GELU) sigmoid_vec(SIGV_GELU_ERF, 1.0f, x, b, y, n);
+    else if (op == ACT_OP_FAST_GELU) sigmoid_vec(SIGV_GELU_TANH, 1.0f, x, b, y, n);
+    else if (op == ACT_OP_QUICK_GELU) sigmoid_vec(SIGV_SWISH, alpha, x, b, y, n);
+    else (dnnl_util_isa_level() >= 4 ? bias_act_row_v4 : bias_act_row_v3)(op, alpha, x, b, skip, y, n);
+}
+#endif
+
 static int bias_act_run(struct op_call *c) {
     const struct bias_act_params *p = c->state;
     const float *x = c->in[0]->data, *b = fdata(c, 1);
@@ -424,7 +436,7 @@ static int bias_act_run(struct op_call *c) {
     bias_act_row_fn row = bias_act_row_v2;
 #if defined(__x86_64__) && defined(__GNUC__)
     const int level = dnnl_util_isa_level();
-    row = level >= 4 ? bias_act_row_v4 : level == 3 ? bias_act_row_v3 : bias_act_row_v2;
+    row = level >= 3 ? bias_act_row_vec : bias_act_row_v2;
 #endif
     const int64_t rows = n / ch;
     if (p->op == ACT_OP_SPLIT_GELU) { /* left * gelu(right) of x + bias split in half, 1024 values at a time */

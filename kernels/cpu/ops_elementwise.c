@@ -40,6 +40,7 @@
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/par_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/sigmoid_vec.h"
 #include "kernels/cpu/layout_util.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
@@ -173,6 +174,10 @@ __attribute__((target("arch=x86-64-v3"))) static void act_f32_v3(float *x, int64
 static void act_f32_v2(float *x, int64_t n, enum act_kind act, float a, float b) { act_f32_body(x, n, act, a, b); }
 
 void ew_act_f32(float *x, int64_t n, enum act_kind act, float a, float b) {
+    if ((act == ACT_SIGMOID && sigmoid_vec(SIGV_SIGMOID, 1.0f, x, NULL, x, n)) ||
+        (act == ACT_SILU && sigmoid_vec(SIGV_SWISH, 1.0f, x, NULL, x, n)) ||
+        (act == ACT_GELU && sigmoid_vec(SIGV_GELU_ERF, 1.0f, x, NULL, x, n)))
+        return;
 #if defined(__x86_64__) && defined(__GNUC__)
     int level = dnnl_util_isa_level();
     act_f32_fn fn = level >= 4 ? act_f32_v4 : level == 3 ? act_f32_v3 : act_f32_v2;
@@ -513,13 +518,10 @@ FLT_UN(sqrt, U_SQRT)
 FLT_UN(exp, U_EXP)
 FLT_UN(log, U_LOG)
 FLT_UN(erf, U_ERF)
-FLT_UN(sigmoid, U_SIGMOID)
 FLT_UN(tanh, U_TANH)
 FLT_UN(leaky, U_LEAKY)
 FLT_UN(hsig, U_HSIG)
 FLT_UN(hswish, U_HSWISH)
-FLT_UN(gelu, U_GELU)
-FLT_UN(gelu_tanh, U_GELU_TANH)
 FLT_UN(softplus, U_SOFTPLUS)
 FLT_UN(softsign, U_SOFTSIGN)
 FLT_UN(elu, U_ELU)
@@ -542,7 +544,19 @@ FLT_UN(cosh, U_COSH)
 FLT_UN(asinh, U_ASINH)
 FLT_UN(acosh, U_ACOSH)
 FLT_UN(atanh, U_ATANH)
-FLT_UN(swish, U_SWISH)
+
+/* Float's logistic family on sigmoid_vec.h's AVX-512 and AVX2 loops, the
+ * plain loop above where the ISA has neither; double on libm. */
+#define FLT_UN_SIGV(NAME, OP, KIND, ALPHA)                                                                                 \
+    LIST_FLT(DEF_UN_ISA, OP)                                                                                        \
+    static void k_sigv_##NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
+        if (!sigmoid_vec(KIND, (ALPHA), in[0], NULL, out, n)) k_##OP##_f32(in, s, out, n, a);                \
+    }                                                                                                               \
+    static const ew_fn tbl_##NAME[DT_MAX_] = {[DT_FP32] = k_sigv_##NAME, [DT_FP64] = k_##OP##_f64};
+FLT_UN_SIGV(sigmoid, U_SIGMOID, SIGV_SIGMOID, 1.0f)
+FLT_UN_SIGV(gelu, U_GELU, SIGV_GELU_ERF, 1.0f)
+FLT_UN_SIGV(gelu_tanh, U_GELU_TANH, SIGV_GELU_TANH, 1.0f)
+FLT_UN_SIGV(swish, U_SWISH, SIGV_SWISH, (float)a->alpha)
 
 LIST_FLT(DEF_UN, U_NEG_F) LIST_SINT(DEF_UN, U_NEG_I)
 LIST_FLT(DEF_UN, U_ABS_F) LIST_SINT(DEF_UN, U_ABS_S) LIST_UINT(DEF_UN, U_ABS_U)

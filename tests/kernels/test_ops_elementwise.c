@@ -6,6 +6,7 @@
  * Softmax/LogSoftmax before and since opset 13, LayerNormalization with its
  * statistics outputs, Gelu's two forms, (de)quantization per tensor, per
  * axis and blocked, and clear errors for bad input. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -709,6 +710,99 @@ static void test_activations(void **state) {
     free(x.data);
 }
 
+/* The logistic family (sigmoid_vec.c with AVX-512 and AVX2, the plain
+ * loops below that): Sigmoid, Swish, Gelu's two forms and the same as fused
+ * activations, against double over [-110, 110] and the special values;
+ * the tails of short rows give the same bits as the middle of a long one. */
+static double logistic_want(int k, double v, double alpha) {
+    double sig = 1 / (1 + exp(-alpha * v));
+    switch (k) {
+    case 0: return sig;
+    case 1: return v * sig;
+    case 2: return v / (1 + exp(-2 * sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); /* 0.5 v (1 + tanh(u)) */
+    default: return 0.5 * v * (1 + erf(v / sqrt(2.0)));
+    }
+}
+
+static void logistic_run(int k, int fused, float alpha, const struct tensor *x, struct tensor *o) {
+    struct tnode tn;
+    if (fused) { /* x + 0 with the activation fused */
+        int64_t one[] = {1};
+        struct tensor z = mk(DT_FP32, 1, one);
+        tn_init(&tn, "Add", 14);
+        tn.n.act = k == 0 ? ACT_SIGMOID : k == 1 ? ACT_SILU : ACT_GELU;
+        const struct tensor *in[2] = {x, &z};
+        struct tensor *out[1] = {o};
+        assert_int_equal(call(&tn, in, 2, out, 1, 1), 0);
+        free(z.data);
+        return;
+    }
+    tn_init(&tn, k == 0 ? "Sigmoid" : k == 1 ? "Swish" : "Gelu", k == 0 ? 13 : k == 1 ? 24 : 20);
+    if (k == 1) tn_float(&tn, "alpha", alpha);
+    if (k == 2) tn_str(&tn, "approximate", "tanh");
+    const struct tensor *in[1] = {x};
+    struct tensor *out[1] = {o};
+    assert_int_equal(call(&tn, in, 1, out, 1, 1), 0);
+}
+
+static void test_logistic_family(void **state) {
+    (void)state;
+    enum { NLIN = 22001, NGEO = 4000, NSPEC = 9 };
+    int64_t n = NLIN + 2 * NGEO + NSPEC;
+    struct tensor x = mk(DT_FP32, 1, &n);
+    float *xv = F(x);
+    int64_t m = 0;
+    for (int i = 0; i < NLIN; i++) xv[m++] = -110.0f + 0.01f * (float)i;
+    for (int i = 0; i < NGEO; i++) { /* 1e-30 .. 100, both signs */
+        float v = (float)pow(10.0, -30.0 + 32.0 * i / (NGEO - 1));
+        xv[m++] = v;
+        xv[m++] = -v;
+    }
+    const float spec[NSPEC] = {0.0f, -0.0f, NAN, INFINITY, -INFINITY, 1e-40f, -1e-40f, 88.72f, -88.72f};
+    for (int i = 0; i < NSPEC; i++) xv[m++] = spec[i];
+    assert_int_equal(m, n);
+    for (int k = 0; k < 4; k++)
+        for (int fused = 0; fused < 2; fused++) {
+            if (fused && k == 2) continue; /* no fused tanh form */
+            const float alpha = k == 1 && !fused ? 1.702f : 1.0f;
+            struct tensor o = {0};
+            logistic_run(k, fused, alpha, &x, &o);
+            for (int64_t i = 0; i < n; i++) {
+                const double v = xv[i], want = logistic_want(k, v, alpha), got = F(o)[i];
+                if (isnan(want)) {
+                    assert_true(isnan(got));
+                    continue;
+                }
+                if (isinf(want)) {
+                    assert_true(got == want);
+                    continue;
+                }
+                /* 4 ulp of the result and of the exponential's float argument z
+                 * (e^z moves by z's rounding), the erf approximation's 5e-7 for
+                 * Gelu, and the exponential's results below the normal floats
+                 * (0 there) times |v| */
+                const double z = k <= 1 ? alpha * v : k == 2 ? 1.6 * (v + 0.044715 * v * v * v) : 0;
+                const double tol = 2.4e-7 * fabs(want) * (1 + fabs(z)) + (k == 3 ? 3e-7 * fabs(v) : 0) +
+                                   2 * FLT_MIN * (1 + fabs(v));
+                if (fabs(got - want) > tol)
+                    fail_msg("kind %d fused %d at %.9g: %.9g, want %.9g", k, fused, v, got, want);
+            }
+            /* rows of 1 to 40 values from two offsets: the same bits as the long row */
+            for (int64_t len = 1; len <= 40; len++)
+                for (int64_t off = 0; off < 2 * 23; off += 23) {
+                    struct tensor xs = mk(DT_FP32, 1, &len), os = {0};
+                    int64_t at = NLIN / 2 + off;
+                    memcpy(xs.data, xv + at, (size_t)len * sizeof(float));
+                    logistic_run(k, fused, alpha, &xs, &os);
+                    assert_memory_equal(os.data, F(o) + at, (size_t)len * sizeof(float));
+                    free(xs.data);
+                    free(os.data);
+                }
+            free(o.data);
+        }
+    free(x.data);
+}
+
 /* ---- comparisons and logic ---------------------------------------------- */
 
 static void test_compare_logic(void **state) {
@@ -977,7 +1071,7 @@ int main(void) {
         cmocka_unit_test(test_clip_by_opset),      cmocka_unit_test(test_where),
         cmocka_unit_test(test_cast),               cmocka_unit_test(test_cast_strings),
         cmocka_unit_test(test_softmax_opsets), cmocka_unit_test(test_softmax_middle_axis),
-        cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_norm_row_lengths),          cmocka_unit_test(test_activations),
+        cmocka_unit_test(test_layernorm),          cmocka_unit_test(test_norm_row_lengths),          cmocka_unit_test(test_activations), cmocka_unit_test(test_logistic_family),
         cmocka_unit_test(test_compare_logic),      cmocka_unit_test(test_pow_mixed),
         cmocka_unit_test(test_quantize), cmocka_unit_test(test_dynamic_quantize),           cmocka_unit_test(test_fused_activation),
         cmocka_unit_test(test_sweep_all_ops),
