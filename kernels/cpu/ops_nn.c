@@ -2898,50 +2898,78 @@ static void pool2d_rows(const struct pool_state *s, const float *xd, float *y, i
  * its window's taps clipped to the input, a vector of channels at a time
  * (the same floats: the first tap starts the max, a later one replaces it
  * only when greater; an average divides as there). */
-static void pool2d_nhwc(const struct pool_state *s, const float *xd, float *y, int64_t nb, int64_t ch, int nthreads) {
+/* One output row (image n, output row a) of a channels-last 2-D pool: each
+ * output pixel's channels take the max or sum over its taps. Built per ISA
+ * (pool2d_nhwc picks): the baseline's 4-lane loop over channels left
+ * GoogLeNet's pools at 1.8 ms a run with AVX2, against onnxruntime's 1.1. */
+static inline __attribute__((always_inline)) void pool2d_nhwc_row_body(const struct pool_state *s, const float *xd,
+                                                                       float *y, int64_t row, int64_t ch) {
     const struct win *w = &s->win;
     const int64_t ih = w->in[0], iw = w->in[1], oh = w->out[0], ow = w->out[1];
     const int64_t kh = w->k[0], kw = w->k[1], sh = w->s[0], sw = w->s[1], ph = w->pl[0], pw = w->pl[1];
     const int64_t ph_end = ih + w->pr[0], pw_end = iw + w->pr[1];
     const int is_max = s->kind == POOL_MAX, incl = s->include_pad;
-    PAR_FOR(nb * oh * ow * ch > 65536, nthreads, ,
-    for (int64_t row = 0; row < nb * oh; row++) {
-        const int64_t n = row / oh, a = row % oh;
-        const float *xn = xd + n * ih * iw * ch;
-        int64_t r0 = a * sh - ph, r1 = r0 + kh;
-        int64_t pr0 = r0 < -ph ? -ph : r0, pr1 = r1 > ph_end ? ph_end : r1;
-        if (r0 < 0) r0 = 0;
-        if (r1 > ih) r1 = ih;
-        for (int64_t b = 0; b < ow; b++) {
-            float *restrict yr = y + (row * ow + b) * ch;
-            int64_t c0 = b * sw - pw, c1 = c0 + kw;
-            int64_t pc0 = c0 < -pw ? -pw : c0, pc1 = c1 > pw_end ? pw_end : c1;
-            if (c0 < 0) c0 = 0;
-            if (c1 > iw) c1 = iw;
-            if (r1 <= r0 || c1 <= c0) {
-                const float v = is_max ? -INFINITY : 0.0f;
-                for (int64_t k = 0; k < ch; k++) yr[k] = v;
-                continue;
-            }
-            memcpy(yr, xn + (r0 * iw + c0) * ch, sizeof(float) * (size_t)ch);
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t q = r == r0 ? c0 + 1 : c0; q < c1; q++) {
-                    const float *restrict xr = xn + (r * iw + q) * ch;
-                    if (is_max) {
-_Pragma("omp simd")
-                        for (int64_t k = 0; k < ch; k++) yr[k] = xr[k] > yr[k] ? xr[k] : yr[k];
-                    } else {
-_Pragma("omp simd")
-                        for (int64_t k = 0; k < ch; k++) yr[k] += xr[k];
-                    }
-                }
-            if (!is_max) {
-                int64_t div = incl ? (pr1 - pr0) * (pc1 - pc0) : (r1 - r0) * (c1 - c0);
-_Pragma("omp simd")
-                for (int64_t k = 0; k < ch; k++) yr[k] = yr[k] / (float)div;
-            }
+    const int64_t n = row / oh, a = row % oh;
+    const float *xn = xd + n * ih * iw * ch;
+    int64_t r0 = a * sh - ph, r1 = r0 + kh;
+    int64_t pr0 = r0 < -ph ? -ph : r0, pr1 = r1 > ph_end ? ph_end : r1;
+    if (r0 < 0) r0 = 0;
+    if (r1 > ih) r1 = ih;
+    for (int64_t b = 0; b < ow; b++) {
+        float *restrict yr = y + (row * ow + b) * ch;
+        int64_t c0 = b * sw - pw, c1 = c0 + kw;
+        int64_t pc0 = c0 < -pw ? -pw : c0, pc1 = c1 > pw_end ? pw_end : c1;
+        if (c0 < 0) c0 = 0;
+        if (c1 > iw) c1 = iw;
+        if (r1 <= r0 || c1 <= c0) {
+            const float v = is_max ? -INFINITY : 0.0f;
+            for (int64_t k = 0; k < ch; k++) yr[k] = v;
+            continue;
         }
-    });
+        memcpy(yr, xn + (r0 * iw + c0) * ch, sizeof(float) * (size_t)ch);
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t q = r == r0 ? c0 + 1 : c0; q < c1; q++) {
+                const float *restrict xr = xn + (r * iw + q) * ch;
+                if (is_max) {
+_Pragma("omp simd")
+                    for (int64_t k = 0; k < ch; k++) yr[k] = xr[k] > yr[k] ? xr[k] : yr[k];
+                } else {
+_Pragma("omp simd")
+                    for (int64_t k = 0; k < ch; k++) yr[k] += xr[k];
+                }
+            }
+        if (!is_max) {
+            int64_t div = incl ? (pr1 - pr0) * (pc1 - pc0) : (r1 - r0) * (c1 - c0);
+_Pragma("omp simd")
+            for (int64_t k = 0; k < ch; k++) yr[k] = yr[k] / (float)div;
+        }
+    }
+}
+
+typedef void (*pool2d_nhwc_row_fn)(const struct pool_state *s, const float *xd, float *y, int64_t row, int64_t ch);
+static void pool2d_nhwc_row_v2(const struct pool_state *s, const float *xd, float *y, int64_t row, int64_t ch) {
+    pool2d_nhwc_row_body(s, xd, y, row, ch);
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("arch=x86-64-v4"))) static void pool2d_nhwc_row_v4(const struct pool_state *s, const float *xd,
+                                                                          float *y, int64_t row, int64_t ch) {
+    pool2d_nhwc_row_body(s, xd, y, row, ch);
+}
+__attribute__((target("arch=x86-64-v3"))) static void pool2d_nhwc_row_v3(const struct pool_state *s, const float *xd,
+                                                                          float *y, int64_t row, int64_t ch) {
+    pool2d_nhwc_row_body(s, xd, y, row, ch);
+}
+#endif
+
+static void pool2d_nhwc(const struct pool_state *s, const float *xd, float *y, int64_t nb, int64_t ch, int nthreads) {
+    const struct win *w = &s->win;
+    pool2d_nhwc_row_fn fn = pool2d_nhwc_row_v2;
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int level = dnnl_util_isa_level();
+    fn = level >= 4 ? pool2d_nhwc_row_v4 : level == 3 ? pool2d_nhwc_row_v3 : pool2d_nhwc_row_v2;
+#endif
+    PAR_FOR(nb * w->out[0] * w->out[1] * ch > 65536, nthreads, ,
+            for (int64_t row = 0; row < nb * w->out[0]; row++) fn(s, xd, y, row, ch););
 }
 
 static int pool_run(struct op_call *c) {
