@@ -130,6 +130,8 @@ static void note_one_thread(struct plan_exec *x, const struct plan *p) {
 
 /* Points the calls of measured steps at the variant their timing chose. */
 void plan_exec_bind_choices(struct plan_exec *x, const struct plan *p) {
+    /* the generation first: choices newer than it are caught at the next run */
+    x->bound_gen = atomic_load_explicit(&((struct plan *)p)->gen, memory_order_acquire);
     for (int si = 0; si < p->nsteps; si++)
         if (p->steps[si].measured) x->calls[si].state = step_state(&p->steps[si], &x->calls[si].nthreads);
     x->choices_bound = 1;
@@ -200,6 +202,7 @@ static int bind(struct plan_exec *x, struct plan *p, char *err, size_t err_len) 
             x->tvh[v].data = NULL;
         }
     }
+    x->bound_gen = atomic_load_explicit(&p->gen, memory_order_acquire); /* before the choices fill_call reads */
     for (int si = 0; si < p->nsteps; si++) {
         const struct pstep *s = &p->steps[si];
         fill_call(&x->calls[si], p, s, s->on_host ? x->tvh : x->tv, s->on_host ? hbase : base,

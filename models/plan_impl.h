@@ -104,6 +104,10 @@ struct plan {
     int nmeasured;         /* steps whose thread count the first run measures */
     atomic_int timed;      /* 0: not yet, 1: one executor is timing them, 2: done */
     atomic_int pick;       /* plan_threads_pick(): 1 + the step_config kept once timed, -1 inherited */
+    atomic_int recheck;    /* timing them again (plan_threads.c): 0 not due, 1 due at recheck_at, 2 under way */
+    double recheck_at;     /* now_ms() from which it is due (written before recheck's release store of 1) */
+    int nrechecks;         /* times they were timed again (by the executor that won recheck) */
+    atomic_int gen;        /* bumped when the choices are made: executors bound to older ones rebind */
 };
 
 /* Widens n FP16 values at p to FP32 in place (the buffer holds 4n bytes):
@@ -196,6 +200,7 @@ struct plan_exec {
     int graphs_disabled; /* optimization.cuda_graphs false: never capture */
     struct op_strpool *strings; /* strings kernels make during a run (kernels/ops.h) */
     int choices_bound; /* calls[] follow the bound plan's timed thread choices */
+    int bound_gen;     /* ... those of its gen */
     int one_thread; /* host plan, choices bound, every call on one thread (plan_exec_one_thread) */
     void *stage;    /* FP16 plans: host staging for inputs converted to FP16 */
     size_t stage_cap;

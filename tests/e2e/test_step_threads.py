@@ -18,10 +18,10 @@ from conftest import KILN
 MODEL = Path(__file__).resolve().parents[1] / "data" / "modelset" / "bert_s"
 
 
-def run(tmp_path, name, threads, mode):
+def run(tmp_path, name, threads, mode, iterations=20, extra=()):
     out = tmp_path / name
-    args = [str(KILN), "run", str(MODEL / "model.onnx"), "--threads", str(threads), "--iterations", "20",
-            "--output-dir", str(out), "--quiet"]
+    args = [str(KILN), "run", str(MODEL / "model.onnx"), "--threads", str(threads), "--iterations", str(iterations),
+            "--output-dir", str(out), "--quiet", *extra]
     for i in ("input_ids", "attention_mask"):
         args += ["--input", f"{i}={MODEL / 'inputs' / (i + '.npy')}"]
     env = {**os.environ, "KILN_PROFILE": "1"}
@@ -92,3 +92,25 @@ def test_other_settings(tmp_path, value):
     assert sum(o for _, o in ops.values()) > 0  # the small steps on one thread either way
     if value == "bogus":
         assert "KILN_STEP_THREADS=bogus" in log, log
+
+
+def test_idle_threads_choice_timed_again(tmp_path):
+    """A choice that leaves threads idle is timed again 250 ms later (a burst
+    of other work on the second core during the first timing must not keep
+    the process at one core's speed); one that uses every thread is not. Run
+    long enough (10,000 runs of about 0.1 ms) for the first re-timing (the
+    second comes 2.5 s after it, the third 25 s); the outputs stay those of
+    every step on both threads."""
+    log, outs = run(tmp_path, "again", 2, None, iterations=4000, extra=("--log-level", "debug"))
+    picks = re.findall(r"measured steps all on 2 threads: .*; runs (all on all|all on 1|each on its own)", log)
+    again = re.findall(r"timing the (\d+) measured steps again \((\d) of 3\)", log)
+    assert picks, log
+    if picks[0] == "all on all":
+        assert not again and len(picks) == 1, log
+    else:
+        assert again and again[0][1] == "1", log
+        assert len(picks) == 1 + len(again), log
+        assert int(again[0][0]) == split(log)[4]  # every measured step
+    _, outs0 = run(tmp_path, "off", 2, "0")
+    for name, want in outs0.items():
+        check_same(outs[name], want, name)
