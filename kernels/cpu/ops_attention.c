@@ -29,6 +29,7 @@
 
 #include "kernels/cpu/dnnl_util.h"
 #include "kernels/cpu/elementwise_util.h"
+#include "kernels/cpu/sigmoid_vec.h"
 #include "kernels/cpu/matmul_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/ops.h"
@@ -130,13 +131,16 @@ static inline __attribute__((always_inline)) void attn_softmax_row_body(float *r
         for (int64_t t = 0; t < T; t++) row[t] = NAN;
         return;
     }
-    float sum = has_sink ? ew_exp_f(sink - mx) : 0.0f;
+    float sum = 0.0f;
+    if (!exp_vec_shift_sum(row, T, mx, &sum)) {
 #pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < T; t++) {
-        float e = ew_exp_f(row[t] - mx);
-        row[t] = e;
-        sum += e;
+        for (int64_t t = 0; t < T; t++) {
+            float e = ew_exp_f(row[t] - mx);
+            row[t] = e;
+            sum += e;
+        }
     }
+    if (has_sink) sum += ew_exp_f(sink - mx);
     float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t t = 0; t < T; t++) row[t] *= inv;

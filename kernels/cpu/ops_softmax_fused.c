@@ -26,6 +26,7 @@
 #include "kernels/cpu/elementwise_util.h"
 #include "kernels/cpu/params_util.h"
 #include "kernels/cpu/shape_util.h"
+#include "kernels/cpu/sigmoid_vec.h"
 #include "kernels/ops.h"
 
 struct msm_params;
@@ -131,10 +132,12 @@ static inline __attribute__((always_inline)) void msm_row(const struct msm_param
         return;
     }
     float sum = 0;
-    _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < n; j++) {
-        float e = ew_exp_neg_f(y[j] - mx);
-        y[j] = e;
-        sum += e;
+    if (!exp_vec_shift_sum(y, n, mx, &sum)) {
+        _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < n; j++) {
+            float e = ew_exp_neg_f(y[j] - mx);
+            y[j] = e;
+            sum += e;
+        }
     }
     float inv = 1.0f / sum;
     _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] *= inv;
@@ -361,6 +364,8 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
         for (int64_t j = 0; j < n; j++) x[j] = f;
         return;
     }
+    float sum = 0.0f;
+    if (exp_vec_shift_sum(x, n, mx, &sum)) goto scale;
     /* ew_exp_neg_f (elementwise_util.h) on eight lanes: e^(x - mx), 0 below -87.3. */
     for (int64_t j = 0; j < n8; j += 8) {
         ha_v8 y = HA_LD(x + j) - mx;
@@ -379,13 +384,13 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
         HA_ST(x + j, ex);
         vsum += ex;
     }
-    float sum = 0.0f;
     HA_ST(lanes, vsum);
     for (int k = 0; k < 8; k++) sum += lanes[k];
     for (int64_t j = n8; j < n; j++) {
         x[j] = ew_exp_neg_f(x[j] - mx);
         sum += x[j];
     }
+scale:;
     float inv = 1.0f / sum;
     for (int64_t j = 0; j < n8; j += 8) HA_ST(x + j, HA_LD(x + j) * inv);
     for (int64_t j = n8; j < n; j++) x[j] *= inv;

@@ -168,6 +168,41 @@ GELU_ERF_FN(gelu_erf8, V3, __m256, P8, S8, recip8)
         if (!full) memcpy(y + i, ty, len * sizeof(float));                                                          \
     }
 KINDS_FN(sigv_8, V3, __m256, P8, S8, sig8, gelu_erf8, ROW8)
+
+V4 static float exp_sum16(float *row, int64_t n, float shift) {
+    __m512 acc = _mm512_setzero_ps(), sh = S16(shift);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 e = exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + i), sh));
+        _mm512_mask_storeu_ps(row + i, m, e);
+        acc = _mm512_mask_add_ps(acc, m, acc, e);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+V3 static float exp_sum8(float *row, int64_t n, float shift) {
+    __m256 acc = _mm256_setzero_ps(), sh = S8(shift);
+    for (int64_t i = 0; i < n; i += 8) {
+        float t[8] = {0};
+        const int full = n - i >= 8;
+        const size_t len = full ? 8 : (size_t)(n - i);
+        if (!full) memcpy(t, row + i, len * sizeof(float));
+        __m256 e = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(full ? row + i : t), sh));
+        if (full) {
+            _mm256_storeu_ps(row + i, e);
+        } else { /* the padding's lanes out of the sum */
+            __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            e = _mm256_and_ps(e, _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)len), lane)));
+            _mm256_storeu_ps(t, e);
+            memcpy(row + i, t, len * sizeof(float));
+        }
+        acc = _mm256_add_ps(acc, e);
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
 #endif
 
 int sigmoid_vec(enum sigmoid_vec_kind k, float a, const float *x, const float *bias, float *y, int64_t n) {
@@ -183,6 +218,23 @@ int sigmoid_vec(enum sigmoid_vec_kind k, float a, const float *x, const float *b
     }
 #else
     (void)k, (void)a, (void)x, (void)bias, (void)y, (void)n;
+#endif
+    return 0;
+}
+
+int exp_vec_shift_sum(float *row, int64_t n, float shift, float *sum) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int level = dnnl_util_isa_level();
+    if (level >= 4) {
+        *sum = exp_sum16(row, n, shift);
+        return 1;
+    }
+    if (level == 3) {
+        *sum = exp_sum8(row, n, shift);
+        return 1;
+    }
+#else
+    (void)row, (void)n, (void)shift, (void)sum;
 #endif
     return 0;
 }

@@ -1,7 +1,8 @@
 /* sigmoid_vec.h - the activations built on the logistic function, over
  * rows of floats with AVX-512 or AVX2: Sigmoid, SiLU and Swish (x times
  * sigmoid(a x), also onnxruntime's QuickGelu), GELU in its tanh form (x
- * times sigmoid(2u)) and in its erf form. Private to kernels/cpu/.
+ * times sigmoid(2u)) and in its erf form; and a softmax row's exponentials
+ * (the attention kernels). Private to kernels/cpu/.
  *
  * Why not the plain C loops of ops_elementwise.c: their division
  * (1 / (1 + e^-x), erf's p / q) and the exponential's overflow handling
@@ -34,5 +35,11 @@ enum sigmoid_vec_kind {
  * ONEDNN_MAX_CPU_ISA caps it) has no vector form here and nothing was
  * written: the caller then runs its plain loop. */
 int sigmoid_vec(enum sigmoid_vec_kind k, float a, const float *x, const float *bias, float *y, int64_t n);
+
+/* A softmax's exponentials on the same loops: row[i] = e^(row[i] - shift)
+ * for i in [0, n), shift at least the row's largest value (every argument
+ * <= 0; 0 below the normal floats; NaN stays), their sum in *sum. Returns 0
+ * (nothing written) where sigmoid_vec would. */
+int exp_vec_shift_sum(float *row, int64_t n, float shift, float *sum);
 
 #endif

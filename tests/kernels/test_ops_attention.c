@@ -221,6 +221,54 @@ static void test_refusals(void **st) {
     free(q.data), free(k.data), free(x3.data);
 }
 
+/* kiln.MaskedSoftmax's rows (the exponentials on sigmoid_vec.c's loops with
+ * AVX-512 and AVX2): every length from 1 to 40 and a long one, with masked
+ * (-inf) keys, scores far apart (e^-200 is 0 in float), a row masked
+ * whole and a row holding NaN; against double. */
+static void test_masked_softmax_rows(void **st) {
+    (void)st;
+    int64_t lens[41];
+    for (int i = 0; i < 40; i++) lens[i] = i + 1;
+    lens[40] = 1500;
+    for (int li = 0; li < 41; li++) {
+        const int64_t n = lens[li], rows = 4;
+        int64_t dims[2] = {rows, n};
+        struct tensor x = {DT_FP32, 2, {rows, n}, calloc((size_t)(rows * n), sizeof(float))}, y = {0};
+        (void)dims;
+        float *xv = F(&x);
+        for (int64_t i = 0; i < rows * n; i++) xv[i] = 6.0f * tn_frand();
+        for (int64_t j = 0; j < n; j += 3) xv[j] = -INFINITY;           /* row 0: every third key masked */
+        if (n > 1) xv[n + n / 2] = 200.0f;                             /* row 1: one score far above */
+        for (int64_t j = 0; j < n; j++) xv[2 * n + j] = -INFINITY;     /* row 2: all masked */
+        xv[3 * n + n / 3] = NAN;                                       /* row 3: NaN */
+        struct tnode tn;
+        tn_init_domain(&tn, "kiln", "MaskedSoftmax", 1);
+        tn_float(&tn, "scale", 0.5f);
+        const struct tensor *in[1] = {&x};
+        struct tensor *out[1] = {&y};
+        assert_int_equal(tn_call(&tn.n, in, 1, out, 1, 1), 0);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = xv + r * n, *yr = F(&y) + r * n;
+            double mx = -INFINITY, sum = 0;
+            int nan = 0;
+            for (int64_t j = 0; j < n; j++) mx = fmax(mx, 0.5 * xr[j]), nan |= isnan(xr[j]);
+            for (int64_t j = 0; j < n; j++) sum += exp(0.5 * xr[j] - mx);
+            for (int64_t j = 0; j < n; j++) {
+                if (nan || mx == -INFINITY) { /* all masked or NaN: NaN as the unfused ops give */
+                    if (!isnan(yr[j])) fail_msg("length %lld row %lld: %g, want NaN", (long long)n, (long long)r, yr[j]);
+                    continue;
+                }
+                double want = exp(0.5 * xr[j] - mx) / sum;
+                if (!(fabs(yr[j] - want) <= 1e-6 * want + 1e-37))
+                    fail_msg("length %lld row %lld key %lld: %.9g, want %.9g", (long long)n, (long long)r,
+                             (long long)j, yr[j], want);
+            }
+        }
+        free(x.data);
+        free(y.data);
+    }
+}
+
 int main(void) {
     g_run_without_attrs = 1;
     const struct CMUnitTest tests[] = {
@@ -229,6 +277,7 @@ int main(void) {
         cmocka_unit_test(test_mha_packed_forms),
         cmocka_unit_test(test_rotary_embedding),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_masked_softmax_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
