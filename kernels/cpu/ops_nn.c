@@ -349,10 +349,17 @@ static dnnl_primitive_attr_t act_attr(struct op_call *c, int with_sum, float sum
     /* GELU after a MatMul or Gemm on kiln's own loop (op_apply_act) with
      * AVX-512: 0.39-0.44 ns a value against 0.59-0.66 for oneDNN 2.6's
      * gelu_erf post-op on the same products (transformers' first MLP
-     * layer, 64 to 1500 rows, an AMD EPYC; with AVX2 neither is ahead). */
-    int r = c->node->act == ACT_GELU && !c->node->domain[0] &&
-                    (!strcmp(c->node->op_type, "MatMul") || !strcmp(c->node->op_type, "Gemm")) &&
-                    dnnl_util_isa_level() >= 4
+     * layer, 64 to 1500 rows, an AMD EPYC; with AVX2 neither is ahead).
+     * SiLU too where the step runs on one thread (sigmoid_vec.c): the
+     * convolutions of YOLOv8s 3.6 -> 2.9 ms a run, MobileViT-XXS's 6.3 ->
+     * 5.5, EfficientNet-B0's 12.3-13.3 -> 11.4-11.9 against oneDNN's
+     * swish post-op. On two threads the pass after the primitive, a second
+     * parallel region that reads what the other core wrote, lost as often
+     * as it won (YOLOv8s 1.9 -> 2.5 ms); with AVX2 neither was ahead. */
+    const int isa = dnnl_util_isa_level();
+    int r = (c->node->act == ACT_GELU && !c->node->domain[0] &&
+             (!strcmp(c->node->op_type, "MatMul") || !strcmp(c->node->op_type, "Gemm")) && isa >= 4) ||
+                    (c->node->act == ACT_SILU && c->nthreads <= 1 && isa >= 4)
                 ? 0
                 : dnnl_util_append_act(po, c->node->act, c->node->act_alpha, c->node->act_beta);
     if (r < 0) goto fail;

@@ -21,11 +21,12 @@ from conftest import KILN
 MODEL = Path(__file__).resolve().parents[1] / "data" / "layout" / "cnn_mix.onnx"
 
 
-def kiln_run(tmp_path, x, env):
+def kiln_run(tmp_path, x, env, threads=None):
     np.save(tmp_path / "x.npy", x)
     out = tmp_path / "out"
     r = subprocess.run([str(KILN), "run", str(MODEL), "--backend", "cpu", "--input", f"x={tmp_path / 'x.npy'}",
-                        "--output-dir", str(out), "--quiet"], capture_output=True, text=True,
+                        "--output-dir", str(out), "--quiet", *(["--threads", str(threads)] if threads else [])],
+                       capture_output=True, text=True,
                        env={**os.environ, "KILN_PROFILE": "1", **env}, timeout=120)
     assert r.returncode == 0, r.stderr
     return {k: np.load(out / f"{k}.npy") for k in ("logits", "features")}, r.stderr
@@ -46,6 +47,19 @@ def test_layout_matches_onnxruntime(tmp_path, isa, batch):
     plain, _ = kiln_run(tmp_path, x, {**env, "KILN_LAYOUT": "plain"})
     for k in want:
         np.testing.assert_allclose(got[k], plain[k], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("isa", ["", "AVX2"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_silu_after_conv_by_threads(tmp_path, isa, threads):
+    """SiLU after a Conv runs on kiln's loop after the primitive where the
+    step has one thread (with AVX-512), as oneDNN's post-op where it has two
+    (kernels/cpu/ops_nn.c, act_attr): both equal onnxruntime."""
+    x = np.random.default_rng(7).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    got, _ = kiln_run(tmp_path, x, {"ONEDNN_MAX_CPU_ISA": isa} if isa else {}, threads)
+    want = dict(zip(("logits", "features"), ort.InferenceSession(str(MODEL)).run(None, {"x": x})))
+    for k, w in want.items():
+        np.testing.assert_allclose(got[k], w, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(w).max())))
 
 
 def residual_sum_model(path, ch):
