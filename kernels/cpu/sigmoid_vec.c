@@ -1,6 +1,7 @@
-/* sigmoid_vec.c - the logistic family of activations with AVX-512 and
- * AVX2 (sigmoid_vec.h). The exponential is elementwise_util.h's (Cephes'
- * degree-6 polynomial on the same reduction), taken of -|x| only. */
+/* sigmoid_vec.c - the logistic family of activations and a softmax row's
+ * exponentials with AVX-512 and AVX2 (sigmoid_vec.h). The exponential is
+ * elementwise_util.h's (Cephes' degree-6 polynomial on the same reduction),
+ * taken of arguments <= 0 only (-|x|, or x less the row's largest). */
 #include "kernels/cpu/sigmoid_vec.h"
 
 #include "kernels/cpu/dnnl_util.h"
