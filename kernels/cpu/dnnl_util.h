@@ -60,6 +60,25 @@ int dnnl_util_int8_conv_exact(enum dtype x_dt, const struct tensor *w, const str
  * on a wide CPU. */
 int dnnl_util_isa_level(void);
 
+/* A void function built per level from its always-inline BODY: NAME_v4
+ * (AVX-512), NAME_v3 (AVX2), NAME_v2 (the baseline) and NAME, which calls
+ * the one for dnnl_util_isa_level(). PARAMS is the parameter list in
+ * parentheses, ARGS their names in parentheses. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DNNL_UTIL_ISA_CLONES(NAME, BODY, PARAMS, ARGS)                                                              \
+    static void NAME##_v2 PARAMS { BODY ARGS; }                                                                     \
+    __attribute__((target("arch=x86-64-v4"))) static void NAME##_v4 PARAMS { BODY ARGS; }                           \
+    __attribute__((target("arch=x86-64-v3"))) static void NAME##_v3 PARAMS { BODY ARGS; }                           \
+    static void NAME PARAMS {                                                                                       \
+        const int level_ = dnnl_util_isa_level();                                                                   \
+        if (level_ >= 4) NAME##_v4 ARGS;                                                                            \
+        else if (level_ == 3) NAME##_v3 ARGS;                                                                       \
+        else NAME##_v2 ARGS;                                                                                        \
+    }
+#else
+#define DNNL_UTIL_ISA_CLONES(NAME, BODY, PARAMS, ARGS) static void NAME PARAMS { BODY ARGS; }
+#endif
+
 /* Reports a failed oneDNN call through op_error (naming the call and
  * oneDNN's status) and returns a negative status. */
 int dnnl_util_fail(struct op_call *c, const char *call, dnnl_status_t s);

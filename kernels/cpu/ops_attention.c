@@ -131,15 +131,7 @@ static inline __attribute__((always_inline)) void attn_softmax_row_body(float *r
         for (int64_t t = 0; t < T; t++) row[t] = NAN;
         return;
     }
-    float sum = 0.0f;
-    if (!exp_vec_shift_sum(row, T, mx, &sum)) {
-#pragma omp simd reduction(+ : sum)
-        for (int64_t t = 0; t < T; t++) {
-            float e = ew_exp_f(row[t] - mx);
-            row[t] = e;
-            sum += e;
-        }
-    }
+    float sum = exp_shift_sum(row, T, mx);
     if (has_sink) sum += ew_exp_f(sink - mx);
     float inv = 1.0f / sum;
 #pragma omp simd

@@ -563,11 +563,12 @@ FLT_UN(acosh, U_ACOSH)
 FLT_UN(atanh, U_ATANH)
 
 /* Float's logistic family on sigmoid_vec.h's AVX-512 and AVX2 loops, the
- * plain loop above where the ISA has neither; double on libm. */
-#define FLT_UN_SIGV(NAME, OP, KIND, ALPHA)                                                                                 \
-    LIST_FLT(DEF_UN_ISA, OP)                                                                                        \
-    static void k_sigv_##NAME(const void *const *in, const int64_t *s, void *out, int64_t n, const struct ew_args *a) { \
-        if (!sigmoid_vec(KIND, (ALPHA), in[0], NULL, out, n)) k_##OP##_f32(in, s, out, n, a);                \
+ * baseline's plain loop where the ISA has neither; double on libm. */
+#define FLT_UN_SIGV(NAME, OP, KIND, ALPHA)                                                                          \
+    LIST_FLT(DEF_UN, OP)                                                                                            \
+    static void k_sigv_##NAME(const void *const *in, const int64_t *s, void *out, int64_t n,                      \
+                              const struct ew_args *a) {                                                            \
+        if (!sigmoid_vec(KIND, (ALPHA), in[0], NULL, out, n)) k_##OP##_f32(in, s, out, n, a);                       \
     }                                                                                                               \
     static const ew_fn tbl_##NAME[DT_MAX_] = {[DT_FP32] = k_sigv_##NAME, [DT_FP64] = k_##OP##_f64};
 FLT_UN_SIGV(sigmoid, U_SIGMOID, SIGV_SIGMOID, 1.0f)

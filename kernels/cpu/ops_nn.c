@@ -2904,11 +2904,10 @@ static void pool2d_rows(const struct pool_state *s, const float *xd, float *y, i
 /* pool2d_rows on channels-last memory: each output pixel's channels from
  * its window's taps clipped to the input, a vector of channels at a time
  * (the same floats: the first tap starts the max, a later one replaces it
- * only when greater; an average divides as there). */
-/* One output row (image n, output row a) of a channels-last 2-D pool: each
- * output pixel's channels take the max or sum over its taps. Built per ISA
- * (pool2d_nhwc picks): the baseline's 4-lane loop over channels left
- * GoogLeNet's pools at 1.8 ms a run with AVX2, against onnxruntime's 1.1. */
+ * only when greater; an average divides as there). One output row (image
+ * n, output row a) per call, built per ISA: the baseline's 4 lanes left
+ * GoogLeNet's pools at 1.07-1.17 ms a run with AVX2 (0.96 built for it;
+ * onnxruntime 1.06). */
 static inline __attribute__((always_inline)) void pool2d_nhwc_row_body(const struct pool_state *s, const float *xd,
                                                                        float *y, int64_t row, int64_t ch) {
     const struct win *w = &s->win;
@@ -2953,30 +2952,14 @@ _Pragma("omp simd")
     }
 }
 
-typedef void (*pool2d_nhwc_row_fn)(const struct pool_state *s, const float *xd, float *y, int64_t row, int64_t ch);
-static void pool2d_nhwc_row_v2(const struct pool_state *s, const float *xd, float *y, int64_t row, int64_t ch) {
-    pool2d_nhwc_row_body(s, xd, y, row, ch);
-}
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void pool2d_nhwc_row_v4(const struct pool_state *s, const float *xd,
-                                                                          float *y, int64_t row, int64_t ch) {
-    pool2d_nhwc_row_body(s, xd, y, row, ch);
-}
-__attribute__((target("arch=x86-64-v3"))) static void pool2d_nhwc_row_v3(const struct pool_state *s, const float *xd,
-                                                                          float *y, int64_t row, int64_t ch) {
-    pool2d_nhwc_row_body(s, xd, y, row, ch);
-}
-#endif
+DNNL_UTIL_ISA_CLONES(pool2d_nhwc_row, pool2d_nhwc_row_body,
+                     (const struct pool_state *s, const float *xd, float *y, int64_t row, int64_t ch),
+                     (s, xd, y, row, ch))
 
 static void pool2d_nhwc(const struct pool_state *s, const float *xd, float *y, int64_t nb, int64_t ch, int nthreads) {
     const struct win *w = &s->win;
-    pool2d_nhwc_row_fn fn = pool2d_nhwc_row_v2;
-#if defined(__x86_64__) && defined(__GNUC__)
-    const int level = dnnl_util_isa_level();
-    fn = level >= 4 ? pool2d_nhwc_row_v4 : level == 3 ? pool2d_nhwc_row_v3 : pool2d_nhwc_row_v2;
-#endif
     PAR_FOR(nb * w->out[0] * w->out[1] * ch > 65536, nthreads, ,
-            for (int64_t row = 0; row < nb * w->out[0]; row++) fn(s, xd, y, row, ch););
+            for (int64_t row = 0; row < nb * w->out[0]; row++) pool2d_nhwc_row(s, xd, y, row, ch););
 }
 
 static int pool_run(struct op_call *c) {
@@ -3160,25 +3143,8 @@ static inline __attribute__((always_inline)) void global_pool_nhwc_body(const st
 
 /* Built per ISA, as the pools above (the baseline's 4 lanes left
  * EfficientNet-B0's 16 squeeze-excitation means at 0.4 ms a run). */
-static void global_pool_nhwc_v2(const struct tensor *x, float *y, int is_max) { global_pool_nhwc_body(x, y, is_max); }
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void global_pool_nhwc_v4(const struct tensor *x, float *y,
-                                                                           int is_max) {
-    global_pool_nhwc_body(x, y, is_max);
-}
-__attribute__((target("arch=x86-64-v3"))) static void global_pool_nhwc_v3(const struct tensor *x, float *y,
-                                                                           int is_max) {
-    global_pool_nhwc_body(x, y, is_max);
-}
-#endif
-static void global_pool_nhwc(const struct tensor *x, float *y, int is_max) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    const int level = dnnl_util_isa_level();
-    if (level >= 4) return global_pool_nhwc_v4(x, y, is_max);
-    if (level == 3) return global_pool_nhwc_v3(x, y, is_max);
-#endif
-    global_pool_nhwc_v2(x, y, is_max);
-}
+DNNL_UTIL_ISA_CLONES(global_pool_nhwc, global_pool_nhwc_body, (const struct tensor *x, float *y, int is_max),
+                     (x, y, is_max))
 
 /* The inner loops of the per-channel kernels below, as functions: the
  * loops around them are PAR_FOR's arguments, where a #pragma cannot be. */

@@ -444,22 +444,9 @@ static inline __attribute__((always_inline)) void red_rows_body(const float *x, 
 /* The body built per ISA: the double accumulators take 2 floats a vector
  * in the baseline's SSE, 8 with AVX-512 (EfficientNet's squeeze-excitation
  * means over channels-last maps, 16 of them, were 0.43 ms a run). */
-typedef void (*red_rows_fn)(const float *x, float *y, const struct red_geom *g, enum red_kind k, int64_t it,
-                            int64_t nchunk);
-static void red_rows_v2(const float *x, float *y, const struct red_geom *g, enum red_kind k, int64_t it,
-                        int64_t nchunk) {
-    red_rows_body(x, y, g, k, it, nchunk);
-}
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("arch=x86-64-v4"))) static void red_rows_v4(const float *x, float *y, const struct red_geom *g,
-                                                                   enum red_kind k, int64_t it, int64_t nchunk) {
-    red_rows_body(x, y, g, k, it, nchunk);
-}
-__attribute__((target("arch=x86-64-v3"))) static void red_rows_v3(const float *x, float *y, const struct red_geom *g,
-                                                                   enum red_kind k, int64_t it, int64_t nchunk) {
-    red_rows_body(x, y, g, k, it, nchunk);
-}
-#endif
+DNNL_UTIL_ISA_CLONES(red_rows_item, red_rows_body,
+                     (const float *x, float *y, const struct red_geom *g, enum red_kind k, int64_t it, int64_t nchunk),
+                     (x, y, g, k, it, nchunk))
 
 /* float data reduced across rows whose kept innermost run is contiguous
  * ([..., R, K] reduced over R, e.g. a sum over the batch or channels of
@@ -474,13 +461,8 @@ static int red_rows_f32(const float *x, float *y, const struct red_geom *g, enum
     const int64_t nouter = g->nout / kin, nchunk = (kin + RED_BLOCK - 1) / RED_BLOCK;
     const int64_t items = nouter * nchunk;
     const int par = g->nout * rows >= EW_PAR_MIN && items > 1;
-    red_rows_fn fn = red_rows_v2;
-#if defined(__x86_64__) && defined(__GNUC__)
-    const int level = dnnl_util_isa_level();
-    fn = level >= 4 ? red_rows_v4 : level == 3 ? red_rows_v3 : red_rows_v2;
-#endif
     PAR_FOR(par, nt, schedule(static),
-        for (int64_t it = 0; it < items; it++) fn(x, y, g, k, it, nchunk););
+        for (int64_t it = 0; it < items; it++) red_rows_item(x, y, g, k, it, nchunk););
     return 1;
 }
 

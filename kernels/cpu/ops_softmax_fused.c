@@ -131,15 +131,7 @@ static inline __attribute__((always_inline)) void msm_row(const struct msm_param
         for (int64_t j = 0; j < n; j++) y[j] = f;
         return;
     }
-    float sum = 0;
-    if (!exp_vec_shift_sum(y, n, mx, &sum)) {
-        _Pragma("omp simd reduction(+ : sum)") for (int64_t j = 0; j < n; j++) {
-            float e = ew_exp_neg_f(y[j] - mx);
-            y[j] = e;
-            sum += e;
-        }
-    }
-    float inv = 1.0f / sum;
+    float inv = 1.0f / exp_shift_sum(y, n, mx);
     _Pragma("omp simd") for (int64_t j = 0; j < n; j++) y[j] *= inv;
 }
 
@@ -327,15 +319,14 @@ typedef float ha_v16 __attribute__((vector_size(64)));
 
 /* One row of scaled scores: x = softmax(x + m) in place, as msm_row (a
  * row holding NaN or +inf, or only -inf, is NaN, or zeros with
- * nan_to_zero), eight lanes at a time with the reductions in registers:
- * attention's rows are short (one per query and head, one score per key),
- * and msm_row's loops spent more on finishing their reductions than on
- * the exponentials. */
+ * nan_to_zero), the sum and the largest value eight lanes at a time with
+ * the reductions in registers: attention's rows are short (one per query
+ * and head, one score per key), and msm_row's loops spent more on
+ * finishing their reductions than on the exponentials (exp_shift_sum's). */
 static inline __attribute__((always_inline)) void ha_softmax(const struct msm_params *p, float *x, const float *m) {
     const int64_t n = p->n, n8 = n & ~(int64_t)7;
-    ha_v8 vmax = {0}, vsum = {0}, lo = {0};
+    ha_v8 vmax = {0};
     vmax -= __builtin_inff();
-    lo -= 87.3f;
     ha_v8i vnan = {0};
     for (int64_t j = 0; j < n8; j += 8) {
         ha_v8 v = HA_LD(x + j);
@@ -364,34 +355,7 @@ static inline __attribute__((always_inline)) void ha_softmax(const struct msm_pa
         for (int64_t j = 0; j < n; j++) x[j] = f;
         return;
     }
-    float sum = 0.0f;
-    if (exp_vec_shift_sum(x, n, mx, &sum)) goto scale;
-    /* ew_exp_neg_f (elementwise_util.h) on eight lanes: e^(x - mx), 0 below -87.3. */
-    for (int64_t j = 0; j < n8; j += 8) {
-        ha_v8 y = HA_LD(x + j) - mx;
-        ha_v8i keep = y > lo;
-        ha_v8 yc = HA_SEL(keep, y, lo);
-        ha_v8 nn = (yc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-        ha_v8 r = yc - nn * 0.693359375f - nn * -2.12194440e-4f;
-        ha_v8 q = r * 1.9875691500E-4f + 1.3981999507E-3f;
-        q = q * r + 8.3334519073E-3f;
-        q = q * r + 4.1665795894E-2f;
-        q = q * r + 1.6666665459E-1f;
-        q = q * r + 5.0000001201E-1f;
-        q = q * r * r + r + 1.0f;
-        ha_v8i e = (__builtin_convertvector(nn, ha_v8i) + 127) << 23;
-        ha_v8 ex = (ha_v8)((ha_v8i)(q * (ha_v8)e) & keep);
-        HA_ST(x + j, ex);
-        vsum += ex;
-    }
-    HA_ST(lanes, vsum);
-    for (int k = 0; k < 8; k++) sum += lanes[k];
-    for (int64_t j = n8; j < n; j++) {
-        x[j] = ew_exp_neg_f(x[j] - mx);
-        sum += x[j];
-    }
-scale:;
-    float inv = 1.0f / sum;
+    float inv = 1.0f / exp_shift_sum(x, n, mx);
     for (int64_t j = 0; j < n8; j += 8) HA_ST(x + j, HA_LD(x + j) * inv);
     for (int64_t j = n8; j < n; j++) x[j] *= inv;
 }

@@ -2,9 +2,16 @@
  * exponentials with AVX-512 and AVX2 (sigmoid_vec.h). The exponential is
  * elementwise_util.h's (Cephes' degree-6 polynomial on the same reduction),
  * taken of arguments <= 0 only (-|x|, or x less the row's largest). */
+/* The baseline's exponential loop: its clamps become selects and the loop
+ * vectorizes without trapping math (as in ops_softmax_fused.c). */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC optimize("no-trapping-math")
+#endif
+
 #include "kernels/cpu/sigmoid_vec.h"
 
 #include "kernels/cpu/dnnl_util.h"
+#include "kernels/cpu/elementwise_util.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -223,19 +230,17 @@ int sigmoid_vec(enum sigmoid_vec_kind k, float a, const float *x, const float *b
     return 0;
 }
 
-int exp_vec_shift_sum(float *row, int64_t n, float shift, float *sum) {
+float exp_shift_sum(float *row, int64_t n, float shift) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const int level = dnnl_util_isa_level();
-    if (level >= 4) {
-        *sum = exp_sum16(row, n, shift);
-        return 1;
-    }
-    if (level == 3) {
-        *sum = exp_sum8(row, n, shift);
-        return 1;
-    }
-#else
-    (void)row, (void)n, (void)shift, (void)sum;
+    if (level >= 4) return exp_sum16(row, n, shift);
+    if (level == 3) return exp_sum8(row, n, shift);
 #endif
-    return 0;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t i = 0; i < n; i++) {
+        row[i] = ew_exp_neg_f(row[i] - shift);
+        sum += row[i];
+    }
+    return sum;
 }

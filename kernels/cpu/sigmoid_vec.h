@@ -38,8 +38,9 @@ int sigmoid_vec(enum sigmoid_vec_kind k, float a, const float *x, const float *b
 
 /* A softmax's exponentials on the same loops: row[i] = e^(row[i] - shift)
  * for i in [0, n), shift at least the row's largest value (every argument
- * <= 0; 0 below the normal floats; NaN stays), their sum in *sum. Returns 0
- * (nothing written) where sigmoid_vec would. */
-int exp_vec_shift_sum(float *row, int64_t n, float shift, float *sum);
+ * <= 0; 0 below the normal floats; NaN stays); returns their sum. Where
+ * sigmoid_vec has no vector form, elementwise_util.h's ew_exp_neg_f in a
+ * plain loop. */
+float exp_shift_sum(float *row, int64_t n, float shift);
 
 #endif
