@@ -1892,15 +1892,17 @@ int passes_run_for(struct graph *g, int cpu_only, char *err, size_t err_len) {
     if (cpu_only && (rc = passes_fuse_softmax_attention(g, &sattn, err, err_len))) return rc;
     if (cpu_only && (rc = passes_fuse_head_attention(g, &hattn, err, err_len))) return rc;
     if ((rc = passes_eliminate_dead(g, &removed2))) return status_set(err, err_len, rc, "out of memory removing dead nodes");
-    int nhwc = 0, nlayout = 0;
+    int nhwc = 0, nlayout = 0, resid = 0;
     if (qdq && (rc = passes_qdq_layout(g, &nhwc, err, err_len))) return rc;
     if (cpu_only && (rc = passes_layout(g, &nlayout, err, err_len))) return rc;
+    if (cpu_only && (rc = passes_fuse_residual(g, &resid, err, err_len))) return rc;
     log_debug("graph passes: %d -> %d nodes (%d folded, %d dead, %d BatchNorm and %d per-channel Mul/Add folded, %d "
               "bias, %d GELU, %d tanh GELU, %d HardSwish, %d RMS norms, %d activations (%d with a scale and shift after), %d SiLU, %d "
               "masked softmaxes (%d of them in "
               "whole attentions) and %d unmasked attentions fused, %d quantized operators, %d quantization round trips "
-              "in float convolutions, %d on NHWC, %d dynamically quantized products, %d float nodes on channels-last)",
+              "in float convolutions, %d on NHWC, %d dynamically quantized products, %d float nodes on channels-last, %d "
+              "residual sums in convolutions)",
               before, g->nnodes, folded, removed + removed2, bn, affine, bias, gelu, gelu_tanh, hswish, rms, act, post, silu, attn,
-              hattn, sattn, qdq, fq, nhwc, dynq, nlayout);
+              hattn, sattn, qdq, fq, nhwc, dynq, nlayout, resid);
     return 0;
 }

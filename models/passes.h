@@ -126,6 +126,12 @@ int passes_qdq_layout(struct graph *g, int *nnhwc, char *err, size_t err_len);
  * off (for measurements). */
 int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len);
 
+/* CPU only, after passes_layout: Conv -> Add(Y, Z) of Y's shape, Y and Z
+ * stored alike, becomes the Conv with Z as input 3 (kiln_residual 1),
+ * summed by the convolution, the Add's activation moved to it. Returns
+ * the number fused through *nfused. */
+int passes_fuse_residual(struct graph *g, int *nfused, char *err, size_t err_len);
+
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,
  * Clip with constant bounds, Sigmoid, Tanh, HardSigmoid, HardSwish, exact
  * Gelu), with its kind and parameters; 0 otherwise. */

@@ -116,6 +116,36 @@ static void probe_free(const struct graph *g, struct tensor *t, unsigned char *o
         if (owned[v]) tensor_free_data(&t[v]), owned[v] = 0;
 }
 
+/* The probe at batch 1 (other symbolic dims 224) and, when the inputs have
+ * symbolic dims, again at batch 2 (97): t2 NULL when they have none. */
+struct probes {
+    struct tensor *t, *t2;
+    unsigned char *owned, *owned2;
+};
+
+static int probes_make(const struct graph *g, struct probes *P) {
+    size_t nv = (size_t)(g->nvalues > 0 ? g->nvalues : 1);
+    P->t = malloc(nv * sizeof *P->t);
+    P->t2 = malloc(nv * sizeof *P->t2);
+    P->owned = calloc(nv, 1);
+    P->owned2 = calloc(nv, 1);
+    if (!P->t || !P->t2 || !P->owned || !P->owned2) return -1;
+    int dynamic = 0;
+    probe_shapes(g, P->t, P->owned, 1, 224, &dynamic);
+    if (dynamic) probe_shapes(g, P->t2, P->owned2, 2, 97, &dynamic);
+    else free(P->t2), P->t2 = NULL;
+    return 0;
+}
+
+static void probes_free(const struct graph *g, struct probes *P) {
+    probe_free(g, P->t, P->owned);
+    probe_free(g, P->t2, P->owned2);
+    free(P->t);
+    free(P->t2);
+    free(P->owned);
+    free(P->owned2);
+}
+
 /* ---- which nodes can work channels-last --------------------------------------------------------- */
 
 enum lay_role {
@@ -345,21 +375,18 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
     const char *e = getenv("KILN_LAYOUT");
     if (e && strcmp(e, "plain") == 0) return 0;
     size_t nv = (size_t)(g->nvalues > 0 ? g->nvalues : 1), nn = (size_t)(g->nnodes > 0 ? g->nnodes : 1);
-    struct tensor *t = malloc(nv * sizeof *t), *t2 = malloc(nv * sizeof *t2);
-    unsigned char *owned = calloc(nv, 1), *owned2 = calloc(nv, 1);
+    struct probes P = {0};
+    int pr = probes_make(g, &P);
+    const struct tensor *t = P.t;
     struct lay L = {.g = g, .t = t, .role = calloc(nn, 1), .cl = calloc(nv, 1), .neu = calloc(nv, 1)};
-    int rc = 0, dynamic = 0;
-    if (!t || !t2 || !owned || !owned2 || !L.role || !L.cl || !L.neu) {
+    int rc = 0;
+    if (pr || !L.role || !L.cl || !L.neu) {
         rc = status_set(err, err_len, STATUS_NOMEM, "out of memory planning layouts");
         goto done;
     }
-    probe_shapes(g, t, owned, 1, 224, &dynamic);
     for (int v = 0; v < g->nvalues; v++) L.neu[v] = neutral(&t[v]);
-    if (dynamic) { /* neutral at both sizes, or not at all */
-        probe_shapes(g, t2, owned2, 2, 97, &dynamic);
-        for (int v = 0; v < g->nvalues; v++) L.neu[v] &= neutral(&t2[v]) && t2[v].ndim == t[v].ndim;
-        probe_free(g, t2, owned2);
-    }
+    if (P.t2) /* neutral at both sizes, or not at all */
+        for (int v = 0; v < g->nvalues; v++) L.neu[v] &= neutral(&P.t2[v]) && P.t2[v].ndim == t[v].ndim;
     int nconv = 0;
     for (int i = 0; i < g->nnodes; i++) {
         const struct graph_node *n = &g->nodes[i];
@@ -383,13 +410,93 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len) {
         log_debug("layout: %d values channels-last, %d nodes marked, %d of %d Conv change layout", ncl, *nmarked,
                   nchange, nconv);
 done:
-    probe_free(g, t, owned);
-    free(owned);
-    free(owned2);
-    free(t);
-    free(t2);
+    probes_free(g, &P);
     free(L.role);
     free(L.cl);
     free(L.neu);
+    return rc;
+}
+
+/* ---- residual sums into the convolution before them ------------------------------------------------ */
+
+/* Conv -> Add(Y, Z) with Y read by the Add alone and Z of Y's shape: the
+ * Add becomes the convolution's sum post-op (Z input 3 of the Conv,
+ * kiln_residual 1; oneDNN adds the products to what its destination
+ * holds) and the Add's fused activation the convolution's, after the sum
+ * as before. ResNet's blocks end so (Conv, Add of the block's input,
+ * Relu): a pass over each block's output and a parallel region less, and
+ * with the plan's sum_in_place no copy either. onnxruntime fuses the same
+ * (its FusedConv's Z). A Sum of two (older exports) is taken alike. Z and
+ * Y must be stored alike: both channels-last (the Add marked so,
+ * kiln_layout 3, and the Conv's Y too) or both plain. Shapes come from
+ * the layout pass's probe, at a second size too when the inputs have
+ * symbolic dims; the kernel checks them again. */
+struct residual_ctx {
+    const struct tensor *t, *t2; /* t2: the second probe, or NULL */
+};
+
+static int residual_node(struct pass *ps, int ci) {
+    struct graph *g = ps->g;
+    struct graph_node *cv = &g->nodes[ci];
+    const struct residual_ctx *rc = ps->ctx;
+    if (ps->dead[ci] || !is_op(cv, "Conv") || cv->act != ACT_NONE || cv->act_affine || cv->nout != 1 ||
+        cv->nin < 2 || cv->nin > 3)
+        return 0;
+    const int y = cv->out[0];
+    int ai = pass_next_op(ps, ci, "Add");
+    if (ai < 0) ai = pass_next_op(ps, ci, "Sum"); /* older exports' residual joins */
+    if (y < 0 || ai < 0) return 0;
+    struct graph_node *a = &g->nodes[ai];
+    const int z = a->nin == 2 ? pass_other_of(a, y) : -1;
+    if (a->nout != 1 || a->out[0] < 0 || z < 0 || z == y || a->act == ACT_QDQ || a->act_affine) return 0;
+    for (int p = 0; p < 2; p++) {
+        const struct tensor *t = p ? rc->t2 : rc->t;
+        if (!t) continue;
+        if (!rank4(&t[y]) || t[y].dtype != DT_FP32 || t[z].dtype != DT_FP32 || !tensor_same_shape(&t[y], &t[z]) ||
+            !tensor_same_shape(&t[y], &t[a->out[0]]))
+            return 0;
+    }
+    const int y_cl = (node_attr_int(cv, "kiln_layout", 0) & 2) != 0, a_cl = node_attr_int(a, "kiln_layout", 0) == 3;
+    if (y_cl != a_cl) return 0;
+    int *in = realloc(cv->in, 4 * sizeof *in);
+    if (!in) return pass_nomem(ps);
+    cv->in = in;
+    if (cv->nin < 3) in[2] = -1;
+    in[3] = z;
+    cv->nin = 4;
+    if (node_set_attr_int(cv, "kiln_residual", 1)) return pass_nomem(ps);
+    cv->act = a->act;
+    cv->act_alpha = a->act_alpha;
+    cv->act_beta = a->act_beta;
+    cv->out[0] = a->out[0];
+    a->out[0] = y;
+    /* The Conv moves to the Add's place, where Z is known to be computed
+     * (a downsampling branch's Conv may come after it); the Add, at the
+     * Conv's, is dropped. */
+    struct graph_node tmp = *cv;
+    *cv = *a;
+    *a = tmp;
+    g->values[a->out[0]].producer = ai;
+    g->values[y].producer = ci;
+    ps->dead[ci] = 1;
+    log_debug("fused %s '%s' into Conv '%s' as its residual sum", g->nodes[ci].op_type, g->nodes[ci].name,
+              g->nodes[ai].name);
+    return 1;
+}
+
+static const struct pass_def residual_pass = {"fusing residual sums into convolutions", residual_node, 0};
+
+int passes_fuse_residual(struct graph *g, int *nfused, char *err, size_t err_len) {
+    *nfused = 0;
+    int nconv = 0;
+    for (int i = 0; i < g->nnodes && !nconv; i++) nconv = is_op(&g->nodes[i], "Conv");
+    if (!nconv) return 0;
+    struct probes P = {0};
+    int rc = probes_make(g, &P) ? status_set(err, err_len, STATUS_NOMEM, "out of memory fusing residual sums") : 0;
+    if (!rc) {
+        struct residual_ctx ctx = {.t = P.t, .t2 = P.t2};
+        rc = pass_run(&residual_pass, g, &ctx, nfused, err, err_len);
+    }
+    probes_free(g, &P);
     return rc;
 }

@@ -550,6 +550,42 @@ static int drop_unread_steps(struct plan *p, char *err, size_t err_len) {
     return 0;
 }
 
+/* A Conv that sums a residual Z (input 3, models/passes_layout.c's
+ * passes_fuse_residual) writes its Y over Z's bytes when this step is the
+ * last to read them: oneDNN's sum post-op adds the products to what the
+ * destination holds, so the kernel then neither copies Z nor reads it
+ * twice. Z must be a step's bytes in the arena (no input, constant or
+ * graph output) of Y's size, not X's, W's or B's, and read by no later
+ * step; Y and its views move to Z's root. Host plans. */
+static void sum_in_place(struct plan *p) {
+    const struct graph *g = p->g;
+    if (!p->host) return;
+    for (int si = 0; si < p->nsteps; si++) {
+        const struct graph_node *n = &g->nodes[p->steps[si].node];
+        if (strcmp(n->op_type, "Conv") || n->domain[0] || n->nin < 4 || n->in[3] < 0 || n->nout != 1 || n->out[0] < 0)
+            continue;
+        const int y = n->out[0], zr = p->vals[n->in[3]].root;
+        const struct pval *pz = &p->vals[zr], *py = &p->vals[y];
+        if (py->kind != PLAN_VALUE_ARENA || py->root != y || pz->kind != PLAN_VALUE_ARENA || !pz->is_step_out ||
+            pz->t.dtype != py->t.dtype || tensor_nbytes(&pz->t) != tensor_nbytes(&py->t))
+            continue;
+        int ok = 1;
+        for (int k = 0; k < 3 && ok; k++)
+            if (n->in[k] >= 0 && p->vals[n->in[k]].root == zr) ok = 0;
+        for (int o = 0; o < g->noutputs && ok; o++)
+            if (p->vals[g->outputs[o]].root == zr) ok = 0;
+        for (int sj = si + 1; sj < p->nsteps && ok; sj++) {
+            const struct graph_node *m = &g->nodes[p->steps[sj].node];
+            for (int k = 0; k < m->nin && ok; k++)
+                if (m->in[k] >= 0 && p->vals[m->in[k]].root == zr) ok = 0;
+        }
+        if (!ok) continue;
+        for (int v = 0; v < p->nvals; v++)
+            if (p->vals[v].root == y && p->vals[v].kind == PLAN_VALUE_ARENA) p->vals[v].root = zr;
+        p->nsum_in_place++;
+    }
+}
+
 /* Live ranges of arena roots, in the final step numbering: from the step
  * that writes a value to the last that reads it (graph outputs to the end;
  * device plans copy inputs in before step 0). */
@@ -913,9 +949,9 @@ static void log_plan(const struct plan *p, const struct tensor *inputs) {
     const struct graph *g = p->g;
     char s[160] = "";
     if (g->ninputs) tensor_shape_str(&inputs[0], s, sizeof s);
-    log_debug("plan for %s%s: %d steps, %d nodes folded, %d activations applied in place, %d views, arena %zu "
-              "bytes%s%s",
-              s, g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, p->npost_act,
+    log_debug("plan for %s%s: %d steps, %d nodes folded, %d activations applied in place, %d residual sums in place, "
+              "%d views, arena %zu bytes%s%s",
+              s, g->ninputs > 1 ? ",..." : "", p->nsteps, p->nfolded, p->npost_act, p->nsum_in_place,
               g->nnodes - p->nsteps - p->nfolded - p->npost_act, p->arena_size,
               p->nfallback ? " (some nodes on the CPU)" : "", p->fp16 ? ", FP16" : "");
 }
@@ -931,6 +967,7 @@ int plan_build_ds(const struct graph *g, const struct tensor *inputs, uint64_t b
     if ((rc = values_init(p, inputs, bind_values, ref_values, err, err_len)) || (rc = count_reads(&b)) ||
         (rc = walk_nodes(&b)) || (rc = drop_unread_steps(p, err, err_len)))
         goto fail;
+    sum_in_place(p);
     live_ranges(p);
     if ((rc = device_dtypes(p, fp16, err, err_len)) || (rc = prepare_steps(&b)) ||
         (rc = place_memory(p, err, err_len)) || (rc = list_input_values(p, err, err_len)) ||

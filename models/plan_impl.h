@@ -82,6 +82,7 @@ struct plan {
     int nfolded;
     int nfallback;
     int npost_act;
+    int nsum_in_place; /* Convs writing their residual sum over Z (sum_in_place) */
     size_t arena_size;
     int ninputs;
     struct tensor *sig; /* shapes of the inputs it was built for */

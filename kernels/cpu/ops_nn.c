@@ -209,6 +209,8 @@ struct conv_state {
     struct dnnl_prim *conv;                      /* NULL: ConvTranspose's loop */
     struct dnnl_prim *src_reorder, *dst_reorder; /* plain <-> blocked, when used */
     struct dnnl_prim *w_reorder;                 /* weights known only at run time, to blocked */
+    struct dnnl_prim *z_reorder;                 /* a residual Z into the blocked destination (sum, dst_reorder) */
+    int sum;                                     /* Y = conv + Z (input 3, passes_fuse_residual): a sum post-op */
     void *wbuf;                                  /* weights in the primitive's layout (shared, see dnnl_util_weights_acquire) */
     float *wcrop;                                /* constant weights without their dead taps (conv_crop) */
     int const_weights;
@@ -245,6 +247,17 @@ static int conv_infer(struct op_call *c) {
     y->dims[0] = x->dims[0];
     y->dims[1] = w->dims[0];
     for (int i = 0; i < g.win.nsp; i++) y->dims[2 + i] = g.win.out[i];
+    /* The residual Z that passes_fuse_residual moved in from an Add: Y's
+     * shape exactly (the pass checks it; a file's Conv has no input 3). */
+    const struct tensor *z = opt_in(c, 3);
+    if (z) {
+        char sz[128], sy[128];
+        if (!node_attr_int(c->node, "kiln_residual", 0))
+            return op_error(c, "Conv takes 2 or 3 inputs, not %d", c->nin);
+        if (z->dtype != DT_FP32 || !tensor_same_shape(z, y))
+            return op_error(c, "residual Z %s must be float32 of the output's shape %s",
+                            tensor_shape_str(z, sz, sizeof sz), tensor_shape_str(y, sy, sizeof sy));
+    }
     return 0;
 }
 
@@ -255,6 +268,7 @@ static void conv_release(void *st) {
     dnnl_prim_free(s->src_reorder);
     dnnl_prim_free(s->dst_reorder);
     dnnl_prim_free(s->w_reorder);
+    dnnl_prim_free(s->z_reorder);
     dnnl_util_weights_release(s->wbuf);
     free(s->wcrop);
     convi_release(s->exact);
@@ -471,7 +485,11 @@ static int conv_finish(struct op_call *c, struct conv_state *s, const_dnnl_primi
         return rc;
     if (s->src_reorder) s->src_t2d = conv_t2d(&d->src_plain, smd);
     if (s->dst_reorder) s->dst_t2d = conv_t2d(&d->dst_plain, dmd);
+    size_t r4 = 0, z_bytes = 0;
+    if (s->sum && s->dst_reorder && (rc = conv_reorder(c, &d->dst_plain, dmd, 1, &s->z_reorder, &z_bytes, &r4)))
+        return rc;
     size_t pad = conv_scr > r1 ? conv_scr : r1;
+    if (r4 > pad) pad = r4;
     if (r2 > pad) pad = r2;
     if (r3 > pad) pad = r3;
     s->off_src = 0;
@@ -504,7 +522,7 @@ static int conv_w_md(dnnl_memory_desc_t *md, const struct tensor *w, int64_t gro
  * primitive's own layout. */
 static int conv_pd(struct op_call *c, struct conv_state *s, const struct conv_desc *d, int blocked, int64_t lay,
                    int64_t batch, dnnl_primitive_desc_t *pd) {
-    dnnl_primitive_attr_t attr = s->qdq_after ? dnnl_util_attr() : act_attr(c, 0, 0.0f, &s->act_after);
+    dnnl_primitive_attr_t attr = s->qdq_after ? dnnl_util_attr() : act_attr(c, s->sum, 1.0f, &s->act_after);
     if (!attr) return op_error(c, "could not build oneDNN attributes"), STATUS_INTERNAL;
     const dnnl_memory_desc_t *b = d->has_b ? &d->b : NULL;
     dnnl_convolution_desc_t cd;
@@ -657,11 +675,12 @@ static int conv_taps_build(struct op_call *c, struct conv_state *s, const struct
     return 1;
 }
 
-/* Y = B + the live taps' products, per image. X and Y plain or
- * channels-last (the node's kiln_layout): a tap's input rectangle is
- * gathered as [C, P] or [P, C] (rows of the map copied whole), its product
- * made [M, P] or [P, M] to match Y, then added in. */
-static int conv_taps_run(struct op_call *c, const struct conv_state *s) {
+/* Y = B (+ Z, a residual of Y's layout, maybe Y's own bytes) + the live
+ * taps' products, per image. X and Y plain or channels-last (the node's
+ * kiln_layout): a tap's input rectangle is gathered as [C, P] or [P, C]
+ * (rows of the map copied whole), its product made [M, P] or [P, M] to
+ * match Y, then added in. */
+static int conv_taps_run(struct op_call *c, const struct conv_state *s, const struct tensor *z) {
     const struct conv_taps *t = s->taps;
     const struct win *win = &s->g.win;
     const struct tensor *x = c->in[0], *b = opt_in(c, 2);
@@ -674,9 +693,10 @@ static int conv_taps_run(struct op_call *c, const struct conv_state *s) {
     for (int64_t n = 0; n < N; n++) {
         const float *xn = (const float *)x->data + n * C * isp;
         float *yn = (float *)y->data + n * M * osp;
+        const float *zn = z ? (const float *)z->data + n * M * osp : NULL;
         for (int64_t i = 0; i < M * osp; i++) {
             const int64_t m = yl ? i % M : i / osp;
-            yn[i] = bias ? bias[m] : 0.0f;
+            yn[i] = (bias ? bias[m] : 0.0f) + (zn ? zn[i] : 0.0f);
         }
         for (int j = 0; j < t->ntap; j++) {
             const struct conv_tap *p = &t->tap[j];
@@ -756,6 +776,7 @@ static int conv_build(struct op_call *c, struct conv_state *s, size_t *scratch_s
     if (cut) w = &wc;
     conv_swap_1d(&s->g.win, &x, &y, &w, &xs, &ys, &ws);
     dnnl_util_set_threads(c->nthreads);
+    s->sum = opt_in(c, 3) != NULL;
     const int taps = conv_taps_build(c, s, w, node_attr_int(c->node, "kiln_layout", 0), scratch_size);
     if (taps) return taps < 0 ? taps : 0;
     if (!dnnl_util_engine()) return op_error(c, "oneDNN CPU engine unavailable"), STATUS_INTERNAL;
@@ -790,9 +811,25 @@ static int conv_prepare(struct op_call *c, void **state, size_t *scratch_size) {
     return 0;
 }
 
+/* Y's bytes := Z's (same layout and size), split over the step's threads. */
+static void conv_copy_z(const struct op_call *c, const struct tensor *z, void *dst) {
+    const size_t nb = tensor_nbytes(z), chunk = (size_t)1 << 16;
+    const int64_t nchunks = (int64_t)((nb + chunk - 1) / chunk);
+    PAR_FOR(nchunks > 1, c->nthreads, ,
+            for (int64_t i = 0; i < nchunks; i++) {
+                const size_t at = (size_t)i * chunk, len = nb - at < chunk ? nb - at : chunk;
+                memcpy((char *)dst + at, (const char *)z->data + at, len);
+            });
+}
+
 /* Runs the convolution of s (Conv's or QLinearConv's) on X (input 0), the
- * weights w and the bias b (NULL if none), reordering around it. */
-static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, const struct tensor *b) {
+ * weights w and the bias b (NULL if none), reordering around it. With
+ * s->sum, z (Y's shape and layout) is put where the primitive writes, and
+ * its sum post-op adds the products to it: nothing to do when the plan
+ * gave Y Z's bytes (plan_build's sum_in_place), a copy otherwise, a
+ * reorder into a blocked destination. */
+static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, const struct tensor *b,
+                     const struct tensor *z) {
     struct tensor *y = c->out[0];
     if (tensor_numel(y) == 0) return 0;
     char *scr = c->scratch;
@@ -815,6 +852,12 @@ static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, con
         src = scr + s->off_src;
     }
     if (s->dst_reorder) dst = scr + s->off_dst;
+    if (s->sum && s->z_reorder) {
+        void *p[2] = {z->data, dst};
+        if ((rc = dnnl_prim_exec(c, s->z_reorder, p, pad))) return rc;
+    } else if (s->sum && z->data != dst) {
+        conv_copy_z(c, z, dst);
+    }
     void *args[4] = {src, w, dst, b ? b->data : NULL};
     if ((rc = dnnl_prim_exec(c, s->conv, args, pad))) return rc;
     if (s->dst_t2d) {
@@ -899,7 +942,8 @@ static void conv_qdq_after(struct op_call *c, const struct conv_state *s) {
 
 static int conv_run(struct op_call *c) {
     const struct conv_state *s = c->state;
-    int rc = s->taps ? conv_taps_run(c, s) : conv_exec(c, s, c->in[1]->data, opt_in(c, 2));
+    const struct tensor *z = s->sum ? c->in[3] : NULL;
+    int rc = s->taps ? conv_taps_run(c, s, z) : conv_exec(c, s, c->in[1]->data, opt_in(c, 2), z);
     if (!rc && s->act_after) op_apply_act(c->node, c->out[0]->data, tensor_numel(c->out[0]));
     if (!rc && s->qdq_after) conv_qdq_after(c, s);
     return rc;
@@ -2452,7 +2496,7 @@ QCONV_REQUANT(v3, __attribute__((target("arch=x86-64-v3"))))
 
 static int qconv_run(struct op_call *c) {
     const struct conv_state *s = c->state;
-    if (s->conv) return conv_exec(c, s, c->in[3]->data, opt_in(c, 8));
+    if (s->conv) return conv_exec(c, s, c->in[3]->data, opt_in(c, 8), NULL);
     struct tensor *y = c->out[0];
     const int64_t ny = tensor_numel(y), M = y->dims[1], planes = y->dims[0] * M, osz = planes > 0 ? ny / planes : 0;
     int32_t *acc;
