@@ -21,6 +21,16 @@
 # says. It is no peer: the ratios and embeddings.csv leave it out
 # (rounds.csv has it).
 #
+# INT8=1 (the default; INT8=0 leaves it out) serves the model a second time
+# at 8 bits on each side that offers it: kiln-int8, the folder's encoder
+# with its linear layers dynamically quantized by onnxruntime's
+# quantize_dynamic (tests/models/make_minilm.py --int8), and infinity-int8
+# (Infinity's --dtype int8: torch's dynamic quantization of the same
+# layers). Each is compared with the other and with the fastest peer at
+# any precision; each int8 server's cosine to kiln's float vectors (which
+# equal sentence-transformers' to 0.99999) on the first 64 texts goes to
+# the report.
+#
 # The peers need torch and live in a venv of their own, EMBED_PY (default
 # .venv-embed/bin/python; bench/embeddings/requirements.txt), and Infinity in
 # INFINITY (default .venv-infinity/bin/infinity_emb). A missing peer is
@@ -44,13 +54,16 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev
 # warmed at load; kiln-base's beside it), and the wheel's own folder for
 # the peers.
 [ -n "${BASE_BUCKETS:-}" ] && KILN_BASE=${KILN_BASE:-$KILN}
-"$PY" - "$W" "${KILN_BASE:+${BASE_BUCKETS:-same}}" <<'PY'
+INT8=${INT8:-1}
+"$PY" - "$W" "${KILN_BASE:+${BASE_BUCKETS:-same}}" "$INT8" <<'PY'
 import json, sys
 sys.path.insert(0, "tests/models")
 import make_minilm
 extra = {"instance_group": [{"count": 2, "kind": "KIND_CPU"}],
          "parameters": {"intra_op_thread_count": {"string_value": "1"}}}
 make_minilm.make(sys.argv[1] + "/repo", "minilm", warmup=True, extra=extra)
+if sys.argv[3] == "1":
+    make_minilm.make(sys.argv[1] + "/repo-int8", "minilm", warmup=True, extra=extra, int8=True)
 if sys.argv[2]:
     d = make_minilm.make(sys.argv[1] + "/repo-base", "minilm", warmup=True, extra=extra)
     cfg = json.loads((d / "config.json").read_text())
@@ -119,23 +132,24 @@ start_st() {
     echo "sentence-transformers http://127.0.0.1:$port/v1/embeddings $!"
 }
 
+# start_infinity NAME DTYPE
 start_infinity() {
     [ -x "$INFINITY" ] || {
-        echo "infinity: skipped ($INFINITY is missing: python3 -m venv .venv-infinity && .venv-infinity/bin/pip install -r bench/embeddings/requirements-infinity.txt)" >>"$W/skipped"
+        echo "$1: skipped ($INFINITY is missing: python3 -m venv .venv-infinity && .venv-infinity/bin/pip install -r bench/embeddings/requirements-infinity.txt)" >>"$W/skipped"
         return; }
     local port
     port=$(free_port)
     HF_HUB_OFFLINE=1 OMP_NUM_THREADS=$THREADS "$INFINITY" v2 --model-id "$MODEL_DIR" --served-model-name minilm \
-        --engine torch --device cpu --port "$port" --url-prefix /v1 >"$W/infinity.log" 2>&1 &
+        --engine torch --device cpu --dtype "$2" --port "$port" --url-prefix /v1 >"$W/$1.log" 2>&1 &
     local pid=$!
     pids+=("$pid")
     # Its health route stays at /health whatever --url-prefix says (/v1/health is a 404).
     for _ in $(seq 1 1200); do
         curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-        kill -0 "$pid" 2>/dev/null || { echo "infinity: failed to start (see $W/infinity.log)" >>"$W/skipped"; return; }
+        kill -0 "$pid" 2>/dev/null || { echo "$1: failed to start (see $W/$1.log)" >>"$W/skipped"; return; }
         sleep 0.25
     done
-    echo "infinity http://127.0.0.1:$port/v1/embeddings $pid"
+    echo "$1 http://127.0.0.1:$port/v1/embeddings $pid"
 }
 
 # cpu_ticks PID: user + system clock ticks of PID and its children so far
@@ -154,7 +168,11 @@ cpu_ticks() {
 start_kiln "$KILN" kiln "$W/repo" >>"$W/servers"
 [ -z "${KILN_BASE:-}" ] || start_kiln "$KILN_BASE" kiln-base "$W/repo-base" >>"$W/servers"
 start_st >>"$W/servers"
-start_infinity >>"$W/servers"
+start_infinity infinity float32 >>"$W/servers"
+if [ "$INT8" = 1 ]; then
+    start_kiln "$KILN" kiln-int8 "$W/repo-int8" >>"$W/servers"
+    start_infinity infinity-int8 int8 >>"$W/servers"
+fi
 
 # Each server answers once (and warms up) before it is measured.
 while read -r name url _; do
@@ -162,6 +180,29 @@ while read -r name url _; do
         || { echo "$name did not answer" >&2; exit 1; }
     BODIES=$W/bodies.txt wrk -t1 -c4 -d2s -s "$W/rotate.lua" "$url" >/dev/null 2>&1 || true
 done <"$W/servers"
+
+# The 8-bit servers' vectors against kiln's float ones (sentence-transformers'
+# to 0.99999: tests/e2e/test_embeddings.py), on the first 64 texts.
+"$PY" - "$W/servers" "$W/bodies.txt" "$W/accuracy.csv" <<'PY'
+import json, sys, urllib.request
+import numpy as np
+servers = {l.split()[0]: l.split()[1] for l in open(sys.argv[1]) if l.strip()}
+texts = [json.loads(l)["input"] for l in open(sys.argv[2])][:64]
+def embed(url):
+    req = urllib.request.Request(url, data=json.dumps({"model": "minilm", "input": texts}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    data = sorted(json.load(urllib.request.urlopen(req, timeout=600))["data"], key=lambda d: d["index"])
+    v = np.array([d["embedding"] for d in data], np.float64)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+with open(sys.argv[3], "w") as f:
+    f.write("server,min_cosine,mean_cosine\n")
+    if "kiln" in servers:
+        ref = embed(servers["kiln"])
+        for name, url in servers.items():
+            if name.endswith("-int8"):
+                cos = (embed(url) * ref).sum(1)
+                f.write(f"{name},{cos.min():.5f},{cos.mean():.5f}\n")
+PY
 
 # settle: waits (up to 60 s) until no server spends CPU, so that none runs
 # during another's measurement: wrk stops sending when its time is up, but a
@@ -201,10 +242,11 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-"$PY" - "$W/rounds.csv" "$W/skipped" "$OUT/embeddings.csv" "$OUT/embeddings.md" <<'PY'
+"$PY" - "$W/rounds.csv" "$W/skipped" "$OUT/embeddings.csv" "$OUT/embeddings.md" "$W/accuracy.csv" <<'PY'
 import csv, os, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 skipped = open(sys.argv[2]).read().strip().splitlines() if os.path.exists(sys.argv[2]) else []
+acc = {r["server"]: r for r in csv.DictReader(open(sys.argv[5]))} if os.path.exists(sys.argv[5]) else {}
 med = {}
 for key in dict.fromkeys((r["server"], r["concurrency"]) for r in rows):
     rs = sorted((r for r in rows if (r["server"], r["concurrency"]) == key), key=lambda r: float(r["rps"]))
@@ -222,14 +264,32 @@ for (s, c), r in sorted(med.items(), key=lambda kv: (int(kv[0][1]), not kv[0][0]
                f"{r['cpu_ms_per_text']} |")
 out.append("")
 cs = sorted({int(c) for _, c in med})
-peers = sorted(s for s, _ in med if not s.startswith("kiln"))
+peers = sorted({s for s, _ in med if not s.startswith("kiln")})
+float_peers = [p for p in peers if not p.endswith("-int8")]
+int8_peers = [p for p in peers if p.endswith("-int8")]
+
+
+def best_of(names, c):
+    got = [(p, med[(p, str(c))]) for p in names if (p, str(c)) in med]
+    return max(got, key=lambda pr: float(pr[1]["rps"]), default=(None, None))
+
+
 for c in cs:
-    k = med.get(("kiln", str(c)))
-    best = max((med[(p, str(c))] for p in peers if (p, str(c)) in med), key=lambda r: float(r["rps"]), default=None)
-    if k and best:
-        bp = [p for p in peers if med.get((p, str(c))) is best][0]
-        out.append(f"- Concurrency {c}: kiln {float(k['rps']):.0f} texts/s = **{float(k['rps']) / float(best['rps']):.2f}x** "
-                   f"the better peer ({bp}, {float(best['rps']):.0f}); p50 {k['p50_ms']} vs {best['p50_ms']} ms.")
+    for kname, mine, what in (("kiln", float_peers, "the better float peer"),
+                              ("kiln-int8", int8_peers, "the better int8 peer")):
+        k = med.get((kname, str(c)))
+        bp, best = best_of(mine, c)
+        if k and best:
+            out.append(f"- Concurrency {c}: {kname} {float(k['rps']):.0f} texts/s = "
+                       f"**{float(k['rps']) / float(best['rps']):.2f}x** {what} ({bp}, {float(best['rps']):.0f}); "
+                       f"p50 {k['p50_ms']} vs {best['p50_ms']} ms.")
+    k8, (bp, best) = med.get(("kiln-int8", str(c))), best_of(peers, c)
+    if k8 and best:
+        out.append(f"- Concurrency {c}: kiln-int8 = {float(k8['rps']) / float(best['rps']):.2f}x the fastest peer at "
+                   f"any precision ({bp}).")
+for name, r in acc.items():
+    out.append(f"- {name}: cosine to kiln's float vectors (sentence-transformers' to 0.99999) on 64 texts: "
+               f"min {r['min_cosine']}, mean {r['mean_cosine']}.")
     base = med.get(("kiln-base", str(c)))
     if k and base:
         out.append(f"- Concurrency {c}: kiln {float(k['rps']) / float(base['rps']):.2f}x kiln-base's texts/s, "

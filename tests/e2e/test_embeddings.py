@@ -32,6 +32,8 @@ def emb_repo(tmp_path_factory):
     make_minilm.make(root, "minilm", warmup=False)
     make_minilm.make(root, "minilm_mrl", warmup=False,
                      extra={"parameters": {"embedding_dimensions": {"string_value": "truncate"}}})
+    # no result cache: test_int8_model_tracks_the_float_vectors asks for texts alone after the batch
+    make_minilm.make(root, "minilm_int8", warmup=False, int8=True, extra={"response_cache": {"enable": False}})
     save_model(root, "tiny", tiny_graph())
     return root
 
@@ -77,6 +79,42 @@ def test_vectors_equal_sentence_transformers(oa):
         assert r.usage.prompt_tokens == r.usage.total_tokens > len(TEXTS)
     one = vectors(oa.embeddings.create(model="minilm", input=TEXTS[7]))[0]
     assert float(one @ GOLD[7]) >= 0.99999
+
+
+def test_int8_model_tracks_the_float_vectors(oa, emb_repo):
+    """The encoder with its linear layers dynamically quantized (make_minilm
+    --int8: onnxruntime's quantize_dynamic, int8 weights per channel) serves
+    through the same endpoint, its products on 8-bit GEMMs. Each text alone
+    gives onnxruntime's vector on the same file for the text padded to
+    kiln's bucket (mean-pooled over its tokens and normalised alike), and is
+    near the unpadded one: DynamicQuantizeLinear takes one scale over the
+    whole activation tensor, padding rows included (batched, over the whole
+    padded batch, as in any runtime's batch). Every text stays close to
+    sentence-transformers' float vector, batched or alone
+    (docs/embeddings.md)."""
+    import onnxruntime as ort
+    from tokenizers import Tokenizer
+    path = emb_repo / "minilm_int8"
+    sess = ort.InferenceSession(str(path / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    tok.enable_truncation(256)
+    tok.no_padding()  # the file pads to 128; kiln pads to its buckets
+    batched = vectors(oa.embeddings.create(model="minilm_int8", input=TEXTS, encoding_format="float"))
+    cos_gold = (batched * GOLD).sum(1)
+    assert cos_gold.min() >= 0.95 and cos_gold.mean() >= 0.985, (cos_gold.min(), cos_gold.mean())
+    buckets = make_minilm.buckets(256)
+    for i in range(0, len(TEXTS), max(1, len(TEXTS) // 12)):
+        one = vectors(oa.embeddings.create(model="minilm_int8", input=TEXTS[i], encoding_format="float"))[0]
+        ids = tok.encode(TEXTS[i]).ids
+        n = len(ids)
+        for length, least in ((min(b for b in buckets if b >= n), 0.999), (n, 0.97)):  # as kiln pads it; unpadded
+            feeds = {k: np.zeros((1, length), np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+            feeds["input_ids"][0, :n] = ids
+            feeds["attention_mask"][0, :n] = 1
+            h = sess.run(None, feeds)[0][0][:n].mean(0)
+            got = float(one @ (h / np.linalg.norm(h)))
+            assert got >= least, (i, length, got, TEXTS[i])
+        assert float(one @ GOLD[i]) >= 0.95, (i, float(one @ GOLD[i]), TEXTS[i])
 
 
 def test_token_id_inputs_give_the_texts_vectors(oa):
@@ -168,7 +206,7 @@ def test_dimensions(oa):
 
 def test_models_list(oa, emb_server):
     ids = sorted(m.id for m in oa.models.list())
-    assert ids == ["minilm", "minilm_mrl"]  # tiny serves no embeddings
+    assert ids == ["minilm", "minilm_int8", "minilm_mrl"]  # tiny serves no embeddings
     assert oa.models.retrieve("minilm").id == "minilm"
     with pytest.raises(openai.NotFoundError):
         oa.models.retrieve("tiny")

@@ -6,7 +6,7 @@ that serves it on /v1/embeddings (mean pooling, L2 normalisation, 256 tokens
 as its sentence_bert_config.json says, texts of mixed lengths batched in
 padding buckets).
 
-    python tests/models/make_minilm.py OUT_REPO [NAME] [--no-warmup]
+    python tests/models/make_minilm.py OUT_REPO [NAME] [--no-warmup] [--int8]
 
 The graph is BertModel's forward as transformers writes it: word, position
 and token-type embeddings, LayerNorm, six layers of self-attention (12 heads,
@@ -150,18 +150,43 @@ def config(name, max_tokens, warmup=True):
 _BUILT = {}
 
 
-def make(out_repo, name="minilm", warmup=True, extra=None):
+def quantize_int8(src_onnx, dst_onnx):
+    """onnxruntime's dynamic quantization of the encoder's 36 linear layers
+    (the MatMuls by weights; attention's two products stay float, as
+    torch.ao's dynamic quantization of nn.Linear leaves them): weights int8
+    per output channel, activations uint8 per tensor at run time. kiln runs
+    each as one DynamicQuantizeMatMul (models/passes_dynq.c) on oneDNN's
+    8-bit products. Cosine to the float model's vectors about 0.99
+    (docs/embeddings.md)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    m = onnx.load(str(src_onnx), load_external_data=False)
+    linear = [n.name for n in m.graph.node if n.op_type == "MatMul" and n.name.endswith("_mm")]
+    tmp = Path(dst_onnx).with_suffix(".tmp")
+    quantize_dynamic(str(src_onnx), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                     nodes_to_quantize=linear)
+    os.replace(tmp, dst_onnx)
+
+
+def make(out_repo, name="minilm", warmup=True, extra=None, int8=False):
+    """The model folder out_repo/name; int8: its linear layers dynamically
+    quantized (quantize_int8), the same tokenizer and config."""
     src = wheel_dir()
     dst = Path(out_repo) / name
     (dst / "1").mkdir(parents=True, exist_ok=True)
     onnx_path = dst / "1" / "model.onnx"
+    if int8 and not onnx_path.exists():
+        float_path = Path(out_repo).parent / (Path(out_repo).name + "-float") / name / "1" / "model.onnx"
+        if not _BUILT.get("path") or not Path(_BUILT["path"]).exists():
+            make(float_path.parents[2], name, warmup, extra)
+        quantize_int8(_BUILT["path"], onnx_path)
     if not onnx_path.exists() and _BUILT.get("path") and Path(_BUILT["path"]).exists():
         os.link(_BUILT["path"], onnx_path)  # the same weights in another folder: no second 90 MB
     if not onnx_path.exists():
         tmp = onnx_path.with_suffix(".tmp")
         onnx.save(build(src), str(tmp))
         os.replace(tmp, onnx_path)
-    _BUILT["path"] = str(onnx_path)
+    if not int8:
+        _BUILT["path"] = str(onnx_path)
     shutil.copyfile(src / "tokenizer.json", dst / "tokenizer.json")
     max_tokens = json.loads((src / "sentence_bert_config.json").read_text())["max_seq_length"]
     cfg = config(name, max_tokens, warmup)
@@ -175,5 +200,5 @@ def make(out_repo, name="minilm", warmup=True, extra=None):
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--no-warmup"]
-    print(make(args[0], *(args[1:2] or []), warmup="--no-warmup" not in sys.argv))
+    args = [a for a in sys.argv[1:] if a not in ("--no-warmup", "--int8")]
+    print(make(args[0], *(args[1:2] or []), warmup="--no-warmup" not in sys.argv, int8="--int8" in sys.argv))
