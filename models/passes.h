@@ -129,7 +129,7 @@ int passes_layout(struct graph *g, int *nmarked, char *err, size_t err_len);
 /* CPU only, after passes_layout: Conv -> Add(Y, Z) of Y's shape, Y and Z
  * stored alike, becomes the Conv with Z as input 3 (kiln_residual 1),
  * summed by the convolution, the Add's activation moved to it. Returns
- * the number fused through *nfused. */
+ * the number fused through *nfused. KILN_RESIDUAL=0 turns it off. */
 int passes_fuse_residual(struct graph *g, int *nfused, char *err, size_t err_len);
 
 /* 1 if node a is an activation kiln can fuse exactly (Relu, LeakyRelu,

@@ -430,7 +430,11 @@ done:
  * Y must be stored alike: both channels-last (the Add marked so,
  * kiln_layout 3, and the Conv's Y too) or both plain. Shapes come from
  * the layout pass's probe, at a second size too when the inputs have
- * symbolic dims; the kernel checks them again. */
+ * symbolic dims; the kernel checks them again. The sum's rounding is
+ * oneDNN's (its AVX2 kernels start from Z and the bias, then add each
+ * product; the tap products start from B + Z): within float rounding of
+ * the Add, not its bits. KILN_RESIDUAL=0 turns the fusion off (for
+ * comparisons). */
 struct residual_ctx {
     const struct tensor *t, *t2; /* t2: the second probe, or NULL */
 };
@@ -488,6 +492,8 @@ static const struct pass_def residual_pass = {"fusing residual sums into convolu
 
 int passes_fuse_residual(struct graph *g, int *nfused, char *err, size_t err_len) {
     *nfused = 0;
+    const char *e = getenv("KILN_RESIDUAL");
+    if (e && strcmp(e, "0") == 0) return 0;
     int nconv = 0;
     for (int i = 0; i < g->nnodes && !nconv; i++) nconv = is_op(&g->nodes[i], "Conv");
     if (!nconv) return 0;

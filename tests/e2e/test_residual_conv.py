@@ -5,15 +5,19 @@ models/plan_build.c's sum_in_place, where the Conv writes over Z's bytes).
 One model holds every case the fusion and the planner tell apart: a block
 whose Add reads the block's input last (summed in place), a downsampling
 block whose shortcut Conv comes after the main branch's last Conv in node
-order and whose Add names the shortcut first, a sum whose Z is read again
-later and is a graph output (copied, not overwritten), y = conv(u) + u (Z
-is X: never in place), a dilated convolution on a small map (kiln's tap
-products below AVX-512, then + Z), a Sum of two as older exports write it,
-a Z that broadcasts ([N, C, 1, 1]: not fused) and an Add over a Conv whose
+order and whose Add names the shortcut first, a sum whose Z is a graph
+output and one whose Z is read again later (both copied, not
+overwritten), y = conv(u) + u (Z is X: never in place), a dilated
+convolution on a small map (kiln's tap products below AVX-512, from
+B + Z), a Sum of two as older exports write it,
+a Z that broadcasts ([N, C, 1, 1], and a [1, C, H, W] one that
+matches Y at batch 1 only: not fused) and an Add over a Conv whose
 activation comes first (Conv -> Relu -> Add: not fused). kiln equals
 onnxruntime natively and on oneDNN's AVX2 code, at one and two threads,
 channels-last and plain (KILN_LAYOUT=plain: the blocked destination that
-Z is reordered into), at batch 1 and 2 (the batch is symbolic)."""
+Z is reordered into), at batch 1 and 2 (the batch is symbolic), and
+equal to the same model with the fusion off (KILN_RESIDUAL=0) within
+float rounding."""
 import os
 import re
 import subprocess
@@ -57,11 +61,13 @@ def build_model(path):
         conv(["r3", w("w4", 2 * C, 2 * C, 3)], None, "c4", **p1),
         conv(["o1", w("wd", 2 * C, C, 1), b("bd", 2 * C)], None, "d", strides=[2, 2]),
         oh.make_node("Add", ["d", "c4"], ["s2"]), oh.make_node("Relu", ["s2"], ["o2"]),
-        # Z read again later, and a graph output: copied
+        # Z a graph output (o2), read by nothing after the sum: copied
         conv(["o2", w("w5a", 2 * C, 2 * C, 1)], None, "c5a"), oh.make_node("Relu", ["c5a"], ["r5"]),
         conv(["r5", w("w5", 2 * C, 2 * C, 3), b("b5", 2 * C)], None, "c5", **p1),
         oh.make_node("Add", ["c5", "o2"], ["s3"]),
-        oh.make_node("Mul", ["o2", "half"], ["t"]), oh.make_node("Add", ["s3", "t"], ["u"]),
+        # Z (s3) read again after the sum, no graph output: copied
+        conv(["s3", w("w5b", 2 * C, 2 * C, 1)], None, "c5b"), oh.make_node("Add", ["c5b", "s3"], ["s3b"]),
+        oh.make_node("Mul", ["s3", "half"], ["t"]), oh.make_node("Add", ["s3b", "t"], ["u"]),
         # y = conv(u) + u: Z is X (summed, never in place)
         conv(["u", w("w6", 2 * C, 2 * C, 3)], None, "c6", **p1), oh.make_node("Add", ["u", "c6"], ["s4"]),
         oh.make_node("Relu", ["s4"], ["o4"]),
@@ -74,11 +80,14 @@ def build_model(path):
         # a broadcast Z (a squeeze-excitation's [N, C, 1, 1]): not fused
         oh.make_node("GlobalAveragePool", ["o6"], ["g"]),
         conv(["o6", w("w9", 2 * C, 2 * C, 1), b("b9", 2 * C)], None, "c9"), oh.make_node("Add", ["c9", "g"], ["o7"]),
+        # a Z of Y's shape at batch 1 only ([1, C, H, W]; the batch is symbolic): not fused
+        conv(["o7", w("w11", 2 * C, 2 * C, 1)], None, "c11"), oh.make_node("Add", ["c11", "zb"], ["o8"]),
         # the activation before the Add: not fused
-        conv(["o7", w("w10", 2 * C, 2 * C, 3)], None, "c10", **p1), oh.make_node("Relu", ["c10"], ["r10"]),
-        oh.make_node("Add", ["r10", "o7"], ["y"]),
+        conv(["o8", w("w10", 2 * C, 2 * C, 3)], None, "c10", **p1), oh.make_node("Relu", ["c10"], ["r10"]),
+        oh.make_node("Add", ["r10", "o8"], ["y"]),
     ]
     inits.append(onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half"))
+    inits.append(onnx.numpy_helper.from_array(rng.standard_normal((1, 2 * C, 6, 6)).astype(np.float32), "zb"))
     graph = oh.make_graph(nodes, "residual", [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 12, 12])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, None),
                            oh.make_tensor_value_info("o2", TP.FLOAT, None)], inits)
@@ -116,9 +125,9 @@ def test_residual_sums_match_onnxruntime(tmp_path, model, layout, isa, threads, 
     got, log = kiln_run(tmp_path, model, x, env, threads)
     fused = re.search(r"(\d+) residual sums in convolutions", log)
     in_place = re.search(r"(\d+) residual sums in place", log)
-    # c2, c4, c5, c6, c7 and c8; c9's Z broadcasts and c10 has its Relu first
-    assert fused and int(fused.group(1)) == 6, log
-    # c2 over r0, c4 over d, c7 over o4; c5's Z is a graph output read later, c6's and c8's their X
+    # c2, c4, c5, c5b, c6, c7 and c8; c9's and c11's Z broadcast (c11's at batch 2) and c10 has its Relu first
+    assert fused and int(fused.group(1)) == 7, log
+    # c2 over r0, c4 over d, c7 over o4; c5's Z is a graph output, c5b's read later, c6's and c8's their X
     assert in_place and int(in_place.group(1)) == 3, log
     if isa == "AVX2":
         assert "live taps as products" in log, log
@@ -127,6 +136,11 @@ def test_residual_sums_match_onnxruntime(tmp_path, model, layout, isa, threads, 
     for k, v in want.items():
         assert got[k].shape == v.shape
         np.testing.assert_allclose(got[k], v, rtol=1e-4, atol=2e-5 * max(1.0, float(np.abs(v).max())))
+    # the same plan with the Adds apart (KILN_RESIDUAL=0): equal within float rounding of the sums' order
+    apart, log0 = kiln_run(tmp_path, model, x, {**env, "KILN_RESIDUAL": "0"}, threads)
+    assert "0 residual sums in convolutions" in log0, log0
+    for k in want:
+        np.testing.assert_allclose(got[k], apart[k], rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(apart[k]).max())))
 
 
 def test_conv_refuses_a_fourth_input_from_a_file(tmp_path):
