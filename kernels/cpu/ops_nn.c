@@ -852,7 +852,7 @@ static int conv_exec(struct op_call *c, const struct conv_state *s, void *w, con
         src = scr + s->off_src;
     }
     if (s->dst_reorder) dst = scr + s->off_dst;
-    if (s->sum && s->z_reorder) {
+    if (s->z_reorder) { /* only with s->sum */
         void *p[2] = {z->data, dst};
         if ((rc = dnnl_prim_exec(c, s->z_reorder, p, pad))) return rc;
     } else if (s->sum && z->data != dst) {

@@ -175,10 +175,13 @@ def make(out_repo, name="minilm", warmup=True, extra=None, int8=False):
     (dst / "1").mkdir(parents=True, exist_ok=True)
     onnx_path = dst / "1" / "model.onnx"
     if int8 and not onnx_path.exists():
-        float_path = Path(out_repo).parent / (Path(out_repo).name + "-float") / name / "1" / "model.onnx"
-        if not _BUILT.get("path") or not Path(_BUILT["path"]).exists():
-            make(float_path.parents[2], name, warmup, extra)
-        quantize_int8(_BUILT["path"], onnx_path)
+        src_onnx = _BUILT.get("path")
+        if not src_onnx or not Path(src_onnx).exists():  # no float model made yet: one beside, then gone
+            src_onnx = onnx_path.with_suffix(".float")
+            onnx.save(build(src), str(src_onnx))
+        quantize_int8(src_onnx, onnx_path)
+        if str(src_onnx).endswith(".float"):
+            os.remove(src_onnx)
     if not onnx_path.exists() and _BUILT.get("path") and Path(_BUILT["path"]).exists():
         os.link(_BUILT["path"], onnx_path)  # the same weights in another folder: no second 90 MB
     if not onnx_path.exists():
